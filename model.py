@@ -1,0 +1,449 @@
+"""A Transformer language model from scratch, and text generation with a KV cache.
+
+What this file teaches, in reading order (CS336 assignment 1, section 3):
+  1. Parameters and their initialisation: Linear, Embedding (truncated normals).
+  2. Pointwise pieces: RMSNorm, silu, softmax (max-subtracted).
+  3. Feed-forward networks: SwiGLU (the default) and a plain SiLU FFN (an ablation).
+  4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
+  5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
+  6. TransformerBlock (pre-norm, or post-norm / no-norm ablations) and TransformerLM.
+  7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
+  8. A benchmark (`python model.py --benchmark`) against Hugging Face's LlamaForCausalLM.
+
+The reference path uses plain tensor ops only (no torch.nn layers, no torch.nn.functional).
+`TransformerLM(..., fast=True)` swaps in torch's fused attention kernel, a fused QKV
+projection and a fused SwiGLU input projection; it has exactly the same parameters and
+state-dict keys, and the tests check that it computes the same function.
+"""
+import math
+
+import torch
+from torch import nn
+
+
+# ----------------------------------------------------------------------------
+# 1. Parameters: Linear and Embedding
+
+def _trunc_normal(shape, std, device, dtype):
+    # handout 3.4.1: N(0, std^2) truncated at +-3 std
+    w = torch.empty(shape, device=device, dtype=dtype)
+    nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+    return nn.Parameter(w)
+
+
+def linear_std(in_features, out_features):
+    """Linear init std: sigma^2 = 2 / (d_in + d_out)."""
+    return math.sqrt(2.0 / (in_features + out_features))
+
+
+class Linear(nn.Module):
+    """y = x W^T with W of shape (out, in), no bias (like most modern LLMs)."""
+
+    def __init__(self, in_features, out_features, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _trunc_normal((out_features, in_features), linear_std(in_features, out_features), device, dtype)
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        return x @ self.weight.t()
+
+
+class Embedding(nn.Module):
+    """Row lookup in a (num_embeddings, embedding_dim) table, init N(0, 1) cut at +-3."""
+
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = _trunc_normal((num_embeddings, embedding_dim), 1.0, device, dtype)
+
+    def forward(self, token_ids):  # (...) int -> (..., embedding_dim)
+        return self.weight[token_ids]
+
+
+# ----------------------------------------------------------------------------
+# 2. Pointwise pieces: RMSNorm, silu, softmax
+
+class RMSNorm(nn.Module):
+    """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
+
+    Squares overflow easily in 16-bit floats, so the statistics are computed in float32
+    and the result is cast back to the input's dtype.
+    """
+
+    def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x):  # (..., d_model)
+        in_dtype = x.dtype
+        x = x.float()  # no copy when x is already float32
+        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * inv_rms * self.weight).to(in_dtype)
+
+
+class Identity(nn.Module):
+    """Stands in for RMSNorm in the no-norm ablation (no parameters, no state-dict keys)."""
+
+    def forward(self, x):
+        return x
+
+
+def silu(x):
+    """SiLU(x) = x * sigmoid(x)."""
+    return x * torch.sigmoid(x)
+
+
+def softmax(x, dim):
+    """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite."""
+    z = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return z / z.sum(dim=dim, keepdim=True)
+
+
+# ----------------------------------------------------------------------------
+# 3. Feed-forward networks
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W2 (silu(W1 x) * W3 x), W1, W3: (d_ff, d_model), W2: (d_model, d_ff)."""
+
+    def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+        self.w3 = Linear(d_model, d_ff, device, dtype)
+        self.fast = fast
+
+    def forward(self, x):  # (..., d_model)
+        if self.fast:
+            # one (2 d_ff, d_model) matmul instead of two; the weights stay separate parameters
+            a, b = (x @ torch.cat([self.w1.weight, self.w3.weight]).t()).chunk(2, dim=-1)
+            return self.w2(torch.nn.functional.silu(a) * b)
+        return self.w2(silu(self.w1(x)) * self.w3(x))
+
+
+class SiLUFFN(nn.Module):
+    """The ungated ablation: FFN(x) = W2 silu(W1 x), usually with d_ff = 4 d_model to match SwiGLU's parameters."""
+
+    def __init__(self, d_model, d_ff, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+
+    def forward(self, x):
+        return self.w2(silu(self.w1(x)))
+
+
+# ----------------------------------------------------------------------------
+# 4. Rotary position embeddings
+
+class RotaryPositionalEmbedding(nn.Module):
+    """Rotate each adjacent pair (x[2k], x[2k+1]) by the angle  pos * theta^(-2k / d_k).
+
+    [x'_2k  ]   [cos  -sin] [x_2k  ]
+    [x'_2k+1] = [sin   cos] [x_2k+1]
+
+    cos and sin are tabulated once for every position (non-persistent buffers: they are
+    derived from theta, so they stay out of checkpoints). One module serves all layers.
+    """
+
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
+        self.d_k, self.max_seq_len = d_k, max_seq_len
+        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)  # (d_k/2,)
+        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x, token_positions):
+        # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims
+        cos = self.cos[token_positions].to(x.dtype)  # (..., T, d_k/2)
+        sin = self.sin[token_positions].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]  # the two members of each pair
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, d_k/2, 2)
+        return out.flatten(-2)
+
+
+# ----------------------------------------------------------------------------
+# 5. Attention
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
+
+    Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
+    mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that
+    may attend to nothing gets NaN (0/0), so callers must leave every row at least one key.
+    """
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return softmax(scores, dim=-1) @ V
+
+
+def causal_mask(T, device=None):
+    """(T, T) bool, True on and below the diagonal: position i may look at j <= i."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for one attention layer.
+
+    Buffers are allocated for the whole context (B, H, context_length, d_k) on first use
+    and filled left to right; `n` counts the filled positions.
+    """
+
+    def __init__(self, context_length):
+        self.context_length, self.n, self.k, self.v = context_length, 0, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
+        B, H, T, d = k.shape
+        if self.k is None:
+            self.k = k.new_empty(B, H, self.context_length, d)
+            self.v = v.new_empty(B, H, self.context_length, d)
+        self.k[:, :, self.n:self.n + T] = k
+        self.v[:, :, self.n:self.n + T] = v
+        self.n += T
+        return self.k[:, :, :self.n], self.v[:, :, :self.n]
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Causal multi-head self-attention: out = W_O concat_h Attention(W_Q^h x, W_K^h x, W_V^h x).
+
+    d_k = d_v = d_model / num_heads. RoPE (if given) rotates q and k, never v, and every head
+    gets the same rotation (heads act as a batch dimension).
+    """
+
+    def __init__(self, d_model, num_heads, rope=None, device=None, dtype=None, fast=False):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        if rope is not None and rope.d_k != self.d_head:
+            raise ValueError(f"RoPE was built for d_k={rope.d_k} but the head dimension is {self.d_head}.")
+        self.q_proj = Linear(d_model, d_model, device, dtype)
+        self.k_proj = Linear(d_model, d_model, device, dtype)
+        self.v_proj = Linear(d_model, d_model, device, dtype)
+        self.output_proj = Linear(d_model, d_model, device, dtype)
+        self.rope = rope  # one module shared by all layers; its buffers are not persistent, so no state-dict keys
+        self.fast = fast
+
+    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
+        # x: (B, T, d_model); token_positions: (T,) or (B, T); attn_mask: bool (B, 1, T, T_total) or None = causal
+        B, T, d_model = x.shape
+        if self.fast:
+            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
+            q, k, v = (x @ w.t()).split(d_model, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # (B, T, d_model) -> (B, H, T, d_head)
+        q, k, v = (t.view(B, T, self.num_heads, self.d_head).transpose(1, 2) for t in (q, k, v))
+        if self.rope is not None:
+            if token_positions is None:
+                past = kv_cache.n if kv_cache is not None else 0
+                token_positions = torch.arange(past, past + T, device=x.device)
+            pos = token_positions if token_positions.dim() == 1 else token_positions[:, None, :]  # (B, 1, T)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
+        if attn_mask is None and k.shape[-2] != T:
+            raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
+        if self.fast:
+            F = torch.nn.functional
+            if attn_mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        else:
+            out = scaled_dot_product_attention(q, k, v, causal_mask(T, x.device) if attn_mask is None else attn_mask)
+        out = out.transpose(1, 2).reshape(B, T, d_model)  # concat heads
+        return self.output_proj(out)
+
+
+# ----------------------------------------------------------------------------
+# 6. Transformer block and language model
+
+class TransformerBlock(nn.Module):
+    """Pre-norm:  z = x + MHA(ln1(x));  y = z + FFN(ln2(z)).
+
+    Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original
+    Transformer); no_norm drops ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x).
+    """
+
+    def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
+                 no_norm=False, post_norm=False, silu_ffn=False, fast=False):
+        super().__init__()
+        norm = (lambda: Identity()) if no_norm else (lambda: RMSNorm(d_model, device=device, dtype=dtype))
+        self.ln1 = norm()
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
+        self.ln2 = norm()
+        self.ffn = SiLUFFN(d_model, d_ff, device, dtype) if silu_ffn else SwiGLU(d_model, d_ff, device, dtype, fast=fast)
+        self.post_norm = post_norm
+
+    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):  # (B, T, d_model)
+        if self.post_norm:
+            z = self.ln1(x + self.attn(x, token_positions, attn_mask, kv_cache))
+            return self.ln2(z + self.ffn(z))
+        z = x + self.attn(self.ln1(x), token_positions, attn_mask, kv_cache)
+        return z + self.ffn(self.ln2(z))
+
+
+class TransformerLM(nn.Module):
+    """token ids (B, T) -> embeddings -> num_layers blocks -> ln_final -> lm_head -> logits (B, T, vocab).
+
+    Ablations (keyword-only): no_norm (no RMSNorm anywhere), post_norm, nope (no position
+    information at all), silu_ffn (W2 silu(W1 x), pass d_ff = 4 d_model), tie_embeddings
+    (lm_head.weight is token_embeddings.weight; both keys stay in the state dict, as in
+    nanoGPT). fast=True selects fused kernels with identical parameters.
+    """
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+                 rope_theta=10000.0, device=None, dtype=None, *, no_norm=False, post_norm=False,
+                 nope=False, silu_ffn=False, tie_embeddings=False, fast=False):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
+        d_head = d_model // num_heads
+        if not nope and d_head % 2:
+            raise ValueError(f"RoPE needs an even head dimension, but d_model/num_heads = {d_model}/{num_heads} = {d_head}.")
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
+        self.rope = None if nope else RotaryPositionalEmbedding(rope_theta, d_head, context_length, device)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, self.rope, device, dtype, no_norm=no_norm,
+                             post_norm=post_norm, silu_ffn=silu_ffn, fast=fast)
+            for _ in range(num_layers))
+        self.ln_final = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device, dtype)
+        if tie_embeddings:
+            # one matrix for both ends; std 1 (the embedding init) would make the first logits
+            # ~sqrt(d_model) large, so the shared matrix takes the output layer's Linear init
+            self.token_embeddings.weight = self.lm_head.weight
+
+    def forward(self, token_ids, token_positions=None, attn_mask=None, kv_cache=None):
+        # token_ids: (B, T) int64 -> logits (B, T, vocab_size)
+        T = token_ids.shape[-1]
+        past = kv_cache[0].n if kv_cache is not None else 0
+        if past + T > self.context_length:
+            raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
+        lo, hi = int(token_ids.min()), int(token_ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).")
+        x = self.token_embeddings(token_ids)  # (B, T, d_model)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
+        return self.lm_head(self.ln_final(x))
+
+
+# ----------------------------------------------------------------------------
+# 7. Generation
+
+def _sample(logits, temperature, top_p, generator):
+    """logits (B, V) -> next ids (B,). temperature 0 is greedy; top-p keeps the smallest
+    set of most likely tokens whose probabilities add up to at least top_p."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _attention_mask(valid, n_past, T):
+    """Mask for T new queries after n_past cached keys, with left padding.
+
+    valid: (B, n_past + T) bool, False at padding. Query i (absolute position n_past + i)
+    may see key j if j <= n_past + i and key j is a real token; a padding query also sees
+    itself so that no row is empty (empty rows would be NaN and NaN * 0 poisons real rows).
+    -> (B, 1, T, n_past + T)
+    """
+    S = n_past + T
+    q_pos = torch.arange(n_past, S, device=valid.device)[:, None]  # (T, 1)
+    k_pos = torch.arange(S, device=valid.device)[None, :]  # (1, S)
+    mask = (k_pos <= q_pos) & valid[:, None, :]  # (B, T, S)
+    mask = mask | (k_pos == q_pos)
+    return mask[:, None]
+
+
+def _positions(valid):
+    """RoPE positions that count real tokens only: each row's first real token is position 0."""
+    return (valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
+             use_cache=True, generator=None):
+    """Complete `prompt` with up to max_new_tokens sampled tokens.
+
+    prompt: list[int] -> list[int] of new tokens, or list[list[int]] (lengths may differ;
+    prompts are left-padded and the padding is masked out) -> list of lists.
+    temperature=0 is greedy decoding. Generation of a row stops after it produces stop_id;
+    stop_id itself is NOT included in the returned tokens.
+
+    use_cache=False is the reference: every step re-runs the model on the whole sequence,
+    cropped to the last context_length tokens. use_cache=True runs the prompt once (prefill)
+    and then feeds one token per step, reusing the cached keys/values. Once the sequence
+    fills the context, the window must slide and RoPE positions shift, so the cached path
+    then re-runs the last context_length tokens every step: the same tokens as the
+    reference, at the reference's speed.
+    """
+    batched = len(prompt) > 0 and isinstance(prompt[0], (list, tuple))
+    prompts = [list(p) for p in prompt] if batched else [list(prompt)]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("Each prompt needs at least one token.")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"Need temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
+    device = next(model.parameters()).device
+    C = model.context_length
+    B, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(B, L, dtype=torch.long, device=device)  # left padded with token 0
+    valid = torch.zeros(B, L, dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p, device=device)
+        valid[b, L - len(p):] = True
+
+    def run_window():
+        # the reference forward: the last C columns, positions counted from each row's first real token
+        w_ids, w_valid = ids[:, -C:], valid[:, -C:]
+        mask = None if bool(w_valid.all()) else _attention_mask(w_valid, 0, w_ids.shape[1])
+        return w_ids, w_valid, mask
+
+    was_training = model.training
+    model.eval()
+    try:
+        out = [[] for _ in range(B)]
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        cache = None
+        for _ in range(max_new_tokens):
+            if use_cache and cache is not None and cache[0].n < C:
+                # one new position per step: it attends to everything cached so far
+                pos = _positions(valid)[:, -1:]
+                mask = _attention_mask(valid, cache[0].n, 1)
+                logits = model(ids[:, -1:], pos, mask, cache)[:, -1]
+            else:
+                w_ids, w_valid, mask = run_window()
+                pos = _positions(w_valid)
+                if use_cache and w_ids.shape[1] < C:
+                    cache = [KVCache(C) for _ in model.layers]  # prefill
+                else:
+                    cache = None  # context full: this step is a plain re-run of the window
+                logits = model(w_ids, pos, mask, cache)[:, -1]
+            nxt = _sample(logits, temperature, top_p, generator)  # (B,)
+            for b in range(B):
+                if not done[b]:
+                    if stop_id is not None and int(nxt[b]) == stop_id:
+                        done[b] = True
+                    else:
+                        out[b].append(int(nxt[b]))
+            if bool(done.all()):
+                break
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
+    finally:
+        model.train(was_training)
+    return out if batched else out[0]

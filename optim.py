@@ -1,0 +1,181 @@
+"""Loss, optimizers, learning-rate schedule and gradient clipping, from scratch.
+
+What this file teaches, in reading order (CS336 assignment 1, section 4; lecture 2):
+  1. cross_entropy (log-sum-exp, stable for huge logits) and perplexity.
+  2. Optimizers as torch.optim.Optimizer subclasses, simplest first:
+     SGD -> AdaGrad (the lecture's) -> AdamW (the handout's Algorithm 1).
+  3. cosine_lr: linear warm-up, cosine decay, then a floor.
+  4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
+
+The optimizers keep their state in self.state, so state_dict() / load_state_dict()
+(inherited from torch.optim.Optimizer) round-trip through checkpoints. AdamW updates
+all parameters of a group at once with torch._foreach_* ops: the same arithmetic as a
+per-parameter loop, in a handful of kernel launches instead of a dozen per tensor.
+"""
+import math
+
+import torch
+
+
+# ----------------------------------------------------------------------------
+# 1. Loss
+
+def cross_entropy(logits, targets):
+    """Mean over all positions of  -log softmax(o)[x] = logsumexp(o) - o[x].
+
+    logits: (..., V) float, targets: (...) int64 -> scalar. log and exp cancel, and
+    logsumexp subtracts the row max before exponentiating, so logits of +-1e4 are fine.
+    Half-precision logits are upcast: the sum over V would lose digits in bf16.
+    """
+    logits = logits.float()  # no copy when already float32
+    lse = torch.logsumexp(logits, dim=-1)  # (...,) = max + log sum exp(o - max)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
+    return (lse - target_logit).mean()
+
+
+def perplexity(mean_loss):
+    """perplexity = exp(mean cross-entropy in nats), as a float."""
+    return math.exp(float(mean_loss))
+
+
+# ----------------------------------------------------------------------------
+# 2. Optimizers
+
+def _check(lr, eps=None, betas=None, weight_decay=None):
+    if lr < 0:
+        raise ValueError(f"Learning rate must be >= 0, got lr={lr}.")
+    if eps is not None and eps <= 0:
+        raise ValueError(f"eps must be > 0, got eps={eps}.")
+    if betas is not None and not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"Both betas must lie in [0, 1), got betas={tuple(betas)}.")
+    if weight_decay is not None and weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got weight_decay={weight_decay}.")
+
+
+class SGD(torch.optim.Optimizer):
+    """theta <- theta - lr * g."""
+
+    def __init__(self, params, lr=1e-3):
+        _check(lr)
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+        return loss
+
+
+class AdaGrad(torch.optim.Optimizer):
+    """Per-coordinate step sizes from the sum of all past squared gradients (Duchi et al. 2011):
+
+    G <- G + g^2;   theta <- theta - lr * g / sqrt(G + eps)
+
+    (eps inside the square root, as in the lecture; torch.optim.Adagrad puts it outside.)
+    """
+
+    def __init__(self, params, lr=0.01, eps=1e-5):
+        _check(lr, eps=eps)
+        super().__init__(params, dict(lr=lr, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "sum_sq" not in state:
+                    state["sum_sq"] = torch.zeros_like(p)
+                g = p.grad
+                state["sum_sq"].addcmul_(g, g)
+                p.addcdiv_(g, (state["sum_sq"] + group["eps"]).sqrt(), value=-group["lr"])
+        return loss
+
+
+class AdamW(torch.optim.Optimizer):
+    """The handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
+
+    m <- b1 m + (1 - b1) g
+    v <- b2 v + (1 - b2) g^2
+    a_t = lr * sqrt(1 - b2^t) / (1 - b1^t)          (bias correction folded into the step size)
+    theta <- theta - a_t * m / (sqrt(v) + eps)
+    theta <- theta - lr * weight_decay * theta       (decoupled decay, after the update)
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        _check(lr, eps=eps, betas=betas, weight_decay=weight_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            params, grads, ms, vs, step_sizes = [], [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)  # m
+                    state["exp_avg_sq"] = torch.zeros_like(p)  # v
+                state["step"] += 1
+                t = state["step"]
+                params.append(p), grads.append(p.grad), ms.append(state["exp_avg"]), vs.append(state["exp_avg_sq"])
+                step_sizes.append(-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))  # -a_t
+            if not params:
+                continue
+            torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, ms, denom, step_sizes)
+            if wd != 0:
+                torch._foreach_mul_(params, 1 - lr * wd)
+        return loss
+
+
+# ----------------------------------------------------------------------------
+# 3. Learning-rate schedule
+
+def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
+    """Warm-up  (t < Tw):        lr = t / Tw * max_lr
+    Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
+    After     (t > Tc):         lr = min_lr
+    """
+    if warmup_iters < 0 or cosine_cycle_iters < warmup_iters:
+        raise ValueError(f"Need 0 <= warmup_iters <= cosine_cycle_iters, got {warmup_iters} and {cosine_cycle_iters}.")
+    if it < warmup_iters:
+        return it / warmup_iters * max_lr
+    if it >= cosine_cycle_iters:  # equal to the cosine's end value at t = Tc, and avoids 0/0 when Tc = Tw
+        return min_lr
+    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+# ----------------------------------------------------------------------------
+# 4. Gradient clipping
+
+@torch.no_grad()
+def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
+    """If ||g||_2 over all gradients exceeds M, scale every gradient by M / (||g||_2 + eps).
+
+    Modifies the .grad tensors in place; returns the norm before clipping as a float.
+    """
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    norms = torch._foreach_norm(grads)  # one L2 norm per tensor
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item()
+    if total > max_l2_norm:
+        torch._foreach_mul_(grads, max_l2_norm / (total + eps))
+    return total
