@@ -1,0 +1,611 @@
+"""
+kernels.py: why kernels get fused, measured on GELU.
+
+GELU with the tanh approximation (Hendrycks & Gimpel 2016), the activation of GPT-2:
+
+    gelu(x) = 0.5 x (1 + tanh(u)),   u = sqrt(2/pi) (x + 0.044715 x^3)
+
+It is elementwise: every output needs one input, a handful of flops and nothing else.
+Such an operation cannot be limited by arithmetic; it is limited by how fast the bytes
+move between GPU memory (HBM) and the chip. So the winning move is to read x once and
+write y once: one fused kernel, instead of one kernel (and one round trip through
+memory) per `*`, `+` and `tanh`. This file writes GELU four (five) ways and measures
+exactly that.
+
+Sections, in reading order:
+  1. The variants: PyTorch ops (one kernel per op), the builtin F.gelu, torch.compile of
+     the PyTorch ops, a hand-written CUDA kernel (load_inline), and Triton if installed.
+  2. Accounting: flops and bytes per element of each variant, arithmetic intensity,
+     and the roofline verdict (memory-bound).
+  3. Correctness: every variant against a float64 reference, outputs poisoned with NaN.
+  4. Benchmark: CUDA events (or perf_counter on CPU), warm-up, median; achieved GB/s
+     against the copy bandwidth `dst.copy_(src)` measured in the same run.
+  5. Profile: which kernels each variant launches, and how many.
+  6. main(): the command line.
+
+    python kernels.py                      # everything, on CUDA if there is a GPU
+    python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
+
+kernels.py stands alone: it imports nothing of the project.
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+# -----------------------------------------------------------------------------
+# 1. The variants. Each takes x and returns a new tensor gelu(x) of the same dtype.
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # 0.7978845608...
+GELU_CUBIC = 0.044715
+
+
+def gelu_torch_ops(x):
+    # Variant 1. Eight PyTorch ops, each one kernel that reads its inputs from memory and
+    # writes its result back: x**3, *0.044715, x+, *sqrt(2/pi), tanh, 1+, 0.5*x, and the
+    # final product (Python evaluates `0.5 * x` first). Listed in TORCH_OPS below.
+    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x**3)))
+
+
+def gelu_reference(x):
+    # The same formula in float64: 2^-53 rounding is far below float32's 2^-24, so this is
+    # the "true" value each variant is compared with.
+    return gelu_torch_ops(x.double())
+
+
+def gelu_builtin(x):
+    # Variant 2. PyTorch's own fused kernel: one read, one write.
+    return F.gelu(x, approximate="tanh")
+
+
+# Variant 3 is torch.compile(gelu_torch_ops): the compiler sees the eight ops as one graph
+# and generates a single fused kernel (Triton on GPU, C++ on CPU). dynamic=True compiles
+# once per dtype rather than once per size (which would hit dynamo's recompile limit).
+def make_gelu_compiled():
+    return torch.compile(gelu_torch_ops, dynamic=True)
+
+
+# Variant 4: a hand-written CUDA kernel. The whole CUDA source is this one string: the nvcc
+# test compiles exactly this text, and load_inline builds exactly this text. It uses no
+# torch header, so it compiles in seconds on any machine with nvcc, GPU or not.
+#
+# Design, for an H100 (3.35 TB/s HBM3, 132 SMs, 50 MB L2):
+#  - 16-byte loads and stores: float4 for float32, 8 x bfloat16 for bfloat16. A warp then
+#    moves 512 contiguous bytes per instruction (perfectly coalesced), and there are 4x
+#    (8x) fewer memory instructions than one-element-per-thread code.
+#  - grid-stride loop, grid = (#SMs) x (resident blocks per SM): one full wave of blocks
+#    that stays on the GPU and walks the array, so no block waits for a second wave.
+#  - compute in float32, round once on the store (bf16 in, bf16 out, one rounding).
+#  - 0.5 (1 + tanh(u)) == sigmoid(2u) exactly, so gelu(x) = x / (1 + exp(-2u)): one expf
+#    and one division, and no cancellation in 1 + tanh(u) when u << 0.
+#  - a scalar tail for the last n % VEC elements, and a scalar kernel (VEC = 1) when a
+#    pointer is not 16-byte aligned (a view such as x[1:]).
+GELU_CUDA_SRC = r"""
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+
+__device__ __forceinline__ float gelu_tanh_f32(float x) {
+    // 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * u));
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// VEC elements of T that load and store as one 16-byte instruction (like float4 / uint4).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+template <typename T, int VEC>
+__global__ void gelu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+    using P = Pack<T, VEC>;
+    const int64_t n_vec = n / VEC;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = tid; i < n_vec; i += stride) {  // grid-stride loop over 16-byte packs
+        P p = reinterpret_cast<const P*>(x)[i];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) p.v[k] = from_f32<T>(gelu_tanh_f32(to_f32(p.v[k])));
+        reinterpret_cast<P*>(y)[i] = p;
+    }
+    for (int64_t i = n_vec * VEC + tid; i < n; i += stride)  // tail: fewer than VEC left
+        y[i] = from_f32<T>(gelu_tanh_f32(to_f32(x[i])));
+}
+
+template <typename T, int VEC>
+static cudaError_t launch(const void* x, void* y, int64_t n, cudaStream_t stream) {
+    const int threads = 256;  // 8 warps per block
+    int device = 0, sms = 0, blocks_per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, gelu_kernel<T, VEC>, threads, 0);
+    int64_t needed = (n / VEC + threads - 1) / threads;  // small inputs need fewer blocks
+    int64_t blocks = (int64_t)sms * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+    if (needed < blocks) blocks = needed > 0 ? needed : 1;
+    gelu_kernel<T, VEC><<<(unsigned)blocks, threads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n);
+    return cudaGetLastError();
+}
+
+// Host entry point, called by the C++ wrapper. Returns nullptr, or CUDA's error message.
+const char* gelu_cuda_launch(const void* x, void* y, int64_t n, bool bf16, int device, int64_t stream_handle) {
+    if (n == 0) return nullptr;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    if (previous != device) cudaSetDevice(device);  // launch on the tensor's GPU
+    cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_handle);
+    const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) % 16) == 0;
+    cudaError_t err;
+    if (bf16) err = aligned ? launch<__nv_bfloat16, 8>(x, y, n, stream) : launch<__nv_bfloat16, 1>(x, y, n, stream);
+    else      err = aligned ? launch<float, 4>(x, y, n, stream) : launch<float, 1>(x, y, n, stream);
+    if (previous != device) cudaSetDevice(previous);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+"""
+
+# The C++ wrapper: checks the tensors, then calls the launcher above. load_inline turns
+# `gelu_out` into a Python function.
+GELU_CPP_SRC = r"""
+#include <torch/extension.h>
+
+const char* gelu_cuda_launch(const void* x, void* y, int64_t n, bool bf16, int device, int64_t stream_handle);
+
+torch::Tensor gelu_out(torch::Tensor x, torch::Tensor out, int64_t stream_handle) {
+    TORCH_CHECK(x.is_cuda(), "gelu_cuda: x must be a CUDA tensor, got one on ", x.device());
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
+                "gelu_cuda: x must be float32 or bfloat16, got ", x.scalar_type());
+    TORCH_CHECK(x.is_contiguous(), "gelu_cuda: x must be contiguous; pass x.contiguous()");
+    TORCH_CHECK(out.device() == x.device() && out.scalar_type() == x.scalar_type() &&
+                out.sizes() == x.sizes() && out.is_contiguous(),
+                "gelu_cuda: out must be a contiguous tensor of x's shape, dtype and device");
+    const char* err = gelu_cuda_launch(x.data_ptr(), out.data_ptr(), x.numel(),
+                                       x.scalar_type() == torch::kBFloat16, x.get_device(), stream_handle);
+    TORCH_CHECK(err == nullptr, "gelu_cuda: kernel launch failed: ", err);
+    return out;
+}
+"""
+
+_CUDA_EXT = None
+
+
+def build_cuda_extension(verbose=False):
+    """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (cached on disk by torch, ~1 min the first time)."""
+    global _CUDA_EXT
+    if _CUDA_EXT is None:
+        from torch.utils.cpp_extension import load_inline
+        import inspect
+        extra = {}
+        if "no_implicit_headers" in inspect.signature(load_inline).parameters:
+            extra["no_implicit_headers"] = True  # torch >= 2.6: compile our text exactly as written
+        _CUDA_EXT = load_inline(
+            name="kernels_gelu_cuda", cpp_sources=GELU_CPP_SRC, cuda_sources=GELU_CUDA_SRC,
+            functions=["gelu_out"], extra_cuda_cflags=["-O3"], verbose=verbose, **extra)
+    return _CUDA_EXT
+
+
+def gelu_cuda(x, out=None):
+    # Variant 4. One launch; `out` may be given (the correctness check passes a NaN-filled one).
+    if out is None:
+        out = torch.empty_like(x)
+    return build_cuda_extension().gelu_out(x, out, torch.cuda.current_stream(x.device).cuda_stream)
+
+
+def cuda_unavailable_reason():
+    """None if the CUDA variant can be built and run here, else one sentence why not."""
+    from torch.utils import cpp_extension
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    if cpp_extension.CUDA_HOME is None:
+        return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja not found, which load_inline needs (pip install ninja)"
+    return None
+
+
+if triton is not None:
+    @triton.jit
+    def _gelu_triton_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        # Triton programs work on a block of BLOCK elements at once; masks replace the tail.
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        y = x / (1.0 + tl.exp(-2.0 * u))  # = 0.5 x (1 + tanh(u)), as in the CUDA kernel
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def gelu_triton(x):
+    # Variant 5 (optional). Same math as the CUDA kernel, written per block, not per thread.
+    assert x.is_contiguous()
+    y = torch.empty_like(x)
+    BLOCK = 1024
+    _gelu_triton_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+def get_variants(device, log=print):
+    """The variants that can run on `device`, in order; prints one line for each one skipped."""
+    variants = {"torch ops": gelu_torch_ops, "F.gelu": gelu_builtin}
+    compiled = make_gelu_compiled()
+    try:  # torch.compile needs a C++ compiler on CPU (and Triton on GPU): try it once
+        compiled(torch.randn(1024, device=device))
+        variants["torch.compile"] = compiled
+    except Exception as e:  # the compiler stack raises many types; all mean "not here"
+        log(f"torch.compile: skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:150]})")
+    if device == "cuda":
+        reason = cuda_unavailable_reason()
+        if reason is None:
+            try:
+                build_cuda_extension()
+                variants["CUDA kernel"] = gelu_cuda
+            except Exception as e:
+                log(f"CUDA kernel: skipped (build failed: {str(e).strip().splitlines()[-1][:200]})")
+        else:
+            log(f"CUDA kernel: skipped ({reason})")
+        if triton is not None:
+            variants["Triton"] = gelu_triton
+        else:
+            log("Triton: skipped (not installed; pip install triton)")
+    else:
+        log("CUDA kernel: skipped (running on CPU; it needs a CUDA GPU, nvcc and ninja)")
+    return variants
+
+
+# -----------------------------------------------------------------------------
+# 2. Accounting: how many bytes each variant moves, and why that decides its speed.
+
+# Variant 1, one kernel per row: (op, flops per element, tensors read, tensors written).
+# tanh counts as one flop here; on a GPU it is a few instructions, which changes nothing below.
+TORCH_OPS = [
+    ("0.5 * x", 1, 1, 1),
+    ("x ** 3", 2, 1, 1),
+    ("0.044715 * x3", 1, 1, 1),
+    ("x + a", 1, 2, 1),
+    ("sqrt(2/pi) * b", 1, 1, 1),
+    ("tanh(c)", 1, 1, 1),
+    ("1 + t", 1, 1, 1),
+    ("h * g", 1, 2, 1),
+]
+FLOPS_PER_ELEMENT = sum(op[1] for op in TORCH_OPS)          # 9, whichever way it is fused
+UNFUSED_PASSES = sum(op[2] + op[3] for op in TORCH_OPS)      # 18 tensor reads + writes
+FUSED_PASSES = 2                                             # read x, write y
+
+# Published H100 SXM figures (NVIDIA datasheet): HBM3 bandwidth and peak throughputs.
+H100_BANDWIDTH = 3.35e12      # bytes/s
+H100_FP32_FLOPS = 67e12       # non-tensor-core float32, what an elementwise kernel uses
+H100_BF16_TC_FLOPS = 989e12   # dense bf16 tensor cores, what a matmul uses
+
+
+def arithmetic_intensity(passes, bytes_per_element):
+    """FLOPs per byte moved: 9 flops / (passes x element size)."""
+    return FLOPS_PER_ELEMENT / (passes * bytes_per_element)
+
+
+def roofline_fraction(intensity, peak_flops, bandwidth):
+    # accounting.py's roofline: the fraction of peak compute a kernel can reach is
+    # min(1, intensity / accelerator intensity), accelerator intensity = peak / bandwidth.
+    return min(1.0, intensity / (peak_flops / bandwidth))
+
+
+def print_accounting():
+    ridge = H100_FP32_FLOPS / H100_BANDWIDTH
+    print("\n== Accounting: bytes moved per element, arithmetic intensity (H100 SXM roofline)")
+    print(f"torch ops: {len(TORCH_OPS)} kernels, {UNFUSED_PASSES} tensor passes per element "
+          f"(" + ", ".join(op[0] for op in TORCH_OPS) + ")")
+    print(f"fused (F.gelu, compile, CUDA, Triton): 1 kernel, {FUSED_PASSES} passes (read x, write y)")
+    print(f"{'variant':<12} {'dtype':<9} {'bytes/elem':>10} {'FLOP/byte':>10} {'% of fp32 peak':>15}")
+    for name, passes in (("torch ops", UNFUSED_PASSES), ("fused", FUSED_PASSES)):
+        for dtype, size in (("float32", 4), ("bfloat16", 2)):
+            ai = arithmetic_intensity(passes, size)
+            frac = roofline_fraction(ai, H100_FP32_FLOPS, H100_BANDWIDTH)
+            print(f"{name:<12} {dtype:<9} {passes * size:>10} {ai:>10.3f} {100 * frac:>14.1f}%")
+    print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, "
+          f"{H100_BF16_TC_FLOPS / H100_BANDWIDTH:.0f} for bf16 tensor cores. GELU sits at 0.1-2.3: "
+          f"memory-bound, so its time is bytes / bandwidth,")
+    print(f"e.g. 2^28 fp32 fused: {2 * 4 * 2**28 / 1e9:.2f} GB / 3.35 TB/s = "
+          f"{2 * 4 * 2**28 / H100_BANDWIDTH * 1e3:.2f} ms at best; unfused moves "
+          f"{UNFUSED_PASSES // FUSED_PASSES}x the bytes, so fusion can win up to {UNFUSED_PASSES // FUSED_PASSES}x.")
+
+
+# -----------------------------------------------------------------------------
+# 3. Correctness: compare with float64 on fresh random inputs, outputs poisoned.
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+REL_FLOOR = 1e-3  # relative error is reported where |gelu(x)| >= this; near 0 it means nothing
+
+
+def poison_allocator(x, blocks=16):
+    """Fill memory that will be handed out next with NaN, so an element a variant forgets to
+    write shows up as NaN instead of a stale correct value from the previous run. (On CUDA
+    the caching allocator gives these freed blocks straight back for the same size.)"""
+    junk = [torch.full_like(x, float("nan")) for _ in range(blocks)]
+    del junk
+
+
+def random_input(n, dtype, device, generator):
+    # N(0, 3^2): covers the curved part of GELU and both tails; randn is never exactly 0.
+    return (3 * torch.randn(n, generator=generator, device="cpu")).to(device=device, dtype=dtype)
+
+
+def max_errors(y, x):
+    """(max abs error, max relative error where |ref| >= REL_FLOOR) of y against float64.
+    NaN anywhere in y (an unwritten poisoned element) makes both NaN."""
+    ref = gelu_reference(x)
+    err = (y.double() - ref).abs()
+    big = ref.abs() >= REL_FLOOR
+    rel = (err[big] / ref[big].abs()).max() if big.any() else torch.tensor(0.0, dtype=torch.float64)
+    if torch.isnan(y).any():
+        return float("nan"), float("nan")
+    return err.max().item(), rel.item()
+
+
+def check_variant(fn, dtype, device, n=(1 << 20) + 3, seed=0):
+    """Max abs / rel error of fn over an odd size (exercises the tail) and an unaligned view."""
+    g = torch.Generator().manual_seed(seed)
+    errors = []
+    for offset in (0, 1):  # offset 1: x[1:] is not 16-byte aligned
+        x = random_input(n + offset, dtype, device, g)[offset:]
+        poison_allocator(x)
+        if fn is gelu_cuda:  # our own kernel also gets an explicitly poisoned output
+            y = gelu_cuda(x, out=torch.full_like(x, float("nan")))
+        else:
+            y = fn(x)
+        if y.dtype != x.dtype or y.shape != x.shape:
+            raise AssertionError(f"returned {y.dtype} {tuple(y.shape)} for {x.dtype} {tuple(x.shape)}")
+        errors.append(max_errors(y, x))
+    # max() would drop a NaN; a NaN (an unwritten element) must win
+    return tuple(math.nan if any(map(math.isnan, col)) else max(col) for col in zip(*errors))
+
+
+def run_correctness(variants, dtypes, device):
+    print("\n== Correctness: max error against float64, fresh N(0, 9) inputs, NaN-poisoned outputs")
+    print(f"(relative error over |gelu(x)| >= {REL_FLOOR:g}; n = 2^20 + 3 and an unaligned view)")
+    print(f"{'variant':<14} {'dtype':<9} {'max abs err':>12} {'max rel err':>12}")
+    rows = []
+    for dname in dtypes:
+        for name, fn in variants.items():
+            a, r = check_variant(fn, DTYPES[dname], device)
+            print(f"{name:<14} {dname:<9} {a:>12.3e} {r:>12.3e}")
+            rows.append({"variant": name, "dtype": dname, "max_abs_err": a, "max_rel_err": r})
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# 4. Benchmark: median time, GB/s, % of copy bandwidth, speed-up over variant 1.
+
+def make_l2_flush(device):
+    """On CUDA: a function that reads a buffer bigger than L2, so each timed run starts
+    with x in DRAM (not in the 50 MB L2) and the GPU has queued work while Python launches."""
+    if device != "cuda":
+        return lambda: None
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    buf = torch.ones(max(256 << 20, 4 * l2) // 4, device="cuda")
+    return lambda: buf.sum()
+
+
+def time_ms(fn, x, reps, flush):
+    """Median wall time of fn(x) in milliseconds, after 3 warm-up calls."""
+    for _ in range(3):
+        fn(x)
+    if x.is_cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            flush()
+            s.record()
+            fn(x)
+            e.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(x)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_benchmark(variants, dtypes, log2_sizes, device, reps):
+    """Time every variant and a plain copy at each size; returns one dict per (variant, dtype, n)."""
+    flush = make_l2_flush(device)
+    timer = "CUDA events" if device == "cuda" else "time.perf_counter"
+    print(f"\n== Benchmark on {device_name(device)}: median of {reps} runs ({timer}), "
+          f"GB/s counts the fused traffic 2 x n x bytes (read x, write y)")
+    print(f"{'dtype':<9} {'n':>5} {'variant':<14} {'time ms':>10} {'GB/s':>9} {'% copy':>7} {'vs ops':>7}")
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for dname in dtypes:
+        for p in log2_sizes:
+            n = 1 << p
+            x = random_input(n, DTYPES[dname], device, g)
+            nbytes = 2 * n * x.element_size()
+            dst = torch.empty_like(x)
+            copy_ms = time_ms(lambda t: dst.copy_(t), x, reps, flush)
+            copy_gbs = nbytes / copy_ms / 1e6
+            print(f"{dname:<9} 2^{p:<3} {'copy_':<14} {copy_ms:>10.4f} {copy_gbs:>9.1f} {100.0:>6.1f}% {'':>7}")
+            del dst
+            base_ms = None
+            for name, fn in variants.items():
+                ms = time_ms(fn, x, reps, flush)
+                base_ms = base_ms or ms  # variant 1 comes first
+                gbs = nbytes / ms / 1e6
+                row = {"variant": name, "dtype": dname, "log2_n": p, "n": n, "ms": ms, "gb_s": gbs,
+                       "copy_ms": copy_ms, "copy_gb_s": copy_gbs, "pct_copy": 100 * gbs / copy_gbs,
+                       "speedup_vs_torch_ops": base_ms / ms}
+                rows.append(row)
+                print(f"{dname:<9} 2^{p:<3} {name:<14} {ms:>10.4f} {gbs:>9.1f} "
+                      f"{row['pct_copy']:>6.1f}% {row['speedup_vs_torch_ops']:>6.2f}x")
+            del x
+    return rows
+
+
+def target_line(rows):
+    """The H100 target in one line: CUDA kernel at the largest fp32 size vs copy and F.gelu."""
+    fp32 = [r for r in rows if r["dtype"] == "float32"]
+    if not fp32:
+        return None
+    p = max(r["log2_n"] for r in fp32)
+    at = {r["variant"]: r for r in fp32 if r["log2_n"] == p}
+    if "CUDA kernel" not in at:
+        return None
+    cuda, builtin = at["CUDA kernel"], at["F.gelu"]
+    return (f"CUDA kernel at 2^{p} fp32: {cuda['pct_copy']:.1f}% of copy bandwidth "
+            f"({cuda['gb_s']:.0f} of {cuda['copy_gb_s']:.0f} GB/s), "
+            f"{builtin['ms'] / cuda['ms']:.2f}x F.gelu")
+
+
+# -----------------------------------------------------------------------------
+# 5. Profile: the kernels (GPU) or top-level operators (CPU) behind one call.
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    # torch's profiler prints start/stop notices on the C-level stderr; keep the table clean.
+    # Python exceptions still propagate with their messages.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_launches(fn, x):
+    """Counter of what one call of fn(x) runs: CUDA kernels on GPU, top-level ops on CPU."""
+    from torch.profiler import ProfilerActivity, profile
+    fn(x)  # warm: compilation and lazy initialisation are not part of a call
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.is_cuda else [])
+    with _quiet_stderr(), profile(activities=activities) as prof:
+        fn(x)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    if x.is_cuda:
+        names = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        names = [e.name for e in events if e.cpu_parent is None and "Cache Lookup" not in e.name]
+    return Counter(names)
+
+
+def run_profile(variants, device, dtype="float32", n=1 << 20):
+    what = "CUDA kernels" if device == "cuda" else "top-level CPU operators"
+    print(f"\n== Profile: {what} launched by one call (torch.profiler, {dtype}, n = 2^{n.bit_length() - 1})")
+    x = random_input(n, DTYPES[dtype], device, torch.Generator().manual_seed(2))
+    out = {}
+    for name, fn in variants.items():
+        launches = profile_launches(fn, x)
+        out[name] = dict(launches)
+        print(f"{name:<14} {sum(launches.values()):>3} launched")
+        for k, c in launches.most_common():
+            print(f"{'':<16}{c} x {k[:110]}")
+    return out
+
+
+# -----------------------------------------------------------------------------
+# 6. Command line.
+
+def device_name(device):
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def write_json_atomic(path, obj):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".kernels-", suffix=".json.tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="GELU four ways, checked and measured against the copy bandwidth.")
+    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                    help="auto = cuda if a GPU is visible, else cpu")
+    ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N",
+                    help="log2 of the element counts (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
+    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
+    ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
+    ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
+                    help="sections to leave out")
+    args = ap.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
+    cuda = args.device == "cuda"
+    args.sizes = args.sizes or ([20, 22, 24, 26, 28] if cuda else [20, 22, 24])
+    if any(not 10 <= p <= 30 for p in args.sizes):
+        ap.error(f"--sizes: each value is log2 of an element count and must be in 10..30, got {args.sizes}")
+    args.reps = args.reps if args.reps is not None else (100 if cuda else 10)
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1, got {args.reps}")
+    if args.json:
+        d = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(d):
+            ap.error(f"--json: directory {d} does not exist; create it or pick another path")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    print(f"kernels.py on {device_name(args.device)}, torch {torch.__version__}, {started}")
+    variants = get_variants(args.device)
+    print("variants: " + ", ".join(variants))
+    print_accounting()
+    result = {"device": device_name(args.device), "torch": torch.__version__, "date": started,
+              "argv": sys.argv[1:] if argv is None else list(argv), "variants": list(variants),
+              "accounting": {"flops_per_element": FLOPS_PER_ELEMENT, "unfused_passes": UNFUSED_PASSES,
+                             "fused_passes": FUSED_PASSES}}
+    if "correctness" not in args.skip:
+        result["correctness"] = run_correctness(variants, args.dtypes, args.device)
+    if "benchmark" not in args.skip:
+        rows = run_benchmark(variants, args.dtypes, args.sizes, args.device, args.reps)
+        result["benchmark"] = rows
+        line = target_line(rows)
+        if line:
+            print("\n" + line)
+            result["target"] = line
+    if "profile" not in args.skip:
+        result["profile"] = run_profile(variants, args.device)
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
