@@ -413,29 +413,32 @@ def smallest_uint(vocab_size):
 
 
 def measure_tokenizer_throughput(seconds=1.0):
-    """(bytes/s, note) of bpe.py's Tokenizer with the GPT-2 vocabulary on the TinyStories sample.
-
-    Returns (None, reason) when bpe.py or the reference files are missing."""
+    """(bytes/s, note) of bpe.py's Tokenizer with the GPT-2 vocabulary, encoding fresh text of
+    the Shakespeare corpus for about `seconds` in one process. (None, reason) when bpe.py or
+    the files are missing: then nothing is estimated."""
     from pathlib import Path
-    ref = Path(__file__).resolve().parent.parent / "shared" / "reference"
-    files = [ref / "gpt2_vocab.json", ref / "gpt2_merges.txt", ref / "tinystories_sample.txt"]
+    shared = Path(__file__).resolve().parent.parent / "shared"
+    files = [shared / "reference" / "gpt2_vocab.json", shared / "reference" / "gpt2_merges.txt",
+             shared / "data" / "shakespeare.txt"]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        return None, f"reference file {missing[0]} not found"
+        return None, f"file {missing[0]} not found"
     try:
         import bpe
         tok = bpe.Tokenizer.from_files(str(files[0]), str(files[1]), ["<|endoftext|>"])
-    except Exception as e:  # bpe.py absent or not finished: say so, estimate nothing
+    except Exception as e:  # bpe.py absent or broken: say so, estimate nothing
         return None, f"bpe.py unavailable ({type(e).__name__}: {e})"
-    docs = files[2].read_text(encoding="utf-8").split("<|endoftext|>")
-    tok.encode(docs[0])  # warm-up (numba compilation, caches)
-    n_bytes, start = 0, time.perf_counter()
-    for doc in docs[1:]:
-        tok.encode(doc)
-        n_bytes += len(doc.encode("utf-8"))
-        if time.perf_counter() - start > seconds:
-            break
-    return n_bytes / (time.perf_counter() - start), f"bpe.Tokenizer (GPT-2 vocab), {n_bytes:,} bytes of TinyStories"
+    with open(files[2], encoding="utf-8") as f:
+        text = f.read(8_000_000)
+    chunk = 50_000  # characters; the first chunk only warms up (numba compilation, caches)
+    tok.encode(text[:chunk])
+    n_bytes, pos, start = 0, chunk, time.perf_counter()
+    while pos < len(text) and time.perf_counter() - start < seconds:
+        piece = text[pos:pos + chunk]
+        tok.encode(piece)
+        n_bytes, pos = n_bytes + len(piece.encode("utf-8")), pos + chunk
+    return (n_bytes / (time.perf_counter() - start),
+            f"bpe.Tokenizer.encode with the GPT-2 vocab, {n_bytes:,} bytes of shakespeare.txt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,3 +629,283 @@ def cuda_memory_check(B=4, cfg=None):
     formula = saved_activation_bytes(B, cfg["context_length"], cfg["d_model"], cfg["num_heads"],
                                      cfg["d_ff"], cfg["num_layers"]) + out.numel() * out.element_size()
     return formula, retained, peak, 512 * (n_storages + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. Printing and the command line
+# ---------------------------------------------------------------------------------------------
+
+def _q(text):
+    print(f"\nQ: {text}")
+
+
+def _a(text):
+    print(f"   {text}")
+
+
+def _published(published, verified, cause):
+    print(f"   ! published {published}, verified {verified}: {cause}")
+
+
+def _gb(n):
+    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+
+
+def section_motivation():
+    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
+    _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?")
+    flops = training_flops(70e9, 15e12)
+    days = days_to_train(flops, 1024, h100, 0.5)
+    _a(f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}")
+    _a(f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e} FLOPs")
+    _a(f"days = {flops:.3e} / {1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e} = {days:.1f} days")
+    _published("4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e}",
+               "a factor-1000 slip in the notes' text; their 144 days is right")
+    _published("143.927 days (lecture)", f"{days:.3f}", "the lecture rounds the dense peak 1978.9/2 up to 1979/2")
+    _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
+    mem = 8 * H100_MEMORY_BYTES
+    for name, parts in ADAMW_BYTES_PER_PARAM.items():
+        bpp = sum(parts.values())
+        spelled = " + ".join(f"{v} ({k})" for k, v in parts.items())
+        _a(f"{name}: {spelled} = {bpp} B/param -> 8 x 80e9 / {bpp} = {largest_model(mem, bpp) / 1e9:.1f}B params")
+    _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an")
+    _a("update smaller than 2^-8 of a weight rounds away in bf16. It saves activation memory and time.")
+    _published("12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
+               "16 B/param, 40B params", "that sum leaves out the fp32 master weights")
+
+
+def section_tensors():
+    _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)")
+    ff = (4 * 12288, 12288)  # GPT-3: d_model 12288, d_ff = 4 d_model
+    _a(f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes")
+    for dt in DTYPES:
+        _a(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
+           f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}")
+    _published("2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
+               f"{_gb(tensor_bytes(ff, torch.float32))} (= 2304 MiB)",
+               f"12288 x 12288 x 4 B is only {_gb(tensor_bytes((12288, 12288), torch.float32))}: the matrix is (4 x 12288) x 12288")
+    _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?")
+    _a(f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
+    for dt in DTYPES:
+        fi = torch.finfo(dt)
+        _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
+    _a("fp16 flushes 1e-8 to 0 (below its smallest subnormal 6e-8): gradients this small vanish.")
+    _a("bf16 has float32's exponent, so 1e-8 survives (as 1.0012e-8: 8 bits of mantissa).")
+
+
+def section_compute():
+    _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?")
+    B, D, K = 16384, 32768, 8192
+    _a(f"2 B D K = 2 x {B} x {D} x {K} = {matmul_flops(B, D, K):.4e} FLOPs")
+    _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?")
+    fwd, bwd = two_layer_flops(B, D, K)
+    _a(f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params")
+    _a(f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}")
+    _a(f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
+    _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?")
+    _a(f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
+    _q("FLOPs of 8 H100s for a week?")
+    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    _a(f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * SECONDS_PER_DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)")
+    _a("MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:")
+    for card, row in PEAK_FLOPS.items():
+        _a(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()))
+
+
+def section_intensity():
+    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    acc = accelerator_intensity(peak, H100_BYTES_PER_SEC)
+    _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?")
+    _a(f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
+    n = 4096
+    for name, cost in (("ReLU", relu_cost), ("GELU", gelu_cost), ("dot product", dot_cost),
+                       ("matrix-vector", matvec_cost), ("matrix-matrix", matmul_cost)):
+        f, b = cost(n)
+        ai = f / b
+        _a(f"{name:<14} n={n}: {f:.4g} FLOPs / {b:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
+           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f}"
+           f" ({'compute' if ai >= acc else 'memory'}-bound)")
+    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {acc:.0f} = {3 * acc:.0f}")
+
+
+def section_memory():
+    B, D, L = 2, 4, 3
+    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
+    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):
+        m = deep_network_memory(B, D, L, k)
+        _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
+    _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    batch, micro, D, L = 1024, 256, 1024, 16
+    steps, full, small = grad_accumulation(batch, micro, D, L)
+    _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?")
+    _a(f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
+       f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
+    _a("(the notes' example sets batch 64 and micro-batch 256: a micro-batch cannot exceed the batch)")
+    for L in (9, 16):
+        _q(f"Activation checkpointing, L={L} blocks (held activations, recomputed block forwards)?")
+        for label, every in (("no checkpointing", 0), ("checkpoint every layer", 1),
+                             (f"every sqrt(L) = {math.isqrt(L)} layers", math.isqrt(L)), ("store nothing", None)):
+            held, redo = checkpointing(L, every)
+            _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
+        _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
+
+
+def section_transformer():
+    xl = gpt2_config("XL")
+    counts = lm_param_counts(xl["vocab_size"], xl["d_model"], xl["num_layers"], xl["d_ff"])
+    P = sum(counts.values())
+    _q("(a) GPT-2 XL (V=50257, T=1024, L=48, d=1600, h=25, d_ff=6400): parameters and fp32 size?")
+    _a("V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)")
+    _a(" + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}")
+    _a(f"fp32: 4 x {P:,} = {_gb(4 * P)}")
+    T, d, dff, L, V, h = xl["context_length"], xl["d_model"], xl["d_ff"], xl["num_layers"], xl["vocab_size"], xl["num_heads"]
+    _q("(b) The matmuls of one forward pass of T=1024 tokens and their FLOPs?")
+    flops = lm_flops_of(xl)
+    shapes = {"attn q,k,v proj": f"3 x (T, d) @ (d, d), x L", "attn QK^T": f"h x (T, d_k) @ (d_k, T), x L",
+              "attn AV": f"h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
+              "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
+              "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
+    total = sum(flops.values())
+    for k, v in flops.items():
+        _a(f"{k:<17} {shapes[k]:<30} {v:.4e}  {100 * v / total:5.2f}%")
+    _a(f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
+    _published("4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{total / 1e12:.3f} TFLOPs, "
+               f"{100 * flops['attn QK^T'] / total:.2f}% each",
+               f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {h} times too small)")
+    _q("(c) Which parts need the most FLOPs?")
+    ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
+    _a(f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections "
+       f"{100 * (flops['attn q,k,v proj'] + flops['attn output proj']) / total:.1f}%")
+    _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384")
+    cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
+    table = {n: formula_forward_flops(c) for n, c in cols}
+    groups = {"attn projections": ("attn q,k,v proj", "attn output proj"), "attn QK^T + AV": ("attn QK^T + AV",),
+              "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"), "lm_head": ("lm_head",)}
+    _a(f"{'component':<18}" + "".join(f"{n:>10}" for n, _ in cols))
+    for g, keys in groups.items():
+        _a(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values()))
+    _a(f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()))
+    _a("bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention")
+    _a("core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
+    t1, t16 = sum(table["XL"].values()), sum(table["XL@16K"].values())
+    core16 = table["XL@16K"]["attn QK^T + AV"] / t16
+    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);")
+    _a(f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> {100 * core16:.1f}%")
+    _published("~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)", f"{t16 / 1e12:.1f} TFLOPs ({t16 / t1:.1f}x), "
+               f"attention {100 * (core16 + sum(table['XL@16K'][k] for k in groups['attn projections']) / t16):.1f}%",
+               "the same single-head QK^T and AV count")
+
+
+def section_adamw():
+    xl = gpt2_config("XL")
+    _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?")
+    _a("P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)")
+    _a("parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with")
+    _a("A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
+    _a("total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
+    a, b = adamw_memory_line(xl)
+    _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?")
+    _a(f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
+    _a(f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}")
+    _a(f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}")
+    _a(f"(model.py's autograd actually keeps {saved_activation_bytes(1, 1024, 1600, 25, 6400, 48) / GB:.1f} GB per sequence up to the logits; see --verify)")
+    _q("(c) FLOPs of one AdamW step?")
+    P = lm_num_params(xl)
+    _a(" + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {sum(ADAMW_FLOPS_PER_PARAM.values())} P")
+    _a(f"GPT-2 XL: 14 x {P:,} = {adamw_step_flops(P):.3e} FLOPs (negligible next to forward + backward)")
+    _published("10 P (notes 003)", "14 P", "bias correction is a per-step scalar, not per-parameter work; "
+               "the (1 - beta) multiplies and weight decay were left out")
+    _q("(d) Days to train GPT-2 XL, 400K steps of batch 1024, on one A100 (19.5e12 fp32) at 50% MFU?")
+    days, step = lm_training_days(xl, 1024, 400_000, PEAK_FLOPS["A100"]["fp32"], 0.5)
+    _a(f"step = 3 x 1024 x {lm_forward_flops(**_flops_args(xl)):.4e} = {step:.4e} FLOPs (backward = 2 x forward)")
+    _a(f"days = 400000 x {step:.4e} / (19.5e12 x 0.5 x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
+    _published("6354 days (notes 003)", f"{days:,.0f}",
+               "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls")
+
+
+def section_tinystories():
+    cfg = TINYSTORIES
+    c = lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], cfg["d_ff"])
+    total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
+    _q("TinyStories model (V=10000, T=256, d=512, L=4, h=16, d_ff=1344): parameters?")
+    _a(" + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {total:,}")
+    _a(f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}")
+    _a("the handout's 'about 17M non-embedding parameters' is everything except the input embedding")
+    _a(f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
+    fwd = lm_forward_flops(**_flops_args(cfg))
+    _q("Token budget 327,680,000 = batch x steps x context: what does it cost?")
+    seqs = TINYSTORIES_TOKENS // cfg["context_length"]
+    flops = training_step_flops(seqs * fwd)
+    _a(f"{TINYSTORIES_TOKENS:,} / 256 = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}")
+    _a(f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
+       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})")
+    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
+    _a(f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's 30-40 minutes means "
+       f"MFU ~ {flops / h100 / 2100:.1%} (small models are overhead-bound)")
+    _a(f"CPU budget: 32 x 5000 x 256 = {TINYSTORIES_TOKENS_CPU:,} tokens = {training_step_flops(TINYSTORIES_TOKENS_CPU // 256 * fwd):.3e} FLOPs")
+
+
+def section_tokenizer():
+    _q("Why store token ids as uint16?")
+    for v in (10_000, 32_000, GPT2_VOCAB):
+        _a(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> {smallest_uint(v)}, 2 bytes per token "
+           f"(half of int32, a quarter of torch's int64)")
+    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
+    bps, note = measure_tokenizer_throughput()
+    if bps is None:
+        _a(f"not measured: {note}")
+        return
+    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)")
+    _a(f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / SECONDS_PER_DAY:.2f} days")
+    _published("16.4 days at 626,519.6 B/s (notes 003)", f"{PILE_BYTES / 626_519.6 / SECONDS_PER_DAY:.1f} days at that rate",
+               "the notes took 825 GB as 825 x 2^30 bytes")
+
+
+SECTIONS = {"motivation": section_motivation, "tensors": section_tensors, "compute": section_compute,
+            "intensity": section_intensity, "memory": section_memory, "transformer": section_transformer,
+            "adamw": section_adamw, "tinystories": section_tinystories, "tokenizer": section_tokenizer}
+
+
+def run_verify():
+    """Print formula vs measured for every check; return the number of mismatches."""
+    bad = 0
+    print(f"{'check':<72}{'formula':>20}{'measured':>20}")
+    for what, formula, measured in verification_checks():
+        ok = formula == measured
+        bad += not ok
+        print(f"{what:<72}{formula:>20,}{measured:>20,}{'' if ok else '   MISMATCH'}")
+    print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
+          "(distinct storages, parameters and buffers excluded)")
+    gpu = cuda_memory_check()
+    if gpu is None:
+        print("GPU: no CUDA device; the memory_allocated / max_memory_allocated check was skipped")
+    else:
+        formula, retained, peak, slack = gpu
+        ok = abs(retained - formula) <= slack
+        bad += not ok
+        print(f"GPU: saved + logits {formula:,} B vs memory_allocated after forward {retained:,} B "
+              f"(rule: within {slack:,} B of 512-byte rounding) {'ok' if ok else 'MISMATCH'}; "
+              f"peak during forward {peak:,} B")
+    print(f"{bad} mismatch(es)")
+    return bad
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description="CS336 lecture 2 and assignment 1 resource accounting.")
+    p.add_argument("--section", help="print one section: " + ", ".join(SECTIONS))
+    p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")
+    args = p.parse_args(argv)
+    if args.section is not None and args.section not in SECTIONS:
+        p.error(f"--section {args.section!r} is not a section; choose one of: {', '.join(SECTIONS)}")
+    if args.verify:
+        return 1 if run_verify() else 0
+    for name, fn in SECTIONS.items():
+        if args.section in (None, name):
+            print(f"\n=== {name} " + "=" * (88 - len(name)))
+            fn()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
