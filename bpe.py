@@ -1,0 +1,931 @@
+"""
+Byte-level BPE, the tokenizer of GPT-2, written from scratch (CS336 assignment 1, section 2).
+
+A tokenizer turns text into integers and back. Byte-level BPE starts from the 256 byte
+values and learns, from a corpus, which adjacent pair to fuse next: each merge adds one
+token to the vocabulary. Encoding replays the merges in the order they were learned.
+
+Sections, in reading order:
+  1. Pre-tokenization: the GPT-2 regex, special tokens, and cutting a file into chunks
+     at safe places so that worker processes can count pre-tokens in parallel.
+  2. The merge loop, compiled with numba: incremental pair counts plus a max-heap with
+     lazy deletion, giving exactly the naive algorithm's merges.
+  3. train_bpe: the two above glued together.
+  4. The GPT-2 file format (vocab.json / merges.txt in a printable byte alphabet).
+  5. Tokenizer: encode (with a pre-token cache), encode_iterable (constant memory), decode.
+  6. encode_file: a whole text file to a .npy of token ids with several processes.
+  7. Command line: train, encode, bench.
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections import Counter
+from itertools import chain
+
+import numpy as np
+import regex
+from numba import njit
+from numba.extending import register_jitable
+
+# -----------------------------------------------------------------------------
+# 1. Pre-tokenization
+
+# GPT-2's pre-tokenizer (handout section 2.4): contractions, optional-space + letters,
+# optional-space + digits, optional-space + punctuation, whitespace not followed by a
+# non-space (so " word" keeps its space), and any remaining whitespace.
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_PRETOKEN_RE = regex.compile(GPT2_PAT)
+
+# A position where cutting the text cannot change its pre-tokenization: a space with an
+# ASCII letter or digit on both sides. The token on the left (letters, digits or a
+# contraction) ends before a space whatever follows, and " word" / " 42" starts with this
+# space whatever precedes. ASCII bytes never sit inside a multi-byte UTF-8 character, so
+# the cut is also a valid place to decode from.
+_SAFE_CUT = rb"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])"
+_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
+_BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
+
+
+def _check_special_tokens(special_tokens):
+    """Validate and de-duplicate (keeping order) a list of special-token strings."""
+    if special_tokens is None:
+        return []
+    if isinstance(special_tokens, str):
+        raise ValueError("special_tokens must be a list of strings, not a single string "
+                         f"(did you mean [{special_tokens!r}]?)")
+    out = []
+    for s in special_tokens:
+        if not isinstance(s, str):
+            raise ValueError(f"special token {s!r} must be a string")
+        if s == "":
+            raise ValueError("a special token is the empty string; remove it from the list")
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def _special_split_re(special_tokens):
+    """Regex whose split() cuts text at special tokens, longest first, so that
+    '<|eot|><|eot|>' wins over '<|eot|>' when both are declared."""
+    if not special_tokens:
+        return None
+    alts = sorted(special_tokens, key=len, reverse=True)
+    return regex.compile("(" + "|".join(regex.escape(s) for s in alts) + ")")
+
+
+def _cut_regex(special_bytes):
+    """A chunk may end where a special token starts, or at a safe space."""
+    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
+    return regex.compile(b"|".join(alts + [_SAFE_CUT]))
+
+
+def _inside_special(buf, p, special_bytes):
+    """True if some occurrence of a special token in buf strictly straddles position p
+    (such a cut would break the special token in two)."""
+    for s in special_bytes:
+        if len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1:
+            return True
+    return False
+
+
+def _find_cut(f, pos, size, cut_re, special_bytes):
+    """First safe cut at or after byte `pos` of the open file f (or `size` if none)."""
+    margin = max((len(s) for s in special_bytes), default=1)
+    while pos < size:
+        lo = max(0, pos - margin)
+        f.seek(lo)
+        buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
+        for m in cut_re.finditer(buf, pos - lo):
+            p = m.start()
+            if p > len(buf) - margin and lo + len(buf) < size:
+                break                   # too close to the window edge to judge: slide on
+            if not _inside_special(buf, p, special_bytes):
+                return lo + p
+        pos = lo + max(pos - lo + 1, len(buf) - margin)
+    return size
+
+
+def _chunk_bounds(path, size, special_bytes, n_chunks):
+    """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces."""
+    cut_re = _cut_regex(special_bytes)
+    bounds = [0]
+    with open(path, "rb") as f:
+        for k in range(1, n_chunks):
+            guess = max(size * k // n_chunks, bounds[-1] + 1)
+            if guess >= size:
+                break
+            p = _find_cut(f, guess, size, cut_re, special_bytes)
+            if p > bounds[-1] and p < size:
+                bounds.append(p)
+    bounds.append(size)
+    return bounds
+
+
+def _read_text(path, start, end):
+    """Bytes [start, end) of the file as str; a decoding error names the file offset."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
+                         f"offset {start + e.start}; re-save the file as UTF-8") from None
+
+
+def _count_chunk(args):
+    """Worker: count the pre-tokens of one chunk. Special tokens cut the text first and
+    are dropped, so no pair ever spans them."""
+    path, start, end, special_tokens = args
+    text = _read_text(path, start, end)
+    split_re = _special_split_re(special_tokens)
+    parts = split_re.split(text)[::2] if split_re else [text]   # odd entries are specials
+    counts = Counter()
+    for part in parts:
+        counts.update(_PRETOKEN_RE.findall(part))
+    return counts
+
+
+def _mp_context():
+    import multiprocessing as mp
+    # fork shares the parent's imports (numba, regex) instead of re-importing them.
+    return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def _check_input_file(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file {path} does not exist")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"input file {path} is empty; give it some text")
+    return size
+
+
+def count_pretokens(input_path, special_tokens=(), num_workers=None):
+    """{pre-token string: count} over the whole file, counted in worker processes."""
+    special_tokens = _check_special_tokens(special_tokens)
+    size = _check_input_file(input_path)
+    num_workers = num_workers or os.cpu_count() or 1
+    n_chunks = max(num_workers, -(-size // _CHUNK_BYTES))
+    if num_workers == 1 or size < (1 << 20):
+        n_chunks = -(-size // _CHUNK_BYTES)
+    special_bytes = [s.encode("utf-8") for s in special_tokens]
+    bounds = _chunk_bounds(input_path, size, special_bytes, n_chunks)
+    tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(tasks) == 1 or num_workers == 1:
+        results = map(_count_chunk, tasks)
+        return _sum_counts(results)
+    with _mp_context().Pool(min(num_workers, len(tasks))) as pool:
+        return _sum_counts(pool.imap_unordered(_count_chunk, tasks))
+
+
+def _sum_counts(results):
+    total = Counter()
+    for c in results:
+        total.update(c)
+    return total
+
+
+# -----------------------------------------------------------------------------
+# 2. The merge loop (numba)
+#
+# Each distinct pre-token ("word") is stored once, with its count, as a doubly linked
+# list of token ids over positions; a merge rewrites the left position and unlinks the
+# right one. Pair counts live in an open-addressing hash table keyed by (left << 32 |
+# right). Each pair also keeps a list of the words it was seen in (maybe stale), so a
+# merge only visits those words, and only the counts of the pairs touching a merged
+# position change:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
+# The next merge comes from a max-heap ordered by (count, left bytes, right bytes).
+# Decremented pairs are not re-pushed: a popped entry whose count no longer matches the
+# table is stale and is re-pushed with the true count (lazy deletion). Since only new
+# pairs (containing the new token) ever grow, pushing those after each merge keeps the
+# invariant "every live pair has an entry >= its true count", so the first popped entry
+# that matches the table is the true maximum.
+
+_EMPTY = -1
+
+
+@register_jitable
+def _hash_slot(keys, key):
+    """Slot holding key, or the empty slot where it would go (linear probing)."""
+    mask = keys.shape[0] - 1
+    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
+    h ^= h >> 29
+    i = h & mask
+    while keys[i] != _EMPTY and keys[i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@register_jitable
+def _hash_grow(keys, cnt, head, lastw):
+    """Double the table and re-insert every key."""
+    cap = keys.shape[0] * 2
+    k2 = np.full(cap, _EMPTY, np.int64)
+    c2 = np.zeros(cap, np.int64)
+    h2 = np.full(cap, -1, np.int64)
+    l2 = np.full(cap, -1, np.int64)
+    for i in range(keys.shape[0]):
+        if keys[i] != _EMPTY:
+            s = _hash_slot(k2, keys[i])
+            k2[s] = keys[i]
+            c2[s] = cnt[i]
+            h2[s] = head[i]
+            l2[s] = lastw[i]
+    return k2, c2, h2, l2
+
+
+@register_jitable
+def _grow(a, need):
+    """a, or a copy at least twice as long, so that index need-1 fits."""
+    if need <= a.shape[0]:
+        return a
+    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@register_jitable
+def _bytes_cmp(pool, start, length, x, y):
+    """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
+    if x == y:
+        return 0
+    sx, sy, lx, ly = start[x], start[y], length[x], length[y]
+    for k in range(min(lx, ly)):
+        if pool[sx + k] != pool[sy + k]:
+            return 1 if pool[sx + k] > pool[sy + k] else -1
+    if lx == ly:
+        return 0
+    return 1 if lx > ly else -1
+
+
+@register_jitable
+def _heap_gt(hc, ha, hb, i, j, pool, start, length):
+    """Heap entry i ranks above j: higher count, then lexicographically greater pair."""
+    if hc[i] != hc[j]:
+        return hc[i] > hc[j]
+    r = _bytes_cmp(pool, start, length, ha[i], ha[j])
+    if r != 0:
+        return r > 0
+    return _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
+
+
+@register_jitable
+def _heap_swap(hc, ha, hb, i, j):
+    hc[i], hc[j] = hc[j], hc[i]
+    ha[i], ha[j] = ha[j], ha[i]
+    hb[i], hb[j] = hb[j], hb[i]
+
+
+@register_jitable
+def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
+    """Append (c, a, b) at index n (capacity checked by the caller) and sift up."""
+    hc[n], ha[n], hb[n] = c, a, b
+    i = n
+    while i > 0:
+        p = (i - 1) // 2
+        if not _heap_gt(hc, ha, hb, i, p, pool, start, length):
+            break
+        _heap_swap(hc, ha, hb, i, p)
+        i = p
+
+
+@register_jitable
+def _heap_pop(hc, ha, hb, n, pool, start, length):
+    """Remove the top entry of a heap of size n (read it before calling)."""
+    n -= 1
+    _heap_swap(hc, ha, hb, 0, n)
+    i = 0
+    while True:
+        l, r, big = 2 * i + 1, 2 * i + 2, i
+        if l < n and _heap_gt(hc, ha, hb, l, big, pool, start, length):
+            big = l
+        if r < n and _heap_gt(hc, ha, hb, r, big, pool, start, length):
+            big = r
+        if big == i:
+            break
+        _heap_swap(hc, ha, hb, i, big)
+        i = big
+
+
+def _merge_loop(ids, word_start, word_count, num_merges):
+    """Learn up to num_merges merges. ids: (P,) int64 byte values of all words laid end to
+    end; word_start: (W+1,) offsets; word_count: (W,) occurrences. New token k gets id
+    256 + k. Returns (lefts, rights), each (M,) int64 with M <= num_merges."""
+    n_words = word_count.shape[0]
+    n_pos = ids.shape[0]
+    tok = ids.copy()
+    nxt = np.empty(n_pos, np.int64)   # next live position in the same word, -1 at the end
+    prv = np.empty(n_pos, np.int64)
+    for w in range(n_words):
+        s, e = word_start[w], word_start[w + 1]
+        for i in range(s, e):
+            prv[i] = i - 1 if i > s else -1
+            nxt[i] = i + 1 if i + 1 < e else -1
+    last_merge = np.full(n_words, -1, np.int64)   # de-duplicates stale word lists
+
+    # Bytes of every token, for the lexicographic tie-break.
+    n_tok = 256 + num_merges
+    start = np.zeros(n_tok, np.int64)
+    length = np.zeros(n_tok, np.int64)
+    pool = np.empty(max(1024, 4 * n_tok), np.uint8)
+    for b in range(256):
+        pool[b], start[b], length[b] = b, b, 1
+    pool_len = 256
+
+    # Pair table: key, count, head of its word list, last word appended (skip repeats).
+    cap = 1024
+    while cap < 4 * n_pos:
+        cap *= 2
+    keys = np.full(cap, _EMPTY, np.int64)
+    cnt = np.zeros(cap, np.int64)
+    head = np.full(cap, -1, np.int64)
+    lastw = np.full(cap, -1, np.int64)
+    n_keys = 0
+    occ_word = np.empty(max(1024, n_pos), np.int64)   # linked lists of words per pair
+    occ_next = np.empty(max(1024, n_pos), np.int64)
+    n_occ = 0
+
+    for w in range(n_words):
+        for i in range(word_start[w], word_start[w + 1] - 1):
+            key = (tok[i] << 32) | tok[i + 1]
+            s = _hash_slot(keys, key)
+            if keys[s] == _EMPTY:
+                keys[s] = key
+                n_keys += 1
+            cnt[s] += word_count[w]
+            if lastw[s] != w:
+                lastw[s] = w
+                occ_word[n_occ], occ_next[n_occ] = w, head[s]
+                head[s] = n_occ
+                n_occ += 1
+    # (the table is 4x the positions, so no growth was needed above)
+
+    hc = np.empty(max(1024, 2 * n_keys), np.int64)
+    ha = np.empty(hc.shape[0], np.int64)
+    hb = np.empty(hc.shape[0], np.int64)
+    n_heap = 0
+    for s in range(cap):
+        if keys[s] != _EMPTY:
+            _heap_push(hc, ha, hb, n_heap, cnt[s], keys[s] >> 32, keys[s] & 0xFFFFFFFF,
+                       pool, start, length)
+            n_heap += 1
+
+    lefts = np.empty(num_merges, np.int64)
+    rights = np.empty(num_merges, np.int64)
+    new_keys = np.empty(1024, np.int64)
+    m = 0
+    while m < num_merges and n_heap > 0:
+        c, a, b = hc[0], ha[0], hb[0]
+        _heap_pop(hc, ha, hb, n_heap, pool, start, length)
+        n_heap -= 1
+        s = _hash_slot(keys, (a << 32) | b)
+        if cnt[s] != c:                      # stale: re-queue with the true count
+            if cnt[s] > 0:
+                _heap_push(hc, ha, hb, n_heap, cnt[s], a, b, pool, start, length)
+                n_heap += 1
+            continue
+
+        t = 256 + m                          # the new token ab
+        lefts[m], rights[m] = a, b
+        pool = _grow(pool, pool_len + length[a] + length[b])
+        pool[pool_len:pool_len + length[a]] = pool[start[a]:start[a] + length[a]]
+        pool[pool_len + length[a]:pool_len + length[a] + length[b]] = \
+            pool[start[b]:start[b] + length[b]]
+        start[t], length[t] = pool_len, length[a] + length[b]
+        pool_len += length[t]
+
+        n_new = 0
+        e = head[s]
+        head[s] = -1
+        while e != -1:
+            w = occ_word[e]
+            e = occ_next[e]
+            if last_merge[w] == m:
+                continue
+            last_merge[w] = m
+            cw = word_count[w]
+            i = word_start[w]                # the first position of a word never dies
+            while i != -1:
+                j = nxt[i]
+                if j == -1:
+                    break
+                if tok[i] != a or tok[j] != b:
+                    i = j
+                    continue
+                # Room for two new keys, two occurrences and two new-key records.
+                if 2 * (n_keys + 2) > keys.shape[0]:
+                    keys, cnt, head, lastw = _hash_grow(keys, cnt, head, lastw)
+                occ_word = _grow(occ_word, n_occ + 2)
+                occ_next = _grow(occ_next, n_occ + 2)
+                new_keys = _grow(new_keys, n_new + 2)
+                p, n = prv[i], nxt[j]
+                if p != -1:                  # (x, a) -> (x, ab)
+                    x = tok[p]
+                    cnt[_hash_slot(keys, (x << 32) | a)] -= cw
+                    s2 = _hash_slot(keys, (x << 32) | t)
+                    if keys[s2] == _EMPTY:
+                        keys[s2] = (x << 32) | t
+                        n_keys += 1
+                        new_keys[n_new] = keys[s2]
+                        n_new += 1
+                    cnt[s2] += cw
+                    if lastw[s2] != w:
+                        lastw[s2] = w
+                        occ_word[n_occ], occ_next[n_occ] = w, head[s2]
+                        head[s2] = n_occ
+                        n_occ += 1
+                if n != -1:                  # (b, y) -> (ab, y)
+                    y = tok[n]
+                    cnt[_hash_slot(keys, (b << 32) | y)] -= cw
+                    s2 = _hash_slot(keys, (t << 32) | y)
+                    if keys[s2] == _EMPTY:
+                        keys[s2] = (t << 32) | y
+                        n_keys += 1
+                        new_keys[n_new] = keys[s2]
+                        n_new += 1
+                    cnt[s2] += cw
+                    if lastw[s2] != w:
+                        lastw[s2] = w
+                        occ_word[n_occ], occ_next[n_occ] = w, head[s2]
+                        head[s2] = n_occ
+                        n_occ += 1
+                tok[i] = t
+                nxt[i] = n
+                if n != -1:
+                    prv[n] = i
+                i = n
+        cnt[_hash_slot(keys, (a << 32) | b)] = 0   # every occurrence is merged now
+        for k in range(n_new):
+            s2 = _hash_slot(keys, new_keys[k])
+            if cnt[s2] > 0:
+                hc = _grow(hc, n_heap + 1)
+                ha = _grow(ha, n_heap + 1)
+                hb = _grow(hb, n_heap + 1)
+                _heap_push(hc, ha, hb, n_heap, cnt[s2], new_keys[k] >> 32,
+                           new_keys[k] & 0xFFFFFFFF, pool, start, length)
+                n_heap += 1
+        m += 1
+    return lefts[:m], rights[:m]
+
+
+# The same source, compiled. Compilation costs seconds once (then numba's on-disk cache
+# makes it a few ms); for small jobs the interpreted function above is faster than that.
+_merge_loop_compiled = njit(cache=True)(_merge_loop)
+
+
+# -----------------------------------------------------------------------------
+# 3. train_bpe
+
+def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
+    """Train byte-level BPE on a UTF-8 text file.
+    Returns vocab {id: bytes} (0-255 = bytes, then special tokens, then merges in order)
+    and merges [(left bytes, right bytes)] in order of creation."""
+    special_tokens = _check_special_tokens(special_tokens)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+        raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
+    n_base = 256 + len(special_tokens)
+    if vocab_size < n_base:
+        raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
+                         f"{len(special_tokens)} special tokens = {n_base}; raise it")
+    counts = count_pretokens(input_path, special_tokens, num_workers)
+    return train_from_counts(counts, vocab_size, special_tokens)
+
+
+# Below this much work the interpreted merge loop (about 0.3 s for 30k positions and 250
+# merges) beats loading the compiled one from numba's cache (about 0.5 s) and by far
+# compiling it (10+ s, once per machine).
+_INTERPRET_MAX_POSITIONS = 50_000
+_INTERPRET_MAX_MERGES = 1_000
+
+
+def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
+    """The merge half of train_bpe, from {pre-token str: count}. compiled=None picks the
+    numba-compiled or the interpreted merge loop (same source, same result) by job size."""
+    special_tokens = _check_special_tokens(special_tokens)
+    n_base = 256 + len(special_tokens)
+    num_merges = max(0, vocab_size - n_base)
+    # Words of one byte have no pair to merge; drop them.
+    words = [w.encode("utf-8") for w in counts]
+    keep = [k for k, w in enumerate(words) if len(w) > 1]
+    words = [words[k] for k in keep]
+    freq = list(counts.values())
+    word_count = np.array([freq[k] for k in keep], dtype=np.int64)
+    word_start = np.zeros(len(words) + 1, dtype=np.int64)
+    np.cumsum([len(w) for w in words], out=word_start[1:])
+    ids = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)
+    if compiled is None:
+        compiled = bool(_merge_loop_compiled.signatures) or not (
+            len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES)
+    loop = _merge_loop_compiled if compiled else _merge_loop
+    lefts, rights = loop(ids, word_start, word_count, num_merges)
+
+    tokens = [bytes([b]) for b in range(256)]          # internal id -> bytes
+    merges = []
+    for a, b in zip(lefts.tolist(), rights.tolist()):
+        merges.append((tokens[a], tokens[b]))
+        tokens.append(tokens[a] + tokens[b])
+    vocab = {i: tokens[i] for i in range(256)}
+    for s in special_tokens:
+        vocab[len(vocab)] = s.encode("utf-8")
+    for tok in tokens[256:]:
+        vocab[len(vocab)] = tok
+    return vocab, merges
+
+
+# -----------------------------------------------------------------------------
+# 4. The GPT-2 file format
+#
+# GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
+# plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
+# characters, space, ...) are shifted to U+0100 and up. A space becomes 'Ġ' and a newline
+# 'Ċ', so "left right" in merges.txt never meets a real space.
+
+def _bytes_to_unicode():
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    table, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + shift)
+            shift += 1
+    return table
+
+
+_BYTE_TO_CHAR = _bytes_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
+def _token_to_str(tok):
+    return "".join(_BYTE_TO_CHAR[b] for b in tok)
+
+
+def _str_to_token(s, where):
+    try:
+        return bytes(_CHAR_TO_BYTE[c] for c in s)
+    except KeyError as e:
+        raise ValueError(f"{where}: character {e.args[0]!r} in token {s!r} is not in the "
+                         "GPT-2 byte alphabet") from None
+
+
+def _atomic_write_text(path, text):
+    """Write a file completely or not at all: temp file in the same directory, then rename."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _load_vocab_file(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"vocab file {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid UTF-8 (byte offset {e.start})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
+    vocab = {}
+    for s, i in raw.items():
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"{path}: token {s!r} has id {i!r}, expected a non-negative int")
+        if i in vocab:
+            raise ValueError(f"{path}: id {i} is used by two tokens")
+        vocab[i] = _str_to_token(s, path)
+    return vocab
+
+
+def _load_merges_file(path, vocab):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"merges file {path} does not exist")
+    known = set(vocab.values())
+    merges = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if (lineno == 1 and line.startswith("#version")) or line == "":
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2 or not parts[0] or not parts[1]:
+                raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
+            left, right = (_str_to_token(p, f"{path} line {lineno}") for p in parts)
+            for tok in (left, right, left + right):
+                if tok not in known:
+                    raise ValueError(f"{path} line {lineno}: token {_token_to_str(tok)!r} is "
+                                     "not in the vocab file; vocab and merges disagree")
+            merges.append((left, right))
+    return merges
+
+
+# -----------------------------------------------------------------------------
+# 5. Tokenizer
+
+_CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
+
+
+class Tokenizer:
+    """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
+
+    def __init__(self, vocab, merges, special_tokens=None):
+        self.vocab = dict(vocab)
+        self.merges = list(merges)
+        self.special_tokens = _check_special_tokens(special_tokens)
+        token_id = {}
+        for i in sorted(self.vocab):
+            token_id.setdefault(self.vocab[i], i)
+        for s in self.special_tokens:       # handout: append specials missing from vocab
+            b = s.encode("utf-8")
+            if b not in token_id:
+                token_id[b] = max(self.vocab, default=-1) + 1
+                self.vocab[token_id[b]] = b
+        missing = [b for b in range(256) if bytes([b]) not in token_id]
+        if missing:
+            raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
+                             "byte-level vocab needs all 256")
+        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
+        self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
+        # (left id, right id) -> rank (the lower, the earlier learned) and -> merged id.
+        self._rank, self._merged = {}, {}
+        for rank, (l, r) in enumerate(self.merges):
+            for tok in (l, r, l + r):
+                if tok not in token_id:
+                    raise ValueError(f"merge #{rank} ({l!r}, {r!r}) uses or makes {tok!r}, "
+                                     "which is not in the vocab")
+            pair = (token_id[l], token_id[r])
+            if pair not in self._rank:
+                self._rank[pair] = rank
+                self._merged[pair] = token_id[l + r]
+        self._split_re = _special_split_re(self.special_tokens)
+        self._cache = {}
+
+    @classmethod
+    def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
+        vocab = _load_vocab_file(vocab_filepath)
+        return cls(vocab, _load_merges_file(merges_filepath, vocab), special_tokens)
+
+    def save(self, vocab_filepath, merges_filepath):
+        """GPT-2 format, each file written atomically."""
+        inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
+        _atomic_write_text(vocab_filepath, json.dumps(inv, ensure_ascii=False, indent=0))
+        lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
+                                     for l, r in self.merges]
+        _atomic_write_text(merges_filepath, "\n".join(lines) + "\n")
+
+    def _bpe(self, word):
+        """Ids of one pre-token: repeatedly apply the earliest-learned merge present,
+        at every (non-overlapping, left to right) place it occurs. The pair ranks are
+        looked up with map() so that the inner loops run in C."""
+        ids = list(map(self._byte_ids.__getitem__, word.encode("utf-8")))
+        rank_get, no_merge = self._rank.get, len(self._rank) + 1
+        while len(ids) > 1:
+            pairs = list(zip(ids, ids[1:]))
+            ranks = list(map(rank_get, pairs, [no_merge] * len(pairs)))
+            best = min(ranks)
+            if best == no_merge:
+                break
+            i = ranks.index(best)
+            new_id = self._merged[pairs[i]]
+            if ranks.count(best) == 1:
+                ids[i:i + 2] = [new_id]
+                continue
+            a, b = pairs[i]
+            out, i = ids[:i], i
+            while i < len(ids):
+                if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
+                    out.append(new_id)
+                    i += 2
+                else:
+                    out.append(ids[i])
+                    i += 1
+            ids = out
+        return ids
+
+    def _encode_ordinary(self, text):
+        """Ids of text that contains no special token (pre-tokens go through the cache)."""
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        words = _PRETOKEN_RE.findall(text)
+        try:
+            return list(chain.from_iterable(map(cache.__getitem__, words)))
+        except KeyError:
+            pass
+        for w in words:
+            if w not in cache:
+                cache[w] = self._bpe(w)
+        return list(chain.from_iterable(map(cache.__getitem__, words)))
+
+    def encode(self, text):
+        if self._split_re is None:
+            return self._encode_ordinary(text)
+        out = []
+        for k, part in enumerate(self._split_re.split(text)):
+            if k % 2:
+                out.append(self._special_ids[part])
+            elif part:
+                out.extend(self._encode_ordinary(part))
+        return out
+
+    def encode_iterable(self, iterable):
+        """Lazily yield the ids of the concatenation of the strings in iterable, holding
+        only about 64 KB of text at a time: text is cut at safe places only (see
+        _SAFE_CUT), never inside a special token, so the ids equal encode("".join(...))."""
+        margin = max((len(s) for s in self.special_tokens), default=1)
+        specials = [s for s in self.special_tokens if len(s) > 1]
+        buf = ""
+        for piece in iterable:
+            buf += piece
+            if len(buf) < (1 << 16):
+                continue
+            cut = -1
+            hi = len(buf) - margin - 1        # leave room to see a special token across it
+            for m in _SAFE_CUT_STR.finditer(buf, max(0, hi - 4096), hi):
+                p = m.start()
+                if not any(buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
+                           for s in specials):
+                    cut = p
+            if cut <= 0:
+                if len(buf) > (1 << 22):   # no safe cut in 4 MB: no way to stream this text
+                    raise ValueError("encode_iterable found no place to cut 4 MB of text "
+                                     "(no 'letter space letter'); use encode() instead")
+                continue
+            yield from self.encode(buf[:cut])
+            buf = buf[cut:]
+        if buf:
+            yield from self.encode(buf)
+
+    def decode(self, ids):
+        try:
+            data = b"".join([self.vocab[i] for i in ids])
+        except (KeyError, TypeError):
+            bad = next(i for i in ids if i not in self.vocab)
+            raise ValueError(f"cannot decode token id {bad!r}: the vocab has ids "
+                             f"0..{max(self.vocab)} ({len(self.vocab)} tokens)") from None
+        return data.decode("utf-8", errors="replace")
+
+
+_SAFE_CUT_STR = regex.compile(_SAFE_CUT.decode("ascii"))
+
+
+# -----------------------------------------------------------------------------
+# 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
+
+_ENCODE_CHUNK = 1 << 20        # 1 MiB of text per task
+_worker_tokenizer = None
+
+
+def _init_encode_worker(tok):
+    global _worker_tokenizer
+    _worker_tokenizer = tok
+
+
+def _encode_chunk(args):
+    path, start, end, dtype = args
+    ids = _worker_tokenizer.encode(_read_text(path, start, end))
+    return np.array(ids, dtype=dtype), end - start
+
+
+def _npy_header(dtype, n):
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+              "fortran_order": False, "shape": (n,)})
+    return buf.getvalue()
+
+
+def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
+    """Tokenize a whole UTF-8 file into out_path (np.save format, uint16 when every id
+    fits, else uint32). Chunks of 1 MiB go to worker processes and come back in order;
+    the file is written to a temp file first and renamed when complete. Returns the
+    number of tokens."""
+    size = _check_input_file(input_path)
+    dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
+    num_workers = num_workers or os.cpu_count() or 1
+    special_bytes = [s.encode("utf-8") for s in tokenizer.special_tokens]
+    bounds = _chunk_bounds(input_path, size, special_bytes, max(1, -(-size // _ENCODE_CHUNK)))
+    tasks = [(input_path, a, b, dtype) for a, b in zip(bounds[:-1], bounds[1:])]
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"output directory {out_dir} does not exist")
+    header_len = len(_npy_header(dtype, 0))
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npy")
+    pool = None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * header_len)    # the real header needs the count: written last
+            if num_workers == 1 or len(tasks) == 1:
+                _init_encode_worker(tokenizer)
+                results = map(_encode_chunk, tasks)
+            else:
+                pool = _mp_context().Pool(min(num_workers, len(tasks)), _init_encode_worker,
+                                          (tokenizer,))
+                results = pool.imap(_encode_chunk, tasks)
+            n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
+            for ids, nb in results:
+                ids.tofile(f)
+                n_tokens += len(ids)
+                n_bytes += nb
+                if progress:
+                    dt = time.perf_counter() - t0
+                    print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
+                          f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
+                          end="", file=sys.stderr, flush=True)
+            if progress:
+                print(file=sys.stderr)
+            header = _npy_header(dtype, n_tokens)
+            assert len(header) == header_len, "npy header length changed"
+            f.seek(0)
+            f.write(header)
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+    return n_tokens
+
+
+# -----------------------------------------------------------------------------
+# 7. Command line
+
+def _peak_rss_mb():
+    """Peak resident memory of this process and (separately) its largest child, in MB."""
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return me, kids
+
+
+def _cmd_train(args):
+    t0 = time.perf_counter()
+    vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens,
+                              args.num_workers)
+    dt = time.perf_counter() - t0
+    os.makedirs(args.out, exist_ok=True)
+    Tokenizer(vocab, merges, args.special_tokens).save(
+        os.path.join(args.out, "vocab.json"), os.path.join(args.out, "merges.txt"))
+    longest = max(vocab.values(), key=len)
+    me, kids = _peak_rss_mb()
+    print(f"trained {len(merges)} merges in {dt:.2f} s; peak RSS {me:.0f} MB (largest "
+          f"worker {kids:.0f} MB); longest token {len(longest)} bytes: "
+          f"{longest.decode('utf-8', errors='replace')!r}; wrote {args.out}/vocab.json "
+          "and merges.txt")
+
+
+def _cmd_encode(args):
+    vocab_path = os.path.join(args.tokenizer, "vocab.json")
+    merges_path = os.path.join(args.tokenizer, "merges.txt")
+    tok = Tokenizer.from_files(vocab_path, merges_path, args.special_tokens)
+    size = _check_input_file(args.input)
+    t0 = time.perf_counter()
+    n = encode_file(tok, args.input, args.out, args.num_workers, progress=True)
+    dt = time.perf_counter() - t0
+    print(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
+          f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Byte-level BPE: train a tokenizer or encode "
+                                             "a text file.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
+    tr.add_argument("input")
+    tr.add_argument("--vocab-size", type=int, required=True)
+    tr.add_argument("--special-tokens", nargs="*", default=[])
+    tr.add_argument("--out", required=True, help="directory for vocab.json and merges.txt")
+    tr.add_argument("--num-workers", type=int, default=None)
+    en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
+    en.add_argument("input")
+    en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
+    en.add_argument("--special-tokens", nargs="*", default=["<|endoftext|>"])
+    en.add_argument("--out", required=True, help="output .npy path")
+    en.add_argument("--num-workers", type=int, default=None)
+    args = ap.parse_args(argv)
+    if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
+        ap.error("--num-workers must be at least 1")
+    try:
+        {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
