@@ -876,6 +876,11 @@ def run_verify():
         print(f"{what:<72}{formula:>20,}{measured:>20,}{'' if ok else '   MISMATCH'}")
     print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
           "(distinct storages, parameters and buffers excluded)")
+    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the handout's list, logits and loss left out
+        handout = 4 * (handout_activation_elements(B, T, d, h, V, L) - 2 * B * T * V)
+        print(f"   handout's list for B={B} T={T} d={d}: {handout:,} B = "
+              f"{handout / saved_activation_bytes(B, T, d, h, d_ff, L):.2f} x what autograd keeps "
+              "(it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask)")
     gpu = cuda_memory_check()
     if gpu is None:
         print("GPU: no CUDA device; the memory_allocated / max_memory_allocated check was skipped")
