@@ -744,6 +744,7 @@ def write_samples(model, tok, cfg, path):
 
 
 def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank):
+    import accounting
     from model import TransformerLM
     from optim import AdamW, cosine_lr, perplexity
     device, T = cfg["device"], cfg["context_length"]
@@ -792,6 +793,7 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
     val_loss = None
     tty = sys.stdout.isatty()
     t_last, dt_avg = time.time(), None
+    window_time, window_steps = 0.0, 0  # step time since the last log line (evaluation excluded)
     with StopFlag() as stopper:
         for it in range(start, cfg["max_iters"]):
             if it % cfg["eval_interval"] == 0 and (it != start or resume_state is None):
@@ -818,9 +820,11 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
             now = time.time()
             dt, t_last = now - t_last, now
             dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
-            tps = tokens_per_step / dt
-            mfu = flops / dt / (peak * cfg["world_size"]) if peak else None
+            window_time, window_steps = window_time + dt, window_steps + 1
+            tps = tokens_per_step * window_steps / window_time
+            mfu = accounting.mfu(flops * window_steps, window_time, peak * cfg["world_size"]) if peak else None
             if step % cfg["log_interval"] == 0 or step == cfg["max_iters"]:
+                window_time, window_steps = 0.0, 0
                 record({"step": step, "tokens": step * tokens_per_step, "time": round(elapsed + now - t_start, 3),
                         "loss": loss_f, "lr": lr, "grad_norm": None if norm is None else float(norm),
                         "tokens_per_s": round(tps, 1), "mfu": None if mfu is None else round(mfu, 5)})
@@ -941,6 +945,14 @@ def run(argv=None):
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install matplotlib (or drop --plot).") from None
+    # CPU runs are made bitwise reproducible (what makes a resumed run identical): the
+    # embedding's backward (an index_put with accumulate) otherwise adds rows in a
+    # thread-dependent order
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg["device"] == "cpu":
+        torch.use_deterministic_algorithms(True)
+    if cfg["device"].startswith("cuda"):
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls for float32 runs
     if world > 1:
         import datetime
         backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
@@ -999,6 +1011,7 @@ def run(argv=None):
             atomic_write_text(run_dir / "config.json", json.dumps(cfg, indent=2) + "\n")
         return train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank)
     finally:
+        torch.use_deterministic_algorithms(was_deterministic)
         if world > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
