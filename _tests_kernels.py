@@ -163,6 +163,90 @@ def test_kernels_cuda_source_compiles_with_nvcc(tmp_path):
     assert "gelu_cuda_launch" in symbols  # the entry point the C++ wrapper declares
 
 
+# Host emulation of the CUDA kernel: no GPU here, so run the kernel's own device code on the
+# CPU, one (block, thread) at a time. Threads of this kernel never talk to each other, so
+# running them in sequence is exact. This checks the indexing (grid-stride loop, unroll,
+# tail, VEC = 1 path) and the math for every tail length; only the #include lines and the
+# launch code are left out, and CUDA's builtins get minimal CPU stand-ins.
+_KERNELS_EMU_PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+struct KernelsDim3 { unsigned x = 0, y = 0, z = 0; };
+static KernelsDim3 blockIdx, threadIdx, blockDim, gridDim;
+struct __nv_bfloat16 { uint16_t bits; };
+inline float __bfloat162float(__nv_bfloat16 v) {
+    uint32_t u = uint32_t(v.bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {  // round to nearest even (no NaN inputs here)
+    uint32_t u; std::memcpy(&u, &f, 4); u += 0x7FFFu + ((u >> 16) & 1u); return {uint16_t(u >> 16)};
+}
+"""
+
+_KERNELS_EMU_MAIN = r"""
+template <typename T, int VEC>
+static void run_grid(const void* x, void* y, int64_t n, unsigned grid, unsigned block) {
+    gridDim.x = grid; blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b)
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b; threadIdx.x = t;
+            gelu_kernel<T, VEC>(static_cast<const T*>(x), static_cast<T*>(y), n);
+        }
+}
+extern "C" void emulate(int bf16, int vec, const void* x_in, void* y_inout, int64_t n, unsigned grid, unsigned block) {
+    const size_t bytes = n * (bf16 ? 2 : 4), padded = (bytes / 64 + 1) * 64;
+    void* x = std::aligned_alloc(64, padded); void* y = std::aligned_alloc(64, padded);
+    std::memcpy(x, x_in, bytes); std::memcpy(y, y_inout, bytes);  // y arrives poisoned
+    if (bf16) { if (vec > 1) run_grid<__nv_bfloat16, 8>(x, y, n, grid, block); else run_grid<__nv_bfloat16, 1>(x, y, n, grid, block); }
+    else      { if (vec > 1) run_grid<float, 4>(x, y, n, grid, block);         else run_grid<float, 1>(x, y, n, grid, block); }
+    std::memcpy(y_inout, y, bytes); std::free(x); std::free(y);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernels_emulated(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the host emulation of the CUDA kernel")
+    device_part = kernels.GELU_CUDA_SRC.split("// ---- host side")[0]
+    device_part = "\n".join(l for l in device_part.splitlines() if not l.startswith("#include"))
+    d = tmp_path_factory.mktemp("kernels_emu")
+    (d / "emu.cpp").write_text(_KERNELS_EMU_PRELUDE + device_part + _KERNELS_EMU_MAIN)
+    r = subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(d / "emu.so"), str(d / "emu.cpp")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    import ctypes
+    lib = ctypes.CDLL(str(d / "emu.so"))
+    lib.emulate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_int64, ctypes.c_uint, ctypes.c_uint]
+
+    def run(x, vec, grid, block):
+        y = torch.full_like(x, float("nan"))
+        lib.emulate(int(x.dtype == torch.bfloat16), vec, x.data_ptr(), y.data_ptr(), x.numel(), grid, block)
+        return y
+    return run
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernels_cuda_kernel_host_emulation(kernels_emulated, dtype):
+    g = torch.Generator().manual_seed(3)
+    for n in list(range(1, 41)) + [1000, 4099]:
+        x = kernels.random_input(n, dtype, "cpu", g)
+        for vec in (16 // x.element_size(), 1):  # 16-byte packs, and the unaligned fallback
+            for grid, block in ((1, 1), (3, 32), (2, 256)):  # fewer threads than packs, and more
+                y = kernels_emulated(x, vec, grid, block)
+                a, r = kernels.max_errors(y, x)  # NaN if any element was left unwritten
+                # float32: ~4 roundings in u, amplified by at most 2|u| < 8 where |gelu| >= 1e-3,
+                # plus expf and the division: a few 1e-6 at most. bfloat16: one rounding, 2^-8.
+                bound = 4e-6 if dtype == torch.float32 else 2.0**-8 * (1 + 1e-3)
+                assert r <= bound, (n, vec, grid, block, a, r)
+
+
 @pytest.mark.skipif(not os.environ.get("KERNELS_SLOW_TESTS"),
                     reason="set KERNELS_SLOW_TESTS=1: compiling the C++ wrapper against torch/extension.h takes ~40 s")
 def test_kernels_cpp_wrapper_compiles(tmp_path):
@@ -182,9 +266,9 @@ def test_kernels_cuda_kernel_matches_reference():
         for dtype in (torch.float32, torch.bfloat16):
             x = kernels.random_input(n + 1, dtype, "cuda", torch.Generator().manual_seed(n))
             for view in (x[:n], x[1:]):  # 16-byte aligned, and not
-                y = kernels.gelu_cuda(view.contiguous() if n == 0 else view, out=torch.full_like(view, float("nan")))
+                y = kernels.gelu_cuda(view, out=torch.full_like(view, float("nan")))
                 if n == 0:
-                    continue
+                    continue  # nothing to compare; the call must simply not fail
                 a, r = kernels.max_errors(y, view)
                 # float32: computed and rounded in float32; bfloat16: one rounding, rel <= 2^-8
-                assert r <= (1e-6 if dtype == torch.float32 else 2.0**-8 * (1 + 1e-3)), (n, dtype, a, r)
+                assert r <= (4e-6 if dtype == torch.float32 else 2.0**-8 * (1 + 1e-3)), (n, dtype, a, r)

@@ -124,19 +124,29 @@ struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 template <typename T, int VEC>
 __global__ void gelu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
     using P = Pack<T, VEC>;
+    constexpr int UNROLL = 2;  // two 16-byte loads in flight per thread before any math
     const int64_t n_vec = n / VEC;
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = tid; i < n_vec; i += stride) {  // grid-stride loop over 16-byte packs
-        P p = reinterpret_cast<const P*>(x)[i];
+    // grid-stride loop over 16-byte packs: thread tid handles packs tid, tid + stride, ...
+    for (int64_t base = tid; base < n_vec; base += UNROLL * stride) {
+        P p[UNROLL];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) p.v[k] = from_f32<T>(gelu_tanh_f32(to_f32(p.v[k])));
-        reinterpret_cast<P*>(y)[i] = p;
+        for (int u = 0; u < UNROLL; ++u)
+            if (base + u * stride < n_vec) p[u] = reinterpret_cast<const P*>(x)[base + u * stride];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) p[u].v[k] = from_f32<T>(gelu_tanh_f32(to_f32(p[u].v[k])));
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (base + u * stride < n_vec) reinterpret_cast<P*>(y)[base + u * stride] = p[u];
     }
     for (int64_t i = n_vec * VEC + tid; i < n; i += stride)  // tail: fewer than VEC left
         y[i] = from_f32<T>(gelu_tanh_f32(to_f32(x[i])));
 }
 
+// ---- host side: launch configuration and the entry point ----
 template <typename T, int VEC>
 static cudaError_t launch(const void* x, void* y, int64_t n, cudaStream_t stream) {
     const int threads = 256;  // 8 warps per block
