@@ -636,6 +636,7 @@ def _load_merges_file(path, vocab):
 # 5. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
+_STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
 
 
 class Tokenizer:
@@ -743,18 +744,18 @@ class Tokenizer:
 
     def encode_iterable(self, iterable):
         """Lazily yield the ids of the concatenation of the strings in iterable, holding
-        only about 64 KB of text at a time: text is cut at safe places only (see
+        only about _STREAM_CHARS of text at a time: text is cut at safe places only (see
         _SAFE_CUT), never inside a special token, so the ids equal encode("".join(...))."""
         margin = max((len(s) for s in self.special_tokens), default=1)
         specials = [s for s in self.special_tokens if len(s) > 1]
         buf = ""
         for piece in iterable:
             buf += piece
-            if len(buf) < (1 << 16):
+            if len(buf) < _STREAM_CHARS:
                 continue
             cut = -1
             hi = len(buf) - margin - 1        # leave room to see a special token across it
-            for m in _SAFE_CUT_STR.finditer(buf, max(0, hi - 4096), hi):
+            for m in _SAFE_CUT_STR.finditer(buf, max(0, hi - _STREAM_CHARS // 2), hi):
                 p = m.start()
                 if not any(buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
                            for s in specials):
