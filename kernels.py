@@ -568,6 +568,7 @@ def parse_args(argv):
                     help="log2 of the element counts (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
@@ -583,6 +584,8 @@ def parse_args(argv):
     args.reps = args.reps if args.reps is not None else (100 if cuda else 10)
     if args.reps < 1:
         ap.error(f"--reps must be at least 1, got {args.reps}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be at least 1, got {args.threads}")
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
@@ -592,6 +595,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     print(f"kernels.py on {device_name(args.device)}, torch {torch.__version__}, {started}")
     variants = get_variants(args.device)
