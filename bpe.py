@@ -166,8 +166,9 @@ def _check_input_file(path):
     return size
 
 
-def count_pretokens(input_path, special_tokens=(), num_workers=None):
-    """{pre-token string: count} over the whole file, counted in worker processes."""
+def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
+    """{pre-token string: count} over the whole file, counted in worker processes.
+    while_waiting() (if given) runs in this process while the workers count."""
     special_tokens = _check_special_tokens(special_tokens)
     size = _check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
@@ -181,7 +182,10 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None):
         results = map(_count_chunk, tasks)
         return _sum_counts(results)
     with _mp_context().Pool(min(num_workers, len(tasks))) as pool:
-        return _sum_counts(pool.imap_unordered(_count_chunk, tasks))
+        results = pool.imap_unordered(_count_chunk, tasks)   # tasks start right away
+        if while_waiting is not None:
+            while_waiting()
+        return _sum_counts(results)
 
 
 def _sum_counts(results):
@@ -493,8 +497,16 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
-    counts = count_pretokens(input_path, special_tokens, num_workers)
+    # Loading the compiled merge loop from numba's cache takes ~0.4 s: do it while the
+    # workers count (big files only, where the compiled loop will be used).
+    counts = count_pretokens(input_path, special_tokens, num_workers,
+                             while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
+
+
+def _load_compiled_merge_loop():
+    one = np.zeros(1, np.int64)
+    _merge_loop_compiled(one, np.array([0, 1], np.int64), one, 0)
 
 
 # Below this much work the interpreted merge loop (about 0.3 s for 30k positions and 250
@@ -688,32 +700,29 @@ class Tokenizer:
         _atomic_write_text(merges_filepath, "\n".join(lines) + "\n")
 
     def _bpe(self, word):
-        """Ids of one pre-token: repeatedly apply the earliest-learned merge present,
-        at every (non-overlapping, left to right) place it occurs. The pair ranks are
-        looked up with map() so that the inner loops run in C."""
+        """Ids of one pre-token: apply the earliest-learned merge present at every place it
+        occurs (left to right, non-overlapping), then the next, until none applies.
+        ranks[i] is the rank of the pair (ids[i], ids[i+1]); a merge at i only changes the
+        ranks of its two neighbours, and min/index/del run in C."""
         ids = list(map(self._byte_ids.__getitem__, word.encode("utf-8")))
-        rank_get, no_merge = self._rank.get, len(self._rank) + 1
-        while len(ids) > 1:
-            pairs = list(zip(ids, ids[1:]))
-            ranks = list(map(rank_get, pairs, [no_merge] * len(pairs)))
+        rank_get, merged, none = self._rank.get, self._merged, len(self._rank)
+        ranks = list(map(rank_get, zip(ids, ids[1:]), [none] * (len(ids) - 1)))
+        while ranks:
             best = min(ranks)
-            if best == no_merge:
+            if best == none:
                 break
             i = ranks.index(best)
-            new_id = self._merged[pairs[i]]
-            if ranks.count(best) == 1:
-                ids[i:i + 2] = [new_id]
-                continue
-            a, b = pairs[i]
-            out, i = ids[:i], i
-            while i < len(ids):
-                if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
-                    out.append(new_id)
-                    i += 2
-                else:
-                    out.append(ids[i])
-                    i += 1
-            ids = out
+            while True:
+                ids[i:i + 2] = [merged[ids[i], ids[i + 1]]]
+                del ranks[i]
+                if i > 0:
+                    ranks[i - 1] = rank_get((ids[i - 1], ids[i]), none)
+                if i < len(ranks):
+                    ranks[i] = rank_get((ids[i], ids[i + 1]), none)
+                try:                         # the same pair further right
+                    i = ranks.index(best, i + 1)
+                except ValueError:
+                    break
         return ids
 
     def _encode_ordinary(self, text):
@@ -902,6 +911,119 @@ def _cmd_encode(args):
           f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s")
 
 
+def _hf_train(path, vocab_size, special_tokens):
+    """Hugging Face tokenizers' BpeTrainer with the ByteLevel pre-tokenizer (the competitor)."""
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    hf.train([path], trainer)
+    return hf
+
+
+def _gpt2_tiktoken(vocab_path, merges_path):
+    """tiktoken's GPT-2 Encoding built offline from the same vocab file."""
+    import tiktoken
+    vocab = _load_vocab_file(vocab_path)
+    ranks = {tok: i for i, tok in vocab.items() if tok != b"<|endoftext|>"}
+    return tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 50256})
+
+
+def _cmd_bench(args):
+    """Timings for the README. Competitors are optional extras, imported here only."""
+    try:
+        import tiktoken, tokenizers   # noqa: F401
+    except ImportError:
+        sys.exit("bpe.py bench: needs the optional competitors: pip install tokenizers tiktoken")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  load average {os.getloadavg()[0]:.2f}  "
+          f"cpus {os.cpu_count()}", flush=True)
+    eot = ["<|endoftext|>"]
+    if args.what == "train":
+        t0 = time.perf_counter()
+        vocab, merges = train_bpe(args.input, args.vocab_size, eot)
+        t_ours = time.perf_counter() - t0
+        me, kids = _peak_rss_mb()
+        t0 = time.perf_counter()
+        _hf_train(args.input, args.vocab_size, eot)
+        t_hf = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        counts = count_pretokens(args.input, eot)
+        t1 = time.perf_counter()
+        train_from_counts(counts, args.vocab_size, eot, compiled=True)
+        t2 = time.perf_counter()
+        print(f"train_bpe {t_ours:.2f} s (peak RSS {me:.0f} MB, workers {kids:.0f} MB) | HF "
+              f"BpeTrainer {t_hf:.2f} s | warm re-run: pre-tokenize {t1 - t0:.2f} s + merges "
+              f"{t2 - t1:.2f} s | {len(merges)} merges, longest token "
+              f"{max(map(len, vocab.values()))} bytes")
+    elif args.what == "cold":
+        # A fresh process with an empty numba cache; the clock runs around the call alone.
+        d = tempfile.mkdtemp()
+        code = ("import time, sys; t0 = time.perf_counter(); import bpe; t1 = time.perf_counter()"
+                f"; bpe.train_bpe({args.input!r}, {args.vocab_size}, ['<|endoftext|>']); "
+                "t2 = time.perf_counter(); print(f'import {t1 - t0:.2f} s, train_bpe call "
+                "{t2 - t1:.2f} s')")
+        env = dict(os.environ, NUMBA_CACHE_DIR=d)
+        import subprocess
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        print(f"empty NUMBA_CACHE_DIR, {os.path.getsize(args.input) / 1e3:.0f} KB, vocab "
+              f"{args.vocab_size}: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
+    elif args.what == "encode":
+        tok = Tokenizer.from_files(args.vocab, args.merges, eot)
+        enc = _gpt2_tiktoken(args.vocab, args.merges)
+        with open(args.input, encoding="utf-8") as f:
+            text = f.read()
+        mb = len(text.encode("utf-8")) / 1e6
+        t0 = time.perf_counter()
+        ref = enc.encode(text, allowed_special="all")
+        t1 = time.perf_counter()
+        ids = tok.encode(text)
+        t2 = time.perf_counter()
+        tok.encode(text)
+        t3 = time.perf_counter()
+        assert ids == ref, "ids differ from tiktoken"
+        print(f"{mb:.1f} MB: tiktoken {mb / (t1 - t0):.2f} MB/s | Tokenizer.encode first pass "
+              f"{mb / (t2 - t1):.2f} MB/s, second pass (pre-token cache full) "
+              f"{mb / (t3 - t2):.2f} MB/s | ids identical")
+        out = os.path.join(tempfile.mkdtemp(), "ids.npy")
+        for workers in (1, 2):
+            t0 = time.perf_counter()
+            encode_file(Tokenizer.from_files(args.vocab, args.merges, eot), args.input, out,
+                        workers, progress=False)
+            dt = time.perf_counter() - t0
+            assert np.load(out).tolist() == ref
+            print(f"encode_file, {workers} process(es): {mb / dt:.2f} MB/s (fresh tokenizer)")
+    elif args.what == "scale":
+        d = tempfile.mkdtemp()
+        with open(args.input, "rb") as f:
+            data = f.read()
+        corpora = []
+        for mb in (1, 2, 5):
+            piece = data[:mb * 1_000_000]
+            piece = piece[:piece.rindex(b"\n") + 1]
+            corpora.append((f"{len(piece) / 1e6:.1f} MB", piece))
+        corpora.append((f"{10 * len(data) / 1e6:.0f} MB (10x)", data * 10))
+        print("| corpus | pre-tokenize | vocab | merges | total | pre-tokenize share |")
+        print("|---|---|---|---|---|---|")
+        for name, blob in corpora:
+            path = os.path.join(d, "corpus.txt")
+            with open(path, "wb") as f:
+                f.write(blob)
+            t0 = time.perf_counter()
+            counts = count_pretokens(path, eot)
+            t_pre = time.perf_counter() - t0
+            for v in (1000, 10_000, 32_000):
+                t0 = time.perf_counter()
+                train_from_counts(counts, v, eot, compiled=True)
+                t_m = time.perf_counter() - t0
+                print(f"| {name} | {t_pre:.2f} s | {v} | {t_m:.2f} s | {t_pre + t_m:.2f} s | "
+                      f"{100 * t_pre / (t_pre + t_m):.0f}% |", flush=True)
+            os.unlink(path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Byte-level BPE: train a tokenizer or encode "
                                              "a text file.")
@@ -918,11 +1040,17 @@ def main(argv=None):
     en.add_argument("--special-tokens", nargs="*", default=["<|endoftext|>"])
     en.add_argument("--out", required=True, help="output .npy path")
     en.add_argument("--num-workers", type=int, default=None)
+    be = sub.add_parser("bench", help="timings against tokenizers / tiktoken (optional extras)")
+    be.add_argument("what", choices=["train", "cold", "encode", "scale"])
+    be.add_argument("input")
+    be.add_argument("--vocab-size", type=int, default=10_000)
+    be.add_argument("--vocab", default="../shared/reference/gpt2_vocab.json")
+    be.add_argument("--merges", default="../shared/reference/gpt2_merges.txt")
     args = ap.parse_args(argv)
     if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
         ap.error("--num-workers must be at least 1")
     try:
-        {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
+        {"train": _cmd_train, "encode": _cmd_encode, "bench": _cmd_bench}[args.cmd](args)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
