@@ -1,13 +1,13 @@
 """Tests for kernels.py: the GELU variants against independent float64 oracles, the byte
 accounting against what the dispatcher actually runs, the CLI, and the CUDA source against nvcc."""
 
+import ctypes
 import json
 import math
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
+import sysconfig
 
 import numpy as np
 import pytest
@@ -124,10 +124,25 @@ def test_kernels_cli_cpu_writes_json(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name != "k.json"]  # no temp file left
 
 
+def test_kernels_target_line_reads_the_largest_fp32_size():
+    def row(variant, p, ms, copy_ms):
+        n = 1 << p
+        gbs, copy_gbs = 8 * n / ms / 1e6, 8 * n / copy_ms / 1e6
+        return {"variant": variant, "dtype": "float32", "log2_n": p, "ms": ms, "gb_s": gbs,
+                "copy_gb_s": copy_gbs, "pct_copy": 100 * gbs / copy_gbs}
+    rows = [row("F.gelu", 20, 0.1, 0.05), row("CUDA kernel", 20, 0.2, 0.05),
+            row("F.gelu", 28, 0.80, 0.70), row("CUDA kernel", 28, 0.75, 0.70)]
+    line = kernels.target_line(rows)
+    # 0.70 / 0.75 = 93.3% of copy; 0.80 / 0.75 = 1.07x F.gelu, at 2^28 not 2^20
+    assert line.startswith("CUDA kernel at 2^28 fp32: 93.3% of copy bandwidth") and line.endswith("1.07x F.gelu")
+    assert kernels.target_line([r for r in rows if r["variant"] == "F.gelu"]) is None
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--sizes", "40"], "--sizes"),
     (["--reps", "0"], "--reps"),
     (["--json", "/nonexistent-dir/x.json"], "--json"),
+    (["--json", "/"], "is a directory"),
     (["--dtypes", "float16"], "--dtypes"),
 ])
 def test_kernels_cli_usage_errors(argv, needle, capsys):
@@ -220,7 +235,6 @@ def kernels_emulated(tmp_path_factory):
     r = subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(d / "emu.so"), str(d / "emu.cpp")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    import ctypes
     lib = ctypes.CDLL(str(d / "emu.so"))
     lib.emulate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_uint, ctypes.c_uint]
@@ -250,7 +264,6 @@ def test_kernels_cuda_kernel_host_emulation(kernels_emulated, dtype):
 @pytest.mark.skipif(not os.environ.get("KERNELS_SLOW_TESTS"),
                     reason="set KERNELS_SLOW_TESTS=1: compiling the C++ wrapper against torch/extension.h takes ~40 s")
 def test_kernels_cpp_wrapper_compiles(tmp_path):
-    import sysconfig
     from torch.utils.cpp_extension import include_paths
     src = tmp_path / "wrapper.cpp"
     src.write_text(kernels.GELU_CPP_SRC)

@@ -590,6 +590,8 @@ def parse_args(argv):
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
             ap.error(f"--json: directory {d} does not exist; create it or pick another path")
+        if os.path.isdir(args.json):
+            ap.error(f"--json: {args.json} is a directory; give a file path such as {args.json}/kernels.json")
     return args
 
 
