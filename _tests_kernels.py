@@ -124,6 +124,19 @@ def test_kernels_cli_cpu_writes_json(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name != "k.json"]  # no temp file left
 
 
+def test_kernels_compile_failure_is_one_line_not_a_crash(monkeypatch):
+    def no_compiler():
+        def fn(x):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\n  (long trace)")
+        return fn
+    monkeypatch.setattr(kernels, "make_gelu_compiled", no_compiler)
+    lines = []
+    variants = kernels.get_variants("cpu", log=lines.append)
+    assert list(variants) == ["torch ops", "F.gelu"]
+    assert any(l.startswith("torch.compile: skipped") and "No working C++ compiler" in l for l in lines)
+    assert all("\n" not in l for l in lines)
+
+
 def test_kernels_target_line_reads_the_largest_fp32_size():
     def row(variant, p, ms, copy_ms):
         n = 1 << p

@@ -258,31 +258,37 @@ def gelu_triton(x):
     return y
 
 
+def _error_line(e):
+    # Compiler errors are pages long; the first line that says "error" is the one to read.
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+    line = next((l for l in lines if "error" in l.lower()), lines[0])
+    return line[:200]
+
+
 def get_variants(device, log=print):
     """The variants that can run on `device`, in order; prints one line for each one skipped."""
     variants = {"torch ops": gelu_torch_ops, "F.gelu": gelu_builtin}
-    compiled = make_gelu_compiled()
-    try:  # torch.compile needs a C++ compiler on CPU (and Triton on GPU): try it once
-        compiled(torch.randn(1024, device=device))
-        variants["torch.compile"] = compiled
-    except Exception as e:  # the compiler stack raises many types; all mean "not here"
-        log(f"torch.compile: skipped ({type(e).__name__}: {str(e).strip().splitlines()[0][:150]})")
+    candidates = {"torch.compile": make_gelu_compiled()}
     if device == "cuda":
         reason = cuda_unavailable_reason()
         if reason is None:
-            try:
-                build_cuda_extension()
-                variants["CUDA kernel"] = gelu_cuda
-            except Exception as e:
-                log(f"CUDA kernel: skipped (build failed: {str(e).strip().splitlines()[-1][:200]})")
+            candidates["CUDA kernel"] = gelu_cuda
         else:
             log(f"CUDA kernel: skipped ({reason})")
         if triton is not None:
-            variants["Triton"] = gelu_triton
+            candidates["Triton"] = gelu_triton
         else:
             log("Triton: skipped (not installed; pip install triton)")
     else:
         log("CUDA kernel: skipped (running on CPU; it needs a CUDA GPU, nvcc and ninja)")
+    for name, fn in candidates.items():
+        # One trial call builds what needs building: torch.compile needs a C++ compiler on
+        # CPU and Triton on GPU, the CUDA kernel needs nvcc. Whatever fails is skipped.
+        try:
+            fn(torch.randn(1024, device=device))
+            variants[name] = fn
+        except Exception as e:  # compilers raise many types; all mean "not on this machine"
+            log(f"{name}: skipped ({type(e).__name__}: {_error_line(e)})")
     return variants
 
 
@@ -591,7 +597,7 @@ def parse_args(argv):
         if not os.path.isdir(d):
             ap.error(f"--json: directory {d} does not exist; create it or pick another path")
         if os.path.isdir(args.json):
-            ap.error(f"--json: {args.json} is a directory; give a file path such as {args.json}/kernels.json")
+            ap.error(f"--json: {args.json} is a directory; give a file path such as {os.path.join(args.json, 'kernels.json')}")
     return args
 
 
