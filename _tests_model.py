@@ -341,6 +341,16 @@ def test_model_cross_entropy_matches_torch_and_is_stable():
     got = optim.cross_entropy(huge, targets)
     assert torch.isfinite(got)
     torch.testing.assert_close(got, F.cross_entropy(huge.reshape(-1, 11), targets.reshape(-1)))
+    # the hand-written backward against autograd's numerical derivative, and against torch's
+    x = torch.randn(4, 6, 7, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 7, (4, 6))
+    assert torch.autograd.gradcheck(lambda z: optim.cross_entropy(z, y), (x,))
+    g_ours, = torch.autograd.grad(optim.cross_entropy(x, y), x)
+    g_torch, = torch.autograd.grad(F.cross_entropy(x.reshape(-1, 7), y.reshape(-1)), x)
+    torch.testing.assert_close(g_ours, g_torch)
+    xb = x.detach().bfloat16().requires_grad_()
+    optim.cross_entropy(xb, y).backward()
+    assert xb.grad.dtype == torch.bfloat16
     loss = 2.5
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
 

@@ -1,7 +1,7 @@
 """Loss, optimizers, learning-rate schedule and gradient clipping, from scratch.
 
 What this file teaches, in reading order (CS336 assignment 1, section 4; lecture 2):
-  1. cross_entropy (log-sum-exp, stable for huge logits) and perplexity.
+  1. cross_entropy (max-subtracted log-sum-exp, gradient softmax - onehot) and perplexity.
   2. Optimizers as torch.optim.Optimizer subclasses, simplest first:
      SGD -> AdaGrad (the lecture's) -> AdamW (the handout's Algorithm 1).
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
@@ -20,17 +20,45 @@ import torch
 # ----------------------------------------------------------------------------
 # 1. Loss
 
-def cross_entropy(logits, targets):
-    """Mean over all positions of  -log softmax(o)[x] = logsumexp(o) - o[x].
+class _CrossEntropy(torch.autograd.Function):
+    """Forward and backward of the mean cross-entropy written out by hand.
 
-    logits: (..., V) float, targets: (...) int64 -> scalar. log and exp cancel, and
-    logsumexp subtracts the row max before exponentiating, so logits of +-1e4 are fine.
-    Half-precision logits are upcast: the sum over V would lose digits in bf16.
+    Autograd through logsumexp would recompute exp(o - lse) in the backward pass; here the
+    forward keeps e = exp(o - max) and the backward is one pass over it, using
+    d loss / d o = (softmax(o) - onehot(x)) / N.
     """
-    logits = logits.float()  # no copy when already float32
-    lse = torch.logsumexp(logits, dim=-1)  # (...,) = max + log sum exp(o - max)
-    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
-    return (lse - target_logit).mean()
+
+    @staticmethod
+    def forward(ctx, logits, targets):  # (N, V) float32, (N,) int64 -> scalar
+        m = logits.amax(dim=-1, keepdim=True)  # (N, 1) subtract the max: exp never overflows
+        e = torch.exp(logits - m)  # (N, V), entries in (0, 1]
+        s = e.sum(dim=-1, keepdim=True)  # (N, 1)
+        lse = m + torch.log(s)  # log sum_a exp(o_a): log and exp cancel except on this (N, 1) column
+        loss = (lse.squeeze(-1) - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
+        ctx.save_for_backward(e, s, targets)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        e, s, targets = ctx.saved_tensors
+        n = e.shape[0]
+        g = e * (grad / n / s)  # softmax(o) * grad / N
+        g[torch.arange(n, device=g.device), targets] -= grad / n  # minus the one-hot
+        return g, None
+
+
+def cross_entropy(logits, targets):
+    """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
+
+    logits: (..., V) float, targets: (...) int64 -> scalar. The max is subtracted before
+    exponentiating, so logits of +-1e4 are fine. Half-precision logits are upcast: the sum
+    over V would lose digits in bf16, so the loss is float32 (float64 stays float64).
+    """
+    V = logits.shape[-1]
+    if logits.dtype != torch.float64:
+        logits = logits.float()  # no copy when already float32
+    return _CrossEntropy.apply(logits.reshape(-1, V), targets.reshape(-1))
 
 
 def perplexity(mean_loss):
