@@ -6,8 +6,9 @@ GELU with the tanh approximation (Hendrycks & Gimpel 2016), the activation of GP
     gelu(x) = 0.5 x (1 + tanh(u)),   u = sqrt(2/pi) (x + 0.044715 x^3)
 
 It is elementwise: every output needs one input, a handful of flops and nothing else.
-Such an operation cannot be limited by arithmetic; it is limited by how fast the bytes
-move between GPU memory (HBM) and the chip. So the winning move is to read x once and
+On a GPU such an operation is not limited by arithmetic but by how fast the bytes move
+between GPU memory (HBM) and the chip. (A CPU core has far fewer flops per byte of
+bandwidth; there the tanh itself can be the limit, as the CPU table shows.) So the winning move is to read x once and
 write y once: one fused kernel, instead of one kernel (and one round trip through
 memory) per `*`, `+` and `tanh`. This file writes GELU four (five) ways and measures
 exactly that.
