@@ -651,6 +651,18 @@ _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stay
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
 
 
+class _BPECache(dict):
+    """pre-token -> ids; a missing pre-token is computed, stored and returned."""
+
+    def __init__(self, compute):
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, word):
+        ids = self[word] = self.compute(word)
+        return ids
+
+
 class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
@@ -684,7 +696,7 @@ class Tokenizer:
                 self._rank[pair] = rank
                 self._merged[pair] = token_id[l + r]
         self._split_re = _special_split_re(self.special_tokens)
-        self._cache = {}
+        self._cache = _BPECache(self._bpe)
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -719,26 +731,18 @@ class Tokenizer:
                     ranks[i - 1] = rank_get((ids[i - 1], ids[i]), none)
                 if i < len(ranks):
                     ranks[i] = rank_get((ids[i], ids[i + 1]), none)
-                try:                         # the same pair further right
-                    i = ranks.index(best, i + 1)
-                except ValueError:
+                if best not in ranks:        # else: the same pair further right
                     break
+                i = ranks.index(best, i)
         return ids
 
     def _encode_ordinary(self, text):
-        """Ids of text that contains no special token (pre-tokens go through the cache)."""
-        cache = self._cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
+        """Ids of text that contains no special token; pre-tokens go through the cache,
+        a dict whose __missing__ runs _bpe, so the whole lookup is one map() in C."""
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.clear()
         words = _PRETOKEN_RE.findall(text)
-        try:
-            return list(chain.from_iterable(map(cache.__getitem__, words)))
-        except KeyError:
-            pass
-        for w in words:
-            if w not in cache:
-                cache[w] = self._bpe(w)
-        return list(chain.from_iterable(map(cache.__getitem__, words)))
+        return list(chain.from_iterable(map(self._cache.__getitem__, words)))
 
     def encode(self, text):
         if self._split_re is None:
