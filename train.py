@@ -323,11 +323,15 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
         torch.save(state, out)
         return
     tmp = f"{os.fspath(out)}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
-    os.replace(tmp, out)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):  # the save failed (disk full, ...): the old checkpoint stays
+            os.remove(tmp)
 
 
 def read_checkpoint(src):
