@@ -651,18 +651,6 @@ _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stay
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
 
 
-class _BPECache(dict):
-    """pre-token -> ids; a missing pre-token is computed, stored and returned."""
-
-    def __init__(self, compute):
-        super().__init__()
-        self.compute = compute
-
-    def __missing__(self, word):
-        ids = self[word] = self.compute(word)
-        return ids
-
-
 class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
@@ -696,7 +684,15 @@ class Tokenizer:
                 self._rank[pair] = rank
                 self._merged[pair] = token_id[l + r]
         self._split_re = _special_split_re(self.special_tokens)
-        self._cache = _BPECache(self._bpe)
+        self._cache = {}
+        # The merges as sorted integer keys left * V + right, for numpy look-ups.
+        V = self._key_base = max(self.vocab) + 1
+        keys = np.array([a * V + b for a, b in self._rank], dtype=np.int64)
+        order = np.argsort(keys)
+        self._pair_keys = keys[order]
+        self._pair_rank = np.array(list(self._rank.values()), dtype=np.int64)[order]
+        self._pair_merged = np.array(list(self._merged.values()), dtype=np.int64)[order]
+        self._byte_id_arr = np.array(self._byte_ids, dtype=np.int64)
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -711,38 +707,59 @@ class Tokenizer:
                                      for l, r in self.merges]
         _atomic_write_text(merges_filepath, "\n".join(lines) + "\n")
 
-    def _bpe(self, word):
-        """Ids of one pre-token: apply the earliest-learned merge present at every place it
-        occurs (left to right, non-overlapping), then the next, until none applies.
-        ranks[i] is the rank of the pair (ids[i], ids[i+1]); a merge at i only changes the
-        ranks of its two neighbours, and min/index/del run in C."""
-        ids = list(map(self._byte_ids.__getitem__, word.encode("utf-8")))
-        rank_get, merged, none = self._rank.get, self._merged, len(self._rank)
-        ranks = list(map(rank_get, zip(ids, ids[1:]), [none] * (len(ids) - 1)))
-        while ranks:
-            best = min(ranks)
-            if best == none:
-                break
-            i = ranks.index(best)
-            while True:
-                ids[i:i + 2] = [merged[ids[i], ids[i + 1]]]
-                del ranks[i]
-                if i > 0:
-                    ranks[i - 1] = rank_get((ids[i - 1], ids[i]), none)
-                if i < len(ranks):
-                    ranks[i] = rank_get((ids[i], ids[i + 1]), none)
-                if best not in ranks:        # else: the same pair further right
-                    break
-                i = ranks.index(best, i)
-        return ids
+    def _bpe_many(self, words):
+        """Ids of many pre-tokens at once. Each round, in every word, finds the pair of
+        adjacent tokens whose merge was learned earliest and merges it at every place
+        it occurs (left to right, not overlapping); a word is done when no merge applies.
+        All words move in lock-step as flat numpy arrays: tok (N,) token ids, wid (N,)
+        the word of each position, words laid out contiguously."""
+        data = [w.encode("utf-8") for w in words]
+        lens = np.fromiter(map(len, data), np.int64, len(data))
+        tok = self._byte_id_arr[np.frombuffer(b"".join(data), np.uint8)]
+        wid = np.repeat(np.arange(len(words)), lens)
+        none = len(self.merges)                           # rank meaning "no merge"
+        keys, n_keys = self._pair_keys, len(self._pair_keys)
+        done_tok, done_wid = [], []
+        while len(tok):
+            starts = np.flatnonzero(np.r_[True, wid[1:] != wid[:-1]])       # (W,)
+            counts = np.diff(np.r_[starts, len(tok)])
+            # rank[i] = rank of the pair (tok[i], tok[i+1]) within a word, else none
+            key = tok[:-1] * self._key_base + tok[1:]
+            at = np.minimum(np.searchsorted(keys, key), max(n_keys - 1, 0))
+            ok = (wid[:-1] == wid[1:]) & (keys[at] == key) if n_keys else np.zeros(len(key), bool)
+            rank = np.full(len(tok), none, np.int64)
+            rank[:-1][ok] = self._pair_rank[at[ok]]
+            best = np.minimum.reduceat(rank, starts)                          # (W,)
+            finished = np.repeat(best == none, counts)
+            done_tok.append(tok[finished])
+            done_wid.append(wid[finished])
+            # Merge every place of each word's best pair. Places overlap only for a pair
+            # (a, a); in a run of them keep every other one, counting from the left.
+            idx = np.flatnonzero((rank == np.repeat(best, counts)) & (rank < none))
+            run_start = np.r_[True, np.diff(idx) != 1]
+            first = np.maximum.accumulate(np.where(run_start, np.arange(len(idx)), 0))
+            idx = idx[(np.arange(len(idx)) - first) % 2 == 0]
+            tok[idx] = self._pair_merged[at[idx]]
+            keep = ~finished
+            keep[idx + 1] = False
+            tok, wid = tok[keep], wid[keep]
+        tok, wid = np.concatenate(done_tok), np.concatenate(done_wid)
+        order = np.argsort(wid, kind="stable")
+        flat = tok[order].tolist()
+        ends = np.cumsum(np.bincount(wid, minlength=len(words))).tolist()
+        return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
     def _encode_ordinary(self, text):
-        """Ids of text that contains no special token; pre-tokens go through the cache,
-        a dict whose __missing__ runs _bpe, so the whole lookup is one map() in C."""
-        if len(self._cache) > _CACHE_LIMIT:
-            self._cache.clear()
+        """Ids of text that contains no special token. Pre-tokens not yet in the cache are
+        computed together by _bpe_many; then the whole lookup is one map() in C."""
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
         words = _PRETOKEN_RE.findall(text)
-        return list(chain.from_iterable(map(self._cache.__getitem__, words)))
+        new = [w for w in dict.fromkeys(words) if w not in cache]
+        if new:
+            cache.update(zip(new, self._bpe_many(new)))
+        return list(chain.from_iterable(map(cache.__getitem__, words)))
 
     def encode(self, text):
         if self._split_re is None:
@@ -799,7 +816,7 @@ _SAFE_CUT_STR = regex.compile(_SAFE_CUT.decode("ascii"))
 # -----------------------------------------------------------------------------
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 20        # 1 MiB of text per task
+_ENCODE_CHUNK = 1 << 18        # 256 KiB of text per task: small enough to balance workers
 _worker_tokenizer = None
 
 
@@ -825,7 +842,7 @@ def _npy_header(dtype, n):
 
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a whole UTF-8 file into out_path (np.save format, uint16 when every id
-    fits, else uint32). Chunks of 1 MiB go to worker processes and come back in order;
+    fits, else uint32). Chunks of 256 KiB go to worker processes and come back in order;
     the file is written to a temp file first and renamed when complete. Returns the
     number of tokens."""
     size = _check_input_file(input_path)
@@ -843,13 +860,16 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * header_len)    # the real header needs the count: written last
+            _init_encode_worker(tokenizer)
             if num_workers == 1 or len(tasks) == 1:
-                _init_encode_worker(tokenizer)
                 results = map(_encode_chunk, tasks)
             else:
-                pool = _mp_context().Pool(min(num_workers, len(tasks)), _init_encode_worker,
-                                          (tokenizer,))
-                results = pool.imap(_encode_chunk, tasks)
+                # Encode the first chunk here first: the workers then start with its
+                # pre-tokens already in the cache instead of each recomputing them.
+                first = _encode_chunk(tasks[0])
+                pool = _mp_context().Pool(min(num_workers, len(tasks) - 1),
+                                          _init_encode_worker, (tokenizer,))
+                results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
             n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
             for ids, nb in results:
                 ids.tofile(f)
@@ -1010,7 +1030,8 @@ def _cmd_bench(args):
             piece = piece[:piece.rindex(b"\n") + 1]
             corpora.append((f"{len(piece) / 1e6:.1f} MB", piece))
         corpora.append((f"{10 * len(data) / 1e6:.0f} MB (10x)", data * 10))
-        print("| corpus | pre-tokenize | vocab | merges | total | pre-tokenize share |")
+        _load_compiled_merge_loop()        # keep numba's one-off cache load out of the table
+        print("| corpus | pre-tokenize | vocab | merge loop | total | pre-tokenize share |")
         print("|---|---|---|---|---|---|")
         for name, blob in corpora:
             path = os.path.join(d, "corpus.txt")
@@ -1021,9 +1042,10 @@ def _cmd_bench(args):
             t_pre = time.perf_counter() - t0
             for v in (1000, 10_000, 32_000):
                 t0 = time.perf_counter()
-                train_from_counts(counts, v, eot, compiled=True)
+                _, merges = train_from_counts(counts, v, eot, compiled=True)
                 t_m = time.perf_counter() - t0
-                print(f"| {name} | {t_pre:.2f} s | {v} | {t_m:.2f} s | {t_pre + t_m:.2f} s | "
+                print(f"| {name} | {t_pre:.2f} s | {v} ({len(merges)} merges) | {t_m:.2f} s | "
+                      f"{t_pre + t_m:.2f} s | "
                       f"{100 * t_pre / (t_pre + t_m):.0f}% |", flush=True)
             os.unlink(path)
 
