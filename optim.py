@@ -31,7 +31,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets):  # (N, V) float32, (N,) int64 -> scalar
         m = logits.amax(dim=-1, keepdim=True)  # (N, 1) subtract the max: exp never overflows
-        e = torch.exp(logits - m)  # (N, V), entries in (0, 1]
+        e = (logits - m).exp_()  # (N, V), entries in (0, 1]; in place saves a 4 N V-byte buffer
         s = e.sum(dim=-1, keepdim=True)  # (N, 1)
         lse = m + torch.log(s)  # log sum_a exp(o_a): log and exp cancel except on this (N, 1) column
         loss = (lse.squeeze(-1) - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
