@@ -23,27 +23,32 @@ import torch
 class _CrossEntropy(torch.autograd.Function):
     """Forward and backward of the mean cross-entropy written out by hand.
 
-    Autograd through logsumexp would recompute exp(o - lse) in the backward pass; here the
-    forward keeps e = exp(o - max) and the backward is one pass over it, using
-    d loss / d o = (softmax(o) - onehot(x)) / N.
+    d loss / d o = (softmax(o) - onehot(x)) / N. The forward keeps e = exp(o - max) and the
+    backward turns that buffer into the gradient in place: one pass, and no second
+    (N, V) buffer (on a CPU each fresh 40 MB buffer costs ~20 ms of page faults).
     """
 
     @staticmethod
-    def forward(ctx, logits, targets):  # (N, V) float32, (N,) int64 -> scalar
+    def forward(ctx, logits, targets):  # (N, V) float, (N,) int64 -> scalar
         m = logits.amax(dim=-1, keepdim=True)  # (N, 1) subtract the max: exp never overflows
-        e = (logits - m).exp_()  # (N, V), entries in (0, 1]; in place saves a 4 N V-byte buffer
+        e = (logits - m).exp_()  # (N, V), entries in (0, 1]
         s = e.sum(dim=-1, keepdim=True)  # (N, 1)
         lse = m + torch.log(s)  # log sum_a exp(o_a): log and exp cancel except on this (N, 1) column
         loss = (lse.squeeze(-1) - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
-        ctx.save_for_backward(e, s, targets)
+        ctx.save_for_backward(logits, m, s, targets)
+        ctx.e, ctx.used = e, False  # an attribute, not saved_tensors: the backward overwrites it on purpose
         return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        e, s, targets = ctx.saved_tensors
+        logits, m, s, targets = ctx.saved_tensors
+        e = ctx.e
+        if ctx.used:  # a second backward (retain_graph=True): rebuild e, which the first one overwrote
+            torch.sub(logits, m, out=e).exp_()
+        ctx.used = True
         n = e.shape[0]
-        g = e * (grad / n / s)  # softmax(o) * grad / N
+        g = e.mul_(grad / n / s)  # softmax(o) * grad / N, in place
         g[torch.arange(n, device=g.device), targets] -= grad / n  # minus the one-hot
         return g, None
 
