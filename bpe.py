@@ -345,13 +345,11 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     pool_len = 256
 
     # Pair table: key, count, head of its word list, last word appended (skip repeats).
-    cap = 1024
-    while cap < 4 * n_pos:
-        cap *= 2
-    keys = np.full(cap, _EMPTY, np.int64)
-    cnt = np.zeros(cap, np.int64)
-    head = np.full(cap, -1, np.int64)
-    lastw = np.full(cap, -1, np.int64)
+    # It starts small and doubles at half full: a compact table stays in cache.
+    keys = np.full(1024, _EMPTY, np.int64)
+    cnt = np.zeros(1024, np.int64)
+    head = np.full(1024, -1, np.int64)
+    lastw = np.full(1024, -1, np.int64)
     n_keys = 0
     occ_word = np.empty(max(1024, n_pos), np.int64)   # linked lists of words per pair
     occ_next = np.empty(max(1024, n_pos), np.int64)
@@ -359,6 +357,8 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
     for w in range(n_words):
         for i in range(word_start[w], word_start[w + 1] - 1):
+            if 2 * (n_keys + 1) > keys.shape[0]:
+                keys, cnt, head, lastw = _hash_grow(keys, cnt, head, lastw)
             key = (tok[i] << 32) | tok[i + 1]
             s = _hash_slot(keys, key)
             if keys[s] == _EMPTY:
@@ -370,13 +370,12 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                 occ_word[n_occ], occ_next[n_occ] = w, head[s]
                 head[s] = n_occ
                 n_occ += 1
-    # (the table is 4x the positions, so no growth was needed above)
 
     hc = np.empty(max(1024, 2 * n_keys), np.int64)
     ha = np.empty(hc.shape[0], np.int64)
     hb = np.empty(hc.shape[0], np.int64)
     n_heap = 0
-    for s in range(cap):
+    for s in range(keys.shape[0]):
         if keys[s] != _EMPTY:
             _heap_push(hc, ha, hb, n_heap, cnt[s], keys[s] >> 32, keys[s] & 0xFFFFFFFF,
                        pool, start, length)
@@ -750,7 +749,7 @@ class Tokenizer:
         order = np.argsort(wid, kind="stable")
         flat = tok[order].tolist()
         ends = np.cumsum(np.bincount(wid, minlength=len(words))).tolist()
-        return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+        return [tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends)]
 
     def _encode_ordinary(self, text):
         """Ids of text that contains no special token. Pre-tokens not yet in the cache are
@@ -759,10 +758,12 @@ class Tokenizer:
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
         words = _PRETOKEN_RE.findall(text)
-        new = list(set(words).difference(cache))
-        if new:
+        try:                            # all cached: the common case once text repeats
+            return list(chain.from_iterable(map(cache.__getitem__, words)))
+        except KeyError:
+            new = list(set(words).difference(cache))
             cache.update(zip(new, self._bpe_many(new)))
-        return list(chain.from_iterable(map(cache.__getitem__, words)))
+            return list(chain.from_iterable(map(cache.__getitem__, words)))
 
     def encode(self, text):
         if self._split_re is None:
@@ -927,9 +928,12 @@ def _cmd_train(args):
 
 
 def _cmd_encode(args):
-    vocab_path = os.path.join(args.tokenizer, "vocab.json")
-    merges_path = os.path.join(args.tokenizer, "merges.txt")
-    tok = Tokenizer.from_files(vocab_path, merges_path, args.special_tokens)
+    vocab = _load_vocab_file(os.path.join(args.tokenizer, "vocab.json"))
+    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab)
+    specials = args.special_tokens
+    if specials is None:            # default: <|endoftext|> if the vocab has it
+        specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
+    tok = Tokenizer(vocab, merges, specials)
     size = _check_input_file(args.input)
     t0 = time.perf_counter()
     n = encode_file(tok, args.input, args.out, args.num_workers, progress=True)
@@ -1070,7 +1074,8 @@ def main(argv=None):
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
     en.add_argument("input")
     en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
-    en.add_argument("--special-tokens", nargs="*", default=["<|endoftext|>"])
+    en.add_argument("--special-tokens", nargs="*", default=None,
+                    help="default: <|endoftext|> when the vocab has it")
     en.add_argument("--out", required=True, help="output .npy path")
     en.add_argument("--num-workers", type=int, default=None)
     be = sub.add_parser("bench", help="timings against tokenizers / tiktoken (optional extras)")
