@@ -476,3 +476,18 @@ def test_model_clip_grad_norm_matches_torch():
         assert total == pytest.approx(want.item(), rel=1e-6)
         for a, b in zip(ps1, ps2):
             torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_model_meta_device_and_bf16_autocast():
+    m = _model_small(device="meta")  # accounting.py builds shapes only
+    assert all(p.device.type == "meta" for p in m.parameters())
+    torch.manual_seed(0)
+    ref, fast = _model_small(), _model_small(fast=True)
+    fast.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 61, (2, 24))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = ref(ids), fast(ids)
+    assert a.dtype == b.dtype == torch.bfloat16
+    torch.testing.assert_close(b.float(), a.float(), atol=0.1, rtol=0.05)
+    with torch.no_grad():
+        torch.testing.assert_close(a.float(), ref(ids), atol=0.15, rtol=0.05)

@@ -189,6 +189,11 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     return softmax(scores, dim=-1) @ V
 
 
+def _compiling():
+    """True while torch.compile traces the model (checks with a host sync are skipped then)."""
+    return torch.compiler.is_compiling()
+
+
 def causal_mask(T, device=None):
     """(T, T) bool, True on and below the diagonal: position i may look at j <= i."""
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
@@ -250,7 +255,8 @@ class MultiHeadSelfAttention(nn.Module):
             # one (3 d_model, d_model) matmul instead of three; the weights stay separate parameters
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
             qkv = (x @ w.t()).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh), a view
-            if pos is not None and x.dtype in (torch.float32, torch.float64):
+            # complex RoPE: float32/64 only (not under bf16 autocast), and eager only (inductor has no complex codegen)
+            if pos is not None and qkv.dtype in (torch.float32, torch.float64) and not _compiling():
                 q, k = self.rope.forward_complex(qkv[:2], pos)  # q and k rotated in one kernel
                 v = qkv[2]
             else:
@@ -344,10 +350,11 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        lo, hi = int(token_ids.min()), int(token_ids.max())
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).")
+        if not _compiling():  # reading the ids back is a host sync, and a graph break for torch.compile
+            lo, hi = int(token_ids.min()), int(token_ids.max())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).")
         x = self.token_embeddings(token_ids)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
