@@ -80,10 +80,11 @@ def _special_split_re(special_tokens):
     return regex.compile("(" + "|".join(regex.escape(s) for s in alts) + ")")
 
 
-def _cut_regex(special_bytes):
-    """A chunk may end where a special token starts, or at a safe space."""
+def _cut_regex(special_bytes, safe_spaces=True):
+    """Where a chunk may end: where a special token starts, or (if safe_spaces) at a
+    safe space."""
     alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
-    return regex.compile(b"|".join(alts + [_SAFE_CUT]))
+    return regex.compile(b"|".join(alts + ([_SAFE_CUT] if safe_spaces else [])))
 
 
 def _inside_special(buf, p, special_bytes):
@@ -95,10 +96,11 @@ def _inside_special(buf, p, special_bytes):
     return False
 
 
-def _find_cut(f, pos, size, cut_re, special_bytes):
-    """First safe cut at or after byte `pos` of the open file f (or `size` if none)."""
+def _find_cut(f, pos, stop, size, cut_re, special_bytes):
+    """First cut matching cut_re at or after byte `pos` of the open file f (of `size`
+    bytes) that splits no special token; None if there is none before about `stop`."""
     margin = max((len(s) for s in special_bytes), default=1)
-    while pos < size:
+    while pos < stop:
         lo = max(0, pos - margin)
         f.seek(lo)
         buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
@@ -109,20 +111,28 @@ def _find_cut(f, pos, size, cut_re, special_bytes):
             if not _inside_special(buf, p, special_bytes):
                 return lo + p
         pos = lo + max(pos - lo + 1, len(buf) - margin)
-    return size
+    return None
 
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces."""
-    cut_re = _cut_regex(special_bytes)
+    """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces. Each
+    cut is the first special token within 1 MiB of the even split; failing that (or in a
+    file without special tokens), the first safe space."""
+    special_re = _cut_regex(special_bytes, safe_spaces=False) if special_bytes else None
+    any_re = _cut_regex(special_bytes)
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
             guess = max(size * k // n_chunks, bounds[-1] + 1)
             if guess >= size:
                 break
-            p = _find_cut(f, guess, size, cut_re, special_bytes)
-            if p > bounds[-1] and p < size:
+            p = None
+            if special_re is not None:
+                p = _find_cut(f, guess, min(size, guess + (1 << 20)), size, special_re,
+                              special_bytes)
+            if p is None:
+                p = _find_cut(f, guess, size, size, any_re, special_bytes)
+            if p is not None and bounds[-1] < p < size:
                 bounds.append(p)
     bounds.append(size)
     return bounds
