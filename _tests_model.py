@@ -298,6 +298,9 @@ def test_model_generate_cache_matches_reference_greedy():
     for p, o in zip(prompts, with_cache):
         assert model.generate(m, p, 16, temperature=0) == o
     assert m.training  # mode restored
+    fast = _model_small(dtype=torch.float64, context_length=16, fast=True)  # torch's SDPA with a padding mask
+    fast.load_state_dict(m.state_dict())
+    assert model.generate(fast, prompts, 16, temperature=0) == without
     # oracle for the first greedy token: argmax of a plain forward pass
     with torch.no_grad():
         assert with_cache[0][0] == int(m(torch.tensor([prompts[0]]))[0, -1].argmax())
