@@ -379,6 +379,13 @@ def preset_name(data):
     return data if data in ("tinystories", "owt") else "small"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # "(default: X)" only where X says something
+        if action.default in (None, False) or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line (no usage dump), exit code 2
         print(f"train.py: error: {message} (see python train.py --help)", file=sys.stderr)
@@ -388,11 +395,13 @@ class Parser(argparse.ArgumentParser):
 def build_parser():
     def dflt(key):
         s, t, o = (PRESETS[p][key] for p in ("small", "tinystories", "owt"))
-        return f"default: {s}" if s == t == o else f"default: {s}; tinystories {t}; owt {o}"
+        if s == t == o:
+            return f"default: {s}"
+        return f"default: {s}; tinystories/owt {t}" if t == o else f"default: {s}; tinystories {t}; owt {o}"
 
     p = Parser(description="Train a Transformer LM (CS336 assignment 1). With no flags: a small model on "
                            "Python's built-in documentation, offline, in minutes on a CPU.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+               formatter_class=HelpFormatter)
     g = p.add_argument_group("data and output")
     g.add_argument("--data", default="pydoc", help="pydoc (built-in, offline), tinystories, owt (downloaded into "
                    "--data-dir), PATH.txt (trained on after a BPE tokenizer is fitted) or PATH.npy (token ids)")
@@ -419,9 +428,10 @@ def build_parser():
     g = p.add_argument_group("optimization (defaults of the first four depend on --data)")
     g.add_argument("--batch-size", type=int, help="sequences per optimizer step, over all processes and "
                    "accumulation steps; " + dflt("batch_size"))
-    g.add_argument("--max-iters", type=int, help="optimizer steps; " + dflt("max_iters"))
+    g.add_argument("--max-iters", type=int, help=f"optimizer steps; default: {PRESETS['small']['max_iters']}; "
+                   "tinystories/owt: set by --total-tokens")
     g.add_argument("--total-tokens", type=int, help="instead of --max-iters: steps = total / (batch * context); "
-                   + dflt("total_tokens"))
+                   f"default for tinystories/owt: {PRESETS['tinystories']['total_tokens']:,}")
     g.add_argument("--lr", type=float, help="peak learning rate; " + dflt("lr"))
     g.add_argument("--min-lr", type=float, help="final learning rate of the cosine; " + dflt("min_lr"))
     g.add_argument("--warmup-iters", type=int, help="linear warm-up steps; " + dflt("warmup_iters"))
