@@ -837,7 +837,8 @@ _SAFE_CUT_STR = regex.compile(_SAFE_CUT.decode("ascii"))
 # -----------------------------------------------------------------------------
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 18        # 256 KiB of text per task: small enough to balance workers
+_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task ...
+_ENCODE_CHUNK_MAX = 1 << 22    # ... at most 4 MiB: memory follows this, not the file
 _worker_tokenizer = None
 
 
@@ -863,14 +864,17 @@ def _npy_header(dtype, n):
 
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a whole UTF-8 file into out_path (np.save format, uint16 when every id
-    fits, else uint32). Chunks of 256 KiB go to worker processes and come back in order;
+    fits, else uint32). Chunks of 256 KiB-4 MiB go to worker processes, back in order;
     the file is written to a temp file first and renamed when complete. Returns the
     number of tokens."""
     size = _check_input_file(input_path)
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
     num_workers = num_workers or os.cpu_count() or 1
     special_bytes = [s.encode("utf-8") for s in tokenizer.special_tokens]
-    bounds = _chunk_bounds(input_path, size, special_bytes, max(1, -(-size // _ENCODE_CHUNK)))
+    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
+    # overhead (and re-merging pre-tokens that another worker has seen) small.
+    chunk = min(_ENCODE_CHUNK_MAX, max(_ENCODE_CHUNK, size // (4 * num_workers)))
+    bounds = _chunk_bounds(input_path, size, special_bytes, max(1, -(-size // chunk)))
     tasks = [(input_path, a, b, dtype) for a, b in zip(bounds[:-1], bounds[1:])]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
@@ -1056,9 +1060,9 @@ def _cmd_bench(args):
               f"{mb / (t4 - t3):.2f} MB/s | ids identical")
         out = os.path.join(tempfile.mkdtemp(), "ids.npy")
         for workers in (1, 2):
+            fresh = Tokenizer.from_files(args.vocab, args.merges, eot)
             t0 = time.perf_counter()
-            encode_file(Tokenizer.from_files(args.vocab, args.merges, eot), args.input, out,
-                        workers, progress=False)
+            encode_file(fresh, args.input, out, workers, progress=False)
             dt = time.perf_counter() - t0
             assert np.load(out).tolist() == ref
             print(f"encode_file, {workers} process(es): {mb / dt:.2f} MB/s (fresh tokenizer)")
