@@ -436,3 +436,13 @@ def test_train_plot_draws_png(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     train.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_local_text_split_keeps_whole_documents(tmp_path):
+    docs = [f"document {i} " * (i % 7 + 1) for i in range(100)]
+    (tmp_path / "t.txt").write_text("<|endoftext|>".join(docs))
+    tr, va = train.local_corpus(tmp_path / "t.txt", tmp_path / "c")
+    a, b = tr.read_text(), va.read_text()
+    assert a + "<|endoftext|>" + b == (tmp_path / "t.txt").read_text()  # nothing lost, nothing duplicated
+    assert b.split("<|endoftext|>")[0] in docs  # the cut falls between documents
+    assert 0.1 <= len(b) / (len(a) + len(b)) < 0.15

@@ -176,19 +176,22 @@ def downloaded_corpus(name, out_dir):
 def local_corpus(path, out_dir, valid_fraction=0.1):
     """Split a local text file: whole documents (separated by <|endoftext|>) go to validation
     from the end until it holds ~10% of the text; a single document is cut at a line break."""
+    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    if all(p.exists() for p in paths):
+        return paths
     text = path.read_text(encoding="utf-8", errors="replace")
     docs = text.split(EOT)
     if len(docs) >= 10:
-        k = len(docs)
-        while k > 1 and sum(len(d) for d in docs[k - 1:]) < valid_fraction * len(text):
+        k, tail = len(docs), 0
+        while k > 1 and tail < valid_fraction * len(text):
             k -= 1
+            tail += len(docs[k])
         train, valid = EOT.join(docs[:k]), EOT.join(docs[k:])
     else:
         cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
         cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
         train, valid = text[:cut], text[cut:]
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "train.txt", out_dir / "valid.txt"
     for p, t in zip(paths, (train, valid)):
         if not p.exists():
             atomic_write_text(p, t)
