@@ -25,7 +25,6 @@ What this file teaches, in reading order:
 """
 import argparse
 import contextlib
-import functools
 import gzip
 import hashlib
 import json
@@ -86,7 +85,11 @@ DATASETS = {
 def pydoc_corpus(out_dir):
     """Python's reference-manual topics (the text behind `help('if')`): ~0.5 MB of English that
     every Python installation carries. Whole topics go to one split, so validation text is unseen."""
-    from pydoc_data.topics import topics  # stdlib: present offline, on every platform
+    try:
+        from pydoc_data.topics import topics  # stdlib: present offline on standard Pythons
+    except ImportError:
+        raise DataError("this Python has no pydoc_data module (some distributions strip it); "
+                        "pass --data PATH.txt with any English text file instead.") from None
     names = sorted(topics)
     valid = [topics[k] for i, k in enumerate(names) if i % 10 == 5]  # every 10th topic
     train = [topics[k] for i, k in enumerate(names) if i % 10 != 5]
@@ -617,6 +620,25 @@ def use_activation_checkpointing(model):
         block.forward = fwd
 
 
+def build(cfg):
+    """The model as configured, its AdamW, and the wrapped model the step calls: activation
+    checkpointing, then torch.compile, then DDP (compile first, so DDP sees one module)."""
+    from model import TransformerLM
+    from optim import AdamW
+    torch.manual_seed(cfg["seed"])  # the same initial weights on every process
+    raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
+    optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                      weight_decay=cfg["weight_decay"])
+    if cfg["activation_checkpointing"]:
+        use_activation_checkpointing(raw)
+    model = torch.compile(raw) if cfg["compile"] else raw
+    if cfg["world_size"] > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        dev = torch.device(cfg["device"])
+        model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    return raw, model, optimizer
+
+
 def train_step(model, optimizer, micro_batches, lr, cfg):
     """One optimizer step over the global batch.
 
@@ -768,13 +790,9 @@ def write_samples(model, tok, cfg, path):
 
 def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank):
     import accounting
-    from model import TransformerLM
-    from optim import AdamW, cosine_lr, perplexity
+    from optim import cosine_lr, perplexity
     device, T = cfg["device"], cfg["context_length"]
-    torch.manual_seed(cfg["seed"])  # the same initial weights on every process
-    raw = TransformerLM(**model_kwargs(cfg), device=device)
-    optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                      weight_decay=cfg["weight_decay"])
+    raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
     start, elapsed = 0, 0.0
     metrics_path, ckpt_path = run_dir / "metrics.jsonl", run_dir / "ckpt.pt"
@@ -791,12 +809,6 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
     n_emb = raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {device}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
-    if cfg["activation_checkpointing"]:
-        use_activation_checkpointing(raw)
-    model = torch.compile(raw) if cfg["compile"] else raw
-    if cfg["world_size"] > 1:
-        from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
 
     def save(it):
         if rank == 0:
@@ -893,19 +905,8 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
 def benchmark(cfg, rank):
     """Steps of the real training step on random tokens: warm-up (compilation, allocator),
     then timed steps, synchronized so the GPU's queue is really drained."""
-    from model import TransformerLM
-    from optim import AdamW
     device, T = cfg["device"], cfg["context_length"]
-    torch.manual_seed(cfg["seed"])
-    raw = TransformerLM(**model_kwargs(cfg), device=device)
-    optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                      weight_decay=cfg["weight_decay"])
-    if cfg["activation_checkpointing"]:
-        use_activation_checkpointing(raw)
-    model = torch.compile(raw) if cfg["compile"] else raw
-    if cfg["world_size"] > 1:
-        from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+    _, model, optimizer = build(cfg)
     data = torch.randint(cfg["vocab_size"], (cfg["grad_accum"], cfg["micro_batch"], T + 1), device=device)
     micro = [(d[:, :-1], d[:, 1:]) for d in data]
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
