@@ -323,7 +323,6 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
         (["--data", str(tmp_path / "big.npy"), *_TRAIN_TINY, "--out-dir", out], "token id 900"),
         (base + ["--max-iters", "5", "--total-tokens", "1000"], "--total-tokens"),
         (base + ["--no-norm", "--post-norm"], "--post-norm"),
-        (base + ["--resume"], "no checkpoint"),
         (base + ["--out-dir", str(tmp_path / "afile" / "sub")], "--out-dir"),
         (base + ["--warmup-iters", "500", "--max-iters", "10"], "--warmup-iters"),
         (base + ["--lr", "-1"], "--lr"),
@@ -363,6 +362,10 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     assert "keys that differ" in err and "lr" in err and "d_ff (64 -> 96)" in err and err.count("\n") == 1
     assert sorted(os.listdir(tmp_path / "out" / "toy")) == before
     assert (tmp_path / "out" / "toy" / "ckpt.pt").stat().st_mtime_ns == stamp
+    # a run killed before its first checkpoint resumes from step 0
+    assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
+    assert "starting from step 0" in capsys.readouterr().out
+    assert train.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):

@@ -581,8 +581,9 @@ def check_output_dir(run_dir):
 
 def check_resume(cfg, ckpt_path):
     """The saved config must agree with this one on everything that shapes the trajectory."""
-    if not ckpt_path.exists():
-        raise UsageError(f"--resume: there is no checkpoint {ckpt_path}; run without --resume to start it.")
+    if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
+        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
+        return None
     try:
         state = read_checkpoint(ckpt_path)
     except Exception as e:
