@@ -8,7 +8,8 @@ What this file teaches, in reading order (CS336 assignment 1, section 3):
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm, or post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
-  8. A benchmark (`python model.py --benchmark`) against Hugging Face's LlamaForCausalLM.
+  8. Benchmarks (`python model.py --benchmark train|generate`): a training step against
+     Hugging Face's LlamaForCausalLM, and generation with and without the KV cache.
 
 The reference path uses plain tensor ops only (no torch.nn layers, no torch.nn.functional).
 `TransformerLM(..., fast=True)` swaps in torch's fused attention kernel, RoPE as a complex
