@@ -445,21 +445,6 @@ def measure_tokenizer_throughput(seconds=1.0):
 # 11. Proof: every formula above against the real model.TransformerLM
 # ---------------------------------------------------------------------------------------------
 
-class _MetaLM(torch.nn.Module):
-    """TransformerLM.forward without its token-id range check (int(token_ids.min()) needs real
-    values, which meta tensors do not have). Used only when the real forward refuses meta."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, token_ids):
-        x = self.lm.token_embeddings(token_ids)
-        for layer in self.lm.layers:
-            x = layer(x)
-        return self.lm.lm_head(self.lm.ln_final(x))
-
-
 def meta_lm(cfg, **ablations):
     """model.TransformerLM built on the meta device: shapes only, no memory, no init time."""
     import model
@@ -480,10 +465,7 @@ def measured_forward_flops(lm, T):
     from torch.utils.flop_counter import FlopCounterMode
     ids = torch.zeros(1, T, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
-        try:
-            lm(ids)
-        except (RuntimeError, NotImplementedError):  # meta tensors have no values to check
-            _MetaLM(lm)(ids)
+        lm(ids)
     by_module = {path: sum(ops.values()) for path, ops in counter.get_flop_counts().items()}
     parts = dict.fromkeys(("attn q,k,v proj", "attn output proj", "attn QK^T + AV", "ffn w1",
                            "ffn w3", "ffn w2", "lm_head"), 0)

@@ -343,7 +343,9 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        if not _compiling():  # reading the ids back is a host sync, and a graph break for torch.compile
+        # Reading the ids back is a host sync (and a graph break for torch.compile); meta
+        # tensors (shape-only models, as accounting.py builds) have no values to read.
+        if not _compiling() and token_ids.device.type != "meta":
             lo, hi = int(token_ids.min()), int(token_ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
