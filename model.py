@@ -8,8 +8,9 @@ What this file teaches, in reading order (CS336 assignment 1, section 3):
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm, or post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
-  8. Benchmarks (`python model.py --benchmark train|generate`): a training step against
-     Hugging Face's LlamaForCausalLM, and generation with and without the KV cache.
+  8. Benchmark (`python model.py --benchmark generate`): generation with and without the
+     KV cache. (The training step against Hugging Face's Llama: `python train.py --benchmark
+     --vs-llama`, since a step needs optim.py, which model.py never imports.)
 
 The reference path uses plain tensor ops only (no torch.nn layers, no torch.nn.functional).
 `TransformerLM(..., fast=True)` swaps in torch's fused attention kernel, RoPE as a complex
@@ -470,67 +471,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
 
 
 # ----------------------------------------------------------------------------
-# 8. Benchmarks: python model.py --benchmark train|generate
+# 8. Benchmark: python model.py --benchmark generate (the training step is timed by train.py --benchmark)
 
 # The CS336 TinyStories shape: vocab 10000, context 256, d_model 512, 4 layers, 16 heads, d_ff 1344.
 TINYSTORIES = dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344)
-
-
-def _bench_train(steps, batch_size):
-    """Median seconds per training step (forward, backward, AdamW), implementations interleaved."""
-    import statistics
-    import time
-    import optim  # a training step needs a loss and an optimizer; model.py itself never imports optim
-    cfg = TINYSTORIES
-    V, T = cfg["vocab_size"], cfg["context_length"]
-    torch.manual_seed(0)
-    x, y = torch.randint(0, V, (batch_size, T)), torch.randint(0, V, (batch_size, T))
-
-    def ours(fast):
-        m = TransformerLM(**cfg, fast=fast)
-        opt = optim.AdamW(m.parameters(), lr=1e-4)
-
-        def step():
-            loss = optim.cross_entropy(m(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
-
-    def hf_llama():
-        from transformers import LlamaConfig, LlamaForCausalLM
-        hf = LlamaForCausalLM(LlamaConfig(
-            vocab_size=V, hidden_size=cfg["d_model"], intermediate_size=cfg["d_ff"], num_hidden_layers=cfg["num_layers"],
-            num_attention_heads=cfg["num_heads"], num_key_value_heads=cfg["num_heads"], max_position_embeddings=T,
-            rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="sdpa"))
-        opt = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-
-        def step():
-            logits = hf(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
-
-    runs = {"model.py fast=True": ours(True), "model.py reference": ours(False)}
-    try:
-        runs["HF LlamaForCausalLM (sdpa) + torch.optim.AdamW"] = hf_llama()
-    except ImportError:
-        print("transformers is not installed (pip install transformers), so the Llama comparison is skipped.")
-    for step in runs.values():  # warm-up: allocator, thread pool, lazy inits
-        step(), step()
-    times = {name: [] for name in runs}
-    for _ in range(steps):
-        for name, step in runs.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    print(f"training step, TinyStories shape, batch {batch_size} x {T} tokens, float32, "
-          f"{torch.get_num_threads()} threads, median of {steps} (min in brackets):")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"  {name:48s} {med * 1e3:7.0f} ms/step [{min(ts) * 1e3:5.0f}]  {batch_size * T / med:7.0f} tokens/s")
 
 
 def _bench_generate(new_tokens, fast):
@@ -553,24 +497,18 @@ def _bench_generate(new_tokens, fast):
 if __name__ == "__main__":
     import argparse
     import sys
-    ap = argparse.ArgumentParser(description="Benchmarks for model.py (the model itself is used from train.py).")
-    ap.add_argument("--benchmark", choices=["train", "generate"], required=True,
-                    help="train: step time vs Hugging Face Llama; generate: tokens/s with and without the KV cache")
-    ap.add_argument("--steps", type=int, default=5, help="timed training steps per implementation (default 5)")
-    ap.add_argument("--batch-size", type=int, default=4, help="training batch size (default 4)")
+    ap = argparse.ArgumentParser(description="Generation speed of model.py with and without the KV cache "
+                                 "(the training step is timed by python train.py --benchmark).")
+    ap.add_argument("--benchmark", choices=["generate"], required=True, help="tokens/s with and without the KV cache")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens to generate (default 256)")
     ap.add_argument("--fast", action="store_true", help="generate with the fast path")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
-    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--new-tokens", args.new_tokens)):
-        if value < 1:
-            ap.error(f"{flag} must be at least 1, got {value}.")
+    if args.new_tokens < 1:
+        ap.error(f"--new-tokens must be at least 1, got {args.new_tokens}.")
     if args.threads is not None:
         if args.threads < 1:
             ap.error(f"--threads must be at least 1, got {args.threads}.")
         torch.set_num_threads(args.threads)
-    if args.benchmark == "train":
-        _bench_train(args.steps, args.batch_size)
-    else:
-        _bench_generate(args.new_tokens, args.fast)
+    _bench_generate(args.new_tokens, args.fast)
     sys.exit(0)

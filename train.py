@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import sys
 import time
 import urllib.error
@@ -471,6 +472,9 @@ def build_parser():
     g.add_argument("--benchmark", action="store_true", help="time training steps of this configuration on "
                    "random tokens (no dataset needed), print tokens/s and MFU, write nothing")
     g.add_argument("--benchmark-steps", type=int, default=20, help="timed steps after 5 warm-up steps")
+    g.add_argument("--vs-llama", action="store_true", help="with --benchmark: also time Hugging Face "
+                   "transformers' LlamaForCausalLM (SDPA attention) of the same shape with torch.optim.AdamW, "
+                   "steps interleaved with ours (needs: pip install transformers)")
     g = p.add_argument_group("samples at the end")
     g.add_argument("--num-samples", type=int, default=3, help="samples written to samples.txt")
     g.add_argument("--sample-tokens", type=int, default=200, help="new tokens per sample")
@@ -903,9 +907,33 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
 # ----------------------------------------------------------------------------
 # 7. --benchmark, --plot, main()
 
+def llama_step(cfg, micro):
+    """A standard implementation of the same shape, for comparison: Hugging Face's Llama
+    (pre-norm RMSNorm, RoPE, SwiGLU, no biases, untied head) with torch's own AdamW and loss."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    V = cfg["vocab_size"]
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=cfg["d_model"], intermediate_size=cfg["d_ff"], num_hidden_layers=cfg["num_layers"],
+        num_attention_heads=cfg["num_heads"], num_key_value_heads=cfg["num_heads"],
+        max_position_embeddings=cfg["context_length"], rope_theta=cfg["rope_theta"], rms_norm_eps=1e-5,
+        tie_word_embeddings=False, attn_implementation="sdpa")).to(cfg["device"])
+    opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"])
+
+    def step():
+        for x, y in micro:
+            logits = hf(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
+            (loss / len(micro)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
 def benchmark(cfg, rank):
     """Steps of the real training step on random tokens: warm-up (compilation, allocator),
-    then timed steps, synchronized so the GPU's queue is really drained."""
+    then timed steps, synchronized so the GPU's queue is really drained. With --vs-llama the
+    two implementations alternate step by step, so both see the same machine load."""
     device, T = cfg["device"], cfg["context_length"]
     _, model, optimizer = build(cfg)
     data = torch.randint(cfg["vocab_size"], (cfg["grad_accum"], cfg["micro_batch"], T + 1), device=device)
@@ -917,25 +945,37 @@ def benchmark(cfg, rank):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(5):
-        step()
-    sync()
-    t0 = time.time()
+    steps = {"this project": step}
+    if cfg["vs_llama"]:
+        steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
+    for fn in steps.values():
+        for _ in range(5):
+            fn()
+    times = {name: [] for name in steps}
     for _ in range(cfg["benchmark_steps"]):
-        step()
-    sync()
-    dt = (time.time() - t0) / cfg["benchmark_steps"]
+        for name, fn in steps.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    dt = statistics.median(times["this project"])
     tps = cfg["batch_size"] * T / dt
     flops, peak = step_flops(cfg), device_peak(cfg)
     shape = ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads",
                                                  "d_ff", "batch_size"))
     log(f"benchmark: {shape}, device {device} x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, "
-        f"fast {cfg['fast']}")
+        f"fast {cfg['fast']}, {torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
     log(f"  {1000 * dt:.1f} ms/step, {tps:,.0f} tokens/s, {flops / dt / 1e12:.2f} TFLOP/s achieved")
     if peak:
         log(f"  MFU {100 * flops / dt / (peak * cfg['world_size']):.1f}% of {peak / 1e12:.1f} TFLOP/s peak per device")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take {fmt_time(cfg['total_tokens'] / tps)}")
+    for name, ts in times.items():
+        if name != "this project":
+            other = statistics.median(ts)
+            log(f"  {name}: {1000 * other:.1f} ms/step, {cfg['batch_size'] * T / other:,.0f} tokens/s "
+                f"(this project is {other / dt:.2f}x its speed)")
     return 0
 
 
