@@ -257,6 +257,24 @@ def _hash_grow(keys, cnt, head, lastw):
 
 
 @register_jitable
+def _pair_add(keys, cnt, head, lastw, occ_word, occ_next, key, c, w, n_occ):
+    """Count c more occurrences of the pair key = left << 32 | right, in word w: insert the
+    key if it is absent, and append w to the pair's list of words once. The caller makes
+    room. Returns (True if the key is new, the new number of list entries)."""
+    s = _hash_slot(keys, key)
+    new = keys[s] == _EMPTY
+    if new:
+        keys[s] = key
+    cnt[s] += c
+    if lastw[s] != w:
+        lastw[s] = w
+        occ_word[n_occ], occ_next[n_occ] = w, head[s]
+        head[s] = n_occ
+        n_occ += 1
+    return new, n_occ
+
+
+@register_jitable
 def _grow(a, need):
     """a, or a copy at least twice as long, so that index need-1 fits."""
     if need <= a.shape[0]:
@@ -369,17 +387,10 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         for i in range(word_start[w], word_start[w + 1] - 1):
             if 2 * (n_keys + 1) > keys.shape[0]:
                 keys, cnt, head, lastw = _hash_grow(keys, cnt, head, lastw)
-            key = (tok[i] << 32) | tok[i + 1]
-            s = _hash_slot(keys, key)
-            if keys[s] == _EMPTY:
-                keys[s] = key
+            new, n_occ = _pair_add(keys, cnt, head, lastw, occ_word, occ_next,
+                                   (tok[i] << 32) | tok[i + 1], word_count[w], w, n_occ)
+            if new:
                 n_keys += 1
-            cnt[s] += word_count[w]
-            if lastw[s] != w:
-                lastw[s] = w
-                occ_word[n_occ], occ_next[n_occ] = w, head[s]
-                head[s] = n_occ
-                n_occ += 1
 
     hc = np.empty(max(1024, 2 * n_keys), np.int64)
     ha = np.empty(hc.shape[0], np.int64)
@@ -440,36 +451,19 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                 occ_next = _grow(occ_next, n_occ + 2)
                 new_keys = _grow(new_keys, n_new + 2)
                 p, n = prv[i], nxt[j]
-                if p != -1:                  # (x, a) -> (x, ab)
-                    x = tok[p]
-                    cnt[_hash_slot(keys, (x << 32) | a)] -= cw
-                    s2 = _hash_slot(keys, (x << 32) | t)
-                    if keys[s2] == _EMPTY:
-                        keys[s2] = (x << 32) | t
+                for nb in (p, n):            # (x, a) -> (x, ab) and (b, y) -> (ab, y)
+                    if nb == -1:
+                        continue
+                    if nb == p:
+                        old, key = (tok[p] << 32) | a, (tok[p] << 32) | t
+                    else:
+                        old, key = (b << 32) | tok[n], (t << 32) | tok[n]
+                    cnt[_hash_slot(keys, old)] -= cw
+                    new, n_occ = _pair_add(keys, cnt, head, lastw, occ_word, occ_next, key, cw, w, n_occ)
+                    if new:
                         n_keys += 1
-                        new_keys[n_new] = keys[s2]
+                        new_keys[n_new] = key
                         n_new += 1
-                    cnt[s2] += cw
-                    if lastw[s2] != w:
-                        lastw[s2] = w
-                        occ_word[n_occ], occ_next[n_occ] = w, head[s2]
-                        head[s2] = n_occ
-                        n_occ += 1
-                if n != -1:                  # (b, y) -> (ab, y)
-                    y = tok[n]
-                    cnt[_hash_slot(keys, (b << 32) | y)] -= cw
-                    s2 = _hash_slot(keys, (t << 32) | y)
-                    if keys[s2] == _EMPTY:
-                        keys[s2] = (t << 32) | y
-                        n_keys += 1
-                        new_keys[n_new] = keys[s2]
-                        n_new += 1
-                    cnt[s2] += cw
-                    if lastw[s2] != w:
-                        lastw[s2] = w
-                        occ_word[n_occ], occ_next[n_occ] = w, head[s2]
-                        head[s2] = n_occ
-                        n_occ += 1
                 tok[i] = t
                 nxt[i] = n
                 if n != -1:
