@@ -740,11 +740,10 @@ def section_transformer():
     _a("V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)")
     _a(" + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}")
     _a(f"fp32: 4 x {P:,} = {_gb(4 * P)}")
-    T, d, dff, L, V, h = xl["context_length"], xl["d_model"], xl["d_ff"], xl["num_layers"], xl["vocab_size"], xl["num_heads"]
     _q("(b) The matmuls of one forward pass of T=1024 tokens and their FLOPs?")
     flops = lm_flops_of(xl)
-    shapes = {"attn q,k,v proj": f"3 x (T, d) @ (d, d), x L", "attn QK^T": f"h x (T, d_k) @ (d_k, T), x L",
-              "attn AV": f"h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
+    shapes = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h x (T, d_k) @ (d_k, T), x L",
+              "attn AV": "h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
               "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
               "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
     total = sum(flops.values())
@@ -753,7 +752,7 @@ def section_transformer():
     _a(f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
     _published("4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{total / 1e12:.3f} TFLOPs, "
                f"{100 * flops['attn QK^T'] / total:.2f}% each",
-               f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {h} times too small)")
+               f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {xl['num_heads']} times too small)")
     _q("(c) Which parts need the most FLOPs?")
     ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
     _a(f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections "

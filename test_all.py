@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import textwrap
 import threading
 import time
 from collections import Counter
