@@ -42,6 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import accounting
+from bpe import Tokenizer, encode_file, train_bpe
+from model import TransformerLM, generate
+from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
+
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
 
@@ -205,7 +210,6 @@ def local_corpus(path, out_dir, valid_fraction=0.1):
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     """Train BPE on the train split (bpe.py), then write both splits as token-id .npy files.
     Every file is written atomically, so 'it exists' means 'it is complete' and reruns skip it."""
-    from bpe import Tokenizer, encode_file, train_bpe
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_path, merges_path = out_dir / "vocab.json", out_dir / "merges.txt"
     if not (vocab_path.exists() and merges_path.exists()):
@@ -248,7 +252,6 @@ def prepare_data(cfg):
             train, valid = train[:cut], train[cut:]
         here = Path(src).parent  # a tokenizer saved beside the ids decodes the samples
         if (here / "vocab.json").exists() and (here / "merges.txt").exists():
-            from bpe import Tokenizer
             tok_files = here / "vocab.json", here / "merges.txt"
             tok = Tokenizer.from_files(str(tok_files[0]), str(tok_files[1]), [EOT])
         return train, valid, tok, tok_files
@@ -628,8 +631,6 @@ def use_activation_checkpointing(model):
 def build(cfg):
     """The model as configured, its AdamW, and the wrapped model the step calls: activation
     checkpointing, then torch.compile, then DDP (compile first, so DDP sees one module)."""
-    from model import TransformerLM
-    from optim import AdamW
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
     optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
@@ -652,7 +653,6 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     micro-batches have the same size). Under DDP, backward all-reduces (averages) gradients
     over processes; no_sync() skips that on all but the last micro-step.
     Returns the mean loss over the global batch (a tensor) and the pre-clip gradient norm."""
-    from optim import clip_grad_norm, cross_entropy
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = len(micro_batches)
@@ -675,7 +675,6 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
 def step_flops(cfg):
     """FLOPs of one optimizer step = 3 x forward FLOPs (backward is twice the forward) x sequences,
     with the forward counted by accounting.py (the matmuls, attention included)."""
-    import accounting
     fwd = accounting.lm_forward_flops(cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"],
                                       cfg["d_ff"], silu_ffn=cfg["silu_ffn"])
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
@@ -684,7 +683,6 @@ def step_flops(cfg):
 def device_peak(cfg):
     """The device's peak FLOP/s for this dtype (accounting.py's table, or a measured CPU matmul peak)."""
     try:
-        import accounting
         dtype = torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
         return accounting.peak_flops(torch.device(cfg["device"]), dtype)
     except Exception:  # MFU is a nicety: a missing table entry must not stop training
@@ -699,7 +697,6 @@ def evaluate(model, data, cfg, rank):
     """Mean loss over eval_iters batches. The windows come from a generator seeded afresh each
     time, so every evaluation scores the same text, and the training batch RNG is untouched
     (which a bitwise-identical resume relies on)."""
-    from optim import cross_entropy
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     model.eval()
     total = torch.zeros((), device=cfg["device"])
@@ -778,7 +775,6 @@ class StopFlag:
 
 
 def write_samples(model, tok, cfg, path):
-    from model import generate
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
@@ -794,8 +790,6 @@ def write_samples(model, tok, cfg, path):
 
 
 def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank):
-    import accounting
-    from optim import cosine_lr, perplexity
     device, T = cfg["device"], cfg["context_length"]
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
