@@ -22,6 +22,7 @@ Sections, in reading order:
 import argparse
 import json
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -42,6 +43,17 @@ from numba.extending import register_jitable
 # non-space (so " word" keeps its space), and any remaining whitespace.
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PAT)
+# The same pattern for pure-ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is
+# [ \t\n\v\f\r]: the standard library's re runs it about twice as fast as the regex package
+# runs GPT2_PAT, and it finds the same pre-tokens (a test checks it on random ASCII text).
+_ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""",
+                                re.ASCII)
+
+
+def pretokenize(text):
+    """The GPT-2 pre-tokens of text (no special tokens in it), as a list of strings."""
+    return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
+
 
 # A position where cutting the text cannot change its pre-tokenization: a space with an
 # ASCII letter or digit on both sides. The token on the left (letters, digits or a
@@ -159,7 +171,7 @@ def _count_chunk(args):
     parts = split_re.split(text)[::2] if split_re else [text]   # odd entries are specials
     counts = Counter()
     for part in parts:
-        counts.update(_PRETOKEN_RE.findall(part))
+        counts.update(pretokenize(part))
     return counts
 
 
@@ -778,7 +790,7 @@ class Tokenizer:
         not yet in the cache are merged together by _bpe_many; then every lookup is one
         map() in C."""
         parts = self._split_re.split(text) if self._split_re else [text]
-        words = [_PRETOKEN_RE.findall(p) for p in parts[::2]]   # pieces between specials
+        words = [pretokenize(p) for p in parts[::2]]   # pieces between specials
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()

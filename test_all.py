@@ -800,6 +800,16 @@ def bpe_gpt2():
     return special, plain
 
 
+def test_bpe_ascii_fast_path_finds_the_same_pretokens_as_gpt2_pat():
+    # pretokenize() runs a stdlib-re pattern on pure-ASCII text; the oracle is GPT2_PAT itself.
+    rng = random.Random(0)
+    pieces = [chr(c) for c in range(128)] + [" ", "  ", "'s", "'ll", "'re", "'", "\n\n", " a", "Ab", "12", "\r\n"]
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        assert bpe.pretokenize(text) == regex.findall(bpe.GPT2_PAT, text), repr(text)
+    assert bpe.pretokenize("héllo wörld 42") == regex.findall(bpe.GPT2_PAT, "héllo wörld 42")
+
+
 @pytest.mark.parametrize("text,ids_special,ids_plain", _BPE_GPT2_CASES)
 def test_bpe_gpt2_exact_ids(bpe_gpt2, text, ids_special, ids_plain):
     special, plain = bpe_gpt2
