@@ -117,8 +117,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):  # (..., d_model)
         if self.fast:
-            # torch's one-kernel silu (forward and backward). Fusing w1 and w3 (or q, k, v) into
-            # one matmul over concatenated weights measured no faster on CPU: no gain, more code.
+            # torch's one-kernel silu (forward and backward)
             return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
         return self.w2(silu(self.w1(x)) * self.w3(x))
 
@@ -126,13 +125,15 @@ class SwiGLU(nn.Module):
 class SiLUFFN(nn.Module):
     """The ungated ablation: FFN(x) = W2 silu(W1 x), usually with d_ff = 4 d_model to match SwiGLU's parameters."""
 
-    def __init__(self, d_model, d_ff, device=None, dtype=None):
+    def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False):
         super().__init__()
         self.w1 = Linear(d_model, d_ff, device, dtype)
         self.w2 = Linear(d_ff, d_model, device, dtype)
+        self.fast = fast
 
     def forward(self, x):
-        return self.w2(silu(self.w1(x)))
+        act = torch.nn.functional.silu if self.fast else silu
+        return self.w2(act(self.w1(x)))
 
 
 # ----------------------------------------------------------------------------
@@ -192,7 +193,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
 
 
 def _compiling():
-    """True while torch.compile traces the model (checks with a host sync are skipped then)."""
+    """True while torch.compile traces the model: host syncs (the id check) and complex ops
+    (inductor has no complex codegen) are skipped then."""
     return torch.compiler.is_compiling()
 
 
@@ -291,11 +293,14 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
         super().__init__()
-        norm = (lambda: Identity()) if no_norm else (lambda: RMSNorm(d_model, device=device, dtype=dtype))
+        def norm():
+            return Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+
         self.ln1 = norm()
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
         self.ln2 = norm()
-        self.ffn = SiLUFFN(d_model, d_ff, device, dtype) if silu_ffn else SwiGLU(d_model, d_ff, device, dtype, fast=fast)
+        ffn = SiLUFFN if silu_ffn else SwiGLU
+        self.ffn = ffn(d_model, d_ff, device, dtype, fast=fast)
         self.post_norm = post_norm
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):  # (B, T, d_model)
@@ -438,7 +443,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     model.eval()
     try:
         out = [[] for _ in range(B)]
-        done = torch.zeros(B, dtype=torch.bool, device=device)
+        done = [False] * B
         cache = None
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and cache[0].n < C:
@@ -455,13 +460,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
                     cache = None  # context full: this step is a plain re-run of the window
                 logits = model(w_ids, pos, mask, cache)[:, -1]
             nxt = _sample(logits, temperature, top_p, generator)  # (B,)
-            for b in range(B):
+            for b, t in enumerate(nxt.tolist()):  # one host sync per step, not one per row
                 if not done[b]:
-                    if stop_id is not None and int(nxt[b]) == stop_id:
+                    if t == stop_id:
                         done[b] = True
                     else:
-                        out[b].append(int(nxt[b]))
-            if bool(done.all()):
+                        out[b].append(t)
+            if all(done):
                 break
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
@@ -496,7 +501,6 @@ def _bench_generate(new_tokens, fast):
 
 if __name__ == "__main__":
     import argparse
-    import sys
     ap = argparse.ArgumentParser(description="Generation speed of model.py with and without the KV cache "
                                  "(the training step is timed by python train.py --benchmark).")
     ap.add_argument("--benchmark", choices=["generate"], required=True, help="tokens/s with and without the KV cache")
@@ -511,4 +515,3 @@ if __name__ == "__main__":
             ap.error(f"--threads must be at least 1, got {args.threads}.")
         torch.set_num_threads(args.threads)
     _bench_generate(args.new_tokens, args.fast)
-    sys.exit(0)

@@ -160,7 +160,10 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p)  # v
                 state["step"] += 1
                 t = state["step"]
-                params.append(p), grads.append(p.grad), ms.append(state["exp_avg"]), vs.append(state["exp_avg_sq"])
+                params.append(p)
+                grads.append(p.grad)
+                ms.append(state["exp_avg"])
+                vs.append(state["exp_avg_sq"])
                 step_sizes.append(-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))  # -a_t
             if not params:
                 continue
@@ -209,6 +212,6 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
         return 0.0
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item()
-    if total > max_l2_norm:
+    if total >= max_l2_norm:  # the handout leaves g as is only when the norm is below M
         torch._foreach_mul_(grads, max_l2_norm / (total + eps))
     return total
