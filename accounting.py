@@ -643,7 +643,8 @@ def section_motivation():
     _a(f"days = {flops:.3e} / {1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e} = {days:.1f} days")
     _published("4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e}",
                "a factor-1000 slip in the notes' text; their 144 days is right")
-    _published("143.927 days (lecture)", f"{days:.3f}", "the lecture rounds the dense peak 1978.9/2 up to 1979/2")
+    _published("143.927 days (lecture)", f"{days:.3f}", "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; "
+               "PEAK_FLOPS has NVIDIA's 989.4e12")
     _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
     mem = 8 * H100_MEMORY_BYTES
     for name, parts in ADAMW_BYTES_PER_PARAM.items():
@@ -651,9 +652,11 @@ def section_motivation():
         spelled = " + ".join(f"{v} ({k})" for k, v in parts.items())
         _a(f"{name}: {spelled} = {bpp} B/param -> 8 x 80e9 / {bpp} = {largest_model(mem, bpp) / 1e9:.1f}B params")
     _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an")
-    _a("update smaller than 2^-8 of a weight rounds away in bf16. It saves activation memory and time.")
+    _a("update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
+    bpp16 = sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
     _published("12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
-               "16 B/param, 40B params", "that sum leaves out the fp32 master weights")
+               f"{bpp16} B/param, {largest_model(mem, bpp16) / 1e9:.0f}B params",
+               "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))")
 
 
 def section_tensors():
@@ -664,15 +667,17 @@ def section_tensors():
         _a(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
            f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}")
     _published("2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
-               f"{_gb(tensor_bytes(ff, torch.float32))} (= 2304 MiB)",
+               f"{_gb(tensor_bytes(ff, torch.float32))} (= {tensor_bytes(ff, torch.float32) / 2**20:.0f} MiB)",
                f"12288 x 12288 x 4 B is only {_gb(tensor_bytes((12288, 12288), torch.float32))}: the matrix is (4 x 12288) x 12288")
     _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?")
     _a(f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
     for dt in DTYPES:
         fi = torch.finfo(dt)
         _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
-    _a("fp16 flushes 1e-8 to 0 (below its smallest subnormal 6e-8): gradients this small vanish.")
-    _a("bf16 has float32's exponent, so 1e-8 survives (as 1.0012e-8: 8 bits of mantissa).")
+    sub16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps  # 2^-24
+    _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {sub16:.3g}; below half of it rounds to 0): "
+       "gradients this small vanish.")
+    _a(f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
 
 
 def section_compute():
@@ -793,9 +798,10 @@ def section_adamw():
     _q("(c) FLOPs of one AdamW step?")
     P = lm_num_params(xl)
     _a(" + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {sum(ADAMW_FLOPS_PER_PARAM.values())} P")
-    _a(f"GPT-2 XL: 14 x {P:,} = {adamw_step_flops(P):.3e} FLOPs (negligible next to forward + backward)")
-    _published("10 P (notes 003)", "14 P", "bias correction is a per-step scalar, not per-parameter work; "
-               "the (1 - beta) multiplies and weight decay were left out")
+    per = sum(ADAMW_FLOPS_PER_PARAM.values())
+    _a(f"GPT-2 XL: {per} x {P:,} = {adamw_step_flops(P):.3e} FLOPs (negligible next to forward + backward)")
+    _published("10 P (notes 003)", f"{per} P", "the notes count bias correction (2) as per-parameter work, though "
+               "it is a per-step scalar, and leave out g^2, + eps, the (1 - beta) multiplies and weight decay")
     _q("(d) Days to train GPT-2 XL, 400K steps of batch 1024, on one A100 (19.5e12 fp32) at 50% MFU?")
     days, step = lm_training_days(xl, 1024, 400_000, PEAK_FLOPS["A100"]["fp32"], 0.5)
     _a(f"step = 3 x 1024 x {lm_forward_flops(**_flops_args(xl)):.4e} = {step:.4e} FLOPs (backward = 2 x forward)")
