@@ -1276,11 +1276,26 @@ def test_train_benchmark_prints_and_writes_nothing(tmp_path, capsys, monkeypatch
     assert os.listdir(tmp_path) == []
 
 
+def test_train_validation_loss_does_not_depend_on_grad_accum(tmp_path):
+    # --grad-accum is a memory knob: it must not change the text that evaluation scores.
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    vals = []
+    for accum in ("1", "4"):
+        out = tmp_path / f"out{accum}"
+        assert train.main(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--eval-interval", "1",
+                           "--grad-accum", accum, "--out-dir", str(out)]) == 0
+        vals.append([e["val_loss"] for e in _train_metrics(out / "toy") if "val_loss" in e])
+    assert len(vals[0]) == 3 and vals[0] == pytest.approx(vals[1], rel=1e-5)
+
+
 def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     np.save(tmp_path / "short.npy", np.arange(12, dtype=np.uint16))
     np.save(tmp_path / "big.npy", np.array([1, 2, 3, 900] * 100, dtype=np.uint16))
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "text.txt").write_text("some text")
+    np.save(tmp_path / "scalar.npy", np.array(7, dtype=np.uint16))
     out = str(tmp_path / "out")
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", out]
     cases = [
@@ -1297,6 +1312,11 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
         (base + ["--bogus-flag"], "--bogus-flag"),
         (base + ["--dtype", "fp8"], "--dtype"),
         (base + ["--device", "tpu"], "--device tpu"),
+        (base + ["--max-iters", "0"], "--max-iters must be positive"),
+        (base + ["--rope-theta", "-1"], "--rope-theta"),
+        (["--data", str(tmp_path / "empty.txt"), "--out-dir", out], "is empty"),
+        (["--data", str(tmp_path / "text.txt"), "--vocab-size", "200", "--out-dir", out], "--vocab-size 200"),
+        (["--data", str(tmp_path / "scalar.npy"), "--out-dir", out], "1-D"),
     ]
     for argv, needle in cases:
         rc = _train_rc(argv)

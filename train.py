@@ -247,6 +247,9 @@ def prepare_data(cfg):
             valid = np.load(cfg["val_data"], mmap_mode="r") if cfg["val_data"] else None
         except (ValueError, OSError, EOFError) as e:
             raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
+        for name, d in (("--data", train), ("--val-data", valid)):
+            if d is not None and d.ndim != 1:
+                raise UsageError(f"{name}: the ids must be a 1-D array, got shape {d.shape}.")
         if valid is None:  # the last 10% of the ids, still a memmap view
             cut = int(len(train) * 0.9)
             train, valid = train[:cut], train[cut:]
@@ -504,6 +507,8 @@ def resolve_config(argv=None):
     if src not in ("pydoc", *DATASETS):
         if not Path(src).is_file():
             raise UsageError(f"--data {src}: no such file; pass pydoc, tinystories, owt, a .txt file or a .npy file.")
+        if Path(src).stat().st_size == 0:
+            raise UsageError(f"--data {src} is empty; pass a file with text or token ids.")
     if cfg["val_data"] and not src.endswith(".npy"):
         raise UsageError("--val-data goes with --data PATH.npy only; text data is split automatically.")
     if cfg["val_data"] and not Path(cfg["val_data"]).is_file():
@@ -519,6 +524,11 @@ def resolve_config(argv=None):
               "sample_tokens"):
         if cfg[k] < 0:
             raise UsageError(f"--{k.replace('_', '-')} must not be negative, got {cfg[k]}.")
+    if cfg["rope_theta"] <= 0:
+        raise UsageError(f"--rope-theta must be positive, got {cfg['rope_theta']}.")
+    if not src.endswith(".npy") and not cfg["benchmark"] and cfg["vocab_size"] < 257:
+        raise UsageError(f"--vocab-size {cfg['vocab_size']} leaves no room for BPE on text data: it needs 256 bytes "
+                         "+ 1 special token, so at least 257.")
     if cfg["d_model"] % cfg["num_heads"]:
         raise UsageError(f"--d-model {cfg['d_model']} is not divisible by --num-heads {cfg['num_heads']}.")
     if not cfg["nope"] and (cfg["d_model"] // cfg["num_heads"]) % 2:
@@ -546,7 +556,8 @@ def resolve_config(argv=None):
     if cfg["max_iters"] is None:
         cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
     if cfg["max_iters"] <= 0:
-        raise UsageError("--total-tokens is smaller than one batch (batch size x context length); raise it.")
+        raise UsageError(f"--max-iters must be positive, got {cfg['max_iters']}." if explicit_iters else
+                         "--total-tokens is smaller than one batch (batch size x context length); raise it.")
     cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]
     if cfg["warmup_iters"] > cfg["max_iters"]:
         if explicit_warmup:
@@ -700,17 +711,17 @@ def evaluate(model, data, cfg, rank):
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     model.eval()
     total = torch.zeros((), device=cfg["device"])
-    per_step = cfg["micro_batch"] * cfg["world_size"]
     for _ in range(cfg["eval_iters"]):
-        starts = sample_starts(len(data), cfg["context_length"], per_step, g)
-        mine = starts[rank * cfg["micro_batch"]:(rank + 1) * cfg["micro_batch"]]
-        x, y = windows(data, mine, cfg["context_length"], cfg["device"])
-        with autocast(cfg):
-            total += cross_entropy(model(x).float(), y)
+        # the global batch, split as in training: --grad-accum and the process count change nothing
+        starts = sample_starts(len(data), cfg["context_length"], cfg["batch_size"], g)
+        for mine in starts.reshape(cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"])[:, rank]:
+            x, y = windows(data, mine, cfg["context_length"], cfg["device"])
+            with autocast(cfg):
+                total += cross_entropy(model(x).float(), y)
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(total)
     model.train()
-    return float(total) / (cfg["eval_iters"] * cfg["world_size"])
+    return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
 def rng_state(batch_gen):
@@ -731,13 +742,15 @@ def restore_rng(state, batch_gen):
 
 def truncate_metrics(path, last_step):
     """On resume, drop what the interrupted run logged after its last checkpoint: those steps
-    are about to be run again."""
+    are about to be run again. The checkpoint's own step keeps its training line but not its
+    validation line: a checkpoint is saved before that step's evaluation, which runs again."""
     if not path.exists():
         return
     keep = []
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line)["step"] <= last_step:
+            e = json.loads(line)
+            if e["step"] < last_step or (e["step"] == last_step and "loss" in e):
                 keep.append(line)
         except ValueError:  # a line cut short by the kill
             pass
@@ -778,18 +791,17 @@ def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
-    raw = _unwrap(model)
     out = []
     for i in range(cfg["num_samples"]):
         with autocast(cfg):
-            ids = generate(raw, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
+            ids = generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
                            top_p=cfg["top_p"], stop_id=eot, generator=g)
         out.append(cfg["prompt"] + tok.decode(ids))
     atomic_write_text(path, "".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
 
 
-def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank):
+def train(cfg, train_data, valid_data, tok, run_dir, resume_state, rank):
     device, T = cfg["device"], cfg["context_length"]
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -830,7 +842,7 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
     window_time, window_steps = 0.0, 0  # step time since the last log line (evaluation excluded)
     with StopFlag() as stopper:
         for it in range(start, cfg["max_iters"]):
-            if it % cfg["eval_interval"] == 0 and (it != start or resume_state is None):
+            if it % cfg["eval_interval"] == 0:
                 val_loss = evaluate(model, valid_data, cfg, rank)
                 record({"step": it, "tokens": it * tokens_per_step, "time": round(elapsed + time.time() - t_start, 3),
                         "val_loss": val_loss, "val_ppl": perplexity(val_loss)})
@@ -844,8 +856,9 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], cfg["max_iters"])
             loss, norm = train_step(model, optimizer, micro, lr, cfg)
             loss_f = float(loss)
-            if not math.isfinite(loss_f):
-                log(f"\nerror: the loss is {loss_f} at step {it + 1}; stopping. The last good checkpoint is "
+            if not math.isfinite(loss_f) or (norm is not None and not math.isfinite(norm)):
+                what = f"the loss is {loss_f}" if not math.isfinite(loss_f) else f"the gradient norm is {norm}"
+                log(f"\nerror: {what} at step {it + 1}; stopping. The last good checkpoint is "
                     f"{ckpt_path}; try a lower --lr or a --grad-clip.", file=sys.stderr)
                 return 1
             optimizer.step()
@@ -872,7 +885,7 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
                 s = torch.tensor([float(stop)], device=device)
                 torch.distributed.all_reduce(s)
                 stop = bool(s.item())
-            if step % cfg["checkpoint_interval"] == 0 or stop:
+            if (step % cfg["checkpoint_interval"] == 0 and step < cfg["max_iters"]) or stop:  # the end saves below
                 save(step)
             if stop:
                 log(f"\nstopped at step {step}; checkpoint saved to {ckpt_path}. Continue with the same "
@@ -882,9 +895,8 @@ def train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, ra
         log()
     final = cfg["max_iters"]
     val_loss = evaluate(model, valid_data, cfg, rank)
-    if start < final:  # (a resume of a finished run has logged this already)
-        record({"step": final, "tokens": final * tokens_per_step, "time": round(elapsed + time.time() - t_start, 3),
-                "val_loss": val_loss, "val_ppl": perplexity(val_loss)})
+    record({"step": final, "tokens": final * tokens_per_step, "time": round(elapsed + time.time() - t_start, 3),
+            "val_loss": val_loss, "val_ppl": perplexity(val_loss)})
     save(final)
     total = elapsed + time.time() - t_start
     log(f"done: {final} steps, {final * tokens_per_step / 1e6:.2f}M tokens in {fmt_time(total)}; "
@@ -924,7 +936,7 @@ def llama_step(cfg, micro):
     return step
 
 
-def benchmark(cfg, rank):
+def benchmark(cfg):
     """Steps of the real training step on random tokens: warm-up (compilation, allocator),
     then timed steps, synchronized so the GPU's queue is really drained. With --vs-llama the
     two implementations alternate step by step, so both see the same machine load."""
@@ -1021,7 +1033,7 @@ def run(argv=None):
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(hours=6))
     try:
         if cfg["benchmark"]:
-            return benchmark(cfg, rank)
+            return benchmark(cfg)
         check_output_dir(run_dir)
         resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
 
@@ -1068,7 +1080,7 @@ def run(argv=None):
                 for f in tok_files:
                     shutil.copyfile(f, run_dir / f.name)
             atomic_write_text(run_dir / "config.json", json.dumps(cfg, indent=2) + "\n")
-        return train(cfg, train_data, valid_data, tok, tok_files, run_dir, resume_state, rank)
+        return train(cfg, train_data, valid_data, tok, run_dir, resume_state, rank)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
         if world > 1 and torch.distributed.is_initialized():
@@ -1078,14 +1090,12 @@ def run(argv=None):
 def main(argv=None):
     try:
         return run(argv)
-    except UsageError as e:
+    except (UsageError, DataError) as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
-    except DataError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"train.py: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
+    except KeyboardInterrupt:  # a second Ctrl-C: abort without a traceback
+        return 130
 
 
 if __name__ == "__main__":
