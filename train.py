@@ -64,12 +64,26 @@ def log(*args, **kwargs):
         print(*args, **kwargs, flush=True)
 
 
+@contextlib.contextmanager
+def atomic_file(path, mode="wb"):
+    """Write a whole file or nothing: the block writes a temporary file beside `path`, which
+    replaces `path` by a rename only when the block ends cleanly. A kill or an error midway
+    leaves the old file intact (an error also removes the temporary file)."""
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def atomic_write_text(path, text):
-    """Write a whole file or nothing: a temporary file in the same directory, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------
@@ -174,10 +188,8 @@ def downloaded_corpus(name, out_dir):
                         f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None
             if fetched.suffix == ".gz":
                 log(f"unpacking {fetched.name}")
-                tmp = f"{txt}.tmp{os.getpid()}"
-                with gzip.open(fetched, "rb") as src, open(tmp, "wb") as dst:
+                with gzip.open(fetched, "rb") as src, atomic_file(txt) as dst:
                     shutil.copyfileobj(src, dst, 1 << 24)
-                os.replace(tmp, txt)
         paths.append(txt)
     return tuple(paths)
 
@@ -337,16 +349,8 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     if not isinstance(out, (str, os.PathLike)):
         torch.save(state, out)
         return
-    tmp = f"{os.fspath(out)}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):  # the save failed (disk full, ...): the old checkpoint stays
-            os.remove(tmp)
+    with atomic_file(out) as f:
+        torch.save(state, f)
 
 
 def read_checkpoint(src):
@@ -1001,9 +1005,8 @@ def plot(metrics_path, png_path):
         ax.set_ylabel("loss (nats/token)")
         ax.legend()
     fig.tight_layout()
-    tmp = png_path.with_name(f"tmp{os.getpid()}.png")
-    fig.savefig(tmp)
-    os.replace(tmp, png_path)
+    with atomic_file(png_path) as f:
+        fig.savefig(f, format="png")
     log(f"plot: {png_path}")
 
 
