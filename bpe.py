@@ -55,12 +55,16 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
-# A position where cutting the text cannot change its pre-tokenization: a space with an
-# ASCII letter or digit on both sides. The token on the left (letters, digits or a
-# contraction) ends before a space whatever follows, and " word" / " 42" starts with this
-# space whatever precedes. ASCII bytes never sit inside a multi-byte UTF-8 character, so
-# the cut is also a valid place to decode from.
-_SAFE_CUT = rb"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])"
+# Places where cutting a text cannot change its pre-tokens. (1) Before a space followed by a
+# non-space: ' ?\p{L}+' and its siblings start a pre-token there whatever precedes, and a
+# whitespace run before the space ends just before it ('\s+(?!\S)' backs off one character;
+# at the end of the cut-off piece it takes the same run). (2) After a lone newline between
+# two non-spaces: '\s+' takes that newline alone, and no pre-token starts with a newline
+# and goes on. _STREAM_CUT says this for str (encode_iterable); _SAFE_CUT for bytes (file
+# chunks), where the non-space after the space is an ASCII one or a UTF-8 lead byte of a
+# range with no Unicode whitespace, and the cut, next to ASCII bytes, is a character boundary.
+_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
+_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
 
@@ -129,7 +133,7 @@ def _find_cut(f, pos, stop, size, cut_re, special_bytes):
 def _chunk_bounds(path, size, special_bytes, n_chunks):
     """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces. Each
     cut is the first special token within 1 MiB of the even split; failing that (or in a
-    file without special tokens), the first safe space."""
+    file without special tokens), the first special token or safe cut (_SAFE_CUT)."""
     special_re = _cut_regex(special_bytes, safe_spaces=False) if special_bytes else None
     any_re = _cut_regex(special_bytes)
     bounds = [0]
@@ -648,20 +652,24 @@ def _load_merges_file(path, vocab):
         raise FileNotFoundError(f"merges file {path} does not exist")
     known = set(vocab.values())
     merges = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if (lineno == 1 and line.startswith("#version")) or line == "":
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2 or not parts[0] or not parts[1]:
-                raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
-            left, right = (_str_to_token(p, f"{path} line {lineno}") for p in parts)
-            for tok in (left, right, left + right):
-                if tok not in known:
-                    raise ValueError(f"{path} line {lineno}: token {_token_to_str(tok)!r} is "
-                                     "not in the vocab file; vocab and merges disagree")
-            merges.append((left, right))
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid UTF-8 (bad byte at offset {e.start})") from None
+    for lineno, line in enumerate(lines, 1):
+        line = line.rstrip("\r")
+        if (lineno == 1 and line.startswith("#version")) or line == "":
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
+        left, right = (_str_to_token(p, f"{path} line {lineno}") for p in parts)
+        for tok in (left, right, left + right):
+            if tok not in known:
+                raise ValueError(f"{path} line {lineno}: token {_token_to_str(tok)!r} is "
+                                 "not in the vocab file; vocab and merges disagree")
+        merges.append((left, right))
     return merges
 
 
@@ -806,9 +814,8 @@ class Tokenizer:
     def encode_iterable(self, iterable):
         """Lazily yield the ids of the concatenation of the strings in iterable, holding
         only about _STREAM_CHARS of text at a time: text is cut at safe places only (see
-        _SAFE_CUT), never inside a special token, so the ids equal encode("".join(...))."""
+        _STREAM_CUT), never inside a special token, so the ids equal encode("".join(...))."""
         margin = max((len(s) for s in self.special_tokens), default=1)
-        specials = [s for s in self.special_tokens if len(s) > 1]
         buf = ""
         for piece in iterable:
             buf += piece
@@ -816,15 +823,13 @@ class Tokenizer:
                 continue
             cut = -1
             hi = len(buf) - margin - 1        # leave room to see a special token across it
-            for m in _SAFE_CUT_STR.finditer(buf, max(0, hi - _STREAM_CHARS // 2), hi):
-                p = m.start()
-                if not any(buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
-                           for s in specials):
-                    cut = p
+            for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
+                if m.start() > 0 and not _inside_special(buf, m.start(), self.special_tokens):
+                    cut = m.start()
             if cut <= 0:
-                if len(buf) > (1 << 22):   # no safe cut in 4 MB: no way to stream this text
-                    raise ValueError("encode_iterable found no place to cut 4 MB of text "
-                                     "(no 'letter space letter'); use encode() instead")
+                if len(buf) > (1 << 22):   # no safe cut in 4M characters: cannot stream this text
+                    raise ValueError("encode_iterable found no place to cut 4M characters of text "
+                                     "(no space or single newline before a non-space); use encode()")
                 continue
             yield from self.encode(buf[:cut])
             buf = buf[cut:]
@@ -832,16 +837,15 @@ class Tokenizer:
             yield from self.encode(buf)
 
     def decode(self, ids):
+        ids = list(ids)  # an iterator must survive the error path's second look
         try:
             data = b"".join([self.vocab[i] for i in ids])
         except (KeyError, TypeError):
-            bad = next(i for i in ids if i not in self.vocab)
+            bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
             raise ValueError(f"cannot decode token id {bad!r}: the vocab has ids "
                              f"0..{max(self.vocab)} ({len(self.vocab)} tokens)") from None
         return data.decode("utf-8", errors="replace")
 
-
-_SAFE_CUT_STR = regex.compile(_SAFE_CUT.decode("ascii"))
 
 
 # -----------------------------------------------------------------------------
@@ -985,7 +989,7 @@ def _hf_train(path, vocab_size, special_tokens):
     return hf
 
 
-def _gpt2_tiktoken(vocab_path, merges_path):
+def _gpt2_tiktoken(vocab_path):
     """tiktoken's GPT-2 Encoding built offline from the same vocab file."""
     import tiktoken
     vocab = _load_vocab_file(vocab_path)
@@ -1039,8 +1043,7 @@ def _cmd_bench(args):
         print(f"empty NUMBA_CACHE_DIR, {os.path.getsize(args.input) / 1e3:.0f} KB, vocab "
               f"{args.vocab_size}: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
     elif args.what == "encode":
-        tok = Tokenizer.from_files(args.vocab, args.merges, eot)
-        enc = _gpt2_tiktoken(args.vocab, args.merges)
+        enc = _gpt2_tiktoken(args.vocab)
         with open(args.input, encoding="utf-8") as f:
             text = f.read()
         mb = len(text.encode("utf-8")) / 1e6

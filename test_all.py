@@ -800,6 +800,52 @@ def bpe_gpt2():
     return special, plain
 
 
+def test_bpe_safe_cuts_never_change_the_pretokens():
+    # Oracle: GPT2_PAT on the whole text. Cutting at any _STREAM_CUT (str) or _SAFE_CUT (bytes)
+    # position and pre-tokenizing both sides must give the same pre-tokens.
+    rng = random.Random(1)
+    pieces = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\x85", "a", "Z", "1", "'s",
+              "'", ".", "é", "日本", "😀", "\u0301", "д", "—", "x\n"]
+    n_cuts = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        whole = regex.findall(bpe.GPT2_PAT, text)
+        cuts = [m.start() for m in bpe._STREAM_CUT.finditer(text)]
+        data = text.encode("utf-8")
+        cuts += [len(data[:m.start()].decode("utf-8")) for m in regex.finditer(bpe._SAFE_CUT, data)]
+        for c in cuts:
+            assert regex.findall(bpe.GPT2_PAT, text[:c]) + regex.findall(bpe.GPT2_PAT, text[c:]) == whole, (text, c)
+        n_cuts += len(cuts)
+    assert n_cuts > 1000
+
+
+def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
+    # Cyrillic lines have no ASCII letters: the stream must still be cut as it goes, not held whole.
+    special, _ = bpe_gpt2
+    lines = [f"строка номер {'раз' * (i % 7)} и ещё немного текста\n" for i in range(3000)]
+    consumed = []
+
+    def feed():
+        for line in lines:
+            consumed.append(1)
+            yield line
+    it = special.encode_iterable(feed())
+    next(it)
+    assert len(consumed) < len(lines) // 2
+    assert list(special.encode_iterable(lines)) == special.encode("".join(lines))
+
+
+def test_bpe_decode_and_merges_errors_name_the_problem(tmp_path, bpe_gpt2):
+    special, _ = bpe_gpt2
+    with pytest.raises(ValueError, match="token id 99999"):
+        special.decode(iter([1, 2, 99999]))
+    with pytest.raises(ValueError, match="cannot decode"):
+        special.decode([1, [2]])
+    (tmp_path / "merges.txt").write_bytes(b"#version: 0.2\n\xff \xfe\n")
+    with pytest.raises(ValueError, match="merges.txt is not valid UTF-8"):
+        bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, str(tmp_path / "merges.txt"))
+
+
 def test_bpe_ascii_fast_path_finds_the_same_pretokens_as_gpt2_pat():
     # pretokenize() runs a stdlib-re pattern on pure-ASCII text; the oracle is GPT2_PAT itself.
     rng = random.Random(0)
