@@ -501,7 +501,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
 # The same source, compiled: the helpers above are register_jitable, i.e. plain Python
 # when called from Python and compiled inline when called from here. Compiling costs
-# 8-14 s once per machine, loading it from numba's disk cache about 0.4 s; for small
+# 7-14 s once per machine, loading it from numba's disk cache about 0.4 s; for small
 # jobs the interpreted function above finishes sooner than either.
 _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
@@ -522,7 +522,8 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
     # Loading the compiled merge loop from numba's cache takes ~0.4 s: do it while the
-    # workers count (big files only, where the compiled loop will be used).
+    # workers count. Workers run only for files of 1 MiB or more, whose distinct words
+    # exceed _INTERPRET_MAX_POSITIONS anyway, so the compiled loop is the one used there.
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
@@ -535,8 +536,8 @@ def _load_compiled_merge_loop():
 
 
 # Below this much work the interpreted merge loop (about 0.3 s for 30k positions and 250
-# merges) beats loading the compiled one from numba's cache (about 0.5 s) and by far
-# compiling it (10+ s, once per machine).
+# merges) beats loading the compiled one from numba's cache (about 0.4 s) and by far
+# compiling it (7-14 s, once per machine).
 _INTERPRET_MAX_POSITIONS = 50_000
 _INTERPRET_MAX_MERGES = 1_000
 
@@ -699,29 +700,25 @@ class Tokenizer:
         if missing:
             raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
                              "byte-level vocab needs all 256")
-        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
+        self._byte_id_arr = np.array([token_id[bytes([b])] for b in range(256)], dtype=np.int64)
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
-        # (left id, right id) -> rank (the lower, the earlier learned) and -> merged id.
-        self._rank, self._merged = {}, {}
+        # Each merge as (left id, right id) -> rank (the lower, the earlier learned) and the
+        # merged id; a repeated pair keeps its first rank.
+        rank_of = {}
         for rank, (l, r) in enumerate(self.merges):
             for tok in (l, r, l + r):
                 if tok not in token_id:
                     raise ValueError(f"merge #{rank} ({l!r}, {r!r}) uses or makes {tok!r}, "
                                      "which is not in the vocab")
-            pair = (token_id[l], token_id[r])
-            if pair not in self._rank:
-                self._rank[pair] = rank
-                self._merged[pair] = token_id[l + r]
+            rank_of.setdefault((token_id[l], token_id[r]), (rank, token_id[l + r]))
         self._split_re = _special_split_re(self.special_tokens)
         self._cache = {}
         # The merges as sorted integer keys left * V + right, for numpy look-ups.
         V = self._key_base = max(self.vocab) + 1
-        keys = np.array([a * V + b for a, b in self._rank], dtype=np.int64)
+        keys = np.array([a * V + b for a, b in rank_of], dtype=np.int64)
         order = np.argsort(keys)
-        self._pair_keys = keys[order]
-        self._pair_rank = np.array(list(self._rank.values()), dtype=np.int64)[order]
-        self._pair_merged = np.array(list(self._merged.values()), dtype=np.int64)[order]
-        self._byte_id_arr = np.array(self._byte_ids, dtype=np.int64)
+        rank_merged = np.array(list(rank_of.values()), dtype=np.int64).reshape(-1, 2)[order]
+        self._pair_keys, self._pair_rank, self._pair_merged = keys[order], rank_merged[:, 0], rank_merged[:, 1]
         # Pairs of two ids below D (all byte pairs, and the commonest tokens) are found
         # by direct indexing, the rest by binary search: index into the sorted arrays.
         D = self._dense = min(V, 1024)
