@@ -58,9 +58,14 @@ class DataError(Exception):
     """The data could not be fetched (offline, server down): main() prints it and exits with 1."""
 
 
+def process_rank():
+    """This process's rank under torchrun (0 when run alone)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def log(*args, **kwargs):
     # only rank 0 talks, so that N processes print one story
-    if int(os.environ.get("RANK", "0")) == 0:
+    if process_rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
@@ -242,7 +247,7 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
         npy = out_dir / name
         if not npy.exists():
             log(f"tokenizing {txt} -> {npy}")
-            encode_file(tok, str(txt), str(npy), num_workers=workers, progress=int(os.environ.get("RANK", "0")) == 0)
+            encode_file(tok, str(txt), str(npy), num_workers=workers, progress=process_rank() == 0)
         npys.append(npy)
     return tok, (vocab_path, merges_path), tuple(npys)
 
@@ -850,7 +855,7 @@ def train(cfg, train_data, valid_data, tok, run_dir, resume_state, rank):
                 val_loss = evaluate(model, valid_data, cfg, rank)
                 record({"step": it, "tokens": it * tokens_per_step, "time": round(elapsed + time.time() - t_start, 3),
                         "val_loss": val_loss, "val_ppl": perplexity(val_loss)})
-                log(f"{chr(13) if tty else ''}step {it}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.1f})"
+                log(("\r" if tty else "") + f"step {it}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.1f})"
                     + " " * 30)
                 t_last = time.time()  # evaluation time does not count toward tokens/s
             # the global batch is drawn identically on every process; each takes its own slice
@@ -1012,7 +1017,7 @@ def plot(metrics_path, png_path):
 
 def run(argv=None):
     cfg = resolve_config(argv)
-    rank, world = int(os.environ.get("RANK", "0")), cfg["world_size"]
+    rank, world = process_rank(), cfg["world_size"]
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
     if cfg["plot"]:
         try:
@@ -1023,6 +1028,7 @@ def run(argv=None):
     # embedding's backward (an index_put with accumulate) otherwise adds rows in a
     # thread-dependent order
     was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_precision = torch.get_float32_matmul_precision()
     if cfg["device"] == "cpu":
         torch.use_deterministic_algorithms(True)
     if cfg["device"].startswith("cuda"):
@@ -1086,6 +1092,7 @@ def run(argv=None):
         return train(cfg, train_data, valid_data, tok, run_dir, resume_state, rank)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
+        torch.set_float32_matmul_precision(was_precision)
         if world > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -1094,7 +1101,7 @@ def main(argv=None):
     try:
         return run(argv)
     except (UsageError, DataError) as e:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if process_rank() == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:  # a second Ctrl-C: abort without a traceback
