@@ -433,12 +433,6 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         ids[b, L - len(p):] = torch.tensor(p, device=device)
         valid[b, L - len(p):] = True
 
-    def run_window():
-        # the reference forward: the last C columns, positions counted from each row's first real token
-        w_ids, w_valid = ids[:, -C:], valid[:, -C:]
-        mask = None if bool(w_valid.all()) else _attention_mask(w_valid, 0, w_ids.shape[1])
-        return w_ids, w_valid, mask
-
     was_training = model.training
     model.eval()
     try:
@@ -452,7 +446,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
                 mask = _attention_mask(valid, cache[0].n, 1)
                 logits = model(ids[:, -1:], pos, mask, cache)[:, -1]
             else:
-                w_ids, w_valid, mask = run_window()
+                # the reference forward: the last C columns, positions counted from each
+                # row's first real token
+                w_ids, w_valid = ids[:, -C:], valid[:, -C:]
+                mask = None if bool(w_valid.all()) else _attention_mask(w_valid, 0, w_ids.shape[1])
                 pos = _positions(w_valid)
                 if use_cache and w_ids.shape[1] < C:
                     cache = [KVCache(C) for _ in model.layers]  # prefill
