@@ -666,7 +666,7 @@ def _load_merges_file(path, vocab):
         if len(parts) != 2 or not parts[0] or not parts[1]:
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         left, right = (_str_to_token(p, f"{path} line {lineno}") for p in parts)
-        for tok in (left, right, left + right):
+        for tok in (left, right, left + right):  # Tokenizer checks this too, but cannot name the line
             if tok not in known:
                 raise ValueError(f"{path} line {lineno}: token {_token_to_str(tok)!r} is "
                                  "not in the vocab file; vocab and merges disagree")
