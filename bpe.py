@@ -20,6 +20,7 @@ Sections, in reading order:
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -613,17 +614,22 @@ def _str_to_token(s, where):
                          "GPT-2 byte alphabet") from None
 
 
-def _atomic_write_text(path, text):
-    """Write a file completely or not at all: temp file in the same directory, then rename."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+@contextlib.contextmanager
+def atomic_file(path, mode="wb"):
+    """Write a whole file or nothing: the block writes a temporary file beside `path`, which
+    replaces `path` by a rename only when the block ends cleanly. A kill or an error midway
+    leaves the old file intact (an error also removes the temporary file). The one atomic
+    write of the project: train.py and kernels.py import it."""
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _load_vocab_file(path):
@@ -735,10 +741,12 @@ class Tokenizer:
     def save(self, vocab_filepath, merges_filepath):
         """GPT-2 format, each file written atomically."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
-        _atomic_write_text(vocab_filepath, json.dumps(inv, ensure_ascii=False, indent=0))
+        with atomic_file(vocab_filepath, "w") as f:
+            f.write(json.dumps(inv, ensure_ascii=False, indent=0))
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
                                      for l, r in self.merges]
-        _atomic_write_text(merges_filepath, "\n".join(lines) + "\n")
+        with atomic_file(merges_filepath, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     def _bpe_many(self, words):
         """Ids of many pre-tokens at once. Each round, in every word, finds the pair of
@@ -876,7 +884,7 @@ def _npy_header(dtype, n):
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a whole UTF-8 file into out_path (np.save format, uint16 when every id
     fits, else uint32). Chunks of 256 KiB-4 MiB go to worker processes, back in order;
-    the file is written to a temp file first and renamed when complete. Returns the
+    the file is written atomically (atomic_file). Returns the
     number of tokens."""
     size = _check_input_file(input_path)
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
@@ -891,10 +899,9 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory {out_dir} does not exist")
     header_len = len(_npy_header(dtype, 0))
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npy")
     pool = None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(out_path) as f:
             f.write(b"\0" * header_len)    # the real header needs the count: written last
             _init_encode_worker(tokenizer)
             if num_workers == 1 or len(tasks) == 1:
@@ -922,11 +929,6 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
             assert len(header) == header_len, "npy header length changed"
             f.seek(0)
             f.write(header)
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     finally:
         if pool is not None:
             pool.terminate()

@@ -39,7 +39,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 
@@ -562,15 +561,9 @@ def device_name(device):
 
 
 def write_json_atomic(path, obj):
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".kernels-", suffix=".json.tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from bpe import atomic_file  # the project's one atomic write
+    with atomic_file(path, "w") as f:
+        json.dump(obj, f, indent=1)
 
 
 def parse_args(argv):

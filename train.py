@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import accounting
-from bpe import Tokenizer, encode_file, train_bpe
+from bpe import Tokenizer, atomic_file, encode_file, train_bpe
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
@@ -67,23 +67,6 @@ def log(*args, **kwargs):
     # only rank 0 talks, so that N processes print one story
     if process_rank() == 0:
         print(*args, **kwargs, flush=True)
-
-
-@contextlib.contextmanager
-def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: the block writes a temporary file beside `path`, which
-    replaces `path` by a rename only when the block ends cleanly. A kill or an error midway
-    leaves the old file intact (an error also removes the temporary file)."""
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def atomic_write_text(path, text):
