@@ -225,6 +225,52 @@ def _sum_counts(results):
 
 
 # -----------------------------------------------------------------------------
+# 2. The naive trainer: the definition of BPE training
+#
+# Count every adjacent pair of tokens inside every pre-token (weighted by how often the
+# pre-token occurs), fuse the most frequent pair everywhere, repeat. A tie goes to the
+# lexicographically greater pair of byte strings. It recounts every pair after every
+# merge, so it is slow, but it is short enough to check by eye: the fast trainer below is
+# tested to learn exactly its merges.
+
+def train_bpe_naive(text, vocab_size, special_tokens=()):
+    """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
+    special_tokens = _check_special_tokens(special_tokens)
+    split_re = _special_split_re(special_tokens)
+    words = Counter()                 # pre-token as a tuple of tokens (bytes) -> count
+    for part in (split_re.split(text)[::2] if split_re else [text]):  # specials dropped
+        for w in _PRETOKEN_RE.findall(part):
+            words[tuple(bytes([b]) for b in w.encode("utf-8"))] += 1
+    vocab = {i: bytes([i]) for i in range(256)}
+    for s in special_tokens:
+        vocab[len(vocab)] = s.encode("utf-8")
+    merges = []
+    while len(vocab) < vocab_size:
+        pairs = Counter()             # pairs never cross pre-tokens
+        for w, c in words.items():
+            for pair in zip(w, w[1:]):
+                pairs[pair] += c
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))    # ties: the greater (left, right)
+        merges.append(best)
+        vocab[len(vocab)] = best[0] + best[1]
+        merged = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if w[i:i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return vocab, merges
+
+
+# -----------------------------------------------------------------------------
 # 2. The merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
 # Each distinct pre-token ("word") is stored once, with its count, as a doubly linked

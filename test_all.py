@@ -552,45 +552,6 @@ def _bpe_need(path):
     return path
 
 
-def _bpe_naive_train(text, vocab_size, special_tokens=()):
-    if special_tokens:
-        alts = sorted(special_tokens, key=len, reverse=True)
-        parts = regex.split("|".join(regex.escape(s) for s in alts), text)
-    else:
-        parts = [text]
-    words = collections.Counter()
-    for part in parts:
-        for w in regex.findall(bpe.GPT2_PAT, part):
-            words[tuple(bytes([b]) for b in w.encode("utf-8"))] += 1
-    vocab = {i: bytes([i]) for i in range(256)}
-    for s in special_tokens:
-        vocab[len(vocab)] = s.encode("utf-8")
-    merges = []
-    while len(vocab) < vocab_size:
-        pairs = collections.Counter()
-        for w, c in words.items():
-            for pair in zip(w, w[1:]):
-                pairs[pair] += c
-        if not pairs:
-            break
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        merges.append(best)
-        vocab[len(vocab)] = best[0] + best[1]
-        merged = collections.Counter()
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(best[0] + best[1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += c
-        words = merged
-    return vocab, merges
-
-
 def _bpe_unicode_text():
     rng = random.Random(0)
     words = ["日本語", "テキスト", "中文字符", "한국어", "русский", "Ελληνικά", "العربية",
@@ -651,7 +612,7 @@ def bpe_trained(tmp_path_factory):
         text = make()
         path = d / f"{name}.txt"
         path.write_bytes(text.encode("utf-8"))
-        naive = _bpe_naive_train(text, vocab_size, specials)
+        naive = bpe.train_bpe_naive(text, vocab_size, specials)
         fast = bpe.train_bpe(str(path), vocab_size, specials)
         out[name] = (text, path, specials, naive, fast)
     return out
