@@ -271,7 +271,8 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 
 
 # -----------------------------------------------------------------------------
-# 2. The merge loop (one source: interpreted for small jobs, compiled by numba for big)
+# 3. The fast trainer's merge loop (one source: interpreted for small jobs, compiled by
+#    numba for big ones)
 #
 # Each distinct pre-token ("word") is stored once, with its count, as a doubly linked
 # list of token ids over positions; a merge rewrites the left position and unlinks the
@@ -285,6 +286,11 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # pairs (containing the new token) ever grow, pushing those after each merge keeps the
 # invariant "every live pair has an entry >= its true count", so the first popped entry
 # that matches the table is the true maximum.
+#
+# The helpers are register_jitable: plain Python when _merge_loop runs interpreted,
+# compiled together with it by numba otherwise. Arrays that may be reallocated to grow
+# travel as tuples: table = (keys, counts, head of word list, last word appended) and
+# lists = (word, next entry), the linked lists of words per pair.
 
 _EMPTY = -1
 
@@ -302,8 +308,9 @@ def _hash_slot(keys, key):
 
 
 @register_jitable
-def _hash_grow(keys, cnt, head, lastw):
-    """Double the table and re-insert every key."""
+def _hash_grow(table):
+    """The table at twice the size, every key re-inserted."""
+    keys, cnt, head, lastw = table
     cap = keys.shape[0] * 2
     k2 = np.full(cap, _EMPTY, np.int64)
     c2 = np.zeros(cap, np.int64)
@@ -320,10 +327,12 @@ def _hash_grow(keys, cnt, head, lastw):
 
 
 @register_jitable
-def _pair_add(keys, cnt, head, lastw, occ_word, occ_next, key, c, w, n_occ):
+def _pair_add(table, lists, key, c, w, n_occ):
     """Count c more occurrences of the pair key = left << 32 | right, in word w: insert the
     key if it is absent, and append w to the pair's list of words once. The caller makes
     room. Returns (True if the key is new, the new number of list entries)."""
+    keys, cnt, head, lastw = table
+    occ_word, occ_next = lists
     s = _hash_slot(keys, key)
     new = keys[s] == _EMPTY
     if new:
@@ -410,51 +419,46 @@ def _heap_pop(hc, ha, hb, n, pool, start, length):
         i = big
 
 
-def _merge_loop(ids, word_start, word_count, num_merges):
-    """Learn up to num_merges merges. ids: (P,) int64 byte values of all words laid end to
-    end; word_start: (W+1,) offsets; word_count: (W,) occurrences. New token k gets id
-    256 + k. Returns (lefts, rights), each (M,) int64 with M <= num_merges."""
-    n_words = word_count.shape[0]
-    n_pos = ids.shape[0]
+@register_jitable
+def _linked_words(ids, word_start):
+    """The words as linked lists: tok[i] is the token at position i, nxt[i] / prv[i] the
+    next / previous live position in the same word (-1 past either end)."""
     tok = ids.copy()
-    nxt = np.empty(n_pos, np.int64)   # next live position in the same word, -1 at the end
-    prv = np.empty(n_pos, np.int64)
-    for w in range(n_words):
+    nxt = np.empty(ids.shape[0], np.int64)
+    prv = np.empty(ids.shape[0], np.int64)
+    for w in range(word_start.shape[0] - 1):
         s, e = word_start[w], word_start[w + 1]
         for i in range(s, e):
             prv[i] = i - 1 if i > s else -1
             nxt[i] = i + 1 if i + 1 < e else -1
-    last_merge = np.full(n_words, -1, np.int64)   # de-duplicates stale word lists
+    return tok, nxt, prv
 
-    # Bytes of every token, for the lexicographic tie-break.
-    n_tok = 256 + num_merges
-    start = np.zeros(n_tok, np.int64)
-    length = np.zeros(n_tok, np.int64)
-    pool = np.empty(max(1024, 4 * n_tok), np.uint8)
-    for b in range(256):
-        pool[b], start[b], length[b] = b, b, 1
-    pool_len = 256
 
-    # Pair table: key, count, head of its word list, last word appended (skip repeats).
-    # It starts small and doubles at half full: a compact table stays in cache.
-    keys = np.full(1024, _EMPTY, np.int64)
-    cnt = np.zeros(1024, np.int64)
-    head = np.full(1024, -1, np.int64)
-    lastw = np.full(1024, -1, np.int64)
-    n_keys = 0
-    occ_word = np.empty(max(1024, n_pos), np.int64)   # linked lists of words per pair
-    occ_next = np.empty(max(1024, n_pos), np.int64)
-    n_occ = 0
-
-    for w in range(n_words):
+@register_jitable
+def _count_pairs(tok, word_start, word_count):
+    """The pair table and word lists of all words. Returns (table, keys in it, lists,
+    entries in them). The table starts small and doubles at half full: a compact table
+    stays in cache."""
+    table = (np.full(1024, _EMPTY, np.int64), np.zeros(1024, np.int64),
+             np.full(1024, -1, np.int64), np.full(1024, -1, np.int64))
+    size = max(1024, tok.shape[0])
+    lists = (np.empty(size, np.int64), np.empty(size, np.int64))
+    n_keys, n_occ = 0, 0
+    for w in range(word_count.shape[0]):
         for i in range(word_start[w], word_start[w + 1] - 1):
-            if 2 * (n_keys + 1) > keys.shape[0]:
-                keys, cnt, head, lastw = _hash_grow(keys, cnt, head, lastw)
-            new, n_occ = _pair_add(keys, cnt, head, lastw, occ_word, occ_next,
-                                   (tok[i] << 32) | tok[i + 1], word_count[w], w, n_occ)
+            if 2 * (n_keys + 1) > table[0].shape[0]:
+                table = _hash_grow(table)
+            new, n_occ = _pair_add(table, lists, (tok[i] << 32) | tok[i + 1], word_count[w],
+                                   w, n_occ)
             if new:
                 n_keys += 1
+    return table, n_keys, lists, n_occ
 
+
+@register_jitable
+def _build_heap(table, n_keys, pool, start, length):
+    """A heap (counts, lefts, rights) holding every pair of the table; returns it and its size."""
+    keys, cnt = table[0], table[1]
     hc = np.empty(max(1024, 2 * n_keys), np.int64)
     ha = np.empty(hc.shape[0], np.int64)
     hb = np.empty(hc.shape[0], np.int64)
@@ -464,6 +468,77 @@ def _merge_loop(ids, word_start, word_count, num_merges):
             _heap_push(hc, ha, hb, n_heap, cnt[s], keys[s] >> 32, keys[s] & 0xFFFFFFFF,
                        pool, start, length)
             n_heap += 1
+    return hc, ha, hb, n_heap
+
+
+@register_jitable
+def _merge_words(a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys):
+    """Merge the pair (a, b) into token t at every place in the words listed from entry e
+    (merge number m marks the words done: a stale list may name a word twice). Each place
+    moves its neighbours' counts, (x, a)(a, b)(b, y) -> (x, t)(t, y); pairs that did not
+    exist before go to new_keys. Returns (table, n_keys, lists, n_occ, new_keys, n_new):
+    the arrays may have been reallocated to grow."""
+    tok, nxt, prv, word_start, word_count, last_merge = words
+    n_new = 0
+    while e != -1:
+        w, e = lists[0][e], lists[1][e]
+        if last_merge[w] == m:
+            continue
+        last_merge[w] = m
+        cw = word_count[w]
+        i = word_start[w]                # the first position of a word never dies
+        while i != -1:
+            j = nxt[i]
+            if j == -1:
+                break
+            if tok[i] != a or tok[j] != b:
+                i = j
+                continue
+            # Room for two new keys, two list entries and two new-key records.
+            if 2 * (n_keys + 2) > table[0].shape[0]:
+                table = _hash_grow(table)
+            if n_occ + 2 > lists[0].shape[0]:
+                lists = (_grow(lists[0], n_occ + 2), _grow(lists[1], n_occ + 2))
+            new_keys = _grow(new_keys, n_new + 2)
+            p, n = prv[i], nxt[j]
+            for nb in (p, n):            # (x, a) -> (x, ab) and (b, y) -> (ab, y)
+                if nb == -1:
+                    continue
+                if nb == p:
+                    old, key = (tok[p] << 32) | a, (tok[p] << 32) | t
+                else:
+                    old, key = (b << 32) | tok[n], (t << 32) | tok[n]
+                table[1][_hash_slot(table[0], old)] -= cw
+                new, n_occ = _pair_add(table, lists, key, cw, w, n_occ)
+                if new:
+                    n_keys += 1
+                    new_keys[n_new] = key
+                    n_new += 1
+            tok[i] = t
+            nxt[i] = n
+            if n != -1:
+                prv[n] = i
+            i = n
+    return table, n_keys, lists, n_occ, new_keys, n_new
+
+
+def _merge_loop(ids, word_start, word_count, num_merges):
+    """Learn up to num_merges merges. ids: (P,) int64 byte values of all words laid end to
+    end; word_start: (W+1,) offsets; word_count: (W,) occurrences. New token k gets id
+    256 + k. Returns (lefts, rights), each (M,) int64 with M <= num_merges."""
+    tok, nxt, prv = _linked_words(ids, word_start)
+    last_merge = np.full(word_count.shape[0], -1, np.int64)   # de-duplicates stale lists
+    words = (tok, nxt, prv, word_start, word_count, last_merge)
+    table, n_keys, lists, n_occ = _count_pairs(tok, word_start, word_count)
+    # Bytes of every token, for the tie-break: token x is pool[start[x]:start[x] + length[x]].
+    n_tok = 256 + num_merges
+    start = np.zeros(n_tok, np.int64)
+    length = np.zeros(n_tok, np.int64)
+    pool = np.empty(max(1024, 4 * n_tok), np.uint8)
+    for x in range(256):
+        pool[x], start[x], length[x] = x, x, 1
+    pool_len = 256
+    hc, ha, hb, n_heap = _build_heap(table, n_keys, pool, start, length)
 
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
@@ -473,6 +548,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         c, a, b = hc[0], ha[0], hb[0]
         _heap_pop(hc, ha, hb, n_heap, pool, start, length)
         n_heap -= 1
+        keys, cnt, head = table[0], table[1], table[2]
         s = _hash_slot(keys, (a << 32) | b)
         if cnt[s] != c:                      # stale: re-queue with the true count
             if cnt[s] > 0:
@@ -482,74 +558,32 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
         t = 256 + m                          # the new token ab
         lefts[m], rights[m] = a, b
-        pool = _grow(pool, pool_len + length[a] + length[b])
-        pool[pool_len:pool_len + length[a]] = pool[start[a]:start[a] + length[a]]
-        pool[pool_len + length[a]:pool_len + length[a] + length[b]] = \
-            pool[start[b]:start[b] + length[b]]
-        start[t], length[t] = pool_len, length[a] + length[b]
-        pool_len += length[t]
+        la, lb = length[a], length[b]
+        pool = _grow(pool, pool_len + la + lb)
+        pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
+        pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
+        start[t], length[t] = pool_len, la + lb
+        pool_len += la + lb
 
-        n_new = 0
-        e = head[s]
-        head[s] = -1
-        while e != -1:
-            w = occ_word[e]
-            e = occ_next[e]
-            if last_merge[w] == m:
-                continue
-            last_merge[w] = m
-            cw = word_count[w]
-            i = word_start[w]                # the first position of a word never dies
-            while i != -1:
-                j = nxt[i]
-                if j == -1:
-                    break
-                if tok[i] != a or tok[j] != b:
-                    i = j
-                    continue
-                # Room for two new keys, two occurrences and two new-key records.
-                if 2 * (n_keys + 2) > keys.shape[0]:
-                    keys, cnt, head, lastw = _hash_grow(keys, cnt, head, lastw)
-                occ_word = _grow(occ_word, n_occ + 2)
-                occ_next = _grow(occ_next, n_occ + 2)
-                new_keys = _grow(new_keys, n_new + 2)
-                p, n = prv[i], nxt[j]
-                for nb in (p, n):            # (x, a) -> (x, ab) and (b, y) -> (ab, y)
-                    if nb == -1:
-                        continue
-                    if nb == p:
-                        old, key = (tok[p] << 32) | a, (tok[p] << 32) | t
-                    else:
-                        old, key = (b << 32) | tok[n], (t << 32) | tok[n]
-                    cnt[_hash_slot(keys, old)] -= cw
-                    new, n_occ = _pair_add(keys, cnt, head, lastw, occ_word, occ_next, key, cw, w, n_occ)
-                    if new:
-                        n_keys += 1
-                        new_keys[n_new] = key
-                        n_new += 1
-                tok[i] = t
-                nxt[i] = n
-                if n != -1:
-                    prv[n] = i
-                i = n
+        e, head[s] = head[s], -1
+        table, n_keys, lists, n_occ, new_keys, n_new = _merge_words(
+            a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys)
+        keys, cnt = table[0], table[1]
         cnt[_hash_slot(keys, (a << 32) | b)] = 0   # every occurrence is merged now
         for k in range(n_new):
-            s2 = _hash_slot(keys, new_keys[k])
-            if cnt[s2] > 0:
-                hc = _grow(hc, n_heap + 1)
-                ha = _grow(ha, n_heap + 1)
-                hb = _grow(hb, n_heap + 1)
-                _heap_push(hc, ha, hb, n_heap, cnt[s2], new_keys[k] >> 32,
-                           new_keys[k] & 0xFFFFFFFF, pool, start, length)
+            c = cnt[_hash_slot(keys, new_keys[k])]
+            if c > 0:
+                hc, ha, hb = _grow(hc, n_heap + 1), _grow(ha, n_heap + 1), _grow(hb, n_heap + 1)
+                _heap_push(hc, ha, hb, n_heap, c, new_keys[k] >> 32, new_keys[k] & 0xFFFFFFFF,
+                           pool, start, length)
                 n_heap += 1
         m += 1
     return lefts[:m], rights[:m]
 
 
-# The same source, compiled: the helpers above are register_jitable, i.e. plain Python
-# when called from Python and compiled inline when called from here. Compiling costs
-# 7-14 s once per machine, loading it from numba's disk cache about 0.4 s; for small
-# jobs the interpreted function above finishes sooner than either.
+# The same source, compiled. Compiling takes a while, once per machine (numba caches the
+# result on disk); loading it from that cache still costs more than the interpreted
+# function needs for a small job (see train_from_counts).
 _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
 
