@@ -8,15 +8,19 @@ token to the vocabulary. Encoding replays the merges in the order they were lear
 Sections, in reading order:
   1. Pre-tokenization: the GPT-2 regex, special tokens, and cutting a file into chunks
      at safe places so that worker processes can count pre-tokens in parallel.
-  2. The merge loop: incremental pair counts plus a max-heap with lazy deletion, giving
-     exactly the naive algorithm's merges. One source, run by CPython for small jobs and
-     compiled by numba for big ones.
-  3. train_bpe: the two above glued together.
-  4. The GPT-2 file format (vocab.json / merges.txt in a printable byte alphabet).
-  5. Tokenizer: encode (new pre-tokens merged all at once with numpy, then cached),
+  2. The naive trainer, train_bpe_naive: the definition, short and slow.
+  3. The fast merge loop: incremental pair counts plus a max-heap with lazy deletion,
+     giving exactly the naive trainer's merges. One source, run by CPython for small
+     jobs and compiled by numba for big ones.
+  4. train_bpe: pre-tokenization and the fast merge loop glued together.
+  5. The GPT-2 file format (vocab.json / merges.txt in a printable byte alphabet).
+  6. Tokenizer: encode (new pre-tokens merged all at once with numpy, then cached),
      encode_iterable (constant memory), decode.
-  6. encode_file: a whole text file to a .npy of token ids with several processes.
-  7. Command line: train, encode, bench.
+  7. encode_file: a whole text file to a .npy of token ids with several processes.
+  8. Command line: train, encode.
+
+Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
+      python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
 """
 
 import argparse
@@ -26,7 +30,6 @@ import os
 import re
 import resource
 import sys
-import tempfile
 import time
 from collections import Counter
 from itertools import chain
@@ -45,8 +48,8 @@ from numba.extending import register_jitable
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PAT)
 # The same pattern for pure-ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is
-# [ \t\n\v\f\r]: the standard library's re runs it about twice as fast as the regex package
-# runs GPT2_PAT, and it finds the same pre-tokens (a test checks it on random ASCII text).
+# [ \t\n\v\f\r]: the standard library's re runs this simpler pattern faster than the regex
+# package runs GPT2_PAT, and it finds the same pre-tokens (a test checks it on random ASCII).
 _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""",
                                 re.ASCII)
 
@@ -271,8 +274,7 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 
 
 # -----------------------------------------------------------------------------
-# 3. The fast trainer's merge loop (one source: interpreted for small jobs, compiled by
-#    numba for big ones)
+# 3. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
 # Each distinct pre-token ("word") is stored once, with its count, as a doubly linked
 # list of token ids over positions; a merge rewrites the left position and unlinks the
@@ -588,7 +590,7 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
 
 # -----------------------------------------------------------------------------
-# 3. train_bpe
+# 4. train_bpe
 
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 text file, counting pre-tokens in num_workers
@@ -602,9 +604,9 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
-    # Loading the compiled merge loop from numba's cache takes ~0.4 s: do it while the
-    # workers count. Workers run only for files of 1 MiB or more, whose distinct words
-    # exceed _INTERPRET_MAX_POSITIONS anyway, so the compiled loop is the one used there.
+    # Loading the compiled merge loop from numba's disk cache is slow enough to hide: do it
+    # while the workers count. Workers run only for files of 1 MiB or more, whose distinct
+    # words exceed _INTERPRET_MAX_POSITIONS anyway, so the compiled loop is used there.
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
@@ -616,9 +618,8 @@ def _load_compiled_merge_loop():
     _merge_loop_compiled(one, np.array([0, 1], np.int64), one, 0)
 
 
-# Below this much work the interpreted merge loop (about 0.3 s for 30k positions and 250
-# merges) beats loading the compiled one from numba's cache (about 0.4 s) and by far
-# compiling it (7-14 s, once per machine).
+# Below this much work the interpreted merge loop finishes before numba could load the
+# compiled one from its disk cache, let alone compile it (once per machine).
 _INTERPRET_MAX_POSITIONS = 50_000
 _INTERPRET_MAX_MERGES = 1_000
 
@@ -658,7 +659,7 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
 
 
 # -----------------------------------------------------------------------------
-# 4. The GPT-2 file format
+# 5. The GPT-2 file format
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
@@ -734,11 +735,20 @@ def _load_vocab_file(path):
     return vocab
 
 
+def _check_merges(merges, tokens, where=lambda k: f"merge #{k}", vocab="the vocab"):
+    """The one check that merges fit a vocab: every merge's left, right and left + right
+    must be in tokens (bytes). where(k) names merge k in the error, e.g. a file line."""
+    for k, (left, right) in enumerate(merges):
+        for tok in (left, right, left + right):
+            if tok not in tokens:
+                raise ValueError(f"{where(k)}: token {_token_to_str(tok)!r} is not in "
+                                 f"{vocab}; vocab and merges disagree")
+
+
 def _load_merges_file(path, vocab):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"merges file {path} does not exist")
-    known = set(vocab.values())
-    merges = []
+    merges, linenos = [], []
     try:
         with open(path, "rb") as f:
             lines = f.read().decode("utf-8").split("\n")
@@ -751,17 +761,16 @@ def _load_merges_file(path, vocab):
         parts = line.split(" ")
         if len(parts) != 2 or not parts[0] or not parts[1]:
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
-        left, right = (_str_to_token(p, f"{path} line {lineno}") for p in parts)
-        for tok in (left, right, left + right):  # Tokenizer checks this too, but cannot name the line
-            if tok not in known:
-                raise ValueError(f"{path} line {lineno}: token {_token_to_str(tok)!r} is "
-                                 "not in the vocab file; vocab and merges disagree")
-        merges.append((left, right))
+        merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
+        linenos.append(lineno)
+    # Tokenizer checks this again, but here an error can name the line.
+    _check_merges(merges, set(vocab.values()), lambda k: f"{path} line {linenos[k]}",
+                  "the vocab file")
     return merges
 
 
 # -----------------------------------------------------------------------------
-# 5. Tokenizer
+# 6. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
@@ -790,12 +799,9 @@ class Tokenizer:
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         # Each merge as (left id, right id) -> rank (the lower, the earlier learned) and the
         # merged id; a repeated pair keeps its first rank.
+        _check_merges(self.merges, token_id)
         rank_of = {}
         for rank, (l, r) in enumerate(self.merges):
-            for tok in (l, r, l + r):
-                if tok not in token_id:
-                    raise ValueError(f"merge #{rank} ({l!r}, {r!r}) uses or makes {tok!r}, "
-                                     "which is not in the vocab")
             rank_of.setdefault((token_id[l], token_id[r]), (rank, token_id[l + r]))
         self._split_re = _special_split_re(self.special_tokens)
         self._cache = {}
@@ -934,7 +940,7 @@ class Tokenizer:
 
 
 # -----------------------------------------------------------------------------
-# 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
+# 7. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
 _ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task ...
 _ENCODE_CHUNK_MAX = 1 << 22    # ... at most 4 MiB: memory follows this, not the file
@@ -1016,7 +1022,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
 
 
 # -----------------------------------------------------------------------------
-# 7. Command line
+# 8. Command line
 
 def _peak_rss_mb():
     """Peak resident memory of this process and (separately) its largest child, in MB."""
@@ -1056,138 +1062,6 @@ def _cmd_encode(args):
           f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s")
 
 
-def _hf_train(path, vocab_size, special_tokens):
-    """Hugging Face tokenizers' BpeTrainer with the ByteLevel pre-tokenizer (the competitor)."""
-    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    hf.train([path], trainer)
-    return hf
-
-
-def _gpt2_tiktoken(vocab_path):
-    """tiktoken's GPT-2 Encoding built offline from the same vocab file."""
-    import tiktoken
-    vocab = _load_vocab_file(vocab_path)
-    ranks = {tok: i for i, tok in vocab.items() if tok != b"<|endoftext|>"}
-    return tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256})
-
-
-def _cmd_bench(args):
-    """Timings for the README. Competitors are optional extras, imported here only."""
-    try:
-        import tiktoken, tokenizers   # noqa: F401
-    except ImportError:
-        sys.exit("bpe.py bench: needs the optional competitors: pip install tokenizers tiktoken")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}  load average {os.getloadavg()[0]:.2f}  "
-          f"cpus {os.cpu_count()}", flush=True)
-    eot = ["<|endoftext|>"]
-    if args.what == "train":
-        # Alternate ours and theirs, three times each, so that load from other processes
-        # hits both alike. Our first call includes loading the compiled merge loop.
-        ours, theirs = [], []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            vocab, merges = train_bpe(args.input, args.vocab_size, eot)
-            ours.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            _hf_train(args.input, args.vocab_size, eot)
-            theirs.append(time.perf_counter() - t0)
-        me, kids = _peak_rss_mb()
-        t0 = time.perf_counter()
-        counts = count_pretokens(args.input, eot)
-        t1 = time.perf_counter()
-        train_from_counts(counts, args.vocab_size, eot, compiled=True)
-        t2 = time.perf_counter()
-        fmt = lambda ts: " / ".join(f"{t:.2f}" for t in ts) + f" s (median {sorted(ts)[1]:.2f})"
-        print(f"train_bpe {fmt(ours)} | HF BpeTrainer {fmt(theirs)} | peak RSS {me:.0f} MB, "
-              f"workers {kids:.0f} MB | split: pre-tokenize {t1 - t0:.2f} s + merges "
-              f"{t2 - t1:.2f} s | {len(merges)} merges, longest token "
-              f"{max(map(len, vocab.values()))} bytes")
-    elif args.what == "cold":
-        # A fresh process with an empty numba cache; the clock runs around the call alone.
-        d = tempfile.mkdtemp()
-        code = ("import time, sys; t0 = time.perf_counter(); import bpe; t1 = time.perf_counter()"
-                f"; bpe.train_bpe({args.input!r}, {args.vocab_size}, ['<|endoftext|>']); "
-                "t2 = time.perf_counter(); print(f'import {t1 - t0:.2f} s, train_bpe call "
-                "{t2 - t1:.2f} s')")
-        env = dict(os.environ, NUMBA_CACHE_DIR=d)
-        import subprocess
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
-        print(f"empty NUMBA_CACHE_DIR, {os.path.getsize(args.input) / 1e3:.0f} KB, vocab "
-              f"{args.vocab_size}: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
-    elif args.what == "encode":
-        enc = _gpt2_tiktoken(args.vocab)
-        with open(args.input, encoding="utf-8") as f:
-            text = f.read()
-        mb = len(text.encode("utf-8")) / 1e6
-        # Alternate tiktoken and a fresh Tokenizer three times; then one warm pass.
-        theirs, first = [], []
-        for _ in range(3):
-            tok = Tokenizer.from_files(args.vocab, args.merges, eot)
-            t0 = time.perf_counter()
-            ref = enc.encode(text, allowed_special="all")
-            t1 = time.perf_counter()
-            ids = tok.encode(text)
-            t2 = time.perf_counter()
-            theirs.append(mb / (t1 - t0))
-            first.append(mb / (t2 - t1))
-            assert ids == ref, "ids differ from tiktoken"
-        t2 = time.perf_counter()
-        tok.encode(text)
-        t3 = time.perf_counter()
-        for part in tok._split_re.split(text)[::2]:
-            _PRETOKEN_RE.findall(part)
-        t4 = time.perf_counter()
-        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs) + f" MB/s (median {sorted(xs)[1]:.2f})"
-        ratio = [a / b for a, b in zip(first, theirs)]
-        print(f"{mb:.1f} MB: tiktoken {fmt(theirs)} | Tokenizer.encode, fresh tokenizer "
-              f"{fmt(first)} | ratio {' / '.join(f'{r:.2f}' for r in ratio)} | second pass "
-              f"(cache full) {mb / (t3 - t2):.2f} MB/s | the GPT-2 regex alone "
-              f"{mb / (t4 - t3):.2f} MB/s | ids identical")
-        out = os.path.join(tempfile.mkdtemp(), "ids.npy")
-        for workers in (1, 2):
-            fresh = Tokenizer.from_files(args.vocab, args.merges, eot)
-            t0 = time.perf_counter()
-            encode_file(fresh, args.input, out, workers, progress=False)
-            dt = time.perf_counter() - t0
-            assert np.load(out).tolist() == ref
-            print(f"encode_file, {workers} process(es): {mb / dt:.2f} MB/s (fresh tokenizer)")
-    elif args.what == "scale":
-        d = tempfile.mkdtemp()
-        with open(args.input, "rb") as f:
-            data = f.read()
-        corpora = []
-        for mb in (1, 2, 5):
-            piece = data[:mb * 1_000_000]
-            piece = piece[:piece.rindex(b"\n") + 1]
-            corpora.append((f"{len(piece) / 1e6:.1f} MB", piece))
-        corpora.append((f"{10 * len(data) / 1e6:.0f} MB (10x)", data * 10))
-        _load_compiled_merge_loop()        # keep numba's one-off cache load out of the table
-        print("| corpus | pre-tokenize | vocab | merge loop | total | pre-tokenize share |")
-        print("|---|---|---|---|---|---|")
-        for name, blob in corpora:
-            path = os.path.join(d, "corpus.txt")
-            with open(path, "wb") as f:
-                f.write(blob)
-            t0 = time.perf_counter()
-            counts = count_pretokens(path, eot)
-            t_pre = time.perf_counter() - t0
-            for v in (1000, 10_000, 32_000):
-                t0 = time.perf_counter()
-                _, merges = train_from_counts(counts, v, eot, compiled=True)
-                t_m = time.perf_counter() - t0
-                print(f"| {name} | {t_pre:.2f} s | {v} ({len(merges)} merges) | {t_m:.2f} s | "
-                      f"{t_pre + t_m:.2f} s | "
-                      f"{100 * t_pre / (t_pre + t_m):.0f}% |", flush=True)
-            os.unlink(path)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Byte-level BPE: train a tokenizer or encode "
                                              "a text file.")
@@ -1205,17 +1079,11 @@ def main(argv=None):
                     help="default: <|endoftext|> when the vocab has it")
     en.add_argument("--out", required=True, help="output .npy path")
     en.add_argument("--num-workers", type=int, default=None)
-    be = sub.add_parser("bench", help="timings against tokenizers / tiktoken (optional extras)")
-    be.add_argument("what", choices=["train", "cold", "encode", "scale"])
-    be.add_argument("input")
-    be.add_argument("--vocab-size", type=int, default=10_000)
-    be.add_argument("--vocab", default="../shared/reference/gpt2_vocab.json")
-    be.add_argument("--merges", default="../shared/reference/gpt2_merges.txt")
     args = ap.parse_args(argv)
     if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
         ap.error("--num-workers must be at least 1")
     try:
-        {"train": _cmd_train, "encode": _cmd_encode, "bench": _cmd_bench}[args.cmd](args)
+        {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
