@@ -310,22 +310,23 @@ def _hash_slot(keys, key):
 
 
 @register_jitable
+def _new_table(cap):
+    """An empty pair table of cap slots (a power of two)."""
+    return (np.full(cap, _EMPTY, np.int64), np.zeros(cap, np.int64),
+            np.full(cap, -1, np.int64), np.full(cap, -1, np.int64))
+
+
+@register_jitable
 def _hash_grow(table):
     """The table at twice the size, every key re-inserted."""
-    keys, cnt, head, lastw = table
-    cap = keys.shape[0] * 2
-    k2 = np.full(cap, _EMPTY, np.int64)
-    c2 = np.zeros(cap, np.int64)
-    h2 = np.full(cap, -1, np.int64)
-    l2 = np.full(cap, -1, np.int64)
+    keys = table[0]
+    new = _new_table(2 * keys.shape[0])
     for i in range(keys.shape[0]):
         if keys[i] != _EMPTY:
-            s = _hash_slot(k2, keys[i])
-            k2[s] = keys[i]
-            c2[s] = cnt[i]
-            h2[s] = head[i]
-            l2[s] = lastw[i]
-    return k2, c2, h2, l2
+            s = _hash_slot(new[0], keys[i])
+            for k in range(4):
+                new[k][s] = table[k][i]
+    return new
 
 
 @register_jitable
@@ -441,8 +442,7 @@ def _count_pairs(tok, word_start, word_count):
     """The pair table and word lists of all words. Returns (table, keys in it, lists,
     entries in them). The table starts small and doubles at half full: a compact table
     stays in cache."""
-    table = (np.full(1024, _EMPTY, np.int64), np.zeros(1024, np.int64),
-             np.full(1024, -1, np.int64), np.full(1024, -1, np.int64))
+    table = _new_table(1024)
     size = max(1024, tok.shape[0])
     lists = (np.empty(size, np.int64), np.empty(size, np.int64))
     n_keys, n_occ = 0, 0
@@ -630,12 +630,10 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
     special_tokens = _check_special_tokens(special_tokens)
     n_base = 256 + len(special_tokens)
     num_merges = max(0, vocab_size - n_base)
-    # Words of one byte have no pair to merge; drop them.
-    words = [w.encode("utf-8") for w in counts]
-    keep = [k for k, w in enumerate(words) if len(w) > 1]
-    words = [words[k] for k in keep]
-    freq = list(counts.values())
-    word_count = np.array([freq[k] for k in keep], dtype=np.int64)
+    encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
+    encoded = [(w, c) for w, c in encoded if len(w) > 1]     # one byte: no pair to merge
+    words = [w for w, _ in encoded]
+    word_count = np.array([c for _, c in encoded], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)
@@ -650,12 +648,8 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
     for a, b in zip(lefts.tolist(), rights.tolist()):
         merges.append((tokens[a], tokens[b]))
         tokens.append(tokens[a] + tokens[b])
-    vocab = {i: tokens[i] for i in range(256)}
-    for s in special_tokens:
-        vocab[len(vocab)] = s.encode("utf-8")
-    for tok in tokens[256:]:
-        vocab[len(vocab)] = tok
-    return vocab, merges
+    specials = [s.encode("utf-8") for s in special_tokens]   # their ids come before merges
+    return dict(enumerate(tokens[:256] + specials + tokens[256:])), merges
 
 
 # -----------------------------------------------------------------------------
@@ -666,20 +660,10 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
 # characters, space, ...) are shifted to U+0100 and up. A space becomes 'Ġ' and a newline
 # 'Ċ', so "left right" in merges.txt never meets a real space.
 
-def _bytes_to_unicode():
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    table, shift = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + shift)
-            shift += 1
-    return table
-
-
-_BYTE_TO_CHAR = _bytes_to_unicode()
+_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+              *range(ord("®"), ord("ÿ") + 1)]
+_BYTE_TO_CHAR = {b: chr(b) for b in _PRINTABLE} | {
+    b: chr(256 + k) for k, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 
@@ -1080,7 +1064,7 @@ def main(argv=None):
     en.add_argument("--out", required=True, help="output .npy path")
     en.add_argument("--num-workers", type=int, default=None)
     args = ap.parse_args(argv)
-    if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
+    if args.num_workers is not None and args.num_workers < 1:
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
