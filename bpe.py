@@ -503,7 +503,7 @@ def _merge_words(a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys):
                 lists = (_grow(lists[0], n_occ + 2), _grow(lists[1], n_occ + 2))
             new_keys = _grow(new_keys, n_new + 2)
             p, n = prv[i], nxt[j]
-            for nb in (p, n):            # (x, a) -> (x, ab) and (b, y) -> (ab, y)
+            for nb in (p, n):            # (x, a) -> (x, t) and (b, y) -> (t, y)
                 if nb == -1:
                     continue
                 if nb == p:
