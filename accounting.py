@@ -2,20 +2,25 @@
 accounting.py -- every napkin-math answer of CS336 lecture 2 and assignment 1, printed
 with its formula and proven against the real model in model.py.
 
-Read it top to bottom, in the order of the lecture and then the handout:
-  1. Units, hardware and MFU: published peak FLOP/s, a measured CPU peak, peak_flops()
-  2. Transformer LM formulas: parameters and forward FLOPs per component, 3x for a step
-     (the functions train.py imports for MFU)
-  3. Lecture 2, motivating questions: days to train 70B on 15T tokens; largest model on 8 H100s
-  4. Lecture 2, memory of tensors: bytes per dtype, torch.finfo, the 1e-8 underflow
-  5. Lecture 2, compute: the linear model, forward 2x / backward 4x / step 6x, GPT-3, a week of 8 H100s
-  6. Lecture 2, arithmetic intensity and the roofline
-  7. Lecture 2, memory of a training step: deep network, gradient accumulation, checkpointing
-  8. Assignment 1, transformer_accounting: GPT-2 XL parameters, matmuls, the FLOPs table
-  9. Assignment 1, adamwAccounting: peak memory, a*batch + b, AdamW FLOPs, days on one A100
- 10. Assignment 1, TinyStories configuration, uint16 token ids, tokenizer throughput
- 11. Proof: meta-device parameter counts, FlopCounterMode, tensors saved for backward
- 12. Printing and the command line
+    python accounting.py                    # every answer, section by section
+    python accounting.py --section adamw    # one section
+    python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
+
+Each section states its formulas and then prints its answers, in the order of the lecture
+and then the handout:
+  1. FLOPs, hardware and MFU: the definitions train.py and kernels.py import
+  2. Lecture 2, motivating questions: days to train 70B on 15T tokens; largest model on 8 H100s
+  3. Lecture 2, memory of tensors: bytes per dtype, torch.finfo, the 1e-8 underflow
+  4. Lecture 2, compute: the linear model, forward 2x / backward 4x / step 6x, a week of 8 H100s
+  5. Lecture 2, arithmetic intensity and the roofline
+  6. Lecture 2, memory of a training step: deep network, gradient accumulation, checkpointing
+  7. Assignment 1, transformer_accounting: parameters and FLOPs of TransformerLM, GPT-2 XL
+  8. Assignment 1, adamwAccounting: peak memory, a*batch + b, AdamW FLOPs, days on one A100
+  9. Assignment 1, the TinyStories model and its token budget
+ 10. Assignment 1, token ids as uint16 and tokenizer throughput
+ 11. Where the course notes are wrong: every correction in one place, with its cause
+ 12. Proof: meta-device parameter counts, FlopCounterMode, tensors saved for backward
+ 13. Command line
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs
 2*m*n*p). "Forward FLOPs" count matmuls only. Causal attention's QK^T and AV are counted over
@@ -23,22 +28,50 @@ the full T x T square, as torch.utils.flop_counter.FlopCounterMode counts a mask
 (the masked half is computed and then thrown away). GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
+import argparse
+import functools
 import math
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import bpe
+import model
+
+try:  # Python's own documentation text: the tokenizer-throughput corpus every CPython ships
+    from pydoc_data.topics import topics as PYDOC_TOPICS
+except ImportError:  # some distributions leave pydoc_data out; then throughput is not measured
+    PYDOC_TOPICS = None
 
 GB, GiB = 1e9, 2**30
 SECONDS_PER_DAY = 60 * 60 * 24
 
-# ---------------------------------------------------------------------------------------------
-# 1. Units, hardware and MFU
-# ---------------------------------------------------------------------------------------------
 
-# Published dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's datasheets. The datasheets'
-# headline tensor-core numbers (1979 TFLOP/s bf16 for the H100 SXM) assume 2:4 sparsity:
-# dense is half of that. "fp32" is the plain CUDA-core rate; "tf32" is fp32 matmuls on tensor
-# cores, what torch uses when torch.get_float32_matmul_precision() is "high" or "medium".
+def _q(text):
+    print(f"\nQ: {text}")
+
+
+def _a(text):
+    print(f"   {text}")
+
+
+def _gb(n):
+    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. FLOPs, hardware and MFU
+
+# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's whitepapers. This table is the one home
+# of these numbers: train.py's MFU and kernels.py's roofline import it. The datasheets'
+# headline tensor-core figures assume 2:4 sparsity and are twice these. The H100 SXM's bf16:
+# 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12; the datasheet prints
+# the sparse 1978.9e12 rounded to 1979, and the lecture halves that rounded figure (989.5e12).
+# "fp32" is the plain CUDA-core rate; "tf32" is fp32 matmuls on tensor cores, what torch uses
+# when torch.get_float32_matmul_precision() is "high" or "medium".
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
@@ -47,24 +80,45 @@ PEAK_FLOPS = {
 H100_BYTES_PER_SEC = 3.35e12  # H100 SXM HBM3 memory bandwidth
 H100_MEMORY_BYTES = 80e9  # "80 GB" of HBM per H100
 
+# Kaplan et al. (2020) and Hoffmann et al. (2022): the backward pass costs twice the forward
+# (one matmul for the gradient w.r.t. the input, one w.r.t. the weight), so a step is 3x.
+BACKWARD_PER_FORWARD = 2
+
+
+def training_step_flops(forward_flops):
+    """FLOPs of forward + backward = (1 + 2) x forward. The one place the 3 (or 6 = 3 x 2) lives."""
+    return (1 + BACKWARD_PER_FORWARD) * forward_flops
+
+
+def training_flops(num_params, num_tokens):
+    """The 6 N D rule: a dense forward does one multiply and one add per parameter per token
+    (2 N D), and a training step is training_step_flops of that."""
+    return training_step_flops(2 * num_params * num_tokens)
+
+
+def days_to_train(total_flops, num_gpus, peak, mfu_fraction):
+    """days = FLOPs / (GPUs x peak FLOP/s x MFU x 86400 s/day)."""
+    return total_flops / (num_gpus * peak * mfu_fraction * SECONDS_PER_DAY)
+
+
+def mfu(flops, seconds, peak):
+    """Model FLOPs utilization = achieved FLOP/s / peak FLOP/s (the useful FLOPs only)."""
+    return flops / seconds / peak
+
 
 def gpu_peak_key(device_name):
     """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None."""
     name = device_name.upper()
-    if "H100" in name and "PCIE" in name:
-        return "H100 PCIe"
     if "H100" in name and "NVL" in name:
         return None  # a different card (two dies, other clocks): no row, no guess
-    if "H100" in name or "H200" in name:
+    if "H100" in name:
+        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
+    if "H200" in name:
         return "H100 SXM"  # the H200 has the H100 SXM's compute with more, faster memory
-    if "A100" in name:
-        return "A100"
-    return None
+    return "A100" if "A100" in name else None
 
 
-_measured_cpu_peak = {}  # dtype -> FLOP/s, measured once per process
-
-
+@functools.cache  # measured once per process and dtype
 def measure_matmul_flops(dtype=torch.float32, n=1024, seconds=0.5):
     """Best FLOP/s of an (n, n) @ (n, n) matmul on the CPU, over about `seconds` of repeats."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
@@ -82,8 +136,8 @@ def peak_flops(device, dtype):
 
     CUDA: the published dense figure for the card (PEAK_FLOPS). CPU: there is no datasheet
     figure that means anything for a shared dev box, so we measure the best rate of a square
-    float matmul in that dtype (about half a second, once per process): MFU on CPU is
-    "fraction of what torch's own matmul reaches here", not of a vendor number.
+    matmul in that dtype (once per process): MFU on CPU is "fraction of what torch's own
+    matmul reaches here", not of a vendor number.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -95,116 +149,45 @@ def peak_flops(device, dtype):
             return PEAK_FLOPS[key]["tf32" if tf32 else "fp32"]
         return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
     if device.type == "cpu":
-        if dtype not in _measured_cpu_peak:
-            _measured_cpu_peak[dtype] = measure_matmul_flops(dtype)
-        return _measured_cpu_peak[dtype]
+        return measure_matmul_flops(dtype)
     return None
 
 
-def mfu(flops, seconds, peak):
-    """Model FLOPs utilization = achieved FLOP/s / peak FLOP/s (the useful FLOPs only)."""
-    return flops / seconds / peak
-
-
 # ---------------------------------------------------------------------------------------------
-# 2. Transformer LM formulas (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU, untied head)
-# ---------------------------------------------------------------------------------------------
-
-# Kaplan et al. (2020) and Hoffmann et al. (2022): the backward pass costs twice the forward
-# (one matmul for the gradient w.r.t. the input, one w.r.t. the weight), so a step is 3x.
-BACKWARD_PER_FORWARD = 2
-
-
-def training_step_flops(forward_flops):
-    """FLOPs of forward + backward = (1 + 2) x forward. The one place the 3 (or 6 = 3 x 2) lives."""
-    return (1 + BACKWARD_PER_FORWARD) * forward_flops
-
-
-def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no_norm=False,
-                    tie_embeddings=False):
-    """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed).
-
-    token_embeddings V*d | attn 4*d^2 per layer (q, k, v, output) | ffn 3*d*d_ff per layer
-    (w1, w2, w3; 2 without the gate) | norms d per RMSNorm, 2 per layer + ln_final | lm_head V*d.
-    """
-    d, L, V = d_model, num_layers, vocab_size
-    return {
-        "token_embeddings": V * d,
-        "attn": L * 4 * d * d,
-        "ffn": L * (2 if silu_ffn else 3) * d * d_ff,
-        "norms": 0 if no_norm else (2 * L + 1) * d,
-        "lm_head": 0 if tie_embeddings else V * d,
-    }
-
-
-def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers, d_ff,
-                                  silu_ffn=False):
-    """Matmul FLOPs of one sequence of T = context_length tokens through TransformerLM.
-
-    Per layer: q, k, v projections 3 * 2*T*d*d | QK^T: h heads of (T, d_k) @ (d_k, T) =
-    2*T*T*d | AV: h heads of (T, T) @ (T, d_k) = 2*T*T*d | output projection 2*T*d*d |
-    w1, w3, w2: 2*T*d*d_ff each. Once: lm_head 2*T*d*V. num_heads cancels (h * d_k = d).
-    """
-    T, d, L, V = context_length, d_model, num_layers, vocab_size
-    flops = {
-        "attn q,k,v proj": L * 3 * 2 * T * d * d,
-        "attn QK^T": L * 2 * T * T * d,
-        "attn AV": L * 2 * T * T * d,
-        "attn output proj": L * 2 * T * d * d,
-        "ffn w1": L * 2 * T * d * d_ff,
-        "ffn w3": 0 if silu_ffn else L * 2 * T * d * d_ff,
-        "ffn w2": L * 2 * T * d_ff * d,
-        "lm_head": 2 * T * d * V,
-    }
-    return flops
-
-
-def lm_forward_flops(vocab_size, context_length, d_model, num_layers, d_ff, silu_ffn=False):
-    """Forward matmul FLOPs of one sequence of context_length tokens (see the components above)."""
-    return sum(lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers,
-                                             d_ff, silu_ffn).values())
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. Lecture 2, motivating questions
-# ---------------------------------------------------------------------------------------------
-
-def dense_forward_flops(num_params, num_tokens):
-    """Forward pass of a dense model: each parameter does one multiply and one add per token."""
-    return 2 * num_params * num_tokens
-
-
-def training_flops(num_params, num_tokens):
-    """The 6 N D rule: training_step_flops(2 N D)."""
-    return training_step_flops(dense_forward_flops(num_params, num_tokens))
-
-
-def days_to_train(total_flops, num_gpus, peak, mfu_fraction):
-    """days = FLOPs / (GPUs x peak FLOP/s x MFU x 86400 s/day)."""
-    return total_flops / (num_gpus * peak * mfu_fraction * SECONDS_PER_DAY)
-
+# 2. Lecture 2, motivating questions
 
 # Bytes of training state per parameter with AdamW (activations come on top).
 ADAMW_BYTES_PER_PARAM = {
     "fp32 everywhere (naive)": {"params fp32": 4, "grads fp32": 4, "m fp32": 4, "v fp32": 4},
-    "autocast (fp32 weights, bf16 matmuls)": {"params fp32": 4, "grads fp32": 4, "m fp32": 4,
-                                              "v fp32": 4},
-    "bf16 weights + fp32 master copy": {"params bf16": 2, "grads bf16": 2, "master fp32": 4,
-                                        "m fp32": 4, "v fp32": 4},
+    "autocast (fp32 weights, bf16 matmuls)": {"params fp32": 4, "grads fp32": 4, "m fp32": 4, "v fp32": 4},
+    "bf16 weights + fp32 master copy": {"params bf16": 2, "grads bf16": 2, "master fp32": 4, "m fp32": 4, "v fp32": 4},
     "bf16 weights, no master copy": {"params bf16": 2, "grads bf16": 2, "m fp32": 4, "v fp32": 4},
 }
 
 
-def largest_model(memory_bytes, bytes_per_param):
-    """Parameters that fit when memory holds only the training state: memory / bytes per param."""
-    return memory_bytes / bytes_per_param
+def section_motivation():
+    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
+    _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?")
+    flops = training_flops(70e9, 15e12)
+    per_day = 1024 * h100 * 0.5 * SECONDS_PER_DAY
+    _a(f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}")
+    _a(f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs")
+    _a(f"days = {flops:.3e} / {per_day:.3e} = {days_to_train(flops, 1024, h100, 0.5):.1f} days")
+    _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
+    for name, parts in ADAMW_BYTES_PER_PARAM.items():
+        bpp = sum(parts.values())
+        spelled = " + ".join(f"{v} ({k})" for k, v in parts.items())
+        _a(f"{name}: {spelled} = {bpp} B/param -> 8 x 80e9 / {bpp} = "  # memory / bytes per param
+           f"{8 * H100_MEMORY_BYTES / bpp / 1e9:.1f}B params")
+    _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an")
+    _a("update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Lecture 2, memory of tensors
-# ---------------------------------------------------------------------------------------------
+# 3. Lecture 2, memory of tensors
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+GPT3_FF_SHAPE = (4 * 12288, 12288)  # GPT-3's feed-forward matrix: d_ff = 4 d_model, d_model 12288
 
 
 def tensor_bytes(shape, dtype):
@@ -217,9 +200,26 @@ def stored_value(x, dtype):
     return torch.tensor(x, dtype=torch.float32).to(dtype).float().item()
 
 
+def section_tensors():
+    _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)")
+    ff = GPT3_FF_SHAPE
+    _a(f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes")
+    for dt in DTYPES:
+        _a(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
+           f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}")
+    _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?")
+    _a(f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
+    for dt in DTYPES:
+        fi = torch.finfo(dt)
+        _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
+    sub16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps  # 2^-24
+    _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {sub16:.3g}; below half of it rounds to 0): "
+       "gradients this small vanish.")
+    _a(f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
+
+
 # ---------------------------------------------------------------------------------------------
-# 5. Lecture 2, compute
-# ---------------------------------------------------------------------------------------------
+# 4. Lecture 2, compute
 
 def matmul_flops(m, n, p):
     """(m, n) @ (n, p): m*p dot products of length n, n multiplies + n adds each = 2 m n p."""
@@ -233,33 +233,36 @@ def two_layer_flops(B, D, K):
     return forward, BACKWARD_PER_FORWARD * forward
 
 
+def section_compute():
+    _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?")
+    B, D, K = 16384, 32768, 8192
+    _a(f"2 B D K = 2 x {B} x {D} x {K} = {matmul_flops(B, D, K):.4e} FLOPs")
+    _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?")
+    fwd, bwd = two_layer_flops(B, D, K)
+    _a(f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params")
+    _a(f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}")
+    _a(f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
+    _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?")
+    _a(f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
+    _q("FLOPs of 8 H100s for a week?")
+    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    _a(f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * SECONDS_PER_DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)")
+    _a("MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:")
+    for card, row in PEAK_FLOPS.items():
+        _a(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()))
+
+
 # ---------------------------------------------------------------------------------------------
-# 6. Lecture 2, arithmetic intensity and the roofline (bf16: 2 bytes per value)
-# ---------------------------------------------------------------------------------------------
+# 5. Lecture 2, arithmetic intensity and the roofline (bf16: 2 bytes per value)
 
-def relu_cost(n, b=2):
-    """(FLOPs, bytes): one comparison per element; read x, write y."""
-    return n, 2 * b * n
-
-
-def gelu_cost(n, b=2):
-    """(FLOPs, bytes): the lecture's ~20 FLOPs per element for the tanh approximation."""
-    return 20 * n, 2 * b * n
-
-
-def dot_cost(n, b=2):
-    """(FLOPs, bytes): n multiplies + n-1 adds; read x and w, write one number."""
-    return 2 * n - 1, b * (2 * n + 1)
-
-
-def matvec_cost(n, b=2):
-    """(FLOPs, bytes): n dot products of length n; read x (n) and W (n^2), write y (n)."""
-    return n * (2 * n - 1), b * (n * n + 2 * n)
-
-
-def matmul_cost(n, b=2):
-    """(FLOPs, bytes): n^2 dot products of length n; read X and W, write Y (n^2 each)."""
-    return n * n * (2 * n - 1), b * 3 * n * n
+# (FLOPs, bytes moved) of each operation on vectors of n values (matrices n x n), b bytes each:
+ROOFLINE_COSTS = {
+    "ReLU": lambda n, b=2: (n, 2 * b * n),  # one comparison per element; read x, write y
+    "GELU": lambda n, b=2: (20 * n, 2 * b * n),  # the lecture's ~20 FLOPs per element (tanh form)
+    "dot product": lambda n, b=2: (2 * n - 1, b * (2 * n + 1)),  # n mul + n-1 add; read x, w; write 1
+    "matrix-vector": lambda n, b=2: (n * (2 * n - 1), b * (n * n + 2 * n)),  # n dots; read W, x; write y
+    "matrix-matrix": lambda n, b=2: (n * n * (2 * n - 1), b * 3 * n * n),  # n^2 dots; read X, W; write Y
+}
 
 
 def accelerator_intensity(peak, bytes_per_sec):
@@ -272,9 +275,23 @@ def roofline_mfu(intensity, accel_intensity):
     return min(1.0, intensity / accel_intensity)
 
 
+def section_intensity():
+    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    acc = accelerator_intensity(peak, H100_BYTES_PER_SEC)
+    _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?")
+    _a(f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
+    n = 4096
+    for name, cost in ROOFLINE_COSTS.items():
+        f, b = cost(n)
+        ai = f / b
+        _a(f"{name:<14} n={n}: {f:.4g} FLOPs / {b:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
+           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f}"
+           f" ({'compute' if ai >= acc else 'memory'}-bound)")
+    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {acc:.0f} = {3 * acc:.0f}")
+
+
 # ---------------------------------------------------------------------------------------------
-# 7. Lecture 2, memory of a training step
-# ---------------------------------------------------------------------------------------------
+# 6. Lecture 2, memory of a training step
 
 def deep_network_memory(B, D, L, optimizer_states_per_param, bytes_per_value=4):
     """The lecture's DeepNetwork (L blocks of D x D Linear + ReLU), in bytes:
@@ -307,10 +324,90 @@ def checkpointing(L, every):
     return math.ceil(L / every) + 2 * every, L
 
 
-# ---------------------------------------------------------------------------------------------
-# 8. Assignment 1, transformer_accounting
-# ---------------------------------------------------------------------------------------------
+GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
 
+
+def section_memory():
+    B, D, L = 2, 4, 3
+    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
+    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):
+        m = deep_network_memory(B, D, L, k)
+        _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
+    _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    batch, micro, D, L = GRAD_ACCUMULATION.values()
+    steps, full, small = grad_accumulation(**GRAD_ACCUMULATION)
+    _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?")
+    _a(f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
+       f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
+    for L in (9, 16):
+        _q(f"Activation checkpointing, L={L} blocks (held activations, recomputed block forwards)?")
+        for label, every in (("no checkpointing", 0), ("checkpoint every layer", 1),
+                             (f"every sqrt(L) = {math.isqrt(L)} layers", math.isqrt(L)), ("store nothing", None)):
+            held, redo = checkpointing(L, every)
+            _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
+        _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Assignment 1, transformer_accounting (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU,
+#    untied head). context_length and num_heads change no parameter count, and num_heads no
+#    FLOP count (h heads of d_k = d / h), but the functions accept them so that a whole model
+#    config can be passed as **cfg.
+
+def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no_norm=False,
+                    tie_embeddings=False, context_length=None, num_heads=None):
+    """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed).
+
+    token_embeddings V*d | attn 4*d^2 per layer (q, k, v, output) | ffn 3*d*d_ff per layer
+    (w1, w2, w3; 2 without the gate) | norms d per RMSNorm, 2 per layer + ln_final | lm_head V*d.
+    """
+    d, L, V = d_model, num_layers, vocab_size
+    return {
+        "token_embeddings": V * d,
+        "attn": L * 4 * d * d,
+        "ffn": L * (2 if silu_ffn else 3) * d * d_ff,
+        "norms": 0 if no_norm else (2 * L + 1) * d,
+        "lm_head": 0 if tie_embeddings else V * d,
+    }
+
+
+def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers, d_ff,
+                                  silu_ffn=False, num_heads=None):
+    """Matmul FLOPs of one sequence of T = context_length tokens through TransformerLM.
+
+    Per layer: q, k, v projections 3 * 2*T*d*d | QK^T: h heads of (T, d_k) @ (d_k, T) =
+    2*T*T*d | AV: h heads of (T, T) @ (T, d_k) = 2*T*T*d | output projection 2*T*d*d |
+    w1, w3, w2: 2*T*d*d_ff each. Once: lm_head 2*T*d*V. num_heads cancels (h * d_k = d).
+    """
+    T, d, L, V = context_length, d_model, num_layers, vocab_size
+    return {
+        "attn q,k,v proj": L * 3 * 2 * T * d * d,
+        "attn QK^T": L * 2 * T * T * d,
+        "attn AV": L * 2 * T * T * d,
+        "attn output proj": L * 2 * T * d * d,
+        "ffn w1": L * 2 * T * d * d_ff,
+        "ffn w3": 0 if silu_ffn else L * 2 * T * d * d_ff,
+        "ffn w2": L * 2 * T * d_ff * d,
+        "lm_head": 2 * T * d * V,
+    }
+
+
+def lm_forward_flops(vocab_size, context_length, d_model, num_layers, d_ff, silu_ffn=False,
+                     num_heads=None):
+    """Forward matmul FLOPs of one sequence of context_length tokens: the components above, summed."""
+    return sum(lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers,
+                                             d_ff, silu_ffn).values())
+
+
+def formula_forward_flops(cfg, silu_ffn=False):
+    """lm_forward_flops_by_component grouped as FlopCounterMode can see it (QK^T and AV share
+    a module and an op, so they are compared together; they are equal by symmetry)."""
+    f = lm_forward_flops_by_component(**cfg, silu_ffn=silu_ffn)
+    f["attn QK^T + AV"] = f.pop("attn QK^T") + f.pop("attn AV")
+    return f
+
+
+_SHAPE_ARGS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
 GPT2_VOCAB, GPT2_CONTEXT = 50_257, 1_024
 GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
                "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
@@ -323,20 +420,56 @@ def gpt2_config(name, context_length=GPT2_CONTEXT):
                 num_heads=h, d_ff=4 * d)
 
 
-def lm_num_params(cfg, **ablations):
-    return sum(lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], cfg["d_ff"],
-                               **ablations).values())
+def _shape(cfg):
+    """'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a TransformerLM config dict."""
+    return ", ".join(f"{k}={cfg[n]}" for k, n in zip(("V", "T", "d", "L", "h", "d_ff"), _SHAPE_ARGS))
 
 
-def lm_flops_of(cfg, silu_ffn=False):
-    """lm_forward_flops_by_component for a config dict."""
-    return lm_forward_flops_by_component(cfg["vocab_size"], cfg["context_length"], cfg["d_model"],
-                                         cfg["num_layers"], cfg["d_ff"], silu_ffn)
+MATMUL_SHAPES = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h x (T, d_k) @ (d_k, T), x L",
+                 "attn AV": "h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
+                 "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
+                 "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
+# The components grouped for the share table: (d, e) of transformer_accounting.
+SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
+                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
+                "lm_head": ("lm_head",)}
+
+
+def section_transformer():
+    xl = gpt2_config("XL")
+    counts = lm_param_counts(**xl)
+    P = sum(counts.values())
+    _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?")
+    _a("V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)")
+    _a(" + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}")
+    _a(f"fp32: 4 x {P:,} = {_gb(4 * P)}")
+    _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?")
+    flops = lm_forward_flops_by_component(**xl)
+    total = sum(flops.values())
+    for k, v in flops.items():
+        _a(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {100 * v / total:5.2f}%")
+    _a(f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
+    _q("(c) Which parts need the most FLOPs?")
+    ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
+    _a(f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections "
+       f"{100 * (flops['attn q,k,v proj'] + flops['attn output proj']) / total:.1f}%")
+    _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384")
+    cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
+    table = {n: formula_forward_flops(c) for n, c in cols}
+    _a(f"{'component':<18}" + "".join(f"{n:>10}" for n, _ in cols))
+    for g, keys in SHARE_GROUPS.items():
+        _a(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values()))
+    _a(f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()))
+    _a("bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention")
+    _a("core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
+    t1, t16 = sum(table["XL"].values()), sum(table["XL@16K"].values())
+    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);")
+    _a(f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> "
+       f"{100 * table['XL@16K']['attn QK^T + AV'] / t16:.1f}%")
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. Assignment 1, adamwAccounting (float32 everywhere, d_ff = 4 d_model)
-# ---------------------------------------------------------------------------------------------
+# 8. Assignment 1, adamwAccounting (float32 everywhere, d_ff = 4 d_model)
 
 def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers):
     """Activations as the handout lists them, one tensor per item, d_ff = 4d:
@@ -348,10 +481,30 @@ def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers
     return L * (16 * B * T * d + 2 * B * h * T * T) + B * T * d + 2 * B * T * V
 
 
+def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
+    """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference
+    path, training mode), from token ids up to the logits (the logits are the output, not saved).
+
+    With N = B*T, d_k = d_model / h, per layer:
+      10 N d:  ln1 input, x*inv_rms, ln1 output (input of q/k/v proj), rotated q and k,
+               v made contiguous for AV, heads concatenated (output_proj input), residual z,
+               z*inv_rms, ln2 output (input of w1/w3)
+       5 N d_ff: w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
+       2 N:      inv_rms of ln1 and ln2
+       3 B h T^2: masked scores (for the max), exp(scores - max), probabilities
+       2 B h T:  row max and row sum of the softmax
+       2 T d_k:  RoPE cos and sin gathered for q and for k (T x d_k/2 each)
+       T^2 bytes: the causal mask (bool)
+    then ln_final: 3 N d + N, and the int64 token ids: 8 N bytes.
+    """
+    N, d, h, L = B * T, d_model, num_heads, num_layers
+    per_layer = 10 * N * d + 5 * N * d_ff + 2 * N + 3 * B * h * T * T + 2 * B * h * T + 2 * T * (d // h)
+    return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
+
+
 def adamw_memory(B, vocab_size, context_length, num_layers, d_model, num_heads):
     """Peak bytes of an AdamW step in float32: params 4P, grads 4P, m and v 8P, activations 4A."""
-    P = lm_num_params(dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers,
-                           d_ff=4 * d_model))
+    P = sum(lm_param_counts(vocab_size, d_model, num_layers, 4 * d_model).values())
     A = handout_activation_elements(B, context_length, d_model, num_heads, vocab_size, num_layers)
     return {"parameters": 4 * P, "gradients": 4 * P, "optimizer state": 8 * P, "activations": 4 * A}
 
@@ -369,7 +522,7 @@ def max_batch(a, b, memory_bytes):
 
 
 # FLOPs per parameter of one AdamW step (the handout's Algorithm 1; scalars like the
-# bias-corrected alpha_t are computed once per step, not per parameter):
+# bias-corrected alpha_t are computed once per step, not per parameter; no matmul anywhere):
 ADAMW_FLOPS_PER_PARAM = {
     "m = b1 m + (1 - b1) g": 3,  # 2 multiplies, 1 add
     "v = b2 v + (1 - b2) g^2": 4,  # g*g, 2 multiplies, 1 add
@@ -378,29 +531,80 @@ ADAMW_FLOPS_PER_PARAM = {
 }
 
 
-def adamw_step_flops(num_params):
-    """One AdamW update: 14 FLOPs per parameter, elementwise (no matmul anywhere)."""
-    return sum(ADAMW_FLOPS_PER_PARAM.values()) * num_params
-
-
 def lm_training_days(cfg, batch_size, steps, peak, mfu_fraction):
-    """days = steps x 3 x batch x forward FLOPs per sequence / (peak x MFU x 86400)."""
-    step = training_step_flops(batch_size * lm_forward_flops(**_flops_args(cfg)))
+    """(days, FLOPs per step): days = steps x 3 x batch x forward FLOPs / (peak x MFU x 86400)."""
+    step = training_step_flops(batch_size * lm_forward_flops(**cfg))
     return days_to_train(steps * step, 1, peak, mfu_fraction), step
 
 
-def _flops_args(cfg):
-    return {k: cfg[k] for k in ("vocab_size", "context_length", "d_model", "num_layers", "d_ff")}
+XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], mfu_fraction=0.5)  # (d)
+
+
+def section_adamw():
+    xl = gpt2_config("XL")
+    _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?")
+    _a("P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)")
+    _a("parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with")
+    _a("A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
+    _a("total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
+    a, b = adamw_memory_line(xl)
+    _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?")
+    _a(f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
+    _a(f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}")
+    _a(f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}")
+    kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
+    _a(f"(model.py's autograd actually keeps {kept / GB:.1f} GB per sequence up to the logits; see --verify)")
+    _q("(c) FLOPs of one AdamW step?")
+    P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
+    _a(" + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {per} P")
+    _a(f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
+    batch, steps, a100, m = XL_RUN.values()
+    _q(f"(d) Days to train GPT-2 XL, {steps // 1000}K steps of batch {batch}, on one A100 "
+       f"({a100 / 1e12:g}e12 fp32) at {m:.0%} MFU?")
+    days, step = lm_training_days(xl, **XL_RUN)
+    _a(f"step = 3 x {batch} x {lm_forward_flops(**xl):.4e} = {step:.4e} FLOPs (backward = 2 x forward)")
+    _a(f"days = {steps} x {step:.4e} / ({a100 / 1e12:g}e12 x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
-# 10. Assignment 1, TinyStories configuration, token ids, tokenizer throughput
-# ---------------------------------------------------------------------------------------------
+# 9. Assignment 1, the TinyStories model (the one home of its shape: train.py and bench.py
+#    import it) and its token budget
 
-TINYSTORIES = dict(vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16,
-                   d_ff=1_344)
+TINYSTORIES = dict(vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1_344)
 TINYSTORIES_TOKENS = 327_680_000  # batch size x steps x context length (handout, 1 H100)
-TINYSTORIES_TOKENS_CPU = 40_960_000  # the handout's CPU / MPS budget: 32 x 5000 x 256
+TINYSTORIES_H100_MINUTES = (30, 40)  # the handout's wall-clock time for that budget on one H100
+TINYSTORIES_CPU_RUN = (32, 5_000)  # the handout's CPU / MPS run: batch 32, 5000 steps
+TINYSTORIES_TOKENS_CPU = math.prod(TINYSTORIES_CPU_RUN) * TINYSTORIES["context_length"]
+
+
+def section_tinystories():
+    cfg, T = TINYSTORIES, TINYSTORIES["context_length"]
+    c = lm_param_counts(**cfg)
+    total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
+    _q(f"TinyStories model ({_shape(cfg)}): parameters?")
+    _a(" + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {total:,}")
+    _a(f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}")
+    _a("the handout's 'about 17M non-embedding parameters' is everything except the input embedding")
+    _a(f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
+    fwd = lm_forward_flops(**cfg)
+    _q(f"Token budget {TINYSTORIES_TOKENS:,} = batch x steps x context: what does it cost?")
+    seqs = TINYSTORIES_TOKENS // T
+    flops = training_step_flops(seqs * fwd)
+    _a(f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}")
+    _a(f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
+       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})")
+    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
+    lo, hi = TINYSTORIES_H100_MINUTES
+    _a(f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
+       f"MFU ~ {flops / h100 / (60 * (lo + hi) / 2):.1%} (small models are overhead-bound)")
+    batch, steps = TINYSTORIES_CPU_RUN
+    _a(f"CPU budget: {batch} x {steps} x {T} = {TINYSTORIES_TOKENS_CPU:,} tokens = "
+       f"{training_step_flops(TINYSTORIES_TOKENS_CPU // T * fwd):.3e} FLOPs")
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Assignment 1, token ids as uint16 and tokenizer throughput
+
 PILE_BYTES = 825e9
 
 
@@ -412,42 +616,103 @@ def smallest_uint(vocab_size):
     raise ValueError(f"vocab_size={vocab_size} does not fit in 64 bits")
 
 
-def measure_tokenizer_throughput(seconds=1.0):
-    """(bytes/s, note) of bpe.py's Tokenizer with the GPT-2 vocabulary, encoding fresh text of
-    the Shakespeare corpus for about `seconds` in one process. (None, reason) when bpe.py or
-    the files are missing: then nothing is estimated."""
-    from pathlib import Path
-    shared = Path(__file__).resolve().parent.parent / "shared"
-    files = [shared / "reference" / "gpt2_vocab.json", shared / "reference" / "gpt2_merges.txt",
-             shared / "data" / "shakespeare.txt"]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        return None, f"file {missing[0]} not found"
-    try:
-        import bpe
-        tok = bpe.Tokenizer.from_files(str(files[0]), str(files[1]), ["<|endoftext|>"])
-    except Exception as e:  # bpe.py absent or broken: say so, estimate nothing
-        return None, f"bpe.py unavailable ({type(e).__name__}: {e})"
-    with open(files[2], encoding="utf-8") as f:
-        text = f.read(8_000_000)
-    chunk = 50_000  # characters; the first chunk only warms up (numba compilation, caches)
-    tok.encode(text[:chunk])
-    n_bytes, pos, start = 0, chunk, time.perf_counter()
-    while pos < len(text) and time.perf_counter() - start < seconds:
-        piece = text[pos:pos + chunk]
-        tok.encode(piece)
-        n_bytes, pos = n_bytes + len(piece.encode("utf-8")), pos + chunk
-    return (n_bytes / (time.perf_counter() - start),
-            f"bpe.Tokenizer.encode with the GPT-2 vocab, {n_bytes:,} bytes of shakespeare.txt")
+def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
+    """(bytes/s, note) of bpe.Tokenizer.encode in one process, on Python's own documentation
+    (pydoc_data: every CPython has it, so a bare clone reproduces this). bpe.train_bpe learns
+    vocab_size - 256 merges from its first quarter (small enough for bpe.py's interpreted merge
+    loop: no numba compile), then encode runs over the rest, a fresh tokenizer (empty cache) per
+    pass, for about `seconds`. (None, reason) without pydoc_data: then nothing is estimated."""
+    if PYDOC_TOPICS is None:
+        return None, "pydoc_data (Python's documentation text) is not installed in this Python"
+    text = "".join(PYDOC_TOPICS[k] for k in sorted(PYDOC_TOPICS))
+    cut = len(text) // 4
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "train.txt"
+        path.write_text(text[:cut], encoding="utf-8")
+        vocab, merges = bpe.train_bpe(str(path), vocab_size, num_workers=1)
+    rest = text[cut:]
+    n_bytes, passes, elapsed = len(rest.encode("utf-8")), 0, 0.0
+    while passes == 0 or elapsed < seconds:
+        tok = bpe.Tokenizer(vocab, merges)
+        start = time.perf_counter()
+        tok.encode(rest)
+        elapsed, passes = elapsed + time.perf_counter() - start, passes + 1
+    return (passes * n_bytes / elapsed,
+            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_bpe on {cut:,} "
+            f"characters of Python's pydoc_data topics, encoding the other {n_bytes:,} bytes, "
+            f"{passes} passes with an empty cache")
+
+
+def section_tokenizer():
+    _q("Why store token ids as uint16?")
+    for v in (10_000, 32_000, GPT2_VOCAB):
+        _a(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> {smallest_uint(v)}, 2 bytes per token "
+           f"(half of int32, a quarter of torch's int64)")
+    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
+    bps, note = measure_tokenizer_throughput()
+    if bps is None:
+        _a(f"not measured: {note}")
+        return
+    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)")
+    _a(f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / SECONDS_PER_DAY:.2f} days")
 
 
 # ---------------------------------------------------------------------------------------------
-# 11. Proof: every formula above against the real model.TransformerLM
+# 11. Where the course notes are wrong: the notes (../shared/reference/seeds, files 000-004)
+#     and the lecture, each published figure against the formulas above, with its cause
+
+def notes_corrections():
+    """[(question, published, verified, cause)], in the order of the sections above."""
+    h100, bpp16 = PEAK_FLOPS["H100 SXM"]["bf16"], sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
+    ff, square = tensor_bytes(GPT3_FF_SHAPE, torch.float32), tensor_bytes((12288, 12288), torch.float32)
+    xl, xl16 = formula_forward_flops(gpt2_config("XL")), formula_forward_flops(gpt2_config("XL", 16_384))
+    t1, t16 = sum(xl.values()), sum(xl16.values())
+    attn16 = sum(xl16[k] for k in SHARE_GROUPS["attn projections"] + SHARE_GROUPS["attn QK^T + AV"])
+    g = GRAD_ACCUMULATION
+    q70b, qxl, qadamw = "motivation: 70B on 15T tokens; 8 H100s", "transformer: GPT-2 XL", "adamw: GPT-2 XL"
+    return [
+        (q70b, "4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e}",
+         "a factor-1000 slip in the notes' text; their 144 days is right"),
+        (q70b, "143.927 days (lecture)", f"{days_to_train(training_flops(70e9, 15e12), 1024, h100, 0.5):.3f}",
+         "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; PEAK_FLOPS has NVIDIA's 989.4e12"),
+        (q70b, "12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
+         f"{bpp16} B/param, {8 * H100_MEMORY_BYTES / bpp16 / 1e9:.0f}B params",
+         "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))"),
+        ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
+         f"{_gb(ff)} (= {ff / 2**20:.0f} MiB)",
+         f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
+        ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)",
+         f"batch {g['batch']} in micro-batches of {g['micro_batch']}", "a micro-batch cannot exceed the batch"),
+        (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)",
+         f"{t1 / 1e12:.3f} TFLOPs, {100 * xl['attn QK^T + AV'] / 2 / t1:.2f}% each",
+         f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {GPT2_SHAPES['XL'][2]} times too small)"),
+        (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
+         f"{t16 / 1e12:.1f} TFLOPs ({t16 / t1:.1f}x), attention {100 * attn16 / t16:.1f}%",
+         "the same single-head QK^T and AV count"),
+        (qadamw, "10 P (notes 003)", f"{sum(ADAMW_FLOPS_PER_PARAM.values())} P",
+         "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
+         "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),
+        (qadamw, "6354 days (notes 003)", f"{lm_training_days(gpt2_config('XL'), **XL_RUN)[0]:,.0f}",
+         "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls"),
+        ("tokenizer: the Pile", "16.4 days at 626,519.6 B/s (notes 003)",
+         f"{PILE_BYTES / 626_519.6 / SECONDS_PER_DAY:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
+    ]
+
+
+def section_corrections():
+    last = None
+    for question, published, verified, cause in notes_corrections():
+        if question != last:
+            _q(question)
+        print(f"   ! published {published}, verified {verified}: {cause}")
+        last = question
+
+
 # ---------------------------------------------------------------------------------------------
+# 12. Proof: every formula above against the real model.TransformerLM
 
 def meta_lm(cfg, **ablations):
     """model.TransformerLM built on the meta device: shapes only, no memory, no init time."""
-    import model
     return model.TransformerLM(**cfg, device="meta", **ablations)
 
 
@@ -460,61 +725,24 @@ def measured_param_counts(lm):
     return counts
 
 
+# FlopCounterMode counts per module path; the last name of a path says which component it is.
+# QK^T and AV run inside the attention module itself: its count minus its projections.
+_COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_proj": "attn q,k,v proj",
+                 "output_proj": "attn output proj", "attn": "attn QK^T + AV", "w1": "ffn w1",
+                 "w3": "ffn w3", "w2": "ffn w2", "lm_head": "lm_head"}
+
+
 def measured_forward_flops(lm, T):
     """FlopCounterMode's matmul FLOPs of a meta-device forward of one sequence, per component."""
-    from torch.utils.flop_counter import FlopCounterMode
-    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
-        lm(ids)
-    by_module = {path: sum(ops.values()) for path, ops in counter.get_flop_counts().items()}
-    parts = dict.fromkeys(("attn q,k,v proj", "attn output proj", "attn QK^T + AV", "ffn w1",
-                           "ffn w3", "ffn w2", "lm_head"), 0)
-    attn_total = 0
-    for path, n in by_module.items():
-        names = path.split(".")
-        if "layers" not in names and names[-1] != "lm_head":
-            continue  # the root and "Global" repeat their children's counts
-        if names[-1] in ("q_proj", "k_proj", "v_proj"):
-            parts["attn q,k,v proj"] += n
-        elif names[-1] == "output_proj":
-            parts["attn output proj"] += n
-        elif names[-2:-1] == ["ffn"]:
-            parts["ffn " + names[-1]] += n
-        elif names[-1] == "attn":
-            attn_total += n
-        elif names[-1] == "lm_head":
-            parts["lm_head"] += n
-    parts["attn QK^T + AV"] = attn_total - parts["attn q,k,v proj"] - parts["attn output proj"]
+        lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
+    parts = dict.fromkeys(_COMPONENT_OF.values(), 0)
+    for path, ops in counter.get_flop_counts().items():  # the root, "Global", a block, an ffn:
+        name = path.split(".")[-1]                        # sums of their children, skipped
+        if name in _COMPONENT_OF:
+            parts[_COMPONENT_OF[name]] += sum(ops.values())
+    parts["attn QK^T + AV"] -= parts["attn q,k,v proj"] + parts["attn output proj"]
     return parts, counter.get_total_flops()
-
-
-def formula_forward_flops(cfg, silu_ffn=False):
-    """lm_forward_flops_by_component grouped as FlopCounterMode can see it (QK^T and AV share
-    a module and an op, so they are compared together; they are equal by symmetry)."""
-    f = dict(lm_flops_of(cfg, silu_ffn))
-    f["attn QK^T + AV"] = f.pop("attn QK^T") + f.pop("attn AV")
-    return f
-
-
-def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
-    """Bytes autograd keeps after a float32 forward of model.TransformerLM (reference path,
-    training mode), from token ids up to the logits (the logits are the output, not saved).
-
-    With N = B*T, d_k = d_model / h, per layer:
-      10 N d:  ln1 input, x*inv_rms, ln1 output (input of q/k/v proj), rotated q and k,
-               v made contiguous for AV, heads concatenated (output_proj input), residual z,
-               z*inv_rms, ln2 output (input of w1/w3)
-       5 N d_ff: w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
-       2 N:      inv_rms of ln1 and ln2
-       3 B h T^2: masked scores (for the max), exp(scores - max), probabilities
-       2 B h T:  row max and row sum of the softmax
-       2 T d_k:  RoPE cos and sin gathered for q and for k (T x d_k/2 each)
-       T^2 bytes: the causal mask (bool)
-    then ln_final: 3 N d + N, and the int64 token ids: 8 N bytes.
-    """
-    N, d, h, L = B * T, d_model, num_heads, num_layers
-    per_layer = 10 * N * d + 5 * N * d_ff + 2 * N + 3 * B * h * T * T + 2 * B * h * T + 2 * T * (d // h)
-    return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
 
 
 def measured_saved_bytes(lm, token_ids):
@@ -548,32 +776,27 @@ VERIFY_CONFIGS = {  # name -> (config, ablations)
 
 def verification_checks(quick=False):
     """Yield (what, formula, measured) triples. quick skips the 16K-context and fast-path runs."""
-    import model
     for name, (cfg, abl) in VERIFY_CONFIGS.items():
         if quick and "16384" in name:
             continue
         lm = meta_lm(cfg, **abl)
-        form = lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], cfg["d_ff"], **abl)
-        meas = measured_param_counts(lm)
+        form, meas = lm_param_counts(**cfg, **abl), measured_param_counts(lm)
         for part in form:
             yield f"params  {name}: {part}", form[part], meas[part]
-        f = formula_forward_flops(cfg, abl.get("silu_ffn", False))
-        m, total = measured_forward_flops(lm, cfg["context_length"])
-        for part in f:
-            yield f"FLOPs   {name}: {part}", f[part], m[part]
-        yield f"FLOPs   {name}: total", sum(f.values()), total
+        form = formula_forward_flops(cfg, abl.get("silu_ffn", False))
+        meas, total = measured_forward_flops(lm, cfg["context_length"])
+        for part in form:
+            yield f"FLOPs   {name}: {part}", form[part], meas[part]
+        yield f"FLOPs   {name}: total", sum(form.values()), total
     if not quick:  # the fused path (torch's SDPA kernel) counts the same full T x T square
         cfg = gpt2_config("small")
         _, total = measured_forward_flops(meta_lm(cfg, fast=True), cfg["context_length"])
-        yield "FLOPs   GPT-2 small fast=True: total", lm_forward_flops(**_flops_args(cfg)), total
+        yield "FLOPs   GPT-2 small fast=True: total", lm_forward_flops(**cfg), total
     # forward + backward = 3 x forward, on a small real model on the CPU
-    from torch.utils.flop_counter import FlopCounterMode
     cfg = dict(vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
-    lm = model.TransformerLM(**cfg)
     with FlopCounterMode(display=False) as counter:
-        lm(torch.randint(0, 97, (2, 16))).sum().backward()
-    yield "FLOPs   small LM forward+backward (B=2)", training_step_flops(
-        2 * lm_forward_flops(**_flops_args(cfg))), counter.get_total_flops()
+        model.TransformerLM(**cfg)(torch.randint(0, 97, (2, 16))).sum().backward()
+    yield "FLOPs   small LM forward+backward (B=2)", training_step_flops(2 * lm_forward_flops(**cfg)), counter.get_total_flops()
     B, D, K = 8, 32, 16
     x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((B, D), (D, D), (D, K)))
     with FlopCounterMode(display=False) as fwd:
@@ -586,8 +809,7 @@ def verification_checks(quick=False):
     # activations: the bytes autograd saves, on small real models on the CPU
     for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:
         torch.manual_seed(0)
-        lm = model.TransformerLM(V, T, d, L, h, d_ff)
-        meas, _, _ = measured_saved_bytes(lm, torch.randint(0, V, (B, T)))
+        meas, _, _ = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
         yield (f"bytes   saved for backward B={B} T={T} d={d} h={h} d_ff={d_ff} L={L}",
                saved_activation_bytes(B, T, d, h, d_ff, L), meas)
 
@@ -597,7 +819,6 @@ def cuda_memory_check(B=4, cfg=None):
     and the peak (max_memory_allocated). None without CUDA. Each allocation rounds up to 512 B."""
     if not torch.cuda.is_available():
         return None
-    import model
     cfg = cfg or dict(vocab_size=1000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
     lm = model.TransformerLM(**cfg, device="cuda")
     ids = torch.randint(0, cfg["vocab_size"], (B, cfg["context_length"]), device="cuda")
@@ -613,254 +834,13 @@ def cuda_memory_check(B=4, cfg=None):
     return formula, retained, peak, 512 * (n_storages + 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# 12. Printing and the command line
-# ---------------------------------------------------------------------------------------------
-
-def _q(text):
-    print(f"\nQ: {text}")
-
-
-def _a(text):
-    print(f"   {text}")
-
-
-def _published(published, verified, cause):
-    print(f"   ! published {published}, verified {verified}: {cause}")
-
-
-def _gb(n):
-    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
-
-
-def section_motivation():
-    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
-    _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?")
-    flops = training_flops(70e9, 15e12)
-    days = days_to_train(flops, 1024, h100, 0.5)
-    _a(f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}")
-    _a(f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e} FLOPs")
-    _a(f"days = {flops:.3e} / {1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e} = {days:.1f} days")
-    _published("4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e}",
-               "a factor-1000 slip in the notes' text; their 144 days is right")
-    _published("143.927 days (lecture)", f"{days:.3f}", "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; "
-               "PEAK_FLOPS has NVIDIA's 989.4e12")
-    _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
-    mem = 8 * H100_MEMORY_BYTES
-    for name, parts in ADAMW_BYTES_PER_PARAM.items():
-        bpp = sum(parts.values())
-        spelled = " + ".join(f"{v} ({k})" for k, v in parts.items())
-        _a(f"{name}: {spelled} = {bpp} B/param -> 8 x 80e9 / {bpp} = {largest_model(mem, bpp) / 1e9:.1f}B params")
-    _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an")
-    _a("update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
-    bpp16 = sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
-    _published("12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
-               f"{bpp16} B/param, {largest_model(mem, bpp16) / 1e9:.0f}B params",
-               "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))")
-
-
-def section_tensors():
-    _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)")
-    ff = (4 * 12288, 12288)  # GPT-3: d_model 12288, d_ff = 4 d_model
-    _a(f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes")
-    for dt in DTYPES:
-        _a(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
-           f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}")
-    _published("2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
-               f"{_gb(tensor_bytes(ff, torch.float32))} (= {tensor_bytes(ff, torch.float32) / 2**20:.0f} MiB)",
-               f"12288 x 12288 x 4 B is only {_gb(tensor_bytes((12288, 12288), torch.float32))}: the matrix is (4 x 12288) x 12288")
-    _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?")
-    _a(f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
-    for dt in DTYPES:
-        fi = torch.finfo(dt)
-        _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
-    sub16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps  # 2^-24
-    _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {sub16:.3g}; below half of it rounds to 0): "
-       "gradients this small vanish.")
-    _a(f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
-
-
-def section_compute():
-    _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?")
-    B, D, K = 16384, 32768, 8192
-    _a(f"2 B D K = 2 x {B} x {D} x {K} = {matmul_flops(B, D, K):.4e} FLOPs")
-    _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?")
-    fwd, bwd = two_layer_flops(B, D, K)
-    _a(f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params")
-    _a(f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}")
-    _a(f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
-    _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?")
-    _a(f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
-    _q("FLOPs of 8 H100s for a week?")
-    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
-    _a(f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * SECONDS_PER_DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)")
-    _a("MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:")
-    for card, row in PEAK_FLOPS.items():
-        _a(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()))
-
-
-def section_intensity():
-    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
-    acc = accelerator_intensity(peak, H100_BYTES_PER_SEC)
-    _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?")
-    _a(f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
-    n = 4096
-    for name, cost in (("ReLU", relu_cost), ("GELU", gelu_cost), ("dot product", dot_cost),
-                       ("matrix-vector", matvec_cost), ("matrix-matrix", matmul_cost)):
-        f, b = cost(n)
-        ai = f / b
-        _a(f"{name:<14} n={n}: {f:.4g} FLOPs / {b:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
-           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f}"
-           f" ({'compute' if ai >= acc else 'memory'}-bound)")
-    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {acc:.0f} = {3 * acc:.0f}")
-
-
-def section_memory():
-    B, D, L = 2, 4, 3
-    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
-    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):
-        m = deep_network_memory(B, D, L, k)
-        _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
-    _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
-    batch, micro, D, L = 1024, 256, 1024, 16
-    steps, full, small = grad_accumulation(batch, micro, D, L)
-    _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?")
-    _a(f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
-       f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
-    _a("(the notes' example sets batch 64 and micro-batch 256: a micro-batch cannot exceed the batch)")
-    for L in (9, 16):
-        _q(f"Activation checkpointing, L={L} blocks (held activations, recomputed block forwards)?")
-        for label, every in (("no checkpointing", 0), ("checkpoint every layer", 1),
-                             (f"every sqrt(L) = {math.isqrt(L)} layers", math.isqrt(L)), ("store nothing", None)):
-            held, redo = checkpointing(L, every)
-            _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
-        _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
-
-
-def section_transformer():
-    xl = gpt2_config("XL")
-    counts = lm_param_counts(xl["vocab_size"], xl["d_model"], xl["num_layers"], xl["d_ff"])
-    P = sum(counts.values())
-    _q("(a) GPT-2 XL (V=50257, T=1024, L=48, d=1600, h=25, d_ff=6400): parameters and fp32 size?")
-    _a("V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)")
-    _a(" + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}")
-    _a(f"fp32: 4 x {P:,} = {_gb(4 * P)}")
-    _q("(b) The matmuls of one forward pass of T=1024 tokens and their FLOPs?")
-    flops = lm_flops_of(xl)
-    shapes = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h x (T, d_k) @ (d_k, T), x L",
-              "attn AV": "h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
-              "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
-              "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
-    total = sum(flops.values())
-    for k, v in flops.items():
-        _a(f"{k:<17} {shapes[k]:<30} {v:.4e}  {100 * v / total:5.2f}%")
-    _a(f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
-    _published("4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{total / 1e12:.3f} TFLOPs, "
-               f"{100 * flops['attn QK^T'] / total:.2f}% each",
-               f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {xl['num_heads']} times too small)")
-    _q("(c) Which parts need the most FLOPs?")
-    ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
-    _a(f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections "
-       f"{100 * (flops['attn q,k,v proj'] + flops['attn output proj']) / total:.1f}%")
-    _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384")
-    cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
-    table = {n: formula_forward_flops(c) for n, c in cols}
-    groups = {"attn projections": ("attn q,k,v proj", "attn output proj"), "attn QK^T + AV": ("attn QK^T + AV",),
-              "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"), "lm_head": ("lm_head",)}
-    _a(f"{'component':<18}" + "".join(f"{n:>10}" for n, _ in cols))
-    for g, keys in groups.items():
-        _a(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values()))
-    _a(f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()))
-    _a("bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention")
-    _a("core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
-    t1, t16 = sum(table["XL"].values()), sum(table["XL@16K"].values())
-    core16 = table["XL@16K"]["attn QK^T + AV"] / t16
-    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);")
-    _a(f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> {100 * core16:.1f}%")
-    _published("~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)", f"{t16 / 1e12:.1f} TFLOPs ({t16 / t1:.1f}x), "
-               f"attention {100 * (core16 + sum(table['XL@16K'][k] for k in groups['attn projections']) / t16):.1f}%",
-               "the same single-head QK^T and AV count")
-
-
-def section_adamw():
-    xl = gpt2_config("XL")
-    _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?")
-    _a("P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)")
-    _a("parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with")
-    _a("A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
-    _a("total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
-    a, b = adamw_memory_line(xl)
-    _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?")
-    _a(f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
-    _a(f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}")
-    _a(f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}")
-    _a(f"(model.py's autograd actually keeps {saved_activation_bytes(1, 1024, 1600, 25, 6400, 48) / GB:.1f} GB per sequence up to the logits; see --verify)")
-    _q("(c) FLOPs of one AdamW step?")
-    P = lm_num_params(xl)
-    _a(" + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {sum(ADAMW_FLOPS_PER_PARAM.values())} P")
-    per = sum(ADAMW_FLOPS_PER_PARAM.values())
-    _a(f"GPT-2 XL: {per} x {P:,} = {adamw_step_flops(P):.3e} FLOPs (negligible next to forward + backward)")
-    _published("10 P (notes 003)", f"{per} P", "the notes count bias correction (2) as per-parameter work, though "
-               "it is a per-step scalar, and leave out g^2, + eps, the (1 - beta) multiplies and weight decay")
-    _q("(d) Days to train GPT-2 XL, 400K steps of batch 1024, on one A100 (19.5e12 fp32) at 50% MFU?")
-    days, step = lm_training_days(xl, 1024, 400_000, PEAK_FLOPS["A100"]["fp32"], 0.5)
-    _a(f"step = 3 x 1024 x {lm_forward_flops(**_flops_args(xl)):.4e} = {step:.4e} FLOPs (backward = 2 x forward)")
-    _a(f"days = 400000 x {step:.4e} / (19.5e12 x 0.5 x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
-    _published("6354 days (notes 003)", f"{days:,.0f}",
-               "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls")
-
-
-def section_tinystories():
-    cfg = TINYSTORIES
-    c = lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], cfg["d_ff"])
-    total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
-    _q("TinyStories model (V=10000, T=256, d=512, L=4, h=16, d_ff=1344): parameters?")
-    _a(" + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {total:,}")
-    _a(f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}")
-    _a("the handout's 'about 17M non-embedding parameters' is everything except the input embedding")
-    _a(f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
-    fwd = lm_forward_flops(**_flops_args(cfg))
-    _q("Token budget 327,680,000 = batch x steps x context: what does it cost?")
-    seqs = TINYSTORIES_TOKENS // cfg["context_length"]
-    flops = training_step_flops(seqs * fwd)
-    _a(f"{TINYSTORIES_TOKENS:,} / 256 = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}")
-    _a(f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
-       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})")
-    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
-    _a(f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's 30-40 minutes means "
-       f"MFU ~ {flops / h100 / 2100:.1%} (small models are overhead-bound)")
-    _a(f"CPU budget: 32 x 5000 x 256 = {TINYSTORIES_TOKENS_CPU:,} tokens = {training_step_flops(TINYSTORIES_TOKENS_CPU // 256 * fwd):.3e} FLOPs")
-
-
-def section_tokenizer():
-    _q("Why store token ids as uint16?")
-    for v in (10_000, 32_000, GPT2_VOCAB):
-        _a(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> {smallest_uint(v)}, 2 bytes per token "
-           f"(half of int32, a quarter of torch's int64)")
-    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
-    bps, note = measure_tokenizer_throughput()
-    if bps is None:
-        _a(f"not measured: {note}")
-        return
-    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)")
-    _a(f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / SECONDS_PER_DAY:.2f} days")
-    _published("16.4 days at 626,519.6 B/s (notes 003)", f"{PILE_BYTES / 626_519.6 / SECONDS_PER_DAY:.1f} days at that rate",
-               "the notes took 825 GB as 825 x 2^30 bytes")
-
-
-SECTIONS = {"motivation": section_motivation, "tensors": section_tensors, "compute": section_compute,
-            "intensity": section_intensity, "memory": section_memory, "transformer": section_transformer,
-            "adamw": section_adamw, "tinystories": section_tinystories, "tokenizer": section_tokenizer}
-
-
 def run_verify():
     """Print formula vs measured for every check; return the number of mismatches."""
     bad = 0
     print(f"{'check':<72}{'formula':>20}{'measured':>20}")
     for what, formula, measured in verification_checks():
-        ok = formula == measured
-        bad += not ok
-        print(f"{what:<72}{formula:>20,}{measured:>20,}{'' if ok else '   MISMATCH'}")
+        bad += formula != measured
+        print(f"{what:<72}{formula:>20,}{measured:>20,}{'' if formula == measured else '   MISMATCH'}")
     print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
           "(distinct storages, parameters and buffers excluded)")
     for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the handout's list, logits and loss left out
@@ -882,8 +862,16 @@ def run_verify():
     return bad
 
 
+# ---------------------------------------------------------------------------------------------
+# 13. Command line
+
+SECTIONS = {"motivation": section_motivation, "tensors": section_tensors, "compute": section_compute,
+            "intensity": section_intensity, "memory": section_memory, "transformer": section_transformer,
+            "adamw": section_adamw, "tinystories": section_tinystories, "tokenizer": section_tokenizer,
+            "corrections": section_corrections}
+
+
 def main(argv=None):
-    import argparse
     p = argparse.ArgumentParser(description="CS336 lecture 2 and assignment 1 resource accounting.")
     p.add_argument("--section", help="print one section: " + ", ".join(SECTIONS))
     p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")

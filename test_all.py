@@ -1468,10 +1468,10 @@ def test_accounting_long_context_and_fast_path():
     cfg = accounting.gpt2_config("XL", 16_384)
     parts, total = accounting.measured_forward_flops(accounting.meta_lm(cfg), cfg["context_length"])
     assert parts == accounting.formula_forward_flops(cfg)
-    assert total == accounting.lm_forward_flops(**accounting._flops_args(cfg))
+    assert total == accounting.lm_forward_flops(**cfg)
     small = accounting.gpt2_config("small")
     _, fast_total = accounting.measured_forward_flops(accounting.meta_lm(small, fast=True), 1024)
-    assert fast_total == accounting.lm_forward_flops(**accounting._flops_args(small))
+    assert fast_total == accounting.lm_forward_flops(**small)
 
 
 @pytest.mark.parametrize("ablations", [{}, {"silu_ffn": True}, {"no_norm": True}, {"tie_embeddings": True}])
@@ -1552,6 +1552,21 @@ def test_accounting_cli_prints_every_section_and_rejects_bad_flags():
     assert one.returncode == 0 and "=== adamw" in one.stdout and "=== tensors" not in one.stdout
     bad = run("--section", "nope")
     assert bad.returncode == 2 and "--section" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_accounting_corrections_recompute_every_published_figure():
+    # one section holds every correction of the course notes; each names its source and cause
+    rows = accounting.notes_corrections()
+    assert len(rows) == 10 and all(len(cause) > 20 and "(" in published for _, published, _, cause in rows)
+    verified = {published.split(" (")[0]: v for _, published, v, _ in rows}
+    assert verified["143.927 days"] == "143.941" and verified["6354 days"] == "6,584"
+    assert verified["4.20 TFLOPs, QK^T and AV 0.15% each"] == "4.513 TFLOPs, 3.57% each"
+
+
+def test_accounting_tokenizer_throughput_needs_only_python():
+    # trained and measured on pydoc_data, which ships with CPython: no file of ../shared needed
+    bps, note = accounting.measure_tokenizer_throughput(seconds=0.05)
+    assert bps > 1e4 and "pydoc_data" in note and "744 merges" in note
 
 
 # ============================================================================
