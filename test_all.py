@@ -360,24 +360,29 @@ def test_model_sample_top_p_distribution():
     torch.testing.assert_close(freq, torch.tensor([5 / 8, 3 / 8, 0, 0], dtype=torch.float64), atol=0.015, rtol=0)
 
 
-def test_model_cross_entropy_matches_torch_and_is_stable():
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11)
     targets = torch.randint(0, 11, (3, 5))
-    torch.testing.assert_close(optim.cross_entropy(logits, targets), F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1)))
+    torch.testing.assert_close(optim.cross_entropy(logits, targets, fused), F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1)))
     huge = logits * 1e4
-    got = optim.cross_entropy(huge, targets)
+    got = optim.cross_entropy(huge, targets, fused)
     assert torch.isfinite(got)
     torch.testing.assert_close(got, F.cross_entropy(huge.reshape(-1, 11), targets.reshape(-1)))
-    # the hand-written backward against autograd's numerical derivative, and against torch's
+    # the backward against autograd's numerical derivative, against torch's, and (fused) against the reference
     x = torch.randn(4, 6, 7, dtype=torch.float64, requires_grad=True)
     y = torch.randint(0, 7, (4, 6))
-    assert torch.autograd.gradcheck(lambda z: optim.cross_entropy(z, y), (x,))
-    g_ours, = torch.autograd.grad(optim.cross_entropy(x, y), x)
+    assert torch.autograd.gradcheck(lambda z: optim.cross_entropy(z, y, fused), (x,))
+    g_ours, = torch.autograd.grad(optim.cross_entropy(x, y, fused), x)
     g_torch, = torch.autograd.grad(F.cross_entropy(x.reshape(-1, 7), y.reshape(-1)), x)
     torch.testing.assert_close(g_ours, g_torch)
+    g_ref, = torch.autograd.grad(optim.cross_entropy(x, y), x)
+    torch.testing.assert_close(g_ours, g_ref, atol=1e-15, rtol=1e-12)
     xb = x.detach().bfloat16().requires_grad_()
-    optim.cross_entropy(xb, y).backward()
+    loss_b = optim.cross_entropy(xb, y, fused)
+    assert loss_b.dtype == torch.float32 and optim.cross_entropy(x, y, fused).dtype == torch.float64
+    loss_b.backward()
     assert xb.grad.dtype == torch.bfloat16
     loss = 2.5
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
