@@ -34,20 +34,17 @@ def cross_entropy(logits, targets, fused=False):
     logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
     if fused:
         return _FusedCrossEntropy.apply(logits, targets)
-    # m only shifts the sum (lse does not depend on it), so its gradient is zero: detach it
-    # and autograd need not trace the max
-    m = logits.detach().amax(dim=-1, keepdim=True)  # (N, 1)
+    m = logits.detach().amax(dim=-1, keepdim=True)  # (N, 1); lse does not depend on m: no gradient
+
     lse = m.squeeze(-1) + (logits - m).exp().sum(dim=-1).log()  # (N,) log sum_a exp(o_a)
     return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
 
 
 class _FusedCrossEntropy(torch.autograd.Function):
-    """cross_entropy's forward and backward written out by hand: d loss / d o = (softmax(o) - onehot(x)) / N.
+    """cross_entropy with its backward written by hand: d loss / d o = (softmax(o) - onehot(x)) / N.
 
-    The forward keeps e = exp(o - max), and the backward turns that buffer into the gradient
-    in place. Autograd's version allocates several (N, V) buffers, and on a CPU each fresh
-    large buffer costs page faults; this one allocates a single one.
-    """
+    The forward keeps e = exp(o - max); the backward turns that (N, V) buffer into the gradient in
+    place, where autograd allocates several (on a CPU each fresh large buffer costs page faults)."""
 
     @staticmethod
     def forward(ctx, logits, targets):  # (N, V) float, (N,) int64 -> scalar
@@ -156,24 +153,18 @@ class AdamW(torch.optim.Optimizer):
         loss = None if closure is None else closure()
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            params, grads, ms, vs, step_sizes = [], [], [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)  # m
-                    state["exp_avg_sq"] = torch.zeros_like(p)  # v
-                state["step"] += 1
-                t = state["step"]
-                params.append(p)
-                grads.append(p.grad)
-                ms.append(state["exp_avg"])
-                vs.append(state["exp_avg_sq"])
-                step_sizes.append(-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))  # -a_t
+            params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
+            for p in params:
+                state = self.state[p]
+                if not state:  # t counts from 1 per parameter; m and v start at zero
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+            states = [self.state[p] for p in params]
+            grads = [p.grad for p in params]
+            ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
             torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
             torch._foreach_mul_(vs, b2)
             torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
