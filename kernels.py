@@ -8,16 +8,16 @@ GELU with the tanh approximation (Hendrycks & Gimpel 2016), the activation of GP
 It is elementwise: every output needs one input, a handful of flops and nothing else.
 On a GPU such an operation is not limited by arithmetic but by how fast the bytes move
 between GPU memory (HBM) and the chip. (A CPU core has far fewer flops per byte of
-bandwidth; there the tanh itself can be the limit, as the CPU table shows.) So the winning move is to read x once and
-write y once: one fused kernel, instead of one kernel (and one round trip through
-memory) per `*`, `+` and `tanh`. This file writes GELU four (five) ways and measures
-exactly that.
+bandwidth; there the tanh itself can be the limit.) So the winning move is to read x
+once and write y once: one fused kernel, instead of one kernel (and one round trip
+through memory) per `*`, `+` and `tanh`. This file writes GELU five ways (the fifth,
+Triton, where Triton is installed) and measures exactly that.
 
 Sections, in reading order:
   1. The variants: PyTorch ops (one kernel per op), the builtin F.gelu, torch.compile of
      the PyTorch ops, a hand-written CUDA kernel (load_inline), and Triton if installed.
   2. Accounting: flops and bytes per element of each variant, arithmetic intensity,
-     and the roofline verdict (memory-bound).
+     and the roofline verdict on accounting.py's H100 figures (memory-bound).
   3. Correctness: every variant against a float64 reference, outputs poisoned with NaN.
   4. Benchmark: CUDA events (or perf_counter on CPU), warm-up, median; achieved GB/s
      against the copy bandwidth `dst.copy_(src)` measured in the same run.
@@ -27,7 +27,8 @@ Sections, in reading order:
     python kernels.py                      # everything, on CUDA if there is a GPU
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
 
-kernels.py stands alone: it imports nothing of the project.
+Of the project, kernels.py uses only accounting.py (H100 peaks, bandwidth, the roofline
+formula) and bpe.atomic_file (for --json).
 """
 
 import argparse
@@ -44,6 +45,8 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
+
+import accounting
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -87,7 +90,7 @@ def make_gelu_compiled():
 # test compiles exactly this text, and load_inline builds exactly this text. It uses no
 # torch header, so it compiles in seconds on any machine with nvcc, GPU or not.
 #
-# Design, for an H100 (3.35 TB/s HBM3, 132 SMs, 50 MB L2):
+# Design, for an H100 (HBM3, 132 SMs, 50 MB L2):
 #  - 16-byte loads and stores: float4 for float32, 8 x bfloat16 for bfloat16. A warp then
 #    moves 512 contiguous bytes per instruction (perfectly coalesced), and there are 4x
 #    (8x) fewer memory instructions than one-element-per-thread code.
@@ -204,7 +207,7 @@ _CUDA_EXT = None
 
 
 def build_cuda_extension(verbose=False):
-    """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (cached on disk by torch, ~1 min the first time)."""
+    """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (torch caches the build on disk; the first one is slow)."""
     global _CUDA_EXT
     if _CUDA_EXT is None:
         from torch.utils.cpp_extension import load_inline
@@ -313,25 +316,17 @@ FLOPS_PER_ELEMENT = sum(op[1] for op in TORCH_OPS)          # 9, whichever way i
 UNFUSED_PASSES = sum(op[2] + op[3] for op in TORCH_OPS)      # 18 tensor reads + writes
 FUSED_PASSES = 2                                             # read x, write y
 
-# Published H100 SXM figures (NVIDIA datasheet): HBM3 bandwidth and peak throughputs.
-H100_BANDWIDTH = 3.35e12      # bytes/s
-H100_FP32_FLOPS = 67e12       # non-tensor-core float32, what an elementwise kernel uses
-H100_BF16_TC_FLOPS = 989e12   # dense bf16 tensor cores, what a matmul uses
-
 
 def arithmetic_intensity(passes, bytes_per_element):
     """FLOPs per byte moved: 9 flops / (passes x element size)."""
     return FLOPS_PER_ELEMENT / (passes * bytes_per_element)
 
 
-def roofline_fraction(intensity, peak_flops, bandwidth):
-    # accounting.py's roofline_mfu: the fraction of peak compute a kernel can reach is
-    # min(1, intensity / accelerator intensity), accelerator intensity = peak / bandwidth.
-    return min(1.0, intensity / (peak_flops / bandwidth))
-
-
 def print_accounting():
-    ridge = H100_FP32_FLOPS / H100_BANDWIDTH
+    fp32 = accounting.PEAK_FLOPS["H100 SXM"]["fp32"]  # CUDA cores: what an elementwise kernel uses
+    bf16 = accounting.PEAK_FLOPS["H100 SXM"]["bf16"]  # dense tensor cores: what a matmul uses
+    bw = accounting.H100_BYTES_PER_SEC
+    ridge = accounting.accelerator_intensity(fp32, bw)
     print("\n== Accounting: bytes moved per element, arithmetic intensity (H100 SXM roofline)")
     print(f"torch ops: {len(TORCH_OPS)} kernels, {UNFUSED_PASSES} tensor passes per element "
           f"(" + ", ".join(op[0] for op in TORCH_OPS) + ")")
@@ -340,16 +335,16 @@ def print_accounting():
     for name, passes in (("torch ops", UNFUSED_PASSES), ("fused", FUSED_PASSES)):
         for dtype, size in (("float32", 4), ("bfloat16", 2)):
             ai = arithmetic_intensity(passes, size)
-            frac = roofline_fraction(ai, H100_FP32_FLOPS, H100_BANDWIDTH)
+            frac = accounting.roofline_mfu(ai, ridge)
             print(f"{name:<12} {dtype:<9} {passes * size:>10} {ai:>10.3f} {100 * frac:>14.1f}%")
     lo = arithmetic_intensity(UNFUSED_PASSES, 4)
     hi = arithmetic_intensity(FUSED_PASSES, 2)
     print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, "
-          f"{H100_BF16_TC_FLOPS / H100_BANDWIDTH:.0f} for bf16 tensor cores. GELU sits at "
+          f"{accounting.accelerator_intensity(bf16, bw):.0f} for bf16 tensor cores. GELU sits at "
           f"{lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
     fused_bytes = FUSED_PASSES * 4 * 2**28
-    print(f"e.g. 2^28 fp32 fused: {fused_bytes / 1e9:.2f} GB / {H100_BANDWIDTH / 1e12:.2f} TB/s = "
-          f"{fused_bytes / H100_BANDWIDTH * 1e3:.2f} ms at best; unfused moves "
+    print(f"e.g. 2^28 fp32 fused: {fused_bytes / 1e9:.2f} GB / {bw / 1e12:.2f} TB/s = "
+          f"{fused_bytes / bw * 1e3:.2f} ms at best; unfused moves "
           f"{UNFUSED_PASSES // FUSED_PASSES}x the bytes, so fusion can win up to {UNFUSED_PASSES // FUSED_PASSES}x.")
 
 
@@ -560,14 +555,8 @@ def device_name(device):
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def write_json_atomic(path, obj):
-    from bpe import atomic_file  # the project's one atomic write
-    with atomic_file(path, "w") as f:
-        json.dump(obj, f, indent=1)
-
-
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description="GELU four ways, checked and measured against the copy bandwidth.")
+    ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="auto = cuda if a GPU is visible, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N",
@@ -626,7 +615,9 @@ def main(argv=None):
     if "profile" not in args.skip:
         result["profile"] = run_profile(variants, args.device)
     if args.json:
-        write_json_atomic(args.json, result)
+        from bpe import atomic_file  # the project's one atomic write (imported late: bpe loads numba)
+        with atomic_file(args.json, "w") as f:
+            json.dump(result, f, indent=1)
         print(f"\nwrote {args.json}")
 
 

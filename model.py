@@ -8,14 +8,14 @@ What this file teaches, in reading order (CS336 assignment 1, section 3):
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm, or post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
-  8. Benchmark (`python model.py --benchmark generate`): generation with and without the
-     KV cache. (The training step against Hugging Face's Llama: `python train.py --benchmark
-     --vs-llama`, since a step needs optim.py, which model.py never imports.)
 
 The reference path uses plain tensor ops only (no torch.nn layers, no torch.nn.functional).
 `TransformerLM(..., fast=True)` swaps in torch's fused attention kernel, RoPE as a complex
 multiplication and torch's one-kernel silu; it has exactly the same parameters and
 state-dict keys, and the tests check that it computes the same function.
+
+model.py is a library (train.py trains it, bench.py times generation); its tests run with
+    python -m pytest -q test_all.py -k model
 """
 import math
 
@@ -349,10 +349,10 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        # Reading the ids back is a host sync (and a graph break for torch.compile); meta
-        # tensors (shape-only models, as accounting.py builds) have no values to read.
+        # Reading the ids back is a host sync (one for both ends; and a graph break for
+        # torch.compile); meta tensors (shape-only models, as accounting.py builds) have no values.
         if not _compiling() and token_ids.device.type != "meta":
-            lo, hi = int(token_ids.min()), int(token_ids.max())
+            lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).")
@@ -401,6 +401,17 @@ def _positions(valid):
     return (valid.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _left_pad(prompts, device):
+    """B prompts of lengths up to L -> ids (B, L), left-padded with token 0, and valid (B, L), False at padding."""
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), L, dtype=torch.long, device=device)
+    valid = torch.zeros(len(prompts), L, dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p, device=device)
+        valid[b, L - len(p):] = True
+    return ids, valid
+
+
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None):
@@ -424,15 +435,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         raise ValueError("Each prompt needs at least one token.")
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"Need temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
-    device = next(model.parameters()).device
-    C = model.context_length
-    B, L = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(B, L, dtype=torch.long, device=device)  # left padded with token 0
-    valid = torch.zeros(B, L, dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p, device=device)
-        valid[b, L - len(p):] = True
-
+    device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
+    ids, valid = _left_pad(prompts, device)
+    pad = ids.shape[1] - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
     was_training = model.training
     model.eval()
     try:
@@ -447,9 +452,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
                 logits = model(ids[:, -1:], pos, mask, cache)[:, -1]
             else:
                 # the reference forward: the last C columns, positions counted from each
-                # row's first real token
+                # row's first real token; no mask needed once the window is past all padding
+                # (known on the host, so no sync to ask the GPU)
                 w_ids, w_valid = ids[:, -C:], valid[:, -C:]
-                mask = None if bool(w_valid.all()) else _attention_mask(w_valid, 0, w_ids.shape[1])
+                mask = None if ids.shape[1] - w_ids.shape[1] >= pad else _attention_mask(w_valid, 0, w_ids.shape[1])
                 pos = _positions(w_valid)
                 if use_cache and w_ids.shape[1] < C:
                     cache = [KVCache(C) for _ in model.layers]  # prefill
@@ -457,12 +463,11 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
                     cache = None  # context full: this step is a plain re-run of the window
                 logits = model(w_ids, pos, mask, cache)[:, -1]
             nxt = _sample(logits, temperature, top_p, generator)  # (B,)
-            for b, t in enumerate(nxt.tolist()):  # one host sync per step, not one per row
+            # two host syncs per step, whatever B: this tolist() and forward's token-id check
+            for b, t in enumerate(nxt.tolist()):
+                done[b] = done[b] or t == stop_id
                 if not done[b]:
-                    if t == stop_id:
-                        done[b] = True
-                    else:
-                        out[b].append(t)
+                    out[b].append(t)
             if all(done):
                 break
             ids = torch.cat([ids, nxt[:, None]], dim=1)
@@ -470,45 +475,3 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     finally:
         model.train(was_training)
     return out if batched else out[0]
-
-
-# ----------------------------------------------------------------------------
-# 8. Benchmark: python model.py --benchmark generate (the training step is timed by train.py --benchmark)
-
-# The CS336 TinyStories shape: vocab 10000, context 256, d_model 512, 4 layers, 16 heads, d_ff 1344.
-TINYSTORIES = dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344)
-
-
-def _bench_generate(new_tokens, fast):
-    import time
-    torch.manual_seed(0)
-    m = TransformerLM(**TINYSTORIES, fast=fast)
-    prompt = [1]
-    print(f"generation of {new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
-          f"fast={fast}, {torch.get_num_threads()} threads:")
-    out = {}
-    for use_cache in (True, False):
-        generate(m, prompt, 4, temperature=0, use_cache=use_cache)  # warm-up
-        t0 = time.perf_counter()
-        out[use_cache] = generate(m, prompt, new_tokens, temperature=0, use_cache=use_cache)
-        dt = time.perf_counter() - t0
-        print(f"  use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache]) / dt:7.1f} tokens/s")
-    print(f"  same tokens with and without the cache: {out[True] == out[False]}")
-
-
-if __name__ == "__main__":
-    import argparse
-    ap = argparse.ArgumentParser(description="Generation speed of model.py with and without the KV cache "
-                                 "(the training step is timed by python train.py --benchmark).")
-    ap.add_argument("--benchmark", choices=["generate"], required=True, help="tokens/s with and without the KV cache")
-    ap.add_argument("--new-tokens", type=int, default=256, help="tokens to generate (default 256)")
-    ap.add_argument("--fast", action="store_true", help="generate with the fast path")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    args = ap.parse_args()
-    if args.new_tokens < 1:
-        ap.error(f"--new-tokens must be at least 1, got {args.new_tokens}.")
-    if args.threads is not None:
-        if args.threads < 1:
-            ap.error(f"--threads must be at least 1, got {args.threads}.")
-        torch.set_num_threads(args.threads)
-    _bench_generate(args.new_tokens, args.fast)
