@@ -1,14 +1,12 @@
-"""Data for train.py: from a corpus name or a text file to token ids on disk, read back as memmaps.
+"""Data for train.py: a corpus name or a text file -> token ids on disk, read back as memmaps.
 
-train.py calls prepare_data() and does everything (`python train.py --data tinystories`); this
-file is its first half, kept apart so the training script reads as training. In reading order:
-  1. Corpora: Python's built-in documentation (offline), resumable downloads of the CS336
-     datasets, and the train/validation split of a local text file.
-  2. Tokens: a BPE tokenizer trained by bpe.py, both splits encoded to uint16 .npy files.
-  3. prepare_data(): --data -> (train ids, valid ids, tokenizer, tokenizer files), cached.
-  4. Checks that the ids fit the model, and the unigram baseline a model must beat.
-Every file is written whole or not at all (bpe.atomic_file), so "it exists" means "it is
-complete" and a rerun skips it.
+`python train.py` does it all through prepare_data(); this is train.py's first half, apart so
+that the training script reads as training. In reading order: 1. corpora (Python's built-in
+documentation, resumable downloads of the CS336 datasets, a local file's train/valid split);
+2. a BPE tokenizer from bpe.py and both splits as uint16 .npy token files; 3. prepare_data();
+4. checks that the ids fit the model, and the unigram baseline a model must beat.
+Every file is written whole or not at all (bpe.atomic_file): "it exists" means "it is
+complete", and a rerun skips it.
 """
 import gzip
 import hashlib

@@ -134,16 +134,15 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 ]
 
 
-def flag(key):
-    return "--" + key.replace("_", "-")
+SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
 
 
-def positive(key):  # a CHECKS row; None (not set) passes
-    return lambda c: c[key] is not None and c[key] <= 0, flag(key) + " must be positive, got {" + key + "}."
+def positive(key):  # a CHECKS row; an unset flag (None) passes
+    return lambda c: c[key] is not None and c[key] <= 0, f"--{key.replace('_', '-')} must be positive, got {{{key}}}."
 
 
 def not_negative(key):  # a CHECKS row
-    return lambda c: c[key] < 0, flag(key) + " must not be negative, got {" + key + "}."
+    return lambda c: c[key] < 0, f"--{key.replace('_', '-')} must not be negative, got {{{key}}}."
 
 
 def writable(path):
@@ -153,14 +152,9 @@ def writable(path):
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
-def names_a_file(c):
-    return c["data"] not in ("pydoc", *DATASETS)
-
-
 CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row stops, so rows rely on those above
-    (lambda c: c["vs_llama"], "--vs-llama has moved: the Hugging Face Llama comparison lives in bench.py, so run "
-     "python bench.py step with the same train.py flags (e.g. python bench.py step --data tinystories --device cpu "
-     "--batch-size 4)."),
+    (lambda c: c["vs_llama"], "--vs-llama has moved to bench.py: run python bench.py step with the same train.py "
+     "flags (e.g. python bench.py step --data tinystories --device cpu --batch-size 4)."),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
     *map(positive, ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta",
@@ -170,29 +164,27 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
                         "num_samples", "sample_tokens")),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
-    (lambda c: names_a_file(c) and not Path(c["data"]).is_file(),
+    (lambda c: c["data"] not in SOURCES and not Path(c["data"]).is_file(),
      "--data {data}: no such file; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
-    (lambda c: names_a_file(c) and Path(c["data"]).stat().st_size == 0,
+    (lambda c: c["data"] not in SOURCES and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
     (lambda c: c["val_data"] and not c["data"].endswith(".npy"),
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and not Path(c["val_data"]).is_file(), "--val-data {val_data}: no such file."),
     (lambda c: not c["data"].endswith(".npy") and not c["benchmark"] and c["vocab_size"] < 257,
-     "--vocab-size {vocab_size} leaves no room for BPE on text data: it needs 256 bytes + 1 special token, "
-     "so at least 257."),
+     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
-     "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change them or "
-     "pass --nope."),
+     "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
+     "--nope."),
     (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
     (lambda c: not (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
      "--beta1 and --beta2 must lie in [0, 1), got {beta1} and {beta2}."),
     (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
     (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
-    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]),
-     "--batch-size {batch_size} does not divide into {world_size} processes x --grad-accum {grad_accum}; "
-     "make it a multiple of their product."),
+    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
+     "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
     (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
      "--device {device}: unknown device; use cpu, cuda, cuda:N or mps."),
     (lambda c: c["device"].startswith("cuda") and not torch.cuda.is_available(),
@@ -205,8 +197,7 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: not c["benchmark"] and not writable(Path(c["out_dir"]) / c["run_name"]),
-     "--out-dir {out_dir}: cannot create or write {out_dir}/{run_name}; pick a writable --out-dir or another "
-     "--run-name."),
+     "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
 ]
 
 
@@ -215,17 +206,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see python train.py --help)")
 
 
-def preset_help(key):
-    """' (default: 128; tinystories/owt 256)': a PRESET flag's default for each --data."""
-    small, ts, owt = (PRESETS[name][key] for name in ("small", "tinystories", "owt"))
-    named = [f"tinystories/owt {ts}"] if ts == owt else [f"tinystories {ts}", f"owt {owt}"]
-    parts = ([] if small is None else [f"{small}"]) + ([] if ts is None else named)
-    return f" (default: {'; '.join(parts)})"
-
-
 def build_parser():
-    p = Parser(description="Train a Transformer LM (CS336 assignment 1). With no flags: a small model on "
-                           "Python's built-in documentation, offline, in minutes on a CPU.")
+    p = Parser(description="Train a Transformer LM (CS336 assignment 1). With no flags: a small model on Python's "
+               "built-in documentation, offline, in minutes on a CPU. Defaults marked small/tinystories/owt depend "
+               "on --data: small for pydoc and text files.")
     group = p
     for row in FLAGS:
         if isinstance(row, str):  # a section title
@@ -233,13 +217,15 @@ def build_parser():
             continue
         name, kind, default, text = row
         if kind is bool:  # --fast is on by default, so it also gets a --no-fast
-            group.add_argument(name, action=argparse.BooleanOptionalAction if default else "store_true",
-                               default=default, help=text)
-        elif default is PRESET:
-            group.add_argument(name, type=kind, default=None, help=text + preset_help(name[2:].replace("-", "_")))
-        else:
-            shown = f" (default: {default})" if default not in (None, "") else ""
-            group.add_argument(name, type=kind, default=default, help=text + shown)
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            group.add_argument(name, action=action, default=default, help=text)
+            continue
+        key = name[2:].replace("-", "_")
+        shown = "" if default in (None, "") else f" (default: {default})"
+        if default is PRESET:
+            values = [f"{name} {preset[key]}" for name, preset in PRESETS.items() if preset[key] is not None]
+            default, shown = None, f" (default: {'; '.join(values)})"
+        group.add_argument(name, type=kind, default=default, help=text + shown)
     return p
 
 
