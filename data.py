@@ -149,8 +149,9 @@ def downloaded_corpus(name, out_dir):
 def local_corpus(path, out_dir, valid_fraction=0.1):
     """Split a local text file: whole documents (separated by <|endoftext|>) go to validation
     from the end until it holds ~10% of the text; a single document is cut at a line break."""
-    if (out_dir / "valid.txt").exists():  # written last: both splits are there
-        return out_dir / "train.txt", out_dir / "valid.txt"
+    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    if all(p.exists() for p in paths):  # split before: the file is not read again
+        return paths
     text = path.read_text(encoding="utf-8", errors="replace")
     docs = text.split(EOT)
     if len(docs) >= 10:
