@@ -37,15 +37,11 @@ class DataError(Exception):
 # 1. Corpora: built-in, downloaded, local
 
 HF = "https://huggingface.co"  # HF_ENDPOINT overrides it (a mirror, or a local server in the tests)
-DATASETS = {
-    "tinystories": {
-        "train": "datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt",
-        "valid": "datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt",
-    },
-    "owt": {
-        "train": "datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
-        "valid": "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz",
-    },
+DATASETS = {  # name -> its (train, valid) files, under HF
+    "tinystories": ("datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt",
+                    "datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"),
+    "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
+            "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
 
 
@@ -126,7 +122,7 @@ def downloaded_corpus(name, out_dir):
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, rel in DATASETS[name].items():
+    for split, rel in zip(("train", "valid"), DATASETS[name]):
         url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
         txt = out_dir / fetched.name.removesuffix(".gz")
         if not txt.exists():

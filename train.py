@@ -580,8 +580,7 @@ class StopFlag:
     A second Ctrl-C aborts at once."""
 
     def __init__(self):
-        self.stop = False
-        self.old = {}
+        self.stop, self.old = False, {}  # old: the handlers to put back
 
     def _handler(self, signum, frame):
         if self.stop:
