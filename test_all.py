@@ -1011,6 +1011,7 @@ _TRAIN_ROOT = Path(__file__).resolve().parent
 
 
 sys.path.insert(0, str(_TRAIN_ROOT))
+import data  # noqa: E402  (train.py's data preparation: corpora, downloads, token files)
 
 
 # a model small enough that a step takes milliseconds on a CPU
@@ -1048,8 +1049,8 @@ def _train_cfg(**over):
 
 def test_train_get_batch_windows_and_range(tmp_path):
     np.save(tmp_path / "ids.npy", np.arange(100, dtype=np.uint16))
-    data = np.load(tmp_path / "ids.npy", mmap_mode="r")
-    x, y = train.get_batch(data, 4096, 10, "cpu", generator=torch.Generator().manual_seed(0))
+    ids = np.load(tmp_path / "ids.npy", mmap_mode="r")
+    x, y = train.get_batch(ids, 4096, 10, "cpu", generator=torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (4096, 10) and x.dtype == y.dtype == torch.int64
     # data[i] == i, so each row is start + arange and y is x shifted by one
     assert torch.equal(x, x[:, :1] + torch.arange(10)) and torch.equal(y, x + 1)
@@ -1057,8 +1058,8 @@ def test_train_get_batch_windows_and_range(tmp_path):
     assert int(starts.min()) == 0 and int(starts.max()) == 100 - 10 - 1  # uniform over [0, n - T)
     counts = torch.bincount(starts, minlength=90).float()
     assert counts.min() > 0.4 * counts.mean()  # every start is reachable
-    a = train.get_batch(data, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
-    b = train.get_batch(data, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
+    a = train.get_batch(ids, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
+    b = train.get_batch(ids, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
     assert torch.equal(a, b)
 
 
@@ -1067,7 +1068,7 @@ def test_train_unigram_baseline_matches_counter():
     tr, va = rng.integers(0, 20, 5000).astype(np.uint16), rng.integers(0, 25, 700).astype(np.uint16)
     c, n, V = Counter(tr.tolist()), len(tr), 30
     expected = -sum(np.log((c[int(t)] + 1) / (n + V)) for t in va) / len(va)
-    assert train.unigram_loss(tr, va, V) == pytest.approx(expected, rel=1e-12)
+    assert data.unigram_loss(tr, va, V) == pytest.approx(expected, rel=1e-12)
 
 
 def _train_model_opt(seed=0):
@@ -1408,13 +1409,13 @@ def _train_server():
 def test_train_download_resumes_with_range(tmp_path, _train_server):
     payload = _TrainRangeHandler.payload
     (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
-    train.download(f"{_train_server}/f.txt", tmp_path / "f.txt", progress=False)
+    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt", progress=False)
     assert (tmp_path / "f.txt").read_bytes() == payload
     assert _TrainRangeHandler.seen == ["bytes=12345-"] and not (tmp_path / "f.txt.part").exists()
     # a server that ignores Range sends everything: the partial file is replaced, not appended to
     _TrainRangeHandler.honor_range = False
     (tmp_path / "g.txt.part").write_bytes(b"stale bytes")
-    train.download(f"{_train_server}/g.txt", tmp_path / "g.txt", progress=False)
+    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt", progress=False)
     assert (tmp_path / "g.txt").read_bytes() == payload
 
 
@@ -1442,7 +1443,7 @@ def test_train_plot_draws_png(tmp_path):
 def test_train_local_text_split_keeps_whole_documents(tmp_path):
     docs = [f"document {i} " * (i % 7 + 1) for i in range(100)]
     (tmp_path / "t.txt").write_text("<|endoftext|>".join(docs))
-    tr, va = train.local_corpus(tmp_path / "t.txt", tmp_path / "c")
+    tr, va = data.local_corpus(tmp_path / "t.txt", tmp_path / "c")
     a, b = tr.read_text(), va.read_text()
     assert a + "<|endoftext|>" + b == (tmp_path / "t.txt").read_text()  # nothing lost, nothing duplicated
     assert b.split("<|endoftext|>")[0] in docs  # the cut falls between documents

@@ -1,0 +1,264 @@
+"""Data for train.py: a corpus name or a text file -> token ids on disk, read back as memmaps.
+
+`python train.py` does it all through prepare_data(); this is train.py's first half, apart so
+that the training script reads as training. In reading order: 1. corpora (Python's built-in
+documentation, resumable downloads of the CS336 datasets, a local file's train/valid split);
+2. a BPE tokenizer from bpe.py and both splits as uint16 .npy token files; 3. prepare_data();
+4. checks that the ids fit the model, and the unigram baseline a model must beat.
+Every file is written whole or not at all (bpe.atomic_file): "it exists" means "it is
+complete", and a rerun skips it.
+"""
+import gzip
+import hashlib
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from bpe import Tokenizer, atomic_file, encode_file, train_bpe
+
+EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
+
+
+class UsageError(Exception):
+    """A mistake in the flags or the inputs: train.py prints the sentence and exits with 2."""
+
+
+class DataError(Exception):
+    """The data could not be fetched (offline, server down): train.py prints it and exits with 1."""
+
+
+# ----------------------------------------------------------------------------
+# 1. Corpora: built-in, downloaded, local
+
+HF = "https://huggingface.co"  # HF_ENDPOINT overrides it (a mirror, or a local server in the tests)
+DATASETS = {  # name -> its (train, valid) files, under HF
+    "tinystories": ("datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt",
+                    "datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"),
+    "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
+            "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
+}
+
+
+def write_splits(out_dir, train, valid):
+    """train.txt and valid.txt in out_dir (each skipped if already there) -> their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    for path, text in zip(paths, (train, valid)):
+        if not path.exists():
+            with atomic_file(path, "w") as f:
+                f.write(text)
+    return paths
+
+
+def pydoc_corpus(out_dir):
+    """Python's reference-manual topics (the text behind `help('if')`): about 0.5 MB of English
+    that every Python carries. Whole topics go to one split, so validation text is unseen."""
+    try:
+        from pydoc_data.topics import topics  # stdlib: present offline on standard Pythons
+    except ImportError:
+        raise DataError("this Python has no pydoc_data module (some distributions strip it); "
+                        "pass --data PATH.txt with any English text file instead.") from None
+    names = sorted(topics)
+    valid = [topics[k] for i, k in enumerate(names) if i % 10 == 5]  # every 10th topic
+    train = [topics[k] for i, k in enumerate(names) if i % 10 != 5]
+    return write_splits(out_dir, EOT.join(train), EOT.join(valid))
+
+
+def _progress(name, done, total, t0):
+    mb, rate = done / 1e6, done / 1e6 / max(time.time() - t0, 1e-9)
+    if total:
+        bar = "#" * int(30 * done / total)
+        msg = f"\r  {name} [{bar:<30}] {100 * done / total:5.1f}% {mb:,.1f}/{total / 1e6:,.1f} MB {rate:.1f} MB/s"
+    else:
+        msg = f"\r  {name} {mb:,.1f} MB {rate:.1f} MB/s"
+    print(msg, end="", file=sys.stderr, flush=True)
+
+
+def download(url, dest, progress=True):
+    """Fetch url into dest. Bytes land in dest.part first; a rerun after an interruption asks
+    the server for the rest only (an HTTP Range request) and appends. dest appears, by rename,
+    only when complete."""
+    dest = Path(dest)
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        resp = urllib.request.urlopen(req, timeout=30)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # "range not satisfiable": the .part already holds every byte
+            os.replace(part, dest)
+            return dest
+        raise
+    with resp:
+        resumed = have > 0 and resp.status == 206  # a server that ignores Range sends it all again
+        if not resumed:
+            have = 0
+        size = resp.headers.get("Content-Length")
+        total = int(size) + have if size is not None else None
+        t0, done = time.time(), have
+        with open(part, "ab" if resumed else "wb") as f:
+            while chunk := resp.read(1 << 20):
+                f.write(chunk)
+                done += len(chunk)
+                if progress:
+                    _progress(dest.name, done, total, t0)
+    if progress:
+        print(file=sys.stderr)
+    if total is not None and done != total:
+        raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
+                        "to resume it.")
+    os.replace(part, dest)
+    return dest
+
+
+def downloaded_corpus(name, out_dir):
+    """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
+    base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, rel in zip(("train", "valid"), DATASETS[name]):
+        url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
+        txt = out_dir / fetched.name.removesuffix(".gz")
+        if not txt.exists():
+            if not fetched.exists():
+                print(f"downloading {url}", flush=True)
+                try:
+                    download(url, fetched)
+                except (urllib.error.URLError, OSError, TimeoutError) as e:
+                    raise DataError(
+                        f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} yourself "
+                        f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None
+            if fetched.suffix == ".gz":
+                print(f"unpacking {fetched.name}", flush=True)
+                with gzip.open(fetched, "rb") as src, atomic_file(txt) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)
+        paths.append(txt)
+    return tuple(paths)
+
+
+def local_corpus(path, out_dir, valid_fraction=0.1):
+    """Split a local text file: whole documents (separated by <|endoftext|>) go to validation
+    from the end until it holds ~10% of the text; a single document is cut at a line break."""
+    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    if all(p.exists() for p in paths):  # split before: the file is not read again
+        return paths
+    text = path.read_text(encoding="utf-8", errors="replace")
+    docs = text.split(EOT)
+    if len(docs) >= 10:
+        k, tail = len(docs), 0
+        while k > 1 and tail < valid_fraction * len(text):
+            k -= 1
+            tail += len(docs[k])
+        return write_splits(out_dir, EOT.join(docs[:k]), EOT.join(docs[k:]))
+    cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
+    cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
+    return write_splits(out_dir, text[:cut], text[cut:])
+
+
+# ----------------------------------------------------------------------------
+# 2. Tokens: a BPE tokenizer, both splits as token-id files
+
+def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
+    """Train BPE on the train split (bpe.py), then write both splits as token-id .npy files.
+    -> (tokenizer, (vocab.json, merges.txt), (train.npy, valid.npy))."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = out_dir / "vocab.json", out_dir / "merges.txt"
+    if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
+        print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
+        t0 = time.time()
+        vocab, merges = train_bpe(str(train_txt), vocab_size, special_tokens=[EOT], num_workers=workers)
+        Tokenizer(vocab, merges, [EOT]).save(str(files[0]), str(files[1]))
+        print(f"  done in {time.time() - t0:.1f}s", flush=True)
+    tok = Tokenizer.from_files(str(files[0]), str(files[1]), [EOT])
+    npys = out_dir / "train.npy", out_dir / "valid.npy"
+    for txt, npy in zip((train_txt, valid_txt), npys):
+        if not npy.exists():
+            print(f"tokenizing {txt} -> {npy}", flush=True)
+            encode_file(tok, str(txt), str(npy), num_workers=workers)
+    return tok, files, npys
+
+
+# ----------------------------------------------------------------------------
+# 3. prepare_data: --data -> memmapped token ids
+
+def load_ids(source, val_data):
+    """--data PATH.npy: token ids as they are (validation: --val-data or the last 10%), plus a
+    tokenizer saved beside them, if any, to decode the samples."""
+    try:
+        train = np.load(source, mmap_mode="r")
+        valid = np.load(val_data, mmap_mode="r") if val_data else None
+    except (ValueError, OSError, EOFError) as e:
+        raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
+    for flag, ids in (("--data", train), ("--val-data", valid)):
+        if ids is not None and ids.ndim != 1:
+            raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
+    if valid is None:  # still a memmap view: nothing is loaded
+        cut = int(len(train) * 0.9)
+        train, valid = train[:cut], train[cut:]
+    files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
+    if not all(f.exists() for f in files):
+        return train, valid, None, None
+    return train, valid, Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+
+
+def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
+    """--data (pydoc, tinystories, owt, PATH.txt or PATH.npy) -> (train ids, valid ids, tokenizer
+    or None, tokenizer files or None). Text becomes token files under data_dir once, in a folder
+    named after the source; the ids are opened as memmaps, so no corpus is ever loaded whole."""
+    if source.endswith(".npy"):
+        return load_ids(source, val_data)
+    data_dir = Path(data_dir)
+    if source == "pydoc":  # the topics change between Python versions
+        texts = pydoc_corpus(data_dir / f"pydoc-py{sys.version_info[0]}{sys.version_info[1]}")
+    elif source in DATASETS:
+        texts = downloaded_corpus(source, data_dir / source)
+    else:  # a changed file gets a fresh cache: the folder name hashes its path, size and time
+        p = Path(source).resolve()
+        st = p.stat()
+        key = hashlib.sha1(f"{p}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
+        texts = local_corpus(p, data_dir / f"{p.stem}-{key}")
+    tok, files, npys = tokenize_corpus(*texts, vocab_size, texts[0].parent / f"bpe{vocab_size}", workers)
+    return np.load(npys[0], mmap_mode="r"), np.load(npys[1], mmap_mode="r"), tok, files
+
+
+# ----------------------------------------------------------------------------
+# 4. Do the ids fit the model? And the baseline to beat
+
+CHUNK = 1 << 24  # ids per read: a memmap is scanned in pieces, never loaded whole
+
+
+def check_ids(train, valid, context_length, vocab_size):
+    """Ids below the vocab size, windows shorter than the data; raises UsageError."""
+    for name, ids in (("train", train), ("validation", valid)):
+        if ids.ndim != 1 or ids.dtype.kind not in "ui":
+            raise UsageError(f"the {name} ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
+        if len(ids) <= context_length:
+            raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
+                             f"({len(ids)} tokens); lower it or use more data.")
+        ranges = [(int(ids[i:i + CHUNK].min()), int(ids[i:i + CHUNK].max())) for i in range(0, len(ids), CHUNK)]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if lo < 0:
+            raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
+        if hi >= vocab_size:
+            raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
+                             "pass a --vocab-size above its largest id.")
+
+
+def unigram_loss(train, valid, vocab_size, limit=100_000_000):
+    """The baseline a model must beat: cross-entropy (nats/token) of the validation ids under
+    the train ids' unigram distribution, add-one smoothed, from the first `limit` train ids.
+        L = -sum_v q(v) log p(v),  p(v) = (count_train(v) + 1) / (N + V),  q = valid frequencies"""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, min(len(train), limit), CHUNK):
+        counts += np.bincount(train[i:min(i + CHUNK, limit)], minlength=vocab_size)
+    p = (counts + 1) / (counts.sum() + vocab_size)
+    q = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(valid), CHUNK):
+        q += np.bincount(valid[i:i + CHUNK], minlength=vocab_size)
+    return float(-(q * np.log(p)).sum() / q.sum())
