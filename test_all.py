@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import accounting
+import bench
 import bpe
 import kernels
 import model
@@ -1249,9 +1250,9 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
     ids = _train_toy_ids(tmp_path / "toy.npy")
     real, calls = optim.cross_entropy, []
 
-    def poisoned(logits, targets):  # the 13th training micro-batch (after 2 eval batches) goes NaN
+    def poisoned(logits, targets, **kw):  # the 13th training micro-batch (after 2 eval batches) goes NaN
         calls.append(1)
-        out = real(logits, targets)
+        out = real(logits, targets, **kw)
         return out * float("nan") if len(calls) == 15 else out
     monkeypatch.setattr(train, "cross_entropy", poisoned)  # the name train.py's step calls
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "50", "--checkpoint-interval", "5",
@@ -1866,3 +1867,43 @@ def test_kernels_cuda_kernel_matches_reference():
                 # float32: computed and rounded in float32; bfloat16: one rounding, rel <= 2^-8
                 assert r <= (4e-6 if dtype == torch.float32 else 2.0**-8 * (1 + 1e-3)), (n, dtype, a, r)
 
+
+# ============================================================================
+# bench.py (the peers are optional: each table runs without them, saying how to install them)
+# ============================================================================
+
+def _bench_no_peers(monkeypatch):
+    real = bench.peer
+    monkeypatch.setattr(bench, "peer", lambda module, pip_name: real("no_such_module_" + module, pip_name))
+
+
+def test_bench_missing_peer_is_one_line_saying_how_to_install(capsys):
+    assert bench.peer("no_such_module_xyz", "xyz") is None
+    assert capsys.readouterr().out.strip() == "(no_such_module_xyz is not installed, so it is left out: pip install xyz)"
+
+
+def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
+    _bench_no_peers(monkeypatch)
+    corpus = tmp_path / "c.txt"
+    text = "low lower lowest newer wider <|endoftext|> new wide\n" * 200
+    corpus.write_text(text, encoding="utf-8")
+    _, merges = bpe.train_bpe_naive(text, 300, ["<|endoftext|>"])
+    assert bench.main(["train", "--input", str(corpus), "--vocab-size", "300", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| bpe.train_bpe |" in out and "pip install tokenizers" in out and "pip install rustbpe" in out
+    assert f"bpe.train_bpe: {len(merges)} merges" in out
+
+
+def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["encode", "--input", str(tmp_path / "missing.txt")])
+    assert "not found" in str(e.value.code)
+
+
+def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch):
+    _bench_no_peers(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["step", *_TRAIN_TINY, "--benchmark-steps", "1"]) == 0
+    assert "tokens/s" in capsys.readouterr().out and os.listdir(tmp_path) == []
+    bench.main(["generate", "--new-tokens", "2"])
+    assert "same tokens with and without the cache: True" in capsys.readouterr().out

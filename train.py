@@ -456,7 +456,9 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     for i, (x, y) in enumerate(micro_batches):
         sync = i == n - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg):
-            loss = cross_entropy(model(x), y)  # logits (B, T, vocab); the loss is computed in float32
+            # logits (B, T, vocab); the loss is computed in float32, with optim's hand-written backward
+            # unless --no-fast asks for the reference path
+            loss = cross_entropy(model(x), y, fused=cfg["fast"])
         (loss / n).backward()
         loss_sum += loss.detach()
     loss = loss_sum / n
@@ -498,7 +500,7 @@ def evaluate(model, data, cfg):
     for _ in range(cfg["eval_iters"]):
         for x, y in micro_batches(data, cfg, g):  # split as in training: --grad-accum changes nothing
             with autocast(cfg):
-                total += cross_entropy(model(x), y)
+                total += cross_entropy(model(x), y, fused=cfg["fast"])
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(total)
     model.train()
