@@ -6,12 +6,9 @@ with its formula and proven against the real model in model.py.
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Each section states its formulas, then prints its answers. In reading order: 1 FLOPs, hardware
-and MFU (the definitions train.py and kernels.py import); lecture 2: 2 motivating questions,
-3 memory of tensors, 4 compute, 5 arithmetic intensity and the roofline, 6 memory of a training
-step; assignment 1: 7 transformer_accounting, 8 adamwAccounting, 9 the TinyStories model,
-10 uint16 token ids and tokenizer throughput; 11 where the course notes are wrong; 12 proof
-against model.TransformerLM; 13 command line.
+Each section states its formulas, then prints its answers: the FLOP and MFU definitions that
+train.py and kernels.py import, lecture 2, assignment 1, where the course notes are wrong, and
+the proof of every formula against model.TransformerLM.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs
 2*m*n*p). "Forward FLOPs" count matmuls only. Causal attention's QK^T and AV are counted over
@@ -20,12 +17,11 @@ the full T x T square, as torch.utils.flop_counter.FlopCounterMode counts a mask
 """
 
 import argparse
+import collections
 import functools
 import itertools
 import math
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -95,15 +91,13 @@ def mfu(flops, seconds, peak):
 
 
 def gpu_peak_key(device_name):
-    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None."""
+    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200
+    has the H100 SXM's compute (with more, faster memory); the H100 NVL is another card (two
+    dies, other clocks): no row, no guess."""
     name = device_name.upper()
-    if "H100" in name and "NVL" in name:
-        return None  # a different card (two dies, other clocks): no row, no guess
     if "H100" in name:
-        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
-    if "H200" in name:
-        return "H100 SXM"  # the H200 has the H100 SXM's compute with more, faster memory
-    return "A100" if "A100" in name else None
+        return None if "NVL" in name else "H100 PCIe" if "PCIE" in name else "H100 SXM"
+    return "H100 SXM" if "H200" in name else "A100" if "A100" in name else None
 
 
 @functools.cache  # measured once per process and dtype
@@ -124,15 +118,14 @@ def peak_flops(device, dtype):
     published dense figure. CPU: no datasheet figure means anything on a shared box, so MFU there
     is the fraction of the best rate torch's own square matmul reaches (measured once)."""
     device = torch.device(device)
-    if device.type == "cuda":
-        key = gpu_peak_key(torch.cuda.get_device_name(device))
-        if key is None:
-            return None
-        if dtype == torch.float32:
-            tf32 = torch.get_float32_matmul_precision() != "highest"
-            return PEAK_FLOPS[key]["tf32" if tf32 else "fp32"]
-        return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
-    return measure_matmul_flops(dtype) if device.type == "cpu" else None
+    if device.type == "cpu":
+        return measure_matmul_flops(dtype)
+    key = gpu_peak_key(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if key is None:
+        return None
+    if dtype == torch.float32:
+        return PEAK_FLOPS[key]["fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"]
+    return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,15 +193,11 @@ def section_tensors():
 # ---------------------------------------------------------------------------------------------
 # 4. Lecture 2, compute
 
-def matmul_flops(m, n, p):
-    """(m, n) @ (n, p): m*p dot products of length n, n multiplies + n adds each = 2 m n p."""
-    return 2 * m * n * p
-
-
 def two_layer_flops(B, D, K):
-    """x (B, D) -> w1 (D, D) -> w2 (D, K): (forward, backward). Per matmul the backward takes
-    the gradient w.r.t. the weight and w.r.t. the input: two matmuls of the forward's size."""
-    forward = matmul_flops(B, D, D) + matmul_flops(B, D, K)
+    """x (B, D) -> w1 (D, D) -> w2 (D, K): (forward, backward). A matmul (m, n) @ (n, p) is m p dot
+    products of n multiplies and n adds: 2 m n p. Per matmul the backward takes the gradient
+    w.r.t. the weight and w.r.t. the input: two matmuls of the forward's size."""
+    forward = 2 * B * D * D + 2 * B * D * K
     return forward, BACKWARD_PER_FORWARD * forward
 
 
@@ -217,7 +206,7 @@ def section_compute():
     fwd, bwd = two_layer_flops(B, D, K)
     peak = PEAK_FLOPS["H100 SXM"]["bf16"]
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
-       f"2 B D K = 2 x {B} x {D} x {K} = {matmul_flops(B, D, K):.4e} FLOPs")
+       f"2 B D K = 2 x {B} x {D} x {K} = {2 * B * D * K:.4e} FLOPs")
     _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?",
        f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params",
        f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}",
@@ -269,6 +258,9 @@ def section_intensity():
 # ---------------------------------------------------------------------------------------------
 # 6. Lecture 2, memory of a training step
 
+GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
+
+
 def deep_network_memory(B, D, L, optimizer_states_per_param, bytes_per_value=4):
     """Bytes of the lecture's DeepNetwork (L blocks of D x D Linear + ReLU): params D^2 L,
     activations B D L, gradients = params, optimizer state k x params (AdaGrad 1, AdamW 2: m, v)."""
@@ -276,11 +268,6 @@ def deep_network_memory(B, D, L, optimizer_states_per_param, bytes_per_value=4):
     parts = {"parameters": params, "activations": B * D * L, "gradients": params,
              "optimizer state": optimizer_states_per_param * params}
     return {k: bytes_per_value * v for k, v in parts.items()}
-
-
-def grad_accumulation(batch, micro_batch, D, L, bytes_per_value=2):
-    """Activations scale with the micro-batch, the gradient with nothing: (steps, bytes, bytes)."""
-    return batch // micro_batch, bytes_per_value * batch * D * L, bytes_per_value * micro_batch * D * L
 
 
 def checkpointing(L, every):
@@ -296,9 +283,6 @@ def checkpointing(L, every):
     return math.ceil(L / every) + 2 * every, L
 
 
-GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
-
-
 def section_memory():
     B, D, L = 2, 4, 3
     _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
@@ -306,8 +290,9 @@ def section_memory():
         m = deep_network_memory(B, D, L, k)
         _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
     _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
-    steps, full, small = grad_accumulation(**GRAD_ACCUMULATION)
+    steps, full, small = batch // micro, 2 * batch * D * L, 2 * micro * D * L  # bf16: 2 bytes per value
     _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?",
        f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
        f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
@@ -324,6 +309,15 @@ def section_memory():
 # 7. Assignment 1, transformer_accounting (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU,
 #    untied head). context_length and num_heads change no parameter count, and num_heads no FLOP
 #    count (h heads of d_k = d / h); the functions accept them so a model config passes as **cfg.
+
+GPT2_VOCAB = 50_257
+GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
+               "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
+# The components grouped for the share table: (d, e) of transformer_accounting.
+SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
+                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
+                "lm_head": ("lm_head",)}
+
 
 def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no_norm=False,
                     tie_embeddings=False, context_length=None, num_heads=None):
@@ -377,11 +371,6 @@ def formula_forward_flops(cfg, silu_ffn=False):
     return f
 
 
-GPT2_VOCAB = 50_257
-GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
-               "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
-
-
 def gpt2_config(name, context_length=1_024):
     """TransformerLM keyword arguments of a GPT-2-shaped model with the handout's d_ff = 4 d_model."""
     L, d, h = GPT2_SHAPES[name]
@@ -395,12 +384,6 @@ def _shape(cfg):
     return ", ".join(f"{k}={cfg[n]}" for k, n in zip(("V", "T", "d", "L", "h", "d_ff"), keys))
 
 
-# The components grouped for the share table: (d, e) of transformer_accounting.
-SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
-                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
-                "lm_head": ("lm_head",)}
-
-
 def section_transformer():
     xl = gpt2_config("XL")
     counts, flops = lm_param_counts(**xl), lm_forward_flops_by_component(**xl)
@@ -412,7 +395,8 @@ def section_transformer():
     _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?",
        *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {100 * v / total:5.2f}%" for k, v in flops.items()),
        f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
-    ffn, proj = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"], flops["attn q,k,v proj"] + flops["attn output proj"]
+    ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
+    proj = flops["attn q,k,v proj"] + flops["attn output proj"]
     _q("(c) Which parts need the most FLOPs?",
        f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections {100 * proj / total:.1f}%")
     cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
@@ -433,6 +417,17 @@ def section_transformer():
 # ---------------------------------------------------------------------------------------------
 # 8. Assignment 1, adamwAccounting (float32 everywhere, d_ff = 4 d_model)
 
+# FLOPs per parameter of one AdamW step (the handout's Algorithm 1; scalars like the
+# bias-corrected alpha_t are computed once per step, not per parameter; no matmul anywhere):
+ADAMW_FLOPS_PER_PARAM = {
+    "m = b1 m + (1 - b1) g": 3,  # 2 multiplies, 1 add
+    "v = b2 v + (1 - b2) g^2": 4,  # g*g, 2 multiplies, 1 add
+    "p -= a_t m / (sqrt(v) + eps)": 5,  # sqrt, add, divide, multiply, subtract
+    "p -= a lambda p": 2,  # multiply, subtract
+}
+XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], mfu_fraction=0.5)  # (d)
+
+
 def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers):
     """Activations as the handout lists them, one tensor per item, d_ff = 4d:
     per layer: 2 RMSNorm outputs 2BTd | Q, K, V 3BTd | Q^T K scores BhT^2 | softmax BhT^2 |
@@ -444,19 +439,14 @@ def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers
 
 
 def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
-    """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference
-    path, training mode), from token ids up to the logits (the output, not saved).
-    With N = B*T, d_k = d_model / h, per layer:
-      10 N d:  ln1 input, x*inv_rms, ln1 output (input of q/k/v proj), rotated q and k,
-               v made contiguous for AV, heads concatenated (output_proj input), residual z,
-               z*inv_rms, ln2 output (input of w1/w3)
-       5 N d_ff: w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
-       2 N:      inv_rms of ln1 and ln2
-       3 B h T^2: masked scores (for the max), exp(scores - max), probabilities
-       2 B h T:  row max and row sum of the softmax
-       2 T d_k:  RoPE cos and sin gathered for q and for k (T x d_k/2 each)
-       T^2 bytes: the causal mask (bool)
-    then ln_final: 3 N d + N, and the int64 token ids: 8 N bytes."""
+    """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference path,
+    training mode), from token ids up to the logits (the output, not saved). N = B*T, per layer:
+    10 N d (ln1 input, x*inv_rms, ln1 output, rotated q and k, v made contiguous for AV, heads
+    concatenated, residual z, z*inv_rms, ln2 output) | 5 N d_ff (w1 x, sigmoid(w1 x), silu(w1 x),
+    w3 x, the gated product) | 2 N (inv_rms of ln1, ln2) | 3 B h T^2 (masked scores, exp(scores -
+    max), probabilities) | 2 B h T (softmax row max and sum) | 2 T d_k (RoPE cos and sin for q
+    and k, T x d_k/2 each) | T^2 bytes (the bool causal mask); then ln_final 3 N d + N and the
+    int64 token ids, 8 N bytes."""
     N, d, h, L = B * T, d_model, num_heads, num_layers
     per_layer = 10 * N * d + 5 * N * d_ff + 2 * N + 3 * B * h * T * T + 2 * B * h * T + 2 * T * (d // h)
     return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
@@ -481,23 +471,10 @@ def max_batch(a, b, memory_bytes):
     return math.floor((memory_bytes - b) / a)
 
 
-# FLOPs per parameter of one AdamW step (the handout's Algorithm 1; scalars like the
-# bias-corrected alpha_t are computed once per step, not per parameter; no matmul anywhere):
-ADAMW_FLOPS_PER_PARAM = {
-    "m = b1 m + (1 - b1) g": 3,  # 2 multiplies, 1 add
-    "v = b2 v + (1 - b2) g^2": 4,  # g*g, 2 multiplies, 1 add
-    "p -= a_t m / (sqrt(v) + eps)": 5,  # sqrt, add, divide, multiply, subtract
-    "p -= a lambda p": 2,  # multiply, subtract
-}
-
-
 def lm_training_days(cfg, batch_size, steps, peak, mfu_fraction):
     """(days, FLOPs per step): days = steps x 3 x batch x forward FLOPs / (peak x MFU x 86400)."""
     step = training_step_flops(batch_size * lm_forward_flops(**cfg))
     return days_to_train(steps * step, 1, peak, mfu_fraction), step
-
-
-XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], mfu_fraction=0.5)  # (d)
 
 
 def section_adamw():
@@ -563,43 +540,31 @@ def section_tinystories():
 PILE_BYTES = 825e9
 
 
-def smallest_uint(vocab_size):
-    """Smallest unsigned numpy integer type that holds every id 0 .. vocab_size - 1."""
-    for bits in (8, 16, 32, 64):
-        if vocab_size <= 2**bits:
-            return f"uint{bits}"
-    raise ValueError(f"vocab_size={vocab_size} does not fit in 64 bits")
-
-
 def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
     """(bytes/s, note) of bpe.Tokenizer.encode in one process on Python's own documentation
-    (pydoc_data: every CPython has it). bpe.train_bpe learns vocab_size - 256 merges from its
-    first quarter (small enough for the interpreted merge loop: no numba compile); encode runs
-    over the rest, a fresh tokenizer (empty cache) per pass, for about `seconds`."""
+    (pydoc_data: every CPython has it). BPE learns vocab_size - 256 merges from its first
+    quarter (small enough for the interpreted merge loop: no numba compile); encode runs over
+    the rest, a fresh tokenizer (empty cache) per pass, for about `seconds`."""
     if PYDOC_TOPICS is None:
         return None, "pydoc_data (Python's documentation text) is not installed in this Python"
     text = "".join(PYDOC_TOPICS[k] for k in sorted(PYDOC_TOPICS))
-    cut = len(text) // 4
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "train.txt"
-        path.write_text(text[:cut], encoding="utf-8")
-        vocab, merges = bpe.train_bpe(str(path), vocab_size, num_workers=1)
+    cut, passes, elapsed = len(text) // 4, 0, 0.0
+    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), vocab_size)
     rest = text[cut:]
-    n_bytes, passes, elapsed = len(rest.encode("utf-8")), 0, 0.0
     while passes == 0 or elapsed < seconds:
-        tok = bpe.Tokenizer(vocab, merges)
-        start = time.perf_counter()
+        tok, start = bpe.Tokenizer(vocab, merges), time.perf_counter()
         tok.encode(rest)
         elapsed, passes = elapsed + time.perf_counter() - start, passes + 1
+    n_bytes = len(rest.encode("utf-8"))
     return (passes * n_bytes / elapsed,
-            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_bpe on {cut:,} "
+            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_from_counts on {cut:,} "
             f"characters of Python's pydoc_data topics, encoding the other {n_bytes:,} bytes, "
             f"{passes} passes with an empty cache")
 
 
 def section_tokenizer():
     _q("Why store token ids as uint16?",
-       *(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> {smallest_uint(v)}, 2 bytes per token "
+       *(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> uint{next(b for b in (8, 16, 32, 64) if v <= 2**b)}, 2 bytes per token "
          "(half of int32, a quarter of torch's int64)" for v in (10_000, 32_000, GPT2_VOCAB)))
     bps, note = measure_tokenizer_throughput()
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?",
@@ -663,15 +628,6 @@ def meta_lm(cfg, **ablations):
     return model.TransformerLM(**cfg, device="meta", **ablations)
 
 
-def measured_param_counts(lm):
-    """Parameters of a built model per component, by state-dict name (shared tensors once)."""
-    counts = dict.fromkeys(("token_embeddings", "attn", "ffn", "norms", "lm_head"), 0)
-    for name, p in lm.named_parameters():
-        part = name.split(".")[2 if name.startswith("layers.") else 0]
-        counts[part if part in counts else "norms"] += p.numel()  # ln1, ln2, ln_final
-    return counts
-
-
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
 # QK^T and AV run inside the attention module itself: its count minus its projections.
 _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_proj": "attn q,k,v proj",
@@ -726,8 +682,11 @@ def verification_checks(quick=False):
     for name, (cfg, abl) in VERIFY_CONFIGS.items():
         if quick and "16384" in name:
             continue
-        lm = meta_lm(cfg, **abl)
-        form, meas = lm_param_counts(**cfg, **abl), measured_param_counts(lm)
+        lm, form = meta_lm(cfg, **abl), lm_param_counts(**cfg, **abl)
+        meas = dict.fromkeys(form, 0)  # parameters by state-dict name (a tied tensor counts once)
+        for pname, p in lm.named_parameters():
+            part = pname.split(".")[2 if pname.startswith("layers.") else 0]
+            meas[part if part in meas else "norms"] += p.numel()  # ln1, ln2, ln_final
         for part in form:
             yield f"params  {name}: {part}", form[part], meas[part]
         form = formula_forward_flops(cfg, abl.get("silu_ffn", False))
