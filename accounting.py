@@ -261,15 +261,6 @@ def section_intensity():
 GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
 
 
-def deep_network_memory(B, D, L, optimizer_states_per_param, bytes_per_value=4):
-    """Bytes of the lecture's DeepNetwork (L blocks of D x D Linear + ReLU): params D^2 L,
-    activations B D L, gradients = params, optimizer state k x params (AdaGrad 1, AdamW 2: m, v)."""
-    params = D * D * L
-    parts = {"parameters": params, "activations": B * D * L, "gradients": params,
-             "optimizer state": optimizer_states_per_param * params}
-    return {k: bytes_per_value * v for k, v in parts.items()}
-
-
 def checkpointing(L, every):
     """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g), in
     (B, D) tensors and block forwards. every=0: no checkpointing, keep g and h of every block.
@@ -284,10 +275,11 @@ def checkpointing(L, every):
 
 
 def section_memory():
-    B, D, L = 2, 4, 3
+    B, D, L = 2, 4, 3  # the lecture's DeepNetwork: L blocks of D x D Linear + ReLU, float32
     _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
-    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):
-        m = deep_network_memory(B, D, L, k)
+    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
+        m = {"parameters": 4 * D * D * L, "activations": 4 * B * D * L, "gradients": 4 * D * D * L,
+             "optimizer state": 4 * k * D * D * L}
         _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
     _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
     # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
