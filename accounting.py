@@ -558,11 +558,13 @@ def section_tokenizer():
     _q("Why store token ids as uint16?",
        *(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> uint{next(b for b in (8, 16, 32, 64) if v <= 2**b)}, 2 bytes per token "
          "(half of int32, a quarter of torch's int64)" for v in (10_000, 32_000, GPT2_VOCAB)))
+    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
     bps, note = measure_tokenizer_throughput()
-    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?",
-       f"not measured: {note}" if bps is None else f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)")
-    if bps is not None:
-        _a(f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / DAY:.2f} days")
+    if bps is None:
+        _a(f"not measured: {note}")
+        return
+    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)",
+       f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / DAY:.2f} days")
 
 
 # ---------------------------------------------------------------------------------------------
