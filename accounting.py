@@ -95,9 +95,11 @@ def gpu_peak_key(device_name):
     has the H100 SXM's compute (with more, faster memory); the H100 NVL is another card (two
     dies, other clocks): no row, no guess."""
     name = device_name.upper()
-    if "H100" in name:
-        return None if "NVL" in name else "H100 PCIe" if "PCIE" in name else "H100 SXM"
-    return "H100 SXM" if "H200" in name else "A100" if "A100" in name else None
+    if "H100" in name and "NVL" not in name:
+        return "H100 PCIe" if "PCIE" in name else "H100 SXM"
+    if "H200" in name:
+        return "H100 SXM"
+    return "A100" if "A100" in name else None
 
 
 @functools.cache  # measured once per process and dtype
@@ -433,12 +435,15 @@ def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers
 def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
     """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference path,
     training mode), from token ids up to the logits (the output, not saved). N = B*T, per layer:
-    10 N d (ln1 input, x*inv_rms, ln1 output, rotated q and k, v made contiguous for AV, heads
-    concatenated, residual z, z*inv_rms, ln2 output) | 5 N d_ff (w1 x, sigmoid(w1 x), silu(w1 x),
-    w3 x, the gated product) | 2 N (inv_rms of ln1, ln2) | 3 B h T^2 (masked scores, exp(scores -
-    max), probabilities) | 2 B h T (softmax row max and sum) | 2 T d_k (RoPE cos and sin for q
-    and k, T x d_k/2 each) | T^2 bytes (the bool causal mask); then ln_final 3 N d + N and the
-    int64 token ids, 8 N bytes."""
+      10 N d     ln1 input, x*inv_rms, ln1 output (q/k/v input), rotated q and k, v made contiguous
+                 for AV, heads concatenated (output_proj input), residual z, z*inv_rms, ln2 output
+       5 N d_ff  w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
+       2 N       inv_rms of ln1 and ln2
+       3 B h T^2 masked scores (for the max), exp(scores - max), probabilities
+       2 B h T   the softmax's row max and row sum
+       2 T d_k   RoPE cos and sin gathered for q and for k (T x d_k/2 each)
+       T^2 bytes the causal mask (bool)
+    then ln_final 3 N d + N, and the int64 token ids 8 N bytes."""
     N, d, h, L = B * T, d_model, num_heads, num_layers
     per_layer = 10 * N * d + 5 * N * d_ff + 2 * N + 3 * B * h * T * T + 2 * B * h * T + 2 * T * (d // h)
     return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
