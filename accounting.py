@@ -6,21 +6,9 @@ with its formula and proven against the real model in model.py.
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Each section states its formulas and then prints its answers, in the order of the lecture
-and then the handout:
-  1. FLOPs, hardware and MFU: the definitions train.py and kernels.py import
-  2. Lecture 2, motivating questions: days to train 70B on 15T tokens; largest model on 8 H100s
-  3. Lecture 2, memory of tensors: bytes per dtype, torch.finfo, the 1e-8 underflow
-  4. Lecture 2, compute: the linear model, forward 2x / backward 4x / step 6x, a week of 8 H100s
-  5. Lecture 2, arithmetic intensity and the roofline
-  6. Lecture 2, memory of a training step: deep network, gradient accumulation, checkpointing
-  7. Assignment 1, transformer_accounting: parameters and FLOPs of TransformerLM, GPT-2 XL
-  8. Assignment 1, adamwAccounting: peak memory, a*batch + b, AdamW FLOPs, days on one A100
-  9. Assignment 1, the TinyStories model and its token budget
- 10. Assignment 1, token ids as uint16 and tokenizer throughput
- 11. Where the course notes are wrong: every correction in one place, with its cause
- 12. Proof: meta-device parameter counts, FlopCounterMode, tensors saved for backward
- 13. Command line
+Each section states its formulas, then prints its answers: the FLOP and MFU definitions that
+train.py and kernels.py import, lecture 2, assignment 1, where the course notes are wrong, and
+the proof of every formula against model.TransformerLM.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs
 2*m*n*p). "Forward FLOPs" count matmuls only. Causal attention's QK^T and AV are counted over
@@ -29,11 +17,11 @@ the full T x T square, as torch.utils.flop_counter.FlopCounterMode counts a mask
 """
 
 import argparse
+import collections
 import functools
+import itertools
 import math
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -46,16 +34,15 @@ try:  # Python's own documentation text: the tokenizer-throughput corpus every C
 except ImportError:  # some distributions leave pydoc_data out; then throughput is not measured
     PYDOC_TOPICS = None
 
-GB, GiB = 1e9, 2**30
-SECONDS_PER_DAY = 60 * 60 * 24
+GB, GiB, DAY = 1e9, 2**30, 86_400  # bytes, bytes, seconds
 
 
-def _q(text):
-    print(f"\nQ: {text}")
+def _q(question, *answers):
+    print(f"\nQ: {question}", *answers, sep="\n   ")
 
 
-def _a(text):
-    print(f"   {text}")
+def _a(*answers):
+    print(*(f"   {a}" for a in answers), sep="\n")
 
 
 def _gb(n):
@@ -65,13 +52,12 @@ def _gb(n):
 # ---------------------------------------------------------------------------------------------
 # 1. FLOPs, hardware and MFU
 
-# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's whitepapers. This table is the one home
-# of these numbers: train.py's MFU and kernels.py's roofline import it. The datasheets'
-# headline tensor-core figures assume 2:4 sparsity and are twice these. The H100 SXM's bf16:
-# 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12; the datasheet prints
-# the sparse 1978.9e12 rounded to 1979, and the lecture halves that rounded figure (989.5e12).
-# "fp32" is the plain CUDA-core rate; "tf32" is fp32 matmuls on tensor cores, what torch uses
-# when torch.get_float32_matmul_precision() is "high" or "medium".
+# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers
+# (train.py's MFU and kernels.py's roofline import them); the datasheets' headline figures assume
+# 2:4 sparsity and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock
+# x 1.83 GHz = 989.4e12 (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is
+# the CUDA cores; "tf32" is fp32 matmuls on tensor cores, as torch runs them when
+# torch.get_float32_matmul_precision() is "high" or "medium".
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
@@ -80,41 +66,39 @@ PEAK_FLOPS = {
 H100_BYTES_PER_SEC = 3.35e12  # H100 SXM HBM3 memory bandwidth
 H100_MEMORY_BYTES = 80e9  # "80 GB" of HBM per H100
 
-# Kaplan et al. (2020) and Hoffmann et al. (2022): the backward pass costs twice the forward
-# (one matmul for the gradient w.r.t. the input, one w.r.t. the weight), so a step is 3x.
+# Kaplan et al. (2020), Hoffmann et al. (2022): the backward pass costs twice the forward (one
+# matmul for the gradient w.r.t. the input, one w.r.t. the weight), so a training step is 3x.
 BACKWARD_PER_FORWARD = 2
 
 
 def training_step_flops(forward_flops):
-    """FLOPs of forward + backward = (1 + 2) x forward. The one place the 3 (or 6 = 3 x 2) lives."""
+    """forward + backward = (1 + 2) x forward: the one place the 3 (and 6 = 3 x 2) lives."""
     return (1 + BACKWARD_PER_FORWARD) * forward_flops
 
 
 def training_flops(num_params, num_tokens):
-    """The 6 N D rule: a dense forward does one multiply and one add per parameter per token
-    (2 N D), and a training step is training_step_flops of that."""
+    """6 N D: a dense forward is one multiply and one add per parameter per token (2 N D)."""
     return training_step_flops(2 * num_params * num_tokens)
 
 
 def days_to_train(total_flops, num_gpus, peak, mfu_fraction):
-    """days = FLOPs / (GPUs x peak FLOP/s x MFU x 86400 s/day)."""
-    return total_flops / (num_gpus * peak * mfu_fraction * SECONDS_PER_DAY)
+    return total_flops / (num_gpus * peak * mfu_fraction * DAY)
 
 
 def mfu(flops, seconds, peak):
-    """Model FLOPs utilization = achieved FLOP/s / peak FLOP/s (the useful FLOPs only)."""
+    """Model FLOPs utilization = achieved FLOP/s (useful FLOPs only) / peak FLOP/s."""
     return flops / seconds / peak
 
 
 def gpu_peak_key(device_name):
-    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None."""
+    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200
+    has the H100 SXM's compute (with more, faster memory); the H100 NVL is another card (two
+    dies, other clocks): no row, no guess."""
     name = device_name.upper()
-    if "H100" in name and "NVL" in name:
-        return None  # a different card (two dies, other clocks): no row, no guess
-    if "H100" in name:
+    if "H100" in name and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
     if "H200" in name:
-        return "H100 SXM"  # the H200 has the H100 SXM's compute with more, faster memory
+        return "H100 SXM"
     return "A100" if "A100" in name else None
 
 
@@ -132,25 +116,18 @@ def measure_matmul_flops(dtype=torch.float32, n=1024, seconds=0.5):
 
 
 def peak_flops(device, dtype):
-    """Peak FLOP/s of `device` for matmuls in `dtype`: MFU's denominator. None if unknown.
-
-    CUDA: the published dense figure for the card (PEAK_FLOPS). CPU: there is no datasheet
-    figure that means anything for a shared dev box, so we measure the best rate of a square
-    matmul in that dtype (once per process): MFU on CPU is "fraction of what torch's own
-    matmul reaches here", not of a vendor number.
-    """
+    """MFU's denominator for matmuls in `dtype` on `device`, or None if unknown. CUDA: the card's
+    published dense figure. CPU: no datasheet figure means anything on a shared box, so MFU there
+    is the fraction of the best rate torch's own square matmul reaches (measured once)."""
     device = torch.device(device)
-    if device.type == "cuda":
-        key = gpu_peak_key(torch.cuda.get_device_name(device))
-        if key is None:
-            return None
-        if dtype == torch.float32:
-            tf32 = torch.get_float32_matmul_precision() != "highest"
-            return PEAK_FLOPS[key]["tf32" if tf32 else "fp32"]
-        return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
     if device.type == "cpu":
         return measure_matmul_flops(dtype)
-    return None
+    key = gpu_peak_key(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if key is None:
+        return None
+    if dtype == torch.float32:
+        return PEAK_FLOPS[key]["fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"]
+    return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,20 +144,18 @@ ADAMW_BYTES_PER_PARAM = {
 
 def section_motivation():
     h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
-    _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?")
-    flops = training_flops(70e9, 15e12)
-    per_day = 1024 * h100 * 0.5 * SECONDS_PER_DAY
-    _a(f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}")
-    _a(f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs")
-    _a(f"days = {flops:.3e} / {per_day:.3e} = {days_to_train(flops, 1024, h100, 0.5):.1f} days")
+    flops, per_day = training_flops(70e9, 15e12), 1024 * h100 * 0.5 * DAY
+    _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?",
+       f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}",
+       f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs",
+       f"days = {flops:.3e} / {per_day:.3e} = {days_to_train(flops, 1024, h100, 0.5):.1f} days")
     _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
     for name, parts in ADAMW_BYTES_PER_PARAM.items():
-        bpp = sum(parts.values())
-        spelled = " + ".join(f"{v} ({k})" for k, v in parts.items())
-        _a(f"{name}: {spelled} = {bpp} B/param -> 8 x 80e9 / {bpp} = "  # memory / bytes per param
-           f"{8 * H100_MEMORY_BYTES / bpp / 1e9:.1f}B params")
-    _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an")
-    _a("update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
+        bpp = sum(parts.values())  # largest model = memory / bytes per parameter
+        _a(f"{name}: " + " + ".join(f"{v} ({k})" for k, v in parts.items()) +
+           f" = {bpp} B/param -> 8 x 80e9 / {bpp} = {8 * H100_MEMORY_BYTES / bpp / 1e9:.1f}B params")
+    _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an",
+       "update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,55 +176,49 @@ def stored_value(x, dtype):
 
 
 def section_tensors():
-    _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)")
     ff = GPT3_FF_SHAPE
-    _a(f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes")
-    for dt in DTYPES:
-        _a(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
-           f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}")
-    _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?")
-    _a(f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
+    _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)",
+       f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes",
+       *(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
+         f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}" for dt in DTYPES))
+    _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?",
+       f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
     for dt in DTYPES:
         fi = torch.finfo(dt)
         _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
     sub16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps  # 2^-24
     _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {sub16:.3g}; below half of it rounds to 0): "
-       "gradients this small vanish.")
-    _a(f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
+       "gradients this small vanish.",
+       f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. Lecture 2, compute
 
-def matmul_flops(m, n, p):
-    """(m, n) @ (n, p): m*p dot products of length n, n multiplies + n adds each = 2 m n p."""
-    return 2 * m * n * p
-
-
 def two_layer_flops(B, D, K):
-    """x (B, D) -> w1 (D, D) -> h1 -> w2 (D, K) -> h2. Backward needs, per matmul, the
-    gradient w.r.t. the weight and w.r.t. the input: two matmuls of the forward's size."""
-    forward = matmul_flops(B, D, D) + matmul_flops(B, D, K)
+    """x (B, D) -> w1 (D, D) -> w2 (D, K): (forward, backward). A matmul (m, n) @ (n, p) is m p dot
+    products of n multiplies and n adds: 2 m n p. Per matmul the backward takes the gradient
+    w.r.t. the weight and w.r.t. the input: two matmuls of the forward's size."""
+    forward = 2 * B * D * D + 2 * B * D * K
     return forward, BACKWARD_PER_FORWARD * forward
 
 
 def section_compute():
-    _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?")
     B, D, K = 16384, 32768, 8192
-    _a(f"2 B D K = 2 x {B} x {D} x {K} = {matmul_flops(B, D, K):.4e} FLOPs")
-    _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?")
     fwd, bwd = two_layer_flops(B, D, K)
-    _a(f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params")
-    _a(f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}")
-    _a(f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
-    _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?")
-    _a(f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
-    _q("FLOPs of 8 H100s for a week?")
     peak = PEAK_FLOPS["H100 SXM"]["bf16"]
-    _a(f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * SECONDS_PER_DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)")
-    _a("MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:")
-    for card, row in PEAK_FLOPS.items():
-        _a(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()))
+    _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
+       f"2 B D K = 2 x {B} x {D} x {K} = {2 * B * D * K:.4e} FLOPs")
+    _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?",
+       f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params",
+       f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}",
+       f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
+    _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?",
+       f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
+    _q("FLOPs of 8 H100s for a week?",
+       f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)",
+       "MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:",
+       *(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()) for card, row in PEAK_FLOPS.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,68 +245,50 @@ def roofline_mfu(intensity, accel_intensity):
 
 
 def section_intensity():
-    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    peak, n = PEAK_FLOPS["H100 SXM"]["bf16"], 4096
     acc = accelerator_intensity(peak, H100_BYTES_PER_SEC)
-    _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?")
-    _a(f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
-    n = 4096
+    _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?",
+       f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
     for name, cost in ROOFLINE_COSTS.items():
         f, b = cost(n)
         ai = f / b
         _a(f"{name:<14} n={n}: {f:.4g} FLOPs / {b:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
-           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f}"
-           f" ({'compute' if ai >= acc else 'memory'}-bound)")
+           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f} ({'compute' if ai >= acc else 'memory'}-bound)")
     _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {acc:.0f} = {3 * acc:.0f}")
 
 
 # ---------------------------------------------------------------------------------------------
 # 6. Lecture 2, memory of a training step
 
-def deep_network_memory(B, D, L, optimizer_states_per_param, bytes_per_value=4):
-    """The lecture's DeepNetwork (L blocks of D x D Linear + ReLU), in bytes:
-    params D^2 L, activations B D L, gradients = params, optimizer state k x params
-    (AdaGrad k=1: sum of g^2; AdamW k=2: m and v)."""
-    params = D * D * L
-    parts = {"parameters": params, "activations": B * D * L, "gradients": params,
-             "optimizer state": optimizer_states_per_param * params}
-    return {k: bytes_per_value * v for k, v in parts.items()}
-
-
-def grad_accumulation(batch, micro_batch, D, L, bytes_per_value=2):
-    """Activations scale with the micro-batch, the gradient with nothing: (steps, bytes, bytes)."""
-    return batch // micro_batch, bytes_per_value * batch * D * L, bytes_per_value * micro_batch * D * L
+GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
 
 
 def checkpointing(L, every):
-    """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g).
-
-    Units: one (B, D) tensor and one block's forward. Without checkpointing the forward keeps
-    g and h of every block: 2L held, nothing recomputed. every=k keeps h of every k-th block
-    (ceil(L/k) checkpoints); the backward re-runs one segment of k blocks at a time, holding
-    its 2k tensors: every block is recomputed once. every=None keeps only the input: the
-    backward of block i re-runs blocks 1..i, L(L+1)/2 block forwards for 2 tensors held.
-    """
+    """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g), in
+    (B, D) tensors and block forwards. every=0: no checkpointing, keep g and h of every block.
+    every=k: keep h of every k-th block; the backward re-runs one k-block segment at a time
+    (holding its 2k tensors), so every block is recomputed once. every=None: keep only the
+    input; block i's backward re-runs blocks 1..i, L(L+1)/2 forwards for 2 tensors held."""
     if every is None:
         return 2, L * (L + 1) // 2
-    if every == 0:  # no checkpointing
+    if every == 0:
         return 2 * L, 0
     return math.ceil(L / every) + 2 * every, L
 
 
-GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
-
-
 def section_memory():
-    B, D, L = 2, 4, 3
+    B, D, L = 2, 4, 3  # the lecture's DeepNetwork: L blocks of D x D Linear + ReLU, float32
     _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
-    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):
-        m = deep_network_memory(B, D, L, k)
+    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
+        m = {"parameters": 4 * D * D * L, "activations": 4 * B * D * L, "gradients": 4 * D * D * L,
+             "optimizer state": 4 * k * D * D * L}
         _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
     _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
-    steps, full, small = grad_accumulation(**GRAD_ACCUMULATION)
-    _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?")
-    _a(f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
+    steps, full, small = batch // micro, 2 * batch * D * L, 2 * micro * D * L  # bf16: 2 bytes per value
+    _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?",
+       f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
        f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
     for L in (9, 16):
         _q(f"Activation checkpointing, L={L} blocks (held activations, recomputed block forwards)?")
@@ -350,35 +301,42 @@ def section_memory():
 
 # ---------------------------------------------------------------------------------------------
 # 7. Assignment 1, transformer_accounting (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU,
-#    untied head). context_length and num_heads change no parameter count, and num_heads no
-#    FLOP count (h heads of d_k = d / h), but the functions accept them so that a whole model
-#    config can be passed as **cfg.
+#    untied head). context_length and num_heads change no parameter count, and num_heads no FLOP
+#    count (h heads of d_k = d / h); the functions accept them so a model config passes as **cfg.
+
+GPT2_VOCAB = 50_257
+GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
+               "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
+# The components grouped for the share table: (d, e) of transformer_accounting.
+SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
+                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
+                "lm_head": ("lm_head",)}
+
 
 def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no_norm=False,
                     tie_embeddings=False, context_length=None, num_heads=None):
-    """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed).
-
-    token_embeddings V*d | attn 4*d^2 per layer (q, k, v, output) | ffn 3*d*d_ff per layer
-    (w1, w2, w3; 2 without the gate) | norms d per RMSNorm, 2 per layer + ln_final | lm_head V*d.
-    """
+    """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed)."""
     d, L, V = d_model, num_layers, vocab_size
     return {
         "token_embeddings": V * d,
-        "attn": L * 4 * d * d,
-        "ffn": L * (2 if silu_ffn else 3) * d * d_ff,
-        "norms": 0 if no_norm else (2 * L + 1) * d,
+        "attn": L * 4 * d * d,  # q, k, v, output projections
+        "ffn": L * (2 if silu_ffn else 3) * d * d_ff,  # w1, w2, w3 (no w3 without the gate)
+        "norms": 0 if no_norm else (2 * L + 1) * d,  # ln1, ln2 per layer and ln_final: d each
         "lm_head": 0 if tie_embeddings else V * d,
     }
 
 
+# The matmuls of one forward pass of T tokens; each costs 2 x the product of its dimensions.
+# QK^T and AV run h heads of d_k = d / h, so h cancels: 2 T^2 d each per layer.
+MATMUL_SHAPES = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h x (T, d_k) @ (d_k, T), x L",
+                 "attn AV": "h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
+                 "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
+                 "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
+
+
 def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers, d_ff,
                                   silu_ffn=False, num_heads=None):
-    """Matmul FLOPs of one sequence of T = context_length tokens through TransformerLM.
-
-    Per layer: q, k, v projections 3 * 2*T*d*d | QK^T: h heads of (T, d_k) @ (d_k, T) =
-    2*T*T*d | AV: h heads of (T, T) @ (T, d_k) = 2*T*T*d | output projection 2*T*d*d |
-    w1, w3, w2: 2*T*d*d_ff each. Once: lm_head 2*T*d*V. num_heads cancels (h * d_k = d).
-    """
+    """Matmul FLOPs of one sequence of T = context_length tokens, per MATMUL_SHAPES entry."""
     T, d, L, V = context_length, d_model, num_layers, vocab_size
     return {
         "attn q,k,v proj": L * 3 * 2 * T * d * d,
@@ -394,26 +352,20 @@ def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layer
 
 def lm_forward_flops(vocab_size, context_length, d_model, num_layers, d_ff, silu_ffn=False,
                      num_heads=None):
-    """Forward matmul FLOPs of one sequence of context_length tokens: the components above, summed."""
+    """Forward matmul FLOPs of one sequence of context_length tokens: the components, summed."""
     return sum(lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers,
                                              d_ff, silu_ffn).values())
 
 
 def formula_forward_flops(cfg, silu_ffn=False):
-    """lm_forward_flops_by_component grouped as FlopCounterMode can see it (QK^T and AV share
-    a module and an op, so they are compared together; they are equal by symmetry)."""
+    """The components grouped as FlopCounterMode can see them: QK^T and AV share a module and
+    an op, so they are compared together (they are equal by symmetry)."""
     f = lm_forward_flops_by_component(**cfg, silu_ffn=silu_ffn)
     f["attn QK^T + AV"] = f.pop("attn QK^T") + f.pop("attn AV")
     return f
 
 
-_SHAPE_ARGS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
-GPT2_VOCAB, GPT2_CONTEXT = 50_257, 1_024
-GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
-               "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
-
-
-def gpt2_config(name, context_length=GPT2_CONTEXT):
+def gpt2_config(name, context_length=1_024):
     """TransformerLM keyword arguments of a GPT-2-shaped model with the handout's d_ff = 4 d_model."""
     L, d, h = GPT2_SHAPES[name]
     return dict(vocab_size=GPT2_VOCAB, context_length=context_length, d_model=d, num_layers=L,
@@ -422,54 +374,53 @@ def gpt2_config(name, context_length=GPT2_CONTEXT):
 
 def _shape(cfg):
     """'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a TransformerLM config dict."""
-    return ", ".join(f"{k}={cfg[n]}" for k, n in zip(("V", "T", "d", "L", "h", "d_ff"), _SHAPE_ARGS))
-
-
-MATMUL_SHAPES = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h x (T, d_k) @ (d_k, T), x L",
-                 "attn AV": "h x (T, T) @ (T, d_k), x L", "attn output proj": "(T, d) @ (d, d), x L",
-                 "ffn w1": "(T, d) @ (d, d_ff), x L", "ffn w3": "(T, d) @ (d, d_ff), x L",
-                 "ffn w2": "(T, d_ff) @ (d_ff, d), x L", "lm_head": "(T, d) @ (d, V), once"}
-# The components grouped for the share table: (d, e) of transformer_accounting.
-SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
-                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
-                "lm_head": ("lm_head",)}
+    keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
+    return ", ".join(f"{k}={cfg[n]}" for k, n in zip(("V", "T", "d", "L", "h", "d_ff"), keys))
 
 
 def section_transformer():
     xl = gpt2_config("XL")
-    counts = lm_param_counts(**xl)
-    P = sum(counts.values())
-    _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?")
-    _a("V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)")
-    _a(" + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}")
-    _a(f"fp32: 4 x {P:,} = {_gb(4 * P)}")
-    _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?")
-    flops = lm_forward_flops_by_component(**xl)
-    total = sum(flops.values())
-    for k, v in flops.items():
-        _a(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {100 * v / total:5.2f}%")
-    _a(f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
-    _q("(c) Which parts need the most FLOPs?")
+    counts, flops = lm_param_counts(**xl), lm_forward_flops_by_component(**xl)
+    P, total = sum(counts.values()), sum(flops.values())
+    _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?",
+       "V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)",
+       " + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}",
+       f"fp32: 4 x {P:,} = {_gb(4 * P)}")
+    _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?",
+       *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {100 * v / total:5.2f}%" for k, v in flops.items()),
+       f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
     ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
-    _a(f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections "
-       f"{100 * (flops['attn q,k,v proj'] + flops['attn output proj']) / total:.1f}%")
-    _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384")
+    proj = flops["attn q,k,v proj"] + flops["attn output proj"]
+    _q("(c) Which parts need the most FLOPs?",
+       f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections {100 * proj / total:.1f}%")
     cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
     table = {n: formula_forward_flops(c) for n, c in cols}
-    _a(f"{'component':<18}" + "".join(f"{n:>10}" for n, _ in cols))
-    for g, keys in SHARE_GROUPS.items():
-        _a(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values()))
-    _a(f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()))
-    _a("bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention")
-    _a("core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
+    _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384",
+       f"{'component':<18}" + "".join(f"{n:>10}" for n in table),
+       *(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values())
+         for g, keys in SHARE_GROUPS.items()),
+       f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()),
+       "bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention",
+       "core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
     t1, t16 = sum(table["XL"].values()), sum(table["XL@16K"].values())
-    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);")
-    _a(f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> "
+    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);",
+       f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> "
        f"{100 * table['XL@16K']['attn QK^T + AV'] / t16:.1f}%")
 
 
 # ---------------------------------------------------------------------------------------------
 # 8. Assignment 1, adamwAccounting (float32 everywhere, d_ff = 4 d_model)
+
+# FLOPs per parameter of one AdamW step (the handout's Algorithm 1; scalars like the
+# bias-corrected alpha_t are computed once per step, not per parameter; no matmul anywhere):
+ADAMW_FLOPS_PER_PARAM = {
+    "m = b1 m + (1 - b1) g": 3,  # 2 multiplies, 1 add
+    "v = b2 v + (1 - b2) g^2": 4,  # g*g, 2 multiplies, 1 add
+    "p -= a_t m / (sqrt(v) + eps)": 5,  # sqrt, add, divide, multiply, subtract
+    "p -= a lambda p": 2,  # multiply, subtract
+}
+XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], mfu_fraction=0.5)  # (d)
+
 
 def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers):
     """Activations as the handout lists them, one tensor per item, d_ff = 4d:
@@ -482,21 +433,17 @@ def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers
 
 
 def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
-    """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference
-    path, training mode), from token ids up to the logits (the logits are the output, not saved).
-
-    With N = B*T, d_k = d_model / h, per layer:
-      10 N d:  ln1 input, x*inv_rms, ln1 output (input of q/k/v proj), rotated q and k,
-               v made contiguous for AV, heads concatenated (output_proj input), residual z,
-               z*inv_rms, ln2 output (input of w1/w3)
-       5 N d_ff: w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
-       2 N:      inv_rms of ln1 and ln2
-       3 B h T^2: masked scores (for the max), exp(scores - max), probabilities
-       2 B h T:  row max and row sum of the softmax
-       2 T d_k:  RoPE cos and sin gathered for q and for k (T x d_k/2 each)
-       T^2 bytes: the causal mask (bool)
-    then ln_final: 3 N d + N, and the int64 token ids: 8 N bytes.
-    """
+    """Bytes autograd really keeps after a float32 forward of model.TransformerLM (reference path,
+    training mode), from token ids up to the logits (the output, not saved). N = B*T, per layer:
+      10 N d     ln1 input, x*inv_rms, ln1 output (q/k/v input), rotated q and k, v made contiguous
+                 for AV, heads concatenated (output_proj input), residual z, z*inv_rms, ln2 output
+       5 N d_ff  w1 x, sigmoid(w1 x), silu(w1 x), w3 x, the gated product (w2 input)
+       2 N       inv_rms of ln1 and ln2
+       3 B h T^2 masked scores (for the max), exp(scores - max), probabilities
+       2 B h T   the softmax's row max and row sum
+       2 T d_k   RoPE cos and sin gathered for q and for k (T x d_k/2 each)
+       T^2 bytes the causal mask (bool)
+    then ln_final 3 N d + N, and the int64 token ids 8 N bytes."""
     N, d, h, L = B * T, d_model, num_heads, num_layers
     per_layer = 10 * N * d + 5 * N * d_ff + 2 * N + 3 * B * h * T * T + 2 * B * h * T + 2 * T * (d // h)
     return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
@@ -510,7 +457,7 @@ def adamw_memory(B, vocab_size, context_length, num_layers, d_model, num_heads):
 
 
 def adamw_memory_line(cfg):
-    """Total peak bytes as a * batch_size + b."""
+    """Total peak bytes as (a, b) of a * batch_size + b."""
     args = (cfg["vocab_size"], cfg["context_length"], cfg["num_layers"], cfg["d_model"], cfg["num_heads"])
     b = sum(adamw_memory(0, *args).values())
     return sum(adamw_memory(1, *args).values()) - b, b
@@ -521,49 +468,36 @@ def max_batch(a, b, memory_bytes):
     return math.floor((memory_bytes - b) / a)
 
 
-# FLOPs per parameter of one AdamW step (the handout's Algorithm 1; scalars like the
-# bias-corrected alpha_t are computed once per step, not per parameter; no matmul anywhere):
-ADAMW_FLOPS_PER_PARAM = {
-    "m = b1 m + (1 - b1) g": 3,  # 2 multiplies, 1 add
-    "v = b2 v + (1 - b2) g^2": 4,  # g*g, 2 multiplies, 1 add
-    "p -= a_t m / (sqrt(v) + eps)": 5,  # sqrt, add, divide, multiply, subtract
-    "p -= a lambda p": 2,  # multiply, subtract
-}
-
-
 def lm_training_days(cfg, batch_size, steps, peak, mfu_fraction):
     """(days, FLOPs per step): days = steps x 3 x batch x forward FLOPs / (peak x MFU x 86400)."""
     step = training_step_flops(batch_size * lm_forward_flops(**cfg))
     return days_to_train(steps * step, 1, peak, mfu_fraction), step
 
 
-XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], mfu_fraction=0.5)  # (d)
-
-
 def section_adamw():
     xl = gpt2_config("XL")
-    _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?")
-    _a("P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)")
-    _a("parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with")
-    _a("A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
-    _a("total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
     a, b = adamw_memory_line(xl)
-    _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?")
-    _a(f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
-    _a(f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}")
-    _a(f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}")
+    _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?",
+       "P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)",
+       "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with",
+       "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)",
+       "total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
     kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
-    _a(f"(model.py's autograd actually keeps {kept / GB:.1f} GB per sequence up to the logits; see --verify)")
-    _q("(c) FLOPs of one AdamW step?")
+    _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
+       f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
+       f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}",
+       f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}",
+       f"(model.py's autograd actually keeps {kept / GB:.1f} GB per sequence up to the logits; see --verify)")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
-    _a(" + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {per} P")
-    _a(f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
+    _q("(c) FLOPs of one AdamW step?",
+       " + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {per} P",
+       f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
     batch, steps, a100, m = XL_RUN.values()
-    _q(f"(d) Days to train GPT-2 XL, {steps // 1000}K steps of batch {batch}, on one A100 "
-       f"({a100 / 1e12:g}e12 fp32) at {m:.0%} MFU?")
     days, step = lm_training_days(xl, **XL_RUN)
-    _a(f"step = 3 x {batch} x {lm_forward_flops(**xl):.4e} = {step:.4e} FLOPs (backward = 2 x forward)")
-    _a(f"days = {steps} x {step:.4e} / ({a100 / 1e12:g}e12 x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
+    _q(f"(d) Days to train GPT-2 XL, {steps // 1000}K steps of batch {batch}, on one A100 "
+       f"({a100 / 1e12:g}e12 fp32) at {m:.0%} MFU?",
+       f"step = 3 x {batch} x {lm_forward_flops(**xl):.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
+       f"days = {steps} x {step:.4e} / ({a100 / 1e12:g}e12 x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,34 +506,29 @@ def section_adamw():
 
 TINYSTORIES = dict(vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1_344)
 TINYSTORIES_TOKENS = 327_680_000  # batch size x steps x context length (handout, 1 H100)
-TINYSTORIES_H100_MINUTES = (30, 40)  # the handout's wall-clock time for that budget on one H100
-TINYSTORIES_CPU_RUN = (32, 5_000)  # the handout's CPU / MPS run: batch 32, 5000 steps
-TINYSTORIES_TOKENS_CPU = math.prod(TINYSTORIES_CPU_RUN) * TINYSTORIES["context_length"]
 
 
 def section_tinystories():
     cfg, T = TINYSTORIES, TINYSTORIES["context_length"]
-    c = lm_param_counts(**cfg)
-    total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
-    _q(f"TinyStories model ({_shape(cfg)}): parameters?")
-    _a(" + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {total:,}")
-    _a(f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}")
-    _a("the handout's 'about 17M non-embedding parameters' is everything except the input embedding")
-    _a(f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
-    fwd = lm_forward_flops(**cfg)
-    _q(f"Token budget {TINYSTORIES_TOKENS:,} = batch x steps x context: what does it cost?")
+    c, fwd = lm_param_counts(**cfg), lm_forward_flops(**cfg)
+    blocks = c["attn"] + c["ffn"] + c["norms"]
+    _q(f"TinyStories model ({_shape(cfg)}): parameters?",
+       " + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {sum(c.values()):,}",
+       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}",
+       "the handout's 'about 17M non-embedding parameters' is everything except the input embedding",
+       f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
     seqs = TINYSTORIES_TOKENS // T
-    flops = training_step_flops(seqs * fwd)
-    _a(f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}")
-    _a(f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
-       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})")
-    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
-    lo, hi = TINYSTORIES_H100_MINUTES
-    _a(f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
-       f"MFU ~ {flops / h100 / (60 * (lo + hi) / 2):.1%} (small models are overhead-bound)")
-    batch, steps = TINYSTORIES_CPU_RUN
-    _a(f"CPU budget: {batch} x {steps} x {T} = {TINYSTORIES_TOKENS_CPU:,} tokens = "
-       f"{training_step_flops(TINYSTORIES_TOKENS_CPU // T * fwd):.3e} FLOPs")
+    flops, h100 = training_step_flops(seqs * fwd), PEAK_FLOPS["H100 SXM"]["bf16"]
+    lo, hi = 30, 40  # the handout's wall-clock minutes for this budget on one H100
+    batch, steps = 32, 5_000  # the handout's CPU / MPS run
+    _q(f"Token budget {TINYSTORIES_TOKENS:,} = batch x steps x context: what does it cost?",
+       f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}",
+       f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
+       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})",
+       f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
+       f"MFU ~ {flops / h100 / (60 * (lo + hi) / 2):.1%} (small models are overhead-bound)",
+       f"CPU budget: {batch} x {steps} x {T} = {batch * steps * T:,} tokens = "
+       f"{training_step_flops(batch * steps * fwd):.3e} FLOPs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,53 +537,39 @@ def section_tinystories():
 PILE_BYTES = 825e9
 
 
-def smallest_uint(vocab_size):
-    """Smallest unsigned numpy integer type that holds every id 0 .. vocab_size - 1."""
-    for bits in (8, 16, 32, 64):
-        if vocab_size <= 2**bits:
-            return f"uint{bits}"
-    raise ValueError(f"vocab_size={vocab_size} does not fit in 64 bits")
-
-
 def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
-    """(bytes/s, note) of bpe.Tokenizer.encode in one process, on Python's own documentation
-    (pydoc_data: every CPython has it, so a bare clone reproduces this). bpe.train_bpe learns
-    vocab_size - 256 merges from its first quarter (small enough for bpe.py's interpreted merge
-    loop: no numba compile), then encode runs over the rest, a fresh tokenizer (empty cache) per
-    pass, for about `seconds`. (None, reason) without pydoc_data: then nothing is estimated."""
+    """(bytes/s, note) of bpe.Tokenizer.encode in one process on Python's own documentation
+    (pydoc_data: every CPython has it). BPE learns vocab_size - 256 merges from its first
+    quarter (small enough for the interpreted merge loop: no numba compile); encode runs over
+    the rest, a fresh tokenizer (empty cache) per pass, for about `seconds`."""
     if PYDOC_TOPICS is None:
         return None, "pydoc_data (Python's documentation text) is not installed in this Python"
     text = "".join(PYDOC_TOPICS[k] for k in sorted(PYDOC_TOPICS))
-    cut = len(text) // 4
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "train.txt"
-        path.write_text(text[:cut], encoding="utf-8")
-        vocab, merges = bpe.train_bpe(str(path), vocab_size, num_workers=1)
+    cut, passes, elapsed = len(text) // 4, 0, 0.0
+    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), vocab_size)
     rest = text[cut:]
-    n_bytes, passes, elapsed = len(rest.encode("utf-8")), 0, 0.0
     while passes == 0 or elapsed < seconds:
-        tok = bpe.Tokenizer(vocab, merges)
-        start = time.perf_counter()
+        tok, start = bpe.Tokenizer(vocab, merges), time.perf_counter()
         tok.encode(rest)
         elapsed, passes = elapsed + time.perf_counter() - start, passes + 1
+    n_bytes = len(rest.encode("utf-8"))
     return (passes * n_bytes / elapsed,
-            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_bpe on {cut:,} "
+            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_from_counts on {cut:,} "
             f"characters of Python's pydoc_data topics, encoding the other {n_bytes:,} bytes, "
             f"{passes} passes with an empty cache")
 
 
 def section_tokenizer():
-    _q("Why store token ids as uint16?")
-    for v in (10_000, 32_000, GPT2_VOCAB):
-        _a(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> {smallest_uint(v)}, 2 bytes per token "
-           f"(half of int32, a quarter of torch's int64)")
+    _q("Why store token ids as uint16?",
+       *(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> uint{next(b for b in (8, 16, 32, 64) if v <= 2**b)}, 2 bytes per token "
+         "(half of int32, a quarter of torch's int64)" for v in (10_000, 32_000, GPT2_VOCAB)))
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
         _a(f"not measured: {note}")
         return
-    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)")
-    _a(f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / SECONDS_PER_DAY:.2f} days")
+    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)",
+       f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / DAY:.2f} days")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -671,7 +586,7 @@ def notes_corrections():
     g = GRAD_ACCUMULATION
     q70b, qxl, qadamw = "motivation: 70B on 15T tokens; 8 H100s", "transformer: GPT-2 XL", "adamw: GPT-2 XL"
     return [
-        (q70b, "4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * SECONDS_PER_DAY:.3e}",
+        (q70b, "4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * DAY:.3e}",
          "a factor-1000 slip in the notes' text; their 144 days is right"),
         (q70b, "143.927 days (lecture)", f"{days_to_train(training_flops(70e9, 15e12), 1024, h100, 0.5):.3f}",
          "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; PEAK_FLOPS has NVIDIA's 989.4e12"),
@@ -695,17 +610,13 @@ def notes_corrections():
         (qadamw, "6354 days (notes 003)", f"{lm_training_days(gpt2_config('XL'), **XL_RUN)[0]:,.0f}",
          "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls"),
         ("tokenizer: the Pile", "16.4 days at 626,519.6 B/s (notes 003)",
-         f"{PILE_BYTES / 626_519.6 / SECONDS_PER_DAY:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
+         f"{PILE_BYTES / 626_519.6 / DAY:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
     ]
 
 
 def section_corrections():
-    last = None
-    for question, published, verified, cause in notes_corrections():
-        if question != last:
-            _q(question)
-        print(f"   ! published {published}, verified {verified}: {cause}")
-        last = question
+    for question, rows in itertools.groupby(notes_corrections(), key=lambda row: row[0]):
+        _q(question, *(f"! published {p}, verified {v}: {cause}" for _, p, v, cause in rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,15 +625,6 @@ def section_corrections():
 def meta_lm(cfg, **ablations):
     """model.TransformerLM built on the meta device: shapes only, no memory, no init time."""
     return model.TransformerLM(**cfg, device="meta", **ablations)
-
-
-def measured_param_counts(lm):
-    """Parameters of a built model per component, by state-dict name (shared tensors once)."""
-    counts = dict.fromkeys(("token_embeddings", "attn", "ffn", "norms", "lm_head"), 0)
-    for name, p in lm.named_parameters():
-        part = name.split(".")[0] if not name.startswith("layers.") else name.split(".")[2]
-        counts[part if part in counts else "norms"] += p.numel()  # ln1, ln2, ln_final
-    return counts
 
 
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
@@ -746,8 +648,8 @@ def measured_forward_flops(lm, T):
 
 
 def measured_saved_bytes(lm, token_ids):
-    """Bytes of the distinct storages autograd saves during lm(token_ids), parameters and
-    buffers excluded (a view shares its base's storage, so each storage counts once)."""
+    """(bytes, count, output) of the distinct storages autograd saves during lm(token_ids),
+    parameters and buffers excluded (a view shares its base's storage: each counts once)."""
     own = {t.untyped_storage().data_ptr() for t in list(lm.parameters()) + list(lm.buffers())}
     storages = {}
 
@@ -779,8 +681,11 @@ def verification_checks(quick=False):
     for name, (cfg, abl) in VERIFY_CONFIGS.items():
         if quick and "16384" in name:
             continue
-        lm = meta_lm(cfg, **abl)
-        form, meas = lm_param_counts(**cfg, **abl), measured_param_counts(lm)
+        lm, form = meta_lm(cfg, **abl), lm_param_counts(**cfg, **abl)
+        meas = dict.fromkeys(form, 0)  # parameters by state-dict name (a tied tensor counts once)
+        for pname, p in lm.named_parameters():
+            part = pname.split(".")[2 if pname.startswith("layers.") else 0]
+            meas[part if part in meas else "norms"] += p.numel()  # ln1, ln2, ln_final
         for part in form:
             yield f"params  {name}: {part}", form[part], meas[part]
         form = formula_forward_flops(cfg, abl.get("silu_ffn", False))
@@ -806,8 +711,7 @@ def verification_checks(quick=False):
     f, b = two_layer_flops(B, D, K)
     yield "FLOPs   two-layer linear model: forward (2x)", f, fwd.get_total_flops()
     yield "FLOPs   two-layer linear model: backward (4x)", b, bwd.get_total_flops()
-    # activations: the bytes autograd saves, on small real models on the CPU
-    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:
+    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the bytes autograd saves, on small real models
         torch.manual_seed(0)
         meas, _, _ = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
         yield (f"bytes   saved for backward B={B} T={T} d={d} h={h} d_ff={d_ff} L={L}",
@@ -815,8 +719,8 @@ def verification_checks(quick=False):
 
 
 def cuda_memory_check(B=4, cfg=None):
-    """On a GPU: bytes the forward leaves allocated (memory_allocated) vs saved tensors + logits,
-    and the peak (max_memory_allocated). None without CUDA. Each allocation rounds up to 512 B."""
+    """On a GPU: (saved tensors + logits by formula, bytes the forward leaves allocated, peak
+    during it, slack of 512 B per allocation's rounding). None without CUDA."""
     if not torch.cuda.is_available():
         return None
     cfg = cfg or dict(vocab_size=1000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
@@ -825,10 +729,9 @@ def cuda_memory_check(B=4, cfg=None):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    saved, n_storages, out = measured_saved_bytes(lm, ids)
+    _, n_storages, out = measured_saved_bytes(lm, ids)
     torch.cuda.synchronize()
-    retained = torch.cuda.memory_allocated() - base
-    peak = torch.cuda.max_memory_allocated() - base
+    retained, peak = torch.cuda.memory_allocated() - base, torch.cuda.max_memory_allocated() - base
     formula = saved_activation_bytes(B, cfg["context_length"], cfg["d_model"], cfg["num_heads"],
                                      cfg["d_ff"], cfg["num_layers"]) + out.numel() * out.element_size()
     return formula, retained, peak, 512 * (n_storages + 1)
