@@ -1,17 +1,12 @@
 """Train a Transformer LM: from raw text to a checkpoint and samples, on one CPU or many GPUs.
 
-CS336 assignment 1, sections 5-7, grown into the script people actually run:
+CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py.
 
     python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
-    python train.py --data tinystories       # the handout's TinyStories run (downloads into data/)
-    python train.py --data owt               # the OpenWebText sample
-    python train.py --data my.txt            # any text file; --data my.npy for pre-tokenized ids
+    python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
+    python train.py --data my.txt            # any text file, or my.npy for pre-tokenized ids
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
-
-Reading order: 1. configuration (flags, presets, checks), 2. batches, 3. checkpoints (what makes
-a resumed run bitwise identical), 4. the training step, 5. the loop, 6. --benchmark and --plot,
-7. main(). Data preparation (corpora, BPE, token files) lives in data.py.
 """
 import argparse
 import contextlib
@@ -130,8 +125,7 @@ def must(key, words, wrong):  # a CHECKS row for one numeric flag; an unset flag
 
 
 def writable(path):  # can the directory be created, or written if it exists?
-    while not path.exists():
-        path = path.parent
+    path = next(p for p in (path, *path.parents) if p.exists())
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
@@ -256,9 +250,8 @@ def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a
 # 2. Batches: random windows of a memmap
 
 def get_batch(data, batch_size, context_length, device, generator=None):
-    """CS336 data loader: x[b] = data[s_b : s_b+T], y[b] = data[s_b+1 : s_b+T+1] (the next tokens),
-    int64 (batch_size, T) on `device`, starts s_b uniform over [0, len(data) - T) so y fits.
-    Only the pages of the memmap that the windows touch are read."""
+    """CS336 data loader: x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1], int64
+    (batch_size, T), s uniform over [0, len(data) - T). Only the memmap pages touched are read."""
     starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
     w = torch.from_numpy(data[starts[:, None] + np.arange(context_length + 1)].astype(np.int64))  # (B, T+1)
     x, y = w[:, :-1], w[:, 1:]
@@ -273,15 +266,14 @@ def micro_batches(data, cfg, generator):
     number of processes change the order of the arithmetic, never the data."""
     x, y = get_batch(data, cfg["batch_size"], cfg["context_length"], cfg["device"], generator)
     rows = cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"], cfg["context_length"]
-    return list(zip(x.view(rows)[:, cfg["rank"]], y.view(rows)[:, cfg["rank"]]))
+    return list(zip(x.reshape(rows)[:, cfg["rank"]], y.reshape(rows)[:, cfg["rank"]]))
 
 
 # ----------------------------------------------------------------------------
 # 3. Checkpoints
 
 def _unwrap(model):
-    """The plain module inside DDP (.module) and torch.compile (._orig_mod): its state-dict keys
-    are the contract (layers.0.attn.q_proj.weight, ...), without wrapper prefixes."""
+    """The module inside DDP (.module) and torch.compile (._orig_mod): state-dict keys without prefixes."""
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
         model = getattr(model, "module", None) or model._orig_mod
     return model
@@ -335,8 +327,8 @@ def check_resume(cfg, ckpt_path):
     return state
 
 
-# The "data position" of a run: batches are random windows, so where the data stream stands is
-# the batch generator's state plus the step count. These go into every checkpoint.
+# Batches are random windows, so the data stream's position is the batch generator's state (plus
+# the step count): it goes into every checkpoint with torch's RNG states.
 def rng_state(batch_gen):
     state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -380,9 +372,8 @@ def autocast(cfg):
 
 
 def use_activation_checkpointing(model):
-    """Lecture 2: keep only each block's input for backward and recompute its insides (attention
-    scores, FFN hidden layer) there: activation memory drops to O(layers x d_model) per token,
-    for the price of one more forward."""
+    """Lecture 2: keep only each block's input and recompute its insides in backward: activation
+    memory drops to O(layers x d_model) per token, for the price of one more forward."""
     from torch.utils.checkpoint import checkpoint
     for block in _unwrap(model).layers:
         def fwd(*args, _inner=block.forward, **kwargs):
@@ -409,11 +400,10 @@ def build(cfg):
 
 
 def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients (the caller then calls optimizer.step()) -> the mean loss
-    over the global batch (a tensor) and the pre-clip gradient norm.
-    Each micro-batch loss is divided by their number, so the summed gradients are those of the
-    mean loss over the whole batch. Under DDP, backward averages gradients over processes;
-    no_sync() skips that on all but the last micro-step."""
+    """One optimizer step's gradients (the caller then calls optimizer.step()) -> (mean loss over
+    the global batch, pre-clip gradient norm). Each micro-batch loss is divided by their number,
+    so the summed gradients are those of the whole batch's mean loss. Under DDP, backward
+    averages gradients over processes; no_sync() skips that on all but the last micro-step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = len(micro_batches)
@@ -451,9 +441,8 @@ def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), 
 
 @torch.no_grad()
 def evaluate(model, data, cfg):
-    """Mean loss over eval_iters global batches, split as in training (so --grad-accum changes
-    nothing). A generator seeded afresh each time: every evaluation scores the same text, and
-    the training batch RNG is untouched (a bitwise-identical resume relies on that)."""
+    """Mean loss over eval_iters global batches, split as in training. Its own freshly seeded
+    generator: every evaluation scores the same text and the training batches' RNG is untouched."""
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     model.eval()
     total = torch.zeros((), device=cfg["device"])
@@ -468,9 +457,8 @@ def evaluate(model, data, cfg):
 
 
 def truncate_metrics(path, last_step):
-    """On resume, drop what the run logged after its checkpoint's step (a new run: everything):
-    those steps run again. That step keeps its training line but not its validation line,
-    because the checkpoint was saved before that evaluation."""
+    """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
+    That step keeps its training line, not its validation line (saved before that evaluation)."""
     if not path.exists():
         return
     keep = []
@@ -535,33 +523,30 @@ class Progress:
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
 
 
-class StopFlag:
-    """Ctrl-C (SIGINT) or SIGTERM stops the loop at the next step boundary, where model and
-    optimizer agree, so the checkpoint saved then is valid. A second Ctrl-C aborts at once."""
+@contextlib.contextmanager
+def stop_requests(cfg):
+    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
+    so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
+    asked = []
 
-    def __init__(self):
-        self.stop, self.old = False, {}  # old: the handlers to put back
-
-    def _handler(self, signum, frame):
-        if self.stop:
+    def handler(signum, frame):
+        if asked:
             raise KeyboardInterrupt
-        self.stop = True
+        asked.append(signum)
         log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
 
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-    def agreed(self, cfg):  # under DDP every process must stop at the same step: one's signal stops all
+    def stopped():  # under DDP every process must stop at the same step: one's signal stops all
         if cfg["world_size"] == 1:
-            return self.stop
-        s = torch.tensor([float(self.stop)], device=cfg["device"])
+            return bool(asked)
+        s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def write_samples(model, tok, cfg, path):
@@ -580,9 +565,8 @@ def write_samples(model, tok, cfg, path):
 
 
 def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
-    """Evaluate every eval_interval steps; one optimizer step on a fresh random batch; report;
-    checkpoint. At the end: a last evaluation and checkpoint, samples, the plot.
-    Returns the exit code: 0 done, 1 the loss or gradient norm is not finite, 130 stopped."""
+    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
+    checkpoint, samples, the plot. Returns 0 done, 1 a non-finite loss or gradient, 130 stopped."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -603,7 +587,7 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
                             elapsed=progress.seconds())
     if resume_state is None:
         save(0)  # a checkpoint exists from the first moment on, so --resume always has one
-    with StopFlag() as stopper:
+    with stop_requests(cfg) as stopped:
         for it in range(start, last):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
@@ -618,7 +602,7 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.stepped(it + 1, loss, lr, norm)
-            stop = stopper.agreed(cfg)
+            stop = stopped()
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
             if stop:
@@ -645,9 +629,8 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
 # 6. --benchmark and --plot
 
 def time_steps(steps, n, device):
-    """{name: median seconds} over n calls of each step function, after 5 warm-up calls. The
-    functions take turns call by call, so all see the same machine load; the GPU queue is
-    drained around each call, so a time is the work's, not its launch's."""
+    """{name: median seconds} of n calls each after 5 warm-ups, taking turns call by call (the same
+    machine load for all); the GPU queue is drained around each call, so a time is the work's."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for fn in steps.values():
         for _ in range(5):
@@ -664,9 +647,8 @@ def time_steps(steps, n, device):
 
 
 def benchmark(cfg, rivals=None):
-    """--benchmark: this configuration's training step on random tokens -> ms/step, tokens/s,
-    TFLOP/s, MFU. rivals: {name: factory(cfg, micro) -> step()}, other implementations timed on
-    the same micro-batches in turn with ours (bench.py's HF Llama). Returns {name: median s}."""
+    """--benchmark: this configuration's training step on random tokens. rivals: {name: factory(cfg,
+    micro) -> step()}, timed in turn with ours (bench.py's HF Llama). -> {name: median seconds}."""
     T, tokens = cfg["context_length"], cfg["batch_size"] * cfg["context_length"]
     with torch_settings(cfg):
         _, model, optimizer = build(cfg)
@@ -722,36 +704,32 @@ def plot(metrics_path, png_path):
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
-    if cfg["world_size"] == 1:
-        yield
-        return
-    backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
-    if backend == "nccl":
+    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
+    if ddp and cuda:
         torch.cuda.set_device(cfg["device"])
-    # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     try:
         yield
     finally:
-        torch.distributed.destroy_process_group()
+        if ddp:
+            torch.distributed.destroy_process_group()
 
 
 def prepare_data_once(cfg):
     """data.prepare_data on rank 0 first; the others wait for its verdict (an error stops every
     process with the same sentence), then open the files it cached."""
     args = cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["val_data"], cfg["workers"]
-    err, prepared = None, None
+    err, prepared = [None], None
     if cfg["rank"] == 0:
         try:
             prepared = prepare_data(*args)
         except (UsageError, DataError) as e:
-            err = e
+            err = [e]
     if cfg["world_size"] > 1:
-        box = [err]
-        torch.distributed.broadcast_object_list(box, src=0)
-        err = box[0]
-    if err:
-        raise err
+        torch.distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
+    if err[0]:
+        raise err[0]
     return prepared or prepare_data(*args)
 
 
