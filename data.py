@@ -1,12 +1,9 @@
-"""Data for train.py: a corpus name or a text file -> token ids on disk, read back as memmaps.
+"""Data for train.py: --data (a corpus name, a text file or token ids) -> token ids as memmaps.
 
-`python train.py` does it all through prepare_data(); this is train.py's first half, apart so
-that the training script reads as training. In reading order: 1. corpora (Python's built-in
-documentation, resumable downloads of the CS336 datasets, a local file's train/valid split);
-2. a BPE tokenizer from bpe.py and both splits as uint16 .npy token files; 3. prepare_data();
-4. checks that the ids fit the model, and the unigram baseline a model must beat.
-Every file is written whole or not at all (bpe.atomic_file): "it exists" means "it is
-complete", and a rerun skips it.
+In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
+a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as uint16 .npy
+files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram baseline.
+Every file is written whole or not at all (bpe.atomic_file), so a rerun skips what exists.
 """
 import gzip
 import hashlib
@@ -25,12 +22,12 @@ from bpe import Tokenizer, atomic_file, encode_file, train_bpe
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
 
-class UsageError(Exception):
-    """A mistake in the flags or the inputs: train.py prints the sentence and exits with 2."""
+class UsageError(Exception):  # a mistake in the flags or the inputs: train.py prints it and exits with 2
+    pass
 
 
-class DataError(Exception):
-    """The data could not be fetched (offline, server down): train.py prints it and exits with 1."""
+class DataError(Exception):  # the data could not be fetched (offline, server down): exit code 1
+    pass
 
 
 # ----------------------------------------------------------------------------
@@ -45,8 +42,7 @@ DATASETS = {  # name -> its (train, valid) files, under HF
 }
 
 
-def write_splits(out_dir, train, valid):
-    """train.txt and valid.txt in out_dir (each skipped if already there) -> their paths."""
+def write_splits(out_dir, train, valid):  # -> the paths of train.txt and valid.txt (kept if there)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     for path, text in zip(paths, (train, valid)):
@@ -70,20 +66,9 @@ def pydoc_corpus(out_dir):
     return write_splits(out_dir, EOT.join(train), EOT.join(valid))
 
 
-def _progress(name, done, total, t0):
-    mb, rate = done / 1e6, done / 1e6 / max(time.time() - t0, 1e-9)
-    if total:
-        bar = "#" * int(30 * done / total)
-        msg = f"\r  {name} [{bar:<30}] {100 * done / total:5.1f}% {mb:,.1f}/{total / 1e6:,.1f} MB {rate:.1f} MB/s"
-    else:
-        msg = f"\r  {name} {mb:,.1f} MB {rate:.1f} MB/s"
-    print(msg, end="", file=sys.stderr, flush=True)
-
-
 def download(url, dest, progress=True):
-    """Fetch url into dest. Bytes land in dest.part first; a rerun after an interruption asks
-    the server for the rest only (an HTTP Range request) and appends. dest appears, by rename,
-    only when complete."""
+    """Fetch url into dest via dest.part: a rerun after an interruption asks the server for the
+    rest only (an HTTP Range request) and appends. dest appears, by rename, only when complete."""
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
@@ -106,8 +91,10 @@ def download(url, dest, progress=True):
             while chunk := resp.read(1 << 20):
                 f.write(chunk)
                 done += len(chunk)
-                if progress:
-                    _progress(dest.name, done, total, t0)
+                if progress:  # one status line, redrawn in place
+                    pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
+                    rate = done / 1e6 / (time.time() - t0 + 1e-9)
+                    print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
     if total is not None and done != total:
@@ -143,8 +130,8 @@ def downloaded_corpus(name, out_dir):
 
 
 def local_corpus(path, out_dir, valid_fraction=0.1):
-    """Split a local text file: whole documents (separated by <|endoftext|>) go to validation
-    from the end until it holds ~10% of the text; a single document is cut at a line break."""
+    """Split a text file: whole documents from the end go to validation until it holds ~10% of
+    the text; a file of few documents is cut at a line break."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -165,8 +152,7 @@ def local_corpus(path, out_dir, valid_fraction=0.1):
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
-    """Train BPE on the train split (bpe.py), then write both splits as token-id .npy files.
-    -> (tokenizer, (vocab.json, merges.txt), (train.npy, valid.npy))."""
+    """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = out_dir / "vocab.json", out_dir / "merges.txt"
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
@@ -188,7 +174,7 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # 3. prepare_data: --data -> memmapped token ids
 
 def load_ids(source, val_data):
-    """--data PATH.npy: token ids as they are (validation: --val-data or the last 10%), plus a
+    """--data PATH.npy: ids as they are (validation: --val-data or the last 10%), plus the
     tokenizer saved beside them, if any, to decode the samples."""
     try:
         train = np.load(source, mmap_mode="r")
@@ -208,9 +194,8 @@ def load_ids(source, val_data):
 
 
 def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
-    """--data (pydoc, tinystories, owt, PATH.txt or PATH.npy) -> (train ids, valid ids, tokenizer
-    or None, tokenizer files or None). Text becomes token files under data_dir once, in a folder
-    named after the source; the ids are opened as memmaps, so no corpus is ever loaded whole."""
+    """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token
+    files under data_dir once; ids are opened as memmaps, so no corpus is ever loaded whole."""
     if source.endswith(".npy"):
         return load_ids(source, val_data)
     data_dir = Path(data_dir)
@@ -234,7 +219,7 @@ CHUNK = 1 << 24  # ids per read: a memmap is scanned in pieces, never loaded who
 
 
 def check_ids(train, valid, context_length, vocab_size):
-    """Ids below the vocab size, windows shorter than the data; raises UsageError."""
+    """Raises UsageError unless the ids are below the vocab size and longer than a window."""
     for name, ids in (("train", train), ("validation", valid)):
         if ids.ndim != 1 or ids.dtype.kind not in "ui":
             raise UsageError(f"the {name} ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")

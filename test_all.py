@@ -1043,7 +1043,7 @@ def _train_cli(args, cwd, env=None, **kw):
 
 
 def _train_cfg(**over):
-    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0}
+    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True}
     cfg.update(over)
     return cfg
 

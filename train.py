@@ -1,25 +1,12 @@
 """Train a Transformer LM: from raw text to a checkpoint and samples, on one CPU or many GPUs.
 
-CS336 assignment 1, sections 5-7, grown into the script people actually run:
+CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py.
 
     python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
-    python train.py --data tinystories       # the handout's TinyStories run (downloads into data/)
-    python train.py --data owt               # the OpenWebText sample
-    python train.py --data my.txt            # any text file; --data my.npy for pre-tokenized ids
+    python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
+    python train.py --data my.txt            # any text file, or my.npy for pre-tokenized ids
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
-
-What this file teaches, in reading order (data preparation lives in data.py):
-  1. Configuration: every flag on one line, the presets by --data, a table of checks that
-     all pass before anything is written (a mistake exits with code 2 and one sentence).
-  2. get_batch: random windows of a memmap -> inputs x and next-token targets y.
-  3. Checkpoints: save_checkpoint / load_checkpoint (the CS336 adapters), atomic writes, and
-     the extra state (config, RNG states) that makes a resumed run bitwise identical.
-  4. The training step: gradient accumulation, bf16 autocast, DDP, clipping, AdamW, cosine lr.
-  5. The training loop: evaluation, logging (console + metrics.jsonl), checkpoints, NaN and
-     Ctrl-C handling, samples at the end.
-  6. --benchmark and --plot.
-  7. main(): data on rank 0 first, the run directory, exit codes.
 """
 import argparse
 import contextlib
@@ -44,15 +31,11 @@ from data import DATASETS, EOT, DataError, UsageError, check_ids, prepare_data, 
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
-
-def process_rank():
-    """This process's rank under torchrun (0 when run alone)."""
-    return int(os.environ.get("RANK", "0"))
+RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
 
 
-def log(*args, **kwargs):
-    # only rank 0 talks, so that N processes print one story
-    if process_rank() == 0:
+def log(*args, **kwargs):  # only rank 0 talks, so that N processes print one story
+    if RANK == 0:
         print(*args, **kwargs, flush=True)
 
 
@@ -137,18 +120,12 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
 
 
-def positive(key):  # a CHECKS row; an unset flag (None) passes
-    return lambda c: c[key] is not None and c[key] <= 0, f"--{key.replace('_', '-')} must be positive, got {{{key}}}."
+def must(key, words, wrong):  # a CHECKS row for one numeric flag; an unset flag (None) passes
+    return lambda c: c[key] is not None and wrong(c[key]), f"--{key.replace('_', '-')} must {words}, got {{{key}}}."
 
 
-def not_negative(key):  # a CHECKS row
-    return lambda c: c[key] < 0, f"--{key.replace('_', '-')} must not be negative, got {{{key}}}."
-
-
-def writable(path):
-    """Can the directory `path` be created, or written if it exists?"""
-    while not path.exists():
-        path = path.parent
+def writable(path):  # can the directory be created, or written if it exists?
+    path = next(p for p in (path, *path.parents) if p.exists())
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
@@ -157,11 +134,13 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
      "flags (e.g. python bench.py step --data tinystories --device cpu --batch-size 4)."),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
-    *map(positive, ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta",
-                    "batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
-                    "checkpoint_interval", "benchmark_steps", "workers")),
-    *map(not_negative, ("lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature",
-                        "num_samples", "sample_tokens")),
+    *(must(k, "be positive", lambda v: v <= 0) for k in (
+        "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
+        "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
+        "benchmark_steps", "workers")),
+    *(must(k, "not be negative", lambda v: v < 0) for k in (
+        "lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
+        "sample_tokens")),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data"] not in SOURCES and not Path(c["data"]).is_file(),
@@ -216,23 +195,22 @@ def build_parser():
             group = p.add_argument_group(row)
             continue
         name, kind, default, text = row
+        key, shown = name[2:].replace("-", "_"), "" if default in (None, "") else f" (default: {default})"
         if kind is bool:  # --fast is on by default, so it also gets a --no-fast
             action = argparse.BooleanOptionalAction if default else "store_true"
             group.add_argument(name, action=action, default=default, help=text)
-            continue
-        key = name[2:].replace("-", "_")
-        shown = "" if default in (None, "") else f" (default: {default})"
-        if default is PRESET:
-            values = [f"{name} {preset[key]}" for name, preset in PRESETS.items() if preset[key] is not None]
-            default, shown = None, f" (default: {'; '.join(values)})"
-        group.add_argument(name, type=kind, default=default, help=text + shown)
+        elif default is PRESET:
+            shown = "; ".join(f"{n} {preset[key]}" for n, preset in PRESETS.items() if preset[key] is not None)
+            group.add_argument(name, type=kind, default=None, help=f"{text} (default: {shown})")
+        else:
+            group.add_argument(name, type=kind, default=default, help=text + shown)
     return p
 
 
 def resolve_config(argv=None):
-    """Flags -> one flat dict. The preset of --data fills what was not given, the environment
-    decides device and processes, every CHECKS row must pass, then the derived values are
-    computed, here and only here. Raises UsageError."""
+    """Flags -> one flat dict: the preset of --data fills what was not given, the environment
+    decides device and processes, every CHECKS row must pass, then the derived values, here
+    and only here. Raises UsageError."""
     cfg = vars(build_parser().parse_args(argv))
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
@@ -240,7 +218,7 @@ def resolve_config(argv=None):
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value
     cfg["run_name"] = cfg["run_name"] or Path(cfg["data"]).stem  # pydoc, tinystories, owt or the file's name
-    cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), process_rank()  # torchrun's
+    cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     for is_wrong, message in CHECKS:
@@ -263,8 +241,7 @@ def resolve_config(argv=None):
 ABLATIONS = ("no_norm", "post_norm", "nope", "silu_ffn", "tie_embeddings")
 
 
-def model_kwargs(cfg):
-    """TransformerLM's arguments from a cfg (this run's, or a saved config.json)."""
+def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a saved config.json)
     keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", *ABLATIONS)
     return {k: cfg[k] for k in (*keys, "fast")}
 
@@ -272,64 +249,49 @@ def model_kwargs(cfg):
 # ----------------------------------------------------------------------------
 # 2. Batches: random windows of a memmap
 
-def sample_starts(n_tokens, context_length, batch_size, generator=None):
-    """batch_size window starts, uniform over [0, n_tokens - context_length): the window
-    start..start+context_length (inclusive) must fit, because y is x shifted by one."""
-    return torch.randint(n_tokens - context_length, (batch_size,), generator=generator).numpy()
-
-
-def windows(data, starts, context_length, device):
-    """Gather the windows (only those pages of the memmap are read) -> x, y int64 (B, T)."""
-    idx = starts[:, None] + np.arange(context_length + 1)  # (B, T+1)
-    w = torch.from_numpy(data[idx].astype(np.int64))
+def get_batch(data, batch_size, context_length, device, generator=None):
+    """CS336 data loader: x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1], int64
+    (batch_size, T), s uniform over [0, len(data) - T). Only the memmap pages touched are read."""
+    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
+    w = torch.from_numpy(data[starts[:, None] + np.arange(context_length + 1)].astype(np.int64))  # (B, T+1)
     x, y = w[:, :-1], w[:, 1:]
     if str(device).startswith("cuda"):  # pinned memory lets the copy overlap with compute
-        return (x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True))
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.contiguous().to(device), y.contiguous().to(device)
-
-
-def get_batch(data, batch_size, context_length, device, generator=None):
-    """CS336 data loader: (x, y), each (batch_size, context_length) int64 on `device`, where
-    y[b, t] = data[s_b + t + 1] is the token that follows x[b, t] = data[s_b + t]."""
-    return windows(data, sample_starts(len(data), context_length, batch_size, generator), context_length, device)
 
 
 def micro_batches(data, cfg, generator):
     """This process's share of one global batch: grad_accum (x, y) pairs of micro_batch rows.
-    Every process draws the same global batch and takes its own column, so --grad-accum and
-    the number of processes change the order of the arithmetic, never the data."""
-    starts = sample_starts(len(data), cfg["context_length"], cfg["batch_size"], generator)
-    mine = starts.reshape(cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"])[:, cfg["rank"]]
-    return [windows(data, s, cfg["context_length"], cfg["device"]) for s in mine]
+    Every process draws the same global batch and keeps its own rows, so --grad-accum and the
+    number of processes change the order of the arithmetic, never the data."""
+    x, y = get_batch(data, cfg["batch_size"], cfg["context_length"], cfg["device"], generator)
+    rows = cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"], cfg["context_length"]
+    return list(zip(x.reshape(rows)[:, cfg["rank"]], y.reshape(rows)[:, cfg["rank"]]))
 
 
 # ----------------------------------------------------------------------------
 # 3. Checkpoints
 
 def _unwrap(model):
-    """The plain module inside DDP (.module) and torch.compile (._orig_mod): its state-dict keys
-    are the contract (layers.0.attn.q_proj.weight, ...), without wrapper prefixes."""
+    """The module inside DDP (.module) and torch.compile (._orig_mod): state-dict keys without prefixes."""
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
         model = getattr(model, "module", None) or model._orig_mod
     return model
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """Save model, optimizer and iteration (plus any `extra` entries: config, RNG states) to a
-    path or binary file object. To a path the write is atomic: a kill mid-save leaves the
-    previous checkpoint intact, because the new one only replaces it by rename when complete."""
+    """Model, optimizer, iteration and any `extra` entries (config, RNG states) to a path or a
+    binary file object. To a path atomically: a kill mid-save leaves the previous checkpoint."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
-    if not isinstance(out, (str, os.PathLike)):
+    if isinstance(out, (str, os.PathLike)):
+        with atomic_file(out) as f:
+            torch.save(state, f)
+    else:
         torch.save(state, out)
-        return
-    with atomic_file(out) as f:
-        torch.save(state, f)
 
 
-def read_checkpoint(src):
-    """The checkpoint dict. weights_only=True: tensors and plain Python values only, so a
-    checkpoint file cannot run code when it is loaded."""
+def read_checkpoint(src):  # weights_only: tensors and plain values, so loading a file cannot run code
     return torch.load(src, map_location="cpu", weights_only=True)
 
 
@@ -349,8 +311,7 @@ TRAJECTORY_KEYS = ("data", "val_data", "vocab_size", "context_length", "d_model"
 
 
 def check_resume(cfg, ckpt_path):
-    """The saved checkpoint, or None to start from step 0. Its config must agree with this one on
-    everything that shapes the trajectory."""
+    """The saved checkpoint, or None to start from step 0; raises UsageError if its config differs."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
@@ -366,6 +327,8 @@ def check_resume(cfg, ckpt_path):
     return state
 
 
+# Batches are random windows, so the data stream's position is the batch generator's state (plus
+# the step count): it goes into every checkpoint with torch's RNG states.
 def rng_state(batch_gen):
     state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -374,8 +337,6 @@ def rng_state(batch_gen):
 
 
 def restore_rng(state, batch_gen):
-    # the "data position": batches are random windows, so where the data stream stands is the
-    # state of the batch generator plus the step count
     batch_gen.set_state(state["batch_rng"])
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
@@ -403,7 +364,7 @@ def torch_settings(cfg):
 
 
 def autocast(cfg):
-    """bf16 autocast: matmuls run in bfloat16, while weights, gradients and AdamW state stay
+    """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay
     float32 (the "master weights"), so small updates are not rounded away."""
     if cfg["dtype"] != "bf16":
         return contextlib.nullcontext()
@@ -411,10 +372,8 @@ def autocast(cfg):
 
 
 def use_activation_checkpointing(model):
-    """Lecture 2: instead of keeping every activation of every block for backward, keep only
-    each block's input (x h1 h2 ... in the lecture's picture) and recompute the block's
-    internals (attention scores, FFN hidden layer) during backward. Memory for activations
-    drops from O(L * per-block) to O(L * d_model) per token; the cost is one more forward."""
+    """Lecture 2: keep only each block's input and recompute its insides in backward: activation
+    memory drops to O(layers x d_model) per token, for the price of one more forward."""
     from torch.utils.checkpoint import checkpoint
     for block in _unwrap(model).layers:
         def fwd(*args, _inner=block.forward, **kwargs):
@@ -425,8 +384,8 @@ def use_activation_checkpointing(model):
 
 
 def build(cfg):
-    """The model as configured, its AdamW, and the wrapped model the step calls: activation
-    checkpointing, then torch.compile, then DDP (compile first, so DDP sees one module)."""
+    """The model, its AdamW, and the wrapped model the step calls: activation checkpointing,
+    then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
     optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
@@ -435,20 +394,16 @@ def build(cfg):
         use_activation_checkpointing(raw)
     model = torch.compile(raw) if cfg["compile"] else raw
     if cfg["world_size"] > 1:
-        from torch.nn.parallel import DistributedDataParallel
         dev = torch.device(cfg["device"])
-        model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     return raw, model, optimizer
 
 
 def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients over the global batch (the caller then calls optimizer.step()).
-
-    Gradient accumulation: each micro-batch loss is divided by the number of micro-steps, so
-    the summed gradients equal the gradient of the mean loss over the whole batch (all
-    micro-batches have the same size). Under DDP, backward all-reduces (averages) gradients
-    over processes; no_sync() skips that on all but the last micro-step.
-    Returns the mean loss over the global batch (a tensor) and the pre-clip gradient norm."""
+    """One optimizer step's gradients (the caller then calls optimizer.step()) -> (mean loss over
+    the global batch, pre-clip gradient norm). Each micro-batch loss is divided by their number,
+    so the summed gradients are those of the whole batch's mean loss. Under DDP, backward
+    averages gradients over processes; no_sync() skips that on all but the last micro-step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = len(micro_batches)
@@ -456,9 +411,7 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     for i, (x, y) in enumerate(micro_batches):
         sync = i == n - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg):
-            # logits (B, T, vocab); the loss is computed in float32, with optim's hand-written backward
-            # unless --no-fast asks for the reference path
-            loss = cross_entropy(model(x), y, fused=cfg["fast"])
+            loss = cross_entropy(model(x), y, fused=cfg["fast"])  # in float32; --no-fast: the reference path
         (loss / n).backward()
         loss_sum += loss.detach()
     loss = loss_sum / n
@@ -469,16 +422,13 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     return loss, norm
 
 
-def step_flops(cfg):
-    """FLOPs of one optimizer step = 3 x forward FLOPs (backward is twice the forward) x sequences,
-    with the forward counted by accounting.py (the matmuls, attention included)."""
+def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequences, per optimizer step
     fwd = accounting.lm_forward_flops(cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"],
                                       cfg["d_ff"], silu_ffn=cfg["silu_ffn"])
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
 
 
-def device_peak(cfg):
-    """The device's peak FLOP/s for this dtype (accounting.py's table, or a measured CPU matmul peak)."""
+def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), or None
     try:
         dtype = torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
         return accounting.peak_flops(torch.device(cfg["device"]), dtype)
@@ -491,14 +441,13 @@ def device_peak(cfg):
 
 @torch.no_grad()
 def evaluate(model, data, cfg):
-    """Mean loss over eval_iters global batches. The windows come from a generator seeded afresh
-    each time, so every evaluation scores the same text, and the training batch RNG is untouched
-    (which a bitwise-identical resume relies on)."""
+    """Mean loss over eval_iters global batches, split as in training. Its own freshly seeded
+    generator: every evaluation scores the same text and the training batches' RNG is untouched."""
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     model.eval()
     total = torch.zeros((), device=cfg["device"])
     for _ in range(cfg["eval_iters"]):
-        for x, y in micro_batches(data, cfg, g):  # split as in training: --grad-accum changes nothing
+        for x, y in micro_batches(data, cfg, g):
             with autocast(cfg):
                 total += cross_entropy(model(x), y, fused=cfg["fast"])
     if cfg["world_size"] > 1:
@@ -508,9 +457,8 @@ def evaluate(model, data, cfg):
 
 
 def truncate_metrics(path, last_step):
-    """Drop what a run logged after step `last_step` (a new run: everything): on resume those
-    steps are about to be run again. The checkpoint's own step keeps its training line but not
-    its validation line: a checkpoint is saved before that step's evaluation, which runs again."""
+    """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
+    That step keeps its training line, not its validation line (saved before that evaluation)."""
     if not path.exists():
         return
     keep = []
@@ -531,9 +479,8 @@ def fmt_time(s):
 
 
 class Progress:
-    """What the run reports: console lines and metrics.jsonl (rank 0 only). tokens/s and MFU
-    cover the steps since the last metrics line, evaluations excluded; the ETA follows a
-    moving average of the step time. Times count from the run's first start, across resumes."""
+    """Console lines and metrics.jsonl (rank 0). tokens/s and MFU cover the steps since the last
+    metrics line, evaluations excluded; times count from the first start, across resumes."""
 
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
@@ -559,7 +506,7 @@ class Progress:
     def stepped(self, step, loss, lr, norm):
         cfg, now = self.cfg, time.time()
         dt, self.t_last = now - self.t_last, now
-        self.dt_avg = dt if self.dt_avg is None else 0.9 * self.dt_avg + 0.1 * dt
+        self.dt_avg = dt if self.dt_avg is None else 0.9 * self.dt_avg + 0.1 * dt  # for the ETA
         self.window_time, self.window_steps = self.window_time + dt, self.window_steps + 1
         tps = cfg["batch_size"] * cfg["context_length"] * self.window_steps / self.window_time
         mfu = None
@@ -576,36 +523,30 @@ class Progress:
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
 
 
-class StopFlag:
-    """Ctrl-C (SIGINT) or SIGTERM asks the loop to stop at the next step boundary, where the
-    model and optimizer are consistent, so the checkpoint saved then is a valid one.
-    A second Ctrl-C aborts at once."""
+@contextlib.contextmanager
+def stop_requests(cfg):
+    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
+    so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
+    asked = []
 
-    def __init__(self):
-        self.stop, self.old = False, {}  # old: the handlers to put back
-
-    def _handler(self, signum, frame):
-        if self.stop:
+    def handler(signum, frame):
+        if asked:
             raise KeyboardInterrupt
-        self.stop = True
+        asked.append(signum)
         log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
 
-    def __enter__(self):
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self.old[s] = signal.signal(s, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-    def agreed(self, cfg):
-        """Stop now? Under DDP every process must stop at the same step: one's signal stops all."""
+    def stopped():  # under DDP every process must stop at the same step: one's signal stops all
         if cfg["world_size"] == 1:
-            return self.stop
-        s = torch.tensor([float(self.stop)], device=cfg["device"])
+            return bool(asked)
+        s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def write_samples(model, tok, cfg, path):
@@ -613,7 +554,7 @@ def write_samples(model, tok, cfg, path):
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
     out = []
-    for i in range(cfg["num_samples"]):
+    for _ in range(cfg["num_samples"]):
         with autocast(cfg):
             ids = generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
                            top_p=cfg["top_p"], stop_id=eot, generator=g)
@@ -624,9 +565,8 @@ def write_samples(model, tok, cfg, path):
 
 
 def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
-    """Evaluate every eval_interval steps; one optimizer step on a fresh random batch; report;
-    checkpoint. At the end: a last evaluation and checkpoint, samples, the plot.
-    Returns the exit code: 0 done, 1 the loss or gradient norm is not finite, 130 stopped."""
+    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
+    checkpoint, samples, the plot. Returns 0 done, 1 a non-finite loss or gradient, 130 stopped."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -647,7 +587,7 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
                             elapsed=progress.seconds())
     if resume_state is None:
         save(0)  # a checkpoint exists from the first moment on, so --resume always has one
-    with StopFlag() as stopper:
+    with stop_requests(cfg) as stopped:
         for it in range(start, last):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
@@ -662,7 +602,7 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.stepped(it + 1, loss, lr, norm)
-            stop = stopper.agreed(cfg)
+            stop = stopped()
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
             if stop:
@@ -689,10 +629,8 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
 # 6. --benchmark and --plot
 
 def time_steps(steps, n, device):
-    """{name: median seconds} over n calls of each step function, after 5 warm-up calls
-    (compilation, the allocator). The functions take turns call by call, so all of them see
-    the same machine load; the GPU's queue is drained around each call, so a time is the
-    work's, not its launch's."""
+    """{name: median seconds} of n calls each after 5 warm-ups, taking turns call by call (the same
+    machine load for all); the GPU queue is drained around each call, so a time is the work's."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for fn in steps.values():
         for _ in range(5):
@@ -709,10 +647,8 @@ def time_steps(steps, n, device):
 
 
 def benchmark(cfg, rivals=None):
-    """--benchmark: this configuration's real training step on random tokens; prints ms/step,
-    tokens/s, TFLOP/s and MFU. rivals maps a name to factory(cfg, micro) -> step(), another
-    implementation timed on the same micro-batches, in turn with ours (bench.py times Hugging
-    Face's Llama this way). Returns {name: median seconds per step}, "this project" first."""
+    """--benchmark: this configuration's training step on random tokens. rivals: {name: factory(cfg,
+    micro) -> step()}, timed in turn with ours (bench.py's HF Llama). -> {name: median seconds}."""
     T, tokens = cfg["context_length"], cfg["batch_size"] * cfg["context_length"]
     with torch_settings(cfg):
         _, model, optimizer = build(cfg)
@@ -749,14 +685,12 @@ def plot(metrics_path, png_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    tr = [r for r in rows if "loss" in r]
-    va = [r for r in rows if "val_loss" in r]
+    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
         ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
         ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
-        ax.set_xlabel(label)
-        ax.set_ylabel("loss (nats/token)")
+        ax.set(xlabel=label, ylabel="loss (nats/token)")
         ax.legend()
     fig.tight_layout()
     with atomic_file(png_path) as f:
@@ -770,77 +704,69 @@ def plot(metrics_path, png_path):
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
-    if cfg["world_size"] == 1:
-        yield
-        return
-    backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
-    if backend == "nccl":
+    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
+    if ddp and cuda:
         torch.cuda.set_device(cfg["device"])
-    # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     try:
         yield
     finally:
-        torch.distributed.destroy_process_group()
+        if ddp:
+            torch.distributed.destroy_process_group()
 
 
 def prepare_data_once(cfg):
     """data.prepare_data on rank 0 first; the others wait for its verdict (an error stops every
     process with the same sentence), then open the files it cached."""
     args = cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["val_data"], cfg["workers"]
-    err, prepared = None, None
+    err, prepared = [None], None
     if cfg["rank"] == 0:
         try:
             prepared = prepare_data(*args)
         except (UsageError, DataError) as e:
-            err = e
+            err = [e]
     if cfg["world_size"] > 1:
-        box = [err]
-        torch.distributed.broadcast_object_list(box, src=0)
-        err = box[0]
-    if err:
-        raise err
+        torch.distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
+    if err[0]:
+        raise err[0]
     return prepared or prepare_data(*args)
 
 
-def start_run_dir(run_dir, cfg, tok_files, resuming):
-    """Rank 0, once everything is checked: the run directory with the tokenizer and config.json."""
-    if not resuming and (run_dir / "ckpt.pt").exists():
-        log(f"note: starting a new run in {run_dir}, replacing the one there (use --resume to continue it)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
-        stale.unlink()
-    for f in tok_files or ():
-        shutil.copyfile(f, run_dir / f.name)
-    with atomic_file(run_dir / "config.json", "w") as f:
-        f.write(json.dumps(cfg, indent=2) + "\n")
-
-
-def run(argv=None):
-    cfg = resolve_config(argv)
-    with process_group(cfg):
-        if cfg["benchmark"]:
-            benchmark(cfg)
-            return 0
-        run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
-        resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
-        train_ids, valid_ids, tok, tok_files = prepare_data_once(cfg)
-        check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
-        baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
-        log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
-            f"{baseline:.4f} nats/token")
-        if cfg["rank"] == 0:  # everything is checked: from here on the run directory is written
-            start_run_dir(run_dir, cfg, tok_files, resume_state is not None)
-        with torch_settings(cfg):
-            return train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline)
+def run(cfg):
+    """Everything checked first (flags, resume, data); only then is the run directory written."""
+    if cfg["benchmark"]:
+        benchmark(cfg)
+        return 0
+    run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
+    resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
+    train_ids, valid_ids, tok, tok_files = prepare_data_once(cfg)
+    check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
+    baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
+    log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
+        f"{baseline:.4f} nats/token")
+    if cfg["rank"] == 0:
+        if resume_state is None and (run_dir / "ckpt.pt").exists():
+            log(f"note: starting a new run in {run_dir}, replacing the one there (use --resume to continue it)")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
+            stale.unlink()
+        for f in tok_files or ():
+            shutil.copyfile(f, run_dir / f.name)
+        with atomic_file(run_dir / "config.json", "w") as f:
+            f.write(json.dumps(cfg, indent=2) + "\n")
+    with torch_settings(cfg):
+        return train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline)
 
 
 def main(argv=None):
     """Exit code: 0 done, 1 no data (download failed) or a diverged run, 2 a usage mistake, 130 stopped."""
     try:
-        return run(argv)
+        cfg = resolve_config(argv)
+        with process_group(cfg):
+            return run(cfg)
     except (UsageError, DataError) as e:
-        if process_rank() == 0:
+        if RANK == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:  # a second Ctrl-C: abort without a traceback
