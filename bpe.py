@@ -142,11 +142,11 @@ def _check_input_file(path):
     return size
 
 
-def _read_text(path, start, end):
+def _read_text(path, start=0, end=None):
     """Bytes [start, end) of the file as str; a decoding error names the file offset."""
     with open(path, "rb") as f:
         f.seek(start)
-        data = f.read(end - start)
+        data = f.read(-1 if end is None else end - start)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -177,15 +177,12 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
         n_chunks = max(n_chunks, num_workers)
     bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
     tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds, bounds[1:])]
+    parallel = num_workers > 1 and len(tasks) > 1
     total = Counter()
-    if len(tasks) == 1 or num_workers == 1:
-        for c in map(_count_chunk, tasks):
-            total.update(c)
-        return total
-    with _MP.Pool(min(num_workers, len(tasks))) as pool:
-        results = pool.imap_unordered(_count_chunk, tasks)   # tasks start right away
-        if while_waiting is not None:
-            while_waiting()
+    with _MP.Pool(min(num_workers, len(tasks))) if parallel else contextlib.nullcontext() as pool:
+        results = pool.imap_unordered(_count_chunk, tasks) if parallel else map(_count_chunk, tasks)
+        if parallel and while_waiting is not None:
+            while_waiting()                 # the workers have started counting
         for c in results:
             total.update(c)
     return total
@@ -240,19 +237,16 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # 3. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
 # Each distinct pre-token ("word") is stored once, with its count, as a doubly linked list
-# of token ids; a merge rewrites the left position and unlinks the right one. Pair counts
-# live in an open-addressing hash table keyed by left << 32 | right, and each pair keeps a
-# list of the words it was seen in (maybe stale), so a merge visits only those words and
-# changes only the neighbouring pairs:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
+# of token ids. Pair counts live in a hash table keyed by left << 32 | right; each pair
+# also lists the words it was seen in (maybe stale), so a merge visits only those words
+# and changes only the neighbouring pairs:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
 # The next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
-# deletion: decremented pairs are not re-pushed; a popped entry whose count is stale goes
-# back with its true count. Only pairs containing the new token ever grow, and those are
-# pushed, so every live pair has an entry >= its true count: the first popped entry that
+# deletion: a popped entry whose count is stale goes back with its true count. Only pairs
+# with the new token ever grow, and those are pushed, so the first popped entry that
 # matches the table is the maximum.
-#
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
-# with it otherwise. Arrays that may be reallocated to grow travel as tuples: table = (keys,
-# counts, head of word list, last word appended), lists = (word, next entry).
+# with it otherwise. Arrays that may grow travel as tuples: table = (keys, counts, head of
+# word list, last word appended), lists = (word, next entry).
 
 _EMPTY = -1
 
@@ -344,13 +338,6 @@ def _heap_gt(hc, ha, hb, i, j, pool, start, length):
 
 
 @register_jitable
-def _heap_swap(hc, ha, hb, i, j):
-    hc[i], hc[j] = hc[j], hc[i]
-    ha[i], ha[j] = ha[j], ha[i]
-    hb[i], hb[j] = hb[j], hb[i]
-
-
-@register_jitable
 def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
     """Append (c, a, b) at index n (capacity checked by the caller) and sift up."""
     hc[n], ha[n], hb[n] = c, a, b
@@ -359,7 +346,7 @@ def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
         p = (i - 1) // 2
         if not _heap_gt(hc, ha, hb, i, p, pool, start, length):
             break
-        _heap_swap(hc, ha, hb, i, p)
+        hc[i], hc[p], ha[i], ha[p], hb[i], hb[p] = hc[p], hc[i], ha[p], ha[i], hb[p], hb[i]
         i = p
 
 
@@ -367,7 +354,7 @@ def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
 def _heap_pop(hc, ha, hb, n, pool, start, length):
     """Remove the top entry of a heap of size n (read it before calling)."""
     n -= 1
-    _heap_swap(hc, ha, hb, 0, n)
+    hc[0], ha[0], hb[0] = hc[n], ha[n], hb[n]           # the last entry moves to the top
     i = 0
     while True:
         l, r, big = 2 * i + 1, 2 * i + 2, i
@@ -377,23 +364,8 @@ def _heap_pop(hc, ha, hb, n, pool, start, length):
             big = r
         if big == i:
             break
-        _heap_swap(hc, ha, hb, i, big)
+        hc[i], hc[big], ha[i], ha[big], hb[i], hb[big] = hc[big], hc[i], ha[big], ha[i], hb[big], hb[i]
         i = big
-
-
-@register_jitable
-def _linked_words(ids, word_start):
-    """tok[i]: token at position i; nxt[i] / prv[i]: next / previous live position of the
-    same word (-1 past either end)."""
-    tok = ids.copy()
-    nxt = np.empty(ids.shape[0], np.int64)
-    prv = np.empty(ids.shape[0], np.int64)
-    for w in range(word_start.shape[0] - 1):
-        s, e = word_start[w], word_start[w + 1]
-        for i in range(s, e):
-            prv[i] = i - 1 if i > s else -1
-            nxt[i] = i + 1 if i + 1 < e else -1
-    return tok, nxt, prv
 
 
 @register_jitable
@@ -484,7 +456,11 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
     256 + k. ids: (P,) int64 bytes of all words end to end; word_start: (W+1,) offsets;
     word_count: (W,) occurrences."""
-    tok, nxt, prv = _linked_words(ids, word_start)
+    # tok[i]: the token at position i; nxt[i] / prv[i]: the next / previous live position
+    # of the same word, -1 past either end.
+    tok, nxt, prv = ids.copy(), np.arange(1, ids.shape[0] + 1), np.arange(-1, ids.shape[0] - 1)
+    nxt[word_start[1:] - 1] = -1
+    prv[word_start[:-1]] = -1
     last_merge = np.full(word_count.shape[0], -1, np.int64)   # de-duplicates stale lists
     words = (tok, nxt, prv, word_start, word_count, last_merge)
     table, n_keys, lists, n_occ = _count_pairs(tok, word_start, word_count)
@@ -647,21 +623,12 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
-def _read_utf8(path, what):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} file {path} does not exist")
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid UTF-8 (bad byte at offset {e.start})") from None
-
-
 def _load_vocab_file(path):
     """A GPT-2 vocab.json as {id: bytes}."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"vocab file {path} does not exist")
     try:
-        raw = json.loads(_read_utf8(path, "vocab"))
+        raw = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(raw, dict):
@@ -687,8 +654,10 @@ def _check_merges(merges, tokens, where=lambda k: f"merge #{k}", vocab="the voca
 
 
 def _load_merges_file(path, vocab):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"merges file {path} does not exist")
     merges, linenos = [], []
-    for lineno, line in enumerate(_read_utf8(path, "merges").split("\n"), 1):
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
         line = line.rstrip("\r")
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
@@ -716,9 +685,7 @@ class Tokenizer:
         self.vocab = dict(vocab)
         self.merges = list(merges)
         self.special_tokens = _check_special_tokens(special_tokens)
-        token_id = {}
-        for i in sorted(self.vocab):
-            token_id.setdefault(self.vocab[i], i)
+        token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         for s in self.special_tokens:       # handout: append specials missing from vocab
             b = s.encode("utf-8")
             if b not in token_id:
