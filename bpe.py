@@ -2,12 +2,9 @@
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent
-pair into a new token; encoding replays the learned merges in order. Sections:
-1. pre-tokenization (GPT-2 regex, special tokens, cutting files for parallel workers);
-2. the naive trainer, the definition; 3. the fast merge loop (incremental counts + a
-lazy max-heap; one source, interpreted or numba-compiled), tested to give the naive
-trainer's merges; 4. train_bpe; 5. GPT-2's file format; 6. Tokenizer; 7. encode_file;
-8. command line.
+pair into a new token; encoding replays the learned merges in order. The naive trainer is
+the definition; the fast one (incremental counts, a lazy max-heap, compiled by numba) is
+tested to learn exactly its merges.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -67,17 +64,17 @@ def _check_special_tokens(special_tokens):
     if isinstance(special_tokens, str):
         raise ValueError("special_tokens must be a list of strings, not a single string "
                          f"(did you mean [{special_tokens!r}]?)")
-    for s in special_tokens or ():
+    special_tokens = list(special_tokens or ())
+    for s in special_tokens:
         if not isinstance(s, str):
             raise ValueError(f"special token {s!r} must be a string")
         if s == "":
             raise ValueError("a special token is the empty string; remove it from the list")
-    return list(dict.fromkeys(special_tokens or ()))
+    return list(dict.fromkeys(special_tokens))
 
 
 def _special_split_re(special_tokens):
-    """Regex whose split() cuts text at special tokens and keeps them (odd entries);
-    longest first, so '<|eot|><|eot|>' wins over '<|eot|>'."""
+    """split() cuts at special tokens, longest first ('<|eot|><|eot|>' before '<|eot|>')."""
     if not special_tokens:
         return None
     alts = sorted(special_tokens, key=len, reverse=True)
@@ -109,9 +106,8 @@ def _find_cut(f, pos, stop, size, cut_re, special_bytes):
 
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces. Each
-    cut is the first special token within 1 MiB of the even split, else the first special
-    token or _SAFE_CUT after it."""
+    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
+    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
     alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
     special_re = regex.compile(b"|".join(alts)) if alts else None
     any_re = regex.compile(b"|".join(alts + [_SAFE_CUT]))
@@ -155,8 +151,7 @@ def _read_text(path, start=0, end=None):
 
 
 def _count_chunk(args):
-    """Worker: count the pre-tokens of one chunk. Special tokens cut the text first and
-    are dropped, so no pair ever spans them."""
+    """Worker: the pre-token counts of one chunk; special tokens are dropped first."""
     path, start, end, special_tokens = args
     split_re = _special_split_re(special_tokens)
     text = _read_text(path, start, end)
@@ -285,8 +280,7 @@ def _hash_grow(table):
 
 @register_jitable
 def _pair_add(table, lists, key, c, w, n_occ):
-    """Count c more of the pair key in word w, appending w to the pair's words once (the
-    caller makes room). Returns (key is new, new number of list entries)."""
+    """Count c more of pair key in word w, listing w once. Returns (key is new, n_occ)."""
     keys, cnt, head, lastw = table
     occ_word, occ_next = lists
     s = _hash_slot(keys, key)
@@ -321,9 +315,7 @@ def _bytes_cmp(pool, start, length, x, y):
     for k in range(min(lx, ly)):
         if pool[sx + k] != pool[sy + k]:
             return 1 if pool[sx + k] > pool[sy + k] else -1
-    if lx == ly:
-        return 0
-    return 1 if lx > ly else -1
+    return 0 if lx == ly else (1 if lx > ly else -1)
 
 
 @register_jitable
@@ -332,9 +324,7 @@ def _heap_gt(hc, ha, hb, i, j, pool, start, length):
     if hc[i] != hc[j]:
         return hc[i] > hc[j]
     r = _bytes_cmp(pool, start, length, ha[i], ha[j])
-    if r != 0:
-        return r > 0
-    return _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
+    return r > 0 if r != 0 else _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
 
 
 @register_jitable
@@ -370,8 +360,7 @@ def _heap_pop(hc, ha, hb, n, pool, start, length):
 
 @register_jitable
 def _count_pairs(tok, word_start, word_count):
-    """(table, keys in it, lists, entries in them) for all words. The table starts small
-    and doubles at half full: a compact table stays in cache."""
+    """(table, n_keys, lists, n_occ) of all words; the table doubles at half full."""
     table = _new_table(1024)
     size = max(1024, tok.shape[0])
     lists = (np.empty(size, np.int64), np.empty(size, np.int64))
@@ -608,9 +597,8 @@ def _str_to_token(s, where):
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: the block writes a temporary file that replaces path
-    by a rename only when the block ends cleanly (an error removes it). The project's one
-    atomic write: train.py and kernels.py import it."""
+    """Write a whole file or nothing: a temporary file replaces path by a rename only if the
+    block ends cleanly. The project's one atomic write (train.py, kernels.py import it)."""
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
@@ -699,17 +687,14 @@ class Tokenizer:
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
         self._cache = {}
-        # Each merge as (left id, right id) -> (rank, merged id); a repeated pair keeps its
-        # first rank. Then as sorted integer keys left * V + right, for numpy look-ups.
+        # The merges as sorted keys left id * V + right id, each with its rank (a repeated
+        # pair keeps its first) and the merged id, for numpy look-ups.
         _check_merges(self.merges, token_id)
-        rank_of = {}
-        for rank, (l, r) in enumerate(self.merges):
-            rank_of.setdefault((token_id[l], token_id[r]), (rank, token_id[l + r]))
         V = self._key_base = max(self.vocab) + 1
-        keys = np.array([a * V + b for a, b in rank_of], dtype=np.int64)
-        order = np.argsort(keys)
-        rank_merged = np.array(list(rank_of.values()), dtype=np.int64).reshape(-1, 2)[order]
-        self._pair_keys, self._pair_rank, self._pair_merged = keys[order], rank_merged[:, 0], rank_merged[:, 1]
+        lrm = np.array([(token_id[l], token_id[r], token_id[l + r]) for l, r in self.merges],
+                       dtype=np.int64).reshape(-1, 3)
+        self._pair_keys, self._pair_rank = np.unique(lrm[:, 0] * V + lrm[:, 1], return_index=True)
+        self._pair_merged = lrm[self._pair_rank, 2]
         # Pairs of two ids below D (all byte pairs, and the commonest tokens) are found
         # by direct indexing, the rest by binary search: index into the sorted arrays.
         D = self._dense = min(V, 1024)
@@ -734,10 +719,9 @@ class Tokenizer:
             f.write("\n".join(lines) + "\n")
 
     def _bpe_many(self, words):
-        """Ids of many pre-tokens at once. Each round merges, in every word, the pair
-        learned earliest at each place it occurs (left to right); a word is done when no
-        merge applies. All words move in lock-step as flat arrays: tok (N,) token ids,
-        wid (N,) the word of each position."""
+        """Ids of many pre-tokens at once. Each round merges, in every word, the pair learned
+        earliest at each place it occurs (left to right), until no merge applies. All words
+        move in lock-step as flat arrays: tok (N,) token ids, wid (N,) word of each position."""
         data = [w.encode("utf-8") for w in words]
         lens = np.fromiter(map(len, data), np.int64, len(data))
         tok = self._byte_id_arr[np.frombuffer(b"".join(data), np.uint8)]
