@@ -347,15 +347,15 @@ def _heap_pop(hc, ha, hb, n, pool, start, length):
     hc[0], ha[0], hb[0] = hc[n], ha[n], hb[n]           # the last entry moves to the top
     i = 0
     while True:
-        l, r, big = 2 * i + 1, 2 * i + 2, i
-        if l < n and _heap_gt(hc, ha, hb, l, big, pool, start, length):
-            big = l
-        if r < n and _heap_gt(hc, ha, hb, r, big, pool, start, length):
-            big = r
-        if big == i:
+        l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
+        if l < n and _heap_gt(hc, ha, hb, l, k, pool, start, length):
+            k = l
+        if r < n and _heap_gt(hc, ha, hb, r, k, pool, start, length):
+            k = r
+        if k == i:
             break
-        hc[i], hc[big], ha[i], ha[big], hb[i], hb[big] = hc[big], hc[i], ha[big], ha[i], hb[big], hb[i]
-        i = big
+        hc[i], hc[k], ha[i], ha[k], hb[i], hb[k] = hc[k], hc[i], ha[k], ha[i], hb[k], hb[i]
+        i = k
 
 
 @register_jitable
