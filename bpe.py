@@ -821,8 +821,7 @@ class Tokenizer:
 # -----------------------------------------------------------------------------
 # 7. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task ...
-_ENCODE_CHUNK_MAX = 1 << 22    # ... at most 4 MiB: memory follows this, not the file
+_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _worker_tokenizer = None
 
 
@@ -857,7 +856,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     num_workers = num_workers or os.cpu_count() or 1
     # About 4 tasks per worker: enough to balance them, few enough to keep per-task
     # overhead (and re-merging pre-tokens that another worker has seen) small.
-    chunk = min(_ENCODE_CHUNK_MAX, max(_ENCODE_CHUNK, size // (4 * num_workers)))
+    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
     bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
                            -(-size // chunk))
     tasks = [(input_path, a, b, dtype) for a, b in zip(bounds, bounds[1:])]
