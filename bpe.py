@@ -1,23 +1,10 @@
 """
-Byte-level BPE, the tokenizer of GPT-2, written from scratch (CS336 assignment 1, section 2).
+Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
-A tokenizer turns text into integers and back. Byte-level BPE starts from the 256 byte
-values and learns, from a corpus, which adjacent pair to fuse next: each merge adds one
-token to the vocabulary. Encoding replays the merges in the order they were learned.
-
-Sections, in reading order:
-  1. Pre-tokenization: the GPT-2 regex, special tokens, and cutting a file into chunks
-     at safe places so that worker processes can count pre-tokens in parallel.
-  2. The naive trainer, train_bpe_naive: the definition, short and slow.
-  3. The fast merge loop: incremental pair counts plus a max-heap with lazy deletion,
-     giving exactly the naive trainer's merges. One source, run by CPython for small
-     jobs and compiled by numba for big ones.
-  4. train_bpe: pre-tokenization and the fast merge loop glued together.
-  5. The GPT-2 file format (vocab.json / merges.txt in a printable byte alphabet).
-  6. Tokenizer: encode (new pre-tokens merged all at once with numpy, then cached),
-     encode_iterable (constant memory), decode.
-  7. encode_file: a whole text file to a .npy of token ids with several processes.
-  8. Command line: train, encode.
+Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent
+pair into a new token; encoding replays the learned merges in order. The naive trainer is
+the definition; the fast one (incremental counts, a lazy max-heap, compiled by numba) is
+tested to learn exactly its merges.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -25,7 +12,9 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 
 import argparse
 import contextlib
+import io
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -42,14 +31,12 @@ from numba.extending import register_jitable
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization
 
-# GPT-2's pre-tokenizer (handout section 2.4): contractions, optional-space + letters,
-# optional-space + digits, optional-space + punctuation, whitespace not followed by a
-# non-space (so " word" keeps its space), and any remaining whitespace.
+# GPT-2's pre-tokenizer (handout 2.4): contractions, optional space + letters / digits /
+# punctuation, whitespace not followed by a non-space (" word" keeps its space), whitespace.
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PAT)
-# The same pattern for pure-ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is
-# [ \t\n\v\f\r]: the standard library's re runs this simpler pattern faster than the regex
-# package runs GPT2_PAT, and it finds the same pre-tokens (a test checks it on random ASCII).
+# The same pattern for pure-ASCII text: the standard library's re runs it faster than the
+# regex package runs GPT2_PAT, with the same pre-tokens (a test checks it on random ASCII).
 _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""",
                                 re.ASCII)
 
@@ -59,66 +46,50 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
-# Places where cutting a text cannot change its pre-tokens. (1) Before a space followed by a
-# non-space: ' ?\p{L}+' and its siblings start a pre-token there whatever precedes, and a
-# whitespace run before the space ends just before it ('\s+(?!\S)' backs off one character;
-# at the end of the cut-off piece it takes the same run). (2) After a lone newline between
-# two non-spaces: '\s+' takes that newline alone, and no pre-token starts with a newline
-# and goes on. _STREAM_CUT says this for str (encode_iterable); _SAFE_CUT for bytes (file
-# chunks), where the non-space after the space is an ASCII one or a UTF-8 lead byte of a
-# range with no Unicode whitespace, and the cut, next to ASCII bytes, is a character boundary.
+# Places where a cut cannot change the pre-tokens: (1) before a space followed by a
+# non-space (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)'
+# backs off to end just before it); (2) after a lone newline between two non-spaces.
+# _STREAM_CUT is for str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the
+# non-space is ASCII or a UTF-8 lead byte of a range without Unicode whitespace.
 _STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 _SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
+# fork shares the parent's imports (numba, regex) instead of re-importing them.
+_MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
 def _check_special_tokens(special_tokens):
-    """Validate and de-duplicate (keeping order) a list of special-token strings."""
-    if special_tokens is None:
-        return []
+    """The special-token strings, checked, duplicates dropped (order kept)."""
     if isinstance(special_tokens, str):
         raise ValueError("special_tokens must be a list of strings, not a single string "
                          f"(did you mean [{special_tokens!r}]?)")
-    out = []
+    special_tokens = list(special_tokens or ())
     for s in special_tokens:
         if not isinstance(s, str):
             raise ValueError(f"special token {s!r} must be a string")
         if s == "":
             raise ValueError("a special token is the empty string; remove it from the list")
-        if s not in out:
-            out.append(s)
-    return out
+    return list(dict.fromkeys(special_tokens))
 
 
 def _special_split_re(special_tokens):
-    """Regex whose split() cuts text at special tokens, longest first, so that
-    '<|eot|><|eot|>' wins over '<|eot|>' when both are declared."""
+    """split() cuts at special tokens, longest first ('<|eot|><|eot|>' before '<|eot|>')."""
     if not special_tokens:
         return None
     alts = sorted(special_tokens, key=len, reverse=True)
     return regex.compile("(" + "|".join(regex.escape(s) for s in alts) + ")")
 
 
-def _cut_regex(special_bytes, safe_spaces=True):
-    """Where a chunk may end: where a special token starts, or (if safe_spaces) at a
-    safe space."""
-    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
-    return regex.compile(b"|".join(alts + ([_SAFE_CUT] if safe_spaces else [])))
-
-
-def _inside_special(buf, p, special_bytes):
-    """True if some occurrence of a special token in buf strictly straddles position p
-    (such a cut would break the special token in two)."""
-    for s in special_bytes:
-        if len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1:
-            return True
-    return False
+def _inside_special(buf, p, specials):
+    """True if an occurrence of a special token in buf straddles position p."""
+    return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
+               for s in specials)
 
 
 def _find_cut(f, pos, stop, size, cut_re, special_bytes):
-    """First cut matching cut_re at or after byte `pos` of the open file f (of `size`
-    bytes) that splits no special token; None if there is none before about `stop`."""
+    """First match of cut_re at or after byte pos of file f (size bytes) that splits no
+    special token; None if there is none before about stop."""
     margin = max((len(s) for s in special_bytes), default=1)
     while pos < stop:
         lo = max(0, pos - margin)
@@ -135,11 +106,11 @@ def _find_cut(f, pos, stop, size, cut_re, special_bytes):
 
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] cutting the file into about n_chunks pieces. Each
-    cut is the first special token within 1 MiB of the even split; failing that (or in a
-    file without special tokens), the first special token or safe cut (_SAFE_CUT)."""
-    special_re = _cut_regex(special_bytes, safe_spaces=False) if special_bytes else None
-    any_re = _cut_regex(special_bytes)
+    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
+    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
+    special_re = regex.compile(b"|".join(alts)) if alts else None
+    any_re = regex.compile(b"|".join(alts + [_SAFE_CUT]))
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
@@ -158,11 +129,20 @@ def _chunk_bounds(path, size, special_bytes, n_chunks):
     return bounds
 
 
-def _read_text(path, start, end):
+def _check_input_file(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file {path} does not exist")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"input file {path} is empty; give it some text")
+    return size
+
+
+def _read_text(path, start=0, end=None):
     """Bytes [start, end) of the file as str; a decoding error names the file offset."""
     with open(path, "rb") as f:
         f.seek(start)
-        data = f.read(end - start)
+        data = f.read(-1 if end is None else end - start)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -171,31 +151,14 @@ def _read_text(path, start, end):
 
 
 def _count_chunk(args):
-    """Worker: count the pre-tokens of one chunk. Special tokens cut the text first and
-    are dropped, so no pair ever spans them."""
+    """Worker: the pre-token counts of one chunk; special tokens are dropped first."""
     path, start, end, special_tokens = args
-    text = _read_text(path, start, end)
     split_re = _special_split_re(special_tokens)
-    parts = split_re.split(text)[::2] if split_re else [text]   # odd entries are specials
+    text = _read_text(path, start, end)
     counts = Counter()
-    for part in parts:
+    for part in split_re.split(text)[::2] if split_re else [text]:
         counts.update(pretokenize(part))
     return counts
-
-
-def _mp_context():
-    import multiprocessing as mp
-    # fork shares the parent's imports (numba, regex) instead of re-importing them.
-    return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-
-
-def _check_input_file(path):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"input file {path} does not exist")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise ValueError(f"input file {path} is empty; give it some text")
-    return size
 
 
 def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
@@ -207,34 +170,26 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
     n_chunks = -(-size // _CHUNK_BYTES)                  # pieces of at most 4 MiB ...
     if num_workers > 1 and size >= (1 << 20):             # ... and one per worker at least
         n_chunks = max(n_chunks, num_workers)
-    special_bytes = [s.encode("utf-8") for s in special_tokens]
-    bounds = _chunk_bounds(input_path, size, special_bytes, n_chunks)
-    tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds[:-1], bounds[1:])]
-    if len(tasks) == 1 or num_workers == 1:
-        results = map(_count_chunk, tasks)
-        return _sum_counts(results)
-    with _mp_context().Pool(min(num_workers, len(tasks))) as pool:
-        results = pool.imap_unordered(_count_chunk, tasks)   # tasks start right away
-        if while_waiting is not None:
-            while_waiting()
-        return _sum_counts(results)
-
-
-def _sum_counts(results):
+    bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds, bounds[1:])]
+    parallel = num_workers > 1 and len(tasks) > 1
     total = Counter()
-    for c in results:
-        total.update(c)
+    with _MP.Pool(min(num_workers, len(tasks))) if parallel else contextlib.nullcontext() as pool:
+        results = pool.imap_unordered(_count_chunk, tasks) if parallel else map(_count_chunk, tasks)
+        if parallel and while_waiting is not None:
+            while_waiting()                 # the workers have started counting
+        for c in results:
+            total.update(c)
     return total
 
 
 # -----------------------------------------------------------------------------
 # 2. The naive trainer: the definition of BPE training
 #
-# Count every adjacent pair of tokens inside every pre-token (weighted by how often the
-# pre-token occurs), fuse the most frequent pair everywhere, repeat. A tie goes to the
-# lexicographically greater pair of byte strings. It recounts every pair after every
-# merge, so it is slow, but it is short enough to check by eye: the fast trainer below is
-# tested to learn exactly its merges.
+# Count every adjacent pair inside every pre-token (weighted by the pre-token's count),
+# fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
+# greater pair. Slow (it recounts everything per merge) but checkable by eye: the fast
+# trainer is tested to learn exactly its merges.
 
 def train_bpe_naive(text, vocab_size, special_tokens=()):
     """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
@@ -276,23 +231,17 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # -----------------------------------------------------------------------------
 # 3. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
-# Each distinct pre-token ("word") is stored once, with its count, as a doubly linked
-# list of token ids over positions; a merge rewrites the left position and unlinks the
-# right one. Pair counts live in an open-addressing hash table keyed by (left << 32 |
-# right). Each pair also keeps a list of the words it was seen in (maybe stale), so a
-# merge only visits those words, and only the counts of the pairs touching a merged
-# position change:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
-# The next merge comes from a max-heap ordered by (count, left bytes, right bytes).
-# Decremented pairs are not re-pushed: a popped entry whose count no longer matches the
-# table is stale and is re-pushed with the true count (lazy deletion). Since only new
-# pairs (containing the new token) ever grow, pushing those after each merge keeps the
-# invariant "every live pair has an entry >= its true count", so the first popped entry
-# that matches the table is the true maximum.
-#
-# The helpers are register_jitable: plain Python when _merge_loop runs interpreted,
-# compiled together with it by numba otherwise. Arrays that may be reallocated to grow
-# travel as tuples: table = (keys, counts, head of word list, last word appended) and
-# lists = (word, next entry), the linked lists of words per pair.
+# Each distinct pre-token ("word") is stored once, with its count, as a doubly linked list
+# of token ids. Pair counts live in a hash table keyed by left << 32 | right; each pair
+# also lists the words it was seen in (maybe stale), so a merge visits only those words
+# and changes only the neighbouring pairs:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
+# The next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
+# deletion: a popped entry whose count is stale goes back with its true count. Only pairs
+# with the new token ever grow, and those are pushed, so the first popped entry that
+# matches the table is the maximum.
+# The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
+# with it otherwise. Arrays that may grow travel as tuples: table = (keys, counts, head of
+# word list, last word appended), lists = (word, next entry).
 
 _EMPTY = -1
 
@@ -331,9 +280,7 @@ def _hash_grow(table):
 
 @register_jitable
 def _pair_add(table, lists, key, c, w, n_occ):
-    """Count c more occurrences of the pair key = left << 32 | right, in word w: insert the
-    key if it is absent, and append w to the pair's list of words once. The caller makes
-    room. Returns (True if the key is new, the new number of list entries)."""
+    """Count c more of pair key in word w, listing w once. Returns (key is new, n_occ)."""
     keys, cnt, head, lastw = table
     occ_word, occ_next = lists
     s = _hash_slot(keys, key)
@@ -368,27 +315,16 @@ def _bytes_cmp(pool, start, length, x, y):
     for k in range(min(lx, ly)):
         if pool[sx + k] != pool[sy + k]:
             return 1 if pool[sx + k] > pool[sy + k] else -1
-    if lx == ly:
-        return 0
-    return 1 if lx > ly else -1
+    return 0 if lx == ly else (1 if lx > ly else -1)
 
 
 @register_jitable
 def _heap_gt(hc, ha, hb, i, j, pool, start, length):
-    """Heap entry i ranks above j: higher count, then lexicographically greater pair."""
+    """Heap entry i ranks above j: higher count, then the greater pair of byte strings."""
     if hc[i] != hc[j]:
         return hc[i] > hc[j]
     r = _bytes_cmp(pool, start, length, ha[i], ha[j])
-    if r != 0:
-        return r > 0
-    return _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
-
-
-@register_jitable
-def _heap_swap(hc, ha, hb, i, j):
-    hc[i], hc[j] = hc[j], hc[i]
-    ha[i], ha[j] = ha[j], ha[i]
-    hb[i], hb[j] = hb[j], hb[i]
+    return r > 0 if r != 0 else _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
 
 
 @register_jitable
@@ -400,7 +336,7 @@ def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
         p = (i - 1) // 2
         if not _heap_gt(hc, ha, hb, i, p, pool, start, length):
             break
-        _heap_swap(hc, ha, hb, i, p)
+        hc[i], hc[p], ha[i], ha[p], hb[i], hb[p] = hc[p], hc[i], ha[p], ha[i], hb[p], hb[i]
         i = p
 
 
@@ -408,40 +344,23 @@ def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
 def _heap_pop(hc, ha, hb, n, pool, start, length):
     """Remove the top entry of a heap of size n (read it before calling)."""
     n -= 1
-    _heap_swap(hc, ha, hb, 0, n)
+    hc[0], ha[0], hb[0] = hc[n], ha[n], hb[n]           # the last entry moves to the top
     i = 0
     while True:
-        l, r, big = 2 * i + 1, 2 * i + 2, i
-        if l < n and _heap_gt(hc, ha, hb, l, big, pool, start, length):
-            big = l
-        if r < n and _heap_gt(hc, ha, hb, r, big, pool, start, length):
-            big = r
-        if big == i:
+        l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
+        if l < n and _heap_gt(hc, ha, hb, l, k, pool, start, length):
+            k = l
+        if r < n and _heap_gt(hc, ha, hb, r, k, pool, start, length):
+            k = r
+        if k == i:
             break
-        _heap_swap(hc, ha, hb, i, big)
-        i = big
-
-
-@register_jitable
-def _linked_words(ids, word_start):
-    """The words as linked lists: tok[i] is the token at position i, nxt[i] / prv[i] the
-    next / previous live position in the same word (-1 past either end)."""
-    tok = ids.copy()
-    nxt = np.empty(ids.shape[0], np.int64)
-    prv = np.empty(ids.shape[0], np.int64)
-    for w in range(word_start.shape[0] - 1):
-        s, e = word_start[w], word_start[w + 1]
-        for i in range(s, e):
-            prv[i] = i - 1 if i > s else -1
-            nxt[i] = i + 1 if i + 1 < e else -1
-    return tok, nxt, prv
+        hc[i], hc[k], ha[i], ha[k], hb[i], hb[k] = hc[k], hc[i], ha[k], ha[i], hb[k], hb[i]
+        i = k
 
 
 @register_jitable
 def _count_pairs(tok, word_start, word_count):
-    """The pair table and word lists of all words. Returns (table, keys in it, lists,
-    entries in them). The table starts small and doubles at half full: a compact table
-    stays in cache."""
+    """(table, n_keys, lists, n_occ) of all words; the table doubles at half full."""
     table = _new_table(1024)
     size = max(1024, tok.shape[0])
     lists = (np.empty(size, np.int64), np.empty(size, np.int64))
@@ -459,7 +378,7 @@ def _count_pairs(tok, word_start, word_count):
 
 @register_jitable
 def _build_heap(table, n_keys, pool, start, length):
-    """A heap (counts, lefts, rights) holding every pair of the table; returns it and its size."""
+    """(counts, lefts, rights, size): a heap holding every pair of the table."""
     keys, cnt = table[0], table[1]
     hc = np.empty(max(1024, 2 * n_keys), np.int64)
     ha = np.empty(hc.shape[0], np.int64)
@@ -475,11 +394,9 @@ def _build_heap(table, n_keys, pool, start, length):
 
 @register_jitable
 def _merge_words(a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys):
-    """Merge the pair (a, b) into token t at every place in the words listed from entry e
-    (merge number m marks the words done: a stale list may name a word twice). Each place
-    moves its neighbours' counts, (x, a)(a, b)(b, y) -> (x, t)(t, y); pairs that did not
-    exist before go to new_keys. Returns (table, n_keys, lists, n_occ, new_keys, n_new):
-    the arrays may have been reallocated to grow."""
+    """Merge (a, b) into t in every word listed from entry e (merge number m marks words
+    done: a stale list may name one twice); pairs new to the table go to new_keys. Returns
+    the arrays (maybe reallocated to grow) and counts, and n_new."""
     tok, nxt, prv, word_start, word_count, last_merge = words
     n_new = 0
     while e != -1:
@@ -525,10 +442,14 @@ def _merge_words(a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys):
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
-    """Learn up to num_merges merges. ids: (P,) int64 byte values of all words laid end to
-    end; word_start: (W+1,) offsets; word_count: (W,) occurrences. New token k gets id
-    256 + k. Returns (lefts, rights), each (M,) int64 with M <= num_merges."""
-    tok, nxt, prv = _linked_words(ids, word_start)
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
+    256 + k. ids: (P,) int64 bytes of all words end to end; word_start: (W+1,) offsets;
+    word_count: (W,) occurrences."""
+    # tok[i]: the token at position i; nxt[i] / prv[i]: the next / previous live position
+    # of the same word, -1 past either end.
+    tok, nxt, prv = ids.copy(), np.arange(1, ids.shape[0] + 1), np.arange(-1, ids.shape[0] - 1)
+    nxt[word_start[1:] - 1] = -1
+    prv[word_start[:-1]] = -1
     last_merge = np.full(word_count.shape[0], -1, np.int64)   # de-duplicates stale lists
     words = (tok, nxt, prv, word_start, word_count, last_merge)
     table, n_keys, lists, n_occ = _count_pairs(tok, word_start, word_count)
@@ -583,20 +504,24 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     return lefts[:m], rights[:m]
 
 
-# The same source, compiled. Compiling takes a while, once per machine (numba caches the
-# result on disk); loading it from that cache still costs more than the interpreted
-# function needs for a small job (see train_from_counts).
+# The same source, compiled once per machine and cached on disk by numba; even loading it
+# from that cache costs more than a small job takes interpreted (see train_from_counts).
 _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
 
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
+# Below this much work the interpreted merge loop finishes before numba could even load
+# the compiled one from its disk cache.
+_INTERPRET_MAX_POSITIONS = 50_000
+_INTERPRET_MAX_MERGES = 1_000
+
+
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
-    """Train byte-level BPE on a UTF-8 text file, counting pre-tokens in num_workers
-    processes (default: one per CPU). Returns vocab {id: bytes} (0-255 = bytes, then
-    special tokens, then merges in order) and merges [(left bytes, right bytes)] in
-    order of creation."""
+    """Train byte-level BPE on a UTF-8 file, counting pre-tokens in num_workers processes
+    (default: one per CPU). Returns vocab {id: bytes} (0-255 the bytes, then the special
+    tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
     special_tokens = _check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
@@ -604,9 +529,8 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
-    # Loading the compiled merge loop from numba's disk cache is slow enough to hide: do it
-    # while the workers count. Workers run only for files of 1 MiB or more, whose distinct
-    # words exceed _INTERPRET_MAX_POSITIONS anyway, so the compiled loop is used there.
+    # Workers run only for files of 1 MiB or more, big enough for the compiled merge loop:
+    # load it from numba's disk cache while they count.
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
@@ -618,22 +542,14 @@ def _load_compiled_merge_loop():
     _merge_loop_compiled(one, np.array([0, 1], np.int64), one, 0)
 
 
-# Below this much work the interpreted merge loop finishes before numba could load the
-# compiled one from its disk cache, let alone compile it (once per machine).
-_INTERPRET_MAX_POSITIONS = 50_000
-_INTERPRET_MAX_MERGES = 1_000
-
-
 def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
     """The merge half of train_bpe, from {pre-token str: count}. compiled=None picks the
-    numba-compiled or the interpreted merge loop (same source, same result) by job size."""
+    compiled or the interpreted merge loop (same source, same result) by job size."""
     special_tokens = _check_special_tokens(special_tokens)
-    n_base = 256 + len(special_tokens)
-    num_merges = max(0, vocab_size - n_base)
+    num_merges = max(0, vocab_size - 256 - len(special_tokens))
     encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
-    encoded = [(w, c) for w, c in encoded if len(w) > 1]     # one byte: no pair to merge
-    words = [w for w, _ in encoded]
-    word_count = np.array([c for _, c in encoded], dtype=np.int64)
+    words = [w for w, _ in encoded if len(w) > 1]       # one byte: no pair to merge
+    word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)
@@ -657,8 +573,8 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
-# characters, space, ...) are shifted to U+0100 and up. A space becomes 'Ġ' and a newline
-# 'Ċ', so "left right" in merges.txt never meets a real space.
+# characters, space, ...) move to U+0100 and up. A space becomes 'Ġ' and a newline 'Ċ',
+# so "left right" in merges.txt never meets a real space.
 
 _PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
               *range(ord("®"), ord("ÿ") + 1)]
@@ -681,10 +597,8 @@ def _str_to_token(s, where):
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: the block writes a temporary file beside `path`, which
-    replaces `path` by a rename only when the block ends cleanly. A kill or an error midway
-    leaves the old file intact (an error also removes the temporary file). The one atomic
-    write of the project: train.py and kernels.py import it."""
+    """Write a whole file or nothing: a temporary file replaces path by a rename only if the
+    block ends cleanly. The project's one atomic write (train.py, kernels.py import it)."""
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
@@ -698,15 +612,13 @@ def atomic_file(path, mode="wb"):
 
 
 def _load_vocab_file(path):
+    """A GPT-2 vocab.json as {id: bytes}."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"vocab file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid UTF-8 (byte offset {e.start})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
     vocab = {}
@@ -720,8 +632,8 @@ def _load_vocab_file(path):
 
 
 def _check_merges(merges, tokens, where=lambda k: f"merge #{k}", vocab="the vocab"):
-    """The one check that merges fit a vocab: every merge's left, right and left + right
-    must be in tokens (bytes). where(k) names merge k in the error, e.g. a file line."""
+    """The one check that merges fit a vocab: left, right and left + right of every merge
+    are in tokens. where(k) names merge k in the error (Tokenizer: its index; a file: its line)."""
     for k, (left, right) in enumerate(merges):
         for tok in (left, right, left + right):
             if tok not in tokens:
@@ -733,12 +645,7 @@ def _load_merges_file(path, vocab):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"merges file {path} does not exist")
     merges, linenos = [], []
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().decode("utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid UTF-8 (bad byte at offset {e.start})") from None
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
         line = line.rstrip("\r")
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
@@ -747,7 +654,6 @@ def _load_merges_file(path, vocab):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
-    # Tokenizer checks this again, but here an error can name the line.
     _check_merges(merges, set(vocab.values()), lambda k: f"{path} line {linenos[k]}",
                   "the vocab file")
     return merges
@@ -767,9 +673,7 @@ class Tokenizer:
         self.vocab = dict(vocab)
         self.merges = list(merges)
         self.special_tokens = _check_special_tokens(special_tokens)
-        token_id = {}
-        for i in sorted(self.vocab):
-            token_id.setdefault(self.vocab[i], i)
+        token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         for s in self.special_tokens:       # handout: append specials missing from vocab
             b = s.encode("utf-8")
             if b not in token_id:
@@ -781,20 +685,16 @@ class Tokenizer:
                              "byte-level vocab needs all 256")
         self._byte_id_arr = np.array([token_id[bytes([b])] for b in range(256)], dtype=np.int64)
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
-        # Each merge as (left id, right id) -> rank (the lower, the earlier learned) and the
-        # merged id; a repeated pair keeps its first rank.
-        _check_merges(self.merges, token_id)
-        rank_of = {}
-        for rank, (l, r) in enumerate(self.merges):
-            rank_of.setdefault((token_id[l], token_id[r]), (rank, token_id[l + r]))
         self._split_re = _special_split_re(self.special_tokens)
         self._cache = {}
-        # The merges as sorted integer keys left * V + right, for numpy look-ups.
+        # The merges as sorted keys left id * V + right id, each with its rank (a repeated
+        # pair keeps its first) and the merged id, for numpy look-ups.
+        _check_merges(self.merges, token_id)
         V = self._key_base = max(self.vocab) + 1
-        keys = np.array([a * V + b for a, b in rank_of], dtype=np.int64)
-        order = np.argsort(keys)
-        rank_merged = np.array(list(rank_of.values()), dtype=np.int64).reshape(-1, 2)[order]
-        self._pair_keys, self._pair_rank, self._pair_merged = keys[order], rank_merged[:, 0], rank_merged[:, 1]
+        lrm = np.array([(token_id[l], token_id[r], token_id[l + r]) for l, r in self.merges],
+                       dtype=np.int64).reshape(-1, 3)
+        self._pair_keys, self._pair_rank = np.unique(lrm[:, 0] * V + lrm[:, 1], return_index=True)
+        self._pair_merged = lrm[self._pair_rank, 2]
         # Pairs of two ids below D (all byte pairs, and the commonest tokens) are found
         # by direct indexing, the rest by binary search: index into the sorted arrays.
         D = self._dense = min(V, 1024)
@@ -819,11 +719,9 @@ class Tokenizer:
             f.write("\n".join(lines) + "\n")
 
     def _bpe_many(self, words):
-        """Ids of many pre-tokens at once. Each round, in every word, finds the pair of
-        adjacent tokens whose merge was learned earliest and merges it at every place
-        it occurs (left to right, not overlapping); a word is done when no merge applies.
-        All words move in lock-step as flat numpy arrays: tok (N,) token ids, wid (N,)
-        the word of each position, words laid out contiguously."""
+        """Ids of many pre-tokens at once. Each round merges, in every word, the pair learned
+        earliest at each place it occurs (left to right), until no merge applies. All words
+        move in lock-step as flat arrays: tok (N,) token ids, wid (N,) word of each position."""
         data = [w.encode("utf-8") for w in words]
         lens = np.fromiter(map(len, data), np.int64, len(data))
         tok = self._byte_id_arr[np.frombuffer(b"".join(data), np.uint8)]
@@ -869,9 +767,8 @@ class Tokenizer:
         return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
     def encode(self, text):
-        """Ids of text. Special tokens split it first; the pre-tokens of all the pieces
-        not yet in the cache are merged together by _bpe_many; then every lookup is one
-        map() in C."""
+        """Ids of text. Special tokens split it first; the pre-tokens not yet in the cache
+        are merged all together by _bpe_many; then every lookup is one map() in C."""
         parts = self._split_re.split(text) if self._split_re else [text]
         words = [pretokenize(p) for p in parts[::2]]   # pieces between specials
         cache = self._cache
@@ -887,9 +784,8 @@ class Tokenizer:
         return out
 
     def encode_iterable(self, iterable):
-        """Lazily yield the ids of the concatenation of the strings in iterable, holding
-        only about _STREAM_CHARS of text at a time: text is cut at safe places only (see
-        _STREAM_CUT), never inside a special token, so the ids equal encode("".join(...))."""
+        """Lazily yield the ids of "".join(iterable) holding about _STREAM_CHARS of text:
+        cuts only at _STREAM_CUT places outside special tokens, so the ids equal encode's."""
         margin = max((len(s) for s in self.special_tokens), default=1)
         buf = ""
         for piece in iterable:
@@ -902,7 +798,7 @@ class Tokenizer:
                 if m.start() > 0 and not _inside_special(buf, m.start(), self.special_tokens):
                     cut = m.start()
             if cut <= 0:
-                if len(buf) > (1 << 22):   # no safe cut in 4M characters: cannot stream this text
+                if len(buf) > (1 << 22):
                     raise ValueError("encode_iterable found no place to cut 4M characters of text "
                                      "(no space or single newline before a non-space); use encode()")
                 continue
@@ -922,12 +818,10 @@ class Tokenizer:
         return data.decode("utf-8", errors="replace")
 
 
-
 # -----------------------------------------------------------------------------
 # 7. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task ...
-_ENCODE_CHUNK_MAX = 1 << 22    # ... at most 4 MiB: memory follows this, not the file
+_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _worker_tokenizer = None
 
 
@@ -943,77 +837,61 @@ def _encode_chunk(args):
 
 
 def _npy_header(dtype, n):
-    import io
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-              "fortran_order": False, "shape": (n,)})
+    np.lib.format.write_array_header_1_0(buf, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+        "shape": (n,)})
     return buf.getvalue()
 
 
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
-    """Tokenize a whole UTF-8 file into out_path (np.save format, uint16 when every id
-    fits, else uint32). Chunks of 256 KiB-4 MiB go to worker processes, back in order;
-    the file is written atomically (atomic_file). Returns the
-    number of tokens."""
+    """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
+    uint32), written atomically. Chunks go to worker processes and come back in order.
+    Returns the number of tokens."""
     size = _check_input_file(input_path)
-    dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
-    num_workers = num_workers or os.cpu_count() or 1
-    special_bytes = [s.encode("utf-8") for s in tokenizer.special_tokens]
-    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
-    # overhead (and re-merging pre-tokens that another worker has seen) small.
-    chunk = min(_ENCODE_CHUNK_MAX, max(_ENCODE_CHUNK, size // (4 * num_workers)))
-    bounds = _chunk_bounds(input_path, size, special_bytes, max(1, -(-size // chunk)))
-    tasks = [(input_path, a, b, dtype) for a, b in zip(bounds[:-1], bounds[1:])]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory {out_dir} does not exist")
+    dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
+    num_workers = num_workers or os.cpu_count() or 1
+    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
+    # overhead (and re-merging pre-tokens that another worker has seen) small.
+    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
+    bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
+                           -(-size // chunk))
+    tasks = [(input_path, a, b, dtype) for a, b in zip(bounds, bounds[1:])]
+    _init_encode_worker(tokenizer)
+    results, pool = map(_encode_chunk, tasks), contextlib.nullcontext()
+    if num_workers > 1 and len(tasks) > 1:
+        # Encode the first chunk here first: the forked workers then start with its
+        # pre-tokens in the cache instead of each recomputing them.
+        first = _encode_chunk(tasks[0])
+        pool = _MP.Pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
+        results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
     header_len = len(_npy_header(dtype, 0))
-    pool = None
-    try:
-        with atomic_file(out_path) as f:
-            f.write(b"\0" * header_len)    # the real header needs the count: written last
-            _init_encode_worker(tokenizer)
-            if num_workers == 1 or len(tasks) == 1:
-                results = map(_encode_chunk, tasks)
-            else:
-                # Encode the first chunk here first: the workers then start with its
-                # pre-tokens already in the cache instead of each recomputing them.
-                first = _encode_chunk(tasks[0])
-                pool = _mp_context().Pool(min(num_workers, len(tasks) - 1),
-                                          _init_encode_worker, (tokenizer,))
-                results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
-            n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
-            for ids, nb in results:
-                ids.tofile(f)
-                n_tokens += len(ids)
-                n_bytes += nb
-                if progress:
-                    dt = time.perf_counter() - t0
-                    print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
-                          f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
-                          end="", file=sys.stderr, flush=True)
+    with pool, atomic_file(out_path) as f:       # leaving the pool terminates it
+        f.write(b"\0" * header_len)    # the real header needs the count: written last
+        n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
+        for ids, nb in results:
+            ids.tofile(f)
+            n_tokens += len(ids)
+            n_bytes += nb
             if progress:
-                print(file=sys.stderr)
-            header = _npy_header(dtype, n_tokens)
-            assert len(header) == header_len, "npy header length changed"
-            f.seek(0)
-            f.write(header)
-    finally:
-        if pool is not None:
-            pool.terminate()
+                dt = time.perf_counter() - t0
+                print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
+                      f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
+                      end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+        header = _npy_header(dtype, n_tokens)
+        assert len(header) == header_len, "npy header length changed"
+        f.seek(0)
+        f.write(header)
     return n_tokens
 
 
 # -----------------------------------------------------------------------------
 # 8. Command line
-
-def _peak_rss_mb():
-    """Peak resident memory of this process and (separately) its largest child, in MB."""
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return me, kids
-
 
 def _cmd_train(args):
     t0 = time.perf_counter()
@@ -1024,7 +902,8 @@ def _cmd_train(args):
     Tokenizer(vocab, merges, args.special_tokens).save(
         os.path.join(args.out, "vocab.json"), os.path.join(args.out, "merges.txt"))
     longest = max(vocab.values(), key=len)
-    me, kids = _peak_rss_mb()
+    me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
+                for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     print(f"trained {len(merges)} merges in {dt:.2f} s; peak RSS {me:.0f} MB (largest "
           f"worker {kids:.0f} MB); longest token {len(longest)} bytes: "
           f"{longest.decode('utf-8', errors='replace')!r}; wrote {args.out}/vocab.json "
@@ -1038,10 +917,10 @@ def _cmd_encode(args):
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
     tok = Tokenizer(vocab, merges, specials)
-    size = _check_input_file(args.input)
     t0 = time.perf_counter()
-    n = encode_file(tok, args.input, args.out, args.num_workers, progress=True)
+    n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
+    size = os.path.getsize(args.input)
     print(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
           f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s")
 
@@ -1051,24 +930,23 @@ def main(argv=None):
                                              "a text file.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
-    tr.add_argument("input")
     tr.add_argument("--vocab-size", type=int, required=True)
     tr.add_argument("--special-tokens", nargs="*", default=[])
     tr.add_argument("--out", required=True, help="directory for vocab.json and merges.txt")
-    tr.add_argument("--num-workers", type=int, default=None)
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
-    en.add_argument("input")
     en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
     en.add_argument("--special-tokens", nargs="*", default=None,
                     help="default: <|endoftext|> when the vocab has it")
     en.add_argument("--out", required=True, help="output .npy path")
-    en.add_argument("--num-workers", type=int, default=None)
+    for p in (tr, en):
+        p.add_argument("input")
+        p.add_argument("--num-workers", type=int, default=None)
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (ValueError, OSError) as e:
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -531,24 +531,12 @@ def test_model_meta_device_and_bf16_autocast():
 # bpe.py
 # ============================================================================
 
-_BPE_SHARED = Path(__file__).resolve().parent.parent / "shared"
-
-
 _BPE_REPO = Path(__file__).resolve().parent
-
-
+_BPE_SHARED = _BPE_REPO.parent / "shared"
 _BPE_GPT2_VOCAB = _BPE_SHARED / "reference" / "gpt2_vocab.json"
-
-
 _BPE_GPT2_MERGES = _BPE_SHARED / "reference" / "gpt2_merges.txt"
-
-
 _BPE_SHAKESPEARE = _BPE_SHARED / "data" / "shakespeare.txt"
-
-
 _BPE_TINYSTORIES = _BPE_SHARED / "reference" / "tinystories_sample.txt"
-
-
 _BPE_EOT = "<|endoftext|>"
 
 
