@@ -5,35 +5,29 @@ GELU with the tanh approximation (Hendrycks & Gimpel 2016), the activation of GP
 
     gelu(x) = 0.5 x (1 + tanh(u)),   u = sqrt(2/pi) (x + 0.044715 x^3)
 
-It is elementwise: every output needs one input, a handful of flops and nothing else.
-On a GPU such an operation is not limited by arithmetic but by how fast the bytes move
-between GPU memory (HBM) and the chip. (A CPU core has far fewer flops per byte of
-bandwidth; there the tanh itself can be the limit.) So the winning move is to read x
-once and write y once: one fused kernel, instead of one kernel (and one round trip
-through memory) per `*`, `+` and `tanh`. This file writes GELU five ways (the fifth,
-Triton, where Triton is installed) and measures exactly that.
+Every output needs one input and a handful of flops, so on a GPU the limit is not arithmetic
+but moving bytes between memory (HBM) and the chip (a CPU core has far fewer flops per byte;
+there the tanh itself can be the limit). The winning move is to read x once and write y once:
+one fused kernel instead of one kernel, and one round trip through memory, per `*`, `+`, `tanh`.
 
 Sections, in reading order:
-  1. The variants: PyTorch ops (one kernel per op), the builtin F.gelu, torch.compile of
-     the PyTorch ops, a hand-written CUDA kernel (load_inline), and Triton if installed.
-  2. Accounting: flops and bytes per element of each variant, arithmetic intensity,
-     and the roofline verdict on accounting.py's H100 figures (memory-bound).
-  3. Correctness: every variant against a float64 reference, outputs poisoned with NaN.
-  4. Benchmark: CUDA events (or perf_counter on CPU), warm-up, median; achieved GB/s
-     against the copy bandwidth `dst.copy_(src)` measured in the same run.
+  1. The variants: PyTorch ops (one kernel per op), F.gelu, torch.compile of the ops,
+     a hand-written CUDA kernel (load_inline), and Triton if installed.
+  2. Accounting: flops and bytes per element, and the roofline verdict (memory-bound).
+  3. Correctness: every variant against float64, outputs poisoned with NaN.
+  4. Benchmark: median time, GB/s against the copy bandwidth `dst.copy_(src)` of the same run.
   5. Profile: which kernels each variant launches, and how many.
   6. main(): the command line.
 
     python kernels.py                      # everything, on CUDA if there is a GPU
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
-
-Of the project, kernels.py uses only accounting.py (H100 peaks, bandwidth, the roofline
-formula) and bpe.atomic_file (for --json).
 """
 
 import argparse
 import contextlib
 import datetime
+import functools
+import inspect
 import json
 import math
 import os
@@ -57,15 +51,10 @@ except ImportError:
 # -----------------------------------------------------------------------------
 # 1. The variants. Each takes x and returns a new tensor gelu(x) of the same dtype.
 
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # 0.7978845608...
-GELU_CUBIC = 0.044715
-
-
 def gelu_torch_ops(x):
-    # Variant 1. Eight PyTorch ops, each one kernel that reads its inputs from memory and
-    # writes its result back: x**3, *0.044715, x+, *sqrt(2/pi), tanh, 1+, 0.5*x, and the
-    # final product (Python evaluates `0.5 * x` first). Listed in TORCH_OPS below.
-    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x**3)))
+    # Variant 1. Eight ops (TORCH_OPS below), each one kernel that reads its inputs from
+    # memory and writes its result back. Python evaluates `0.5 * x` first.
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def gelu_reference(x):
@@ -79,35 +68,30 @@ def gelu_builtin(x):
     return F.gelu(x, approximate="tanh")
 
 
-# Variant 3 is torch.compile(gelu_torch_ops): the compiler sees the eight ops as one graph
-# and generates a single fused kernel (Triton on GPU, C++ on CPU). dynamic=True compiles
-# once per dtype rather than once per size (which would hit dynamo's recompile limit).
+# Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton
+# on GPU, C++ on CPU). dynamic=True: one compile per dtype, not per size (dynamo's recompile limit).
 def make_gelu_compiled():
     return torch.compile(gelu_torch_ops, dynamic=True)
 
 
-# Variant 4: a hand-written CUDA kernel. The whole CUDA source is this one string: the nvcc
-# test compiles exactly this text, and load_inline builds exactly this text. It uses no
-# torch header, so it compiles in seconds on any machine with nvcc, GPU or not.
-#
-# Design, for an H100 (HBM3, 132 SMs, 50 MB L2):
-#  - 16-byte loads and stores: float4 for float32, 8 x bfloat16 for bfloat16. A warp then
-#    moves 512 contiguous bytes per instruction (perfectly coalesced), and there are 4x
-#    (8x) fewer memory instructions than one-element-per-thread code.
-#  - grid-stride loop, grid = (#SMs) x (resident blocks per SM): one full wave of blocks
-#    that stays on the GPU and walks the array, so no block waits for a second wave.
-#  - compute in float32, round once on the store (bf16 in, bf16 out, one rounding).
-#  - 0.5 (1 + tanh(u)) == sigmoid(2u) exactly, so gelu(x) = x / (1 + exp(-2u)): one expf
-#    and one division, and no cancellation in 1 + tanh(u) when u << 0.
-#  - a scalar tail for the last n % VEC elements, and a scalar kernel (VEC = 1) when a
-#    pointer is not 16-byte aligned (a view such as x[1:]).
+# Variant 4: a hand-written CUDA kernel. The tests compile exactly this string with nvcc (it
+# needs no torch header, so no GPU either), and load_inline builds exactly this string.
+# Design, for an H100 (132 SMs):
+#  - 16-byte loads and stores (float4, or 8 x bfloat16): a warp moves 512 contiguous bytes
+#    per instruction, with 4x (8x) fewer memory instructions than one element per thread.
+#  - grid-stride loop over one full wave of blocks, (#SMs) x (resident blocks per SM), so no
+#    block waits for a second wave.
+#  - compute in float32, round once on the store.
+#  - 0.5 (1 + tanh(u)) == sigmoid(2u), so gelu(x) = x / (1 + exp(-2u)): one expf, one
+#    division, and no cancellation in 1 + tanh(u) when u << 0.
+#  - a scalar tail for the last n % VEC elements; VEC = 1 when a pointer is not 16-byte
+#    aligned (a view such as x[1:]).
 GELU_CUDA_SRC = r"""
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cstdint>
 
-__device__ __forceinline__ float gelu_tanh_f32(float x) {
-    // 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+__device__ __forceinline__ float gelu_tanh_f32(float x) {  // x sigmoid(2u) = 0.5 x (1 + tanh(u))
     const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return x / (1.0f + expf(-2.0f * u));
 }
@@ -116,9 +100,7 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // VEC elements of T that load and store as one 16-byte instruction (like float4 / uint4).
 template <typename T, int VEC>
@@ -131,7 +113,7 @@ __global__ void gelu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
     const int64_t n_vec = n / VEC;
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    // grid-stride loop over 16-byte packs: thread tid handles packs tid, tid + stride, ...
+    // thread tid handles packs tid, tid + stride, ...
     for (int64_t base = tid; base < n_vec; base += UNROLL * stride) {
         P p[UNROLL];
 #pragma unroll
@@ -160,8 +142,7 @@ static cudaError_t launch(const void* x, void* y, int64_t n, cudaStream_t stream
     int64_t needed = (n / VEC + threads - 1) / threads;  // small inputs need fewer blocks
     int64_t blocks = (int64_t)sms * (blocks_per_sm > 0 ? blocks_per_sm : 1);
     if (needed < blocks) blocks = needed > 0 ? needed : 1;
-    gelu_kernel<T, VEC><<<(unsigned)blocks, threads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), n);
+    gelu_kernel<T, VEC><<<(unsigned)blocks, threads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
     return cudaGetLastError();
 }
 
@@ -181,8 +162,7 @@ const char* gelu_cuda_launch(const void* x, void* y, int64_t n, bool bf16, int d
 }
 """
 
-# The C++ wrapper: checks the tensors, then calls the launcher above. load_inline turns
-# `gelu_out` into a Python function.
+# The C++ wrapper that load_inline turns into a Python function: checks the tensors, then launches.
 GELU_CPP_SRC = r"""
 #include <torch/extension.h>
 
@@ -203,28 +183,20 @@ torch::Tensor gelu_out(torch::Tensor x, torch::Tensor out, int64_t stream_handle
 }
 """
 
-_CUDA_EXT = None
 
-
+@functools.cache
 def build_cuda_extension(verbose=False):
     """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (torch caches the build on disk; the first one is slow)."""
-    global _CUDA_EXT
-    if _CUDA_EXT is None:
-        from torch.utils.cpp_extension import load_inline
-        import inspect
-        extra = {}
-        if "no_implicit_headers" in inspect.signature(load_inline).parameters:
-            extra["no_implicit_headers"] = True  # torch >= 2.6: compile our text exactly as written
-        _CUDA_EXT = load_inline(
-            name="kernels_gelu_cuda", cpp_sources=GELU_CPP_SRC, cuda_sources=GELU_CUDA_SRC,
-            functions=["gelu_out"], extra_cuda_cflags=["-O3"], verbose=verbose, **extra)
-    return _CUDA_EXT
+    from torch.utils.cpp_extension import load_inline
+    # torch >= 2.6 can compile our text exactly as written, with no headers prepended
+    extra = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    return load_inline(name="kernels_gelu_cuda", cpp_sources=GELU_CPP_SRC, cuda_sources=GELU_CUDA_SRC,
+                       functions=["gelu_out"], extra_cuda_cflags=["-O3"], verbose=verbose, **extra)
 
 
 def gelu_cuda(x, out=None):
     # Variant 4. One launch; `out` may be given (the correctness check passes a NaN-filled one).
-    if out is None:
-        out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     return build_cuda_extension().gelu_out(x, out, torch.cuda.current_stream(x.device).cuda_stream)
 
 
@@ -257,42 +229,33 @@ def gelu_triton(x):
     if not x.is_contiguous():
         raise ValueError("gelu_triton needs a contiguous tensor")
     y = torch.empty_like(x)
-    BLOCK = 1024
-    _gelu_triton_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+    _gelu_triton_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
     return y
 
 
-def _error_line(e):
-    # Compiler errors are pages long; the first line that says "error" is the one to read.
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
-    line = next((l for l in lines if "error" in l.lower()), lines[0])
-    return line[:200]
-
-
 def get_variants(device, log=print):
-    """The variants that can run on `device`, in order; prints one line for each one skipped."""
+    """The variants that can run on `device`, in order; logs one line for each one skipped."""
     variants = {"torch ops": gelu_torch_ops, "F.gelu": gelu_builtin}
     candidates = {"torch.compile": make_gelu_compiled()}
-    if device == "cuda":
-        reason = cuda_unavailable_reason()
-        if reason is None:
-            candidates["CUDA kernel"] = gelu_cuda
-        else:
-            log(f"CUDA kernel: skipped ({reason})")
-        if triton is not None:
-            candidates["Triton"] = gelu_triton
-        else:
-            log("Triton: skipped (not installed; pip install triton)")
+    reason = cuda_unavailable_reason() if device == "cuda" else "running on CPU; it needs a CUDA GPU, nvcc and ninja"
+    if reason:
+        log(f"CUDA kernel: skipped ({reason})")
     else:
-        log("CUDA kernel: skipped (running on CPU; it needs a CUDA GPU, nvcc and ninja)")
+        candidates["CUDA kernel"] = gelu_cuda
+    if device == "cuda" and triton is None:
+        log("Triton: skipped (not installed; pip install triton)")
+    elif device == "cuda":
+        candidates["Triton"] = gelu_triton
     for name, fn in candidates.items():
-        # One trial call builds what needs building: torch.compile needs a C++ compiler on
-        # CPU and Triton on GPU, the CUDA kernel needs nvcc. Whatever fails is skipped.
+        # One trial call builds what needs building (a C++ compiler, Triton or nvcc).
         try:
             fn(torch.randn(1024, device=device))
             variants[name] = fn
         except Exception as e:  # compilers raise many types; all mean "not on this machine"
-            log(f"{name}: skipped ({type(e).__name__}: {_error_line(e)})")
+            # compiler errors are pages long; the first line that says "error" is the one to read
+            lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+            line = next((l for l in lines if "error" in l.lower()), lines[0])
+            log(f"{name}: skipped ({type(e).__name__}: {line[:200]})")
     return variants
 
 
@@ -337,8 +300,7 @@ def print_accounting():
             ai = arithmetic_intensity(passes, size)
             frac = accounting.roofline_mfu(ai, ridge)
             print(f"{name:<12} {dtype:<9} {passes * size:>10} {ai:>10.3f} {100 * frac:>14.1f}%")
-    lo = arithmetic_intensity(UNFUSED_PASSES, 4)
-    hi = arithmetic_intensity(FUSED_PASSES, 2)
+    lo, hi = arithmetic_intensity(UNFUSED_PASSES, 4), arithmetic_intensity(FUSED_PASSES, 2)
     print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, "
           f"{accounting.accelerator_intensity(bf16, bw):.0f} for bf16 tensor cores. GELU sits at "
           f"{lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
@@ -355,29 +317,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REL_FLOOR = 1e-3  # relative error is reported where |gelu(x)| >= this; near 0 it means nothing
 
 
-def poison_allocator(x, blocks=16):
-    """Fill memory that will be handed out next with NaN, so an element a variant forgets to
-    write shows up as NaN instead of a stale correct value from the previous run. (On CUDA
-    the caching allocator gives these freed blocks straight back for the same size.)"""
-    junk = [torch.full_like(x, float("nan")) for _ in range(blocks)]
-    del junk
-
-
 def random_input(n, dtype, device, generator):
     # N(0, 3^2): covers the curved part of GELU and both tails; randn is never exactly 0.
     return (3 * torch.randn(n, generator=generator, device="cpu")).to(device=device, dtype=dtype)
 
 
 def max_errors(y, x):
-    """(max abs error, max relative error where |ref| >= REL_FLOOR) of y against float64.
-    NaN anywhere in y (an unwritten poisoned element) makes both NaN."""
+    """(max abs error, max relative error where |ref| >= REL_FLOOR) of y against float64."""
+    if torch.isnan(y).any():  # an unwritten, poisoned element
+        return math.nan, math.nan
     ref = gelu_reference(x)
     err = (y.double() - ref).abs()
     big = ref.abs() >= REL_FLOOR
-    rel = (err[big] / ref[big].abs()).max() if big.any() else torch.tensor(0.0, dtype=torch.float64)
-    if torch.isnan(y).any():
-        return float("nan"), float("nan")
-    return err.max().item(), rel.item()
+    return err.max().item(), (err[big] / ref[big].abs()).max().item() if big.any() else 0.0
 
 
 def check_variant(fn, dtype, device, n=(1 << 20) + 3, seed=0):
@@ -386,11 +338,11 @@ def check_variant(fn, dtype, device, n=(1 << 20) + 3, seed=0):
     errors = []
     for offset in (0, 1):  # offset 1: x[1:] is not 16-byte aligned
         x = random_input(n + offset, dtype, device, g)[offset:]
-        poison_allocator(x)
-        if fn is gelu_cuda:  # our own kernel also gets an explicitly poisoned output
-            y = gelu_cuda(x, out=torch.full_like(x, float("nan")))
-        else:
-            y = fn(x)
+        # Fill the memory handed out next with NaN, so an element a variant forgets to write is
+        # NaN, not a stale right value (CUDA's caching allocator hands these blocks straight back).
+        [torch.full_like(x, math.nan) for _ in range(16)]
+        # our own kernel also gets an explicitly poisoned output
+        y = gelu_cuda(x, out=torch.full_like(x, math.nan)) if fn is gelu_cuda else fn(x)
         if y.dtype != x.dtype or y.shape != x.shape:
             raise AssertionError(f"returned {y.dtype} {tuple(y.shape)} for {x.dtype} {tuple(x.shape)}")
         errors.append(max_errors(y, x))
@@ -414,31 +366,19 @@ def run_correctness(variants, dtypes, device):
 # -----------------------------------------------------------------------------
 # 4. Benchmark: median time, GB/s, % of copy bandwidth, speed-up over variant 1.
 
-def make_l2_flush(device):
-    """On CUDA: a function that reads a buffer bigger than L2, so each timed run starts
-    with x in DRAM (not in the 50 MB L2) and the GPU has queued work while Python launches."""
-    if device != "cuda":
-        return lambda: None
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
-    buf = torch.ones(max(256 << 20, 4 * l2) // 4, device="cuda")
-    return lambda: buf.sum()
-
-
 def time_ms(fn, x, reps, flush):
-    """Median time of fn(x) in milliseconds (CUDA events on a GPU, perf_counter on the CPU),
-    after 3 warm-up calls."""
+    """Median ms of fn(x) after 3 warm-up calls (CUDA events on a GPU, perf_counter on a CPU)."""
     for _ in range(3):
         fn(x)
     if x.is_cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
+        events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(reps)]
+        for s, e in events:
             flush()
             s.record()
             fn(x)
             e.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        torch.cuda.synchronize()  # once, after all runs: the GPU never waits for Python
+        times = [s.elapsed_time(e) for s, e in events]
     else:
         times = []
         for _ in range(reps):
@@ -450,7 +390,10 @@ def time_ms(fn, x, reps, flush):
 
 def run_benchmark(variants, dtypes, log2_sizes, device, reps):
     """Time every variant and a plain copy at each size; returns one dict per (variant, dtype, n)."""
-    flush = make_l2_flush(device)
+    flush = None  # time_ms calls it on CUDA only
+    if device == "cuda":  # read more than L2 before each run: x starts in DRAM, and the GPU has work queued
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+        flush = torch.ones(max(256 << 20, 4 * l2) // 4, device="cuda").sum
     timer = "CUDA events" if device == "cuda" else "time.perf_counter"
     print(f"\n== Benchmark on {device_name(device)}: median of {reps} runs ({timer}), "
           f"GB/s counts the fused traffic 2 x n x bytes (read x, write y)")
@@ -462,11 +405,9 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
             n = 1 << p
             x = random_input(n, DTYPES[dname], device, g)
             nbytes = 2 * n * x.element_size()
-            dst = torch.empty_like(x)
-            copy_ms = time_ms(dst.copy_, x, reps, flush)
+            copy_ms = time_ms(torch.empty_like(x).copy_, x, reps, flush)
             copy_gbs = nbytes / copy_ms / 1e6
             print(f"{dname:<9} 2^{p:<3} {'copy_':<14} {copy_ms:>10.4f} {copy_gbs:>9.1f} {100.0:>6.1f}% {'':>7}")
-            del dst
             base_ms = None
             for name, fn in variants.items():
                 ms = time_ms(fn, x, reps, flush)
@@ -485,9 +426,7 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
 def target_line(rows):
     """The H100 target in one line: CUDA kernel at the largest fp32 size vs copy and F.gelu."""
     fp32 = [r for r in rows if r["dtype"] == "float32"]
-    if not fp32:
-        return None
-    p = max(r["log2_n"] for r in fp32)
+    p = max((r["log2_n"] for r in fp32), default=None)
     at = {r["variant"]: r for r in fp32 if r["log2_n"] == p}
     if "CUDA kernel" not in at:
         return None
@@ -503,7 +442,6 @@ def target_line(rows):
 @contextlib.contextmanager
 def _quiet_stderr():
     # torch's profiler prints start/stop notices on the C-level stderr; keep the table clean.
-    # Python exceptions still propagate with their messages.
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -524,12 +462,9 @@ def profile_launches(fn, x):
         fn(x)
         if x.is_cuda:
             torch.cuda.synchronize()
-    events = prof.events()
     if x.is_cuda:
-        names = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    else:
-        names = [e.name for e in events if e.cpu_parent is None and "Cache Lookup" not in e.name]
-    return Counter(names)
+        return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return Counter(e.name for e in prof.events() if e.cpu_parent is None and "Cache Lookup" not in e.name)
 
 
 def run_profile(variants, device, dtype="float32", n=1 << 20):
@@ -555,32 +490,31 @@ def device_name(device):
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _positive_int(text):  # argparse type; argparse puts the flag's name before the message
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="auto = cuda if a GPU is visible, else cpu")
-    ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N",
-                    help="log2 of the element counts (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
+    ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
+                    help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
-    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--reps", type=_positive_int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
+    ap.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
     args = ap.parse_args(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
+    args.device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     cuda = args.device == "cuda"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if cuda else [20, 22, 24])
-    if any(not 10 <= p <= 30 for p in args.sizes):
-        ap.error(f"--sizes: each value is log2 of an element count and must be in 10..30, got {args.sizes}")
-    args.reps = args.reps if args.reps is not None else (100 if cuda else 10)
-    if args.reps < 1:
-        ap.error(f"--reps must be at least 1, got {args.reps}")
-    if args.threads is not None and args.threads < 1:
-        ap.error(f"--threads must be at least 1, got {args.threads}")
+    args.reps = args.reps or (100 if cuda else 10)
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
@@ -606,10 +540,8 @@ def main(argv=None):
     if "correctness" not in args.skip:
         result["correctness"] = run_correctness(variants, args.dtypes, args.device)
     if "benchmark" not in args.skip:
-        rows = run_benchmark(variants, args.dtypes, args.sizes, args.device, args.reps)
-        result["benchmark"] = rows
-        line = target_line(rows)
-        if line:
+        rows = result["benchmark"] = run_benchmark(variants, args.dtypes, args.sizes, args.device, args.reps)
+        if line := target_line(rows):
             print("\n" + line)
             result["target"] = line
     if "profile" not in args.skip:

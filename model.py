@@ -1,21 +1,17 @@
 """A Transformer language model from scratch, and text generation with a KV cache.
 
-What this file teaches, in reading order (CS336 assignment 1, section 3):
-  1. Parameters and their initialisation: Linear, Embedding (truncated normals).
+Sections, in reading order (CS336 assignment 1, section 3):
+  1. Parameters: Linear, Embedding (truncated-normal init).
   2. Pointwise pieces: RMSNorm, silu, softmax (max-subtracted).
   3. Feed-forward networks: SwiGLU (the default) and a plain SiLU FFN (an ablation).
   4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
-  6. TransformerBlock (pre-norm, or post-norm / no-norm ablations) and TransformerLM.
+  6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
-
-The reference path uses plain tensor ops only (no torch.nn layers, no torch.nn.functional).
-`TransformerLM(..., fast=True)` swaps in torch's fused attention kernel, RoPE as a complex
-multiplication and torch's one-kernel silu; it has exactly the same parameters and
-state-dict keys, and the tests check that it computes the same function.
-
-model.py is a library (train.py trains it, bench.py times generation); its tests run with
-    python -m pytest -q test_all.py -k model
+The reference path uses plain tensor ops (no torch.nn layers or torch.nn.functional).
+fast=True swaps in torch's fused attention and silu and RoPE as one complex multiply: same
+parameters and state-dict keys, and the tests check it computes the same function.
+A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
 
@@ -33,18 +29,14 @@ def _trunc_normal(shape, std, device, dtype):
     return nn.Parameter(w)
 
 
-def linear_std(in_features, out_features):
-    """Linear init std: sigma^2 = 2 / (d_in + d_out)."""
-    return math.sqrt(2.0 / (in_features + out_features))
-
-
 class Linear(nn.Module):
-    """y = x W^T with W of shape (out, in), no bias (like most modern LLMs)."""
+    """y = x W^T with W of shape (out, in), no bias (like most modern LLMs); init std^2 = 2 / (in + out)."""
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _trunc_normal((out_features, in_features), linear_std(in_features, out_features), device, dtype)
+        std = math.sqrt(2.0 / (in_features + out_features))
+        self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
 
     def forward(self, x):  # (..., in) -> (..., out)
         return x @ self.weight.t()
@@ -67,10 +59,7 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
-
-    Squares overflow easily in 16-bit floats, so the statistics are computed in float32
-    and the result is cast back to the input's dtype.
-    """
+    Computed in float32 (squares overflow in 16-bit floats), cast back to the input's dtype."""
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
         super().__init__()
@@ -116,10 +105,8 @@ class SwiGLU(nn.Module):
         self.fast = fast
 
     def forward(self, x):  # (..., d_model)
-        if self.fast:
-            # torch's one-kernel silu (forward and backward)
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-        return self.w2(silu(self.w1(x)) * self.w3(x))
+        act = torch.nn.functional.silu if self.fast else silu  # fast: one kernel forward and backward
+        return self.w2(act(self.w1(x)) * self.w3(x))
 
 
 class SiLUFFN(nn.Module):
@@ -141,12 +128,11 @@ class SiLUFFN(nn.Module):
 
 class RotaryPositionalEmbedding(nn.Module):
     """Rotate each adjacent pair (x[2k], x[2k+1]) by the angle  pos * theta^(-2k / d_k).
-
     [x'_2k  ]   [cos  -sin] [x_2k  ]
     [x'_2k+1] = [sin   cos] [x_2k+1]
 
-    cos and sin are tabulated once for every position (non-persistent buffers: they are
-    derived from theta, so they stay out of checkpoints). One module serves all layers.
+    cos and sin are tabulated once per position, in non-persistent buffers (derived from
+    theta, so not in checkpoints). One module serves all layers.
     """
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
@@ -168,8 +154,7 @@ class RotaryPositionalEmbedding(nn.Module):
         return out.flatten(-2)
 
     def forward_complex(self, x, token_positions):
-        """The same rotation for the fast path: read the pair (x_2k, x_2k+1) as the complex
-        number x_2k + i x_2k+1 and multiply by e^{i angle}; one kernel forward and backward
+        """The same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel forward and backward
         instead of a dozen. float32/float64 only (there is no bfloat16 complex type)."""
         z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy
         rot = torch.complex(self.cos[token_positions], self.sin[token_positions]).to(z.dtype)  # e^{i angle}, (..., T, d_k/2)
@@ -181,7 +166,6 @@ class RotaryPositionalEmbedding(nn.Module):
 
 def scaled_dot_product_attention(Q, K, V, mask=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
-
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that
     may attend to nothing gets NaN (0/0), so callers must leave every row at least one key.
@@ -192,23 +176,14 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     return softmax(scores, dim=-1) @ V
 
 
-def _compiling():
-    """True while torch.compile traces the model: host syncs (the id check) and complex ops
-    (inductor has no complex codegen) are skipped then."""
-    return torch.compiler.is_compiling()
-
-
 def causal_mask(T, device=None):
     """(T, T) bool, True on and below the diagonal: position i may look at j <= i."""
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer.
-
-    Buffers are allocated for the whole context (B, H, context_length, d_k) on first use
-    and filled left to right; `n` counts the filled positions.
-    """
+    """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
+    first use and filled left to right; `n` counts the filled positions."""
 
     def __init__(self, context_length):
         self.context_length, self.n, self.k, self.v = context_length, 0, None, None
@@ -226,7 +201,6 @@ class KVCache:
 
 class MultiHeadSelfAttention(nn.Module):
     """Causal multi-head self-attention: out = W_O concat_h Attention(W_Q^h x, W_K^h x, W_V^h x).
-
     d_k = d_v = d_model / num_heads. RoPE (if given) rotates q and k, never v, and every head
     gets the same rotation (heads act as a batch dimension).
     """
@@ -258,9 +232,8 @@ class MultiHeadSelfAttention(nn.Module):
         # (B, T, d_model) -> (B, H, T, dh)
         q, k, v = (p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         if pos is not None:
-            # fast path: RoPE as one complex multiply; float32/64 only (not under bf16 autocast), and
-            # eager only (inductor has no complex codegen)
-            if self.fast and q.dtype in (torch.float32, torch.float64) and not _compiling():
+            # complex RoPE: float32/64 only (not under bf16 autocast), eager only (inductor has no complex codegen)
+            if self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
                 q, k = self.rope.forward_complex(q, pos), self.rope.forward_complex(k, pos)
             else:
                 q, k = self.rope(q, pos), self.rope(k, pos)
@@ -269,11 +242,7 @@ class MultiHeadSelfAttention(nn.Module):
         if attn_mask is None and k.shape[-2] != T:
             raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
         if self.fast:
-            F = torch.nn.functional
-            if attn_mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=attn_mask is None)
         else:
             out = scaled_dot_product_attention(q, k, v, causal_mask(T, x.device) if attn_mask is None else attn_mask)
         out = out.transpose(1, 2).reshape(B, T, d_model)  # concat heads
@@ -285,7 +254,6 @@ class MultiHeadSelfAttention(nn.Module):
 
 class TransformerBlock(nn.Module):
     """Pre-norm:  z = x + MHA(ln1(x));  y = z + FFN(ln2(z)).
-
     Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original
     Transformer); no_norm drops ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x).
     """
@@ -293,14 +261,10 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
         super().__init__()
-        def norm():
-            return Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
-
-        self.ln1 = norm()
+        self.ln1 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
-        self.ln2 = norm()
-        ffn = SiLUFFN if silu_ffn else SwiGLU
-        self.ffn = ffn(d_model, d_ff, device, dtype, fast=fast)
+        self.ln2 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = (SiLUFFN if silu_ffn else SwiGLU)(d_model, d_ff, device, dtype, fast=fast)
         self.post_norm = post_norm
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):  # (B, T, d_model)
@@ -313,7 +277,6 @@ class TransformerBlock(nn.Module):
 
 class TransformerLM(nn.Module):
     """token ids (B, T) -> embeddings -> num_layers blocks -> ln_final -> lm_head -> logits (B, T, vocab).
-
     Ablations (keyword-only): no_norm (no RMSNorm anywhere), post_norm, nope (no position
     information at all), silu_ffn (W2 silu(W1 x), pass d_ff = 4 d_model), tie_embeddings
     (lm_head.weight is token_embeddings.weight; both keys stay in the state dict, as in
@@ -351,7 +314,7 @@ class TransformerLM(nn.Module):
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
         # Reading the ids back is a host sync (one for both ends; and a graph break for
         # torch.compile); meta tensors (shape-only models, as accounting.py builds) have no values.
-        if not _compiling() and token_ids.device.type != "meta":
+        if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
             lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
@@ -381,18 +344,14 @@ def _sample(logits, temperature, top_p, generator):
 
 
 def _attention_mask(valid, n_past, T):
-    """Mask for T new queries after n_past cached keys, with left padding.
-
-    valid: (B, n_past + T) bool, False at padding. Query i (absolute position n_past + i)
-    may see key j if j <= n_past + i and key j is a real token; a padding query also sees
-    itself so that no row is empty (empty rows would be NaN and NaN * 0 poisons real rows).
-    -> (B, 1, T, n_past + T)
+    """Mask (B, 1, T, n_past + T) for T new queries after n_past cached keys, with left padding.
+    valid: (B, n_past + T) bool, False at padding. Query i may see key j <= n_past + i if j is a
+    real token; a padding query also sees itself, since an empty row is NaN and NaN * 0 poisons real rows.
     """
     S = n_past + T
     q_pos = torch.arange(n_past, S, device=valid.device)[:, None]  # (T, 1)
     k_pos = torch.arange(S, device=valid.device)[None, :]  # (1, S)
-    mask = (k_pos <= q_pos) & valid[:, None, :]  # (B, T, S)
-    mask = mask | (k_pos == q_pos)
+    mask = ((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos)  # (B, T, S)
     return mask[:, None]
 
 
@@ -415,19 +374,13 @@ def _left_pad(prompts, device):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None):
-    """Complete `prompt` with up to max_new_tokens sampled tokens.
-
-    prompt: list[int] -> list[int] of new tokens, or list[list[int]] (lengths may differ;
-    prompts are left-padded and the padding is masked out) -> list of lists.
-    temperature=0 is greedy decoding. Generation of a row stops after it produces stop_id;
-    stop_id itself is NOT included in the returned tokens.
-
-    use_cache=False is the reference: every step re-runs the model on the whole sequence,
-    cropped to the last context_length tokens. use_cache=True runs the prompt once (prefill)
-    and then feeds one token per step, reusing the cached keys/values. Once the sequence
-    fills the context, the window must slide and RoPE positions shift, so the cached path
-    then re-runs the last context_length tokens every step: the same tokens as the
-    reference, at the reference's speed.
+    """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).
+    prompt: list[int] -> list[int] of new tokens, or list[list[int]] (left-padded, padding masked
+    out) -> list of lists. A row stops after producing stop_id, which is not returned.
+    use_cache=False is the reference: each step re-runs the last context_length tokens.
+    use_cache=True runs the prompt once (prefill), then one token per step against the cached
+    keys/values; once the context is full the window slides and RoPE positions shift, so it
+    re-runs the window like the reference (same tokens, reference speed).
     """
     batched = len(prompt) > 0 and isinstance(prompt[0], (list, tuple))
     prompts = [list(p) for p in prompt] if batched else [list(prompt)]
@@ -441,9 +394,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     was_training = model.training
     model.eval()
     try:
-        out = [[] for _ in range(B)]
-        done = [False] * B
-        cache = None
+        out, done, cache = [[] for _ in range(B)], [False] * B, None
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and cache[0].n < C:
                 # one new position per step: it attends to everything cached so far
@@ -457,10 +408,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
                 w_ids, w_valid = ids[:, -C:], valid[:, -C:]
                 mask = None if ids.shape[1] - w_ids.shape[1] >= pad else _attention_mask(w_valid, 0, w_ids.shape[1])
                 pos = _positions(w_valid)
-                if use_cache and w_ids.shape[1] < C:
-                    cache = [KVCache(C) for _ in model.layers]  # prefill
-                else:
-                    cache = None  # context full: this step is a plain re-run of the window
+                # prefill; or, with the context full, a plain re-run of the window
+                cache = [KVCache(C) for _ in model.layers] if use_cache and w_ids.shape[1] < C else None
                 logits = model(w_ids, pos, mask, cache)[:, -1]
             nxt = _sample(logits, temperature, top_p, generator)  # (B,)
             # two host syncs per step, whatever B: this tolist() and forward's token-id check

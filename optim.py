@@ -1,17 +1,13 @@
 """Loss, optimizers, learning-rate schedule and gradient clipping, from scratch.
 
-What this file teaches, in reading order (CS336 assignment 1, section 4; lecture 2):
-  1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written backward
-     (softmax - onehot, in place: fewer allocations, faster on a CPU), and perplexity.
-  2. Optimizers as torch.optim.Optimizer subclasses, simplest first:
-     SGD -> AdaGrad (the lecture's) -> AdamW (the handout's Algorithm 1).
+Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
+  1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written
+     in-place backward (softmax - onehot), and perplexity.
+  2. Optimizers, simplest first: SGD -> AdaGrad (the lecture's) -> AdamW (Algorithm 1).
+     State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
-
-The optimizers keep their state in self.state, so state_dict() / load_state_dict()
-(inherited from torch.optim.Optimizer) round-trip through checkpoints. AdamW updates
-all parameters of a group at once with torch._foreach_* ops: the same arithmetic as a
-per-parameter loop, in a handful of kernel launches instead of a dozen per tensor.
+Tests: python -m pytest -q test_all.py -k model
 """
 import math
 
@@ -23,11 +19,9 @@ import torch
 
 def cross_entropy(logits, targets, fused=False):
     """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
-
-    logits: (..., V) float, targets: (...) int64 -> scalar. The max is subtracted before
-    exponentiating, so logits of +-1e4 are fine. Half-precision logits are upcast: the sum
-    over V would lose digits in bf16, so the loss is float32 (float64 stays float64).
-    fused=True computes the same loss with the hand-written backward below (faster on a CPU).
+    logits: (..., V), targets: (...) int64 -> scalar. Subtracting the max keeps exp finite;
+    bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
+    fused=True: the same loss with the hand-written backward below.
     """
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
@@ -35,16 +29,13 @@ def cross_entropy(logits, targets, fused=False):
     if fused:
         return _FusedCrossEntropy.apply(logits, targets)
     m = logits.detach().amax(dim=-1, keepdim=True)  # (N, 1); lse does not depend on m: no gradient
-
     lse = m.squeeze(-1) + (logits - m).exp().sum(dim=-1).log()  # (N,) log sum_a exp(o_a)
     return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
 
 
 class _FusedCrossEntropy(torch.autograd.Function):
-    """cross_entropy with its backward written by hand: d loss / d o = (softmax(o) - onehot(x)) / N.
-
-    The forward keeps e = exp(o - max); the backward turns that (N, V) buffer into the gradient in
-    place, where autograd allocates several (on a CPU each fresh large buffer costs page faults)."""
+    """d loss / d o = (softmax(o) - onehot(x)) / N, written in place into the forward's (N, V)
+    buffer e = exp(o - max): autograd would allocate several (each costs page faults on a CPU)."""
 
     @staticmethod
     def forward(ctx, logits, targets):  # (N, V) float, (N,) int64 -> scalar
@@ -59,12 +50,10 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        logits, m, s, targets = ctx.saved_tensors
-        e = ctx.e
-        if ctx.used:  # a second backward (retain_graph=True, gradcheck): rebuild e, which the first overwrote
+        (logits, m, s, targets), e = ctx.saved_tensors, ctx.e
+        if ctx.used:  # a second backward (retain_graph, gradcheck): rebuild e, which the first overwrote
             torch.sub(logits, m, out=e).exp_()
-        ctx.used = True
-        n = e.shape[0]
+        ctx.used, n = True, e.shape[0]
         g = e.mul_(grad / n / s)  # softmax(o) * grad / N, in place
         g[torch.arange(n, device=g.device), targets] -= grad / n  # minus the one-hot
         return g, None
@@ -78,7 +67,7 @@ def perplexity(mean_loss):
 # ----------------------------------------------------------------------------
 # 2. Optimizers
 
-def _check(lr, eps=None, betas=None, weight_decay=None):
+def _check(lr, eps=None, betas=None, weight_decay=None):  # None: the optimizer has no such knob
     if lr < 0:
         raise ValueError(f"Learning rate must be >= 0, got lr={lr}.")
     if eps is not None and eps <= 0:
@@ -107,11 +96,8 @@ class SGD(torch.optim.Optimizer):
 
 
 class AdaGrad(torch.optim.Optimizer):
-    """Per-coordinate step sizes from the sum of all past squared gradients (Duchi et al. 2011):
-
-    G <- G + g^2;   theta <- theta - lr * g / sqrt(G + eps)
-
-    (eps inside the square root, as in the lecture; torch.optim.Adagrad puts it outside.)
+    """Per-coordinate step sizes from all past squared gradients (Duchi et al. 2011):
+    G <- G + g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as in the lecture).
     """
 
     def __init__(self, params, lr=0.01, eps=1e-5):
@@ -125,23 +111,22 @@ class AdaGrad(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if "sum_sq" not in state:
-                    state["sum_sq"] = torch.zeros_like(p)
-                g = p.grad
-                state["sum_sq"].addcmul_(g, g)
-                p.addcdiv_(g, (state["sum_sq"] + group["eps"]).sqrt(), value=-group["lr"])
+                if "sum_sq" not in self.state[p]:
+                    self.state[p]["sum_sq"] = torch.zeros_like(p)
+                G = self.state[p]["sum_sq"]
+                G.addcmul_(p.grad, p.grad)
+                p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
         return loss
 
 
 class AdamW(torch.optim.Optimizer):
     """The handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
-
     m <- b1 m + (1 - b1) g
     v <- b2 v + (1 - b2) g^2
     a_t = lr * sqrt(1 - b2^t) / (1 - b1^t)          (bias correction folded into the step size)
     theta <- theta - a_t * m / (sqrt(v) + eps)
     theta <- theta - lr * weight_decay * theta       (decoupled decay, after the update)
+    The _foreach ops do the per-parameter loop's arithmetic in a few launches for all tensors.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
@@ -154,14 +139,13 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             params = [p for p in group["params"] if p.grad is not None]
-            if not params:
+            if not params:  # the _foreach ops refuse empty lists
                 continue
-            for p in params:
-                state = self.state[p]
+            states = [self.state[p] for p in params]
+            for p, state in zip(params, states):
                 if not state:  # t counts from 1 per parameter; m and v start at zero
                     state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-            states = [self.state[p] for p in params]
             grads = [p.grad for p in params]
             ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
             step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
@@ -199,10 +183,8 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 
 @torch.no_grad()
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
-    """If ||g||_2 over all gradients is at least M, scale every gradient by M / (||g||_2 + eps).
-
-    Modifies the .grad tensors in place; returns the norm before clipping as a float.
-    """
+    """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
+    Returns the norm before clipping, as a float."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
