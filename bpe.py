@@ -46,19 +46,6 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
-# Places where a cut cannot change the pre-tokens: (1) before a space followed by a
-# non-space (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)'
-# backs off to end just before it); (2) after a lone newline between two non-spaces.
-# _STREAM_CUT is for str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the
-# non-space is ASCII or a UTF-8 lead byte of a range without Unicode whitespace.
-_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
-_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
-_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
-_BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
-# fork shares the parent's imports (numba, regex) instead of re-importing them.
-_MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-
-
 def _check_special_tokens(special_tokens):
     """The special-token strings, checked, duplicates dropped (order kept)."""
     if isinstance(special_tokens, str):
@@ -79,6 +66,67 @@ def _special_split_re(special_tokens):
         return None
     alts = sorted(special_tokens, key=len, reverse=True)
     return regex.compile("(" + "|".join(regex.escape(s) for s in alts) + ")")
+
+
+# -----------------------------------------------------------------------------
+# 2. The naive trainer: the definition of BPE training
+#
+# Count every adjacent pair inside every pre-token (weighted by the pre-token's count),
+# fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
+# greater pair. Slow (it recounts everything per merge) but checkable by eye: the fast
+# trainer is tested to learn exactly its merges.
+
+def train_bpe_naive(text, vocab_size, special_tokens=()):
+    """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
+    special_tokens = _check_special_tokens(special_tokens)
+    split_re = _special_split_re(special_tokens)
+    words = Counter()                 # pre-token as a tuple of tokens (bytes) -> count
+    for part in (split_re.split(text)[::2] if split_re else [text]):  # specials dropped
+        for w in _PRETOKEN_RE.findall(part):
+            words[tuple(bytes([b]) for b in w.encode("utf-8"))] += 1
+    vocab = {i: bytes([i]) for i in range(256)}
+    for s in special_tokens:
+        vocab[len(vocab)] = s.encode("utf-8")
+    merges = []
+    while len(vocab) < vocab_size:
+        pairs = Counter()             # pairs never cross pre-tokens
+        for w, c in words.items():
+            for pair in zip(w, w[1:]):
+                pairs[pair] += c
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))    # ties: the greater (left, right)
+        merges.append(best)
+        vocab[len(vocab)] = best[0] + best[1]
+        merged = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if w[i:i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return vocab, merges
+
+
+# -----------------------------------------------------------------------------
+# 3. Counting pre-tokens in parallel: a file cut where no pre-token can straddle the cut
+
+# Places where a cut cannot change the pre-tokens: (1) before a space followed by a
+# non-space (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)'
+# backs off to end just before it); (2) after a lone newline between two non-spaces.
+# _STREAM_CUT is for str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the
+# non-space is ASCII or a UTF-8 lead byte of a range without Unicode whitespace.
+_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
+_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
+_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
+_BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
+# fork shares the parent's imports (numba, regex) instead of re-importing them.
+_MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
 def _inside_special(buf, p, specials):
@@ -184,52 +232,7 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
 
 
 # -----------------------------------------------------------------------------
-# 2. The naive trainer: the definition of BPE training
-#
-# Count every adjacent pair inside every pre-token (weighted by the pre-token's count),
-# fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
-# greater pair. Slow (it recounts everything per merge) but checkable by eye: the fast
-# trainer is tested to learn exactly its merges.
-
-def train_bpe_naive(text, vocab_size, special_tokens=()):
-    """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
-    special_tokens = _check_special_tokens(special_tokens)
-    split_re = _special_split_re(special_tokens)
-    words = Counter()                 # pre-token as a tuple of tokens (bytes) -> count
-    for part in (split_re.split(text)[::2] if split_re else [text]):  # specials dropped
-        for w in _PRETOKEN_RE.findall(part):
-            words[tuple(bytes([b]) for b in w.encode("utf-8"))] += 1
-    vocab = {i: bytes([i]) for i in range(256)}
-    for s in special_tokens:
-        vocab[len(vocab)] = s.encode("utf-8")
-    merges = []
-    while len(vocab) < vocab_size:
-        pairs = Counter()             # pairs never cross pre-tokens
-        for w, c in words.items():
-            for pair in zip(w, w[1:]):
-                pairs[pair] += c
-        if not pairs:
-            break
-        best = max(pairs, key=lambda p: (pairs[p], p))    # ties: the greater (left, right)
-        merges.append(best)
-        vocab[len(vocab)] = best[0] + best[1]
-        merged = Counter()
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if w[i:i + 2] == best:
-                    out.append(best[0] + best[1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += c
-        words = merged
-    return vocab, merges
-
-
-# -----------------------------------------------------------------------------
-# 3. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
+# 4. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
 # Each distinct pre-token ("word") is stored once, with its count, as a doubly linked list
 # of token ids. Pair counts live in a hash table keyed by left << 32 | right; each pair
@@ -510,7 +513,7 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
 
 # -----------------------------------------------------------------------------
-# 4. train_bpe
+# 5. train_bpe
 
 # Below this much work the interpreted merge loop finishes before numba could even load
 # the compiled one from its disk cache.
@@ -569,7 +572,7 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
 
 
 # -----------------------------------------------------------------------------
-# 5. The GPT-2 file format
+# 6. The GPT-2 file format
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
@@ -660,7 +663,7 @@ def _load_merges_file(path, vocab):
 
 
 # -----------------------------------------------------------------------------
-# 6. Tokenizer
+# 7. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
@@ -819,7 +822,7 @@ class Tokenizer:
 
 
 # -----------------------------------------------------------------------------
-# 7. encode_file: a text file to a .npy of ids, in parallel and in constant memory
+# 8. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
 _ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _worker_tokenizer = None
@@ -891,7 +894,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
 
 
 # -----------------------------------------------------------------------------
-# 8. Command line
+# 9. Command line
 
 def _cmd_train(args):
     t0 = time.perf_counter()
