@@ -711,6 +711,8 @@ def process_group(cfg):
         torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     try:
         yield
+        if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it
+            torch.distributed.barrier()
     finally:
         if ddp:
             torch.distributed.destroy_process_group()
