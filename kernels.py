@@ -263,7 +263,7 @@ def get_variants(device, log=print):
 # 2. Accounting: how many bytes each variant moves, and why that decides its speed.
 
 # Variant 1, one kernel per row: (op, flops per element, tensors read, tensors written).
-# tanh counts as one flop here. accounting.py's gelu_cost takes the lecture's ~20 FLOPs per
+# tanh counts as one flop here. accounting.ROOFLINE_COSTS["GELU"] takes the lecture's ~20 FLOPs per
 # element (tanh as several); either count leaves GELU far below the ridge point, see below.
 TORCH_OPS = [
     ("0.5 * x", 1, 1, 1),
