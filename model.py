@@ -14,6 +14,7 @@ parameters and state-dict keys, and the tests check it computes the same functio
 A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -252,6 +253,23 @@ class MultiHeadSelfAttention(nn.Module):
 # ----------------------------------------------------------------------------
 # 6. Transformer block and language model
 
+def _check_count(name, n, least=1):
+    """The boundary check of a size or count (constructor and generate): a whole number >= least."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}.")
+
+
+def _as_token_ids(ids):
+    """The boundary check of token ids (forward and generate's prompts): integers only; a bool or
+    uint8 tensor would index the embedding as a mask. Only dtype is read (no host sync); int8/16
+    and the wider unsigned types become int64, since indexing takes int32 and int64 only."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype in (torch.bool, torch.uint8) \
+            or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"Token ids must be an integer tensor (int64 or int32), got {got}.")
+    return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm:  z = x + MHA(ln1(x));  y = z + FFN(ln2(z)).
     Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original
@@ -287,6 +305,12 @@ class TransformerLM(nn.Module):
                  rope_theta=10000.0, device=None, dtype=None, *, no_norm=False, post_norm=False,
                  nope=False, silu_ffn=False, tie_embeddings=False, fast=False):
         super().__init__()
+        sizes = dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model,
+                     num_layers=num_layers, num_heads=num_heads, d_ff=d_ff)
+        for name, n in sizes.items():  # a 0 would build a model that fails far from here, or not at all
+            _check_count(name, n)
+        if not math.isfinite(rope_theta) or rope_theta <= 0:
+            raise ValueError(f"rope_theta must be a finite number > 0, got {rope_theta!r}.")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         d_head = d_model // num_heads
@@ -307,7 +331,11 @@ class TransformerLM(nn.Module):
             self.token_embeddings.weight = self.lm_head.weight
 
     def forward(self, token_ids, token_positions=None, attn_mask=None, kv_cache=None):
-        # token_ids: (B, T) int64 -> logits (B, T, vocab_size)
+        # token_ids: (B, T) int64 or int32 -> logits (B, T, vocab_size)
+        token_ids = _as_token_ids(token_ids)
+        if token_ids.dim() != 2 or token_ids.numel() == 0:
+            shape = tuple(token_ids.shape)
+            raise ValueError(f"Token ids must have shape (batch, sequence) with at least one token, got {shape}.")
         T = token_ids.shape[-1]
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
@@ -366,7 +394,7 @@ def _left_pad(prompts, device):
     ids = torch.zeros(len(prompts), L, dtype=torch.long, device=device)
     valid = torch.zeros(len(prompts), L, dtype=torch.bool, device=device)
     for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p, device=device)
+        ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
     return ids, valid
 
@@ -386,8 +414,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     prompts = [list(p) for p in prompt] if batched else [list(prompt)]
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"Need temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
+    _check_count("max_new_tokens", max_new_tokens, least=0)
+    if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
+        raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
     ids, valid = _left_pad(prompts, device)
     pad = ids.shape[1] - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row

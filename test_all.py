@@ -527,6 +527,48 @@ def test_model_meta_device_and_bf16_autocast():
         torch.testing.assert_close(a.float(), ref(ids), atol=0.15, rtol=0.05)
 
 
+def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
+    # sizes below 1 (or not whole numbers) are refused at construction, naming the argument
+    for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
+        with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1, got 0"):
+            _model_small(**{name: 0})
+    with pytest.raises(ValueError, match="num_heads must be a whole number >= 1, got True"):
+        _model_small(num_heads=True)
+    with pytest.raises(ValueError, match="vocab_size .* got 61.0"):
+        _model_small(vocab_size=61.0)
+    with pytest.raises(ValueError, match="rope_theta .* got nan"):
+        _model_small(rope_theta=float("nan"))
+    m = _model_small()
+    ids = torch.randint(0, 61, (2, 5))
+    want = m(ids)
+    # only integer ids: a bool or uint8 tensor would index the embedding as a mask
+    for dt in (torch.bool, torch.uint8, torch.float32, torch.float16):
+        with pytest.raises(ValueError, match=f"integer tensor .*got {dt}"):
+            m(ids.to(dt))
+    with pytest.raises(ValueError, match="got list"):
+        m([[1, 2, 3]])
+    for dt in (torch.int32, torch.int16, torch.int8, torch.uint16):  # the same logits as int64
+        torch.testing.assert_close(m(ids.to(dt)), want)
+    for shape in ((1, 0), (0, 4), (4,)):  # an empty sequence, an empty batch, no batch dimension
+        with pytest.raises(ValueError, match=regex.escape(f"(batch, sequence) with at least one token, got {shape}.")):
+            m(torch.zeros(shape, dtype=torch.long))
+    # generate: NaN/inf settings, a negative count, float or bool prompts
+    for kw in (dict(temperature=float("nan")), dict(temperature=float("inf")), dict(top_p=float("nan")),
+               dict(temperature=-1)):
+        with pytest.raises(ValueError, match="Need a finite temperature >= 0 and 0 < top_p <= 1"):
+            model.generate(m, [1, 2], 3, **kw)
+    for n in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be a whole number >= 0, got {n!r}"):
+            model.generate(m, [1, 2], n)
+    assert model.generate(m, [1, 2], 0) == []
+    for prompt in ([1.5, 2.0], [True, False], [[1, 2], [0.5]]):
+        with pytest.raises(ValueError, match="integer tensor"):
+            model.generate(m, prompt, 3)
+    with pytest.raises(ValueError, match="Token id 61 is outside"):
+        model.generate(m, [61], 3)
+    assert len(model.generate(m, np.array([3, 1, 4]), 3, temperature=0)) == 3  # numpy ids are fine
+
+
 # ============================================================================
 # bpe.py
 # ============================================================================
