@@ -662,15 +662,16 @@ def _show(tok):
 
 def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}",
                   vocab_name="the vocab", exact=False):
-    """The one check that merges fit a vocab {id: bytes}. Rule: left, right and left + right
-    of every merge are in the vocab, and the merges, in order, make the vocab's merged tokens
-    in id order: merge k joins two tokens of lower id into the k-th merged token. A merged
-    token is one of 2+ bytes that two tokens of lower id make; a declared special token, or
-    one that no two tokens make (GPT-2's <|endoftext|>), is not. train_bpe's vocab
-    (specials after the bytes) and GPT-2's (<|endoftext|> after the merges) keep the rule; a
-    swapped pair, a missing merge or a truncated file do not. exact=False
-    (Tokenizer(vocab, merges)) lets the merges stop early (the first few merges of a vocab);
-    a file (exact=True) must make them all. where(k) names merge k, where(None) them all."""
+    """The one check that merges fit a vocab {id: bytes}. The rule: (1) left, right and
+    left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens
+    are exactly what the merges make, in order: merge k makes the k-th, from two tokens of
+    lower id. A merged token has 2+ bytes and is two tokens of lower id joined, unless it is
+    a declared special token; one that no two tokens join into (GPT-2's <|endoftext|>) is a
+    special token wherever it sits. So train_bpe's files (specials right after the bytes)
+    and GPT-2's (<|endoftext|> after the merges) pass; a swapped pair of merges, a missing
+    one or a truncated merges file fail. exact=False (Tokenizer(vocab, merges)) lets merges
+    be the first few of the vocab's; a file (exact=True) must make them all. where(k) names
+    merge k in an error, where(None) the merges as a whole."""
     token_id = {b: i for i, b in sorted(vocab.items(), reverse=True)}   # lowest id wins
     made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
@@ -713,7 +714,7 @@ def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}
                          f"{token_id[made[k]]} in {vocab_name}, out of id order{disagree}")
 
 
-def _load_merges_file(path, vocab, special_tokens=(), vocab_name="the vocab file"):
+def _load_merges_file(path, vocab, special_tokens=()):
     """A GPT-2 merges.txt as [(left, right)], checked against vocab: all its merges."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"merges file {path} does not exist")
@@ -728,7 +729,7 @@ def _load_merges_file(path, vocab, special_tokens=(), vocab_name="the vocab file
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
     _check_merges(merges, vocab, _check_special_tokens(special_tokens),
-                  lambda k: path if k is None else f"{path} line {linenos[k]}", vocab_name,
+                  lambda k: path if k is None else f"{path} line {linenos[k]}", "the vocab file",
                   exact=True)
     return merges
 
@@ -744,7 +745,7 @@ class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
     def __init__(self, vocab, merges, special_tokens=None):
-        self.vocab = {_check_id(i, lambda: f"vocab token {_show(b)}"): b
+        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b
                       for i, b in vocab.items()}
         self.merges = list(merges)
         self.special_tokens = _check_special_tokens(special_tokens)
@@ -1013,10 +1014,10 @@ def _cmd_train(args):
 
 def _cmd_encode(args):
     vocab = _load_vocab_file(os.path.join(args.tokenizer, "vocab.json"))
-    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab)
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
+    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab, specials)
     tok = Tokenizer(vocab, merges, specials)
     t0 = time.perf_counter()
     n = encode_file(tok, args.input, args.out, args.num_workers)
