@@ -12,6 +12,7 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import multiprocessing
@@ -609,6 +610,10 @@ def atomic_file(path, mode="wb"):
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
         os.replace(tmp, path)
+    except OSError as e:          # a full disk fails f.write, which names no file: name path
+        if e.filename in (None, tmp):
+            e.filename = os.fspath(path)
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -625,26 +630,92 @@ def _load_vocab_file(path):
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
     vocab = {}
-    for s, i in raw.items():
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise ValueError(f"{path}: token {s!r} has id {i!r}, expected a non-negative int")
-        if i in vocab:
+    for n, (s, i) in enumerate(raw.items()):
+        vocab[_check_id(i, lambda: f"{path}: token {_show(s)}")] = _str_to_token(s, path)
+        if len(vocab) != n + 1:
             raise ValueError(f"{path}: id {i} is used by two tokens")
-        vocab[i] = _str_to_token(s, path)
     return vocab
 
 
-def _check_merges(merges, tokens, where=lambda k: f"merge #{k}", vocab="the vocab"):
-    """The one check that merges fit a vocab: left, right and left + right of every merge
-    are in tokens. where(k) names merge k in the error (Tokenizer: its index; a file: its line)."""
+def _check_id(i, where):
+    """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
+    token files (and of the Tokenizer's pair keys, left id * V + right id in int64).
+    where() names the token in the error."""
+    if type(i) is int and 0 <= i < 1 << 32:
+        return i
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
+            or not 0 <= i < 1 << 32:
+        raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to "
+                         "2^32 - 1")
+    return int(i)
+
+
+def _short(text, limit=60):
+    """text for a message, its middle cut out when long (a token can be a megabyte)."""
+    return text if len(text) <= limit else f"{text[:40]}...{text[-12:]} ({len(text):,} chars)"
+
+
+def _show(tok):
+    """A token (bytes, or str as the files write it) for a message."""
+    return _short(repr(_token_to_str(tok) if isinstance(tok, bytes) else tok))
+
+
+def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}",
+                  vocab_name="the vocab", exact=False):
+    """The one check that merges fit a vocab {id: bytes}. The rule: (1) left, right and
+    left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens
+    are exactly what the merges make, in order: merge k makes the k-th, from two tokens of
+    lower id. A merged token has 2+ bytes and is two tokens of lower id joined, unless it is
+    a declared special token; one that no two tokens join into (GPT-2's <|endoftext|>) is a
+    special token wherever it sits. So train_bpe's files (specials right after the bytes)
+    and GPT-2's (<|endoftext|> after the merges) pass; a swapped pair of merges, a missing
+    one or a truncated merges file fail. exact=False (Tokenizer(vocab, merges)) lets merges
+    be the first few of the vocab's; a file (exact=True) must make them all. where(k) names
+    merge k in an error, where(None) the merges as a whole."""
+    token_id = {b: i for i, b in sorted(vocab.items(), reverse=True)}   # lowest id wins
+    made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
-        for tok in (left, right, left + right):
-            if tok not in tokens:
-                raise ValueError(f"{where(k)}: token {_token_to_str(tok)!r} is not in "
-                                 f"{vocab}; vocab and merges disagree")
+        for tok in (left, right, made[k]):
+            if tok not in token_id:
+                raise ValueError(f"{where(k)}: token {_show(tok)} is not in "
+                                 f"{vocab_name}; vocab and merges disagree")
+    specials = {s.encode("utf-8") for s in special_tokens}
+    lengths = sorted({len(b) for b in token_id})
+
+    def made_of_two(t, i):           # t joins two tokens whose ids are below i
+        return any(token_id.get(t[:n], i) < i and token_id.get(t[n:], i) < i
+                   for n in lengths if 0 < n < len(t))
+
+    disagree = "; vocab and merges disagree"
+    k = 0
+    for i in sorted(vocab):
+        t = vocab[i]
+        if len(t) < 2 or token_id[t] != i:             # a byte, or a repeat of a token
+            continue
+        if k < len(made) and t == made[k]:
+            if max(token_id[merges[k][0]], token_id[merges[k][1]]) > i:
+                raise ValueError(f"{where(k)}: the merge makes {_show(t)} (id {i}) from a "
+                                 f"token of higher id{disagree} (merges out of order)")
+            k += 1
+        elif t in specials or not made_of_two(t, i):
+            continue                                   # a special token, declared or not
+        elif k < len(made):
+            raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "
+                             f"merged token in {vocab_name} is id {i} {_show(t)}{disagree} (a "
+                             "merge missing or out of order, or a special token not declared)")
+        elif exact:
+            raise ValueError(f"{where(None)} ends after {k} merges but {vocab_name} has more "
+                             f"merged tokens from id {i} {_show(t)} on{disagree} (merges cut "
+                             "short, or a special token not declared)")
+        else:
+            break                                      # the rest is for later merges
+    if k < len(made):
+        raise ValueError(f"{where(k)}: the merge makes {_show(made[k])}, id "
+                         f"{token_id[made[k]]} in {vocab_name}, out of id order{disagree}")
 
 
-def _load_merges_file(path, vocab):
+def _load_merges_file(path, vocab, special_tokens=()):
+    """A GPT-2 merges.txt as [(left, right)], checked against vocab: all its merges."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"merges file {path} does not exist")
     merges, linenos = [], []
@@ -657,8 +728,9 @@ def _load_merges_file(path, vocab):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
-    _check_merges(merges, set(vocab.values()), lambda k: f"{path} line {linenos[k]}",
-                  "the vocab file")
+    _check_merges(merges, vocab, _check_special_tokens(special_tokens),
+                  lambda k: path if k is None else f"{path} line {linenos[k]}", "the vocab file",
+                  exact=True)
     return merges
 
 
@@ -673,7 +745,8 @@ class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
     def __init__(self, vocab, merges, special_tokens=None):
-        self.vocab = dict(vocab)
+        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b
+                      for i, b in vocab.items()}
         self.merges = list(merges)
         self.special_tokens = _check_special_tokens(special_tokens)
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
@@ -692,7 +765,7 @@ class Tokenizer:
         self._cache = {}
         # The merges as sorted keys left id * V + right id, each with its rank (a repeated
         # pair keeps its first) and the merged id, for numpy look-ups.
-        _check_merges(self.merges, token_id)
+        _check_merges(self.merges, self.vocab, self.special_tokens)
         V = self._key_base = max(self.vocab) + 1
         lrm = np.array([(token_id[l], token_id[r], token_id[l + r]) for l, r in self.merges],
                        dtype=np.int64).reshape(-1, 3)
@@ -709,17 +782,21 @@ class Tokenizer:
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
         vocab = _load_vocab_file(vocab_filepath)
-        return cls(vocab, _load_merges_file(merges_filepath, vocab), special_tokens)
+        return cls(vocab, _load_merges_file(merges_filepath, vocab, special_tokens),
+                   special_tokens)
 
     def save(self, vocab_filepath, merges_filepath):
-        """GPT-2 format, each file written atomically."""
+        """GPT-2 format, written atomically as a pair: both files or neither."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
-        with atomic_file(vocab_filepath, "w") as f:
-            f.write(json.dumps(inv, ensure_ascii=False, indent=0))
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
                                      for l, r in self.merges]
-        with atomic_file(merges_filepath, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        with atomic_file(vocab_filepath, "w") as f:
+            f.write(json.dumps(inv, ensure_ascii=False, indent=0))
+            f.flush()                # a full disk fails here (or in the block below) ...
+            os.fsync(f.fileno())
+            with atomic_file(merges_filepath, "w") as g:
+                g.write("\n".join(lines) + "\n")
+        # ... before either file is replaced: merges.txt is renamed first, vocab.json next
 
     def _bpe_many(self, words):
         """Ids of many pre-tokens at once. Each round merges, in every word, the pair learned
@@ -811,14 +888,34 @@ class Tokenizer:
             yield from self.encode(buf)
 
     def decode(self, ids):
-        ids = list(ids)  # an iterator must survive the error path's second look
+        """Text of ids: a list, numpy array, torch tensor or any iterable of integers."""
+        ids = _id_list(ids)
         try:
             data = b"".join([self.vocab[i] for i in ids])
-        except (KeyError, TypeError):
-            bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
-            raise ValueError(f"cannot decode token id {bad!r}: the vocab has ids "
+        except KeyError as e:
+            raise ValueError(f"cannot decode token id {e.args[0]}: the vocab has ids "
                              f"0..{max(self.vocab)} ({len(self.vocab)} tokens)") from None
         return data.decode("utf-8", errors="replace")
+
+
+def _id_list(ids):
+    """ids as a list of Python ints. Arrays and tensors are duck-typed by .tolist() (bpe.py
+    does not import torch); floats and bools are refused: True would decode as id 1."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    try:
+        ids = list(ids)          # an iterator must survive the error path's second look
+    except TypeError:
+        raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of "
+                         "token ids") from None
+    if set(map(type, ids)) <= {int}:
+        return ids
+    for i in ids:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
+            raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): token "
+                             "ids must be integers")
+    return [int(i) for i in ids]
 
 
 # -----------------------------------------------------------------------------
@@ -872,20 +969,22 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         pool = _MP.Pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
     header_len = len(_npy_header(dtype, 0))
+    n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
     with pool, atomic_file(out_path) as f:       # leaving the pool terminates it
-        f.write(b"\0" * header_len)    # the real header needs the count: written last
-        n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
-        for ids, nb in results:
-            ids.tofile(f)
-            n_tokens += len(ids)
-            n_bytes += nb
-            if progress:
-                dt = time.perf_counter() - t0
-                print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
-                      f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
-                      end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr)
+        try:
+            f.write(b"\0" * header_len)    # the real header needs the count: written last
+            for ids, nb in results:
+                ids.tofile(f)
+                n_tokens += len(ids)
+                n_bytes += nb
+                if progress:
+                    dt = time.perf_counter() - t0
+                    print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
+                          f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
+                          end="", file=sys.stderr, flush=True)
+        finally:
+            if progress and n_bytes:
+                print(file=sys.stderr)     # ends the progress line, before any error
         header = _npy_header(dtype, n_tokens)
         assert len(header) == header_len, "npy header length changed"
         f.seek(0)
@@ -904,21 +1003,21 @@ def _cmd_train(args):
     os.makedirs(args.out, exist_ok=True)
     Tokenizer(vocab, merges, args.special_tokens).save(
         os.path.join(args.out, "vocab.json"), os.path.join(args.out, "merges.txt"))
-    longest = max(vocab.values(), key=len)
+    longest = max(vocab.values(), key=len)     # shortened: it can be a megabyte
     me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     print(f"trained {len(merges)} merges in {dt:.2f} s; peak RSS {me:.0f} MB (largest "
           f"worker {kids:.0f} MB); longest token {len(longest)} bytes: "
-          f"{longest.decode('utf-8', errors='replace')!r}; wrote {args.out}/vocab.json "
-          "and merges.txt")
+          f"{_short(repr(longest.decode('utf-8', errors='replace')))}; wrote "
+          f"{args.out}/vocab.json and merges.txt")
 
 
 def _cmd_encode(args):
     vocab = _load_vocab_file(os.path.join(args.tokenizer, "vocab.json"))
-    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab)
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
+    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab, specials)
     tok = Tokenizer(vocab, merges, specials)
     t0 = time.perf_counter()
     n = encode_file(tok, args.input, args.out, args.num_workers)
@@ -949,7 +1048,14 @@ def main(argv=None):
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except (ValueError, OSError) as e:
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(f"bpe.py {args.cmd}: error: the disk is full: could not write {e.filename}; "
+              "free some space and rerun", file=sys.stderr)
+        sys.exit(1)
+    except ValueError as e:
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -5,6 +5,7 @@ Tests that need a GPU, nvcc or ../shared skip with a one-line reason."""
 import collections
 import copy
 import ctypes
+import errno
 import http.server
 import io
 import json
@@ -1032,6 +1033,168 @@ def test_bpe_cli_train_then_encode(tmp_path):
     text = src.read_text(encoding="utf-8")
     assert np.load(tmp_path / "ids.npy").tolist() == tok.encode(text)
     assert tok.vocab == bpe.train_bpe(str(src), 400, [_BPE_EOT])[0]
+
+
+def _bpe_load_error(vocab_path, merges_lines, tmp_path, specials=None):
+    """The ValueError of from_files with merges.txt holding merges_lines (None: it loads)."""
+    m = tmp_path / "merges.txt"
+    m.write_text("\n".join(merges_lines) + "\n", encoding="utf-8")
+    try:
+        bpe.Tokenizer.from_files(vocab_path, m, specials)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_bpe_vocab_and_merges_that_disagree_are_refused(tmp_path):
+    # GPT-2's own files keep the rule (<|endoftext|> after all merges, declared or not).
+    _bpe_need(_BPE_GPT2_VOCAB)
+    lines = _BPE_GPT2_MERGES.read_text(encoding="utf-8").splitlines()
+    assert _bpe_load_error(_BPE_GPT2_VOCAB, lines, tmp_path) is None
+    assert _bpe_load_error(_BPE_GPT2_VOCAB, lines, tmp_path, [_BPE_EOT]) is None
+    m = tmp_path / "merges.txt"
+    # A truncated merges file: the vocab's tokens past its last merge are made by no merge.
+    n = len(lines) - 10_000
+    first_lost = "".join(lines[n].split())             # the token that merge would have made
+    err = _bpe_load_error(_BPE_GPT2_VOCAB, lines[:n], tmp_path, [_BPE_EOT])
+    assert err == (f"{m} ends after {n} merges but the vocab file has more merged tokens from "
+                   f"id {256 + n} {first_lost!r} on; vocab and merges disagree (merges cut "
+                   "short, or a special token not declared)")
+    # Two merges swapped (line numbers count from 1; the first line is a merge here).
+    for a, b in [(100, 101), (1000, 30000)]:
+        swapped = list(lines)
+        swapped[a], swapped[b] = swapped[b], swapped[a]
+        err = _bpe_load_error(_BPE_GPT2_VOCAB, swapped, tmp_path)
+        assert err.startswith(f"{m} line {a + 1}: the merge makes ") and \
+            "vocab and merges disagree (a merge missing or out of order" in err, err
+    missing = lines[:500] + lines[501:]
+    assert f"{m} line 501: the merge makes" in _bpe_load_error(_BPE_GPT2_VOCAB, missing, tmp_path)
+    # train_bpe's layout (special tokens right after the bytes) keeps the rule too; a swap of
+    # its first two merges is refused, in a file and in Tokenizer(vocab, merges).
+    vocab, merges = bpe.train_from_counts(Counter({"low": 5, "lower": 2, "newest": 6}), 266,
+                                          [_BPE_EOT, "<|eot|>"])
+    tok = bpe.Tokenizer(vocab, merges, [_BPE_EOT, "<|eot|>"])
+    v = tmp_path / "vocab.json"
+    tok.save(v, m)
+    saved = m.read_text(encoding="utf-8").splitlines()
+    assert _bpe_load_error(v, saved, tmp_path) is None         # specials not declared: fine
+    assert _bpe_load_error(v, saved[:-1], tmp_path).startswith(f"{m} ends after 7 merges")
+    assert _bpe_load_error(v, saved[:1] + saved[2:0:-1] + saved[3:], tmp_path).startswith(
+        f"{m} line 2: the merge makes ")
+    with pytest.raises(ValueError, match="merge #0: the merge makes .* vocab and merges disagree"):
+        bpe.Tokenizer(vocab, [merges[1], merges[0]] + merges[2:])
+    first3 = bpe.Tokenizer(vocab, merges[:3])          # in memory, the first merges may do
+    assert first3.decode(first3.encode("lowest")) == "lowest"
+    # Ids that cannot be stored (uint32 token files) or negative ones: refused, naming the file.
+    m.write_text("\n".join(saved) + "\n", encoding="utf-8")
+    raw = json.loads(v.read_text(encoding="utf-8"))
+    for bad in (1 << 32, -1, 2.0, True):
+        v.write_text(json.dumps(raw | {"we": bad}), encoding="utf-8")
+        with pytest.raises(ValueError, match=f"^{regex.escape(str(v))}: token 'we' has id "
+                                             f"{regex.escape(repr(bad))}; a token id is an "
+                                             "integer from 0 to 2\\^32 - 1$"):
+            bpe.Tokenizer.from_files(v, m)
+    with pytest.raises(ValueError, match="vocab token b'ab' has id 4294967296"):
+        bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {1 << 32: b"ab"}, [])
+
+
+def test_bpe_decode_takes_any_integer_sequence_and_names_a_bad_id(bpe_gpt2):
+    special, _ = bpe_gpt2
+    ids = special.encode("Hello, world!")
+    assert max(ids) > 255
+    small = [special.encode(c)[0] for c in "Hi!"]     # below 128: every integer dtype holds them
+    for dtype in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64):
+        assert special.decode(np.array(small, dtype)) == "Hi!", dtype
+    for seq in (ids, tuple(ids), iter(ids), np.array(ids, np.uint16), np.array(ids, np.int64),
+                torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), [np.int64(i) for i in ids]):
+        assert special.decode(seq) == "Hello, world!", type(seq)
+    assert special.decode(np.array([], np.int32)) == special.decode(torch.tensor([])[:0].long()) == ""
+    for bad in (np.array([15496, 99999]), torch.tensor([15496, 99999]), [np.int64(99999)], [-1]):
+        with pytest.raises(ValueError) as e:
+            special.decode(bad)
+        want = -1 if isinstance(bad, list) and bad == [-1] else 99999
+        assert str(e.value) == f"cannot decode token id {want}: the vocab has ids 0..50256 (50257 tokens)"
+    for bad, shown in [([1.0], "1.0 (float)"), (np.array([1.5]), "1.5 (float)"),
+                       ([True, 5], "True (bool)"), (np.array([True]), "True (bool)"),
+                       (torch.tensor([2.0]), "2.0 (float)"), (torch.tensor([True]), "True (bool)"),
+                       ([np.float32(3.0)], "3.0 (float32)"), (np.array([[1, 2]]), "[1, 2] (list)")]:
+        with pytest.raises(ValueError) as e:
+            special.decode(bad)
+        assert str(e.value) == f"cannot decode {shown}: token ids must be integers", bad
+    with pytest.raises(ValueError, match="^cannot decode 5: decode takes a sequence of token ids$"):
+        special.decode(5)
+
+
+def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
+    # 2^15 'a's are one pre-token: 15 merges double it up to a single 32 KB token.
+    src = tmp_path / "a.txt"
+    src.write_text("a" * (1 << 15), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(src),
+                        "--vocab-size", "271", "--out", str(tmp_path / "tok")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "longest token 32768 bytes: 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+
+
+@pytest.fixture
+def bpe_small_disk(tmp_path):
+    """A 1 MB tmpfs (a disk that fills up), unmounted afterwards; skips where mount fails."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("a full disk needs a 1 MB tmpfs and mounting one failed here (needs root): "
+                    + (r.stderr.strip() or f"exit {r.returncode}"))
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+def _bpe_fill(disk, leave=0):
+    """Fill disk with disk/fill, then free `leave` bytes (a multiple of the 4 KiB page)."""
+    fd, n = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT), 0
+    try:
+        while True:
+            n += os.write(fd, b"\0" * 4096)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    os.ftruncate(fd, n - leave)
+    os.close(fd)
+
+
+def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, bpe_small_disk):
+    disk, src = bpe_small_disk, str(_bpe_need(_BPE_TINYSTORIES))
+    tok_dir, ids = disk / "tok", disk / "ids.npy"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), *map(str, args)],
+                              capture_output=True, text=True, timeout=120)
+    train = ("train", src, "--special-tokens", _BPE_EOT, "--vocab-size")
+    encode = ("encode", src, "--tokenizer", tok_dir, "--out", ids)
+    for args in (train + (300, "--out", tok_dir), encode,
+                 train + (400, "--out", tmp_path / "ref")):   # ref: what the 400 run writes
+        assert cli(*args).returncode == 0
+    old = {p: p.read_bytes() for p in (ids, tok_dir / "vocab.json", tok_dir / "merges.txt")}
+    pages = -(-(tmp_path / "ref/vocab.json").stat().st_size // 4096)
+    # No room at all; then room for the new vocab.json but not merges.txt: both old files stay.
+    for leave, args, path in [(0, encode, ids),
+                              (0, train + (400, "--out", tok_dir), tok_dir / "vocab.json"),
+                              (4096 * pages, train + (400, "--out", tok_dir), tok_dir / "merges.txt")]:
+        _bpe_fill(disk, leave)
+        r = cli(*args)
+        assert r.returncode == 1 and r.stderr == (
+            f"bpe.py {args[0]}: error: the disk is full: could not write {path}; free some space "
+            "and rerun\n"), r.stderr
+        assert {p: p.read_bytes() for p in old} == old
+        assert sorted(os.listdir(disk)) == ["fill", "ids.npy", "tok"]   # no temp files left
+        assert sorted(os.listdir(tok_dir)) == ["merges.txt", "vocab.json"]
+        (disk / "fill").unlink()
+    # Space freed: the rerun works.
+    assert cli(*train, 400, "--out", tok_dir).returncode == 0
+    for name in ("vocab.json", "merges.txt"):
+        assert (tok_dir / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
 # ============================================================================
