@@ -774,15 +774,19 @@ def process_group(cfg):
 @contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
-    written whole or not at all (bpe.atomic_file removes its temporary file), so what was there stays;
-    a write() that fails names no file, so `where` is named in its place."""
+    written whole or not at all (bpe.atomic_file removes its temporary file), so what was there stays.
+    The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
+    a failed write() names no file: then `where` is named."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as e:
+        cause = e  # down the chain a traceback would show
+        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+        if cause is None:
             raise
-        raise DataError(f"the disk is full: no space left to write {e.filename or f'under {where}/'}; free some "
-                        f"space, then {then}.") from None
+        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
+                        f"then {then}.") from None
 
 
 def prepare_data_once(cfg):
