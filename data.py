@@ -26,8 +26,12 @@ class UsageError(Exception):  # a mistake in the flags or the inputs: train.py p
     pass
 
 
-class DataError(Exception):  # the data could not be fetched (offline, server down): exit code 1
+class DataError(Exception):  # the machine failed the run (offline, server down, disk full): exit code 1
     pass
+
+
+def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
+    return Path(source).suffix.lower() == ".npy"
 
 
 # ----------------------------------------------------------------------------
@@ -190,13 +194,18 @@ def load_ids(source, val_data):
     files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
     if not all(f.exists() for f in files):
         return train, valid, None, None
-    return train, valid, Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+    try:
+        tok = Tokenizer.from_files(str(files[0]), str(files[1]), [EOT])
+    except (ValueError, OSError) as e:
+        raise UsageError(f"the tokenizer beside --data {source} (which decodes the samples) does not load: {e}; "
+                         "fix or remove its vocab.json and merges.txt.") from None
+    return train, valid, tok, files
 
 
 def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
     """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token
     files under data_dir once; ids are opened as memmaps, so no corpus is ever loaded whole."""
-    if source.endswith(".npy"):
+    if is_ids(source):
         return load_ids(source, val_data)
     data_dir = Path(data_dir)
     if source == "pydoc":  # the topics change between Python versions
@@ -219,7 +228,9 @@ CHUNK = 1 << 24  # ids per read: a memmap is scanned in pieces, never loaded who
 
 
 def check_ids(train, valid, context_length, vocab_size):
-    """Raises UsageError unless the ids are below the vocab size and longer than a window."""
+    """Raises UsageError unless the ids are below the vocab size and longer than a window;
+    returns the largest id (the tokenizer that decodes samples must know it)."""
+    top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if ids.ndim != 1 or ids.dtype.kind not in "ui":
             raise UsageError(f"the {name} ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
@@ -233,6 +244,8 @@ def check_ids(train, valid, context_length, vocab_size):
         if hi >= vocab_size:
             raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
                              "pass a --vocab-size above its largest id.")
+        top = max(top, hi)
+    return top
 
 
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):

@@ -1537,6 +1537,245 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
     assert "2 processes" in capsys.readouterr().err
 
 
+# --- issue 11: a full disk, unusable paths, numbers, sample settings, IDS.NPY (each one sentence)
+
+@pytest.fixture
+def _train_mount(tmp_path):
+    """mount(name, options) -> a fresh tmpfs at tmp_path/name (by default a 1 MB disk to fill up);
+    skips the test where mounting is not allowed (it needs root), and always unmounts."""
+    mounted = []
+
+    def mount(name, options="size=1m"):
+        d = tmp_path / name
+        d.mkdir()
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)], capture_output=True,
+                               text=True)
+        except OSError as e:
+            pytest.skip(f"cannot mount a tmpfs here ({e})")
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here (it needs root): {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+    yield mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", str(d)], check=False)
+
+
+def _train_fill(disk, free):
+    """Fill `disk` until `free` bytes are left; returns the filler file (delete it to free the space)."""
+    st = os.statvfs(disk)
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - free))
+    return filler
+
+
+def _train_one_error(capsys, *needles):  # stderr ends in one line "train.py: error: ..." holding every needle
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1] if err else ""
+    assert err.endswith("\n") and last.startswith("train.py: error: ") and "Traceback" not in err, err
+    assert err.count("error") == 1 and all(n in last for n in needles), (needles, err)
+    return last
+
+
+def _train_story(path, docs=100):
+    words = "the cat sat on a mat and the dog ran to the park while a bird sang in the old tree".split()
+    rng = np.random.default_rng(0)
+    path.write_text("<|endoftext|>".join(" ".join(rng.choice(words, 40)) + "." for _ in range(docs)))
+    return path
+
+
+def test_train_disk_full_in_the_token_cache(tmp_path, _train_mount, capsys):
+    # each cache file in turn meets a full disk: one sentence, exit 1, the files before it intact, no
+    # temporary file left, nothing in the run directory; with space again the same command works
+    disk, story = _train_mount("disk"), _train_story(tmp_path / "story.txt")
+
+    def args(data_dir):
+        return ["--data", str(story), "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                "--vocab-size", "300", "--max-iters", "2", "--workers", "1"]
+    assert train.main(args(tmp_path / "ref")) == 0
+    shutil.rmtree(tmp_path / "out")
+    ref = next((tmp_path / "ref").glob("story-*"))
+    order = ["train.txt", "valid.txt", "bpe300/vocab.json", "bpe300/merges.txt", "bpe300/train.npy", "bpe300/valid.npy"]
+    unit = os.statvfs(disk).f_frsize
+    pages = [-(-(ref / f).stat().st_size // unit) for f in order]
+    for k, name in enumerate(order):
+        # the files before fit, half of this one (none of a .npy: numpy's tofile, which bpe.encode_file
+        # writes with, drops the errno of a short write, so a .npy cut mid-way is not told from other errors)
+        half = 0 if name.endswith(".npy") else pages[k] // 2
+        filler = _train_fill(disk, unit * (sum(pages[:k]) + half))
+        capsys.readouterr()
+        assert train.main(args(disk / "data")) == 1, name
+        _train_one_error(capsys, "the disk is full", str(disk / "data"), "run the same command again")
+        cache = next((disk / "data").glob("story-*"))
+        assert [(cache / f).read_bytes() for f in order[:k]] == [(ref / f).read_bytes() for f in order[:k]], name
+        assert not (cache / name).exists() and not [p for p in disk.rglob("*") if ".tmp" in p.name], name
+        assert not (tmp_path / "out").exists()
+        filler.unlink()
+        if k < len(order) - 1:
+            shutil.rmtree(disk / "data")
+    assert train.main(args(disk / "data")) == 0  # goes on from what the last try left
+    assert [(cache / f).read_bytes() for f in order] == [(ref / f).read_bytes() for f in order]
+
+
+def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, _train_mount, capsys):
+    # config.json, the first checkpoint, a later one beside the last, metrics.jsonl (mid-line): one sentence,
+    # exit 1, the last checkpoint intact, no temporary file; --resume then gives the run that never failed
+    disk, ids = _train_mount("disk"), _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1"]
+    ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
+    assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
+    state = train.read_checkpoint(ref / "toy" / "ckpt.pt")
+    state["optimizer"]["state"] = {}  # the step-0 checkpoint: AdamW's moments appear at the first step
+    torch.save(state, buf := io.BytesIO())
+    unit, run = os.statvfs(disk).f_frsize, disk / "out" / "toy"
+    pages = {f: -(-(ref / "toy" / f).stat().st_size // unit) for f in ("config.json", "ckpt.pt", "metrics.jsonl")}
+    config, ckpt, ckpt0 = pages["config.json"], pages["ckpt.pt"], -(-len(buf.getvalue()) // unit)
+    cases = [  # (free pages, --checkpoint-interval, the checkpoint left, what meets the full disk)
+        (0, "40", None, "config.json"),
+        (config + 1, "40", None, "the first checkpoint"),
+        (config + pages["metrics.jsonl"] + ckpt + ckpt // 2, "20", 20, "the last checkpoint beside the one before"),
+        (config + ckpt0 + 2, "40", 0, "metrics.jsonl"),
+    ]
+    for free, interval, kept, what in cases:
+        filler = _train_fill(disk, free * unit)
+        argv = base + ["--out-dir", str(disk / "out"), "--checkpoint-interval", interval]
+        capsys.readouterr()
+        assert train.main(argv) == 1, what
+        _train_one_error(capsys, "the disk is full", str(run), "--resume")
+        assert not [p for p in disk.rglob("*") if ".tmp" in p.name], what
+        if kept is None:
+            assert not (run / "ckpt.pt").exists(), what
+        else:
+            assert train.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
+        if what == "metrics.jsonl":
+            text = (run / "metrics.jsonl").read_text()
+            assert 0 < len(_train_losses(ref / "toy")) - text.count('"loss"') < 40
+        filler.unlink()
+        assert train.main(argv + ["--resume"]) == 0, what
+        vals = [[(r["step"], r["val_loss"]) for r in _train_metrics(d) if "val_loss" in r] for d in (run, ref / "toy")]
+        assert _train_losses(run) == _train_losses(ref / "toy") and vals[0] == vals[1], what  # every line parses
+        shutil.rmtree(disk / "out")
+
+
+def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsys):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    story = _train_story(tmp_path / "story.txt")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.npy").mkdir()
+    (tmp_path / "afile").write_text("x")
+    out, cache = tmp_path / "out", tmp_path / "data"
+    npy = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(out)]
+    text = ["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--out-dir", str(out)]
+    cases = [  # a directory is what root cannot read, whatever chmod says
+        (["--data", str(tmp_path / "adir"), "--out-dir", str(out), "--data-dir", str(cache)], "adir is a directory"),
+        (npy[:1] + [str(tmp_path / "adir.npy")] + npy[2:], "adir.npy is a directory"),
+        (npy + ["--val-data", str(tmp_path / "adir")], f"--val-data {tmp_path / 'adir'} is a directory"),
+        (text + ["--data-dir", str(tmp_path / "afile")], f"--data-dir {tmp_path / 'afile'} is not a writable directory"),
+        (text + ["--data-dir", str(tmp_path / "afile" / "sub")], "sub is not a writable directory (a file, or read-only)"),
+    ]
+    for argv, needle in cases:
+        assert _train_rc(argv) == 2, argv
+        _train_one_error(capsys, needle)
+        assert not out.exists() and not cache.exists(), argv
+    (out / "toy" / "ckpt.pt").mkdir(parents=True)  # a directory where a run file goes, new run or --resume
+    for extra in ([], ["--resume"]):
+        assert train.main(npy + extra) == 2
+        _train_one_error(capsys, f"{out / 'toy' / 'ckpt.pt'} is a directory", "--run-name")
+        assert os.listdir(out / "toy") == ["ckpt.pt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode, so chmod cannot make it unreadable")
+def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys):
+    story = _train_story(tmp_path / "story.txt")
+    story.chmod(0)
+    assert train.main(["--data", str(story), "--out-dir", str(tmp_path / "out")]) == 2
+    _train_one_error(capsys, "not readable (permission denied)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_read_only_data_dir_is_one_sentence(tmp_path, _train_mount, capsys):
+    ro = _train_mount("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
+    if os.geteuid() != 0:
+        ro.mkdir(mode=0o500)
+    story = _train_story(tmp_path / "story.txt")
+    argv = ["--data", str(story), "--data-dir", str(ro / "data"), "--out-dir", str(tmp_path / "out"), "--vocab-size",
+            "300"]
+    assert train.main(argv) == 2
+    _train_one_error(capsys, f"--data-dir {ro / 'data'} is not a writable directory")
+    assert not (tmp_path / "out").exists() and os.listdir(ro) == []
+
+
+def test_train_every_number_is_checked_before_anything_is_written(tmp_path, capsys):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]
+    floats = [f"--{k.replace('_', '-')}" for k in train.KEYS[float]]
+    assert {"--lr", "--min-lr", "--eps", "--weight-decay", "--rope-theta", "--grad-clip", "--temperature",
+            "--top-p", "--beta1", "--beta2"} <= set(floats)
+    cases = [(f"{flag}={v}", f"{flag} must be a finite number, got {v}") for flag in floats
+             for v in ("nan", "inf", "-inf")]
+    cases += [("--lr=1e999", "--lr must be a finite number, got inf"),
+              (f"--seed={2**64 - 1}", "--seed must lie in [-2**63, 2**64 - 1)"),
+              (f"--seed={-2**63 - 1}", "--seed must lie in"),
+              (f"--batch-size={2**63}", "--batch-size must be below 2**63"),
+              (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
+              ("--sample-tokens=-1", "--sample-tokens must not be negative"),
+              ("--temperature=-0.5", "--temperature must not be negative"),
+              ("--top-p=0", "--top-p must lie in (0, 1]")]
+    for arg, needle in cases:
+        assert train.main(base + [arg]) == 2, arg
+        _train_one_error(capsys, needle)
+        assert not (tmp_path / "out").exists(), arg
+    # the extremes torch takes are taken (the evaluation seeds with seed + 1)
+    assert train.main(base + [f"--seed={2**64 - 2}"]) == 0
+    assert train.resolve_config(base + [f"--seed={-2**63}"])["seed"] == -2**63
+
+
+def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
+    # samples come at the very end: what would fail there is refused at the start, with nothing written
+    story = str(_train_story(tmp_path / "story.txt"))
+    with_tok, no_eot = tmp_path / "with_tok", tmp_path / "no_eot"
+    for d, t in ((with_tok, bpe.Tokenizer(*bpe.train_bpe(story, 300, ["<|endoftext|>"], 1), ["<|endoftext|>"])),
+                 (no_eot, bpe.Tokenizer(*bpe.train_bpe(story, 299, [], 1)))):  # loads with <|endoftext|> as id 299
+        d.mkdir()
+        t.save(str(d / "vocab.json"), str(d / "merges.txt"))
+    rng = np.random.default_rng(0)
+    np.save(with_tok / "big.npy", rng.integers(0, 350, 5000).astype(np.uint16))
+    np.save(with_tok / "ok.npy", rng.integers(0, 300, 5000).astype(np.uint16))
+    np.save(no_eot / "ok.npy", rng.integers(0, 299, 5000).astype(np.uint16))
+    out = tmp_path / "out"
+    run = [*_TRAIN_TINY, "--out-dir", str(out), "--max-iters", "2", "--num-samples", "1", "--sample-tokens", "5"]
+    cases = [
+        (["--data", str(with_tok / "big.npy"), "--vocab-size", "400"],
+         f"the data holds token id 349, but {with_tok / 'vocab.json'}, which decodes the samples, has 300 tokens"),
+        (["--data", str(with_tok / "ok.npy"), "--vocab-size", "400"], "--vocab-size 400 is above the 300 tokens"),
+        (["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the \udcff"],
+         "--prompt cannot be encoded"),
+        (["--data", str(no_eot / "ok.npy"), "--vocab-size", "299"],
+         "<|endoftext|>, which starts the samples, encodes to token id 299, at or above --vocab-size 299"),
+        (["--data", str(_train_toy_ids(tmp_path / "toy.npy")), "--prompt", "the"], "--prompt needs a tokenizer"),
+    ]
+    for argv, needle in cases:
+        assert train.main(run + argv) == 2, argv
+        _train_one_error(capsys, needle)
+        assert not out.exists(), argv
+    # the same data with settings that fit: the run ends with its sample
+    assert train.main(run + ["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the"]) == 0
+    assert (out / "ok" / "samples.txt").read_text().startswith("--- sample 1 ---\nthe")
+    assert train.main(run + ["--data", str(with_tok / "big.npy"), "--vocab-size", "400", "--num-samples", "0"]) == 0
+
+
+def test_train_npy_suffix_in_any_case_is_token_ids(tmp_path):
+    with open(tmp_path / "IDS.NPY", "wb") as f:  # np.save(path) would append .npy
+        np.save(f, np.load(_train_toy_ids(tmp_path / "toy.npy")))
+    argv = ["--data", str(tmp_path / "IDS.NPY"), *_TRAIN_TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "out"),
+            "--data-dir", str(tmp_path / "data")]
+    assert train.main(argv) == 0  # as text, --vocab-size 64 would be refused (BPE needs 257)
+    assert (tmp_path / "out" / "IDS" / "ckpt.pt").exists() and not (tmp_path / "data").exists()
+    assert data.is_ids("a/x.Npy") and not data.is_ids("x.npy.txt") and not data.is_ids("npy")
+
+
 def _train_rc(argv):
     """main()'s exit code, whether it returns it or argparse exits with it."""
     try:

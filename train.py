@@ -11,11 +11,11 @@ CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) l
 import argparse
 import contextlib
 import datetime
+import errno
 import importlib.util
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -27,7 +27,7 @@ import torch
 
 import accounting
 from bpe import atomic_file
-from data import DATASETS, EOT, DataError, UsageError, check_ids, prepare_data, unigram_loss
+from data import DATASETS, EOT, DataError, UsageError, check_ids, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
@@ -118,6 +118,9 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 
 
 SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
+KEYS = {kind: [row[0][2:].replace("-", "_") for row in FLAGS if not isinstance(row, str) and row[1] is kind]
+        for kind in (int, float)}  # the numeric flags, for the rules that hold for all of them
+RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
 
 
 def must(key, words, wrong):  # a CHECKS row for one numeric flag; an unset flag (None) passes
@@ -129,11 +132,29 @@ def writable(path):  # can the directory be created, or written if it exists?
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
-CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row stops, so rows rely on those above
+def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
+    p = Path(path)
+    if p.is_dir():
+        return " is a directory"
+    if not p.is_file():
+        return ": no such file"
+    return "" if os.access(p, os.R_OK) else " is not readable (permission denied)"
+
+
+def in_the_way(c):  # a directory where the run writes one of its files, or None
+    run_dir = Path(c["out_dir"]) / c["run_name"]
+    return next((run_dir / name for name in RUN_FILES if (run_dir / name).is_dir()), None)
+
+
+CHECKS = [  # (is_wrong(cfg), message or message(cfg)), in order; the first wrong row stops, so rows rely on those above
     (lambda c: c["vs_llama"], "--vs-llama has moved to bench.py: run python bench.py step with the same train.py "
      "flags (e.g. python bench.py step --data tinystories --device cpu --batch-size 4)."),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
+    # NaN passes every comparison below; torch takes 64-bit integers (a seed also unsigned; seed + 1 seeds evaluation)
+    *(must(k, "be a finite number", lambda v: not math.isfinite(v)) for k in KEYS[float]),
+    must("seed", "lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1),
+    *(must(k, "be below 2**63", lambda v: v >= 2**63) for k in KEYS[int] if k != "seed"),
     *(must(k, "be positive", lambda v: v <= 0) for k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
         "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
@@ -143,14 +164,17 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
         "sample_tokens")),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
-    (lambda c: c["data"] not in SOURCES and not Path(c["data"]).is_file(),
-     "--data {data}: no such file; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
+    (lambda c: c["data"] not in SOURCES and unreadable(c["data"]),
+     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
     (lambda c: c["data"] not in SOURCES and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
-    (lambda c: c["val_data"] and not c["data"].endswith(".npy"),
+    (lambda c: c["val_data"] and not is_ids(c["data"]),
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
-    (lambda c: c["val_data"] and not Path(c["val_data"]).is_file(), "--val-data {val_data}: no such file."),
-    (lambda c: not c["data"].endswith(".npy") and not c["benchmark"] and c["vocab_size"] < 257,
+    (lambda c: c["val_data"] and unreadable(c["val_data"]),
+     lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
+    (lambda c: not is_ids(c["data"]) and not c["benchmark"] and not writable(Path(c["data_dir"])),
+     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache; pick another."),
+    (lambda c: not is_ids(c["data"]) and not c["benchmark"] and c["vocab_size"] < 257,
      "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
@@ -177,6 +201,8 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: not c["benchmark"] and not writable(Path(c["out_dir"]) / c["run_name"]),
      "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
+    (lambda c: not c["benchmark"] and in_the_way(c),
+     lambda c: f"{in_the_way(c)} is a directory where the run writes a file; move it away or pick another --run-name."),
 ]
 
 
@@ -223,7 +249,7 @@ def resolve_config(argv=None):
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     for is_wrong, message in CHECKS:
         if is_wrong(cfg):
-            raise UsageError(message.format(**cfg))
+            raise UsageError(message(cfg) if callable(message) else message.format(**cfg))
 
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -549,6 +575,33 @@ def stop_requests(cfg):
             signal.signal(s, h)
 
 
+def check_samples(cfg, tok, where, top):
+    """The run ends by sampling: what would fail there is refused at the start instead. tok decodes
+    the samples (where: its vocab.json); top is the largest token id in the data."""
+    if tok is None:
+        if cfg["prompt"]:
+            raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
+                             "put its vocab.json and merges.txt there, or drop --prompt.")
+        return
+    if cfg["num_samples"] == 0:
+        return
+    n, V = len(tok.vocab), cfg["vocab_size"]
+    if top >= n:
+        raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
+                         "use the tokenizer that made the ids, or --num-samples 0.")
+    if V > n:
+        raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
+                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
+    try:
+        highest = max(tok.encode(cfg["prompt"] or EOT))  # no --prompt: the samples start from EOT
+    except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from bytes on the command line that are not UTF-8
+        raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
+    if highest >= V:
+        what = "--prompt" if cfg["prompt"] else f"{EOT}, which starts the samples,"
+        raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
+                         "read it; pass a larger --vocab-size, or --num-samples 0.")
+
+
 def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
@@ -718,6 +771,24 @@ def process_group(cfg):
             torch.distributed.destroy_process_group()
 
 
+@contextlib.contextmanager
+def disk_full(where, then):
+    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
+    written whole or not at all (bpe.atomic_file removes its temporary file), so what was there stays.
+    The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
+    a failed write() names no file: then `where` is named."""
+    try:
+        yield
+    except Exception as e:
+        cause = e  # down the chain a traceback would show
+        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+        if cause is None:
+            raise
+        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
+                        f"then {then}.") from None
+
+
 def prepare_data_once(cfg):
     """data.prepare_data on rank 0 first; the others wait for its verdict (an error stops every
     process with the same sentence), then open the files it cached."""
@@ -725,7 +796,8 @@ def prepare_data_once(cfg):
     err, prepared = [None], None
     if cfg["rank"] == 0:
         try:
-            prepared = prepare_data(*args)
+            with disk_full(cfg["data_dir"], "run the same command again"):
+                prepared = prepare_data(*args)
         except (UsageError, DataError) as e:
             err = [e]
     if cfg["world_size"] > 1:
@@ -743,7 +815,8 @@ def run(cfg):
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
     resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
     train_ids, valid_ids, tok, tok_files = prepare_data_once(cfg)
-    check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
+    top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
+    check_samples(cfg, tok, tok_files and tok_files[0], top)
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
@@ -754,7 +827,8 @@ def run(cfg):
         for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
             stale.unlink()
         for f in tok_files or ():
-            shutil.copyfile(f, run_dir / f.name)
+            with atomic_file(run_dir / f.name) as copy:  # a full disk must not leave half a tokenizer
+                copy.write(f.read_bytes())
         with atomic_file(run_dir / "config.json", "w") as f:
             f.write(json.dumps(cfg, indent=2) + "\n")
     with torch_settings(cfg):
@@ -762,10 +836,12 @@ def run(cfg):
 
 
 def main(argv=None):
-    """Exit code: 0 done, 1 no data (download failed) or a diverged run, 2 a usage mistake, 130 stopped."""
+    """Exit code: 0 done, 1 no data (download failed), a full disk or a diverged run, 2 a usage mistake,
+    130 stopped."""
     try:
         cfg = resolve_config(argv)
-        with process_group(cfg):
+        resume = "run the same command with --resume to continue from the last checkpoint"
+        with process_group(cfg), disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
             return run(cfg)
     except (UsageError, DataError) as e:
         if RANK == 0:
