@@ -974,7 +974,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         try:
             f.write(b"\0" * header_len)    # the real header needs the count: written last
             for ids, nb in results:
-                ids.tofile(f)
+                f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                 n_tokens += len(ids)
                 n_bytes += nb
                 if progress:
