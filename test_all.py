@@ -1182,7 +1182,7 @@ def test_train_text_run_end_to_end(tmp_path, capsys):
     # a rerun reuses the tokenizer and token files
     cache = next((tmp_path / "data").glob("story-*/bpe300"))
     stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    assert train.main(args[:-10] + ["--max-iters", "2", "--num-samples", "0"]) == 0
+    assert train.main(args[:-10] + ["--max-iters", "2", "--num-samples", "0", "--overwrite"]) == 0
     assert stamps == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 
 
