@@ -877,5 +877,12 @@ def main(argv=None):
         return 130
 
 
+def interrupt(signum, frame):  # Ctrl-C reaches the whole process group: bpe.py's forked pool workers
+    if os.getpid() == MAIN_PID:  # inherit this handler and leave it to this process, which ends them
+        raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    MAIN_PID = os.getpid()
+    signal.signal(signal.SIGINT, interrupt)
     sys.exit(main())
