@@ -167,7 +167,8 @@ CHECKS = [  # (is_wrong(cfg), message), checked in order; the first wrong row st
     (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
     (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
-    (lambda c: c["resume"] and c["overwrite"], "--resume continues a run and --overwrite replaces it; pass one of them."),
+    (lambda c: c["resume"] and c["overwrite"],
+     "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
      "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
     (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
@@ -386,15 +387,27 @@ def check_resume(cfg, ckpt_path):
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
         check_state(state, meta, AdamW(meta.parameters()), name=ckpt_path)
         if state["iteration"] > cfg["max_iters"]:
-            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} steps")
+            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
+                             "steps")
         for key in ("batch_rng", "torch_rng"):  # both are CPU generator states: a spare generator tries them
             torch.Generator().set_state(state["rng"][key])
     except (KeyError, TypeError, RuntimeError) as e:
-        raise UsageError(f"--resume: {ckpt_path} holds no valid RNG state ({type(e).__name__}); restore it from a copy, "
-                         "or start a new run with --overwrite.") from None
+        raise UsageError(f"--resume: {ckpt_path} holds no valid RNG state ({type(e).__name__}); restore it from a "
+                         "copy, or start a new run with --overwrite.") from None
     except (ValueError, OSError) as e:
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
     return state
+
+
+def check_same_data(state, cfg, ckpt_path):
+    """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
+    old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
+    if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
+        what = "tokenizer" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
+        raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
+                         f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
+                         "--overwrite.")
 
 
 # Batches are random windows, so the data stream's position is the batch generator's state (plus
@@ -839,20 +852,15 @@ def run(cfg):
                          "or another --run-name.")
     resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = prepare_data_once(cfg)
-    if resume_state is not None and resume_state["config"].get("data_fingerprint", cfg["data_fingerprint"]) != \
-            cfg["data_fingerprint"]:  # a checkpoint from before fingerprints has none: nothing to compare
-        what = "tokens" if resume_state["config"]["data_fingerprint"]["tokens"] != cfg["data_fingerprint"]["tokens"] \
-            else "tokenizer"
-        raise UsageError(f"--resume: {run_dir / 'ckpt.pt'} was trained on other data (its {what} differ from those of "
-                         f"--data {cfg['data']} now); resume with the data it was trained on, or start a new run "
-                         "with --overwrite.")
+    if resume_state is not None:
+        check_same_data(resume_state, cfg, run_dir / "ckpt.pt")
     check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
     if cfg["rank"] == 0:
         if resume_state is None and (run_dir / "ckpt.pt").exists():
-            log(f"note: --overwrite: the run in {run_dir} is replaced, file by file, from the new run's first checkpoint on")
+            log(f"note: --overwrite: the run in {run_dir} is replaced file by file from the new run's first checkpoint")
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
             stale.unlink()
