@@ -20,6 +20,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 import zipfile
 from pathlib import Path
 
@@ -885,12 +886,21 @@ def main(argv=None):
         return 130
 
 
-def interrupt(signum, frame):  # Ctrl-C reaches the whole process group: bpe.py's forked pool workers
-    if os.getpid() == MAIN_PID:  # inherit this handler and leave it to this process, which ends them
-        raise KeyboardInterrupt
+def interrupt(signum, frame):
+    """Ctrl-C as a KeyboardInterrupt in this process only: it reaches the whole process group, and
+    bpe.py's forked pool workers inherit this handler and leave it to this process, which ends them.
+    Inside numba's compiler (the BPE merge loop) a ctypes callback would swallow the exception, or
+    worse: there the signal comes again 0.1 s later (SIGALRM resends it)."""
+    if os.getpid() != MAIN_PID:
+        return
+    if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame) for m in ("numba", "llvmlite")):
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        return
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
     MAIN_PID = os.getpid()
     signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(MAIN_PID, signal.SIGINT))
     sys.exit(main())
