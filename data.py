@@ -146,10 +146,17 @@ def local_corpus(path, out_dir, valid_fraction=0.1):
         while k > 1 and tail < valid_fraction * len(text):
             k -= 1
             tail += len(docs[k])
-        return write_splits(out_dir, EOT.join(docs[:k]), EOT.join(docs[k:]))
-    cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
-    cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
-    return write_splits(out_dir, text[:cut], text[cut:])
+        train, valid = EOT.join(docs[:k]), EOT.join(docs[k:])
+    else:
+        cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
+        cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
+        train, valid = text[:cut], text[cut:]
+    if not text.replace(EOT, ""):  # checked before writing: a split with nothing to learn would stay cached
+        raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
+    if not train.replace(EOT, "") or not valid.replace(EOT, ""):
+        raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
+                         "pass a longer file.")
+    return write_splits(out_dir, train, valid)
 
 
 # ----------------------------------------------------------------------------
@@ -214,11 +221,46 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
         texts = downloaded_corpus(source, data_dir / source)
     else:  # a changed file gets a fresh cache: the folder name hashes its path, size and time
         p = Path(source).resolve()
-        st = p.stat()
-        key = hashlib.sha1(f"{p}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
-        texts = local_corpus(p, data_dir / f"{p.stem}-{key}")
+        texts = local_corpus(p, data_dir / f"{p.stem}-{file_key(p)}")
     tok, files, npys = tokenize_corpus(*texts, vocab_size, texts[0].parent / f"bpe{vocab_size}", workers)
     return np.load(npys[0], mmap_mode="r"), np.load(npys[1], mmap_mode="r"), tok, files
+
+
+def file_key(path):  # a file's identity without reading it: its path, size and modification time
+    st = Path(path).stat()
+    return hashlib.sha1(f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
+
+
+def file_digest(path, memo_dir):
+    """'size:sha256' of a file's bytes, hashed once: kept in memo_dir under the file's name and
+    key, so a rerun reads one line instead of hashing gigabytes again."""
+    path, memo_dir = Path(path), Path(memo_dir)
+    memo = memo_dir / f"{path.name}-{file_key(path)}.sha256"
+    if memo.is_file():
+        return memo.read_text()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    digest = f"{path.stat().st_size}:{h.hexdigest()}"
+    try:
+        memo_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_file(memo, "w") as f:
+            f.write(digest)
+    except OSError:  # a read-only cache: hash again next time
+        pass
+    return digest
+
+
+def fingerprint(train, valid, tok_files, data_dir):
+    """What a run trains on, for --resume to compare: digests of the token files (memmaps from
+    prepare_data; a cached one's digest is kept beside it, a --data .npy's in data_dir) and of
+    the tokenizer files that decode them."""
+    files = dict.fromkeys(Path(ids.filename).resolve() for ids in (train, valid))  # one .npy split in two: once
+    cache = Path(data_dir).resolve()
+    tokens = [file_digest(f, f.parent if cache in f.parents else cache) for f in files]
+    tokenizer = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in tok_files or ()]
+    return {"tokens": tokens, "tokenizer": tokenizer}
 
 
 # ----------------------------------------------------------------------------

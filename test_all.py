@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -1387,7 +1388,7 @@ def test_train_text_run_end_to_end(tmp_path, capsys):
     # a rerun reuses the tokenizer and token files
     cache = next((tmp_path / "data").glob("story-*/bpe300"))
     stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    assert train.main(args[:-10] + ["--max-iters", "2", "--num-samples", "0"]) == 0
+    assert train.main(args[:-10] + ["--max-iters", "2", "--num-samples", "0", "--overwrite"]) == 0
     assert stamps == {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 
 
@@ -1772,7 +1773,8 @@ def test_train_npy_suffix_in_any_case_is_token_ids(tmp_path):
     argv = ["--data", str(tmp_path / "IDS.NPY"), *_TRAIN_TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "out"),
             "--data-dir", str(tmp_path / "data")]
     assert train.main(argv) == 0  # as text, --vocab-size 64 would be refused (BPE needs 257)
-    assert (tmp_path / "out" / "IDS" / "ckpt.pt").exists() and not (tmp_path / "data").exists()
+    assert (tmp_path / "out" / "IDS" / "ckpt.pt").exists()
+    assert not list((tmp_path / "data").rglob("*.txt"))  # no text split, no tokenizer: only the ids' digest memo
     assert data.is_ids("a/x.Npy") and not data.is_ids("x.npy.txt") and not data.is_ids("npy")
 
 
@@ -1800,6 +1802,193 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
     assert train.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
+
+
+def _train_story(path, n=200, seed=0):  # a small English-like text file of n documents
+    words = "the cat sat on a mat and the dog ran to the park while a bird sang in the old tree".split()
+    rng = np.random.default_rng(seed)
+    path.write_text("<|endoftext|>".join(" ".join(rng.choice(words, 40)) + "." for _ in range(n)))
+    return path
+
+
+def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert needle in lines[-1] and err.count("train.py:") == 1 and "Traceback" not in err, err
+    return lines[-1]
+
+
+def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsys):
+    story = _train_story(tmp_path / "x.txt")
+    args = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "3", "--workers", "1"]
+    assert train.main(args) == 0
+    run = tmp_path / "out" / "x"
+    fp = json.loads((run / "config.json").read_text())["data_fingerprint"]
+    assert len(fp["tokens"]) == 2 and len(fp["tokenizer"]) == 2
+    assert train.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
+    cache = next((tmp_path / "data").glob("x-*/bpe300"))
+    assert len(list(cache.glob("*.npy-*.sha256"))) == 2  # hashed once, kept beside the token files
+    saved = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt", "ckpt.pt", "metrics.jsonl")}
+    _train_story(story, seed=1)  # other text: a new cache, a new tokenizer
+    capsys.readouterr()
+    assert train.main(args + ["--resume"]) == 2
+    _train_one_line(capsys, "was trained on other data (its tokens differ")
+    assert saved == {f: (run / f).read_bytes() for f in saved}
+    # the same data resumes (the digests come from their memo files), the tokenizer untouched
+    _train_story(story)
+    assert train.main(args + ["--resume", "--max-iters", "3"]) == 0
+    assert {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt")} == \
+        {f: saved[f] for f in ("vocab.json", "merges.txt")}
+    # token ids: a changed .npy is refused too
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    npy = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--data-dir",
+           str(tmp_path / "data"), "--max-iters", "3"]
+    assert train.main(npy) == 0
+    _train_toy_ids(ids, seed=1)
+    capsys.readouterr()
+    assert train.main(npy + ["--resume"]) == 2
+    _train_one_line(capsys, "trained on other data")
+
+
+def _train_flip_tensor_byte(path, record_suffix="data/0"):
+    """Flip one byte inside a tensor record of a torch.save zip, leaving the zip's structure intact."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(record_suffix))
+    b = bytearray(path.read_bytes())
+    name_len, extra_len = int.from_bytes(b[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(b[info.header_offset + 28:info.header_offset + 30], "little")
+    b[info.header_offset + 30 + name_len + extra_len + 5] ^= 0xFF
+    path.write_bytes(bytes(b))
+
+
+def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
+    m, opt = _train_model_opt()
+    train.save_checkpoint(m, opt, 5, tmp_path / "c.pt")
+    good = (tmp_path / "c.pt").read_bytes()
+    _train_flip_tensor_byte(tmp_path / "c.pt")
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["iteration"] == 5  # torch alone would load it
+    m2, opt2 = _train_model_opt(seed=3)
+    before = {k: v.clone() for k, v in m2.state_dict().items()}
+    with pytest.raises(ValueError, match="damaged: its record .* fails its CRC-32 check"):
+        train.load_checkpoint(tmp_path / "c.pt", m2, opt2)
+    (tmp_path / "c.pt").write_bytes(good[:len(good) // 2])
+    with pytest.raises(ValueError, match="not a torch.save zip file"):
+        train.load_checkpoint(tmp_path / "c.pt", m2, opt2)
+    # the wrong structure: one ValueError each, and the model is left as it was
+    state = torch.load(io.BytesIO(good), weights_only=True)
+    small = TransformerLM(64, 16, 32, 2, 2, 32)  # another d_ff
+    for bad, needle in [({k: v for k, v in state.items() if k != "model"}, "no 'model' entry"),
+                        ({**state, "iteration": -1}, "iteration -1"), ({**state, "iteration": "7"}, "iteration '7'"),
+                        ({**state, "model": {}}, "does not fit this model"),
+                        ({**state, "model": small.state_dict()}, "has shape (32, 32)"),
+                        ({**state, "optimizer": {"state": {}, "param_groups": []}}, "optimizer state")]:
+        buf = io.BytesIO()
+        torch.save(bad, buf)
+        buf.seek(0)
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            train.load_checkpoint(buf, m2, opt2)
+    assert all(torch.equal(v, m2.state_dict()[k]) for k, v in before.items())
+    assert train.load_checkpoint(io.BytesIO(good), m2, opt2) == 5
+    # --resume: a damaged, a misshapen, or a too-far checkpoint is one sentence, exit 2, and stays as it was
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3"]
+    assert train.main(base) == 0
+    ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
+    state = train.read_checkpoint(ckpt)
+    for bad, needle in [(None, "CRC-32"), ({**state, "iteration": 99}, "past the run's 3 steps"),
+                        ({**state, "model": small.state_dict()}, "does not fit this model"),
+                        ({**state, "rng": {}}, "no valid RNG state")]:
+        if bad is None:
+            _train_flip_tensor_byte(ckpt, "data/3")
+        else:
+            torch.save(bad, ckpt)
+        damaged = ckpt.read_bytes()
+        capsys.readouterr()
+        assert train.main(base + ["--resume"]) == 2
+        _train_one_line(capsys, needle)
+        assert ckpt.read_bytes() == damaged
+
+
+def test_train_new_run_over_an_old_one_needs_overwrite(tmp_path, capsys, monkeypatch):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "4",
+            "--log-interval", "1", "--num-samples", "1", "--sample-tokens", "2"]
+    run = tmp_path / "out" / "toy"
+    (run).mkdir(parents=True)
+    for f in ("vocab.json", "merges.txt"):  # an old run's tokenizer, which this .npy run does not have
+        (run / f).write_text("old")
+    assert train.main(base) == 0  # a directory without a run in it is free
+    old = {f.name: f.read_bytes() for f in run.iterdir()}
+    capsys.readouterr()
+    assert train.main(base + ["--lr", "1e-3"]) == 2
+    err = _train_one_line(capsys, "already holds a run")
+    assert "--resume" in err and "--overwrite" in err
+    assert train.main(base + ["--resume", "--overwrite"]) == 2
+    _train_one_line(capsys, "pass one of them")
+    # --overwrite, stopped before the new run's first checkpoint: the old run is whole
+    monkeypatch.setattr(train, "build", lambda cfg: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert train.main(base + ["--overwrite", "--lr", "1e-3"]) == 130
+    err = _train_one_line(capsys, "train.py: interrupted")
+    assert {f.name: f.read_bytes() for f in run.iterdir()} == old
+    monkeypatch.undo()
+    # --overwrite that runs: every file is the new run's, and what it does not make is gone
+    assert train.main(base + ["--overwrite", "--lr", "1e-3", "--num-samples", "0"]) == 0
+    assert sorted(os.listdir(run)) == ["ckpt.pt", "config.json", "metrics.jsonl"]
+    assert json.loads((run / "config.json").read_text())["lr"] == 1e-3
+    assert [r["step"] for r in _train_metrics(run) if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_train_text_of_only_special_tokens_is_one_sentence_and_caches_nothing(tmp_path, capsys):
+    (tmp_path / "x.txt").write_text("<|endoftext|>" * 50)
+    args = ["--data", str(tmp_path / "x.txt"), "--data-dir", str(tmp_path / "data"), "--out-dir",
+            str(tmp_path / "out"), "--workers", "1"]
+    for _ in range(2):  # the rerun meets the same sentence, not a cache the first run broke
+        assert train.main(args) == 2
+        _train_one_line(capsys, "holds only <|endoftext|> separators and no text")
+        assert not list((tmp_path / "data").rglob("*.*")) and not (tmp_path / "out").exists()
+    (tmp_path / "y.txt").write_text("a")  # text, but too little to split
+    assert train.main(args[:1] + [str(tmp_path / "y.txt")] + args[2:]) == 2
+    _train_one_line(capsys, "too little text")
+
+
+def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0):
+    """Start train.py in its own process group, wait for a line on stdout, then Ctrl-C the group
+    (a terminal's Ctrl-C reaches every process: the main one and its pool workers)."""
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = ""
+    while wait_for not in seen and p.poll() is None:
+        seen += p.stdout.readline()
+    time.sleep(delay)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, seen + out, err
+
+
+def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tmp_path):
+    _train_story(tmp_path / "big.txt", n=15000)  # ~3 MB: its tokenizer and token files take seconds
+    args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
+            "--num-samples", "0"]  # BPE stops short of 1000 tokens on this text: no samples to decode
+    for delay in (0.0, 1.0):  # in the tokenizer's training, then (most likely) in the tokenizing
+        rc, out, err = _train_ctrl_c(tmp_path, args, "training a 1000-token BPE tokenizer", delay)
+        assert rc == 130 and "Traceback" not in err, (rc, err)
+        if delay == 0 or "stopped at step" not in out:  # in the data preparation (delay 1: most likely)
+            assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole")
+            assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
+        assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*.part"))
+    # data ready: Ctrl-C between the data and the first checkpoint (a bigger model takes a moment to build)
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    big = ["--data", str(ids), "--vocab-size", "64", "--d-model", "512", "--num-layers", "8", "--num-heads", "8",
+           "--d-ff", "2048", "--context-length", "16", "--batch-size", "8", "--device", "cpu", "--max-iters", "2"]
+    rc, out, err = _train_ctrl_c(tmp_path, big, "data:")
+    assert rc == 130 and "Traceback" not in err, (rc, err)
+    run = tmp_path / "out" / "toy"
+    if (run / "ckpt.pt").exists():  # the signal came after the first checkpoint: a whole run to resume
+        assert "stopped at step" in out and train.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
+    else:
+        assert "train.py: interrupted" in err and not list(run.glob("*"))
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):

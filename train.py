@@ -20,14 +20,19 @@ import signal
 import statistics
 import sys
 import time
+import traceback
+import zipfile
 from pathlib import Path
 
+if __name__ == "__main__":  # Ctrl-C while torch loads (seconds): one line, not a traceback from inside an import
+    signal.signal(signal.SIGINT, lambda *_: (print("train.py: interrupted while starting; nothing was written.",
+                                                   file=sys.stderr), os._exit(130)))
 import numpy as np
 import torch
 
 import accounting
 from bpe import atomic_file
-from data import DATASETS, EOT, DataError, UsageError, check_ids, is_ids, prepare_data, unigram_loss
+from data import DATASETS, EOT, DataError, UsageError, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
@@ -98,6 +103,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
     ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
+    ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
     "hardware",
     ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
@@ -186,6 +192,8 @@ CHECKS = [  # (is_wrong(cfg), message or message(cfg)), in order; the first wron
     (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
     (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
+    (lambda c: c["resume"] and c["overwrite"],
+     "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
      "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
     (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
@@ -317,13 +325,67 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
         torch.save(state, out)
 
 
-def read_checkpoint(src):  # weights_only: tensors and plain values, so loading a file cannot run code
-    return torch.load(src, map_location="cpu", weights_only=True)
+def read_checkpoint(src):
+    """A checkpoint's dict, verified: torch.load checks none of the CRC-32s that torch.save's zip
+    keeps per record, so zipfile checks them first (a flipped byte in a weight is refused, not
+    loaded); weights_only: tensors and plain values, so loading a file cannot run code. Raises
+    ValueError naming the fault."""
+    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    try:
+        with zipfile.ZipFile(src) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
+    if bad is not None:
+        raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
+    if name != src:
+        src.seek(0)
+    try:
+        state = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+        raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    return state
+
+
+def check_state(state, model, optimizer=None, name="the checkpoint"):
+    """Raises ValueError unless a checkpoint's dict fits model (and optimizer): its entries, every
+    shape, the iteration. Checked before anything is loaded, so a bad one changes nothing."""
+    for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
+        if key not in state:
+            raise ValueError(f"{name} has no {key!r} entry")
+    it, own, saved = state["iteration"], _unwrap(model).state_dict(), state["model"]
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
+        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    keys = set(saved) if isinstance(saved, dict) else set()
+    if keys != own.keys():
+        raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
+                         f"{sorted(keys - own.keys())[:3]} too many")
+    for k, v in own.items():
+        if not torch.is_tensor(saved[k]) or saved[k].shape != v.shape:
+            raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
+                             f"the model's {tuple(v.shape)}")
+    if optimizer is not None and not _fits_optimizer(state["optimizer"], optimizer):
+        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
+
+
+def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and every moment of its parameter's shape
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    try:
+        if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
+            return False
+        return all(0 <= i < len(params) and all(not torch.is_tensor(v) or v.dim() == 0 or v.shape == params[i].shape
+                                                for v in s.values()) for i, s in saved["state"].items())
+    except (TypeError, KeyError, AttributeError):
+        return False
 
 
 def load_checkpoint(src, model, optimizer=None, state=None):
-    """Restore model (and optimizer) from a path or file object; return the saved iteration."""
+    """Restore model (and optimizer) from a path or file object; return the saved iteration.
+    Raises ValueError, and loads nothing, if the file is damaged or does not fit."""
     state = read_checkpoint(src) if state is None else state
+    check_state(state, model, optimizer)
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -337,20 +399,42 @@ TRAJECTORY_KEYS = ("data", "val_data", "vocab_size", "context_length", "d_model"
 
 
 def check_resume(cfg, ckpt_path):
-    """The saved checkpoint, or None to start from step 0; raises UsageError if its config differs."""
+    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it
+    is damaged, does not fit this model, or its config differs."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
     try:
         state = read_checkpoint(ckpt_path)
-    except Exception as e:
-        raise UsageError(f"--resume: {ckpt_path} is not a readable checkpoint ({type(e).__name__}).") from None
-    old = state.get("config", {})
-    diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in TRAJECTORY_KEYS if old.get(k) != cfg[k]]
-    if diff:
-        raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
-                         f"{', '.join(diff)}.")
+        old = state.get("config") if isinstance(state.get("config"), dict) else {}
+        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in TRAJECTORY_KEYS if old.get(k) != cfg[k]]
+        if diff:
+            raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
+                             f"{', '.join(diff)}.")
+        meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
+        check_state(state, meta, AdamW(meta.parameters()), name=ckpt_path)
+        if state["iteration"] > cfg["max_iters"]:
+            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
+                             "steps")
+        for key in ("batch_rng", "torch_rng"):  # both are CPU generator states: a spare generator tries them
+            torch.Generator().set_state(state["rng"][key])
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise UsageError(f"--resume: {ckpt_path} holds no valid RNG state ({type(e).__name__}); restore it from a "
+                         "copy, or start a new run with --overwrite.") from None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
     return state
+
+
+def check_same_data(state, cfg, ckpt_path):
+    """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
+    old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
+    if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
+        what = "tokenizer" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
+        raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
+                         f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
+                         "--overwrite.")
 
 
 # Batches are random windows, so the data stream's position is the batch generator's state (plus
@@ -602,6 +686,22 @@ def check_samples(cfg, tok, where, top):
                          "read it; pass a larger --vocab-size, or --num-samples 0.")
 
 
+def write_run_files(cfg, run_dir, tok_files, start, new):
+    """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
+    A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
+    file whole; a resumed run keeps its tokenizer."""
+    for f in tok_files or ():
+        if new or not (run_dir / f.name).exists():
+            with atomic_file(run_dir / f.name) as copy:  # a full disk must not leave half a tokenizer
+                copy.write(f.read_bytes())
+    with atomic_file(run_dir / "config.json", "w") as f:
+        f.write(json.dumps(cfg, indent=2) + "\n")
+    truncate_metrics(run_dir / "metrics.jsonl", start)
+    if new:  # what an old run here left that this one does not make (yet)
+        for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
+            (run_dir / name).unlink(missing_ok=True)
+
+
 def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
@@ -617,7 +717,7 @@ def write_samples(model, tok, cfg, path):
     return out
 
 
-def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
+def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline):
     """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
     checkpoint, samples, the plot. Returns 0 done, 1 a non-finite loss or gradient, 130 stopped."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
@@ -627,8 +727,6 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
     if resume_state is not None:
         restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
-    if rank == 0:
-        truncate_metrics(run_dir / "metrics.jsonl", start)
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
@@ -638,9 +736,11 @@ def train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline):
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=rng_state(batch_gen),
                             elapsed=progress.seconds())
-    if resume_state is None:
-        save(0)  # a checkpoint exists from the first moment on, so --resume always has one
-    with stop_requests(cfg) as stopped:
+    with stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
+        if resume_state is None:
+            save(0)  # a checkpoint exists from the first moment on, so --resume always has one
+        if rank == 0:
+            write_run_files(cfg, run_dir, tok_files, start, new=resume_state is None)
         for it in range(start, last):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
@@ -790,21 +890,28 @@ def disk_full(where, then):
 
 
 def prepare_data_once(cfg):
-    """data.prepare_data on rank 0 first; the others wait for its verdict (an error stops every
-    process with the same sentence), then open the files it cached."""
+    """data.prepare_data (and the data's fingerprint) on rank 0 first; the others wait for its
+    verdict (an error stops every process with the same sentence), then open the files it cached."""
     args = cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["val_data"], cfg["workers"]
     err, prepared = [None], None
+
+    def prepare():  # -> train ids, valid ids, tokenizer, its files, fingerprint
+        train_ids, valid_ids, tok, tok_files = prepare_data(*args)
+        return train_ids, valid_ids, tok, tok_files, fingerprint(train_ids, valid_ids, tok_files, cfg["data_dir"])
     if cfg["rank"] == 0:
         try:
             with disk_full(cfg["data_dir"], "run the same command again"):
-                prepared = prepare_data(*args)
+                prepared = prepare()
         except (UsageError, DataError) as e:
             err = [e]
     if cfg["world_size"] > 1:
         torch.distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
     if err[0]:
         raise err[0]
-    return prepared or prepare_data(*args)
+    return prepared or prepare()
+
+
+RUN_FILES = ("ckpt.pt", "config.json", "metrics.jsonl")  # a directory holding one of these holds a run
 
 
 def run(cfg):
@@ -813,8 +920,13 @@ def run(cfg):
         benchmark(cfg)
         return 0
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
+    if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_FILES):
+        raise UsageError(f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                         "or another --run-name.")
     resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
-    train_ids, valid_ids, tok, tok_files = prepare_data_once(cfg)
+    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = prepare_data_once(cfg)
+    if resume_state is not None:
+        check_same_data(resume_state, cfg, run_dir / "ckpt.pt")
     top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
     check_samples(cfg, tok, tok_files and tok_files[0], top)
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
@@ -822,17 +934,12 @@ def run(cfg):
         f"{baseline:.4f} nats/token")
     if cfg["rank"] == 0:
         if resume_state is None and (run_dir / "ckpt.pt").exists():
-            log(f"note: starting a new run in {run_dir}, replacing the one there (use --resume to continue it)")
+            log(f"note: --overwrite: the run in {run_dir} is replaced file by file from the new run's first checkpoint")
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
             stale.unlink()
-        for f in tok_files or ():
-            with atomic_file(run_dir / f.name) as copy:  # a full disk must not leave half a tokenizer
-                copy.write(f.read_bytes())
-        with atomic_file(run_dir / "config.json", "w") as f:
-            f.write(json.dumps(cfg, indent=2) + "\n")
     with torch_settings(cfg):
-        return train(cfg, train_ids, valid_ids, tok, run_dir, resume_state, baseline)
+        return train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline)
 
 
 def main(argv=None):
@@ -847,9 +954,28 @@ def main(argv=None):
         if RANK == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
-    except KeyboardInterrupt:  # a second Ctrl-C: abort without a traceback
+    except KeyboardInterrupt:  # before the loop's own handler (data, model) or a second Ctrl-C in the loop
+        if RANK == 0:
+            print("train.py: interrupted; every file written is whole: rerun the same command (with --resume once "
+                  "the run has a ckpt.pt) to go on.", file=sys.stderr)
         return 130
 
 
+def interrupt(signum, frame):
+    """Ctrl-C as a KeyboardInterrupt in this process only: it reaches the whole process group, and
+    bpe.py's forked pool workers inherit this handler and leave it to this process, which ends them.
+    Inside numba's compiler (the BPE merge loop) a ctypes callback would swallow the exception, or
+    worse: there the signal comes again 0.1 s later (SIGALRM resends it)."""
+    if os.getpid() != MAIN_PID:
+        return
+    if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame) for m in ("numba", "llvmlite")):
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        return
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    MAIN_PID = os.getpid()
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(MAIN_PID, signal.SIGINT))
     sys.exit(main())
