@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import re
 import resource
+import signal
 import sys
 import time
 from collections import Counter
@@ -210,6 +211,18 @@ def _count_chunk(args):
     return counts
 
 
+def _pool(n, *initializer):
+    """A pool of n forked workers. Ctrl-C is held while they fork: a KeyboardInterrupt raised inside
+    fork's own hooks would be printed and dropped; held, it arrives once the pool exists. The
+    workers keep it blocked: the parent stops them."""
+    mask = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return _MP.Pool(n, *initializer)
+    finally:
+        mask(signal.SIG_SETMASK, old)
+
+
 def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
     """{pre-token string: count} over the whole file, counted in worker processes.
     while_waiting() (if given) runs in this process while the workers count."""
@@ -223,7 +236,7 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
     tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds, bounds[1:])]
     parallel = num_workers > 1 and len(tasks) > 1
     total = Counter()
-    with _MP.Pool(min(num_workers, len(tasks))) if parallel else contextlib.nullcontext() as pool:
+    with _pool(min(num_workers, len(tasks))) if parallel else contextlib.nullcontext() as pool:
         results = pool.imap_unordered(_count_chunk, tasks) if parallel else map(_count_chunk, tasks)
         if parallel and while_waiting is not None:
             while_waiting()                 # the workers have started counting
@@ -966,7 +979,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         # Encode the first chunk here first: the forked workers then start with its
         # pre-tokens in the cache instead of each recomputing them.
         first = _encode_chunk(tasks[0])
-        pool = _MP.Pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
+        pool = _pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
     header_len = len(_npy_header(dtype, 0))
     n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
