@@ -1685,6 +1685,10 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         assert train.main(npy + extra) == 2
         _train_one_error(capsys, f"{out / 'toy' / 'ckpt.pt'} is a directory", "--run-name")
         assert os.listdir(out / "toy") == ["ckpt.pt"]
+    (out / "toy" / "ckpt.pt").rmdir()
+    (out / "toy" / "samples.txt").mkdir()  # any file the run writes, not only the ones that mark a run
+    assert train.main(npy) == 2
+    _train_one_error(capsys, f"{out / 'toy' / 'samples.txt'} is a directory", "--run-name")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode, so chmod cannot make it unreadable")

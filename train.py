@@ -127,6 +127,7 @@ SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
 KEYS = {kind: [row[0][2:].replace("-", "_") for row in FLAGS if not isinstance(row, str) and row[1] is kind]
         for kind in (int, float)}  # the numeric flags, for the rules that hold for all of them
 RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
+RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
 
 
 def must(key, words, wrong):  # a CHECKS row for one numeric flag; an unset flag (None) passes
@@ -911,16 +912,13 @@ def prepare_data_once(cfg):
     return prepared or prepare()
 
 
-RUN_FILES = ("ckpt.pt", "config.json", "metrics.jsonl")  # a directory holding one of these holds a run
-
-
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     if cfg["benchmark"]:
         benchmark(cfg)
         return 0
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
-    if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_FILES):
+    if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_MARKERS):
         raise UsageError(f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                          "or another --run-name.")
     resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
