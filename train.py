@@ -284,10 +284,9 @@ def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a
 # ----------------------------------------------------------------------------
 # 2. Batches: random windows of a memmap
 
-def get_batch(data, batch_size, context_length, device, generator=None):
-    """CS336 data loader: x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1], int64
-    (batch_size, T), s uniform over [0, len(data) - T). Only the memmap pages touched are read."""
-    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
+def windows(data, starts, context_length, device):
+    """x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1] for each start s, int64
+    (len(starts), T) on device. Only the memmap pages touched are read."""
     w = torch.from_numpy(data[starts[:, None] + np.arange(context_length + 1)].astype(np.int64))  # (B, T+1)
     x, y = w[:, :-1], w[:, 1:]
     if str(device).startswith("cuda"):  # pinned memory lets the copy overlap with compute
@@ -295,13 +294,19 @@ def get_batch(data, batch_size, context_length, device, generator=None):
     return x.contiguous().to(device), y.contiguous().to(device)
 
 
+def get_batch(data, batch_size, context_length, device, generator=None):
+    """CS336 data loader: batch_size windows, starts uniform over [0, len(data) - T)."""
+    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
+    return windows(data, starts, context_length, device)
+
+
 def micro_batches(data, cfg, generator):
     """This process's share of one global batch: grad_accum (x, y) pairs of micro_batch rows.
-    Every process draws the same global batch and keeps its own rows, so --grad-accum and the
-    number of processes change the order of the arithmetic, never the data."""
-    x, y = get_batch(data, cfg["batch_size"], cfg["context_length"], cfg["device"], generator)
-    rows = cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"], cfg["context_length"]
-    return list(zip(x.reshape(rows)[:, cfg["rank"]], y.reshape(rows)[:, cfg["rank"]]))
+    Every process draws the same global batch of starts and reads only its own windows, so
+    --grad-accum and the number of processes change the order of the arithmetic, never the data."""
+    starts = torch.randint(len(data) - cfg["context_length"], (cfg["batch_size"],), generator=generator).numpy()
+    mine = starts.reshape(cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"])[:, cfg["rank"]]
+    return [windows(data, s, cfg["context_length"], cfg["device"]) for s in mine]
 
 
 # ----------------------------------------------------------------------------
