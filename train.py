@@ -422,11 +422,11 @@ def check_resume(cfg, ckpt_path):
         if state["iteration"] > cfg["max_iters"]:
             raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
                              "steps")
-        for key in ("batch_rng", "torch_rng"):  # both are CPU generator states: a spare generator tries them
-            torch.Generator().set_state(state["rng"][key])
-    except (KeyError, TypeError, RuntimeError) as e:
-        raise UsageError(f"--resume: {ckpt_path} holds no valid RNG state ({type(e).__name__}); restore it from a "
-                         "copy, or start a new run with --overwrite.") from None
+        try:  # both are CPU generator states: a spare generator tries them
+            for key in ("batch_rng", "torch_rng"):
+                torch.Generator().set_state(state["rng"][key])
+        except (KeyError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{ckpt_path} holds no valid RNG state ({type(e).__name__})") from None
     except (ValueError, OSError) as e:
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
     return state
