@@ -965,12 +965,9 @@ def main(argv=None):
 
 
 def interrupt(signum, frame):
-    """Ctrl-C as a KeyboardInterrupt in this process only: it reaches the whole process group, and
-    bpe.py's forked pool workers inherit this handler and leave it to this process, which ends them.
-    Inside numba's compiler (the BPE merge loop) a ctypes callback would swallow the exception, or
-    worse: there the signal comes again 0.1 s later (SIGALRM resends it)."""
-    if os.getpid() != MAIN_PID:
-        return
+    """Ctrl-C as a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends
+    them). Inside numba's compiler (the BPE merge loop) a ctypes callback would swallow the
+    exception, or worse: there the signal comes again 0.1 s later (SIGALRM resends it)."""
     if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame) for m in ("numba", "llvmlite")):
         signal.setitimer(signal.ITIMER_REAL, 0.1)
         return
@@ -978,7 +975,6 @@ def interrupt(signum, frame):
 
 
 if __name__ == "__main__":
-    MAIN_PID = os.getpid()
     signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGALRM, lambda *_: os.kill(MAIN_PID, signal.SIGINT))
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     sys.exit(main())
