@@ -727,8 +727,9 @@ def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}
                          f"{token_id[made[k]]} in {vocab_name}, out of id order{disagree}")
 
 
-def _load_merges_file(path, vocab, special_tokens=()):
-    """A GPT-2 merges.txt as [(left, right)], checked against vocab: all its merges."""
+def _read_merges_file(path):
+    """A GPT-2 merges.txt as ([(left, right)], where): where(k) names merge k's line (None: the
+    file) for the errors of _check_merges, which Tokenizer runs once, with these names."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"merges file {path} does not exist")
     merges, linenos = [], []
@@ -741,10 +742,7 @@ def _load_merges_file(path, vocab, special_tokens=()):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
-    _check_merges(merges, vocab, _check_special_tokens(special_tokens),
-                  lambda k: path if k is None else f"{path} line {linenos[k]}", "the vocab file",
-                  exact=True)
-    return merges
+    return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
 
 
 # -----------------------------------------------------------------------------
@@ -757,7 +755,9 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
-    def __init__(self, vocab, merges, special_tokens=None):
+    def __init__(self, vocab, merges, special_tokens=None, *, _file_names=None):
+        """_file_names: (where, vocab name) when vocab and merges come from files (from_files): then
+        the merges must make every merged token, and an error names the file and line."""
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b
                       for i, b in vocab.items()}
         self.merges = list(merges)
@@ -778,7 +778,8 @@ class Tokenizer:
         self._cache = {}
         # The merges as sorted keys left id * V + right id, each with its rank (a repeated
         # pair keeps its first) and the merged id, for numpy look-ups.
-        _check_merges(self.merges, self.vocab, self.special_tokens)
+        _check_merges(self.merges, self.vocab, self.special_tokens, *(_file_names or ()),
+                      exact=_file_names is not None)
         V = self._key_base = max(self.vocab) + 1
         lrm = np.array([(token_id[l], token_id[r], token_id[l + r]) for l, r in self.merges],
                        dtype=np.int64).reshape(-1, 3)
@@ -795,8 +796,8 @@ class Tokenizer:
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
         vocab = _load_vocab_file(vocab_filepath)
-        return cls(vocab, _load_merges_file(merges_filepath, vocab, special_tokens),
-                   special_tokens)
+        merges, where = _read_merges_file(merges_filepath)
+        return cls(vocab, merges, special_tokens, _file_names=(where, "the vocab file"))
 
     def save(self, vocab_filepath, merges_filepath):
         """GPT-2 format, written atomically as a pair: both files or neither."""
@@ -1030,8 +1031,8 @@ def _cmd_encode(args):
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
-    merges = _load_merges_file(os.path.join(args.tokenizer, "merges.txt"), vocab, specials)
-    tok = Tokenizer(vocab, merges, specials)
+    merges, where = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
+    tok = Tokenizer(vocab, merges, specials, _file_names=(where, "the vocab file"))
     t0 = time.perf_counter()
     n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
