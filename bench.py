@@ -193,7 +193,7 @@ def bench_encode(args):
     tiktoken = peer("tiktoken", "tiktoken")
     enc = None
     if tiktoken:  # tiktoken's GPT-2 built offline from the same vocab file
-        vocab = bpe.Tokenizer.from_files(*files).vocab
+        vocab = bpe._load_vocab_file(files[0])
         enc = tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
                                 mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
     ours, theirs = [], []
