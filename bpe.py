@@ -48,6 +48,87 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
+# The same pre-tokens, compiled: a scanner over UTF-8 bytes that needs only the class of each
+# character. The classes come from the regex package itself, so that the scanner and
+# GPT2_PAT agree on the Unicode version; a test checks them on random text of every kind.
+_OTHER, _LETTER, _NUMBER, _SPACE = 0, 1, 2, 3
+_classes = None
+
+
+def _char_classes():
+    """(0x110000,) uint8: the class of every code point, as regex sees \\p{L}, \\p{N} and \\s."""
+    global _classes
+    if _classes is None:
+        every = "".join(map(chr, range(0x110000)))
+        _classes = np.zeros(0x110000, np.uint8)
+        for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
+            for m in regex.finditer(pat, every):
+                _classes[m.start():m.end()] = cls
+    return _classes
+
+
+@njit(cache=True, inline="always")
+def _class_at(data, i, classes):
+    """(class, byte length) of the character that starts at data[i] (valid UTF-8)."""
+    b = np.int64(data[i])
+    if b < 0x80:
+        return classes[b], 1
+    if b < 0xE0:
+        return classes[(b & 0x1F) << 6 | (data[i + 1] & 0x3F)], 2
+    if b < 0xF0:
+        return classes[(b & 0x0F) << 12 | (data[i + 1] & 0x3F) << 6 | (data[i + 2] & 0x3F)], 3
+    return classes[(b & 0x07) << 18 | (data[i + 1] & 0x3F) << 12 | (data[i + 2] & 0x3F) << 6
+                   | (data[i + 3] & 0x3F)], 4
+
+
+@njit(cache=True)
+def _next_pretoken(data, i, n, classes):
+    """End of the GPT2_PAT pre-token that starts at byte i of data[:n], trying its
+    alternatives in order: b"'ll go  now" -> "'ll", " go", " ", " now"."""
+    c = data[i]
+    if c == 39 and i + 1 < n:                                    # 's 'd 'm 't 'll 've 're
+        d = data[i + 1]
+        if d == 115 or d == 100 or d == 109 or d == 116:
+            return i + 2
+        if i + 2 < n and ((d == 108 and data[i + 2] == 108) or (d == 118 and data[i + 2] == 101)
+                          or (d == 114 and data[i + 2] == 101)):
+            return i + 3
+    cls, k = _class_at(data, i, classes)
+    j = i + k
+    if c == 32 and j < n:                  # a space joins the letters, digits or symbols after it
+        nxt, k = _class_at(data, j, classes)
+        if nxt != _SPACE:
+            cls, j = nxt, j + k
+    if cls != _SPACE:                      # ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
+        while j < n:
+            nxt, k = _class_at(data, j, classes)
+            if nxt != cls:
+                break
+            j += k
+        return j
+    last = i                               # '\s+(?!\S)' then '\s+'
+    while j < n:
+        nxt, k = _class_at(data, j, classes)
+        if nxt != _SPACE:
+            # followed by a non-space: leave the last whitespace character to the next
+            # pre-token (" x" takes its space), unless it is the only one
+            return last if last > i else j
+        last, j = j, j + k
+    return j
+
+
+@njit(cache=True)
+def _pretoken_ends(data, classes):
+    """(P,) int64: where each pre-token of data ends, by _next_pretoken."""
+    ends = np.empty(data.shape[0], np.int64)
+    i, p = 0, 0
+    while i < data.shape[0]:
+        i = _next_pretoken(data, i, data.shape[0], classes)
+        ends[p] = i
+        p += 1
+    return ends[:p]
+
+
 def _check_special_tokens(special_tokens):
     """The special-token strings, checked, duplicates dropped (order kept)."""
     if isinstance(special_tokens, str):

@@ -21,6 +21,7 @@ import sys
 import sysconfig
 import threading
 import time
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -853,6 +854,46 @@ def test_bpe_ascii_fast_path_finds_the_same_pretokens_as_gpt2_pat():
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
         assert bpe.pretokenize(text) == regex.findall(bpe.GPT2_PAT, text), repr(text)
     assert bpe.pretokenize("héllo wörld 42") == regex.findall(bpe.GPT2_PAT, "héllo wörld 42")
+
+
+def _bpe_compiled_pretokens(text):
+    data = text.encode("utf-8")
+    ends = bpe._pretoken_ends(np.frombuffer(data, np.uint8), bpe._char_classes()).tolist()
+    return [data[a:b].decode("utf-8") for a, b in zip([0] + ends, ends)]
+
+
+def test_bpe_compiled_pretokenizer_equals_gpt2_pat_on_random_text_of_every_kind():
+    # 100,000 strings of up to 12 pieces: a code point of a random general category (so
+    # every category is drawn equally, rare or not), or a piece chosen for GPT2_PAT's
+    # corners: every whitespace kind (and \x1c-\x1f, which str.isspace calls space and \s
+    # does not), apostrophes beside contraction letters, combining marks, emoji with ZWJ and
+    # skin tones, digits of other scripts.
+    rng = random.Random(0)
+    by_category = {}
+    for c in range(0x110000):
+        if not 0xD800 <= c < 0xE000:                     # surrogates are not UTF-8
+            by_category.setdefault(unicodedata.category(chr(c)), []).append(chr(c))
+    categories = sorted(by_category)
+    assert len(categories) == 29, categories             # every category but Cs (surrogates)
+    corners = [*"\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2028\u2029\u202f\u3000",
+               " ", "  ", "'", "'", *"sdmtlvreSLL", "ll", "ve", "re", "\u0301", "\u0308",
+               "\u200d", "👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "٣", "७", "１", "²", "Ⅻ", "a", "Z"]
+    for _ in range(100_000):
+        text = "".join(rng.choice(corners) if rng.random() < 0.5
+                       else rng.choice(by_category[rng.choice(categories)])
+                       for _ in range(rng.randint(0, 12)))
+        assert _bpe_compiled_pretokens(text) == regex.findall(bpe.GPT2_PAT, text), repr(text)
+
+
+def test_bpe_compiled_pretokenizer_equals_gpt2_pat_on_every_corpus():
+    texts = [make() for name, (make, _, _) in _BPE_CASES.items()
+             if name not in ("tinystories", "shakespeare_1mb")]
+    texts += [p.read_text(encoding="utf-8") for p in
+              [_BPE_TINYSTORIES, _BPE_SHAKESPEARE, *sorted((_BPE_SHARED / "reference" / "seeds").glob("*.txt"))]
+              if p.exists()]
+    texts.append(Path(bpe.__file__).read_text(encoding="utf-8"))       # Python source
+    for text in texts:
+        assert _bpe_compiled_pretokens(text) == regex.findall(bpe.GPT2_PAT, text)
 
 
 @pytest.mark.parametrize("text,ids_special,ids_plain", _BPE_GPT2_CASES)
