@@ -832,6 +832,265 @@ def _read_merges_file(path):
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
 
+# Encoding, compiled. The naive path (pretokenize, a dict cache, _bpe_many) is the
+# definition; _encode_kernel does the same work in one pass over the UTF-8 bytes: cut the
+# next pre-token (_next_pretoken), look its bytes up in a cache of pre-token -> ids, and on
+# a miss merge it by rank and remember it. All its state lives in a few numpy arrays held by
+# the Tokenizer, so that a call costs little more than its own bytes:
+#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
+#                        value = rank << 32 | merged id (-1: empty slot)
+#   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
+#                        used; from _SLOTS_AT on, 3 words per slot: hash of the pre-token,
+#                        byte offset << 24 | length, id offset << 24 | number of ids (0: empty)
+#   bpool, ipool         the cached pre-tokens' bytes (uint8) and ids (uint32)
+# When the cache is full it is emptied, so memory stays bounded whatever the text.
+_CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most half as many words
+_CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
+_CACHE_IDS = 1 << 20     # ids of cached pre-tokens
+_SLOTS_AT = 264
+_SHORT_WORD = 32         # longer pre-tokens merge with a heap instead of rescanning all pairs
+_CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
+_NO_MERGE = 1 << 62
+# Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
+# before numba could load the compiled one from its disk cache; once loaded it is used always.
+_COMPILED_MIN_CHARS = 1 << 20
+_NO_SPECIALS = np.zeros((0, 3), np.int64)
+_compiled_encoder_loaded = False
+
+
+@register_jitable
+def _mix(h):
+    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
+    the caller keeps the low ones."""
+    h = h * np.uint64(0x9E3779B97F4A7C15)
+    return h ^ (h >> np.uint64(29))
+
+
+def _pair_table(lefts, rights, values):
+    """The merges' hash table (see above), filled by linear probing in numpy: in each round every
+    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
+    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
+    cap = 1 << max(4, (2 * len(keys)).bit_length())
+    table = np.full(2 * cap, -1, np.int64)
+    slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
+    todo = np.arange(len(keys))
+    while len(todo):
+        s = slot[todo]
+        win = np.zeros(len(todo), bool)
+        win[np.unique(s, return_index=True)[1]] = True
+        win &= table[2 * s + 1] < 0
+        table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
+        todo = todo[~win]
+        slot[todo] = (slot[todo] + 1) & (cap - 1)
+    return table
+
+
+@njit(cache=True, inline="always")
+def _pair_value(pairs, a, b):
+    """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
+    key = np.int64(a) << 32 | np.int64(b)
+    mask = (pairs.shape[0] >> 1) - 1
+    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while True:
+        v = pairs[2 * s + 1]
+        if v < 0:
+            return _NO_MERGE
+        if pairs[2 * s] == key:
+            return v
+        s = (s + 1) & mask
+
+
+@njit(cache=True)
+def _merge_short(tok, k, n, pairs, rank):
+    """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
+    rank and merges it at every place, left to right. rank[t] is the value of the pair at t;
+    after a merge only the pairs next to a new token are looked up again. Returns the new n."""
+    for t in range(n - 1):
+        rank[t] = _pair_value(pairs, tok[k + t], tok[k + t + 1])
+    while n > 1:
+        best = _NO_MERGE
+        for t in range(n - 1):
+            best = min(best, rank[t])
+        if best == _NO_MERGE:
+            break
+        w, t, prev_new = 0, 0, False
+        while t < n:                      # w writes, t reads: w <= t, so in place is safe
+            new = t + 1 < n and rank[t] == best
+            tok[k + w] = (best & 0xFFFFFFFF) if new else tok[k + t]
+            t += 2 if new else 1
+            if w > 0:                     # the pair (w-1, w): kept unless a side is new
+                rank[w - 1] = _pair_value(pairs, tok[k + w - 1], tok[k + w]) \
+                    if new or prev_new else rank[t - 2]
+            prev_new = new
+            w += 1
+        n = w
+    return n
+
+
+@njit(cache=True)
+def _heap_push(heap, h, x):
+    heap[h] = x
+    while h > 0 and heap[(h - 1) >> 1] > heap[h]:
+        p = (h - 1) >> 1
+        heap[h], heap[p] = heap[p], heap[h]
+        h = p
+
+
+@njit(cache=True)
+def _heap_pop(heap, h):
+    """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
+    top, h = heap[0], h - 1
+    heap[0] = heap[h]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= h:
+            break
+        if c + 1 < h and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[i] <= heap[c]:
+            break
+        heap[i], heap[c] = heap[c], heap[i]
+        i = c
+    return top
+
+
+@njit(cache=True)
+def _merge_long(tok, k, n, pairs):
+    """The same rounds as _merge_short for a long pre-token (a run of CJK characters is
+    hundreds of bytes), without rescanning it per round: the tokens form a linked list and
+    every pair waits in a min-heap keyed rank * n + position, checked when popped (lazy
+    deletion). A round pops all places of the lowest rank, left to right, and only then
+    pushes the pairs its new tokens make, as _bpe_many's lock-step rounds see them."""
+    ids, nxt, prv = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    heap, changed = np.empty(3 * n, np.int64), np.empty(n, np.int64)
+    h = 0
+    for t in range(n):
+        ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
+    nxt[n - 1] = -1
+    for t in range(n - 1):
+        v = _pair_value(pairs, ids[t], ids[t + 1])
+        if v != _NO_MERGE:
+            _heap_push(heap, h, (v >> 32) * n + t)
+            h += 1
+    while h > 0:
+        r, m = heap[0] // n, 0
+        while h > 0 and heap[0] // n == r:        # every place of the pair of rank r
+            t = _heap_pop(heap, h) % n
+            h -= 1
+            u = nxt[t]
+            if ids[t] < 0 or u < 0:
+                continue
+            v = _pair_value(pairs, ids[t], ids[u])
+            if v == _NO_MERGE or v >> 32 != r:    # a stale entry: that pair has changed
+                continue
+            ids[t], ids[u], nxt[t] = v & 0xFFFFFFFF, -1, nxt[u]
+            if nxt[u] >= 0:
+                prv[nxt[u]] = t
+            changed[m] = t
+            m += 1
+        for q in range(m):                         # the pairs the new tokens make
+            t = changed[q]
+            for a, b in ((prv[t], t), (t, nxt[t])):
+                if a >= 0 and b >= 0:
+                    v = _pair_value(pairs, ids[a], ids[b])
+                    if v != _NO_MERGE:
+                        _heap_push(heap, h, (v >> 32) * n + a)
+                        h += 1
+    w, t = 0, 0
+    while t >= 0:
+        tok[k + w] = ids[t]
+        w, t = w + 1, nxt[t]
+    return w
+
+
+@njit(cache=True)
+def _merge_word(data, i, j, pairs, state, out, k, rank):
+    """Ids of the pre-token data[i:j], written at out[k:]; returns the end."""
+    for t in range(j - i):
+        out[k + t] = state[data[i + t]]
+    if j - i <= _SHORT_WORD:
+        return k + _merge_short(out, k, j - i, pairs, rank)
+    return k + _merge_long(out, k, j - i, pairs)
+
+
+@njit(cache=True)
+def _encode_word(data, i, j, pairs, state, bpool, ipool, out, k, rank):
+    """Ids of the pre-token data[i:j] at out[k:], from the cache if it is there, else merged
+    and then remembered (the cache is emptied first when full). Returns the end."""
+    n = j - i
+    if n > _CACHED_WORD:
+        return _merge_word(data, i, j, pairs, state, out, k, rank)
+    h = np.uint64(0xCBF29CE484222325)             # FNV-1a
+    for t in range(i, j):
+        h = (h ^ np.uint64(data[t])) * np.uint64(0x100000001B3)
+    key = np.int64(h)
+    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
+    s = np.int64(_mix(h) & np.uint64(mask))
+    while True:
+        at = _SLOTS_AT + 3 * s
+        where = state[at + 1]
+        if where == 0:
+            break
+        if state[at] == key and where & 0xFFFFFF == n:
+            b = where >> 24
+            same = True
+            for t in range(n):
+                if bpool[b + t] != data[i + t]:
+                    same = False
+                    break
+            if same:
+                c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
+                for t in range(m):
+                    out[k + t] = ipool[c + t]
+                return k + m
+        s = (s + 1) & mask
+    end = _merge_word(data, i, j, pairs, state, out, k, rank)
+    m = end - k
+    if 2 * (state[256] + 1) > mask + 1 or state[257] + n > bpool.shape[0] \
+            or state[258] + m > ipool.shape[0]:
+        state[256:] = 0                            # full: start again, empty
+        at = _SLOTS_AT + 3 * np.int64(_mix(h) & np.uint64(mask))
+    b, c = state[257], state[258]
+    bpool[b:b + n] = data[i:j]
+    ipool[c:c + m] = out[k:end]
+    state[at], state[at + 1], state[at + 2] = key, b << 24 | n, c << 24 | m
+    state[256] += 1
+    state[257] += n
+    state[258] += m
+    return end
+
+
+@njit(cache=True)
+def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
+    """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
+    (start, end, id) of specials, in order."""
+    out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
+    rank = np.empty(_SHORT_WORD, np.int64)
+    k, start = 0, 0
+    for r in range(specials.shape[0] + 1):
+        end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
+        i = start
+        while i < end:
+            j = _next_pretoken(data, i, end, classes)
+            if j == i + 1:
+                out[k] = state[data[i]]
+                k += 1
+            else:
+                k = _encode_word(data, i, j, pairs, state, bpool, ipool, out, k, rank)
+            i = j
+        if r < specials.shape[0]:
+            out[k] = specials[r, 2]
+            k += 1
+            start = specials[r, 1]
+    return out[:k]
+
+
+def _load_compiled_encoder():
+    """Compile the encoder, or load it from numba's disk cache, and build the character
+    classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
+    Tokenizer({b: bytes([b]) for b in range(256)}, [])._encode_array(b"ab")
+
 
 class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
@@ -873,6 +1132,20 @@ class Tokenizer:
         small = (self._pair_keys // V < D) & (self._pair_keys % V < D)
         self._dense_at[(self._pair_keys // V * D + self._pair_keys % V)[small]] = \
             np.flatnonzero(small)
+        # The compiled path's state (see _encode_kernel): the same merges as a hash table,
+        # and an empty cache. np.zeros costs nothing until the cache fills its pages.
+        self._pairs = _pair_table(lrm[self._pair_rank, 0], lrm[self._pair_rank, 1],
+                                  self._pair_rank << 32 | self._pair_merged)
+        self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
+        self._state[:256] = self._byte_id_arr
+        self._bpool, self._ipool = np.zeros(_CACHE_BYTES, np.uint8), np.zeros(_CACHE_IDS, np.uint32)
+        # Special tokens found in the UTF-8 bytes, longest first as _special_split_re does
+        # (UTF-8 is self-synchronizing: the matches are those of the text).
+        self._special_bytes = {s.encode("utf-8"): i for s, i in self._special_ids.items()}
+        alts = sorted(self.special_tokens, key=len, reverse=True)
+        self._special_bytes_re = regex.compile(b"|".join(
+            regex.escape(s.encode("utf-8")) for s in alts)) if alts else None
+        self._naive_chars = 0            # text encoded by the naive path so far
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -942,8 +1215,16 @@ class Tokenizer:
         return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
     def encode(self, text):
-        """Ids of text. Special tokens split it first; the pre-tokens not yet in the cache
-        are merged all together by _bpe_many; then every lookup is one map() in C."""
+        """Ids of text: the compiled pass (_encode_array) once it is loaded in this process or
+        when the job is big enough to pay for loading it, else the naive one. Same ids."""
+        if _compiled_encoder_loaded or self._naive_chars + len(text) >= _COMPILED_MIN_CHARS:
+            return self._encode_array(text.encode("utf-8")).tolist()
+        self._naive_chars += len(text)
+        return self._encode_naive(text)
+
+    def _encode_naive(self, text):
+        """The definition. Special tokens split the text first; the pre-tokens not yet in the
+        cache are merged all together by _bpe_many; then every lookup is one map() in C."""
         parts = self._split_re.split(text) if self._split_re else [text]
         words = [pretokenize(p) for p in parts[::2]]   # pieces between specials
         cache = self._cache
@@ -957,6 +1238,19 @@ class Tokenizer:
             out.append(self._special_ids[special])
             out.extend(chain.from_iterable(map(cache.__getitem__, ws)))
         return out
+
+    def _encode_array(self, data):
+        """(N,) uint32 ids of the UTF-8 bytes data (valid UTF-8), by the compiled pass."""
+        global _compiled_encoder_loaded
+        specials = _NO_SPECIALS
+        if self._special_bytes_re is not None and any(s in data for s in self._special_bytes):
+            specials = np.array([(m.start(), m.end(), self._special_bytes[m.group()])
+                                 for m in self._special_bytes_re.finditer(data)],
+                                np.int64).reshape(-1, 3)
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs, self._state,
+                             self._bpool, self._ipool, _char_classes())
+        _compiled_encoder_loaded = True
+        return ids
 
     def encode_iterable(self, iterable):
         """Lazily yield the ids of "".join(iterable) holding about _STREAM_CHARS of text:
