@@ -927,8 +927,8 @@ def _merge_short(tok, k, n, pairs, rank):
     return n
 
 
-@njit(cache=True)
-def _heap_push(heap, h, x):
+@njit(cache=True, inline="always")
+def _minheap_push(heap, h, x):
     heap[h] = x
     while h > 0 and heap[(h - 1) >> 1] > heap[h]:
         p = (h - 1) >> 1
@@ -936,8 +936,8 @@ def _heap_push(heap, h, x):
         h = p
 
 
-@njit(cache=True)
-def _heap_pop(heap, h):
+@njit(cache=True, inline="always")
+def _minheap_pop(heap, h):
     """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
     top, h = heap[0], h - 1
     heap[0] = heap[h]
@@ -971,12 +971,12 @@ def _merge_long(tok, k, n, pairs):
     for t in range(n - 1):
         v = _pair_value(pairs, ids[t], ids[t + 1])
         if v != _NO_MERGE:
-            _heap_push(heap, h, (v >> 32) * n + t)
+            _minheap_push(heap, h, (v >> 32) * n + t)
             h += 1
     while h > 0:
         r, m = heap[0] // n, 0
         while h > 0 and heap[0] // n == r:        # every place of the pair of rank r
-            t = _heap_pop(heap, h) % n
+            t = _minheap_pop(heap, h) % n
             h -= 1
             u = nxt[t]
             if ids[t] < 0 or u < 0:
@@ -995,7 +995,7 @@ def _merge_long(tok, k, n, pairs):
                 if a >= 0 and b >= 0:
                     v = _pair_value(pairs, ids[a], ids[b])
                     if v != _NO_MERGE:
-                        _heap_push(heap, h, (v >> 32) * n + a)
+                        _minheap_push(heap, h, (v >> 32) * n + a)
                         h += 1
     w, t = 0, 0
     while t >= 0:
@@ -1015,74 +1015,78 @@ def _merge_word(data, i, j, pairs, state, out, k, rank):
 
 
 @njit(cache=True)
-def _encode_word(data, i, j, pairs, state, bpool, ipool, out, k, rank):
-    """Ids of the pre-token data[i:j] at out[k:], from the cache if it is there, else merged
-    and then remembered (the cache is emptied first when full). Returns the end."""
-    n = j - i
-    if n > _CACHED_WORD:
-        return _merge_word(data, i, j, pairs, state, out, k, rank)
-    h = np.uint64(0xCBF29CE484222325)             # FNV-1a
-    for t in range(i, j):
-        h = (h ^ np.uint64(data[t])) * np.uint64(0x100000001B3)
-    key = np.int64(h)
-    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
-    s = np.int64(_mix(h) & np.uint64(mask))
-    while True:
-        at = _SLOTS_AT + 3 * s
-        where = state[at + 1]
-        if where == 0:
-            break
-        if state[at] == key and where & 0xFFFFFF == n:
-            b = where >> 24
-            same = True
-            for t in range(n):
-                if bpool[b + t] != data[i + t]:
-                    same = False
-                    break
-            if same:
-                c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
-                for t in range(m):
-                    out[k + t] = ipool[c + t]
-                return k + m
-        s = (s + 1) & mask
+def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
+    """Ids of a pre-token data[i:j] that is not in the cache (its FNV hash h), written at
+    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
     end = _merge_word(data, i, j, pairs, state, out, k, rank)
-    m = end - k
+    n, m = j - i, end - k
+    if n > _CACHED_WORD:
+        return end
+    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
     if 2 * (state[256] + 1) > mask + 1 or state[257] + n > bpool.shape[0] \
             or state[258] + m > ipool.shape[0]:
-        state[256:] = 0                            # full: start again, empty
-        at = _SLOTS_AT + 3 * np.int64(_mix(h) & np.uint64(mask))
-    b, c = state[257], state[258]
+        state[256:] = 0
+    s = np.int64(_mix(h) & np.uint64(mask))
+    while state[_SLOTS_AT + 3 * s + 1] != 0:
+        s = (s + 1) & mask
+    at, b, c = _SLOTS_AT + 3 * s, state[257], state[258]
     bpool[b:b + n] = data[i:j]
     ipool[c:c + m] = out[k:end]
-    state[at], state[at + 1], state[at + 2] = key, b << 24 | n, c << 24 | m
+    state[at], state[at + 1], state[at + 2] = np.int64(h), b << 24 | n, c << 24 | m
     state[256] += 1
     state[257] += n
     state[258] += m
     return end
 
 
+# The pre-tokenizer inlined into the loop below: a call per pre-token costs more than the
+# scan itself (numba passes and reference-counts each array argument).
+_next_pretoken_inline = njit(cache=True, inline="always")(_next_pretoken.py_func)
+
+
 @njit(cache=True)
 def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
     """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
-    (start, end, id) of specials, in order."""
+    (start, end, id) of specials, in order. The cache look-up is written out in the loop,
+    not called, for the same reason as _next_pretoken_inline."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     rank = np.empty(_SHORT_WORD, np.int64)
-    k, start = 0, 0
+    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
+    k, i = 0, 0
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
-        i = start
         while i < end:
-            j = _next_pretoken(data, i, end, classes)
-            if j == i + 1:
+            j = _next_pretoken_inline(data, i, end, classes)
+            if j == i + 1:                             # one byte: its id
                 out[k] = state[data[i]]
-                k += 1
+                k, i = k + 1, j
+                continue
+            h = np.uint64(0xCBF29CE484222325)          # FNV-1a hash of the bytes
+            for t in range(i, j):
+                h = (h ^ np.uint64(data[t])) * np.uint64(0x100000001B3)
+            s, m = np.int64(_mix(h) & np.uint64(mask)), -1
+            while m < 0:                               # probe until the word or an empty slot
+                at = _SLOTS_AT + 3 * s
+                where = state[at + 1]
+                if where == 0:
+                    break
+                if state[at] == np.int64(h) and where & 0xFFFFFF == j - i:
+                    b = (where >> 24) - i
+                    t = i
+                    while t < j and bpool[b + t] == data[t]:
+                        t += 1
+                    if t == j:
+                        c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
+                        out[k:k + m] = ipool[c:c + m]
+                s = (s + 1) & mask
+            if m < 0:
+                k = _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h)
             else:
-                k = _encode_word(data, i, j, pairs, state, bpool, ipool, out, k, rank)
+                k += m
             i = j
         if r < specials.shape[0]:
             out[k] = specials[r, 2]
-            k += 1
-            start = specials[r, 1]
+            k, i = k + 1, specials[r, 1]
     return out[:k]
 
 
