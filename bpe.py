@@ -904,16 +904,14 @@ def _pair_value(pairs, a, b):
 def _merge_short(tok, k, n, pairs, rank):
     """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
     rank and merges it at every place, left to right. rank[t] is the value of the pair at t;
-    after a merge only the pairs next to a new token are looked up again. Returns the new n."""
+    a round looks up again only the pairs next to a new token, and finds the next round's
+    lowest on the way. Returns the new n."""
+    best = _NO_MERGE
     for t in range(n - 1):
         rank[t] = _pair_value(pairs, tok[k + t], tok[k + t + 1])
-    while n > 1:
-        best = _NO_MERGE
-        for t in range(n - 1):
-            best = min(best, rank[t])
-        if best == _NO_MERGE:
-            break
-        w, t, prev_new = 0, 0, False
+        best = min(best, rank[t])
+    while best != _NO_MERGE:
+        w, t, prev_new, low = 0, 0, False, _NO_MERGE
         while t < n:                      # w writes, t reads: w <= t, so in place is safe
             new = t + 1 < n and rank[t] == best
             tok[k + w] = (best & 0xFFFFFFFF) if new else tok[k + t]
@@ -921,9 +919,10 @@ def _merge_short(tok, k, n, pairs, rank):
             if w > 0:                     # the pair (w-1, w): kept unless a side is new
                 rank[w - 1] = _pair_value(pairs, tok[k + w - 1], tok[k + w]) \
                     if new or prev_new else rank[t - 2]
+                low = min(low, rank[w - 1])
             prev_new = new
             w += 1
-        n = w
+        n, best = w, low
     return n
 
 
