@@ -1092,7 +1092,8 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
 def _load_compiled_encoder():
     """Compile the encoder, or load it from numba's disk cache, and build the character
     classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
-    Tokenizer({b: bytes([b]) for b in range(256)}, [])._encode_array(b"ab")
+    if not _compiled_encoder_loaded:
+        Tokenizer({b: bytes([b]) for b in range(256)}, [])._encode_array(b"ab")
 
 
 class Tokenizer:
@@ -1323,9 +1324,12 @@ def _init_encode_worker(tok):
 
 
 def _encode_chunk(args):
-    path, start, end, dtype = args
-    ids = _worker_tokenizer.encode(_read_text(path, start, end))
-    return np.array(ids, dtype=dtype), end - start
+    """Worker: the ids of one chunk as an array, by the compiled pass or the naive one."""
+    path, start, end, dtype, compiled = args
+    text = _read_text(path, start, end)                # checks the UTF-8, naming the offset
+    if compiled:
+        return _worker_tokenizer._encode_array(text.encode("utf-8")).astype(dtype), end - start
+    return np.array(_worker_tokenizer._encode_naive(text), dtype=dtype), end - start
 
 
 def _npy_header(dtype, n):
@@ -1351,7 +1355,12 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
     bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
                            -(-size // chunk))
-    tasks = [(input_path, a, b, dtype) for a, b in zip(bounds, bounds[1:])]
+    # The compiled pass when it is loaded or the file is big enough to pay for loading it:
+    # loaded here, before the workers fork, they share it.
+    compiled = _compiled_encoder_loaded or size >= _COMPILED_MIN_CHARS
+    if compiled:
+        _load_compiled_encoder()
+    tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
     _init_encode_worker(tokenizer)
     results, pool = map(_encode_chunk, tasks), contextlib.nullcontext()
     if num_workers > 1 and len(tasks) > 1:
