@@ -927,6 +927,197 @@ def test_bpe_decode_malformed_utf8_becomes_replacement_char():
     assert tok.decode([ord("a"), 0xFF, ord("b")]) == "a\ufffdb"
 
 
+# --- The compiled encoder (_encode_array) against the definition (_encode_naive: regex
+# pre-tokens, _bpe_many's lock-step rounds): the same ids on every kind of text.
+
+def _bpe_both_paths(tok, text):
+    naive = tok._encode_naive(text)
+    assert tok._encode_array(text.encode("utf-8")).tolist() == naive, _short_repr(text)
+    return naive
+
+
+def _short_repr(text):
+    return repr(text) if len(text) < 200 else f"{text[:80]!r}... ({len(text)} chars)"
+
+
+def _bpe_stdlib_source(limit):
+    out, n = [], 0
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        out.append(p.read_text(encoding="utf-8", errors="replace"))
+        n += len(out[-1])
+        if n > limit:
+            break
+    return "".join(out)
+
+
+@pytest.mark.parametrize("case", list(_BPE_CASES))
+def test_bpe_compiled_encode_equals_definition_on_every_corpus(bpe_trained, case):
+    text, path, specials, _, (vocab, merges) = bpe_trained[case]
+    tok = bpe.Tokenizer(vocab, merges, specials)
+    _bpe_both_paths(tok, text)
+    _bpe_both_paths(tok, text)             # again, now from the cache
+
+
+def test_bpe_compiled_encode_equals_definition_with_gpt2(bpe_gpt2):
+    special, plain = bpe_gpt2
+    seeds = "".join(p.read_text(encoding="utf-8")
+                    for p in sorted((_BPE_SHARED / "reference" / "seeds").glob("*.txt")))
+    texts = [seeds, _bpe_stdlib_source(300_000), "", " ", "\n", "🙂", "a", "<|endoftext|>",
+             "x" * 100_000, "中文字符日本語" * 20_000, "ab" * 50_000 + " " + "日本" * 300,
+             "<|endoftext|><|endoftext|> a<|endoftext|>b <|endoftext|>"]
+    if _BPE_SHAKESPEARE.exists():
+        texts.append(_BPE_SHAKESPEARE.read_text(encoding="utf-8")[:500_000])
+    texts += [t for t, _, _ in _BPE_GPT2_CASES]
+    for text in texts:
+        assert _bpe_both_paths(special, text) == special.encode(text)
+        _bpe_both_paths(plain, text)
+
+
+def test_bpe_compiled_encode_equals_definition_on_random_text_of_every_kind(bpe_gpt2):
+    # Code points of every general category (each category drawn equally) and pieces chosen
+    # for GPT2_PAT's corners, 300 texts of up to 400 pieces, each encoded both ways.
+    special, _ = bpe_gpt2
+    rng = random.Random(5)
+    by_category = {}
+    for c in range(0, 0x110000, 7):
+        if not 0xD800 <= c < 0xE000:
+            by_category.setdefault(unicodedata.category(chr(c)), []).append(chr(c))
+    categories = sorted(by_category)
+    corners = [*"\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u2028\u3000", " ", "  ", "'", "'s",
+               "'ll", "\u0301", "👍🏽", "👨\u200d👩\u200d👧", "٣", "１", "the", " of", "<|endoftext|>",
+               "<|endoftext", "中文", "aaaa"]
+    for _ in range(300):
+        text = "".join(rng.choice(corners) if rng.random() < 0.5
+                       else rng.choice(by_category[rng.choice(categories)])
+                       for _ in range(rng.randint(0, 400)))
+        _bpe_both_paths(special, text)
+
+
+def _bpe_random_merges(rng, alphabet, n_merges):
+    """A random byte-level vocab and merges over a small alphabet: pairs of any two tokens made
+    so far, so (a, a) pairs and merges whose result is part of a later merge come often."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    made, merges = [bytes([c]) for c in alphabet], []
+    while len(merges) < n_merges:
+        left, right = rng.choice(made), rng.choice(made)
+        if left + right in vocab.values() or len(left + right) > 12:
+            continue
+        vocab[len(vocab)] = left + right
+        made.append(left + right)
+        merges.append((left, right))
+    return vocab, merges
+
+
+def test_bpe_compiled_encode_equals_definition_for_random_merges():
+    rng = random.Random(3)
+    for trial in range(40):
+        alphabet = rng.sample(b"abcd\xe4\xb8\xad", rng.randint(2, 5)) + [ord(" ")]
+        vocab, merges = _bpe_random_merges(rng, alphabet, rng.randint(1, 60))
+        tok = bpe.Tokenizer(vocab, merges)
+        chars = "".join(chr(c) for c in alphabet if c < 128) + "中"
+        # Short words (rescanned per round), long ones (the heap), very long (not cached).
+        lengths = [rng.randint(1, 20) for _ in range(300)] + [rng.randint(40, 400) for _ in range(6)]
+        text = " ".join("".join(rng.choice(chars) for _ in range(n)) for n in lengths)
+        _bpe_both_paths(tok, text)
+        _bpe_both_paths(tok, "a" * rng.randint(60, 3000))      # a run of (a, a) pairs
+
+
+def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
+    # A tiny cache overflows again and again: the ids stay right, its arrays keep their
+    # size and it never holds more than half its slots.
+    monkeypatch.setattr(bpe, "_CACHE_SLOTS", 64)
+    monkeypatch.setattr(bpe, "_CACHE_BYTES", 300)
+    monkeypatch.setattr(bpe, "_CACHE_IDS", 100)
+    tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
+    sizes = tok._state.shape, tok._bpool.shape, tok._ipool.shape
+    rng = random.Random(4)
+    words = [" " + "".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 9)))
+             for _ in range(500)] + [" 中文字符日本語テキスト" * 3]
+    seen = 0
+    for _ in range(20):
+        text = "".join(rng.choice(words) for _ in range(200))
+        _bpe_both_paths(tok, text)
+        entries, n_bytes, n_ids = tok._state[256:259]
+        assert 0 < entries <= 32 and n_bytes <= 300 and n_ids <= 100
+        seen += entries
+        assert (tok._state.shape, tok._bpool.shape, tok._ipool.shape) == sizes
+    assert tok._state[bpe._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
+
+
+def test_bpe_compiled_encode_specials_and_surrogates():
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab"}
+    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|eot|>", "<|eot|><|eot|>"])
+    one, two, ab = tok._special_ids["<|eot|>"], tok._special_ids["<|eot|><|eot|>"], 256
+    for text, ids in [("a<|eot|><|eot|><|eot|>b", [97, two, one, 98]),
+                      ("<|eot|>ab<|eot|>", [one, ab, one]), ("<|eot|><|eot|>", [two]),
+                      ("<|eot|<|eot|>>", [60, 124, 101, 111, 116, 124, one, 62])]:
+        assert _bpe_both_paths(tok, text) == ids
+    # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
+    for encode in (tok.encode, tok._encode_naive, lambda t: tok._encode_array(t.encode("utf-8"))):
+        with pytest.raises(UnicodeEncodeError):
+            encode("ab \ud800 c")
+
+
+def test_bpe_encode_picks_the_compiled_path_by_size(bpe_gpt2, monkeypatch):
+    special, _ = bpe_gpt2
+    calls = []
+    tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
+    monkeypatch.setattr(tok, "_encode_array", lambda d: calls.append("compiled") or
+                        bpe.Tokenizer._encode_array(tok, d))
+    monkeypatch.setattr(tok, "_encode_naive", lambda t: calls.append("naive") or
+                        bpe.Tokenizer._encode_naive(tok, t))
+    monkeypatch.setattr(bpe, "_compiled_encoder_loaded", False)
+    monkeypatch.setattr(bpe, "_COMPILED_MIN_CHARS", 1000)
+    text = "the cat sat on the mat. " * 20                       # 480 characters
+    ids = special._encode_naive(text)
+    assert tok.encode(text) == tok.encode(text) == tok.encode(text) == ids
+    assert calls == ["naive", "naive", "compiled"]           # 960 so far, then 1440 >= 1000
+    bpe._compiled_encoder_loaded = True                      # loaded: compiled for any size
+    calls.clear()
+    tok.encode("x")
+    assert calls == ["compiled"]
+
+
+_BPE_SMALL_JOB_SCRIPT = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import bpe
+tok = bpe.Tokenizer.from_files(sys.argv[2], sys.argv[3], ["<|endoftext|>"])
+text = open(sys.argv[4], encoding="utf-8").read()[:130_000]
+ids = tok.encode(text)
+print(len(ids), bpe._compiled_encoder_loaded, len(bpe._encode_kernel.signatures))
+"""
+
+
+def test_bpe_small_encode_job_does_not_load_numba(tmp_path):
+    # A fresh process with an empty numba cache: 130 KB is encoded by the naive path, so it
+    # pays neither numba's compile nor its cache load (bench.py's cold table times it).
+    _bpe_need(_BPE_SHAKESPEARE)
+    _bpe_need(_BPE_GPT2_VOCAB)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba_cache"))
+    r = subprocess.run([sys.executable, "-c", _BPE_SMALL_JOB_SCRIPT, str(_BPE_REPO),
+                        str(_BPE_GPT2_VOCAB), str(_BPE_GPT2_MERGES), str(_BPE_SHAKESPEARE)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, loaded, signatures = r.stdout.split()
+    assert int(n) > 20_000 and loaded == "False" and signatures == "0"
+
+
+def test_bpe_encode_file_compiled_and_naive_agree(bpe_trained, tmp_path, monkeypatch):
+    text, path, specials, _, (vocab, merges) = bpe_trained["unicode"]
+    tok = bpe.Tokenizer(vocab, merges, specials)
+    monkeypatch.setattr(bpe, "_ENCODE_CHUNK", 3000)
+    results = []
+    for loaded, threshold in [(False, 1 << 40), (False, 0)]:     # naive, then compiled
+        monkeypatch.setattr(bpe, "_compiled_encoder_loaded", loaded)
+        monkeypatch.setattr(bpe, "_COMPILED_MIN_CHARS", threshold)
+        out = tmp_path / f"ids{threshold}.npy"
+        bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(out),
+                        num_workers=2, progress=False)
+        results.append(np.load(out).tolist())
+    assert results[0] == results[1] == tok._encode_naive(text)
+
+
 _BPE_STREAM_SCRIPT = r"""
 import resource, sys
 sys.path.insert(0, sys.argv[1])
