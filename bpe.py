@@ -837,9 +837,8 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 # next pre-token (_next_pretoken), look its bytes up in a cache of pre-token -> ids, and on
 # a miss merge it by rank and remember it. All its state lives in a few numpy arrays held by
 # the Tokenizer, so that a call costs little more than its own bytes:
-#   pairs  int64         hash table of the merges: [key, value] per slot, key = left << 32 | right,
-#                        value = rank << 32 | merged id (-1: empty slot); then the value of
-#                        every pair of two bytes, by bytes x << 8 | y (a word's first pass)
+#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
+#                        value = rank << 32 | merged id (-1: empty slot)
 #   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
 #                        used; from _SLOTS_AT on, 3 words per slot: hash of the pre-token,
 #                        byte offset << 24 | length, id offset << 24 | number of ids (0: empty)
@@ -852,7 +851,6 @@ _SLOTS_AT = 264
 _SHORT_WORD = 32         # longer pre-tokens merge with a heap instead of rescanning all pairs
 _CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
 _NO_MERGE = 1 << 62
-_BYTE_PAIRS = 1 << 16
 # Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
 # before numba could load the compiled one from its disk cache; once loaded it is used always.
 _COMPILED_MIN_CHARS = 1 << 20
@@ -868,13 +866,10 @@ def _mix(h):
     return h ^ (h >> np.uint64(29))
 
 
-def _pair_table(lefts, rights, values, byte_ids):
+def _pair_table(lefts, rights, values):
     """The merges' hash table (see above), filled by linear probing in numpy: in each round every
-    pair not yet placed tries its next slot, and the first pair of each free slot takes it.
-    Then the table of byte pairs."""
-    def key(a, b):
-        return (a.astype(np.uint64) << np.uint64(32) | b.astype(np.uint64)).view(np.int64)
-    keys = key(lefts, rights)
+    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
+    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
     cap = 1 << max(4, (2 * len(keys)).bit_length())
     table = np.full(2 * cap, -1, np.int64)
     slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
@@ -887,20 +882,14 @@ def _pair_table(lefts, rights, values, byte_ids):
         table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
         todo = todo[~win]
         slot[todo] = (slot[todo] + 1) & (cap - 1)
-    byte_pairs = np.full(_BYTE_PAIRS, _NO_MERGE, np.int64)
-    order = np.argsort(keys)
-    wanted = key(np.repeat(byte_ids, 256), np.tile(byte_ids, 256))
-    at = np.minimum(np.searchsorted(keys[order], wanted), max(len(keys) - 1, 0))
-    found = keys[order][at] == wanted if len(keys) else np.zeros(_BYTE_PAIRS, bool)
-    byte_pairs[found] = values[order][at[found]]
-    return np.concatenate([table, byte_pairs])
+    return table
 
 
 @njit(cache=True, inline="always")
 def _pair_value(pairs, a, b):
     """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
     key = np.int64(a) << 32 | np.int64(b)
-    mask = ((pairs.shape[0] - _BYTE_PAIRS) >> 1) - 1
+    mask = (pairs.shape[0] >> 1) - 1
     s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
     while True:
         v = pairs[2 * s + 1]
@@ -914,11 +903,12 @@ def _pair_value(pairs, a, b):
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
     """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
-    rank and merges it at every place, left to right. rank[t] is the value of the pair at t
-    (given for the first round); a round looks up again only the pairs next to a new token,
-    and finds the next round's lowest on the way. Returns the new n."""
+    rank and merges it at every place, left to right. rank[t] is the value of the pair at t;
+    a round looks up again only the pairs next to a new token, and finds the next round's
+    lowest on the way. Returns the new n."""
     best = _NO_MERGE
     for t in range(n - 1):
+        rank[t] = _pair_value(pairs, tok[k + t], tok[k + t + 1])
         best = min(best, rank[t])
     while best != _NO_MERGE:
         w, t, prev_new, low = 0, 0, False, _NO_MERGE
@@ -1019,9 +1009,6 @@ def _merge_word(data, i, j, pairs, state, out, k, rank):
     for t in range(j - i):
         out[k + t] = state[data[i + t]]
     if j - i <= _SHORT_WORD:
-        bp = pairs.shape[0] - _BYTE_PAIRS
-        for t in range(j - i - 1):
-            rank[t] = pairs[bp + (np.int64(data[i + t]) << 8 | data[i + t + 1])]
         return k + _merge_short(out, k, j - i, pairs, rank)
     return k + _merge_long(out, k, j - i, pairs)
 
@@ -1152,7 +1139,7 @@ class Tokenizer:
         # The compiled path's state (see _encode_kernel): the same merges as a hash table,
         # and an empty cache. np.zeros costs nothing until the cache fills its pages.
         self._pairs = _pair_table(lrm[self._pair_rank, 0], lrm[self._pair_rank, 1],
-                                  self._pair_rank << 32 | self._pair_merged, self._byte_id_arr)
+                                  self._pair_rank << 32 | self._pair_merged)
         self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self._state[:256] = self._byte_id_arr
         self._bpool, self._ipool = np.zeros(_CACHE_BYTES, np.uint8), np.zeros(_CACHE_IDS, np.uint32)
