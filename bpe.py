@@ -852,8 +852,9 @@ _SHORT_WORD = 32         # longer pre-tokens merge with a heap instead of rescan
 _CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
 _NO_MERGE = 1 << 62
 # Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
-# before numba could load the compiled one from its disk cache; once loaded it is used always.
-_COMPILED_MIN_CHARS = 1 << 20
+# before numba could load the compiled one from its disk cache (a first compile, once per
+# machine, costs far more); once loaded in the process it is used for every call.
+_COMPILED_MIN_CHARS = 1 << 22
 _NO_SPECIALS = np.zeros((0, 3), np.int64)
 _compiled_encoder_loaded = False
 
