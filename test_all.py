@@ -1045,13 +1045,17 @@ def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
 
 
 def test_bpe_compiled_encode_specials_and_surrogates():
-    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab"}
-    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|eot|>", "<|eot|><|eot|>"])
+    vocab = {i: bytes([i]) for i in range(256)}
+    tok = bpe.Tokenizer(vocab | {256: b"ab"}, [(b"a", b"b")], ["<|eot|>", "<|eot|><|eot|>"])
     one, two, ab = tok._special_ids["<|eot|>"], tok._special_ids["<|eot|><|eot|>"], 256
     for text, ids in [("a<|eot|><|eot|><|eot|>b", [97, two, one, 98]),
                       ("<|eot|>ab<|eot|>", [one, ab, one]), ("<|eot|><|eot|>", [two]),
                       ("<|eot|<|eot|>>", [60, 124, 101, 111, 116, 124, one, 62])]:
         assert _bpe_both_paths(tok, text) == ids
+    # Ids up to 2^32 - 1 (pair keys left << 32 | right fill all 64 bits).
+    big = bpe.Tokenizer(vocab | {3_000_000_000: b"ab", 4_294_967_294: b"abab"},
+                        [(b"a", b"b"), (b"ab", b"ab")], ["<|x|>"])
+    assert _bpe_both_paths(big, "abab ab<|x|>") == [4_294_967_294, 32, 3_000_000_000, 4_294_967_295]
     # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
     for encode in (tok.encode, tok._encode_naive, lambda t: tok._encode_array(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
