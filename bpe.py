@@ -1040,8 +1040,10 @@ def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
 
 
 # The pre-tokenizer inlined into the loop below: a call per pre-token costs more than the
-# scan itself (numba passes and reference-counts each array argument).
-_next_pretoken_inline = njit(cache=True, inline="always")(_next_pretoken.py_func)
+# scan itself (numba passes and reference-counts each array argument). It is only ever
+# compiled inside _encode_kernel (whose disk cache holds it), so it needs no cache of its own,
+# which would share _next_pretoken's file name.
+_next_pretoken_inline = njit(inline="always")(_next_pretoken.py_func)
 
 
 @njit(cache=True)
