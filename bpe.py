@@ -542,8 +542,8 @@ def _load_compiled_counting():
 
 def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
                              while_waiting=None):
-    """count_pretokens in compiled code: the merge loop's (ids, word_start, word_count) of the
-    pre-tokens of more than one byte. One contiguous run of chunks per worker."""
+    """count_pretokens in compiled code, as a table (rec, pool): pre-token w is
+    pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times. One contiguous run of chunks per worker."""
     special_tokens = _check_special_tokens(special_tokens)
     size = _check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
@@ -567,8 +567,7 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
     table = (_fill_slots(np.full(cap, -1, np.int64), hashes, n), hashes, rec, pool)
     for t in tables:
         table, n = _merge_tables(table, n, *t)
-    slots, hashes, rec, pool = table
-    return _words_of_table(rec, pool, n)
+    return table[2][:2 * n + 1], table[3][:table[2][2 * n]]     # rec, pool
 
 
 # -----------------------------------------------------------------------------
@@ -875,9 +874,10 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if os.path.isfile(input_path) and os.path.getsize(input_path) >= _COMPILED_COUNT_MIN:
         # Big: count in compiled code, and load the compiled merge loop from numba's disk
         # cache while the workers count.
-        words = _count_pretokens_compiled(input_path, special_tokens, num_workers,
-                                         while_waiting=_load_compiled_merge_loop)
-        return _train_from_words(*words, vocab_size, special_tokens, compiled=True)
+        rec, pool = _count_pretokens_compiled(input_path, special_tokens, num_workers,
+                                              while_waiting=_load_compiled_merge_loop)
+        words = _words_of_table(rec, pool, (len(rec) - 1) // 2)
+        return _train_from_words(*words, vocab_size, special_tokens, compiled=None)
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
