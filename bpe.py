@@ -340,14 +340,13 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
 
 # The same counts for big files, in compiled code: the compiled scanner finds each pre-token
 # and a hash table keyed by its bytes counts it, so no Python str is made per pre-token.
-# The table is numpy arrays (open addressing, linear probing). Word w (a distinct pre-token)
-# is pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times: its start and count side by side, and
-# the next word's start right after, so that a look-up touches few cache lines (the tables
-# of web text outgrow the caches). slots[h & mask] holds tag << 32 | w, with tag 31 more bits
-# of the hash so that most wrong slots are passed without reading the word; -1 is empty.
-# hashes[w] keeps the full hash for growing and merging. Each worker reads its own
-# contiguous run of chunks 4 MiB at a time into one table and returns it once; the parent
-# merges those few tables, again in compiled code.
+# A table is three numpy arrays (open addressing, linear probing). Word w (a distinct
+# pre-token) is pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times: its start and count side by
+# side and the next word's start right after, so that a look-up touches few cache lines (the
+# tables of web text outgrow the caches). slots[hash & mask] holds tag << 32 | w, the tag
+# being other bits of the hash, so that most wrong slots are passed without reading their
+# word; -1 is empty. Each worker reads its own contiguous run of chunks 4 MiB at a time into
+# one table and returns (rec, pool); the parent merges those few tables, in compiled code.
 _COMPILED_COUNT_MIN = 1 << 20   # smaller files take the regex path: nothing to compile or load
 
 
@@ -371,36 +370,31 @@ def _slot_entry(h, w):
 
 @njit(cache=True)
 def _table_new(n_words, n_bytes):
-    """(slots, hashes, rec, pool) with room for n_words words of n_bytes in all."""
+    """(slots, rec, pool) with room for n_words words of n_bytes in all."""
     cap = 16
     while cap < 2 * n_words + 2:                   # at most half full
         cap *= 2
-    return (np.full(cap, -1, np.int64), np.empty(n_words + 1, np.int64),
-            np.zeros(2 * n_words + 3, np.int64), np.empty(max(n_bytes, 16), np.uint8))
-
-
-@njit(cache=True)
-def _fill_slots(slots, hashes, n):
-    """Put words 0..n-1 into the empty slots array by their stored hashes."""
-    mask = slots.shape[0] - 1
-    for w in range(n):
-        s = hashes[w] & mask
-        while slots[s] >= 0:
-            s = (s + 1) & mask
-        slots[s] = _slot_entry(hashes[w], w)
-    return slots
+    return (np.full(cap, -1, np.int64), np.zeros(2 * n_words + 3, np.int64),
+            np.empty(max(n_bytes, 16), np.uint8))
 
 
 @njit(cache=True)
 def _table_reserve(table, n, extra_bytes):
-    """The table with room for one more word of extra_bytes bytes (arrays doubled as needed;
-    the slots doubled and re-filled when they pass half full)."""
-    slots, hashes, rec, pool = table
-    hashes, rec = _grow(hashes, n + 1), _grow(rec, 2 * n + 3)
+    """The table with room for one more word of extra_bytes bytes: arrays doubled as needed,
+    the slots (re-)filled from the words' bytes when they would pass half full."""
+    slots, rec, pool = table
+    rec = _grow(rec, 2 * n + 3)
     pool = _grow(pool, rec[2 * n] + extra_bytes)
     if 2 * (n + 1) > slots.shape[0]:
-        slots = _fill_slots(np.full(2 * slots.shape[0], -1, np.int64), hashes, n)
-    return slots, hashes, rec, pool
+        slots = np.full(2 * slots.shape[0], -1, np.int64)
+        mask = slots.shape[0] - 1
+        for w in range(n):
+            h = _hash_bytes(pool, rec[2 * w], rec[2 * w + 2])
+            s = h & mask
+            while slots[s] >= 0:
+                s = (s + 1) & mask
+            slots[s] = _slot_entry(h, w)
+    return slots, rec, pool
 
 
 @njit(cache=True, inline="always")
@@ -428,20 +422,20 @@ def _table_find(slots, rec, pool, src, i, j, h):
 def _table_new_word(table, n, src, i, j, h, c):
     """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
     Kept apart from the look-up: only new words pay for growing the arrays."""
-    slots, hashes, rec, pool = _table_reserve(table, n, j - i)
+    slots, rec, pool = _table_reserve(table, n, j - i)
     s = _table_find(slots, rec, pool, src, i, j, h)
-    slots[s], hashes[n] = _slot_entry(h, n), h
+    slots[s] = _slot_entry(h, n)
     a = rec[2 * n]
     pool[a:a + j - i] = src[i:j]
     rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
-    return slots, hashes, rec, pool
+    return slots, rec, pool
 
 
 @njit(cache=True)
 def _count_segments(data, segments, classes, table, n):
     """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
     (n words so far). Returns (table, n)."""
-    slots, hashes, rec, pool = table      # unpacked: the hot loop passes no tuples
+    slots, rec, pool = table               # unpacked: the hot loop passes no tuples
     for r in range(segments.shape[0]):
         i, e = segments[r, 0], segments[r, 1]
         while i < e:
@@ -451,33 +445,33 @@ def _count_segments(data, segments, classes, table, n):
             if slots[s] >= 0:
                 rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
             else:
-                slots, hashes, rec, pool = _table_new_word((slots, hashes, rec, pool), n,
-                                                           data, i, j, h, 1)
+                slots, rec, pool = _table_new_word((slots, rec, pool), n, data, i, j, h, 1)
                 n += 1
             i = j
-    return (slots, hashes, rec, pool), n
+    return (slots, rec, pool), n
 
 
 @njit(cache=True)
-def _merge_tables(table, n, o_hashes, o_rec, o_pool):
-    """Add the words of another table (its trimmed arrays) into this one. Returns (table, n)."""
-    slots, hashes, rec, pool = table
-    for w in range(o_hashes.shape[0]):
-        i, j, h, c = o_rec[2 * w], o_rec[2 * w + 2], o_hashes[w], o_rec[2 * w + 1]
+def _merge_tables(table, n, o_rec, o_pool):
+    """Add the words of another table (its rec and pool) into this one. Returns (table, n)."""
+    slots, rec, pool = table
+    for w in range((o_rec.shape[0] - 1) // 2):
+        i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
+        h = _hash_bytes(o_pool, i, j)
         s = _table_find(slots, rec, pool, o_pool, i, j, h)
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
         else:
-            slots, hashes, rec, pool = _table_new_word((slots, hashes, rec, pool), n,
-                                                       o_pool, i, j, h, c)
+            slots, rec, pool = _table_new_word((slots, rec, pool), n, o_pool, i, j, h, c)
             n += 1
-    return (slots, hashes, rec, pool), n
+    return (slots, rec, pool), n
 
 
 @njit(cache=True)
-def _words_of_table(rec, pool, n):
+def _words_of_table(rec, pool):
     """The merge loop's input: (ids, word_start, word_count) of the words of more than one
     byte (a single byte has no pair to merge), end to end."""
+    n = (rec.shape[0] - 1) // 2
     n_keep, n_bytes = 0, 0
     for w in range(n):
         if rec[2 * w + 2] - rec[2 * w] > 1:
@@ -498,10 +492,10 @@ def _words_of_table(rec, pool, n):
 
 
 def _trimmed(table, n):
-    """The parts of a table that another needs to merge it: (hashes, rec, pool), copied
-    to their used length (they go back to the parent pickled)."""
-    slots, hashes, rec, pool = table
-    return hashes[:n].copy(), rec[:2 * n + 1].copy(), pool[:rec[2 * n]].copy()
+    """(rec, pool) of a table of n words, cut to their used length (views: pickling a view
+    sends only its part)."""
+    slots, rec, pool = table
+    return rec[:2 * n + 1], pool[:rec[2 * n]]
 
 
 def _special_segments(buf, special_re):
@@ -516,7 +510,7 @@ def _special_segments(buf, special_re):
 
 
 def _count_range(args):
-    """Worker: the trimmed table (hashes, rec, pool) of the pre-tokens of the chunks
+    """Worker: the table (rec, pool) of the pre-tokens of the chunks
     bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
     path, bounds, special_tokens = args
     special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
@@ -559,15 +553,13 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
         if parallel and while_waiting is not None:
             while_waiting()
         tables = list(results)
-    # The biggest table takes in the others: its own words need only their slots back.
-    tables.sort(key=lambda t: len(t[0]))
-    hashes, rec, pool = tables.pop()
-    n = len(hashes)
-    cap = 1 << int(2 * n + 2).bit_length()             # at most half full
-    table = (_fill_slots(np.full(cap, -1, np.int64), hashes, n), hashes, rec, pool)
-    for t in tables:
-        table, n = _merge_tables(table, n, *t)
-    return table[2][:2 * n + 1], table[3][:table[2][2 * n]]     # rec, pool
+    # One table with room for every word of all of them (fewer if they share words), then
+    # each one added into it.
+    n_max = sum((len(rec) - 1) // 2 for rec, pool in tables)
+    table, n = _table_new(n_max, sum(len(pool) for rec, pool in tables)), 0
+    while tables:
+        table, n = _merge_tables(table, n, *tables.pop())
+    return _trimmed(table, n)
 
 
 # -----------------------------------------------------------------------------
@@ -874,9 +866,8 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if os.path.isfile(input_path) and os.path.getsize(input_path) >= _COMPILED_COUNT_MIN:
         # Big: count in compiled code, and load the compiled merge loop from numba's disk
         # cache while the workers count.
-        rec, pool = _count_pretokens_compiled(input_path, special_tokens, num_workers,
-                                              while_waiting=_load_compiled_merge_loop)
-        words = _words_of_table(rec, pool, (len(rec) - 1) // 2)
+        words = _words_of_table(*_count_pretokens_compiled(
+            input_path, special_tokens, num_workers, while_waiting=_load_compiled_merge_loop))
         return _train_from_words(*words, vocab_size, special_tokens, compiled=None)
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)

@@ -778,9 +778,9 @@ def test_bpe_compiled_table_grows_and_merges_from_tiny():
                                   bpe._table_new(1, 1), 0) for seg in ([0, half], [half, len(data)])]
     merged, n = bpe._merge_tables(bpe._table_new(1, 1), 0, *bpe._trimmed(*tables[0]))
     merged, n = bpe._merge_tables(merged, n, *bpe._trimmed(*tables[1]))
-    rec, pool = bpe._trimmed(merged, n)[1:]
+    rec, pool = bpe._trimmed(merged, n)
     assert _bpe_table_counts(rec, pool) == _bpe_regex_counts(text, [])
-    ids, word_start, word_count = bpe._words_of_table(rec, pool, n)
+    ids, word_start, word_count = bpe._words_of_table(rec, pool)
     words = [ids[a:b].astype(np.uint8).tobytes() for a, b in zip(word_start, word_start[1:])]
     assert dict(zip(words, word_count.tolist())) == {
         w: c for w, c in _bpe_regex_counts(text, []).items() if len(w) > 1}
