@@ -386,15 +386,21 @@ def _table_reserve(table, n, extra_bytes):
     rec = _grow(rec, 2 * n + 3)
     pool = _grow(pool, rec[2 * n] + extra_bytes)
     if 2 * (n + 1) > slots.shape[0]:
-        slots = np.full(2 * slots.shape[0], -1, np.int64)
-        mask = slots.shape[0] - 1
-        for w in range(n):
-            h = _hash_bytes(pool, rec[2 * w], rec[2 * w + 2])
-            s = h & mask
-            while slots[s] >= 0:
-                s = (s + 1) & mask
-            slots[s] = _slot_entry(h, w)
+        slots = _fill_slots(np.full(2 * slots.shape[0], -1, np.int64), rec, pool, n)
     return slots, rec, pool
+
+
+@njit(cache=True)
+def _fill_slots(slots, rec, pool, n):
+    """The empty slots array with words 0..n-1 put in (their hashes computed again)."""
+    mask = slots.shape[0] - 1
+    for w in range(n):
+        h = _hash_bytes(pool, rec[2 * w], rec[2 * w + 2])
+        s = h & mask
+        while slots[s] >= 0:
+            s = (s + 1) & mask
+        slots[s] = _slot_entry(h, w)
+    return slots
 
 
 @njit(cache=True, inline="always")
@@ -534,6 +540,12 @@ def _load_compiled_counting():
     _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _table_new(1, 1), 0)
 
 
+def _load_compiled_merging():
+    """The same for the parent's half: merging tables, making the merge loop's input."""
+    table = _table_new(1, 1)
+    _words_of_table(*_trimmed(*_merge_tables(table, 0, *_trimmed(table, 0))))
+
+
 def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
                              while_waiting=None):
     """count_pretokens in compiled code, as a table (rec, pool): pre-token w is
@@ -550,13 +562,21 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
     parallel = n_runs > 1
     with _pool(n_runs) if parallel else contextlib.nullcontext() as pool:
         results = pool.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
-        if parallel and while_waiting is not None:
-            while_waiting()
+        if parallel:                       # the workers have started counting
+            _load_compiled_merging()
+            if while_waiting is not None:
+                while_waiting()
         tables = list(results)
-    # One table with room for every word of all of them (fewer if they share words), then
-    # each one added into it.
+    # The biggest table, with room for the words of all (fewer if they share words), takes
+    # in the others: its own words need no look-up, only their slots.
+    tables.sort(key=lambda t: len(t[0]))
     n_max = sum((len(rec) - 1) // 2 for rec, pool in tables)
-    table, n = _table_new(n_max, sum(len(pool) for rec, pool in tables)), 0
+    slots, rec, pool = _table_new(n_max, sum(len(pool) for rec, pool in tables))
+    base_rec, base_pool = tables.pop()
+    n = (len(base_rec) - 1) // 2
+    rec[:len(base_rec)], pool[:len(base_pool)] = base_rec, base_pool
+    table = (_fill_slots(slots, rec, pool, n), rec, pool)
+    del base_rec, base_pool
     while tables:
         table, n = _merge_tables(table, n, *tables.pop())
     return _trimmed(table, n)
