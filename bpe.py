@@ -560,8 +560,8 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
     _load_compiled_counting()              # before the fork: the workers inherit it
     parallel = n_runs > 1
-    with _pool(n_runs) if parallel else contextlib.nullcontext() as pool:
-        results = pool.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
+    with _pool(n_runs) if parallel else contextlib.nullcontext() as workers:
+        results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
         if parallel:                       # the workers have started counting
             _load_compiled_merging()
             if while_waiting is not None:
