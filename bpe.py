@@ -11,6 +11,7 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 """
 
 import argparse
+import codecs
 import contextlib
 import errno
 import io
@@ -236,12 +237,17 @@ def _find_cut(f, pos, stop, size, cut_re, special_bytes):
     return None
 
 
+def _special_bytes_re(special_bytes):
+    """The special tokens (bytes) as one pattern, longest first as in _special_split_re."""
+    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
+    return regex.compile(b"|".join(alts)) if alts else None
+
+
 def _chunk_bounds(path, size, special_bytes, n_chunks):
     """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
     token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
-    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
-    special_re = regex.compile(b"|".join(alts)) if alts else None
-    any_re = regex.compile(b"|".join(alts + [_SAFE_CUT]))
+    special_re = _special_bytes_re(special_bytes)
+    any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
@@ -274,8 +280,14 @@ def _read_text(path, start=0, end=None):
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(-1 if end is None else end - start)
+    return _check_utf8(data, path, start)
+
+
+def _check_utf8(data, path, start):
+    """data (bytes-like, read at byte start of path) decoded; ValueError with the file
+    offset of the first bad byte if it is not UTF-8."""
     try:
-        return data.decode("utf-8")
+        return codecs.utf_8_decode(data, "strict", True)[0]
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
                          f"offset {start + e.start}; re-save the file as UTF-8") from None
@@ -324,6 +336,250 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
         for c in results:
             total.update(c)
     return total
+
+
+# The same counts for big files, in compiled code: the compiled scanner finds each pre-token
+# and a hash table keyed by its bytes counts it, so no Python str is made per pre-token.
+# A table is three numpy arrays (open addressing, linear probing). Word w (a distinct
+# pre-token) is pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times: its start and count side by
+# side and the next word's start right after, so that a look-up touches few cache lines (the
+# tables of web text outgrow the caches). slots[hash & mask] holds tag << 32 | w, the tag
+# being other bits of the hash, so that most wrong slots are passed without reading their
+# word; -1 is empty. Each worker reads its own contiguous run of chunks 4 MiB at a time into
+# one table and returns (rec, pool); the parent merges those few tables, in compiled code.
+_COMPILED_COUNT_MIN = 1 << 20   # smaller files take the regex path: nothing to compile or load
+
+
+@njit(cache=True)
+def _hash_bytes(data, i, j):
+    """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
+    every byte."""
+    h = np.int64(-3750763034362895579)               # FNV offset basis, as int64
+    for k in range(i, j):
+        h = (h ^ np.int64(data[k])) * np.int64(1099511628211)
+    h ^= h >> 29
+    h *= np.int64(-4658895280553007687)
+    return h ^ (h >> 32)
+
+
+@njit(cache=True, inline="always")
+def _slot_entry(h, w):
+    """tag << 32 | w: the tag is hash bits 33-63, never the bits that chose the slot."""
+    return ((h >> 33) & 0x7FFFFFFF) << 32 | w
+
+
+@njit(cache=True)
+def _table_new(n_words, n_bytes):
+    """(slots, rec, pool) with room for n_words words of n_bytes in all."""
+    cap = 16
+    while cap < 2 * n_words + 2:                   # at most half full
+        cap *= 2
+    return (np.full(cap, -1, np.int64), np.zeros(2 * n_words + 3, np.int64),
+            np.empty(max(n_bytes, 16), np.uint8))
+
+
+@njit(cache=True)
+def _table_reserve(table, n, extra_bytes):
+    """The table with room for one more word of extra_bytes bytes: arrays doubled as needed,
+    the slots (re-)filled from the words' bytes when they would pass half full."""
+    slots, rec, pool = table
+    rec = _grow(rec, 2 * n + 3)
+    pool = _grow(pool, rec[2 * n] + extra_bytes)
+    if 2 * (n + 1) > slots.shape[0]:
+        slots = _fill_slots(np.full(2 * slots.shape[0], -1, np.int64), rec, pool, n)
+    return slots, rec, pool
+
+
+@njit(cache=True)
+def _fill_slots(slots, rec, pool, n):
+    """The empty slots array with words 0..n-1 put in (their hashes computed again)."""
+    mask = slots.shape[0] - 1
+    for w in range(n):
+        h = _hash_bytes(pool, rec[2 * w], rec[2 * w + 2])
+        s = h & mask
+        while slots[s] >= 0:
+            s = (s + 1) & mask
+        slots[s] = _slot_entry(h, w)
+    return slots
+
+
+@njit(cache=True, inline="always")
+def _table_find(slots, rec, pool, src, i, j, h):
+    """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
+    mask = slots.shape[0] - 1
+    s = h & mask
+    want = _slot_entry(h, 0)
+    while slots[s] >= 0:
+        x = slots[s]
+        if x >> 32 == want >> 32:
+            w = x & 0xFFFFFFFF
+            a = rec[2 * w]
+            if rec[2 * w + 2] - a == j - i:
+                k = 0
+                while k < j - i and pool[a + k] == src[i + k]:
+                    k += 1
+                if k == j - i:
+                    return s
+        s = (s + 1) & mask
+    return s
+
+
+@njit(cache=True)
+def _table_new_word(table, n, src, i, j, h, c):
+    """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
+    Kept apart from the look-up: only new words pay for growing the arrays."""
+    slots, rec, pool = _table_reserve(table, n, j - i)
+    s = _table_find(slots, rec, pool, src, i, j, h)
+    slots[s] = _slot_entry(h, n)
+    a = rec[2 * n]
+    pool[a:a + j - i] = src[i:j]
+    rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
+    return slots, rec, pool
+
+
+@njit(cache=True)
+def _count_segments(data, segments, classes, table, n):
+    """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
+    (n words so far). Returns (table, n)."""
+    slots, rec, pool = table               # unpacked: the hot loop passes no tuples
+    for r in range(segments.shape[0]):
+        i, e = segments[r, 0], segments[r, 1]
+        while i < e:
+            j = _next_pretoken(data, i, e, classes)
+            h = _hash_bytes(data, i, j)
+            s = _table_find(slots, rec, pool, data, i, j, h)
+            if slots[s] >= 0:
+                rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
+            else:
+                slots, rec, pool = _table_new_word((slots, rec, pool), n, data, i, j, h, 1)
+                n += 1
+            i = j
+    return (slots, rec, pool), n
+
+
+@njit(cache=True)
+def _merge_tables(table, n, o_rec, o_pool):
+    """Add the words of another table (its rec and pool) into this one. Returns (table, n)."""
+    slots, rec, pool = table
+    for w in range((o_rec.shape[0] - 1) // 2):
+        i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
+        h = _hash_bytes(o_pool, i, j)
+        s = _table_find(slots, rec, pool, o_pool, i, j, h)
+        if slots[s] >= 0:
+            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
+        else:
+            slots, rec, pool = _table_new_word((slots, rec, pool), n, o_pool, i, j, h, c)
+            n += 1
+    return (slots, rec, pool), n
+
+
+@njit(cache=True)
+def _words_of_table(rec, pool):
+    """The merge loop's input: (ids, word_start, word_count) of the words of more than one
+    byte (a single byte has no pair to merge), end to end."""
+    n = (rec.shape[0] - 1) // 2
+    n_keep, n_bytes = 0, 0
+    for w in range(n):
+        if rec[2 * w + 2] - rec[2 * w] > 1:
+            n_keep += 1
+            n_bytes += rec[2 * w + 2] - rec[2 * w]
+    ids = np.empty(n_bytes, np.int64)
+    word_start = np.zeros(n_keep + 1, np.int64)
+    word_count = np.empty(n_keep, np.int64)
+    k = 0
+    for w in range(n):
+        a, b = rec[2 * w], rec[2 * w + 2]
+        if b - a > 1:
+            word_start[k + 1] = word_start[k] + b - a
+            ids[word_start[k]:word_start[k + 1]] = pool[a:b]
+            word_count[k] = rec[2 * w + 1]
+            k += 1
+    return ids, word_start, word_count
+
+
+def _trimmed(table, n):
+    """(rec, pool) of a table of n words, cut to their used length (views: pickling a view
+    sends only its part)."""
+    slots, rec, pool = table
+    return rec[:2 * n + 1], pool[:rec[2 * n]]
+
+
+def _special_segments(buf, special_re):
+    """(S, 2) int64: the [start, end) byte ranges of buf between special tokens (dropped)."""
+    if special_re is None:
+        return np.array([[0, len(buf)]], np.int64)
+    cuts = [0]
+    for m in special_re.finditer(buf):
+        cuts += [m.start(), m.end()]
+    cuts.append(len(buf))
+    return np.array(cuts, np.int64).reshape(-1, 2)
+
+
+def _count_range(args):
+    """Worker: the table (rec, pool) of the pre-tokens of the chunks
+    bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
+    path, bounds, special_tokens = args
+    special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
+    classes = _char_classes()
+    buf = np.empty(max(b - a for a, b in zip(bounds, bounds[1:])), np.uint8)
+    table, n = _table_new(1 << 16, 1 << 20), 0
+    with open(path, "rb") as f:
+        for a, b in zip(bounds, bounds[1:]):
+            f.seek(a)
+            data = buf[:b - a]
+            f.readinto(data)
+            _check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
+            table, n = _count_segments(data, _special_segments(data, special_re), classes,
+                                       table, n)
+    return _trimmed(table, n)
+
+
+def _load_compiled_counting():
+    """Compile the counting code, or load it from numba's cache, with a tiny job."""
+    data = np.frombuffer(bytearray(b"a b"), np.uint8)
+    _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _table_new(1, 1), 0)
+
+
+def _load_compiled_merging():
+    """The same for the parent's half: merging tables, making the merge loop's input."""
+    table = _table_new(1, 1)
+    _words_of_table(*_trimmed(*_merge_tables(table, 0, *_trimmed(table, 0))))
+
+
+def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
+                             while_waiting=None):
+    """count_pretokens in compiled code, as a table (rec, pool): pre-token w is
+    pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times. One contiguous run of chunks per worker."""
+    special_tokens = _check_special_tokens(special_tokens)
+    size = _check_input_file(input_path)
+    num_workers = num_workers or os.cpu_count() or 1
+    n_chunks = max(-(-size // _CHUNK_BYTES), num_workers)
+    bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    n_runs = min(num_workers, len(bounds) - 1)
+    cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
+    tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
+    _load_compiled_counting()              # before the fork: the workers inherit it
+    parallel = n_runs > 1
+    with _pool(n_runs) if parallel else contextlib.nullcontext() as workers:
+        results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
+        if parallel:                       # the workers have started counting
+            _load_compiled_merging()
+            if while_waiting is not None:
+                while_waiting()
+        tables = list(results)
+    # The biggest table, with room for the words of all (fewer if they share words), takes
+    # in the others: its own words need no look-up, only their slots.
+    tables.sort(key=lambda t: len(t[0]))
+    n_max = sum((len(rec) - 1) // 2 for rec, pool in tables)
+    slots, rec, pool = _table_new(n_max, sum(len(pool) for rec, pool in tables))
+    base_rec, base_pool = tables.pop()
+    n = (len(base_rec) - 1) // 2
+    rec[:len(base_rec)], pool[:len(base_pool)] = base_rec, base_pool
+    table = (_fill_slots(slots, rec, pool, n), rec, pool)
+    del base_rec, base_pool
+    while tables:
+        table, n = _merge_tables(table, n, *tables.pop())
+    return _trimmed(table, n)
 
 
 # -----------------------------------------------------------------------------
@@ -627,8 +883,12 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
-    # Workers run only for files of 1 MiB or more, big enough for the compiled merge loop:
-    # load it from numba's disk cache while they count.
+    if os.path.isfile(input_path) and os.path.getsize(input_path) >= _COMPILED_COUNT_MIN:
+        # Big: count in compiled code, and load the compiled merge loop from numba's disk
+        # cache while the workers count.
+        words = _words_of_table(*_count_pretokens_compiled(
+            input_path, special_tokens, num_workers, while_waiting=_load_compiled_merge_loop))
+        return _train_from_words(*words, vocab_size, special_tokens, compiled=None)
     counts = count_pretokens(input_path, special_tokens, num_workers,
                              while_waiting=_load_compiled_merge_loop)
     return train_from_counts(counts, vocab_size, special_tokens)
@@ -643,14 +903,19 @@ def _load_compiled_merge_loop():
 def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
     """The merge half of train_bpe, from {pre-token str: count}. compiled=None picks the
     compiled or the interpreted merge loop (same source, same result) by job size."""
-    special_tokens = _check_special_tokens(special_tokens)
-    num_merges = max(0, vocab_size - 256 - len(special_tokens))
     encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
     words = [w for w, _ in encoded if len(w) > 1]       # one byte: no pair to merge
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)
+    return _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, compiled)
+
+
+def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, compiled):
+    """train_from_counts from the merge loop's input arrays (see _merge_loop)."""
+    special_tokens = _check_special_tokens(special_tokens)
+    num_merges = max(0, vocab_size - 256 - len(special_tokens))
     if compiled is None:
         compiled = bool(_merge_loop_compiled.signatures) or not (
             len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES)

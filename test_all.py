@@ -709,6 +709,109 @@ def test_bpe_parallel_counting_matches_single_process(tmp_path, monkeypatch):
         assert bpe.count_pretokens(str(path), specials, num_workers=2) == whole
 
 
+# --- compiled counting for train_bpe (the scanner into a hash table keyed by bytes) ---
+
+def _bpe_scanner_edges_text():
+    # Every corner of the scanner, in random order: contractions (and near misses), each
+    # whitespace kind before letters, digits, symbols and at the ends, combining marks, ZWJ
+    # emoji, digits of other scripts, special tokens with spaces on either side.
+    rng = random.Random(3)
+    pieces = ["'s", "'S", "'ll", "'LL", "'ve", "'re", "'d", "'m", "'t", "'", "''", "'x", "it's",
+              " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n ", "\x0b", "\x0c", "\x1c", "\x85",
+              "\xa0", "\u2028", "\u3000", "\u202f", "word", " word", "Wörter", " число", "日本語",
+              "42", " 42", "٣٤", "१२", "²", "Ⅻ", "!!", " ?!", "...", " -", "e\u0301", "\u0301",
+              "👍🏽", "👨\u200d👩\u200d👧", " 🙂", "🇫🇷", "https://x.io/a?b=1", "_x_", "a1b2"]
+    return "".join(rng.choice(pieces) + (_BPE_EOT if rng.random() < 0.02 else "")
+                   for _ in range(20_000))
+
+
+def _bpe_regex_counts(text, specials):
+    """The definition: GPT2_PAT over the text between special tokens (longest first)."""
+    counts = collections.Counter()
+    alts = sorted(specials, key=len, reverse=True)
+    for part in (regex.split("|".join(map(regex.escape, alts)), text) if specials else [text]):
+        counts.update(w.encode("utf-8") for w in regex.findall(bpe.GPT2_PAT, part))
+    return counts
+
+
+def _bpe_table_counts(rec, pool):
+    """{pre-token bytes: count} of a compiled table (rec, pool)."""
+    out, pool = collections.Counter(), pool.tobytes()
+    for w in range((len(rec) - 1) // 2):
+        word = pool[rec[2 * w]:rec[2 * w + 2]]
+        assert word not in out, "a word is in the table twice"
+        out[word] = int(rec[2 * w + 1])
+    return out
+
+
+def _bpe_counting_texts():
+    texts = [(make(), specials) for name, (make, _, specials) in _BPE_CASES.items()
+             if name not in ("tinystories", "shakespeare_1mb") or _BPE_SHARED.exists()]
+    seeds = sorted((_BPE_SHARED / "reference" / "seeds").glob("*.txt"))
+    texts += [("".join(p.read_text(encoding="utf-8") for p in seeds), [])] if seeds else []
+    texts.append((_bpe_scanner_edges_text(), [_BPE_EOT]))
+    return texts
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_bpe_compiled_counts_equal_the_regex_counts(tmp_path, monkeypatch, num_workers):
+    # Small chunks force many cuts (at special tokens and safe spaces), so that each of the
+    # two workers counts a run of many chunks into one table and the parent merges them.
+    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(bpe, "_BOUNDARY_WINDOW", 64)
+    path = tmp_path / "c.txt"
+    for text, specials in _bpe_counting_texts():
+        path.write_bytes(text.encode("utf-8"))
+        rec, pool = bpe._count_pretokens_compiled(str(path), specials, num_workers)
+        assert _bpe_table_counts(rec, pool) == _bpe_regex_counts(text, specials)
+
+
+def test_bpe_compiled_table_grows_and_merges_from_tiny():
+    # Tables that start with room for one word must double many times, and merging two
+    # tables must add the counts of the words they share.
+    text = _bpe_unicode_text() + _bpe_scanner_edges_text()
+    data = np.frombuffer(bytearray(text.encode("utf-8")), np.uint8)
+    classes, half = bpe._char_classes(), len(data) // 2
+    while data[half] != ord(" "):                         # a safe cut: before " x"
+        half += 1
+    tables = [bpe._count_segments(data, np.array([seg], np.int64), classes,
+                                  bpe._table_new(1, 1), 0) for seg in ([0, half], [half, len(data)])]
+    merged, n = bpe._merge_tables(bpe._table_new(1, 1), 0, *bpe._trimmed(*tables[0]))
+    merged, n = bpe._merge_tables(merged, n, *bpe._trimmed(*tables[1]))
+    rec, pool = bpe._trimmed(merged, n)
+    assert _bpe_table_counts(rec, pool) == _bpe_regex_counts(text, [])
+    ids, word_start, word_count = bpe._words_of_table(rec, pool)
+    words = [ids[a:b].astype(np.uint8).tobytes() for a, b in zip(word_start, word_start[1:])]
+    assert dict(zip(words, word_count.tolist())) == {
+        w: c for w, c in _bpe_regex_counts(text, []).items() if len(w) > 1}
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_bpe_train_with_compiled_counting_matches_naive(bpe_trained, tmp_path, monkeypatch,
+                                                        num_workers):
+    # train_bpe counts in compiled code from 1 MiB on; forced here on the small corpora.
+    monkeypatch.setattr(bpe, "_COMPILED_COUNT_MIN", 0)
+    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 1 << 14)
+    for case, (text, path, specials, naive, _) in bpe_trained.items():
+        assert bpe.train_bpe(str(path), _BPE_CASES[case][1], specials, num_workers) == naive, case
+    text = _bpe_scanner_edges_text()
+    path = tmp_path / "edges.txt"
+    path.write_bytes(text.encode("utf-8"))
+    assert (bpe.train_bpe(str(path), 400, [_BPE_EOT], num_workers)
+            == bpe.train_bpe_naive(text, 400, [_BPE_EOT]))
+
+
+def test_bpe_compiled_counting_names_the_offset_of_invalid_utf8(tmp_path, monkeypatch):
+    monkeypatch.setattr(bpe, "_COMPILED_COUNT_MIN", 0)
+    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 4096)
+    good = ("café au lait " * 2000).encode("utf-8")
+    for at in (9, len(good) - 100):           # in the first chunk, and in the second worker's run
+        bad = tmp_path / "bad.txt"
+        bad.write_bytes(good[:at] + b"\xff" + good[at:])
+        with pytest.raises(ValueError, match=f"not valid UTF-8: bad byte 0xff at byte offset {at};"):
+            bpe.train_bpe(str(bad), 300, num_workers=2)
+
+
 @pytest.mark.parametrize("case", list(_BPE_CASES))
 def test_bpe_roundtrip_and_streaming(bpe_trained, case, monkeypatch, tmp_path):
     text, path, specials, _, (vocab, merges) = bpe_trained[case]
