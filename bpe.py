@@ -379,15 +379,20 @@ def _new_table(cap):
 
 @register_jitable
 def _table_room(tab, n_keys, more):
-    """tab, or tab at twice the size (every key re-inserted) if n_keys + more would fill
-    more than half of it."""
+    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
+    without its dead keys (count 0: a pair never grows again once it is gone, since only
+    pairs of the newest token grow), at twice the size if that is still needed."""
     if 2 * (n_keys + more) <= tab.shape[0]:
-        return tab
-    new = _new_table(2 * tab.shape[0])
+        return tab, n_keys
+    live = np.sum(tab[:, 1] > 0)
+    cap = 1024
+    while cap < 4 * (live + more):
+        cap *= 2
+    new = _new_table(cap)
     for i in range(tab.shape[0]):
-        if tab[i, 0] != _EMPTY:
+        if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
             new[_hash_slot(new, tab[i, 0])] = tab[i]
-    return new
+    return new, live
 
 
 @register_jitable
@@ -519,48 +524,57 @@ def _start_heap(tab, n_keys, pool, start, length):
 
 
 @register_jitable
-def _pair_add(tab, key, c, w, lists, n_entries, state):
-    """Count c more of pair key in word w and list w (once in a row). A key new to the table
-    is recorded in state = (n_keys, new_keys, n_new). Returns (lists, n_entries, state)."""
-    s = _hash_slot(tab, key)
-    if tab[s, 0] == _EMPTY:
-        n_keys, new_keys, n_new = state
-        tab[s, 0] = key
-        new_keys = _grow(new_keys, n_new + 1)
-        new_keys[n_new] = key
-        state = (n_keys + 1, new_keys, n_new + 1)
-    tab[s, 1] += c
-    if tab[s, 3] != w:
-        tab[s, 3] = w
-        lists = _grow_rows(lists, n_entries + 1)
-        lists[n_entries, 0], lists[n_entries, 1] = w, tab[s, 2]
-        tab[s, 2] = n_entries
-        n_entries += 1
-    return lists, n_entries, state
+def _bigger_changes(rows, used, n_used):
+    """The changes table at twice the size, its n_used keys re-inserted."""
+    new_rows, new_used = _new_table(2 * rows.shape[0]), np.empty(rows.shape[0], np.int64)
+    for k in range(n_used):
+        s = _hash_slot(new_rows, rows[used[k], 0])
+        new_rows[s] = rows[used[k]]
+        new_used[k] = s
+    return new_rows, new_used
 
 
 @register_jitable
-def _merge_word(w, a, b, t, tok, meta, tab, lists, n_entries, state):
-    """Replace every (a, b) in word w by t, left to right, shrinking the word in place and
-    moving the neighbours' counts. Returns (tab, lists, n_entries, state)."""
+def _change(rows, used, n_used, key, d, w, lists, n_entries):
+    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
+    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
+    is checked by the caller. Returns (n_used, n_entries)."""
+    s = _hash_slot(rows, key)
+    if rows[s, 0] == _EMPTY:
+        rows[s, 0] = key
+        used[n_used] = s
+        n_used += 1
+    rows[s, 1] += d
+    if w >= 0 and rows[s, 3] != w:
+        rows[s, 3] = w
+        lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]
+        rows[s, 2] = n_entries
+        n_entries += 1
+    return n_used, n_entries
+
+
+@register_jitable
+def _merge_word(w, a, b, t, tok, meta, rows, used, n_used, lists, n_entries):
+    """Replace every (a, b) in word w by t, left to right, shrinking the word in place; the
+    neighbours' counts move into the changes table. Needs room for a change and a list
+    entry per token of w. Returns (n_used, n_entries)."""
     begin, end, cw = meta[w, 0], meta[w, 0] + meta[w, 1], meta[w, 2]
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
         r += 1
     if r >= end - 1:
-        return tab, lists, n_entries, state          # a stale entry: the pair is gone
-    o = r                                            # tok[begin:o] is the merged word so far
+        return n_used, n_entries                 # a stale entry: the pair is gone
+    o = r                                        # tok[begin:o] is the merged word so far
     while r < end:
         if r < end - 1 and tok[r] == a and tok[r + 1] == b:
-            tab = _table_room(tab, state[0], 2)
-            if o > begin:                            # (x, a) -> (x, t); x may be t already
+            if o > begin:                        # (x, a) -> (x, t); x may be t already
                 x = tok[o - 1]
-                tab[_hash_slot(tab, _key(x, a)), 1] -= cw
-                lists, n_entries, state = _pair_add(tab, _key(x, t), cw, w, lists, n_entries, state)
-            if r < end - 2:                          # (b, y) -> (t, y)
+                n_used, n_entries = _change(rows, used, n_used, _key(x, a), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(x, t), cw, w, lists, n_entries)
+            if r < end - 2:                      # (b, y) -> (t, y)
                 y = tok[r + 2]
-                tab[_hash_slot(tab, _key(b, y)), 1] -= cw
-                lists, n_entries, state = _pair_add(tab, _key(t, y), cw, w, lists, n_entries, state)
+                n_used, n_entries = _change(rows, used, n_used, _key(b, y), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(t, y), cw, w, lists, n_entries)
             tok[o] = t
             r += 2
         else:
@@ -568,7 +582,27 @@ def _merge_word(w, a, b, t, tok, meta, tab, lists, n_entries, state):
             r += 1
         o += 1
     meta[w, 1] = o - begin
-    return tab, lists, n_entries, state
+    return n_used, n_entries
+
+
+@register_jitable
+def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start, length):
+    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
+    new token t enter the table (with their word lists) and the heap. Empties the changes
+    table and returns (tab, n_keys, heap, n_heap)."""
+    for k in range(n_used):
+        key, d = rows[used[k], 0], rows[used[k], 1]
+        if key >> 32 == t or key & 0xFFFFFFFF == t:
+            if d > 0:
+                tab, n_keys = _table_room(tab, n_keys, 1)
+                tab[_hash_slot(tab, key)] = rows[used[k]]
+                n_keys += 1
+                heap = _heap_push(heap, n_heap, d, key, pool, start, length)
+                n_heap += 1
+        else:
+            tab[_hash_slot(tab, key), 1] += d
+        rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
+    return tab, n_keys, heap, n_heap
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
@@ -594,7 +628,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
-    state = (n_keys, np.empty(1024, np.int64), 0)    # (n_keys, new keys, how many)
+    rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
     m = 0
     while m < num_merges and n_heap > 0:
         c, key = heap[0, 0], heap[0, 1]
@@ -618,20 +652,20 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         pool_len += la + lb
 
         e, tab[s, 2] = tab[s, 2], -1
-        state = (state[0], state[1], 0)
+        n_used = 0
         while e != -1:
             w, e = lists[e, 0], lists[e, 1]
-            if meta[w, 3] != m:
-                meta[w, 3] = m
-                tab, lists, n_entries, state = _merge_word(w, a, b, t, tok, meta, tab, lists,
-                                                           n_entries, state)
+            if meta[w, 3] == m:
+                continue
+            meta[w, 3] = m
+            if 2 * (n_used + meta[w, 1]) > rows.shape[0]:       # room for the word's changes
+                rows, used = _bigger_changes(rows, used, n_used)
+            lists = _grow_rows(lists, n_entries + meta[w, 1])
+            n_used, n_entries = _merge_word(w, a, b, t, tok, meta, rows, used, n_used, lists,
+                                            n_entries)
+        tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
+                                                   n_heap, pool, start, length)
         tab[_hash_slot(tab, key), 1] = 0     # every occurrence is merged now
-        new_keys = state[1]
-        for k in range(state[2]):
-            c = tab[_hash_slot(tab, new_keys[k]), 1]
-            if c > 0:
-                heap = _heap_push(heap, n_heap, c, new_keys[k], pool, start, length)
-                n_heap += 1
         m += 1
     return lefts[:m], rights[:m]
 
