@@ -629,6 +629,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
     rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
+    todo = np.empty(1024, np.int32)
     m = 0
     while m < num_merges and n_heap > 0:
         c, key = heap[0, 0], heap[0, 1]
@@ -652,12 +653,18 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         pool_len += la + lb
 
         e, tab[s, 2] = tab[s, 2], -1
-        n_used = 0
-        while e != -1:
+        n_todo = 0                           # the words of the list, each once, in order:
+        while e != -1:                       # memory is then read front to back
             w, e = lists[e, 0], lists[e, 1]
-            if meta[w, 3] == m:
-                continue
-            meta[w, 3] = m
+            if meta[w, 3] != m:
+                meta[w, 3] = m
+                todo = _grow(todo, n_todo + 1)
+                todo[n_todo] = w
+                n_todo += 1
+        todo[:n_todo].sort()
+        n_used = 0
+        for k in range(n_todo):
+            w = todo[k]
             if 2 * (n_used + meta[w, 1]) > rows.shape[0]:       # room for the word's changes
                 rows, used = _bigger_changes(rows, used, n_used)
             lists = _grow_rows(lists, n_entries + meta[w, 1])
