@@ -416,30 +416,41 @@ def _grow_rows(a, need):
 
 
 @register_jitable
-def _start_pairs(tok, meta):
+def _word_count(words, w):
+    """The count of the word at offset w, kept as two int32 halves."""
+    return np.int64(words[w + 2]) | (np.int64(words[w + 3]) << 31)
+
+
+@register_jitable
+def _start_pairs(words):
     """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
     dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
     count = np.zeros(65536, np.int64)
     n_words = np.zeros(65536, np.int64)        # words containing the pair
     last = np.full(65536, -1, np.int64)
-    for w in range(meta.shape[0]):
-        for i in range(meta[w, 0], meta[w, 0] + meta[w, 1] - 1):
-            p = 256 * tok[i] + tok[i + 1]
-            count[p] += meta[w, 2]
+    w = 0
+    while w < words.shape[0]:
+        cw = _word_count(words, w)
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
+            count[p] += cw
             if last[p] != w:
                 last[p], n_words[p] = w, n_words[p] + 1
+        w += 4 + words[w]
     run = np.zeros(65537, np.int64)            # pair p's run: run[p] to run[p + 1]
     run[1:] = np.cumsum(n_words)
     lists = np.empty((max(1024, 2 * run[65536]), 2), np.int32)
     fill = run[:65536].copy()
     last[:] = -1
-    for w in range(meta.shape[0]):
-        for i in range(meta[w, 0], meta[w, 0] + meta[w, 1] - 1):
-            p = 256 * tok[i] + tok[i + 1]
+    w = 0
+    while w < words.shape[0]:
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
             if last[p] != w:
                 last[p] = w
                 lists[fill[p], 0], lists[fill[p], 1] = w, fill[p] + 1
                 fill[p] += 1
+        w += 4 + words[w]
     n_keys = np.sum(count > 0)
     cap = 1024
     while cap < 4 * n_keys:
@@ -554,11 +565,11 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
 
 
 @register_jitable
-def _merge_word(w, a, b, t, tok, meta, rows, used, n_used, lists, n_entries):
-    """Replace every (a, b) in word w by t, left to right, shrinking the word in place; the
-    neighbours' counts move into the changes table. Needs room for a change and a list
-    entry per token of w. Returns (n_used, n_entries)."""
-    begin, end, cw = meta[w, 0], meta[w, 0] + meta[w, 1], meta[w, 2]
+def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
+    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
+    right, shrinking the word in place; the neighbours' counts move into the changes table.
+    Needs room for a change and a list entry per token of w. Returns (n_used, n_entries)."""
+    begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
         r += 1
@@ -581,7 +592,7 @@ def _merge_word(w, a, b, t, tok, meta, rows, used, n_used, lists, n_entries):
             tok[o] = tok[r]
             r += 1
         o += 1
-    meta[w, 1] = o - begin
+    tok[w] = o - begin
     return n_used, n_entries
 
 
@@ -605,17 +616,29 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
     return tab, n_keys, heap, n_heap
 
 
+@register_jitable
+def _word_records(ids, word_start, word_count):
+    """The words as one int32 array of records [length, last merge that visited it, count
+    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
+    A word is named by the offset of its record."""
+    n_words = word_count.shape[0]
+    if ids.shape[0] + 4 * n_words >= 2 ** 31:
+        raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
+    words = np.empty(ids.shape[0] + 4 * n_words, np.int32)
+    for k in range(n_words):
+        w, n = word_start[k] + 4 * k, word_start[k + 1] - word_start[k]
+        words[w], words[w + 1] = n, -1
+        words[w + 2], words[w + 3] = word_count[k] & 0x7FFFFFFF, word_count[k] >> 31
+        words[w + 4:w + 4 + n] = ids[word_start[k]:word_start[k + 1]]
+    return words
+
+
 def _merge_loop(ids, word_start, word_count, num_merges):
     """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
     256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
     (W+1,) offsets; word_count: (W,) occurrences."""
-    tok = ids.astype(np.int32)
-    meta = np.empty((word_count.shape[0], 4), np.int64)
-    meta[:, 0] = word_start[:-1]
-    meta[:, 1] = word_start[1:] - word_start[:-1]
-    meta[:, 2] = word_count
-    meta[:, 3] = -1
-    tab, n_keys, lists, n_entries = _start_pairs(tok, meta)
+    words = _word_records(ids, word_start, word_count)
+    tab, n_keys, lists, n_entries = _start_pairs(words)
     # Bytes of every token, for the tie-break: token x is pool[start[x]:start[x] + length[x]].
     n_tok = 256 + num_merges
     start = np.zeros(n_tok, np.int64)
@@ -629,7 +652,6 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
     rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
-    todo = np.empty(1024, np.int32)
     m = 0
     while m < num_merges and n_heap > 0:
         c, key = heap[0, 0], heap[0, 1]
@@ -653,22 +675,17 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         pool_len += la + lb
 
         e, tab[s, 2] = tab[s, 2], -1
-        n_todo = 0                           # the words of the list, each once, in order:
-        while e != -1:                       # memory is then read front to back
-            w, e = lists[e, 0], lists[e, 1]
-            if meta[w, 3] != m:
-                meta[w, 3] = m
-                todo = _grow(todo, n_todo + 1)
-                todo[n_todo] = w
-                n_todo += 1
-        todo[:n_todo].sort()
         n_used = 0
-        for k in range(n_todo):
-            w = todo[k]
-            if 2 * (n_used + meta[w, 1]) > rows.shape[0]:       # room for the word's changes
+        while e != -1:
+            w, e = lists[e, 0], lists[e, 1]
+            if words[w + 1] == m:             # listed twice
+                continue
+            words[w + 1] = m
+            if 2 * (n_used + words[w]) > rows.shape[0]:       # room for the word's changes
                 rows, used = _bigger_changes(rows, used, n_used)
-            lists = _grow_rows(lists, n_entries + meta[w, 1])
-            n_used, n_entries = _merge_word(w, a, b, t, tok, meta, rows, used, n_used, lists,
+            if n_entries + words[w] > lists.shape[0]:
+                lists = _grow_rows(lists, n_entries + words[w])
+            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
                                             n_entries)
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, pool, start, length)
