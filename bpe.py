@@ -353,8 +353,8 @@ _EMPTY = -1
 
 @register_jitable
 def _key(left, right):
-    """The table key of the pair (left, right): left << 32 | right, as int64."""
-    return (np.int64(left) << 32) | np.int64(right)
+    """The table key of the pair (left, right): left << 32 | right."""
+    return (int(left) << 32) | int(right)
 
 
 @register_jitable
@@ -418,7 +418,7 @@ def _grow_rows(a, need):
 @register_jitable
 def _word_count(words, w):
     """The count of the word at offset w, kept as two int32 halves."""
-    return np.int64(words[w + 2]) | (np.int64(words[w + 3]) << 31)
+    return int(words[w + 2]) | (int(words[w + 3]) << 31)
 
 
 @register_jitable
