@@ -333,20 +333,28 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
 # words that contain its pair and changes only the neighbouring pairs:
 #     (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y)
 # The data structures, all numpy arrays (so that the same source runs interpreted):
-# - tok (P,) int32: the tokens of every word end to end. A word shrinks in place as it
-#   merges; meta (W, 4) int64 holds each word's [start, length, count, last merge seen].
+# - words: one int32 array of records [length, last merge that visited it, count (two
+#   31-bit halves), tokens...]; a word is named by the offset of its record, so a visit
+#   reads one place in memory. A word shrinks in place as it merges.
 # - the pair table: open addressing, one (cap, 4) int64 row per slot, [key = left << 32 |
 #   right, count, first entry of its word list, last word listed]: one lookup, one slot.
+#   A pair never grows again once its count is 0 (only pairs of the newest token grow),
+#   so a full table is rebuilt without those.
 # - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
-#   one contiguous run per pair, read front to back; entries for the pairs of new tokens
-#   are prepended as merges create them. A list may name a word whose pair is gone, or a
-#   word twice: merge m marks the words it visited.
+#   one contiguous run per pair; entries for the pairs of a new token are prepended as its
+#   merge creates them. A list may name a word whose pair is gone, or a word twice: merge m
+#   marks the words it visited. When the rows run out, the live lists are copied out
+#   contiguously and the rest (lists of merged or dead pairs) is dropped.
+# - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
+#   own first (it stays in cache) and reach the big pair table once per pair at the end.
 # - the next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
 #   deletion: a popped entry whose count is stale goes back with its true count. Only pairs
 #   with the new token ever grow, and those are pushed, so the first popped entry that
 #   matches the table is the maximum.
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
-# with it otherwise. Arrays that may grow are returned by the helper that grows them.
+# with it otherwise. Arrays that may grow are returned by the helper that grows them; the
+# per-word helpers return only integers (the caller makes room first), which keeps the
+# compiled inner loop free of reference counting.
 
 _EMPTY = -1
 
@@ -413,6 +421,29 @@ def _grow_rows(a, need):
     b = np.empty((max(need, 2 * a.shape[0]), 2), a.dtype)
     b[:a.shape[0]] = a
     return b
+
+
+@register_jitable
+def _compact_lists(tab, lists):
+    """(lists, n_entries): the word lists of the live pairs copied into a new array with
+    half of it free, each list contiguous; the entries of merged and dead pairs (most of
+    the entries, after the first merges) are dropped."""
+    live = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        while e != -1:
+            live, e = live + 1, lists[e, 1]
+    new = np.empty((max(1024, 2 * live), 2), np.int32)
+    n = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        tab[s, 2] = n if e != -1 else -1
+        while e != -1:
+            new[n, 0], new[n, 1] = lists[e, 0], n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                new[n - 1, 1] = -1             # the end of this list
+    return new, n
 
 
 @register_jitable
@@ -617,6 +648,17 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
 
 
 @register_jitable
+def _add_token_bytes(pool, pool_len, start, length, a, b, t):
+    """Append the bytes of token t = ab to pool; returns (pool, pool_len)."""
+    la, lb = length[a], length[b]
+    pool = _grow(pool, pool_len + la + lb)
+    pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
+    pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
+    start[t], length[t] = pool_len, la + lb
+    return pool, pool_len + la + lb
+
+
+@register_jitable
 def _word_records(ids, word_start, word_count):
     """The words as one int32 array of records [length, last merge that visited it, count
     (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
@@ -667,13 +709,9 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
         a, b, t = key >> 32, key & 0xFFFFFFFF, 256 + m      # t: the new token ab
         lefts[m], rights[m] = a, b
-        la, lb = length[a], length[b]
-        pool = _grow(pool, pool_len + la + lb)
-        pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
-        pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
-        start[t], length[t] = pool_len, la + lb
-        pool_len += la + lb
-
+        pool, pool_len = _add_token_bytes(pool, pool_len, start, length, a, b, t)
+        if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
+            lists, n_entries = _compact_lists(tab, lists)
         e, tab[s, 2] = tab[s, 2], -1
         n_used = 0
         while e != -1:
