@@ -585,69 +585,78 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 # -----------------------------------------------------------------------------
 # 4. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
 #
-# Each distinct pre-token ("word") is stored once, with its count, as a doubly linked list
-# of token ids. Pair counts live in a hash table keyed by left << 32 | right; each pair
-# also lists the words it was seen in (maybe stale), so a merge visits only those words
-# and changes only the neighbouring pairs:  (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y).
-# The next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
-# deletion: a popped entry whose count is stale goes back with its true count. Only pairs
-# with the new token ever grow, and those are pushed, so the first popped entry that
-# matches the table is the maximum.
+# Each distinct pre-token ("word") is stored once, with its count. A merge visits only the
+# words that contain its pair and changes only the neighbouring pairs:
+#     (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y)
+# The data structures, all numpy arrays (so that the same source runs interpreted):
+# - words: one int32 array of records [length, last merge that visited it, count (two
+#   31-bit halves), tokens...]; a word is named by the offset of its record, so a visit
+#   reads one place in memory. A word shrinks in place as it merges.
+# - the pair table: open addressing, one (cap, 4) int64 row per slot, [key = left << 32 |
+#   right, count, first entry of its word list, last word listed]: one lookup, one slot.
+#   A pair never grows again once its count is 0 (only pairs of the newest token grow),
+#   so a full table is rebuilt without those.
+# - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
+#   one contiguous run per pair; entries for the pairs of a new token are prepended as its
+#   merge creates them. A list may name a word whose pair is gone, or a word twice: merge m
+#   marks the words it visited. When the rows run out, the live lists are copied out
+#   contiguously and the rest (lists of merged or dead pairs) is dropped.
+# - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
+#   own first (it stays in cache) and reach the big pair table once per pair at the end.
+# - the next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
+#   deletion: a popped entry whose count is stale goes back with its true count. Only pairs
+#   with the new token ever grow, and those are pushed, so the first popped entry that
+#   matches the table is the maximum.
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
-# with it otherwise. Arrays that may grow travel as tuples: table = (keys, counts, head of
-# word list, last word appended), lists = (word, next entry).
+# with it otherwise. Arrays that may grow are returned by the helper that grows them; the
+# per-word helpers return only integers (the caller makes room first), which keeps the
+# compiled inner loop free of reference counting.
 
 _EMPTY = -1
 
 
 @register_jitable
-def _hash_slot(keys, key):
+def _key(left, right):
+    """The table key of the pair (left, right): left << 32 | right."""
+    return (int(left) << 32) | int(right)
+
+
+@register_jitable
+def _hash_slot(tab, key):
     """Slot holding key, or the empty slot where it would go (linear probing)."""
-    mask = keys.shape[0] - 1
+    mask = tab.shape[0] - 1
     h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
     h ^= h >> 29
     i = h & mask
-    while keys[i] != _EMPTY and keys[i] != key:
+    while tab[i, 0] != _EMPTY and tab[i, 0] != key:
         i = (i + 1) & mask
     return i
 
 
 @register_jitable
 def _new_table(cap):
-    """An empty pair table of cap slots (a power of two)."""
-    return (np.full(cap, _EMPTY, np.int64), np.zeros(cap, np.int64),
-            np.full(cap, -1, np.int64), np.full(cap, -1, np.int64))
+    """An empty pair table of cap slots (a power of two): every row [empty, 0, -1, -1]."""
+    tab = np.full((cap, 4), -1, np.int64)
+    tab[:, 1] = 0
+    return tab
 
 
 @register_jitable
-def _hash_grow(table):
-    """The table at twice the size, every key re-inserted."""
-    keys = table[0]
-    new = _new_table(2 * keys.shape[0])
-    for i in range(keys.shape[0]):
-        if keys[i] != _EMPTY:
-            s = _hash_slot(new[0], keys[i])
-            for k in range(4):
-                new[k][s] = table[k][i]
-    return new
-
-
-@register_jitable
-def _pair_add(table, lists, key, c, w, n_occ):
-    """Count c more of pair key in word w, listing w once. Returns (key is new, n_occ)."""
-    keys, cnt, head, lastw = table
-    occ_word, occ_next = lists
-    s = _hash_slot(keys, key)
-    new = keys[s] == _EMPTY
-    if new:
-        keys[s] = key
-    cnt[s] += c
-    if lastw[s] != w:
-        lastw[s] = w
-        occ_word[n_occ], occ_next[n_occ] = w, head[s]
-        head[s] = n_occ
-        n_occ += 1
-    return new, n_occ
+def _table_room(tab, n_keys, more):
+    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
+    without its dead keys (count 0: a pair never grows again once it is gone, since only
+    pairs of the newest token grow), at twice the size if that is still needed."""
+    if 2 * (n_keys + more) <= tab.shape[0]:
+        return tab, n_keys
+    live = np.sum(tab[:, 1] > 0)
+    cap = 1024
+    while cap < 4 * (live + more):
+        cap *= 2
+    new = _new_table(cap)
+    for i in range(tab.shape[0]):
+        if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
+            new[_hash_slot(new, tab[i, 0])] = tab[i]
+    return new, live
 
 
 @register_jitable
@@ -658,6 +667,89 @@ def _grow(a, need):
     b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
     b[:a.shape[0]] = a
     return b
+
+
+@register_jitable
+def _grow_rows(a, need):
+    """_grow for the (N, 2) word lists."""
+    if need <= a.shape[0]:
+        return a
+    b = np.empty((max(need, 2 * a.shape[0]), 2), a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@register_jitable
+def _compact_lists(tab, lists):
+    """(lists, n_entries): the word lists of the live pairs copied into a new array with
+    half of it free, each list contiguous; the entries of merged and dead pairs (most of
+    the entries, after the first merges) are dropped."""
+    live = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        while e != -1:
+            live, e = live + 1, lists[e, 1]
+    new = np.empty((max(1024, 2 * live), 2), np.int32)
+    n = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        tab[s, 2] = n if e != -1 else -1
+        while e != -1:
+            new[n, 0], new[n, 1] = lists[e, 0], n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                new[n - 1, 1] = -1             # the end of this list
+    return new, n
+
+
+@register_jitable
+def _word_count(words, w):
+    """The count of the word at offset w, kept as two int32 halves."""
+    return int(words[w + 2]) | (int(words[w + 3]) << 31)
+
+
+@register_jitable
+def _start_pairs(words):
+    """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
+    dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
+    count = np.zeros(65536, np.int64)
+    n_words = np.zeros(65536, np.int64)        # words containing the pair
+    last = np.full(65536, -1, np.int64)
+    w = 0
+    while w < words.shape[0]:
+        cw = _word_count(words, w)
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
+            count[p] += cw
+            if last[p] != w:
+                last[p], n_words[p] = w, n_words[p] + 1
+        w += 4 + words[w]
+    run = np.zeros(65537, np.int64)            # pair p's run: run[p] to run[p + 1]
+    run[1:] = np.cumsum(n_words)
+    lists = np.empty((max(1024, 2 * run[65536]), 2), np.int32)
+    fill = run[:65536].copy()
+    last[:] = -1
+    w = 0
+    while w < words.shape[0]:
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
+            if last[p] != w:
+                last[p] = w
+                lists[fill[p], 0], lists[fill[p], 1] = w, fill[p] + 1
+                fill[p] += 1
+        w += 4 + words[w]
+    n_keys = np.sum(count > 0)
+    cap = 1024
+    while cap < 4 * n_keys:
+        cap *= 2
+    tab = _new_table(cap)
+    for p in range(65536):
+        if count[p] > 0:
+            lists[run[p + 1] - 1, 1] = -1      # the end of the run
+            s = _hash_slot(tab, _key(p // 256, p % 256))
+            tab[s, 0], tab[s, 1], tab[s, 2], tab[s, 3] = (_key(p // 256, p % 256), count[p],
+                                                           run[p], last[p])
+    return tab, n_keys, lists, run[65536]
 
 
 @register_jitable
@@ -673,140 +765,178 @@ def _bytes_cmp(pool, start, length, x, y):
 
 
 @register_jitable
-def _heap_gt(hc, ha, hb, i, j, pool, start, length):
-    """Heap entry i ranks above j: higher count, then the greater pair of byte strings."""
-    if hc[i] != hc[j]:
-        return hc[i] > hc[j]
-    r = _bytes_cmp(pool, start, length, ha[i], ha[j])
-    return r > 0 if r != 0 else _bytes_cmp(pool, start, length, hb[i], hb[j]) > 0
+def _heap_gt(heap, i, j, pool, start, length):
+    """Heap row i [count, key] ranks above row j: higher count, then the greater pair of
+    byte strings."""
+    if heap[i, 0] != heap[j, 0]:
+        return heap[i, 0] > heap[j, 0]
+    ki, kj = heap[i, 1], heap[j, 1]
+    r = _bytes_cmp(pool, start, length, ki >> 32, kj >> 32)
+    if r == 0:
+        r = _bytes_cmp(pool, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
+    return r > 0
 
 
 @register_jitable
-def _heap_push(hc, ha, hb, n, c, a, b, pool, start, length):
-    """Append (c, a, b) at index n (capacity checked by the caller) and sift up."""
-    hc[n], ha[n], hb[n] = c, a, b
-    i = n
-    while i > 0:
-        p = (i - 1) // 2
-        if not _heap_gt(hc, ha, hb, i, p, pool, start, length):
-            break
-        hc[i], hc[p], ha[i], ha[p], hb[i], hb[p] = hc[p], hc[i], ha[p], ha[i], hb[p], hb[i]
-        i = p
-
-
-@register_jitable
-def _heap_pop(hc, ha, hb, n, pool, start, length):
-    """Remove the top entry of a heap of size n (read it before calling)."""
-    n -= 1
-    hc[0], ha[0], hb[0] = hc[n], ha[n], hb[n]           # the last entry moves to the top
-    i = 0
+def _sift_down(heap, i, n, pool, start, length):
+    """Move row i of a heap of n rows down until both children rank below it."""
     while True:
         l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
-        if l < n and _heap_gt(hc, ha, hb, l, k, pool, start, length):
+        if l < n and _heap_gt(heap, l, k, pool, start, length):
             k = l
-        if r < n and _heap_gt(hc, ha, hb, r, k, pool, start, length):
+        if r < n and _heap_gt(heap, r, k, pool, start, length):
             k = r
         if k == i:
-            break
-        hc[i], hc[k], ha[i], ha[k], hb[i], hb[k] = hc[k], hc[i], ha[k], ha[i], hb[k], hb[i]
+            return
+        heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
         i = k
 
 
 @register_jitable
-def _count_pairs(tok, word_start, word_count):
-    """(table, n_keys, lists, n_occ) of all words; the table doubles at half full."""
-    table = _new_table(1024)
-    size = max(1024, tok.shape[0])
-    lists = (np.empty(size, np.int64), np.empty(size, np.int64))
-    n_keys, n_occ = 0, 0
-    for w in range(word_count.shape[0]):
-        for i in range(word_start[w], word_start[w + 1] - 1):
-            if 2 * (n_keys + 1) > table[0].shape[0]:
-                table = _hash_grow(table)
-            new, n_occ = _pair_add(table, lists, (tok[i] << 32) | tok[i + 1], word_count[w],
-                                   w, n_occ)
-            if new:
+def _heap_push(heap, n, c, key, pool, start, length):
+    """Append [c, key] to a heap of n rows and sift it up; returns the heap (maybe grown)."""
+    heap = _grow_rows(heap, n + 1)
+    heap[n, 0], heap[n, 1] = c, key
+    i = n
+    while i > 0:
+        p = (i - 1) // 2
+        if not _heap_gt(heap, i, p, pool, start, length):
+            break
+        heap[i, 0], heap[p, 0], heap[i, 1], heap[p, 1] = heap[p, 0], heap[i, 0], heap[p, 1], heap[i, 1]
+        i = p
+    return heap
+
+
+@register_jitable
+def _start_heap(tab, n_keys, pool, start, length):
+    """A heap of every pair in the table, built bottom-up (heapify)."""
+    heap = np.empty((max(1024, 2 * n_keys), 2), np.int64)
+    n = 0
+    for s in range(tab.shape[0]):
+        if tab[s, 0] != _EMPTY:
+            heap[n, 0], heap[n, 1] = tab[s, 1], tab[s, 0]
+            n += 1
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, i, n, pool, start, length)
+    return heap, n
+
+
+@register_jitable
+def _bigger_changes(rows, used, n_used):
+    """The changes table at twice the size, its n_used keys re-inserted."""
+    new_rows, new_used = _new_table(2 * rows.shape[0]), np.empty(rows.shape[0], np.int64)
+    for k in range(n_used):
+        s = _hash_slot(new_rows, rows[used[k], 0])
+        new_rows[s] = rows[used[k]]
+        new_used[k] = s
+    return new_rows, new_used
+
+
+@register_jitable
+def _change(rows, used, n_used, key, d, w, lists, n_entries):
+    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
+    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
+    is checked by the caller. Returns (n_used, n_entries)."""
+    s = _hash_slot(rows, key)
+    if rows[s, 0] == _EMPTY:
+        rows[s, 0] = key
+        used[n_used] = s
+        n_used += 1
+    rows[s, 1] += d
+    if w >= 0 and rows[s, 3] != w:
+        rows[s, 3] = w
+        lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]
+        rows[s, 2] = n_entries
+        n_entries += 1
+    return n_used, n_entries
+
+
+@register_jitable
+def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
+    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
+    right, shrinking the word in place; the neighbours' counts move into the changes table.
+    Needs room for a change and a list entry per token of w. Returns (n_used, n_entries)."""
+    begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
+    r = begin
+    while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
+        r += 1
+    if r >= end - 1:
+        return n_used, n_entries                 # a stale entry: the pair is gone
+    o = r                                        # tok[begin:o] is the merged word so far
+    while r < end:
+        if r < end - 1 and tok[r] == a and tok[r + 1] == b:
+            if o > begin:                        # (x, a) -> (x, t); x may be t already
+                x = tok[o - 1]
+                n_used, n_entries = _change(rows, used, n_used, _key(x, a), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(x, t), cw, w, lists, n_entries)
+            if r < end - 2:                      # (b, y) -> (t, y)
+                y = tok[r + 2]
+                n_used, n_entries = _change(rows, used, n_used, _key(b, y), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(t, y), cw, w, lists, n_entries)
+            tok[o] = t
+            r += 2
+        else:
+            tok[o] = tok[r]
+            r += 1
+        o += 1
+    tok[w] = o - begin
+    return n_used, n_entries
+
+
+@register_jitable
+def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start, length):
+    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
+    new token t enter the table (with their word lists) and the heap. Empties the changes
+    table and returns (tab, n_keys, heap, n_heap)."""
+    for k in range(n_used):
+        key, d = rows[used[k], 0], rows[used[k], 1]
+        if key >> 32 == t or key & 0xFFFFFFFF == t:
+            if d > 0:
+                tab, n_keys = _table_room(tab, n_keys, 1)
+                tab[_hash_slot(tab, key)] = rows[used[k]]
                 n_keys += 1
-    return table, n_keys, lists, n_occ
+                heap = _heap_push(heap, n_heap, d, key, pool, start, length)
+                n_heap += 1
+        else:
+            tab[_hash_slot(tab, key), 1] += d
+        rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
+    return tab, n_keys, heap, n_heap
 
 
 @register_jitable
-def _build_heap(table, n_keys, pool, start, length):
-    """(counts, lefts, rights, size): a heap holding every pair of the table."""
-    keys, cnt = table[0], table[1]
-    hc = np.empty(max(1024, 2 * n_keys), np.int64)
-    ha = np.empty(hc.shape[0], np.int64)
-    hb = np.empty(hc.shape[0], np.int64)
-    n_heap = 0
-    for s in range(keys.shape[0]):
-        if keys[s] != _EMPTY:
-            _heap_push(hc, ha, hb, n_heap, cnt[s], keys[s] >> 32, keys[s] & 0xFFFFFFFF,
-                       pool, start, length)
-            n_heap += 1
-    return hc, ha, hb, n_heap
+def _add_token_bytes(pool, pool_len, start, length, a, b, t):
+    """Append the bytes of token t = ab to pool; returns (pool, pool_len)."""
+    la, lb = length[a], length[b]
+    pool = _grow(pool, pool_len + la + lb)
+    pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
+    pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
+    start[t], length[t] = pool_len, la + lb
+    return pool, pool_len + la + lb
 
 
 @register_jitable
-def _merge_words(a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys):
-    """Merge (a, b) into t in every word listed from entry e (merge number m marks words
-    done: a stale list may name one twice); pairs new to the table go to new_keys. Returns
-    the arrays (maybe reallocated to grow) and counts, and n_new."""
-    tok, nxt, prv, word_start, word_count, last_merge = words
-    n_new = 0
-    while e != -1:
-        w, e = lists[0][e], lists[1][e]
-        if last_merge[w] == m:
-            continue
-        last_merge[w] = m
-        cw = word_count[w]
-        i = word_start[w]                # the first position of a word never dies
-        while i != -1:
-            j = nxt[i]
-            if j == -1:
-                break
-            if tok[i] != a or tok[j] != b:
-                i = j
-                continue
-            # Room for two new keys, two list entries and two new-key records.
-            if 2 * (n_keys + 2) > table[0].shape[0]:
-                table = _hash_grow(table)
-            if n_occ + 2 > lists[0].shape[0]:
-                lists = (_grow(lists[0], n_occ + 2), _grow(lists[1], n_occ + 2))
-            new_keys = _grow(new_keys, n_new + 2)
-            p, n = prv[i], nxt[j]
-            for nb in (p, n):            # (x, a) -> (x, t) and (b, y) -> (t, y)
-                if nb == -1:
-                    continue
-                if nb == p:
-                    old, key = (tok[p] << 32) | a, (tok[p] << 32) | t
-                else:
-                    old, key = (b << 32) | tok[n], (t << 32) | tok[n]
-                table[1][_hash_slot(table[0], old)] -= cw
-                new, n_occ = _pair_add(table, lists, key, cw, w, n_occ)
-                if new:
-                    n_keys += 1
-                    new_keys[n_new] = key
-                    n_new += 1
-            tok[i] = t
-            nxt[i] = n
-            if n != -1:
-                prv[n] = i
-            i = n
-    return table, n_keys, lists, n_occ, new_keys, n_new
+def _word_records(ids, word_start, word_count):
+    """The words as one int32 array of records [length, last merge that visited it, count
+    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
+    A word is named by the offset of its record."""
+    n_words = word_count.shape[0]
+    if ids.shape[0] + 4 * n_words >= 2 ** 31:
+        raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
+    words = np.empty(ids.shape[0] + 4 * n_words, np.int32)
+    for k in range(n_words):
+        w, n = word_start[k] + 4 * k, word_start[k + 1] - word_start[k]
+        words[w], words[w + 1] = n, -1
+        words[w + 2], words[w + 3] = word_count[k] & 0x7FFFFFFF, word_count[k] >> 31
+        words[w + 4:w + 4 + n] = ids[word_start[k]:word_start[k + 1]]
+    return words
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
     """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
-    256 + k. ids: (P,) int64 bytes of all words end to end; word_start: (W+1,) offsets;
-    word_count: (W,) occurrences."""
-    # tok[i]: the token at position i; nxt[i] / prv[i]: the next / previous live position
-    # of the same word, -1 past either end.
-    tok, nxt, prv = ids.copy(), np.arange(1, ids.shape[0] + 1), np.arange(-1, ids.shape[0] - 1)
-    nxt[word_start[1:] - 1] = -1
-    prv[word_start[:-1]] = -1
-    last_merge = np.full(word_count.shape[0], -1, np.int64)   # de-duplicates stale lists
-    words = (tok, nxt, prv, word_start, word_count, last_merge)
-    table, n_keys, lists, n_occ = _count_pairs(tok, word_start, word_count)
+    256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
+    (W+1,) offsets; word_count: (W,) occurrences."""
+    words = _word_records(ids, word_start, word_count)
+    tab, n_keys, lists, n_entries = _start_pairs(words)
     # Bytes of every token, for the tie-break: token x is pool[start[x]:start[x] + length[x]].
     n_tok = 256 + num_merges
     start = np.zeros(n_tok, np.int64)
@@ -815,45 +945,45 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     for x in range(256):
         pool[x], start[x], length[x] = x, x, 1
     pool_len = 256
-    hc, ha, hb, n_heap = _build_heap(table, n_keys, pool, start, length)
+    heap, n_heap = _start_heap(tab, n_keys, pool, start, length)
 
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
-    new_keys = np.empty(1024, np.int64)
+    rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
     m = 0
     while m < num_merges and n_heap > 0:
-        c, a, b = hc[0], ha[0], hb[0]
-        _heap_pop(hc, ha, hb, n_heap, pool, start, length)
+        c, key = heap[0, 0], heap[0, 1]
         n_heap -= 1
-        keys, cnt, head = table[0], table[1], table[2]
-        s = _hash_slot(keys, (a << 32) | b)
-        if cnt[s] != c:                      # stale: re-queue with the true count
-            if cnt[s] > 0:
-                _heap_push(hc, ha, hb, n_heap, cnt[s], a, b, pool, start, length)
+        heap[0, 0], heap[0, 1] = heap[n_heap, 0], heap[n_heap, 1]
+        _sift_down(heap, 0, n_heap, pool, start, length)
+        s = _hash_slot(tab, key)
+        if tab[s, 1] != c:                   # stale: re-queue with the true count
+            if tab[s, 1] > 0:
+                heap = _heap_push(heap, n_heap, tab[s, 1], key, pool, start, length)
                 n_heap += 1
             continue
 
-        t = 256 + m                          # the new token ab
+        a, b, t = key >> 32, key & 0xFFFFFFFF, 256 + m      # t: the new token ab
         lefts[m], rights[m] = a, b
-        la, lb = length[a], length[b]
-        pool = _grow(pool, pool_len + la + lb)
-        pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
-        pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
-        start[t], length[t] = pool_len, la + lb
-        pool_len += la + lb
-
-        e, head[s] = head[s], -1
-        table, n_keys, lists, n_occ, new_keys, n_new = _merge_words(
-            a, b, t, m, e, words, table, n_keys, lists, n_occ, new_keys)
-        keys, cnt = table[0], table[1]
-        cnt[_hash_slot(keys, (a << 32) | b)] = 0   # every occurrence is merged now
-        for k in range(n_new):
-            c = cnt[_hash_slot(keys, new_keys[k])]
-            if c > 0:
-                hc, ha, hb = _grow(hc, n_heap + 1), _grow(ha, n_heap + 1), _grow(hb, n_heap + 1)
-                _heap_push(hc, ha, hb, n_heap, c, new_keys[k] >> 32, new_keys[k] & 0xFFFFFFFF,
-                           pool, start, length)
-                n_heap += 1
+        pool, pool_len = _add_token_bytes(pool, pool_len, start, length, a, b, t)
+        if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
+            lists, n_entries = _compact_lists(tab, lists)
+        e, tab[s, 2] = tab[s, 2], -1
+        n_used = 0
+        while e != -1:
+            w, e = lists[e, 0], lists[e, 1]
+            if words[w + 1] == m:             # listed twice
+                continue
+            words[w + 1] = m
+            if 2 * (n_used + words[w]) > rows.shape[0]:       # room for the word's changes
+                rows, used = _bigger_changes(rows, used, n_used)
+            if n_entries + words[w] > lists.shape[0]:
+                lists = _grow_rows(lists, n_entries + words[w])
+            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
+                                            n_entries)
+        tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
+                                                   n_heap, pool, start, length)
+        tab[_hash_slot(tab, key), 1] = 0     # every occurrence is merged now
         m += 1
     return lefts[:m], rights[:m]
 

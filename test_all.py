@@ -690,6 +690,57 @@ def test_bpe_compiled_and_interpreted_agree_with_naive(bpe_trained, case):
         assert (v, m) == (nv, nm), f"compiled={compiled}"
 
 
+def _bpe_merge_loop_stress_text(n_random):
+    # Built to stress the merge loop's structures: long runs ("aaaa", "abab") whose pairs
+    # overlap and whose counts fall to zero, words that end as one token, all-tied pairs,
+    # multi-byte letters (tie-break on bytes >= 128), and (n_random words) enough distinct
+    # pairs that the pair table is rebuilt and one merge's table of changes grows.
+    rng = random.Random(10)
+    parts = []
+    for k in range(1, 40):
+        parts += ["a" * k] * rng.randint(1, 3) + [" " + "ab" * k, "aab" * (k % 7 + 1), "b" * k]
+    parts += [x + y for x in "wxyz" for y in "wxyz"]                 # every pair once: ties
+    parts += [" hello"] * 60 + [" hellos"] * 2 + ["zz" + "é" * 9] * 3
+    letters = "bcdfghjklmnpqrstvzéüñ日本語中文"
+    parts += ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
+              for _ in range(n_random)]
+    parts += [" " + "".join(rng.choice("qz") for _ in range(rng.randint(2, 12)))
+              for _ in range(n_random // 2)]
+    parts += ["".join(rng.choice(letters) for _ in range(n_random))] * 2    # one long word
+    rng.shuffle(parts)
+    return " ".join(parts)
+
+
+@pytest.fixture(scope="module")
+def bpe_stress():
+    """[(counts, vocab size, naive (vocab, merges))]: the second runs out of pairs before
+    its vocab is full."""
+    out = []
+    for n_random, vocab_size in ((400, 256 + 450), (40, 256 + 100_000)):
+        text = _bpe_merge_loop_stress_text(n_random)
+        out.append((collections.Counter(bpe.pretokenize(text)), vocab_size,
+                    bpe.train_bpe_naive(text, vocab_size)))
+    assert len(out[1][2][1]) < 100_000 - 256
+    return out
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bpe_merge_loop_stress_matches_naive(bpe_stress, compiled, monkeypatch):
+    grown = collections.Counter()
+    if not compiled:    # interpreted, the helpers are plain functions: count the growths
+        for name in ("_table_room", "_bigger_changes"):
+            def spy(*args, _f=getattr(bpe, name), _name=name):
+                out = _f(*args)
+                grown[_name] += out[0] is not args[0]
+                return out
+            monkeypatch.setattr(bpe, name, spy)
+    for counts, vocab_size, (nv, nm) in bpe_stress:
+        v, m = bpe.train_from_counts(counts, vocab_size, compiled=compiled)
+        assert m == nm
+        assert v == nv
+    assert compiled or (grown["_table_room"] > 0 and grown["_bigger_changes"] > 0)
+
+
 def test_bpe_parallel_counting_matches_single_process(tmp_path, monkeypatch):
     # Tiny chunks force many cuts: at special tokens, and (in the text without any) at
     # safe spaces. Two worker processes must count exactly what one process counts.
