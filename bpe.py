@@ -82,7 +82,9 @@ def _class_at(data, i, classes):
                    | (data[i + 3] & 0x3F)], 4
 
 
-@njit(cache=True)
+# inline="always": the compiled loops that call it once per pre-token get its body, since a
+# call costs more than the scan itself (numba passes and reference-counts each array).
+@njit(cache=True, inline="always")
 def _next_pretoken(data, i, n, classes):
     """End of the GPT2_PAT pre-token that starts at byte i of data[:n], trying its
     alternatives in order: b"'ll go  now" -> "'ll", " go", " ", " now"."""
@@ -483,7 +485,7 @@ def _words_of_table(rec, pool):
         if rec[2 * w + 2] - rec[2 * w] > 1:
             n_keep += 1
             n_bytes += rec[2 * w + 2] - rec[2 * w]
-    ids = np.empty(n_bytes, np.int64)
+    ids = np.empty(n_bytes, np.uint8)
     word_start = np.zeros(n_keep + 1, np.int64)
     word_count = np.empty(n_keep, np.int64)
     k = 0
@@ -1026,8 +1028,8 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
 
 def _load_compiled_merge_loop():
     """Compile the merge loop, or load it from numba's cache, with a one-word job."""
-    one = np.zeros(1, np.int64)
-    _merge_loop_compiled(one, np.array([0, 1], np.int64), one, 0)
+    _merge_loop_compiled(np.zeros(1, np.uint8), np.array([0, 1], np.int64),
+                         np.ones(1, np.int64), 0)
 
 
 def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
@@ -1038,7 +1040,7 @@ def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
-    ids = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int64)
+    ids = np.frombuffer(b"".join(words), dtype=np.uint8).copy()  # writable: one numba type
     return _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, compiled)
 
 
@@ -1400,7 +1402,7 @@ def _merge_long(tok, k, n, pairs):
 
 
 @njit(cache=True)
-def _merge_word(data, i, j, pairs, state, out, k, rank):
+def _encode_word(data, i, j, pairs, state, out, k, rank):
     """Ids of the pre-token data[i:j], written at out[k:]; returns the end."""
     for t in range(j - i):
         out[k + t] = state[data[i + t]]
@@ -1413,7 +1415,7 @@ def _merge_word(data, i, j, pairs, state, out, k, rank):
 def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
     """Ids of a pre-token data[i:j] that is not in the cache (its FNV hash h), written at
     out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _merge_word(data, i, j, pairs, state, out, k, rank)
+    end = _encode_word(data, i, j, pairs, state, out, k, rank)
     n, m = j - i, end - k
     if n > _CACHED_WORD:
         return end
@@ -1434,18 +1436,11 @@ def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
     return end
 
 
-# The pre-tokenizer inlined into the loop below: a call per pre-token costs more than the
-# scan itself (numba passes and reference-counts each array argument). It is only ever
-# compiled inside _encode_kernel (whose disk cache holds it), so it needs no cache of its own,
-# which would share _next_pretoken's file name.
-_next_pretoken_inline = njit(inline="always")(_next_pretoken.py_func)
-
-
 @njit(cache=True)
 def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
     """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
     (start, end, id) of specials, in order. The cache look-up is written out in the loop,
-    not called, for the same reason as _next_pretoken_inline."""
+    not called, for the same reason as _next_pretoken is inlined."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     rank = np.empty(_SHORT_WORD, np.int64)
     mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
@@ -1453,7 +1448,7 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
         while i < end:
-            j = _next_pretoken_inline(data, i, end, classes)
+            j = _next_pretoken(data, i, end, classes)
             if j == i + 1:                             # one byte: its id
                 out[k] = state[data[i]]
                 k, i = k + 1, j
