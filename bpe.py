@@ -2,9 +2,12 @@
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent
-pair into a new token; encoding replays the learned merges in order. The naive trainer is
-the definition; the fast one (incremental counts, a lazy max-heap, compiled by numba) is
-tested to learn exactly its merges.
+pair into a new token; encoding replays the learned merges in order. Each step comes twice:
+first the definition (the GPT2_PAT regex, the naive trainer, a lock-step merge of the new
+pre-tokens), then the fast version compiled by numba (a scanner over UTF-8 bytes, counting in
+worker processes into a hash table, incremental pair counts with a lazy max-heap, encoding in
+one pass with a cache), tested to give exactly the same pre-tokens, merges and ids. Small jobs
+take the definition's path: it finishes before numba could load the compiled code.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -1852,6 +1855,9 @@ def main(argv=None):
     except ValueError as e:
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:     # files are written atomically: none is left half-written
+        print(f"bpe.py {args.cmd}: interrupted; no partial file was left", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -1555,6 +1555,23 @@ def _bpe_fill(disk, leave=0):
     os.close(fd)
 
 
+def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(50_000)]
+    text = " ".join(rng.choice(words) for _ in range(1_500_000))     # ~9 MB, seconds of work
+    (tmp_path / "big.txt").write_text(text)
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", "big.txt", "--vocab-size",
+                          "20000", "--out", "tok"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(1.5)                    # imported, and counting or merging
+    os.killpg(p.pid, signal.SIGINT)    # a terminal's Ctrl-C reaches the workers too
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, out, err)
+    assert err.strip() == "bpe.py train: interrupted; no partial file was left", err
+    assert not (tmp_path / "tok").exists()
+
+
 def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, bpe_small_disk):
     disk, src = bpe_small_disk, str(_bpe_need(_BPE_TINYSTORIES))
     tok_dir, ids = disk / "tok", disk / "ids.npy"
