@@ -78,6 +78,226 @@ def report(call_s, **extra):
 
 
 # ----------------------------------------------------------------------------
+# 0. The scale corpus: web-like text of any size, built from ../shared and a seed
+#
+# The handout's real corpora (TinyStories, OpenWebText) are gigabytes and not in ../shared,
+# so the scale tables train on text built here. What makes web text hard for a BPE trainer
+# is not its bytes but its millions of distinct pre-tokens (typos, names, numbers, URLs,
+# other scripts), so the generator mutates real words into a pool of a few million distinct
+# strings and samples them with a Zipf-like weight: common words stay common, and the tail of
+# rare words keeps growing with the corpus, as on the web.
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cs336-bench"
+CORPUS_VERSION = 1  # bump when the generator changes, so that old cached files are not reused
+
+# Share of the words by kind (the rest are English words and their mutations). A CJK run is
+# ~12 characters of 3 bytes, so 2.5% of the words make ~5% of the bytes.
+KINDS = {"number": 0.05, "url": 0.006, "cyrillic": 0.015, "cjk": 0.025, "emoji": 0.006}
+CYRILLIC = str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                         "абцдефгхийклмнопярстуввхызАБЦДЕФГХИЙКЛМНОПЯРСТУВВХЫЗ")
+ACCENTS = {"a": "àáâäå", "e": "èéêë", "i": "ìíîï", "o": "òóôöø", "u": "ùúûü", "n": "ñ", "c": "ç", "s": "ß"}
+PREFIXES = ["", "", "", "", "un", "re", "pre", "anti", "over", "non", "super", "micro", "e-"]
+SUFFIXES = ["", "", "", "", "", "s", "ed", "ing", "ly", "er", "ness", "ful", "ism", "ist", "ity",
+            "able", "ish", "less", "ment", "'s", "-like", "ify", "ization", "z", "ie", "o"]
+TLDS = ["com", "org", "net", "io", "edu", "de", "cn", "ru", "co.uk", "ai", "dev"]
+EMOJI = ["😀", "😂", "🥲", "😍", "🤔", "🙄", "😭", "🔥", "✨", "🎉", "❤️", "💯", "🚀", "🙏", "🤖", "🍕",
+         "🌍", "📈", "✅", "⚡", "🐍", "🇺🇸", "🇨🇳", "🇷🇺", "🇫🇷"]
+PEOPLE = ["👍", "👋", "🙌", "👏", "💪", "🤝", "👩", "👨", "🧑", "🏃", "🧑‍💻", "👩‍🔬"]
+SKIN = ["", "\U0001F3FB", "\U0001F3FC", "\U0001F3FD", "\U0001F3FE", "\U0001F3FF"]
+ZWJ = ["👨‍👩‍👧", "👨‍👩‍👧‍👦", "👩‍❤️‍👨", "🏳️‍🌈", "🧑‍🤝‍🧑", "👁️‍🗨️", "🐻‍❄️", "❤️‍🔥"]
+# What follows a word: mostly a space; punctuation, line breaks and other whitespace sometimes.
+SEPARATORS = {" ": 0.80, ", ": 0.06, ". ": 0.05, ".\n": 0.015, ".\n\n": 0.015, "\n": 0.01, "! ": 0.005,
+              "? ": 0.005, ": ": 0.005, "; ": 0.003, " - ": 0.003, " (": 0.002, ") ": 0.002,
+              "\" ": 0.003, " \"": 0.003, "  ": 0.004, "\t": 0.002, "... ": 0.003, "n't ": 0.004,
+              "'ll ": 0.002, "'re ": 0.002, "\r\n": 0.002, ". \u00a0": 0.001}
+DOC_WORDS = 400  # mean words per document; documents end with <|endoftext|>
+
+
+def _source_texts():
+    """The texts in ../shared the corpus is built from: (English, Chinese)."""
+    english = [SHARED / "data" / "shakespeare.txt", SHARED / "reference" / "tinystories_sample.txt",
+               SHARED / "reference" / "cs336_assignment1_handout.txt"]
+    chinese = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
+    read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
+    return read(english), read(chinese)
+
+
+class Zipf:
+    """Draws strings from pool, the i-th with weight 1 / (i + offset)^a."""
+
+    def __init__(self, pool, a=1.05, offset=3.0):
+        self.pool = pool
+        self.cum = np.cumsum(1.0 / (np.arange(len(pool)) + offset) ** a)
+
+    def __call__(self, rng, n):
+        return self.pool[np.searchsorted(self.cum, rng.random(n) * self.cum[-1])]
+
+
+def _typos(rng, words, n):
+    """n words with one typo each: two letters swapped, one dropped, inserted or changed,
+    or a letter accented."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    base = words[rng.integers(0, len(words), n)].tolist()
+    op, pos, r = rng.integers(0, 5, n).tolist(), rng.random(n).tolist(), rng.random(n).tolist()
+    out = []
+    for w, o, p, r0 in zip(base, op, pos, r):
+        k, c = int(p * len(w)), letters[int(r0 * 26)]
+        if o == 0 and k + 1 < len(w):
+            w = w[:k] + w[k + 1] + w[k] + w[k + 2:]
+        elif o == 1 and len(w) > 3:
+            w = w[:k] + w[k + 1:]
+        elif o == 2:
+            w = w[:k] + c + w[k:]
+        elif o == 3:
+            w = w[:k] + c + w[k + 1:]
+        elif w[k:k + 1] in ACCENTS:
+            acc = ACCENTS[w[k]]
+            w = w[:k] + acc[int(r0 * len(acc))] + w[k + 1:]
+        out.append(w)
+    return out
+
+
+def _mutate(rng, words, n):
+    """n mutated words: a word, or one with a typo, between a prefix and a suffix (either often
+    empty), sometimes capitalised. Typos are made once for a tenth as many words and combined
+    with the affixes, which keeps a pool of millions cheap to build."""
+    core = np.array(words.tolist() + _typos(rng, words, n // 10 + 1), dtype=object)
+    pre = np.array(PREFIXES, dtype=object)[rng.integers(0, len(PREFIXES), n)].tolist()
+    mid = core[rng.integers(0, len(core), n)].tolist()
+    suf = np.array(SUFFIXES, dtype=object)[rng.integers(0, len(SUFFIXES), n)].tolist()
+    out = [p + w + s for p, w, s in zip(pre, mid, suf)]
+    case = rng.random(n)
+    for i in np.flatnonzero(case < 0.14).tolist():
+        out[i] = out[i].capitalize() if case[i] < 0.12 else out[i].upper()
+    return out
+
+
+def _word_pool(rng, english, n_mutated):
+    """English words by frequency (the head of the Zipf curve), then n_mutated distinct
+    mutations of them in random order (its tail). Returns a numpy array of str."""
+    import regex
+    counts = {}
+    for w in regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english):
+        counts[w] = counts.get(w, 0) + 1
+    real = sorted(counts, key=lambda w: (-counts[w], w))
+    pool = dict.fromkeys(real)
+    words = np.array([w.lower() for w in real if len(w) > 1], dtype=object)
+    while len(pool) < len(real) + n_mutated:  # duplicates are dropped, so top up
+        pool.update(dict.fromkeys(_mutate(rng, words, len(real) + n_mutated - len(pool))))
+    return np.array(list(pool), dtype=object)
+
+
+def _cjk_runs(rng, runs, n):
+    """n runs of Chinese text cut from the notes' runs (1-24 characters, punctuation included)."""
+    lengths = np.array([len(r) for r in runs])
+    which = np.searchsorted(np.cumsum(lengths), rng.random(n) * lengths.sum())
+    size = rng.integers(1, 25, n)
+    start = (rng.random(n) * lengths[which]).astype(int)
+    return [r[s:s + k] for r, s, k in zip(runs[which].tolist(), start.tolist(), size.tolist())]
+
+
+def _numbers(rng, n):
+    """Integers, years, decimals, prices, percentages, times, thousands separators."""
+    v, kind = rng.zipf(1.3, n) % 10_000_000, rng.integers(0, 8, n)
+    year, cents = rng.integers(1600, 2031, n), rng.integers(0, 100, n)
+    forms = [lambda a, y, c: str(a), lambda a, y, c: str(y), lambda a, y, c: f"{a % 1000}.{c}",
+             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%", lambda a, y, c: f"{a % 24}:{c % 60:02d}",
+             lambda a, y, c: f"{a:,}", lambda a, y, c: f"€{a % 300},{c:02d}"]
+    return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
+
+
+def _urls(rng, zipf, n):
+    w = zipf(rng, 4 * n).reshape(n, 4).tolist()
+    tld, q = rng.integers(0, len(TLDS), n).tolist(), rng.integers(0, 100_000, n).tolist()
+    return [f"https://www.{a.lower()}.{TLDS[t]}/{b}/{c}-{d}" + (f"?id={i}" if i % 3 == 0 else "")
+            for (a, b, c, d), t, i in zip(w, tld, q)]
+
+
+def _emoji(rng, n):
+    kind, a, b = rng.integers(0, 4, n).tolist(), rng.integers(0, 1000, n).tolist(), rng.integers(1, 4, n).tolist()
+    one = [lambda i: EMOJI[i % len(EMOJI)], lambda i: PEOPLE[i % len(PEOPLE)] + SKIN[i % len(SKIN)],
+           lambda i: ZWJ[i % len(ZWJ)], lambda i: EMOJI[i % len(EMOJI)] + PEOPLE[i % len(PEOPLE)]]
+    return [one[k](i) * r for k, i, r in zip(kind, a, b)]
+
+
+def _chunk(rng, zipf, cyr, runs, n):
+    """n words with their separators, as one string."""
+    names = ["english", *KINDS]
+    kind = rng.choice(len(names), n, p=[1 - sum(KINDS.values()), *KINDS.values()])
+    words = np.empty(n, dtype=object)
+    for k, name in enumerate(names):
+        where = np.flatnonzero(kind == k)
+        m = len(where)
+        made = {"english": lambda: zipf(rng, m), "cyrillic": lambda: [w.translate(CYRILLIC) for w in cyr(rng, m)],
+                "number": lambda: _numbers(rng, m), "url": lambda: _urls(rng, zipf, m),
+                "cjk": lambda: _cjk_runs(rng, runs, m), "emoji": lambda: _emoji(rng, m)}[name]()
+        words[where] = np.array(list(made) + [None], dtype=object)[:m]  # keep numpy from splitting strs
+    seps = np.array(list(SEPARATORS), dtype=object)[
+        rng.choice(len(SEPARATORS), n, p=np.array(list(SEPARATORS.values())) / sum(SEPARATORS.values()))]
+    seps[rng.random(n) < 1 / DOC_WORDS] = "\n" + EOT
+    out = np.empty(2 * n, dtype=object)
+    out[0::2], out[1::2] = words, seps
+    return "".join(out.tolist())
+
+
+def scale_corpus(megabytes, seed=0, cache=CACHE):
+    """Path of a web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace), built
+    once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
+    seed always gives the same bytes. Documents are separated by <|endoftext|>."""
+    import regex
+    path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = int(megabytes * 1_000_000)
+    rng = np.random.default_rng(seed)
+    english, chinese = _source_texts()
+    pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
+    zipf, cyr = Zipf(pool), Zipf(pool, a=0.9)
+    runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
+                    dtype=object)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        size = 0
+        while size < target:
+            blob = _chunk(rng, zipf, cyr, runs, 1_000_000).encode("utf-8")
+            if size + len(blob) > target:  # cut at the last ASCII whitespace: a character boundary
+                blob = blob[:max(blob.rfind(b" ", 0, target - size), blob.rfind(b"\n", 0, target - size)) + 1]
+                target = 0  # this was the last piece
+            f.write(blob)
+            size += len(blob)
+    os.replace(tmp, path)
+    return path
+
+
+def distinct_pretokens(path):
+    """How many distinct GPT-2 pre-tokens the corpus has (text split at <|endoftext|>, as
+    train_bpe counts it): a streaming pass of regex.findall over 4 MB pieces cut at document
+    ends. Kept next to the file, so it is counted once per corpus."""
+    import regex
+    import bpe
+    memo = Path(str(path) + ".pretokens")
+    if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
+        return int(memo.read_text())
+    seen, pat, rest = set(), regex.compile(bpe.GPT2_PAT), ""
+    with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as it is
+        while True:
+            block = f.read(4_000_000)
+            text = rest + block
+            cut = text.rfind(EOT) if block else len(text)
+            if cut < 0:
+                rest = text
+                continue
+            for doc in text[:cut].split(EOT):
+                seen.update(pat.findall(doc))
+            rest = text[cut:]
+            if not block:
+                break
+    memo.write_text(str(len(seen)))
+    return len(seen)
+
+
+# ----------------------------------------------------------------------------
 # 1. BPE training: this project, Hugging Face tokenizers, rustbpe (whole processes)
 
 TRAINERS = {

@@ -2560,6 +2560,26 @@ def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
     assert f"bpe.train_bpe: {len(merges)} merges" in out
 
 
+def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
+    small = bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a")
+    assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=tmp_path / "b").read_bytes()
+    assert small.read_bytes() != bench.scale_corpus(0.2, seed=1, cache=tmp_path / "a").read_bytes()
+    assert bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a") == small  # cached: the same file
+    big = bench.scale_corpus(1, seed=0, cache=tmp_path / "a")
+    data = big.read_bytes()
+    assert 999_000 < len(data) <= 1_000_000 and len(small.read_bytes()) <= 200_000
+    text = data.decode("utf-8")  # valid UTF-8, or this raises
+    for kind in (r"\p{Han}{3}", r"\p{Cyrillic}{3}", "https://www\\.", r"\d{4}", r"\$\d+\.\d\d",
+                 "[àáâäåèéêëñç]", "\U0001F3FB|\U0001F3FF", "\u200d", "<\\|endoftext\\|>"):
+        assert regex.search(kind, text), kind
+    han = sum(map(len, regex.findall(r"\p{Han}+", text))) * 3 / len(data)
+    assert 0.03 < han < 0.08, han  # about 5% of the bytes are CJK
+    assert text.count("<|endoftext|>") > 100
+    n_small, n_big = bench.distinct_pretokens(small), bench.distinct_pretokens(big)
+    assert n_big == len(set(t for doc in text.split("<|endoftext|>") for t in regex.findall(bpe.GPT2_PAT, doc)))
+    assert 3 * n_small < n_big  # the tail of rare words keeps growing with the corpus
+
+
 def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["encode", "--input", str(tmp_path / "missing.txt")])
