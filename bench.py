@@ -15,6 +15,7 @@ shared machine's load changes under a benchmark. Default inputs come from ../sha
 --input (and --vocab/--merges) to use other files.
 """
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
+SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 EOT = "<|endoftext|>"
 
 
@@ -54,18 +56,72 @@ def med(xs, unit="s", fmt="{:.2f}"):
     return " / ".join(fmt.format(x) for x in xs) + f" {unit} (median {fmt.format(statistics.median(xs))})"
 
 
-def run_child(code):
-    """Run Python code in a fresh process (cwd: this repo). The child's last line is a JSON
-    dict (CHILD_PRELUDE's report: call time, its own peak RSS, its largest worker's);
-    returned with the whole process's wall time added."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate()
-    wall = time.perf_counter() - t0
+def _process_tree(pid):
+    """pid and all its descendants (forked workers and their children), from /proc/*/stat."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    s = f.read()
+            except OSError:
+                continue  # it ended while we looked
+            ppid = int(s[s.rindex(b")") + 2:].split()[1])  # after "(name) state"
+            children.setdefault(ppid, []).append(int(d))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def _memory_mb(pid):
+    """(Pss, VmHWM) of one process in MB. Pss splits shared pages among the processes that share
+    them, so a parent and its forked workers sum to the memory they really use; VmHWM is the
+    process's peak RSS since its exec (or fork)."""
+    pss = hwm = 0.0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            pss = next(int(x.split()[1]) for x in f if x.startswith(b"Pss:")) / 1024
+        with open(f"/proc/{pid}/status", "rb") as f:
+            hwm = next(int(x.split()[1]) for x in f if x.startswith(b"VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        pass  # it ended while we looked
+    return pss, hwm
+
+
+def run_measured(argv, env=None, every=0.05):
+    """Run argv as a whole process (cwd: this repo). Returns its wall time, stdout, the peak
+    over time of the summed Pss of the process and all its descendants, and the largest peak
+    RSS (VmHWM) of one process of the tree, both sampled every 50 ms. (wait4's ru_maxrss is
+    kept too, but it counts bench.py's own pages at the fork before exec.)"""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
+        pss = hwm = 0.0
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)  # wait4, not poll: it gives rusage
+            if pid:
+                break
+            mem = [_memory_mb(q) for q in _process_tree(p.pid)]
+            pss, hwm = max(pss, sum(m[0] for m in mem)), max([hwm] + [m[1] for m in mem])
+            time.sleep(every)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if p.returncode != 0:
-        raise RuntimeError(f"child failed: {err.strip()[-500:]}")
-    return {**json.loads(out.strip().splitlines()[-1]), "process_s": wall}
+        raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: {stderr.strip()[-500:]}")
+    return {"process_s": wall, "pss_mb": pss, "hwm_mb": hwm, "maxrss_mb": usage.ru_maxrss / 1024,
+            "stdout": stdout}
+
+
+def run_child(code, env=None):
+    """Run Python code in a fresh process, measured as run_measured. The child's last line is
+    a JSON dict (CHILD_PRELUDE's report: call time and more), merged into the result."""
+    r = run_measured([sys.executable, "-c", code], env)
+    return {**json.loads(r["stdout"].strip().splitlines()[-1]), **r}
 
 
 CHILD_PRELUDE = """
@@ -300,6 +356,17 @@ def distinct_pretokens(path):
 # ----------------------------------------------------------------------------
 # 1. BPE training: this project, Hugging Face tokenizers, rustbpe (whole processes)
 
+def documents(path, block=1 << 24):
+    """The documents of a text file, between <|endoftext|> markers, read 16 MB at a time."""
+    rest = ""
+    with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as it is
+        for piece in iter(lambda: f.read(block), ""):
+            docs = (rest + piece).split("<|endoftext|>")
+            rest = docs.pop()
+            yield from docs
+    yield rest
+
+
 TRAINERS = {
     "bpe.train_bpe": """
 import bpe
@@ -307,6 +374,7 @@ t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t0, merges=len(merges), longest=max(map(len, vocab.values())))
 """,
+    "python bpe.py train": None,  # the command line itself, see train_argv
     "HF tokenizers BpeTrainer": """
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 t0 = time.perf_counter()
@@ -316,44 +384,85 @@ hf.train([PATH], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOT], sho
                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 report(time.perf_counter() - t0, merges=VOCAB - 257)
 """,
-    # rustbpe has no special tokens: it gets the documents between them and one id fewer,
-    # so that both learn the same number of merges.
+    # rustbpe has no special tokens: it gets the documents between them, streamed (by bench's
+    # documents(), its source pasted here), and one id fewer, so both learn the same merges.
     "rustbpe": """
-import rustbpe, bpe
+import rustbpe
 t0 = time.perf_counter()
-docs = open(PATH, encoding="utf-8").read().split(EOT)
 tok = rustbpe.Tokenizer()
-tok.train_from_iterator(iter(docs), VOCAB - 1, pattern=bpe.GPT2_PAT)
+tok.train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2_PAT)
 report(time.perf_counter() - t0, merges=VOCAB - 257)
 """,
 }
 PEER_MODULES = {"HF tokenizers BpeTrainer": ("tokenizers", "tokenizers"), "rustbpe": ("rustbpe", "rustbpe")}
 
 
-def bench_train(args):
-    path = need_file(args.input, "corpus")
-    print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab "
-          f"{args.vocab_size}, {EOT} special; each tool in a fresh process, {args.repeats} alternating runs")
-    tools = [name for name in TRAINERS if name not in PEER_MODULES or peer(*PEER_MODULES[name])]
-    head = f"PATH, VOCAB, EOT = {path!r}, {args.vocab_size}, {EOT!r}\n"
+def train_argv(name, path, vocab_size, out_dir):
+    """The command that trains with tool `name` as a whole process."""
+    if name == "python bpe.py train":
+        return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
+                "--special-tokens", EOT, "--out", str(out_dir)]
+    import bpe
+    head = (f"PATH, VOCAB, EOT, GPT2_PAT = {str(path)!r}, {vocab_size}, {EOT!r}, {bpe.GPT2_PAT!r}\n"
+            + inspect.getsource(documents))
+    return [sys.executable, "-c", CHILD_PRELUDE + head + TRAINERS[name]]
+
+
+def train_table(path, vocab_size, repeats, hf_runs):
+    """One table: every tool on one corpus, whole processes, alternating, medians."""
+    mb = os.path.getsize(path) / 1e6
+    print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
+          f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
+          f"peak memory sampled every 50 ms: the summed Pss of the process tree, and the peak RSS of its largest process", flush=True)
+    tools = [n for n in TRAINERS if n not in PEER_MODULES or peer(*PEER_MODULES[n])]
     runs = {name: [] for name in tools}
-    for _ in range(args.repeats):
-        for name in tools:
-            runs[name].append(run_child(CHILD_PRELUDE + head + TRAINERS[name]))
-    print("| tool | training call | whole process | peak RSS (largest worker) |")
-    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(repeats):
+            for name in tools:
+                if name.startswith("HF") and i >= hf_runs:
+                    continue
+                r = run_measured(train_argv(name, path, vocab_size, d))
+                if name != "python bpe.py train":
+                    r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
+                runs[name].append(r)
+        cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
+    print("| tool | training call | whole process | peak Pss, process tree | peak RSS, largest process |")
+    print("|---|---|---|---|---|")
     for name, rs in runs.items():
-        rss = max(r["rss_mb"] for r in rs)
-        workers = max(r["workers_mb"] for r in rs)
-        print(f"| {name} | {med([r['call_s'] for r in rs])} | {med([r['process_s'] for r in rs])} | "
-              f"{rss:.0f} MB ({workers:.0f} MB) |")
+        call = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+        print(f"| {name} | {call} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
     ours = runs["bpe.train_bpe"][-1]
-    print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes")
+    print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes; "
+          f"python bpe.py train: {cli_merges} lines in merges.txt")
+    if "rustbpe" in runs:
+        ratio = statistics.median(r["process_s"] for r in runs["bpe.train_bpe"]) / \
+            statistics.median(r["process_s"] for r in runs["rustbpe"])
+        print(f"whole process, bpe.train_bpe / rustbpe: {ratio:.2f} (medians)")
+    print(flush=True)
+
+
+def bench_train(args):
+    """The issue's table: the scale corpora (--sizes, in MB) at --vocab-size; or --input."""
+    if args.input:
+        return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
+    # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
+    # run fills that cache, so the table times what every later run costs (`cold` times the rest).
+    run_measured(train_argv("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir()))
+    print("(one untimed bpe.train_bpe run on the 5 MB scale corpus first: numba's disk cache is warm)")
+    for mb in args.sizes:
+        t0 = time.perf_counter()
+        path = scale_corpus(mb)
+        n = distinct_pretokens(path)
+        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
+              f"built or found in {time.perf_counter() - t0:.0f} s)")
+        big = mb > 500  # the 2 GB run is long: one run, no HF
+        train_table(path, args.vocab_size, 1 if big else args.repeats, 0 if big else 1 if mb > 50 else args.repeats)
 
 
 def bench_cold(args):
     """A fresh process with an empty numba cache: what a student's first run costs."""
-    path = need_file(args.input, "corpus")
+    path = need_file(args.input or SHAKESPEARE, "corpus")
     with tempfile.TemporaryDirectory() as d:
         small = os.path.join(d, "small.txt")
         with open(path, "rb") as f:
@@ -374,6 +483,7 @@ report(time.perf_counter() - t1, import_s=t1 - t0)
 def bench_scale(args):
     """Pre-tokenizing grows with the bytes, the merge loop with the distinct pre-tokens."""
     import bpe
+    args.input = args.input or SHAKESPEARE
     data = Path(need_file(args.input, "corpus")).read_bytes()
     corpora = []
     for mb in (1, 2, 5):
@@ -404,7 +514,7 @@ def bench_scale(args):
 
 def bench_encode(args):
     import bpe
-    path = need_file(args.input, "text")
+    path = need_file(args.input or SHAKESPEARE, "text")
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     text = Path(path).read_text(encoding="utf-8")
     mb = len(text.encode("utf-8")) / 1e6
@@ -522,8 +632,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all",
                     choices=["all", "train", "cold", "encode", "scale", "generate"])
-    ap.add_argument("--input", default=str(SHARED / "data" / "shakespeare.txt"), help="corpus (UTF-8 text)")
-    ap.add_argument("--vocab-size", type=int, default=10_000, help="train: vocabulary size")
+    ap.add_argument("--input", help="a UTF-8 text file instead of the defaults (train: the scale "
+                                    "corpora; cold, encode, scale: shakespeare.txt)")
+    ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
+    ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
     ap.add_argument("--cold-bytes", type=int, default=133_120, help="cold: bytes of --input to train on")
     ap.add_argument("--cold-vocab", type=int, default=500, help="cold: vocabulary size")
@@ -532,6 +644,12 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     ap.add_argument("--fast", action="store_true", help="generate: model.py's fused path")
     args = ap.parse_args(argv)
+    try:
+        args.sizes = [float(s) for s in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
+    if min(args.sizes) <= 0:
+        ap.error("--sizes must be positive")
     for flag in ("vocab_size", "repeats", "cold_bytes", "cold_vocab", "new_tokens"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
