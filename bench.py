@@ -512,51 +512,164 @@ def bench_scale(args):
 # ----------------------------------------------------------------------------
 # 2. Encoding with GPT-2's files: this project vs tiktoken
 
+def stdlib_source(limit=5_000_000):
+    """The first `limit` bytes of Python's own standard library (.py files sorted by path,
+    site-packages and files that are not UTF-8 left out), so that any machine has the same text."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, size = [], 0
+    for p in sorted(root.rglob("*.py")):
+        if "site-packages" in p.parts or size >= limit:
+            continue
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        parts.append(text)
+        size += len(text.encode("utf-8"))
+    return "".join(parts)
+
+
+def small_documents(text, size=1000, total=1_400_000):
+    """The first `total` bytes of text cut at whitespace into documents of about `size` bytes."""
+    docs, start = [], 0
+    while start < min(len(text), total):
+        cut = text.find(" ", start + size)
+        cut = len(text) if cut < 0 else cut
+        docs.append(text[start:cut])
+        start = cut
+    return docs
+
+
+def gpt2_tiktoken(vocab_path):
+    """tiktoken's GPT-2 built offline from the same vocab file (no download)."""
+    import bpe
+    tiktoken = peer("tiktoken", "tiktoken")
+    if tiktoken is None:
+        return None
+    vocab = bpe._load_vocab_file(vocab_path)
+    return tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
+                             mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
+
+
+def _encode_row(name, docs, files, enc, repeats):
+    """Seconds per run (summed over the calls, one per document), ours and tiktoken's,
+    alternating; a fresh Tokenizer each run; ids checked identical, document by document."""
+    import bpe
+    ours, theirs = [], []
+    for _ in range(repeats):
+        tok = bpe.Tokenizer.from_files(*files, [EOT])
+        ids, t = [], 0.0
+        for doc in docs:
+            t0 = time.perf_counter()
+            ids.append(tok.encode(doc))
+            t += time.perf_counter() - t0
+        ours.append(t)
+        if enc:
+            ref, t = [], 0.0
+            for doc in docs:
+                t0 = time.perf_counter()
+                ref.append(enc.encode(doc, allowed_special="all"))
+                t += time.perf_counter() - t0
+            theirs.append(t)
+            assert ids == ref, f"{name}: the ids differ from tiktoken's"
+    return ours, theirs, tok
+
+
 def bench_encode(args):
     import bpe
-    path = need_file(args.input or SHAKESPEARE, "text")
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
-    text = Path(path).read_text(encoding="utf-8")
-    mb = len(text.encode("utf-8")) / 1e6
-    print(f"## Encoding {Path(path).name} ({mb:.1f} MB) with GPT-2's vocab and merges, one thread, "
-          f"a fresh Tokenizer each run, {args.repeats} runs alternating with tiktoken")
-    tiktoken = peer("tiktoken", "tiktoken")
-    enc = None
-    if tiktoken:  # tiktoken's GPT-2 built offline from the same vocab file
-        vocab = bpe._load_vocab_file(files[0])
-        enc = tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
-                                mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
-    ours, theirs = [], []
-    for _ in range(args.repeats):
-        tok = bpe.Tokenizer.from_files(*files, [EOT])
-        t0 = time.perf_counter()
-        ids = tok.encode(text)
-        ours.append(mb / (time.perf_counter() - t0))
-        if enc:
-            t0 = time.perf_counter()
-            ref = enc.encode(text, allowed_special="all")
-            theirs.append(mb / (time.perf_counter() - t0))
-            assert ids == ref, "the ids differ from tiktoken's"
+    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
+    chinese = "".join(p.read_text(encoding="utf-8") for p in sorted((SHARED / "reference" / "seeds").glob("*.txt")))
+    rows = [(f"English, {Path(args.input or SHAKESPEARE).name}", [english]),
+            ("Chinese, the notes in reference/seeds", [chinese]),
+            ("Python source, the stdlib's first 5 MB", [stdlib_source()]),
+            ("1 KB documents of the English, one call each", small_documents(english))]
+    enc = gpt2_tiktoken(files[0])
+    # bpe.py's compiled code may need a one-off load per process: one untimed encode, by another
+    # Tokenizer object, of a little of each text.
+    bpe.Tokenizer.from_files(*files, [EOT]).encode("".join(docs[0][:20_000] for _, docs in rows))
+    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run (after one "
+          f"untimed warm-up encode by another Tokenizer in this process), {args.repeats} runs alternating "
+          f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
+    print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
+    print("|---|---|---|---|---|---|")
+    for name, docs in rows:
+        mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
+        ours, theirs, tok = _encode_row(name, docs, files, enc, args.repeats)
+        ratio = f"{statistics.median(theirs) / statistics.median(ours):.2f}x" if enc else "-"
+        print(f"| {name} | {mb:.2f} | {len(docs):,} | {med([mb / t for t in ours], 'MB/s')} | "
+              f"{med([mb / t for t in theirs], 'MB/s') if enc else '-'} | {ratio} |", flush=True)
     t0 = time.perf_counter()
-    tok.encode(text)
-    second = mb / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for part in text.split(EOT):
-        bpe.pretokenize(part)
-    regex_alone = mb / (time.perf_counter() - t0)
-    print(f"Tokenizer.encode: {med(ours, 'MB/s')}")
-    if enc:
-        ratio = statistics.median(ours) / statistics.median(theirs)
-        print(f"tiktoken.encode:  {med(theirs, 'MB/s')}; ratio of medians {ratio:.2f}; ids identical")
-    print(f"second pass (pre-token cache full) {second:.2f} MB/s; pre-tokenizing alone {regex_alone:.2f} MB/s")
+    tok.encode(english)
+    print(f"English again with the last Tokenizer (its pre-token cache full): "
+          f"{len(english.encode('utf-8')) / 1e6 / (time.perf_counter() - t0):.2f} MB/s")
+    print(flush=True)
+    bench_encode_file(args, files)
+
+
+ENCODE_FILE = {
+    "bpe.encode_file, 2 workers": """
+import bpe
+tok = bpe.Tokenizer.from_files(VOCAB, MERGES, [EOT])
+t0 = time.perf_counter()
+bpe.encode_file(tok, PATH, OUT, 2, progress=False)
+report(time.perf_counter() - t0)
+""",
+    # encode_ordinary does not treat <|endoftext|> as special, so tiktoken gets the documents
+    # between the markers, and the file's markers are taken out of our count to compare.
+    "tiktoken encode_ordinary_batch, 2 threads": """
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+enc = tiktoken.Encoding(name="gpt2_local", pat_str=PAT, mergeable_ranks=load_tiktoken_bpe(RANKS),
+                        special_tokens={EOT: 50256})
+t0 = time.perf_counter()
+docs = open(PATH, encoding="utf-8", newline="").read().split(EOT)
+ids = enc.encode_ordinary_batch(docs, num_threads=2)
+call = time.perf_counter() - t0
+report(call, tokens=sum(map(len, ids)), id_sum=sum(map(sum, ids)), docs=len(docs))
+""",
+}
+
+
+def bench_encode_file(args, files):
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads, whole processes."""
+    import base64
+    import bpe
+    path = scale_corpus(args.encode_mb)
+    mb = os.path.getsize(path) / 1e6
+    tools = [n for n in ENCODE_FILE if not n.startswith("tiktoken") or peer("tiktoken", "tiktoken")]
+    print(f"## Encoding a file: the {mb:.0f} MB scale corpus ({path.name}) with GPT-2's files, each tool a fresh "
+          f"process, {args.repeats} alternating runs; the call includes reading the file, not building the "
+          f"tokenizer; our ids go to a .npy, tiktoken's stay in its lists; memory as in the training table")
+    runs = {n: [] for n in tools}
     with tempfile.TemporaryDirectory() as d:
-        for workers in (1, 2):
-            tok = bpe.Tokenizer.from_files(*files, [EOT])
-            t0 = time.perf_counter()
-            bpe.encode_file(tok, path, os.path.join(d, "ids.npy"), workers, progress=False)
-            dt = time.perf_counter() - t0
-            assert np.load(os.path.join(d, "ids.npy")).tolist() == ids
-            print(f"encode_file, {workers} process(es): {mb / dt:.2f} MB/s (fresh tokenizer)")
+        ranks = os.path.join(d, "gpt2.tiktoken")  # tiktoken's own file format, so its process needs no bpe.py
+        vocab = bpe._load_vocab_file(files[0])
+        Path(ranks).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in sorted(vocab.items())
+                                       if t != EOT.encode()))
+        out = os.path.join(d, "ids.npy")
+        head = (f"PATH, OUT, VOCAB, MERGES, RANKS, EOT, PAT = {str(path)!r}, {out!r}, {files[0]!r}, "
+                f"{files[1]!r}, {ranks!r}, {EOT!r}, {bpe.GPT2_PAT!r}\n")
+        for _ in range(args.repeats):
+            for name in tools:
+                runs[name].append(run_child(CHILD_PRELUDE + head + ENCODE_FILE[name]))
+        ids = np.load(out, mmap_mode="r")
+        eot = int(np.count_nonzero(ids == 50256))
+        ours = {"tokens": len(ids) - eot, "id_sum": int(ids.sum(dtype=np.int64)) - 50256 * eot}
+    print("| tool | call | whole process | peak Pss, process tree | peak RSS, largest process |")
+    print("|---|---|---|---|---|")
+    for name, rs in runs.items():
+        print(f"| {name} | {med([r['call_s'] for r in rs])} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+    line = f"bpe.encode_file: {ours['tokens'] + eot:,} ids, {eot:,} of them <|endoftext|>"
+    if "tiktoken encode_ordinary_batch, 2 threads" in runs:
+        tt = runs["tiktoken encode_ordinary_batch, 2 threads"][-1]
+        same = tt["tokens"] == ours["tokens"] and tt["id_sum"] == ours["id_sum"] and tt["docs"] == eot + 1
+        assert same, f"token counts differ: ours {ours} (+{eot} markers), tiktoken's {tt}"
+        line += (f"; without them {ours['tokens']:,}, the same count and id sum as tiktoken's over "
+                 f"the {tt['docs']:,} documents between the markers")
+    print(line, flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -636,6 +749,7 @@ def main(argv=None):
                                     "corpora; cold, encode, scale: shakespeare.txt)")
     ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
+    ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
     ap.add_argument("--cold-bytes", type=int, default=133_120, help="cold: bytes of --input to train on")
     ap.add_argument("--cold-vocab", type=int, default=500, help="cold: vocabulary size")
