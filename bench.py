@@ -1,18 +1,31 @@
 """Every comparison of this project with other tools, and the scale tables README quotes.
 
     python bench.py              # the tables README quotes: train, cold, encode, step, generate
-    python bench.py train        # train_bpe vs Hugging Face tokenizers and rustbpe, whole processes
-    python bench.py cold         # train_bpe on a small file with an empty numba cache
-    python bench.py encode       # Tokenizer.encode vs tiktoken with GPT-2's files; encode_file
+    python bench.py train        # train_bpe and `bpe.py train` vs HF tokenizers and rustbpe, whole
+                                 # processes, on the 50 and 200 MB scale corpora, vocab 32k
+    python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
+    python bench.py train --input FILE --vocab-size 10000   # the same table on one file
+    python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
+    python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
+                                 # documents); encode_file vs tiktoken's batch on 200 MB
     python bench.py scale        # how BPE training time grows with the corpus and the vocab
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
+The scale corpus (section 0) is web-like text built here from ../shared with a seed, cached in
+~/.cache/cs336-bench/ (about 30 s to build 200 MB the first time). On the 2-core machine the
+default `python bench.py` takes about 20-25 minutes, most of it the 200 MB training table;
+`train --sizes 50` alone takes about 3.
+
 The lessons (bpe.py, model.py, train.py) hold no benchmark code; this file imports them and
 the peers (tiktoken, tokenizers, rustbpe, transformers), each only when its table runs.
 A comparison runs side by side: A and B alternate, and medians are reported, because a
-shared machine's load changes under a benchmark. Default inputs come from ../shared; pass
---input (and --vocab/--merges) to use other files.
+shared machine's load changes under a benchmark. Whole processes are measured from outside:
+wall time, and memory sampled every 50 ms from /proc: the summed Pss of the process and all
+its descendants (forked workers share pages with their parent, so Pss, not RSS, is the fair
+sum) and the largest single process's peak RSS (VmHWM; wait4's ru_maxrss would count
+bench.py's own pages, copied at the fork before exec). Default inputs come from ../shared;
+pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
 import inspect
@@ -460,24 +473,63 @@ def bench_train(args):
         train_table(path, args.vocab_size, 1 if big else args.repeats, 0 if big else 1 if mb > 50 else args.repeats)
 
 
-def bench_cold(args):
-    """A fresh process with an empty numba cache: what a student's first run costs."""
-    path = need_file(args.input or SHAKESPEARE, "corpus")
-    with tempfile.TemporaryDirectory() as d:
-        small = os.path.join(d, "small.txt")
-        with open(path, "rb") as f:
-            Path(small).write_bytes(f.read(args.cold_bytes))
-        code = CHILD_PRELUDE + f"""
-import os; os.environ["NUMBA_CACHE_DIR"] = {d!r}
+COLD_JOBS = {
+    "train": """
 t0 = time.perf_counter()
 import bpe
 t1 = time.perf_counter()
-bpe.train_bpe({small!r}, {args.cold_vocab}, ["<|endoftext|>"])
+bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t1, import_s=t1 - t0)
-"""
-        r = run_child(code)
-    print(f"## Cold start: empty numba cache, first {args.cold_bytes / 1e3:.0f} KB of {Path(path).name}, "
-          f"vocab {args.cold_vocab}: train_bpe call {r['call_s']:.2f} s (import of bpe {r['import_s']:.2f} s)")
+""",
+    "encode": """
+t0 = time.perf_counter()
+import bpe
+t1 = time.perf_counter()
+text = open(PATH, encoding="utf-8").read()
+bpe.Tokenizer.from_files(GPT2_VOCAB, GPT2_MERGES, [EOT]).encode(text)
+report(time.perf_counter() - t1, import_s=t1 - t0)
+""",
+}
+
+
+def cold_and_warm(job, path, vocab_size, files, warm_runs=2):
+    """A job in fresh processes sharing one new numba cache directory: the first finds it
+    empty (a fresh clone), the next ones find what the first compiled and saved."""
+    with tempfile.TemporaryDirectory() as cache:
+        head = (f"PATH, VOCAB, EOT, GPT2_VOCAB, GPT2_MERGES = {str(path)!r}, {vocab_size}, {EOT!r}, "
+                f"{files[0]!r}, {files[1]!r}\n")
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        runs = [run_child(CHILD_PRELUDE + head + COLD_JOBS[job], env) for _ in range(1 + warm_runs)]
+    return runs[0], runs[1:]
+
+
+def bench_cold(args):
+    """What a student's first run costs: jobs in a fresh process with an empty numba cache,
+    then the same with the cache that run left; the difference is the one-off compile."""
+    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    text = Path(need_file(args.input or SHAKESPEARE, "corpus")).read_bytes()
+    with tempfile.TemporaryDirectory() as d:
+        small = Path(d, "small.txt")
+        cut = text[:args.cold_bytes]
+        small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)
+        name = Path(args.input or SHAKESPEARE).name
+        jobs = [(f"train_bpe, {small.stat().st_size / 1e3:.0f} KB of {name}, vocab {args.cold_vocab}",
+                 "train", small, args.cold_vocab),
+                (f"GPT-2 Tokenizer.from_files + encode, {small.stat().st_size / 1e3:.0f} KB of {name}",
+                 "encode", small, 0),
+                ("train_bpe, 5 MB scale corpus, vocab 32,000", "train", scale_corpus(5), 32_000),
+                (f"GPT-2 Tokenizer.from_files + encode, {name} ({len(text) / 1e6:.1f} MB)",
+                 "encode", args.input or SHAKESPEARE, 0)]
+        print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
+              "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
+        print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
+              "first compile costs |")
+        print("|---|---|---|---|---|")
+        for label, job, path, vocab in jobs:
+            cold, warm = cold_and_warm(job, path, vocab, files)
+            wc, wp = statistics.median(r["call_s"] for r in warm), statistics.median(r["process_s"] for r in warm)
+            print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | {med([r['call_s'] for r in warm])} | "
+                  f"{cold['process_s']:.2f} / {wp:.2f} s | {cold['call_s'] - wc:.2f} s |", flush=True)
 
 
 def bench_scale(args):
