@@ -312,7 +312,8 @@ def _chunk(rng, zipf, cyr, runs, n):
 def scale_corpus(megabytes, seed=0, cache=CACHE):
     """Path of a web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace), built
     once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
-    seed always gives the same bytes. Documents are separated by <|endoftext|>."""
+    seed always gives the same bytes. Documents are separated by <|endoftext|>.
+    scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
     import regex
     path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
     if path.is_file():
@@ -340,28 +341,17 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
 
 
 def distinct_pretokens(path):
-    """How many distinct GPT-2 pre-tokens the corpus has (text split at <|endoftext|>, as
-    train_bpe counts it): a streaming pass of regex.findall over 4 MB pieces cut at document
-    ends. Kept next to the file, so it is counted once per corpus."""
+    """How many distinct GPT-2 pre-tokens the corpus has, in its documents between the
+    <|endoftext|> markers, as train_bpe counts them: one streaming pass of regex.findall.
+    Kept next to the file, so it is counted once per corpus."""
     import regex
     import bpe
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
-    seen, pat, rest = set(), regex.compile(bpe.GPT2_PAT), ""
-    with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as it is
-        while True:
-            block = f.read(4_000_000)
-            text = rest + block
-            cut = text.rfind(EOT) if block else len(text)
-            if cut < 0:
-                rest = text
-                continue
-            for doc in text[:cut].split(EOT):
-                seen.update(pat.findall(doc))
-            rest = text[cut:]
-            if not block:
-                break
+    seen, pat = set(), regex.compile(bpe.GPT2_PAT)
+    for doc in documents(path):
+        seen.update(pat.findall(doc))
     memo.write_text(str(len(seen)))
     return len(seen)
 
