@@ -270,8 +270,9 @@ def _numbers(rng, n):
     v, kind = rng.zipf(1.3, n) % 10_000_000, rng.integers(0, 8, n)
     year, cents = rng.integers(1600, 2031, n), rng.integers(0, 100, n)
     forms = [lambda a, y, c: str(a), lambda a, y, c: str(y), lambda a, y, c: f"{a % 1000}.{c}",
-             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%", lambda a, y, c: f"{a % 24}:{c % 60:02d}",
-             lambda a, y, c: f"{a:,}", lambda a, y, c: f"€{a % 300},{c:02d}"]
+             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%",
+             lambda a, y, c: f"{a % 24}:{c % 60:02d}", lambda a, y, c: f"{a:,}",
+             lambda a, y, c: f"€{a % 300},{c:02d}"]
     return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
 
 
@@ -416,7 +417,8 @@ def train_table(path, vocab_size, repeats, hf_runs):
     mb = os.path.getsize(path) / 1e6
     print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
           f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
-          f"peak memory sampled every 50 ms: the summed Pss of the process tree, and the peak RSS of its largest process", flush=True)
+          f"peak memory sampled every 50 ms: the summed Pss of the process tree, and the peak RSS of "
+          f"its largest process", flush=True)
     tools = [n for n in TRAINERS if n not in PEER_MODULES or peer(*PEER_MODULES[n])]
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
@@ -459,8 +461,9 @@ def bench_train(args):
         n = distinct_pretokens(path)
         print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
               f"built or found in {time.perf_counter() - t0:.0f} s)")
-        big = mb > 500  # the 2 GB run is long: one run, no HF
-        train_table(path, args.vocab_size, 1 if big else args.repeats, 0 if big else 1 if mb > 50 else args.repeats)
+        big = mb > 500  # the 2 GB run is long: one run, no HF; HF once above 50 MB
+        repeats, hf_runs = (1, 0) if big else (args.repeats, 1 if mb > 50 else args.repeats)
+        train_table(path, args.vocab_size, repeats, hf_runs)
 
 
 COLD_JOBS = {
@@ -517,9 +520,11 @@ def bench_cold(args):
         print("|---|---|---|---|---|")
         for label, job, path, vocab in jobs:
             cold, warm = cold_and_warm(job, path, vocab, files)
-            wc, wp = statistics.median(r["call_s"] for r in warm), statistics.median(r["process_s"] for r in warm)
-            print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | {med([r['call_s'] for r in warm])} | "
-                  f"{cold['process_s']:.2f} / {wp:.2f} s | {cold['call_s'] - wc:.2f} s |", flush=True)
+            wc = statistics.median(r["call_s"] for r in warm)
+            wp = statistics.median(r["process_s"] for r in warm)
+            print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
+                  f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / {wp:.2f} s | "
+                  f"{cold['call_s'] - wc:.2f} s |", flush=True)
 
 
 def bench_scale(args):
@@ -622,7 +627,8 @@ def bench_encode(args):
     import bpe
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
-    chinese = "".join(p.read_text(encoding="utf-8") for p in sorted((SHARED / "reference" / "seeds").glob("*.txt")))
+    notes = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
+    chinese = "".join(p.read_text(encoding="utf-8") for p in notes)
     rows = [(f"English, {Path(args.input or SHAKESPEARE).name}", [english]),
             ("Chinese, the notes in reference/seeds", [chinese]),
             ("Python source, the stdlib's first 5 MB", [stdlib_source()]),
