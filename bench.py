@@ -371,6 +371,9 @@ def documents(path, block=1 << 24):
     yield rest
 
 
+DOCUMENTS_SOURCE = inspect.getsource(documents)  # read now: the file may change during a long run
+
+
 TRAINERS = {
     "bpe.train_bpe": """
 import bpe
@@ -408,7 +411,7 @@ def train_argv(name, path, vocab_size, out_dir):
                 "--special-tokens", EOT, "--out", str(out_dir)]
     import bpe
     head = (f"PATH, VOCAB, EOT, GPT2_PAT = {str(path)!r}, {vocab_size}, {EOT!r}, {bpe.GPT2_PAT!r}\n"
-            + inspect.getsource(documents))
+            + DOCUMENTS_SOURCE)
     return [sys.executable, "-c", CHILD_PRELUDE + head + TRAINERS[name]]
 
 
