@@ -1,20 +1,34 @@
 """Every comparison of this project with other tools, and the scale tables README quotes.
 
     python bench.py              # the tables README quotes: train, cold, encode, step, generate
-    python bench.py train        # train_bpe vs Hugging Face tokenizers and rustbpe, whole processes
-    python bench.py cold         # train_bpe on a small file with an empty numba cache
-    python bench.py encode       # Tokenizer.encode vs tiktoken with GPT-2's files; encode_file
+    python bench.py train        # train_bpe and `bpe.py train` vs HF tokenizers and rustbpe, whole
+                                 # processes, on the 50 and 200 MB scale corpora, vocab 32k
+    python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
+    python bench.py train --input FILE --vocab-size 10000   # the same table on one file
+    python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
+    python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
+                                 # documents); encode_file vs tiktoken's batch on 200 MB
     python bench.py scale        # how BPE training time grows with the corpus and the vocab
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
+The scale corpus (section 0) is web-like text built here from ../shared with a seed, cached in
+~/.cache/cs336-bench/ (about 30 s to build 200 MB the first time). On the 2-core machine the
+default `python bench.py` takes about 20-25 minutes, most of it the 200 MB training table;
+`train --sizes 50` alone takes about 3.
+
 The lessons (bpe.py, model.py, train.py) hold no benchmark code; this file imports them and
 the peers (tiktoken, tokenizers, rustbpe, transformers), each only when its table runs.
 A comparison runs side by side: A and B alternate, and medians are reported, because a
-shared machine's load changes under a benchmark. Default inputs come from ../shared; pass
---input (and --vocab/--merges) to use other files.
+shared machine's load changes under a benchmark. Whole processes are measured from outside:
+wall time, and memory sampled every 50 ms from /proc: the summed Pss of the process and all
+its descendants (forked workers share pages with their parent, so Pss, not RSS, is the fair
+sum) and the largest single process's peak RSS (VmHWM; wait4's ru_maxrss would count
+bench.py's own pages, copied at the fork before exec). Default inputs come from ../shared;
+pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -28,6 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
+SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 EOT = "<|endoftext|>"
 
 
@@ -54,18 +69,72 @@ def med(xs, unit="s", fmt="{:.2f}"):
     return " / ".join(fmt.format(x) for x in xs) + f" {unit} (median {fmt.format(statistics.median(xs))})"
 
 
-def run_child(code):
-    """Run Python code in a fresh process (cwd: this repo). The child's last line is a JSON
-    dict (CHILD_PRELUDE's report: call time, its own peak RSS, its largest worker's);
-    returned with the whole process's wall time added."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate()
-    wall = time.perf_counter() - t0
+def _process_tree(pid):
+    """pid and all its descendants (forked workers and their children), from /proc/*/stat."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    s = f.read()
+            except OSError:
+                continue  # it ended while we looked
+            ppid = int(s[s.rindex(b")") + 2:].split()[1])  # after "(name) state"
+            children.setdefault(ppid, []).append(int(d))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def _memory_mb(pid):
+    """(Pss, VmHWM) of one process in MB. Pss splits shared pages among the processes that share
+    them, so a parent and its forked workers sum to the memory they really use; VmHWM is the
+    process's peak RSS since its exec (or fork)."""
+    pss = hwm = 0.0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            pss = next(int(x.split()[1]) for x in f if x.startswith(b"Pss:")) / 1024
+        with open(f"/proc/{pid}/status", "rb") as f:
+            hwm = next(int(x.split()[1]) for x in f if x.startswith(b"VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        pass  # it ended while we looked
+    return pss, hwm
+
+
+def run_measured(argv, env=None, every=0.05):
+    """Run argv as a whole process (cwd: this repo). Returns its wall time, stdout, the peak
+    over time of the summed Pss of the process and all its descendants, and the largest peak
+    RSS (VmHWM) of one process of the tree, both sampled every 50 ms. (wait4's ru_maxrss is
+    kept too, but it counts bench.py's own pages at the fork before exec.)"""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
+        pss = hwm = 0.0
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)  # wait4, not poll: it gives rusage
+            if pid:
+                break
+            mem = [_memory_mb(q) for q in _process_tree(p.pid)]
+            pss, hwm = max(pss, sum(m[0] for m in mem)), max([hwm] + [m[1] for m in mem])
+            time.sleep(every)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if p.returncode != 0:
-        raise RuntimeError(f"child failed: {err.strip()[-500:]}")
-    return {**json.loads(out.strip().splitlines()[-1]), "process_s": wall}
+        raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: {stderr.strip()[-500:]}")
+    return {"process_s": wall, "pss_mb": pss, "hwm_mb": hwm, "maxrss_mb": usage.ru_maxrss / 1024,
+            "stdout": stdout}
+
+
+def run_child(code, env=None):
+    """Run Python code in a fresh process, measured as run_measured. The child's last line is
+    a JSON dict (CHILD_PRELUDE's report: call time and more), merged into the result."""
+    r = run_measured([sys.executable, "-c", code], env)
+    return {**json.loads(r["stdout"].strip().splitlines()[-1]), **r}
 
 
 CHILD_PRELUDE = """
@@ -78,7 +147,232 @@ def report(call_s, **extra):
 
 
 # ----------------------------------------------------------------------------
+# 0. The scale corpus: web-like text of any size, built from ../shared and a seed
+#
+# The handout's real corpora (TinyStories, OpenWebText) are gigabytes and not in ../shared,
+# so the scale tables train on text built here. What makes web text hard for a BPE trainer
+# is not its bytes but its millions of distinct pre-tokens (typos, names, numbers, URLs,
+# other scripts), so the generator mutates real words into a pool of a few million distinct
+# strings and samples them with a Zipf-like weight: common words stay common, and the tail of
+# rare words keeps growing with the corpus, as on the web.
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cs336-bench"
+CORPUS_VERSION = 1  # bump when the generator changes, so that old cached files are not reused
+
+# Share of the words by kind (the rest are English words and their mutations). A CJK run is
+# ~12 characters of 3 bytes, so 2.5% of the words make ~5% of the bytes.
+KINDS = {"number": 0.05, "url": 0.006, "cyrillic": 0.015, "cjk": 0.025, "emoji": 0.006}
+CYRILLIC = str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                         "абцдефгхийклмнопярстуввхызАБЦДЕФГХИЙКЛМНОПЯРСТУВВХЫЗ")
+ACCENTS = {"a": "àáâäå", "e": "èéêë", "i": "ìíîï", "o": "òóôöø", "u": "ùúûü", "n": "ñ", "c": "ç", "s": "ß"}
+PREFIXES = ["", "", "", "", "un", "re", "pre", "anti", "over", "non", "super", "micro", "e-"]
+SUFFIXES = ["", "", "", "", "", "s", "ed", "ing", "ly", "er", "ness", "ful", "ism", "ist", "ity",
+            "able", "ish", "less", "ment", "'s", "-like", "ify", "ization", "z", "ie", "o"]
+TLDS = ["com", "org", "net", "io", "edu", "de", "cn", "ru", "co.uk", "ai", "dev"]
+EMOJI = ["😀", "😂", "🥲", "😍", "🤔", "🙄", "😭", "🔥", "✨", "🎉", "❤️", "💯", "🚀", "🙏", "🤖", "🍕",
+         "🌍", "📈", "✅", "⚡", "🐍", "🇺🇸", "🇨🇳", "🇷🇺", "🇫🇷"]
+PEOPLE = ["👍", "👋", "🙌", "👏", "💪", "🤝", "👩", "👨", "🧑", "🏃", "🧑‍💻", "👩‍🔬"]
+SKIN = ["", "\U0001F3FB", "\U0001F3FC", "\U0001F3FD", "\U0001F3FE", "\U0001F3FF"]
+ZWJ = ["👨‍👩‍👧", "👨‍👩‍👧‍👦", "👩‍❤️‍👨", "🏳️‍🌈", "🧑‍🤝‍🧑", "👁️‍🗨️", "🐻‍❄️", "❤️‍🔥"]
+# What follows a word: mostly a space; punctuation, line breaks and other whitespace sometimes.
+SEPARATORS = {" ": 0.80, ", ": 0.06, ". ": 0.05, ".\n": 0.015, ".\n\n": 0.015, "\n": 0.01, "! ": 0.005,
+              "? ": 0.005, ": ": 0.005, "; ": 0.003, " - ": 0.003, " (": 0.002, ") ": 0.002,
+              "\" ": 0.003, " \"": 0.003, "  ": 0.004, "\t": 0.002, "... ": 0.003, "n't ": 0.004,
+              "'ll ": 0.002, "'re ": 0.002, "\r\n": 0.002, ". \u00a0": 0.001}
+DOC_WORDS = 400  # mean words per document; documents end with <|endoftext|>
+
+
+def _source_texts():
+    """The texts in ../shared the corpus is built from: (English, Chinese)."""
+    english = [SHARED / "data" / "shakespeare.txt", SHARED / "reference" / "tinystories_sample.txt",
+               SHARED / "reference" / "cs336_assignment1_handout.txt"]
+    chinese = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
+    read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
+    return read(english), read(chinese)
+
+
+class Zipf:
+    """Draws strings from pool, the i-th with weight 1 / (i + offset)^a."""
+
+    def __init__(self, pool, a=1.05, offset=3.0):
+        self.pool = pool
+        self.cum = np.cumsum(1.0 / (np.arange(len(pool)) + offset) ** a)
+
+    def __call__(self, rng, n):
+        return self.pool[np.searchsorted(self.cum, rng.random(n) * self.cum[-1])]
+
+
+def _typos(rng, words, n):
+    """n words with one typo each: two letters swapped, one dropped, inserted or changed,
+    or a letter accented."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    base = words[rng.integers(0, len(words), n)].tolist()
+    op, pos, r = rng.integers(0, 5, n).tolist(), rng.random(n).tolist(), rng.random(n).tolist()
+    out = []
+    for w, o, p, r0 in zip(base, op, pos, r):
+        k, c = int(p * len(w)), letters[int(r0 * 26)]
+        if o == 0 and k + 1 < len(w):
+            w = w[:k] + w[k + 1] + w[k] + w[k + 2:]
+        elif o == 1 and len(w) > 3:
+            w = w[:k] + w[k + 1:]
+        elif o == 2:
+            w = w[:k] + c + w[k:]
+        elif o == 3:
+            w = w[:k] + c + w[k + 1:]
+        elif w[k:k + 1] in ACCENTS:
+            acc = ACCENTS[w[k]]
+            w = w[:k] + acc[int(r0 * len(acc))] + w[k + 1:]
+        out.append(w)
+    return out
+
+
+def _mutate(rng, words, n):
+    """n mutated words: a word, or one with a typo, between a prefix and a suffix (either often
+    empty), sometimes capitalised. Typos are made once for a tenth as many words and combined
+    with the affixes, which keeps a pool of millions cheap to build."""
+    core = np.array(words.tolist() + _typos(rng, words, n // 10 + 1), dtype=object)
+    pre = np.array(PREFIXES, dtype=object)[rng.integers(0, len(PREFIXES), n)].tolist()
+    mid = core[rng.integers(0, len(core), n)].tolist()
+    suf = np.array(SUFFIXES, dtype=object)[rng.integers(0, len(SUFFIXES), n)].tolist()
+    out = [p + w + s for p, w, s in zip(pre, mid, suf)]
+    case = rng.random(n)
+    for i in np.flatnonzero(case < 0.14).tolist():
+        out[i] = out[i].capitalize() if case[i] < 0.12 else out[i].upper()
+    return out
+
+
+def _word_pool(rng, english, n_mutated):
+    """English words by frequency (the head of the Zipf curve), then n_mutated distinct
+    mutations of them in random order (its tail). Returns a numpy array of str."""
+    import regex
+    counts = {}
+    for w in regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english):
+        counts[w] = counts.get(w, 0) + 1
+    real = sorted(counts, key=lambda w: (-counts[w], w))
+    pool = dict.fromkeys(real)
+    words = np.array([w.lower() for w in real if len(w) > 1], dtype=object)
+    while len(pool) < len(real) + n_mutated:  # duplicates are dropped, so top up
+        pool.update(dict.fromkeys(_mutate(rng, words, len(real) + n_mutated - len(pool))))
+    return np.array(list(pool), dtype=object)
+
+
+def _cjk_runs(rng, runs, n):
+    """n runs of Chinese text cut from the notes' runs (1-24 characters, punctuation included)."""
+    lengths = np.array([len(r) for r in runs])
+    which = np.searchsorted(np.cumsum(lengths), rng.random(n) * lengths.sum())
+    size = rng.integers(1, 25, n)
+    start = (rng.random(n) * lengths[which]).astype(int)
+    return [r[s:s + k] for r, s, k in zip(runs[which].tolist(), start.tolist(), size.tolist())]
+
+
+def _numbers(rng, n):
+    """Integers, years, decimals, prices, percentages, times, thousands separators."""
+    v, kind = rng.zipf(1.3, n) % 10_000_000, rng.integers(0, 8, n)
+    year, cents = rng.integers(1600, 2031, n), rng.integers(0, 100, n)
+    forms = [lambda a, y, c: str(a), lambda a, y, c: str(y), lambda a, y, c: f"{a % 1000}.{c}",
+             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%",
+             lambda a, y, c: f"{a % 24}:{c % 60:02d}", lambda a, y, c: f"{a:,}",
+             lambda a, y, c: f"€{a % 300},{c:02d}"]
+    return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
+
+
+def _urls(rng, zipf, n):
+    w = zipf(rng, 4 * n).reshape(n, 4).tolist()
+    tld, q = rng.integers(0, len(TLDS), n).tolist(), rng.integers(0, 100_000, n).tolist()
+    return [f"https://www.{a.lower()}.{TLDS[t]}/{b}/{c}-{d}" + (f"?id={i}" if i % 3 == 0 else "")
+            for (a, b, c, d), t, i in zip(w, tld, q)]
+
+
+def _emoji(rng, n):
+    kind, a, b = rng.integers(0, 4, n).tolist(), rng.integers(0, 1000, n).tolist(), rng.integers(1, 4, n).tolist()
+    one = [lambda i: EMOJI[i % len(EMOJI)], lambda i: PEOPLE[i % len(PEOPLE)] + SKIN[i % len(SKIN)],
+           lambda i: ZWJ[i % len(ZWJ)], lambda i: EMOJI[i % len(EMOJI)] + PEOPLE[i % len(PEOPLE)]]
+    return [one[k](i) * r for k, i, r in zip(kind, a, b)]
+
+
+def _chunk(rng, zipf, cyr, runs, n):
+    """n words with their separators, as one string."""
+    names = ["english", *KINDS]
+    kind = rng.choice(len(names), n, p=[1 - sum(KINDS.values()), *KINDS.values()])
+    words = np.empty(n, dtype=object)
+    for k, name in enumerate(names):
+        where = np.flatnonzero(kind == k)
+        m = len(where)
+        made = {"english": lambda: zipf(rng, m), "cyrillic": lambda: [w.translate(CYRILLIC) for w in cyr(rng, m)],
+                "number": lambda: _numbers(rng, m), "url": lambda: _urls(rng, zipf, m),
+                "cjk": lambda: _cjk_runs(rng, runs, m), "emoji": lambda: _emoji(rng, m)}[name]()
+        words[where] = np.array(list(made) + [None], dtype=object)[:m]  # keep numpy from splitting strs
+    seps = np.array(list(SEPARATORS), dtype=object)[
+        rng.choice(len(SEPARATORS), n, p=np.array(list(SEPARATORS.values())) / sum(SEPARATORS.values()))]
+    seps[rng.random(n) < 1 / DOC_WORDS] = "\n" + EOT
+    out = np.empty(2 * n, dtype=object)
+    out[0::2], out[1::2] = words, seps
+    return "".join(out.tolist())
+
+
+def scale_corpus(megabytes, seed=0, cache=CACHE):
+    """Path of a web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace), built
+    once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
+    seed always gives the same bytes. Documents are separated by <|endoftext|>.
+    scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
+    import regex
+    path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = int(megabytes * 1_000_000)
+    rng = np.random.default_rng(seed)
+    english, chinese = _source_texts()
+    pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
+    zipf, cyr = Zipf(pool), Zipf(pool, a=0.9)
+    runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
+                    dtype=object)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        size = 0
+        while size < target:
+            blob = _chunk(rng, zipf, cyr, runs, 1_000_000).encode("utf-8")
+            if size + len(blob) > target:  # cut at the last ASCII whitespace: a character boundary
+                blob = blob[:max(blob.rfind(b" ", 0, target - size), blob.rfind(b"\n", 0, target - size)) + 1]
+                target = 0  # this was the last piece
+            f.write(blob)
+            size += len(blob)
+    os.replace(tmp, path)
+    return path
+
+
+def distinct_pretokens(path):
+    """How many distinct GPT-2 pre-tokens the corpus has, in its documents between the
+    <|endoftext|> markers, as train_bpe counts them: one streaming pass of regex.findall.
+    Kept next to the file, so it is counted once per corpus."""
+    import regex
+    import bpe
+    memo = Path(str(path) + ".pretokens")
+    if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
+        return int(memo.read_text())
+    seen, pat = set(), regex.compile(bpe.GPT2_PAT)
+    for doc in documents(path):
+        seen.update(pat.findall(doc))
+    memo.write_text(str(len(seen)))
+    return len(seen)
+
+
+# ----------------------------------------------------------------------------
 # 1. BPE training: this project, Hugging Face tokenizers, rustbpe (whole processes)
+
+def documents(path, block=1 << 24):
+    """The documents of a text file, between <|endoftext|> markers, read 16 MB at a time."""
+    rest = ""
+    with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as it is
+        for piece in iter(lambda: f.read(block), ""):
+            docs = (rest + piece).split("<|endoftext|>")
+            rest = docs.pop()
+            yield from docs
+    yield rest
+
+
+DOCUMENTS_SOURCE = inspect.getsource(documents)  # read now: the file may change during a long run
+
 
 TRAINERS = {
     "bpe.train_bpe": """
@@ -87,6 +381,7 @@ t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t0, merges=len(merges), longest=max(map(len, vocab.values())))
 """,
+    "python bpe.py train": None,  # the command line itself, see train_argv
     "HF tokenizers BpeTrainer": """
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 t0 = time.perf_counter()
@@ -96,64 +391,149 @@ hf.train([PATH], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOT], sho
                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 report(time.perf_counter() - t0, merges=VOCAB - 257)
 """,
-    # rustbpe has no special tokens: it gets the documents between them and one id fewer,
-    # so that both learn the same number of merges.
+    # rustbpe has no special tokens: it gets the documents between them, streamed (by bench's
+    # documents(), its source pasted here), and one id fewer, so both learn the same merges.
     "rustbpe": """
-import rustbpe, bpe
+import rustbpe
 t0 = time.perf_counter()
-docs = open(PATH, encoding="utf-8").read().split(EOT)
 tok = rustbpe.Tokenizer()
-tok.train_from_iterator(iter(docs), VOCAB - 1, pattern=bpe.GPT2_PAT)
+tok.train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2_PAT)
 report(time.perf_counter() - t0, merges=VOCAB - 257)
 """,
 }
 PEER_MODULES = {"HF tokenizers BpeTrainer": ("tokenizers", "tokenizers"), "rustbpe": ("rustbpe", "rustbpe")}
 
 
-def bench_train(args):
-    path = need_file(args.input, "corpus")
-    print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab "
-          f"{args.vocab_size}, {EOT} special; each tool in a fresh process, {args.repeats} alternating runs")
-    tools = [name for name in TRAINERS if name not in PEER_MODULES or peer(*PEER_MODULES[name])]
-    head = f"PATH, VOCAB, EOT = {path!r}, {args.vocab_size}, {EOT!r}\n"
+def train_argv(name, path, vocab_size, out_dir):
+    """The command that trains with tool `name` as a whole process."""
+    if name == "python bpe.py train":
+        return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
+                "--special-tokens", EOT, "--out", str(out_dir)]
+    import bpe
+    head = (f"PATH, VOCAB, EOT, GPT2_PAT = {str(path)!r}, {vocab_size}, {EOT!r}, {bpe.GPT2_PAT!r}\n"
+            + DOCUMENTS_SOURCE)
+    return [sys.executable, "-c", CHILD_PRELUDE + head + TRAINERS[name]]
+
+
+def train_table(path, vocab_size, repeats, hf_runs):
+    """One table: every tool on one corpus, whole processes, alternating, medians."""
+    mb = os.path.getsize(path) / 1e6
+    print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
+          f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
+          f"peak memory sampled every 50 ms: the summed Pss of the process tree, and the peak RSS of "
+          f"its largest process", flush=True)
+    tools = [n for n in TRAINERS if n not in PEER_MODULES or peer(*PEER_MODULES[n])]
     runs = {name: [] for name in tools}
-    for _ in range(args.repeats):
-        for name in tools:
-            runs[name].append(run_child(CHILD_PRELUDE + head + TRAINERS[name]))
-    print("| tool | training call | whole process | peak RSS (largest worker) |")
-    print("|---|---|---|---|")
-    for name, rs in runs.items():
-        rss = max(r["rss_mb"] for r in rs)
-        workers = max(r["workers_mb"] for r in rs)
-        print(f"| {name} | {med([r['call_s'] for r in rs])} | {med([r['process_s'] for r in rs])} | "
-              f"{rss:.0f} MB ({workers:.0f} MB) |")
-    ours = runs["bpe.train_bpe"][-1]
-    print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes")
-
-
-def bench_cold(args):
-    """A fresh process with an empty numba cache: what a student's first run costs."""
-    path = need_file(args.input, "corpus")
     with tempfile.TemporaryDirectory() as d:
-        small = os.path.join(d, "small.txt")
-        with open(path, "rb") as f:
-            Path(small).write_bytes(f.read(args.cold_bytes))
-        code = CHILD_PRELUDE + f"""
-import os; os.environ["NUMBA_CACHE_DIR"] = {d!r}
+        for i in range(repeats):
+            for name in tools:
+                if name.startswith("HF") and i >= hf_runs:
+                    continue
+                r = run_measured(train_argv(name, path, vocab_size, d))
+                if name != "python bpe.py train":
+                    r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
+                runs[name].append(r)
+        cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
+    print("| tool | training call | whole process | peak Pss, process tree | peak RSS, largest process |")
+    print("|---|---|---|---|---|")
+    for name, rs in runs.items():
+        call = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+        print(f"| {name} | {call} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+    ours = runs["bpe.train_bpe"][-1]
+    print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes; "
+          f"python bpe.py train: {cli_merges} lines in merges.txt")
+    if "rustbpe" in runs:
+        ratio = statistics.median(r["process_s"] for r in runs["bpe.train_bpe"]) / \
+            statistics.median(r["process_s"] for r in runs["rustbpe"])
+        print(f"whole process, bpe.train_bpe / rustbpe: {ratio:.2f} (medians)")
+    print(flush=True)
+
+
+def bench_train(args):
+    """The issue's table: the scale corpora (--sizes, in MB) at --vocab-size; or --input."""
+    if args.input:
+        return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
+    # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
+    # run fills that cache, so the table times what every later run costs (`cold` times the rest).
+    run_measured(train_argv("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir()))
+    print("(one untimed bpe.train_bpe run on the 5 MB scale corpus first: numba's disk cache is warm)")
+    for mb in args.sizes:
+        t0 = time.perf_counter()
+        path = scale_corpus(mb)
+        n = distinct_pretokens(path)
+        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
+              f"built or found in {time.perf_counter() - t0:.0f} s)")
+        big = mb > 500  # the 2 GB run is long: one run, no HF; HF once above 50 MB
+        repeats, hf_runs = (1, 0) if big else (args.repeats, 1 if mb > 50 else args.repeats)
+        train_table(path, args.vocab_size, repeats, hf_runs)
+
+
+COLD_JOBS = {
+    "train": """
 t0 = time.perf_counter()
 import bpe
 t1 = time.perf_counter()
-bpe.train_bpe({small!r}, {args.cold_vocab}, ["<|endoftext|>"])
+bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t1, import_s=t1 - t0)
-"""
-        r = run_child(code)
-    print(f"## Cold start: empty numba cache, first {args.cold_bytes / 1e3:.0f} KB of {Path(path).name}, "
-          f"vocab {args.cold_vocab}: train_bpe call {r['call_s']:.2f} s (import of bpe {r['import_s']:.2f} s)")
+""",
+    "encode": """
+t0 = time.perf_counter()
+import bpe
+t1 = time.perf_counter()
+text = open(PATH, encoding="utf-8").read()
+bpe.Tokenizer.from_files(GPT2_VOCAB, GPT2_MERGES, [EOT]).encode(text)
+report(time.perf_counter() - t1, import_s=t1 - t0)
+""",
+}
+
+
+def cold_and_warm(job, path, vocab_size, files, warm_runs=2):
+    """A job in fresh processes sharing one new numba cache directory: the first finds it
+    empty (a fresh clone), the next ones find what the first compiled and saved."""
+    with tempfile.TemporaryDirectory() as cache:
+        head = (f"PATH, VOCAB, EOT, GPT2_VOCAB, GPT2_MERGES = {str(path)!r}, {vocab_size}, {EOT!r}, "
+                f"{files[0]!r}, {files[1]!r}\n")
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        runs = [run_child(CHILD_PRELUDE + head + COLD_JOBS[job], env) for _ in range(1 + warm_runs)]
+    return runs[0], runs[1:]
+
+
+def bench_cold(args):
+    """What a student's first run costs: jobs in a fresh process with an empty numba cache,
+    then the same with the cache that run left; the difference is the one-off compile."""
+    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    text = Path(need_file(args.input or SHAKESPEARE, "corpus")).read_bytes()
+    with tempfile.TemporaryDirectory() as d:
+        small = Path(d, "small.txt")
+        cut = text[:args.cold_bytes]
+        small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)
+        name = Path(args.input or SHAKESPEARE).name
+        jobs = [(f"train_bpe, {small.stat().st_size / 1e3:.0f} KB of {name}, vocab {args.cold_vocab}",
+                 "train", small, args.cold_vocab),
+                (f"GPT-2 Tokenizer.from_files + encode, {small.stat().st_size / 1e3:.0f} KB of {name}",
+                 "encode", small, 0),
+                ("train_bpe, 5 MB scale corpus, vocab 32,000", "train", scale_corpus(5), 32_000),
+                (f"GPT-2 Tokenizer.from_files + encode, {name} ({len(text) / 1e6:.1f} MB)",
+                 "encode", args.input or SHAKESPEARE, 0)]
+        print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
+              "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
+        print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
+              "first compile costs |")
+        print("|---|---|---|---|---|")
+        for label, job, path, vocab in jobs:
+            cold, warm = cold_and_warm(job, path, vocab, files)
+            wc = statistics.median(r["call_s"] for r in warm)
+            wp = statistics.median(r["process_s"] for r in warm)
+            print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
+                  f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / {wp:.2f} s | "
+                  f"{cold['call_s'] - wc:.2f} s |", flush=True)
 
 
 def bench_scale(args):
     """Pre-tokenizing grows with the bytes, the merge loop with the distinct pre-tokens."""
     import bpe
+    args.input = args.input or SHAKESPEARE
     data = Path(need_file(args.input, "corpus")).read_bytes()
     corpora = []
     for mb in (1, 2, 5):
@@ -182,51 +562,165 @@ def bench_scale(args):
 # ----------------------------------------------------------------------------
 # 2. Encoding with GPT-2's files: this project vs tiktoken
 
+def stdlib_source(limit=5_000_000):
+    """The first `limit` bytes of Python's own standard library (.py files sorted by path,
+    site-packages and files that are not UTF-8 left out), so that any machine has the same text."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, size = [], 0
+    for p in sorted(root.rglob("*.py")):
+        if "site-packages" in p.parts or size >= limit:
+            continue
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        parts.append(text)
+        size += len(text.encode("utf-8"))
+    return "".join(parts)
+
+
+def small_documents(text, size=1000, total=1_400_000):
+    """The first `total` bytes of text cut at whitespace into documents of about `size` bytes."""
+    docs, start = [], 0
+    while start < min(len(text), total):
+        cut = text.find(" ", start + size)
+        cut = len(text) if cut < 0 else cut
+        docs.append(text[start:cut])
+        start = cut
+    return docs
+
+
+def gpt2_tiktoken(vocab_path):
+    """tiktoken's GPT-2 built offline from the same vocab file (no download)."""
+    import bpe
+    tiktoken = peer("tiktoken", "tiktoken")
+    if tiktoken is None:
+        return None
+    vocab = bpe._load_vocab_file(vocab_path)
+    return tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
+                             mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
+
+
+def _encode_row(name, docs, files, enc, repeats):
+    """Seconds per run (summed over the calls, one per document), ours and tiktoken's,
+    alternating; a fresh Tokenizer each run; ids checked identical, document by document."""
+    import bpe
+    ours, theirs = [], []
+    for _ in range(repeats):
+        tok = bpe.Tokenizer.from_files(*files, [EOT])
+        ids, t = [], 0.0
+        for doc in docs:
+            t0 = time.perf_counter()
+            ids.append(tok.encode(doc))
+            t += time.perf_counter() - t0
+        ours.append(t)
+        if enc:
+            ref, t = [], 0.0
+            for doc in docs:
+                t0 = time.perf_counter()
+                ref.append(enc.encode(doc, allowed_special="all"))
+                t += time.perf_counter() - t0
+            theirs.append(t)
+            assert ids == ref, f"{name}: the ids differ from tiktoken's"
+    return ours, theirs, tok
+
+
 def bench_encode(args):
     import bpe
-    path = need_file(args.input, "text")
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
-    text = Path(path).read_text(encoding="utf-8")
-    mb = len(text.encode("utf-8")) / 1e6
-    print(f"## Encoding {Path(path).name} ({mb:.1f} MB) with GPT-2's vocab and merges, one thread, "
-          f"a fresh Tokenizer each run, {args.repeats} runs alternating with tiktoken")
-    tiktoken = peer("tiktoken", "tiktoken")
-    enc = None
-    if tiktoken:  # tiktoken's GPT-2 built offline from the same vocab file
-        vocab = bpe._load_vocab_file(files[0])
-        enc = tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
-                                mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
-    ours, theirs = [], []
-    for _ in range(args.repeats):
-        tok = bpe.Tokenizer.from_files(*files, [EOT])
-        t0 = time.perf_counter()
-        ids = tok.encode(text)
-        ours.append(mb / (time.perf_counter() - t0))
-        if enc:
-            t0 = time.perf_counter()
-            ref = enc.encode(text, allowed_special="all")
-            theirs.append(mb / (time.perf_counter() - t0))
-            assert ids == ref, "the ids differ from tiktoken's"
+    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
+    notes = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
+    chinese = "".join(p.read_text(encoding="utf-8") for p in notes)
+    rows = [(f"English, {Path(args.input or SHAKESPEARE).name}", [english]),
+            ("Chinese, the notes in reference/seeds", [chinese]),
+            ("Python source, the stdlib's first 5 MB", [stdlib_source()]),
+            ("1 KB documents of the English, one call each", small_documents(english))]
+    enc = gpt2_tiktoken(files[0])
+    # bpe.py's compiled code may need a one-off load per process: one untimed encode, by another
+    # Tokenizer object, of a little of each text.
+    bpe.Tokenizer.from_files(*files, [EOT]).encode("".join(docs[0][:20_000] for _, docs in rows))
+    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run (after one "
+          f"untimed warm-up encode by another Tokenizer in this process), {args.repeats} runs alternating "
+          f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
+    print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
+    print("|---|---|---|---|---|---|")
+    for name, docs in rows:
+        mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
+        ours, theirs, tok = _encode_row(name, docs, files, enc, args.repeats)
+        ratio = f"{statistics.median(theirs) / statistics.median(ours):.2f}x" if enc else "-"
+        print(f"| {name} | {mb:.2f} | {len(docs):,} | {med([mb / t for t in ours], 'MB/s')} | "
+              f"{med([mb / t for t in theirs], 'MB/s') if enc else '-'} | {ratio} |", flush=True)
     t0 = time.perf_counter()
-    tok.encode(text)
-    second = mb / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for part in text.split(EOT):
-        bpe.pretokenize(part)
-    regex_alone = mb / (time.perf_counter() - t0)
-    print(f"Tokenizer.encode: {med(ours, 'MB/s')}")
-    if enc:
-        ratio = statistics.median(ours) / statistics.median(theirs)
-        print(f"tiktoken.encode:  {med(theirs, 'MB/s')}; ratio of medians {ratio:.2f}; ids identical")
-    print(f"second pass (pre-token cache full) {second:.2f} MB/s; pre-tokenizing alone {regex_alone:.2f} MB/s")
+    tok.encode(english)
+    print(f"English again with the last Tokenizer (its pre-token cache full): "
+          f"{len(english.encode('utf-8')) / 1e6 / (time.perf_counter() - t0):.2f} MB/s")
+    print(flush=True)
+    bench_encode_file(args, files)
+
+
+ENCODE_FILE = {
+    "bpe.encode_file, 2 workers": """
+import bpe
+tok = bpe.Tokenizer.from_files(VOCAB, MERGES, [EOT])
+t0 = time.perf_counter()
+bpe.encode_file(tok, PATH, OUT, 2, progress=False)
+report(time.perf_counter() - t0)
+""",
+    # encode_ordinary does not treat <|endoftext|> as special, so tiktoken gets the documents
+    # between the markers, and the file's markers are taken out of our count to compare.
+    "tiktoken encode_ordinary_batch, 2 threads": """
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+enc = tiktoken.Encoding(name="gpt2_local", pat_str=PAT, mergeable_ranks=load_tiktoken_bpe(RANKS),
+                        special_tokens={EOT: 50256})
+t0 = time.perf_counter()
+docs = open(PATH, encoding="utf-8", newline="").read().split(EOT)
+ids = enc.encode_ordinary_batch(docs, num_threads=2)
+call = time.perf_counter() - t0
+report(call, tokens=sum(map(len, ids)), id_sum=sum(map(sum, ids)), docs=len(docs))
+""",
+}
+
+
+def bench_encode_file(args, files):
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads, whole processes."""
+    import base64
+    import bpe
+    path = scale_corpus(args.encode_mb)
+    mb = os.path.getsize(path) / 1e6
+    tools = [n for n in ENCODE_FILE if not n.startswith("tiktoken") or peer("tiktoken", "tiktoken")]
+    print(f"## Encoding a file: the {mb:.0f} MB scale corpus ({path.name}) with GPT-2's files, each tool a fresh "
+          f"process, {args.repeats} alternating runs; the call includes reading the file, not building the "
+          f"tokenizer; our ids go to a .npy, tiktoken's stay in its lists; memory as in the training table")
+    runs = {n: [] for n in tools}
     with tempfile.TemporaryDirectory() as d:
-        for workers in (1, 2):
-            tok = bpe.Tokenizer.from_files(*files, [EOT])
-            t0 = time.perf_counter()
-            bpe.encode_file(tok, path, os.path.join(d, "ids.npy"), workers, progress=False)
-            dt = time.perf_counter() - t0
-            assert np.load(os.path.join(d, "ids.npy")).tolist() == ids
-            print(f"encode_file, {workers} process(es): {mb / dt:.2f} MB/s (fresh tokenizer)")
+        ranks = os.path.join(d, "gpt2.tiktoken")  # tiktoken's own file format, so its process needs no bpe.py
+        vocab = bpe._load_vocab_file(files[0])
+        Path(ranks).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in sorted(vocab.items())
+                                       if t != EOT.encode()))
+        out = os.path.join(d, "ids.npy")
+        head = (f"PATH, OUT, VOCAB, MERGES, RANKS, EOT, PAT = {str(path)!r}, {out!r}, {files[0]!r}, "
+                f"{files[1]!r}, {ranks!r}, {EOT!r}, {bpe.GPT2_PAT!r}\n")
+        for _ in range(args.repeats):
+            for name in tools:
+                runs[name].append(run_child(CHILD_PRELUDE + head + ENCODE_FILE[name]))
+        ids = np.load(out, mmap_mode="r")
+        eot = int(np.count_nonzero(ids == 50256))
+        ours = {"tokens": len(ids) - eot, "id_sum": int(ids.sum(dtype=np.int64)) - 50256 * eot}
+    print("| tool | call | whole process | peak Pss, process tree | peak RSS, largest process |")
+    print("|---|---|---|---|---|")
+    for name, rs in runs.items():
+        print(f"| {name} | {med([r['call_s'] for r in rs])} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+    line = f"bpe.encode_file: {ours['tokens'] + eot:,} ids, {eot:,} of them <|endoftext|>"
+    if "tiktoken encode_ordinary_batch, 2 threads" in runs:
+        tt = runs["tiktoken encode_ordinary_batch, 2 threads"][-1]
+        same = tt["tokens"] == ours["tokens"] and tt["id_sum"] == ours["id_sum"] and tt["docs"] == eot + 1
+        assert same, f"token counts differ: ours {ours} (+{eot} markers), tiktoken's {tt}"
+        line += (f"; without them {ours['tokens']:,}, the same count and id sum as tiktoken's over "
+                 f"the {tt['docs']:,} documents between the markers")
+    print(line, flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -302,8 +796,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all",
                     choices=["all", "train", "cold", "encode", "scale", "generate"])
-    ap.add_argument("--input", default=str(SHARED / "data" / "shakespeare.txt"), help="corpus (UTF-8 text)")
-    ap.add_argument("--vocab-size", type=int, default=10_000, help="train: vocabulary size")
+    ap.add_argument("--input", help="a UTF-8 text file instead of the defaults (train: the scale "
+                                    "corpora; cold, encode, scale: shakespeare.txt)")
+    ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
+    ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
+    ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
     ap.add_argument("--cold-bytes", type=int, default=133_120, help="cold: bytes of --input to train on")
     ap.add_argument("--cold-vocab", type=int, default=500, help="cold: vocabulary size")
@@ -312,6 +809,12 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     ap.add_argument("--fast", action="store_true", help="generate: model.py's fused path")
     args = ap.parse_args(argv)
+    try:
+        args.sizes = [float(s) for s in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
+    if min(args.sizes) <= 0:
+        ap.error("--sizes must be positive")
     for flag in ("vocab_size", "repeats", "cold_bytes", "cold_vocab", "new_tokens"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")

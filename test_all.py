@@ -2926,6 +2926,63 @@ def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
     assert f"bpe.train_bpe: {len(merges)} merges" in out
 
 
+def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
+    small = bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a")
+    assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=tmp_path / "b").read_bytes()
+    assert small.read_bytes() != bench.scale_corpus(0.2, seed=1, cache=tmp_path / "a").read_bytes()
+    assert bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a") == small  # cached: the same file
+    big = bench.scale_corpus(1, seed=0, cache=tmp_path / "a")
+    data = big.read_bytes()
+    assert 999_000 < len(data) <= 1_000_000 and len(small.read_bytes()) <= 200_000
+    text = data.decode("utf-8")  # valid UTF-8, or this raises
+    for kind in (r"\p{Han}{3}", r"\p{Cyrillic}{3}", "https://www\\.", r"\d{4}", r"\$\d+\.\d\d",
+                 "[àáâäåèéêëñç]", "\U0001F3FB|\U0001F3FF", "\u200d", "<\\|endoftext\\|>"):
+        assert regex.search(kind, text), kind
+    han = sum(map(len, regex.findall(r"\p{Han}+", text))) * 3 / len(data)
+    assert 0.03 < han < 0.08, han  # about 5% of the bytes are CJK
+    assert text.count("<|endoftext|>") > 100
+    n_small, n_big = bench.distinct_pretokens(small), bench.distinct_pretokens(big)
+    assert n_big == len(set(t for doc in text.split("<|endoftext|>") for t in regex.findall(bpe.GPT2_PAT, doc)))
+    assert 3 * n_small < n_big  # the tail of rare words keeps growing with the corpus
+
+
+def test_bench_run_measured_sums_pss_over_a_forked_tree():
+    code = bench.CHILD_PRELUDE + """
+import os, numpy as np
+a = np.ones(25_000_000)  # 200 MB, shared with the child after the fork
+if os.fork() == 0:
+    b = np.ones(12_500_000); time.sleep(0.6); os._exit(0)  # 100 MB of its own
+os.wait()
+report(0.0)
+"""
+    r = bench.run_child(code)
+    assert 280 < r["pss_mb"] < 420, r  # 200 shared once + 100 own (+ Python), not 200 twice
+    assert 290 < r["hwm_mb"] < 420 and r["process_s"] > 0.6, r
+
+
+def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
+    _bench_no_peers(monkeypatch)
+    text = tmp_path / "t.txt"
+    text.write_text("Hello world, it's 2025! Les élèves 学习 <|endoftext|> again\n" * 200, encoding="utf-8")
+    monkeypatch.setattr(bench, "stdlib_source", lambda: "def f(x):\n    return x + 1\n" * 100)
+    monkeypatch.setattr(bench, "scale_corpus", lambda mb: text)
+    assert bench.main(["encode", "--input", str(text), "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| Python source, the stdlib's first 5 MB | 0.00 | 1 |" in out
+    assert "| 1 KB documents of the English, one call each |" in out and "| bpe.encode_file, 2 workers |" in out
+    assert "pip install tiktoken" in out
+    docs = bench.small_documents(text.read_text(encoding="utf-8"), size=100, total=1000)
+    assert "".join(docs) == text.read_text(encoding="utf-8")[:len("".join(docs))] and 1000 <= len("".join(docs))
+    assert all(100 <= len(d) < 200 for d in docs[:-1])
+
+
+def test_bench_sizes_flag_is_checked(capsys):
+    for bad in ("abc", "50,-1"):
+        with pytest.raises(SystemExit):
+            bench.main(["train", "--sizes", bad])
+        assert "--sizes" in capsys.readouterr().err
+
+
 def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["encode", "--input", str(tmp_path / "missing.txt")])
