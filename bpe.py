@@ -16,6 +16,7 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 import argparse
 import codecs
 import contextlib
+import functools
 import errno
 import io
 import json
@@ -319,6 +320,24 @@ def _pool(n, *initializer):
         return _MP.Pool(n, *initializer)
     finally:
         mask(signal.SIG_SETMASK, old)
+
+
+def _ctrl_c_stays_keyboard_interrupt(f):
+    """f, where a Ctrl-C that arrives while compiled code runs is still a KeyboardInterrupt:
+    numba notices it only as its function returns, and reports it as a SystemError whose
+    chain of causes holds the KeyboardInterrupt."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except SystemError as e:
+            cause = e
+            while cause is not None and not isinstance(cause, KeyboardInterrupt):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise KeyboardInterrupt from None
+    return wrapper
 
 
 def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
@@ -1007,6 +1026,7 @@ _INTERPRET_MAX_POSITIONS = 50_000
 _INTERPRET_MAX_MERGES = 1_000
 
 
+@_ctrl_c_stays_keyboard_interrupt
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens in num_workers processes
     (default: one per CPU). Returns vocab {id: bytes} (0-255 the bytes, then the special
@@ -1614,6 +1634,7 @@ class Tokenizer:
         ends = np.cumsum(np.bincount(wid, minlength=len(words))).tolist()
         return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
+    @_ctrl_c_stays_keyboard_interrupt
     def encode(self, text):
         """Ids of text: the compiled pass (_encode_array) once it is loaded in this process or
         when the job is big enough to pay for loading it, else the naive one. Same ids."""
@@ -1736,6 +1757,7 @@ def _npy_header(dtype, n):
     return buf.getvalue()
 
 
+@_ctrl_c_stays_keyboard_interrupt
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
     uint32), written atomically. Chunks go to worker processes and come back in order.
