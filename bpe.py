@@ -31,8 +31,10 @@ from itertools import chain
 
 import numpy as np
 import regex
-from numba import njit
-from numba.extending import register_jitable
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload, register_jitable
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization
@@ -618,6 +620,31 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 # compiled inner loop free of reference counting.
 
 _EMPTY = -1
+_AHEAD = 8        # how many words ahead the merge loop prefetches
+
+
+def _prefetch(a, i):
+    """Ask the processor to bring a[i] into the cache (compiled; nothing when interpreted).
+    Most of the late merges' time is waiting for words scattered over memory, one at a time;
+    asked for ahead, several arrive together."""
+
+
+@intrinsic
+def _prefetch_compiled(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        p = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        # read (0), keep in all cache levels (3), data (1)
+        builder.call(f, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(a, types.intp), codegen
+
+
+@overload(_prefetch)
+def _prefetch_overload(a, i):
+    return lambda a, i: _prefetch_compiled(a, i)
 
 
 @register_jitable
@@ -909,6 +936,18 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
 
 
 @register_jitable
+def _gather_list(lists, e, visit):
+    """(visit, n): the words of the list starting at entry e, in an array, so that the
+    loop over them can ask for a word's memory before it needs it."""
+    n = 0
+    while e != -1:
+        visit = _grow(visit, n + 1)
+        visit[n], e = lists[e, 0], lists[e, 1]
+        n += 1
+    return visit, n
+
+
+@register_jitable
 def _add_token_bytes(pool, pool_len, start, length, a, b, t):
     """Append the bytes of token t = ab to pool; returns (pool, pool_len)."""
     la, lb = length[a], length[b]
@@ -955,6 +994,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
     rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
+    visit = np.empty(1024, np.int32)          # one merge's words
     m = 0
     while m < num_merges and n_heap > 0:
         c, key = heap[0, 0], heap[0, 1]
@@ -973,10 +1013,13 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         pool, pool_len = _add_token_bytes(pool, pool_len, start, length, a, b, t)
         if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
             lists, n_entries = _compact_lists(tab, lists)
-        e, tab[s, 2] = tab[s, 2], -1
+        visit, n_visit = _gather_list(lists, tab[s, 2], visit)
+        tab[s, 2] = -1
         n_used = 0
-        while e != -1:
-            w, e = lists[e, 0], lists[e, 1]
+        for k in range(n_visit):
+            if k + _AHEAD < n_visit:
+                _prefetch(words, visit[k + _AHEAD])
+            w = visit[k]
             if words[w + 1] == m:             # listed twice
                 continue
             words[w + 1] = m
