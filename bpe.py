@@ -617,7 +617,8 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
 # with it otherwise. Arrays that may grow are returned by the helper that grows them; the
 # per-word helpers return only integers (the caller makes room first), which keeps the
-# compiled inner loop free of reference counting.
+# compiled inner loop free of reference counting. The per-word helpers are inlined
+# (inline='always'): a compiled call costs more than the work they do per pair.
 
 _EMPTY = -1
 _AHEAD = 8        # how many words ahead the merge loop prefetches
@@ -647,22 +648,29 @@ def _prefetch_overload(a, i):
     return lambda a, i: _prefetch_compiled(a, i)
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _key(left, right):
     """The table key of the pair (left, right): left << 32 | right."""
     return (int(left) << 32) | int(right)
+
+
+@register_jitable(inline='always')
+def _hash_home(tab, key):
+    """The slot where the search for key starts."""
+    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
+    return (h ^ (h >> 29)) & (tab.shape[0] - 1)
 
 
 @register_jitable
 def _hash_slot(tab, key):
     """Slot holding key, or the empty slot where it would go (linear probing)."""
     mask = tab.shape[0] - 1
-    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
-    h ^= h >> 29
-    i = h & mask
-    while tab[i, 0] != _EMPTY and tab[i, 0] != key:
+    i = _hash_home(tab, key)
+    while True:
+        k = tab[i, 0]
+        if k == _EMPTY or k == key:
+            return i
         i = (i + 1) & mask
-    return i
 
 
 @register_jitable
@@ -687,7 +695,8 @@ def _table_room(tab, n_keys, more):
     new = _new_table(cap)
     for i in range(tab.shape[0]):
         if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
-            new[_hash_slot(new, tab[i, 0])] = tab[i]
+            s = _hash_slot(new, tab[i, 0])
+            new[s] = tab[i]
     return new, live
 
 
@@ -734,7 +743,7 @@ def _compact_lists(tab, lists):
     return new, n
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _word_count(words, w):
     """The count of the word at offset w, kept as two int32 halves."""
     return int(words[w + 2]) | (int(words[w + 3]) << 31)
@@ -864,30 +873,30 @@ def _bigger_changes(rows, used, n_used):
     return new_rows, new_used
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _change(rows, used, n_used, key, d, w, lists, n_entries):
     """Add d to the count of pair key in one merge's table of changes (rows as in the pair
     table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
     is checked by the caller. Returns (n_used, n_entries)."""
+    # No variable is assigned under a branch: numba's inliner warns about those.
     s = _hash_slot(rows, key)
-    if rows[s, 0] == _EMPTY:
-        rows[s, 0] = key
-        used[n_used] = s
-        n_used += 1
+    new_key = rows[s, 0] == _EMPTY
+    used[n_used] = s                       # kept only if the key is new
+    rows[s, 0] = key
     rows[s, 1] += d
-    if w >= 0 and rows[s, 3] != w:
+    listed = (w >= 0) & (rows[s, 3] != w)
+    if listed:
         rows[s, 3] = w
         lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]
         rows[s, 2] = n_entries
-        n_entries += 1
-    return n_used, n_entries
+    return n_used + new_key, n_entries + listed
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
     """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
     right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for a change and a list entry per token of w. Returns (n_used, n_entries)."""
+    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries)."""
     begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
@@ -920,17 +929,20 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
     """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
     new token t enter the table (with their word lists) and the heap. Empties the changes
     table and returns (tab, n_keys, heap, n_heap)."""
+    tab, n_keys = _table_room(tab, n_keys, n_used)
+    for k in range(n_used):                  # the slots are scattered: ask for them all first
+        _prefetch(tab, 4 * _hash_home(tab, rows[used[k], 0]))
     for k in range(n_used):
         key, d = rows[used[k], 0], rows[used[k], 1]
+        s = _hash_slot(tab, key)
         if key >> 32 == t or key & 0xFFFFFFFF == t:
             if d > 0:
-                tab, n_keys = _table_room(tab, n_keys, 1)
-                tab[_hash_slot(tab, key)] = rows[used[k]]
+                tab[s] = rows[used[k]]
                 n_keys += 1
                 heap = _heap_push(heap, n_heap, d, key, pool, start, length)
                 n_heap += 1
         else:
-            tab[_hash_slot(tab, key), 1] += d
+            tab[s, 1] += d
         rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
     return tab, n_keys, heap, n_heap
 
@@ -1023,7 +1035,9 @@ def _merge_loop(ids, word_start, word_count, num_merges):
             if words[w + 1] == m:             # listed twice
                 continue
             words[w + 1] = m
-            if 2 * (n_used + words[w]) > rows.shape[0]:       # room for the word's changes
+            # Room for the word's changes: a word of n tokens has at most 2n distinct
+            # changed pairs (its pairs before and after the merge).
+            while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
                 rows, used = _bigger_changes(rows, used, n_used)
             if n_entries + words[w] > lists.shape[0]:
                 lists = _grow_rows(lists, n_entries + words[w])
@@ -1031,7 +1045,8 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                                             n_entries)
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, pool, start, length)
-        tab[_hash_slot(tab, key), 1] = 0     # every occurrence is merged now
+        s = _hash_slot(tab, key)             # (tab may have been rebuilt)
+        tab[s, 1] = 0                        # every occurrence is merged now
         m += 1
     return lefts[:m], rights[:m]
 
