@@ -925,6 +925,25 @@ def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
 
 
 @register_jitable
+def _pack_lists(rows, used, n_used, lists, first, n_entries):
+    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
+    prepended word by word) interleave with the other new lists'; a later merge walking one
+    list would wait for memory at each entry, while a contiguous run streams in."""
+    packed = np.empty((n_entries - first, 2), np.int32)
+    n = 0
+    for k in range(n_used):
+        e = rows[used[k], 2]
+        if e != -1:
+            rows[used[k], 2] = first + n
+        while e != -1:
+            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                packed[n - 1, 1] = -1          # the end of this list
+    lists[first:n_entries] = packed
+
+
+@register_jitable
 def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start, length):
     """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
     new token t enter the table (with their word lists) and the heap. Empties the changes
@@ -1027,7 +1046,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
             lists, n_entries = _compact_lists(tab, lists)
         visit, n_visit = _gather_list(lists, tab[s, 2], visit)
         tab[s, 2] = -1
-        n_used = 0
+        n_used, first = 0, n_entries
         for k in range(n_visit):
             if k + _AHEAD < n_visit:
                 _prefetch(words, visit[k + _AHEAD])
@@ -1043,6 +1062,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                 lists = _grow_rows(lists, n_entries + words[w])
             n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
                                             n_entries)
+        _pack_lists(rows, used, n_used, lists, first, n_entries)
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, pool, start, length)
         s = _hash_slot(tab, key)             # (tab may have been rebuilt)
