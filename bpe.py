@@ -1050,6 +1050,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         for k in range(n_visit):
             if k + _AHEAD < n_visit:
                 _prefetch(words, visit[k + _AHEAD])
+                _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
             w = visit[k]
             if words[w + 1] == m:             # listed twice
                 continue
