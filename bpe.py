@@ -605,9 +605,13 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 #   so a full table is rebuilt without those.
 # - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
 #   one contiguous run per pair; entries for the pairs of a new token are prepended as its
-#   merge creates them. A list may name a word whose pair is gone, or a word twice: merge m
-#   marks the words it visited. When the rows run out, the live lists are copied out
-#   contiguously and the rest (lists of merged or dead pairs) is dropped.
+#   merge creates them, then each of those lists is packed into one run (a pair's list is
+#   only ever built by one merge: the one that makes its newer token). A list may name a
+#   word whose pair is gone (most late visits): a merge gathers its list first and
+#   prefetches the words ahead of the loop over them, so those scattered reads overlap;
+#   merge m marks the words it visited (a guard: a second visit would find no pair).
+#   When the rows run out, the live lists are copied out contiguously and the rest (lists
+#   of merged or dead pairs) is dropped.
 # - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
 #   own first (it stays in cache) and reach the big pair table once per pair at the end.
 # - the next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
