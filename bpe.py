@@ -32,8 +32,10 @@ from itertools import chain
 
 import numpy as np
 import regex
-from numba import njit
-from numba.extending import register_jitable
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload, register_jitable
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization
@@ -622,9 +624,13 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 #   so a full table is rebuilt without those.
 # - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
 #   one contiguous run per pair; entries for the pairs of a new token are prepended as its
-#   merge creates them. A list may name a word whose pair is gone, or a word twice: merge m
-#   marks the words it visited. When the rows run out, the live lists are copied out
-#   contiguously and the rest (lists of merged or dead pairs) is dropped.
+#   merge creates them, then each of those lists is packed into one run (a pair's list is
+#   only ever built by one merge: the one that makes its newer token). A list may name a
+#   word whose pair is gone (most late visits): a merge gathers its list first and
+#   prefetches the words ahead of the loop over them, so those scattered reads overlap;
+#   merge m marks the words it visited (a guard: a second visit would find no pair).
+#   When the rows run out, the live lists are copied out contiguously and the rest (lists
+#   of merged or dead pairs) is dropped.
 # - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
 #   own first (it stays in cache) and reach the big pair table once per pair at the end.
 # - the next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
@@ -634,27 +640,60 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
 # with it otherwise. Arrays that may grow are returned by the helper that grows them; the
 # per-word helpers return only integers (the caller makes room first), which keeps the
-# compiled inner loop free of reference counting.
+# compiled inner loop free of reference counting. The per-word helpers are inlined
+# (inline='always'): a compiled call costs more than the work they do per pair.
 
 _EMPTY = -1
+_AHEAD = 8        # how many words ahead the merge loop prefetches
 
 
-@register_jitable
+def _prefetch(a, i):
+    """Ask the processor to bring a[i] into the cache (compiled; nothing when interpreted).
+    Most of the late merges' time is waiting for words scattered over memory, one at a time;
+    asked for ahead, several arrive together."""
+
+
+@intrinsic
+def _prefetch_compiled(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        p = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        # read (0), keep in all cache levels (3), data (1)
+        builder.call(f, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(a, types.intp), codegen
+
+
+@overload(_prefetch)
+def _prefetch_overload(a, i):
+    return lambda a, i: _prefetch_compiled(a, i)
+
+
+@register_jitable(inline='always')
 def _key(left, right):
     """The table key of the pair (left, right): left << 32 | right."""
     return (int(left) << 32) | int(right)
+
+
+@register_jitable(inline='always')
+def _hash_home(tab, key):
+    """The slot where the search for key starts."""
+    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
+    return (h ^ (h >> 29)) & (tab.shape[0] - 1)
 
 
 @register_jitable
 def _hash_slot(tab, key):
     """Slot holding key, or the empty slot where it would go (linear probing)."""
     mask = tab.shape[0] - 1
-    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
-    h ^= h >> 29
-    i = h & mask
-    while tab[i, 0] != _EMPTY and tab[i, 0] != key:
+    i = _hash_home(tab, key)
+    while True:
+        k = tab[i, 0]
+        if k == _EMPTY or k == key:
+            return i
         i = (i + 1) & mask
-    return i
 
 
 @register_jitable
@@ -679,7 +718,8 @@ def _table_room(tab, n_keys, more):
     new = _new_table(cap)
     for i in range(tab.shape[0]):
         if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
-            new[_hash_slot(new, tab[i, 0])] = tab[i]
+            s = _hash_slot(new, tab[i, 0])
+            new[s] = tab[i]
     return new, live
 
 
@@ -726,7 +766,7 @@ def _compact_lists(tab, lists):
     return new, n
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _word_count(words, w):
     """The count of the word at offset w, kept as two int32 halves."""
     return int(words[w + 2]) | (int(words[w + 3]) << 31)
@@ -856,30 +896,30 @@ def _bigger_changes(rows, used, n_used):
     return new_rows, new_used
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _change(rows, used, n_used, key, d, w, lists, n_entries):
     """Add d to the count of pair key in one merge's table of changes (rows as in the pair
     table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
     is checked by the caller. Returns (n_used, n_entries)."""
+    # No variable is assigned under a branch: numba's inliner warns about those.
     s = _hash_slot(rows, key)
-    if rows[s, 0] == _EMPTY:
-        rows[s, 0] = key
-        used[n_used] = s
-        n_used += 1
+    new_key = rows[s, 0] == _EMPTY
+    used[n_used] = s                       # kept only if the key is new
+    rows[s, 0] = key
     rows[s, 1] += d
-    if w >= 0 and rows[s, 3] != w:
+    listed = (w >= 0) & (rows[s, 3] != w)
+    if listed:
         rows[s, 3] = w
         lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]
         rows[s, 2] = n_entries
-        n_entries += 1
-    return n_used, n_entries
+    return n_used + new_key, n_entries + listed
 
 
-@register_jitable
+@register_jitable(inline='always')
 def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
     """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
     right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for a change and a list entry per token of w. Returns (n_used, n_entries)."""
+    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries)."""
     begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
@@ -908,23 +948,57 @@ def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
 
 
 @register_jitable
+def _pack_lists(rows, used, n_used, lists, first, n_entries):
+    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
+    prepended word by word) interleave with the other new lists'; a later merge walking one
+    list would wait for memory at each entry, while a contiguous run streams in."""
+    packed = np.empty((n_entries - first, 2), np.int32)
+    n = 0
+    for k in range(n_used):
+        e = rows[used[k], 2]
+        if e != -1:
+            rows[used[k], 2] = first + n
+        while e != -1:
+            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                packed[n - 1, 1] = -1          # the end of this list
+    lists[first:n_entries] = packed
+
+
+@register_jitable
 def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start, length):
     """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
     new token t enter the table (with their word lists) and the heap. Empties the changes
     table and returns (tab, n_keys, heap, n_heap)."""
+    tab, n_keys = _table_room(tab, n_keys, n_used)
+    for k in range(n_used):                  # the slots are scattered: ask for them all first
+        _prefetch(tab, 4 * _hash_home(tab, rows[used[k], 0]))
     for k in range(n_used):
         key, d = rows[used[k], 0], rows[used[k], 1]
+        s = _hash_slot(tab, key)
         if key >> 32 == t or key & 0xFFFFFFFF == t:
             if d > 0:
-                tab, n_keys = _table_room(tab, n_keys, 1)
-                tab[_hash_slot(tab, key)] = rows[used[k]]
+                tab[s] = rows[used[k]]
                 n_keys += 1
                 heap = _heap_push(heap, n_heap, d, key, pool, start, length)
                 n_heap += 1
         else:
-            tab[_hash_slot(tab, key), 1] += d
+            tab[s, 1] += d
         rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
     return tab, n_keys, heap, n_heap
+
+
+@register_jitable
+def _gather_list(lists, e, visit):
+    """(visit, n): the words of the list starting at entry e, in an array, so that the
+    loop over them can ask for a word's memory before it needs it."""
+    n = 0
+    while e != -1:
+        visit = _grow(visit, n + 1)
+        visit[n], e = lists[e, 0], lists[e, 1]
+        n += 1
+    return visit, n
 
 
 @register_jitable
@@ -974,6 +1048,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     lefts = np.empty(num_merges, np.int64)
     rights = np.empty(num_merges, np.int64)
     rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
+    visit = np.empty(1024, np.int32)          # one merge's words
     m = 0
     while m < num_merges and n_heap > 0:
         c, key = heap[0, 0], heap[0, 1]
@@ -992,22 +1067,30 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         pool, pool_len = _add_token_bytes(pool, pool_len, start, length, a, b, t)
         if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
             lists, n_entries = _compact_lists(tab, lists)
-        e, tab[s, 2] = tab[s, 2], -1
-        n_used = 0
-        while e != -1:
-            w, e = lists[e, 0], lists[e, 1]
+        visit, n_visit = _gather_list(lists, tab[s, 2], visit)
+        tab[s, 2] = -1
+        n_used, first = 0, n_entries
+        for k in range(n_visit):
+            if k + _AHEAD < n_visit:
+                _prefetch(words, visit[k + _AHEAD])
+                _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
+            w = visit[k]
             if words[w + 1] == m:             # listed twice
                 continue
             words[w + 1] = m
-            if 2 * (n_used + words[w]) > rows.shape[0]:       # room for the word's changes
+            # Room for the word's changes: a word of n tokens has at most 2n distinct
+            # changed pairs (its pairs before and after the merge).
+            while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
                 rows, used = _bigger_changes(rows, used, n_used)
             if n_entries + words[w] > lists.shape[0]:
                 lists = _grow_rows(lists, n_entries + words[w])
             n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
                                             n_entries)
+        _pack_lists(rows, used, n_used, lists, first, n_entries)
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, pool, start, length)
-        tab[_hash_slot(tab, key), 1] = 0     # every occurrence is merged now
+        s = _hash_slot(tab, key)             # (tab may have been rebuilt)
+        tab[s, 1] = 0                        # every occurrence is merged now
         m += 1
     return lefts[:m], rights[:m]
 
