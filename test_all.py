@@ -1559,7 +1559,7 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
              for _ in range(300_000)]
-    text = " ".join(rng.choice(words) for _ in range(1_200_000))     # ~12 MB, seconds of merging
+    text = " ".join(rng.choice(words) for _ in range(2_400_000))     # ~24 MB: seconds of work
     (tmp_path / "big.txt").write_text(text)
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", "big.txt", "--vocab-size",
                           "20000", "--out", "tok"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
