@@ -1103,9 +1103,9 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # -----------------------------------------------------------------------------
 # 5. train_bpe
 
-# Below this much work the interpreted merge loop finishes before numba could even load
-# the compiled one from its disk cache.
-_INTERPRET_MAX_POSITIONS = 50_000
+# Up to this much work the merge loop runs interpreted unless it is already compiled in this
+# process: a small job (any file of 130 KB) then never waits for numba to compile it.
+_INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
 
 
