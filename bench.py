@@ -509,10 +509,16 @@ def bench_cold(args):
         cut = text[:args.cold_bytes]
         small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)
         name = Path(args.input or SHAKESPEARE).name
+        web = Path(d, "web.txt")
+        cut = scale_corpus(5).read_bytes()[:args.cold_bytes]
+        web.write_bytes(cut[:cut.rindex(b"\n") + 1])
         jobs = [(f"train_bpe, {small.stat().st_size / 1e3:.0f} KB of {name}, vocab {args.cold_vocab}",
                  "train", small, args.cold_vocab),
                 (f"GPT-2 Tokenizer.from_files + encode, {small.stat().st_size / 1e3:.0f} KB of {name}",
                  "encode", small, 0),
+                ("train_bpe, 133 KB of the scale corpus (web-like: more distinct words), vocab "
+                 f"{args.cold_vocab}", "train", web, args.cold_vocab),
+                ("GPT-2 Tokenizer.from_files + encode, 133 KB of the scale corpus", "encode", web, 0),
                 ("train_bpe, 5 MB scale corpus, vocab 32,000", "train", scale_corpus(5), 32_000),
                 (f"GPT-2 Tokenizer.from_files + encode, {name} ({len(text) / 1e6:.1f} MB)",
                  "encode", args.input or SHAKESPEARE, 0)]
