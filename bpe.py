@@ -342,16 +342,23 @@ def _ctrl_c_stays_keyboard_interrupt(f):
     return wrapper
 
 
-def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
-    """{pre-token string: count} over the whole file, counted in worker processes.
-    while_waiting() (if given) runs in this process while the workers count."""
+def _plan_chunks(input_path, special_tokens, num_workers):
+    """(special tokens, workers, chunk offsets) of a counting job: pieces of at most 4 MiB,
+    and one per worker at least when the file has 1 MiB or more."""
     special_tokens = _check_special_tokens(special_tokens)
     size = _check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
-    n_chunks = -(-size // _CHUNK_BYTES)                  # pieces of at most 4 MiB ...
-    if num_workers > 1 and size >= (1 << 20):             # ... and one per worker at least
+    n_chunks = -(-size // _CHUNK_BYTES)
+    if num_workers > 1 and size >= (1 << 20):
         n_chunks = max(n_chunks, num_workers)
     bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    return special_tokens, num_workers, bounds
+
+
+def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
+    """{pre-token string: count} over the whole file, counted in worker processes.
+    while_waiting() (if given) runs in this process while the workers count."""
+    special_tokens, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
     tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds, bounds[1:])]
     parallel = num_workers > 1 and len(tasks) > 1
     total = Counter()
@@ -376,7 +383,7 @@ def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiti
 _COMPILED_COUNT_MIN = 1 << 20   # smaller files take the regex path: nothing to compile or load
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _hash_bytes(data, i, j):
     """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
     every byte."""
@@ -576,11 +583,7 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
                              while_waiting=None):
     """count_pretokens in compiled code, as a table (rec, pool): pre-token w is
     pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times. One contiguous run of chunks per worker."""
-    special_tokens = _check_special_tokens(special_tokens)
-    size = _check_input_file(input_path)
-    num_workers = num_workers or os.cpu_count() or 1
-    n_chunks = max(-(-size // _CHUNK_BYTES), num_workers)
-    bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    special_tokens, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
@@ -725,20 +728,10 @@ def _table_room(tab, n_keys, more):
 
 @register_jitable
 def _grow(a, need):
-    """a, or a copy at least twice as long, so that index need-1 fits."""
+    """a, or a copy with at least twice as many rows, so that row need-1 fits."""
     if need <= a.shape[0]:
         return a
-    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
-    b[:a.shape[0]] = a
-    return b
-
-
-@register_jitable
-def _grow_rows(a, need):
-    """_grow for the (N, 2) word lists."""
-    if need <= a.shape[0]:
-        return a
-    b = np.empty((max(need, 2 * a.shape[0]), 2), a.dtype)
+    b = np.empty((max(need, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
     b[:a.shape[0]] = a
     return b
 
@@ -859,7 +852,7 @@ def _sift_down(heap, i, n, pool, start, length):
 @register_jitable
 def _heap_push(heap, n, c, key, pool, start, length):
     """Append [c, key] to a heap of n rows and sift it up; returns the heap (maybe grown)."""
-    heap = _grow_rows(heap, n + 1)
+    heap = _grow(heap, n + 1)
     heap[n, 0], heap[n, 1] = c, key
     i = n
     while i > 0:
@@ -1083,7 +1076,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
             while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
                 rows, used = _bigger_changes(rows, used, n_used)
             if n_entries + words[w] > lists.shape[0]:
-                lists = _grow_rows(lists, n_entries + words[w])
+                lists = _grow(lists, n_entries + words[w])
             n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
                                             n_entries)
         _pack_lists(rows, used, n_used, lists, first, n_entries)
@@ -1519,7 +1512,7 @@ def _encode_word(data, i, j, pairs, state, out, k, rank):
 
 @njit(cache=True)
 def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
-    """Ids of a pre-token data[i:j] that is not in the cache (its FNV hash h), written at
+    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
     out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
     end = _encode_word(data, i, j, pairs, state, out, k, rank)
     n, m = j - i, end - k
@@ -1529,13 +1522,13 @@ def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
     if 2 * (state[256] + 1) > mask + 1 or state[257] + n > bpool.shape[0] \
             or state[258] + m > ipool.shape[0]:
         state[256:] = 0
-    s = np.int64(_mix(h) & np.uint64(mask))
+    s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
         s = (s + 1) & mask
     at, b, c = _SLOTS_AT + 3 * s, state[257], state[258]
     bpool[b:b + n] = data[i:j]
     ipool[c:c + m] = out[k:end]
-    state[at], state[at + 1], state[at + 2] = np.int64(h), b << 24 | n, c << 24 | m
+    state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
     state[256] += 1
     state[257] += n
     state[258] += m
@@ -1559,16 +1552,14 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
                 out[k] = state[data[i]]
                 k, i = k + 1, j
                 continue
-            h = np.uint64(0xCBF29CE484222325)          # FNV-1a hash of the bytes
-            for t in range(i, j):
-                h = (h ^ np.uint64(data[t])) * np.uint64(0x100000001B3)
-            s, m = np.int64(_mix(h) & np.uint64(mask)), -1
+            h = _hash_bytes(data, i, j)
+            s, m = h & mask, -1
             while m < 0:                               # probe until the word or an empty slot
                 at = _SLOTS_AT + 3 * s
                 where = state[at + 1]
                 if where == 0:
                     break
-                if state[at] == np.int64(h) and where & 0xFFFFFF == j - i:
+                if state[at] == h and where & 0xFFFFFF == j - i:
                     b = (where >> 24) - i
                     t = i
                     while t < j and bpool[b + t] == data[t]:
@@ -1645,9 +1636,7 @@ class Tokenizer:
         # Special tokens found in the UTF-8 bytes, longest first as _special_split_re does
         # (UTF-8 is self-synchronizing: the matches are those of the text).
         self._special_bytes = {s.encode("utf-8"): i for s, i in self._special_ids.items()}
-        alts = sorted(self.special_tokens, key=len, reverse=True)
-        self._special_bytes_re = regex.compile(b"|".join(
-            regex.escape(s.encode("utf-8")) for s in alts)) if alts else None
+        self._special_bytes_re = _special_bytes_re(list(self._special_bytes))
         self._naive_chars = 0            # text encoded by the naive path so far
 
     @classmethod
