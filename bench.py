@@ -8,7 +8,6 @@
     python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
     python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
                                  # documents); encode_file vs tiktoken's batch on 200 MB
-    python bench.py scale        # how BPE training time grows with the corpus and the vocab
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
@@ -536,35 +535,6 @@ def bench_cold(args):
                   f"{cold['call_s'] - wc:.2f} s |", flush=True)
 
 
-def bench_scale(args):
-    """Pre-tokenizing grows with the bytes, the merge loop with the distinct pre-tokens."""
-    import bpe
-    args.input = args.input or SHAKESPEARE
-    data = Path(need_file(args.input, "corpus")).read_bytes()
-    corpora = []
-    for mb in (1, 2, 5):
-        piece = data[:mb * 1_000_000]
-        corpora.append((f"{len(piece) / 1e6:.1f} MB", piece[:piece.rindex(b"\n") + 1]))
-    corpora.append((f"{10 * len(data) / 1e6:.0f} MB (10 copies)", data * 10))
-    bpe._load_compiled_merge_loop()  # numba's one-off cache load stays out of the table
-    print(f"## How BPE training time grows ({Path(args.input).name}, {EOT} special)")
-    print("| corpus | pre-tokenize | vocab | merge loop | total | pre-tokenize share |")
-    print("|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "corpus.txt")
-        for name, blob in corpora:
-            Path(path).write_bytes(blob)
-            t0 = time.perf_counter()
-            counts = bpe.count_pretokens(path, [EOT])
-            t_pre = time.perf_counter() - t0
-            for v in (1000, 10_000, 32_000):
-                t0 = time.perf_counter()
-                _, merges = bpe.train_from_counts(counts, v, [EOT], compiled=True)
-                t_m = time.perf_counter() - t0
-                print(f"| {name} | {t_pre:.2f} s | {v} ({len(merges)} merges) | {t_m:.2f} s | "
-                      f"{t_pre + t_m:.2f} s | {100 * t_pre / (t_pre + t_m):.0f}% |", flush=True)
-
-
 # ----------------------------------------------------------------------------
 # 2. Encoding with GPT-2's files: this project vs tiktoken
 
@@ -801,9 +771,9 @@ def main(argv=None):
         return bench_step(argv[1:])
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all",
-                    choices=["all", "train", "cold", "encode", "scale", "generate"])
+                    choices=["all", "train", "cold", "encode", "generate"])
     ap.add_argument("--input", help="a UTF-8 text file instead of the defaults (train: the scale "
-                                    "corpora; cold, encode, scale: shakespeare.txt)")
+                                    "corpora; cold, encode: shakespeare.txt)")
     ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
@@ -826,7 +796,7 @@ def main(argv=None):
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
-    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode, "scale": bench_scale,
+    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
               "generate": bench_generate}
     todo = ["train", "cold", "encode", "step", "generate"] if args.what == "all" else [args.what]
     for what in todo:
