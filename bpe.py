@@ -283,12 +283,16 @@ def _check_input_file(path):
     return size
 
 
-def _read_text(path, start=0, end=None):
-    """Bytes [start, end) of the file as str; a decoding error names the file offset."""
+def _read_bytes(path, start=0, end=None):
+    """Bytes [start, end) of the file."""
     with open(path, "rb") as f:
         f.seek(start)
-        data = f.read(-1 if end is None else end - start)
-    return _check_utf8(data, path, start)
+        return f.read(-1 if end is None else end - start)
+
+
+def _read_text(path, start=0, end=None):
+    """Bytes [start, end) of the file as str; a decoding error names the file offset."""
+    return _check_utf8(_read_bytes(path, start, end), path, start)
 
 
 def _check_utf8(data, path, start):
@@ -1815,9 +1819,10 @@ def _init_encode_worker(tok):
 def _encode_chunk(args):
     """Worker: the ids of one chunk as an array, by the compiled pass or the naive one."""
     path, start, end, dtype, compiled = args
-    text = _read_text(path, start, end)                # checks the UTF-8, naming the offset
-    if compiled:
-        return _worker_tokenizer._encode_array(text.encode("utf-8")).astype(dtype), end - start
+    data = _read_bytes(path, start, end)
+    text = _check_utf8(data, path, start)              # names the offset of a bad byte
+    if compiled:                                       # it reads the bytes: no re-encoding
+        return _worker_tokenizer._encode_array(data).astype(dtype), end - start
     return np.array(_worker_tokenizer._encode_naive(text), dtype=dtype), end - start
 
 
