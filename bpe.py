@@ -645,10 +645,15 @@ def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
 #   with the new token ever grow, and those are pushed, so the first popped entry that
 #   matches the table is the maximum.
 # The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
-# with it otherwise. Arrays that may grow are returned by the helper that grows them; the
-# per-word helpers return only integers (the caller makes room first), which keeps the
-# compiled inner loop free of reference counting. The per-word helpers are inlined
-# (inline='always'): a compiled call costs more than the work they do per pair.
+# with it otherwise. Compiled, every array that a helper receives or a loop re-assigns is
+# reference counted (an atomic add and subtract per array per call), and in the hot loops
+# that costs more than the work itself. numba's compiler removes those counts only where a
+# helper has one way through (no early return, no branch around a write), so:
+# - the loop over one merge's words (_merge_words) never replaces an array: it stops when
+#   the changes might not fit, and its caller makes room and calls it again;
+# - the per-word helpers are inlined (inline='always'), have no early return, and write
+#   with arithmetic where a branch would do (`x += flag * (new - x)`);
+# - the heap compares counts itself and calls the byte-string tie-break only on a tie.
 
 _EMPTY = -1
 _AHEAD = 8        # how many words ahead the merge loop prefetches
@@ -816,22 +821,19 @@ def _start_pairs(words):
 @register_jitable
 def _bytes_cmp(pool, start, length, x, y):
     """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
-    if x == y:
-        return 0
     sx, sy, lx, ly = start[x], start[y], length[x], length[y]
-    for k in range(min(lx, ly)):
-        if pool[sx + k] != pool[sy + k]:
-            return 1 if pool[sx + k] > pool[sy + k] else -1
+    k, n = 0, min(lx, ly) if x != y else 0
+    while k < n and pool[sx + k] == pool[sy + k]:
+        k += 1
+    if k < n:
+        return 1 if pool[sx + k] > pool[sy + k] else -1
     return 0 if lx == ly else (1 if lx > ly else -1)
 
 
 @register_jitable
-def _heap_gt(heap, i, j, pool, start, length):
-    """Heap row i [count, key] ranks above row j: higher count, then the greater pair of
-    byte strings."""
-    if heap[i, 0] != heap[j, 0]:
-        return heap[i, 0] > heap[j, 0]
-    ki, kj = heap[i, 1], heap[j, 1]
+def _pair_gt(ki, kj, pool, start, length):
+    """The pair of key ki is the greater pair of byte strings (left, then right): the
+    tie-break between pairs of equal count."""
     r = _bytes_cmp(pool, start, length, ki >> 32, kj >> 32)
     if r == 0:
         r = _bytes_cmp(pool, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
@@ -841,31 +843,33 @@ def _heap_gt(heap, i, j, pool, start, length):
 @register_jitable
 def _sift_down(heap, i, n, pool, start, length):
     """Move row i of a heap of n rows down until both children rank below it."""
-    while True:
+    k = -1
+    while k != i:
+        if k >= 0:
+            heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
+            i = k
         l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
-        if l < n and _heap_gt(heap, l, k, pool, start, length):
+        # Counts first, the bytes only on a tie (see the top of this section).
+        if l < n and (heap[l, 0] > heap[k, 0] or heap[l, 0] == heap[k, 0] and
+                      _pair_gt(heap[l, 1], heap[k, 1], pool, start, length)):
             k = l
-        if r < n and _heap_gt(heap, r, k, pool, start, length):
+        if r < n and (heap[r, 0] > heap[k, 0] or heap[r, 0] == heap[k, 0] and
+                      _pair_gt(heap[r, 1], heap[k, 1], pool, start, length)):
             k = r
-        if k == i:
-            return
-        heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
-        i = k
 
 
 @register_jitable
 def _heap_push(heap, n, c, key, pool, start, length):
-    """Append [c, key] to a heap of n rows and sift it up; returns the heap (maybe grown)."""
-    heap = _grow(heap, n + 1)
+    """Append [c, key] to a heap of n rows (the caller makes room) and sift it up."""
     heap[n, 0], heap[n, 1] = c, key
     i = n
     while i > 0:
         p = (i - 1) // 2
-        if not _heap_gt(heap, i, p, pool, start, length):
+        if heap[i, 0] < heap[p, 0] or heap[i, 0] == heap[p, 0] and \
+                not _pair_gt(heap[i, 1], heap[p, 1], pool, start, length):
             break
         heap[i, 0], heap[p, 0], heap[i, 1], heap[p, 1] = heap[p, 0], heap[i, 0], heap[p, 1], heap[i, 1]
         i = p
-    return heap
 
 
 @register_jitable
@@ -898,17 +902,17 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
     """Add d to the count of pair key in one merge's table of changes (rows as in the pair
     table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
     is checked by the caller. Returns (n_used, n_entries)."""
-    # No variable is assigned under a branch: numba's inliner warns about those.
+    # No branch (see the top of this section); numba's inliner also warns about variables
+    # assigned under one.
     s = _hash_slot(rows, key)
     new_key = rows[s, 0] == _EMPTY
     used[n_used] = s                       # kept only if the key is new
     rows[s, 0] = key
     rows[s, 1] += d
     listed = (w >= 0) & (rows[s, 3] != w)
-    if listed:
-        rows[s, 3] = w
-        lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]
-        rows[s, 2] = n_entries
+    lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]   # kept only if listed
+    rows[s, 2] += listed * (n_entries - rows[s, 2])
+    rows[s, 3] += listed * (w - rows[s, 3])
     return n_used + new_key, n_entries + listed
 
 
@@ -916,13 +920,12 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
 def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
     """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
     right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries)."""
+    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries).
+    A word whose pair is gone (a stale list entry) is copied onto itself, unchanged."""
     begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
         r += 1
-    if r >= end - 1:
-        return n_used, n_entries                 # a stale entry: the pair is gone
     o = r                                        # tok[begin:o] is the merged word so far
     while r < end:
         if r < end - 1 and tok[r] == a and tok[r + 1] == b:
@@ -942,6 +945,28 @@ def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
         o += 1
     tok[w] = o - begin
     return n_used, n_entries
+
+
+@register_jitable
+def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists, n_entries):
+    """Merge (a, b) into t in the words visit[k:n_visit] (merge m). Stops at the first word
+    whose changes might not fit (a word of n tokens has at most 2n distinct changed pairs,
+    and lists each pair once): returns (k, n_used, n_entries), k = n_visit when done. It
+    never replaces an array, so that its compiled loop counts no references."""
+    while k < n_visit:
+        if k + _AHEAD < n_visit:
+            _prefetch(words, visit[k + _AHEAD])
+            _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
+        w = visit[k]
+        if words[w + 1] != m:                 # not listed twice
+            if 2 * (n_used + 2 * words[w]) > rows.shape[0] or \
+                    n_entries + words[w] > lists.shape[0]:
+                return k, n_used, n_entries
+            words[w + 1] = m
+            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
+                                            n_entries)
+        k += 1
+    return k, n_used, n_entries
 
 
 @register_jitable
@@ -969,6 +994,7 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
     new token t enter the table (with their word lists) and the heap. Empties the changes
     table and returns (tab, n_keys, heap, n_heap)."""
     tab, n_keys = _table_room(tab, n_keys, n_used)
+    heap = _grow(heap, n_heap + n_used)
     for k in range(n_used):                  # the slots are scattered: ask for them all first
         _prefetch(tab, 4 * _hash_home(tab, rows[used[k], 0]))
     for k in range(n_used):
@@ -978,7 +1004,7 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
             if d > 0:
                 tab[s] = rows[used[k]]
                 n_keys += 1
-                heap = _heap_push(heap, n_heap, d, key, pool, start, length)
+                _heap_push(heap, n_heap, d, key, pool, start, length)
                 n_heap += 1
         else:
             tab[s, 1] += d
@@ -990,9 +1016,12 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start
 def _gather_list(lists, e, visit):
     """(visit, n): the words of the list starting at entry e, in an array, so that the
     loop over them can ask for a word's memory before it needs it."""
+    n, f = 0, e
+    while f != -1:
+        n, f = n + 1, lists[f, 1]
+    visit = _grow(visit, n)
     n = 0
     while e != -1:
-        visit = _grow(visit, n + 1)
         visit[n], e = lists[e, 0], lists[e, 1]
         n += 1
     return visit, n
@@ -1054,8 +1083,8 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         _sift_down(heap, 0, n_heap, pool, start, length)
         s = _hash_slot(tab, key)
         if tab[s, 1] != c:                   # stale: re-queue with the true count
-            if tab[s, 1] > 0:
-                heap = _heap_push(heap, n_heap, tab[s, 1], key, pool, start, length)
+            if tab[s, 1] > 0:               # (the pop made room)
+                _heap_push(heap, n_heap, tab[s, 1], key, pool, start, length)
                 n_heap += 1
             continue
 
@@ -1066,23 +1095,15 @@ def _merge_loop(ids, word_start, word_count, num_merges):
             lists, n_entries = _compact_lists(tab, lists)
         visit, n_visit = _gather_list(lists, tab[s, 2], visit)
         tab[s, 2] = -1
-        n_used, first = 0, n_entries
-        for k in range(n_visit):
-            if k + _AHEAD < n_visit:
-                _prefetch(words, visit[k + _AHEAD])
-                _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
-            w = visit[k]
-            if words[w + 1] == m:             # listed twice
-                continue
-            words[w + 1] = m
-            # Room for the word's changes: a word of n tokens has at most 2n distinct
-            # changed pairs (its pairs before and after the merge).
-            while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
-                rows, used = _bigger_changes(rows, used, n_used)
-            if n_entries + words[w] > lists.shape[0]:
+        n_used, first, k = 0, n_entries, 0
+        while k < n_visit:
+            k, n_used, n_entries = _merge_words(visit, k, n_visit, m, a, b, t, words, rows,
+                                                used, n_used, lists, n_entries)
+            if k < n_visit:                   # make room for word visit[k]'s changes
+                w = visit[k]
+                while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
+                    rows, used = _bigger_changes(rows, used, n_used)
                 lists = _grow(lists, n_entries + words[w])
-            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
-                                            n_entries)
         _pack_lists(rows, used, n_used, lists, first, n_entries)
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, pool, start, length)
