@@ -79,50 +79,59 @@ def _class_at(data, i, classes):
     """(class, byte length) of the character that starts at data[i] (valid UTF-8)."""
     b = np.int64(data[i])
     if b < 0x80:
-        return classes[b], 1
-    if b < 0xE0:
-        return classes[(b & 0x1F) << 6 | (data[i + 1] & 0x3F)], 2
-    if b < 0xF0:
-        return classes[(b & 0x0F) << 12 | (data[i + 1] & 0x3F) << 6 | (data[i + 2] & 0x3F)], 3
-    return classes[(b & 0x07) << 18 | (data[i + 1] & 0x3F) << 12 | (data[i + 2] & 0x3F) << 6
-                   | (data[i + 3] & 0x3F)], 4
+        c, k = b, 1
+    elif b < 0xE0:
+        c, k = (b & 0x1F) << 6 | (data[i + 1] & 0x3F), 2
+    elif b < 0xF0:
+        c, k = (b & 0x0F) << 12 | (data[i + 1] & 0x3F) << 6 | (data[i + 2] & 0x3F), 3
+    else:
+        c, k = ((b & 0x07) << 18 | (data[i + 1] & 0x3F) << 12 | (data[i + 2] & 0x3F) << 6
+                | (data[i + 3] & 0x3F)), 4
+    return classes[c], k
 
 
 # inline="always": the compiled loops that call it once per pre-token get its body, since a
-# call costs more than the scan itself (numba passes and reference-counts each array).
+# call costs more than the scan itself. It, and _class_at, return in one place only: an
+# early return leaves numba counting references to data and classes at every call
+# (section 4 says more).
 @njit(cache=True, inline="always")
 def _next_pretoken(data, i, n, classes):
     """End of the GPT2_PAT pre-token that starts at byte i of data[:n], trying its
     alternatives in order: b"'ll go  now" -> "'ll", " go", " ", " now"."""
-    c = data[i]
+    c, j = data[i], -1                     # j: the end, once known
     if c == 39 and i + 1 < n:                                    # 's 'd 'm 't 'll 've 're
         d = data[i + 1]
         if d == 115 or d == 100 or d == 109 or d == 116:
-            return i + 2
-        if i + 2 < n and ((d == 108 and data[i + 2] == 108) or (d == 118 and data[i + 2] == 101)
-                          or (d == 114 and data[i + 2] == 101)):
-            return i + 3
-    cls, k = _class_at(data, i, classes)
-    j = i + k
-    if c == 32 and j < n:                  # a space joins the letters, digits or symbols after it
-        nxt, k = _class_at(data, j, classes)
-        if nxt != _SPACE:
-            cls, j = nxt, j + k
-    if cls != _SPACE:                      # ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
-        while j < n:
+            j = i + 2
+        elif i + 2 < n and ((d == 108 and data[i + 2] == 108) or (d == 118 and data[i + 2] == 101)
+                            or (d == 114 and data[i + 2] == 101)):
+            j = i + 3
+    if j < 0:
+        cls, k = _class_at(data, i, classes)
+        j = i + k
+        if c == 32 and j < n:              # a space joins the letters, digits or symbols after it
             nxt, k = _class_at(data, j, classes)
-            if nxt != cls:
-                break
-            j += k
-        return j
-    last = i                               # '\s+(?!\S)' then '\s+'
-    while j < n:
-        nxt, k = _class_at(data, j, classes)
-        if nxt != _SPACE:
-            # followed by a non-space: leave the last whitespace character to the next
-            # pre-token (" x" takes its space), unless it is the only one
-            return last if last > i else j
-        last, j = j, j + k
+            if nxt != _SPACE:
+                cls, j = nxt, j + k
+        more = j < n
+        if cls != _SPACE:                  # ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
+            while more:
+                nxt, k = _class_at(data, j, classes)
+                if nxt == cls:
+                    j += k
+                more = nxt == cls and j < n
+        last = i                           # '\s+(?!\S)' then '\s+'
+        while cls == _SPACE and more:
+            nxt, k = _class_at(data, j, classes)
+            if nxt == _SPACE:
+                last, j = j, j + k
+                more = j < n
+            else:
+                # followed by a non-space: leave the last whitespace character to the next
+                # pre-token (" x" takes its space), unless it is the only one
+                if last > i:
+                    j = last
+                more = False
     return j
 
 
@@ -444,20 +453,16 @@ def _fill_slots(slots, rec, pool, n):
 def _table_find(slots, rec, pool, src, i, j, h):
     """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
     mask = slots.shape[0] - 1
-    s = h & mask
-    want = _slot_entry(h, 0)
-    while slots[s] >= 0:
-        x = slots[s]
-        if x >> 32 == want >> 32:
-            w = x & 0xFFFFFFFF
-            a = rec[2 * w]
-            if rec[2 * w + 2] - a == j - i:
-                k = 0
-                while k < j - i and pool[a + k] == src[i + k]:
-                    k += 1
-                if k == j - i:
-                    return s
-        s = (s + 1) & mask
+    s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
+    while not found and slots[s] >= 0:            # one return, at the end (see section 4)
+        w = slots[s] & 0xFFFFFFFF
+        a = rec[2 * w]
+        found = slots[s] >> 32 == tag and rec[2 * w + 2] - a == j - i
+        k = 0
+        while found and k < j - i:
+            found = pool[a + k] == src[i + k]
+            k += 1
+        s = (s + 1 - found) & mask
     return s
 
 
@@ -475,22 +480,41 @@ def _table_new_word(table, n, src, i, j, h, c):
 
 
 @njit(cache=True)
+def _count_while_room(data, i, e, classes, slots, rec, pool, n):
+    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
+    does not fit. Returns (i, n): i = e when done, else where that word starts. It never
+    replaces an array, so that its compiled loop counts no references (see section 4)."""
+    room = True
+    while room and i < e:
+        j = _next_pretoken(data, i, e, classes)
+        h = _hash_bytes(data, i, j)
+        s = _table_find(slots, rec, pool, data, i, j, h)
+        if slots[s] >= 0:
+            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
+        else:
+            a = rec[2 * n]
+            room = (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
+                    and a + j - i <= pool.shape[0])
+            if room:
+                slots[s] = _slot_entry(h, n)
+                pool[a:a + j - i] = data[i:j]
+                rec[2 * n + 1], rec[2 * n + 2] = 1, a + j - i
+                n += 1
+        i = j if room else i
+    return i, n
+
+
+@njit(cache=True)
 def _count_segments(data, segments, classes, table, n):
     """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
     (n words so far). Returns (table, n)."""
-    slots, rec, pool = table               # unpacked: the hot loop passes no tuples
+    slots, rec, pool = table
     for r in range(segments.shape[0]):
         i, e = segments[r, 0], segments[r, 1]
         while i < e:
-            j = _next_pretoken(data, i, e, classes)
-            h = _hash_bytes(data, i, j)
-            s = _table_find(slots, rec, pool, data, i, j, h)
-            if slots[s] >= 0:
-                rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
-            else:
-                slots, rec, pool = _table_new_word((slots, rec, pool), n, data, i, j, h, 1)
-                n += 1
-            i = j
+            i, n = _count_while_room(data, i, e, classes, slots, rec, pool, n)
+            if i < e:                      # make room for one more word, then go on
+                slots, rec, pool = _table_reserve((slots, rec, pool), n, e - i)
     return (slots, rec, pool), n
 
 
