@@ -1340,11 +1340,16 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 #   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
 #                        value = rank << 32 | merged id (-1: empty slot)
 #   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
-#                        used; from _SLOTS_AT on, 3 words per slot: hash of the pre-token,
-#                        byte offset << 24 | length, id offset << 24 | number of ids (0: empty)
+#                        used; [259] slots in use, [260] slots to start with; from _SLOTS_AT
+#                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
+#                        length, id offset << 24 | number of ids (0: empty)
 #   bpool, ipool         the cached pre-tokens' bytes (uint8) and ids (uint32)
-# When the cache is full it is emptied, so memory stays bounded whatever the text.
+# The cache uses only the first slots of state, and doubles them (putting every entry back)
+# as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
+# that encodes a few thousand words then touches a few pages, not all of them. When the
+# slots cannot double or the pools are full it is emptied, so memory stays bounded.
 _CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most half as many words
+_CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
 _CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
 _CACHE_IDS = 1 << 20     # ids of cached pre-tokens
 _SLOTS_AT = 264
@@ -1515,6 +1520,22 @@ def _encode_word(data, i, j, pairs, state, out, k, rank):
 
 
 @njit(cache=True)
+def _cache_double(state):
+    """Double the cache's slots in use, putting each entry back where its hash leads."""
+    n = 3 * state[259]
+    old = state[_SLOTS_AT:_SLOTS_AT + n].copy()
+    state[_SLOTS_AT:_SLOTS_AT + n] = 0
+    state[259] *= 2
+    mask = state[259] - 1
+    for e in range(0, n, 3):
+        if old[e + 1] != 0:
+            s = old[e] & mask
+            while state[_SLOTS_AT + 3 * s + 1] != 0:
+                s = (s + 1) & mask
+            state[_SLOTS_AT + 3 * s:_SLOTS_AT + 3 * s + 3] = old[e:e + 3]
+
+
+@njit(cache=True)
 def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
     """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
     out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
@@ -1522,10 +1543,14 @@ def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
     n, m = j - i, end - k
     if n > _CACHED_WORD:
         return end
-    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
-    if 2 * (state[256] + 1) > mask + 1 or state[257] + n > bpool.shape[0] \
+    if 2 * (state[256] + 1) > state[259] and 6 * state[259] <= state.shape[0] - _SLOTS_AT:
+        _cache_double(state)
+    if 2 * (state[256] + 1) > state[259] or state[257] + n > bpool.shape[0] \
             or state[258] + m > ipool.shape[0]:
-        state[256:] = 0
+        state[256:259] = 0                               # empty: back to the first slots
+        state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
+        state[259] = state[260]
+    mask = state[259] - 1
     s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
         s = (s + 1) & mask
@@ -1546,7 +1571,7 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
     not called, for the same reason as _next_pretoken is inlined."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     rank = np.empty(_SHORT_WORD, np.int64)
-    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
+    mask = state[259] - 1
     k, i = 0, 0
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
@@ -1574,6 +1599,7 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
                 s = (s + 1) & mask
             if m < 0:
                 k = _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h)
+                mask = state[259] - 1                  # the cache may have grown
             else:
                 k += m
             i = j
@@ -1636,6 +1662,7 @@ class Tokenizer:
                                   self._pair_rank << 32 | self._pair_merged)
         self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self._state[:256] = self._byte_id_arr
+        self._state[259] = self._state[260] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
         self._bpool, self._ipool = np.zeros(_CACHE_BYTES, np.uint8), np.zeros(_CACHE_IDS, np.uint32)
         # Special tokens found in the UTF-8 bytes, longest first as _special_split_re does
         # (UTF-8 is self-synchronizing: the matches are those of the text).
