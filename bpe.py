@@ -1343,6 +1343,7 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 #                        used; [259] slots in use, [260] slots to start with; from _SLOTS_AT
 #                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
 #                        length, id offset << 24 | number of ids (0: empty)
+#   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
 #   bpool, ipool         the cached pre-tokens' bytes (uint8) and ids (uint32)
 # The cache uses only the first slots of state, and doubles them (putting every entry back)
 # as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
@@ -1409,12 +1410,11 @@ def _pair_value(pairs, a, b):
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
     """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
-    rank and merges it at every place, left to right. rank[t] is the value of the pair at t;
-    a round looks up again only the pairs next to a new token, and finds the next round's
-    lowest on the way. Returns the new n."""
+    rank and merges it at every place, left to right. rank[t] is the value of the pair at t
+    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
+    token, and finds the next round's lowest on the way. Returns the new n."""
     best = _NO_MERGE
     for t in range(n - 1):
-        rank[t] = _pair_value(pairs, tok[k + t], tok[k + t + 1])
         best = min(best, rank[t])
     while best != _NO_MERGE:
         w, t, prev_new, low = 0, 0, False, _NO_MERGE
@@ -1461,27 +1461,27 @@ def _minheap_pop(heap, h):
 
 
 @njit(cache=True)
-def _merge_long(tok, k, n, pairs):
+def _merge_long(tok, k, n, pairs, work):
     """The same rounds as _merge_short for a long pre-token (a run of CJK characters is
     hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank * n + position, checked when popped (lazy
+    every pair waits in a min-heap keyed rank << 32 | position, checked when popped (lazy
     deletion). A round pops all places of the lowest rank, left to right, and only then
-    pushes the pairs its new tokens make, as _bpe_many's lock-step rounds see them."""
-    ids, nxt, prv = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    heap, changed = np.empty(3 * n, np.int64), np.empty(n, np.int64)
+    pushes the pairs its new tokens make, as _bpe_many's lock-step rounds see them.
+    work: (>= 8n,) int64 scratch whose first n - 1 hold the values of the pairs on entry."""
+    ids, nxt, prv = work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+    changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
     h = 0
     for t in range(n):
         ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
     nxt[n - 1] = -1
     for t in range(n - 1):
-        v = _pair_value(pairs, ids[t], ids[t + 1])
-        if v != _NO_MERGE:
-            _minheap_push(heap, h, (v >> 32) * n + t)
+        if work[t] != _NO_MERGE:
+            _minheap_push(heap, h, (work[t] >> 32) << 32 | t)
             h += 1
     while h > 0:
-        r, m = heap[0] // n, 0
-        while h > 0 and heap[0] // n == r:        # every place of the pair of rank r
-            t = _minheap_pop(heap, h) % n
+        r, m = heap[0] >> 32, 0
+        while h > 0 and heap[0] >> 32 == r:       # every place of the pair of rank r
+            t = _minheap_pop(heap, h) & 0xFFFFFFFF
             h -= 1
             u = nxt[t]
             if ids[t] < 0 or u < 0:
@@ -1500,7 +1500,7 @@ def _merge_long(tok, k, n, pairs):
                 if a >= 0 and b >= 0:
                     v = _pair_value(pairs, ids[a], ids[b])
                     if v != _NO_MERGE:
-                        _minheap_push(heap, h, (v >> 32) * n + a)
+                        _minheap_push(heap, h, (v >> 32) << 32 | a)
                         h += 1
     w, t = 0, 0
     while t >= 0:
@@ -1510,13 +1510,19 @@ def _merge_long(tok, k, n, pairs):
 
 
 @njit(cache=True)
-def _encode_word(data, i, j, pairs, state, out, k, rank):
-    """Ids of the pre-token data[i:j], written at out[k:]; returns the end."""
-    for t in range(j - i):
+def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
+    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
+    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
+    n = j - i
+    for t in range(n):
         out[k + t] = state[data[i + t]]
-    if j - i <= _SHORT_WORD:
-        return k + _merge_short(out, k, j - i, pairs, rank)
-    return k + _merge_long(out, k, j - i, pairs)
+    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
+        work = np.empty(8 * n, np.int64)
+    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
+        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
+    if n <= _SHORT_WORD:
+        return k + _merge_short(out, k, n, pairs, work)
+    return k + _merge_long(out, k, n, pairs, work)
 
 
 @njit(cache=True)
@@ -1536,10 +1542,10 @@ def _cache_double(state):
 
 
 @njit(cache=True)
-def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
+def _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k, work, h):
     """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
     out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _encode_word(data, i, j, pairs, state, out, k, rank)
+    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
     n, m = j - i, end - k
     if n > _CACHED_WORD:
         return end
@@ -1565,12 +1571,12 @@ def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
 
 
 @njit(cache=True)
-def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
+def _encode_kernel(data, specials, pairs, byte_pairs, state, bpool, ipool, classes):
     """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
     (start, end, id) of specials, in order. The cache look-up is written out in the loop,
     not called, for the same reason as _next_pretoken is inlined."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
-    rank = np.empty(_SHORT_WORD, np.int64)
+    work = np.empty(8 * _CACHED_WORD, np.int64)
     mask = state[259] - 1
     k, i = 0, 0
     for r in range(specials.shape[0] + 1):
@@ -1598,7 +1604,8 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
                         out[k:k + m] = ipool[c:c + m]
                 s = (s + 1) & mask
             if m < 0:
-                k = _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h)
+                k = _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k,
+                                work, h)
                 mask = state[259] - 1                  # the cache may have grown
             else:
                 k += m
@@ -1660,6 +1667,7 @@ class Tokenizer:
         # and an empty cache. np.zeros costs nothing until the cache fills its pages.
         self._pairs = _pair_table(lrm[self._pair_rank, 0], lrm[self._pair_rank, 1],
                                   self._pair_rank << 32 | self._pair_merged)
+        self._byte_pairs = self._byte_pair_values()
         self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self._state[:256] = self._byte_id_arr
         self._state[259] = self._state[260] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
@@ -1669,6 +1677,18 @@ class Tokenizer:
         self._special_bytes = {s.encode("utf-8"): i for s, i in self._special_ids.items()}
         self._special_bytes_re = _special_bytes_re(list(self._special_bytes))
         self._naive_chars = 0            # text encoded by the naive path so far
+
+    def _byte_pair_values(self):
+        """(65536,) int64: at x << 8 | y, the value in the merges' table (see _encode_kernel)
+        of the pair (id of byte x, id of byte y), or _NO_MERGE: direct, for the first look-up
+        of every pair of a new pre-token."""
+        x, y = np.divmod(np.arange(1 << 16), 256)
+        key = self._byte_id_arr[x] * self._key_base + self._byte_id_arr[y]
+        at = np.minimum(np.searchsorted(self._pair_keys, key), max(len(self._pair_keys) - 1, 0))
+        found = self._pair_keys[at] == key if len(self._pair_keys) else np.zeros(1 << 16, bool)
+        rank = self._pair_rank[at] if len(self._pair_keys) else at
+        return np.where(found, rank << 32 | self._pair_merged[at] if len(self._pair_keys) else 0,
+                        _NO_MERGE)
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -1771,8 +1791,9 @@ class Tokenizer:
             specials = np.array([(m.start(), m.end(), self._special_bytes[m.group()])
                                  for m in self._special_bytes_re.finditer(data)],
                                 np.int64).reshape(-1, 3)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs, self._state,
-                             self._bpool, self._ipool, _char_classes())
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs,
+                             self._byte_pairs, self._state, self._bpool, self._ipool,
+                             _char_classes())
         _compiled_encoder_loaded = True
         return ids
 
