@@ -1354,7 +1354,7 @@ _CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
 _CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
 _CACHE_IDS = 1 << 20     # ids of cached pre-tokens
 _SLOTS_AT = 264
-_SHORT_WORD = 32         # longer pre-tokens merge with a heap instead of rescanning all pairs
+_SHORT_WORD = 16         # longer pre-tokens merge with a heap instead of rescanning all pairs
 _CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
 _NO_MERGE = 1 << 62
 # Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
@@ -1601,7 +1601,8 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, bpool, ipool, class
                         t += 1
                     if t == j:
                         c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
-                        out[k:k + m] = ipool[c:c + m]
+                        for t in range(m):             # a loop: a slice costs more
+                            out[k + t] = ipool[c + t]
                 s = (s + 1) & mask
             if m < 0:
                 k = _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k,
