@@ -1464,12 +1464,15 @@ def _minheap_pop(heap, h):
 def _merge_long(tok, k, n, pairs, work):
     """The same rounds as _merge_short for a long pre-token (a run of CJK characters is
     hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank << 32 | position, checked when popped (lazy
-    deletion). A round pops all places of the lowest rank, left to right, and only then
-    pushes the pairs its new tokens make, as _bpe_many's lock-step rounds see them.
-    work: (>= 8n,) int64 scratch whose first n - 1 hold the values of the pairs on entry."""
-    ids, nxt, prv = work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
+    the value of the pair now at that place (lazy deletion; a merge marks the places whose
+    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
+    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
+    as _bpe_many's lock-step rounds see them. work: (>= 8n,) int64 scratch whose first
+    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
+    value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
+    value[n - 1] = _NO_MERGE
     h = 0
     for t in range(n):
         ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
@@ -1483,13 +1486,13 @@ def _merge_long(tok, k, n, pairs, work):
         while h > 0 and heap[0] >> 32 == r:       # every place of the pair of rank r
             t = _minheap_pop(heap, h) & 0xFFFFFFFF
             h -= 1
-            u = nxt[t]
-            if ids[t] < 0 or u < 0:
-                continue
-            v = _pair_value(pairs, ids[t], ids[u])
+            v, u = value[t], nxt[t]
             if v == _NO_MERGE or v >> 32 != r:    # a stale entry: that pair has changed
                 continue
             ids[t], ids[u], nxt[t] = v & 0xFFFFFFFF, -1, nxt[u]
+            value[t] = value[u] = _NO_MERGE
+            if prv[t] >= 0:
+                value[prv[t]] = _NO_MERGE
             if nxt[u] >= 0:
                 prv[nxt[u]] = t
             changed[m] = t
@@ -1498,7 +1501,7 @@ def _merge_long(tok, k, n, pairs, work):
             t = changed[q]
             for a, b in ((prv[t], t), (t, nxt[t])):
                 if a >= 0 and b >= 0:
-                    v = _pair_value(pairs, ids[a], ids[b])
+                    v = value[a] = _pair_value(pairs, ids[a], ids[b])
                     if v != _NO_MERGE:
                         _minheap_push(heap, h, (v >> 32) << 32 | a)
                         h += 1
