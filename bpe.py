@@ -1684,15 +1684,16 @@ class Tokenizer:
 
     def _byte_pair_values(self):
         """(65536,) int64: at x << 8 | y, the value in the merges' table (see _encode_kernel)
-        of the pair (id of byte x, id of byte y), or _NO_MERGE: direct, for the first look-up
-        of every pair of a new pre-token."""
-        x, y = np.divmod(np.arange(1 << 16), 256)
-        key = self._byte_id_arr[x] * self._key_base + self._byte_id_arr[y]
-        at = np.minimum(np.searchsorted(self._pair_keys, key), max(len(self._pair_keys) - 1, 0))
-        found = self._pair_keys[at] == key if len(self._pair_keys) else np.zeros(1 << 16, bool)
-        rank = self._pair_rank[at] if len(self._pair_keys) else at
-        return np.where(found, rank << 32 | self._pair_merged[at] if len(self._pair_keys) else 0,
-                        _NO_MERGE)
+        of the pair (id of byte x, id of byte y), or _NO_MERGE: read directly, for the first
+        look-up of every pair of a new pre-token."""
+        values = np.full(1 << 16, _NO_MERGE, np.int64)
+        if len(self._pair_keys):
+            x, y = np.divmod(np.arange(1 << 16), 256)
+            key = self._byte_id_arr[x] * self._key_base + self._byte_id_arr[y]
+            at = np.minimum(np.searchsorted(self._pair_keys, key), len(self._pair_keys) - 1)
+            found = self._pair_keys[at] == key
+            values[found] = self._pair_rank[at[found]] << 32 | self._pair_merged[at[found]]
+        return values
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):

@@ -1221,6 +1221,18 @@ def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
     assert in_use[0] == 4 and min(in_use[in_use.index(64):]) < 64    # grew to 64, emptied
 
 
+def test_bpe_compiled_encode_byte_pair_table_equals_the_merges_table(bpe_gpt2):
+    # The direct table of byte pairs (first look-ups) holds what the merges' hash table
+    # holds for the same pair of byte ids: GPT-2's (bytes with ids of their own order), a
+    # random vocab's, and one with no merges.
+    special, _ = bpe_gpt2
+    vocab, merges = _bpe_random_merges(random.Random(7), b"ab\xe4\xb8\xad ", 40)
+    for tok in (special, bpe.Tokenizer(vocab, merges), bpe.Tokenizer(vocab, [])):
+        ids = tok._byte_id_arr
+        assert [bpe._pair_value(tok._pairs, ids[xy >> 8], ids[xy & 255]) for xy in range(1 << 16)] \
+            == tok._byte_pairs.tolist()
+
+
 def test_bpe_compiled_encode_specials_and_surrogates():
     vocab = {i: bytes([i]) for i in range(256)}
     tok = bpe.Tokenizer(vocab | {256: b"ab"}, [(b"a", b"b")], ["<|eot|>", "<|eot|><|eot|>"])
