@@ -1344,7 +1344,8 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 #                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
 #                        length, id offset << 24 | number of ids (0: empty)
 #   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
-#   bpool, ipool         the cached pre-tokens' bytes (uint8) and ids (uint32)
+#   bpool, ipool         the cached pre-tokens' bytes (uint8), each after its length and its
+#                        number of ids (a byte each), and their ids (uint32)
 # The cache uses only the first slots of state, and doubles them (putting every entry back)
 # as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
 # that encodes a few thousand words then touches a few pages, not all of them. When the
@@ -1528,20 +1529,30 @@ def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
     return k + _merge_long(out, k, n, pairs, work)
 
 
-@njit(cache=True)
-def _cache_double(state):
-    """Double the cache's slots in use, putting each entry back where its hash leads."""
-    n = 3 * state[259]
-    old = state[_SLOTS_AT:_SLOTS_AT + n].copy()
-    state[_SLOTS_AT:_SLOTS_AT + n] = 0
-    state[259] *= 2
+@njit(cache=True, inline="always")
+def _cache_put(state, h, b, n, c, m):
+    """Put the entry (hash h, n bytes at bpool[b:], m ids at ipool[c:]) in the first free
+    slot from where its hash leads."""
     mask = state[259] - 1
-    for e in range(0, n, 3):
-        if old[e + 1] != 0:
-            s = old[e] & mask
-            while state[_SLOTS_AT + 3 * s + 1] != 0:
-                s = (s + 1) & mask
-            state[_SLOTS_AT + 3 * s:_SLOTS_AT + 3 * s + 3] = old[e:e + 3]
+    s = h & mask
+    while state[_SLOTS_AT + 3 * s + 1] != 0:
+        s = (s + 1) & mask
+    at = _SLOTS_AT + 3 * s
+    state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
+
+
+@njit(cache=True)
+def _cache_double(state, bpool):
+    """Double the cache's slots in use and put every entry back. The entries are found in
+    bpool, where each word's bytes follow two bytes (its length and its number of ids), so
+    that no copy of the slots is needed: growing costs no memory."""
+    state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
+    state[259] *= 2
+    b, c = 0, 0
+    while b < state[257]:
+        n, m = np.int64(bpool[b]), np.int64(bpool[b + 1])
+        _cache_put(state, _hash_bytes(bpool, b + 2, b + 2 + n), b + 2, n, c, m)
+        b, c = b + 2 + n, c + m
 
 
 @njit(cache=True)
@@ -1553,22 +1564,19 @@ def _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k, work
     if n > _CACHED_WORD:
         return end
     if 2 * (state[256] + 1) > state[259] and 6 * state[259] <= state.shape[0] - _SLOTS_AT:
-        _cache_double(state)
-    if 2 * (state[256] + 1) > state[259] or state[257] + n > bpool.shape[0] \
+        _cache_double(state, bpool)
+    if 2 * (state[256] + 1) > state[259] or state[257] + 2 + n > bpool.shape[0] \
             or state[258] + m > ipool.shape[0]:
         state[256:259] = 0                               # empty: back to the first slots
         state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
         state[259] = state[260]
-    mask = state[259] - 1
-    s = h & mask
-    while state[_SLOTS_AT + 3 * s + 1] != 0:
-        s = (s + 1) & mask
-    at, b, c = _SLOTS_AT + 3 * s, state[257], state[258]
-    bpool[b:b + n] = data[i:j]
+    b, c = state[257], state[258]
+    bpool[b], bpool[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
+    bpool[b + 2:b + 2 + n] = data[i:j]
     ipool[c:c + m] = out[k:end]
-    state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
+    _cache_put(state, h, b + 2, n, c, m)
     state[256] += 1
-    state[257] += n
+    state[257] += 2 + n
     state[258] += m
     return end
 
