@@ -1463,7 +1463,7 @@ def _minheap_pop(heap, h):
 
 @njit(cache=True)
 def _merge_long(tok, k, n, pairs, work):
-    """The same rounds as _merge_short for a long pre-token (a run of CJK characters is
+    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
     hundreds of bytes), without rescanning it per round: the tokens form a linked list and
     every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
     the value of the pair now at that place (lazy deletion; a merge marks the places whose
@@ -1479,8 +1479,8 @@ def _merge_long(tok, k, n, pairs, work):
         ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
     nxt[n - 1] = -1
     for t in range(n - 1):
-        if work[t] != _NO_MERGE:
-            _minheap_push(heap, h, (work[t] >> 32) << 32 | t)
+        if value[t] != _NO_MERGE:
+            _minheap_push(heap, h, (value[t] >> 32) << 32 | t)
             h += 1
     while h > 0:
         r, m = heap[0] >> 32, 0
@@ -1545,7 +1545,7 @@ def _cache_put(state, h, b, n, c, m):
 def _cache_double(state, bpool):
     """Double the cache's slots in use and put every entry back. The entries are found in
     bpool, where each word's bytes follow two bytes (its length and its number of ids), so
-    that no copy of the slots is needed: growing costs no memory."""
+    that growing needs no copy of the slots (it allocates nothing)."""
     state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
     state[259] *= 2
     b, c = 0, 0
