@@ -1385,15 +1385,22 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 #   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
 #                        value = rank << 32 | merged id (-1: empty slot)
 #   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
-#                        used; from _SLOTS_AT on, 3 words per slot: hash of the pre-token,
-#                        byte offset << 24 | length, id offset << 24 | number of ids (0: empty)
-#   bpool, ipool         the cached pre-tokens' bytes (uint8) and ids (uint32)
-# When the cache is full it is emptied, so memory stays bounded whatever the text.
+#                        used; [259] slots in use, [260] slots to start with; from _SLOTS_AT
+#                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
+#                        length, id offset << 24 | number of ids (0: empty)
+#   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
+#   bpool, ipool         the cached pre-tokens' bytes (uint8), each after its length and its
+#                        number of ids (a byte each), and their ids (uint32)
+# The cache uses only the first slots of state, and doubles them (putting every entry back)
+# as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
+# that encodes a few thousand words then touches a few pages, not all of them. When the
+# slots cannot double or the pools are full it is emptied, so memory stays bounded.
 _CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most half as many words
+_CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
 _CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
 _CACHE_IDS = 1 << 20     # ids of cached pre-tokens
 _SLOTS_AT = 264
-_SHORT_WORD = 32         # longer pre-tokens merge with a heap instead of rescanning all pairs
+_SHORT_WORD = 16         # longer pre-tokens merge with a heap instead of rescanning all pairs
 _CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
 _NO_MERGE = 1 << 62
 # Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
@@ -1449,12 +1456,11 @@ def _pair_value(pairs, a, b):
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
     """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
-    rank and merges it at every place, left to right. rank[t] is the value of the pair at t;
-    a round looks up again only the pairs next to a new token, and finds the next round's
-    lowest on the way. Returns the new n."""
+    rank and merges it at every place, left to right. rank[t] is the value of the pair at t
+    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
+    token, and finds the next round's lowest on the way. Returns the new n."""
     best = _NO_MERGE
     for t in range(n - 1):
-        rank[t] = _pair_value(pairs, tok[k + t], tok[k + t + 1])
         best = min(best, rank[t])
     while best != _NO_MERGE:
         w, t, prev_new, low = 0, 0, False, _NO_MERGE
@@ -1501,35 +1507,38 @@ def _minheap_pop(heap, h):
 
 
 @njit(cache=True)
-def _merge_long(tok, k, n, pairs):
-    """The same rounds as _merge_short for a long pre-token (a run of CJK characters is
+def _merge_long(tok, k, n, pairs, work):
+    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
     hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank * n + position, checked when popped (lazy
-    deletion). A round pops all places of the lowest rank, left to right, and only then
-    pushes the pairs its new tokens make, as _bpe_many's lock-step rounds see them."""
-    ids, nxt, prv = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    heap, changed = np.empty(3 * n, np.int64), np.empty(n, np.int64)
+    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
+    the value of the pair now at that place (lazy deletion; a merge marks the places whose
+    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
+    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
+    as _bpe_many's lock-step rounds see them. work: (>= 8n,) int64 scratch whose first
+    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
+    value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+    changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
+    value[n - 1] = _NO_MERGE
     h = 0
     for t in range(n):
         ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
     nxt[n - 1] = -1
     for t in range(n - 1):
-        v = _pair_value(pairs, ids[t], ids[t + 1])
-        if v != _NO_MERGE:
-            _minheap_push(heap, h, (v >> 32) * n + t)
+        if value[t] != _NO_MERGE:
+            _minheap_push(heap, h, (value[t] >> 32) << 32 | t)
             h += 1
     while h > 0:
-        r, m = heap[0] // n, 0
-        while h > 0 and heap[0] // n == r:        # every place of the pair of rank r
-            t = _minheap_pop(heap, h) % n
+        r, m = heap[0] >> 32, 0
+        while h > 0 and heap[0] >> 32 == r:       # every place of the pair of rank r
+            t = _minheap_pop(heap, h) & 0xFFFFFFFF
             h -= 1
-            u = nxt[t]
-            if ids[t] < 0 or u < 0:
-                continue
-            v = _pair_value(pairs, ids[t], ids[u])
+            v, u = value[t], nxt[t]
             if v == _NO_MERGE or v >> 32 != r:    # a stale entry: that pair has changed
                 continue
             ids[t], ids[u], nxt[t] = v & 0xFFFFFFFF, -1, nxt[u]
+            value[t] = value[u] = _NO_MERGE
+            if prv[t] >= 0:
+                value[prv[t]] = _NO_MERGE
             if nxt[u] >= 0:
                 prv[nxt[u]] = t
             changed[m] = t
@@ -1538,9 +1547,9 @@ def _merge_long(tok, k, n, pairs):
             t = changed[q]
             for a, b in ((prv[t], t), (t, nxt[t])):
                 if a >= 0 and b >= 0:
-                    v = _pair_value(pairs, ids[a], ids[b])
+                    v = value[a] = _pair_value(pairs, ids[a], ids[b])
                     if v != _NO_MERGE:
-                        _minheap_push(heap, h, (v >> 32) * n + a)
+                        _minheap_push(heap, h, (v >> 32) << 32 | a)
                         h += 1
     w, t = 0, 0
     while t >= 0:
@@ -1550,48 +1559,81 @@ def _merge_long(tok, k, n, pairs):
 
 
 @njit(cache=True)
-def _encode_word(data, i, j, pairs, state, out, k, rank):
-    """Ids of the pre-token data[i:j], written at out[k:]; returns the end."""
-    for t in range(j - i):
+def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
+    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
+    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
+    n = j - i
+    for t in range(n):
         out[k + t] = state[data[i + t]]
-    if j - i <= _SHORT_WORD:
-        return k + _merge_short(out, k, j - i, pairs, rank)
-    return k + _merge_long(out, k, j - i, pairs)
+    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
+        work = np.empty(8 * n, np.int64)
+    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
+        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
+    if n <= _SHORT_WORD:
+        return k + _merge_short(out, k, n, pairs, work)
+    return k + _merge_long(out, k, n, pairs, work)
 
 
-@njit(cache=True)
-def _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h):
-    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
-    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _encode_word(data, i, j, pairs, state, out, k, rank)
-    n, m = j - i, end - k
-    if n > _CACHED_WORD:
-        return end
-    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
-    if 2 * (state[256] + 1) > mask + 1 or state[257] + n > bpool.shape[0] \
-            or state[258] + m > ipool.shape[0]:
-        state[256:] = 0
+@njit(cache=True, inline="always")
+def _cache_put(state, h, b, n, c, m):
+    """Put the entry (hash h, n bytes at bpool[b:], m ids at ipool[c:]) in the first free
+    slot from where its hash leads."""
+    mask = state[259] - 1
     s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
         s = (s + 1) & mask
-    at, b, c = _SLOTS_AT + 3 * s, state[257], state[258]
-    bpool[b:b + n] = data[i:j]
-    ipool[c:c + m] = out[k:end]
+    at = _SLOTS_AT + 3 * s
     state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
+
+
+@njit(cache=True)
+def _cache_double(state, bpool):
+    """Double the cache's slots in use and put every entry back. The entries are found in
+    bpool, where each word's bytes follow two bytes (its length and its number of ids), so
+    that growing needs no copy of the slots (it allocates nothing)."""
+    state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
+    state[259] *= 2
+    b, c = 0, 0
+    while b < state[257]:
+        n, m = np.int64(bpool[b]), np.int64(bpool[b + 1])
+        _cache_put(state, _hash_bytes(bpool, b + 2, b + 2 + n), b + 2, n, c, m)
+        b, c = b + 2 + n, c + m
+
+
+@njit(cache=True)
+def _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k, work, h):
+    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
+    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
+    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
+    n, m = j - i, end - k
+    if n > _CACHED_WORD:
+        return end
+    if 2 * (state[256] + 1) > state[259] and 6 * state[259] <= state.shape[0] - _SLOTS_AT:
+        _cache_double(state, bpool)
+    if 2 * (state[256] + 1) > state[259] or state[257] + 2 + n > bpool.shape[0] \
+            or state[258] + m > ipool.shape[0]:
+        state[256:259] = 0                               # empty: back to the first slots
+        state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
+        state[259] = state[260]
+    b, c = state[257], state[258]
+    bpool[b], bpool[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
+    bpool[b + 2:b + 2 + n] = data[i:j]
+    ipool[c:c + m] = out[k:end]
+    _cache_put(state, h, b + 2, n, c, m)
     state[256] += 1
-    state[257] += n
+    state[257] += 2 + n
     state[258] += m
     return end
 
 
 @njit(cache=True)
-def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
+def _encode_kernel(data, specials, pairs, byte_pairs, state, bpool, ipool, classes):
     """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
     (start, end, id) of specials, in order. The cache look-up is written out in the loop,
     not called, for the same reason as _next_pretoken is inlined."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
-    rank = np.empty(_SHORT_WORD, np.int64)
-    mask = (state.shape[0] - _SLOTS_AT) // 3 - 1
+    work = np.empty(8 * _CACHED_WORD, np.int64)
+    mask = state[259] - 1
     k, i = 0, 0
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
@@ -1615,10 +1657,13 @@ def _encode_kernel(data, specials, pairs, state, bpool, ipool, classes):
                         t += 1
                     if t == j:
                         c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
-                        out[k:k + m] = ipool[c:c + m]
+                        for t in range(m):             # a loop: a slice costs more
+                            out[k + t] = ipool[c + t]
                 s = (s + 1) & mask
             if m < 0:
-                k = _encode_new(data, i, j, pairs, state, bpool, ipool, out, k, rank, h)
+                k = _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k,
+                                work, h)
+                mask = state[259] - 1                  # the cache may have grown
             else:
                 k += m
             i = j
@@ -1679,14 +1724,29 @@ class Tokenizer:
         # and an empty cache. np.zeros costs nothing until the cache fills its pages.
         self._pairs = _pair_table(lrm[self._pair_rank, 0], lrm[self._pair_rank, 1],
                                   self._pair_rank << 32 | self._pair_merged)
+        self._byte_pairs = self._byte_pair_values()
         self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self._state[:256] = self._byte_id_arr
+        self._state[259] = self._state[260] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
         self._bpool, self._ipool = np.zeros(_CACHE_BYTES, np.uint8), np.zeros(_CACHE_IDS, np.uint32)
         # Special tokens found in the UTF-8 bytes, longest first as _special_split_re does
         # (UTF-8 is self-synchronizing: the matches are those of the text).
         self._special_bytes = {s.encode("utf-8"): i for s, i in self._special_ids.items()}
         self._special_bytes_re = _special_bytes_re(list(self._special_bytes))
         self._naive_chars = 0            # text encoded by the naive path so far
+
+    def _byte_pair_values(self):
+        """(65536,) int64: at x << 8 | y, the value in the merges' table (see _encode_kernel)
+        of the pair (id of byte x, id of byte y), or _NO_MERGE: read directly, for the first
+        look-up of every pair of a new pre-token."""
+        values = np.full(1 << 16, _NO_MERGE, np.int64)
+        if len(self._pair_keys):
+            x, y = np.divmod(np.arange(1 << 16), 256)
+            key = self._byte_id_arr[x] * self._key_base + self._byte_id_arr[y]
+            at = np.minimum(np.searchsorted(self._pair_keys, key), len(self._pair_keys) - 1)
+            found = self._pair_keys[at] == key
+            values[found] = self._pair_rank[at[found]] << 32 | self._pair_merged[at[found]]
+        return values
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -1789,8 +1849,9 @@ class Tokenizer:
             specials = np.array([(m.start(), m.end(), self._special_bytes[m.group()])
                                  for m in self._special_bytes_re.finditer(data)],
                                 np.int64).reshape(-1, 3)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs, self._state,
-                             self._bpool, self._ipool, _char_classes())
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs,
+                             self._byte_pairs, self._state, self._bpool, self._ipool,
+                             _char_classes())
         _compiled_encoder_loaded = True
         return ids
 

@@ -1198,6 +1198,41 @@ def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
     assert tok._state[bpe._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
 
 
+def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
+    # The cache starts with 4 slots and doubles up to 64 as words come in (each entry put
+    # back by its hash), then is emptied and starts again from 4: the ids stay right across
+    # every growth, a word cached before a growth is still found after it, and the slots in
+    # use never pass the bound.
+    monkeypatch.setattr(bpe, "_CACHE_SLOTS", 64)
+    monkeypatch.setattr(bpe, "_CACHE_FIRST_SLOTS", 4)
+    tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
+    size = tok._state.shape
+    rng = random.Random(6)
+    words = [" " + "".join(rng.choice("abcdefghij中文字") for _ in range(rng.randint(2, 9)))
+             for _ in range(200)]
+    in_use = []
+    for n in range(1, 60):
+        _bpe_both_paths(tok, "".join(words[:n]))           # the first words again, one more
+        entries, slots = tok._state[256], tok._state[259]
+        in_use.append(slots)
+        assert 2 * entries <= slots <= 64 and tok._state.shape == size
+        assert tok._state[bpe._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
+        assert not tok._state[bpe._SLOTS_AT + 3 * slots:].any()   # nothing past the slots in use
+    assert in_use[0] == 4 and min(in_use[in_use.index(64):]) < 64    # grew to 64, emptied
+
+
+def test_bpe_compiled_encode_byte_pair_table_equals_the_merges_table(bpe_gpt2):
+    # The direct table of byte pairs (first look-ups) holds what the merges' hash table
+    # holds for the same pair of byte ids: GPT-2's (bytes with ids of their own order), a
+    # random vocab's, and one with no merges.
+    special, _ = bpe_gpt2
+    vocab, merges = _bpe_random_merges(random.Random(7), b"ab\xe4\xb8\xad ", 40)
+    for tok in (special, bpe.Tokenizer(vocab, merges), bpe.Tokenizer(vocab, [])):
+        ids = tok._byte_id_arr
+        assert [bpe._pair_value(tok._pairs, ids[xy >> 8], ids[xy & 255]) for xy in range(1 << 16)] \
+            == tok._byte_pairs.tolist()
+
+
 def test_bpe_compiled_encode_specials_and_surrogates():
     vocab = {i: bytes([i]) for i in range(256)}
     tok = bpe.Tokenizer(vocab | {256: b"ab"}, [(b"a", b"b")], ["<|eot|>", "<|eot|><|eot|>"])
