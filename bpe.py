@@ -927,16 +927,16 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
     table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
     is checked by the caller. Returns (n_used, n_entries)."""
     # No branch (see the top of this section); numba's inliner also warns about variables
-    # assigned under one.
+    # assigned under one. int(): interpreted, Python ints do this arithmetic faster than
+    # numpy's scalars.
     s = _hash_slot(rows, key)
-    new_key = rows[s, 0] == _EMPTY
+    new_key = int(rows[s, 0] == _EMPTY)
+    first, last = int(rows[s, 2]), int(rows[s, 3])
+    listed = int(w >= 0) & int(last != w)
     used[n_used] = s                       # kept only if the key is new
-    rows[s, 0] = key
-    rows[s, 1] += d
-    listed = (w >= 0) & (rows[s, 3] != w)
-    lists[n_entries, 0], lists[n_entries, 1] = w, rows[s, 2]   # kept only if listed
-    rows[s, 2] += listed * (n_entries - rows[s, 2])
-    rows[s, 3] += listed * (w - rows[s, 3])
+    lists[n_entries, 0], lists[n_entries, 1] = w, first      # kept only if listed
+    rows[s, 0], rows[s, 1] = key, rows[s, 1] + d
+    rows[s, 2], rows[s, 3] = first + listed * (n_entries - first), last + listed * (w - last)
     return n_used + new_key, n_entries + listed
 
 
