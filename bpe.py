@@ -425,9 +425,18 @@ def _table_new(n_words, n_bytes):
 
 
 @njit(cache=True)
+def _table_has_room(slots, rec, pool, n, extra_bytes):
+    """The table of n words takes one more of extra_bytes bytes as it is (its slots at most
+    half full)."""
+    return (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
+            and rec[2 * n] + extra_bytes <= pool.shape[0])
+
+
+@njit(cache=True)
 def _table_reserve(table, n, extra_bytes):
-    """The table with room for one more word of extra_bytes bytes: arrays doubled as needed,
-    the slots (re-)filled from the words' bytes when they would pass half full."""
+    """The table with room for one more word of extra_bytes bytes (_table_has_room): arrays
+    doubled as needed, the slots (re-)filled from the words' bytes when they would pass half
+    full."""
     slots, rec, pool = table
     rec = _grow(rec, 2 * n + 3)
     pool = _grow(pool, rec[2 * n] + extra_bytes)
@@ -492,10 +501,9 @@ def _count_while_room(data, i, e, classes, slots, rec, pool, n):
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
         else:
-            a = rec[2 * n]
-            room = (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
-                    and a + j - i <= pool.shape[0])
+            room = _table_has_room(slots, rec, pool, n, j - i)
             if room:
+                a = rec[2 * n]
                 slots[s] = _slot_entry(h, n)
                 pool[a:a + j - i] = data[i:j]
                 rec[2 * n + 1], rec[2 * n + 2] = 1, a + j - i
