@@ -476,15 +476,20 @@ def _table_find(slots, rec, pool, src, i, j, h):
 
 
 @njit(cache=True)
+def _table_put(slots, rec, pool, s, n, src, i, j, h, c):
+    """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
+    a = rec[2 * n]
+    slots[s] = _slot_entry(h, n)
+    pool[a:a + j - i] = src[i:j]
+    rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
+
+
+@njit(cache=True)
 def _table_new_word(table, n, src, i, j, h, c):
     """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
     Kept apart from the look-up: only new words pay for growing the arrays."""
     slots, rec, pool = _table_reserve(table, n, j - i)
-    s = _table_find(slots, rec, pool, src, i, j, h)
-    slots[s] = _slot_entry(h, n)
-    a = rec[2 * n]
-    pool[a:a + j - i] = src[i:j]
-    rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
+    _table_put(slots, rec, pool, _table_find(slots, rec, pool, src, i, j, h), n, src, i, j, h, c)
     return slots, rec, pool
 
 
@@ -503,10 +508,7 @@ def _count_while_room(data, i, e, classes, slots, rec, pool, n):
         else:
             room = _table_has_room(slots, rec, pool, n, j - i)
             if room:
-                a = rec[2 * n]
-                slots[s] = _slot_entry(h, n)
-                pool[a:a + j - i] = data[i:j]
-                rec[2 * n + 1], rec[2 * n + 2] = 1, a + j - i
+                _table_put(slots, rec, pool, s, n, data, i, j, h, 1)
                 n += 1
         i = j if room else i
     return i, n
@@ -1452,13 +1454,10 @@ def _pair_value(pairs, a, b):
     key = np.int64(a) << 32 | np.int64(b)
     mask = (pairs.shape[0] >> 1) - 1
     s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
-    while True:
-        v = pairs[2 * s + 1]
-        if v < 0:
-            return _NO_MERGE
-        if pairs[2 * s] == key:
-            return v
+    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see section 4)
         s = (s + 1) & mask
+    v = pairs[2 * s + 1]
+    return _NO_MERGE if v < 0 else v
 
 
 @njit(cache=True)
@@ -1758,7 +1757,12 @@ class Tokenizer:
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
-        vocab = _load_vocab_file(vocab_filepath)
+        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath,
+                                     special_tokens)
+
+    @classmethod
+    def _with_merges_file(cls, vocab, merges_filepath, special_tokens):
+        """from_files for a vocab already read (bpe.py encode reads it to pick its specials)."""
         merges, where = _read_merges_file(merges_filepath)
         return cls(vocab, merges, special_tokens, _file_names=(where, "the vocab file"))
 
@@ -2027,8 +2031,7 @@ def _cmd_encode(args):
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
-    merges, where = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
-    tok = Tokenizer(vocab, merges, specials, _file_names=(where, "the vocab file"))
+    tok = Tokenizer._with_merges_file(vocab, os.path.join(args.tokenizer, "merges.txt"), specials)
     t0 = time.perf_counter()
     n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
