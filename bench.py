@@ -136,6 +136,19 @@ def run_child(code, env=None):
     return {**json.loads(r["stdout"].strip().splitlines()[-1]), **r}
 
 
+def process_table(runs, call="call"):
+    """Print one row per tool of {tool: [run_measured results]}: its call time (when the child
+    reports one), whole-process time and peak memory. A tool with no runs is left out."""
+    print(f"| tool | {call} | whole process | peak Pss, process tree | peak RSS, largest process |")
+    print("|---|---|---|---|---|")
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+        print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+
+
 CHILD_PRELUDE = """
 import json, resource, time
 def report(call_s, **extra):
@@ -433,14 +446,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
                     r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
                 runs[name].append(r)
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
-    print("| tool | training call | whole process | peak Pss, process tree | peak RSS, largest process |")
-    print("|---|---|---|---|---|")
-    for name, rs in runs.items():
-        if not rs:                                 # a tool this table does not run (HF at 2 GB)
-            continue
-        call = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
-        print(f"| {name} | {call} | {med([r['process_s'] for r in rs])} | "
-              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+    process_table(runs, "training call")               # (HF has no runs at 2 GB)
     ours = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
@@ -686,11 +692,7 @@ def bench_encode_file(args, files):
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))
         ours = {"tokens": len(ids) - eot, "id_sum": int(ids.sum(dtype=np.int64)) - 50256 * eot}
-    print("| tool | call | whole process | peak Pss, process tree | peak RSS, largest process |")
-    print("|---|---|---|---|---|")
-    for name, rs in runs.items():
-        print(f"| {name} | {med([r['call_s'] for r in rs])} | {med([r['process_s'] for r in rs])} | "
-              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
+    process_table(runs)
     line = f"bpe.encode_file: {ours['tokens'] + eot:,} ids, {eot:,} of them <|endoftext|>"
     if "tiktoken encode_ordinary_batch, 2 threads" in runs:
         tt = runs["tiktoken encode_ordinary_batch, 2 threads"][-1]
