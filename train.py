@@ -294,17 +294,20 @@ def windows(data, starts, context_length, device):
     return x.contiguous().to(device), y.contiguous().to(device)
 
 
+def random_starts(data, n, context_length, generator=None):  # n window starts, uniform over [0, len(data) - T)
+    return torch.randint(len(data) - context_length, (n,), generator=generator).numpy()
+
+
 def get_batch(data, batch_size, context_length, device, generator=None):
-    """CS336 data loader: batch_size windows, starts uniform over [0, len(data) - T)."""
-    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
-    return windows(data, starts, context_length, device)
+    """CS336 data loader: batch_size windows at random starts."""
+    return windows(data, random_starts(data, batch_size, context_length, generator), context_length, device)
 
 
 def micro_batches(data, cfg, generator):
     """This process's share of one global batch: grad_accum (x, y) pairs of micro_batch rows.
     Every process draws the same global batch of starts and reads only its own windows, so
     --grad-accum and the number of processes change the order of the arithmetic, never the data."""
-    starts = torch.randint(len(data) - cfg["context_length"], (cfg["batch_size"],), generator=generator).numpy()
+    starts = random_starts(data, cfg["batch_size"], cfg["context_length"], generator)
     mine = starts.reshape(cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"])[:, cfg["rank"]]
     return [windows(data, s, cfg["context_length"], cfg["device"]) for s in mine]
 
