@@ -1563,31 +1563,35 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
 
 
 @pytest.fixture
-def bpe_small_disk(tmp_path):
-    """A 1 MB tmpfs (a disk that fills up), unmounted afterwards; skips where mount fails."""
-    d = tmp_path / "disk"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip("a full disk needs a 1 MB tmpfs and mounting one failed here (needs root): "
-                    + (r.stderr.strip() or f"exit {r.returncode}"))
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", str(d)], check=True)
+def tmpfs(tmp_path):
+    """mount(name, options) -> a fresh tmpfs at tmp_path/name (by default a 1 MB disk to fill up);
+    skips the test where mounting is not allowed (it needs root), and always unmounts."""
+    mounted = []
+
+    def mount(name, options="size=1m"):
+        d = tmp_path / name
+        d.mkdir()
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)], capture_output=True,
+                               text=True)
+        except OSError as e:
+            pytest.skip(f"cannot mount a tmpfs here ({e})")
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here (it needs root): {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+    yield mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", str(d)], check=False)
 
 
-def _bpe_fill(disk, leave=0):
-    """Fill disk with disk/fill, then free `leave` bytes (a multiple of the 4 KiB page)."""
-    fd, n = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT), 0
-    try:
-        while True:
-            n += os.write(fd, b"\0" * 4096)
-    except OSError as e:
-        assert e.errno == errno.ENOSPC
-    os.ftruncate(fd, n - leave)
-    os.close(fd)
+def _fill_disk(disk, free):
+    """Fill `disk` until `free` bytes are left; returns the filler file (delete it to free the space)."""
+    st = os.statvfs(disk)
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - free))
+    return filler
 
 
 def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
@@ -1607,8 +1611,8 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
     assert not [f for f in tmp_path.glob("tok/*")], "the signal came after training: enlarge the text"
 
 
-def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, bpe_small_disk):
-    disk, src = bpe_small_disk, str(_bpe_need(_BPE_TINYSTORIES))
+def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
+    disk, src = tmpfs("disk"), str(_bpe_need(_BPE_TINYSTORIES))
     tok_dir, ids = disk / "tok", disk / "ids.npy"
 
     def cli(*args):
@@ -1625,15 +1629,15 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, bpe_smal
     for leave, args, path in [(0, encode, ids),
                               (0, train + (400, "--out", tok_dir), tok_dir / "vocab.json"),
                               (4096 * pages, train + (400, "--out", tok_dir), tok_dir / "merges.txt")]:
-        _bpe_fill(disk, leave)
+        filler = _fill_disk(disk, leave)
         r = cli(*args)
         assert r.returncode == 1 and r.stderr == (
             f"bpe.py {args[0]}: error: the disk is full: could not write {path}; free some space "
             "and rerun\n"), r.stderr
         assert {p: p.read_bytes() for p in old} == old
-        assert sorted(os.listdir(disk)) == ["fill", "ids.npy", "tok"]   # no temp files left
+        assert sorted(os.listdir(disk)) == ["filler", "ids.npy", "tok"]   # no temp files left
         assert sorted(os.listdir(tok_dir)) == ["merges.txt", "vocab.json"]
-        (disk / "fill").unlink()
+        filler.unlink()
     # Space freed: the rerun works.
     assert cli(*train, 400, "--out", tok_dir).returncode == 0
     for name in ("vocab.json", "merges.txt"):
@@ -1982,38 +1986,6 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
 
 # --- issue 11: a full disk, unusable paths, numbers, sample settings, IDS.NPY (each one sentence)
 
-@pytest.fixture
-def _train_mount(tmp_path):
-    """mount(name, options) -> a fresh tmpfs at tmp_path/name (by default a 1 MB disk to fill up);
-    skips the test where mounting is not allowed (it needs root), and always unmounts."""
-    mounted = []
-
-    def mount(name, options="size=1m"):
-        d = tmp_path / name
-        d.mkdir()
-        try:
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)], capture_output=True,
-                               text=True)
-        except OSError as e:
-            pytest.skip(f"cannot mount a tmpfs here ({e})")
-        if r.returncode:
-            pytest.skip(f"cannot mount a tmpfs here (it needs root): {r.stderr.strip()}")
-        mounted.append(d)
-        return d
-    yield mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", str(d)], check=False)
-
-
-def _train_fill(disk, free):
-    """Fill `disk` until `free` bytes are left; returns the filler file (delete it to free the space)."""
-    st = os.statvfs(disk)
-    filler = disk / "filler"
-    with open(filler, "wb") as f:
-        f.write(b"\0" * (st.f_bavail * st.f_frsize - free))
-    return filler
-
-
 def _train_one_error(capsys, *needles):  # stderr ends in one line "train.py: error: ..." holding every needle
     err = capsys.readouterr().err
     last = err.splitlines()[-1] if err else ""
@@ -2022,17 +1994,17 @@ def _train_one_error(capsys, *needles):  # stderr ends in one line "train.py: er
     return last
 
 
-def _train_story(path, docs=100):
+def _train_story(path, n=200, seed=0):  # a small English-like text file of n documents
     words = "the cat sat on a mat and the dog ran to the park while a bird sang in the old tree".split()
-    rng = np.random.default_rng(0)
-    path.write_text("<|endoftext|>".join(" ".join(rng.choice(words, 40)) + "." for _ in range(docs)))
+    rng = np.random.default_rng(seed)
+    path.write_text("<|endoftext|>".join(" ".join(rng.choice(words, 40)) + "." for _ in range(n)))
     return path
 
 
-def test_train_disk_full_in_the_token_cache(tmp_path, _train_mount, capsys):
+def test_train_disk_full_in_the_token_cache(tmp_path, tmpfs, capsys):
     # each cache file in turn meets a full disk: one sentence, exit 1, the files before it intact, no
     # temporary file left, nothing in the run directory; with space again the same command works
-    disk, story = _train_mount("disk"), _train_story(tmp_path / "story.txt")
+    disk, story = tmpfs("disk"), _train_story(tmp_path / "story.txt")
 
     def args(data_dir):
         return ["--data", str(story), "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
@@ -2046,7 +2018,7 @@ def test_train_disk_full_in_the_token_cache(tmp_path, _train_mount, capsys):
     for k, name in enumerate(order):
         # the files before fit, and half of this one
         half = pages[k] // 2
-        filler = _train_fill(disk, unit * (sum(pages[:k]) + half))
+        filler = _fill_disk(disk, unit * (sum(pages[:k]) + half))
         capsys.readouterr()
         assert train.main(args(disk / "data")) == 1, name
         _train_one_error(capsys, "the disk is full", str(disk / "data"), "run the same command again")
@@ -2062,10 +2034,10 @@ def test_train_disk_full_in_the_token_cache(tmp_path, _train_mount, capsys):
     assert [(cache / f).read_bytes() for f in order] == [(ref / f).read_bytes() for f in order]
 
 
-def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, _train_mount, capsys):
+def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, capsys):
     # config.json, the first checkpoint, a later one beside the last, metrics.jsonl (mid-line): one sentence,
     # exit 1, the last checkpoint intact, no temporary file; --resume then gives the run that never failed
-    disk, ids = _train_mount("disk"), _train_toy_ids(tmp_path / "toy.npy")
+    disk, ids = tmpfs("disk"), _train_toy_ids(tmp_path / "toy.npy")
     base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1"]
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
@@ -2082,7 +2054,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, _train_m
         (config + ckpt0 + 2, "40", 0, "metrics.jsonl"),
     ]
     for free, interval, kept, what in cases:
-        filler = _train_fill(disk, free * unit)
+        filler = _fill_disk(disk, free * unit)
         argv = base + ["--out-dir", str(disk / "out"), "--checkpoint-interval", interval]
         capsys.readouterr()
         assert train.main(argv) == 1, what
@@ -2142,8 +2114,8 @@ def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_train_read_only_data_dir_is_one_sentence(tmp_path, _train_mount, capsys):
-    ro = _train_mount("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
+def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
+    ro = tmpfs("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
     if os.geteuid() != 0:
         ro.mkdir(mode=0o500)
     story = _train_story(tmp_path / "story.txt")
@@ -2248,13 +2220,6 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
     assert train.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
-
-
-def _train_story(path, n=200, seed=0):  # a small English-like text file of n documents
-    words = "the cat sat on a mat and the dog ran to the park while a bird sang in the old tree".split()
-    rng = np.random.default_rng(seed)
-    path.write_text("<|endoftext|>".join(" ".join(rng.choice(words, 40)) + "." for _ in range(n)))
-    return path
 
 
 def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
