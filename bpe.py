@@ -14,6 +14,7 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 """
 
 import argparse
+import atexit
 import codecs
 import contextlib
 import functools
@@ -27,6 +28,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 from collections import Counter
 from itertools import chain
 
@@ -353,6 +355,25 @@ def _ctrl_c_stays_keyboard_interrupt(f):
                 raise
             raise KeyboardInterrupt from None
     return wrapper
+
+
+def catch_ctrl_c():
+    """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
+    numba's Python code runs (its compiler, its callbacks from llvmlite and the garbage
+    collector), where it would be swallowed (a traceback, and the run goes on) or leave a
+    compile half done (a RuntimeError): there SIGALRM sends Ctrl-C again 0.1 s later, until
+    numba has returned, so a first compile (tens of seconds, once) finishes before the stop.
+    A Ctrl-C still waiting when the program ends is dropped (the work is done), not left to
+    kill it as an alarm after its handlers are gone."""
+    def interrupt(signum, frame):
+        if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
+               for m in ("numba", "llvmlite")):
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            return
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    atexit.register(signal.setitimer, signal.ITIMER_REAL, 0)
 
 
 def _plan_chunks(input_path, special_tokens, num_workers):
@@ -2077,4 +2098,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    catch_ctrl_c()
     main()

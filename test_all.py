@@ -1611,6 +1611,30 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
     assert not [f for f in tmp_path.glob("tok/*")], "the signal came after training: enlarge the text"
 
 
+def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
+    # With an empty numba cache the first seconds are compiling, where a KeyboardInterrupt raised
+    # inside numba's callbacks was swallowed (a traceback, then the run went on) or broke the
+    # compile (a RuntimeError). Now Ctrl-C waits for the compiler: no traceback, and either the
+    # one-line interruption with no file, or a finished run with both files whole.
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 9))) for _ in range(20_000)]
+    (tmp_path / "t.txt").write_text(" ".join(rng.choice(words) for _ in range(300_000)))   # ~2 MB
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", "t.txt", "--vocab-size", "600",
+                          "--out", "tok"], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(4)                      # imported; compiling (about 25 s)
+    p.send_signal(signal.SIGINT)       # the main process only: the workers hold Ctrl-C blocked anyway
+    out, err = p.communicate(timeout=300)
+    assert "Traceback" not in err and "Error" not in err, err
+    if p.returncode == 130:
+        assert err.strip() == "bpe.py train: interrupted; no partial file was left", err
+        assert not list(tmp_path.glob("tok/*"))
+    else:
+        assert p.returncode == 0 and err == "", (p.returncode, err)
+        bpe.Tokenizer.from_files(str(tmp_path / "tok" / "vocab.json"), str(tmp_path / "tok" / "merges.txt"))
+
+
 def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
     disk, src = tmpfs("disk"), str(_bpe_need(_BPE_TINYSTORIES))
     tok_dir, ids = disk / "tok", disk / "ids.npy"

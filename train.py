@@ -20,7 +20,6 @@ import signal
 import statistics
 import sys
 import time
-import traceback
 import zipfile
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 import accounting
-from bpe import atomic_file
+from bpe import atomic_file, catch_ctrl_c
 from data import DATASETS, EOT, DataError, UsageError, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
@@ -967,17 +966,6 @@ def main(argv=None):
         return 130
 
 
-def interrupt(signum, frame):
-    """Ctrl-C as a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends
-    them). Inside numba's compiler (the BPE merge loop) a ctypes callback would swallow the
-    exception, or worse: there the signal comes again 0.1 s later (SIGALRM resends it)."""
-    if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame) for m in ("numba", "llvmlite")):
-        signal.setitimer(signal.ITIMER_REAL, 0.1)
-        return
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
     sys.exit(main())
