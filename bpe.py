@@ -14,7 +14,6 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 """
 
 import argparse
-import atexit
 import codecs
 import contextlib
 import functools
@@ -339,14 +338,19 @@ def _pool(n, *initializer):
         mask(signal.SIG_SETMASK, old)
 
 
+_ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
+
+
 def _ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C that arrives while compiled code runs is still a KeyboardInterrupt:
-    numba notices it only as its function returns, and reports it as a SystemError whose
-    chain of causes holds the KeyboardInterrupt."""
+    """f, where a Ctrl-C is still a KeyboardInterrupt: one that arrives while compiled code
+    runs is noticed by numba only as its function returns, and reported as a SystemError whose
+    chain of causes holds the KeyboardInterrupt; one that catch_ctrl_c held back is raised as f
+    returns."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
+        global _ctrl_c_held
         try:
-            return f(*args, **kwargs)
+            result = f(*args, **kwargs)
         except SystemError as e:
             cause = e
             while cause is not None and not isinstance(cause, KeyboardInterrupt):
@@ -354,6 +358,10 @@ def _ctrl_c_stays_keyboard_interrupt(f):
             if cause is None:
                 raise
             raise KeyboardInterrupt from None
+        if _ctrl_c_held:
+            _ctrl_c_held = False
+            raise KeyboardInterrupt
+        return result
     return wrapper
 
 
@@ -361,19 +369,16 @@ def catch_ctrl_c():
     """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
     numba's Python code runs (its compiler, its callbacks from llvmlite and the garbage
     collector), where it would be swallowed (a traceback, and the run goes on) or leave a
-    compile half done (a RuntimeError): there SIGALRM sends Ctrl-C again 0.1 s later, until
-    numba has returned, so a first compile (tens of seconds, once) finishes before the stop.
-    A Ctrl-C still waiting when the program ends is dropped (the work is done), not left to
-    kill it as an alarm after its handlers are gone."""
+    compile half done (a RuntimeError). There it is held, and raised when the bpe.py call
+    that ran numba (train_bpe, encode, encode_file) returns."""
     def interrupt(signum, frame):
+        global _ctrl_c_held
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
                for m in ("numba", "llvmlite")):
-            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            _ctrl_c_held = True
             return
         raise KeyboardInterrupt
     signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
-    atexit.register(signal.setitimer, signal.ITIMER_REAL, 0)
 
 
 def _plan_chunks(input_path, special_tokens, num_workers):
