@@ -38,6 +38,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload, register_jitable
 
+from safety import atomic_file
+
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization
 
@@ -1272,26 +1274,6 @@ def _str_to_token(s, where):
     except KeyError as e:
         raise ValueError(f"{where}: character {e.args[0]!r} in token {s!r} is not in the "
                          "GPT-2 byte alphabet") from None
-
-
-@contextlib.contextmanager
-def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: a temporary file replaces path by a rename only if the
-    block ends cleanly. The project's one atomic write (train.py, kernels.py import it)."""
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
-        os.replace(tmp, path)
-    except OSError as e:          # a full disk fails f.write, which names no file: name path
-        if e.filename in (None, tmp):
-            e.filename = os.fspath(path)
-        raise
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _load_vocab_file(path):

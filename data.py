@@ -3,7 +3,7 @@
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
 a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as uint16 .npy
 files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram baseline.
-Every file is written whole or not at all (bpe.atomic_file), so a rerun skips what exists.
+Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
 import gzip
 import hashlib
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bpe import Tokenizer, atomic_file, encode_file, train_bpe
+from bpe import Tokenizer, encode_file, train_bpe
+from safety import atomic_file
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 

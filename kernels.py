@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
+from safety import atomic_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -547,7 +548,6 @@ def main(argv=None):
     if "profile" not in args.skip:
         result["profile"] = run_profile(variants, args.device)
     if args.json:
-        from bpe import atomic_file  # the project's one atomic write (imported late: bpe loads numba)
         with atomic_file(args.json, "w") as f:
             json.dump(result, f, indent=1)
         print(f"\nwrote {args.json}")

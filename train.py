@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 import accounting
-from bpe import atomic_file, catch_ctrl_c
+from bpe import catch_ctrl_c
+from safety import atomic_file
 from data import DATASETS, EOT, DataError, UsageError, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
@@ -882,7 +883,7 @@ def process_group(cfg):
 @contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
-    written whole or not at all (bpe.atomic_file removes its temporary file), so what was there stays.
+    written whole or not at all (safety.atomic_file removes its temporary file), so what was there stays.
     The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
     a failed write() names no file: then `where` is named."""
     try:
