@@ -3015,3 +3015,153 @@ def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch
     assert "tokens/s" in capsys.readouterr().out and os.listdir(tmp_path) == []
     bench.main(["generate", "--new-tokens", "2"])
     assert "same tokens with and without the cache: True" in capsys.readouterr().out
+
+
+# ============================================================================
+# export.py (python train.py --export DIR; the checks load the export with transformers, when installed)
+# ============================================================================
+
+import importlib.util  # noqa: E402
+import inspect  # noqa: E402
+
+import export  # noqa: E402
+
+_EXPORT_NEEDS_HF = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install transformers); the export is checked by loading it")
+_EXPORT_TEXTS = {  # English, Chinese, Python source, documents between <|endoftext|>, whitespace and contractions
+    "english": "Once upon a time, there was a little girl named Lily. She didn't like the rain: 3 days of it!",
+    "chinese": "从前有一个小女孩，她叫莉莉。她不喜欢下雨，已经下了三天了！😀",
+    "python": inspect.getsource(export.rope_halves),
+    "eot": "The end.<|endoftext|>A new story<|endoftext|><|endoftext|> starts here.",
+    "spaces": "  two  spaces,\ttab\n\n\nnewlines   \n and trailing   ",
+}
+
+
+@pytest.fixture(scope="module")
+def export_runs(tmp_path_factory):
+    """Two tiny trained runs (one with --tie-embeddings), each exported by train.py --export:
+    {"plain" | "tied": (run directory, export directory)}."""
+    tmp = tmp_path_factory.mktemp("export")
+    base = ["--data", str(_train_story(tmp / "story.txt")), "--data-dir", str(tmp / "data"), "--out-dir",
+            str(tmp / "out"), *_TRAIN_TINY, "--vocab-size", "300", "--context-length", "32", "--max-iters", "10",
+            "--workers", "1", "--device", "cpu"]
+    runs = {}
+    for name, extra in (("plain", []), ("tied", ["--tie-embeddings"])):
+        assert train.main(base + ["--run-name", name, *extra]) == 0
+        assert train.main(base + ["--run-name", name, "--export", str(tmp / f"hf-{name}")]) == 0
+        runs[name] = tmp / "out" / name, tmp / f"hf-{name}"
+    return runs
+
+
+def _export_ours(run_dir):  # this project's model and tokenizer of a run
+    cfg = json.loads((run_dir / "config.json").read_text())
+    m = TransformerLM(**{**train.model_kwargs(cfg), "fast": False})  # the from-scratch reference path
+    train.load_checkpoint(run_dir / "ckpt.pt", m)
+    return m.eval(), bpe.Tokenizer.from_files(run_dir / "vocab.json", run_dir / "merges.txt", [_BPE_EOT])
+
+
+@_EXPORT_NEEDS_HF
+@pytest.mark.parametrize("name", ["plain", "tied"])
+def test_export_logits_equal_this_projects(export_runs, name):
+    from transformers import AutoModelForCausalLM
+    run_dir, hf_dir = export_runs[name]
+    ours, tok = _export_ours(run_dir)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.dtype == torch.float32
+    assert hf.config.tie_word_embeddings == (name == "tied")
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == (name == "tied")
+    ids = torch.cat([torch.tensor([tok.encode(_EXPORT_TEXTS["english"])[:32]]),
+                     torch.randint(0, 300, (1, 32), generator=torch.Generator().manual_seed(0))])
+    with torch.no_grad():
+        diff = (ours(ids) - hf(ids).logits).abs().max().item()
+    assert diff < 1e-4, diff
+
+
+@_EXPORT_NEEDS_HF
+def test_export_tokenizer_gives_this_projects_ids(export_runs, tmp_path):
+    """The run's own tokenizer (<|endoftext|> at id 256, right after the bytes, unlike GPT-2), and
+    GPT-2's from ../shared/reference when it is there: AutoTokenizer's ids are Tokenizer.encode's."""
+    from transformers import AutoTokenizer
+    run_dir, hf_dir = export_runs["plain"]
+    tokenizers = {"run": (_export_ours(run_dir)[1], hf_dir)}
+    if _BPE_GPT2_VOCAB.exists():
+        gpt2 = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
+        assert export.save_tokenizer(gpt2, tmp_path, 1024) == 50256
+        tokenizers["gpt2"] = gpt2, tmp_path
+    for which, (tok, where) in tokenizers.items():
+        hf = AutoTokenizer.from_pretrained(where)
+        assert hf.eos_token == _BPE_EOT and hf.eos_token_id == tok.encode(_BPE_EOT)[0]
+        for kind, text in _EXPORT_TEXTS.items():
+            ids = tok.encode(text)
+            assert hf(text)["input_ids"] == ids, (which, kind)
+            assert hf.decode(ids) == tok.decode(ids) == text, (which, kind)
+    assert tokenizers["run"][0].encode(_BPE_EOT) == [256]
+    if "gpt2" not in tokenizers:
+        pytest.skip(f"{_BPE_GPT2_VOCAB} is absent, so only the run's own tokenizer was checked")
+
+
+@_EXPORT_NEEDS_HF
+def test_export_greedy_generate_equals_model_generate(export_runs):
+    from transformers import AutoModelForCausalLM
+    run_dir, hf_dir = export_runs["plain"]
+    ours, tok = _export_ours(run_dir)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir)
+    eot = tok.encode(_BPE_EOT)[0]
+    for prompt in ([eot], tok.encode("the cat sat on")):  # prompt + new tokens fit the context of 32
+        want = model.generate(ours, prompt, 24, temperature=0, stop_id=eot, use_cache=False)
+        got = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, pad_token_id=eot)[0]
+        got = got[len(prompt):].tolist()
+        assert got == want + [eot] * (got[-1:] == [eot]), (want, got)  # HF keeps the eos it stops at
+
+
+@_EXPORT_NEEDS_HF
+def test_export_pipeline_generates_text(export_runs):
+    from transformers import pipeline
+    out = pipeline("text-generation", model=str(export_runs["plain"][1]), device="cpu")(
+        "the dog", max_new_tokens=12, do_sample=False)[0]["generated_text"]
+    print(f"pipeline: {out!r}")
+    assert out.startswith("the dog") and len(out) > len("the dog")
+
+
+def _export_error(capsys, argv, needle):
+    """train.py --export argv fails: exit 2, one sentence holding needle, no temporary directory left."""
+    capsys.readouterr()
+    assert train.main(argv) == 2
+    _train_one_error(capsys, "--export: ", needle)
+    out = Path(argv[argv.index("--export") + 1])
+    assert not [p for p in out.parent.iterdir() if ".tmp" in p.name]
+
+
+def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export_runs, tmp_path, capsys, monkeypatch):
+    run_dir, hf_dir = export_runs["plain"]
+    at = ["--out-dir", str(tmp_path / "out"), "--run-name", "run", "--device", "cpu", "--export"]
+    (tmp_path / "out" / "run").mkdir(parents=True)  # a run directory without a checkpoint
+    _export_error(capsys, [*at, str(tmp_path / "hf")], "ckpt.pt does not exist")
+    state = train.read_checkpoint(run_dir / "ckpt.pt")
+    for flag in ("no_norm", "post_norm", "nope", "silu_ffn"):  # refused before the weights are looked at
+        torch.save({**state, "config": {**state["config"], flag: True}}, tmp_path / "out" / "run" / "ckpt.pt")
+        _export_error(capsys, [*at, str(tmp_path / "hf")], f"a Llama cannot express the {flag} ablation")
+    shutil.copy(run_dir / "ckpt.pt", tmp_path / "out" / "run" / "ckpt.pt")
+    _train_flip_tensor_byte(tmp_path / "out" / "run" / "ckpt.pt")
+    _export_error(capsys, [*at, str(tmp_path / "hf")], "fails its CRC-32 check")
+    assert not (tmp_path / "hf").exists()
+    # an existing directory: refused without --overwrite; with it, only an earlier export is replaced
+    shutil.copy(run_dir / "ckpt.pt", tmp_path / "out" / "run" / "ckpt.pt")
+    shutil.copytree(hf_dir, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    _export_error(capsys, [*at, str(tmp_path / "hf")], "already exists; pass --overwrite")
+    _export_error(capsys, [*at, str(tmp_path / "out"), "--overwrite"], "is not an earlier export")
+    assert (tmp_path / "out" / "run" / "ckpt.pt").exists()
+    # a full disk while writing the weights: one sentence, exit 1, the earlier export as it was
+    def full(tensors, path):
+        Path(path).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(export, "save_safetensors", full)
+    assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 1
+    _train_one_error(capsys, "the disk is full")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+    monkeypatch.undo()
+    assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 import accounting
-from bpe import catch_ctrl_c
+from bpe import Tokenizer, catch_ctrl_c
 from safety import atomic_file
+from export import export_hf
 from data import DATASETS, EOT, DataError, UsageError, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
@@ -105,6 +106,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
+    ("--export", str, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then exit"),
     "hardware",
     ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
     ("--dtype", str, None, "float32, or bf16 (bfloat16 autocast, float32 weights); default: bf16 on cuda"),
@@ -920,12 +922,32 @@ def prepare_data_once(cfg):
     return prepared or prepare()
 
 
+def export_run(run_dir, cfg):
+    """--export DIR: the run's checkpoint and tokenizer as a Llama that transformers loads (export.py)."""
+    ckpt, tok_files = run_dir / "ckpt.pt", (run_dir / "vocab.json", run_dir / "merges.txt")
+    if not ckpt.exists():
+        raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
+    try:
+        state = read_checkpoint(ckpt)
+        if not isinstance(state.get("config"), dict):
+            raise ValueError(f"{ckpt} holds no run config")
+        tok = Tokenizer.from_files(*map(str, tok_files), [EOT]) if all(f.exists() for f in tok_files) else None
+        out = export_hf(cfg["export"], state["model"], model_kwargs(state["config"]), tok, cfg["overwrite"])
+    except (ValueError, FileExistsError, PermissionError) as e:  # a full disk is disk_full's (exit 1)
+        raise UsageError(f"--export: {e}.") from None
+    log(f"exported {ckpt} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
+        "load it with transformers.AutoModelForCausalLM.from_pretrained")
+    return 0
+
+
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     if cfg["benchmark"]:
         benchmark(cfg)
         return 0
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
+    if cfg["export"]:
+        return export_run(run_dir, cfg)
     if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_MARKERS):
         raise UsageError(f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                          "or another --run-name.")

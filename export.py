@@ -1,0 +1,175 @@
+"""Export a trained run to the Hugging Face format: transformers loads it with no custom code.
+
+What it teaches:
+- The CS336 model is a Llama: pre-norm RMSNorm, RoPE, SwiGLU, no biases. Only the names differ
+  (layers.0.attn.q_proj -> model.layers.0.self_attn.q_proj, ffn.w1/w3/w2 -> mlp.gate/up/down_proj)
+  and one layout: model.py's RoPE rotates adjacent pairs (x[2k], x[2k+1]), HF's Llama rotates
+  the two halves (x[k], x[k + d_head/2]). Reordering the rows of W_Q and W_K in each head, even
+  rows first, then odd ones, turns one into the other; q.k stays the same, since q and k get
+  the same order.
+- safetensors is three things: an 8-byte little-endian header length, a JSON header giving
+  each tensor's dtype, shape and byte range, then the raw bytes.
+- The tokenizer is GPT-2's byte-level BPE: bpe.py's vocab.json and merges.txt (Tokenizer.save)
+  plus a tokenizer_config.json that names the class and the special tokens' ids.
+
+Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the training run's --out-dir/--run-name
+      python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
+A library (train.py --export calls export_hf); tests: python -m pytest -q test_all.py -k export
+"""
+import inspect
+import json
+import os
+import shutil
+import struct
+
+import torch
+
+from model import TransformerLM
+from safety import atomic_file
+
+# ----------------------------------------------------------------------------
+# 1. The model as a Llama: names, the RoPE layout, config.json
+
+# Ablations that LlamaForCausalLM has no switch for, with what they change.
+NOT_LLAMA = {"no_norm": "no RMSNorm", "post_norm": "normalization after the residual add",
+             "nope": "no RoPE", "silu_ffn": "an ungated SiLU feed-forward"}
+
+# Per layer: model.py's name -> LlamaForCausalLM's name (w1 is the gate, silu(w1 x) * w3 x).
+LLAMA_NAMES = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+               "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
+               "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj",
+               "ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+
+
+def rope_halves(w, num_heads):
+    """Rows of W_Q or W_K (d_model, d_model) reordered in each head, even rows first: the pair
+    (2k, 2k+1) that model.py rotates lands on (k, k + d_head/2), the pair HF's Llama rotates,
+    with the same angle pos * theta^(-2k/d_head). Example, d_head 4: rows 0 1 2 3 -> 0 2 1 3."""
+    d_head = w.shape[0] // num_heads
+    order = torch.cat([torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)])
+    return w.reshape(num_heads, d_head, -1)[:, order].reshape(w.shape)
+
+
+def llama_weights(sd, num_layers, num_heads, tied):
+    """model.py's state dict -> {LlamaForCausalLM's name: float32 tensor on the CPU}."""
+    out = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
+    if not tied:  # tied: HF points lm_head at embed_tokens itself (safetensors stores no tensor twice)
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(num_layers):
+        for ours, theirs in LLAMA_NAMES.items():
+            w = sd[f"layers.{i}.{ours}.weight"]
+            out[f"model.layers.{i}.{theirs}.weight"] = rope_halves(w, num_heads) if ours in ("attn.q_proj", "attn.k_proj") else w
+    return {name: w.detach().to("cpu", torch.float32).contiguous() for name, w in out.items()}
+
+
+def llama_config(a, eps, eot_id):
+    """config.json for TransformerLM's arguments a (every ablation off but tie_embeddings)."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": a["vocab_size"],
+            "hidden_size": a["d_model"], "intermediate_size": a["d_ff"], "num_hidden_layers": a["num_layers"],
+            "num_attention_heads": a["num_heads"], "num_key_value_heads": a["num_heads"],  # no grouped-query attention
+            "head_dim": a["d_model"] // a["num_heads"], "max_position_embeddings": a["context_length"],
+            "rms_norm_eps": eps, "rope_theta": a["rope_theta"], "hidden_act": "silu",
+            "tie_word_embeddings": a["tie_embeddings"], "attention_bias": False, "mlp_bias": False,
+            "torch_dtype": "float32", "bos_token_id": eot_id, "eos_token_id": eot_id}
+
+
+# ----------------------------------------------------------------------------
+# 2. safetensors, written by hand
+
+def save_safetensors(tensors, path):
+    """{name: contiguous float32 CPU tensor} -> path. The file: the header's length as 8 bytes
+    little-endian, the JSON header, then every tensor's bytes in the header's order. Example:
+    {"w": torch.ones(2)} -> length, {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+    then 8 bytes (offsets count from the end of the header)."""
+    header, at = {"__metadata__": {"format": "pt"}}, 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + t.numel() * t.element_size()]}
+        at = header[name]["data_offsets"][1]
+    head = json.dumps(header).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # the format allows trailing spaces: the bytes then start 8-byte aligned
+    with atomic_file(path) as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for t in tensors.values():
+            f.write(t.numpy().astype("<f4", copy=False).tobytes())  # little-endian whatever the machine's order
+
+
+# ----------------------------------------------------------------------------
+# 3. The tokenizer: GPT-2's files and what transformers needs to know about them
+
+def write_json(obj, path):
+    with atomic_file(path, "w") as f:
+        f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def save_tokenizer(tok, out, context_length):
+    """bpe.Tokenizer -> vocab.json, merges.txt (bpe.py's writer), tokenizer_config.json and
+    special_tokens_map.json, loaded by AutoTokenizer as GPT2Tokenizer. Its BPE takes the ids from
+    vocab.json and the merge ranks from the order of merges.txt, so the ids are bpe.py's. The
+    first special token (train.py's <|endoftext|>) is bos, eos and unk. Returns its id or None."""
+    tok.save(os.path.join(out, "vocab.json"), os.path.join(out, "merges.txt"))
+    ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
+    first = tok.special_tokens[0] if tok.special_tokens else None
+    names = {"bos_token": first, "eos_token": first, "unk_token": first}
+    added = {str(i): {"content": s, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
+                      "single_word": False} for s, i in ids.items()}  # split off before BPE, never merged
+    write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
+                "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
+                "added_tokens_decoder": added}, os.path.join(out, "tokenizer_config.json"))
+    write_json(names, os.path.join(out, "special_tokens_map.json"))
+    return ids.get(first)
+
+
+# ----------------------------------------------------------------------------
+# 4. export_hf: the whole directory, or nothing
+
+def check_export(state_dict, model_kwargs, tokenizer):
+    """TransformerLM's arguments, all of them (defaults filled in), and a meta model built from
+    them, if a Llama can hold this model and state dict; else ValueError naming what does not fit."""
+    a = inspect.signature(TransformerLM).bind(**model_kwargs)
+    a.apply_defaults()
+    a = a.arguments
+    bad = [name for name in NOT_LLAMA if a[name]]
+    if bad:
+        raise ValueError(f"a Llama cannot express the {bad[0]} ablation ({NOT_LLAMA[bad[0]]}, train.py "
+                         f"--{bad[0].replace('_', '-')}), so this run cannot be exported")
+    meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
+    for name, want in meta.state_dict().items():
+        got = state_dict.get(name)
+        if got is None or tuple(got.shape) != tuple(want.shape):
+            shape = "missing" if got is None else f"of shape {tuple(got.shape)}"
+            raise ValueError(f"the state dict does not fit the model: {name} is {shape}, the model's is "
+                             f"{tuple(want.shape)}")
+    if tokenizer is not None and max(tokenizer.vocab) >= a["vocab_size"]:
+        raise ValueError(f"the tokenizer has ids up to {max(tokenizer.vocab)} but the model only "
+                         f"{a['vocab_size']} embeddings")
+    return a, meta
+
+
+def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False):
+    """Write out_dir so that transformers' AutoModelForCausalLM and AutoTokenizer load it:
+    config.json, model.safetensors and, given a bpe.Tokenizer, its files. model_kwargs are
+    TransformerLM's (train.model_kwargs of the run's config). Everything goes into a temporary
+    directory beside out_dir, renamed at the end: out_dir is whole or untouched. overwrite
+    replaces only an earlier export. Raises ValueError, or FileExistsError for out_dir."""
+    a, meta = check_export(state_dict, model_kwargs, tokenizer)
+    out_dir = os.path.abspath(out_dir)
+    if os.path.lexists(out_dir):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it, or pick another directory")
+        if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, or its parent
+            raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors); "
+                                  "remove it yourself, or pick another directory")
+    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.tmp{os.getpid()}")
+    try:
+        os.makedirs(tmp)
+        eot_id = save_tokenizer(tokenizer, tmp, a["context_length"]) if tokenizer is not None else None
+        write_json(llama_config(a, meta.ln_final.eps, eot_id), os.path.join(tmp, "config.json"))
+        weights = llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"])
+        save_safetensors(weights, os.path.join(tmp, "model.safetensors"))
+        if os.path.lexists(out_dir):  # set the old export aside, then put the new one in its place
+            os.replace(out_dir, tmp + ".old")
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp + ".old", ignore_errors=True)
+    return out_dir
