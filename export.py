@@ -4,9 +4,8 @@ What it teaches:
 - The CS336 model is a Llama: pre-norm RMSNorm, RoPE, SwiGLU, no biases. Only the names differ
   (layers.0.attn.q_proj -> model.layers.0.self_attn.q_proj, ffn.w1/w3/w2 -> mlp.gate/up/down_proj)
   and one layout: model.py's RoPE rotates adjacent pairs (x[2k], x[2k+1]), HF's Llama rotates
-  the two halves (x[k], x[k + d_head/2]). Reordering the rows of W_Q and W_K in each head, even
-  rows first, then odd ones, turns one into the other; q.k stays the same, since q and k get
-  the same order.
+  the two halves (x[k], x[k + d_head/2]). Reordering the rows of W_Q and W_K in each head (even
+  rows first, then odd ones) turns one into the other; q.k is unchanged, both get the same order.
 - safetensors is three things: an 8-byte little-endian header length, a JSON header giving
   each tensor's dtype, shape and byte range, then the raw bytes.
 - The tokenizer is GPT-2's byte-level BPE: bpe.py's vocab.json and merges.txt (Tokenizer.save)
@@ -58,7 +57,8 @@ def llama_weights(sd, num_layers, num_heads, tied):
     for i in range(num_layers):
         for ours, theirs in LLAMA_NAMES.items():
             w = sd[f"layers.{i}.{ours}.weight"]
-            out[f"model.layers.{i}.{theirs}.weight"] = rope_halves(w, num_heads) if ours in ("attn.q_proj", "attn.k_proj") else w
+            rotated = ours in ("attn.q_proj", "attn.k_proj")  # RoPE turns q and k only
+            out[f"model.layers.{i}.{theirs}.weight"] = rope_halves(w, num_heads) if rotated else w
     return {name: w.detach().to("cpu", torch.float32).contiguous() for name, w in out.items()}
 
 
@@ -96,7 +96,7 @@ def save_safetensors(tensors, path):
 # ----------------------------------------------------------------------------
 # 3. The tokenizer: GPT-2's files and what transformers needs to know about them
 
-def write_json(obj, path):
+def write_json(obj, path):  # every file whole and on disk (fsync) before the directory is renamed
     with atomic_file(path, "w") as f:
         f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
@@ -122,12 +122,10 @@ def save_tokenizer(tok, out, context_length):
 # ----------------------------------------------------------------------------
 # 4. export_hf: the whole directory, or nothing
 
-def check_export(state_dict, model_kwargs, tokenizer):
+def check_export(state_dict, model_kwargs):
     """TransformerLM's arguments, all of them (defaults filled in), and a meta model built from
     them, if a Llama can hold this model and state dict; else ValueError naming what does not fit."""
-    a = inspect.signature(TransformerLM).bind(**model_kwargs)
-    a.apply_defaults()
-    a = a.arguments
+    a = {**{k: p.default for k, p in inspect.signature(TransformerLM).parameters.items()}, **model_kwargs}
     bad = [name for name in NOT_LLAMA if a[name]]
     if bad:
         raise ValueError(f"a Llama cannot express the {bad[0]} ablation ({NOT_LLAMA[bad[0]]}, train.py "
@@ -139,9 +137,6 @@ def check_export(state_dict, model_kwargs, tokenizer):
             shape = "missing" if got is None else f"of shape {tuple(got.shape)}"
             raise ValueError(f"the state dict does not fit the model: {name} is {shape}, the model's is "
                              f"{tuple(want.shape)}")
-    if tokenizer is not None and max(tokenizer.vocab) >= a["vocab_size"]:
-        raise ValueError(f"the tokenizer has ids up to {max(tokenizer.vocab)} but the model only "
-                         f"{a['vocab_size']} embeddings")
     return a, meta
 
 
@@ -151,11 +146,11 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     TransformerLM's (train.model_kwargs of the run's config). Everything goes into a temporary
     directory beside out_dir, renamed at the end: out_dir is whole or untouched. overwrite
     replaces only an earlier export. Raises ValueError, or FileExistsError for out_dir."""
-    a, meta = check_export(state_dict, model_kwargs, tokenizer)
+    a, meta = check_export(state_dict, model_kwargs)
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
         if not overwrite:
-            raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it, or pick another directory")
+            raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it")
         if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, or its parent
             raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors); "
                                   "remove it yourself, or pick another directory")
