@@ -3142,6 +3142,8 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     for flag in ("no_norm", "post_norm", "nope", "silu_ffn"):  # refused before the weights are looked at
         torch.save({**state, "config": {**state["config"], flag: True}}, tmp_path / "out" / "run" / "ckpt.pt")
         _export_error(capsys, [*at, str(tmp_path / "hf")], f"a Llama cannot express the {flag} ablation")
+    torch.save({**state, "config": None}, tmp_path / "out" / "run" / "ckpt.pt")  # e.g. saved by hand
+    _export_error(capsys, [*at, str(tmp_path / "hf")], "holds no run config or no model")
     shutil.copy(run_dir / "ckpt.pt", tmp_path / "out" / "run" / "ckpt.pt")
     _train_flip_tensor_byte(tmp_path / "out" / "run" / "ckpt.pt")
     _export_error(capsys, [*at, str(tmp_path / "hf")], "fails its CRC-32 check")

@@ -929,8 +929,8 @@ def export_run(run_dir, cfg):
         raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
     try:
         state = read_checkpoint(ckpt)
-        if not isinstance(state.get("config"), dict):
-            raise ValueError(f"{ckpt} holds no run config")
+        if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
+            raise ValueError(f"{ckpt} holds no run config or no model")
         tok = Tokenizer.from_files(*map(str, tok_files), [EOT]) if all(f.exists() for f in tok_files) else None
         out = export_hf(cfg["export"], state["model"], model_kwargs(state["config"]), tok, cfg["overwrite"])
     except (ValueError, FileExistsError, PermissionError) as e:  # a full disk is disk_full's (exit 1)
@@ -946,7 +946,7 @@ def run(cfg):
         benchmark(cfg)
         return 0
     run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
-    if cfg["export"]:
+    if cfg["export"] is not None:  # even "": never a training run by mistake
         return export_run(run_dir, cfg)
     if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_MARKERS):
         raise UsageError(f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
