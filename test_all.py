@@ -1664,6 +1664,58 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
 
 
 # ============================================================================
+# safety.py
+# ============================================================================
+
+import safety
+
+
+def stat_kinds(d):  # {name: file, dir, fifo or link}, links not followed
+    import stat as st
+    kind = lambda m: "fifo" if st.S_ISFIFO(m) else "dir" if st.S_ISDIR(m) else "link" if st.S_ISLNK(m) else "file"
+    return {p.name: kind(os.lstat(p).st_mode) for p in d.iterdir()}
+
+
+def test_atomic_file_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")          # a FIFO made here stands in for /dev/null (never touch /dev)
+    (tmp_path / "dir").mkdir()
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    for name, kind in [("fifo", "a FIFO"), ("dir", "a directory"), ("loop", "a symlink loop")]:
+        with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
+            with safety.atomic_file(tmp_path / name) as f:
+                f.write(b"x")
+    assert stat_kinds(tmp_path) == {"fifo": "fifo", "dir": "dir", "loop": "link"}
+
+
+def test_atomic_file_writes_through_a_symlink(tmp_path):
+    (tmp_path / "real.txt").write_text("old")
+    os.symlink("real.txt", tmp_path / "link.txt")
+    os.symlink("new.txt", tmp_path / "dangling.txt")
+    with safety.atomic_file(tmp_path / "link.txt", "w") as f:
+        f.write("new")
+    with safety.atomic_file(tmp_path / "dangling.txt", "w") as f:
+        f.write("made")
+    assert (tmp_path / "real.txt").read_text() == "new" and (tmp_path / "new.txt").read_text() == "made"
+    assert stat_kinds(tmp_path) == {"real.txt": "file", "link.txt": "link", "dangling.txt": "link",
+                                    "new.txt": "file"}
+
+
+def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
+    src = _bpe_need(_BPE_TINYSTORIES)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(_bpe_need(_BPE_SHARED / "reference" / "gpt2_vocab.json"), tok / "vocab.json")
+    shutil.copy(_bpe_need(_BPE_SHARED / "reference" / "gpt2_merges.txt"), tok / "merges.txt")
+    os.mkfifo(tmp_path / "out.npy")
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(src), "--tokenizer",
+                        str(tok), "--out", str(tmp_path / "out.npy")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is a FIFO, not a regular file" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
+
+
+# ============================================================================
 # train.py
 # ============================================================================
 
