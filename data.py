@@ -5,6 +5,7 @@ a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits a
 files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram baseline.
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
+import codecs
 import gzip
 import hashlib
 import os
@@ -134,32 +135,85 @@ def downloaded_corpus(name, out_dir):
     return tuple(paths)
 
 
+READ = 1 << 24  # bytes per read: a corpus is streamed, never loaded whole
+SEP = EOT.encode()
+
+
+def scan(path, start, end, mark=0, check_utf8=False):
+    """One pass over bytes [start, end) of path, read in pieces -> (separators, first separator,
+    last separator that starts at or before mark, last line break before mark), offsets -1 when
+    there is none. check_utf8: a byte that is not UTF-8 raises UsageError with its offset.
+    b"ab<|endoftext|>c\nd<|endoftext|>e", mark 20 -> (2, 2, 18, 16)."""
+    n, first, last, newline, carry = 0, -1, -1, -1, b""  # carry: a tail that may begin a cut separator
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        f.seek(start)
+        while start < end:
+            piece = f.read(min(READ, end - start))
+            if not piece:
+                break
+            if check_utf8:
+                pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
+                try:
+                    decoder.decode(piece, final=start + len(piece) >= end)
+                except UnicodeDecodeError as e:
+                    raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {start - pending + e.start}"
+                                     "); re-save it as UTF-8, or pass token ids as a .npy file.") from None
+            at, buf, start = start - len(carry), carry + piece, start + len(piece)
+            before = max(0, mark - at + len(SEP))  # in buf, separators that start at or before mark end here
+            n += buf.count(SEP)
+            first = first if first >= 0 or SEP not in buf else at + buf.index(SEP)
+            last = at + buf.rindex(SEP, 0, before) if SEP in buf[:before] else last
+            nl = buf.rfind(b"\n", 0, max(0, mark - at))
+            newline = at + nl if nl >= 0 else newline
+            carry = buf[-(len(SEP) - 1):]
+    return n, first, last, newline
+
+
+def has_text(path, start, end):  # do bytes [start, end) hold anything besides separators?
+    return end - start > scan(path, start, end)[0] * len(SEP)
+
+
+def copy_range(path, start, end, dest):  # bytes [start, end) of path into dest, whole or not at all
+    with open(path, "rb") as src, atomic_file(dest) as dst:
+        src.seek(start)
+        while start < end:
+            piece = src.read(min(READ, end - start))
+            dst.write(piece)
+            start += len(piece)
+
+
+def char_start(path, at):  # at, moved back to the first byte of the UTF-8 character that holds it
+    with open(path, "rb") as f:
+        while at > 0 and f.seek(at) >= 0 and f.read(1)[0] & 0xC0 == 0x80:  # 10xxxxxx continues a character
+            at -= 1
+    return at
+
+
 def local_corpus(path, out_dir, valid_fraction=0.1):
-    """Split a text file: whole documents from the end go to validation until it holds ~10% of
-    the text; a file of few documents is cut at a line break."""
+    """Split a text file, streamed: with 10 documents or more, whole documents from the end go
+    to validation (the cut is the last separator at or before 90% of the bytes); a file of fewer
+    documents is cut after the last line break before that point."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
-    text = path.read_text(encoding="utf-8", errors="replace")
-    docs = text.split(EOT)
-    if len(docs) >= 10:
-        k, tail = len(docs), 0
-        while k > 1 and tail < valid_fraction * len(text):
-            k -= 1
-            tail += len(docs[k])
-        train, valid = EOT.join(docs[:k]), EOT.join(docs[k:])
-    else:
-        cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
-        cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
-        train, valid = text[:cut], text[cut:]
-    if not text.replace(EOT, ""):  # checked before writing: a split with nothing to learn would stay cached
+    size = path.stat().st_size
+    mark = int(size * (1 - valid_fraction))
+    n, first, last, newline = scan(path, 0, size, mark, check_utf8=True)
+    if n * len(SEP) == size:  # checked before writing: a split with nothing to learn would stay cached
         raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
-    if not train.replace(EOT, "") or not valid.replace(EOT, ""):
+    if n >= 9:
+        cut = last if last >= 0 else first  # no separator before the mark: the first document trains
+        train_end, valid_start = cut, cut + len(SEP)
+    else:
+        train_end = valid_start = newline + 1 if newline > 0 else char_start(path, mark)
+    if not has_text(path, 0, train_end) or not has_text(path, valid_start, size):
         raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
                          "pass a longer file.")
-    return write_splits(out_dir, train, valid)
-
-
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy_range(path, 0, train_end, paths[0])
+    copy_range(path, valid_start, size, paths[1])
+    return paths
 # ----------------------------------------------------------------------------
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 

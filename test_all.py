@@ -1715,6 +1715,42 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
 
 
+# ----------------------------------------------------------------------------
+# data.py: a local text is split in a streaming pass (memory independent of its size)
+
+import data
+
+
+@pytest.mark.parametrize("read", [7, 1 << 24])  # 7-byte pieces cut separators and characters
+def test_data_streamed_split_matches_the_split_of_the_whole_text(tmp_path, monkeypatch, read):
+    monkeypatch.setattr(data, "READ", read)
+    rng = random.Random(read)
+    for n_docs in (3, 12, 40):
+        docs = ["".join(rng.choice("ab é日\n") for _ in range(rng.randrange(1, 60))) for _ in range(n_docs)]
+        text = "<|endoftext|>".join(docs)
+        (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+        train_txt, valid_txt = data.local_corpus(tmp_path / "t.txt", tmp_path / f"c{n_docs}")
+        a, b = train_txt.read_text(encoding="utf-8"), valid_txt.read_text(encoding="utf-8")
+        raw, mark = text.encode(), int(len(text.encode()) * 0.9)
+        if n_docs >= 10:  # whole documents, cut at the last separator at or before 90% of the bytes
+            assert a + "<|endoftext|>" + b == text and b.split("<|endoftext|>")[0] in docs
+            assert len(a.encode()) == raw.rfind(b"<|endoftext|>", 0, mark + 13)
+        else:             # cut after a line break, nothing lost
+            assert a + b == text and (a.endswith("\n") or "\n" not in raw[1:mark].decode("utf-8", "ignore"))
+
+
+def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
+    (tmp_path / "u16.txt").write_bytes("hello world\n".encode("utf-16"))  # a BOM, then UTF-16
+    (tmp_path / "rand.bin").write_bytes(b"ok text " + bytes(random.Random(0).randrange(256) for _ in range(4000)))
+    for name, offset in (("u16.txt", 0), ("rand.bin", None)):
+        args = ["--data", str(tmp_path / name), "--data-dir", str(tmp_path / "data"), "--out-dir",
+                str(tmp_path / "out"), "--device", "cpu"]
+        assert train.main(args) == 2
+        line = _train_one_line(capsys, "is not UTF-8 text (bad byte at offset")
+        assert offset is None or f"offset {offset})" in line
+    assert not list((tmp_path / "data").rglob("*.*")) and not (tmp_path / "out").exists()
+
+
 # ============================================================================
 # train.py
 # ============================================================================
