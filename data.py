@@ -6,6 +6,7 @@ files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram 
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
 import codecs
+import errno
 import gzip
 import hashlib
 import os
@@ -22,6 +23,7 @@ from bpe import Tokenizer, encode_file, train_bpe
 from safety import atomic_file
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
+READ = 1 << 24  # bytes per read: a corpus is streamed, never loaded whole
 
 
 class UsageError(Exception):  # a mistake in the flags or the inputs: train.py prints it and exits with 2
@@ -110,6 +112,11 @@ def download(url, dest, progress=True):
     return dest
 
 
+def gunzip(src, dest):  # src.gz -> dest, whole or not at all
+    with gzip.open(src, "rb") as f, atomic_file(dest) as g:
+        shutil.copyfileobj(f, g, READ)
+
+
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
@@ -129,13 +136,11 @@ def downloaded_corpus(name, out_dir):
                         f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None
             if fetched.suffix == ".gz":
                 print(f"unpacking {fetched.name}", flush=True)
-                with gzip.open(fetched, "rb") as src, atomic_file(txt) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
+                from_cache(fetched, gunzip, fetched, txt)
         paths.append(txt)
     return tuple(paths)
 
 
-READ = 1 << 24  # bytes per read: a corpus is streamed, never loaded whole
 SEP = EOT.encode()
 
 
@@ -217,6 +222,22 @@ def local_corpus(path, out_dir, valid_fraction=0.1):
 # ----------------------------------------------------------------------------
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 
+def from_cache(path, load, *args, **kwargs):
+    """load(*args, **kwargs), which reads path, a file of the cache (written here earlier, or put
+    there by hand): a damaged or unwritable one is one sentence saying what to do. A full disk
+    passes through: train.py reports it."""
+    try:
+        return load(*args, **kwargs)
+    except (ValueError, EOFError, OSError) as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
+                             "writable, or pass another --data-dir.") from None
+        raise UsageError(f"{path} in the data cache cannot be used ({e}); delete it and run the same command "
+                         "again to rebuild it.") from None
+
+
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,15 +245,15 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
         t0 = time.time()
-        vocab, merges = train_bpe(str(train_txt), vocab_size, special_tokens=[EOT], num_workers=workers)
-        Tokenizer(vocab, merges, [EOT]).save(str(files[0]), str(files[1]))
+        vocab, merges = from_cache(train_txt, train_bpe, str(train_txt), vocab_size, [EOT], workers)
+        from_cache(out_dir, Tokenizer(vocab, merges, [EOT]).save, str(files[0]), str(files[1]))
         print(f"  done in {time.time() - t0:.1f}s", flush=True)
-    tok = Tokenizer.from_files(str(files[0]), str(files[1]), [EOT])
+    tok = from_cache(out_dir, Tokenizer.from_files, str(files[0]), str(files[1]), [EOT])
     npys = out_dir / "train.npy", out_dir / "valid.npy"
     for txt, npy in zip((train_txt, valid_txt), npys):
         if not npy.exists():
             print(f"tokenizing {txt} -> {npy}", flush=True)
-            encode_file(tok, str(txt), str(npy), num_workers=workers)
+            from_cache(txt, encode_file, tok, str(txt), str(npy), num_workers=workers)
     return tok, files, npys
 
 
@@ -250,6 +271,8 @@ def load_ids(source, val_data):
     for flag, ids in (("--data", train), ("--val-data", valid)):
         if ids is not None and ids.ndim != 1:
             raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
+        if ids is not None and len(ids) == 0:
+            raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
     if valid is None:  # still a memmap view: nothing is loaded
         cut = int(len(train) * 0.9)
         train, valid = train[:cut], train[cut:]
@@ -278,12 +301,17 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
         p = Path(source).resolve()
         texts = local_corpus(p, data_dir / f"{p.stem}-{file_key(p)}")
     tok, files, npys = tokenize_corpus(*texts, vocab_size, texts[0].parent / f"bpe{vocab_size}", workers)
-    return np.load(npys[0], mmap_mode="r"), np.load(npys[1], mmap_mode="r"), tok, files
+    train, valid = (from_cache(npy, np.load, npy, mmap_mode="r") for npy in npys)
+    return train, valid, tok, files
 
 
-def file_key(path):  # a file's identity without reading it: its path, size and modification time
+def file_key(path):
+    """A file's identity without reading it: its path, inode, size, and modification and change
+    times. The change time (ctime) moves on every write and no tool can set it back, so a file
+    rewritten with its old size and `touch -r` to its old mtime still gets a new key."""
     st = Path(path).stat()
-    return hashlib.sha1(f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
+    key = f"{Path(path).resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return hashlib.sha1(key.encode()).hexdigest()[:8]
 
 
 def file_digest(path, memo_dir):

@@ -6,6 +6,7 @@ import collections
 import copy
 import ctypes
 import errno
+import gzip
 import http.server
 import io
 import json
@@ -1741,7 +1742,7 @@ def test_data_streamed_split_matches_the_split_of_the_whole_text(tmp_path, monke
 
 def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
     (tmp_path / "u16.txt").write_bytes("hello world\n".encode("utf-16"))  # a BOM, then UTF-16
-    (tmp_path / "rand.bin").write_bytes(b"ok text " + bytes(random.Random(0).randrange(256) for _ in range(4000)))
+    (tmp_path / "rand.bin").write_bytes(b"ok text " + random.Random(0).randbytes(4000))
     for name, offset in (("u16.txt", 0), ("rand.bin", None)):
         args = ["--data", str(tmp_path / name), "--data-dir", str(tmp_path / "data"), "--out-dir",
                 str(tmp_path / "out"), "--device", "cpu"]
@@ -1749,6 +1750,65 @@ def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
         line = _train_one_line(capsys, "is not UTF-8 text (bad byte at offset")
         assert offset is None or f"offset {offset})" in line
     assert not list((tmp_path / "data").rglob("*.*")) and not (tmp_path / "out").exists()
+
+
+def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(1000, dtype=np.uint16))
+    before = data.file_digest(ids, tmp_path / "memo")
+    st = ids.stat()
+    np.save(ids, np.arange(1000, dtype=np.uint16)[::-1])    # other ids, the same size
+    os.utime(ids, ns=(st.st_atime_ns, st.st_mtime_ns))      # what `touch -r` does
+    assert ids.stat().st_size == st.st_size and data.file_digest(ids, tmp_path / "memo") != before
+
+
+def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, capsys):
+    story, cache = _train_story(tmp_path / "story.txt"), tmp_path / "data"
+    prepare = lambda: data.prepare_data(str(story), cache, 300, workers=1)
+    prepare()
+    toks = next(cache.rglob("train.npy")).parent
+    corpus = toks.parent
+    good = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file()}
+    damage = [  # (what is done to the cache, the path the sentence names)
+        (lambda: (toks / "train.npy").write_bytes(good[toks / "train.npy"][:100]), toks / "train.npy"),
+        (lambda: (toks / "train.npy").write_bytes(b"garbage" * 20), toks / "train.npy"),
+        (lambda: (toks / "vocab.json").write_bytes(good[toks / "vocab.json"][:50]), toks),
+        (lambda: (toks / "merges.txt").write_text("".join(
+            l for i, l in enumerate(good[toks / "merges.txt"].decode().splitlines(True)) if i != 4)), toks),
+        (lambda: ((toks / "valid.npy").unlink(), (corpus / "valid.txt").write_text("")), corpus / "valid.txt"),
+        (lambda: ((toks / "train.npy").unlink(), (toks / "train.npy").mkdir()), toks / "train.npy"),
+    ]
+    for harm, named in damage:
+        harm()
+        with pytest.raises(data.UsageError, match=re.escape(f"{named} in the data cache cannot be used (")):
+            prepare()
+        shutil.rmtree(corpus)
+        for p, b in good.items():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b)
+    damage[0][0]()  # and through train.py: one sentence, exit 2
+    assert train.main(["--data", str(story), "--data-dir", str(cache), "--out-dir", str(tmp_path / "out"),
+                       "--vocab-size", "300", "--workers", "1", "--device", "cpu"]) == 2
+    _train_one_line(capsys, "train.npy in the data cache cannot be used (")
+
+
+def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
+    owt = tmp_path / "data" / "owt"
+    owt.mkdir(parents=True)
+    args = ["--data", "owt", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
+    noise = random.Random(0).randbytes(5000)
+    for content in (b"not gzip at all", gzip.compress(noise)[:2000]):  # not gzip; cut short
+        (owt / "owt_train.txt.gz").write_bytes(content)
+        assert train.main(args) == 2
+        _train_one_line(capsys, "owt_train.txt.gz in the data cache cannot be used (")
+        assert sorted(p.name for p in owt.iterdir()) == ["owt_train.txt.gz"]
+
+
+def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
+    np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
+    assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    _train_one_line(capsys, "--data: the file holds no token ids")
 
 
 # ============================================================================
