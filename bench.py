@@ -798,6 +798,10 @@ def main(argv=None):
     for flag in ("vocab_size", "repeats", "cold_bytes", "cold_vocab", "new_tokens"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
+    for flag in ("vocab_size", "cold_vocab"):  # every tool trains with the 256 bytes and <|endoftext|>
+        if getattr(args, flag) < 256 + 1:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below 257: the 256 byte values and "
+                     f"{EOT} come first")
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
