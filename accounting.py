@@ -723,6 +723,7 @@ VERIFY_CONFIGS = {  # name -> (config, ablations)
     "TinyStories no_norm": (TINYSTORIES, {"no_norm": True}),
     "TinyStories tie_embeddings": (TINYSTORIES, {"tie_embeddings": True}),
 }
+CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple
 
 
 def verification_checks(quick=False):
@@ -767,15 +768,11 @@ def verification_checks(quick=False):
                saved_activation_bytes(B, T, d, h, d_ff, L), meas)
 
 
-CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple
-
-
 def cuda_memory_check(B=4, cfg=None):
     """On a GPU: (saved tensors + logits by formula, bytes the forward leaves allocated, peak during
-    it, slack of one rounding per allocation, bytes the warm-up left allocated). None without CUDA.
-    The warm-up is the same forward, run once before the baseline: a process's first matmul makes
-    cuBLAS's workspace (~32 MiB, through PyTorch's allocator), which stays; counted in the forward,
-    it would be a mismatch in a fresh process and nothing after other CUDA work."""
+    it, slack of one rounding per allocation, bytes the warm-up left). None without CUDA. The warm-up
+    runs the same forward before the baseline: a process's first matmul makes cuBLAS's workspace
+    (~32 MiB, through PyTorch's allocator), which would otherwise count as activations."""
     if not torch.cuda.is_available():
         return None
     cfg = cfg or dict(vocab_size=1000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)

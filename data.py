@@ -45,6 +45,8 @@ DATASETS = {  # name -> its (train, valid) files, under HF
     "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
+VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
+COPY_BYTES = 1 << 24  # bytes per read when a file is unpacked or hashed (16 MiB)
 
 
 def write_splits(out_dir, train, valid):  # -> the paths of train.txt and valid.txt (kept if there)
@@ -93,7 +95,7 @@ def download(url, dest, progress=True):
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
         with open(part, "ab" if resumed else "wb") as f:
-            while chunk := resp.read(1 << 20):
+            while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
                 if progress:  # one status line, redrawn in place
@@ -129,14 +131,14 @@ def downloaded_corpus(name, out_dir):
             if fetched.suffix == ".gz":
                 print(f"unpacking {fetched.name}", flush=True)
                 with gzip.open(fetched, "rb") as src, atomic_file(txt) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
+                    shutil.copyfileobj(src, dst, COPY_BYTES)
         paths.append(txt)
     return tuple(paths)
 
 
-def local_corpus(path, out_dir, valid_fraction=0.1):
-    """Split a text file: whole documents from the end go to validation until it holds ~10% of
-    the text; a file of few documents is cut at a line break."""
+def local_corpus(path, out_dir, valid_fraction=VALID_FRACTION):
+    """Split a text file: whole documents from the end go to validation until it holds about
+    valid_fraction of the text; a file of few documents is cut at a line break."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -186,8 +188,8 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # 3. prepare_data: --data -> memmapped token ids
 
 def load_ids(source, val_data):
-    """--data PATH.npy: ids as they are (validation: --val-data or the last 10%), plus the
-    tokenizer saved beside them, if any, to decode the samples."""
+    """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
+    the tokenizer saved beside them, if any, to decode the samples."""
     try:
         train = np.load(source, mmap_mode="r")
         valid = np.load(val_data, mmap_mode="r") if val_data else None
@@ -197,7 +199,7 @@ def load_ids(source, val_data):
         if ids is not None and ids.ndim != 1:
             raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
     if valid is None:  # still a memmap view: nothing is loaded
-        cut = int(len(train) * 0.9)
+        cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
     files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
     if not all(f.exists() for f in files):
@@ -241,7 +243,7 @@ def file_digest(path, memo_dir):
         return memo.read_text()
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(COPY_BYTES):
             h.update(chunk)
     digest = f"{path.stat().st_size}:{h.hexdigest()}"
     try:
