@@ -262,13 +262,13 @@ ROOFLINE_COSTS = {
 
 
 def accelerator_intensity(peak, bytes_per_sec):
-    """FLOPs the chip can do per byte it moves: above this a kernel is compute-bound."""
+    """FLOPs the chip can do per byte it moves (the roofline's ridge): above it, compute-bound."""
     return peak / bytes_per_sec
 
 
-def roofline_mfu(intensity, accel_intensity):
+def roofline_mfu(intensity, ridge):
     """Best MFU a kernel can reach: min(1, arithmetic intensity / accelerator intensity)."""
-    return min(1.0, intensity / accel_intensity)
+    return min(1.0, intensity / ridge)
 
 
 def section_intensity():
@@ -420,10 +420,10 @@ def section_transformer():
     xl = gpt2_config("XL")
     counts, flops = lm_param_counts(**xl), lm_forward_flops_by_component(**xl)
     P, total, (_, groups) = sum(counts.values()), sum(flops.values()), flop_shares(xl)
-    fp32_bytes, tflops = FP32_BYTES * P, total / 1e12
+    fp32_size, tflops = FP32_BYTES * P, total / 1e12
     _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?",
        "V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)",
-       f"{_terms(counts)} = {P:,}", f"fp32: 4 x {P:,} = {_gb(fp32_bytes)}")
+       f"{_terms(counts)} = {P:,}", f"fp32: 4 x {P:,} = {_gb(fp32_size)}")
     shares = {k: v / total for k, v in flops.items()}
     _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?",
        *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {shares[k]:6.2%}" for k, v in flops.items()),
@@ -433,8 +433,8 @@ def section_transformer():
     table = {n: flop_shares(gpt2_config(n)) for n in GPT2_SHAPES} | {"XL@16K": flop_shares(gpt2_config("XL", 16_384))}
     _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384",
        f"{'component':<18}" + "".join(f"{n:>10}" for n in table),
-       *(f"{g:<18}" + "".join(f"{shares[g]:>10.2%}" for _, shares in table.values()) for g in SHARE_GROUPS),
-       f"{'total FLOPs':<18}" + "".join(f"{total:>10.3e}" for total, _ in table.values()),
+       *(f"{g:<18}" + "".join(f"{col[g]:>10.2%}" for _, col in table.values()) for g in SHARE_GROUPS),
+       f"{'total FLOPs':<18}" + "".join(f"{t:>10.3e}" for t, _ in table.values()),
        "bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention",
        "core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
     (t1, xl_shares), (t16, xl16_shares) = table["XL"], table["XL@16K"]

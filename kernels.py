@@ -471,8 +471,8 @@ def run_profile(variants, device, dtype="float32", n=1 << 20):
     out = {}
     for name, fn in variants.items():
         launches = profile_launches(fn, x)
-        out[name] = dict(launches)
-        print(f"{name:<14} {sum(launches.values()):>3} launched")
+        out[name], n_launched = dict(launches), sum(launches.values())
+        print(f"{name:<14} {n_launched:>3} launched")
         for k, c in launches.most_common():
             print(f"{'':<16}{c} x {k[:110]}")
     return out
