@@ -23,7 +23,6 @@ from bpe import Tokenizer, encode_file, train_bpe
 from safety import atomic_file
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
-READ = 1 << 24  # bytes per read: a corpus is streamed, never loaded whole
 
 
 class UsageError(Exception):  # a mistake in the flags or the inputs: train.py prints it and exits with 2
@@ -48,6 +47,8 @@ DATASETS = {  # name -> its (train, valid) files, under HF
     "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
+VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
+READ = 1 << 24  # bytes per read (16 MiB): a corpus is split, unpacked and hashed in pieces, never loaded whole
 
 
 def write_splits(out_dir, train, valid):  # -> the paths of train.txt and valid.txt (kept if there)
@@ -96,7 +97,7 @@ def download(url, dest, progress=True):
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
         with open(part, "ab" if resumed else "wb") as f:
-            while chunk := resp.read(1 << 20):
+            while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
                 if progress:  # one status line, redrawn in place
@@ -195,9 +196,9 @@ def char_start(path, at):  # at, moved back to the first byte of the UTF-8 chara
     return at
 
 
-def local_corpus(path, out_dir, valid_fraction=0.1):
+def local_corpus(path, out_dir, valid_fraction=VALID_FRACTION):
     """Split a text file, streamed: with 10 documents or more, whole documents from the end go
-    to validation (the cut is the last separator at or before 90% of the bytes); a file of fewer
+    to validation (the cut is the last separator at or before the last valid_fraction of the bytes); a file of fewer
     documents is cut after the last line break before that point."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
@@ -261,8 +262,8 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # 3. prepare_data: --data -> memmapped token ids
 
 def load_ids(source, val_data):
-    """--data PATH.npy: ids as they are (validation: --val-data or the last 10%), plus the
-    tokenizer saved beside them, if any, to decode the samples."""
+    """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
+    the tokenizer saved beside them, if any, to decode the samples."""
     try:
         train = np.load(source, mmap_mode="r")
         valid = np.load(val_data, mmap_mode="r") if val_data else None
@@ -274,7 +275,7 @@ def load_ids(source, val_data):
         if ids is not None and len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
     if valid is None:  # still a memmap view: nothing is loaded
-        cut = int(len(train) * 0.9)
+        cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
     files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
     if not all(f.exists() for f in files):
@@ -323,7 +324,7 @@ def file_digest(path, memo_dir):
         return memo.read_text()
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(READ):
             h.update(chunk)
     digest = f"{path.stat().st_size}:{h.hexdigest()}"
     try:
