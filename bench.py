@@ -731,6 +731,25 @@ def llama_step(cfg, micro):
     return step
 
 
+def time_steps(steps, n, device, warmup):
+    """{name: median seconds} of n calls each after warmup untimed ones, taking turns call by call
+    (the same machine load for all); the GPU queue is drained around each call, so a time is the work's."""
+    import torch
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in steps}
+    for _ in range(n):
+        for name, fn in steps.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def bench_step(argv):
     """train.py's --benchmark with HF Llama's steps interleaved; argv: train.py's flags."""
     import train
@@ -741,7 +760,15 @@ def bench_step(argv):
     except train.UsageError as e:
         sys.exit(f"bench.py step: {e}")
     rivals = {"HF LlamaForCausalLM + torch.optim.AdamW": llama_step} if peer("transformers", "transformers") else {}
-    train.benchmark(cfg, rivals)
+    with train.torch_settings(cfg):
+        ours, micro = train.random_step(cfg)
+        steps = {"this project": ours, **{name: make(cfg, micro) for name, make in rivals.items()}}
+        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.BENCH_WARMUP)
+    dt, tokens = medians["this project"], cfg["batch_size"] * cfg["context_length"]
+    train.report_speed(cfg, dt, train.device_peak(cfg))
+    for name, other in list(medians.items())[1:]:
+        print(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s (this project is "
+              f"{other / dt:.2f}x its speed)", flush=True)
     return 0
 
 

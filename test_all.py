@@ -2148,7 +2148,7 @@ def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
 def test_train_every_number_is_checked_before_anything_is_written(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]
-    floats = [f"--{k.replace('_', '-')}" for k in train.KEYS[float]]
+    floats = [row[0] for row in train.FLAGS if not isinstance(row, str) and row[1] is float]
     assert {"--lr", "--min-lr", "--eps", "--weight-decay", "--rope-theta", "--grad-clip", "--temperature",
             "--top-p", "--beta1", "--beta2"} <= set(floats)
     cases = [(f"{flag}={v}", f"{flag} must be a finite number, got {v}") for flag in floats
@@ -2167,7 +2167,7 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
         assert not (tmp_path / "out").exists(), arg
     # the extremes torch takes are taken (the evaluation seeds with seed + 1)
     assert train.main(base + [f"--seed={2**64 - 2}"]) == 0
-    assert train.resolve_config(base + [f"--seed={-2**63}"])["seed"] == -2**63
+    assert train.resolve_config(base + [f"--seed={-2**63}", "--overwrite"])["seed"] == -2**63
 
 
 def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """Train a Transformer LM: from raw text to a checkpoint and samples, on one CPU or many GPUs.
 
-CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py.
+CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py;
+what keeps a run's files whole and each mistake one sentence (the flag checks, --resume's
+verification, --overwrite, Ctrl-C, a full disk) lives in safety.py, called once at each boundary.
 
     python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
     python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
@@ -11,8 +13,6 @@ CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) l
 import argparse
 import contextlib
 import datetime
-import errno
-import importlib.util
 import json
 import math
 import os
@@ -20,7 +20,6 @@ import signal
 import statistics
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (seconds): one line, not a traceback from inside an import
@@ -30,11 +29,13 @@ import numpy as np
 import torch
 
 import accounting
+import safety
 from bpe import catch_ctrl_c
-from safety import atomic_file
-from data import DATASETS, EOT, DataError, UsageError, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
+from data import DATASETS, EOT, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
+from safety import DataError, UsageError
+
 
 RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
 
@@ -45,7 +46,7 @@ def log(*args, **kwargs):  # only rank 0 talks, so that N processes print one st
 
 
 # ----------------------------------------------------------------------------
-# 1. Configuration: flags, presets, checks, derived values
+# 1. Configuration: flags, presets, derived values (safety.py checks them)
 
 # The flags marked PRESET take their default from the data source: the built-in corpus and
 # local files get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get
@@ -60,6 +61,7 @@ PRESETS = {
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 PRESET = "preset"
+BENCH_WARMUP = 5  # --benchmark: untimed steps first (torch.compile compiles, allocators fill their caches)
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
     "data and output",
@@ -112,8 +114,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
     ("--benchmark", bool, False, "time training steps on random tokens (tokens/s, MFU); writes nothing"),
-    ("--benchmark-steps", int, 20, "timed steps after 5 warm-up steps"),
-    ("--vs-llama", bool, False, "moved to bench.py: python bench.py step [these flags]"),
+    ("--benchmark-steps", int, 20, f"timed steps after {BENCH_WARMUP} warm-up steps"),
     "samples at the end",
     ("--num-samples", int, 3, "samples written to samples.txt"),
     ("--sample-tokens", int, 200, "new tokens per sample"),
@@ -124,95 +125,6 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 
 
 SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
-KEYS = {kind: [row[0][2:].replace("-", "_") for row in FLAGS if not isinstance(row, str) and row[1] is kind]
-        for kind in (int, float)}  # the numeric flags, for the rules that hold for all of them
-RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
-RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
-
-
-def must(key, words, wrong):  # a CHECKS row for one numeric flag; an unset flag (None) passes
-    return lambda c: c[key] is not None and wrong(c[key]), f"--{key.replace('_', '-')} must {words}, got {{{key}}}."
-
-
-def writable(path):  # can the directory be created, or written if it exists?
-    path = next(p for p in (path, *path.parents) if p.exists())
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-
-
-def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
-    p = Path(path)
-    if p.is_dir():
-        return " is a directory"
-    if not p.is_file():
-        return ": no such file"
-    return "" if os.access(p, os.R_OK) else " is not readable (permission denied)"
-
-
-def in_the_way(c):  # a directory where the run writes one of its files, or None
-    run_dir = Path(c["out_dir"]) / c["run_name"]
-    return next((run_dir / name for name in RUN_FILES if (run_dir / name).is_dir()), None)
-
-
-CHECKS = [  # (is_wrong(cfg), message or message(cfg)), in order; the first wrong row stops, so rows rely on those above
-    (lambda c: c["vs_llama"], "--vs-llama has moved to bench.py: run python bench.py step with the same train.py "
-     "flags (e.g. python bench.py step --data tinystories --device cpu --batch-size 4)."),
-    (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
-     "--max-iters and --total-tokens both set the run length; pass only one of them."),
-    # NaN passes every comparison below; torch takes 64-bit integers (a seed also unsigned; seed + 1 seeds evaluation)
-    *(must(k, "be a finite number", lambda v: not math.isfinite(v)) for k in KEYS[float]),
-    must("seed", "lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1),
-    *(must(k, "be below 2**63", lambda v: v >= 2**63) for k in KEYS[int] if k != "seed"),
-    *(must(k, "be positive", lambda v: v <= 0) for k in (
-        "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
-        "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-        "benchmark_steps", "workers")),
-    *(must(k, "not be negative", lambda v: v < 0) for k in (
-        "lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
-        "sample_tokens")),
-    (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
-     "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
-    (lambda c: c["data"] not in SOURCES and unreadable(c["data"]),
-     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
-    (lambda c: c["data"] not in SOURCES and Path(c["data"]).stat().st_size == 0,
-     "--data {data} is empty; pass a file with text or token ids."),
-    (lambda c: c["val_data"] and not is_ids(c["data"]),
-     "--val-data goes with --data PATH.npy only; text data is split automatically."),
-    (lambda c: c["val_data"] and unreadable(c["val_data"]),
-     lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    (lambda c: not is_ids(c["data"]) and not c["benchmark"] and not writable(Path(c["data_dir"])),
-     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache; pick another."),
-    (lambda c: not is_ids(c["data"]) and not c["benchmark"] and c["vocab_size"] < 257,
-     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
-    (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
-    (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
-     "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
-     "--nope."),
-    (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
-    (lambda c: not (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
-     "--beta1 and --beta2 must lie in [0, 1), got {beta1} and {beta2}."),
-    (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
-    (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
-    (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
-    (lambda c: c["resume"] and c["overwrite"],
-     "--resume continues a run and --overwrite replaces it; pass one of them."),
-    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
-     "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
-    (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
-     "--device {device}: unknown device; use cpu, cuda, cuda:N or mps."),
-    (lambda c: c["device"].startswith("cuda") and not torch.cuda.is_available(),
-     "--device {device}: this PyTorch sees no CUDA GPU; use --device cpu."),
-    (lambda c: c["device"].startswith("mps") and not torch.backends.mps.is_available(),
-     "--device {device}: MPS is not available here; use --device cpu."),
-    (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
-    (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not torch.cuda.is_bf16_supported(),
-     "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
-    (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
-     "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
-    (lambda c: not c["benchmark"] and not writable(Path(c["out_dir"]) / c["run_name"]),
-     "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
-    (lambda c: not c["benchmark"] and in_the_way(c),
-     lambda c: f"{in_the_way(c)} is a directory where the run writes a file; move it away or pick another --run-name."),
-]
 
 
 class Parser(argparse.ArgumentParser):
@@ -244,7 +156,7 @@ def build_parser():
 
 def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment
-    decides device and processes, every CHECKS row must pass, then the derived values, here
+    decides device and processes, every check of safety.CHECKS must pass, then the derived values, here
     and only here. Raises UsageError."""
     cfg = vars(build_parser().parse_args(argv))
     warmup_given = cfg["warmup_iters"] is not None
@@ -256,10 +168,7 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    for is_wrong, message in CHECKS:
-        if is_wrong(cfg):
-            raise UsageError(message(cfg) if callable(message) else message.format(**cfg))
-
+    safety.check_flags(cfg, SOURCES, is_ids)  # every mistake is refused here, before anything is read or written
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
@@ -328,25 +237,17 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
     if isinstance(out, (str, os.PathLike)):
-        with atomic_file(out) as f:
+        with safety.atomic_file(out) as f:
             torch.save(state, f)
     else:
         torch.save(state, out)
 
 
 def read_checkpoint(src):
-    """A checkpoint's dict, verified: torch.load checks none of the CRC-32s that torch.save's zip
-    keeps per record, so zipfile checks them first (a flipped byte in a weight is refused, not
-    loaded); weights_only: tensors and plain values, so loading a file cannot run code. Raises
-    ValueError naming the fault."""
+    """A checkpoint's dict, verified. weights_only: tensors and plain values, so loading a file
+    cannot run code. Raises ValueError naming the fault."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
-    try:
-        with zipfile.ZipFile(src) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, EOFError, ValueError) as e:
-        raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
-    if bad is not None:
-        raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
+    safety.check_crcs(src, name)  # torch.load checks no CRC-32: a flipped byte in a weight would load
     if name != src:
         src.seek(0)
     try:
@@ -358,43 +259,11 @@ def read_checkpoint(src):
     return state
 
 
-def check_state(state, model, optimizer=None, name="the checkpoint"):
-    """Raises ValueError unless a checkpoint's dict fits model (and optimizer): its entries, every
-    shape, the iteration. Checked before anything is loaded, so a bad one changes nothing."""
-    for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
-        if key not in state:
-            raise ValueError(f"{name} has no {key!r} entry")
-    it, own, saved = state["iteration"], _unwrap(model).state_dict(), state["model"]
-    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
-        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
-    keys = set(saved) if isinstance(saved, dict) else set()
-    if keys != own.keys():
-        raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
-                         f"{sorted(keys - own.keys())[:3]} too many")
-    for k, v in own.items():
-        if not torch.is_tensor(saved[k]) or saved[k].shape != v.shape:
-            raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
-                             f"the model's {tuple(v.shape)}")
-    if optimizer is not None and not _fits_optimizer(state["optimizer"], optimizer):
-        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
-
-
-def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and every moment of its parameter's shape
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    try:
-        if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
-            return False
-        return all(0 <= i < len(params) and all(not torch.is_tensor(v) or v.dim() == 0 or v.shape == params[i].shape
-                                                for v in s.values()) for i, s in saved["state"].items())
-    except (TypeError, KeyError, AttributeError):
-        return False
-
-
 def load_checkpoint(src, model, optimizer=None, state=None):
     """Restore model (and optimizer) from a path or file object; return the saved iteration.
     Raises ValueError, and loads nothing, if the file is damaged or does not fit."""
     state = read_checkpoint(src) if state is None else state
-    check_state(state, model, optimizer)
+    safety.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -405,45 +274,6 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 TRAJECTORY_KEYS = ("data", "val_data", "vocab_size", "context_length", "d_model", "num_layers", "num_heads",
                    "d_ff", "rope_theta", *ABLATIONS, "batch_size", "grad_accum", "max_iters", "lr", "min_lr",
                    "warmup_iters", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
-
-
-def check_resume(cfg, ckpt_path):
-    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it
-    is damaged, does not fit this model, or its config differs."""
-    if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
-        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
-        return None
-    try:
-        state = read_checkpoint(ckpt_path)
-        old = state.get("config") if isinstance(state.get("config"), dict) else {}
-        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in TRAJECTORY_KEYS if old.get(k) != cfg[k]]
-        if diff:
-            raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
-                             f"{', '.join(diff)}.")
-        meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        check_state(state, meta, AdamW(meta.parameters()), name=ckpt_path)
-        if state["iteration"] > cfg["max_iters"]:
-            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
-                             "steps")
-        try:  # both are CPU generator states: a spare generator tries them
-            for key in ("batch_rng", "torch_rng"):
-                torch.Generator().set_state(state["rng"][key])
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise ValueError(f"{ckpt_path} holds no valid RNG state ({type(e).__name__})") from None
-    except (ValueError, OSError) as e:
-        raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
-    return state
-
-
-def check_same_data(state, cfg, ckpt_path):
-    """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
-    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
-    old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
-        what = "tokenizer" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
-        raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
-                         f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
-                         "--overwrite.")
 
 
 # Batches are random windows, so the data stream's position is the batch generator's state (plus
@@ -575,23 +405,6 @@ def evaluate(model, data, cfg):
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
-def truncate_metrics(path, last_step):
-    """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
-    That step keeps its training line, not its validation line (saved before that evaluation)."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-            if e["step"] < last_step or (e["step"] == last_step and "loss" in e):
-                keep.append(line)
-        except ValueError:  # a line cut short by the kill
-            pass
-    with atomic_file(path, "w") as f:
-        f.write("".join(line + "\n" for line in keep))
-
-
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -642,75 +455,6 @@ class Progress:
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
 
 
-@contextlib.contextmanager
-def stop_requests(cfg):
-    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
-    so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
-    asked = []
-
-    def handler(signum, frame):
-        if asked:
-            raise KeyboardInterrupt
-        asked.append(signum)
-        log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
-
-    def stopped():  # under DDP every process must stop at the same step: one's signal stops all
-        if cfg["world_size"] == 1:
-            return bool(asked)
-        s = torch.tensor([float(bool(asked))], device=cfg["device"])
-        torch.distributed.all_reduce(s)
-        return bool(s.item())
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stopped
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-def check_samples(cfg, tok, where, top):
-    """The run ends by sampling: what would fail there is refused at the start instead. tok decodes
-    the samples (where: its vocab.json); top is the largest token id in the data."""
-    if tok is None:
-        if cfg["prompt"]:
-            raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
-                             "put its vocab.json and merges.txt there, or drop --prompt.")
-        return
-    if cfg["num_samples"] == 0:
-        return
-    n, V = len(tok.vocab), cfg["vocab_size"]
-    if top >= n:
-        raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
-                         "use the tokenizer that made the ids, or --num-samples 0.")
-    if V > n:
-        raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
-                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
-    try:
-        highest = max(tok.encode(cfg["prompt"] or EOT))  # no --prompt: the samples start from EOT
-    except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from bytes on the command line that are not UTF-8
-        raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
-    if highest >= V:
-        what = "--prompt" if cfg["prompt"] else f"{EOT}, which starts the samples,"
-        raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
-                         "read it; pass a larger --vocab-size, or --num-samples 0.")
-
-
-def write_run_files(cfg, run_dir, tok_files, start, new):
-    """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
-    A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
-    file whole; a resumed run keeps its tokenizer."""
-    for f in tok_files or ():
-        if new or not (run_dir / f.name).exists():
-            with atomic_file(run_dir / f.name) as copy:  # a full disk must not leave half a tokenizer
-                copy.write(f.read_bytes())
-    with atomic_file(run_dir / "config.json", "w") as f:
-        f.write(json.dumps(cfg, indent=2) + "\n")
-    truncate_metrics(run_dir / "metrics.jsonl", start)
-    if new:  # what an old run here left that this one does not make (yet)
-        for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
-            (run_dir / name).unlink(missing_ok=True)
-
-
 def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
@@ -721,7 +465,7 @@ def write_samples(model, tok, cfg, path):
             ids = generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
                            top_p=cfg["top_p"], stop_id=eot, generator=g)
         out.append(cfg["prompt"] + tok.decode(ids))
-    with atomic_file(path, "w") as f:
+    with safety.atomic_file(path, "w") as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
 
@@ -745,11 +489,11 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=rng_state(batch_gen),
                             elapsed=progress.seconds())
-    with stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
+    with safety.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
         if resume_state is None:
             save(0)  # a checkpoint exists from the first moment on, so --resume always has one
         if rank == 0:
-            write_run_files(cfg, run_dir, tok_files, start, new=resume_state is None)
+            safety.write_run_files(cfg, tok_files, start, new=resume_state is None)  # after the checkpoint
         for it in range(start, last):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
@@ -790,40 +534,23 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 # ----------------------------------------------------------------------------
 # 6. --benchmark and --plot
 
-def time_steps(steps, n, device):
-    """{name: median seconds} of n calls each after 5 warm-ups, taking turns call by call (the same
-    machine load for all); the GPU queue is drained around each call, so a time is the work's."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for fn in steps.values():
-        for _ in range(5):
-            fn()
-    times = {name: [] for name in steps}
-    for _ in range(n):
-        for name, fn in steps.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+def random_step(cfg):
+    """One optimizer step of this configuration on fixed random tokens, as a function, and its
+    micro-batches (bench.py gives them to the steps it compares with ours)."""
+    _, model, optimizer = build(cfg)
+    shape = (cfg["grad_accum"], cfg["micro_batch"], cfg["context_length"] + 1)
+    micro = [(d[:, :-1], d[:, 1:]) for d in torch.randint(cfg["vocab_size"], shape, device=cfg["device"])]
+
+    def step():
+        train_step(model, optimizer, micro, cfg["lr"], cfg)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step, micro
 
 
-def benchmark(cfg, rivals=None):
-    """--benchmark: this configuration's training step on random tokens. rivals: {name: factory(cfg,
-    micro) -> step()}, timed in turn with ours (bench.py's HF Llama). -> {name: median seconds}."""
-    T, tokens = cfg["context_length"], cfg["batch_size"] * cfg["context_length"]
-    with torch_settings(cfg):
-        _, model, optimizer = build(cfg)
-        data = torch.randint(cfg["vocab_size"], (cfg["grad_accum"], cfg["micro_batch"], T + 1), device=cfg["device"])
-        micro = [(d[:, :-1], d[:, 1:]) for d in data]
-
-        def ours():
-            train_step(model, optimizer, micro, cfg["lr"], cfg)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        steps = {"this project": ours, **{name: make(cfg, micro) for name, make in (rivals or {}).items()}}
-        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"])
-    dt, flops, peak = medians["this project"], step_flops(cfg), device_peak(cfg)
+def report_speed(cfg, dt, peak):
+    """What a step of dt seconds means: tokens/s, FLOP/s, MFU against peak FLOP/s, the run's time."""
+    tokens, flops = cfg["batch_size"] * cfg["context_length"], step_flops(cfg)
     shape = ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads",
                                                  "d_ff", "batch_size"))
     log(f"benchmark: {shape}, device {cfg['device']} x{cfg['world_size']}, dtype {cfg['dtype']}, "
@@ -835,10 +562,22 @@ def benchmark(cfg, rivals=None):
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
         f"{fmt_time(cfg['total_tokens'] * dt / tokens)}")
-    for name, other in list(medians.items())[1:]:
-        log(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s (this project is {other / dt:.2f}x "
-            "its speed)")
-    return medians
+
+
+def benchmark(cfg):
+    """--benchmark: the median time of this configuration's training step on random tokens, after
+    BENCH_WARMUP untimed steps. Writes nothing. (bench.py step times HF Llama's step in turn with it.)"""
+    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
+    with torch_settings(cfg):
+        step, _ = random_step(cfg)
+        times = []
+        for _ in range(BENCH_WARMUP + cfg["benchmark_steps"]):
+            sync()  # the GPU queue is drained around each step, so a time is the step's own work
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+    report_speed(cfg, statistics.median(times[BENCH_WARMUP:]), device_peak(cfg))
 
 
 def plot(metrics_path, png_path):
@@ -855,7 +594,7 @@ def plot(metrics_path, png_path):
         ax.set(xlabel=label, ylabel="loss (nats/token)")
         ax.legend()
     fig.tight_layout()
-    with atomic_file(png_path) as f:
+    with safety.atomic_file(png_path) as f:
         fig.savefig(f, format="png")
     log(f"plot: {png_path}")
 
@@ -880,44 +619,10 @@ def process_group(cfg):
             torch.distributed.destroy_process_group()
 
 
-@contextlib.contextmanager
-def disk_full(where, then):
-    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
-    written whole or not at all (safety.atomic_file removes its temporary file), so what was there stays.
-    The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
-    a failed write() names no file: then `where` is named."""
-    try:
-        yield
-    except Exception as e:
-        cause = e  # down the chain a traceback would show
-        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
-            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
-        if cause is None:
-            raise
-        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
-                        f"then {then}.") from None
-
-
-def prepare_data_once(cfg):
-    """data.prepare_data (and the data's fingerprint) on rank 0 first; the others wait for its
-    verdict (an error stops every process with the same sentence), then open the files it cached."""
-    args = cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["val_data"], cfg["workers"]
-    err, prepared = [None], None
-
-    def prepare():  # -> train ids, valid ids, tokenizer, its files, fingerprint
-        train_ids, valid_ids, tok, tok_files = prepare_data(*args)
-        return train_ids, valid_ids, tok, tok_files, fingerprint(train_ids, valid_ids, tok_files, cfg["data_dir"])
-    if cfg["rank"] == 0:
-        try:
-            with disk_full(cfg["data_dir"], "run the same command again"):
-                prepared = prepare()
-        except (UsageError, DataError) as e:
-            err = [e]
-    if cfg["world_size"] > 1:
-        torch.distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
-    if err[0]:
-        raise err[0]
-    return prepared or prepare()
+def prepare(cfg):  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
+    train_ids, valid_ids, tok, tok_files = prepare_data(cfg["data"], cfg["data_dir"], cfg["vocab_size"],
+                                                        cfg["val_data"], cfg["workers"])
+    return train_ids, valid_ids, tok, tok_files, fingerprint(train_ids, valid_ids, tok_files, cfg["data_dir"])
 
 
 def run(cfg):
@@ -925,27 +630,23 @@ def run(cfg):
     if cfg["benchmark"]:
         benchmark(cfg)
         return 0
-    run_dir = Path(cfg["out_dir"]) / cfg["run_name"]
-    if not cfg["resume"] and not cfg["overwrite"] and any((run_dir / f).exists() for f in RUN_MARKERS):
-        raise UsageError(f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                         "or another --run-name.")
-    resume_state = check_resume(cfg, run_dir / "ckpt.pt") if cfg["resume"] else None
-    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = prepare_data_once(cfg)
-    if resume_state is not None:
-        check_same_data(resume_state, cfg, run_dir / "ckpt.pt")
+    ckpt_path, resume_state = Path(cfg["out_dir"]) / cfg["run_name"] / "ckpt.pt", None
+    if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
+        meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
+        resume_state = safety.verify_resume(cfg, ckpt_path, TRAJECTORY_KEYS, read_checkpoint, meta,
+                                            AdamW(meta.parameters()))
+    # rank 0 downloads and tokenizes first; the others then open its cache (or stop with its error)
+    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, lambda: prepare(cfg))
+    if resume_state is not None:  # the same config is not enough: the same token files and tokenizer
+        safety.check_same_data(resume_state, cfg, ckpt_path)
     top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
-    check_samples(cfg, tok, tok_files and tok_files[0], top)
+    safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    if cfg["rank"] == 0:
-        if resume_state is None and (run_dir / "ckpt.pt").exists():
-            log(f"note: --overwrite: the run in {run_dir} is replaced file by file from the new run's first checkpoint")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in run_dir.glob("*.tmp*"):  # left by a run killed mid-write
-            stale.unlink()
+    safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
     with torch_settings(cfg):
-        return train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline)
+        return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
 
 
 def main(argv=None):
@@ -954,7 +655,7 @@ def main(argv=None):
     try:
         cfg = resolve_config(argv)
         resume = "run the same command with --resume to continue from the last checkpoint"
-        with process_group(cfg), disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
+        with process_group(cfg), safety.disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
             return run(cfg)
     except (UsageError, DataError) as e:
         if RANK == 0:
