@@ -751,13 +751,14 @@ def time_steps(steps, n, device, warmup):
 
 
 def bench_step(argv):
-    """train.py's --benchmark with HF Llama's steps interleaved; argv: train.py's flags."""
+    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags."""
+    import torch
     import train
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama interleaved")
     try:
         cfg = train.resolve_config(["--benchmark", *argv])
-    except train.UsageError as e:
+    except train.safety.UsageError as e:
         sys.exit(f"bench.py step: {e}")
     rivals = {"HF LlamaForCausalLM + torch.optim.AdamW": llama_step} if peer("transformers", "transformers") else {}
     with train.torch_settings(cfg):
@@ -765,10 +766,11 @@ def bench_step(argv):
         steps = {"this project": ours, **{name: make(cfg, micro) for name, make in rivals.items()}}
         medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.BENCH_WARMUP)
     dt, tokens = medians["this project"], cfg["batch_size"] * cfg["context_length"]
-    train.report_speed(cfg, dt, train.device_peak(cfg))
-    for name, other in list(medians.items())[1:]:
-        print(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s (this project is "
-              f"{other / dt:.2f}x its speed)", flush=True)
+    print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
+          f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
+    for name, other in medians.items():
+        print(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s"
+              + ("" if name == "this project" else f" (this project is {other / dt:.2f}x its speed)"), flush=True)
     return 0
 
 

@@ -1,25 +1,25 @@
 """
-Run safety: what keeps a user's files whole and turns each mistake or fault into one sentence.
-Optional reading: train.py calls it once at each boundary (the flags, the run directory, a
-resume, the loop's signals, a full disk), and every file writes through atomic_file.
-
-It imports only the standard library at its top, so that bpe.py can use atomic_file without
-loading torch; the few checks that ask torch something import it where they ask (_torch).
+Run safety: what keeps a user's files whole and turns each mistake or fault into one sentence. Optional
+reading: train.py calls it once at each boundary, and every file writes through atomic_file. It imports
+only the standard library at its top (bpe.py must not load torch); the checks that ask torch import it there.
 
 1. The two errors of a command line, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
-3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt
-4. --resume: the checkpoint must fit the model, the config and the data
-5. Signals, a full disk, torchrun: Ctrl-C stops at a step boundary; ENOSPC and rank 0's errors are one sentence
+3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt, loss.png
+4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+5. Ctrl-C stops at a step boundary; a full disk and rank 0's errors are one sentence; torchrun's group
 """
 
+import argparse
 import contextlib
+import datetime
 import errno
 import importlib.util
 import json
 import math
 import os
 import signal
+import sys
 import zipfile
 from pathlib import Path
 
@@ -65,33 +65,58 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
+def quiet_while_starting(name):  # a Ctrl-C while torch loads (seconds): one line, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
+                                                   file=sys.stderr), os._exit(130)))
+
+
+def exit_code(name, command, interrupted):
+    """command()'s exit code, each fault one sentence on stderr (rank 0 alone under torchrun), no traceback:
+    2 a usage mistake, 1 the machine failed the run (no data, a full disk), 130 a Ctrl-C that came before
+    the loop's own handler (data, model) or a second one in the loop (then `interrupted` says what to do)."""
+    rank0 = os.environ.get("RANK", "0") == "0"
+    try:
+        return command()
+    except (UsageError, DataError) as e:
+        if rank0:
+            print(f"{name}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    except KeyboardInterrupt:
+        if rank0:
+            print(f"{name}: interrupted; {interrupted}", file=sys.stderr)
+        return 130
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
+        raise UsageError(f"{message} (see python {self.prog} --help)")
+
+
 # ----------------------------------------------------------------------------
 # 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 
 RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
-POSITIVE = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
-            "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-            "benchmark_steps", "workers")
-NOT_NEGATIVE = ("lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
-                "sample_tokens")
-INT64_MAX = 2**63  # torch takes 64-bit integers; a seed also unsigned, and seed + 1 seeds evaluation
-SEED_RANGE = (-INT64_MAX, 2**64 - 1)
+NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
+    # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
+    ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
+    ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
+    ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
+    ("be positive", lambda v: v <= 0, lambda k, v: k in (
+        "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
+        "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
+        "benchmark_steps", "workers")),
+    ("not be negative", lambda v: v < 0, lambda k, v: k in (
+        "lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
+        "sample_tokens")),
+]
 
 
-def bad_number(c):
-    """The first numeric flag that breaks its rule, as a sentence, or "". An unset flag (None)
-    passes; NaN passes every comparison, so finiteness comes first."""
-    floats = [k for k, v in c.items() if type(v) is float]
-    ints = [k for k, v in c.items() if type(v) is int and k != "seed"]
-    rules = [*((k, "be a finite number", lambda v: not math.isfinite(v)) for k in floats),
-             ("seed", "lie in [-2**63, 2**64 - 1)", lambda v: not SEED_RANGE[0] <= v < SEED_RANGE[1]),
-             *((k, "be below 2**63", lambda v: v >= INT64_MAX) for k in ints),
-             *((k, "be positive", lambda v: v <= 0) for k in POSITIVE),
-             *((k, "not be negative", lambda v: v < 0) for k in NOT_NEGATIVE)]
-    for key, words, wrong in rules:
-        if c[key] is not None and wrong(c[key]):
-            return f"--{key.replace('_', '-')} must {words}, got {c[key]}."
+def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
+    for words, wrong, applies in NUMBER_RULES:
+        for k, v in c.items():
+            if v is not None and applies(k, v) and wrong(v):
+                return f"--{k.replace('_', '-')} must {words}, got {v}."
     return ""
 
 
@@ -258,12 +283,34 @@ def write_run_files(cfg, tok_files, start, new):
             (where / name).unlink(missing_ok=True)
 
 
-# ----------------------------------------------------------------------------
-# 4. --resume: the checkpoint must fit the model, the config and the data
 
-def check_crcs(src, name):
-    """torch.load checks none of the CRC-32s that torch.save's zip keeps per record: check them all
-    here first, so that a flipped byte in a weight is refused, not loaded. Raises ValueError."""
+def plot(metrics_path, png_path):
+    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time."""
+    import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
+        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
+        ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
+        ax.set(xlabel=label, ylabel="loss (nats/token)")
+        ax.legend()
+    fig.tight_layout()
+    with atomic_file(png_path) as f:
+        fig.savefig(f, format="png")
+    print(f"plot: {png_path}", flush=True)
+
+# ----------------------------------------------------------------------------
+# 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+
+def read_checkpoint(src):
+    """A checkpoint's dict from a path or a binary file object, verified: torch.load checks none of the
+    CRC-32s that torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a
+    weight is refused, not loaded); weights_only: tensors and plain values, so loading a file cannot
+    run code. Raises ValueError naming the fault."""
+    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
     try:
         with zipfile.ZipFile(src) as z:
             bad = z.testzip()
@@ -271,6 +318,33 @@ def check_crcs(src, name):
         raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
     if bad is not None:
         raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
+    if name != src:
+        src.seek(0)
+    try:
+        state = _torch().load(src, map_location="cpu", weights_only=True)
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+        raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    return state
+
+
+# Batches are random windows, so the data stream's position is the batch generator's state (plus
+# the step count): it goes into every checkpoint with torch's RNG states, and a resumed run is exact.
+def rng_state(batch_gen):
+    torch = _torch()
+    state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state, batch_gen):
+    torch = _torch()
+    batch_gen.set_state(state["batch_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
 def check_state(state, model, optimizer=None, name="the checkpoint"):
@@ -305,15 +379,14 @@ def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and eve
         return False
 
 
-def verify_resume(cfg, ckpt_path, keys, read, model, optimizer):
-    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it
-    is damaged, does not fit this model, or its config differs on one of keys. read(path) -> the
-    checkpoint's dict; model and optimizer: this config's, on the meta device (shapes only)."""
+def verify_resume(cfg, ckpt_path, keys, model, optimizer):
+    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it is
+    damaged, does not fit model and optimizer (this config's, on the meta device), or differs on keys."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         _say(cfg, f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
     try:
-        state = read(ckpt_path)
+        state = read_checkpoint(ckpt_path)
         old = state.get("config") if isinstance(state.get("config"), dict) else {}
         diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in keys if old.get(k) != cfg[k]]
         if diff:
@@ -374,6 +447,16 @@ def stop_requests(cfg):
             signal.signal(s, h)
 
 
+
+def diverged(cfg, loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
+    if math.isfinite(loss) and (norm is None or math.isfinite(norm)):
+        return False
+    what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
+    if cfg["rank"] == 0:
+        print(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
+              "or a --grad-clip.", file=sys.stderr, flush=True)
+    return True
+
 @contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
@@ -408,3 +491,20 @@ def rank0_first(cfg, prepare):
     if err[0]:
         raise err[0]
     return prepared or prepare()
+
+
+@contextlib.contextmanager
+def process_group(cfg):
+    """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
+    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
+    if ddp and cuda:
+        _torch().cuda.set_device(cfg["device"])
+    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
+    try:
+        yield
+        if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it
+            _torch().distributed.barrier()
+    finally:
+        if ddp:
+            _torch().distributed.destroy_process_group()

@@ -39,6 +39,7 @@ import bpe
 import kernels
 import model
 import optim
+import safety
 import train
 from model import TransformerLM
 from optim import AdamW, cross_entropy
@@ -1902,7 +1903,7 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
-    assert train.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
 
 
 def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys):
@@ -1918,7 +1919,7 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
             "--out-dir", str(tmp_path / "out")]
     assert train.main(args) == 1
     assert "loss is nan at step 13" in capsys.readouterr().err
-    assert train.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
 
 
 def test_train_ddp_two_processes_match_one(tmp_path):
@@ -2060,7 +2061,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
     base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1"]
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
-    state = train.read_checkpoint(ref / "toy" / "ckpt.pt")
+    state = safety.read_checkpoint(ref / "toy" / "ckpt.pt")
     state["optimizer"]["state"] = {}  # the step-0 checkpoint: AdamW's moments appear at the first step
     torch.save(state, buf := io.BytesIO())
     unit, run = os.statvfs(disk).f_frsize, disk / "out" / "toy"
@@ -2082,7 +2083,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
-            assert train.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
+            assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
         if what == "metrics.jsonl":
             text = (run / "metrics.jsonl").read_text()
             assert 0 < len(_train_losses(ref / "toy")) - text.count('"loss"') < 40
@@ -2238,7 +2239,7 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     # a run killed before its first checkpoint resumes from step 0
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
-    assert train.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
+    assert safety.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
 def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
@@ -2256,7 +2257,7 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     run = tmp_path / "out" / "x"
     fp = json.loads((run / "config.json").read_text())["data_fingerprint"]
     assert len(fp["tokens"]) == 2 and len(fp["tokenizer"]) == 2
-    assert train.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
+    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
     cache = next((tmp_path / "data").glob("x-*/bpe300"))
     assert len(list(cache.glob("*.npy-*.sha256"))) == 2  # hashed once, kept beside the token files
     saved = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt", "ckpt.pt", "metrics.jsonl")}
@@ -2326,7 +2327,7 @@ def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    state = train.read_checkpoint(ckpt)
+    state = safety.read_checkpoint(ckpt)
     for bad, needle in [(None, "CRC-32"), ({**state, "iteration": 99}, "past the run's 3 steps"),
                         ({**state, "model": small.state_dict()}, "does not fit this model"),
                         ({**state, "rng": {}}, "no valid RNG state")]:
@@ -2416,7 +2417,7 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
     assert rc == 130 and "Traceback" not in err, (rc, err)
     run = tmp_path / "out" / "toy"
     if (run / "ckpt.pt").exists():  # the signal came after the first checkpoint: a whole run to resume
-        assert "stopped at step" in out and train.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
+        assert "stopped at step" in out and safety.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
     else:
         assert "train.py: interrupted" in err and not list(run.glob("*"))
 
@@ -2488,7 +2489,7 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    safety.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

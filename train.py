@@ -1,8 +1,7 @@
 """Train a Transformer LM: from raw text to a checkpoint and samples, on one CPU or many GPUs.
 
-CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py;
-what keeps a run's files whole and each mistake one sentence (the flag checks, --resume's
-verification, --overwrite, Ctrl-C, a full disk) lives in safety.py, called once at each boundary.
+CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py; the
+run's safety (flag checks, --resume's verification, --overwrite, Ctrl-C, a full disk) in safety.py.
 
     python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
     python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
@@ -12,30 +11,24 @@ verification, --overwrite, Ctrl-C, a full disk) lives in safety.py, called once 
 """
 import argparse
 import contextlib
-import datetime
 import json
-import math
 import os
-import signal
 import statistics
 import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (seconds): one line, not a traceback from inside an import
-    signal.signal(signal.SIGINT, lambda *_: (print("train.py: interrupted while starting; nothing was written.",
-                                                   file=sys.stderr), os._exit(130)))
+import safety  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    safety.quiet_while_starting("train.py")
 import numpy as np
 import torch
 
 import accounting
-import safety
 from bpe import catch_ctrl_c
 from data import DATASETS, EOT, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
-from safety import DataError, UsageError
-
 
 RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
 
@@ -48,10 +41,9 @@ def log(*args, **kwargs):  # only rank 0 talks, so that N processes print one st
 # ----------------------------------------------------------------------------
 # 1. Configuration: flags, presets, derived values (safety.py checks them)
 
-# The flags marked PRESET take their default from the data source: the built-in corpus and
-# local files get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get
-# the handout's section 7 run: its model shape (accounting.TINYSTORIES) and 327,680,000
-# tokens (batch 128 x 10,000 steps x context 256).
+# The flags marked PRESET take their default from the data source: the built-in corpus and local files
+# get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
+# run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
 PRESETS = {
     "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
                   batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, min_lr=5e-4, warmup_iters=50,
@@ -124,40 +116,30 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 ]
 
 
-SOURCES = ("pydoc", *DATASETS)  # --data values that are not file names
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
-        raise UsageError(f"{message} (see python train.py --help)")
-
-
 def build_parser():
-    p = Parser(description="Train a Transformer LM (CS336 assignment 1). With no flags: a small model on Python's "
-               "built-in documentation, offline, in minutes on a CPU. Defaults marked small/tinystories/owt depend "
-               "on --data: small for pydoc and text files.")
-    group = p
+    p = safety.Parser(prog="train.py", description="Train a Transformer LM (CS336 assignment 1). With no flags: a "
+                      "small model on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
+                      "small/tinystories/owt depend on --data: small for pydoc and text files.")
+    group = p  # argparse's complaints end like ours (safety.Parser): one sentence, exit code 2
     for row in FLAGS:
         if isinstance(row, str):  # a section title
             group = p.add_argument_group(row)
-            continue
-        name, kind, default, text = row
-        key, shown = name[2:].replace("-", "_"), "" if default in (None, "") else f" (default: {default})"
-        if kind is bool:  # --fast is on by default, so it also gets a --no-fast
-            action = argparse.BooleanOptionalAction if default else "store_true"
-            group.add_argument(name, action=action, default=default, help=text)
-        elif default is PRESET:
-            shown = "; ".join(f"{n} {preset[key]}" for n, preset in PRESETS.items() if preset[key] is not None)
-            group.add_argument(name, type=kind, default=None, help=f"{text} (default: {shown})")
+        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
+            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
+                               default=row[2], help=row[3])
         else:
-            group.add_argument(name, type=kind, default=default, help=text + shown)
+            name, kind, default, text = row
+            shown = "" if default in (None, "") else f" (default: {default})"
+            if default is PRESET:  # e.g. "(default: small 700; tinystories 10000)"
+                key = name[2:].replace("-", "_")
+                shown = f" (default: {'; '.join(f'{n} {p[key]}' for n, p in PRESETS.items() if p[key] is not None)})"
+            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
     return p
 
 
 def resolve_config(argv=None):
-    """Flags -> one flat dict: the preset of --data fills what was not given, the environment
-    decides device and processes, every check of safety.CHECKS must pass, then the derived values, here
-    and only here. Raises UsageError."""
+    """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
+    device and processes, safety.check_flags refuses mistakes, then the derived values. Raises UsageError."""
     cfg = vars(build_parser().parse_args(argv))
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
@@ -168,7 +150,7 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    safety.check_flags(cfg, SOURCES, is_ids)  # every mistake is refused here, before anything is read or written
+    safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids)  # mistakes refused before anything is read or written
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
@@ -177,17 +159,18 @@ def resolve_config(argv=None):
     cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]  # what is really trained on
     if cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length just derived, so not a CHECKS row
         if warmup_given:
-            raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
+            raise safety.UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
+                                    f"({cfg['max_iters']} steps).")
         cfg["warmup_iters"] = cfg["max_iters"] // 10
     return cfg
 
 
-ABLATIONS = ("no_norm", "post_norm", "nope", "silu_ffn", "tie_embeddings")
+MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "no_norm",
+              "post_norm", "nope", "silu_ffn", "tie_embeddings")  # the shape and the ablations
 
 
 def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a saved config.json)
-    keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", *ABLATIONS)
-    return {k: cfg[k] for k in (*keys, "fast")}
+    return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
 
 # ----------------------------------------------------------------------------
@@ -224,8 +207,7 @@ def micro_batches(data, cfg, generator):
 # ----------------------------------------------------------------------------
 # 3. Checkpoints
 
-def _unwrap(model):
-    """The module inside DDP (.module) and torch.compile (._orig_mod): state-dict keys without prefixes."""
+def _unwrap(model):  # the module inside DDP (.module) and torch.compile (._orig_mod): keys without prefixes
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
         model = getattr(model, "module", None) or model._orig_mod
     return model
@@ -243,26 +225,10 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
         torch.save(state, out)
 
 
-def read_checkpoint(src):
-    """A checkpoint's dict, verified. weights_only: tensors and plain values, so loading a file
-    cannot run code. Raises ValueError naming the fault."""
-    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
-    safety.check_crcs(src, name)  # torch.load checks no CRC-32: a flipped byte in a weight would load
-    if name != src:
-        src.seek(0)
-    try:
-        state = torch.load(src, map_location="cpu", weights_only=True)
-    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
-        raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
-    if not isinstance(state, dict):
-        raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
-    return state
-
-
 def load_checkpoint(src, model, optimizer=None, state=None):
     """Restore model (and optimizer) from a path or file object; return the saved iteration.
     Raises ValueError, and loads nothing, if the file is damaged or does not fit."""
-    state = read_checkpoint(src) if state is None else state
+    state = safety.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
     safety.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
@@ -271,29 +237,12 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 
 
 # What shapes the trajectory: --resume refuses a checkpoint that disagrees on any of these.
-TRAJECTORY_KEYS = ("data", "val_data", "vocab_size", "context_length", "d_model", "num_layers", "num_heads",
-                   "d_ff", "rope_theta", *ABLATIONS, "batch_size", "grad_accum", "max_iters", "lr", "min_lr",
+TRAJECTORY_KEYS = ("data", "val_data", *MODEL_KEYS, "batch_size", "grad_accum", "max_iters", "lr", "min_lr",
                    "warmup_iters", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
-# Batches are random windows, so the data stream's position is the batch generator's state (plus
-# the step count): it goes into every checkpoint with torch's RNG states.
-def rng_state(batch_gen):
-    state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state, batch_gen):
-    batch_gen.set_state(state["batch_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-
-
 # ----------------------------------------------------------------------------
-# 4. The model and the training step
+# 4. The model, the training step, and its speed (--benchmark)
 
 @contextlib.contextmanager
 def torch_settings(cfg):
@@ -385,6 +334,44 @@ def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), 
         return None
 
 
+def random_step(cfg):  # -> one optimizer step of this configuration on fixed random tokens, and its micro-batches
+    _, model, optimizer = build(cfg)
+    shape = (cfg["grad_accum"], cfg["micro_batch"], cfg["context_length"] + 1)
+    micro = [(d[:, :-1], d[:, 1:]) for d in torch.randint(cfg["vocab_size"], shape, device=cfg["device"])]
+
+    def step():
+        train_step(model, optimizer, micro, cfg["lr"], cfg)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step, micro
+
+
+def benchmark(cfg):
+    """The median time of --benchmark-steps steps after BENCH_WARMUP untimed ones (the GPU queue is
+    drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
+    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
+    with torch_settings(cfg):
+        step, times = random_step(cfg)[0], []
+        for _ in range(BENCH_WARMUP + cfg["benchmark_steps"]):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+    dt, tokens, flops, peak = statistics.median(times[BENCH_WARMUP:]), cfg["batch_size"] * cfg["context_length"], \
+        step_flops(cfg), device_peak(cfg)
+    log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
+        f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
+        f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
+    log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.2f} TFLOP/s achieved")
+    if peak:
+        log(f"  MFU {100 * accounting.mfu(flops, dt, peak * cfg['world_size']):.1f}% of {peak / 1e12:.1f} TFLOP/s "
+            "peak per device")
+    log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
+    log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
+        f"{fmt_time(cfg['total_tokens'] * dt / tokens)}")
+
+
 # ----------------------------------------------------------------------------
 # 5. The training loop
 
@@ -416,8 +403,7 @@ class Progress:
 
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
-        self.t0, self.t_last, self.dt_avg = time.time() - elapsed, time.time(), None
-        self.window_time, self.window_steps = 0.0, 0
+        self.t0, self.t_last, self.dt_avg, self.window = time.time() - elapsed, time.time(), None, [0.0, 0]
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)
 
     def seconds(self):
@@ -425,8 +411,8 @@ class Progress:
 
     def record(self, step, **entry):
         if self.cfg["rank"] == 0:
-            tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
             with open(self.path, "a") as f:
+                tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
                 f.write(json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3), **entry}) + "\n")
 
     def evaluated(self, step, val_loss):
@@ -436,22 +422,19 @@ class Progress:
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):
-        cfg, now = self.cfg, time.time()
+        cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.dt_avg = dt if self.dt_avg is None else 0.9 * self.dt_avg + 0.1 * dt  # for the ETA
-        self.window_time, self.window_steps = self.window_time + dt, self.window_steps + 1
-        tps = cfg["batch_size"] * cfg["context_length"] * self.window_steps / self.window_time
-        mfu = None
-        if self.peak:
-            mfu = accounting.mfu(self.flops * self.window_steps, self.window_time, self.peak * cfg["world_size"])
+        seconds, steps = self.window = [seconds + dt, steps + 1]
+        tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
+        mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         if step % cfg["log_interval"] == 0 or step == cfg["max_iters"]:
-            self.window_time, self.window_steps = 0.0, 0
-            self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1),
-                        mfu=None if mfu is None else round(mfu, 5))
+            self.window = [0.0, 0]
+            self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
         if self.tty or step % cfg["log_interval"] == 0:
+            eta = fmt_time(self.dt_avg * (cfg["max_iters"] - step))
             line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
-                    + (f" | MFU {100 * mfu:.1f}%" if mfu else "")
-                    + f" | ETA {fmt_time(self.dt_avg * (cfg['max_iters'] - step))}")
+                    + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
 
 
@@ -478,7 +461,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
     start = 0 if resume_state is None else load_checkpoint(None, raw, optimizer, state=resume_state)
     if resume_state is not None:
-        restore_rng(resume_state["rng"], batch_gen)
+        safety.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
@@ -487,7 +470,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 
     def save(step):
         if rank == 0:
-            save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=rng_state(batch_gen),
+            save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
                             elapsed=progress.seconds())
     with safety.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
         if resume_state is None:
@@ -500,10 +483,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             loss, norm = float(loss), None if norm is None else float(norm)
-            if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
-                what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
-                log(f"\nerror: {what} at step {it + 1}; stopping. The last good checkpoint is {ckpt_path}; "
-                    "try a lower --lr or a --grad-clip.", file=sys.stderr)
+            if safety.diverged(cfg, loss, norm, it + 1, ckpt_path):  # NaN or inf: one sentence, the checkpoint kept
                 return 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -527,97 +507,12 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        plot(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        safety.plot(run_dir / "metrics.jsonl", run_dir / "loss.png")
     return 0
 
 
 # ----------------------------------------------------------------------------
-# 6. --benchmark and --plot
-
-def random_step(cfg):
-    """One optimizer step of this configuration on fixed random tokens, as a function, and its
-    micro-batches (bench.py gives them to the steps it compares with ours)."""
-    _, model, optimizer = build(cfg)
-    shape = (cfg["grad_accum"], cfg["micro_batch"], cfg["context_length"] + 1)
-    micro = [(d[:, :-1], d[:, 1:]) for d in torch.randint(cfg["vocab_size"], shape, device=cfg["device"])]
-
-    def step():
-        train_step(model, optimizer, micro, cfg["lr"], cfg)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step, micro
-
-
-def report_speed(cfg, dt, peak):
-    """What a step of dt seconds means: tokens/s, FLOP/s, MFU against peak FLOP/s, the run's time."""
-    tokens, flops = cfg["batch_size"] * cfg["context_length"], step_flops(cfg)
-    shape = ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads",
-                                                 "d_ff", "batch_size"))
-    log(f"benchmark: {shape}, device {cfg['device']} x{cfg['world_size']}, dtype {cfg['dtype']}, "
-        f"compile {cfg['compile']}, fast {cfg['fast']}, {torch.get_num_threads()} CPU threads, "
-        f"median of {cfg['benchmark_steps']} steps")
-    log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.2f} TFLOP/s achieved")
-    if peak:
-        log(f"  MFU {100 * flops / dt / (peak * cfg['world_size']):.1f}% of {peak / 1e12:.1f} TFLOP/s peak per device")
-    log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
-    log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
-        f"{fmt_time(cfg['total_tokens'] * dt / tokens)}")
-
-
-def benchmark(cfg):
-    """--benchmark: the median time of this configuration's training step on random tokens, after
-    BENCH_WARMUP untimed steps. Writes nothing. (bench.py step times HF Llama's step in turn with it.)"""
-    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
-    with torch_settings(cfg):
-        step, _ = random_step(cfg)
-        times = []
-        for _ in range(BENCH_WARMUP + cfg["benchmark_steps"]):
-            sync()  # the GPU queue is drained around each step, so a time is the step's own work
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - t0)
-    report_speed(cfg, statistics.median(times[BENCH_WARMUP:]), device_peak(cfg))
-
-
-def plot(metrics_path, png_path):
-    """Loss against steps and against wall-clock time, side by side."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
-        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
-        ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
-        ax.set(xlabel=label, ylabel="loss (nats/token)")
-        ax.legend()
-    fig.tight_layout()
-    with safety.atomic_file(png_path) as f:
-        fig.savefig(f, format="png")
-    log(f"plot: {png_path}")
-
-
-# ----------------------------------------------------------------------------
-# 7. main(): processes, data, the run directory
-
-@contextlib.contextmanager
-def process_group(cfg):
-    """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
-    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
-    if ddp and cuda:
-        torch.cuda.set_device(cfg["device"])
-    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
-    try:
-        yield
-        if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it
-            torch.distributed.barrier()
-    finally:
-        if ddp:
-            torch.distributed.destroy_process_group()
-
+# 6. main(): processes, data, the run directory
 
 def prepare(cfg):  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
     train_ids, valid_ids, tok, tok_files = prepare_data(cfg["data"], cfg["data_dir"], cfg["vocab_size"],
@@ -628,16 +523,14 @@ def prepare(cfg):  # -> train ids, valid ids, tokenizer, its files, and their fi
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     if cfg["benchmark"]:
-        benchmark(cfg)
-        return 0
+        return benchmark(cfg) or 0
     ckpt_path, resume_state = Path(cfg["out_dir"]) / cfg["run_name"] / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = safety.verify_resume(cfg, ckpt_path, TRAJECTORY_KEYS, read_checkpoint, meta,
-                                            AdamW(meta.parameters()))
+        resume_state = safety.verify_resume(cfg, ckpt_path, TRAJECTORY_KEYS, meta, AdamW(meta.parameters()))
     # rank 0 downloads and tokenizes first; the others then open its cache (or stop with its error)
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, lambda: prepare(cfg))
-    if resume_state is not None:  # the same config is not enough: the same token files and tokenizer
+    if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
     top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
     safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
@@ -651,21 +544,14 @@ def run(cfg):
 
 def main(argv=None):
     """Exit code: 0 done, 1 no data (download failed), a full disk or a diverged run, 2 a usage mistake,
-    130 stopped."""
-    try:
+    130 stopped: safety.exit_code turns each mistake or fault into one sentence, without a traceback."""
+    def go():
         cfg = resolve_config(argv)
         resume = "run the same command with --resume to continue from the last checkpoint"
-        with process_group(cfg), safety.disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
+        with safety.process_group(cfg), safety.disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
             return run(cfg)
-    except (UsageError, DataError) as e:
-        if RANK == 0:
-            print(f"train.py: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, UsageError) else 1
-    except KeyboardInterrupt:  # before the loop's own handler (data, model) or a second Ctrl-C in the loop
-        if RANK == 0:
-            print("train.py: interrupted; every file written is whole: rerun the same command (with --resume once "
-                  "the run has a ckpt.pt) to go on.", file=sys.stderr)
-        return 130
+    return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (with --resume once "
+                            "the run has a ckpt.pt) to go on.")
 
 
 if __name__ == "__main__":
