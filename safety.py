@@ -1,15 +1,14 @@
 """
 Run safety: what keeps a user's files whole and turns each mistake or fault into one sentence. Optional
 reading: train.py calls it once at each boundary, and every file writes through atomic_file. It imports
-only the standard library at its top (bpe.py must not load torch); the checks that ask torch import it there.
+only the standard library at its top (bpe.py must not load torch); what asks torch imports it there (_torch).
 
-1. The two errors of a command line, and the atomic write
+1. A command line's errors and exit codes, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
-3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt, loss.png
+3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
-5. Ctrl-C stops at a step boundary; a full disk and rank 0's errors are one sentence; torchrun's group
+5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
 """
-
 import argparse
 import contextlib
 import datetime
@@ -35,7 +34,7 @@ def _say(cfg, text):  # only rank 0 talks, so that torchrun's N processes print 
 
 
 # ----------------------------------------------------------------------------
-# 1. The two errors of a command line, and the atomic write
+# 1. A command line's errors and exit codes, and the atomic write
 
 class UsageError(Exception):  # a mistake in the flags or the inputs: the command prints it and exits with 2
     pass
@@ -234,7 +233,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
 
 
 # ----------------------------------------------------------------------------
-# 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt
+# 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
 
 def prepare_run_dir(cfg, resuming):
     """Rank 0 makes the run directory and clears what a run killed mid-write left (*.tmp*). An old
@@ -379,16 +378,23 @@ def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and eve
         return False
 
 
-def verify_resume(cfg, ckpt_path, keys, model, optimizer):
+# What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
+TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", "lr", "min_lr", "warmup_iters",
+                   "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
+
+
+def verify_resume(cfg, ckpt_path, model_keys, model, optimizer):
     """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it is
-    damaged, does not fit model and optimizer (this config's, on the meta device), or differs on keys."""
+    damaged, does not fit model and optimizer (this config's, on the meta device), or its config differs
+    on what shapes the trajectory (model_keys: TransformerLM's shape and ablations)."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         _say(cfg, f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
     try:
         state = read_checkpoint(ckpt_path)
         old = state.get("config") if isinstance(state.get("config"), dict) else {}
-        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in keys if old.get(k) != cfg[k]]
+        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in (*model_keys, *TRAJECTORY_KEYS)
+                if old.get(k) != cfg[k]]
         if diff:
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}.")
@@ -418,7 +424,7 @@ def check_same_data(state, cfg, ckpt_path):
 
 
 # ----------------------------------------------------------------------------
-# 5. Signals, a full disk, torchrun: Ctrl-C stops at a step boundary; ENOSPC and rank 0's errors are one sentence
+# 5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
 
 @contextlib.contextmanager
 def stop_requests(cfg):

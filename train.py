@@ -132,7 +132,7 @@ def build_parser():
             shown = "" if default in (None, "") else f" (default: {default})"
             if default is PRESET:  # e.g. "(default: small 700; tinystories 10000)"
                 key = name[2:].replace("-", "_")
-                shown = f" (default: {'; '.join(f'{n} {p[key]}' for n, p in PRESETS.items() if p[key] is not None)})"
+                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in PRESETS.items() if v[key] is not None)})"
             group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
     return p
 
@@ -218,11 +218,8 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     binary file object. To a path atomically: a kill mid-save leaves the previous checkpoint."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
-    if isinstance(out, (str, os.PathLike)):
-        with safety.atomic_file(out) as f:
-            torch.save(state, f)
-    else:
-        torch.save(state, out)
+    with safety.atomic_file(out) if isinstance(out, (str, os.PathLike)) else contextlib.nullcontext(out) as f:
+        torch.save(state, f)
 
 
 def load_checkpoint(src, model, optimizer=None, state=None):
@@ -234,11 +231,6 @@ def load_checkpoint(src, model, optimizer=None, state=None):
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     return state["iteration"]
-
-
-# What shapes the trajectory: --resume refuses a checkpoint that disagrees on any of these.
-TRAJECTORY_KEYS = ("data", "val_data", *MODEL_KEYS, "batch_size", "grad_accum", "max_iters", "lr", "min_lr",
-                   "warmup_iters", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
 # ----------------------------------------------------------------------------
@@ -495,10 +487,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with the same "
                     "command plus --resume.")
                 return 130
-    if progress.tty:
-        log()
     val_loss = evaluate(model, valid_ids, cfg)
-    progress.record(last, val_loss=val_loss, val_ppl=perplexity(val_loss))
+    progress.evaluated(last, val_loss)
     save(last)
     log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.1f}), unigram baseline {baseline:.4f}")
@@ -514,22 +504,19 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 # ----------------------------------------------------------------------------
 # 6. main(): processes, data, the run directory
 
-def prepare(cfg):  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
-    train_ids, valid_ids, tok, tok_files = prepare_data(cfg["data"], cfg["data_dir"], cfg["vocab_size"],
-                                                        cfg["val_data"], cfg["workers"])
-    return train_ids, valid_ids, tok, tok_files, fingerprint(train_ids, valid_ids, tok_files, cfg["data_dir"])
-
-
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
+    def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
+        tr, va, tok, files = prepare_data(*(cfg[k] for k in ("data", "data_dir", "vocab_size", "val_data", "workers")))
+        return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     ckpt_path, resume_state = Path(cfg["out_dir"]) / cfg["run_name"] / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = safety.verify_resume(cfg, ckpt_path, TRAJECTORY_KEYS, meta, AdamW(meta.parameters()))
+        resume_state = safety.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()))
     # rank 0 downloads and tokenizes first; the others then open its cache (or stop with its error)
-    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, lambda: prepare(cfg))
+    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
     top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
