@@ -1951,13 +1951,14 @@ def test_train_benchmark_prints_and_writes_nothing(tmp_path, capsys, monkeypatch
 
 
 def test_train_validation_loss_does_not_depend_on_grad_accum(tmp_path):
-    # --grad-accum is a memory knob: it must not change the text that evaluation scores.
+    # --grad-accum is a memory knob: it must not change the text that evaluation scores. --device cpu: the
+    # check is float32 arithmetic (a GPU would pick bf16, whose rounding differs by the summation order)
     ids = _train_toy_ids(tmp_path / "toy.npy")
     vals = []
     for accum in ("1", "4"):
         out = tmp_path / f"out{accum}"
         assert train.main(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--eval-interval", "1",
-                           "--grad-accum", accum, "--out-dir", str(out)]) == 0
+                           "--grad-accum", accum, "--out-dir", str(out), "--device", "cpu"]) == 0
         vals.append([e["val_loss"] for e in _train_metrics(out / "toy") if "val_loss" in e])
     assert len(vals[0]) == 3 and vals[0] == pytest.approx(vals[1], rel=1e-5)
 
@@ -2058,7 +2059,8 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
     # config.json, the first checkpoint, a later one beside the last, metrics.jsonl (mid-line): one sentence,
     # exit 1, the last checkpoint intact, no temporary file; --resume then gives the run that never failed
     disk, ids = tmpfs("disk"), _train_toy_ids(tmp_path / "toy.npy")
-    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1"]
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1",
+            "--device", "cpu"]  # the resumed run is compared bitwise, which only CPU runs promise
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
     state = safety.read_checkpoint(ref / "toy" / "ckpt.pt")
