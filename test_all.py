@@ -1950,6 +1950,28 @@ def test_train_benchmark_prints_and_writes_nothing(tmp_path, capsys, monkeypatch
     assert os.listdir(tmp_path) == []
 
 
+def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, monkeypatch, capsys):
+    # MFU's denominator depends on torch's global switches (float32 matmuls run in TF32 under the run's
+    # torch_settings on a GPU), so --benchmark and the loop must look it up inside them; on a CPU the
+    # run's settings show as deterministic algorithms
+    seen = []
+
+    def peak(device, dtype):
+        seen.append((torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()))
+        return 1e12
+    monkeypatch.setattr(accounting, "peak_flops", peak)
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    assert train.main(base + ["--benchmark", "--benchmark-steps", "1"]) == 0
+    assert "MFU" in capsys.readouterr().out and seen == [("highest", True)]
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the run
+    assert train.main(base + ["--max-iters", "2"]) == 0
+    assert seen == [("highest", True)] * 2 and all(r["mfu"] for r in _train_metrics(tmp_path / "out" / "toy")
+                                                   if "loss" in r)
+    with train.torch_settings({"device": "cuda"}):
+        assert torch.get_float32_matmul_precision() == "high"  # what a float32 GPU run looks its peak up under
+
+
 def test_train_validation_loss_does_not_depend_on_grad_accum(tmp_path):
     # --grad-accum is a memory knob: it must not change the text that evaluation scores. --device cpu: the
     # check is float32 arithmetic (a GPU would pick bf16, whose rounding differs by the summation order)

@@ -318,7 +318,7 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
 
 
-def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), or None
+def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), or None; call it under torch_settings
     try:
         dtype = torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
         return accounting.peak_flops(torch.device(cfg["device"]), dtype)
@@ -350,8 +350,8 @@ def benchmark(cfg):
             step()
             sync()
             times.append(time.perf_counter() - t0)
-    dt, tokens, flops, peak = statistics.median(times[BENCH_WARMUP:]), cfg["batch_size"] * cfg["context_length"], \
-        step_flops(cfg), device_peak(cfg)
+        peak = device_peak(cfg)  # the matmuls' peak under the run's settings: float32 runs TF32 on a GPU
+    dt, flops, tokens = statistics.median(times[BENCH_WARMUP:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
         f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
         f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
@@ -396,7 +396,7 @@ class Progress:
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
         self.t0, self.t_last, self.dt_avg, self.window = time.time() - elapsed, time.time(), None, [0.0, 0]
-        self.flops, self.peak = step_flops(cfg), device_peak(cfg)
+        self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
         return time.time() - self.t0
