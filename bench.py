@@ -764,7 +764,7 @@ def bench_step(argv):
     with train.torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours, **{name: make(cfg, micro) for name, make in rivals.items()}}
-        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.BENCH_WARMUP)
+        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.UNTIMED_STEPS)
     dt, tokens = medians["this project"], cfg["batch_size"] * cfg["context_length"]
     print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
           f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)

@@ -21,6 +21,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -1970,6 +1971,20 @@ def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, 
                                                    if "loss" in r)
     with train.torch_settings({"device": "cuda"}):
         assert torch.get_float32_matmul_precision() == "high"  # what a float32 GPU run looks its peak up under
+
+
+def test_train_eta_counts_only_the_steps_after_the_untimed_ones(tmp_path, monkeypatch, capsys):
+    # torch.compile's first steps take minutes: the ETA must come from the steps after them
+    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark",
+                                "--max-iters", "100", "--log-interval", "10"])
+    clock = [0.0]
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    progress = train.Progress(cfg, tmp_path / "metrics.jsonl", 0.0)
+    for step in range(1, 21):
+        clock[0] += 600.0 if step == 1 else 1.0  # a compiling first step, then 1 s each
+        progress.stepped(step, 2.0, 1e-3, None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    assert lines[0].endswith("ETA 1m30s") and lines[1].endswith("ETA 1m20s"), lines  # 90 and 80 steps of 1 s
 
 
 def test_train_validation_loss_does_not_depend_on_grad_accum(tmp_path):

@@ -13,10 +13,10 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import safety  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
 if __name__ == "__main__":
@@ -53,7 +53,7 @@ PRESETS = {
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 PRESET = "preset"
-BENCH_WARMUP = 5  # --benchmark: untimed steps first (torch.compile compiles, allocators fill their caches)
+UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
     "data and output",
@@ -106,7 +106,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
     ("--benchmark", bool, False, "time training steps on random tokens (tokens/s, MFU); writes nothing"),
-    ("--benchmark-steps", int, 20, f"timed steps after {BENCH_WARMUP} warm-up steps"),
+    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} warm-up steps"),
     "samples at the end",
     ("--num-samples", int, 3, "samples written to samples.txt"),
     ("--sample-tokens", int, 200, "new tokens per sample"),
@@ -339,19 +339,19 @@ def random_step(cfg):  # -> one optimizer step of this configuration on fixed ra
 
 
 def benchmark(cfg):
-    """The median time of --benchmark-steps steps after BENCH_WARMUP untimed ones (the GPU queue is
+    """The median time of --benchmark-steps steps after UNTIMED_STEPS untimed ones (the GPU queue is
     drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
     sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
     with torch_settings(cfg):
         step, times = random_step(cfg)[0], []
-        for _ in range(BENCH_WARMUP + cfg["benchmark_steps"]):
+        for _ in range(UNTIMED_STEPS + cfg["benchmark_steps"]):
             sync()
             t0 = time.perf_counter()
             step()
             sync()
             times.append(time.perf_counter() - t0)
         peak = device_peak(cfg)  # the matmuls' peak under the run's settings: float32 runs TF32 on a GPU
-    dt, flops, tokens = statistics.median(times[BENCH_WARMUP:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
+    dt, flops, tokens = median(times[UNTIMED_STEPS:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
         f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
         f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
@@ -395,7 +395,8 @@ class Progress:
 
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
-        self.t0, self.t_last, self.dt_avg, self.window = time.time() - elapsed, time.time(), None, [0.0, 0]
+        self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
+        self.seen, self.timed = 0, [0.0, 0]  # this process's steps; seconds and steps after its first UNTIMED_STEPS
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
@@ -416,7 +417,9 @@ class Progress:
     def stepped(self, step, loss, lr, norm):
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
-        self.dt_avg = dt if self.dt_avg is None else 0.9 * self.dt_avg + 0.1 * dt  # for the ETA
+        self.seen += 1
+        if self.seen > UNTIMED_STEPS:  # the ETA's speed: the first steps (torch.compile's) would say hours
+            self.timed = [self.timed[0] + dt, self.timed[1] + 1]
         seconds, steps = self.window = [seconds + dt, steps + 1]
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
@@ -424,7 +427,7 @@ class Progress:
             self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
         if self.tty or step % cfg["log_interval"] == 0:
-            eta = fmt_time(self.dt_avg * (cfg["max_iters"] - step))
+            eta = fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
             line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
                     + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
