@@ -28,9 +28,12 @@ def _torch():  # imported here, not at the top: bpe.py imports this file and mus
     return torch
 
 
-def _say(cfg, text):  # only rank 0 talks, so that torchrun's N processes print one story
-    if cfg["rank"] == 0:
-        print(text, flush=True)
+RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
+
+
+def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
+    if RANK == 0:
+        print(*args, **kwargs, flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -73,16 +76,13 @@ def exit_code(name, command, interrupted):
     """command()'s exit code, each fault one sentence on stderr (rank 0 alone under torchrun), no traceback:
     2 a usage mistake, 1 the machine failed the run (no data, a full disk), 130 a Ctrl-C that came before
     the loop's own handler (data, model) or a second one in the loop (then `interrupted` says what to do)."""
-    rank0 = os.environ.get("RANK", "0") == "0"
     try:
         return command()
     except (UsageError, DataError) as e:
-        if rank0:
-            print(f"{name}: error: {e}", file=sys.stderr)
+        log(f"{name}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
-        if rank0:
-            print(f"{name}: interrupted; {interrupted}", file=sys.stderr)
+        log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
         return 130
 
 
@@ -96,6 +96,7 @@ class Parser(argparse.ArgumentParser):
 
 RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
+MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
@@ -157,7 +158,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
     (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])),
      "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache; pick another."),
-    (lambda c: not c["data_is_ids"] and not c["benchmark"] and c["vocab_size"] < 257,
+    (lambda c: not c["data_is_ids"] and not c["benchmark"] and c["vocab_size"] < MIN_TEXT_VOCAB,
      "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
@@ -242,7 +243,7 @@ def prepare_run_dir(cfg, resuming):
     if cfg["rank"] != 0:
         return
     if not resuming and (where / "ckpt.pt").exists():
-        _say(cfg, f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
+        log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
     where.mkdir(parents=True, exist_ok=True)
     for stale in where.glob("*.tmp*"):
         stale.unlink()
@@ -299,7 +300,7 @@ def plot(metrics_path, png_path):
     fig.tight_layout()
     with atomic_file(png_path) as f:
         fig.savefig(f, format="png")
-    print(f"plot: {png_path}", flush=True)
+    log(f"plot: {png_path}")
 
 # ----------------------------------------------------------------------------
 # 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
@@ -388,7 +389,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer):
     damaged, does not fit model and optimizer (this config's, on the meta device), or its config differs
     on what shapes the trajectory (model_keys: TransformerLM's shape and ablations)."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
-        _say(cfg, f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
+        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
     try:
         state = read_checkpoint(ckpt_path)
@@ -436,7 +437,7 @@ def stop_requests(cfg):
         if asked:
             raise KeyboardInterrupt
         asked.append(signum)
-        _say(cfg, "\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
+        log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
 
     def stopped():  # under DDP every process must stop at the same step: one's signal stops all
         if cfg["world_size"] == 1:
@@ -454,13 +455,12 @@ def stop_requests(cfg):
 
 
 
-def diverged(cfg, loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
+def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
     if math.isfinite(loss) and (norm is None or math.isfinite(norm)):
         return False
     what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
-    if cfg["rank"] == 0:
-        print(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
-              "or a --grad-clip.", file=sys.stderr, flush=True)
+    log(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
+        "--grad-clip.", file=sys.stderr)
     return True
 
 @contextlib.contextmanager
@@ -499,6 +499,9 @@ def rank0_first(cfg, prepare):
     return prepared or prepare()
 
 
+GROUP_TIMEOUT = datetime.timedelta(hours=6)
+
+
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
@@ -506,7 +509,7 @@ def process_group(cfg):
     if ddp and cuda:
         _torch().cuda.set_device(cfg["device"])
     if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
+        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
     try:
         yield
         if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it

@@ -29,14 +29,7 @@ from bpe import catch_ctrl_c
 from data import DATASETS, EOT, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
-
-RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
-
-
-def log(*args, **kwargs):  # only rank 0 talks, so that N processes print one story
-    if RANK == 0:
-        print(*args, **kwargs, flush=True)
-
+from safety import log  # only rank 0 talks, so that torchrun's N processes print one story
 
 # ----------------------------------------------------------------------------
 # 1. Configuration: flags, presets, derived values (safety.py checks them)
@@ -147,7 +140,7 @@ def resolve_config(argv=None):
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value
     cfg["run_name"] = cfg["run_name"] or Path(cfg["data"]).stem  # pydoc, tinystories, owt or the file's name
-    cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), RANK  # torchrun's
+    cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), safety.RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids)  # mistakes refused before anything is read or written
@@ -478,7 +471,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             loss, norm = float(loss), None if norm is None else float(norm)
-            if safety.diverged(cfg, loss, norm, it + 1, ckpt_path):  # NaN or inf: one sentence, the checkpoint kept
+            if safety.diverged(loss, norm, it + 1, ckpt_path):  # NaN or inf: one sentence, the checkpoint kept
                 return 1
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
