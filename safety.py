@@ -73,15 +73,14 @@ def quiet_while_starting(name):  # a Ctrl-C while torch loads (seconds): one lin
 
 
 def exit_code(name, command, interrupted):
-    """command()'s exit code, each fault one sentence on stderr (rank 0 alone under torchrun), no traceback:
-    2 a usage mistake, 1 the machine failed the run (no data, a full disk), 130 a Ctrl-C that came before
-    the loop's own handler (data, model) or a second one in the loop (then `interrupted` says what to do)."""
+    """command()'s exit code, each fault one sentence on stderr, no traceback: 2 a usage mistake, 1 the
+    machine failed the run (no data, a full disk), 130 a Ctrl-C (`interrupted` then says what to do)."""
     try:
         return command()
     except (UsageError, DataError) as e:
         log(f"{name}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
         return 130
 
@@ -239,14 +238,13 @@ def check_samples(cfg, tok, tok_files, top, eot):
 def prepare_run_dir(cfg, resuming):
     """Rank 0 makes the run directory and clears what a run killed mid-write left (*.tmp*). An old
     run there (CHECKS let it through on --overwrite) stays whole until the new first checkpoint."""
-    where = run_dir(cfg)
-    if cfg["rank"] != 0:
-        return
-    if not resuming and (where / "ckpt.pt").exists():
-        log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
-    where.mkdir(parents=True, exist_ok=True)
-    for stale in where.glob("*.tmp*"):
-        stale.unlink()
+    if cfg["rank"] == 0:
+        if not resuming and (run_dir(cfg) / "ckpt.pt").exists():
+            log(f"note: --overwrite: the run in {run_dir(cfg)} is replaced file by file from the new run's first "
+                "checkpoint")
+        run_dir(cfg).mkdir(parents=True, exist_ok=True)
+        for stale in run_dir(cfg).glob("*.tmp*"):
+            stale.unlink()
 
 
 def truncate_metrics(path, last_step):
@@ -482,9 +480,8 @@ def disk_full(where, then):
 
 
 def rank0_first(cfg, prepare):
-    """prepare() on rank 0 first (a full disk under --data-dir is one sentence); under torchrun the
-    others wait for its verdict, so an error stops every process with the same sentence, and then
-    call prepare() themselves, which opens what rank 0 cached."""
+    """prepare() on rank 0 first (a full disk under --data-dir is one sentence); under torchrun the others
+    wait for its verdict (its error stops all with one sentence), then open what it cached by prepare()."""
     err, prepared = [None], None
     if cfg["rank"] == 0:
         try:

@@ -31,6 +31,7 @@ from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 from safety import log  # only rank 0 talks, so that torchrun's N processes print one story
 
+
 # ----------------------------------------------------------------------------
 # 1. Configuration: flags, presets, derived values (safety.py checks them)
 
