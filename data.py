@@ -20,17 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import atomic_file
+from safety import DataError, UsageError, atomic_file  # the errors train.py turns into one sentence
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
-
-
-class UsageError(Exception):  # a mistake in the flags or the inputs: train.py prints it and exits with 2
-    pass
-
-
-class DataError(Exception):  # the machine failed the run (offline, server down, disk full): exit code 1
-    pass
 
 
 def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text

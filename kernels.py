@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import atomic_file
+from safety import atomic_file, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -516,8 +516,9 @@ def parse_args(argv):
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
             ap.error(f"--json: directory {d} does not exist; create it or pick another path")
-        if os.path.isdir(args.json):
-            ap.error(f"--json: {args.json} is a directory; give a file path such as {os.path.join(args.json, 'kernels.json')}")
+        if not_a_file(args.json):  # checked before minutes of measuring; /dev/null must never be replaced
+            ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give a file path such as "
+                     f"{os.path.join(os.path.dirname(args.json) or '.', 'kernels.json')}")
     return args
 
 

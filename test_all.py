@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -40,6 +41,7 @@ import bpe
 import kernels
 import model
 import optim
+import safety
 import train
 from model import TransformerLM
 from optim import AdamW, cross_entropy
@@ -2050,7 +2052,7 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
-    assert train.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
 
 
 def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys):
@@ -2066,7 +2068,7 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
             "--out-dir", str(tmp_path / "out")]
     assert train.main(args) == 1
     assert "loss is nan at step 13" in capsys.readouterr().err
-    assert train.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
 
 
 def test_train_ddp_two_processes_match_one(tmp_path):
@@ -2097,14 +2099,51 @@ def test_train_benchmark_prints_and_writes_nothing(tmp_path, capsys, monkeypatch
     assert os.listdir(tmp_path) == []
 
 
+def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, monkeypatch, capsys):
+    # MFU's denominator depends on torch's global switches (float32 matmuls run in TF32 under the run's
+    # torch_settings on a GPU), so --benchmark and the loop must look it up inside them; on a CPU the
+    # run's settings show as deterministic algorithms
+    seen = []
+
+    def peak(device, dtype):
+        seen.append((torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()))
+        return 1e12
+    monkeypatch.setattr(accounting, "peak_flops", peak)
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    assert train.main(base + ["--benchmark", "--benchmark-steps", "1"]) == 0
+    assert "MFU" in capsys.readouterr().out and seen == [("highest", True)]
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the run
+    assert train.main(base + ["--max-iters", "2"]) == 0
+    assert seen == [("highest", True)] * 2 and all(r["mfu"] for r in _train_metrics(tmp_path / "out" / "toy")
+                                                   if "loss" in r)
+    with train.torch_settings({"device": "cuda"}):
+        assert torch.get_float32_matmul_precision() == "high"  # what a float32 GPU run looks its peak up under
+
+
+def test_train_eta_counts_only_the_steps_after_the_untimed_ones(tmp_path, monkeypatch, capsys):
+    # torch.compile's first steps take minutes: the ETA must come from the steps after them
+    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark",
+                                "--max-iters", "100", "--log-interval", "10"])
+    clock = [0.0]
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    progress = train.Progress(cfg, tmp_path / "metrics.jsonl", 0.0)
+    for step in range(1, 21):
+        clock[0] += 600.0 if step == 1 else 1.0  # a compiling first step, then 1 s each
+        progress.stepped(step, 2.0, 1e-3, None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    assert lines[0].endswith("ETA 1m30s") and lines[1].endswith("ETA 1m20s"), lines  # 90 and 80 steps of 1 s
+
+
 def test_train_validation_loss_does_not_depend_on_grad_accum(tmp_path):
-    # --grad-accum is a memory knob: it must not change the text that evaluation scores.
+    # --grad-accum is a memory knob: it must not change the text that evaluation scores. --device cpu: the
+    # check is float32 arithmetic (a GPU would pick bf16, whose rounding differs by the summation order)
     ids = _train_toy_ids(tmp_path / "toy.npy")
     vals = []
     for accum in ("1", "4"):
         out = tmp_path / f"out{accum}"
         assert train.main(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--eval-interval", "1",
-                           "--grad-accum", accum, "--out-dir", str(out)]) == 0
+                           "--grad-accum", accum, "--out-dir", str(out), "--device", "cpu"]) == 0
         vals.append([e["val_loss"] for e in _train_metrics(out / "toy") if "val_loss" in e])
     assert len(vals[0]) == 3 and vals[0] == pytest.approx(vals[1], rel=1e-5)
 
@@ -2205,10 +2244,11 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
     # config.json, the first checkpoint, a later one beside the last, metrics.jsonl (mid-line): one sentence,
     # exit 1, the last checkpoint intact, no temporary file; --resume then gives the run that never failed
     disk, ids = tmpfs("disk"), _train_toy_ids(tmp_path / "toy.npy")
-    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1"]
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--log-interval", "1", "--eval-interval", "1",
+            "--device", "cpu"]  # the resumed run is compared bitwise, which only CPU runs promise
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
-    state = train.read_checkpoint(ref / "toy" / "ckpt.pt")
+    state = safety.read_checkpoint(ref / "toy" / "ckpt.pt")
     state["optimizer"]["state"] = {}  # the step-0 checkpoint: AdamW's moments appear at the first step
     torch.save(state, buf := io.BytesIO())
     unit, run = os.statvfs(disk).f_frsize, disk / "out" / "toy"
@@ -2230,7 +2270,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
-            assert train.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
+            assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
         if what == "metrics.jsonl":
             text = (run / "metrics.jsonl").read_text()
             assert 0 < len(_train_losses(ref / "toy")) - text.count('"loss"') < 40
@@ -2270,6 +2310,16 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
     (out / "toy" / "samples.txt").mkdir()  # any file the run writes, not only the ones that mark a run
     assert train.main(npy) == 2
     _train_one_error(capsys, f"{out / 'toy' / 'samples.txt'} is a directory", "--run-name")
+    (out / "toy" / "samples.txt").rmdir()
+    os.mkfifo(out / "toy" / "metrics.jsonl")  # a FIFO (or a device) is refused the same way
+    assert train.main(npy) == 2
+    _train_one_error(capsys, f"{out / 'toy' / 'metrics.jsonl'} is a FIFO where the run writes", "--run-name")
+    (out / "toy" / "metrics.jsonl").unlink()
+    os.mkfifo(tmp_path / "fifo.txt")
+    os.symlink("loop.txt", tmp_path / "loop.txt")
+    for name, kind in (("fifo.txt", "a FIFO"), ("loop.txt", "a symlink loop")):  # not "no such file"
+        assert train.main(["--data", str(tmp_path / name), "--out-dir", str(out)]) == 2
+        _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode, so chmod cannot make it unreadable")
@@ -2296,7 +2346,7 @@ def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
 def test_train_every_number_is_checked_before_anything_is_written(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]
-    floats = [f"--{k.replace('_', '-')}" for k in train.KEYS[float]]
+    floats = [row[0] for row in train.FLAGS if not isinstance(row, str) and row[1] is float]
     assert {"--lr", "--min-lr", "--eps", "--weight-decay", "--rope-theta", "--grad-clip", "--temperature",
             "--top-p", "--beta1", "--beta2"} <= set(floats)
     cases = [(f"{flag}={v}", f"{flag} must be a finite number, got {v}") for flag in floats
@@ -2315,7 +2365,7 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
         assert not (tmp_path / "out").exists(), arg
     # the extremes torch takes are taken (the evaluation seeds with seed + 1)
     assert train.main(base + [f"--seed={2**64 - 2}"]) == 0
-    assert train.resolve_config(base + [f"--seed={-2**63}"])["seed"] == -2**63
+    assert train.resolve_config(base + [f"--seed={-2**63}", "--overwrite"])["seed"] == -2**63
 
 
 def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
@@ -2386,7 +2436,7 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     # a run killed before its first checkpoint resumes from step 0
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
-    assert train.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
+    assert safety.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
 def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
@@ -2404,7 +2454,7 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     run = tmp_path / "out" / "x"
     fp = json.loads((run / "config.json").read_text())["data_fingerprint"]
     assert len(fp["tokens"]) == 2 and len(fp["tokenizer"]) == 2
-    assert train.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
+    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
     cache = next((tmp_path / "data").glob("x-*/bpe300"))
     assert len(list(cache.glob("*.npy-*.sha256"))) == 2  # hashed once, kept beside the token files
     saved = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt", "ckpt.pt", "metrics.jsonl")}
@@ -2474,7 +2524,7 @@ def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    state = train.read_checkpoint(ckpt)
+    state = safety.read_checkpoint(ckpt)
     for bad, needle in [(None, "CRC-32"), ({**state, "iteration": 99}, "past the run's 3 steps"),
                         ({**state, "model": small.state_dict()}, "does not fit this model"),
                         ({**state, "rng": {}}, "no valid RNG state")]:
@@ -2564,7 +2614,7 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
     assert rc == 130 and "Traceback" not in err, (rc, err)
     run = tmp_path / "out" / "toy"
     if (run / "ckpt.pt").exists():  # the signal came after the first checkpoint: a whole run to resume
-        assert "stopped at step" in out and train.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
+        assert "stopped at step" in out and safety.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
     else:
         assert "train.py: interrupted" in err and not list(run.glob("*"))
 
@@ -2636,7 +2686,7 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    safety.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -2928,9 +2978,13 @@ def test_kernels_target_line_reads_the_largest_fp32_size():
     (["--reps", "0"], "--reps"),
     (["--json", "/nonexistent-dir/x.json"], "--json"),
     (["--json", "/"], "is a directory"),
+    (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
 ])
-def test_kernels_cli_usage_errors(argv, needle, capsys):
+def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
+    if "FIFO" in argv:  # a FIFO made here stands in for /dev/null
+        os.mkfifo(tmp_path / "fifo")
+        argv = [str(tmp_path / "fifo") if a == "FIFO" else a for a in argv]
     with pytest.raises(SystemExit) as e:
         kernels.main(["--device", "cpu"] + argv)
     assert e.value.code == 2
