@@ -34,7 +34,8 @@ try:  # Python's own documentation text: the tokenizer-throughput corpus every C
 except ImportError:  # some distributions leave pydoc_data out; then throughput is not measured
     PYDOC_TOPICS = None
 
-GB, GiB, DAY = 1e9, 2**30, 86_400  # bytes, bytes, seconds
+GB, MiB, GiB, DAY = 1e9, 2**20, 2**30, 86_400  # bytes, bytes, bytes, seconds
+FP32_BYTES, BF16_BYTES = torch.float32.itemsize, torch.bfloat16.itemsize  # 4 and 2 bytes per value
 
 
 def _q(question, *answers):
@@ -45,8 +46,18 @@ def _a(*answers):
     print(*(f"   {a}" for a in answers), sep="\n")
 
 
-def _gb(n):
-    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+def _gb(n_bytes):  # 1.5e9 -> "1.50 GB (1.40 GiB)"
+    gb, gib = n_bytes / GB, n_bytes / GiB
+    return f"{gb:,.2f} GB ({gib:,.2f} GiB)"
+
+
+def _e12(flops):  # 989.4e12 -> "989.4e12", peaks as the whitepapers write them
+    tera = flops / 1e12
+    return f"{tera:g}e12"
+
+
+def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a sum, each term named
+    return " + ".join(f"{v:,} ({k})" for k, v in parts.items())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,6 +74,7 @@ PEAK_FLOPS = {
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
     "A100": {"bf16": 312.0e12, "fp16": 312.0e12, "tf32": 156.0e12, "fp32": 19.5e12},
 }
+H100_BF16 = PEAK_FLOPS["H100 SXM"]["bf16"]  # the lecture's peak: an H100's dense bf16 tensor cores
 H100_BYTES_PER_SEC = 3.35e12  # H100 SXM HBM3 memory bandwidth
 H100_MEMORY_BYTES = 80e9  # "80 GB" of HBM per H100
 
@@ -81,8 +93,9 @@ def training_flops(num_params, num_tokens):
     return training_step_flops(2 * num_params * num_tokens)
 
 
-def days_to_train(total_flops, num_gpus, peak, mfu_fraction):
-    return total_flops / (num_gpus * peak * mfu_fraction * DAY)
+def flops_per_day(num_gpus, peak, mfu_fraction):
+    """What num_gpus chips of `peak` FLOP/s deliver in a day at a given MFU: days = FLOPs / this."""
+    return num_gpus * peak * mfu_fraction * DAY
 
 
 def mfu(flops, seconds, peak):
@@ -142,18 +155,28 @@ ADAMW_BYTES_PER_PARAM = {
 }
 
 
+def lecture_70b_run():
+    """(FLOPs, FLOPs per day, days) of the lecture's 70B model on 15T tokens, 1024 H100s at 50% MFU."""
+    flops, per_day = training_flops(70e9, 15e12), flops_per_day(1024, H100_BF16, 0.5)
+    return flops, per_day, flops / per_day
+
+
+def largest_model(bytes_per_param, num_gpus=8):
+    """Parameters whose training state fits in num_gpus H100s: their memory / bytes per parameter."""
+    return num_gpus * H100_MEMORY_BYTES / bytes_per_param
+
+
 def section_motivation():
-    h100 = PEAK_FLOPS["H100 SXM"]["bf16"]
-    flops, per_day = training_flops(70e9, 15e12), 1024 * h100 * 0.5 * DAY
+    flops, per_day, days = lecture_70b_run()
     _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?",
        f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}",
-       f"per day = 1024 x {h100:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs",
-       f"days = {flops:.3e} / {per_day:.3e} = {days_to_train(flops, 1024, h100, 0.5):.1f} days")
+       f"per day = 1024 x {H100_BF16:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs",
+       f"days = {flops:.3e} / {per_day:.3e} = {days:.1f} days")
     _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
     for name, parts in ADAMW_BYTES_PER_PARAM.items():
-        bpp = sum(parts.values())  # largest model = memory / bytes per parameter
-        _a(f"{name}: " + " + ".join(f"{v} ({k})" for k, v in parts.items()) +
-           f" = {bpp} B/param -> 8 x 80e9 / {bpp} = {8 * H100_MEMORY_BYTES / bpp / 1e9:.1f}B params")
+        bytes_per_param = sum(parts.values())
+        billions = largest_model(bytes_per_param) / 1e9
+        _a(f"{name}: {_terms(parts)} = {bytes_per_param} B/param -> 8 x 80e9 / {bytes_per_param} = {billions:.1f}B params")
     _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an",
        "update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
 
@@ -167,7 +190,7 @@ GPT3_FF_SHAPE = (4 * 12288, 12288)  # GPT-3's feed-forward matrix: d_ff = 4 d_mo
 
 def tensor_bytes(shape, dtype):
     """memory = number of elements x bytes per element."""
-    return math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 def stored_value(x, dtype):
@@ -176,20 +199,23 @@ def stored_value(x, dtype):
 
 
 def section_tensors():
-    ff = GPT3_FF_SHAPE
+    (rows, cols), n_elements, small = GPT3_FF_SHAPE, math.prod(GPT3_FF_SHAPE), tensor_bytes((4, 8), torch.float32)
+    names = {dt: str(dt).removeprefix("torch.") for dt in DTYPES}
+    sizes, kept = {dt: tensor_bytes(GPT3_FF_SHAPE, dt) for dt in DTYPES}, {dt: stored_value(1e-8, dt) for dt in DTYPES}
     _q("How much memory does a tensor take, per dtype? (memory = elements x bytes per element)",
-       f"torch.zeros(4, 8) float32: 32 x 4 = {tensor_bytes((4, 8), torch.float32)} bytes",
-       *(f"GPT-3 feed-forward matrix {ff[0]} x {ff[1]} in {str(dt)[6:]:<13}: "
-         f"{math.prod(ff):,} x {tensor_bytes((1,), dt)} B = {_gb(tensor_bytes(ff, dt))}" for dt in DTYPES))
+       f"torch.zeros(4, 8) float32: 32 x 4 = {small} bytes",
+       *(f"GPT-3 feed-forward matrix {rows} x {cols} in {names[dt]:<13}: "
+         f"{n_elements:,} x {dt.itemsize} B = {_gb(sizes[dt])}" for dt in DTYPES))
     _q("Range and resolution of each dtype (torch.finfo), and what happens to 1e-8?",
        f"{'dtype':<14}{'bits':>5}{'max':>13}{'smallest normal':>17}{'eps':>12}   1e-8 stored as")
     for dt in DTYPES:
         fi = torch.finfo(dt)
-        _a(f"{str(dt)[6:]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {stored_value(1e-8, dt):.6g}")
-    sub16 = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps  # 2^-24
-    _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {sub16:.3g}; below half of it rounds to 0): "
+        _a(f"{names[dt]:<14}{fi.bits:>5}{fi.max:>13.4g}{fi.tiny:>17.4g}{fi.eps:>12.4g}   {kept[dt]:.6g}")
+    fp16 = torch.finfo(torch.float16)
+    smallest_subnormal = fp16.smallest_normal * fp16.eps  # 2^-24
+    _a(f"fp16 rounds 1e-8 to 0 (its smallest subnormal is {smallest_subnormal:.3g}; below half of it rounds to 0): "
        "gradients this small vanish.",
-       f"bf16 has float32's exponent, so 1e-8 survives (as {stored_value(1e-8, torch.bfloat16):.5g}: 7 stored mantissa bits).")
+       f"bf16 has float32's exponent, so 1e-8 survives (as {kept[torch.bfloat16]:.5g}: 7 stored mantissa bits).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,20 +231,21 @@ def two_layer_flops(B, D, K):
 
 def section_compute():
     B, D, K = 16384, 32768, 8192
-    fwd, bwd = two_layer_flops(B, D, K)
-    peak = PEAK_FLOPS["H100 SXM"]["bf16"]
+    linear, (fwd, bwd) = 2 * B * D * K, two_layer_flops(B, D, K)
+    step, gpt3, week = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 7
+    peaks = {card: ", ".join(f"{k} {_e12(v)}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
-       f"2 B D K = 2 x {B} x {D} x {K} = {2 * B * D * K:.4e} FLOPs")
+       f"2 B D K = 2 x {B} x {D} x {K} = {linear:.4e} FLOPs")
     _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?",
        f"forward 2 B (D D + D K) = {fwd:.4e} = 2 x tokens x params",
        f"backward: per matmul, grad wrt weight + grad wrt input = 4 x tokens x params = {bwd:.4e}",
-       f"step = forward + backward = training_step_flops(forward) = {training_step_flops(fwd):.4e} = 6 x tokens x params")
+       f"step = forward + backward = training_step_flops(forward) = {step:.4e} = 6 x tokens x params")
     _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?",
-       f"6 x 175e9 x 300e9 = {training_flops(175e9, 300e9):.3e} FLOPs (published: 3.14e23)")
+       f"6 x 175e9 x 300e9 = {gpt3:.3e} FLOPs (published: 3.14e23)")
     _q("FLOPs of 8 H100s for a week?",
-       f"8 x 7 x 86400 s x {peak:.4g} FLOP/s = {8 * 7 * DAY * peak:.4e} FLOPs (bf16 dense, 100% MFU)",
+       f"8 x 7 x 86400 s x {H100_BF16:.4g} FLOP/s = {week:.4e} FLOPs (bf16 dense, 100% MFU)",
        "MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:",
-       *(f"  {card:<10} " + ", ".join(f"{k} {v / 1e12:g}e12" for k, v in row.items()) for card, row in PEAK_FLOPS.items()))
+       *(f"  {card:<10} {row}" for card, row in peaks.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,35 +253,36 @@ def section_compute():
 
 # (FLOPs, bytes moved) of each operation on vectors of n values (matrices n x n), b bytes each:
 ROOFLINE_COSTS = {
-    "ReLU": lambda n, b=2: (n, 2 * b * n),  # one comparison per element; read x, write y
-    "GELU": lambda n, b=2: (20 * n, 2 * b * n),  # the lecture's ~20 FLOPs per element (tanh form)
-    "dot product": lambda n, b=2: (2 * n - 1, b * (2 * n + 1)),  # n mul + n-1 add; read x, w; write 1
-    "matrix-vector": lambda n, b=2: (n * (2 * n - 1), b * (n * n + 2 * n)),  # n dots; read W, x; write y
-    "matrix-matrix": lambda n, b=2: (n * n * (2 * n - 1), b * 3 * n * n),  # n^2 dots; read X, W; write Y
+    "ReLU": lambda n, b=BF16_BYTES: (n, 2 * b * n),  # one comparison per element; read x, write y
+    "GELU": lambda n, b=BF16_BYTES: (20 * n, 2 * b * n),  # the lecture's ~20 FLOPs per element (tanh form)
+    "dot product": lambda n, b=BF16_BYTES: (2 * n - 1, b * (2 * n + 1)),  # n mul + n-1 add; read x, w; write 1
+    "matrix-vector": lambda n, b=BF16_BYTES: (n * (2 * n - 1), b * (n * n + 2 * n)),  # n dots; read W, x; write y
+    "matrix-matrix": lambda n, b=BF16_BYTES: (n * n * (2 * n - 1), b * 3 * n * n),  # n^2 dots; read X, W; write Y
 }
 
 
 def accelerator_intensity(peak, bytes_per_sec):
-    """FLOPs the chip can do per byte it moves: above this a kernel is compute-bound."""
+    """FLOPs the chip can do per byte it moves (the roofline's ridge): above it, compute-bound."""
     return peak / bytes_per_sec
 
 
-def roofline_mfu(intensity, accel_intensity):
+def roofline_mfu(intensity, ridge):
     """Best MFU a kernel can reach: min(1, arithmetic intensity / accelerator intensity)."""
-    return min(1.0, intensity / accel_intensity)
+    return min(1.0, intensity / ridge)
 
 
 def section_intensity():
-    peak, n = PEAK_FLOPS["H100 SXM"]["bf16"], 4096
-    acc = accelerator_intensity(peak, H100_BYTES_PER_SEC)
+    n, ridge = 4096, accelerator_intensity(H100_BF16, H100_BYTES_PER_SEC)
     _q("Is each operation compute- or memory-bound on an H100 (bf16, 2 bytes per value)?",
-       f"accelerator intensity = {peak:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {acc:.1f} FLOPs/byte")
+       f"accelerator intensity = {H100_BF16:.4g} FLOP/s / {H100_BYTES_PER_SEC:.3g} B/s = {ridge:.1f} FLOPs/byte")
     for name, cost in ROOFLINE_COSTS.items():
-        f, b = cost(n)
-        ai = f / b
-        _a(f"{name:<14} n={n}: {f:.4g} FLOPs / {b:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
-           f"min(1, {ai:.3g} / {acc:.1f}) = {roofline_mfu(ai, acc):.3f} ({'compute' if ai >= acc else 'memory'}-bound)")
-    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {acc:.0f} = {3 * acc:.0f}")
+        flops, moved = cost(n)
+        ai = flops / moved
+        best, bound = roofline_mfu(ai, ridge), "compute" if ai >= ridge else "memory"
+        _a(f"{name:<14} n={n}: {flops:.4g} FLOPs / {moved:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
+           f"min(1, {ai:.3g} / {ridge:.1f}) = {best:.3f} ({bound}-bound)")
+    square_ridge = 3 * ridge  # a square matmul's intensity is about n / 3
+    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {ridge:.0f} = {square_ridge:.0f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,22 +306,25 @@ def checkpointing(L, every):
 
 def section_memory():
     B, D, L = 2, 4, 3  # the lecture's DeepNetwork: L blocks of D x D Linear + ReLU, float32
+    params = FP32_BYTES * D * D * L
     _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
-    for opt, k in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
-        m = {"parameters": 4 * D * D * L, "activations": 4 * B * D * L, "gradients": 4 * D * D * L,
-             "optimizer state": 4 * k * D * D * L}
-        _a(f"{opt}: " + " + ".join(f"{v} ({n})" for n, v in m.items()) + f" = {sum(m.values())} bytes")
+    for opt, states in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
+        parts = {"parameters": params, "activations": FP32_BYTES * B * D * L, "gradients": params,
+                 "optimizer state": states * params}
+        total = sum(parts.values())
+        _a(f"{opt}: {_terms(parts)} = {total} bytes")
     _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
     # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
-    steps, full, small = batch // micro, 2 * batch * D * L, 2 * micro * D * L  # bf16: 2 bytes per value
+    steps, full_mib, micro_mib = batch // micro, BF16_BYTES * batch * D * L / MiB, BF16_BYTES * micro * D * L / MiB
     _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?",
-       f"activations 2 B D L = {full / 2**20:.0f} MiB -> 2 x {micro} x D x L = {small / 2**20:.0f} MiB, "
+       f"activations 2 B D L = {full_mib:.0f} MiB -> 2 x {micro} x D x L = {micro_mib:.0f} MiB, "
        f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
     for L in (9, 16):
+        root = math.isqrt(L)
         _q(f"Activation checkpointing, L={L} blocks (held activations, recomputed block forwards)?")
         for label, every in (("no checkpointing", 0), ("checkpoint every layer", 1),
-                             (f"every sqrt(L) = {math.isqrt(L)} layers", math.isqrt(L)), ("store nothing", None)):
+                             (f"every sqrt(L) = {root} layers", root), ("store nothing", None)):
             held, redo = checkpointing(L, every)
             _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
         _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
@@ -365,6 +396,13 @@ def formula_forward_flops(cfg, silu_ffn=False):
     return f
 
 
+def flop_shares(cfg):
+    """(forward FLOPs, {SHARE_GROUPS group: its fraction of them}) of one sequence of a config."""
+    flops = formula_forward_flops(cfg)
+    total = sum(flops.values())
+    return total, {group: sum(flops[k] for k in keys) / total for group, keys in SHARE_GROUPS.items()}
+
+
 def gpt2_config(name, context_length=1_024):
     """TransformerLM keyword arguments of a GPT-2-shaped model with the handout's d_ff = 4 d_model."""
     L, d, h = GPT2_SHAPES[name]
@@ -381,31 +419,28 @@ def _shape(cfg):
 def section_transformer():
     xl = gpt2_config("XL")
     counts, flops = lm_param_counts(**xl), lm_forward_flops_by_component(**xl)
-    P, total = sum(counts.values()), sum(flops.values())
+    P, total, (_, groups) = sum(counts.values()), sum(flops.values()), flop_shares(xl)
+    fp32_size, tflops = FP32_BYTES * P, total / 1e12
     _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?",
        "V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)",
-       " + ".join(f"{v:,} ({k})" for k, v in counts.items()) + f" = {P:,}",
-       f"fp32: 4 x {P:,} = {_gb(4 * P)}")
+       f"{_terms(counts)} = {P:,}", f"fp32: 4 x {P:,} = {_gb(fp32_size)}")
+    shares = {k: v / total for k, v in flops.items()}
     _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?",
-       *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {100 * v / total:5.2f}%" for k, v in flops.items()),
-       f"{'total':<48} {total:.4e} FLOPs (= {total / 1e12:.3f} TFLOPs)")
-    ffn = flops["ffn w1"] + flops["ffn w2"] + flops["ffn w3"]
-    proj = flops["attn q,k,v proj"] + flops["attn output proj"]
-    _q("(c) Which parts need the most FLOPs?",
-       f"the SwiGLU feed-forward: {100 * ffn / total:.1f}%; then the attention projections {100 * proj / total:.1f}%")
-    cols = [(n, gpt2_config(n)) for n in GPT2_SHAPES] + [("XL@16K", gpt2_config("XL", 16_384))]
-    table = {n: formula_forward_flops(c) for n, c in cols}
+       *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {shares[k]:6.2%}" for k, v in flops.items()),
+       f"{'total':<48} {total:.4e} FLOPs (= {tflops:.3f} TFLOPs)")
+    _q("(c) Which parts need the most FLOPs?", f"the SwiGLU feed-forward: {groups['ffn (w1, w2, w3)']:.1%}; "
+       f"then the attention projections {groups['attn projections']:.1%}")
+    table = {n: flop_shares(gpt2_config(n)) for n in GPT2_SHAPES} | {"XL@16K": flop_shares(gpt2_config("XL", 16_384))}
     _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384",
        f"{'component':<18}" + "".join(f"{n:>10}" for n in table),
-       *(f"{g:<18}" + "".join(f"{100 * sum(t[k] for k in keys) / sum(t.values()):>9.2f}%" for t in table.values())
-         for g, keys in SHARE_GROUPS.items()),
-       f"{'total FLOPs':<18}" + "".join(f"{sum(t.values()):>10.3e}" for t in table.values()),
+       *(f"{g:<18}" + "".join(f"{col[g]:>10.2%}" for _, col in table.values()) for g in SHARE_GROUPS),
+       f"{'total FLOPs':<18}" + "".join(f"{t:>10.3e}" for t, _ in table.values()),
        "bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention",
        "core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
-    t1, t16 = sum(table["XL"].values()), sum(table["XL@16K"].values())
-    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {t16 / t1:.1f} (16x for linear parts, 256x for QK^T + AV);",
-       f"    attention core share {100 * table['XL']['attn QK^T + AV'] / t1:.1f}% -> "
-       f"{100 * table['XL@16K']['attn QK^T + AV'] / t16:.1f}%")
+    (t1, xl_shares), (t16, xl16_shares) = table["XL"], table["XL@16K"]
+    growth, core, core16 = t16 / t1, xl_shares["attn QK^T + AV"], xl16_shares["attn QK^T + AV"]
+    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {growth:.1f} (16x for linear parts, 256x for QK^T + AV);",
+       f"    attention core share {core:.1%} -> {core16:.1%}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,7 +488,8 @@ def adamw_memory(B, vocab_size, context_length, num_layers, d_model, num_heads):
     """Peak bytes of an AdamW step in float32: params 4P, grads 4P, m and v 8P, activations 4A."""
     P = sum(lm_param_counts(vocab_size, d_model, num_layers, 4 * d_model).values())
     A = handout_activation_elements(B, context_length, d_model, num_heads, vocab_size, num_layers)
-    return {"parameters": 4 * P, "gradients": 4 * P, "optimizer state": 8 * P, "activations": 4 * A}
+    return {"parameters": FP32_BYTES * P, "gradients": FP32_BYTES * P, "optimizer state": 2 * FP32_BYTES * P,
+            "activations": FP32_BYTES * A}
 
 
 def adamw_memory_line(cfg):
@@ -471,7 +507,7 @@ def max_batch(a, b, memory_bytes):
 def lm_training_days(cfg, batch_size, steps, peak, mfu_fraction):
     """(days, FLOPs per step): days = steps x 3 x batch x forward FLOPs / (peak x MFU x 86400)."""
     step = training_step_flops(batch_size * lm_forward_flops(**cfg))
-    return days_to_train(steps * step, 1, peak, mfu_fraction), step
+    return steps * step / flops_per_day(1, peak, mfu_fraction), step
 
 
 def section_adamw():
@@ -482,22 +518,26 @@ def section_adamw():
        "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with",
        "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)",
        "total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
-    kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
+    kept_gb = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"],
+                                     xl["num_layers"]) / GB
+    gb80, gib80 = 80e9, 80 * GiB  # "80 GB" read as 10^9 bytes, and as 2^30 bytes (what an A100 holds)
+    fit_gb80, fit_gib80 = (gb80 - b) / a, (gib80 - b) / a
+    batch_gb80, batch_gib80 = max_batch(a, b, gb80), max_batch(a, b, gib80)
     _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
        f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
-       f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {(80e9 - b) / a:.2f} -> {max_batch(a, b, 80e9)}",
-       f"80 GiB (what an '80GB' A100 holds): ({80 * GiB:.4g} - b) / a = {(80 * GiB - b) / a:.2f} -> {max_batch(a, b, 80 * GiB)}",
-       f"(model.py's autograd actually keeps {kept / GB:.1f} GB per sequence up to the logits; see --verify)")
+       f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {fit_gb80:.2f} -> {batch_gb80}",
+       f"80 GiB (what an '80GB' A100 holds): ({gib80:.4g} - b) / a = {fit_gib80:.2f} -> {batch_gib80}",
+       f"(model.py's autograd actually keeps {kept_gb:.1f} GB per sequence up to the logits; see --verify)")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
-    _q("(c) FLOPs of one AdamW step?",
-       " + ".join(f"{v} ({k})" for k, v in ADAMW_FLOPS_PER_PARAM.items()) + f" = {per} P",
-       f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
+    step_flops = per * P
+    _q("(c) FLOPs of one AdamW step?", f"{_terms(ADAMW_FLOPS_PER_PARAM)} = {per} P",
+       f"GPT-2 XL: {per} x {P:,} = {step_flops:.3e} FLOPs (negligible next to forward + backward)")
     batch, steps, a100, m = XL_RUN.values()
-    days, step = lm_training_days(xl, **XL_RUN)
-    _q(f"(d) Days to train GPT-2 XL, {steps // 1000}K steps of batch {batch}, on one A100 "
-       f"({a100 / 1e12:g}e12 fp32) at {m:.0%} MFU?",
-       f"step = 3 x {batch} x {lm_forward_flops(**xl):.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
-       f"days = {steps} x {step:.4e} / ({a100 / 1e12:g}e12 x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
+    (days, step), fwd, thousands = lm_training_days(xl, **XL_RUN), lm_forward_flops(**xl), steps // 1000
+    years = days / 365.25
+    _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({_e12(a100)} fp32) at {m:.0%} MFU?",
+       f"step = 3 x {batch} x {fwd:.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
+       f"days = {steps} x {step:.4e} / ({_e12(a100)} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,24 +551,27 @@ TINYSTORIES_TOKENS = 327_680_000  # batch size x steps x context length (handout
 def section_tinystories():
     cfg, T = TINYSTORIES, TINYSTORIES["context_length"]
     c, fwd = lm_param_counts(**cfg), lm_forward_flops(**cfg)
-    blocks = c["attn"] + c["ffn"] + c["norms"]
-    _q(f"TinyStories model ({_shape(cfg)}): parameters?",
-       " + ".join(f"{v:,} ({k})" for k, v in c.items()) + f" = {sum(c.values()):,}",
-       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {blocks + c['lm_head']:,}",
+    total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
+    non_embedding, blocks_m = blocks + c["lm_head"], blocks / 1e6
+    non_embedding_m = non_embedding / 1e6  # in millions
+    _q(f"TinyStories model ({_shape(cfg)}): parameters?", f"{_terms(c)} = {total:,}",
+       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {non_embedding:,}",
        "the handout's 'about 17M non-embedding parameters' is everything except the input embedding",
-       f"table (a lookup, no FLOPs): {(blocks + c['lm_head']) / 1e6:.2f}M; the blocks alone are {blocks / 1e6:.2f}M")
+       f"table (a lookup, no FLOPs): {non_embedding_m:.2f}M; the blocks alone are {blocks_m:.2f}M")
     seqs = TINYSTORIES_TOKENS // T
-    flops, h100 = training_step_flops(seqs * fwd), PEAK_FLOPS["H100 SXM"]["bf16"]
+    steps_of_128, steps_of_32 = seqs // 128, seqs // 32
+    flops, six_nd = training_step_flops(seqs * fwd), training_flops(non_embedding, TINYSTORIES_TOKENS)
     lo, hi = 30, 40  # the handout's wall-clock minutes for this budget on one H100
+    ideal_seconds = flops / H100_BF16  # at 100% MFU
+    handout_mfu = ideal_seconds / (60 * (lo + hi) / 2)
     batch, steps = 32, 5_000  # the handout's CPU / MPS run
+    cpu_tokens, cpu_flops = batch * steps * T, training_step_flops(batch * steps * fwd)
     _q(f"Token budget {TINYSTORIES_TOKENS:,} = batch x steps x context: what does it cost?",
-       f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {seqs // 128:,} steps or 32 x {seqs // 32:,}",
-       f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: "
-       f"{training_flops(blocks + c['lm_head'], TINYSTORIES_TOKENS):.3e})",
-       f"on one H100 (bf16) that is {flops / h100:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
-       f"MFU ~ {flops / h100 / (60 * (lo + hi) / 2):.1%} (small models are overhead-bound)",
-       f"CPU budget: {batch} x {steps} x {T} = {batch * steps * T:,} tokens = "
-       f"{training_step_flops(batch * steps * fwd):.3e} FLOPs")
+       f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {steps_of_128:,} steps or 32 x {steps_of_32:,}",
+       f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: {six_nd:.3e})",
+       f"on one H100 (bf16) that is {ideal_seconds:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
+       f"MFU ~ {handout_mfu:.1%} (small models are overhead-bound)",
+       f"CPU budget: {batch} x {steps} x {T} = {cpu_tokens:,} tokens = {cpu_flops:.3e} FLOPs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,16 +603,19 @@ def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
 
 
 def section_tokenizer():
-    _q("Why store token ids as uint16?",
-       *(f"vocab {v:,}: ids 0..{v - 1:,} <= 65,535 = 2^16 - 1 -> uint{next(b for b in (8, 16, 32, 64) if v <= 2**b)}, 2 bytes per token "
-         "(half of int32, a quarter of torch's int64)" for v in (10_000, 32_000, GPT2_VOCAB)))
+    _q("Why store token ids as uint16?")
+    for vocab_size in (10_000, 32_000, GPT2_VOCAB):  # the smallest unsigned type that holds every id
+        top_id, bits = vocab_size - 1, next(b for b in (8, 16, 32, 64) if vocab_size <= 2**b)
+        _a(f"vocab {vocab_size:,}: ids 0..{top_id:,} <= 65,535 = 2^16 - 1 -> uint{bits}, 2 bytes per token "
+           "(half of int32, a quarter of torch's int64)")
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
         _a(f"not measured: {note}")
         return
-    _a(f"measured live: {bps / 1e6:.2f} MB/s ({note}, one process)",
-       f"Pile: 825e9 B / {bps:,.0f} B/s = {PILE_BYTES / bps / 3600:,.1f} hours = {PILE_BYTES / bps / DAY:.2f} days")
+    mb_per_sec, pile_hours, pile_days = bps / 1e6, PILE_BYTES / bps / 3600, PILE_BYTES / bps / DAY
+    _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
+       f"Pile: 825e9 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,39 +624,42 @@ def section_tokenizer():
 
 def notes_corrections():
     """[(question, published, verified, cause)], in the order of the sections above."""
-    h100, bpp16 = PEAK_FLOPS["H100 SXM"]["bf16"], sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
+    _, per_day, days = lecture_70b_run()
+    bpp = sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
+    billions = largest_model(bpp) / 1e9
     ff, square = tensor_bytes(GPT3_FF_SHAPE, torch.float32), tensor_bytes((12288, 12288), torch.float32)
-    xl, xl16 = formula_forward_flops(gpt2_config("XL")), formula_forward_flops(gpt2_config("XL", 16_384))
-    t1, t16 = sum(xl.values()), sum(xl16.values())
-    attn16 = sum(xl16[k] for k in SHARE_GROUPS["attn projections"] + SHARE_GROUPS["attn QK^T + AV"])
-    g = GRAD_ACCUMULATION
+    ff_mib = ff / MiB
+    (t1, xl), (t16, xl16) = flop_shares(gpt2_config("XL")), flop_shares(gpt2_config("XL", 16_384))
+    tflops, tflops16, growth = t1 / 1e12, t16 / 1e12, t16 / t1
+    each, attn16 = xl["attn QK^T + AV"] / 2, xl16["attn projections"] + xl16["attn QK^T + AV"]  # QK^T = AV
+    g, heads = GRAD_ACCUMULATION, GPT2_SHAPES["XL"][2]
+    adamw_flops, (xl_days, _) = sum(ADAMW_FLOPS_PER_PARAM.values()), lm_training_days(gpt2_config("XL"), **XL_RUN)
+    pile_days = PILE_BYTES / 626_519.6 / DAY  # at the notes' measured rate
     q70b, qxl, qadamw = "motivation: 70B on 15T tokens; 8 H100s", "transformer: GPT-2 XL", "adamw: GPT-2 XL"
     return [
-        (q70b, "4.4e19 FLOPs/day (notes 001)", f"{1024 * h100 * 0.5 * DAY:.3e}",
+        (q70b, "4.4e19 FLOPs/day (notes 001)", f"{per_day:.3e}",
          "a factor-1000 slip in the notes' text; their 144 days is right"),
-        (q70b, "143.927 days (lecture)", f"{days_to_train(training_flops(70e9, 15e12), 1024, h100, 0.5):.3f}",
+        (q70b, "143.927 days (lecture)", f"{days:.3f}",
          "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; PEAK_FLOPS has NVIDIA's 989.4e12"),
         (q70b, "12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
-         f"{bpp16} B/param, {8 * H100_MEMORY_BYTES / bpp16 / 1e9:.0f}B params",
+         f"{bpp} B/param, {billions:.0f}B params",
          "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))"),
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
-         f"{_gb(ff)} (= {ff / 2**20:.0f} MiB)",
+         f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
         ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)",
          f"batch {g['batch']} in micro-batches of {g['micro_batch']}", "a micro-batch cannot exceed the batch"),
-        (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)",
-         f"{t1 / 1e12:.3f} TFLOPs, {100 * xl['attn QK^T + AV'] / 2 / t1:.2f}% each",
-         f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {GPT2_SHAPES['XL'][2]} times too small)"),
+        (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{tflops:.3f} TFLOPs, {each:.2%} each",
+         f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {heads} times too small)"),
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
-         f"{t16 / 1e12:.1f} TFLOPs ({t16 / t1:.1f}x), attention {100 * attn16 / t16:.1f}%",
-         "the same single-head QK^T and AV count"),
-        (qadamw, "10 P (notes 003)", f"{sum(ADAMW_FLOPS_PER_PARAM.values())} P",
+         f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}", "the same single-head QK^T and AV count"),
+        (qadamw, "10 P (notes 003)", f"{adamw_flops} P",
          "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
          "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),
-        (qadamw, "6354 days (notes 003)", f"{lm_training_days(gpt2_config('XL'), **XL_RUN)[0]:,.0f}",
+        (qadamw, "6354 days (notes 003)", f"{xl_days:,.0f}",
          "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls"),
         ("tokenizer: the Pile", "16.4 days at 626,519.6 B/s (notes 003)",
-         f"{PILE_BYTES / 626_519.6 / DAY:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
+         f"{pile_days:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
     ]
 
 
@@ -674,6 +723,7 @@ VERIFY_CONFIGS = {  # name -> (config, ablations)
     "TinyStories no_norm": (TINYSTORIES, {"no_norm": True}),
     "TinyStories tie_embeddings": (TINYSTORIES, {"tie_embeddings": True}),
 }
+CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple
 
 
 def verification_checks(quick=False):
@@ -698,10 +748,10 @@ def verification_checks(quick=False):
         _, total = measured_forward_flops(meta_lm(cfg, fast=True), cfg["context_length"])
         yield "FLOPs   GPT-2 small fast=True: total", lm_forward_flops(**cfg), total
     # forward + backward = 3 x forward, on a small real model on the CPU
-    cfg = dict(vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
+    B, cfg = 2, dict(vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
     with FlopCounterMode(display=False) as counter:
-        model.TransformerLM(**cfg)(torch.randint(0, 97, (2, 16))).sum().backward()
-    yield "FLOPs   small LM forward+backward (B=2)", training_step_flops(2 * lm_forward_flops(**cfg)), counter.get_total_flops()
+        model.TransformerLM(**cfg)(torch.randint(0, cfg["vocab_size"], (B, cfg["context_length"]))).sum().backward()
+    yield f"FLOPs   small LM forward+backward (B={B})", training_step_flops(B * lm_forward_flops(**cfg)), counter.get_total_flops()
     B, D, K = 8, 32, 16
     x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((B, D), (D, D), (D, K)))
     with FlopCounterMode(display=False) as fwd:
@@ -719,22 +769,26 @@ def verification_checks(quick=False):
 
 
 def cuda_memory_check(B=4, cfg=None):
-    """On a GPU: (saved tensors + logits by formula, bytes the forward leaves allocated, peak
-    during it, slack of 512 B per allocation's rounding). None without CUDA."""
+    """On a GPU: (saved tensors + logits by formula, bytes the forward leaves allocated, peak during
+    it, slack of one rounding per allocation, bytes the warm-up left). None without CUDA. The warm-up
+    runs the same forward before the baseline: a process's first matmul makes cuBLAS's workspace
+    (~32 MiB, through PyTorch's allocator), which would otherwise count as activations."""
     if not torch.cuda.is_available():
         return None
     cfg = cfg or dict(vocab_size=1000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
     lm = model.TransformerLM(**cfg, device="cuda")
     ids = torch.randint(0, cfg["vocab_size"], (B, cfg["context_length"]), device="cuda")
+    before_warmup = torch.cuda.memory_allocated()
+    lm(ids)  # the warm-up; its output and autograd graph are freed as soon as it returns
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     _, n_storages, out = measured_saved_bytes(lm, ids)
     torch.cuda.synchronize()
     retained, peak = torch.cuda.memory_allocated() - base, torch.cuda.max_memory_allocated() - base
     formula = saved_activation_bytes(B, cfg["context_length"], cfg["d_model"], cfg["num_heads"],
-                                     cfg["d_ff"], cfg["num_layers"]) + out.numel() * out.element_size()
-    return formula, retained, peak, 512 * (n_storages + 1)
+                                     cfg["d_ff"], cfg["num_layers"]) + out.nbytes
+    return formula, retained, peak, CUDA_BLOCK_ROUNDING * (n_storages + 1), base - before_warmup
 
 
 def run_verify():
@@ -742,25 +796,27 @@ def run_verify():
     bad = 0
     print(f"{'check':<72}{'formula':>20}{'measured':>20}")
     for what, formula, measured in verification_checks():
-        bad += formula != measured
-        print(f"{what:<72}{formula:>20,}{measured:>20,}{'' if formula == measured else '   MISMATCH'}")
+        verdict = "" if formula == measured else "   MISMATCH"
+        bad += bool(verdict)
+        print(f"{what:<72}{formula:>20,}{measured:>20,}{verdict}")
     print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
           "(distinct storages, parameters and buffers excluded)")
     for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the handout's list, logits and loss left out
-        handout = 4 * (handout_activation_elements(B, T, d, h, V, L) - 2 * B * T * V)
-        print(f"   handout's list for B={B} T={T} d={d}: {handout:,} B = "
-              f"{handout / saved_activation_bytes(B, T, d, h, d_ff, L):.2f} x what autograd keeps "
+        handout = FP32_BYTES * (handout_activation_elements(B, T, d, h, V, L) - 2 * B * T * V)
+        ratio = handout / saved_activation_bytes(B, T, d, h, d_ff, L)
+        print(f"   handout's list for B={B} T={T} d={d}: {handout:,} B = {ratio:.2f} x what autograd keeps "
               "(it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask)")
     gpu = cuda_memory_check()
     if gpu is None:
         print("GPU: no CUDA device; the memory_allocated / max_memory_allocated check was skipped")
     else:
-        formula, retained, peak, slack = gpu
-        ok = abs(retained - formula) <= slack
-        bad += not ok
+        formula, retained, peak, slack, warmup = gpu
+        verdict = "ok" if abs(retained - formula) <= slack else "MISMATCH"
+        bad += verdict != "ok"
         print(f"GPU: saved + logits {formula:,} B vs memory_allocated after forward {retained:,} B "
-              f"(rule: within {slack:,} B of 512-byte rounding) {'ok' if ok else 'MISMATCH'}; "
-              f"peak during forward {peak:,} B")
+              f"(rule: within {slack:,} B of {CUDA_BLOCK_ROUNDING}-byte rounding) {verdict}; "
+              f"peak during forward {peak:,} B; held before it, by the warm-up forward: {warmup:,} B "
+              "(a process's first matmul makes cuBLAS's workspace)")
     print(f"{bad} mismatch(es)")
     return bad
 
@@ -768,10 +824,8 @@ def run_verify():
 # ---------------------------------------------------------------------------------------------
 # 13. Command line
 
-SECTIONS = {"motivation": section_motivation, "tensors": section_tensors, "compute": section_compute,
-            "intensity": section_intensity, "memory": section_memory, "transformer": section_transformer,
-            "adamw": section_adamw, "tinystories": section_tinystories, "tokenizer": section_tokenizer,
-            "corrections": section_corrections}
+# every section_* function above, by its name without the prefix, in reading order
+SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().items()) if name.startswith("section_")}
 
 
 def main(argv=None):
@@ -785,7 +839,7 @@ def main(argv=None):
         return 1 if run_verify() else 0
     for name, fn in SECTIONS.items():
         if args.section in (None, name):
-            print(f"\n=== {name} " + "=" * (88 - len(name)))
+            print("\n" + f"=== {name} ".ljust(93, "="))  # a 93-character rule
             fn()
     return 0
 

@@ -731,17 +731,46 @@ def llama_step(cfg, micro):
     return step
 
 
+def time_steps(steps, n, device, warmup):
+    """{name: median seconds} of n calls each after warmup untimed ones, taking turns call by call
+    (the same machine load for all); the GPU queue is drained around each call, so a time is the work's."""
+    import torch
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in steps}
+    for _ in range(n):
+        for name, fn in steps.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def bench_step(argv):
-    """train.py's --benchmark with HF Llama's steps interleaved; argv: train.py's flags."""
+    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags."""
+    import torch
     import train
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama interleaved")
     try:
         cfg = train.resolve_config(["--benchmark", *argv])
-    except train.UsageError as e:
+    except train.safety.UsageError as e:
         sys.exit(f"bench.py step: {e}")
     rivals = {"HF LlamaForCausalLM + torch.optim.AdamW": llama_step} if peer("transformers", "transformers") else {}
-    train.benchmark(cfg, rivals)
+    with train.torch_settings(cfg):
+        ours, micro = train.random_step(cfg)
+        steps = {"this project": ours, **{name: make(cfg, micro) for name, make in rivals.items()}}
+        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.UNTIMED_STEPS)
+    dt, tokens = medians["this project"], cfg["batch_size"] * cfg["context_length"]
+    print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
+          f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
+    for name, other in medians.items():
+        print(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s"
+              + ("" if name == "this project" else f" (this project is {other / dt:.2f}x its speed)"), flush=True)
     return 0
 
 
@@ -798,6 +827,10 @@ def main(argv=None):
     for flag in ("vocab_size", "repeats", "cold_bytes", "cold_vocab", "new_tokens"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
+    for flag in ("vocab_size", "cold_vocab"):  # every tool trains with the 256 bytes and <|endoftext|>
+        if getattr(args, flag) < 256 + 1:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below 257: the 256 byte values and "
+                     f"{EOT} come first")
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,

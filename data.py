@@ -5,6 +5,8 @@ a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits a
 files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram baseline.
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
+import codecs
+import errno
 import gzip
 import hashlib
 import os
@@ -18,17 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import atomic_file
+from safety import DataError, UsageError, atomic_file  # the errors train.py turns into one sentence
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
-
-
-class UsageError(Exception):  # a mistake in the flags or the inputs: train.py prints it and exits with 2
-    pass
-
-
-class DataError(Exception):  # the machine failed the run (offline, server down, disk full): exit code 1
-    pass
 
 
 def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
@@ -45,6 +39,8 @@ DATASETS = {  # name -> its (train, valid) files, under HF
     "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
+VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
+READ = 1 << 24  # bytes per read (16 MiB): a corpus is split, unpacked and hashed in pieces, never loaded whole
 
 
 def write_splits(out_dir, train, valid):  # -> the paths of train.txt and valid.txt (kept if there)
@@ -93,7 +89,7 @@ def download(url, dest, progress=True):
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
         with open(part, "ab" if resumed else "wb") as f:
-            while chunk := resp.read(1 << 20):
+            while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
                 if progress:  # one status line, redrawn in place
@@ -107,6 +103,11 @@ def download(url, dest, progress=True):
                         "to resume it.")
     os.replace(part, dest)
     return dest
+
+
+def gunzip(src, dest):  # src.gz -> dest, whole or not at all
+    with gzip.open(src, "rb") as f, atomic_file(dest) as g:
+        shutil.copyfileobj(f, g, READ)
 
 
 def downloaded_corpus(name, out_dir):
@@ -128,40 +129,107 @@ def downloaded_corpus(name, out_dir):
                         f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None
             if fetched.suffix == ".gz":
                 print(f"unpacking {fetched.name}", flush=True)
-                with gzip.open(fetched, "rb") as src, atomic_file(txt) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
+                from_cache(fetched, gunzip, fetched, txt)
         paths.append(txt)
     return tuple(paths)
 
 
-def local_corpus(path, out_dir, valid_fraction=0.1):
-    """Split a text file: whole documents from the end go to validation until it holds ~10% of
-    the text; a file of few documents is cut at a line break."""
+SEP = EOT.encode()
+
+
+def scan(path, start, end, mark=0, check_utf8=False):
+    """One pass over bytes [start, end) of path, read in pieces -> (separators, first separator,
+    last separator that starts at or before mark, last line break before mark), offsets -1 when
+    there is none. check_utf8: a byte that is not UTF-8 raises UsageError with its offset.
+    b"ab<|endoftext|>c\nd<|endoftext|>e", mark 20 -> (2, 2, 18, 16)."""
+    n, first, last, newline, carry = 0, -1, -1, -1, b""  # carry: a tail that may begin a cut separator
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        f.seek(start)
+        while start < end:
+            piece = f.read(min(READ, end - start))
+            if not piece:
+                break
+            if check_utf8:
+                pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
+                try:
+                    decoder.decode(piece, final=start + len(piece) >= end)
+                except UnicodeDecodeError as e:
+                    raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {start - pending + e.start}"
+                                     "); re-save it as UTF-8, or pass token ids as a .npy file.") from None
+            at, buf, start = start - len(carry), carry + piece, start + len(piece)
+            before = max(0, mark - at + len(SEP))  # in buf, separators that start at or before mark end here
+            n += buf.count(SEP)
+            first = first if first >= 0 or SEP not in buf else at + buf.index(SEP)
+            last = at + buf.rindex(SEP, 0, before) if SEP in buf[:before] else last
+            nl = buf.rfind(b"\n", 0, max(0, mark - at))
+            newline = at + nl if nl >= 0 else newline
+            carry = buf[-(len(SEP) - 1):]
+    return n, first, last, newline
+
+
+def has_text(path, start, end):  # do bytes [start, end) hold anything besides separators?
+    return end - start > scan(path, start, end)[0] * len(SEP)
+
+
+def copy_range(path, start, end, dest):  # bytes [start, end) of path into dest, whole or not at all
+    with open(path, "rb") as src, atomic_file(dest) as dst:
+        src.seek(start)
+        while start < end:
+            piece = src.read(min(READ, end - start))
+            dst.write(piece)
+            start += len(piece)
+
+
+def char_start(path, at):  # at, moved back to the first byte of the UTF-8 character that holds it
+    with open(path, "rb") as f:
+        while at > 0 and f.seek(at) >= 0 and f.read(1)[0] & 0xC0 == 0x80:  # 10xxxxxx continues a character
+            at -= 1
+    return at
+
+
+def local_corpus(path, out_dir, valid_fraction=VALID_FRACTION):
+    """Split a text file, streamed: with 10 documents or more, whole documents from the end go
+    to validation (the cut is the last separator at or before the last valid_fraction of the bytes); a file of fewer
+    documents is cut after the last line break before that point."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
-    text = path.read_text(encoding="utf-8", errors="replace")
-    docs = text.split(EOT)
-    if len(docs) >= 10:
-        k, tail = len(docs), 0
-        while k > 1 and tail < valid_fraction * len(text):
-            k -= 1
-            tail += len(docs[k])
-        train, valid = EOT.join(docs[:k]), EOT.join(docs[k:])
-    else:
-        cut = text.rfind("\n", 0, int(len(text) * (1 - valid_fraction)))
-        cut = cut + 1 if cut > 0 else int(len(text) * (1 - valid_fraction))
-        train, valid = text[:cut], text[cut:]
-    if not text.replace(EOT, ""):  # checked before writing: a split with nothing to learn would stay cached
+    size = path.stat().st_size
+    mark = int(size * (1 - valid_fraction))
+    n, first, last, newline = scan(path, 0, size, mark, check_utf8=True)
+    if n * len(SEP) == size:  # checked before writing: a split with nothing to learn would stay cached
         raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
-    if not train.replace(EOT, "") or not valid.replace(EOT, ""):
+    if n >= 9:
+        cut = last if last >= 0 else first  # no separator before the mark: the first document trains
+        train_end, valid_start = cut, cut + len(SEP)
+    else:
+        train_end = valid_start = newline + 1 if newline > 0 else char_start(path, mark)
+    if not has_text(path, 0, train_end) or not has_text(path, valid_start, size):
         raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
                          "pass a longer file.")
-    return write_splits(out_dir, train, valid)
-
-
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy_range(path, 0, train_end, paths[0])
+    copy_range(path, valid_start, size, paths[1])
+    return paths
 # ----------------------------------------------------------------------------
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
+
+def from_cache(path, load, *args, **kwargs):
+    """load(*args, **kwargs), which reads path, a file of the cache (written here earlier, or put
+    there by hand): a damaged or unwritable one is one sentence saying what to do. A full disk
+    passes through: train.py reports it."""
+    try:
+        return load(*args, **kwargs)
+    except (ValueError, EOFError, OSError) as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
+                             "writable, or pass another --data-dir.") from None
+        raise UsageError(f"{path} in the data cache cannot be used ({e}); delete it and run the same command "
+                         "again to rebuild it.") from None
+
 
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
@@ -170,15 +238,15 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
         t0 = time.time()
-        vocab, merges = train_bpe(str(train_txt), vocab_size, special_tokens=[EOT], num_workers=workers)
-        Tokenizer(vocab, merges, [EOT]).save(str(files[0]), str(files[1]))
+        vocab, merges = from_cache(train_txt, train_bpe, str(train_txt), vocab_size, [EOT], workers)
+        from_cache(out_dir, Tokenizer(vocab, merges, [EOT]).save, str(files[0]), str(files[1]))
         print(f"  done in {time.time() - t0:.1f}s", flush=True)
-    tok = Tokenizer.from_files(str(files[0]), str(files[1]), [EOT])
+    tok = from_cache(out_dir, Tokenizer.from_files, str(files[0]), str(files[1]), [EOT])
     npys = out_dir / "train.npy", out_dir / "valid.npy"
     for txt, npy in zip((train_txt, valid_txt), npys):
         if not npy.exists():
             print(f"tokenizing {txt} -> {npy}", flush=True)
-            encode_file(tok, str(txt), str(npy), num_workers=workers)
+            from_cache(txt, encode_file, tok, str(txt), str(npy), num_workers=workers)
     return tok, files, npys
 
 
@@ -186,8 +254,8 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # 3. prepare_data: --data -> memmapped token ids
 
 def load_ids(source, val_data):
-    """--data PATH.npy: ids as they are (validation: --val-data or the last 10%), plus the
-    tokenizer saved beside them, if any, to decode the samples."""
+    """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
+    the tokenizer saved beside them, if any, to decode the samples."""
     try:
         train = np.load(source, mmap_mode="r")
         valid = np.load(val_data, mmap_mode="r") if val_data else None
@@ -196,8 +264,10 @@ def load_ids(source, val_data):
     for flag, ids in (("--data", train), ("--val-data", valid)):
         if ids is not None and ids.ndim != 1:
             raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
+        if ids is not None and len(ids) == 0:
+            raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
     if valid is None:  # still a memmap view: nothing is loaded
-        cut = int(len(train) * 0.9)
+        cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
     files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
     if not all(f.exists() for f in files):
@@ -224,12 +294,17 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
         p = Path(source).resolve()
         texts = local_corpus(p, data_dir / f"{p.stem}-{file_key(p)}")
     tok, files, npys = tokenize_corpus(*texts, vocab_size, texts[0].parent / f"bpe{vocab_size}", workers)
-    return np.load(npys[0], mmap_mode="r"), np.load(npys[1], mmap_mode="r"), tok, files
+    train, valid = (from_cache(npy, np.load, npy, mmap_mode="r") for npy in npys)
+    return train, valid, tok, files
 
 
-def file_key(path):  # a file's identity without reading it: its path, size and modification time
+def file_key(path):
+    """A file's identity without reading it: its path, inode, size, and modification and change
+    times. The change time (ctime) moves on every write and no tool can set it back, so a file
+    rewritten with its old size and `touch -r` to its old mtime still gets a new key."""
     st = Path(path).stat()
-    return hashlib.sha1(f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
+    key = f"{Path(path).resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return hashlib.sha1(key.encode()).hexdigest()[:8]
 
 
 def file_digest(path, memo_dir):
@@ -241,7 +316,7 @@ def file_digest(path, memo_dir):
         return memo.read_text()
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(READ):
             h.update(chunk)
     digest = f"{path.stat().st_size}:{h.hexdigest()}"
     try:

@@ -13,7 +13,7 @@ What it teaches:
 
 Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the training run's --out-dir/--run-name
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
-A library (train.py --export calls export_hf); tests: python -m pytest -q test_all.py -k export
+train.py --export calls export_run; tests: python -m pytest -q test_all.py -k export
 """
 import inspect
 import json
@@ -23,8 +23,10 @@ import struct
 
 import torch
 
+from bpe import Tokenizer
+from data import EOT
 from model import TransformerLM
-from safety import atomic_file
+from safety import UsageError, atomic_file, log, read_checkpoint
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -168,3 +170,23 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(tmp + ".old", ignore_errors=True)
     return out_dir
+
+
+def export_run(run_dir, out_dir, overwrite, model_kwargs):
+    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf; a missing or
+    damaged run, an ablation or an existing DIR is one sentence (UsageError). model_kwargs(config)
+    gives TransformerLM's arguments of the run's saved config."""
+    ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
+    if not ckpt.exists():
+        raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
+    try:
+        state = read_checkpoint(ckpt)
+        if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
+            raise ValueError(f"{ckpt} holds no run config or no model")
+        tok = Tokenizer.from_files(*tok_files, [EOT]) if all(map(os.path.exists, tok_files)) else None
+        out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
+    except (ValueError, FileExistsError, PermissionError) as e:  # a full disk is train.py's (exit 1)
+        raise UsageError(f"--export: {e}.") from None
+    log(f"exported {ckpt} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
+        "load it with transformers.AutoModelForCausalLM.from_pretrained")
+    return 0

@@ -10,14 +10,10 @@ but moving bytes between memory (HBM) and the chip (a CPU core has far fewer flo
 there the tanh itself can be the limit). The winning move is to read x once and write y once:
 one fused kernel instead of one kernel, and one round trip through memory, per `*`, `+`, `tanh`.
 
-Sections, in reading order:
-  1. The variants: PyTorch ops (one kernel per op), F.gelu, torch.compile of the ops,
-     a hand-written CUDA kernel (load_inline), and Triton if installed.
-  2. Accounting: flops and bytes per element, and the roofline verdict (memory-bound).
-  3. Correctness: every variant against float64, outputs poisoned with NaN.
-  4. Benchmark: median time, GB/s against the copy bandwidth `dst.copy_(src)` of the same run.
-  5. Profile: which kernels each variant launches, and how many.
-  6. main(): the command line.
+Sections: 1. the variants (PyTorch ops, one kernel per op; F.gelu; torch.compile of the ops; a
+hand-written CUDA kernel via load_inline; Triton if installed), 2. accounting (bytes per element, the
+roofline), 3. correctness against float64, outputs poisoned with NaN, 4. benchmark: median time and
+GB/s against the copy bandwidth of the same run, 5. profile: the kernels of one call, 6. main().
 
     python kernels.py                      # everything, on CUDA if there is a GPU
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
@@ -41,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import atomic_file
+from safety import atomic_file, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -288,27 +284,27 @@ def arithmetic_intensity(passes, bytes_per_element):
 
 def print_accounting():
     fp32 = accounting.PEAK_FLOPS["H100 SXM"]["fp32"]  # CUDA cores: what an elementwise kernel uses
-    bf16 = accounting.PEAK_FLOPS["H100 SXM"]["bf16"]  # dense tensor cores: what a matmul uses
-    bw = accounting.H100_BYTES_PER_SEC
+    bw, fp32_bytes, bf16_bytes = accounting.H100_BYTES_PER_SEC, accounting.FP32_BYTES, accounting.BF16_BYTES
     ridge = accounting.accelerator_intensity(fp32, bw)
+    bf16_ridge = accounting.accelerator_intensity(accounting.H100_BF16, bw)  # dense tensor cores: a matmul's
     print("\n== Accounting: bytes moved per element, arithmetic intensity (H100 SXM roofline)")
     print(f"torch ops: {len(TORCH_OPS)} kernels, {UNFUSED_PASSES} tensor passes per element "
           f"(" + ", ".join(op[0] for op in TORCH_OPS) + ")")
     print(f"fused (F.gelu, compile, CUDA, Triton): 1 kernel, {FUSED_PASSES} passes (read x, write y)")
     print(f"{'variant':<12} {'dtype':<9} {'bytes/elem':>10} {'FLOP/byte':>10} {'% of fp32 peak':>15}")
     for name, passes in (("torch ops", UNFUSED_PASSES), ("fused", FUSED_PASSES)):
-        for dtype, size in (("float32", 4), ("bfloat16", 2)):
-            ai = arithmetic_intensity(passes, size)
-            frac = accounting.roofline_mfu(ai, ridge)
-            print(f"{name:<12} {dtype:<9} {passes * size:>10} {ai:>10.3f} {100 * frac:>14.1f}%")
-    lo, hi = arithmetic_intensity(UNFUSED_PASSES, 4), arithmetic_intensity(FUSED_PASSES, 2)
-    print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, "
-          f"{accounting.accelerator_intensity(bf16, bw):.0f} for bf16 tensor cores. GELU sits at "
-          f"{lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
-    fused_bytes = FUSED_PASSES * 4 * 2**28
-    print(f"e.g. 2^28 fp32 fused: {fused_bytes / 1e9:.2f} GB / {bw / 1e12:.2f} TB/s = "
-          f"{fused_bytes / bw * 1e3:.2f} ms at best; unfused moves "
-          f"{UNFUSED_PASSES // FUSED_PASSES}x the bytes, so fusion can win up to {UNFUSED_PASSES // FUSED_PASSES}x.")
+        for dtype, size in (("float32", fp32_bytes), ("bfloat16", bf16_bytes)):
+            ai, moved = arithmetic_intensity(passes, size), passes * size
+            best = accounting.roofline_mfu(ai, ridge)
+            print(f"{name:<12} {dtype:<9} {moved:>10} {ai:>10.3f} {best:>15.1%}")
+    lo, hi = arithmetic_intensity(UNFUSED_PASSES, fp32_bytes), arithmetic_intensity(FUSED_PASSES, bf16_bytes)
+    print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, {bf16_ridge:.0f} for bf16 "
+          f"tensor cores. GELU sits at {lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
+    fused_bytes = FUSED_PASSES * fp32_bytes * 2**28
+    fused_gb, tb_per_sec, best_ms = fused_bytes / 1e9, bw / 1e12, fused_bytes / bw * 1e3
+    fusion_gain = UNFUSED_PASSES // FUSED_PASSES  # the bytes unfused moves, over fused's
+    print(f"e.g. 2^28 fp32 fused: {fused_gb:.2f} GB / {tb_per_sec:.2f} TB/s = {best_ms:.2f} ms at best; unfused moves "
+          f"{fusion_gain}x the bytes, so fusion can win up to {fusion_gain}x.")
 
 
 # -----------------------------------------------------------------------------
@@ -432,9 +428,9 @@ def target_line(rows):
     if "CUDA kernel" not in at:
         return None
     cuda, builtin = at["CUDA kernel"], at["F.gelu"]
+    speedup = builtin["ms"] / cuda["ms"]
     return (f"CUDA kernel at 2^{p} fp32: {cuda['pct_copy']:.1f}% of copy bandwidth "
-            f"({cuda['gb_s']:.0f} of {cuda['copy_gb_s']:.0f} GB/s), "
-            f"{builtin['ms'] / cuda['ms']:.2f}x F.gelu")
+            f"({cuda['gb_s']:.0f} of {cuda['copy_gb_s']:.0f} GB/s), {speedup:.2f}x F.gelu")
 
 
 # -----------------------------------------------------------------------------
@@ -469,14 +465,14 @@ def profile_launches(fn, x):
 
 
 def run_profile(variants, device, dtype="float32", n=1 << 20):
-    what = "CUDA kernels" if device == "cuda" else "top-level CPU operators"
-    print(f"\n== Profile: {what} launched by one call (torch.profiler, {dtype}, n = 2^{n.bit_length() - 1})")
+    what, log2_n = "CUDA kernels" if device == "cuda" else "top-level CPU operators", n.bit_length() - 1
+    print(f"\n== Profile: {what} launched by one call (torch.profiler, {dtype}, n = 2^{log2_n})")
     x = random_input(n, DTYPES[dtype], device, torch.Generator().manual_seed(2))
     out = {}
     for name, fn in variants.items():
         launches = profile_launches(fn, x)
-        out[name] = dict(launches)
-        print(f"{name:<14} {sum(launches.values()):>3} launched")
+        out[name], n_launched = dict(launches), sum(launches.values())
+        print(f"{name:<14} {n_launched:>3} launched")
         for k, c in launches.most_common():
             print(f"{'':<16}{c} x {k[:110]}")
     return out
@@ -520,8 +516,9 @@ def parse_args(argv):
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
             ap.error(f"--json: directory {d} does not exist; create it or pick another path")
-        if os.path.isdir(args.json):
-            ap.error(f"--json: {args.json} is a directory; give a file path such as {os.path.join(args.json, 'kernels.json')}")
+        if not_a_file(args.json):  # checked before minutes of measuring; /dev/null must never be replaced
+            ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give a file path such as "
+                     f"{os.path.join(os.path.dirname(args.json) or '.', 'kernels.json')}")
     return args
 
 

@@ -1,19 +1,76 @@
 """
-Run safety: what keeps a user's files whole. Optional reading; the lecture files call it at
-their boundaries. It imports nothing heavy, so every file can use it.
+Run safety: what keeps a user's files whole and turns each mistake or fault into one sentence. Optional
+reading: train.py calls it once at each boundary, and every file writes through atomic_file. It imports
+only the standard library at its top (bpe.py must not load torch); what asks torch imports it there (_torch).
 
-- atomic_file: write a whole file or nothing.
+1. A command line's errors and exit codes, and the atomic write
+2. The flags: CHECKS, one row per mistake, checked before anything is read or written
+3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
+4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
 """
-
+import argparse
 import contextlib
+import datetime
+import errno
+import importlib.util
+import json
+import math
 import os
+import signal
+import stat
+import sys
+import zipfile
+from pathlib import Path
+
+
+def _torch():  # imported here, not at the top: bpe.py imports this file and must not load torch
+    import torch
+    return torch
+
+
+RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
+
+
+def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
+    if RANK == 0:
+        print(*args, **kwargs, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# 1. A command line's errors and exit codes, and the atomic write
+
+class UsageError(Exception):  # a mistake in the flags or the inputs: the command prints it and exits with 2
+    pass
+
+
+class DataError(Exception):  # the machine failed the run (offline, server down, disk full): exit code 1
+    pass
+
+
+def not_a_file(path):
+    """What path is when it is there but is not a regular file: "a directory", "a FIFO", "a
+    device" (/dev/null), "a socket", "a symlink loop"; "" for a file or nothing (yet) there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return "a symlink loop" if e.errno == errno.ELOOP else ""
+    kinds = [(stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+    return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
     """Write a whole file or nothing: a temporary file replaces path by a rename only if the
-    block ends cleanly. The project's one atomic write (bpe, data, train and kernels import it)."""
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    block ends cleanly. The project's one atomic write (bpe, data, train and kernels import it).
+
+    A symlink is written through (its target is replaced, the link stays). A path that is not
+    a regular file is refused: renaming over /dev/null would replace the device itself."""
+    path = os.path.realpath(path)
+    kind = not_a_file(path)
+    if kind:
+        raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
+    tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -22,8 +79,462 @@ def atomic_file(path, mode="wb"):
         os.replace(tmp, path)
     except OSError as e:          # a full disk fails f.write, which names no file: name path
         if e.filename in (None, tmp):
-            e.filename = os.fspath(path)
+            e.filename = path
         raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def quiet_while_starting(name):  # a Ctrl-C while torch loads (seconds): one line, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
+                                                   file=sys.stderr), os._exit(130)))
+
+
+def exit_code(name, command, interrupted):
+    """command()'s exit code, each fault one sentence on stderr, no traceback: 2 a usage mistake, 1 the
+    machine failed the run (no data, a full disk), 130 a Ctrl-C (`interrupted` then says what to do)."""
+    try:
+        return command()
+    except (UsageError, DataError) as e:
+        log(f"{name}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
+        log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
+        return 130
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
+        raise UsageError(f"{message} (see python {self.prog} --help)")
+
+
+# ----------------------------------------------------------------------------
+# 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
+
+RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
+RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
+MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
+NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
+    # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
+    ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
+    ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
+    ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
+    ("be positive", lambda v: v <= 0, lambda k, v: k in (
+        "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
+        "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
+        "benchmark_steps", "workers")),
+    ("not be negative", lambda v: v < 0, lambda k, v: k in (
+        "lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
+        "sample_tokens")),
+]
+
+
+def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
+    for words, wrong, applies in NUMBER_RULES:
+        for k, v in c.items():
+            if v is not None and applies(k, v) and wrong(v):
+                return f"--{k.replace('_', '-')} must {words}, got {v}."
+    return ""
+
+
+def writable(path):  # can the directory be created, or written if it exists?
+    path = next(p for p in (path, *path.parents) if p.exists())
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
+    p = Path(path)
+    if not_a_file(p):  # a FIFO or /dev/zero would be read forever
+        return f" is {not_a_file(p)}, not a file"
+    if not p.is_file():
+        return ": no such file"
+    return "" if os.access(p, os.R_OK) else " is not readable (permission denied)"
+
+
+def run_dir(c):
+    return Path(c["out_dir"]) / c["run_name"]
+
+
+def writes_run(c):  # --benchmark and --export read flags (and --export a run) but write no run directory
+    return not c["benchmark"] and c["export"] is None
+
+
+def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes one of its files, or ""
+    return next((f"{run_dir(c) / name} is {not_a_file(run_dir(c) / name)}" for name in RUN_FILES
+                 if not_a_file(run_dir(c) / name)), "")
+
+
+CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong row stops, so rows rely on those above
+    (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
+     "--max-iters and --total-tokens both set the run length; pass only one of them."),
+    (bad_number, bad_number),
+    (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
+     "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
+    (lambda c: c["data_is_file"] and unreadable(c["data"]),
+     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
+    (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
+     "--data {data} is empty; pass a file with text or token ids."),
+    (lambda c: c["val_data"] and not c["data_is_ids"],
+     "--val-data goes with --data PATH.npy only; text data is split automatically."),
+    (lambda c: c["val_data"] and unreadable(c["val_data"]),
+     lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
+    (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])),
+     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache; pick another."),
+    (lambda c: not c["data_is_ids"] and not c["benchmark"] and c["vocab_size"] < MIN_TEXT_VOCAB,
+     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
+    (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
+    (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
+     "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
+     "--nope."),
+    (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
+    (lambda c: not (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
+     "--beta1 and --beta2 must lie in [0, 1), got {beta1} and {beta2}."),
+    (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
+    (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
+    (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
+    (lambda c: c["resume"] and c["overwrite"],
+     "--resume continues a run and --overwrite replaces it; pass one of them."),
+    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
+     "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
+    (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
+     "--device {device}: unknown device; use cpu, cuda, cuda:N or mps."),
+    (lambda c: c["device"].startswith("cuda") and not _torch().cuda.is_available(),
+     "--device {device}: this PyTorch sees no CUDA GPU; use --device cpu."),
+    (lambda c: c["device"].startswith("mps") and not _torch().backends.mps.is_available(),
+     "--device {device}: MPS is not available here; use --device cpu."),
+    (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
+    (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not _torch().cuda.is_bf16_supported(),
+     "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
+    (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
+     "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
+    (lambda c: writes_run(c) and not writable(run_dir(c)),
+     "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
+    (lambda c: writes_run(c) and in_the_way(c),
+     lambda c: f"{in_the_way(c)} where the run writes a file; move it away or pick another --run-name."),
+    (lambda c: writes_run(c) and not (c["resume"] or c["overwrite"]) and any(
+        (run_dir(c) / f).exists() for f in RUN_MARKERS),
+     lambda c: f"{run_dir(c)} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
+     "--run-name."),
+]
+
+
+def check_flags(cfg, sources, is_ids):
+    """Raises UsageError at the first CHECKS row that cfg fails. sources: the --data values that
+    name a corpus rather than a file; is_ids(path): does a --data file hold token ids."""
+    c = dict(cfg, data_is_file=cfg["data"] not in sources, data_is_ids=is_ids(cfg["data"]))
+    for is_wrong, message in CHECKS:
+        if is_wrong(c):
+            raise UsageError(message(c) if callable(message) else message.format(**c))
+
+
+def check_samples(cfg, tok, tok_files, top, eot):
+    """The run ends by sampling: what would fail there is refused at the start instead. tok decodes
+    the samples (tok_files[0]: its vocab.json); top is the largest token id in the data; eot starts
+    a sample without --prompt."""
+    if tok is None:
+        if cfg["prompt"]:
+            raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
+                             "put its vocab.json and merges.txt there, or drop --prompt.")
+        return
+    if cfg["num_samples"] == 0:
+        return
+    n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
+    if top >= n:
+        raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
+                         "use the tokenizer that made the ids, or --num-samples 0.")
+    if V > n:
+        raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
+                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
+    try:
+        highest = max(tok.encode(cfg["prompt"] or eot))
+    except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from bytes on the command line that are not UTF-8
+        raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
+    if highest >= V:
+        what = "--prompt" if cfg["prompt"] else f"{eot}, which starts the samples,"
+        raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
+                         "read it; pass a larger --vocab-size, or --num-samples 0.")
+
+
+# ----------------------------------------------------------------------------
+# 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
+
+def prepare_run_dir(cfg, resuming):
+    """Rank 0 makes the run directory and clears what a run killed mid-write left (*.tmp*). An old
+    run there (CHECKS let it through on --overwrite) stays whole until the new first checkpoint."""
+    if cfg["rank"] == 0:
+        if not resuming and (run_dir(cfg) / "ckpt.pt").exists():
+            log(f"note: --overwrite: the run in {run_dir(cfg)} is replaced file by file from the new run's first "
+                "checkpoint")
+        run_dir(cfg).mkdir(parents=True, exist_ok=True)
+        for stale in run_dir(cfg).glob("*.tmp*"):
+            stale.unlink()
+
+
+def truncate_metrics(path, last_step):
+    """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
+    That step keeps its training line, not its validation line (saved before that evaluation)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+            if e["step"] < last_step or (e["step"] == last_step and "loss" in e):
+                keep.append(line)
+        except ValueError:  # a line cut short by the kill
+            pass
+    with atomic_file(path, "w") as f:
+        f.write("".join(line + "\n" for line in keep))
+
+
+def write_run_files(cfg, tok_files, start, new):
+    """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
+    A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
+    file whole; a resumed run keeps its tokenizer."""
+    where = run_dir(cfg)
+    for f in tok_files or ():
+        if new or not (where / f.name).exists():
+            with atomic_file(where / f.name) as copy:  # a full disk must not leave half a tokenizer
+                copy.write(f.read_bytes())
+    with atomic_file(where / "config.json", "w") as f:
+        f.write(json.dumps(cfg, indent=2) + "\n")
+    truncate_metrics(where / "metrics.jsonl", start)
+    if new:  # what an old run here left that this one does not make (yet)
+        for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
+            (where / name).unlink(missing_ok=True)
+
+
+
+def plot(metrics_path, png_path):
+    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time."""
+    import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
+        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
+        ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
+        ax.set(xlabel=label, ylabel="loss (nats/token)")
+        ax.legend()
+    fig.tight_layout()
+    with atomic_file(png_path) as f:
+        fig.savefig(f, format="png")
+    log(f"plot: {png_path}")
+
+# ----------------------------------------------------------------------------
+# 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+
+def read_checkpoint(src):
+    """A checkpoint's dict from a path or a binary file object, verified: torch.load checks none of the
+    CRC-32s that torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a
+    weight is refused, not loaded); weights_only: tensors and plain values, so loading a file cannot
+    run code. Raises ValueError naming the fault."""
+    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    try:
+        with zipfile.ZipFile(src) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
+    if bad is not None:
+        raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
+    if name != src:
+        src.seek(0)
+    try:
+        state = _torch().load(src, map_location="cpu", weights_only=True)
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+        raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    return state
+
+
+# Batches are random windows, so the data stream's position is the batch generator's state (plus
+# the step count): it goes into every checkpoint with torch's RNG states, and a resumed run is exact.
+def rng_state(batch_gen):
+    torch = _torch()
+    state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state, batch_gen):
+    torch = _torch()
+    batch_gen.set_state(state["batch_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def check_state(state, model, optimizer=None, name="the checkpoint"):
+    """Raises ValueError unless a checkpoint's dict fits model (unwrapped) and optimizer: its entries,
+    every shape, the iteration. Checked before anything is loaded, so a bad one changes nothing."""
+    for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
+        if key not in state:
+            raise ValueError(f"{name} has no {key!r} entry")
+    it, own, saved = state["iteration"], model.state_dict(), state["model"]
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
+        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    keys = set(saved) if isinstance(saved, dict) else set()
+    if keys != own.keys():
+        raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
+                         f"{sorted(keys - own.keys())[:3]} too many")
+    for k, v in own.items():
+        if not isinstance(saved[k], type(v)) or saved[k].shape != v.shape:  # type(v): torch.Tensor
+            raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
+                             f"the model's {tuple(v.shape)}")
+    if optimizer is not None and not _fits_optimizer(state["optimizer"], optimizer):
+        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
+
+
+def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and every moment of its parameter's shape
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    try:
+        if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
+            return False
+        return all(0 <= i < len(params) and all(tuple(getattr(v, "shape", ())) in ((), tuple(params[i].shape))
+                                                for v in s.values()) for i, s in saved["state"].items())
+    except (TypeError, KeyError, AttributeError):
+        return False
+
+
+# What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
+TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", "lr", "min_lr", "warmup_iters",
+                   "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
+
+
+def verify_resume(cfg, ckpt_path, model_keys, model, optimizer):
+    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it is
+    damaged, does not fit model and optimizer (this config's, on the meta device), or its config differs
+    on what shapes the trajectory (model_keys: TransformerLM's shape and ablations)."""
+    if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
+        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
+        return None
+    try:
+        state = read_checkpoint(ckpt_path)
+        old = state.get("config") if isinstance(state.get("config"), dict) else {}
+        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in (*model_keys, *TRAJECTORY_KEYS)
+                if old.get(k) != cfg[k]]
+        if diff:
+            raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
+                             f"{', '.join(diff)}.")
+        check_state(state, model, optimizer, name=ckpt_path)
+        if state["iteration"] > cfg["max_iters"]:
+            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
+                             "steps")
+        try:  # both are CPU generator states: a spare generator tries them
+            for key in ("batch_rng", "torch_rng"):
+                _torch().Generator().set_state(state["rng"][key])
+        except (KeyError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{ckpt_path} holds no valid RNG state ({type(e).__name__})") from None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
+    return state
+
+
+def check_same_data(state, cfg, ckpt_path):
+    """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
+    old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
+    if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
+        what = "tokenizer" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
+        raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
+                         f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
+                         "--overwrite.")
+
+
+# ----------------------------------------------------------------------------
+# 5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
+
+@contextlib.contextmanager
+def stop_requests(cfg):
+    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
+    so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
+    asked = []
+
+    def handler(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+        log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
+
+    def stopped():  # under DDP every process must stop at the same step: one's signal stops all
+        if cfg["world_size"] == 1:
+            return bool(asked)
+        torch = _torch()
+        s = torch.tensor([float(bool(asked))], device=cfg["device"])
+        torch.distributed.all_reduce(s)
+        return bool(s.item())
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+
+def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
+    if math.isfinite(loss) and (norm is None or math.isfinite(norm)):
+        return False
+    what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
+    log(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
+        "--grad-clip.", file=sys.stderr)
+    return True
+
+@contextlib.contextmanager
+def disk_full(where, then):
+    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
+    written whole or not at all (atomic_file removes its temporary file), so what was there stays.
+    The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
+    a failed write() names no file: then `where` is named."""
+    try:
+        yield
+    except Exception as e:
+        cause = e  # down the chain a traceback would show
+        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+        if cause is None:
+            raise
+        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
+                        f"then {then}.") from None
+
+
+def rank0_first(cfg, prepare):
+    """prepare() on rank 0 first (a full disk under --data-dir is one sentence); under torchrun the others
+    wait for its verdict (its error stops all with one sentence), then open what it cached by prepare()."""
+    err, prepared = [None], None
+    if cfg["rank"] == 0:
+        try:
+            with disk_full(cfg["data_dir"], "run the same command again"):
+                prepared = prepare()
+        except (UsageError, DataError) as e:
+            err = [e]
+    if cfg["world_size"] > 1:
+        _torch().distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
+    if err[0]:
+        raise err[0]
+    return prepared or prepare()
+
+
+GROUP_TIMEOUT = datetime.timedelta(hours=6)
+
+
+@contextlib.contextmanager
+def process_group(cfg):
+    """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
+    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
+    if ddp and cuda:
+        _torch().cuda.set_device(cfg["device"])
+    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
+    try:
+        yield
+        if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it
+            _torch().distributed.barrier()
+    finally:
+        if ddp:
+            _torch().distributed.destroy_process_group()
