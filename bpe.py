@@ -1,14 +1,12 @@
 """
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
-Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent
-pair into a new token; encoding replays the learned merges in order. The lesson, in reading
-order: the GPT-2 pre-tokenizer and special tokens; the naive trainer (the definition); the
-incremental trainer (pair counts, the words of each pair, a max-heap with lazy deletion),
-compiled by numba; train_bpe; GPT-2's file format; the Tokenizer, whose plain encode merges
-one pre-token at a time; the command line. The engine, bpe_fast.py, takes over big jobs at a
-few marked calls, each with a sentence on what it does differently; test_all.py checks that
-it gives the same pre-tokens, merges and ids.
+Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair
+into a new token; encoding replays the learned merges in order. In reading order: the GPT-2
+pre-tokenizer, the naive trainer (the definition), the incremental trainer (compiled by numba),
+train_bpe, GPT-2's file format, the Tokenizer with a plain encode, the command line. The engine,
+bpe_fast.py, takes over big jobs at a few marked calls; test_all.py checks that it gives the
+same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -16,6 +14,7 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 
 import argparse
 import errno
+import heapq
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from collections import Counter
 
 import numpy as np
 import regex
-from numba import njit, types
+from numba import njit
 from numba.extending import overload, register_jitable
 from numba.typed import List
 
@@ -41,8 +40,7 @@ from safety import atomic_file
 # punctuation, whitespace not followed by a non-space (" word" keeps its space), whitespace.
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PAT)
-# The same pattern for pure-ASCII text: the standard library's re runs it faster than the
-# regex package runs GPT2_PAT, with the same pre-tokens (a test checks it on random ASCII).
+# The same pattern for ASCII text, which the standard library's re runs faster (same pre-tokens).
 _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""",
                                 re.ASCII)
 
@@ -108,12 +106,9 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
         for w, c in words.items():
             out, i = [], 0
             while i < len(w):
-                if w[i:i + 2] == best:
-                    out.append(best[0] + best[1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
+                hit = w[i:i + 2] == best
+                out.append(best[0] + best[1] if hit else w[i])
+                i += 2 if hit else 1
             merged[tuple(out)] += c
         words = merged
     return vocab, merges
@@ -122,20 +117,17 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # -----------------------------------------------------------------------------
 # 3. The incremental trainer: the same merges without recounting everything
 #
-# A merge (a, b) -> t changes only the words that contain (a, b), and in them only the
-# pairs around it: (x, a)(a, b)(b, y) -> (x, t)(t, y). So the trainer keeps, across merges:
+# A merge (a, b) -> t changes only the words that contain (a, b), and in them only the pairs
+# around it: (x, a)(a, b)(b, y) -> (x, t)(t, y). So the trainer keeps, across merges:
 # - counts: {pair: count}, the naive trainer's pair counts, kept up to date;
-# - where: {pair: the words that contain it}. A merge visits only its pair's words; a list
-#   may name a word that has lost the pair since (it is skipped);
-# - heap: a max-heap of (count, pair), ranked as the naive trainer's max() ranks them. A
-#   count that changes is pushed again rather than found and fixed (lazy deletion): an entry
-#   whose count is no longer its pair's is dropped when it comes out on top.
-# Each distinct pre-token ("word") is stored once, its tokens in one array and its count
-# beside them. A merge takes the pairs of each of its words out of the counts, merges the
-# word in place and puts the new pairs back. Tokens are ints (t = 256 + merge number) and a
-# pair is one int, left << 32 | right. The code uses only ints, numpy arrays, dicts and
-# lists, so the same source runs as plain Python (a small job: nothing to compile) and
-# compiled by numba at C speed; its helpers are register_jitable for that reason.
+# - where: {pair: the words that contain it}; a word that lost the pair since stays the same;
+# - heap: a max-heap of (count, pair). A count that changes is pushed again rather than found
+#   and fixed (lazy deletion): an entry whose count is stale is dropped when it comes on top.
+# Each distinct pre-token ("word") is stored once, with its count. A merge takes its words'
+# pairs out of the counts, merges each word in place and puts its pairs back. A token is an
+# int (256 + merge number), a pair one int (left << 32 | right). Only ints, numpy arrays, dicts
+# and lists: the same source runs as plain Python (small jobs: nothing to compile) and compiled
+# by numba; its helpers are register_jitable for that reason.
 
 def _words_list(w):
     """[w]: a new list of words (numba: a typed list, which a dict can hold)."""
@@ -144,11 +136,7 @@ def _words_list(w):
 
 @overload(_words_list)
 def _words_list_compiled(w):
-    def new_list(w):
-        out = List.empty_list(types.int64)
-        out.append(w)
-        return out
-    return new_list
+    return lambda w: List([w])
 
 
 def _ints(a):
@@ -162,6 +150,9 @@ def _ints_compiled(a):
     return lambda a: a.astype(np.int64)
 
 
+_NO_PAIR = -1      # a key that no pair has (the dicts' first entry gives numba their types)
+
+
 @register_jitable
 def _list_word(where, pair, w):
     """Put word w on pair's list, once."""
@@ -172,54 +163,33 @@ def _list_word(where, pair, w):
 
 
 @register_jitable
-def _bytes_greater(tokens, x, y):
-    """Token x's bytes are greater than token y's, as Python compares bytes."""
-    bx, by = tokens[x], tokens[y]
-    k = 0
+def _pair_greater(tokens, p, q):
+    """Pair p is greater than pair q as byte strings (left, then right): the naive trainer's
+    tie-break, for tokens[x] the bytes of token x."""
+    x, y = (p >> 32, q >> 32) if p >> 32 != q >> 32 else (p & 0xFFFFFFFF, q & 0xFFFFFFFF)
+    bx, by, k = tokens[x], tokens[y], 0
     while k < min(len(bx), len(by)) and bx[k] == by[k]:
         k += 1
-    if k < min(len(bx), len(by)):
-        return bx[k] > by[k]
-    return len(bx) > len(by)
+    return bx[k] > by[k] if k < min(len(bx), len(by)) else len(bx) > len(by)
 
 
 @register_jitable
-def _ranks_above(tokens, entry, other):
-    """Heap entry (count, pair) comes before other: the greater count, then the greater pair
-    of byte strings, as max() over (count, (left bytes, right bytes)) decides."""
-    (c1, p1), (c2, p2) = entry, other
-    if c1 != c2:
-        return c1 > c2
-    if p1 >> 32 != p2 >> 32:
-        return _bytes_greater(tokens, p1 >> 32, p2 >> 32)
-    return _bytes_greater(tokens, p1 & 0xFFFFFFFF, p2 & 0xFFFFFFFF)
-
-
-@register_jitable
-def _heap_push(heap, tokens, entry):
-    heap.append(entry)
-    i = len(heap) - 1
-    while i > 0 and _ranks_above(tokens, heap[i], heap[(i - 1) // 2]):
-        heap[i], heap[(i - 1) // 2] = heap[(i - 1) // 2], heap[i]
-        i = (i - 1) // 2
-
-
-@register_jitable
-def _heap_pop(heap, tokens):
-    """Remove the top entry of the heap and return it."""
-    top, last = heap[0], heap.pop()
-    i = 0
-    while len(heap) > 0:
-        heap[i] = last
-        best = i
-        for child in (2 * i + 1, 2 * i + 2):
-            if child < len(heap) and _ranks_above(tokens, heap[child], heap[best]):
-                best = child
-        heap[i], heap[best] = heap[best], last
-        if best == i:
-            break
-        i = best
-    return top
+def _pop_best(heap, counts, tokens):
+    """The pair to merge next, or _NO_PAIR when none is left. heap holds (-count, pair), so
+    Python's min-heap gives the greatest count; among the pairs of that count the greatest
+    bytes win and the others go back. Stale entries are dropped on the way."""
+    best, ties = (0, _NO_PAIR), heap[:0]
+    while len(heap) > 0 and (best[1] == _NO_PAIR or heap[0][0] == best[0]):
+        entry = heapq.heappop(heap)
+        if -entry[0] != counts[entry[1]] or entry[1] == best[1]:
+            continue                                   # stale: the count has changed
+        if best[1] == _NO_PAIR or _pair_greater(tokens, entry[1], best[1]):
+            best, entry = entry, best
+        if entry[1] != _NO_PAIR:
+            ties.append(entry)
+    for entry in ties:
+        heapq.heappush(heap, entry)
+    return best[1]
 
 
 @register_jitable
@@ -231,15 +201,6 @@ def _count_pairs(tok, start, n, weight, counts):
             counts[pair] += weight
         else:
             counts[pair] = weight
-
-
-@register_jitable
-def _has_pair(tok, start, n, a, b):
-    """tok[start:start + n] holds the pair (a, b)."""
-    i = start
-    while i < start + n - 1 and not (tok[i] == a and tok[i + 1] == b):
-        i += 1
-    return i < start + n - 1
 
 
 @register_jitable
@@ -256,9 +217,6 @@ def _merge_word(tok, start, n, a, b, t):
     return out - start
 
 
-_NO_PAIR = -1       # a key that no pair has: the dicts' first entry, which gives numba their types
-
-
 def _merge_loop(ids, word_start, word_count, num_merges):
     """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge m makes token
     256 + m. ids: (P,) the bytes of all words end to end; word_start: (W+1,) offsets;
@@ -271,24 +229,20 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         for i in range(word_start[w], word_start[w] + length[w] - 1):
             _list_word(where, tok[i] << 32 | tok[i + 1], w)
     tokens = [np.array([b], np.uint8) for b in range(256)]    # the bytes of each token
-    entries = [(counts[p], p) for p in counts if counts[p] > 0]
-    heap = entries[:0]
-    for entry in entries:
-        _heap_push(heap, tokens, entry)
+    heap = [(-counts[p], p) for p in counts if counts[p] > 0]
+    heapq.heapify(heap)
     lefts, rights = np.empty(num_merges, np.int64), np.empty(num_merges, np.int64)
     m = 0
-    while m < num_merges and len(heap) > 0:
-        c, pair = _heap_pop(heap, tokens)
-        if c != counts[pair]:
-            continue                                   # stale: the count has changed
+    while m < num_merges:
+        pair = _pop_best(heap, counts, tokens)
+        if pair == _NO_PAIR:
+            break
         a, b, t = pair >> 32, pair & 0xFFFFFFFF, 256 + m
         lefts[m], rights[m] = a, b
         tokens.append(np.concatenate((tokens[a], tokens[b])))
-        changes = {pair: c - c}    # this merge's changes of counts (its own falls to 0)
+        changes = {pair: 0}        # this merge's changes of counts (its own falls to 0)
         for w in where.pop(pair):
             s, c_w = word_start[w], word_count[w]
-            if not _has_pair(tok, s, length[w], a, b):
-                continue                               # the word lost the pair since
             _count_pairs(tok, s, length[w], -c_w, changes)
             length[w] = _merge_word(tok, s, length[w], a, b, t)
             _count_pairs(tok, s, length[w], c_w, changes)
@@ -298,13 +252,15 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         for p, d in changes.items():
             counts[p] = counts[p] + d if p in counts else d
             if d != 0 and counts[p] > 0:
-                _heap_push(heap, tokens, (counts[p], p))
+                heapq.heappush(heap, (-counts[p], p))
         m += 1
     return lefts[:m], rights[:m]
 
 
 # The same source compiled (once per machine, then loaded from numba's disk cache).
 _merge_loop_compiled = njit(cache=True)(_merge_loop)
+
+
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
@@ -336,8 +292,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
 
 
 def count_pretokens(input_path, special_tokens=()):
-    """{pre-token string: count} over the whole file; special tokens split the text and
-    are not counted."""
+    """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
     split_re = _special_split_re(_check_special_tokens(special_tokens))
     text = _read_text(input_path)
     counts = Counter()
@@ -370,9 +325,8 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     num_merges = max(0, vocab_size - 256 - len(special_tokens))
     small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):
-        # The engine runs this loop compiled, with records laid out for the processor's
-        # caches, word lists it prefetches and one merge's changes gathered first; it learns
-        # the same merges.
+        # The engine runs this loop compiled, its data laid out for the processor's caches and
+        # prefetched, changing only the pairs next to a merge; it learns the same merges.
         loop = bpe_fast.merge_loop
     lefts, rights = (loop or _merge_loop)(ids, word_start, word_count, num_merges)
     tokens = [bytes([b]) for b in range(256)]          # internal id -> bytes
@@ -437,8 +391,7 @@ def _load_vocab_file(path):
 
 def _check_id(i, where):
     """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
-    token files (and of the Tokenizer's pair keys, left id * V + right id in int64).
-    where() names the token in the error."""
+    token files and of the engine's pair keys. where() names the token in the error."""
     if type(i) is int and 0 <= i < 1 << 32:
         return i
     if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
@@ -460,16 +413,12 @@ def _show(tok):
 
 def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}",
                   vocab_name="the vocab", exact=False):
-    """The one check that merges fit a vocab {id: bytes}. The rule: (1) left, right and
-    left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens
-    are exactly what the merges make, in order: merge k makes the k-th, from two tokens of
-    lower id. A merged token has 2+ bytes and is two tokens of lower id joined, unless it is
-    a declared special token; one that no two tokens join into (GPT-2's <|endoftext|>) is a
-    special token wherever it sits. So train_bpe's files (specials right after the bytes)
-    and GPT-2's (<|endoftext|> after the merges) pass; a swapped pair of merges, a missing
-    one or a truncated merges file fail. exact=False (Tokenizer(vocab, merges)) lets merges
-    be the first few of the vocab's; a file (exact=True) must make them all. where(k) names
-    merge k in an error, where(None) the merges as a whole."""
+    """The one check that merges fit a vocab {id: bytes}: (1) left, right and left + right of
+    every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
+    tokens of lower id joined, not a declared special token) are what the merges make, in
+    order. So train_bpe's files and GPT-2's (<|endoftext|> after the merges) pass; swapped,
+    missing or cut merges fail. exact=False (Tokenizer(vocab, merges)) lets merges be the first
+    few of the vocab's. where(k) names merge k in an error, where(None) the merges file."""
     token_id = {b: i for i, b in sorted(vocab.items(), reverse=True)}   # lowest id wins
     made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
@@ -535,10 +484,6 @@ def _read_merges_file(path):
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
-# Cuts of a str that cannot change its pre-tokens: before a space followed by a non-space
-# (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)' backs off to
-# end just before it), and after a lone newline between two non-spaces.
-_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 
 
 class Tokenizer:
@@ -566,13 +511,14 @@ class Tokenizer:
         self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
-        # {(left id, right id): (rank, merged id)}: a merge's rank is its place in merges
-        # (a repeated pair keeps its first).
+        # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
         self._merge_rank = {}
         for rank, (left, right) in enumerate(self.merges):
             self._merge_rank.setdefault((token_id[left], token_id[right]),
                                         (rank, token_id[left + right]))
-        self._cache, self._plain_chars, self._engine = {}, 0, None
+        self._cache, self._plain_chars = {}, 0
+        self._engine = bpe_fast.Encoder(self._byte_ids, self._merge_rank,    # (see encode)
+                                        {s.encode("utf-8"): i for s, i in self._special_ids.items()})
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
@@ -609,12 +555,9 @@ class Tokenizer:
                 break
             merged, out, i = self._merge_rank[pair][1], [], 0
             while i < len(ids):
-                if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(ids[i])
-                    i += 1
+                hit = tuple(ids[i:i + 2]) == pair
+                out.append(merged if hit else ids[i])
+                i += 2 if hit else 1
             ids = out
         return ids
 
@@ -636,9 +579,6 @@ class Tokenizer:
 
     def _encode_compiled(self, data):
         """(N,) uint32 ids of the UTF-8 bytes data, by the engine (see encode)."""
-        if self._engine is None:
-            self._engine = bpe_fast.Encoder(self._byte_ids, self._merge_rank,
-                                            {s.encode("utf-8"): i for s, i in self._special_ids.items()})
         return self._engine.encode(data)
 
     @bpe_fast.ctrl_c_stays_keyboard_interrupt
@@ -653,28 +593,11 @@ class Tokenizer:
         return self._encode_plain(text)
 
     def encode_iterable(self, iterable):
-        """Lazily yield the ids of "".join(iterable) holding about _STREAM_CHARS of text:
-        cuts only at _STREAM_CUT places outside special tokens, so the ids equal encode's."""
-        margin = max((len(s) for s in self.special_tokens), default=1)
-        buf = ""
-        for piece in iterable:
-            buf += piece
-            if len(buf) < _STREAM_CHARS:
-                continue
-            cut = -1
-            hi = len(buf) - margin - 1        # leave room to see a special token across it
-            for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
-                if m.start() > 0 and not bpe_fast.inside_special(buf, m.start(), self.special_tokens):
-                    cut = m.start()
-            if cut <= 0:
-                if len(buf) > (1 << 22):
-                    raise ValueError("encode_iterable found no place to cut 4M characters of text "
-                                     "(no space or single newline before a non-space); use encode()")
-                continue
-            yield from self.encode(buf[:cut])
-            buf = buf[cut:]
-        if buf:
-            yield from self.encode(buf)
+        """Lazily yield the ids of "".join(iterable), in constant memory: the engine cuts the
+        stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the
+        ids equal encode's."""
+        for piece in bpe_fast.stream_pieces(iterable, self.special_tokens, _STREAM_CHARS):
+            yield from self.encode(piece)
 
     def decode(self, ids):
         """Text of ids: a list, numpy array, torch tensor or any iterable of integers."""

@@ -128,9 +128,12 @@ def _next_pretoken(data, i, n, classes):
 # -----------------------------------------------------------------------------
 # 2. Chunks, worker processes, Ctrl-C
 
-# Places where a cut of the bytes cannot change the pre-tokens, as bpe._STREAM_CUT for str:
-# before a space followed by a non-space, after a lone newline between two non-spaces. The
-# non-space is ASCII or a UTF-8 lead byte of a range without Unicode whitespace.
+# Places where a cut cannot change the pre-tokens: (1) before a space followed by a non-space
+# (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)' backs off to
+# end just before it); (2) after a lone newline between two non-spaces. _STREAM_CUT is for
+# str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a
+# UTF-8 lead byte of a range without Unicode whitespace.
+_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 _SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
@@ -138,10 +141,35 @@ _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cu
 _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def inside_special(buf, p, specials):
+def _inside_special(buf, p, specials):
     """True if an occurrence of a special token in buf straddles position p."""
     return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
                for s in specials)
+
+
+def stream_pieces(iterable, special_tokens, piece_chars):
+    """The text of iterable (of str) again, as pieces of about piece_chars characters or more,
+    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable)."""
+    margin = max((len(s) for s in special_tokens), default=1)
+    buf = ""
+    for text in iterable:
+        buf += text
+        if len(buf) < piece_chars:
+            continue
+        cut = -1
+        hi = len(buf) - margin - 1        # leave room to see a special token across it
+        for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
+            if m.start() > 0 and not _inside_special(buf, m.start(), special_tokens):
+                cut = m.start()
+        if cut <= 0:
+            if len(buf) > (1 << 22):
+                raise ValueError("encode_iterable found no place to cut 4M characters of text "
+                                 "(no space or single newline before a non-space); use encode()")
+            continue
+        yield buf[:cut]
+        buf = buf[cut:]
+    if buf:
+        yield buf
 
 
 def _find_cut(f, pos, stop, size, cut_re, special_bytes):
@@ -156,7 +184,7 @@ def _find_cut(f, pos, stop, size, cut_re, special_bytes):
             p = m.start()
             if p > len(buf) - margin and lo + len(buf) < size:
                 break                   # too close to the window edge to judge: slide on
-            if not inside_special(buf, p, special_bytes):
+            if not _inside_special(buf, p, special_bytes):
                 return lo + p
         pos = lo + max(pos - lo + 1, len(buf) - margin)
     return None

@@ -946,7 +946,7 @@ def test_bpe_safe_cuts_never_change_the_pretokens():
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         whole = regex.findall(bpe.GPT2_PAT, text)
-        cuts = [m.start() for m in bpe._STREAM_CUT.finditer(text)]
+        cuts = [m.start() for m in bpe_fast._STREAM_CUT.finditer(text)]
         data = text.encode("utf-8")
         cuts += [len(data[:m.start()].decode("utf-8")) for m in regex.finditer(bpe_fast._SAFE_CUT, data)]
         for c in cuts:
