@@ -123,14 +123,13 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # - where: {pair: the words that contain it}; a word that lost the pair since stays the same;
 # - heap: a max-heap of (count, pair). A count that changes is pushed again rather than found
 #   and fixed (lazy deletion): an entry whose count is stale is dropped when it comes on top.
-# Each distinct pre-token ("word") is stored once, with its count. A merge takes its words'
-# pairs out of the counts, merges each word in place and puts its pairs back. A token is an
-# int (256 + merge number), a pair one int (left << 32 | right). Only ints, numpy arrays, dicts
-# and lists: the same source runs as plain Python (small jobs: nothing to compile) and compiled
-# by numba; its helpers are register_jitable for that reason.
+# Each distinct pre-token ("word") is stored once, with its count; a merge takes its words'
+# pairs out of the counts, merges each word in place and puts its pairs back. A token is an int
+# (256 + merge number), a pair one int (left << 32 | right). Only ints, arrays, dicts and lists:
+# the same source runs as Python (small jobs) and compiled by numba (helpers: register_jitable).
 
 def _words_list(w):
-    """[w]: a new list of words (numba: a typed list, which a dict can hold)."""
+    """[w], a new list of words (numba: a typed list, which a dict can hold)."""
     return [w]
 
 
@@ -264,8 +263,8 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
-# Up to this much work the merge loop runs as plain Python, unless the engine's loop is
-# already loaded in this process: a small job (any file of 130 KB) never waits for numba.
+# Up to this much work the merge loop runs as plain Python (unless the engine's is loaded):
+# a small job (any file of 130 KB) never waits for numba.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
 
@@ -295,10 +294,8 @@ def count_pretokens(input_path, special_tokens=()):
     """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
     split_re = _special_split_re(_check_special_tokens(special_tokens))
     text = _read_text(input_path)
-    counts = Counter()
-    for part in split_re.split(text)[::2] if split_re else [text]:
-        counts.update(pretokenize(part))
-    return counts
+    return Counter(w for part in (split_re.split(text)[::2] if split_re else [text])
+                   for w in pretokenize(part))
 
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
@@ -522,8 +519,7 @@ class Tokenizer:
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
-        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath,
-                                     special_tokens)
+        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath, special_tokens)
 
     @classmethod
     def _with_merges_file(cls, vocab, merges_filepath, special_tokens):
@@ -538,11 +534,10 @@ class Tokenizer:
                                      for l, r in self.merges]
         with atomic_file(vocab_filepath, "w") as f:
             f.write(json.dumps(inv, ensure_ascii=False, indent=0))
-            f.flush()                # a full disk fails here (or in the block below) ...
+            f.flush()       # a full disk fails here or below, before either file is replaced
             os.fsync(f.fileno())
-            with atomic_file(merges_filepath, "w") as g:
+            with atomic_file(merges_filepath, "w") as g:        # renamed first, vocab.json next
                 g.write("\n".join(lines) + "\n")
-        # ... before either file is replaced: merges.txt is renamed first, vocab.json next
 
     def _merge_pretoken(self, word):
         """BPE of one pre-token: merge the adjacent pair of lowest rank, at every place it
@@ -577,10 +572,6 @@ class Tokenizer:
                 ids += self._cache[word]
         return ids
 
-    def _encode_compiled(self, data):
-        """(N,) uint32 ids of the UTF-8 bytes data, by the engine (see encode)."""
-        return self._engine.encode(data)
-
     @bpe_fast.ctrl_c_stays_keyboard_interrupt
     def encode(self, text):
         """Ids of text."""
@@ -588,7 +579,7 @@ class Tokenizer:
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own
             # scanner, the merges in a hash table and a cache of pre-tokens in arrays; it gives
             # the same ids. It takes over once loaded, or when the text pays for loading it.
-            return self._encode_compiled(text.encode("utf-8")).tolist()
+            return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
         return self._encode_plain(text)
 
@@ -659,6 +650,8 @@ def _cmd_encode(args):
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
     tok = Tokenizer._with_merges_file(vocab, os.path.join(args.tokenizer, "merges.txt"), specials)
     t0 = time.perf_counter()
+    # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
+    # atomically; the ids are encode's.
     n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)

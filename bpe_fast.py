@@ -15,9 +15,9 @@ numba's lessons, learned here once and followed everywhere below:
   again, is reference counted: an atomic add and subtract per array per call, which in a hot
   loop costs more than the work. So a hot loop never replaces an array (it stops when room
   runs out; its caller makes room and calls it again), and its per-item helpers are inlined.
-- One way through a helper. numba removes those counts only where a helper has one way
-  through: no early return and no branch around a write. So helpers return in one place,
-  and write with arithmetic where a branch would do (`x += flag * (new - x)`).
+- One way through a helper. numba removes those counts only where an inlined helper has one
+  way through: no early return, no branch around a write. So those helpers return in one
+  place and write with arithmetic where a branch would do (`x += flag * (new - x)`).
 - Prefetch. Late merges spend their time waiting for words scattered over memory; asking
   the processor for the next words ahead of need (an LLVM intrinsic) overlaps those waits.
 """
@@ -229,13 +229,6 @@ def check_input_file(path):
     return size
 
 
-def _read_bytes(path, start=0, end=None):
-    """Bytes [start, end) of the file."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(-1 if end is None else end - start)
-
-
 def check_utf8(data, path, start):
     """data (bytes-like, read at byte start of path) decoded; ValueError with the file
     offset of the first bad byte if it is not UTF-8."""
@@ -247,9 +240,8 @@ def check_utf8(data, path, start):
 
 
 def _worker_pool(n, *initializer):
-    """A multiprocessing pool of n forked workers. Ctrl-C is held while they fork: a KeyboardInterrupt raised inside
-    fork's own hooks would be printed and dropped; held, it arrives once the pool exists. The
-    workers keep it blocked: the parent stops them."""
+    """A multiprocessing pool of n forked workers. Ctrl-C is held while they fork (raised in
+    fork's hooks, it would be dropped); the workers keep it blocked: the parent stops them."""
     mask = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
     old = mask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -262,10 +254,9 @@ _ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (se
 
 
 def ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C is still a KeyboardInterrupt: one that arrives while compiled code
-    runs is noticed by numba only as its function returns, and reported as a SystemError whose
-    chain of causes holds the KeyboardInterrupt; one that catch_ctrl_c held back is raised as f
-    returns."""
+    """f, where a Ctrl-C is still a KeyboardInterrupt: numba reports one that came while
+    compiled code ran as a SystemError caused by it; one that catch_ctrl_c held back is raised
+    as f returns."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         global _ctrl_c_held
@@ -287,10 +278,8 @@ def ctrl_c_stays_keyboard_interrupt(f):
 
 def catch_ctrl_c():
     """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
-    numba's Python code runs (its compiler, its callbacks from llvmlite and the garbage
-    collector), where it would be swallowed (a traceback, and the run goes on) or leave a
-    compile half done (a RuntimeError). There it is held, and raised when the bpe.py call
-    that ran numba (train_bpe, encode, encode_file) returns."""
+    numba's Python code runs (its compiler, its callbacks), where it would be swallowed or break
+    a compile: there it is held, and raised as the call that ran numba returns."""
     def interrupt(signum, frame):
         global _ctrl_c_held
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
@@ -309,22 +298,19 @@ def _plan_chunks(input_path, special_tokens, num_workers):
     n_chunks = -(-size // _CHUNK_BYTES)
     if num_workers > 1 and size >= (1 << 20):
         n_chunks = max(n_chunks, num_workers)
-    return num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens],
-                                      n_chunks)
+    return num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
 
 
 # -----------------------------------------------------------------------------
 # 3. Counting pre-tokens in worker processes, into hash tables keyed by their bytes
 #
-# bpe.count_pretokens for big files, in compiled code: the scanner finds each pre-token and
-# a hash table keyed by its bytes counts it, so no Python str is made per pre-token.
-# A table is three numpy arrays (open addressing, linear probing). Word w (a distinct
-# pre-token) is word_bytes[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times: its start and count side by
-# side and the next word's start right after, so that a look-up touches few cache lines (the
-# tables of web text outgrow the caches). slots[hash & mask] holds tag << 32 | w, the tag
-# being other bits of the hash, so that most wrong slots are passed without reading their
-# word; -1 is empty. Each worker reads its own contiguous run of chunks 4 MiB at a time into
-# one table and returns (rec, word_bytes); the parent merges those few tables, in compiled code.
+# bpe.count_pretokens for big files, compiled: the scanner finds each pre-token and a hash
+# table keyed by its bytes counts it (no Python str per pre-token). A table is three arrays
+# (open addressing, linear probing): word w (a distinct pre-token) is word_bytes[rec[2w]:
+# rec[2w + 2]], seen rec[2w + 1] times, so a look-up touches few cache lines; slots[hash & mask]
+# holds tag << 32 | w (-1: empty), the tag being other bits of the hash, so most wrong slots
+# are passed without reading their word. Each worker counts its own run of chunks, 4 MiB at a
+# time, into one table; the parent merges those few tables.
 COMPILED_COUNT_MIN = 1 << 20   # smaller files take bpe.py's path: nothing to compile or load
 
 
@@ -395,7 +381,7 @@ def _word_table_find(slots, rec, word_bytes, src, i, j, h):
     """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
     mask = slots.shape[0] - 1
     s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
-    while not found and slots[s] >= 0:            # one return, at the end (see section 4)
+    while not found and slots[s] >= 0:            # one return, at the end (see the top of this file)
         w = slots[s] & 0xFFFFFFFF
         a = rec[2 * w]
         found = slots[s] >> 32 == tag and rec[2 * w + 2] - a == j - i
@@ -429,7 +415,7 @@ def _word_table_add(table, n, src, i, j, h, c):
 def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
     """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
     does not fit. Returns (i, n): i = e when done, else where that word starts. It never
-    replaces an array, so that its compiled loop counts no references (see section 4)."""
+    replaces an array, so that its compiled loop counts no references (see the top of this file)."""
     room = True
     while room and i < e:
         j = _next_pretoken(data, i, e, classes)
@@ -847,9 +833,8 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
     """Add d to the count of pair key in one merge's table of changes (rows as in the pair
     table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
     is checked by the caller. Returns (n_used, n_entries)."""
-    # No branch (see the top of this section); numba's inliner also warns about variables
-    # assigned under one. int(): interpreted, Python ints do this arithmetic faster than
-    # numpy's scalars.
+    # No branch (see the top of this file); numba's inliner also warns about variables
+    # assigned under one.
     s = _hash_slot(rows, key)
     new_key = int(rows[s, 0] == _EMPTY)
     first, last = int(rows[s, 2]), int(rows[s, 3])
@@ -1083,8 +1068,8 @@ def _load_compiled_merge_loop():
 # numpy arrays held by an Encoder, so that a call costs little more than its own bytes:
 #   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
 #                        value = rank << 32 | merged id (-1: empty slot)
-#   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
-#                        used; [259] slots in use, [260] slots to start with; from _SLOTS_AT
+#   state  int64         [0, 256) the id of each byte; then (named below) the cache's entries,
+#                        bytes and ids used, slots in use, slots to start with; from _SLOTS_AT
 #                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
 #                        length, id offset << 24 | number of ids (0: empty)
 #   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
@@ -1099,7 +1084,7 @@ _CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most ha
 _CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
 _CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
 _CACHE_IDS = 1 << 20     # ids of cached pre-tokens
-_SLOTS_AT = 264
+_N_ENTRIES, _N_BYTES, _N_IDS, _N_SLOTS, _FIRST_SLOTS, _SLOTS_AT = 256, 257, 258, 259, 260, 264
 _SHORT_WORD = 16         # longer pre-tokens merge with a heap instead of rescanning all pairs
 _CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
 _NO_MERGE = 1 << 62
@@ -1144,7 +1129,7 @@ def _merge_value(pairs, a, b):
     key = np.int64(a) << 32 | np.int64(b)
     mask = (pairs.shape[0] >> 1) - 1
     s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
-    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see section 4)
+    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see the top of this file)
         s = (s + 1) & mask
     v = pairs[2 * s + 1]
     return _NO_MERGE if v < 0 else v
@@ -1152,8 +1137,8 @@ def _merge_value(pairs, a, b):
 
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
-    """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
-    rank and merges it at every place, left to right. rank[t] is the value of the pair at t
+    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken: each round finds the pair
+    of lowest rank and merges it at every place, left to right. rank[t] is the value of the pair at t
     (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
     token, and finds the next round's lowest on the way. Returns the new n."""
     best = _NO_MERGE
@@ -1211,7 +1196,7 @@ def _merge_long(tok, k, n, pairs, work):
     the value of the pair now at that place (lazy deletion; a merge marks the places whose
     pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
     of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
-    as _bpe_many's lock-step rounds see them. work: (>= 8n,) int64 scratch whose first
+    as _merge_pretoken's rounds see them. work: (>= 8n,) int64 scratch whose first
     n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
     value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
@@ -1275,7 +1260,7 @@ def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
 def _cache_put(state, h, b, n, c, m):
     """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in the first free
     slot from where its hash leads."""
-    mask = state[259] - 1
+    mask = state[_N_SLOTS] - 1
     s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
         s = (s + 1) & mask
@@ -1288,10 +1273,10 @@ def _cache_double(state, cache_bytes):
     """Double the cache's slots in use and put every entry back. The entries are found in
     cache_bytes, where each word's bytes follow two bytes (its length and its number of ids), so
     that growing needs no copy of the slots (it allocates nothing)."""
-    state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
-    state[259] *= 2
+    state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
+    state[_N_SLOTS] *= 2
     b, c = 0, 0
-    while b < state[257]:
+    while b < state[_N_BYTES]:
         n, m = np.int64(cache_bytes[b]), np.int64(cache_bytes[b + 1])
         _cache_put(state, _hash_bytes(cache_bytes, b + 2, b + 2 + n), b + 2, n, c, m)
         b, c = b + 2 + n, c + m
@@ -1305,21 +1290,22 @@ def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, ou
     n, m = j - i, end - k
     if n > _CACHED_WORD:
         return end
-    if 2 * (state[256] + 1) > state[259] and 6 * state[259] <= state.shape[0] - _SLOTS_AT:
+    full = 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS]
+    if full and 6 * state[_N_SLOTS] <= state.shape[0] - _SLOTS_AT:
         _cache_double(state, cache_bytes)
-    if 2 * (state[256] + 1) > state[259] or state[257] + 2 + n > cache_bytes.shape[0] \
-            or state[258] + m > cache_ids.shape[0]:
-        state[256:259] = 0                               # empty: back to the first slots
-        state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
-        state[259] = state[260]
-    b, c = state[257], state[258]
+    if 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS] or state[_N_BYTES] + 2 + n > cache_bytes.shape[0] \
+            or state[_N_IDS] + m > cache_ids.shape[0]:
+        state[_N_ENTRIES:_N_IDS + 1] = 0                 # empty: back to the first slots
+        state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
+        state[_N_SLOTS] = state[_FIRST_SLOTS]
+    b, c = state[_N_BYTES], state[_N_IDS]
     cache_bytes[b], cache_bytes[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
     cache_bytes[b + 2:b + 2 + n] = data[i:j]
     cache_ids[c:c + m] = out[k:end]
     _cache_put(state, h, b + 2, n, c, m)
-    state[256] += 1
-    state[257] += 2 + n
-    state[258] += m
+    state[_N_ENTRIES] += 1
+    state[_N_BYTES] += 2 + n
+    state[_N_IDS] += m
     return end
 
 
@@ -1330,7 +1316,7 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
     not called, for the same reason as _next_pretoken is inlined."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     work = np.empty(8 * _CACHED_WORD, np.int64)
-    mask = state[259] - 1
+    mask = state[_N_SLOTS] - 1
     k, i = 0, 0
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
@@ -1360,7 +1346,7 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
             if m < 0:
                 k = _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, out, k,
                                 work, h)
-                mask = state[259] - 1                  # the cache may have grown
+                mask = state[_N_SLOTS] - 1                  # the cache may have grown
             else:
                 k += m
             i = j
@@ -1398,7 +1384,7 @@ class Encoder:
         # An empty cache: np.zeros costs nothing until the cache fills its pages.
         self.state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self.state[:256] = byte_ids
-        self.state[259] = self.state[260] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
+        self.state[_N_SLOTS] = self.state[_FIRST_SLOTS] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
         self.cache_bytes = np.zeros(_CACHE_BYTES, np.uint8)
         self.cache_ids = np.zeros(_CACHE_IDS, np.uint32)
         # Special tokens are found in the bytes, longest first as bpe._special_split_re does
@@ -1447,10 +1433,12 @@ def _init_encode_worker(tok):
 def _encode_chunk(args):
     """Worker: the ids of one chunk as an array, by the compiled encoder or bpe.py's plain one."""
     path, start, end, dtype, compiled = args
-    data = _read_bytes(path, start, end)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
     text = check_utf8(data, path, start)               # names the offset of a bad byte
     if compiled:                                       # it reads the bytes: no re-encoding
-        return _worker_tokenizer._encode_compiled(data).astype(dtype), end - start
+        return _worker_tokenizer._engine.encode(data).astype(dtype), end - start
     return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
 
 

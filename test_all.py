@@ -1080,7 +1080,7 @@ def test_bpe_decode_malformed_utf8_becomes_replacement_char():
 
 def _bpe_both_paths(tok, text):
     naive = tok._encode_plain(text)
-    assert tok._encode_compiled(text.encode("utf-8")).tolist() == naive, _short_repr(text)
+    assert tok._engine.encode(text.encode("utf-8")).tolist() == naive, _short_repr(text)
     return naive
 
 
@@ -1177,7 +1177,7 @@ def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
     monkeypatch.setattr(bpe_fast, "_CACHE_BYTES", 300)
     monkeypatch.setattr(bpe_fast, "_CACHE_IDS", 100)
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    tok._encode_compiled(b"")
+    tok._engine.encode(b"")
     eng = tok._engine
     sizes = eng.state.shape, eng.cache_bytes.shape, eng.cache_ids.shape
     rng = random.Random(4)
@@ -1187,7 +1187,7 @@ def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
     for _ in range(20):
         text = "".join(rng.choice(words) for _ in range(200))
         _bpe_both_paths(tok, text)
-        entries, n_bytes, n_ids = eng.state[256:259]
+        entries, n_bytes, n_ids = eng.state[bpe_fast._N_ENTRIES:bpe_fast._N_IDS + 1]
         assert 0 < entries <= 32 and n_bytes <= 300 and n_ids <= 100
         seen += entries
         assert (eng.state.shape, eng.cache_bytes.shape, eng.cache_ids.shape) == sizes
@@ -1202,7 +1202,7 @@ def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
     monkeypatch.setattr(bpe_fast, "_CACHE_SLOTS", 64)
     monkeypatch.setattr(bpe_fast, "_CACHE_FIRST_SLOTS", 4)
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    tok._encode_compiled(b"")
+    tok._engine.encode(b"")
     eng = tok._engine
     size = eng.state.shape
     rng = random.Random(6)
@@ -1211,7 +1211,7 @@ def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
     in_use = []
     for n in range(1, 60):
         _bpe_both_paths(tok, "".join(words[:n]))           # the first words again, one more
-        entries, slots = eng.state[256], eng.state[259]
+        entries, slots = eng.state[bpe_fast._N_ENTRIES], eng.state[bpe_fast._N_SLOTS]
         in_use.append(slots)
         assert 2 * entries <= slots <= 64 and eng.state.shape == size
         assert eng.state[bpe_fast._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
@@ -1227,7 +1227,7 @@ def test_bpe_compiled_encode_byte_pair_table_equals_the_merges_table(bpe_gpt2):
     vocab, merges = _bpe_random_merges(random.Random(7), b"ab\xe4\xb8\xad ", 40)
     for tok in (special, bpe.Tokenizer(vocab, merges), bpe.Tokenizer(vocab, [])):
         ids = tok._byte_ids
-        tok._encode_compiled(b"")
+        tok._engine.encode(b"")
         assert [bpe_fast._merge_value(tok._engine.pairs, ids[xy >> 8], ids[xy & 255])
                 for xy in range(1 << 16)] == tok._engine.byte_pairs.tolist()
 
@@ -1245,7 +1245,7 @@ def test_bpe_compiled_encode_specials_and_surrogates():
                         [(b"a", b"b"), (b"ab", b"ab")], ["<|x|>"])
     assert _bpe_both_paths(big, "abab ab<|x|>") == [4_294_967_294, 32, 3_000_000_000, 4_294_967_295]
     # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
-    for encode in (tok.encode, tok._encode_plain, lambda t: tok._encode_compiled(t.encode("utf-8"))):
+    for encode in (tok.encode, tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
             encode("ab \ud800 c")
 
@@ -1254,8 +1254,8 @@ def test_bpe_encode_picks_the_compiled_path_by_size(bpe_gpt2, monkeypatch):
     special, _ = bpe_gpt2
     calls = []
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    monkeypatch.setattr(tok, "_encode_compiled", lambda d: calls.append("compiled") or
-                        bpe.Tokenizer._encode_compiled(tok, d))
+    engine_encode = tok._engine.encode
+    monkeypatch.setattr(tok._engine, "encode", lambda d: calls.append("compiled") or engine_encode(d))
     monkeypatch.setattr(tok, "_encode_plain", lambda t: calls.append("naive") or
                         bpe.Tokenizer._encode_plain(tok, t))
     monkeypatch.setattr(bpe_fast, "_compiled_encoder_loaded", False)
