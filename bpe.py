@@ -217,9 +217,9 @@ def _merge_word(tok, start, n, a, b, t):
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
-    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge m makes token
-    256 + m. ids: (P,) the bytes of all words end to end; word_start: (W+1,) offsets;
-    word_count: (W,) occurrences. [b"low" x5, b"lowest" x2] -> first merge (l, o)."""
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge m makes token 256 + m.
+    ids: (P,) the bytes of all words end to end; word_start: (W+1,) offsets; word_count: (W,)
+    occurrences. [b"low" x5, b"lowest" x2] -> first merge (o, w): 7 times, as (l, o), but greater."""
     tok, word_start, word_count = _ints(ids), _ints(word_start), _ints(word_count)
     length = [word_start[w + 1] - word_start[w] for w in range(len(word_count))]
     counts, where = {_NO_PAIR: 0}, {_NO_PAIR: _words_list(-1)}
