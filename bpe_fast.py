@@ -251,6 +251,18 @@ def _worker_pool(n, *initializer):
 
 
 _ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
+_compile_noted = False    # the first-compile line was printed in this process
+
+
+def _note_first_compile(dispatcher):
+    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for
+    it: the first run on a machine waits that long once."""
+    global _compile_noted
+    index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
+                    "_index_path", None)
+    if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
+        print("compiling the tokenizer's fast path once for this machine, about 30 s", flush=True)
+        _compile_noted = True
 
 
 def ctrl_c_stays_keyboard_interrupt(f):
@@ -549,6 +561,7 @@ def _count_table(input_path, special_tokens, num_workers):
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
+    _note_first_compile(_count_segments)
     _load_compiled_counting()              # before the fork: the workers inherit it
     parallel = n_runs > 1
     with _worker_pool(n_runs) if parallel else contextlib.nullcontext() as workers:
@@ -1055,6 +1068,7 @@ def merge_loop_loaded():
 
 def _load_compiled_merge_loop():
     """Compile the merge loop, or load it from numba's cache, with a one-word job."""
+    _note_first_compile(merge_loop)
     merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
 
 
@@ -1394,6 +1408,8 @@ class Encoder:
     def encode(self, data):
         """(N,) uint32 ids of the UTF-8 bytes data (valid UTF-8)."""
         global _compiled_encoder_loaded
+        if not _compiled_encoder_loaded:
+            _note_first_compile(_encode_kernel)
         specials = _NO_SPECIALS
         if self.special_re is not None and any(s in data for s in self.special_ids):
             specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
@@ -1422,6 +1438,7 @@ def _load_compiled_encoder():
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
 _ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
+_PROGRESS_EVERY = 10.0         # seconds between progress lines when stderr is not a terminal
 _worker_tokenizer = None
 
 
@@ -1440,6 +1457,11 @@ def _encode_chunk(args):
     if compiled:                                       # it reads the bytes: no re-encoding
         return _worker_tokenizer._engine.encode(data).astype(dtype), end - start
     return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
+
+
+def _progress_line(n_bytes, size, n_tokens, seconds):
+    return (f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
+            f"{n_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s")
 
 
 def _npy_header(dtype, n):
@@ -1473,6 +1495,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         _load_compiled_encoder()
     tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
     _init_encode_worker(tokenizer)
+    t0 = shown = time.perf_counter()         # (before the first chunk: its time counts)
     results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
     if num_workers > 1 and len(tasks) > 1:
         # Encode the first chunk here first: the forked workers then start with its
@@ -1481,7 +1504,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
     header_len = len(_npy_header(dtype, 0))
-    n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
+    n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
     with workers, atomic_file(out_path) as f:    # leaving the pool terminates it
         try:
             f.write(b"\0" * header_len)    # the real header needs the count: written last
@@ -1489,13 +1512,13 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                 f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                 n_tokens += len(ids)
                 n_bytes += nb
-                if progress:
-                    dt = time.perf_counter() - t0
-                    print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
-                          f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
-                          end="", file=sys.stderr, flush=True)
+                now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
+                if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
+                    shown = now
+                    print(("\r" if tty else "") + _progress_line(n_bytes, size, n_tokens, now - t0),
+                          end="" if tty else "\n", file=sys.stderr, flush=True)
         finally:
-            if progress and n_bytes:
+            if tty and n_bytes:
                 print(file=sys.stderr)     # ends the progress line, before any error
         header = _npy_header(dtype, n_tokens)
         assert len(header) == header_len, "npy header length changed"

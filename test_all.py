@@ -1373,6 +1373,23 @@ def test_bpe_encode_file_matches_encode(bpe_trained, tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["ids.npy"]   # no temp files left
 
 
+def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path, monkeypatch, capsys):
+    # stderr is not a terminal here: newline-ended lines (no carriage returns), at most one per
+    # _PROGRESS_EVERY seconds and the last one at the end of the file.
+    text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
+    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 1000)           # many chunks
+    mb = f"{path.stat().st_size / 1e6:.1f}"
+    for every, at_least in ((1e9, 1), (0, 5)):                      # only the last; every chunk
+        monkeypatch.setattr(bpe_fast, "_PROGRESS_EVERY", every)
+        bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "ids.npy"),
+                        num_workers=2)
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert "\r" not in err and err.endswith("\n") and (len(lines) == 1) == (every > 0), err
+        assert len(lines) >= at_least and all(line.startswith("encoded ") for line in lines)
+        assert lines[-1].startswith(f"encoded {mb}/{mb} MB, ") and lines[-1].endswith(" MB/s")
+
+
 def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
     vocab = {i: bytes([i]) for i in range(256)}
     vocab[70000] = b"ab"
@@ -1626,6 +1643,7 @@ def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, out, err)
     assert err == "bpe.py train: interrupted; no partial file was left\n", err
+    assert out == "compiling the tokenizer's fast path once for this machine, about 30 s\n", out
     assert not list(tmp_path.glob("tok/*"))
 
 
