@@ -1105,7 +1105,7 @@ _NO_MERGE = 1 << 62
 # Below this many characters (in one call, or so far on a Tokenizer) bpe.py's plain encode
 # finishes before numba could load the compiled one from its disk cache (a first compile,
 # once per machine, costs far more); once loaded in the process it is used for every call.
-COMPILED_MIN_CHARS = 1 << 22
+COMPILED_MIN_CHARS = 1 << 20
 _NO_SPECIALS = np.zeros((0, 3), np.int64)
 _compiled_encoder_loaded = False
 
