@@ -623,7 +623,7 @@ def bench_encode(args):
     enc = gpt2_tiktoken(files[0])
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
-    bpe._load_compiled_encoder()
+    bpe.bpe_fast._load_compiled_encoder()
     print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run (bpe.py's "
           f"compiled encoder loaded once, untimed, in this process), {args.repeats} runs alternating "
           f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")

@@ -1,54 +1,46 @@
 """
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
-Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent
-pair into a new token; encoding replays the learned merges in order. Each step comes twice:
-first the definition (the GPT2_PAT regex, the naive trainer, a lock-step merge of the new
-pre-tokens), then the fast version compiled by numba (a scanner over UTF-8 bytes, counting in
-worker processes into a hash table, incremental pair counts with a lazy max-heap, encoding in
-one pass with a cache), tested to give exactly the same pre-tokens, merges and ids. Small jobs
-take the definition's path: it finishes before numba could load the compiled code.
+Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair
+into a new token; encoding replays the learned merges in order. In reading order: the GPT-2
+pre-tokenizer, the naive trainer (the definition), the incremental trainer (compiled by numba),
+train_bpe, GPT-2's file format, the Tokenizer with a plain encode, the command line. The engine,
+bpe_fast.py, takes over big jobs at a few marked calls; test_all.py checks that it gives the
+same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
 """
 
 import argparse
-import codecs
-import contextlib
-import functools
 import errno
-import io
+import heapq
 import json
-import multiprocessing
 import os
 import re
 import resource
-import signal
 import sys
 import time
-import traceback
 from collections import Counter
-from itertools import chain
 
 import numpy as np
 import regex
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload, register_jitable
+from numba import njit
+from numba.extending import overload, register_jitable
+from numba.typed import List
 
+import bpe_fast
+from bpe_fast import catch_ctrl_c, encode_file  # noqa: F401 (train.py and data.py import them from here)
 from safety import atomic_file
 
 # -----------------------------------------------------------------------------
-# 1. Pre-tokenization
+# 1. Pre-tokenization and special tokens
 
 # GPT-2's pre-tokenizer (handout 2.4): contractions, optional space + letters / digits /
 # punctuation, whitespace not followed by a non-space (" word" keeps its space), whitespace.
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PAT)
-# The same pattern for pure-ASCII text: the standard library's re runs it faster than the
-# regex package runs GPT2_PAT, with the same pre-tokens (a test checks it on random ASCII).
+# The same pattern for ASCII text, which the standard library's re runs faster (same pre-tokens).
 _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""",
                                 re.ASCII)
 
@@ -56,98 +48,6 @@ _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?
 def pretokenize(text):
     """The GPT-2 pre-tokens of text (no special tokens in it), as a list of strings."""
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
-
-
-# The same pre-tokens, compiled: a scanner over UTF-8 bytes that needs only the class of each
-# character. The classes come from the regex package itself, so that the scanner and
-# GPT2_PAT agree on the Unicode version; a test checks them on random text of every kind.
-_OTHER, _LETTER, _NUMBER, _SPACE = 0, 1, 2, 3
-_classes = None
-
-
-def _char_classes():
-    """(0x110000,) uint8: the class of every code point, as regex sees \\p{L}, \\p{N} and \\s."""
-    global _classes
-    if _classes is None:
-        every = "".join(map(chr, range(0x110000)))
-        _classes = np.zeros(0x110000, np.uint8)
-        for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
-            for m in regex.finditer(pat, every):
-                _classes[m.start():m.end()] = cls
-    return _classes
-
-
-@njit(cache=True, inline="always")
-def _class_at(data, i, classes):
-    """(class, byte length) of the character that starts at data[i] (valid UTF-8)."""
-    b = np.int64(data[i])
-    if b < 0x80:
-        c, k = b, 1
-    elif b < 0xE0:
-        c, k = (b & 0x1F) << 6 | (data[i + 1] & 0x3F), 2
-    elif b < 0xF0:
-        c, k = (b & 0x0F) << 12 | (data[i + 1] & 0x3F) << 6 | (data[i + 2] & 0x3F), 3
-    else:
-        c, k = ((b & 0x07) << 18 | (data[i + 1] & 0x3F) << 12 | (data[i + 2] & 0x3F) << 6
-                | (data[i + 3] & 0x3F)), 4
-    return classes[c], k
-
-
-# inline="always": the compiled loops that call it once per pre-token get its body, since a
-# call costs more than the scan itself. It, and _class_at, return in one place only: an
-# early return leaves numba counting references to data and classes at every call
-# (section 4 says more).
-@njit(cache=True, inline="always")
-def _next_pretoken(data, i, n, classes):
-    """End of the GPT2_PAT pre-token that starts at byte i of data[:n], trying its
-    alternatives in order: b"'ll go  now" -> "'ll", " go", " ", " now"."""
-    c, j = data[i], -1                     # j: the end, once known
-    if c == 39 and i + 1 < n:                                    # 's 'd 'm 't 'll 've 're
-        d = data[i + 1]
-        if d == 115 or d == 100 or d == 109 or d == 116:
-            j = i + 2
-        elif i + 2 < n and ((d == 108 and data[i + 2] == 108) or (d == 118 and data[i + 2] == 101)
-                            or (d == 114 and data[i + 2] == 101)):
-            j = i + 3
-    if j < 0:
-        cls, k = _class_at(data, i, classes)
-        j = i + k
-        if c == 32 and j < n:              # a space joins the letters, digits or symbols after it
-            nxt, k = _class_at(data, j, classes)
-            if nxt != _SPACE:
-                cls, j = nxt, j + k
-        more = j < n
-        if cls != _SPACE:                  # ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
-            while more:
-                nxt, k = _class_at(data, j, classes)
-                if nxt == cls:
-                    j += k
-                more = nxt == cls and j < n
-        last = i                           # '\s+(?!\S)' then '\s+'
-        while cls == _SPACE and more:
-            nxt, k = _class_at(data, j, classes)
-            if nxt == _SPACE:
-                last, j = j, j + k
-                more = j < n
-            else:
-                # followed by a non-space: leave the last whitespace character to the next
-                # pre-token (" x" takes its space), unless it is the only one
-                if last > i:
-                    j = last
-                more = False
-    return j
-
-
-@njit(cache=True)
-def _pretoken_ends(data, classes):
-    """(P,) int64: where each pre-token of data ends, by _next_pretoken."""
-    ends = np.empty(data.shape[0], np.int64)
-    i, p = 0, 0
-    while i < data.shape[0]:
-        i = _next_pretoken(data, i, data.shape[0], classes)
-        ends[p] = i
-        p += 1
-    return ends[:p]
 
 
 def _check_special_tokens(special_tokens):
@@ -177,7 +77,7 @@ def _special_split_re(special_tokens):
 #
 # Count every adjacent pair inside every pre-token (weighted by the pre-token's count),
 # fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
-# greater pair. Slow (it recounts everything per merge) but checkable by eye: the fast
+# greater pair. Slow (it recounts everything per merge) but checkable by eye: every other
 # trainer is tested to learn exactly its merges.
 
 def train_bpe_naive(text, vocab_size, special_tokens=()):
@@ -206,990 +106,170 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
         for w, c in words.items():
             out, i = [], 0
             while i < len(w):
-                if w[i:i + 2] == best:
-                    out.append(best[0] + best[1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
+                hit = w[i:i + 2] == best
+                out.append(best[0] + best[1] if hit else w[i])
+                i += 2 if hit else 1
             merged[tuple(out)] += c
         words = merged
     return vocab, merges
 
 
 # -----------------------------------------------------------------------------
-# 3. Counting pre-tokens in parallel: a file cut where no pre-token can straddle the cut
-
-# Places where a cut cannot change the pre-tokens: (1) before a space followed by a
-# non-space (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)'
-# backs off to end just before it); (2) after a lone newline between two non-spaces.
-# _STREAM_CUT is for str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the
-# non-space is ASCII or a UTF-8 lead byte of a range without Unicode whitespace.
-_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
-_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
-_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
-_BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
-# fork shares the parent's imports (numba, regex) instead of re-importing them.
-_MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-
-
-def _inside_special(buf, p, specials):
-    """True if an occurrence of a special token in buf straddles position p."""
-    return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
-               for s in specials)
-
-
-def _find_cut(f, pos, stop, size, cut_re, special_bytes):
-    """First match of cut_re at or after byte pos of file f (size bytes) that splits no
-    special token; None if there is none before about stop."""
-    margin = max((len(s) for s in special_bytes), default=1)
-    while pos < stop:
-        lo = max(0, pos - margin)
-        f.seek(lo)
-        buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
-        for m in cut_re.finditer(buf, pos - lo):
-            p = m.start()
-            if p > len(buf) - margin and lo + len(buf) < size:
-                break                   # too close to the window edge to judge: slide on
-            if not _inside_special(buf, p, special_bytes):
-                return lo + p
-        pos = lo + max(pos - lo + 1, len(buf) - margin)
-    return None
-
-
-def _special_bytes_re(special_bytes):
-    """The special tokens (bytes) as one pattern, longest first as in _special_split_re."""
-    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
-    return regex.compile(b"|".join(alts)) if alts else None
-
-
-def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
-    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
-    special_re = _special_bytes_re(special_bytes)
-    any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
-    bounds = [0]
-    with open(path, "rb") as f:
-        for k in range(1, n_chunks):
-            guess = max(size * k // n_chunks, bounds[-1] + 1)
-            if guess >= size:
-                break
-            p = None
-            if special_re is not None:
-                p = _find_cut(f, guess, min(size, guess + (1 << 20)), size, special_re,
-                              special_bytes)
-            if p is None:
-                p = _find_cut(f, guess, size, size, any_re, special_bytes)
-            if p is not None and bounds[-1] < p < size:
-                bounds.append(p)
-    bounds.append(size)
-    return bounds
-
-
-def _check_input_file(path):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"input file {path} does not exist")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise ValueError(f"input file {path} is empty; give it some text")
-    return size
-
-
-def _read_bytes(path, start=0, end=None):
-    """Bytes [start, end) of the file."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(-1 if end is None else end - start)
-
-
-def _read_text(path, start=0, end=None):
-    """Bytes [start, end) of the file as str; a decoding error names the file offset."""
-    return _check_utf8(_read_bytes(path, start, end), path, start)
-
-
-def _check_utf8(data, path, start):
-    """data (bytes-like, read at byte start of path) decoded; ValueError with the file
-    offset of the first bad byte if it is not UTF-8."""
-    try:
-        return codecs.utf_8_decode(data, "strict", True)[0]
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
-                         f"offset {start + e.start}; re-save the file as UTF-8") from None
-
-
-def _count_chunk(args):
-    """Worker: the pre-token counts of one chunk; special tokens are dropped first."""
-    path, start, end, special_tokens = args
-    split_re = _special_split_re(special_tokens)
-    text = _read_text(path, start, end)
-    counts = Counter()
-    for part in split_re.split(text)[::2] if split_re else [text]:
-        counts.update(pretokenize(part))
-    return counts
-
-
-def _pool(n, *initializer):
-    """A pool of n forked workers. Ctrl-C is held while they fork: a KeyboardInterrupt raised inside
-    fork's own hooks would be printed and dropped; held, it arrives once the pool exists. The
-    workers keep it blocked: the parent stops them."""
-    mask = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        return _MP.Pool(n, *initializer)
-    finally:
-        mask(signal.SIG_SETMASK, old)
-
-
-_ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
-
-
-def _ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C is still a KeyboardInterrupt: one that arrives while compiled code
-    runs is noticed by numba only as its function returns, and reported as a SystemError whose
-    chain of causes holds the KeyboardInterrupt; one that catch_ctrl_c held back is raised as f
-    returns."""
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        global _ctrl_c_held
-        try:
-            result = f(*args, **kwargs)
-        except SystemError as e:
-            cause = e
-            while cause is not None and not isinstance(cause, KeyboardInterrupt):
-                cause = cause.__cause__ or cause.__context__
-            if cause is None:
-                raise
-            raise KeyboardInterrupt from None
-        if _ctrl_c_held:
-            _ctrl_c_held = False
-            raise KeyboardInterrupt
-        return result
-    return wrapper
-
-
-def catch_ctrl_c():
-    """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
-    numba's Python code runs (its compiler, its callbacks from llvmlite and the garbage
-    collector), where it would be swallowed (a traceback, and the run goes on) or leave a
-    compile half done (a RuntimeError). There it is held, and raised when the bpe.py call
-    that ran numba (train_bpe, encode, encode_file) returns."""
-    def interrupt(signum, frame):
-        global _ctrl_c_held
-        if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
-               for m in ("numba", "llvmlite")):
-            _ctrl_c_held = True
-            return
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, interrupt)
-
-
-def _plan_chunks(input_path, special_tokens, num_workers):
-    """(special tokens, workers, chunk offsets) of a counting job: pieces of at most 4 MiB,
-    and one per worker at least when the file has 1 MiB or more."""
-    special_tokens = _check_special_tokens(special_tokens)
-    size = _check_input_file(input_path)
-    num_workers = num_workers or os.cpu_count() or 1
-    n_chunks = -(-size // _CHUNK_BYTES)
-    if num_workers > 1 and size >= (1 << 20):
-        n_chunks = max(n_chunks, num_workers)
-    bounds = _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
-    return special_tokens, num_workers, bounds
-
-
-def count_pretokens(input_path, special_tokens=(), num_workers=None, while_waiting=None):
-    """{pre-token string: count} over the whole file, counted in worker processes.
-    while_waiting() (if given) runs in this process while the workers count."""
-    special_tokens, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
-    tasks = [(input_path, a, b, special_tokens) for a, b in zip(bounds, bounds[1:])]
-    parallel = num_workers > 1 and len(tasks) > 1
-    total = Counter()
-    with _pool(min(num_workers, len(tasks))) if parallel else contextlib.nullcontext() as pool:
-        results = pool.imap_unordered(_count_chunk, tasks) if parallel else map(_count_chunk, tasks)
-        if parallel and while_waiting is not None:
-            while_waiting()                 # the workers have started counting
-        for c in results:
-            total.update(c)
-    return total
-
-
-# The same counts for big files, in compiled code: the compiled scanner finds each pre-token
-# and a hash table keyed by its bytes counts it, so no Python str is made per pre-token.
-# A table is three numpy arrays (open addressing, linear probing). Word w (a distinct
-# pre-token) is pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times: its start and count side by
-# side and the next word's start right after, so that a look-up touches few cache lines (the
-# tables of web text outgrow the caches). slots[hash & mask] holds tag << 32 | w, the tag
-# being other bits of the hash, so that most wrong slots are passed without reading their
-# word; -1 is empty. Each worker reads its own contiguous run of chunks 4 MiB at a time into
-# one table and returns (rec, pool); the parent merges those few tables, in compiled code.
-_COMPILED_COUNT_MIN = 1 << 20   # smaller files take the regex path: nothing to compile or load
-
-
-@njit(cache=True, inline="always")
-def _hash_bytes(data, i, j):
-    """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
-    every byte."""
-    h = np.int64(-3750763034362895579)               # FNV offset basis, as int64
-    for k in range(i, j):
-        h = (h ^ np.int64(data[k])) * np.int64(1099511628211)
-    h ^= h >> 29
-    h *= np.int64(-4658895280553007687)
-    return h ^ (h >> 32)
-
-
-@njit(cache=True, inline="always")
-def _slot_entry(h, w):
-    """tag << 32 | w: the tag is hash bits 33-63, never the bits that chose the slot."""
-    return ((h >> 33) & 0x7FFFFFFF) << 32 | w
-
-
-@njit(cache=True)
-def _table_new(n_words, n_bytes):
-    """(slots, rec, pool) with room for n_words words of n_bytes in all."""
-    cap = 16
-    while cap < 2 * n_words + 2:                   # at most half full
-        cap *= 2
-    return (np.full(cap, -1, np.int64), np.zeros(2 * n_words + 3, np.int64),
-            np.empty(max(n_bytes, 16), np.uint8))
-
-
-@njit(cache=True)
-def _table_has_room(slots, rec, pool, n, extra_bytes):
-    """The table of n words takes one more of extra_bytes bytes as it is (its slots at most
-    half full)."""
-    return (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
-            and rec[2 * n] + extra_bytes <= pool.shape[0])
-
-
-@njit(cache=True)
-def _table_reserve(table, n, extra_bytes):
-    """The table with room for one more word of extra_bytes bytes (_table_has_room): arrays
-    doubled as needed, the slots (re-)filled from the words' bytes when they would pass half
-    full."""
-    slots, rec, pool = table
-    rec = _grow(rec, 2 * n + 3)
-    pool = _grow(pool, rec[2 * n] + extra_bytes)
-    if 2 * (n + 1) > slots.shape[0]:
-        slots = _fill_slots(np.full(2 * slots.shape[0], -1, np.int64), rec, pool, n)
-    return slots, rec, pool
-
-
-@njit(cache=True)
-def _fill_slots(slots, rec, pool, n):
-    """The empty slots array with words 0..n-1 put in (their hashes computed again)."""
-    mask = slots.shape[0] - 1
-    for w in range(n):
-        h = _hash_bytes(pool, rec[2 * w], rec[2 * w + 2])
-        s = h & mask
-        while slots[s] >= 0:
-            s = (s + 1) & mask
-        slots[s] = _slot_entry(h, w)
-    return slots
-
-
-@njit(cache=True, inline="always")
-def _table_find(slots, rec, pool, src, i, j, h):
-    """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
-    mask = slots.shape[0] - 1
-    s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
-    while not found and slots[s] >= 0:            # one return, at the end (see section 4)
-        w = slots[s] & 0xFFFFFFFF
-        a = rec[2 * w]
-        found = slots[s] >> 32 == tag and rec[2 * w + 2] - a == j - i
-        k = 0
-        while found and k < j - i:
-            found = pool[a + k] == src[i + k]
-            k += 1
-        s = (s + 1 - found) & mask
-    return s
-
-
-@njit(cache=True)
-def _table_put(slots, rec, pool, s, n, src, i, j, h, c):
-    """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
-    a = rec[2 * n]
-    slots[s] = _slot_entry(h, n)
-    pool[a:a + j - i] = src[i:j]
-    rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
-
-
-@njit(cache=True)
-def _table_new_word(table, n, src, i, j, h, c):
-    """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
-    Kept apart from the look-up: only new words pay for growing the arrays."""
-    slots, rec, pool = _table_reserve(table, n, j - i)
-    _table_put(slots, rec, pool, _table_find(slots, rec, pool, src, i, j, h), n, src, i, j, h, c)
-    return slots, rec, pool
-
-
-@njit(cache=True)
-def _count_while_room(data, i, e, classes, slots, rec, pool, n):
-    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
-    does not fit. Returns (i, n): i = e when done, else where that word starts. It never
-    replaces an array, so that its compiled loop counts no references (see section 4)."""
-    room = True
-    while room and i < e:
-        j = _next_pretoken(data, i, e, classes)
-        h = _hash_bytes(data, i, j)
-        s = _table_find(slots, rec, pool, data, i, j, h)
-        if slots[s] >= 0:
-            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
-        else:
-            room = _table_has_room(slots, rec, pool, n, j - i)
-            if room:
-                _table_put(slots, rec, pool, s, n, data, i, j, h, 1)
-                n += 1
-        i = j if room else i
-    return i, n
-
-
-@njit(cache=True)
-def _count_segments(data, segments, classes, table, n):
-    """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
-    (n words so far). Returns (table, n)."""
-    slots, rec, pool = table
-    for r in range(segments.shape[0]):
-        i, e = segments[r, 0], segments[r, 1]
-        while i < e:
-            i, n = _count_while_room(data, i, e, classes, slots, rec, pool, n)
-            if i < e:                      # make room for one more word, then go on
-                slots, rec, pool = _table_reserve((slots, rec, pool), n, e - i)
-    return (slots, rec, pool), n
-
-
-@njit(cache=True)
-def _merge_tables(table, n, o_rec, o_pool):
-    """Add the words of another table (its rec and pool) into this one. Returns (table, n)."""
-    slots, rec, pool = table
-    for w in range((o_rec.shape[0] - 1) // 2):
-        i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
-        h = _hash_bytes(o_pool, i, j)
-        s = _table_find(slots, rec, pool, o_pool, i, j, h)
-        if slots[s] >= 0:
-            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
-        else:
-            slots, rec, pool = _table_new_word((slots, rec, pool), n, o_pool, i, j, h, c)
-            n += 1
-    return (slots, rec, pool), n
-
-
-@njit(cache=True)
-def _words_of_table(rec, pool):
-    """The merge loop's input: (ids, word_start, word_count) of the words of more than one
-    byte (a single byte has no pair to merge), end to end."""
-    n = (rec.shape[0] - 1) // 2
-    n_keep, n_bytes = 0, 0
-    for w in range(n):
-        if rec[2 * w + 2] - rec[2 * w] > 1:
-            n_keep += 1
-            n_bytes += rec[2 * w + 2] - rec[2 * w]
-    ids = np.empty(n_bytes, np.uint8)
-    word_start = np.zeros(n_keep + 1, np.int64)
-    word_count = np.empty(n_keep, np.int64)
-    k = 0
-    for w in range(n):
-        a, b = rec[2 * w], rec[2 * w + 2]
-        if b - a > 1:
-            word_start[k + 1] = word_start[k] + b - a
-            ids[word_start[k]:word_start[k + 1]] = pool[a:b]
-            word_count[k] = rec[2 * w + 1]
-            k += 1
-    return ids, word_start, word_count
-
-
-def _trimmed(table, n):
-    """(rec, pool) of a table of n words, cut to their used length (views: pickling a view
-    sends only its part)."""
-    slots, rec, pool = table
-    return rec[:2 * n + 1], pool[:rec[2 * n]]
-
-
-def _special_segments(buf, special_re):
-    """(S, 2) int64: the [start, end) byte ranges of buf between special tokens (dropped)."""
-    if special_re is None:
-        return np.array([[0, len(buf)]], np.int64)
-    cuts = [0]
-    for m in special_re.finditer(buf):
-        cuts += [m.start(), m.end()]
-    cuts.append(len(buf))
-    return np.array(cuts, np.int64).reshape(-1, 2)
-
-
-def _count_range(args):
-    """Worker: the table (rec, pool) of the pre-tokens of the chunks
-    bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
-    path, bounds, special_tokens = args
-    special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
-    classes = _char_classes()
-    buf = np.empty(max(b - a for a, b in zip(bounds, bounds[1:])), np.uint8)
-    table, n = _table_new(1 << 16, 1 << 20), 0
-    with open(path, "rb") as f:
-        for a, b in zip(bounds, bounds[1:]):
-            f.seek(a)
-            data = buf[:b - a]
-            f.readinto(data)
-            _check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
-            table, n = _count_segments(data, _special_segments(data, special_re), classes,
-                                       table, n)
-    return _trimmed(table, n)
-
-
-def _load_compiled_counting():
-    """Compile the counting code, or load it from numba's cache, with a tiny job."""
-    data = np.frombuffer(bytearray(b"a b"), np.uint8)
-    _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _table_new(1, 1), 0)
-
-
-def _load_compiled_merging():
-    """The same for the parent's half: merging tables, making the merge loop's input."""
-    table = _table_new(1, 1)
-    _words_of_table(*_trimmed(*_merge_tables(table, 0, *_trimmed(table, 0))))
-
-
-def _count_pretokens_compiled(input_path, special_tokens=(), num_workers=None,
-                             while_waiting=None):
-    """count_pretokens in compiled code, as a table (rec, pool): pre-token w is
-    pool[rec[2w]:rec[2w + 2]], seen rec[2w + 1] times. One contiguous run of chunks per worker."""
-    special_tokens, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
-    n_runs = min(num_workers, len(bounds) - 1)
-    cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
-    tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
-    _load_compiled_counting()              # before the fork: the workers inherit it
-    parallel = n_runs > 1
-    with _pool(n_runs) if parallel else contextlib.nullcontext() as workers:
-        results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
-        if parallel:                       # the workers have started counting
-            _load_compiled_merging()
-            if while_waiting is not None:
-                while_waiting()
-        tables = list(results)
-    # The biggest table, with room for the words of all (fewer if they share words), takes
-    # in the others: its own words need no look-up, only their slots.
-    tables.sort(key=lambda t: len(t[0]))
-    n_max = sum((len(rec) - 1) // 2 for rec, pool in tables)
-    slots, rec, pool = _table_new(n_max, sum(len(pool) for rec, pool in tables))
-    base_rec, base_pool = tables.pop()
-    n = (len(base_rec) - 1) // 2
-    rec[:len(base_rec)], pool[:len(base_pool)] = base_rec, base_pool
-    table = (_fill_slots(slots, rec, pool, n), rec, pool)
-    del base_rec, base_pool
-    while tables:
-        table, n = _merge_tables(table, n, *tables.pop())
-    return _trimmed(table, n)
-
-
-# -----------------------------------------------------------------------------
-# 4. The fast merge loop (one source: interpreted for small jobs, compiled by numba for big)
+# 3. The incremental trainer: the same merges without recounting everything
 #
-# Each distinct pre-token ("word") is stored once, with its count. A merge visits only the
-# words that contain its pair and changes only the neighbouring pairs:
-#     (x, a)(a, b)(b, y)  ->  (x, ab)(ab, y)
-# The data structures, all numpy arrays (so that the same source runs interpreted):
-# - words: one int32 array of records [length, last merge that visited it, count (two
-#   31-bit halves), tokens...]; a word is named by the offset of its record, so a visit
-#   reads one place in memory. A word shrinks in place as it merges.
-# - the pair table: open addressing, one (cap, 4) int64 row per slot, [key = left << 32 |
-#   right, count, first entry of its word list, last word listed]: one lookup, one slot.
-#   A pair never grows again once its count is 0 (only pairs of the newest token grow),
-#   so a full table is rebuilt without those.
-# - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
-#   one contiguous run per pair; entries for the pairs of a new token are prepended as its
-#   merge creates them, then each of those lists is packed into one run (a pair's list is
-#   only ever built by one merge: the one that makes its newer token). A list may name a
-#   word whose pair is gone (most late visits): a merge gathers its list first and
-#   prefetches the words ahead of the loop over them, so those scattered reads overlap;
-#   merge m marks the words it visited (a guard: a second visit would find no pair).
-#   When the rows run out, the live lists are copied out contiguously and the rest (lists
-#   of merged or dead pairs) is dropped.
-# - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
-#   own first (it stays in cache) and reach the big pair table once per pair at the end.
-# - the next merge comes from a max-heap on (count, left bytes, right bytes) with lazy
-#   deletion: a popped entry whose count is stale goes back with its true count. Only pairs
-#   with the new token ever grow, and those are pushed, so the first popped entry that
-#   matches the table is the maximum.
-# The helpers are register_jitable: plain Python when _merge_loop runs interpreted, compiled
-# with it otherwise. Compiled, every array that a helper receives or a loop re-assigns is
-# reference counted (an atomic add and subtract per array per call), and in the hot loops
-# that costs more than the work itself. numba's compiler removes those counts only where a
-# helper has one way through (no early return, no branch around a write), so:
-# - the loop over one merge's words (_merge_words) never replaces an array: it stops when
-#   the changes might not fit, and its caller makes room and calls it again;
-# - the per-word helpers are inlined (inline='always'), have no early return, and write
-#   with arithmetic where a branch would do (`x += flag * (new - x)`);
-# - the heap compares counts itself and calls the byte-string tie-break only on a tie.
+# A merge (a, b) -> t changes only the words that contain (a, b), and in them only the pairs
+# around it: (x, a)(a, b)(b, y) -> (x, t)(t, y). So the trainer keeps, across merges:
+# - counts: {pair: count}, the naive trainer's pair counts, kept up to date;
+# - where: {pair: the words that contain it}; a word that lost the pair since stays the same;
+# - heap: a max-heap of (count, pair). A count that changes is pushed again rather than found
+#   and fixed (lazy deletion): an entry whose count is stale is dropped when it comes on top.
+# Each distinct pre-token ("word") is stored once, with its count; a merge takes its words'
+# pairs out of the counts, merges each word in place and puts its pairs back. A token is an int
+# (256 + merge number), a pair one int (left << 32 | right). Only ints, arrays, dicts and lists:
+# the same source runs as Python (small jobs) and compiled by numba (helpers: register_jitable).
 
-_EMPTY = -1
-_AHEAD = 8        # how many words ahead the merge loop prefetches
+def _words_list(w):
+    """[w], a new list of words (numba: a typed list, which a dict can hold)."""
+    return [w]
 
 
-def _prefetch(a, i):
-    """Ask the processor to bring a[i] into the cache (compiled; nothing when interpreted).
-    Most of the late merges' time is waiting for words scattered over memory, one at a time;
-    asked for ahead, several arrive together."""
+@overload(_words_list)
+def _words_list_compiled(w):
+    return lambda w: List([w])
 
 
-@intrinsic
-def _prefetch_compiled(typingctx, a, i):
-    def codegen(context, builder, sig, args):
-        p = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        # read (0), keep in all cache levels (3), data (1)
-        builder.call(f, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-    return types.void(a, types.intp), codegen
+def _ints(a):
+    """a as a list of Python ints, whose arithmetic Python does faster than numpy's scalars
+    (numba: a as an int64 array)."""
+    return a.astype(np.int64).tolist()
 
 
-@overload(_prefetch)
-def _prefetch_overload(a, i):
-    return lambda a, i: _prefetch_compiled(a, i)
+@overload(_ints)
+def _ints_compiled(a):
+    return lambda a: a.astype(np.int64)
 
 
-@register_jitable(inline='always')
-def _key(left, right):
-    """The table key of the pair (left, right): left << 32 | right."""
-    return (int(left) << 32) | int(right)
-
-
-@register_jitable(inline='always')
-def _hash_home(tab, key):
-    """The slot where the search for key starts."""
-    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
-    return (h ^ (h >> 29)) & (tab.shape[0] - 1)
+_NO_PAIR = -1      # a key that no pair has (the dicts' first entry gives numba their types)
 
 
 @register_jitable
-def _hash_slot(tab, key):
-    """Slot holding key, or the empty slot where it would go (linear probing)."""
-    mask = tab.shape[0] - 1
-    i = _hash_home(tab, key)
-    while True:
-        k = tab[i, 0]
-        if k == _EMPTY or k == key:
-            return i
-        i = (i + 1) & mask
+def _list_word(where, pair, w):
+    """Put word w on pair's list, once."""
+    if pair not in where:
+        where[pair] = _words_list(w)
+    elif where[pair][-1] != w:
+        where[pair].append(w)
 
 
 @register_jitable
-def _new_table(cap):
-    """An empty pair table of cap slots (a power of two): every row [empty, 0, -1, -1]."""
-    tab = np.full((cap, 4), -1, np.int64)
-    tab[:, 1] = 0
-    return tab
-
-
-@register_jitable
-def _table_room(tab, n_keys, more):
-    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
-    without its dead keys (count 0: a pair never grows again once it is gone, since only
-    pairs of the newest token grow), at twice the size if that is still needed."""
-    if 2 * (n_keys + more) <= tab.shape[0]:
-        return tab, n_keys
-    live = np.sum(tab[:, 1] > 0)
-    cap = 1024
-    while cap < 4 * (live + more):
-        cap *= 2
-    new = _new_table(cap)
-    for i in range(tab.shape[0]):
-        if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
-            s = _hash_slot(new, tab[i, 0])
-            new[s] = tab[i]
-    return new, live
-
-
-@register_jitable
-def _grow(a, need):
-    """a, or a copy with at least twice as many rows, so that row need-1 fits."""
-    if need <= a.shape[0]:
-        return a
-    b = np.empty((max(need, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
-    b[:a.shape[0]] = a
-    return b
-
-
-@register_jitable
-def _compact_lists(tab, lists):
-    """(lists, n_entries): the word lists of the live pairs copied into a new array with
-    half of it free, each list contiguous; the entries of merged and dead pairs (most of
-    the entries, after the first merges) are dropped."""
-    live = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        while e != -1:
-            live, e = live + 1, lists[e, 1]
-    new = np.empty((max(1024, 2 * live), 2), np.int32)
-    n = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        tab[s, 2] = n if e != -1 else -1
-        while e != -1:
-            new[n, 0], new[n, 1] = lists[e, 0], n + 1
-            n, e = n + 1, lists[e, 1]
-            if e == -1:
-                new[n - 1, 1] = -1             # the end of this list
-    return new, n
-
-
-@register_jitable(inline='always')
-def _word_count(words, w):
-    """The count of the word at offset w, kept as two int32 halves."""
-    return int(words[w + 2]) | (int(words[w + 3]) << 31)
-
-
-@register_jitable
-def _start_pairs(words):
-    """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
-    dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
-    count = np.zeros(65536, np.int64)
-    n_words = np.zeros(65536, np.int64)        # words containing the pair
-    last = np.full(65536, -1, np.int64)
-    w = 0
-    while w < words.shape[0]:
-        cw = _word_count(words, w)
-        for i in range(w + 4, w + 4 + words[w] - 1):
-            p = 256 * words[i] + words[i + 1]
-            count[p] += cw
-            if last[p] != w:
-                last[p], n_words[p] = w, n_words[p] + 1
-        w += 4 + words[w]
-    run = np.zeros(65537, np.int64)            # pair p's run: run[p] to run[p + 1]
-    run[1:] = np.cumsum(n_words)
-    lists = np.empty((max(1024, 2 * run[65536]), 2), np.int32)
-    fill = run[:65536].copy()
-    last[:] = -1
-    w = 0
-    while w < words.shape[0]:
-        for i in range(w + 4, w + 4 + words[w] - 1):
-            p = 256 * words[i] + words[i + 1]
-            if last[p] != w:
-                last[p] = w
-                lists[fill[p], 0], lists[fill[p], 1] = w, fill[p] + 1
-                fill[p] += 1
-        w += 4 + words[w]
-    n_keys = np.sum(count > 0)
-    cap = 1024
-    while cap < 4 * n_keys:
-        cap *= 2
-    tab = _new_table(cap)
-    for p in range(65536):
-        if count[p] > 0:
-            lists[run[p + 1] - 1, 1] = -1      # the end of the run
-            s = _hash_slot(tab, _key(p // 256, p % 256))
-            tab[s, 0], tab[s, 1], tab[s, 2], tab[s, 3] = (_key(p // 256, p % 256), count[p],
-                                                           run[p], last[p])
-    return tab, n_keys, lists, run[65536]
-
-
-@register_jitable
-def _bytes_cmp(pool, start, length, x, y):
-    """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
-    sx, sy, lx, ly = start[x], start[y], length[x], length[y]
-    k, n = 0, min(lx, ly) if x != y else 0
-    while k < n and pool[sx + k] == pool[sy + k]:
+def _pair_greater(tokens, p, q):
+    """Pair p is greater than pair q as byte strings (left, then right): the naive trainer's
+    tie-break, for tokens[x] the bytes of token x."""
+    x, y = (p >> 32, q >> 32) if p >> 32 != q >> 32 else (p & 0xFFFFFFFF, q & 0xFFFFFFFF)
+    bx, by, k = tokens[x], tokens[y], 0
+    while k < min(len(bx), len(by)) and bx[k] == by[k]:
         k += 1
-    if k < n:
-        return 1 if pool[sx + k] > pool[sy + k] else -1
-    return 0 if lx == ly else (1 if lx > ly else -1)
+    return bx[k] > by[k] if k < min(len(bx), len(by)) else len(bx) > len(by)
 
 
 @register_jitable
-def _pair_gt(ki, kj, pool, start, length):
-    """The pair of key ki is the greater pair of byte strings (left, then right): the
-    tie-break between pairs of equal count."""
-    r = _bytes_cmp(pool, start, length, ki >> 32, kj >> 32)
-    if r == 0:
-        r = _bytes_cmp(pool, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
-    return r > 0
+def _pop_best(heap, counts, tokens):
+    """The pair to merge next, or _NO_PAIR when none is left. heap holds (-count, pair), so
+    Python's min-heap gives the greatest count; among the pairs of that count the greatest
+    bytes win and the others go back. Stale entries are dropped on the way."""
+    best, ties = (0, _NO_PAIR), heap[:0]
+    while len(heap) > 0 and (best[1] == _NO_PAIR or heap[0][0] == best[0]):
+        entry = heapq.heappop(heap)
+        if -entry[0] != counts[entry[1]] or entry[1] == best[1]:
+            continue                                   # stale: the count has changed
+        if best[1] == _NO_PAIR or _pair_greater(tokens, entry[1], best[1]):
+            best, entry = entry, best
+        if entry[1] != _NO_PAIR:
+            ties.append(entry)
+    for entry in ties:
+        heapq.heappush(heap, entry)
+    return best[1]
 
 
 @register_jitable
-def _sift_down(heap, i, n, pool, start, length):
-    """Move row i of a heap of n rows down until both children rank below it."""
-    k = -1
-    while k != i:
-        if k >= 0:
-            heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
-            i = k
-        l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
-        # Counts first, the bytes only on a tie (see the top of this section).
-        if l < n and (heap[l, 0] > heap[k, 0] or heap[l, 0] == heap[k, 0] and
-                      _pair_gt(heap[l, 1], heap[k, 1], pool, start, length)):
-            k = l
-        if r < n and (heap[r, 0] > heap[k, 0] or heap[r, 0] == heap[k, 0] and
-                      _pair_gt(heap[r, 1], heap[k, 1], pool, start, length)):
-            k = r
-
-
-@register_jitable
-def _heap_push(heap, n, c, key, pool, start, length):
-    """Append [c, key] to a heap of n rows (the caller makes room) and sift it up."""
-    heap[n, 0], heap[n, 1] = c, key
-    i = n
-    while i > 0:
-        p = (i - 1) // 2
-        if heap[i, 0] < heap[p, 0] or heap[i, 0] == heap[p, 0] and \
-                not _pair_gt(heap[i, 1], heap[p, 1], pool, start, length):
-            break
-        heap[i, 0], heap[p, 0], heap[i, 1], heap[p, 1] = heap[p, 0], heap[i, 0], heap[p, 1], heap[i, 1]
-        i = p
-
-
-@register_jitable
-def _start_heap(tab, n_keys, pool, start, length):
-    """A heap of every pair in the table, built bottom-up (heapify)."""
-    heap = np.empty((max(1024, 2 * n_keys), 2), np.int64)
-    n = 0
-    for s in range(tab.shape[0]):
-        if tab[s, 0] != _EMPTY:
-            heap[n, 0], heap[n, 1] = tab[s, 1], tab[s, 0]
-            n += 1
-    for i in range(n // 2 - 1, -1, -1):
-        _sift_down(heap, i, n, pool, start, length)
-    return heap, n
-
-
-@register_jitable
-def _bigger_changes(rows, used, n_used):
-    """The changes table at twice the size, its n_used keys re-inserted."""
-    new_rows, new_used = _new_table(2 * rows.shape[0]), np.empty(rows.shape[0], np.int64)
-    for k in range(n_used):
-        s = _hash_slot(new_rows, rows[used[k], 0])
-        new_rows[s] = rows[used[k]]
-        new_used[k] = s
-    return new_rows, new_used
-
-
-@register_jitable(inline='always')
-def _change(rows, used, n_used, key, d, w, lists, n_entries):
-    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
-    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
-    is checked by the caller. Returns (n_used, n_entries)."""
-    # No branch (see the top of this section); numba's inliner also warns about variables
-    # assigned under one. int(): interpreted, Python ints do this arithmetic faster than
-    # numpy's scalars.
-    s = _hash_slot(rows, key)
-    new_key = int(rows[s, 0] == _EMPTY)
-    first, last = int(rows[s, 2]), int(rows[s, 3])
-    listed = int(w >= 0) & int(last != w)
-    used[n_used] = s                       # kept only if the key is new
-    lists[n_entries, 0], lists[n_entries, 1] = w, first      # kept only if listed
-    rows[s, 0], rows[s, 1] = key, rows[s, 1] + d
-    rows[s, 2], rows[s, 3] = first + listed * (n_entries - first), last + listed * (w - last)
-    return n_used + new_key, n_entries + listed
-
-
-@register_jitable(inline='always')
-def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
-    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
-    right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries).
-    A word whose pair is gone (a stale list entry) is copied onto itself, unchanged."""
-    begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
-    r = begin
-    while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
-        r += 1
-    o = r                                        # tok[begin:o] is the merged word so far
-    while r < end:
-        if r < end - 1 and tok[r] == a and tok[r + 1] == b:
-            if o > begin:                        # (x, a) -> (x, t); x may be t already
-                x = tok[o - 1]
-                n_used, n_entries = _change(rows, used, n_used, _key(x, a), -cw, -1, lists, n_entries)
-                n_used, n_entries = _change(rows, used, n_used, _key(x, t), cw, w, lists, n_entries)
-            if r < end - 2:                      # (b, y) -> (t, y)
-                y = tok[r + 2]
-                n_used, n_entries = _change(rows, used, n_used, _key(b, y), -cw, -1, lists, n_entries)
-                n_used, n_entries = _change(rows, used, n_used, _key(t, y), cw, w, lists, n_entries)
-            tok[o] = t
-            r += 2
+def _count_pairs(tok, start, n, weight, counts):
+    """Add weight to the count of each pair of tok[start:start + n]."""
+    for i in range(start, start + n - 1):
+        pair = tok[i] << 32 | tok[i + 1]
+        if pair in counts:
+            counts[pair] += weight
         else:
-            tok[o] = tok[r]
-            r += 1
-        o += 1
-    tok[w] = o - begin
-    return n_used, n_entries
+            counts[pair] = weight
 
 
 @register_jitable
-def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists, n_entries):
-    """Merge (a, b) into t in the words visit[k:n_visit] (merge m). Stops at the first word
-    whose changes might not fit (a word of n tokens has at most 2n distinct changed pairs,
-    and lists each pair once): returns (k, n_used, n_entries), k = n_visit when done. It
-    never replaces an array, so that its compiled loop counts no references."""
-    while k < n_visit:
-        if k + _AHEAD < n_visit:
-            _prefetch(words, visit[k + _AHEAD])
-            _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
-        w = visit[k]
-        if words[w + 1] != m:                 # not listed twice
-            if 2 * (n_used + 2 * words[w]) > rows.shape[0] or \
-                    n_entries + words[w] > lists.shape[0]:
-                return k, n_used, n_entries
-            words[w + 1] = m
-            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
-                                            n_entries)
-        k += 1
-    return k, n_used, n_entries
-
-
-@register_jitable
-def _pack_lists(rows, used, n_used, lists, first, n_entries):
-    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
-    prepended word by word) interleave with the other new lists'; a later merge walking one
-    list would wait for memory at each entry, while a contiguous run streams in."""
-    packed = np.empty((n_entries - first, 2), np.int32)
-    n = 0
-    for k in range(n_used):
-        e = rows[used[k], 2]
-        if e != -1:
-            rows[used[k], 2] = first + n
-        while e != -1:
-            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
-            n, e = n + 1, lists[e, 1]
-            if e == -1:
-                packed[n - 1, 1] = -1          # the end of this list
-    lists[first:n_entries] = packed
-
-
-@register_jitable
-def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, pool, start, length):
-    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
-    new token t enter the table (with their word lists) and the heap. Empties the changes
-    table and returns (tab, n_keys, heap, n_heap)."""
-    tab, n_keys = _table_room(tab, n_keys, n_used)
-    heap = _grow(heap, n_heap + n_used)
-    for k in range(n_used):                  # the slots are scattered: ask for them all first
-        _prefetch(tab, 4 * _hash_home(tab, rows[used[k], 0]))
-    for k in range(n_used):
-        key, d = rows[used[k], 0], rows[used[k], 1]
-        s = _hash_slot(tab, key)
-        if key >> 32 == t or key & 0xFFFFFFFF == t:
-            if d > 0:
-                tab[s] = rows[used[k]]
-                n_keys += 1
-                _heap_push(heap, n_heap, d, key, pool, start, length)
-                n_heap += 1
+def _merge_word(tok, start, n, a, b, t):
+    """Replace each (a, b) in tok[start:start + n] by t, left to right, in place; returns the
+    new length."""
+    out, i = start, start
+    while i < start + n:
+        if i < start + n - 1 and tok[i] == a and tok[i + 1] == b:
+            tok[out], i = t, i + 2
         else:
-            tab[s, 1] += d
-        rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
-    return tab, n_keys, heap, n_heap
-
-
-@register_jitable
-def _gather_list(lists, e, visit):
-    """(visit, n): the words of the list starting at entry e, in an array, so that the
-    loop over them can ask for a word's memory before it needs it."""
-    n, f = 0, e
-    while f != -1:
-        n, f = n + 1, lists[f, 1]
-    visit = _grow(visit, n)
-    n = 0
-    while e != -1:
-        visit[n], e = lists[e, 0], lists[e, 1]
-        n += 1
-    return visit, n
-
-
-@register_jitable
-def _add_token_bytes(pool, pool_len, start, length, a, b, t):
-    """Append the bytes of token t = ab to pool; returns (pool, pool_len)."""
-    la, lb = length[a], length[b]
-    pool = _grow(pool, pool_len + la + lb)
-    pool[pool_len:pool_len + la] = pool[start[a]:start[a] + la]
-    pool[pool_len + la:pool_len + la + lb] = pool[start[b]:start[b] + lb]
-    start[t], length[t] = pool_len, la + lb
-    return pool, pool_len + la + lb
-
-
-@register_jitable
-def _word_records(ids, word_start, word_count):
-    """The words as one int32 array of records [length, last merge that visited it, count
-    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
-    A word is named by the offset of its record."""
-    n_words = word_count.shape[0]
-    if ids.shape[0] + 4 * n_words >= 2 ** 31:
-        raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
-    words = np.empty(ids.shape[0] + 4 * n_words, np.int32)
-    for k in range(n_words):
-        w, n = word_start[k] + 4 * k, word_start[k + 1] - word_start[k]
-        words[w], words[w + 1] = n, -1
-        words[w + 2], words[w + 3] = word_count[k] & 0x7FFFFFFF, word_count[k] >> 31
-        words[w + 4:w + 4 + n] = ids[word_start[k]:word_start[k + 1]]
-    return words
+            tok[out], i = tok[i], i + 1
+        out += 1
+    return out - start
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
-    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
-    256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
-    (W+1,) offsets; word_count: (W,) occurrences."""
-    words = _word_records(ids, word_start, word_count)
-    tab, n_keys, lists, n_entries = _start_pairs(words)
-    # Bytes of every token, for the tie-break: token x is pool[start[x]:start[x] + length[x]].
-    n_tok = 256 + num_merges
-    start = np.zeros(n_tok, np.int64)
-    length = np.zeros(n_tok, np.int64)
-    pool = np.empty(max(1024, 4 * n_tok), np.uint8)
-    for x in range(256):
-        pool[x], start[x], length[x] = x, x, 1
-    pool_len = 256
-    heap, n_heap = _start_heap(tab, n_keys, pool, start, length)
-
-    lefts = np.empty(num_merges, np.int64)
-    rights = np.empty(num_merges, np.int64)
-    rows, used = _new_table(1024), np.empty(512, np.int64)   # one merge's changes
-    visit = np.empty(1024, np.int32)          # one merge's words
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge m makes token 256 + m.
+    ids: (P,) the bytes of all words end to end; word_start: (W+1,) offsets; word_count: (W,)
+    occurrences. [b"low" x5, b"lowest" x2] -> first merge (o, w): 7 times, as (l, o), but greater."""
+    tok, word_start, word_count = _ints(ids), _ints(word_start), _ints(word_count)
+    length = [word_start[w + 1] - word_start[w] for w in range(len(word_count))]
+    counts, where = {_NO_PAIR: 0}, {_NO_PAIR: _words_list(-1)}
+    for w in range(len(word_count)):
+        _count_pairs(tok, word_start[w], length[w], word_count[w], counts)
+        for i in range(word_start[w], word_start[w] + length[w] - 1):
+            _list_word(where, tok[i] << 32 | tok[i + 1], w)
+    tokens = [np.array([b], np.uint8) for b in range(256)]    # the bytes of each token
+    heap = [(-counts[p], p) for p in counts if counts[p] > 0]
+    heapq.heapify(heap)
+    lefts, rights = np.empty(num_merges, np.int64), np.empty(num_merges, np.int64)
     m = 0
-    while m < num_merges and n_heap > 0:
-        c, key = heap[0, 0], heap[0, 1]
-        n_heap -= 1
-        heap[0, 0], heap[0, 1] = heap[n_heap, 0], heap[n_heap, 1]
-        _sift_down(heap, 0, n_heap, pool, start, length)
-        s = _hash_slot(tab, key)
-        if tab[s, 1] != c:                   # stale: re-queue with the true count
-            if tab[s, 1] > 0:               # (the pop made room)
-                _heap_push(heap, n_heap, tab[s, 1], key, pool, start, length)
-                n_heap += 1
-            continue
-
-        a, b, t = key >> 32, key & 0xFFFFFFFF, 256 + m      # t: the new token ab
+    while m < num_merges:
+        pair = _pop_best(heap, counts, tokens)
+        if pair == _NO_PAIR:
+            break
+        a, b, t = pair >> 32, pair & 0xFFFFFFFF, 256 + m
         lefts[m], rights[m] = a, b
-        pool, pool_len = _add_token_bytes(pool, pool_len, start, length, a, b, t)
-        if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
-            lists, n_entries = _compact_lists(tab, lists)
-        visit, n_visit = _gather_list(lists, tab[s, 2], visit)
-        tab[s, 2] = -1
-        n_used, first, k = 0, n_entries, 0
-        while k < n_visit:
-            k, n_used, n_entries = _merge_words(visit, k, n_visit, m, a, b, t, words, rows,
-                                                used, n_used, lists, n_entries)
-            if k < n_visit:                   # make room for word visit[k]'s changes
-                w = visit[k]
-                while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
-                    rows, used = _bigger_changes(rows, used, n_used)
-                lists = _grow(lists, n_entries + words[w])
-        _pack_lists(rows, used, n_used, lists, first, n_entries)
-        tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
-                                                   n_heap, pool, start, length)
-        s = _hash_slot(tab, key)             # (tab may have been rebuilt)
-        tab[s, 1] = 0                        # every occurrence is merged now
+        tokens.append(np.concatenate((tokens[a], tokens[b])))
+        changes = {pair: 0}        # this merge's changes of counts (its own falls to 0)
+        for w in where.pop(pair):
+            s, c_w = word_start[w], word_count[w]
+            _count_pairs(tok, s, length[w], -c_w, changes)
+            length[w] = _merge_word(tok, s, length[w], a, b, t)
+            _count_pairs(tok, s, length[w], c_w, changes)
+            for i in range(s, s + length[w] - 1):      # the new pairs list this word
+                if tok[i] == t or tok[i + 1] == t:
+                    _list_word(where, tok[i] << 32 | tok[i + 1], w)
+        for p, d in changes.items():
+            counts[p] = counts[p] + d if p in counts else d
+            if d != 0 and counts[p] > 0:
+                heapq.heappush(heap, (-counts[p], p))
         m += 1
     return lefts[:m], rights[:m]
 
 
-# The same source, compiled once per machine and cached on disk by numba; even loading it
-# from that cache costs more than a small job takes interpreted (see train_from_counts).
+# The same source compiled (once per machine, then loaded from numba's disk cache).
 _merge_loop_compiled = njit(cache=True)(_merge_loop)
 
 
 # -----------------------------------------------------------------------------
-# 5. train_bpe
+# 4. train_bpe
 
-# Up to this much work the merge loop runs interpreted unless it is already compiled in this
-# process: a small job (any file of 130 KB) then never waits for numba to compile it.
+# Up to this much work the merge loop runs as plain Python (unless the engine's is loaded):
+# a small job (any file of 130 KB) never waits for numba.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
 
 
-@_ctrl_c_stays_keyboard_interrupt
+@bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens in num_workers processes
     (default: one per CPU). Returns vocab {id: bytes} (0-255 the bytes, then the special
@@ -1201,45 +281,51 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
-    if os.path.isfile(input_path) and os.path.getsize(input_path) >= _COMPILED_COUNT_MIN:
-        # Big: count in compiled code, and load the compiled merge loop from numba's disk
-        # cache while the workers count.
-        words = _words_of_table(*_count_pretokens_compiled(
-            input_path, special_tokens, num_workers, while_waiting=_load_compiled_merge_loop))
-        return _train_from_words(*words, vocab_size, special_tokens, compiled=None)
-    counts = count_pretokens(input_path, special_tokens, num_workers,
-                             while_waiting=_load_compiled_merge_loop)
-    return train_from_counts(counts, vocab_size, special_tokens)
+    if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN:
+        # The engine counts with a compiled scanner in worker processes, into hash tables
+        # keyed by the pre-tokens' bytes; it gives the same counts, as the loop's arrays.
+        words = bpe_fast.count_words(input_path, special_tokens, num_workers)
+    else:
+        words = _word_arrays(count_pretokens(input_path, special_tokens))
+    return _train_from_words(*words, vocab_size, special_tokens)
 
 
-def _load_compiled_merge_loop():
-    """Compile the merge loop, or load it from numba's cache, with a one-word job."""
-    _merge_loop_compiled(np.zeros(1, np.uint8), np.array([0, 1], np.int64),
-                         np.ones(1, np.int64), 0)
+def count_pretokens(input_path, special_tokens=()):
+    """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
+    split_re = _special_split_re(_check_special_tokens(special_tokens))
+    text = _read_text(input_path)
+    return Counter(w for part in (split_re.split(text)[::2] if split_re else [text])
+                   for w in pretokenize(part))
 
 
-def train_from_counts(counts, vocab_size, special_tokens=(), compiled=None):
-    """The merge half of train_bpe, from {pre-token str: count}. compiled=None picks the
-    compiled or the interpreted merge loop (same source, same result) by job size."""
+def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
+    """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
+    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one."""
+    return _train_from_words(*_word_arrays(counts), vocab_size, special_tokens, loop)
+
+
+def _word_arrays(counts):
+    """The merge loop's input from {pre-token str: count}: (ids, word_start, word_count), the
+    words of more than one byte (one byte has no pair) end to end."""
     encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
-    words = [w for w, _ in encoded if len(w) > 1]       # one byte: no pair to merge
+    words = [w for w, _ in encoded if len(w) > 1]
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).copy()  # writable: one numba type
-    return _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, compiled)
+    return ids, word_start, word_count
 
 
-def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, compiled):
+def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
     """train_from_counts from the merge loop's input arrays (see _merge_loop)."""
     special_tokens = _check_special_tokens(special_tokens)
     num_merges = max(0, vocab_size - 256 - len(special_tokens))
-    if compiled is None:
-        compiled = bool(_merge_loop_compiled.signatures) or not (
-            len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES)
-    loop = _merge_loop_compiled if compiled else _merge_loop
-    lefts, rights = loop(ids, word_start, word_count, num_merges)
-
+    small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
+    if loop is None and (bpe_fast.merge_loop_loaded() or not small):
+        # The engine runs this loop compiled, its data laid out for the processor's caches and
+        # prefetched, changing only the pairs next to a merge; it learns the same merges.
+        loop = bpe_fast.merge_loop
+    lefts, rights = (loop or _merge_loop)(ids, word_start, word_count, num_merges)
     tokens = [bytes([b]) for b in range(256)]          # internal id -> bytes
     merges = []
     for a, b in zip(lefts.tolist(), rights.tolist()):
@@ -1250,7 +336,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, c
 
 
 # -----------------------------------------------------------------------------
-# 6. The GPT-2 file format
+# 5. The GPT-2 file format
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
@@ -1262,6 +348,12 @@ _PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
 _BYTE_TO_CHAR = {b: chr(b) for b in _PRINTABLE} | {
     b: chr(256 + k) for k, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
+def _read_text(path):
+    """The file as str; a decoding error names the byte offset."""
+    with open(path, "rb") as f:
+        return bpe_fast.check_utf8(f.read(), path, 0)
 
 
 def _token_to_str(tok):
@@ -1296,8 +388,7 @@ def _load_vocab_file(path):
 
 def _check_id(i, where):
     """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
-    token files (and of the Tokenizer's pair keys, left id * V + right id in int64).
-    where() names the token in the error."""
+    token files and of the engine's pair keys. where() names the token in the error."""
     if type(i) is int and 0 <= i < 1 << 32:
         return i
     if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
@@ -1319,16 +410,12 @@ def _show(tok):
 
 def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}",
                   vocab_name="the vocab", exact=False):
-    """The one check that merges fit a vocab {id: bytes}. The rule: (1) left, right and
-    left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens
-    are exactly what the merges make, in order: merge k makes the k-th, from two tokens of
-    lower id. A merged token has 2+ bytes and is two tokens of lower id joined, unless it is
-    a declared special token; one that no two tokens join into (GPT-2's <|endoftext|>) is a
-    special token wherever it sits. So train_bpe's files (specials right after the bytes)
-    and GPT-2's (<|endoftext|> after the merges) pass; a swapped pair of merges, a missing
-    one or a truncated merges file fail. exact=False (Tokenizer(vocab, merges)) lets merges
-    be the first few of the vocab's; a file (exact=True) must make them all. where(k) names
-    merge k in an error, where(None) the merges as a whole."""
+    """The one check that merges fit a vocab {id: bytes}: (1) left, right and left + right of
+    every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
+    tokens of lower id joined, not a declared special token) are what the merges make, in
+    order. So train_bpe's files and GPT-2's (<|endoftext|> after the merges) pass; swapped,
+    missing or cut merges fail. exact=False (Tokenizer(vocab, merges)) lets merges be the first
+    few of the vocab's. where(k) names merge k in an error, where(None) the merges file."""
     token_id = {b: i for i, b in sorted(vocab.items(), reverse=True)}   # lowest id wins
     made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
@@ -1390,309 +477,10 @@ def _read_merges_file(path):
 
 
 # -----------------------------------------------------------------------------
-# 7. Tokenizer
+# 6. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
-
-# Encoding, compiled. The naive path (pretokenize, a dict cache, _bpe_many) is the
-# definition; _encode_kernel does the same work in one pass over the UTF-8 bytes: cut the
-# next pre-token (_next_pretoken), look its bytes up in a cache of pre-token -> ids, and on
-# a miss merge it by rank and remember it. All its state lives in a few numpy arrays held by
-# the Tokenizer, so that a call costs little more than its own bytes:
-#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
-#                        value = rank << 32 | merged id (-1: empty slot)
-#   state  int64         [0, 256) the id of each byte; [256, 259) cache entries, bytes and ids
-#                        used; [259] slots in use, [260] slots to start with; from _SLOTS_AT
-#                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
-#                        length, id offset << 24 | number of ids (0: empty)
-#   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
-#   bpool, ipool         the cached pre-tokens' bytes (uint8), each after its length and its
-#                        number of ids (a byte each), and their ids (uint32)
-# The cache uses only the first slots of state, and doubles them (putting every entry back)
-# as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
-# that encodes a few thousand words then touches a few pages, not all of them. When the
-# slots cannot double or the pools are full it is emptied, so memory stays bounded.
-_CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most half as many words
-_CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
-_CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
-_CACHE_IDS = 1 << 20     # ids of cached pre-tokens
-_SLOTS_AT = 264
-_SHORT_WORD = 16         # longer pre-tokens merge with a heap instead of rescanning all pairs
-_CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
-_NO_MERGE = 1 << 62
-# Below this many characters (in one call, or so far on a Tokenizer) the naive path finishes
-# before numba could load the compiled one from its disk cache (a first compile, once per
-# machine, costs far more); once loaded in the process it is used for every call.
-_COMPILED_MIN_CHARS = 1 << 22
-_NO_SPECIALS = np.zeros((0, 3), np.int64)
-_compiled_encoder_loaded = False
-
-
-@register_jitable
-def _mix(h):
-    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
-    the caller keeps the low ones."""
-    h = h * np.uint64(0x9E3779B97F4A7C15)
-    return h ^ (h >> np.uint64(29))
-
-
-def _pair_table(lefts, rights, values):
-    """The merges' hash table (see above), filled by linear probing in numpy: in each round every
-    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
-    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
-    cap = 1 << max(4, (2 * len(keys)).bit_length())
-    table = np.full(2 * cap, -1, np.int64)
-    slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
-    todo = np.arange(len(keys))
-    while len(todo):
-        s = slot[todo]
-        win = np.zeros(len(todo), bool)
-        win[np.unique(s, return_index=True)[1]] = True
-        win &= table[2 * s + 1] < 0
-        table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
-        todo = todo[~win]
-        slot[todo] = (slot[todo] + 1) & (cap - 1)
-    return table
-
-
-@njit(cache=True, inline="always")
-def _pair_value(pairs, a, b):
-    """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
-    key = np.int64(a) << 32 | np.int64(b)
-    mask = (pairs.shape[0] >> 1) - 1
-    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
-    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see section 4)
-        s = (s + 1) & mask
-    v = pairs[2 * s + 1]
-    return _NO_MERGE if v < 0 else v
-
-
-@njit(cache=True)
-def _merge_short(tok, k, n, pairs, rank):
-    """BPE of tok[k:k+n] in place, as _bpe_many does it: each round finds the pair of lowest
-    rank and merges it at every place, left to right. rank[t] is the value of the pair at t
-    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
-    token, and finds the next round's lowest on the way. Returns the new n."""
-    best = _NO_MERGE
-    for t in range(n - 1):
-        best = min(best, rank[t])
-    while best != _NO_MERGE:
-        w, t, prev_new, low = 0, 0, False, _NO_MERGE
-        while t < n:                      # w writes, t reads: w <= t, so in place is safe
-            new = t + 1 < n and rank[t] == best
-            tok[k + w] = (best & 0xFFFFFFFF) if new else tok[k + t]
-            t += 2 if new else 1
-            if w > 0:                     # the pair (w-1, w): kept unless a side is new
-                rank[w - 1] = _pair_value(pairs, tok[k + w - 1], tok[k + w]) \
-                    if new or prev_new else rank[t - 2]
-                low = min(low, rank[w - 1])
-            prev_new = new
-            w += 1
-        n, best = w, low
-    return n
-
-
-@njit(cache=True, inline="always")
-def _minheap_push(heap, h, x):
-    heap[h] = x
-    while h > 0 and heap[(h - 1) >> 1] > heap[h]:
-        p = (h - 1) >> 1
-        heap[h], heap[p] = heap[p], heap[h]
-        h = p
-
-
-@njit(cache=True, inline="always")
-def _minheap_pop(heap, h):
-    """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
-    top, h = heap[0], h - 1
-    heap[0] = heap[h]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= h:
-            break
-        if c + 1 < h and heap[c + 1] < heap[c]:
-            c += 1
-        if heap[i] <= heap[c]:
-            break
-        heap[i], heap[c] = heap[c], heap[i]
-        i = c
-    return top
-
-
-@njit(cache=True)
-def _merge_long(tok, k, n, pairs, work):
-    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
-    hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
-    the value of the pair now at that place (lazy deletion; a merge marks the places whose
-    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
-    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
-    as _bpe_many's lock-step rounds see them. work: (>= 8n,) int64 scratch whose first
-    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
-    value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
-    changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
-    value[n - 1] = _NO_MERGE
-    h = 0
-    for t in range(n):
-        ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
-    nxt[n - 1] = -1
-    for t in range(n - 1):
-        if value[t] != _NO_MERGE:
-            _minheap_push(heap, h, (value[t] >> 32) << 32 | t)
-            h += 1
-    while h > 0:
-        r, m = heap[0] >> 32, 0
-        while h > 0 and heap[0] >> 32 == r:       # every place of the pair of rank r
-            t = _minheap_pop(heap, h) & 0xFFFFFFFF
-            h -= 1
-            v, u = value[t], nxt[t]
-            if v == _NO_MERGE or v >> 32 != r:    # a stale entry: that pair has changed
-                continue
-            ids[t], ids[u], nxt[t] = v & 0xFFFFFFFF, -1, nxt[u]
-            value[t] = value[u] = _NO_MERGE
-            if prv[t] >= 0:
-                value[prv[t]] = _NO_MERGE
-            if nxt[u] >= 0:
-                prv[nxt[u]] = t
-            changed[m] = t
-            m += 1
-        for q in range(m):                         # the pairs the new tokens make
-            t = changed[q]
-            for a, b in ((prv[t], t), (t, nxt[t])):
-                if a >= 0 and b >= 0:
-                    v = value[a] = _pair_value(pairs, ids[a], ids[b])
-                    if v != _NO_MERGE:
-                        _minheap_push(heap, h, (v >> 32) << 32 | a)
-                        h += 1
-    w, t = 0, 0
-    while t >= 0:
-        tok[k + w] = ids[t]
-        w, t = w + 1, nxt[t]
-    return w
-
-
-@njit(cache=True)
-def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
-    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
-    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
-    n = j - i
-    for t in range(n):
-        out[k + t] = state[data[i + t]]
-    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
-        work = np.empty(8 * n, np.int64)
-    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
-        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
-    if n <= _SHORT_WORD:
-        return k + _merge_short(out, k, n, pairs, work)
-    return k + _merge_long(out, k, n, pairs, work)
-
-
-@njit(cache=True, inline="always")
-def _cache_put(state, h, b, n, c, m):
-    """Put the entry (hash h, n bytes at bpool[b:], m ids at ipool[c:]) in the first free
-    slot from where its hash leads."""
-    mask = state[259] - 1
-    s = h & mask
-    while state[_SLOTS_AT + 3 * s + 1] != 0:
-        s = (s + 1) & mask
-    at = _SLOTS_AT + 3 * s
-    state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
-
-
-@njit(cache=True)
-def _cache_double(state, bpool):
-    """Double the cache's slots in use and put every entry back. The entries are found in
-    bpool, where each word's bytes follow two bytes (its length and its number of ids), so
-    that growing needs no copy of the slots (it allocates nothing)."""
-    state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
-    state[259] *= 2
-    b, c = 0, 0
-    while b < state[257]:
-        n, m = np.int64(bpool[b]), np.int64(bpool[b + 1])
-        _cache_put(state, _hash_bytes(bpool, b + 2, b + 2 + n), b + 2, n, c, m)
-        b, c = b + 2 + n, c + m
-
-
-@njit(cache=True)
-def _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k, work, h):
-    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
-    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
-    n, m = j - i, end - k
-    if n > _CACHED_WORD:
-        return end
-    if 2 * (state[256] + 1) > state[259] and 6 * state[259] <= state.shape[0] - _SLOTS_AT:
-        _cache_double(state, bpool)
-    if 2 * (state[256] + 1) > state[259] or state[257] + 2 + n > bpool.shape[0] \
-            or state[258] + m > ipool.shape[0]:
-        state[256:259] = 0                               # empty: back to the first slots
-        state[_SLOTS_AT:_SLOTS_AT + 3 * state[259]] = 0
-        state[259] = state[260]
-    b, c = state[257], state[258]
-    bpool[b], bpool[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
-    bpool[b + 2:b + 2 + n] = data[i:j]
-    ipool[c:c + m] = out[k:end]
-    _cache_put(state, h, b + 2, n, c, m)
-    state[256] += 1
-    state[257] += 2 + n
-    state[258] += m
-    return end
-
-
-@njit(cache=True)
-def _encode_kernel(data, specials, pairs, byte_pairs, state, bpool, ipool, classes):
-    """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
-    (start, end, id) of specials, in order. The cache look-up is written out in the loop,
-    not called, for the same reason as _next_pretoken is inlined."""
-    out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
-    work = np.empty(8 * _CACHED_WORD, np.int64)
-    mask = state[259] - 1
-    k, i = 0, 0
-    for r in range(specials.shape[0] + 1):
-        end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
-        while i < end:
-            j = _next_pretoken(data, i, end, classes)
-            if j == i + 1:                             # one byte: its id
-                out[k] = state[data[i]]
-                k, i = k + 1, j
-                continue
-            h = _hash_bytes(data, i, j)
-            s, m = h & mask, -1
-            while m < 0:                               # probe until the word or an empty slot
-                at = _SLOTS_AT + 3 * s
-                where = state[at + 1]
-                if where == 0:
-                    break
-                if state[at] == h and where & 0xFFFFFF == j - i:
-                    b = (where >> 24) - i
-                    t = i
-                    while t < j and bpool[b + t] == data[t]:
-                        t += 1
-                    if t == j:
-                        c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
-                        for t in range(m):             # a loop: a slice costs more
-                            out[k + t] = ipool[c + t]
-                s = (s + 1) & mask
-            if m < 0:
-                k = _encode_new(data, i, j, pairs, byte_pairs, state, bpool, ipool, out, k,
-                                work, h)
-                mask = state[259] - 1                  # the cache may have grown
-            else:
-                k += m
-            i = j
-        if r < specials.shape[0]:
-            out[k] = specials[r, 2]
-            k, i = k + 1, specials[r, 1]
-    return out[:k]
-
-
-def _load_compiled_encoder():
-    """Compile the encoder, or load it from numba's disk cache, and build the character
-    classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
-    if not _compiled_encoder_loaded:
-        Tokenizer({b: bytes([b]) for b in range(256)}, [])._encode_array(b"ab")
 
 
 class Tokenizer:
@@ -1715,58 +503,23 @@ class Tokenizer:
         if missing:
             raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
                              "byte-level vocab needs all 256")
-        self._byte_id_arr = np.array([token_id[bytes([b])] for b in range(256)], dtype=np.int64)
-        self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
-        self._split_re = _special_split_re(self.special_tokens)
-        self._cache = {}
-        # The merges as sorted keys left id * V + right id, each with its rank (a repeated
-        # pair keeps its first) and the merged id, for numpy look-ups.
         _check_merges(self.merges, self.vocab, self.special_tokens, *(_file_names or ()),
                       exact=_file_names is not None)
-        V = self._key_base = max(self.vocab) + 1
-        lrm = np.array([(token_id[l], token_id[r], token_id[l + r]) for l, r in self.merges],
-                       dtype=np.int64).reshape(-1, 3)
-        self._pair_keys, self._pair_rank = np.unique(lrm[:, 0] * V + lrm[:, 1], return_index=True)
-        self._pair_merged = lrm[self._pair_rank, 2]
-        # Pairs of two ids below D (all byte pairs, and the commonest tokens) are found
-        # by direct indexing, the rest by binary search: index into the sorted arrays.
-        D = self._dense = min(V, 1024)
-        self._dense_at = np.full(D * D, -1, dtype=np.int64)
-        small = (self._pair_keys // V < D) & (self._pair_keys % V < D)
-        self._dense_at[(self._pair_keys // V * D + self._pair_keys % V)[small]] = \
-            np.flatnonzero(small)
-        # The compiled path's state (see _encode_kernel): the same merges as a hash table,
-        # and an empty cache. np.zeros costs nothing until the cache fills its pages.
-        self._pairs = _pair_table(lrm[self._pair_rank, 0], lrm[self._pair_rank, 1],
-                                  self._pair_rank << 32 | self._pair_merged)
-        self._byte_pairs = self._byte_pair_values()
-        self._state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
-        self._state[:256] = self._byte_id_arr
-        self._state[259] = self._state[260] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
-        self._bpool, self._ipool = np.zeros(_CACHE_BYTES, np.uint8), np.zeros(_CACHE_IDS, np.uint32)
-        # Special tokens found in the UTF-8 bytes, longest first as _special_split_re does
-        # (UTF-8 is self-synchronizing: the matches are those of the text).
-        self._special_bytes = {s.encode("utf-8"): i for s, i in self._special_ids.items()}
-        self._special_bytes_re = _special_bytes_re(list(self._special_bytes))
-        self._naive_chars = 0            # text encoded by the naive path so far
-
-    def _byte_pair_values(self):
-        """(65536,) int64: at x << 8 | y, the value in the merges' table (see _encode_kernel)
-        of the pair (id of byte x, id of byte y), or _NO_MERGE: read directly, for the first
-        look-up of every pair of a new pre-token."""
-        values = np.full(1 << 16, _NO_MERGE, np.int64)
-        if len(self._pair_keys):
-            x, y = np.divmod(np.arange(1 << 16), 256)
-            key = self._byte_id_arr[x] * self._key_base + self._byte_id_arr[y]
-            at = np.minimum(np.searchsorted(self._pair_keys, key), len(self._pair_keys) - 1)
-            found = self._pair_keys[at] == key
-            values[found] = self._pair_rank[at[found]] << 32 | self._pair_merged[at[found]]
-        return values
+        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
+        self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
+        self._split_re = _special_split_re(self.special_tokens)
+        # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
+        self._merge_rank = {}
+        for rank, (left, right) in enumerate(self.merges):
+            self._merge_rank.setdefault((token_id[left], token_id[right]),
+                                        (rank, token_id[left + right]))
+        self._cache, self._plain_chars = {}, 0
+        self._engine = bpe_fast.Encoder(self._byte_ids, self._merge_rank,    # (see encode)
+                                        {s.encode("utf-8"): i for s, i in self._special_ids.items()})
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
-        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath,
-                                     special_tokens)
+        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath, special_tokens)
 
     @classmethod
     def _with_merges_file(cls, vocab, merges_filepath, special_tokens):
@@ -1781,123 +534,61 @@ class Tokenizer:
                                      for l, r in self.merges]
         with atomic_file(vocab_filepath, "w") as f:
             f.write(json.dumps(inv, ensure_ascii=False, indent=0))
-            f.flush()                # a full disk fails here (or in the block below) ...
+            f.flush()       # a full disk fails here or below, before either file is replaced
             os.fsync(f.fileno())
-            with atomic_file(merges_filepath, "w") as g:
+            with atomic_file(merges_filepath, "w") as g:        # renamed first, vocab.json next
                 g.write("\n".join(lines) + "\n")
-        # ... before either file is replaced: merges.txt is renamed first, vocab.json next
 
-    def _bpe_many(self, words):
-        """Ids of many pre-tokens at once. Each round merges, in every word, the pair learned
-        earliest at each place it occurs (left to right), until no merge applies. All words
-        move in lock-step as flat arrays: tok (N,) token ids, wid (N,) word of each position."""
-        data = [w.encode("utf-8") for w in words]
-        lens = np.fromiter(map(len, data), np.int64, len(data))
-        tok = self._byte_id_arr[np.frombuffer(b"".join(data), np.uint8)]
-        wid = np.repeat(np.arange(len(words)), lens)
-        none = len(self.merges)                           # rank meaning "no merge"
-        keys, n_keys, D = self._pair_keys, len(self._pair_keys), self._dense
-        done_tok, done_wid = [], []
-        while len(tok):
-            starts = np.flatnonzero(np.r_[True, wid[1:] != wid[:-1]])       # (W,)
-            counts = np.diff(np.r_[starts, len(tok)])
-            # at[i] = index of the pair (tok[i], tok[i+1]) among the merges, or -1
-            left, right = tok[:-1], tok[1:]
-            small = (left < D) & (right < D)
-            at = np.full(len(left), -1, np.int64)
-            at[small] = self._dense_at[left[small] * D + right[small]]
-            big = np.flatnonzero(~small)
-            if len(big) and n_keys:
-                key = left[big] * self._key_base + right[big]
-                pos = np.minimum(np.searchsorted(keys, key), n_keys - 1)
-                at[big] = np.where(keys[pos] == key, pos, -1)
-            # rank[i] = rank of that pair if both sides are in the same word, else none
-            ok = (wid[:-1] == wid[1:]) & (at >= 0)
-            rank = np.full(len(tok), none, np.int64)
-            rank[:-1][ok] = self._pair_rank[at[ok]]
-            best = np.minimum.reduceat(rank, starts)                          # (W,)
-            finished = np.repeat(best == none, counts)
-            done_tok.append(tok[finished])
-            done_wid.append(wid[finished])
-            # Merge every place of each word's best pair. Places overlap only for a pair
-            # (a, a); in a run of them keep every other one, counting from the left.
-            idx = np.flatnonzero((rank == np.repeat(best, counts)) & (rank < none))
-            run_start = np.r_[True, np.diff(idx) != 1]
-            first = np.maximum.accumulate(np.where(run_start, np.arange(len(idx)), 0))
-            idx = idx[(np.arange(len(idx)) - first) % 2 == 0]
-            tok[idx] = self._pair_merged[at[idx]]
-            keep = ~finished
-            keep[idx + 1] = False
-            tok, wid = tok[keep], wid[keep]
-        tok, wid = np.concatenate(done_tok), np.concatenate(done_wid)
-        order = np.argsort(wid, kind="stable")
-        flat = tok[order].tolist()
-        ends = np.cumsum(np.bincount(wid, minlength=len(words))).tolist()
-        return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
-
-    @_ctrl_c_stays_keyboard_interrupt
-    def encode(self, text):
-        """Ids of text: the compiled pass (_encode_array) once it is loaded in this process or
-        when the job is big enough to pay for loading it, else the naive one. Same ids."""
-        if _compiled_encoder_loaded or self._naive_chars + len(text) >= _COMPILED_MIN_CHARS:
-            return self._encode_array(text.encode("utf-8")).tolist()
-        self._naive_chars += len(text)
-        return self._encode_naive(text)
-
-    def _encode_naive(self, text):
-        """The definition. Special tokens split the text first; the pre-tokens not yet in the
-        cache are merged all together by _bpe_many; then every lookup is one map() in C."""
-        parts = self._split_re.split(text) if self._split_re else [text]
-        words = [pretokenize(p) for p in parts[::2]]   # pieces between specials
-        cache = self._cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
-        new = list(set(chain.from_iterable(words)).difference(cache))
-        if new:
-            cache.update(zip(new, self._bpe_many(new)))
-        out = list(chain.from_iterable(map(cache.__getitem__, words[0])))
-        for special, ws in zip(parts[1::2], words[1:]):
-            out.append(self._special_ids[special])
-            out.extend(chain.from_iterable(map(cache.__getitem__, ws)))
-        return out
-
-    def _encode_array(self, data):
-        """(N,) uint32 ids of the UTF-8 bytes data (valid UTF-8), by the compiled pass."""
-        global _compiled_encoder_loaded
-        specials = _NO_SPECIALS
-        if self._special_bytes_re is not None and any(s in data for s in self._special_bytes):
-            specials = np.array([(m.start(), m.end(), self._special_bytes[m.group()])
-                                 for m in self._special_bytes_re.finditer(data)],
-                                np.int64).reshape(-1, 3)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self._pairs,
-                             self._byte_pairs, self._state, self._bpool, self._ipool,
-                             _char_classes())
-        _compiled_encoder_loaded = True
+    def _merge_pretoken(self, word):
+        """BPE of one pre-token: merge the adjacent pair of lowest rank, at every place it
+        occurs (left to right), until no pair is a merge. " lowest" -> " low", "est"."""
+        ids = [self._byte_ids[b] for b in word.encode("utf-8")]
+        no_merge = (len(self.merges), 0)
+        while len(ids) > 1:
+            pair = min(zip(ids, ids[1:]), key=lambda p: self._merge_rank.get(p, no_merge))
+            if pair not in self._merge_rank:
+                break
+            merged, out, i = self._merge_rank[pair][1], [], 0
+            while i < len(ids):
+                hit = tuple(ids[i:i + 2]) == pair
+                out.append(merged if hit else ids[i])
+                i += 2 if hit else 1
+            ids = out
         return ids
 
+    def _encode_plain(self, text):
+        """The definition: special tokens split the text, each pre-token is merged on its own
+        (and remembered in a small cache)."""
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.clear()
+        ids = []
+        for k, part in enumerate(self._split_re.split(text) if self._split_re else [text]):
+            if k % 2:                          # split() puts each special token at odd k
+                ids.append(self._special_ids[part])
+                continue
+            for word in pretokenize(part):
+                if word not in self._cache:
+                    self._cache[word] = self._merge_pretoken(word)
+                ids += self._cache[word]
+        return ids
+
+    @bpe_fast.ctrl_c_stays_keyboard_interrupt
+    def encode(self, text):
+        """Ids of text."""
+        if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
+            # The engine encodes in one compiled pass over the UTF-8 bytes, with its own
+            # scanner, the merges in a hash table and a cache of pre-tokens in arrays; it gives
+            # the same ids. It takes over once loaded, or when the text pays for loading it.
+            return self._engine.encode(text.encode("utf-8")).tolist()
+        self._plain_chars += len(text)
+        return self._encode_plain(text)
+
     def encode_iterable(self, iterable):
-        """Lazily yield the ids of "".join(iterable) holding about _STREAM_CHARS of text:
-        cuts only at _STREAM_CUT places outside special tokens, so the ids equal encode's."""
-        margin = max((len(s) for s in self.special_tokens), default=1)
-        buf = ""
-        for piece in iterable:
-            buf += piece
-            if len(buf) < _STREAM_CHARS:
-                continue
-            cut = -1
-            hi = len(buf) - margin - 1        # leave room to see a special token across it
-            for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
-                if m.start() > 0 and not _inside_special(buf, m.start(), self.special_tokens):
-                    cut = m.start()
-            if cut <= 0:
-                if len(buf) > (1 << 22):
-                    raise ValueError("encode_iterable found no place to cut 4M characters of text "
-                                     "(no space or single newline before a non-space); use encode()")
-                continue
-            yield from self.encode(buf[:cut])
-            buf = buf[cut:]
-        if buf:
-            yield from self.encode(buf)
+        """Lazily yield the ids of "".join(iterable), in constant memory: the engine cuts the
+        stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the
+        ids equal encode's."""
+        for piece in bpe_fast.stream_pieces(iterable, self.special_tokens, _STREAM_CHARS):
+            yield from self.encode(piece)
 
     def decode(self, ids):
         """Text of ids: a list, numpy array, torch tensor or any iterable of integers."""
@@ -1930,92 +621,10 @@ def _id_list(ids):
     return [int(i) for i in ids]
 
 
-# -----------------------------------------------------------------------------
-# 8. encode_file: a text file to a .npy of ids, in parallel and in constant memory
-
-_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
-_worker_tokenizer = None
-
-
-def _init_encode_worker(tok):
-    global _worker_tokenizer
-    _worker_tokenizer = tok
-
-
-def _encode_chunk(args):
-    """Worker: the ids of one chunk as an array, by the compiled pass or the naive one."""
-    path, start, end, dtype, compiled = args
-    data = _read_bytes(path, start, end)
-    text = _check_utf8(data, path, start)              # names the offset of a bad byte
-    if compiled:                                       # it reads the bytes: no re-encoding
-        return _worker_tokenizer._encode_array(data).astype(dtype), end - start
-    return np.array(_worker_tokenizer._encode_naive(text), dtype=dtype), end - start
-
-
-def _npy_header(dtype, n):
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {
-        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-        "shape": (n,)})
-    return buf.getvalue()
-
-
-@_ctrl_c_stays_keyboard_interrupt
-def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
-    """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
-    uint32), written atomically. Chunks go to worker processes and come back in order.
-    Returns the number of tokens."""
-    size = _check_input_file(input_path)
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(out_dir):
-        raise FileNotFoundError(f"output directory {out_dir} does not exist")
-    dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
-    num_workers = num_workers or os.cpu_count() or 1
-    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
-    # overhead (and re-merging pre-tokens that another worker has seen) small.
-    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
-    bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
-                           -(-size // chunk))
-    # The compiled pass when it is loaded or the file is big enough to pay for loading it:
-    # loaded here, before the workers fork, they share it.
-    compiled = _compiled_encoder_loaded or size >= _COMPILED_MIN_CHARS
-    if compiled:
-        _load_compiled_encoder()
-    tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
-    _init_encode_worker(tokenizer)
-    results, pool = map(_encode_chunk, tasks), contextlib.nullcontext()
-    if num_workers > 1 and len(tasks) > 1:
-        # Encode the first chunk here first: the forked workers then start with its
-        # pre-tokens in the cache instead of each recomputing them.
-        first = _encode_chunk(tasks[0])
-        pool = _pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
-        results = chain([first], pool.imap(_encode_chunk, tasks[1:]))
-    header_len = len(_npy_header(dtype, 0))
-    n_tokens, n_bytes, t0 = 0, 0, time.perf_counter()
-    with pool, atomic_file(out_path) as f:       # leaving the pool terminates it
-        try:
-            f.write(b"\0" * header_len)    # the real header needs the count: written last
-            for ids, nb in results:
-                f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
-                n_tokens += len(ids)
-                n_bytes += nb
-                if progress:
-                    dt = time.perf_counter() - t0
-                    print(f"\rencoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} "
-                          f"tokens, {n_bytes / 1e6 / max(dt, 1e-9):.1f} MB/s",
-                          end="", file=sys.stderr, flush=True)
-        finally:
-            if progress and n_bytes:
-                print(file=sys.stderr)     # ends the progress line, before any error
-        header = _npy_header(dtype, n_tokens)
-        assert len(header) == header_len, "npy header length changed"
-        f.seek(0)
-        f.write(header)
-    return n_tokens
 
 
 # -----------------------------------------------------------------------------
-# 9. Command line
+# 7. Command line
 
 def _cmd_train(args):
     t0 = time.perf_counter()
@@ -2041,6 +650,8 @@ def _cmd_encode(args):
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
     tok = Tokenizer._with_merges_file(vocab, os.path.join(args.tokenizer, "merges.txt"), specials)
     t0 = time.perf_counter()
+    # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
+    # atomically; the ids are encode's.
     n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)

@@ -27,6 +27,7 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import regex
@@ -38,6 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import accounting
 import bench
 import bpe
+import bpe_fast
 import kernels
 import model
 import optim
@@ -576,8 +578,11 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 
 
 # ============================================================================
-# bpe.py
+# bpe.py and its engine bpe_fast.py (tested against bpe.py's definitions)
 # ============================================================================
+
+_BPE_LOOPS = {"plain": lambda: bpe._merge_loop, "plain compiled": lambda: bpe._merge_loop_compiled,
+              "engine": lambda: bpe_fast.merge_loop}        # every merge loop, by name
 
 _BPE_REPO = Path(__file__).resolve().parent
 _BPE_SHARED = _BPE_REPO.parent / "shared"
@@ -660,11 +665,11 @@ def bpe_trained(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_bpe_handout_example_merges(compiled):
+@pytest.mark.parametrize("loop", list(_BPE_LOOPS))
+def test_bpe_handout_example_merges(loop):
     # The handout's example pre-tokenizes on whitespace: feed its word counts directly.
     counts = {"low": 5, "lower": 2, "widest": 3, "newest": 6}
-    vocab, merges = bpe.train_from_counts(counts, 256 + 1 + 12, [_BPE_EOT], compiled=compiled)
+    vocab, merges = bpe.train_from_counts(counts, 256 + 1 + 12, [_BPE_EOT], loop=_BPE_LOOPS[loop]())
     expected = ["s t", "e st", "o w", "l ow", "w est", "n e", "ne west", "w i", "wi d",
                 "wid est", "low e", "lowe r"]
     assert [f"{a.decode()} {b.decode()}" for a, b in merges] == expected
@@ -682,15 +687,15 @@ def test_bpe_train_matches_naive(bpe_trained, case):
 
 
 @pytest.mark.parametrize("case", list(_BPE_CASES))
-def test_bpe_compiled_and_interpreted_agree_with_naive(bpe_trained, case):
-    # train_bpe picks one of the two by job size; check both against the oracle.
+def test_bpe_every_merge_loop_agrees_with_naive(bpe_trained, case):
+    # naive == plain incremental (as Python and compiled) == the engine's tuned loop.
     text, path, specials, (nv, nm), _ = bpe_trained[case]
     counts = bpe.count_pretokens(str(path), specials)
-    for compiled in (False, True):
-        if not compiled and case == "shakespeare_1mb":
-            continue                                  # interpreted on 100k positions: slow
-        v, m = bpe.train_from_counts(counts, _BPE_CASES[case][1], specials, compiled=compiled)
-        assert (v, m) == (nv, nm), f"compiled={compiled}"
+    for loop in _BPE_LOOPS:
+        if loop == "plain" and case == "shakespeare_1mb":
+            continue                                  # as Python on 100k positions: slow
+        v, m = bpe.train_from_counts(counts, _BPE_CASES[case][1], specials, loop=_BPE_LOOPS[loop]())
+        assert (v, m) == (nv, nm), loop
 
 
 def _bpe_merge_loop_stress_text(n_random):
@@ -727,40 +732,12 @@ def bpe_stress():
     return out
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_bpe_merge_loop_stress_matches_naive(bpe_stress, compiled, monkeypatch):
-    grown = collections.Counter()
-    if not compiled:    # interpreted, the helpers are plain functions: count the growths
-        for name in ("_table_room", "_bigger_changes"):
-            def spy(*args, _f=getattr(bpe, name), _name=name):
-                out = _f(*args)
-                grown[_name] += out[0] is not args[0]
-                return out
-            monkeypatch.setattr(bpe, name, spy)
+@pytest.mark.parametrize("loop", list(_BPE_LOOPS))
+def test_bpe_merge_loop_stress_matches_naive(bpe_stress, loop):
     for counts, vocab_size, (nv, nm) in bpe_stress:
-        v, m = bpe.train_from_counts(counts, vocab_size, compiled=compiled)
+        v, m = bpe.train_from_counts(counts, vocab_size, loop=_BPE_LOOPS[loop]())
         assert m == nm
         assert v == nv
-    assert compiled or (grown["_table_room"] > 0 and grown["_bigger_changes"] > 0)
-
-
-def test_bpe_parallel_counting_matches_single_process(tmp_path, monkeypatch):
-    # Tiny chunks force many cuts: at special tokens, and (in the text without any) at
-    # safe spaces. Two worker processes must count exactly what one process counts.
-    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 2048)
-    monkeypatch.setattr(bpe, "_BOUNDARY_WINDOW", 64)
-    for text, specials in [(_bpe_special_text(), [_BPE_EOT, "<|eot|>", "<|eot|><|eot|>"]),
-                           (_bpe_unicode_text() + " plain words " * 300, [])]:
-        path = tmp_path / "c.txt"
-        path.write_text(text, encoding="utf-8")
-        whole = collections.Counter()
-        alts = sorted(specials, key=len, reverse=True)
-        for part in (regex.split("|".join(map(regex.escape, alts)), text) if specials else [text]):
-            whole.update(regex.findall(bpe.GPT2_PAT, part))
-        bounds = bpe._chunk_bounds(str(path), path.stat().st_size,
-                                   [s.encode() for s in specials], 40)
-        assert len(bounds) > 10
-        assert bpe.count_pretokens(str(path), specials, num_workers=2) == whole
 
 
 # --- compiled counting for train_bpe (the scanner into a hash table keyed by bytes) ---
@@ -788,11 +765,11 @@ def _bpe_regex_counts(text, specials):
     return counts
 
 
-def _bpe_table_counts(rec, pool):
-    """{pre-token bytes: count} of a compiled table (rec, pool)."""
-    out, pool = collections.Counter(), pool.tobytes()
+def _bpe_table_counts(rec, word_bytes):
+    """{pre-token bytes: count} of a compiled table (rec, word_bytes)."""
+    out, word_bytes = collections.Counter(), word_bytes.tobytes()
     for w in range((len(rec) - 1) // 2):
-        word = pool[rec[2 * w]:rec[2 * w + 2]]
+        word = word_bytes[rec[2 * w]:rec[2 * w + 2]]
         assert word not in out, "a word is in the table twice"
         out[word] = int(rec[2 * w + 1])
     return out
@@ -811,13 +788,16 @@ def _bpe_counting_texts():
 def test_bpe_compiled_counts_equal_the_regex_counts(tmp_path, monkeypatch, num_workers):
     # Small chunks force many cuts (at special tokens and safe spaces), so that each of the
     # two workers counts a run of many chunks into one table and the parent merges them.
-    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 4096)
-    monkeypatch.setattr(bpe, "_BOUNDARY_WINDOW", 64)
+    monkeypatch.setattr(bpe_fast, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(bpe_fast, "_BOUNDARY_WINDOW", 64)
     path = tmp_path / "c.txt"
     for text, specials in _bpe_counting_texts():
         path.write_bytes(text.encode("utf-8"))
-        rec, pool = bpe._count_pretokens_compiled(str(path), specials, num_workers)
-        assert _bpe_table_counts(rec, pool) == _bpe_regex_counts(text, specials)
+        rec, word_bytes = bpe_fast._count_table(str(path), specials, num_workers)
+        assert _bpe_table_counts(rec, word_bytes) == _bpe_regex_counts(text, specials)
+        size = path.stat().st_size
+        assert len(bpe_fast._chunk_bounds(str(path), size, [s.encode() for s in specials],
+                                          40)) > min(10, size // 5000)     # many cuts
 
 
 def test_bpe_compiled_table_grows_and_merges_from_tiny():
@@ -825,16 +805,18 @@ def test_bpe_compiled_table_grows_and_merges_from_tiny():
     # tables must add the counts of the words they share.
     text = _bpe_unicode_text() + _bpe_scanner_edges_text()
     data = np.frombuffer(bytearray(text.encode("utf-8")), np.uint8)
-    classes, half = bpe._char_classes(), len(data) // 2
+    classes, half = bpe_fast._char_classes(), len(data) // 2
     while data[half] != ord(" "):                         # a safe cut: before " x"
         half += 1
-    tables = [bpe._count_segments(data, np.array([seg], np.int64), classes,
-                                  bpe._table_new(1, 1), 0) for seg in ([0, half], [half, len(data)])]
-    merged, n = bpe._merge_tables(bpe._table_new(1, 1), 0, *bpe._trimmed(*tables[0]))
-    merged, n = bpe._merge_tables(merged, n, *bpe._trimmed(*tables[1]))
-    rec, pool = bpe._trimmed(merged, n)
-    assert _bpe_table_counts(rec, pool) == _bpe_regex_counts(text, [])
-    ids, word_start, word_count = bpe._words_of_table(rec, pool)
+    tables = [bpe_fast._count_segments(data, np.array([seg], np.int64), classes,
+                                       bpe_fast._word_table_new(1, 1), 0)
+              for seg in ([0, half], [half, len(data)])]
+    merged, n = bpe_fast._word_tables_merge(bpe_fast._word_table_new(1, 1), 0,
+                                            *bpe_fast._trimmed(*tables[0]))
+    merged, n = bpe_fast._word_tables_merge(merged, n, *bpe_fast._trimmed(*tables[1]))
+    rec, word_bytes = bpe_fast._trimmed(merged, n)
+    assert _bpe_table_counts(rec, word_bytes) == _bpe_regex_counts(text, [])
+    ids, word_start, word_count = bpe_fast._words_of_table(rec, word_bytes)
     words = [ids[a:b].astype(np.uint8).tobytes() for a, b in zip(word_start, word_start[1:])]
     assert dict(zip(words, word_count.tolist())) == {
         w: c for w, c in _bpe_regex_counts(text, []).items() if len(w) > 1}
@@ -844,8 +826,8 @@ def test_bpe_compiled_table_grows_and_merges_from_tiny():
 def test_bpe_train_with_compiled_counting_matches_naive(bpe_trained, tmp_path, monkeypatch,
                                                         num_workers):
     # train_bpe counts in compiled code from 1 MiB on; forced here on the small corpora.
-    monkeypatch.setattr(bpe, "_COMPILED_COUNT_MIN", 0)
-    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 1 << 14)
+    monkeypatch.setattr(bpe_fast, "COMPILED_COUNT_MIN", 0)
+    monkeypatch.setattr(bpe_fast, "_CHUNK_BYTES", 1 << 14)
     for case, (text, path, specials, naive, _) in bpe_trained.items():
         assert bpe.train_bpe(str(path), _BPE_CASES[case][1], specials, num_workers) == naive, case
     text = _bpe_scanner_edges_text()
@@ -856,8 +838,8 @@ def test_bpe_train_with_compiled_counting_matches_naive(bpe_trained, tmp_path, m
 
 
 def test_bpe_compiled_counting_names_the_offset_of_invalid_utf8(tmp_path, monkeypatch):
-    monkeypatch.setattr(bpe, "_COMPILED_COUNT_MIN", 0)
-    monkeypatch.setattr(bpe, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(bpe_fast, "COMPILED_COUNT_MIN", 0)
+    monkeypatch.setattr(bpe_fast, "_CHUNK_BYTES", 4096)
     good = ("café au lait " * 2000).encode("utf-8")
     for at in (9, len(good) - 100):           # in the first chunk, and in the second worker's run
         bad = tmp_path / "bad.txt"
@@ -967,9 +949,9 @@ def test_bpe_safe_cuts_never_change_the_pretokens():
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         whole = regex.findall(bpe.GPT2_PAT, text)
-        cuts = [m.start() for m in bpe._STREAM_CUT.finditer(text)]
+        cuts = [m.start() for m in bpe_fast._STREAM_CUT.finditer(text)]
         data = text.encode("utf-8")
-        cuts += [len(data[:m.start()].decode("utf-8")) for m in regex.finditer(bpe._SAFE_CUT, data)]
+        cuts += [len(data[:m.start()].decode("utf-8")) for m in regex.finditer(bpe_fast._SAFE_CUT, data)]
         for c in cuts:
             assert regex.findall(bpe.GPT2_PAT, text[:c]) + regex.findall(bpe.GPT2_PAT, text[c:]) == whole, (text, c)
         n_cuts += len(cuts)
@@ -1013,9 +995,21 @@ def test_bpe_ascii_fast_path_finds_the_same_pretokens_as_gpt2_pat():
     assert bpe.pretokenize("héllo wörld 42") == regex.findall(bpe.GPT2_PAT, "héllo wörld 42")
 
 
+@numba.njit
+def _bpe_pretoken_ends(data, classes):
+    """(P,) int64: where each pre-token of data ends, by the engine's scanner."""
+    ends = np.empty(data.shape[0], np.int64)
+    i, p = 0, 0
+    while i < data.shape[0]:
+        i = bpe_fast._next_pretoken(data, i, data.shape[0], classes)
+        ends[p] = i
+        p += 1
+    return ends[:p]
+
+
 def _bpe_compiled_pretokens(text):
     data = text.encode("utf-8")
-    ends = bpe._pretoken_ends(np.frombuffer(data, np.uint8), bpe._char_classes()).tolist()
+    ends = _bpe_pretoken_ends(np.frombuffer(data, np.uint8), bpe_fast._char_classes()).tolist()
     return [data[a:b].decode("utf-8") for a, b in zip([0] + ends, ends)]
 
 
@@ -1084,12 +1078,12 @@ def test_bpe_decode_malformed_utf8_becomes_replacement_char():
     assert tok.decode([ord("a"), 0xFF, ord("b")]) == "a\ufffdb"
 
 
-# --- The compiled encoder (_encode_array) against the definition (_encode_naive: regex
-# pre-tokens, _bpe_many's lock-step rounds): the same ids on every kind of text.
+# --- The engine's compiled encoder (_encode_compiled) against the definition (_encode_plain:
+# regex pre-tokens, each merged on its own): the same ids on every kind of text.
 
 def _bpe_both_paths(tok, text):
-    naive = tok._encode_naive(text)
-    assert tok._encode_array(text.encode("utf-8")).tolist() == naive, _short_repr(text)
+    naive = tok._encode_plain(text)
+    assert tok._engine.encode(text.encode("utf-8")).tolist() == naive, _short_repr(text)
     return naive
 
 
@@ -1182,11 +1176,13 @@ def test_bpe_compiled_encode_equals_definition_for_random_merges():
 def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
     # A tiny cache overflows again and again: the ids stay right, its arrays keep their
     # size and it never holds more than half its slots.
-    monkeypatch.setattr(bpe, "_CACHE_SLOTS", 64)
-    monkeypatch.setattr(bpe, "_CACHE_BYTES", 300)
-    monkeypatch.setattr(bpe, "_CACHE_IDS", 100)
+    monkeypatch.setattr(bpe_fast, "_CACHE_SLOTS", 64)
+    monkeypatch.setattr(bpe_fast, "_CACHE_BYTES", 300)
+    monkeypatch.setattr(bpe_fast, "_CACHE_IDS", 100)
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    sizes = tok._state.shape, tok._bpool.shape, tok._ipool.shape
+    tok._engine.encode(b"")
+    eng = tok._engine
+    sizes = eng.state.shape, eng.cache_bytes.shape, eng.cache_ids.shape
     rng = random.Random(4)
     words = [" " + "".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 9)))
              for _ in range(500)] + [" 中文字符日本語テキスト" * 3]
@@ -1194,11 +1190,11 @@ def test_bpe_compiled_encode_cache_stays_bounded(bpe_gpt2, monkeypatch):
     for _ in range(20):
         text = "".join(rng.choice(words) for _ in range(200))
         _bpe_both_paths(tok, text)
-        entries, n_bytes, n_ids = tok._state[256:259]
+        entries, n_bytes, n_ids = eng.state[bpe_fast._N_ENTRIES:bpe_fast._N_IDS + 1]
         assert 0 < entries <= 32 and n_bytes <= 300 and n_ids <= 100
         seen += entries
-        assert (tok._state.shape, tok._bpool.shape, tok._ipool.shape) == sizes
-    assert tok._state[bpe._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
+        assert (eng.state.shape, eng.cache_bytes.shape, eng.cache_ids.shape) == sizes
+    assert eng.state[bpe_fast._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
 
 
 def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
@@ -1206,21 +1202,23 @@ def test_bpe_compiled_encode_cache_grows_then_empties(bpe_gpt2, monkeypatch):
     # back by its hash), then is emptied and starts again from 4: the ids stay right across
     # every growth, a word cached before a growth is still found after it, and the slots in
     # use never pass the bound.
-    monkeypatch.setattr(bpe, "_CACHE_SLOTS", 64)
-    monkeypatch.setattr(bpe, "_CACHE_FIRST_SLOTS", 4)
+    monkeypatch.setattr(bpe_fast, "_CACHE_SLOTS", 64)
+    monkeypatch.setattr(bpe_fast, "_CACHE_FIRST_SLOTS", 4)
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    size = tok._state.shape
+    tok._engine.encode(b"")
+    eng = tok._engine
+    size = eng.state.shape
     rng = random.Random(6)
     words = [" " + "".join(rng.choice("abcdefghij中文字") for _ in range(rng.randint(2, 9)))
              for _ in range(200)]
     in_use = []
     for n in range(1, 60):
         _bpe_both_paths(tok, "".join(words[:n]))           # the first words again, one more
-        entries, slots = tok._state[256], tok._state[259]
+        entries, slots = eng.state[bpe_fast._N_ENTRIES], eng.state[bpe_fast._N_SLOTS]
         in_use.append(slots)
-        assert 2 * entries <= slots <= 64 and tok._state.shape == size
-        assert tok._state[bpe._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
-        assert not tok._state[bpe._SLOTS_AT + 3 * slots:].any()   # nothing past the slots in use
+        assert 2 * entries <= slots <= 64 and eng.state.shape == size
+        assert eng.state[bpe_fast._SLOTS_AT:].reshape(-1, 3)[:, 1].astype(bool).sum() == entries
+        assert not eng.state[bpe_fast._SLOTS_AT + 3 * slots:].any()   # nothing past the slots in use
     assert in_use[0] == 4 and min(in_use[in_use.index(64):]) < 64    # grew to 64, emptied
 
 
@@ -1231,9 +1229,10 @@ def test_bpe_compiled_encode_byte_pair_table_equals_the_merges_table(bpe_gpt2):
     special, _ = bpe_gpt2
     vocab, merges = _bpe_random_merges(random.Random(7), b"ab\xe4\xb8\xad ", 40)
     for tok in (special, bpe.Tokenizer(vocab, merges), bpe.Tokenizer(vocab, [])):
-        ids = tok._byte_id_arr
-        assert [bpe._pair_value(tok._pairs, ids[xy >> 8], ids[xy & 255]) for xy in range(1 << 16)] \
-            == tok._byte_pairs.tolist()
+        ids = tok._byte_ids
+        tok._engine.encode(b"")
+        assert [bpe_fast._merge_value(tok._engine.pairs, ids[xy >> 8], ids[xy & 255])
+                for xy in range(1 << 16)] == tok._engine.byte_pairs.tolist()
 
 
 def test_bpe_compiled_encode_specials_and_surrogates():
@@ -1249,7 +1248,7 @@ def test_bpe_compiled_encode_specials_and_surrogates():
                         [(b"a", b"b"), (b"ab", b"ab")], ["<|x|>"])
     assert _bpe_both_paths(big, "abab ab<|x|>") == [4_294_967_294, 32, 3_000_000_000, 4_294_967_295]
     # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
-    for encode in (tok.encode, tok._encode_naive, lambda t: tok._encode_array(t.encode("utf-8"))):
+    for encode in (tok.encode, tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
             encode("ab \ud800 c")
 
@@ -1258,17 +1257,17 @@ def test_bpe_encode_picks_the_compiled_path_by_size(bpe_gpt2, monkeypatch):
     special, _ = bpe_gpt2
     calls = []
     tok = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-    monkeypatch.setattr(tok, "_encode_array", lambda d: calls.append("compiled") or
-                        bpe.Tokenizer._encode_array(tok, d))
-    monkeypatch.setattr(tok, "_encode_naive", lambda t: calls.append("naive") or
-                        bpe.Tokenizer._encode_naive(tok, t))
-    monkeypatch.setattr(bpe, "_compiled_encoder_loaded", False)
-    monkeypatch.setattr(bpe, "_COMPILED_MIN_CHARS", 1000)
+    engine_encode = tok._engine.encode
+    monkeypatch.setattr(tok._engine, "encode", lambda d: calls.append("compiled") or engine_encode(d))
+    monkeypatch.setattr(tok, "_encode_plain", lambda t: calls.append("naive") or
+                        bpe.Tokenizer._encode_plain(tok, t))
+    monkeypatch.setattr(bpe_fast, "_compiled_encoder_loaded", False)
+    monkeypatch.setattr(bpe_fast, "COMPILED_MIN_CHARS", 1000)
     text = "the cat sat on the mat. " * 20                       # 480 characters
-    ids = special._encode_naive(text)
+    ids = special._encode_plain(text)
     assert tok.encode(text) == tok.encode(text) == tok.encode(text) == ids
     assert calls == ["naive", "naive", "compiled"]           # 960 so far, then 1440 >= 1000
-    bpe._compiled_encoder_loaded = True                      # loaded: compiled for any size
+    bpe_fast._compiled_encoder_loaded = True                      # loaded: compiled for any size
     calls.clear()
     tok.encode("x")
     assert calls == ["compiled"]
@@ -1281,7 +1280,7 @@ import bpe
 tok = bpe.Tokenizer.from_files(sys.argv[2], sys.argv[3], ["<|endoftext|>"])
 text = open(sys.argv[4], encoding="utf-8").read()[:130_000]
 ids = tok.encode(text)
-print(len(ids), bpe._compiled_encoder_loaded, len(bpe._encode_kernel.signatures))
+print(len(ids), bpe.bpe_fast._compiled_encoder_loaded, len(bpe.bpe_fast._encode_kernel.signatures))
 """
 
 
@@ -1302,16 +1301,16 @@ def test_bpe_small_encode_job_does_not_load_numba(tmp_path):
 def test_bpe_encode_file_compiled_and_naive_agree(bpe_trained, tmp_path, monkeypatch):
     text, path, specials, _, (vocab, merges) = bpe_trained["unicode"]
     tok = bpe.Tokenizer(vocab, merges, specials)
-    monkeypatch.setattr(bpe, "_ENCODE_CHUNK", 3000)
+    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 3000)
     results = []
     for loaded, threshold in [(False, 1 << 40), (False, 0)]:     # naive, then compiled
-        monkeypatch.setattr(bpe, "_compiled_encoder_loaded", loaded)
-        monkeypatch.setattr(bpe, "_COMPILED_MIN_CHARS", threshold)
+        monkeypatch.setattr(bpe_fast, "_compiled_encoder_loaded", loaded)
+        monkeypatch.setattr(bpe_fast, "COMPILED_MIN_CHARS", threshold)
         out = tmp_path / f"ids{threshold}.npy"
         bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(out),
                         num_workers=2, progress=False)
         results.append(np.load(out).tolist())
-    assert results[0] == results[1] == tok._encode_naive(text)
+    assert results[0] == results[1] == tok._encode_plain(text)
 
 
 _BPE_STREAM_SCRIPT = r"""
@@ -1368,13 +1367,30 @@ def test_bpe_encode_iterable_streams_5mb_under_address_space_cap():
 def test_bpe_encode_file_matches_encode(bpe_trained, tmp_path, monkeypatch):
     text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
     tok = bpe.Tokenizer(vocab, merges, specials)
-    monkeypatch.setattr(bpe, "_ENCODE_CHUNK", 1000)     # many chunks over 2 processes
+    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 1000)     # many chunks over 2 processes
     out = tmp_path / "ids.npy"
     n = bpe.encode_file(tok, str(path), str(out), num_workers=2, progress=False)
     arr = np.load(out, mmap_mode="r")
     assert arr.dtype == np.uint16 and n == len(arr)
     assert arr.tolist() == tok.encode(text)
     assert [p.name for p in tmp_path.iterdir()] == ["ids.npy"]   # no temp files left
+
+
+def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path, monkeypatch, capsys):
+    # stderr is not a terminal here: newline-ended lines (no carriage returns), at most one per
+    # _PROGRESS_EVERY seconds and the last one at the end of the file.
+    text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
+    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 1000)           # many chunks
+    mb = f"{path.stat().st_size / 1e6:.1f}"
+    for every, at_least in ((1e9, 1), (0, 5)):                      # only the last; every chunk
+        monkeypatch.setattr(bpe_fast, "_PROGRESS_EVERY", every)
+        bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "ids.npy"),
+                        num_workers=2)
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert "\r" not in err and err.endswith("\n") and (len(lines) == 1) == (every > 0), err
+        assert len(lines) >= at_least and all(line.startswith("encoded ") for line in lines)
+        assert lines[-1].startswith(f"encoded {mb}/{mb} MB, ") and lines[-1].endswith(" MB/s")
 
 
 def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
@@ -1630,6 +1646,7 @@ def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, out, err)
     assert err == "bpe.py train: interrupted; no partial file was left\n", err
+    assert out == "compiling the tokenizer's fast path once for this machine, about 30 s\n", out
     assert not list(tmp_path.glob("tok/*"))
 
 

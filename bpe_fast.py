@@ -1,0 +1,1529 @@
+"""
+The tokenizer's engine: what makes bpe.py fast, kept apart so that bpe.py reads as a lesson.
+bpe.py calls it at a few marked places and test_all.py checks it against bpe.py's
+definitions (same pre-tokens, counts, merges and ids). It holds, in order:
+1. a compiled scanner that finds GPT2_PAT's pre-tokens in UTF-8 bytes;
+2. the file cut into chunks where no pre-token straddles a cut, the worker processes and
+   the Ctrl-C plumbing around numba;
+3. pre-token counting in the workers, into hash tables keyed by the pre-tokens' bytes;
+4. the tuned merge loop (bpe.py's incremental trainer, laid out for the processor's caches);
+5. the compiled encoder and its cache of pre-tokens;
+6. encode_file: a text file to a .npy of ids, in parallel and in constant memory.
+
+numba's lessons, learned here once and followed everywhere below:
+- Reference counting. Every array that a compiled helper receives, or that a loop assigns
+  again, is reference counted: an atomic add and subtract per array per call, which in a hot
+  loop costs more than the work. So a hot loop never replaces an array (it stops when room
+  runs out; its caller makes room and calls it again), and its per-item helpers are inlined.
+- One way through a helper. numba removes those counts only where an inlined helper has one
+  way through: no early return, no branch around a write. So those helpers return in one
+  place and write with arithmetic where a branch would do (`x += flag * (new - x)`).
+- Prefetch. Late merges spend their time waiting for words scattered over memory; asking
+  the processor for the next words ahead of need (an LLVM intrinsic) overlaps those waits.
+"""
+
+import codecs
+import contextlib
+import functools
+import io
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from itertools import chain
+
+import numpy as np
+import regex
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, register_jitable
+
+from safety import atomic_file
+
+# -----------------------------------------------------------------------------
+# 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
+#
+# It needs only the class of each character. The classes come from the regex package itself, so that the scanner and
+# GPT2_PAT agree on the Unicode version; a test checks them on random text of every kind.
+_OTHER, _LETTER, _NUMBER, _SPACE = 0, 1, 2, 3
+_APOSTROPHE, _BLANK = ord("'"), ord(" ")
+_S, _D, _M, _T, _L, _V, _R, _E = (ord(c) for c in "sdmtlvre")
+_classes = None
+
+
+def _char_classes():
+    """(0x110000,) uint8: the class of every code point, as regex sees \\p{L}, \\p{N} and \\s."""
+    global _classes
+    if _classes is None:
+        every = "".join(map(chr, range(0x110000)))
+        _classes = np.zeros(0x110000, np.uint8)
+        for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
+            for m in regex.finditer(pat, every):
+                _classes[m.start():m.end()] = cls
+    return _classes
+
+
+@njit(cache=True, inline="always")
+def _class_at(data, i, classes):
+    """(class, byte length) of the character that starts at data[i] (valid UTF-8)."""
+    b = np.int64(data[i])
+    if b < 0x80:
+        c, k = b, 1
+    elif b < 0xE0:
+        c, k = (b & 0x1F) << 6 | (data[i + 1] & 0x3F), 2
+    elif b < 0xF0:
+        c, k = (b & 0x0F) << 12 | (data[i + 1] & 0x3F) << 6 | (data[i + 2] & 0x3F), 3
+    else:
+        c, k = ((b & 0x07) << 18 | (data[i + 1] & 0x3F) << 12 | (data[i + 2] & 0x3F) << 6
+                | (data[i + 3] & 0x3F)), 4
+    return classes[c], k
+
+
+# inline="always": the compiled loops that call it once per pre-token get its body, since a
+# call costs more than the scan itself. It, and _class_at, return in one place only.
+@njit(cache=True, inline="always")
+def _next_pretoken(data, i, n, classes):
+    """End of the GPT2_PAT pre-token that starts at byte i of data[:n], trying its
+    alternatives in order: b"'ll go  now" -> "'ll", " go", " ", " now"."""
+    c, j = data[i], -1                     # j: the end, once known
+    if c == _APOSTROPHE and i + 1 < n:                           # 's 'd 'm 't 'll 've 're
+        d = data[i + 1]
+        if d == _S or d == _D or d == _M or d == _T:
+            j = i + 2
+        elif i + 2 < n and ((d == _L and data[i + 2] == _L) or (d == _V and data[i + 2] == _E)
+                            or (d == _R and data[i + 2] == _E)):
+            j = i + 3
+    if j < 0:
+        cls, k = _class_at(data, i, classes)
+        j = i + k
+        if c == _BLANK and j < n:              # a space joins the letters, digits or symbols after it
+            nxt, k = _class_at(data, j, classes)
+            if nxt != _SPACE:
+                cls, j = nxt, j + k
+        more = j < n
+        if cls != _SPACE:                  # ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+'
+            while more:
+                nxt, k = _class_at(data, j, classes)
+                if nxt == cls:
+                    j += k
+                more = nxt == cls and j < n
+        last = i                           # '\s+(?!\S)' then '\s+'
+        while cls == _SPACE and more:
+            nxt, k = _class_at(data, j, classes)
+            if nxt == _SPACE:
+                last, j = j, j + k
+                more = j < n
+            else:
+                # followed by a non-space: leave the last whitespace character to the next
+                # pre-token (" x" takes its space), unless it is the only one
+                if last > i:
+                    j = last
+                more = False
+    return j
+
+
+# -----------------------------------------------------------------------------
+# 2. Chunks, worker processes, Ctrl-C
+
+# Places where a cut cannot change the pre-tokens: (1) before a space followed by a non-space
+# (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)' backs off to
+# end just before it); (2) after a lone newline between two non-spaces. _STREAM_CUT is for
+# str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a
+# UTF-8 lead byte of a range without Unicode whitespace.
+_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
+_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
+_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
+_BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
+# fork shares the parent's imports (numba, regex) instead of re-importing them.
+_MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def _inside_special(buf, p, specials):
+    """True if an occurrence of a special token in buf straddles position p."""
+    return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
+               for s in specials)
+
+
+def stream_pieces(iterable, special_tokens, piece_chars):
+    """The text of iterable (of str) again, as pieces of about piece_chars characters or more,
+    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable)."""
+    margin = max((len(s) for s in special_tokens), default=1)
+    buf = ""
+    for text in iterable:
+        buf += text
+        if len(buf) < piece_chars:
+            continue
+        cut = -1
+        hi = len(buf) - margin - 1        # leave room to see a special token across it
+        for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
+            if m.start() > 0 and not _inside_special(buf, m.start(), special_tokens):
+                cut = m.start()
+        if cut <= 0:
+            if len(buf) > (1 << 22):
+                raise ValueError("encode_iterable found no place to cut 4M characters of text "
+                                 "(no space or single newline before a non-space); use encode()")
+            continue
+        yield buf[:cut]
+        buf = buf[cut:]
+    if buf:
+        yield buf
+
+
+def _find_cut(f, pos, stop, size, cut_re, special_bytes):
+    """First match of cut_re at or after byte pos of file f (size bytes) that splits no
+    special token; None if there is none before about stop."""
+    margin = max((len(s) for s in special_bytes), default=1)
+    while pos < stop:
+        lo = max(0, pos - margin)
+        f.seek(lo)
+        buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
+        for m in cut_re.finditer(buf, pos - lo):
+            p = m.start()
+            if p > len(buf) - margin and lo + len(buf) < size:
+                break                   # too close to the window edge to judge: slide on
+            if not _inside_special(buf, p, special_bytes):
+                return lo + p
+        pos = lo + max(pos - lo + 1, len(buf) - margin)
+    return None
+
+
+def _special_bytes_re(special_bytes):
+    """The special tokens (bytes) as one pattern, longest first as bpe._special_split_re."""
+    alts = [regex.escape(s) for s in sorted(special_bytes, key=len, reverse=True)]
+    return regex.compile(b"|".join(alts)) if alts else None
+
+
+def _chunk_bounds(path, size, special_bytes, n_chunks):
+    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
+    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    special_re = _special_bytes_re(special_bytes)
+    any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
+    bounds = [0]
+    with open(path, "rb") as f:
+        for k in range(1, n_chunks):
+            guess = max(size * k // n_chunks, bounds[-1] + 1)
+            if guess >= size:
+                break
+            p = None
+            if special_re is not None:
+                p = _find_cut(f, guess, min(size, guess + (1 << 20)), size, special_re,
+                              special_bytes)
+            if p is None:
+                p = _find_cut(f, guess, size, size, any_re, special_bytes)
+            if p is not None and bounds[-1] < p < size:
+                bounds.append(p)
+    bounds.append(size)
+    return bounds
+
+
+def check_input_file(path):
+    """The size of the input file, which must exist and hold something."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file {path} does not exist")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"input file {path} is empty; give it some text")
+    return size
+
+
+def check_utf8(data, path, start):
+    """data (bytes-like, read at byte start of path) decoded; ValueError with the file
+    offset of the first bad byte if it is not UTF-8."""
+    try:
+        return codecs.utf_8_decode(data, "strict", True)[0]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
+                         f"offset {start + e.start}; re-save the file as UTF-8") from None
+
+
+def _worker_pool(n, *initializer):
+    """A multiprocessing pool of n forked workers. Ctrl-C is held while they fork (raised in
+    fork's hooks, it would be dropped); the workers keep it blocked: the parent stops them."""
+    mask = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return _MP.Pool(n, *initializer)
+    finally:
+        mask(signal.SIG_SETMASK, old)
+
+
+_ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
+_compile_noted = False    # the first-compile line was printed in this process
+
+
+def _note_first_compile(dispatcher):
+    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for
+    it: the first run on a machine waits that long once."""
+    global _compile_noted
+    index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
+                    "_index_path", None)
+    if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
+        print("compiling the tokenizer's fast path once for this machine, about 30 s", flush=True)
+        _compile_noted = True
+
+
+def ctrl_c_stays_keyboard_interrupt(f):
+    """f, where a Ctrl-C is still a KeyboardInterrupt: numba reports one that came while
+    compiled code ran as a SystemError caused by it; one that catch_ctrl_c held back is raised
+    as f returns."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        global _ctrl_c_held
+        try:
+            result = f(*args, **kwargs)
+        except SystemError as e:
+            cause = e
+            while cause is not None and not isinstance(cause, KeyboardInterrupt):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise KeyboardInterrupt from None
+        if _ctrl_c_held:
+            _ctrl_c_held = False
+            raise KeyboardInterrupt
+        return result
+    return wrapper
+
+
+def catch_ctrl_c():
+    """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
+    numba's Python code runs (its compiler, its callbacks), where it would be swallowed or break
+    a compile: there it is held, and raised as the call that ran numba returns."""
+    def interrupt(signum, frame):
+        global _ctrl_c_held
+        if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
+               for m in ("numba", "llvmlite")):
+            _ctrl_c_held = True
+            return
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def _plan_chunks(input_path, special_tokens, num_workers):
+    """(workers, chunk offsets) of a counting job: pieces of at most 4 MiB, and one per
+    worker at least when the file has 1 MiB or more."""
+    size = check_input_file(input_path)
+    num_workers = num_workers or os.cpu_count() or 1
+    n_chunks = -(-size // _CHUNK_BYTES)
+    if num_workers > 1 and size >= (1 << 20):
+        n_chunks = max(n_chunks, num_workers)
+    return num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+
+
+# -----------------------------------------------------------------------------
+# 3. Counting pre-tokens in worker processes, into hash tables keyed by their bytes
+#
+# bpe.count_pretokens for big files, compiled: the scanner finds each pre-token and a hash
+# table keyed by its bytes counts it (no Python str per pre-token). A table is three arrays
+# (open addressing, linear probing): word w (a distinct pre-token) is word_bytes[rec[2w]:
+# rec[2w + 2]], seen rec[2w + 1] times, so a look-up touches few cache lines; slots[hash & mask]
+# holds tag << 32 | w (-1: empty), the tag being other bits of the hash, so most wrong slots
+# are passed without reading their word. Each worker counts its own run of chunks, 4 MiB at a
+# time, into one table; the parent merges those few tables.
+COMPILED_COUNT_MIN = 1 << 20   # smaller files take bpe.py's path: nothing to compile or load
+
+
+@njit(cache=True, inline="always")
+def _hash_bytes(data, i, j):
+    """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
+    every byte."""
+    h = np.int64(-3750763034362895579)               # FNV offset basis, as int64
+    for k in range(i, j):
+        h = (h ^ np.int64(data[k])) * np.int64(1099511628211)
+    h ^= h >> 29
+    h *= np.int64(-4658895280553007687)
+    return h ^ (h >> 32)
+
+
+@njit(cache=True, inline="always")
+def _slot_entry(h, w):
+    """tag << 32 | w: the tag is hash bits 33-63, never the bits that chose the slot."""
+    return ((h >> 33) & 0x7FFFFFFF) << 32 | w
+
+
+@njit(cache=True)
+def _word_table_new(n_words, n_bytes):
+    """(slots, rec, word_bytes) with room for n_words words of n_bytes in all."""
+    cap = 16
+    while cap < 2 * n_words + 2:                   # at most half full
+        cap *= 2
+    return (np.full(cap, -1, np.int64), np.zeros(2 * n_words + 3, np.int64),
+            np.empty(max(n_bytes, 16), np.uint8))
+
+
+@njit(cache=True)
+def _word_table_has_room(slots, rec, word_bytes, n, extra_bytes):
+    """The table of n words takes one more of extra_bytes bytes as it is (its slots at most
+    half full)."""
+    return (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
+            and rec[2 * n] + extra_bytes <= word_bytes.shape[0])
+
+
+@njit(cache=True)
+def _word_table_reserve(table, n, extra_bytes):
+    """The table with room for one more word of extra_bytes bytes (_word_table_has_room): arrays
+    doubled as needed, the slots (re-)filled from the words' bytes when they would pass half
+    full."""
+    slots, rec, word_bytes = table
+    rec = _grow(rec, 2 * n + 3)
+    word_bytes = _grow(word_bytes, rec[2 * n] + extra_bytes)
+    if 2 * (n + 1) > slots.shape[0]:
+        slots = _word_table_slots(np.full(2 * slots.shape[0], -1, np.int64), rec, word_bytes, n)
+    return slots, rec, word_bytes
+
+
+@njit(cache=True)
+def _word_table_slots(slots, rec, word_bytes, n):
+    """The empty slots array with words 0..n-1 put in (their hashes computed again)."""
+    mask = slots.shape[0] - 1
+    for w in range(n):
+        h = _hash_bytes(word_bytes, rec[2 * w], rec[2 * w + 2])
+        s = h & mask
+        while slots[s] >= 0:
+            s = (s + 1) & mask
+        slots[s] = _slot_entry(h, w)
+    return slots
+
+
+@njit(cache=True, inline="always")
+def _word_table_find(slots, rec, word_bytes, src, i, j, h):
+    """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
+    mask = slots.shape[0] - 1
+    s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
+    while not found and slots[s] >= 0:            # one return, at the end (see the top of this file)
+        w = slots[s] & 0xFFFFFFFF
+        a = rec[2 * w]
+        found = slots[s] >> 32 == tag and rec[2 * w + 2] - a == j - i
+        k = 0
+        while found and k < j - i:
+            found = word_bytes[a + k] == src[i + k]
+            k += 1
+        s = (s + 1 - found) & mask
+    return s
+
+
+@njit(cache=True)
+def _word_table_put(slots, rec, word_bytes, s, n, src, i, j, h, c):
+    """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
+    a = rec[2 * n]
+    slots[s] = _slot_entry(h, n)
+    word_bytes[a:a + j - i] = src[i:j]
+    rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
+
+
+@njit(cache=True)
+def _word_table_add(table, n, src, i, j, h, c):
+    """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
+    Kept apart from the look-up: only new words pay for growing the arrays."""
+    slots, rec, word_bytes = _word_table_reserve(table, n, j - i)
+    _word_table_put(slots, rec, word_bytes, _word_table_find(slots, rec, word_bytes, src, i, j, h), n, src, i, j, h, c)
+    return slots, rec, word_bytes
+
+
+@njit(cache=True)
+def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
+    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
+    does not fit. Returns (i, n): i = e when done, else where that word starts. It never
+    replaces an array, so that its compiled loop counts no references (see the top of this file)."""
+    room = True
+    while room and i < e:
+        j = _next_pretoken(data, i, e, classes)
+        h = _hash_bytes(data, i, j)
+        s = _word_table_find(slots, rec, word_bytes, data, i, j, h)
+        if slots[s] >= 0:
+            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
+        else:
+            room = _word_table_has_room(slots, rec, word_bytes, n, j - i)
+            if room:
+                _word_table_put(slots, rec, word_bytes, s, n, data, i, j, h, 1)
+                n += 1
+        i = j if room else i
+    return i, n
+
+
+@njit(cache=True)
+def _count_segments(data, segments, classes, table, n):
+    """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
+    (n words so far). Returns (table, n)."""
+    slots, rec, word_bytes = table
+    for r in range(segments.shape[0]):
+        i, e = segments[r, 0], segments[r, 1]
+        while i < e:
+            i, n = _count_while_room(data, i, e, classes, slots, rec, word_bytes, n)
+            if i < e:                      # make room for one more word, then go on
+                slots, rec, word_bytes = _word_table_reserve((slots, rec, word_bytes), n, e - i)
+    return (slots, rec, word_bytes), n
+
+
+@njit(cache=True)
+def _word_tables_merge(table, n, o_rec, o_word_bytes):
+    """Add the words of another table (its rec and word_bytes) into this one. Returns (table, n)."""
+    slots, rec, word_bytes = table
+    for w in range((o_rec.shape[0] - 1) // 2):
+        i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
+        h = _hash_bytes(o_word_bytes, i, j)
+        s = _word_table_find(slots, rec, word_bytes, o_word_bytes, i, j, h)
+        if slots[s] >= 0:
+            rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
+        else:
+            slots, rec, word_bytes = _word_table_add((slots, rec, word_bytes), n, o_word_bytes, i, j, h, c)
+            n += 1
+    return (slots, rec, word_bytes), n
+
+
+@njit(cache=True)
+def _words_of_table(rec, word_bytes):
+    """The merge loop's input: (ids, word_start, word_count) of the words of more than one
+    byte (a single byte has no pair to merge), end to end."""
+    n = (rec.shape[0] - 1) // 2
+    n_keep, n_bytes = 0, 0
+    for w in range(n):
+        if rec[2 * w + 2] - rec[2 * w] > 1:
+            n_keep += 1
+            n_bytes += rec[2 * w + 2] - rec[2 * w]
+    ids = np.empty(n_bytes, np.uint8)
+    word_start = np.zeros(n_keep + 1, np.int64)
+    word_count = np.empty(n_keep, np.int64)
+    k = 0
+    for w in range(n):
+        a, b = rec[2 * w], rec[2 * w + 2]
+        if b - a > 1:
+            word_start[k + 1] = word_start[k] + b - a
+            ids[word_start[k]:word_start[k + 1]] = word_bytes[a:b]
+            word_count[k] = rec[2 * w + 1]
+            k += 1
+    return ids, word_start, word_count
+
+
+def _trimmed(table, n):
+    """(rec, word_bytes) of a table of n words, cut to their used length (views: pickling a view
+    sends only its part)."""
+    slots, rec, word_bytes = table
+    return rec[:2 * n + 1], word_bytes[:rec[2 * n]]
+
+
+def _special_segments(buf, special_re):
+    """(S, 2) int64: the [start, end) byte ranges of buf between special tokens (dropped)."""
+    if special_re is None:
+        return np.array([[0, len(buf)]], np.int64)
+    cuts = [0]
+    for m in special_re.finditer(buf):
+        cuts += [m.start(), m.end()]
+    cuts.append(len(buf))
+    return np.array(cuts, np.int64).reshape(-1, 2)
+
+
+def _count_range(args):
+    """Worker: the table (rec, word_bytes) of the pre-tokens of the chunks
+    bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
+    path, bounds, special_tokens = args
+    special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
+    classes = _char_classes()
+    buf = np.empty(max(b - a for a, b in zip(bounds, bounds[1:])), np.uint8)
+    table, n = _word_table_new(1 << 16, 1 << 20), 0
+    with open(path, "rb") as f:
+        for a, b in zip(bounds, bounds[1:]):
+            f.seek(a)
+            data = buf[:b - a]
+            f.readinto(data)
+            check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
+            table, n = _count_segments(data, _special_segments(data, special_re), classes,
+                                       table, n)
+    return _trimmed(table, n)
+
+
+def _load_compiled_counting():
+    """Compile the counting code, or load it from numba's cache, with a tiny job."""
+    data = np.frombuffer(bytearray(b"a b"), np.uint8)
+    _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _word_table_new(1, 1), 0)
+
+
+def _load_compiled_merging():
+    """The same for the parent's half: merging tables, making the merge loop's input."""
+    table = _word_table_new(1, 1)
+    _words_of_table(*_trimmed(*_word_tables_merge(table, 0, *_trimmed(table, 0))))
+
+
+def count_words(input_path, special_tokens, num_workers=None):
+    """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's
+    arrays (ids, word_start, word_count) of the pre-tokens of more than one byte."""
+    return _words_of_table(*_count_table(input_path, special_tokens, num_workers))
+
+
+def _count_table(input_path, special_tokens, num_workers):
+    """The counts as a table (rec, word_bytes): pre-token w is word_bytes[rec[2w]:rec[2w + 2]],
+    seen rec[2w + 1] times. One contiguous run of chunks per worker; the compiled merge loop
+    loads in this process while the workers count."""
+    num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
+    n_runs = min(num_workers, len(bounds) - 1)
+    cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
+    tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
+    _note_first_compile(_count_segments)
+    _load_compiled_counting()              # before the fork: the workers inherit it
+    parallel = n_runs > 1
+    with _worker_pool(n_runs) if parallel else contextlib.nullcontext() as workers:
+        results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
+        if parallel:                       # the workers have started counting
+            _load_compiled_merging()
+        _load_compiled_merge_loop()
+        tables = list(results)
+    # The biggest table, with room for the words of all (fewer if they share words), takes
+    # in the others: its own words need no look-up, only their slots.
+    tables.sort(key=lambda t: len(t[0]))
+    n_max = sum((len(rec) - 1) // 2 for rec, word_bytes in tables)
+    slots, rec, word_bytes = _word_table_new(n_max, sum(len(word_bytes) for rec, word_bytes in tables))
+    base_rec, base_bytes = tables.pop()
+    n = (len(base_rec) - 1) // 2
+    rec[:len(base_rec)], word_bytes[:len(base_bytes)] = base_rec, base_bytes
+    table = (_word_table_slots(slots, rec, word_bytes, n), rec, word_bytes)
+    del base_rec, base_bytes
+    while tables:
+        table, n = _word_tables_merge(table, n, *tables.pop())
+    return _trimmed(table, n)
+
+
+# -----------------------------------------------------------------------------
+# 4. The tuned merge loop
+#
+# bpe._merge_loop's algorithm (pair counts, the words of each pair, a max-heap with lazy
+# deletion), laid out for the processor's caches, all in numpy arrays:
+# - words: one int32 array of records [length, last merge that visited it, count (two
+#   31-bit halves), tokens...]; a word is named by the offset of its record, so a visit
+#   reads one place in memory. A word shrinks in place as it merges.
+# - the pair table: open addressing, one (cap, 4) int64 row per slot, [key = left << 32 |
+#   right, count, first entry of its word list, last word listed]: one lookup, one slot.
+#   A pair never grows again once its count is 0 (only pairs of the newest token grow),
+#   so a full table is rebuilt without those.
+# - word lists: (N, 2) int32 rows [word, next entry]. The starting lists (byte pairs) are
+#   one contiguous run per pair; the lists of a new token's pairs are prepended as its merge
+#   makes them, then packed into one run each. A merge gathers its list first and prefetches
+#   the words ahead of the loop over them; merge m marks the words it visited. When the rows
+#   run out, the live lists are copied out contiguously and the rest is dropped.
+# - one merge's changes: (x, a) loses, (x, ab) gains, ... go into a small table of their
+#   own first (it stays in cache) and reach the big pair table once per pair at the end;
+#   only the neighbours of a merged pair change, not the whole word.
+# - the heap holds one entry per pair: a popped entry whose count is stale goes back with
+#   its true count, and it compares counts itself, calling the bytes tie-break only on a tie.
+# The helpers are register_jitable: compiled into _merge_loop.
+
+_EMPTY = -1
+_AHEAD = 8        # how many words ahead the merge loop prefetches
+
+
+@intrinsic
+def _prefetch(typingctx, a, i):
+    """Ask the processor to bring a[i] into the cache (compiled code only)."""
+    def codegen(context, builder, sig, args):
+        p = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        # read (0), keep in all cache levels (3), data (1)
+        builder.call(f, [builder.bitcast(p, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(a, types.intp), codegen
+
+
+@register_jitable(inline='always')
+def _key(left, right):
+    """The table key of the pair (left, right): left << 32 | right."""
+    return (int(left) << 32) | int(right)
+
+
+@register_jitable(inline='always')
+def _hash_home(tab, key):
+    """The slot where the search for key starts."""
+    h = (key >> 32) * 0x9E3779B1 + (key & 0xFFFFFFFF) * 0x85EBCA77   # < 2^53: no overflow
+    return (h ^ (h >> 29)) & (tab.shape[0] - 1)
+
+
+@register_jitable
+def _hash_slot(tab, key):
+    """Slot holding key, or the empty slot where it would go (linear probing)."""
+    mask = tab.shape[0] - 1
+    i = _hash_home(tab, key)
+    while True:
+        k = tab[i, 0]
+        if k == _EMPTY or k == key:
+            return i
+        i = (i + 1) & mask
+
+
+@register_jitable
+def _pair_table_new(cap):
+    """An empty pair table of cap slots (a power of two): every row [empty, 0, -1, -1]."""
+    tab = np.full((cap, 4), -1, np.int64)
+    tab[:, 1] = 0
+    return tab
+
+
+@register_jitable
+def _pair_table_room(tab, n_keys, more):
+    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
+    without its dead keys (count 0: a pair never grows again once it is gone, since only
+    pairs of the newest token grow), at twice the size if that is still needed."""
+    if 2 * (n_keys + more) <= tab.shape[0]:
+        return tab, n_keys
+    live = np.sum(tab[:, 1] > 0)
+    cap = 1024
+    while cap < 4 * (live + more):
+        cap *= 2
+    new = _pair_table_new(cap)
+    for i in range(tab.shape[0]):
+        if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
+            s = _hash_slot(new, tab[i, 0])
+            new[s] = tab[i]
+    return new, live
+
+
+@register_jitable
+def _grow(a, need):
+    """a, or a copy with at least twice as many rows, so that row need-1 fits."""
+    if need <= a.shape[0]:
+        return a
+    b = np.empty((max(need, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@register_jitable
+def _compact_lists(tab, lists):
+    """(lists, n_entries): the word lists of the live pairs copied into a new array with
+    half of it free, each list contiguous; the entries of merged and dead pairs (most of
+    the entries, after the first merges) are dropped."""
+    live = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        while e != -1:
+            live, e = live + 1, lists[e, 1]
+    new = np.empty((max(1024, 2 * live), 2), np.int32)
+    n = 0
+    for s in range(tab.shape[0]):
+        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
+        tab[s, 2] = n if e != -1 else -1
+        while e != -1:
+            new[n, 0], new[n, 1] = lists[e, 0], n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                new[n - 1, 1] = -1             # the end of this list
+    return new, n
+
+
+@register_jitable(inline='always')
+def _word_count(words, w):
+    """The count of the word at offset w, kept as two int32 halves."""
+    return int(words[w + 2]) | (int(words[w + 3]) << 31)
+
+
+@register_jitable
+def _start_pairs(words):
+    """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
+    dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
+    count = np.zeros(65536, np.int64)
+    n_words = np.zeros(65536, np.int64)        # words containing the pair
+    last = np.full(65536, -1, np.int64)
+    w = 0
+    while w < words.shape[0]:
+        cw = _word_count(words, w)
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
+            count[p] += cw
+            if last[p] != w:
+                last[p], n_words[p] = w, n_words[p] + 1
+        w += 4 + words[w]
+    run = np.zeros(65537, np.int64)            # pair p's run: run[p] to run[p + 1]
+    run[1:] = np.cumsum(n_words)
+    lists = np.empty((max(1024, 2 * run[65536]), 2), np.int32)
+    fill = run[:65536].copy()
+    last[:] = -1
+    w = 0
+    while w < words.shape[0]:
+        for i in range(w + 4, w + 4 + words[w] - 1):
+            p = 256 * words[i] + words[i + 1]
+            if last[p] != w:
+                last[p] = w
+                lists[fill[p], 0], lists[fill[p], 1] = w, fill[p] + 1
+                fill[p] += 1
+        w += 4 + words[w]
+    n_keys = np.sum(count > 0)
+    cap = 1024
+    while cap < 4 * n_keys:
+        cap *= 2
+    tab = _pair_table_new(cap)
+    for p in range(65536):
+        if count[p] > 0:
+            lists[run[p + 1] - 1, 1] = -1      # the end of the run
+            s = _hash_slot(tab, _key(p // 256, p % 256))
+            tab[s, 0], tab[s, 1], tab[s, 2], tab[s, 3] = (_key(p // 256, p % 256), count[p],
+                                                           run[p], last[p])
+    return tab, n_keys, lists, run[65536]
+
+
+@register_jitable
+def _bytes_cmp(tok_bytes, start, length, x, y):
+    """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
+    sx, sy, lx, ly = start[x], start[y], length[x], length[y]
+    k, n = 0, min(lx, ly) if x != y else 0
+    while k < n and tok_bytes[sx + k] == tok_bytes[sy + k]:
+        k += 1
+    if k < n:
+        return 1 if tok_bytes[sx + k] > tok_bytes[sy + k] else -1
+    return 0 if lx == ly else (1 if lx > ly else -1)
+
+
+@register_jitable
+def _pair_gt(ki, kj, tok_bytes, start, length):
+    """The pair of key ki is the greater pair of byte strings (left, then right): the
+    tie-break between pairs of equal count."""
+    r = _bytes_cmp(tok_bytes, start, length, ki >> 32, kj >> 32)
+    if r == 0:
+        r = _bytes_cmp(tok_bytes, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
+    return r > 0
+
+
+@register_jitable
+def _sift_down(heap, i, n, tok_bytes, start, length):
+    """Move row i of a heap of n rows down until both children rank below it."""
+    k = -1
+    while k != i:
+        if k >= 0:
+            heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
+            i = k
+        l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
+        # Counts first, the bytes only on a tie (see the top of this section).
+        if l < n and (heap[l, 0] > heap[k, 0] or heap[l, 0] == heap[k, 0] and
+                      _pair_gt(heap[l, 1], heap[k, 1], tok_bytes, start, length)):
+            k = l
+        if r < n and (heap[r, 0] > heap[k, 0] or heap[r, 0] == heap[k, 0] and
+                      _pair_gt(heap[r, 1], heap[k, 1], tok_bytes, start, length)):
+            k = r
+
+
+@register_jitable
+def _heap_push(heap, n, c, key, tok_bytes, start, length):
+    """Append [c, key] to a heap of n rows (the caller makes room) and sift it up."""
+    heap[n, 0], heap[n, 1] = c, key
+    i = n
+    while i > 0:
+        p = (i - 1) // 2
+        if heap[i, 0] < heap[p, 0] or heap[i, 0] == heap[p, 0] and \
+                not _pair_gt(heap[i, 1], heap[p, 1], tok_bytes, start, length):
+            break
+        heap[i, 0], heap[p, 0], heap[i, 1], heap[p, 1] = heap[p, 0], heap[i, 0], heap[p, 1], heap[i, 1]
+        i = p
+
+
+@register_jitable
+def _start_heap(tab, n_keys, tok_bytes, start, length):
+    """A heap of every pair in the table, built bottom-up (heapify)."""
+    heap = np.empty((max(1024, 2 * n_keys), 2), np.int64)
+    n = 0
+    for s in range(tab.shape[0]):
+        if tab[s, 0] != _EMPTY:
+            heap[n, 0], heap[n, 1] = tab[s, 1], tab[s, 0]
+            n += 1
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, i, n, tok_bytes, start, length)
+    return heap, n
+
+
+@register_jitable
+def _bigger_changes(rows, used, n_used):
+    """The changes table at twice the size, its n_used keys re-inserted."""
+    new_rows, new_used = _pair_table_new(2 * rows.shape[0]), np.empty(rows.shape[0], np.int64)
+    for k in range(n_used):
+        s = _hash_slot(new_rows, rows[used[k], 0])
+        new_rows[s] = rows[used[k]]
+        new_used[k] = s
+    return new_rows, new_used
+
+
+@register_jitable(inline='always')
+def _change(rows, used, n_used, key, d, w, lists, n_entries):
+    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
+    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
+    is checked by the caller. Returns (n_used, n_entries)."""
+    # No branch (see the top of this file); numba's inliner also warns about variables
+    # assigned under one.
+    s = _hash_slot(rows, key)
+    new_key = int(rows[s, 0] == _EMPTY)
+    first, last = int(rows[s, 2]), int(rows[s, 3])
+    listed = int(w >= 0) & int(last != w)
+    used[n_used] = s                       # kept only if the key is new
+    lists[n_entries, 0], lists[n_entries, 1] = w, first      # kept only if listed
+    rows[s, 0], rows[s, 1] = key, rows[s, 1] + d
+    rows[s, 2], rows[s, 3] = first + listed * (n_entries - first), last + listed * (w - last)
+    return n_used + new_key, n_entries + listed
+
+
+@register_jitable(inline='always')
+def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
+    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
+    right, shrinking the word in place; the neighbours' counts move into the changes table.
+    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries).
+    A word whose pair is gone (a stale list entry) is copied onto itself, unchanged."""
+    begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
+    r = begin
+    while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
+        r += 1
+    o = r                                        # tok[begin:o] is the merged word so far
+    while r < end:
+        if r < end - 1 and tok[r] == a and tok[r + 1] == b:
+            if o > begin:                        # (x, a) -> (x, t); x may be t already
+                x = tok[o - 1]
+                n_used, n_entries = _change(rows, used, n_used, _key(x, a), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(x, t), cw, w, lists, n_entries)
+            if r < end - 2:                      # (b, y) -> (t, y)
+                y = tok[r + 2]
+                n_used, n_entries = _change(rows, used, n_used, _key(b, y), -cw, -1, lists, n_entries)
+                n_used, n_entries = _change(rows, used, n_used, _key(t, y), cw, w, lists, n_entries)
+            tok[o] = t
+            r += 2
+        else:
+            tok[o] = tok[r]
+            r += 1
+        o += 1
+    tok[w] = o - begin
+    return n_used, n_entries
+
+
+@register_jitable
+def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists, n_entries):
+    """Merge (a, b) into t in the words visit[k:n_visit] (merge m). Stops at the first word
+    whose changes might not fit (a word of n tokens has at most 2n distinct changed pairs,
+    and lists each pair once): returns (k, n_used, n_entries), k = n_visit when done. It
+    never replaces an array, so that its compiled loop counts no references."""
+    while k < n_visit:
+        if k + _AHEAD < n_visit:
+            _prefetch(words, visit[k + _AHEAD])
+            _prefetch(words, visit[k + _AHEAD] + 16)      # a word's second cache line
+        w = visit[k]
+        if words[w + 1] != m:                 # not listed twice
+            if 2 * (n_used + 2 * words[w]) > rows.shape[0] or \
+                    n_entries + words[w] > lists.shape[0]:
+                return k, n_used, n_entries
+            words[w + 1] = m
+            n_used, n_entries = _merge_word(w, a, b, t, words, rows, used, n_used, lists,
+                                            n_entries)
+        k += 1
+    return k, n_used, n_entries
+
+
+@register_jitable
+def _pack_lists(rows, used, n_used, lists, first, n_entries):
+    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
+    prepended word by word) interleave with the other new lists'; a later merge walking one
+    list would wait for memory at each entry, while a contiguous run streams in."""
+    packed = np.empty((n_entries - first, 2), np.int32)
+    n = 0
+    for k in range(n_used):
+        e = rows[used[k], 2]
+        if e != -1:
+            rows[used[k], 2] = first + n
+        while e != -1:
+            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
+            n, e = n + 1, lists[e, 1]
+            if e == -1:
+                packed[n - 1, 1] = -1          # the end of this list
+    lists[first:n_entries] = packed
+
+
+@register_jitable
+def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, start, length):
+    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
+    new token t enter the table (with their word lists) and the heap. Empties the changes
+    table and returns (tab, n_keys, heap, n_heap)."""
+    tab, n_keys = _pair_table_room(tab, n_keys, n_used)
+    heap = _grow(heap, n_heap + n_used)
+    for k in range(n_used):                  # the slots are scattered: ask for them all first
+        _prefetch(tab, 4 * _hash_home(tab, rows[used[k], 0]))
+    for k in range(n_used):
+        key, d = rows[used[k], 0], rows[used[k], 1]
+        s = _hash_slot(tab, key)
+        if key >> 32 == t or key & 0xFFFFFFFF == t:
+            if d > 0:
+                tab[s] = rows[used[k]]
+                n_keys += 1
+                _heap_push(heap, n_heap, d, key, tok_bytes, start, length)
+                n_heap += 1
+        else:
+            tab[s, 1] += d
+        rows[used[k], 0], rows[used[k], 1], rows[used[k], 2], rows[used[k], 3] = _EMPTY, 0, -1, -1
+    return tab, n_keys, heap, n_heap
+
+
+@register_jitable
+def _gather_list(lists, e, visit):
+    """(visit, n): the words of the list starting at entry e, in an array, so that the
+    loop over them can ask for a word's memory before it needs it."""
+    n, f = 0, e
+    while f != -1:
+        n, f = n + 1, lists[f, 1]
+    visit = _grow(visit, n)
+    n = 0
+    while e != -1:
+        visit[n], e = lists[e, 0], lists[e, 1]
+        n += 1
+    return visit, n
+
+
+@register_jitable
+def _add_token_bytes(tok_bytes, n_tok_bytes, start, length, a, b, t):
+    """Append the bytes of token t = ab to tok_bytes; returns (tok_bytes, n_tok_bytes)."""
+    la, lb = length[a], length[b]
+    tok_bytes = _grow(tok_bytes, n_tok_bytes + la + lb)
+    tok_bytes[n_tok_bytes:n_tok_bytes + la] = tok_bytes[start[a]:start[a] + la]
+    tok_bytes[n_tok_bytes + la:n_tok_bytes + la + lb] = tok_bytes[start[b]:start[b] + lb]
+    start[t], length[t] = n_tok_bytes, la + lb
+    return tok_bytes, n_tok_bytes + la + lb
+
+
+@register_jitable
+def _word_records(ids, word_start, word_count):
+    """The words as one int32 array of records [length, last merge that visited it, count
+    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
+    A word is named by the offset of its record."""
+    n_words = word_count.shape[0]
+    if ids.shape[0] + 4 * n_words >= 2 ** 31:
+        raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
+    words = np.empty(ids.shape[0] + 4 * n_words, np.int32)
+    for k in range(n_words):
+        w, n = word_start[k] + 4 * k, word_start[k + 1] - word_start[k]
+        words[w], words[w + 1] = n, -1
+        words[w + 2], words[w + 3] = word_count[k] & 0x7FFFFFFF, word_count[k] >> 31
+        words[w + 4:w + 4 + n] = ids[word_start[k]:word_start[k + 1]]
+    return words
+
+
+def _merge_loop(ids, word_start, word_count, num_merges):
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
+    256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
+    (W+1,) offsets; word_count: (W,) occurrences."""
+    words = _word_records(ids, word_start, word_count)
+    tab, n_keys, lists, n_entries = _start_pairs(words)
+    # Bytes of every token, for the tie-break: token x is tok_bytes[start[x]:start[x] + length[x]].
+    n_tok = 256 + num_merges
+    start = np.zeros(n_tok, np.int64)
+    length = np.zeros(n_tok, np.int64)
+    tok_bytes = np.empty(max(1024, 4 * n_tok), np.uint8)
+    for x in range(256):
+        tok_bytes[x], start[x], length[x] = x, x, 1
+    n_tok_bytes = 256
+    heap, n_heap = _start_heap(tab, n_keys, tok_bytes, start, length)
+
+    lefts = np.empty(num_merges, np.int64)
+    rights = np.empty(num_merges, np.int64)
+    rows, used = _pair_table_new(1024), np.empty(512, np.int64)   # one merge's changes
+    visit = np.empty(1024, np.int32)          # one merge's words
+    m = 0
+    while m < num_merges and n_heap > 0:
+        c, key = heap[0, 0], heap[0, 1]
+        n_heap -= 1
+        heap[0, 0], heap[0, 1] = heap[n_heap, 0], heap[n_heap, 1]
+        _sift_down(heap, 0, n_heap, tok_bytes, start, length)
+        s = _hash_slot(tab, key)
+        if tab[s, 1] != c:                   # stale: re-queue with the true count
+            if tab[s, 1] > 0:               # (the pop made room)
+                _heap_push(heap, n_heap, tab[s, 1], key, tok_bytes, start, length)
+                n_heap += 1
+            continue
+
+        a, b, t = key >> 32, key & 0xFFFFFFFF, 256 + m      # t: the new token ab
+        lefts[m], rights[m] = a, b
+        tok_bytes, n_tok_bytes = _add_token_bytes(tok_bytes, n_tok_bytes, start, length, a, b, t)
+        if 8 * n_entries > 7 * lists.shape[0]:    # nearly full: drop the dead entries
+            lists, n_entries = _compact_lists(tab, lists)
+        visit, n_visit = _gather_list(lists, tab[s, 2], visit)
+        tab[s, 2] = -1
+        n_used, first, k = 0, n_entries, 0
+        while k < n_visit:
+            k, n_used, n_entries = _merge_words(visit, k, n_visit, m, a, b, t, words, rows,
+                                                used, n_used, lists, n_entries)
+            if k < n_visit:                   # make room for word visit[k]'s changes
+                w = visit[k]
+                while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
+                    rows, used = _bigger_changes(rows, used, n_used)
+                lists = _grow(lists, n_entries + words[w])
+        _pack_lists(rows, used, n_used, lists, first, n_entries)
+        tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
+                                                   n_heap, tok_bytes, start, length)
+        s = _hash_slot(tab, key)             # (tab may have been rebuilt)
+        tab[s, 1] = 0                        # every occurrence is merged now
+        m += 1
+    return lefts[:m], rights[:m]
+
+
+# Compiled once per machine and cached on disk by numba; loading it from there still costs
+# more than a small job takes in bpe.py's loop as plain Python (see bpe._train_from_words).
+merge_loop = njit(cache=True)(_merge_loop)
+
+
+def merge_loop_loaded():
+    """The compiled merge loop is loaded in this process (then any job may use it)."""
+    return bool(merge_loop.signatures)
+
+
+def _load_compiled_merge_loop():
+    """Compile the merge loop, or load it from numba's cache, with a one-word job."""
+    _note_first_compile(merge_loop)
+    merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
+
+
+# -----------------------------------------------------------------------------
+# 5. The compiled encoder
+#
+# bpe.Tokenizer._encode_plain (regex pre-tokens, a dict cache, one pre-token merged at a
+# time) is the definition; _encode_kernel does the same work in one pass over the UTF-8
+# bytes: cut the next pre-token (_next_pretoken), look its bytes up in a cache of pre-token
+# -> ids, and on a miss merge it by rank and remember it. All its state lives in a few
+# numpy arrays held by an Encoder, so that a call costs little more than its own bytes:
+#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
+#                        value = rank << 32 | merged id (-1: empty slot)
+#   state  int64         [0, 256) the id of each byte; then (named below) the cache's entries,
+#                        bytes and ids used, slots in use, slots to start with; from _SLOTS_AT
+#                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
+#                        length, id offset << 24 | number of ids (0: empty)
+#   byte_pairs (65536,)  the same values for the pairs of two bytes, by direct index
+#   cache_bytes          the cached pre-tokens' bytes (uint8), each after its length and its
+#                        number of ids (a byte each)
+#   cache_ids            their ids (uint32)
+# The cache uses only the first slots of state, and doubles them (putting every entry back)
+# as it fills: state is np.zeros, whose pages cost only once touched, and a fresh Tokenizer
+# that encodes a few thousand words then touches a few pages, not all of them. When the
+# slots cannot double or the cache's arrays are full it is emptied, so memory stays bounded.
+_CACHE_SLOTS = 1 << 18   # hash slots of the compiled cache; it holds at most half as many words
+_CACHE_FIRST_SLOTS = 1 << 12  # slots in use by a new (or emptied) cache
+_CACHE_BYTES = 1 << 21   # bytes of cached pre-tokens
+_CACHE_IDS = 1 << 20     # ids of cached pre-tokens
+_N_ENTRIES, _N_BYTES, _N_IDS, _N_SLOTS, _FIRST_SLOTS, _SLOTS_AT = 256, 257, 258, 259, 260, 264
+_SHORT_WORD = 16         # longer pre-tokens merge with a heap instead of rescanning all pairs
+_CACHED_WORD = 255       # longer pre-tokens are merged every time, never cached
+_NO_MERGE = 1 << 62
+# Below this many characters (in one call, or so far on a Tokenizer) bpe.py's plain encode
+# finishes before numba could load the compiled one from its disk cache (a first compile,
+# once per machine, costs far more); once loaded in the process it is used for every call.
+COMPILED_MIN_CHARS = 1 << 20
+_NO_SPECIALS = np.zeros((0, 3), np.int64)
+_compiled_encoder_loaded = False
+
+
+@register_jitable
+def _mix(h):
+    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
+    the caller keeps the low ones."""
+    h = h * np.uint64(0x9E3779B97F4A7C15)
+    return h ^ (h >> np.uint64(29))
+
+
+def _merge_table(lefts, rights, values):
+    """The merges' hash table (see above), filled by linear probing in numpy: in each round every
+    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
+    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
+    cap = 1 << max(4, (2 * len(keys)).bit_length())
+    table = np.full(2 * cap, -1, np.int64)
+    slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
+    todo = np.arange(len(keys))
+    while len(todo):
+        s = slot[todo]
+        win = np.zeros(len(todo), bool)
+        win[np.unique(s, return_index=True)[1]] = True
+        win &= table[2 * s + 1] < 0
+        table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
+        todo = todo[~win]
+        slot[todo] = (slot[todo] + 1) & (cap - 1)
+    return table
+
+
+@njit(cache=True, inline="always")
+def _merge_value(pairs, a, b):
+    """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
+    key = np.int64(a) << 32 | np.int64(b)
+    mask = (pairs.shape[0] >> 1) - 1
+    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see the top of this file)
+        s = (s + 1) & mask
+    v = pairs[2 * s + 1]
+    return _NO_MERGE if v < 0 else v
+
+
+@njit(cache=True)
+def _merge_short(tok, k, n, pairs, rank):
+    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken: each round finds the pair
+    of lowest rank and merges it at every place, left to right. rank[t] is the value of the pair at t
+    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
+    token, and finds the next round's lowest on the way. Returns the new n."""
+    best = _NO_MERGE
+    for t in range(n - 1):
+        best = min(best, rank[t])
+    while best != _NO_MERGE:
+        w, t, prev_new, low = 0, 0, False, _NO_MERGE
+        while t < n:                      # w writes, t reads: w <= t, so in place is safe
+            new = t + 1 < n and rank[t] == best
+            tok[k + w] = (best & 0xFFFFFFFF) if new else tok[k + t]
+            t += 2 if new else 1
+            if w > 0:                     # the pair (w-1, w): kept unless a side is new
+                rank[w - 1] = _merge_value(pairs, tok[k + w - 1], tok[k + w]) \
+                    if new or prev_new else rank[t - 2]
+                low = min(low, rank[w - 1])
+            prev_new = new
+            w += 1
+        n, best = w, low
+    return n
+
+
+@njit(cache=True, inline="always")
+def _minheap_push(heap, h, x):
+    heap[h] = x
+    while h > 0 and heap[(h - 1) >> 1] > heap[h]:
+        p = (h - 1) >> 1
+        heap[h], heap[p] = heap[p], heap[h]
+        h = p
+
+
+@njit(cache=True, inline="always")
+def _minheap_pop(heap, h):
+    """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
+    top, h = heap[0], h - 1
+    heap[0] = heap[h]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= h:
+            break
+        if c + 1 < h and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[i] <= heap[c]:
+            break
+        heap[i], heap[c] = heap[c], heap[i]
+        i = c
+    return top
+
+
+@njit(cache=True)
+def _merge_long(tok, k, n, pairs, work):
+    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
+    hundreds of bytes), without rescanning it per round: the tokens form a linked list and
+    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
+    the value of the pair now at that place (lazy deletion; a merge marks the places whose
+    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
+    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
+    as _merge_pretoken's rounds see them. work: (>= 8n,) int64 scratch whose first
+    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
+    value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+    changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
+    value[n - 1] = _NO_MERGE
+    h = 0
+    for t in range(n):
+        ids[t], nxt[t], prv[t] = tok[k + t], t + 1, t - 1
+    nxt[n - 1] = -1
+    for t in range(n - 1):
+        if value[t] != _NO_MERGE:
+            _minheap_push(heap, h, (value[t] >> 32) << 32 | t)
+            h += 1
+    while h > 0:
+        r, m = heap[0] >> 32, 0
+        while h > 0 and heap[0] >> 32 == r:       # every place of the pair of rank r
+            t = _minheap_pop(heap, h) & 0xFFFFFFFF
+            h -= 1
+            v, u = value[t], nxt[t]
+            if v == _NO_MERGE or v >> 32 != r:    # a stale entry: that pair has changed
+                continue
+            ids[t], ids[u], nxt[t] = v & 0xFFFFFFFF, -1, nxt[u]
+            value[t] = value[u] = _NO_MERGE
+            if prv[t] >= 0:
+                value[prv[t]] = _NO_MERGE
+            if nxt[u] >= 0:
+                prv[nxt[u]] = t
+            changed[m] = t
+            m += 1
+        for q in range(m):                         # the pairs the new tokens make
+            t = changed[q]
+            for a, b in ((prv[t], t), (t, nxt[t])):
+                if a >= 0 and b >= 0:
+                    v = value[a] = _merge_value(pairs, ids[a], ids[b])
+                    if v != _NO_MERGE:
+                        _minheap_push(heap, h, (v >> 32) << 32 | a)
+                        h += 1
+    w, t = 0, 0
+    while t >= 0:
+        tok[k + w] = ids[t]
+        w, t = w + 1, nxt[t]
+    return w
+
+
+@njit(cache=True)
+def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
+    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
+    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
+    n = j - i
+    for t in range(n):
+        out[k + t] = state[data[i + t]]
+    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
+        work = np.empty(8 * n, np.int64)
+    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
+        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
+    if n <= _SHORT_WORD:
+        return k + _merge_short(out, k, n, pairs, work)
+    return k + _merge_long(out, k, n, pairs, work)
+
+
+@njit(cache=True, inline="always")
+def _cache_put(state, h, b, n, c, m):
+    """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in the first free
+    slot from where its hash leads."""
+    mask = state[_N_SLOTS] - 1
+    s = h & mask
+    while state[_SLOTS_AT + 3 * s + 1] != 0:
+        s = (s + 1) & mask
+    at = _SLOTS_AT + 3 * s
+    state[at], state[at + 1], state[at + 2] = h, b << 24 | n, c << 24 | m
+
+
+@njit(cache=True)
+def _cache_double(state, cache_bytes):
+    """Double the cache's slots in use and put every entry back. The entries are found in
+    cache_bytes, where each word's bytes follow two bytes (its length and its number of ids), so
+    that growing needs no copy of the slots (it allocates nothing)."""
+    state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
+    state[_N_SLOTS] *= 2
+    b, c = 0, 0
+    while b < state[_N_BYTES]:
+        n, m = np.int64(cache_bytes[b]), np.int64(cache_bytes[b + 1])
+        _cache_put(state, _hash_bytes(cache_bytes, b + 2, b + 2 + n), b + 2, n, c, m)
+        b, c = b + 2 + n, c + m
+
+
+@njit(cache=True)
+def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, out, k, work, h):
+    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
+    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
+    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
+    n, m = j - i, end - k
+    if n > _CACHED_WORD:
+        return end
+    full = 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS]
+    if full and 6 * state[_N_SLOTS] <= state.shape[0] - _SLOTS_AT:
+        _cache_double(state, cache_bytes)
+    if 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS] or state[_N_BYTES] + 2 + n > cache_bytes.shape[0] \
+            or state[_N_IDS] + m > cache_ids.shape[0]:
+        state[_N_ENTRIES:_N_IDS + 1] = 0                 # empty: back to the first slots
+        state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
+        state[_N_SLOTS] = state[_FIRST_SLOTS]
+    b, c = state[_N_BYTES], state[_N_IDS]
+    cache_bytes[b], cache_bytes[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
+    cache_bytes[b + 2:b + 2 + n] = data[i:j]
+    cache_ids[c:c + m] = out[k:end]
+    _cache_put(state, h, b + 2, n, c, m)
+    state[_N_ENTRIES] += 1
+    state[_N_BYTES] += 2 + n
+    state[_N_IDS] += m
+    return end
+
+
+@njit(cache=True)
+def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_ids, classes):
+    """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
+    (start, end, id) of specials, in order. The cache look-up is written out in the loop,
+    not called, for the same reason as _next_pretoken is inlined."""
+    out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
+    work = np.empty(8 * _CACHED_WORD, np.int64)
+    mask = state[_N_SLOTS] - 1
+    k, i = 0, 0
+    for r in range(specials.shape[0] + 1):
+        end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
+        while i < end:
+            j = _next_pretoken(data, i, end, classes)
+            if j == i + 1:                             # one byte: its id
+                out[k] = state[data[i]]
+                k, i = k + 1, j
+                continue
+            h = _hash_bytes(data, i, j)
+            s, m = h & mask, -1
+            while m < 0:                               # probe until the word or an empty slot
+                at = _SLOTS_AT + 3 * s
+                where = state[at + 1]
+                if where == 0:
+                    break
+                if state[at] == h and where & 0xFFFFFF == j - i:
+                    b = (where >> 24) - i
+                    t = i
+                    while t < j and cache_bytes[b + t] == data[t]:
+                        t += 1
+                    if t == j:
+                        c, m = state[at + 2] >> 24, state[at + 2] & 0xFFFFFF
+                        for t in range(m):             # a loop: a slice costs more
+                            out[k + t] = cache_ids[c + t]
+                s = (s + 1) & mask
+            if m < 0:
+                k = _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, out, k,
+                                work, h)
+                mask = state[_N_SLOTS] - 1                  # the cache may have grown
+            else:
+                k += m
+            i = j
+        if r < specials.shape[0]:
+            out[k] = specials[r, 2]
+            k, i = k + 1, specials[r, 1]
+    return out[:k]
+
+
+def _byte_pair_values(byte_ids, pairs, values):
+    """(65536,) int64: at x << 8 | y, the value in the merges' table of the pair (id of byte
+    x, id of byte y), or _NO_MERGE: read directly, for the first look-up of every pair of a
+    new pre-token. pairs: (M, 2) ids of the merges, values: (M,) their values."""
+    out = np.full(1 << 16, _NO_MERGE, np.int64)
+    if len(values):
+        keys = pairs[:, 0] << 32 | pairs[:, 1]
+        order = np.argsort(keys)
+        x, y = np.divmod(np.arange(1 << 16), 256)
+        want = byte_ids[x] << 32 | byte_ids[y]
+        at = np.minimum(np.searchsorted(keys[order], want), len(keys) - 1)
+        found = keys[order[at]] == want
+        out[found] = values[order[at[found]]]
+    return out
+
+
+class Encoder:
+    """The compiled encoder of one tokenizer: byte_ids[b] is the id of byte b, merge_rank
+    {(left id, right id): (rank, merged id)}, special_ids {special token bytes: id}."""
+
+    def __init__(self, byte_ids, merge_rank, special_ids):
+        pairs = np.array(list(merge_rank), np.int64).reshape(-1, 2)
+        values = np.array([rank << 32 | t for rank, t in merge_rank.values()], np.int64)
+        self.pairs = _merge_table(pairs[:, 0], pairs[:, 1], values)
+        self.byte_pairs = _byte_pair_values(np.array(byte_ids, np.int64), pairs, values)
+        # An empty cache: np.zeros costs nothing until the cache fills its pages.
+        self.state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
+        self.state[:256] = byte_ids
+        self.state[_N_SLOTS] = self.state[_FIRST_SLOTS] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
+        self.cache_bytes = np.zeros(_CACHE_BYTES, np.uint8)
+        self.cache_ids = np.zeros(_CACHE_IDS, np.uint32)
+        # Special tokens are found in the bytes, longest first as bpe._special_split_re does
+        # (UTF-8 is self-synchronizing: the matches are those of the text).
+        self.special_ids, self.special_re = special_ids, _special_bytes_re(list(special_ids))
+
+    def encode(self, data):
+        """(N,) uint32 ids of the UTF-8 bytes data (valid UTF-8)."""
+        global _compiled_encoder_loaded
+        if not _compiled_encoder_loaded:
+            _note_first_compile(_encode_kernel)
+        specials = _NO_SPECIALS
+        if self.special_re is not None and any(s in data for s in self.special_ids):
+            specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
+                                 for m in self.special_re.finditer(data)], np.int64).reshape(-1, 3)
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self.pairs,
+                             self.byte_pairs, self.state, self.cache_bytes, self.cache_ids,
+                             _char_classes())
+        _compiled_encoder_loaded = True
+        return ids
+
+
+def compiled_encoder_pays(n_chars):
+    """Encode n_chars (so far, on one Tokenizer) with the compiled encoder: it is loaded in
+    this process, or the text pays for loading it."""
+    return _compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS
+
+
+def _load_compiled_encoder():
+    """Compile the encoder, or load it from numba's disk cache, and build the character
+    classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
+    if not _compiled_encoder_loaded:
+        Encoder(list(range(256)), {}, {}).encode(b"ab")
+
+
+# -----------------------------------------------------------------------------
+# 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
+
+_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
+_PROGRESS_EVERY = 10.0         # seconds between progress lines when stderr is not a terminal
+_worker_tokenizer = None
+
+
+def _init_encode_worker(tok):
+    global _worker_tokenizer
+    _worker_tokenizer = tok
+
+
+def _encode_chunk(args):
+    """Worker: the ids of one chunk as an array, by the compiled encoder or bpe.py's plain one."""
+    path, start, end, dtype, compiled = args
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    text = check_utf8(data, path, start)               # names the offset of a bad byte
+    if compiled:                                       # it reads the bytes: no re-encoding
+        return _worker_tokenizer._engine.encode(data).astype(dtype), end - start
+    return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
+
+
+def _progress_line(n_bytes, size, n_tokens, seconds):
+    return (f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
+            f"{n_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s")
+
+
+def _npy_header(dtype, n):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+        "shape": (n,)})
+    return buf.getvalue()
+
+
+@ctrl_c_stays_keyboard_interrupt
+def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
+    """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
+    uint32), written atomically. Chunks go to worker processes and come back in order.
+    Returns the number of tokens."""
+    size = check_input_file(input_path)
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"output directory {out_dir} does not exist")
+    dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
+    num_workers = num_workers or os.cpu_count() or 1
+    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
+    # overhead (and re-merging pre-tokens that another worker has seen) small.
+    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
+    bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
+                           -(-size // chunk))
+    # The compiled pass when it is loaded or the file is big enough to pay for loading it:
+    # loaded here, before the workers fork, they share it.
+    compiled = compiled_encoder_pays(size)
+    if compiled:
+        _load_compiled_encoder()
+    tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
+    _init_encode_worker(tokenizer)
+    t0 = shown = time.perf_counter()         # (before the first chunk: its time counts)
+    results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
+    if num_workers > 1 and len(tasks) > 1:
+        # Encode the first chunk here first: the forked workers then start with its
+        # pre-tokens in the cache instead of each recomputing them.
+        first = _encode_chunk(tasks[0])
+        workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
+        results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
+    header_len = len(_npy_header(dtype, 0))
+    n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
+    with workers, atomic_file(out_path) as f:    # leaving the pool terminates it
+        try:
+            f.write(b"\0" * header_len)    # the real header needs the count: written last
+            for ids, nb in results:
+                f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
+                n_tokens += len(ids)
+                n_bytes += nb
+                now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
+                if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
+                    shown = now
+                    print(("\r" if tty else "") + _progress_line(n_bytes, size, n_tokens, now - t0),
+                          end="" if tty else "\n", file=sys.stderr, flush=True)
+        finally:
+            if tty and n_bytes:
+                print(file=sys.stderr)     # ends the progress line, before any error
+        header = _npy_header(dtype, n_tokens)
+        assert len(header) == header_len, "npy header length changed"
+        f.seek(0)
+        f.write(header)
+    return n_tokens
+
+
