@@ -28,6 +28,7 @@ pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
 import inspect
+import io
 import json
 import os
 import statistics
@@ -610,6 +611,10 @@ def _encode_row(name, docs, files, enc, repeats):
     return ours, theirs, tok
 
 
+STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没有空格的段落。" * 30] * 1000),
+           "tab-indented lines": "\tfoo(bar);\n" * 100_000}
+
+
 def bench_encode(args):
     import bpe
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
@@ -639,6 +644,13 @@ def bench_encode(args):
     tok.encode(english)
     print(f"English again with the last Tokenizer (its pre-token cache full): "
           f"{len(english.encode('utf-8')) / 1e6 / (time.perf_counter() - t0):.2f} MB/s")
+    for name, text in STREAMS.items():  # streams with few places to cut: encode_iterable stays linear
+        t0 = time.perf_counter()
+        ids = tok.encode(text)
+        t1 = time.perf_counter()
+        same = list(tok.encode_iterable(io.StringIO(text))) == ids
+        print(f"encode_iterable on 1 MB of {name}: {time.perf_counter() - t1:.2f} s, encode {t1 - t0:.2f} s, "
+              f"same ids: {same}")
     print(flush=True)
     bench_encode_file(args, files)
 

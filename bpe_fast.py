@@ -149,25 +149,31 @@ def _inside_special(buf, p, specials):
 
 def stream_pieces(iterable, special_tokens, piece_chars):
     """The text of iterable (of str) again, as pieces of about piece_chars characters or more,
-    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable)."""
+    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable).
+    Linear: each character is searched for cuts once, and text with no cut in it is joined to
+    the buffer only once the new text is as long as the buffer, so the buffer is copied a
+    logarithmic number of times."""
     margin = max((len(s) for s in special_tokens), default=1)
-    buf = ""
+    buf, scanned, cut, new, n_new = "", 0, -1, [], 0   # buf[:scanned] searched; cut: the last cut found
     for text in iterable:
-        buf += text
-        if len(buf) < piece_chars:
+        new.append(text)
+        n_new += len(text)
+        if n_new < max(piece_chars - len(buf), len(buf)):
             continue
-        cut = -1
+        buf, new, n_new = buf + "".join(new), [], 0
         hi = len(buf) - margin - 1        # leave room to see a special token across it
-        for m in _STREAM_CUT.finditer(buf, 0, hi):   # the last safe cut wins
+        for m in _STREAM_CUT.finditer(buf, max(scanned - margin - 2, 0), hi):   # the last safe cut wins
             if m.start() > 0 and not _inside_special(buf, m.start(), special_tokens):
                 cut = m.start()
+        scanned = max(scanned, hi)
         if cut <= 0:
             if len(buf) > (1 << 22):
                 raise ValueError("encode_iterable found no place to cut 4M characters of text "
                                  "(no space or single newline before a non-space); use encode()")
             continue
         yield buf[:cut]
-        buf = buf[cut:]
+        buf, scanned, cut = buf[cut:], scanned - cut, -1
+    buf += "".join(new)
     if buf:
         yield buf
 

@@ -974,6 +974,25 @@ def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
     assert list(special.encode_iterable(lines)) == special.encode("".join(lines))
 
 
+def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch):
+    # 1 MB streams with no " X" cut point (CJK paragraphs joined by blank lines, tab-indented
+    # lines), fed line by line: the same ids as encode(), and the cut search reads each character
+    # a bounded number of times (it once rescanned the whole buffer per line: quadratic)
+    special, _ = bpe_gpt2
+    searched, cut_re = [0], bpe_fast._STREAM_CUT
+
+    class Counting:
+        def finditer(self, buf, pos, endpos):
+            searched[0] += max(endpos - pos, 0)
+            return cut_re.finditer(buf, pos, endpos)
+    monkeypatch.setattr(bpe_fast, "_STREAM_CUT", Counting())
+    for text in bench.STREAMS.values():
+        searched[0] = 0
+        lines = text.splitlines(keepends=True)
+        assert list(special.encode_iterable(iter(lines))) == special.encode(text)
+        assert searched[0] <= 2 * len(text)
+
+
 def test_bpe_decode_and_merges_errors_name_the_problem(tmp_path, bpe_gpt2):
     special, _ = bpe_gpt2
     with pytest.raises(ValueError, match="token id 99999"):
