@@ -245,15 +245,27 @@ def check_utf8(data, path, start):
                          f"offset {start + e.start}; re-save the file as UTF-8") from None
 
 
-def _worker_pool(n, *initializer):
-    """A multiprocessing pool of n forked workers. Ctrl-C is held while they fork (raised in
-    fork's hooks, it would be dropped); the workers keep it blocked: the parent stops them."""
-    mask = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT})
+_MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
+
+
+def _worker_start(initializer, *args):
+    """First thing in a new worker: SIGTERM (the pool's terminate) ends it quietly, not through
+    the parent's handler, which it inherited and which would raise KeyboardInterrupt here."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if initializer is not None:
+        initializer(*args)
+
+
+def _worker_pool(n, initializer=None, initargs=()):
+    """A multiprocessing pool of n forked workers. Ctrl-C and SIGTERM are held while they fork
+    (raised in fork's hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent
+    stops them."""
+    old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        return _MP.Pool(n, *initializer)
+        return _MP.Pool(n, _worker_start, (initializer, *initargs))
     finally:
-        mask(signal.SIG_SETMASK, old)
+        _MASK(signal.SIG_SETMASK, old)
 
 
 _ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
@@ -295,9 +307,10 @@ def ctrl_c_stays_keyboard_interrupt(f):
 
 
 def catch_ctrl_c():
-    """For a command line (bpe.py's, train.py's): Ctrl-C raises KeyboardInterrupt, except while
-    numba's Python code runs (its compiler, its callbacks), where it would be swallowed or break
-    a compile: there it is held, and raised as the call that ran numba returns."""
+    """For a command line (bpe.py's, train.py's): Ctrl-C, and SIGTERM (what `kill` and job
+    schedulers send), raise KeyboardInterrupt, except while numba's Python code runs (its
+    compiler, its callbacks), where it would be swallowed or break a compile: there it is held,
+    and raised as the call that ran numba returns."""
     def interrupt(signum, frame):
         global _ctrl_c_held
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
@@ -305,7 +318,8 @@ def catch_ctrl_c():
             _ctrl_c_held = True
             return
         raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
 
 
 def _plan_chunks(input_path, special_tokens, num_workers):

@@ -1649,6 +1649,30 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
     assert not [f for f in tmp_path.glob("tok/*")], "the signal came after training: enlarge the text"
 
 
+@pytest.mark.parametrize("cmd", ["train", "encode"])
+def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
+    # `kill PID` reaches the main process only: it stops its workers, says one line, exits 130
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
+             for _ in range(300_000)]
+    (tmp_path / "big.txt").write_text(" ".join(rng.choice(words) for _ in range(3_000_000)))
+    tok = ["--tokenizer", str(tmp_path / "gpt2")]
+    if cmd == "encode":
+        (tmp_path / "gpt2").mkdir()
+        shutil.copy(_bpe_need(_BPE_GPT2_VOCAB), tmp_path / "gpt2" / "vocab.json")
+        shutil.copy(_bpe_need(_BPE_GPT2_MERGES), tmp_path / "gpt2" / "merges.txt")
+    argv = ["--vocab-size", "20000", "--out", "tok"] if cmd == "train" else tok + ["--out", "ids.npy"]
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), cmd, "big.txt", *argv, "--num-workers", "2"],
+                         cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2.5)                    # imported, and working
+    p.terminate()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, out, err)
+    assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left", err
+    assert "Traceback" not in err    # encode's progress lines may come first
+    assert sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts) == ["big.txt"]
+
+
 def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
     # With an empty numba cache the first seconds are compiling, where a KeyboardInterrupt raised
     # inside numba's callbacks was swallowed (a traceback, then the run went on) or broke the
