@@ -485,6 +485,18 @@ def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is no
         "--grad-clip.", file=sys.stderr)
     return True
 
+def refuse_non_finite(model, step, ckpt_path):
+    """Raises DataError (exit code 1, one sentence) if a weight of model is NaN or infinite: such a model is
+    never saved (the last good checkpoint stays ckpt_path) nor sampled. A finite loss at step N can still
+    leave non-finite weights after its update (--lr 1e30), so the weights themselves are checked."""
+    torch = _torch()
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise DataError(f"the weights are not finite after step {step} ({len(bad)} tensors, e.g. {bad[0]}), so "
+                        f"they were not saved; the last good checkpoint is {ckpt_path}; try a lower --lr or a "
+                        "--grad-clip.")
+
+
 @contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are

@@ -2071,6 +2071,21 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
 
 
+def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
+    # --lr 1e30: step 1's loss is finite, its update makes the weights inf/NaN. No checkpoint of them (the
+    # step-0 one stays, finite), one sentence, exit 1; at the end (--max-iters 1) no samples are drawn
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--lr", "1e30", "--device", "cpu",
+            "--checkpoint-interval", "1"]
+    for name, more in (("mid", ["--max-iters", "5"]), ("end", ["--max-iters", "1", "--num-samples", "1"])):
+        capsys.readouterr()
+        assert train.main(base + more + ["--run-name", name]) == 1, name
+        _train_one_error(capsys, "the weights are not finite after step 1", "last good checkpoint", "--lr")
+        state = safety.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
+        assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
+        assert not (tmp_path / "out" / name / "samples.txt").exists()
+
+
 def test_train_ddp_two_processes_match_one(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "8", "--log-interval", "1", "--device", "cpu",

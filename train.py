@@ -460,6 +460,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0))
 
     def save(step):
+        safety.refuse_non_finite(raw, step, ckpt_path)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
                             elapsed=progress.seconds())
