@@ -271,6 +271,51 @@ def prepare_run_dir(cfg, resuming):
             stale.unlink()
 
 
+def lock_holder(path):
+    """The PID holding an flock on path, read from /proc/locks (Linux) by the file's device and inode, or None.
+    A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
+    st = os.stat(path)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            rows = [line.split() for line in f if "->" not in line]  # "->" marks a waiter, not the holder
+    except OSError:
+        return None
+    return next((int(r[4]) for r in rows if len(r) > 5 and r[1] == "FLOCK" and r[5] == where), None)
+
+
+@contextlib.contextmanager
+def run_lock(cfg):
+    """One writer per run directory: rank 0 takes an exclusive flock on the directory itself (no lock file in
+    it) before anything there is written or deleted, held until the run ends. The kernel drops it when the
+    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a
+    --resume while the run trains) is refused in one sentence naming the holder, and touches nothing."""
+    import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
+    err, fd, where = [None], None, run_dir(cfg)
+    if cfg["rank"] == 0:
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = lock_holder(where)
+            err = [UsageError(f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is "
+                              "writing the same run; wait for it to end (or stop it), or pick another --run-name.")]
+        if not err[0] and not (cfg["resume"] or cfg["overwrite"]) and any((where / f).exists() for f in RUN_MARKERS):
+            # CHECKS saw no run here, but one started beside this one may have finished since
+            err = [UsageError(f"{where} now holds a run, written by another process while this one prepared its "
+                              "data; pass --resume to continue it, or another --run-name.")]
+    if cfg["world_size"] > 1:  # torchrun: the others stop with rank 0's verdict
+        _torch().distributed.broadcast_object_list(err, src=0)
+    try:
+        if err[0]:
+            raise err[0]
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the lock
+
+
 def truncate_metrics(path, last_step):
     """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
     That step keeps its training line, not its validation line (saved before that evaluation)."""

@@ -2086,6 +2086,50 @@ def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
         assert not (tmp_path / "out" / name / "samples.txt").exists()
 
 
+def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path, capsys):
+    import fcntl
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "100000", "--log-interval", "1",
+            "--checkpoint-interval", "3", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    run = tmp_path / "out" / "toy"
+    # a --resume while the run trains (in another process): one sentence naming that process, exit 2
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a pipe nobody reads would fill
+    try:
+        while p.poll() is None and not ((run / "metrics.jsonl").exists() and len(_train_losses(run)) >= 5):
+            time.sleep(0.05)
+        capsys.readouterr()
+        assert train.main(args + ["--resume"]) == 2
+        _train_one_error(capsys, f"{run} is in use by process {p.pid}", "--run-name")
+        time.sleep(0.5)
+        assert p.poll() is None  # the first run goes on, its files untouched
+    finally:
+        p.kill()  # SIGKILL: the kernel drops the lock with the process, so it is never stale
+        p.wait()
+    steps = [s for s, _ in _train_losses(run)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 5  # every line once, none cut back
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the SIGKILL
+    # the same run started twice: this test holds the lock as the first one would; the second process
+    # (a real one) is refused and neither writes nor deletes anything, not even a stale temporary file
+    (tmp_path / "out" / "new").mkdir()
+    stale = tmp_path / "out" / "new" / ".ckpt.pt.cs336tmp4242"
+    stale.write_text("mid-write")
+    fd2 = os.open(stale.parent, os.O_RDONLY)
+    fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    new = [*args, "--run-name", "new", "--max-iters", "3"]
+    try:
+        r = _train_cli(new, tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("train.py: error: ")
+        assert f"in use by process {os.getpid()}" in r.stderr
+        assert os.listdir(stale.parent) == [stale.name] and stale.read_text() == "mid-write"
+    finally:
+        os.close(fd2)
+        os.close(fd)
+    assert train.main(new) == 0  # the lock is released with its descriptor
+
+
 def test_train_ddp_two_processes_match_one(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "8", "--log-interval", "1", "--device", "cpu",

@@ -526,8 +526,8 @@ def run(cfg):
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
-    with torch_settings(cfg):
+    with safety.run_lock(cfg), torch_settings(cfg):  # one writer per run: a second one is refused (exit 2)
+        safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
 
 
