@@ -59,6 +59,14 @@ def not_a_file(path):
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
 
+TMP_MARK = ".cs336tmp"  # atomic_file's temporaries are ".NAME.cs336tmpPID": a pattern no one else uses, so that
+# clearing what a killed run left (prepare_run_dir) deletes only files this project named
+
+
+def temporary(name):  # is this file name one of atomic_file's temporaries?
+    return name.startswith(".") and TMP_MARK in name and name.rpartition(TMP_MARK)[2].isdigit()
+
+
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
     """Write a whole file or nothing: a temporary file replaces path by a rename only if the
@@ -70,7 +78,7 @@ def atomic_file(path, mode="wb"):
     kind = not_a_file(path)
     if kind:
         raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -160,6 +168,16 @@ def writes_run(c):  # --benchmark and --export read flags (and --export a run) b
     return not c["benchmark"] and c["export"] is None
 
 
+def plain_name(name):  # one file name, no path: not "", ".", "..", nor anything holding a "/"
+    return name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
+def not_a_run(c):  # the run directory holds files but no run (none of RUN_MARKERS): they may be the user's
+    d = run_dir(c)
+    return d.is_dir() and not any((d / f).exists() for f in RUN_MARKERS) and any(
+        not temporary(f) for f in os.listdir(d))
+
+
 def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes one of its files, or ""
     return next((f"{run_dir(c) / name} is {not_a_file(run_dir(c) / name)}" for name in RUN_FILES
                  if not_a_file(run_dir(c) / name)), "")
@@ -208,6 +226,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
+    (lambda c: not plain_name(c["run_name"]),
+     "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (lambda c: writes_run(c) and not writable(run_dir(c)),
      "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
     (lambda c: writes_run(c) and in_the_way(c),
@@ -216,6 +236,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
         (run_dir(c) / f).exists() for f in RUN_MARKERS),
      lambda c: f"{run_dir(c)} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
      "--run-name."),
+    (lambda c: writes_run(c) and not_a_run(c),
+     "{out_dir}/{run_name} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so it is not a run "
+     "directory and nothing in it is replaced; pick another --run-name."),
 ]
 
 
@@ -260,15 +283,16 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
 
 def prepare_run_dir(cfg, resuming):
-    """Rank 0 makes the run directory and clears what a run killed mid-write left (*.tmp*). An old
+    """Rank 0 makes the run directory and clears what a run killed mid-write left (.*.cs336tmp*). An old
     run there (CHECKS let it through on --overwrite) stays whole until the new first checkpoint."""
     if cfg["rank"] == 0:
         if not resuming and (run_dir(cfg) / "ckpt.pt").exists():
             log(f"note: --overwrite: the run in {run_dir(cfg)} is replaced file by file from the new run's first "
                 "checkpoint")
         run_dir(cfg).mkdir(parents=True, exist_ok=True)
-        for stale in run_dir(cfg).glob("*.tmp*"):
-            stale.unlink()
+        for stale in run_dir(cfg).glob(f".*{TMP_MARK}*"):
+            if temporary(stale.name) and stale.is_file():  # only atomic_file's own, never a user's file
+                stale.unlink()
 
 
 def lock_holder(path):

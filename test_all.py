@@ -2128,6 +2128,40 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
         os.close(fd2)
         os.close(fd)
     assert train.main(new) == 0  # the lock is released with its descriptor
+    assert not stale.exists()  # a temporary file the project named, left by a kill, is cleared
+
+
+def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys):
+    # a directory of the user's files is not a run directory: --run-name may not leave --out-dir, and a
+    # non-empty directory without a run is refused (even on --overwrite or --resume); the clean-up of a
+    # killed run's temporary files deletes only names that atomic_file made
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    mine = {"thesis.tmp.docx": "chapter 1", "samples.txt": "my samples", "vocab.json": "{}"}
+    for name, text in mine.items():
+        (victim / name).write_text(text)
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    for name in ("../victim", str(victim), "a/b", "..", ".", ""):
+        capsys.readouterr()
+        assert train.main(base + ["--run-name", name]) == 2, name
+        _train_one_error(capsys, "--run-name", "one plain name inside --out-dir")
+    for more in ([], ["--overwrite"], ["--resume"]):
+        capsys.readouterr()
+        assert train.main(base[:-1] + [str(tmp_path), "--run-name", "victim", *more]) == 2, more
+        _train_one_error(capsys, f"{victim} holds files but no run", "not a run directory", "--run-name")
+    assert {f.name: f.read_text() for f in victim.iterdir()} == mine and not (tmp_path / "out").exists()
+    # in a run directory, a user's file with "tmp" in its name stays; atomic_file's leftover goes
+    assert train.main(base) == 0
+    run = tmp_path / "out" / "toy"
+    (run / "notes.tmp.txt").write_text("mine")
+    (run / "ckpt.pt.tmp123").write_text("mine too")  # the old pattern is no longer the project's
+    (run / f".ckpt.pt{safety.TMP_MARK}123").write_text("half a checkpoint")
+    assert train.main(base + ["--resume", "--max-iters", "2"]) == 0
+    assert sorted(os.listdir(run)) == ["ckpt.pt", "ckpt.pt.tmp123", "config.json", "metrics.jsonl", "notes.tmp.txt"]
+    with safety.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
+        assert os.path.basename(f.name).startswith(".x.txt" + safety.TMP_MARK) and safety.temporary(
+            os.path.basename(f.name))
 
 
 def test_train_ddp_two_processes_match_one(tmp_path):
@@ -2290,7 +2324,7 @@ def test_train_disk_full_in_the_token_cache(tmp_path, tmpfs, capsys):
         cache = next((disk / "data").glob("story-*"))
         kept = [f for f in order[:k] if not (name.endswith("merges.txt") and f.endswith("vocab.json"))]  # saved as a pair
         assert [(cache / f).read_bytes() for f in kept] == [(ref / f).read_bytes() for f in kept], name
-        assert not (cache / name).exists() and not [p for p in disk.rglob("*") if ".tmp" in p.name], name
+        assert not (cache / name).exists() and not [p for p in disk.rglob("*") if "tmp" in p.name], name
         assert not (tmp_path / "out").exists()
         filler.unlink()
         if k < len(order) - 1:
@@ -2325,7 +2359,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         capsys.readouterr()
         assert train.main(argv) == 1, what
         _train_one_error(capsys, "the disk is full", str(run), "--resume")
-        assert not [p for p in disk.rglob("*") if ".tmp" in p.name], what
+        assert not [p for p in disk.rglob("*") if "tmp" in p.name], what
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
@@ -2604,9 +2638,9 @@ def test_train_new_run_over_an_old_one_needs_overwrite(tmp_path, capsys, monkeyp
             "--log-interval", "1", "--num-samples", "1", "--sample-tokens", "2"]
     run = tmp_path / "out" / "toy"
     (run).mkdir(parents=True)
+    assert train.main(base) == 0  # an empty directory is free
     for f in ("vocab.json", "merges.txt"):  # an old run's tokenizer, which this .npy run does not have
         (run / f).write_text("old")
-    assert train.main(base) == 0  # a directory without a run in it is free
     old = {f.name: f.read_bytes() for f in run.iterdir()}
     capsys.readouterr()
     assert train.main(base + ["--lr", "1e-3"]) == 2
@@ -2664,7 +2698,7 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
         if delay == 0 or "stopped at step" not in out:  # in the data preparation (delay 1: most likely)
             assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole")
             assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
-        assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*.part"))
+        assert not list(tmp_path.rglob("*tmp*")) and not list(tmp_path.rglob("*.part"))
     # data ready: Ctrl-C between the data and the first checkpoint (a bigger model takes a moment to build)
     ids = _train_toy_ids(tmp_path / "toy.npy")
     big = ["--data", str(ids), "--vocab-size", "64", "--d-model", "512", "--num-layers", "8", "--num-heads", "8",

@@ -142,7 +142,7 @@ def resolve_config(argv=None):
     for key, value in PRESETS.get(cfg["data"], PRESETS["small"]).items():
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value
-    cfg["run_name"] = cfg["run_name"] or Path(cfg["data"]).stem  # pydoc, tinystories, owt or the file's name
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
     cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), safety.RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
