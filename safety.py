@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import errno
+import hashlib
 import importlib.util
 import json
 import math
@@ -357,13 +358,29 @@ def truncate_metrics(path, last_step):
         f.write("".join(line + "\n" for line in keep))
 
 
+def stale_copy(cfg, tok_files, i):
+    """Is the run's copy of tok_files[i] missing, or not the file the fingerprint names? The run's vocab.json and
+    merges.txt are copies of the data cache's. A run killed between its first checkpoint and their copy (an
+    --overwrite over a run with another tokenizer) holds the old run's: --resume copies them again. The
+    cache's files match the checkpoint's digests (check_same_data refused the run otherwise)."""
+    copy, digest = run_dir(cfg) / tok_files[i].name, cfg["data_fingerprint"]["tokenizer"][i]
+    if copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+        return False
+    if hashlib.sha256(tok_files[i].read_bytes()).hexdigest() != digest:  # changed while this run prepared
+        raise UsageError(f"{tok_files[i]} changed while the run started, so {copy} cannot be made to match the "
+                         "checkpoint's tokenizer; run the same command again.")
+    if copy.exists():
+        log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {tok_files[i]}")
+    return True
+
+
 def write_run_files(cfg, tok_files, start, new):
     """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
     A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
-    file whole; a resumed run keeps its tokenizer."""
+    file whole; a resumed run keeps its tokenizer if it is the checkpoint's (stale_copy)."""
     where = run_dir(cfg)
-    for f in tok_files or ():
-        if new or not (where / f.name).exists():
+    for i, f in enumerate(tok_files or ()):
+        if new or stale_copy(cfg, tok_files, i):
             with atomic_file(where / f.name) as copy:  # a full disk must not leave half a tokenizer
                 copy.write(f.read_bytes())
     with atomic_file(where / "config.json", "w") as f:

@@ -2572,6 +2572,33 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     _train_one_line(capsys, "trained on other data")
 
 
+def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys, monkeypatch):
+    # a run with vocab 280, then --vocab-size 300 --overwrite killed right after its first checkpoint: the run
+    # directory holds the new checkpoint beside the old run's tokenizer. --resume copies the cache's again
+    story = _train_story(tmp_path / "x.txt")
+    args = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--max-iters", "3", "--workers", "1", "--device", "cpu"]
+    assert train.main(args + ["--vocab-size", "280"]) == 0
+    run = tmp_path / "out" / "x"
+    old = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt")}
+    monkeypatch.setattr(safety, "write_run_files", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert train.main(args + ["--vocab-size", "300", "--overwrite"]) == 130  # killed after the first checkpoint
+    monkeypatch.undo()
+    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
+    assert {f: (run / f).read_bytes() for f in old} == old  # the 280 tokenizer beside the 300 checkpoint
+    capsys.readouterr()
+    assert train.main(args + ["--vocab-size", "300", "--resume"]) == 0
+    assert "is not the tokenizer the checkpoint was trained with" in capsys.readouterr().out
+    cache = next((tmp_path / "data").glob("x-*/bpe300"))
+    assert {f: (run / f).read_bytes() for f in old} == {f: (cache / f).read_bytes() for f in old}
+    assert len(json.loads((run / "vocab.json").read_text())) == 300
+    assert json.loads((run / "config.json").read_text())["vocab_size"] == 300
+    # a source that no longer matches the checkpoint's digest cannot make the copy right: one sentence
+    cfg = {"out_dir": str(tmp_path / "out"), "run_name": "x", "data_fingerprint": {"tokenizer": ["0" * 64]}}
+    with pytest.raises(safety.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
+        safety.stale_copy(cfg, [cache / "vocab.json"], 0)
+
+
 def _train_flip_tensor_byte(path, record_suffix="data/0"):
     """Flip one byte inside a tensor record of a torch.save zip, leaving the zip's structure intact."""
     import zipfile
