@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import errno
+import hashlib
 import importlib.util
 import json
 import math
@@ -59,6 +60,14 @@ def not_a_file(path):
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
 
+TMP_MARK = ".cs336tmp"  # atomic_file's temporaries are ".NAME.cs336tmpPID": a pattern no one else uses, so that
+# clearing what a killed run left (prepare_run_dir) deletes only files this project named
+
+
+def temporary(name):  # is this file name one of atomic_file's temporaries?
+    return name.startswith(".") and TMP_MARK in name and name.rpartition(TMP_MARK)[2].isdigit()
+
+
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
     """Write a whole file or nothing: a temporary file replaces path by a rename only if the
@@ -70,7 +79,7 @@ def atomic_file(path, mode="wb"):
     kind = not_a_file(path)
     if kind:
         raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -160,6 +169,16 @@ def writes_run(c):  # --benchmark and --export read flags (and --export a run) b
     return not c["benchmark"] and c["export"] is None
 
 
+def plain_name(name):  # one file name, no path: not "", ".", "..", nor anything holding a "/"
+    return name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
+def not_a_run(c):  # the run directory holds files but no run (none of RUN_MARKERS): they may be the user's
+    d = run_dir(c)
+    return d.is_dir() and not any((d / f).exists() for f in RUN_MARKERS) and any(
+        not temporary(f) for f in os.listdir(d))
+
+
 def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes one of its files, or ""
     return next((f"{run_dir(c) / name} is {not_a_file(run_dir(c) / name)}" for name in RUN_FILES
                  if not_a_file(run_dir(c) / name)), "")
@@ -208,6 +227,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
+    (lambda c: not plain_name(c["run_name"]),
+     "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (lambda c: writes_run(c) and not writable(run_dir(c)),
      "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
     (lambda c: writes_run(c) and in_the_way(c),
@@ -216,6 +237,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
         (run_dir(c) / f).exists() for f in RUN_MARKERS),
      lambda c: f"{run_dir(c)} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
      "--run-name."),
+    (lambda c: writes_run(c) and not_a_run(c),
+     "{out_dir}/{run_name} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so it is not a run "
+     "directory and nothing in it is replaced; pick another --run-name."),
 ]
 
 
@@ -260,15 +284,61 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
 
 def prepare_run_dir(cfg, resuming):
-    """Rank 0 makes the run directory and clears what a run killed mid-write left (*.tmp*). An old
+    """Rank 0 makes the run directory and clears what a run killed mid-write left (.*.cs336tmp*). An old
     run there (CHECKS let it through on --overwrite) stays whole until the new first checkpoint."""
     if cfg["rank"] == 0:
         if not resuming and (run_dir(cfg) / "ckpt.pt").exists():
             log(f"note: --overwrite: the run in {run_dir(cfg)} is replaced file by file from the new run's first "
                 "checkpoint")
         run_dir(cfg).mkdir(parents=True, exist_ok=True)
-        for stale in run_dir(cfg).glob("*.tmp*"):
-            stale.unlink()
+        for stale in run_dir(cfg).glob(f".*{TMP_MARK}*"):
+            if temporary(stale.name) and stale.is_file():  # only atomic_file's own, never a user's file
+                stale.unlink()
+
+
+def lock_holder(path):
+    """The PID holding an flock on path, read from /proc/locks (Linux) by the file's device and inode, or None.
+    A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
+    st = os.stat(path)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            rows = [line.split() for line in f if "->" not in line]  # "->" marks a waiter, not the holder
+    except OSError:
+        return None
+    return next((int(r[4]) for r in rows if len(r) > 5 and r[1] == "FLOCK" and r[5] == where), None)
+
+
+@contextlib.contextmanager
+def run_lock(cfg):
+    """One writer per run directory: rank 0 takes an exclusive flock on the directory itself (no lock file in
+    it) before anything there is written or deleted, held until the run ends. The kernel drops it when the
+    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a
+    --resume while the run trains) is refused in one sentence naming the holder, and touches nothing."""
+    import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
+    err, fd, where = [None], None, run_dir(cfg)
+    if cfg["rank"] == 0:
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = lock_holder(where)
+            err = [UsageError(f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is "
+                              "writing the same run; wait for it to end (or stop it), or pick another --run-name.")]
+        if not err[0] and not (cfg["resume"] or cfg["overwrite"]) and any((where / f).exists() for f in RUN_MARKERS):
+            # CHECKS saw no run here, but one started beside this one may have finished since
+            err = [UsageError(f"{where} now holds a run, written by another process while this one prepared its "
+                              "data; pass --resume to continue it, or another --run-name.")]
+    if cfg["world_size"] > 1:  # torchrun: the others stop with rank 0's verdict
+        _torch().distributed.broadcast_object_list(err, src=0)
+    try:
+        if err[0]:
+            raise err[0]
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the lock
 
 
 def truncate_metrics(path, last_step):
@@ -288,13 +358,29 @@ def truncate_metrics(path, last_step):
         f.write("".join(line + "\n" for line in keep))
 
 
+def stale_copy(cfg, tok_files, i):
+    """Is the run's copy of tok_files[i] missing, or not the file the fingerprint names? The run's vocab.json and
+    merges.txt are copies of the data cache's. A run killed between its first checkpoint and their copy (an
+    --overwrite over a run with another tokenizer) holds the old run's: --resume copies them again. The
+    cache's files match the checkpoint's digests (check_same_data refused the run otherwise)."""
+    copy, digest = run_dir(cfg) / tok_files[i].name, cfg["data_fingerprint"]["tokenizer"][i]
+    if copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+        return False
+    if hashlib.sha256(tok_files[i].read_bytes()).hexdigest() != digest:  # changed while this run prepared
+        raise UsageError(f"{tok_files[i]} changed while the run started, so {copy} cannot be made to match the "
+                         "checkpoint's tokenizer; run the same command again.")
+    if copy.exists():
+        log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {tok_files[i]}")
+    return True
+
+
 def write_run_files(cfg, tok_files, start, new):
     """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
     A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
-    file whole; a resumed run keeps its tokenizer."""
+    file whole; a resumed run keeps its tokenizer if it is the checkpoint's (stale_copy)."""
     where = run_dir(cfg)
-    for f in tok_files or ():
-        if new or not (where / f.name).exists():
+    for i, f in enumerate(tok_files or ()):
+        if new or stale_copy(cfg, tok_files, i):
             with atomic_file(where / f.name) as copy:  # a full disk must not leave half a tokenizer
                 copy.write(f.read_bytes())
     with atomic_file(where / "config.json", "w") as f:
@@ -484,6 +570,18 @@ def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is no
     log(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
         "--grad-clip.", file=sys.stderr)
     return True
+
+def refuse_non_finite(model, step, ckpt_path):
+    """Raises DataError (exit code 1, one sentence) if a weight of model is NaN or infinite: such a model is
+    never saved (the last good checkpoint stays ckpt_path) nor sampled. A finite loss at step N can still
+    leave non-finite weights after its update (--lr 1e30), so the weights themselves are checked."""
+    torch = _torch()
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise DataError(f"the weights are not finite after step {step} ({len(bad)} tensors, e.g. {bad[0]}), so "
+                        f"they were not saved; the last good checkpoint is {ckpt_path}; try a lower --lr or a "
+                        "--grad-clip.")
+
 
 @contextlib.contextmanager
 def disk_full(where, then):

@@ -2131,6 +2131,99 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
 
 
+def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
+    # --lr 1e30: step 1's loss is finite, its update makes the weights inf/NaN. No checkpoint of them (the
+    # step-0 one stays, finite), one sentence, exit 1; at the end (--max-iters 1) no samples are drawn
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--lr", "1e30", "--device", "cpu",
+            "--checkpoint-interval", "1"]
+    for name, more in (("mid", ["--max-iters", "5"]), ("end", ["--max-iters", "1", "--num-samples", "1"])):
+        capsys.readouterr()
+        assert train.main(base + more + ["--run-name", name]) == 1, name
+        _train_one_error(capsys, "the weights are not finite after step 1", "last good checkpoint", "--lr")
+        state = safety.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
+        assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
+        assert not (tmp_path / "out" / name / "samples.txt").exists()
+
+
+def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path, capsys):
+    import fcntl
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "100000", "--log-interval", "1",
+            "--checkpoint-interval", "3", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    run = tmp_path / "out" / "toy"
+    # a --resume while the run trains (in another process): one sentence naming that process, exit 2
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a pipe nobody reads would fill
+    try:
+        while p.poll() is None and not ((run / "metrics.jsonl").exists() and len(_train_losses(run)) >= 5):
+            time.sleep(0.05)
+        capsys.readouterr()
+        assert train.main(args + ["--resume"]) == 2
+        _train_one_error(capsys, f"{run} is in use by process {p.pid}", "--run-name")
+        time.sleep(0.5)
+        assert p.poll() is None  # the first run goes on, its files untouched
+    finally:
+        p.kill()  # SIGKILL: the kernel drops the lock with the process, so it is never stale
+        p.wait()
+    steps = [s for s, _ in _train_losses(run)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 5  # every line once, none cut back
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the SIGKILL
+    # the same run started twice: this test holds the lock as the first one would; the second process
+    # (a real one) is refused and neither writes nor deletes anything, not even a stale temporary file
+    (tmp_path / "out" / "new").mkdir()
+    stale = tmp_path / "out" / "new" / ".ckpt.pt.cs336tmp4242"
+    stale.write_text("mid-write")
+    fd2 = os.open(stale.parent, os.O_RDONLY)
+    fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    new = [*args, "--run-name", "new", "--max-iters", "3"]
+    try:
+        r = _train_cli(new, tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("train.py: error: ")
+        assert f"in use by process {os.getpid()}" in r.stderr
+        assert os.listdir(stale.parent) == [stale.name] and stale.read_text() == "mid-write"
+    finally:
+        os.close(fd2)
+        os.close(fd)
+    assert train.main(new) == 0  # the lock is released with its descriptor
+    assert not stale.exists()  # a temporary file the project named, left by a kill, is cleared
+
+
+def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys):
+    # a directory of the user's files is not a run directory: --run-name may not leave --out-dir, and a
+    # non-empty directory without a run is refused (even on --overwrite or --resume); the clean-up of a
+    # killed run's temporary files deletes only names that atomic_file made
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    mine = {"thesis.tmp.docx": "chapter 1", "samples.txt": "my samples", "vocab.json": "{}"}
+    for name, text in mine.items():
+        (victim / name).write_text(text)
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+    for name in ("../victim", str(victim), "a/b", "..", ".", ""):
+        capsys.readouterr()
+        assert train.main(base + ["--run-name", name]) == 2, name
+        _train_one_error(capsys, "--run-name", "one plain name inside --out-dir")
+    for more in ([], ["--overwrite"], ["--resume"]):
+        capsys.readouterr()
+        assert train.main(base[:-1] + [str(tmp_path), "--run-name", "victim", *more]) == 2, more
+        _train_one_error(capsys, f"{victim} holds files but no run", "not a run directory", "--run-name")
+    assert {f.name: f.read_text() for f in victim.iterdir()} == mine and not (tmp_path / "out").exists()
+    # in a run directory, a user's file with "tmp" in its name stays; atomic_file's leftover goes
+    assert train.main(base) == 0
+    run = tmp_path / "out" / "toy"
+    (run / "notes.tmp.txt").write_text("mine")
+    (run / "ckpt.pt.tmp123").write_text("mine too")  # the old pattern is no longer the project's
+    (run / f".ckpt.pt{safety.TMP_MARK}123").write_text("half a checkpoint")
+    assert train.main(base + ["--resume", "--max-iters", "2"]) == 0
+    assert sorted(os.listdir(run)) == ["ckpt.pt", "ckpt.pt.tmp123", "config.json", "metrics.jsonl", "notes.tmp.txt"]
+    with safety.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
+        assert os.path.basename(f.name).startswith(".x.txt" + safety.TMP_MARK) and safety.temporary(
+            os.path.basename(f.name))
+
+
 def test_train_ddp_two_processes_match_one(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "8", "--log-interval", "1", "--device", "cpu",
@@ -2291,7 +2384,7 @@ def test_train_disk_full_in_the_token_cache(tmp_path, tmpfs, capsys):
         cache = next((disk / "data").glob("story-*"))
         kept = [f for f in order[:k] if not (name.endswith("merges.txt") and f.endswith("vocab.json"))]  # saved as a pair
         assert [(cache / f).read_bytes() for f in kept] == [(ref / f).read_bytes() for f in kept], name
-        assert not (cache / name).exists() and not [p for p in disk.rglob("*") if ".tmp" in p.name], name
+        assert not (cache / name).exists() and not [p for p in disk.rglob("*") if "tmp" in p.name], name
         assert not (tmp_path / "out").exists()
         filler.unlink()
         if k < len(order) - 1:
@@ -2326,7 +2419,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         capsys.readouterr()
         assert train.main(argv) == 1, what
         _train_one_error(capsys, "the disk is full", str(run), "--resume")
-        assert not [p for p in disk.rglob("*") if ".tmp" in p.name], what
+        assert not [p for p in disk.rglob("*") if "tmp" in p.name], what
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
@@ -2539,6 +2632,33 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     _train_one_line(capsys, "trained on other data")
 
 
+def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys, monkeypatch):
+    # a run with vocab 280, then --vocab-size 300 --overwrite killed right after its first checkpoint: the run
+    # directory holds the new checkpoint beside the old run's tokenizer. --resume copies the cache's again
+    story = _train_story(tmp_path / "x.txt")
+    args = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--max-iters", "3", "--workers", "1", "--device", "cpu"]
+    assert train.main(args + ["--vocab-size", "280"]) == 0
+    run = tmp_path / "out" / "x"
+    old = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt")}
+    monkeypatch.setattr(safety, "write_run_files", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert train.main(args + ["--vocab-size", "300", "--overwrite"]) == 130  # killed after the first checkpoint
+    monkeypatch.undo()
+    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
+    assert {f: (run / f).read_bytes() for f in old} == old  # the 280 tokenizer beside the 300 checkpoint
+    capsys.readouterr()
+    assert train.main(args + ["--vocab-size", "300", "--resume"]) == 0
+    assert "is not the tokenizer the checkpoint was trained with" in capsys.readouterr().out
+    cache = next((tmp_path / "data").glob("x-*/bpe300"))
+    assert {f: (run / f).read_bytes() for f in old} == {f: (cache / f).read_bytes() for f in old}
+    assert len(json.loads((run / "vocab.json").read_text())) == 300
+    assert json.loads((run / "config.json").read_text())["vocab_size"] == 300
+    # a source that no longer matches the checkpoint's digest cannot make the copy right: one sentence
+    cfg = {"out_dir": str(tmp_path / "out"), "run_name": "x", "data_fingerprint": {"tokenizer": ["0" * 64]}}
+    with pytest.raises(safety.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
+        safety.stale_copy(cfg, [cache / "vocab.json"], 0)
+
+
 def _train_flip_tensor_byte(path, record_suffix="data/0"):
     """Flip one byte inside a tensor record of a torch.save zip, leaving the zip's structure intact."""
     import zipfile
@@ -2605,9 +2725,9 @@ def test_train_new_run_over_an_old_one_needs_overwrite(tmp_path, capsys, monkeyp
             "--log-interval", "1", "--num-samples", "1", "--sample-tokens", "2"]
     run = tmp_path / "out" / "toy"
     (run).mkdir(parents=True)
+    assert train.main(base) == 0  # an empty directory is free
     for f in ("vocab.json", "merges.txt"):  # an old run's tokenizer, which this .npy run does not have
         (run / f).write_text("old")
-    assert train.main(base) == 0  # a directory without a run in it is free
     old = {f.name: f.read_bytes() for f in run.iterdir()}
     capsys.readouterr()
     assert train.main(base + ["--lr", "1e-3"]) == 2
@@ -2665,7 +2785,7 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
         if delay == 0 or "stopped at step" not in out:  # in the data preparation (delay 1: most likely)
             assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole")
             assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
-        assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*.part"))
+        assert not list(tmp_path.rglob("*tmp*")) and not list(tmp_path.rglob("*.part"))
     # data ready: Ctrl-C between the data and the first checkpoint (a bigger model takes a moment to build)
     ids = _train_toy_ids(tmp_path / "toy.npy")
     big = ["--data", str(ids), "--vocab-size", "64", "--d-model", "512", "--num-layers", "8", "--num-heads", "8",

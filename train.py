@@ -142,7 +142,7 @@ def resolve_config(argv=None):
     for key, value in PRESETS.get(cfg["data"], PRESETS["small"]).items():
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value
-    cfg["run_name"] = cfg["run_name"] or Path(cfg["data"]).stem  # pydoc, tinystories, owt or the file's name
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
     cfg["world_size"], cfg["rank"] = int(os.environ.get("WORLD_SIZE", "1")), safety.RANK  # torchrun's
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
@@ -460,6 +460,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0))
 
     def save(step):
+        safety.refuse_non_finite(raw, step, ckpt_path)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
                             elapsed=progress.seconds())
@@ -525,8 +526,8 @@ def run(cfg):
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
-    with torch_settings(cfg):
+    with safety.run_lock(cfg), torch_settings(cfg):  # one writer per run: a second one is refused (exit 2)
+        safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
 
 
