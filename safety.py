@@ -111,6 +111,23 @@ def atomic_file(path, mode="wb"):
 def quiet_while_starting(name):  # a Ctrl-C while torch loads (seconds): one line, not a traceback from an import
     signal.signal(signal.SIGINT, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
                                                    file=sys.stderr), os._exit(130)))
+    signal.signal(signal.SIGTERM, sigterm_as_ctrl_c(os.getpid()))  # from now on, for the whole program
+
+
+def sigterm_as_ctrl_c(main_pid):
+    """A SIGTERM handler (kill, a scheduler's stop) that does what Ctrl-C does at that moment: whatever
+    SIGINT's handler is then (the start's quiet exit, bpe's catch_ctrl_c, the loop's stop at a step
+    boundary), so a program stopped either way ends in one line, exit 130, its temporary files removed.
+    Forked pool workers (they hold Ctrl-C blocked) keep the default: they end, and the main process reports."""
+    def handler(signum, frame):
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if os.getpid() == main_pid and callable(ctrl_c):
+            return ctrl_c(signum, frame)
+        if ctrl_c is signal.SIG_IGN and os.getpid() == main_pid:
+            return None
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return handler
 
 
 def exit_code(name, command, interrupted):

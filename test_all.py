@@ -2681,16 +2681,16 @@ def test_train_text_of_only_special_tokens_is_one_sentence_and_caches_nothing(tm
     _train_one_line(capsys, "too little text")
 
 
-def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0):
+def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0, sig=signal.SIGINT):
     """Start train.py in its own process group, wait for a line on stdout, then Ctrl-C the group
-    (a terminal's Ctrl-C reaches every process: the main one and its pool workers)."""
+    (a terminal's Ctrl-C reaches every process: the main one and its pool workers), or send it sig."""
     p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     seen = ""
     while wait_for not in seen and p.poll() is None:
         seen += p.stdout.readline()
     time.sleep(delay)
-    os.killpg(p.pid, signal.SIGINT)
+    os.killpg(p.pid, sig)
     out, err = p.communicate(timeout=120)
     return p.returncode, seen + out, err
 
@@ -2717,6 +2717,27 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
         assert "stopped at step" in out and safety.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
     else:
         assert "train.py: interrupted" in err and not list(run.glob("*"))
+
+
+def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
+    # issue 19 item 7: SIGTERM during the data preparation or the sampling exited 143 without a word and left
+    # *.tmpNNNN files; now it ends as Ctrl-C does: one line, exit 130, nothing half-written
+    def interrupted(rc, err):
+        assert rc == 130 and "Traceback" not in err, (rc, err)
+        assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole"), err
+        assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*.part"))
+    _train_story(tmp_path / "big.txt", n=15000)
+    args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
+            "--num-samples", "0"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "training a 1000-token BPE tokenizer", 1.0, signal.SIGTERM)
+    interrupted(rc, err)
+    assert "stopped at step" in out or not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
+    # in the sampling, after the whole run: the checkpoint stays, samples.txt is not written half
+    _train_story(tmp_path / "s.txt")
+    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--num-samples", "5000"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "checkpoint:", 0.5, signal.SIGTERM)
+    interrupted(rc, err)
+    assert (tmp_path / "out" / "s" / "ckpt.pt").exists() and not (tmp_path / "out" / "s" / "samples.txt").exists()
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
