@@ -217,9 +217,11 @@ def too_long(c):
     """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
     suffixes, as a sentence, or "": a name over NAME_MAX - NAME_ROOM bytes, or a path near PATH_MAX."""
     for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
-        value = c[flag] if flag != "data" or c["data_is_file"] else ""
-        longest = max((len(os.fsencode(part)) for part in Path(value or ".").parts), default=0)
-        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(value or "."))) > PATH_MAX - 2 * NAME_MAX:
+        value = c[flag] if flag != "data" or c["data_is_file"] else None  # pydoc, tinystories, owt: no path
+        if not value:
+            continue
+        longest = max((len(os.fsencode(part)) for part in Path(value).parts), default=0)
+        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(value))) > PATH_MAX - 2 * NAME_MAX:
             return (f"--{flag.replace('_', '-')} is too long for the file system (with what the run adds: names of at "
                     f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
                     "one.")
@@ -263,9 +265,11 @@ def training_bytes(c):
 
 def memory_bytes(device, world_size):
     """(bytes one process may use, what they are): a GPU's own memory, or the machine's RAM (its cgroup's
-    limit if lower), shared by the processes of a CPU run."""
+    limit if lower), shared by the processes of a CPU run. The GPU's properties, not mem_get_info: that
+    would open a CUDA context on cuda:0 in each of torchrun's processes before they pick their GPU."""
     if device.startswith("cuda"):
-        return _torch().cuda.mem_get_info(device)[1], f"the {_torch().cuda.get_device_name(device)}'s memory"
+        gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
+        return gpu.total_memory, f"the {gpu.name}'s memory"
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     with contextlib.suppress(OSError, ValueError):
         ram = min(ram, int(Path("/sys/fs/cgroup/memory.max").read_text()))  # "max" when there is no limit

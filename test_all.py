@@ -2444,6 +2444,20 @@ def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, cap
     assert train.main(base) == 0
 
 
+def test_train_gpu_device_and_memory_are_looked_up_without_a_gpu(monkeypatch):
+    # what CHECKS asks of a GPU, with torch.cuda stood in for: the index exists, the GPU's own memory is the bound
+    gpu = types.SimpleNamespace(total_memory=80 * 2**30, name="NVIDIA H100")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpu)
+    assert safety.device_error("cuda:1") == "" and safety.device_error("cuda") == ""
+    assert safety.device_error("cuda:2") == "this machine has 2 GPU(s), cuda:0 to cuda:1."
+    assert safety.memory_bytes("cuda:1", 8) == (80 * 2**30, "the NVIDIA H100's memory")  # one GPU per process
+    ram, what = safety.memory_bytes("cpu", 2)  # a CPU run's processes share the RAM
+    assert what == "this machine's memory / 2 processes"
+    assert 0 < ram <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
 def test_train_workers_are_capped_at_the_cores(tmp_path):
     # issue 19 item 6: --workers 200 started 201 processes on 2 cores
     base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
