@@ -30,7 +30,29 @@ def _torch():  # imported here, not at the top: bpe.py imports this file and mus
     return torch
 
 
-RANK = int(os.environ.get("RANK", "0"))  # this process's rank under torchrun (0 when run alone)
+TORCHRUN_VARS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}  # torchrun sets them (with MASTER_ADDR, MASTER_PORT)
+
+
+def env_int(name):  # a torchrun variable as a whole number, its default when unset, None when it is not one
+    text = os.environ.get(name, str(TORCHRUN_VARS[name])).strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+RANK = env_int("RANK") or 0  # this process's rank under torchrun (0 alone)
+RANK = RANK if RANK < (env_int("WORLD_SIZE") or 1) else 0  # a RANK out of range is refused (CHECKS): rank 0 says so
+
+
+def bad_environment():
+    """Why torchrun's variables in the environment cannot be used, as a sentence, or "": set by hand
+    (WORLD_SIZE=2 alone would wait forever for its peers) or not whole numbers."""
+    bad = next((f"{k}={os.environ[k]!r} is not a number 0, 1, 2, ..." for k in TORCHRUN_VARS if env_int(k) is None), "")
+    if not bad and env_int("WORLD_SIZE") == 0:
+        bad = "WORLD_SIZE=0 asks for no processes"
+    elif not bad and env_int("WORLD_SIZE") > 1 and not all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")):
+        bad = f"WORLD_SIZE={env_int('WORLD_SIZE')} is set but MASTER_ADDR and MASTER_PORT are not"
+    elif not bad and env_int("RANK") >= env_int("WORLD_SIZE"):
+        bad = f"RANK={env_int('RANK')} is not below WORLD_SIZE={env_int('WORLD_SIZE')}"
+    return bad and f"the environment's {bad}; launch with torchrun, or unset {', '.join(TORCHRUN_VARS)}."
 
 
 def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
@@ -95,9 +117,13 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
-def quiet_while_starting(name):  # a Ctrl-C while torch loads (seconds): one line, not a traceback from an import
-    signal.signal(signal.SIGINT, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
-                                                   file=sys.stderr), os._exit(130)))
+def quiet_while_starting(name):
+    """A Ctrl-C, or a SIGTERM (kill, a scheduler's stop), while torch loads (seconds): one line, not a
+    traceback from an import. Every later handler of Ctrl-C (bpe's catch_ctrl_c, the loop's stop at a
+    step boundary) handles SIGTERM the same way."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
+                                                file=sys.stderr), os._exit(130)))
 
 
 def exit_code(name, command, interrupted):
@@ -124,6 +150,8 @@ class Parser(argparse.ArgumentParser):
 RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
 MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
+FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is added in float32, where less can be 0
+MIN_TEMPERATURE = 1e-6  # sampling divides float32 logits by the temperature: a smaller one can overflow them to inf
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
@@ -132,10 +160,13 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
     ("be positive", lambda v: v <= 0, lambda k, v: k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
         "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-        "benchmark_steps", "workers")),
+        "benchmark_steps", "workers", "eps")),  # eps: what optim._check refuses (eps <= 0), refused here first
     ("not be negative", lambda v: v < 0, lambda k, v: k in (
-        "lr", "min_lr", "warmup_iters", "eps", "weight_decay", "grad_clip", "temperature", "num_samples",
-        "sample_tokens")),
+        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples", "sample_tokens")),
+    (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
+     "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
+    (f"be 0 (greedy) or at least {MIN_TEMPERATURE:g} (sampling divides the logits by it: a smaller one overflows "
+     "float32)", lambda v: 0 < v < MIN_TEMPERATURE, lambda k, v: k == "temperature"),
 ]
 
 
@@ -184,10 +215,88 @@ def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes o
                  if not_a_file(run_dir(c) / name)), "")
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
+NAME_ROOM = 32  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".tmp<pid>"
+
+
+def too_long(c):
+    """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
+    suffixes, as a sentence, or "": a name over NAME_MAX - NAME_ROOM bytes, or a path near PATH_MAX."""
+    for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
+        value = c[flag] if flag != "data" or c["data_is_file"] else None  # pydoc, tinystories, owt: no path
+        if not value:
+            continue
+        longest = max((len(os.fsencode(part)) for part in Path(value).parts), default=0)
+        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(value))) > PATH_MAX - 2 * NAME_MAX:
+            return (f"--{flag.replace('_', '-')} is too long for the file system (with what the run adds: names of at "
+                    f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
+                    "one.")
+    return ""
+
+
+def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3" of 2 GPUs
+    torch = _torch()
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        return "unknown device; use cpu, cuda, cuda:N or mps."
+    if d.type not in ("cpu", "cuda", "mps"):
+        return "unknown device; use cpu, cuda, cuda:N or mps."
+    if d.type == "cuda" and not torch.cuda.is_available():
+        return "this PyTorch sees no CUDA GPU; use --device cpu."
+    if d.type == "cuda" and (d.index or 0) >= torch.cuda.device_count():
+        return f"this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}."
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available here; use --device cpu."
+    return ""
+
+
+def training_bytes(c):
+    """The least memory one process's training step takes, from accounting.py's formulas: AdamW's
+    bytes per parameter (weights, gradients, two moments), then one micro-batch's logits and what
+    autograd keeps of its forward (the fused attention and activation checkpointing keep less, so
+    for them only what every path keeps counts; bf16 halves it)."""
+    import accounting  # here, not at the top: it loads torch and model.py, and bpe.py imports this file
+    dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
+    params = sum(accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
+                                            tie_embeddings=c["tie_embeddings"]).values())
+    per_param = accounting.ADAMW_BYTES_PER_PARAM["fp32 everywhere (naive)" if c["dtype"] == "float32" else
+                                                 "autocast (fp32 weights, bf16 matmuls)"]
+    B, T, half = c["batch_size"] // (c["world_size"] * c["grad_accum"]), c["context_length"], c["dtype"] == "bf16"
+    layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
+    saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
+    logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
+    return sum(per_param.values()) * params + logits + saved // (2 if half else 1)
+
+
+def memory_bytes(device, world_size):
+    """(bytes one process may use, what they are): a GPU's own memory, or the machine's RAM (its cgroup's
+    limit if lower), shared by the processes of a CPU run. The GPU's properties, not mem_get_info: that
+    would open a CUDA context on cuda:0 in each of torchrun's processes before they pick their GPU."""
+    if device.startswith("cuda"):
+        gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
+        return gpu.total_memory, f"the {gpu.name}'s memory"
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError):
+        ram = min(ram, int(Path("/sys/fs/cgroup/memory.max").read_text()))  # "max" when there is no limit
+    return ram // world_size, "this machine's memory" + (f" / {world_size} processes" if world_size > 1 else "")
+
+
+def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""
+    need, (have, what) = training_bytes(c), memory_bytes(c["device"], c["world_size"])
+    if need <= have:
+        return ""
+    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, AdamW state, "
+            f"one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
+            "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
+
+
 CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong row stops, so rows rely on those above
+    (lambda c: bad_environment(), lambda c: bad_environment()),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
     (bad_number, bad_number),
+    (too_long, too_long),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data_is_file"] and unreadable(c["data"]),
@@ -216,15 +325,11 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
      "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
-    (lambda c: c["device"].split(":")[0] not in ("cpu", "cuda", "mps"),
-     "--device {device}: unknown device; use cpu, cuda, cuda:N or mps."),
-    (lambda c: c["device"].startswith("cuda") and not _torch().cuda.is_available(),
-     "--device {device}: this PyTorch sees no CUDA GPU; use --device cpu."),
-    (lambda c: c["device"].startswith("mps") and not _torch().backends.mps.is_available(),
-     "--device {device}: MPS is not available here; use --device cpu."),
+    (lambda c: device_error(c["device"]), lambda c: f"--device {c['device']}: {device_error(c['device'])}"),
     (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
     (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not _torch().cuda.is_bf16_supported(),
      "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
+    (lambda c: c["export"] is None and too_big(c), too_big),  # before anything is allocated
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: not plain_name(c["run_name"]),
@@ -341,19 +446,29 @@ def run_lock(cfg):
             os.close(fd)  # closing the last descriptor releases the lock
 
 
+def metrics_step(line):  # a metrics.jsonl line's (step, entry), or None for what the run never writes
+    try:
+        e = json.loads(line)
+    except ValueError:  # a line cut short by a kill, or not UTF-8 (bytes decode to U+FFFD, which is no JSON)
+        return None
+    step = e.get("step") if isinstance(e, dict) else None
+    return (step, e) if type(step) is int else None  # 5, [1, 2], null, {"foo": 1}, {"step": "x"}: none is a record
+
+
 def truncate_metrics(path, last_step):
     """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
-    That step keeps its training line, not its validation line (saved before that evaluation)."""
+    That step keeps its training line, not its validation line (saved before that evaluation).
+    Lines that are no metrics record (damaged, or edited) are dropped too, with a note."""
     if not path.exists():
         return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-            if e["step"] < last_step or (e["step"] == last_step and "loss" in e):
-                keep.append(line)
-        except ValueError:  # a line cut short by the kill
-            pass
+    keep, lines = [], path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for line in lines:
+        record = metrics_step(line)
+        if record and (record[0] < last_step or (record[0] == last_step and "loss" in record[1])):
+            keep.append(line)
+    dropped = sum(metrics_step(line) is None for line in lines if line.strip())
+    if dropped:
+        log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
     with atomic_file(path, "w") as f:
         f.write("".join(line + "\n" for line in keep))
 

@@ -2330,6 +2330,14 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
         (["--data", str(tmp_path / "empty.txt"), "--out-dir", out], "is empty"),
         (["--data", str(tmp_path / "text.txt"), "--vocab-size", "200", "--out-dir", out], "--vocab-size 200"),
         (["--data", str(tmp_path / "scalar.npy"), "--out-dir", out], "1-D"),
+        # issue 19 item 9: each a traceback before
+        (base + ["--device", "cpu:abc"], "--device cpu:abc: unknown device"),
+        (base + ["--device", "cuda:1:2"], "--device cuda:1:2: unknown device"),
+        (base + ["--run-name", "r" * 300], "--run-name is too long for the file system"),
+        (base + ["--data-dir", str(tmp_path / ("d" * 300))], "--data-dir is too long"),
+        (base + ["--out-dir", str(tmp_path / ("o" * 300))], "--out-dir is too long"),
+        (["--data", str(tmp_path / ("x" * 254)), "--out-dir", out], "--data is too long"),  # no stat: ENAMETOOLONG
+        (["--data", str(tmp_path / ("x" * 300 + ".npy")), "--out-dir", out], "--data is too long"),
     ]
     for argv, needle in cases:
         rc = _train_rc(argv)
@@ -2339,6 +2347,8 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
         assert not os.path.exists(out), argv
     # the DDP case: the global batch must split over the ranks (checked before any process group starts)
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")  # torchrun's variables: WORLD_SIZE alone is refused
+    monkeypatch.setenv("MASTER_PORT", "29500")
     assert train.main(base + ["--batch-size", "9"]) == 2
     assert "2 processes" in capsys.readouterr().err
 
@@ -2511,6 +2521,10 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
               ("--sample-tokens=-1", "--sample-tokens must not be negative"),
               ("--temperature=-0.5", "--temperature must not be negative"),
+              ("--temperature=1e-40", "--temperature must be 0 (greedy) or at least 1e-06"),  # crashed sampling
+              ("--eps=0", "--eps must be positive, got 0.0"),  # optim.AdamW refused it with a traceback
+              ("--eps=-1e-8", "--eps must be positive"),
+              ("--eps=1e-300", "--eps must be at least 1.18e-38"),  # 0 in float32: "loss is nan, try a lower --lr"
               ("--top-p=0", "--top-p must lie in (0, 1]")]
     for arg, needle in cases:
         assert train.main(base + [arg]) == 2, arg
@@ -2519,6 +2533,106 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
     # the extremes torch takes are taken (the evaluation seeds with seed + 1)
     assert train.main(base + [f"--seed={2**64 - 2}"]) == 0
     assert train.resolve_config(base + [f"--seed={-2**63}", "--overwrite"])["seed"] == -2**63
+
+
+def test_train_eps_is_refused_where_optim_refuses_it_or_float32_loses_it():
+    # one rule: CHECKS refuses every eps optim.AdamW refuses, and those float32 turns into 0 (or a denormal)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    for eps in (0.0, -0.0, -1e-8, 1e-300, 1e-45, safety.FLOAT32_TINY / 2, safety.FLOAT32_TINY, 1e-8, 1.0):
+        try:
+            optim.AdamW(params, eps=eps)
+            optim_refuses = False
+        except ValueError:
+            optim_refuses = True
+        refused = bool(safety.bad_number({"eps": eps}))
+        assert refused == (optim_refuses or torch.tensor(eps, dtype=torch.float32).item() < safety.FLOAT32_TINY), eps
+    assert not safety.bad_number({"temperature": 0.0}) and not safety.bad_number({"temperature": 1e-6})
+
+
+def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
+    # issue 19 item 9: RANK=abc was a ValueError traceback at import, WORLD_SIZE=0 a ZeroDivisionError, and
+    # WORLD_SIZE=2 without torchrun a traceback (or a wait for peers that never come)
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
+    cases = [({"RANK": "abc"}, "the environment's RANK='abc' is not a number"),
+             ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x'"),
+             ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 asks for no processes"),
+             ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
+             ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"},
+              "RANK=2 is not below WORLD_SIZE=2")]
+    for env, needle in cases:
+        r = _train_cli(argv, cwd=tmp_path, env=env)  # a subprocess: safety reads RANK when it is imported
+        assert r.returncode == 2, (env, r.stderr)
+        last = r.stderr.splitlines()[-1]
+        assert needle in last and "launch with torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK" in last, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), env
+
+
+def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, capsys, monkeypatch):
+    # issue 19 item 6: --batch-size 1e8 was OOM-killed silently, --vocab-size 1e9 took 16 GB before its refusal
+    # (1e12 a MemoryError), --d-model 1e6 an allocator traceback and an empty run directory
+    ids, story = _train_toy_ids(tmp_path / "toy.npy"), _train_story(tmp_path / "story.txt")
+    out, cache = tmp_path / "out", tmp_path / "data"
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(out), "--max-iters", "1"]
+    text = ["--data", str(story), "--out-dir", str(out), "--data-dir", str(cache)]
+    for argv in (base + ["--batch-size", "100000000"], base + ["--vocab-size", str(10**9)],
+                 base + ["--vocab-size", str(10**12)], base + ["--d-model", "1000000"],
+                 text + ["--vocab-size", str(10**9)], ["--benchmark", *base, "--batch-size", "100000000"]):
+        assert train.main(argv) == 2, argv
+        last = _train_one_error(capsys, "need at least", "GiB to train", "more than this machine's memory")
+        assert "--batch-size" in last and "--vocab-size" in last
+        assert not out.exists() and not cache.exists(), argv
+    # the estimate: AdamW's 16 bytes per parameter (accounting.py) plus the logits, and what the run really
+    # needs stays above it (the reference path's activations are accounting.py's exact count)
+    cfg = train.resolve_config(base + ["--no-fast"])
+    P = sum(p.numel() for p in train.build(cfg)[0].parameters())
+    B, T, V = cfg["batch_size"], cfg["context_length"], cfg["vocab_size"]
+    saved = accounting.saved_activation_bytes(B, T, cfg["d_model"], cfg["num_heads"], cfg["d_ff"], cfg["num_layers"])
+    assert safety.training_bytes(cfg) == 16 * P + 4 * B * T * V + saved
+    assert safety.training_bytes(dict(cfg, fast=True)) < safety.training_bytes(cfg)
+    # a machine that is too small for the default run refuses it with the same sentence; one that is not runs it
+    monkeypatch.setattr(safety, "memory_bytes", lambda device, world: (1000, "this machine's memory"))
+    assert train.main(base) == 2
+    _train_one_error(capsys, "more than this machine's memory (0.0 GiB)")
+    monkeypatch.undo()
+    assert train.main(base) == 0
+
+
+def test_train_gpu_device_and_memory_are_looked_up_without_a_gpu(monkeypatch):
+    # what CHECKS asks of a GPU, with torch.cuda stood in for: the index exists, the GPU's own memory is the bound
+    gpu = types.SimpleNamespace(total_memory=80 * 2**30, name="NVIDIA H100")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpu)
+    assert safety.device_error("cuda:1") == "" and safety.device_error("cuda") == ""
+    assert safety.device_error("cuda:2") == "this machine has 2 GPU(s), cuda:0 to cuda:1."
+    assert safety.memory_bytes("cuda:1", 8) == (80 * 2**30, "the NVIDIA H100's memory")  # one GPU per process
+    ram, what = safety.memory_bytes("cpu", 2)  # a CPU run's processes share the RAM
+    assert what == "this machine's memory / 2 processes"
+    assert 0 < ram <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def test_train_workers_are_capped_at_the_cores(tmp_path):
+    # issue 19 item 6: --workers 200 started 201 processes on 2 cores
+    base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
+    assert train.resolve_config(base + ["--workers", "200"])["workers"] == os.cpu_count()
+    assert train.resolve_config(base + ["--workers", "1"])["workers"] == 1
+    assert train.resolve_config(base)["workers"] is None  # all cores
+
+
+def test_train_resume_drops_metrics_lines_that_are_not_records(tmp_path, capsys):
+    # issue 19 item 9: a metrics.jsonl line of 5, {"foo":1}, {"step":"x"}, [1,2], null or \xff was a traceback on
+    # --resume; now such lines are dropped with a note, and the run's own lines stay
+    base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"),
+            "--max-iters", "4", "--log-interval", "2", "--eval-interval", "2"]
+    assert train.main(base) == 0
+    metrics = tmp_path / "out" / "toy" / "metrics.jsonl"
+    good = [(r["step"], sorted(r)) for r in _train_metrics(tmp_path / "out" / "toy")]
+    metrics.write_bytes(metrics.read_bytes() + b'5\n{"foo":1}\n{"step":"x"}\n[1,2]\nnull\n\xff\n{"step": 1.5}\n{"step": tru')
+    capsys.readouterr()
+    assert train.main(base + ["--resume"]) == 0
+    assert "note: dropped 8 line(s) of" in capsys.readouterr().out
+    # resumed at the last step: every record kept, the last evaluation run again, nothing added twice
+    assert [(r["step"], sorted(r)) for r in _train_metrics(tmp_path / "out" / "toy")] == good
 
 
 def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
@@ -2761,16 +2875,16 @@ def test_train_text_of_only_special_tokens_is_one_sentence_and_caches_nothing(tm
     _train_one_line(capsys, "too little text")
 
 
-def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0):
+def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0, sig=signal.SIGINT):
     """Start train.py in its own process group, wait for a line on stdout, then Ctrl-C the group
-    (a terminal's Ctrl-C reaches every process: the main one and its pool workers)."""
+    (a terminal's Ctrl-C reaches every process: the main one and its pool workers), or send it sig."""
     p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     seen = ""
     while wait_for not in seen and p.poll() is None:
         seen += p.stdout.readline()
     time.sleep(delay)
-    os.killpg(p.pid, signal.SIGINT)
+    os.killpg(p.pid, sig)
     out, err = p.communicate(timeout=120)
     return p.returncode, seen + out, err
 
@@ -2797,6 +2911,27 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
         assert "stopped at step" in out and safety.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
     else:
         assert "train.py: interrupted" in err and not list(run.glob("*"))
+
+
+def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
+    # issue 19 item 7: SIGTERM during the data preparation or the sampling exited 143 without a word and left
+    # *.tmpNNNN files; now it ends as Ctrl-C does: one line, exit 130, nothing half-written
+    def interrupted(rc, err):
+        assert rc == 130 and "Traceback" not in err, (rc, err)
+        assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole"), err
+        assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*.part"))
+    _train_story(tmp_path / "big.txt", n=15000)
+    args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
+            "--num-samples", "0"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "training a 1000-token BPE tokenizer", 1.0, signal.SIGTERM)
+    interrupted(rc, err)
+    assert "stopped at step" in out or not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
+    # in the sampling, after the whole run: the checkpoint stays, samples.txt is not written half
+    _train_story(tmp_path / "s.txt")
+    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--num-samples", "5000"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "checkpoint:", 0.5, signal.SIGTERM)
+    interrupted(rc, err)
+    assert (tmp_path / "out" / "s" / "ckpt.pt").exists() and not (tmp_path / "out" / "s" / "samples.txt").exists()
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
