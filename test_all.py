@@ -1670,7 +1670,11 @@ def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
     assert p.returncode == 130, (p.returncode, out, err)
     assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left", err
     assert "Traceback" not in err    # encode's progress lines may come first
-    assert sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts) == ["big.txt"]
+    left = sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts)
+    # a stop held during numba's first compile (a fresh clone) comes as the call returns: the file is whole then
+    assert left in (["big.txt"], ["big.txt", "ids.npy"]), left
+    if "ids.npy" in left:
+        assert np.load(tmp_path / "ids.npy", mmap_mode="r").ndim == 1
 
 
 def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
