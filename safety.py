@@ -5,9 +5,9 @@ only the standard library at its top (bpe.py must not load torch); what asks tor
 
 1. A command line's errors and exit codes, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
-3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
+3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
-5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
+5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
 import contextlib
@@ -386,7 +386,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
 
 
 # ----------------------------------------------------------------------------
-# 3. The run directory: an old run is replaced only on --overwrite; the files beside ckpt.pt; loss.png
+# 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
 
 def prepare_run_dir(cfg, resuming):
     """Rank 0 makes the run directory and clears what a run killed mid-write left (.*.cs336tmp*). An old
@@ -648,7 +648,7 @@ def check_same_data(state, cfg, ckpt_path):
 
 
 # ----------------------------------------------------------------------------
-# 5. The loop's faults (Ctrl-C at a step boundary, a NaN, a full disk); torchrun's group and rank 0's errors
+# 5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
 
 @contextlib.contextmanager
 def stop_requests(cfg):
