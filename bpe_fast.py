@@ -28,6 +28,7 @@ import functools
 import io
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -132,8 +133,9 @@ def _next_pretoken(data, i, n, classes):
 # (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)' backs off to
 # end just before it); (2) after a lone newline between two non-spaces. _STREAM_CUT is for
 # str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a
-# UTF-8 lead byte of a range without Unicode whitespace.
-_STREAM_CUT = regex.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
+# UTF-8 lead byte of a range without Unicode whitespace. The standard library's re runs
+# _STREAM_CUT faster than regex; its \s is a superset of regex's, so it finds no cut regex would not.
+_STREAM_CUT = re.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 _SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
