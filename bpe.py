@@ -319,6 +319,7 @@ def _word_arrays(counts):
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
     """train_from_counts from the merge loop's input arrays (see _merge_loop)."""
     special_tokens = _check_special_tokens(special_tokens)
+    bpe_fast.check_longest_word(word_start, "the training text")  # one huge word could exhaust memory
     num_merges = max(0, vocab_size - 256 - len(special_tokens))
     small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):

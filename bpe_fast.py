@@ -42,7 +42,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import atomic_file
+from safety import atomic_file, memory_bytes
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -1081,6 +1081,23 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 # Compiled once per machine and cached on disk by numba; loading it from there still costs
 # more than a small job takes in bpe.py's loop as plain Python (see bpe._train_from_words).
 merge_loop = njit(cache=True)(_merge_loop)
+
+
+# Memory of the merge loop per byte of the longest pre-token: a merge records every place it
+# changes, and in one huge word (text with no space or punctuation) those are most of its bytes.
+# Measured on single words of 0.5 to 4 MB; ordinary text needs about 1 byte per byte in all.
+LONG_WORD_BYTES = 210
+
+
+def check_longest_word(word_start, where):
+    """Raise ValueError, before the merge loop allocates, when the longest pre-token would need
+    more memory than the machine has (word_start: the words' offsets, as the loop takes them)."""
+    longest = int(np.diff(word_start).max(initial=0))
+    need, (have, what) = LONG_WORD_BYTES * longest, memory_bytes("cpu", 1)
+    if need > have:
+        raise ValueError(f"{where} holds a pre-token of {longest:,} bytes (text with no space, digit or punctuation "
+                         f"break); merging it needs about {need / 2**30:,.1f} GiB, more than {what} "
+                         f"({have / 2**30:,.1f} GiB); break that text into lines or words, or leave it out")
 
 
 def merge_loop_loaded():
