@@ -686,7 +686,7 @@ def main(argv=None):
         print(f"bpe.py {args.cmd}: error: the disk is full: could not write {e.filename}; "
               "free some space and rerun", file=sys.stderr)
         sys.exit(1)
-    except ValueError as e:
+    except (ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

@@ -1090,12 +1090,12 @@ LONG_WORD_BYTES = 210
 
 
 def check_longest_word(word_start, where):
-    """Raise ValueError, before the merge loop allocates, when the longest pre-token would need
+    """Raise MemoryError, before the merge loop allocates, when the longest pre-token would need
     more memory than the machine has (word_start: the words' offsets, as the loop takes them)."""
     longest = int(np.diff(word_start).max(initial=0))
     need, (have, what) = LONG_WORD_BYTES * longest, memory_bytes("cpu", 1)
     if need > have:
-        raise ValueError(f"{where} holds a pre-token of {longest:,} bytes (text with no space, digit or punctuation "
+        raise MemoryError(f"{where} holds a pre-token of {longest:,} bytes (text with no space, digit or punctuation "
                          f"break); merging it needs about {need / 2**30:,.1f} GiB, more than {what} "
                          f"({have / 2**30:,.1f} GiB); break that text into lines or words, or leave it out")
 

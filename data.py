@@ -221,9 +221,11 @@ def from_cache(path, load, *args, **kwargs):
     passes through: train.py reports it."""
     try:
         return load(*args, **kwargs)
-    except (ValueError, EOFError, OSError) as e:
+    except (ValueError, EOFError, OSError, MemoryError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
+        if isinstance(e, MemoryError):  # the text itself (one huge word), not the cache: refused with the estimate
+            raise UsageError(f"--data: {e}.") from None
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
                              "writable, or pass another --data-dir.") from None

@@ -994,16 +994,20 @@ def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch)
         assert searched[0] <= 2 * len(text)
 
 
-def test_bpe_a_pre_token_too_long_for_memory_is_refused_before_merging(tmp_path, monkeypatch):
+def test_bpe_a_pre_token_too_long_for_memory_is_refused_before_merging(tmp_path, monkeypatch, capsys):
     # one "word" of 200,000 letters (no space, digit or punctuation): the merge loop needs about
     # LONG_WORD_BYTES per byte of it; with less memory than that it is refused in one sentence
     (tmp_path / "giant.txt").write_text("".join(random.Random(0).choices("abc", k=200_000)))
     have = bpe_fast.LONG_WORD_BYTES * 200_000 - 1
     monkeypatch.setattr(bpe_fast, "memory_bytes", lambda device, world: (have, "this machine's memory"))
-    with pytest.raises(ValueError, match="holds a pre-token of 200,000 bytes .* more than this machine's memory"):
+    with pytest.raises(MemoryError, match="holds a pre-token of 200,000 bytes .* more than this machine's memory"):
         bpe.train_bpe(str(tmp_path / "giant.txt"), 300)
     monkeypatch.setattr(bpe_fast, "memory_bytes", lambda device, world: (have + 1, "this machine's memory"))
     assert len(bpe.train_bpe(str(tmp_path / "giant.txt"), 300)[1]) == 300 - 256
+    monkeypatch.setattr(bpe_fast, "memory_bytes", lambda device, world: (1 << 20, "this machine's memory"))
+    assert train.main(["--data", str(tmp_path / "giant.txt"), "--data-dir", str(tmp_path / "data"), "--out-dir",
+                       str(tmp_path / "out"), "--vocab-size", "300", "--device", "cpu", "--workers", "1"]) == 2
+    _train_one_line(capsys, "--data: the training text holds a pre-token of 180,000 bytes")
 
 
 def test_bpe_decode_and_merges_errors_name_the_problem(tmp_path, bpe_gpt2):
