@@ -1875,6 +1875,18 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
     _train_one_line(capsys, "train.npy in the data cache cannot be used (")
 
 
+def test_data_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
+    # a read-only cache folder (root writes anywhere, so the refusal is what encode_file raises there)
+    story = _train_story(tmp_path / "story.txt")
+
+    def read_only(tok, txt, npy, num_workers=None):
+        raise PermissionError(errno.EACCES, "Permission denied", npy)
+    monkeypatch.setattr(data, "encode_file", read_only)
+    with pytest.raises(data.UsageError, match=r"cannot write in the data cache \(Permission denied: .*train.npy\); "
+                                              "make it writable, or pass another --data-dir"):
+        data.prepare_data(str(story), tmp_path / "data", 300, workers=1)
+
+
 def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
     owt = tmp_path / "data" / "owt"
