@@ -263,8 +263,7 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
-# Up to this much work the merge loop runs as plain Python (unless the engine's is loaded):
-# a small job (any file of 130 KB) never waits for numba.
+# Up to this much work the merge loop runs as plain Python: a 130 KB file never waits for numba.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
 
