@@ -723,13 +723,11 @@ def llama_step(cfg, micro):
     RoPE, SwiGLU, no biases, untied head, SDPA attention) with torch's own AdamW and loss."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    import export  # the mapping of this model's shape to a Llama's config lives there, once
+    import model
     V = cfg["vocab_size"]
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=V, hidden_size=cfg["d_model"], intermediate_size=cfg["d_ff"],
-        num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
-        num_key_value_heads=cfg["num_heads"], max_position_embeddings=cfg["context_length"],
-        rope_theta=cfg["rope_theta"], rms_norm_eps=1e-5, tie_word_embeddings=False,
-        attn_implementation="sdpa")).to(cfg["device"])
+    shape = export.llama_config({**cfg, "tie_embeddings": False}, model.RMSNorm(1).eps, None)
+    hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
 
