@@ -678,24 +678,26 @@ def stop_requests(cfg):
 
 
 
+def stop_non_finite(what, step, ckpt_path):  # numbers went NaN or infinite: exit 1, the last good checkpoint kept
+    raise DataError(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
+                    "--grad-clip.")
+
+
 def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
-    if math.isfinite(loss) and (norm is None or math.isfinite(norm)):
-        return False
-    what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
-    log(f"\nerror: {what} at step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
-        "--grad-clip.", file=sys.stderr)
-    return True
+    if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
+        what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
+        stop_non_finite(f"{what} at", step, ckpt_path)
+
 
 def refuse_non_finite(model, step, ckpt_path):
-    """Raises DataError (exit code 1, one sentence) if a weight of model is NaN or infinite: such a model is
-    never saved (the last good checkpoint stays ckpt_path) nor sampled. A finite loss at step N can still
-    leave non-finite weights after its update (--lr 1e30), so the weights themselves are checked."""
+    """Stops the run (DataError, exit code 1) if a weight of model is NaN or infinite: such a model is never
+    saved (the last good checkpoint stays ckpt_path) nor sampled. A finite loss at step N can still leave
+    non-finite weights after its update (--lr 1e30), so the weights themselves are checked."""
     torch = _torch()
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        raise DataError(f"the weights are not finite after step {step} ({len(bad)} tensors, e.g. {bad[0]}), so "
-                        f"they were not saved; the last good checkpoint is {ckpt_path}; try a lower --lr or a "
-                        "--grad-clip.")
+        stop_non_finite(f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after", step,
+                        ckpt_path)
 
 
 @contextlib.contextmanager

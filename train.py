@@ -476,8 +476,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             loss, norm = float(loss), None if norm is None else float(norm)
-            if safety.diverged(loss, norm, it + 1, ckpt_path):  # NaN or inf: one sentence, the checkpoint kept
-                return 1
+            safety.diverged(loss, norm, it + 1, ckpt_path)  # NaN or inf: one sentence, exit 1, the checkpoint kept
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.stepped(it + 1, loss, lr, norm)
