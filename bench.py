@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from safety import atomic_file
+
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
@@ -340,8 +342,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     zipf, cyr = Zipf(pool), Zipf(pool, a=0.9)
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
                     dtype=object)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as f:  # a corpus cut short by Ctrl-C is never found and used next time
         size = 0
         while size < target:
             blob = _chunk(rng, zipf, cyr, runs, 1_000_000).encode("utf-8")
@@ -350,7 +351,6 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
                 target = 0  # this was the last piece
             f.write(blob)
             size += len(blob)
-    os.replace(tmp, path)
     return path
 
 

@@ -26,7 +26,7 @@ import torch
 from bpe import Tokenizer
 from data import EOT
 from model import TransformerLM
-from safety import UsageError, atomic_file, log, read_checkpoint
+from safety import TMP_MARK, UsageError, atomic_file, log, read_checkpoint
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -156,7 +156,7 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
         if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, or its parent
             raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors); "
                                   "remove it yourself, or pick another directory")
-    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.tmp{os.getpid()}")
+    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}{TMP_MARK}{os.getpid()}")
     try:
         os.makedirs(tmp)
         eot_id = save_tokenizer(tokenizer, tmp, a["context_length"]) if tokenizer is not None else None
