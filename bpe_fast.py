@@ -285,13 +285,22 @@ def _note_first_compile(dispatcher):
         _compile_noted = True
 
 
+def raise_held_ctrl_c():
+    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back while numba's code ran, if any: as
+    a call returns, and before waiting on workers, which a SIGTERM sent to the whole process group
+    has ended (waiting for their results would never return)."""
+    global _ctrl_c_held
+    if _ctrl_c_held:
+        _ctrl_c_held = False
+        raise KeyboardInterrupt
+
+
 def ctrl_c_stays_keyboard_interrupt(f):
     """f, where a Ctrl-C is still a KeyboardInterrupt: numba reports one that came while
     compiled code ran as a SystemError caused by it; one that catch_ctrl_c held back is raised
     as f returns."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        global _ctrl_c_held
         try:
             result = f(*args, **kwargs)
         except SystemError as e:
@@ -301,9 +310,7 @@ def ctrl_c_stays_keyboard_interrupt(f):
             if cause is None:
                 raise
             raise KeyboardInterrupt from None
-        if _ctrl_c_held:
-            _ctrl_c_held = False
-            raise KeyboardInterrupt
+        raise_held_ctrl_c()
         return result
     return wrapper
 
@@ -591,6 +598,7 @@ def _count_table(input_path, special_tokens, num_workers):
         if parallel:                       # the workers have started counting
             _load_compiled_merging()
         _load_compiled_merge_loop()
+        raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)
     # The biggest table, with room for the words of all (fewer if they share words), takes
     # in the others: its own words need no look-up, only their slots.
@@ -1540,6 +1548,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         # Encode the first chunk here first: the forked workers then start with its
         # pre-tokens in the cache instead of each recomputing them.
         first = _encode_chunk(tasks[0])
+        raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
         workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
     header_len = len(_npy_header(dtype, 0))
