@@ -7,24 +7,18 @@
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
     python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
     python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
-                                 # documents); encode_file vs tiktoken's batch on 200 MB
+                                 # documents); encode_file vs tiktoken's batch on 200 MB (--encode-mb)
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
 The scale corpus (section 0) is web-like text built here from ../shared with a seed, cached in
-~/.cache/cs336-bench/ (about 30 s to build 200 MB the first time). On the 2-core machine the
-default `python bench.py` takes about 20-25 minutes, most of it the 200 MB training table;
-`train --sizes 50` alone takes about 3.
-
-The lessons (bpe.py, model.py, train.py) hold no benchmark code; this file imports them and
-the peers (tiktoken, tokenizers, rustbpe, transformers), each only when its table runs.
-A comparison runs side by side: A and B alternate, and medians are reported, because a
-shared machine's load changes under a benchmark. Whole processes are measured from outside:
-wall time, and memory sampled every 50 ms from /proc: the summed Pss of the process and all
-its descendants (forked workers share pages with their parent, so Pss, not RSS, is the fair
-sum) and the largest single process's peak RSS (VmHWM; wait4's ru_maxrss would count
-bench.py's own pages, copied at the fork before exec). Default inputs come from ../shared;
-pass --input (and --vocab/--merges) to use other files.
+~/.cache/cs336-bench/. The lessons (bpe.py, model.py, train.py) hold no benchmark code; this file
+imports them and the peers (tiktoken, tokenizers, rustbpe, transformers), each only when its table
+runs. A comparison runs side by side: A and B alternate, and medians are reported, because a
+shared machine's load changes under a benchmark. Whole processes are measured from outside: wall
+time, and the peak of the summed Pss of the process and all its descendants, sampled every 50 ms
+from /proc (forked workers share pages with their parent, so Pss, not RSS, is the fair sum).
+Default inputs come from ../shared; pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
 import inspect
@@ -45,6 +39,7 @@ from safety import atomic_file
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
+SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
 EOT = "<|endoftext|>"
 
 
@@ -66,99 +61,68 @@ def need_file(path, what):
     return str(path)
 
 
-def med(xs, unit="s", fmt="{:.2f}"):
+def med(xs, unit="s"):
     """'a / b / c s (median m)'."""
-    return " / ".join(fmt.format(x) for x in xs) + f" {unit} (median {fmt.format(statistics.median(xs))})"
+    return " / ".join(f"{x:.2f}" for x in xs) + f" {unit} (median {statistics.median(xs):.2f})"
 
 
-def _process_tree(pid):
-    """pid and all its descendants (forked workers and their children), from /proc/*/stat."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    s = f.read()
-            except OSError:
-                continue  # it ended while we looked
-            ppid = int(s[s.rindex(b")") + 2:].split()[1])  # after "(name) state"
-            children.setdefault(ppid, []).append(int(d))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
-def _memory_mb(pid):
-    """(Pss, VmHWM) of one process in MB. Pss splits shared pages among the processes that share
-    them, so a parent and its forked workers sum to the memory they really use; VmHWM is the
-    process's peak RSS since its exec (or fork)."""
-    pss = hwm = 0.0
+def tree_pss_mb(pid):
+    """The summed Pss in MB of pid and all its descendants (forked workers and their children).
+    Pss splits a shared page among the processes that share it, so a parent and its forked
+    workers sum to the memory they really use, where their RSS would count shared pages twice."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             pss = next(int(x.split()[1]) for x in f if x.startswith(b"Pss:")) / 1024
-        with open(f"/proc/{pid}/status", "rb") as f:
-            hwm = next(int(x.split()[1]) for x in f if x.startswith(b"VmHWM:")) / 1024
+        kids = [int(k) for t in os.listdir(f"/proc/{pid}/task")
+                for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
     except (OSError, StopIteration):
-        pass  # it ended while we looked
-    return pss, hwm
+        return 0.0  # it ended while we looked
+    return pss + sum(map(tree_pss_mb, kids))
+
+
+# A `python -c` child starts with this and ends with report(): its last line, a JSON dict.
+CHILD_PRELUDE = """
+import json, time
+def report(call_s, **extra):
+    print(json.dumps({"call_s": call_s, **extra}))
+"""
+
+
+def child_argv(code, **constants):
+    """The command running code in a fresh Python after CHILD_PRELUDE and the constants, e.g.
+    child_argv("report(1.0)", PATH="a.txt") runs `PATH = 'a.txt'` first; EOT is always set."""
+    head = "".join(f"{name} = {value!r}\n" for name, value in {"EOT": EOT, **constants}.items())
+    return [sys.executable, "-c", CHILD_PRELUDE + head + code]
 
 
 def run_measured(argv, env=None, every=0.05):
-    """Run argv as a whole process (cwd: this repo). Returns its wall time, stdout, the peak
-    over time of the summed Pss of the process and all its descendants, and the largest peak
-    RSS (VmHWM) of one process of the tree, both sampled every 50 ms. (wait4's ru_maxrss is
-    kept too, but it counts bench.py's own pages at the fork before exec.)"""
+    """Run argv as a whole process (cwd: this repo): its wall time, stdout, and the peak over time
+    of its tree's summed Pss, sampled every 50 ms. A `python -c` child's report is merged in."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
+        t0, pss = time.perf_counter(), 0.0
         p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
-        pss = hwm = 0.0
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)  # wait4, not poll: it gives rusage
-            if pid:
-                break
-            mem = [_memory_mb(q) for q in _process_tree(p.pid)]
-            pss, hwm = max(pss, sum(m[0] for m in mem)), max([hwm] + [m[1] for m in mem])
+        while p.poll() is None:
+            pss = max(pss, tree_pss_mb(p.pid))
             time.sleep(every)
         wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: {stderr.strip()[-500:]}")
-    return {"process_s": wall, "pss_mb": pss, "hwm_mb": hwm, "maxrss_mb": usage.ru_maxrss / 1024,
-            "stdout": stdout}
-
-
-def run_child(code, env=None):
-    """Run Python code in a fresh process, measured as run_measured. The child's last line is
-    a JSON dict (CHILD_PRELUDE's report: call time and more), merged into the result."""
-    r = run_measured([sys.executable, "-c", code], env)
-    return {**json.loads(r["stdout"].strip().splitlines()[-1]), **r}
+    report = json.loads(stdout.strip().splitlines()[-1]) if argv[1] == "-c" else {}
+    return {**report, "process_s": wall, "pss_mb": pss, "stdout": stdout}
 
 
 def process_table(runs, call="call"):
     """Print one row per tool of {tool: [run_measured results]}: its call time (when the child
     reports one), whole-process time and peak memory. A tool with no runs is left out."""
-    print(f"| tool | {call} | whole process | peak Pss, process tree | peak RSS, largest process |")
-    print("|---|---|---|---|---|")
+    print(f"| tool | {call} | whole process | peak Pss, process tree |")
+    print("|---|---|---|---|")
     for name, rs in runs.items():
-        if not rs:
-            continue
-        call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
-        print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
-              f"{max(r['pss_mb'] for r in rs):,.0f} MB | {max(r['hwm_mb'] for r in rs):,.0f} MB |")
-
-
-CHILD_PRELUDE = """
-import json, resource, time
-def report(call_s, **extra):
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"call_s": call_s, "rss_mb": rss, "workers_mb": kids, **extra}))
-"""
+        if rs:
+            call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+            print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
+                  f"{max(r['pss_mb'] for r in rs):,.0f} MB |")
 
 
 # ----------------------------------------------------------------------------
@@ -197,24 +161,10 @@ SEPARATORS = {" ": 0.80, ", ": 0.06, ". ": 0.05, ".\n": 0.015, ".\n\n": 0.015, "
 DOC_WORDS = 400  # mean words per document; documents end with <|endoftext|>
 
 
-def _source_texts():
-    """The texts in ../shared the corpus is built from: (English, Chinese)."""
-    english = [SHARED / "data" / "shakespeare.txt", SHARED / "reference" / "tinystories_sample.txt",
-               SHARED / "reference" / "cs336_assignment1_handout.txt"]
-    chinese = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
-    read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
-    return read(english), read(chinese)
-
-
-class Zipf:
-    """Draws strings from pool, the i-th with weight 1 / (i + offset)^a."""
-
-    def __init__(self, pool, a=1.05, offset=3.0):
-        self.pool = pool
-        self.cum = np.cumsum(1.0 / (np.arange(len(pool)) + offset) ** a)
-
-    def __call__(self, rng, n):
-        return self.pool[np.searchsorted(self.cum, rng.random(n) * self.cum[-1])]
+def zipf(pool, a=1.05, offset=3.0):
+    """A sampler (rng, n) -> n strings of pool, the i-th with weight 1 / (i + offset)^a."""
+    cum = np.cumsum(1.0 / (np.arange(len(pool)) + offset) ** a)
+    return lambda rng, n: pool[np.searchsorted(cum, rng.random(n) * cum[-1])]
 
 
 def _typos(rng, words, n):
@@ -291,8 +241,8 @@ def _numbers(rng, n):
     return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
 
 
-def _urls(rng, zipf, n):
-    w = zipf(rng, 4 * n).reshape(n, 4).tolist()
+def _urls(rng, sample, n):
+    w = sample(rng, 4 * n).reshape(n, 4).tolist()
     tld, q = rng.integers(0, len(TLDS), n).tolist(), rng.integers(0, 100_000, n).tolist()
     return [f"https://www.{a.lower()}.{TLDS[t]}/{b}/{c}-{d}" + (f"?id={i}" if i % 3 == 0 else "")
             for (a, b, c, d), t, i in zip(w, tld, q)]
@@ -305,7 +255,7 @@ def _emoji(rng, n):
     return [one[k](i) * r for k, i, r in zip(kind, a, b)]
 
 
-def _chunk(rng, zipf, cyr, runs, n):
+def _chunk(rng, sample, sample_cyr, runs, n):
     """n words with their separators, as one string."""
     names = ["english", *KINDS]
     kind = rng.choice(len(names), n, p=[1 - sum(KINDS.values()), *KINDS.values()])
@@ -313,8 +263,9 @@ def _chunk(rng, zipf, cyr, runs, n):
     for k, name in enumerate(names):
         where = np.flatnonzero(kind == k)
         m = len(where)
-        made = {"english": lambda: zipf(rng, m), "cyrillic": lambda: [w.translate(CYRILLIC) for w in cyr(rng, m)],
-                "number": lambda: _numbers(rng, m), "url": lambda: _urls(rng, zipf, m),
+        made = {"english": lambda: sample(rng, m),
+                "cyrillic": lambda: [w.translate(CYRILLIC) for w in sample_cyr(rng, m)],
+                "number": lambda: _numbers(rng, m), "url": lambda: _urls(rng, sample, m),
                 "cjk": lambda: _cjk_runs(rng, runs, m), "emoji": lambda: _emoji(rng, m)}[name]()
         words[where] = np.array(list(made) + [None], dtype=object)[:m]  # keep numpy from splitting strs
     seps = np.array(list(SEPARATORS), dtype=object)[
@@ -337,15 +288,18 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     path.parent.mkdir(parents=True, exist_ok=True)
     target = int(megabytes * 1_000_000)
     rng = np.random.default_rng(seed)
-    english, chinese = _source_texts()
+    read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
+    english = read([SHAKESPEARE, SHARED / "reference" / "tinystories_sample.txt",
+                    SHARED / "reference" / "cs336_assignment1_handout.txt"])
+    chinese = read(sorted(SEEDS.glob("*.txt")))
     pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
-    zipf, cyr = Zipf(pool), Zipf(pool, a=0.9)
+    sample, sample_cyr = zipf(pool), zipf(pool, a=0.9)  # Cyrillic: a flatter curve
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
                     dtype=object)
     with atomic_file(path) as f:  # a corpus cut short by Ctrl-C is never found and used next time
         size = 0
         while size < target:
-            blob = _chunk(rng, zipf, cyr, runs, 1_000_000).encode("utf-8")
+            blob = _chunk(rng, sample, sample_cyr, runs, 1_000_000).encode("utf-8")
             if size + len(blob) > target:  # cut at the last ASCII whitespace: a character boundary
                 blob = blob[:max(blob.rfind(b" ", 0, target - size), blob.rfind(b"\n", 0, target - size)) + 1]
                 target = 0  # this was the last piece
@@ -414,7 +368,7 @@ tok.train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2_PAT)
 report(time.perf_counter() - t0, merges=VOCAB - 257)
 """,
 }
-PEER_MODULES = {"HF tokenizers BpeTrainer": ("tokenizers", "tokenizers"), "rustbpe": ("rustbpe", "rustbpe")}
+PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # module and pip name
 
 
 def train_argv(name, path, vocab_size, out_dir):
@@ -423,9 +377,7 @@ def train_argv(name, path, vocab_size, out_dir):
         return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
                 "--special-tokens", EOT, "--out", str(out_dir)]
     import bpe
-    head = (f"PATH, VOCAB, EOT, GPT2_PAT = {str(path)!r}, {vocab_size}, {EOT!r}, {bpe.GPT2_PAT!r}\n"
-            + DOCUMENTS_SOURCE)
-    return [sys.executable, "-c", CHILD_PRELUDE + head + TRAINERS[name]]
+    return child_argv(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
 
 
 def train_table(path, vocab_size, repeats, hf_runs):
@@ -433,19 +385,15 @@ def train_table(path, vocab_size, repeats, hf_runs):
     mb = os.path.getsize(path) / 1e6
     print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
           f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
-          f"peak memory sampled every 50 ms: the summed Pss of the process tree, and the peak RSS of "
-          f"its largest process", flush=True)
-    tools = [n for n in TRAINERS if n not in PEER_MODULES or peer(*PEER_MODULES[n])]
+          f"peak memory sampled every 50 ms: the summed Pss of the process tree", flush=True)
+    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n], PEERS[n])]
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
             for name in tools:
                 if name.startswith("HF") and i >= hf_runs:
                     continue
-                r = run_measured(train_argv(name, path, vocab_size, d))
-                if name != "python bpe.py train":
-                    r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
-                runs[name].append(r)
+                runs[name].append(run_measured(train_argv(name, path, vocab_size, d)))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
     process_table(runs, "training call")               # (HF has no runs at 2 GB)
     ours = runs["bpe.train_bpe"][-1]
@@ -477,71 +425,48 @@ def bench_train(args):
         train_table(path, args.vocab_size, repeats, hf_runs)
 
 
-COLD_JOBS = {
-    "train": """
+# A job in a fresh process, `import bpe` timed apart from the call.
+COLD_JOBS = {"train": "bpe.train_bpe(PATH, VOCAB, [EOT])",
+             "encode": "bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding='utf-8').read())"}
+COLD_CHILD = """
 t0 = time.perf_counter()
 import bpe
 t1 = time.perf_counter()
-bpe.train_bpe(PATH, VOCAB, [EOT])
+{job}
 report(time.perf_counter() - t1, import_s=t1 - t0)
-""",
-    "encode": """
-t0 = time.perf_counter()
-import bpe
-t1 = time.perf_counter()
-text = open(PATH, encoding="utf-8").read()
-bpe.Tokenizer.from_files(GPT2_VOCAB, GPT2_MERGES, [EOT]).encode(text)
-report(time.perf_counter() - t1, import_s=t1 - t0)
-""",
-}
-
-
-def cold_and_warm(job, path, vocab_size, files, warm_runs=2):
-    """A job in fresh processes sharing one new numba cache directory: the first finds it
-    empty (a fresh clone), the next ones find what the first compiled and saved."""
-    with tempfile.TemporaryDirectory() as cache:
-        head = (f"PATH, VOCAB, EOT, GPT2_VOCAB, GPT2_MERGES = {str(path)!r}, {vocab_size}, {EOT!r}, "
-                f"{files[0]!r}, {files[1]!r}\n")
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
-        runs = [run_child(CHILD_PRELUDE + head + COLD_JOBS[job], env) for _ in range(1 + warm_runs)]
-    return runs[0], runs[1:]
+"""
 
 
 def bench_cold(args):
-    """What a student's first run costs: jobs in a fresh process with an empty numba cache,
-    then the same with the cache that run left; the difference is the one-off compile."""
+    """What a student's first run costs: each job in three fresh processes sharing a new numba
+    cache directory: the first finds it empty (a fresh clone), the next two find what it saved
+    there; the difference is the one-off compile."""
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
-    text = Path(need_file(args.input or SHAKESPEARE, "corpus")).read_bytes()
+    text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
+    print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
+          "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
+    print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
+          "first compile costs |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as d:
-        small = Path(d, "small.txt")
-        cut = text[:args.cold_bytes]
-        small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)
-        name = Path(args.input or SHAKESPEARE).name
-        web = Path(d, "web.txt")
-        cut = scale_corpus(5).read_bytes()[:args.cold_bytes]
-        web.write_bytes(cut[:cut.rindex(b"\n") + 1])
-        jobs = [(f"train_bpe, {small.stat().st_size / 1e3:.0f} KB of {name}, vocab {args.cold_vocab}",
-                 "train", small, args.cold_vocab),
-                (f"GPT-2 Tokenizer.from_files + encode, {small.stat().st_size / 1e3:.0f} KB of {name}",
-                 "encode", small, 0),
-                ("train_bpe, 133 KB of the scale corpus (web-like: more distinct words), vocab "
-                 f"{args.cold_vocab}", "train", web, args.cold_vocab),
-                ("GPT-2 Tokenizer.from_files + encode, 133 KB of the scale corpus", "encode", web, 0),
-                ("train_bpe, 5 MB scale corpus, vocab 32,000", "train", scale_corpus(5), 32_000),
-                (f"GPT-2 Tokenizer.from_files + encode, {name} ({len(text) / 1e6:.1f} MB)",
-                 "encode", args.input or SHAKESPEARE, 0)]
-        print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
-              "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
-        print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
-              "first compile costs |")
-        print("|---|---|---|---|---|")
-        for label, job, path, vocab in jobs:
-            cold, warm = cold_and_warm(job, path, vocab, files)
-            wc = statistics.median(r["call_s"] for r in warm)
-            wp = statistics.median(r["process_s"] for r in warm)
+        jobs, web = [], "the scale corpus (web-like: more distinct words)"
+        for i, (name, source) in enumerate([(text.name, text), (web, scale_corpus(5))]):
+            cut, small = source.read_bytes()[:args.cold_bytes], Path(d, f"{i}.txt")
+            small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)  # whole lines
+            kb = small.stat().st_size / 1e3
+            jobs += [(job, f"{kb:.0f} KB of {name}", small, args.cold_vocab) for job in COLD_JOBS]
+        jobs += [("train", "5 MB scale corpus", scale_corpus(5), 32_000),
+                 ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
+        for job, where, path, vocab in jobs:
+            with tempfile.TemporaryDirectory() as cache:
+                argv = child_argv(COLD_CHILD.format(job=COLD_JOBS[job]), PATH=str(path), VOCAB=vocab, FILES=files)
+                cold, *warm = [run_measured(argv, {**os.environ, "NUMBA_CACHE_DIR": cache}) for _ in range(3)]
+            label = f"train_bpe, {where}, vocab {vocab:,}" if job == "train" else \
+                f"GPT-2 Tokenizer.from_files + encode, {where}"
             print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
-                  f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / {wp:.2f} s | "
-                  f"{cold['call_s'] - wc:.2f} s |", flush=True)
+                  f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / "
+                  f"{statistics.median(r['process_s'] for r in warm):.2f} s | "
+                  f"{cold['call_s'] - statistics.median(r['call_s'] for r in warm):.2f} s |", flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -576,39 +501,26 @@ def small_documents(text, size=1000, total=1_400_000):
     return docs
 
 
-def gpt2_tiktoken(vocab_path):
-    """tiktoken's GPT-2 built offline from the same vocab file (no download)."""
+def _encode_row(docs, files, enc, repeats):
+    """{tool: seconds per run}, summed over the calls (one per document), ours and tiktoken's
+    alternating, a fresh Tokenizer each run, ids checked identical document by document; and the
+    last Tokenizer."""
     import bpe
-    tiktoken = peer("tiktoken", "tiktoken")
-    if tiktoken is None:
-        return None
-    vocab = bpe._load_vocab_file(vocab_path)
-    return tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, special_tokens={EOT: 50256},
-                             mergeable_ranks={t: i for i, t in vocab.items() if t != EOT.encode()})
-
-
-def _encode_row(name, docs, files, enc, repeats):
-    """Seconds per run (summed over the calls, one per document), ours and tiktoken's,
-    alternating; a fresh Tokenizer each run; ids checked identical, document by document."""
-    import bpe
-    ours, theirs = [], []
+    times = {"ours": [], "tiktoken": []}
     for _ in range(repeats):
         tok = bpe.Tokenizer.from_files(*files, [EOT])
-        ids, t = [], 0.0
-        for doc in docs:
-            t0 = time.perf_counter()
-            ids.append(tok.encode(doc))
-            t += time.perf_counter() - t0
-        ours.append(t)
-        if enc:
-            ref, t = [], 0.0
-            for doc in docs:
-                t0 = time.perf_counter()
-                ref.append(enc.encode(doc, allowed_special="all"))
-                t += time.perf_counter() - t0
-            theirs.append(t)
-            assert ids == ref, f"{name}: the ids differ from tiktoken's"
-    return ours, theirs, tok
+        tools = {"ours": tok.encode, "tiktoken": (lambda doc: enc.encode(doc, allowed_special="all")) if enc else None}
+        ids = {}
+        for name, encode in tools.items():
+            if encode:
+                ids[name], t = [], 0.0
+                for doc in docs:
+                    t0 = time.perf_counter()
+                    ids[name].append(encode(doc))
+                    t += time.perf_counter() - t0
+                times[name].append(t)
+        assert ids.get("tiktoken", ids["ours"]) == ids["ours"], "the ids differ from tiktoken's"
+    return times, tok
 
 
 STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没有空格的段落。" * 30] * 1000),
@@ -619,13 +531,15 @@ def bench_encode(args):
     import bpe
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
-    notes = sorted((SHARED / "reference" / "seeds").glob("*.txt"))
-    chinese = "".join(p.read_text(encoding="utf-8") for p in notes)
-    rows = [(f"English, {Path(args.input or SHAKESPEARE).name}", [english]),
-            ("Chinese, the notes in reference/seeds", [chinese]),
-            ("Python source, the stdlib's first 5 MB", [stdlib_source()]),
-            ("1 KB documents of the English, one call each", small_documents(english))]
-    enc = gpt2_tiktoken(files[0])
+    rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
+            "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
+                                                              for p in sorted(SEEDS.glob("*.txt")))],
+            "Python source, the stdlib's first 5 MB": [stdlib_source()],
+            "1 KB documents of the English, one call each": small_documents(english)}
+    tiktoken = peer("tiktoken", "tiktoken")  # its GPT-2 is built offline from the same vocab file
+    ranks = {t: i for i, t in bpe._load_vocab_file(files[0]).items() if t != EOT.encode()} if tiktoken else None
+    enc = tiktoken and tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, mergeable_ranks=ranks,
+                                         special_tokens={EOT: 50256})
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast._load_compiled_encoder()
@@ -634,12 +548,12 @@ def bench_encode(args):
           f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
-    for name, docs in rows:
+    for name, docs in rows.items():
         mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
-        ours, theirs, tok = _encode_row(name, docs, files, enc, args.repeats)
-        ratio = f"{statistics.median(theirs) / statistics.median(ours):.2f}x" if enc else "-"
-        print(f"| {name} | {mb:.2f} | {len(docs):,} | {med([mb / t for t in ours], 'MB/s')} | "
-              f"{med([mb / t for t in theirs], 'MB/s') if enc else '-'} | {ratio} |", flush=True)
+        times, tok = _encode_row(docs, files, enc, args.repeats)
+        speed = {who: med([mb / t for t in ts], "MB/s") if ts else "-" for who, ts in times.items()}
+        ratio = f"{statistics.median(times['tiktoken']) / statistics.median(times['ours']):.2f}x" if enc else "-"
+        print(f"| {name} | {mb:.2f} | {len(docs):,} | {speed['ours']} | {speed['tiktoken']} | {ratio} |", flush=True)
     t0 = time.perf_counter()
     tok.encode(english)
     print(f"English again with the last Tokenizer (its pre-token cache full): "
@@ -652,13 +566,13 @@ def bench_encode(args):
         print(f"encode_iterable on 1 MB of {name}: {time.perf_counter() - t1:.2f} s, encode {t1 - t0:.2f} s, "
               f"same ids: {same}")
     print(flush=True)
-    bench_encode_file(args, files)
+    bench_encode_file(args, files, ranks)
 
 
 ENCODE_FILE = {
     "bpe.encode_file, 2 workers": """
 import bpe
-tok = bpe.Tokenizer.from_files(VOCAB, MERGES, [EOT])
+tok = bpe.Tokenizer.from_files(*FILES, [EOT])
 t0 = time.perf_counter()
 bpe.encode_file(tok, PATH, OUT, 2, progress=False)
 report(time.perf_counter() - t0)
@@ -673,40 +587,36 @@ enc = tiktoken.Encoding(name="gpt2_local", pat_str=PAT, mergeable_ranks=load_tik
 t0 = time.perf_counter()
 docs = open(PATH, encoding="utf-8", newline="").read().split(EOT)
 ids = enc.encode_ordinary_batch(docs, num_threads=2)
-call = time.perf_counter() - t0
-report(call, tokens=sum(map(len, ids)), id_sum=sum(map(sum, ids)), docs=len(docs))
+report(time.perf_counter() - t0, tokens=sum(map(len, ids)), id_sum=sum(map(sum, ids)), docs=len(docs))
 """,
 }
 
 
-def bench_encode_file(args, files):
-    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads, whole processes."""
+def bench_encode_file(args, files, ranks):
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (when given its ranks),
+    whole processes."""
     import base64
     import bpe
     path = scale_corpus(args.encode_mb)
-    mb = os.path.getsize(path) / 1e6
-    tools = [n for n in ENCODE_FILE if not n.startswith("tiktoken") or peer("tiktoken", "tiktoken")]
-    print(f"## Encoding a file: the {mb:.0f} MB scale corpus ({path.name}) with GPT-2's files, each tool a fresh "
-          f"process, {args.repeats} alternating runs; the call includes reading the file, not building the "
-          f"tokenizer; our ids go to a .npy, tiktoken's stay in its lists; memory as in the training table")
-    runs = {n: [] for n in tools}
+    print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}) with GPT-2's "
+          f"files, each tool a fresh process, {args.repeats} alternating runs; the call includes reading the file, "
+          f"not building the tokenizer; our ids go to a .npy, tiktoken's stay in its lists; memory as in the "
+          f"training table")
+    runs = {n: [] for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")}
     with tempfile.TemporaryDirectory() as d:
-        ranks = os.path.join(d, "gpt2.tiktoken")  # tiktoken's own file format, so its process needs no bpe.py
-        vocab = bpe._load_vocab_file(files[0])
-        Path(ranks).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in sorted(vocab.items())
-                                       if t != EOT.encode()))
-        out = os.path.join(d, "ids.npy")
-        head = (f"PATH, OUT, VOCAB, MERGES, RANKS, EOT, PAT = {str(path)!r}, {out!r}, {files[0]!r}, "
-                f"{files[1]!r}, {ranks!r}, {EOT!r}, {bpe.GPT2_PAT!r}\n")
+        out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
+        # tiktoken's own file format, so that its process needs no bpe.py
+        Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
         for _ in range(args.repeats):
-            for name in tools:
-                runs[name].append(run_child(CHILD_PRELUDE + head + ENCODE_FILE[name]))
+            for name in runs:
+                runs[name].append(run_measured(child_argv(ENCODE_FILE[name], PATH=str(path), OUT=out, FILES=files,
+                                                          RANKS=ranks_file, PAT=bpe.GPT2_PAT)))
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))
         ours = {"tokens": len(ids) - eot, "id_sum": int(ids.sum(dtype=np.int64)) - 50256 * eot}
     process_table(runs)
     line = f"bpe.encode_file: {ours['tokens'] + eot:,} ids, {eot:,} of them <|endoftext|>"
-    if "tiktoken encode_ordinary_batch, 2 threads" in runs:
+    if ranks:
         tt = runs["tiktoken encode_ordinary_batch, 2 threads"][-1]
         same = tt["tokens"] == ours["tokens"] and tt["id_sum"] == ours["id_sum"] and tt["docs"] == eot + 1
         assert same, f"token counts differ: ours {ours} (+{eot} markers), tiktoken's {tt}"
