@@ -634,9 +634,8 @@ def llama_step(cfg, micro):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     import export  # the mapping of this model's shape to a Llama's config lives there, once
-    import model
     V = cfg["vocab_size"]
-    shape = export.llama_config({**cfg, "tie_embeddings": False}, model.RMSNorm(1).eps, None)
+    shape = export.llama_config({**cfg, "tie_embeddings": False}, None)
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -651,27 +650,10 @@ def llama_step(cfg, micro):
     return step
 
 
-def time_steps(steps, n, device, warmup):
-    """{name: median seconds} of n calls each after warmup untimed ones, taking turns call by call
-    (the same machine load for all); the GPU queue is drained around each call, so a time is the work's."""
-    import torch
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for fn in steps.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in steps}
-    for _ in range(n):
-        for name, fn in steps.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def bench_step(argv):
-    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags."""
+    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags. After
+    untimed warm-up steps the two take turns step by step (the same machine load for both); the GPU
+    queue is drained around each step, so that a time is the step's work."""
     import torch
     import train
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
@@ -680,17 +662,30 @@ def bench_step(argv):
         cfg = train.resolve_config(["--benchmark", *argv])
     except train.safety.UsageError as e:
         sys.exit(f"bench.py step: {e}")
-    rivals = {"HF LlamaForCausalLM + torch.optim.AdamW": llama_step} if peer("transformers", "transformers") else {}
+    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
     with train.torch_settings(cfg):
         ours, micro = train.random_step(cfg)
-        steps = {"this project": ours, **{name: make(cfg, micro) for name, make in rivals.items()}}
-        medians = time_steps(steps, cfg["benchmark_steps"], cfg["device"], train.UNTIMED_STEPS)
-    dt, tokens = medians["this project"], cfg["batch_size"] * cfg["context_length"]
+        steps = {"this project": ours}
+        if peer("transformers", "transformers"):
+            steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
+        for step in steps.values():
+            for _ in range(train.UNTIMED_STEPS):
+                step()
+        times = {name: [] for name in steps}
+        for _ in range(cfg["benchmark_steps"]):
+            for name, step in steps.items():
+                sync()
+                t0 = time.perf_counter()
+                step()
+                sync()
+                times[name].append(time.perf_counter() - t0)
+    base, tokens = statistics.median(times["this project"]), cfg["batch_size"] * cfg["context_length"]
     print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
           f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
-    for name, other in medians.items():
-        print(f"  {name}: {1000 * other:.1f} ms/step, {tokens / other:,.0f} tokens/s"
-              + ("" if name == "this project" else f" (this project is {other / dt:.2f}x its speed)"), flush=True)
+    for name, ts in times.items():
+        dt = statistics.median(ts)
+        print(f"  {name}: {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s"
+              + ("" if name == "this project" else f" (this project is {dt / base:.2f}x its speed)"), flush=True)
     return 0
 
 
@@ -744,23 +739,17 @@ def main(argv=None):
         ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
     if min(args.sizes) <= 0:
         ap.error("--sizes must be positive")
-    for flag in ("vocab_size", "repeats", "cold_bytes", "cold_vocab", "new_tokens"):
-        if getattr(args, flag) < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be at least 1")
-    for flag in ("vocab_size", "cold_vocab"):  # every tool trains with the 256 bytes and <|endoftext|>
-        if getattr(args, flag) < 256 + 1:
-            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below 257: the 256 byte values and "
-                     f"{EOT} come first")
+    # every tool trains with the 256 byte values and <|endoftext|>, so a vocabulary has 257 ids at least
+    for flag, least in [("vocab_size", 257), ("cold_vocab", 257), ("repeats", 1), ("cold_bytes", 1), ("new_tokens", 1)]:
+        if getattr(args, flag) < least:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
+                     + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
-              "generate": bench_generate}
-    todo = ["train", "cold", "encode", "step", "generate"] if args.what == "all" else [args.what]
-    for what in todo:
-        if what == "step":
-            bench_step([])
-        else:
-            tables[what](args)
+              "step": lambda args: bench_step([]), "generate": bench_generate}
+    for what in tables if args.what == "all" else [args.what]:
+        tables[what](args)
         print(flush=True)
     return 0
 

@@ -19,14 +19,13 @@ import inspect
 import json
 import os
 import shutil
-import struct
 
 import torch
 
 from bpe import Tokenizer
 from data import EOT
-from model import TransformerLM
-from safety import TMP_MARK, UsageError, atomic_file, log, read_checkpoint
+from model import RMSNorm, TransformerLM
+from safety import TMP_MARK, UsageError, atomic_file, check_state, log, read_checkpoint
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -40,6 +39,7 @@ LLAMA_NAMES = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_pr
                "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
                "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj",
                "ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+ROTATED = ("attn.q_proj", "attn.k_proj")  # the weights that RoPE's layout touches
 
 
 def rope_halves(w, num_heads):
@@ -58,19 +58,18 @@ def llama_weights(sd, num_layers, num_heads, tied):
         out["lm_head.weight"] = sd["lm_head.weight"]
     for i in range(num_layers):
         for ours, theirs in LLAMA_NAMES.items():
-            w = sd[f"layers.{i}.{ours}.weight"]
-            rotated = ours in ("attn.q_proj", "attn.k_proj")  # RoPE turns q and k only
-            out[f"model.layers.{i}.{theirs}.weight"] = rope_halves(w, num_heads) if rotated else w
+            w = sd[f"layers.{i}.{ours}.weight"]  # RoPE turns q and k only
+            out[f"model.layers.{i}.{theirs}.weight"] = rope_halves(w, num_heads) if ours in ROTATED else w
     return {name: w.detach().to("cpu", torch.float32).contiguous() for name, w in out.items()}
 
 
-def llama_config(a, eps, eot_id):
+def llama_config(a, eot_id):
     """config.json for TransformerLM's arguments a (every ablation off but tie_embeddings)."""
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": a["vocab_size"],
             "hidden_size": a["d_model"], "intermediate_size": a["d_ff"], "num_hidden_layers": a["num_layers"],
             "num_attention_heads": a["num_heads"], "num_key_value_heads": a["num_heads"],  # no grouped-query attention
             "head_dim": a["d_model"] // a["num_heads"], "max_position_embeddings": a["context_length"],
-            "rms_norm_eps": eps, "rope_theta": a["rope_theta"], "hidden_act": "silu",
+            "rms_norm_eps": RMSNorm(1).eps, "rope_theta": a["rope_theta"], "hidden_act": "silu",
             "tie_word_embeddings": a["tie_embeddings"], "attention_bias": False, "mlp_bias": False,
             "torch_dtype": "float32", "bos_token_id": eot_id, "eos_token_id": eot_id}
 
@@ -79,10 +78,9 @@ def llama_config(a, eps, eot_id):
 # 2. safetensors, written by hand
 
 def save_safetensors(tensors, path):
-    """{name: contiguous float32 CPU tensor} -> path. The file: the header's length as 8 bytes
-    little-endian, the JSON header, then every tensor's bytes in the header's order. Example:
-    {"w": torch.ones(2)} -> length, {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
-    then 8 bytes (offsets count from the end of the header)."""
+    """{name: contiguous float32 CPU tensor} -> path. Example: {"w": torch.ones(2)} -> the header's
+    length, {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, then w's 8 bytes (offsets
+    count from the end of the header)."""
     header, at = {"__metadata__": {"format": "pt"}}, 0
     for name, t in tensors.items():
         header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + t.numel() * t.element_size()]}
@@ -90,7 +88,7 @@ def save_safetensors(tensors, path):
     head = json.dumps(header).encode("utf-8")
     head += b" " * (-len(head) % 8)  # the format allows trailing spaces: the bytes then start 8-byte aligned
     with atomic_file(path) as f:
-        f.write(struct.pack("<Q", len(head)) + head)
+        f.write(len(head).to_bytes(8, "little") + head)
         for t in tensors.values():
             f.write(t.numpy().astype("<f4", copy=False).tobytes())  # little-endian whatever the machine's order
 
@@ -104,10 +102,9 @@ def write_json(obj, path):  # every file whole and on disk (fsync) before the di
 
 
 def save_tokenizer(tok, out, context_length):
-    """bpe.Tokenizer -> vocab.json, merges.txt (bpe.py's writer), tokenizer_config.json and
-    special_tokens_map.json, loaded by AutoTokenizer as GPT2Tokenizer. Its BPE takes the ids from
-    vocab.json and the merge ranks from the order of merges.txt, so the ids are bpe.py's. The
-    first special token (train.py's <|endoftext|>) is bos, eos and unk. Returns its id or None."""
+    """bpe.Tokenizer -> GPT-2's files (bpe.py's writer) and what AutoTokenizer needs to load them
+    as GPT2Tokenizer, whose BPE takes the ids from vocab.json and the merge ranks from the order of
+    merges.txt. The first special token (train.py's <|endoftext|>) is bos, eos and unk: its id."""
     tok.save(os.path.join(out, "vocab.json"), os.path.join(out, "merges.txt"))
     ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
     first = tok.special_tokens[0] if tok.special_tokens else None
@@ -124,31 +121,17 @@ def save_tokenizer(tok, out, context_length):
 # ----------------------------------------------------------------------------
 # 4. export_hf: the whole directory, or nothing
 
-def check_export(state_dict, model_kwargs):
-    """TransformerLM's arguments, all of them (defaults filled in), and a meta model built from
-    them, if a Llama can hold this model and state dict; else ValueError naming what does not fit."""
+def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False):
+    """Write out_dir for transformers (config.json, model.safetensors and a bpe.Tokenizer's files) in
+    a temporary directory beside it, renamed at the end: whole or untouched. model_kwargs are
+    TransformerLM's; overwrite replaces only an earlier export. ValueError, or FileExistsError."""
     a = {**{k: p.default for k, p in inspect.signature(TransformerLM).parameters.items()}, **model_kwargs}
     bad = [name for name in NOT_LLAMA if a[name]]
     if bad:
         raise ValueError(f"a Llama cannot express the {bad[0]} ablation ({NOT_LLAMA[bad[0]]}, train.py "
                          f"--{bad[0].replace('_', '-')}), so this run cannot be exported")
     meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
-    for name, want in meta.state_dict().items():
-        got = state_dict.get(name)
-        if got is None or tuple(got.shape) != tuple(want.shape):
-            shape = "missing" if got is None else f"of shape {tuple(got.shape)}"
-            raise ValueError(f"the state dict does not fit the model: {name} is {shape}, the model's is "
-                             f"{tuple(want.shape)}")
-    return a, meta
-
-
-def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False):
-    """Write out_dir so that transformers' AutoModelForCausalLM and AutoTokenizer load it:
-    config.json, model.safetensors and, given a bpe.Tokenizer, its files. model_kwargs are
-    TransformerLM's (train.model_kwargs of the run's config). Everything goes into a temporary
-    directory beside out_dir, renamed at the end: out_dir is whole or untouched. overwrite
-    replaces only an earlier export. Raises ValueError, or FileExistsError for out_dir."""
-    a, meta = check_export(state_dict, model_kwargs)
+    check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
         if not overwrite:
@@ -160,7 +143,7 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     try:
         os.makedirs(tmp)
         eot_id = save_tokenizer(tokenizer, tmp, a["context_length"]) if tokenizer is not None else None
-        write_json(llama_config(a, meta.ln_final.eps, eot_id), os.path.join(tmp, "config.json"))
+        write_json(llama_config(a, eot_id), os.path.join(tmp, "config.json"))
         weights = llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"])
         save_safetensors(weights, os.path.join(tmp, "model.safetensors"))
         if os.path.lexists(out_dir):  # set the old export aside, then put the new one in its place
@@ -173,9 +156,9 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
 
 
 def export_run(run_dir, out_dir, overwrite, model_kwargs):
-    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf; a missing or
-    damaged run, an ablation or an existing DIR is one sentence (UsageError). model_kwargs(config)
-    gives TransformerLM's arguments of the run's saved config."""
+    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf, model_kwargs(config)
+    giving TransformerLM's arguments; a missing or damaged run, an ablation or an existing DIR is
+    one sentence (UsageError)."""
     ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
     if not ckpt.exists():
         raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")

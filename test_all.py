@@ -3711,7 +3711,7 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     shutil.copy(run_dir / "ckpt.pt", tmp_path / "out" / "run" / "ckpt.pt")
     _train_flip_tensor_byte(tmp_path / "out" / "run" / "ckpt.pt")
     _export_error(capsys, [*at, str(tmp_path / "hf")], "fails its CRC-32 check")
-    with pytest.raises(ValueError, match=re.escape("does not fit the model: lm_head.weight is of shape (3, 3)")):
+    with pytest.raises(ValueError, match=re.escape("does not fit this model: lm_head.weight has shape (3, 3)")):
         export.export_hf(tmp_path / "hf", {**state["model"], "lm_head.weight": torch.zeros(3, 3)},
                          train.model_kwargs(state["config"]))
     assert not (tmp_path / "hf").exists()
