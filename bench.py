@@ -11,14 +11,12 @@
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built here from ../shared with a seed, cached in
-~/.cache/cs336-bench/. The lessons (bpe.py, model.py, train.py) hold no benchmark code; this file
-imports them and the peers (tiktoken, tokenizers, rustbpe, transformers), each only when its table
-runs. A comparison runs side by side: A and B alternate, and medians are reported, because a
-shared machine's load changes under a benchmark. Whole processes are measured from outside: wall
-time, and the peak of the summed Pss of the process and all its descendants, sampled every 50 ms
-from /proc (forked workers share pages with their parent, so Pss, not RSS, is the fair sum).
-Default inputs come from ../shared; pass --input (and --vocab/--merges) to use other files.
+The scale corpus (section 0) is web-like text built from ../shared with a seed. The peers are
+imported only when their table runs. A and B alternate and medians are reported, because a shared
+machine's load changes under a benchmark. Whole processes are measured from outside: wall time, and
+the peak of the summed Pss of the process and all its descendants, sampled every 50 ms from /proc
+(forked workers share pages with their parent, so Pss, not RSS, is the fair sum). Default inputs
+come from ../shared; pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
 import inspect
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from safety import atomic_file
+from safety import MIN_TEXT_VOCAB, atomic_file
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -67,9 +65,8 @@ def med(xs, unit="s"):
 
 
 def tree_pss_mb(pid):
-    """The summed Pss in MB of pid and all its descendants (forked workers and their children).
-    Pss splits a shared page among the processes that share it, so a parent and its forked
-    workers sum to the memory they really use, where their RSS would count shared pages twice."""
+    """The summed Pss in MB of pid and all its descendants (forked workers and their children):
+    Pss splits a shared page among its processes, where their RSS would count it in each."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             pss = next(int(x.split()[1]) for x in f if x.startswith(b"Pss:")) / 1024
@@ -106,11 +103,11 @@ def run_measured(argv, env=None, every=0.05):
             time.sleep(every)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: {stderr.strip()[-500:]}")
-    report = json.loads(stdout.strip().splitlines()[-1]) if argv[1] == "-c" else {}
-    return {**report, "process_s": wall, "pss_mb": pss, "stdout": stdout}
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: "
+                               f"{err.read()[-500:].decode(errors='replace')}")
+        report = json.loads(out.read().splitlines()[-1]) if argv[1] == "-c" else {}
+    return {**report, "process_s": wall, "pss_mb": pss}
 
 
 def process_table(runs, call="call"):
@@ -168,8 +165,7 @@ def zipf(pool, a=1.05, offset=3.0):
 
 
 def _typos(rng, words, n):
-    """n words with one typo each: two letters swapped, one dropped, inserted or changed,
-    or a letter accented."""
+    """n words with one typo each: two letters swapped, one dropped, inserted or changed, or accented."""
     letters = "abcdefghijklmnopqrstuvwxyz"
     base = words[rng.integers(0, len(words), n)].tolist()
     op, pos, r = rng.integers(0, 5, n).tolist(), rng.random(n).tolist(), rng.random(n).tolist()
@@ -180,10 +176,8 @@ def _typos(rng, words, n):
             w = w[:k] + w[k + 1] + w[k] + w[k + 2:]
         elif o == 1 and len(w) > 3:
             w = w[:k] + w[k + 1:]
-        elif o == 2:
-            w = w[:k] + c + w[k:]
-        elif o == 3:
-            w = w[:k] + c + w[k + 1:]
+        elif o in (2, 3):  # a letter inserted, or one changed
+            w = w[:k] + c + w[k + o - 2:]
         elif w[k:k + 1] in ACCENTS:
             acc = ACCENTS[w[k]]
             w = w[:k] + acc[int(r0 * len(acc))] + w[k + 1:]
@@ -192,9 +186,8 @@ def _typos(rng, words, n):
 
 
 def _mutate(rng, words, n):
-    """n mutated words: a word, or one with a typo, between a prefix and a suffix (either often
-    empty), sometimes capitalised. Typos are made once for a tenth as many words and combined
-    with the affixes, which keeps a pool of millions cheap to build."""
+    """n words, or words with a typo, between a prefix and a suffix (either often empty), sometimes
+    capitalised. Typos are made for a tenth as many words: a pool of millions stays cheap to build."""
     core = np.array(words.tolist() + _typos(rng, words, n // 10 + 1), dtype=object)
     pre = np.array(PREFIXES, dtype=object)[rng.integers(0, len(PREFIXES), n)].tolist()
     mid = core[rng.integers(0, len(core), n)].tolist()
@@ -309,9 +302,8 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
 
 
 def distinct_pretokens(path):
-    """How many distinct GPT-2 pre-tokens the corpus has, in its documents between the
-    <|endoftext|> markers, as train_bpe counts them: one streaming pass of regex.findall.
-    Kept next to the file, so it is counted once per corpus."""
+    """How many distinct GPT-2 pre-tokens the corpus's documents have (as train_bpe counts them),
+    counted once per corpus: the count is kept next to the file."""
     import regex
     import bpe
     memo = Path(str(path) + ".pretokens")
@@ -356,16 +348,15 @@ hf = Tokenizer(models.BPE())
 hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 hf.train([PATH], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOT], show_progress=False,
                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-report(time.perf_counter() - t0, merges=VOCAB - 257)
+report(time.perf_counter() - t0)
 """,
     # rustbpe has no special tokens: it gets the documents between them, streamed (by bench's
     # documents(), its source pasted here), and one id fewer, so both learn the same merges.
     "rustbpe": """
 import rustbpe
 t0 = time.perf_counter()
-tok = rustbpe.Tokenizer()
-tok.train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2_PAT)
-report(time.perf_counter() - t0, merges=VOCAB - 257)
+rustbpe.Tokenizer().train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2_PAT)
+report(time.perf_counter() - t0)
 """,
 }
 PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # module and pip name
@@ -390,19 +381,16 @@ def train_table(path, vocab_size, repeats, hf_runs):
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            for name in tools:
-                if name.startswith("HF") and i >= hf_runs:
-                    continue
+            for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
                 runs[name].append(run_measured(train_argv(name, path, vocab_size, d)))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
     process_table(runs, "training call")               # (HF has no runs at 2 GB)
-    ours = runs["bpe.train_bpe"][-1]
-    print(f"bpe.train_bpe: {ours['merges']} merges, longest token {ours['longest']} bytes; "
+    last = runs["bpe.train_bpe"][-1]
+    print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
     if "rustbpe" in runs:
-        ratio = statistics.median(r["process_s"] for r in runs["bpe.train_bpe"]) / \
-            statistics.median(r["process_s"] for r in runs["rustbpe"])
-        print(f"whole process, bpe.train_bpe / rustbpe: {ratio:.2f} (medians)")
+        ours, theirs = (statistics.median(r["process_s"] for r in runs[n]) for n in ("bpe.train_bpe", "rustbpe"))
+        print(f"whole process, bpe.train_bpe / rustbpe: {ours / theirs:.2f} (medians)")
     print(flush=True)
 
 
@@ -420,14 +408,15 @@ def bench_train(args):
         n = distinct_pretokens(path)
         print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
               f"built or found in {time.perf_counter() - t0:.0f} s)")
-        big = mb > 500  # the 2 GB run is long: one run, no HF; HF once above 50 MB
-        repeats, hf_runs = (1, 0) if big else (args.repeats, 1 if mb > 50 else args.repeats)
+        # the 2 GB run is long: one run, no HF; HF once above 50 MB
+        repeats, hf_runs = (1, 0) if mb > 500 else (args.repeats, 1 if mb > 50 else args.repeats)
         train_table(path, args.vocab_size, repeats, hf_runs)
 
 
-# A job in a fresh process, `import bpe` timed apart from the call.
-COLD_JOBS = {"train": "bpe.train_bpe(PATH, VOCAB, [EOT])",
-             "encode": "bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding='utf-8').read())"}
+# A job in a fresh process, `import bpe` timed apart from the call: {job: (its label, its call)}.
+COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", "bpe.train_bpe(PATH, VOCAB, [EOT])"),
+             "encode": ("GPT-2 Tokenizer.from_files + encode, {}",
+                        "bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding='utf-8').read())")}
 COLD_CHILD = """
 t0 = time.perf_counter()
 import bpe
@@ -459,11 +448,9 @@ def bench_cold(args):
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
             with tempfile.TemporaryDirectory() as cache:
-                argv = child_argv(COLD_CHILD.format(job=COLD_JOBS[job]), PATH=str(path), VOCAB=vocab, FILES=files)
+                argv = child_argv(COLD_CHILD.format(job=COLD_JOBS[job][1]), PATH=str(path), VOCAB=vocab, FILES=files)
                 cold, *warm = [run_measured(argv, {**os.environ, "NUMBA_CACHE_DIR": cache}) for _ in range(3)]
-            label = f"train_bpe, {where}, vocab {vocab:,}" if job == "train" else \
-                f"GPT-2 Tokenizer.from_files + encode, {where}"
-            print(f"| {label} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
+            print(f"| {COLD_JOBS[job][0].format(where, vocab)} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
                   f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / "
                   f"{statistics.median(r['process_s'] for r in warm):.2f} s | "
                   f"{cold['call_s'] - statistics.median(r['call_s'] for r in warm):.2f} s |", flush=True)
@@ -598,10 +585,9 @@ def bench_encode_file(args, files, ranks):
     import base64
     import bpe
     path = scale_corpus(args.encode_mb)
-    print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}) with GPT-2's "
-          f"files, each tool a fresh process, {args.repeats} alternating runs; the call includes reading the file, "
-          f"not building the tokenizer; our ids go to a .npy, tiktoken's stay in its lists; memory as in the "
-          f"training table")
+    print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}), GPT-2's files, "
+          f"each tool a fresh process, {args.repeats} alternating runs; the call includes reading the file, not "
+          f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
     runs = {n: [] for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")}
     with tempfile.TemporaryDirectory() as d:
         out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
@@ -634,7 +620,6 @@ def llama_step(cfg, micro):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     import export  # the mapping of this model's shape to a Llama's config lives there, once
-    V = cfg["vocab_size"]
     shape = export.llama_config({**cfg, "tie_embeddings": False}, None)
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
@@ -643,7 +628,7 @@ def llama_step(cfg, micro):
     def step():
         for x, y in micro:
             logits = hf(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             (loss / len(micro)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -739,8 +724,8 @@ def main(argv=None):
         ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
     if min(args.sizes) <= 0:
         ap.error("--sizes must be positive")
-    # every tool trains with the 256 byte values and <|endoftext|>, so a vocabulary has 257 ids at least
-    for flag, least in [("vocab_size", 257), ("cold_vocab", 257), ("repeats", 1), ("cold_bytes", 1), ("new_tokens", 1)]:
+    mins = {"vocab_size": MIN_TEXT_VOCAB, "cold_vocab": MIN_TEXT_VOCAB, "repeats": 1, "cold_bytes": 1, "new_tokens": 1}
+    for flag, least in mins.items():
         if getattr(args, flag) < least:
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
