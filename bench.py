@@ -19,6 +19,7 @@ the peak of the summed Pss of the process and all its descendants, sampled every
 come from ../shared; pass --input (and --vocab/--merges) to use other files.
 """
 import argparse
+import functools
 import inspect
 import io
 import json
@@ -489,23 +490,19 @@ def small_documents(text, size=1000, total=1_400_000):
 
 
 def _encode_row(docs, files, enc, repeats):
-    """{tool: seconds per run}, summed over the calls (one per document), ours and tiktoken's
-    alternating, a fresh Tokenizer each run, ids checked identical document by document; and the
-    last Tokenizer."""
+    """{tool: seconds per run} of one call per document, ours and tiktoken's alternating, a fresh
+    Tokenizer each run, ids checked identical document by document; and the last Tokenizer."""
     import bpe
     times = {"ours": [], "tiktoken": []}
     for _ in range(repeats):
         tok = bpe.Tokenizer.from_files(*files, [EOT])
-        tools = {"ours": tok.encode, "tiktoken": (lambda doc: enc.encode(doc, allowed_special="all")) if enc else None}
+        tools = {"ours": tok.encode, "tiktoken": enc and functools.partial(enc.encode, allowed_special="all")}
         ids = {}
         for name, encode in tools.items():
             if encode:
-                ids[name], t = [], 0.0
-                for doc in docs:
-                    t0 = time.perf_counter()
-                    ids[name].append(encode(doc))
-                    t += time.perf_counter() - t0
-                times[name].append(t)
+                t0 = time.perf_counter()
+                ids[name] = [encode(doc) for doc in docs]
+                times[name].append(time.perf_counter() - t0)
         assert ids.get("tiktoken", ids["ours"]) == ids["ours"], "the ids differ from tiktoken's"
     return times, tok
 
@@ -598,16 +595,15 @@ def bench_encode_file(args, files, ranks):
                 runs[name].append(run_measured(child_argv(ENCODE_FILE[name], PATH=str(path), OUT=out, FILES=files,
                                                           RANKS=ranks_file, PAT=bpe.GPT2_PAT)))
         ids = np.load(out, mmap_mode="r")
-        eot = int(np.count_nonzero(ids == 50256))
-        ours = {"tokens": len(ids) - eot, "id_sum": int(ids.sum(dtype=np.int64)) - 50256 * eot}
+        eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
+        ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
     process_table(runs)
-    line = f"bpe.encode_file: {ours['tokens'] + eot:,} ids, {eot:,} of them <|endoftext|>"
+    line = f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>"
     if ranks:
-        tt = runs["tiktoken encode_ordinary_batch, 2 threads"][-1]
-        same = tt["tokens"] == ours["tokens"] and tt["id_sum"] == ours["id_sum"] and tt["docs"] == eot + 1
-        assert same, f"token counts differ: ours {ours} (+{eot} markers), tiktoken's {tt}"
-        line += (f"; without them {ours['tokens']:,}, the same count and id sum as tiktoken's over "
-                 f"the {tt['docs']:,} documents between the markers")
+        theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
+        assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
+        line += (f"; without them {ours[0]:,}, the same count and id sum as tiktoken's over "
+                 f"the {ours[2]:,} documents between the markers")
     print(line, flush=True)
 
 
@@ -705,8 +701,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all",
                     choices=["all", "train", "cold", "encode", "generate"])
-    ap.add_argument("--input", help="a UTF-8 text file instead of the defaults (train: the scale "
-                                    "corpora; cold, encode: shakespeare.txt)")
+    ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
