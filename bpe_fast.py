@@ -144,17 +144,15 @@ _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") els
 
 
 def _inside_special(buf, p, specials):
-    """True if an occurrence of a special token in buf straddles position p."""
+    """A special token in buf straddles position p."""
     return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
                for s in specials)
 
 
 def stream_pieces(iterable, special_tokens, piece_chars):
-    """The text of iterable (of str) again, as pieces of about piece_chars characters or more,
-    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable).
-    Linear: each character is searched for cuts once, and text with no cut in it is joined to
-    the buffer only once the new text is as long as the buffer, so the buffer is copied a
-    logarithmic number of times."""
+    """The text of iterable (of str) again, in pieces of piece_chars characters or more, each cut at
+    the last _STREAM_CUT that splits no special token. Linear: each character is searched once, and
+    new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
     margin = max((len(s) for s in special_tokens), default=1)
     buf, scanned, cut, new, n_new = "", 0, -1, [], 0   # buf[:scanned] searched; cut: the last cut found
     for text in iterable:
@@ -181,8 +179,7 @@ def stream_pieces(iterable, special_tokens, piece_chars):
 
 
 def _find_cut(f, pos, stop, size, cut_re, special_bytes):
-    """First match of cut_re at or after byte pos of file f (size bytes) that splits no
-    special token; None if there is none before about stop."""
+    """First cut_re match from byte pos of file f (size bytes) splitting no special token, or None."""
     margin = max((len(s) for s in special_bytes), default=1)
     while pos < stop:
         lo = max(0, pos - margin)
@@ -205,8 +202,8 @@ def _special_bytes_re(special_bytes):
 
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
-    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special token
+    within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
     special_re = _special_bytes_re(special_bytes)
     any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
     bounds = [0]
@@ -238,8 +235,7 @@ def check_input_file(path):
 
 
 def check_utf8(data, path, start):
-    """data (bytes-like, read at byte start of path) decoded; ValueError with the file
-    offset of the first bad byte if it is not UTF-8."""
+    """data (read at byte start of path) decoded; ValueError names the offset of a bad byte."""
     try:
         return codecs.utf_8_decode(data, "strict", True)[0]
     except UnicodeDecodeError as e:
@@ -251,8 +247,7 @@ _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Window
 
 
 def _worker_start(initializer, *args):
-    """First thing in a new worker: SIGTERM (the pool's terminate) ends it quietly, not through
-    the parent's handler, which it inherited and which would raise KeyboardInterrupt here."""
+    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if initializer is not None:
@@ -260,9 +255,8 @@ def _worker_start(initializer, *args):
 
 
 def _worker_pool(n, initializer=None, initargs=()):
-    """A multiprocessing pool of n forked workers. Ctrl-C and SIGTERM are held while they fork
-    (raised in fork's hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent
-    stops them."""
+    """A pool of n forked workers. Ctrl-C and SIGTERM are blocked while they fork (raised in fork's
+    hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent stops them."""
     old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return _MP.Pool(n, _worker_start, (initializer, *initargs))
@@ -275,8 +269,7 @@ _compile_noted = False    # the first-compile line was printed in this process
 
 
 def _note_first_compile(dispatcher):
-    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for
-    it: the first run on a machine waits that long once."""
+    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for it."""
     global _compile_noted
     index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
                     "_index_path", None)
@@ -286,9 +279,8 @@ def _note_first_compile(dispatcher):
 
 
 def raise_held_ctrl_c():
-    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back while numba's code ran, if any: as
-    a call returns, and before waiting on workers, which a SIGTERM sent to the whole process group
-    has ended (waiting for their results would never return)."""
+    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back, if any: as a call returns, and before
+    waiting on workers, which a SIGTERM to the whole process group has ended (the wait would hang)."""
     global _ctrl_c_held
     if _ctrl_c_held:
         _ctrl_c_held = False
@@ -296,9 +288,8 @@ def raise_held_ctrl_c():
 
 
 def ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C is still a KeyboardInterrupt: numba reports one that came while
-    compiled code ran as a SystemError caused by it; one that catch_ctrl_c held back is raised
-    as f returns."""
+    """f, where a Ctrl-C is still a KeyboardInterrupt: not the SystemError that numba makes of one
+    that came while compiled code ran; one that catch_ctrl_c held back is raised as f returns."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         try:
@@ -316,10 +307,9 @@ def ctrl_c_stays_keyboard_interrupt(f):
 
 
 def catch_ctrl_c():
-    """For a command line (bpe.py's, train.py's): Ctrl-C, and SIGTERM (what `kill` and job
-    schedulers send), raise KeyboardInterrupt, except while numba's Python code runs (its
-    compiler, its callbacks), where it would be swallowed or break a compile: there it is held,
-    and raised as the call that ran numba returns."""
+    """For a command line: Ctrl-C and SIGTERM (`kill`, job schedulers) raise KeyboardInterrupt, except
+    while numba's Python code (its compiler, its callbacks) runs, where it would be swallowed or break
+    a compile: there it is held, and raised as the call that ran numba returns."""
     def interrupt(signum, frame):
         global _ctrl_c_held
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
@@ -332,8 +322,7 @@ def catch_ctrl_c():
 
 
 def _plan_chunks(input_path, special_tokens, num_workers):
-    """(workers, chunk offsets) of a counting job: pieces of at most 4 MiB, and one per
-    worker at least when the file has 1 MiB or more."""
+    """(workers, chunk offsets): pieces of at most 4 MiB, one per worker at least from 1 MiB on."""
     size = check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
     n_chunks = -(-size // _CHUNK_BYTES)
@@ -367,12 +356,6 @@ def _hash_bytes(data, i, j):
     return h ^ (h >> 32)
 
 
-@njit(cache=True, inline="always")
-def _slot_entry(h, w):
-    """tag << 32 | w: the tag is hash bits 33-63, never the bits that chose the slot."""
-    return ((h >> 33) & 0x7FFFFFFF) << 32 | w
-
-
 @njit(cache=True)
 def _word_table_new(n_words, n_bytes):
     """(slots, rec, word_bytes) with room for n_words words of n_bytes in all."""
@@ -384,18 +367,8 @@ def _word_table_new(n_words, n_bytes):
 
 
 @njit(cache=True)
-def _word_table_has_room(slots, rec, word_bytes, n, extra_bytes):
-    """The table of n words takes one more of extra_bytes bytes as it is (its slots at most
-    half full)."""
-    return (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
-            and rec[2 * n] + extra_bytes <= word_bytes.shape[0])
-
-
-@njit(cache=True)
 def _word_table_reserve(table, n, extra_bytes):
-    """The table with room for one more word of extra_bytes bytes (_word_table_has_room): arrays
-    doubled as needed, the slots (re-)filled from the words' bytes when they would pass half
-    full."""
+    """The table with room for one more word of extra_bytes bytes, its slots at most half full."""
     slots, rec, word_bytes = table
     rec = _grow(rec, 2 * n + 3)
     word_bytes = _grow(word_bytes, rec[2 * n] + extra_bytes)
@@ -413,7 +386,7 @@ def _word_table_slots(slots, rec, word_bytes, n):
         s = h & mask
         while slots[s] >= 0:
             s = (s + 1) & mask
-        slots[s] = _slot_entry(h, w)
+        slots[s] = ((h >> 33) & 0x7FFFFFFF) << 32 | w     # tag << 32 | w (see above)
     return slots
 
 
@@ -421,7 +394,7 @@ def _word_table_slots(slots, rec, word_bytes, n):
 def _word_table_find(slots, rec, word_bytes, src, i, j, h):
     """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
     mask = slots.shape[0] - 1
-    s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
+    s, tag, found = h & mask, (h >> 33) & 0x7FFFFFFF, False
     while not found and slots[s] >= 0:            # one return, at the end (see the top of this file)
         w = slots[s] & 0xFFFFFFFF
         a = rec[2 * w]
@@ -438,18 +411,9 @@ def _word_table_find(slots, rec, word_bytes, src, i, j, h):
 def _word_table_put(slots, rec, word_bytes, s, n, src, i, j, h, c):
     """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
     a = rec[2 * n]
-    slots[s] = _slot_entry(h, n)
+    slots[s] = ((h >> 33) & 0x7FFFFFFF) << 32 | n
     word_bytes[a:a + j - i] = src[i:j]
     rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
-
-
-@njit(cache=True)
-def _word_table_add(table, n, src, i, j, h, c):
-    """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
-    Kept apart from the look-up: only new words pay for growing the arrays."""
-    slots, rec, word_bytes = _word_table_reserve(table, n, j - i)
-    _word_table_put(slots, rec, word_bytes, _word_table_find(slots, rec, word_bytes, src, i, j, h), n, src, i, j, h, c)
-    return slots, rec, word_bytes
 
 
 @njit(cache=True)
@@ -465,7 +429,8 @@ def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
         else:
-            room = _word_table_has_room(slots, rec, word_bytes, n, j - i)
+            room = (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
+                    and rec[2 * n] + j - i <= word_bytes.shape[0])
             if room:
                 _word_table_put(slots, rec, word_bytes, s, n, data, i, j, h, 1)
                 n += 1
@@ -497,34 +462,22 @@ def _word_tables_merge(table, n, o_rec, o_word_bytes):
         s = _word_table_find(slots, rec, word_bytes, o_word_bytes, i, j, h)
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
-        else:
-            slots, rec, word_bytes = _word_table_add((slots, rec, word_bytes), n, o_word_bytes, i, j, h, c)
+        else:                              # only new words pay for growing the arrays
+            slots, rec, word_bytes = _word_table_reserve((slots, rec, word_bytes), n, j - i)
+            s = _word_table_find(slots, rec, word_bytes, o_word_bytes, i, j, h)
+            _word_table_put(slots, rec, word_bytes, s, n, o_word_bytes, i, j, h, c)
             n += 1
     return (slots, rec, word_bytes), n
 
 
-@njit(cache=True)
 def _words_of_table(rec, word_bytes):
     """The merge loop's input: (ids, word_start, word_count) of the words of more than one
     byte (a single byte has no pair to merge), end to end."""
-    n = (rec.shape[0] - 1) // 2
-    n_keep, n_bytes = 0, 0
-    for w in range(n):
-        if rec[2 * w + 2] - rec[2 * w] > 1:
-            n_keep += 1
-            n_bytes += rec[2 * w + 2] - rec[2 * w]
-    ids = np.empty(n_bytes, np.uint8)
-    word_start = np.zeros(n_keep + 1, np.int64)
-    word_count = np.empty(n_keep, np.int64)
-    k = 0
-    for w in range(n):
-        a, b = rec[2 * w], rec[2 * w + 2]
-        if b - a > 1:
-            word_start[k + 1] = word_start[k] + b - a
-            ids[word_start[k]:word_start[k + 1]] = word_bytes[a:b]
-            word_count[k] = rec[2 * w + 1]
-            k += 1
-    return ids, word_start, word_count
+    length = np.diff(rec[0::2])
+    keep = length > 1
+    word_start = np.zeros(np.count_nonzero(keep) + 1, np.int64)
+    np.cumsum(length[keep], out=word_start[1:])
+    return word_bytes[np.repeat(keep, length)], word_start, rec[1::2][keep]
 
 
 def _trimmed(table, n):
@@ -564,18 +517,6 @@ def _count_range(args):
     return _trimmed(table, n)
 
 
-def _load_compiled_counting():
-    """Compile the counting code, or load it from numba's cache, with a tiny job."""
-    data = np.frombuffer(bytearray(b"a b"), np.uint8)
-    _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _word_table_new(1, 1), 0)
-
-
-def _load_compiled_merging():
-    """The same for the parent's half: merging tables, making the merge loop's input."""
-    table = _word_table_new(1, 1)
-    _words_of_table(*_trimmed(*_word_tables_merge(table, 0, *_trimmed(table, 0))))
-
-
 def count_words(input_path, special_tokens, num_workers=None):
     """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's
     arrays (ids, word_start, word_count) of the pre-tokens of more than one byte."""
@@ -591,13 +532,15 @@ def _count_table(input_path, special_tokens, num_workers):
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
     _note_first_compile(_count_segments)
-    _load_compiled_counting()              # before the fork: the workers inherit it
+    table = _word_table_new(1, 1)          # compiled (or loaded) with tiny jobs: before the fork, for the workers
+    _count_segments(np.zeros(1, np.uint8), np.zeros((1, 2), np.int64), _char_classes(), table, 0)
     parallel = n_runs > 1
     with _worker_pool(n_runs) if parallel else contextlib.nullcontext() as workers:
         results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
-        if parallel:                       # the workers have started counting
-            _load_compiled_merging()
-        _load_compiled_merge_loop()
+        if parallel:                       # the workers have started counting: load the parent's half
+            _word_tables_merge(table, 0, *_trimmed(table, 0))
+        _note_first_compile(merge_loop)
+        merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
         raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)
     # The biggest table, with room for the words of all (fewer if they share words), takes
@@ -1113,12 +1056,6 @@ def merge_loop_loaded():
     return bool(merge_loop.signatures)
 
 
-def _load_compiled_merge_loop():
-    """Compile the merge loop, or load it from numba's cache, with a one-word job."""
-    _note_first_compile(merge_loop)
-    merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
-
-
 # -----------------------------------------------------------------------------
 # 5. The compiled encoder
 #
@@ -1127,8 +1064,8 @@ def _load_compiled_merge_loop():
 # bytes: cut the next pre-token (_next_pretoken), look its bytes up in a cache of pre-token
 # -> ids, and on a miss merge it by rank and remember it. All its state lives in a few
 # numpy arrays held by an Encoder, so that a call costs little more than its own bytes:
-#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
-#                        value = rank << 32 | merged id (-1: empty slot)
+#   pairs  (C, 2) int64  hash table of the merges, as the trainer's pair table: [key = left << 32 |
+#                        right, value = rank << 32 | merged id] per slot (-1: empty)
 #   state  int64         [0, 256) the id of each byte; then (named below) the cache's entries,
 #                        bytes and ids used, slots in use, slots to start with; from _SLOTS_AT
 #                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
@@ -1157,42 +1094,28 @@ _NO_SPECIALS = np.zeros((0, 3), np.int64)
 _compiled_encoder_loaded = False
 
 
-@register_jitable
-def _mix(h):
-    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
-    the caller keeps the low ones."""
-    h = h * np.uint64(0x9E3779B97F4A7C15)
-    return h ^ (h >> np.uint64(29))
-
-
 def _merge_table(lefts, rights, values):
-    """The merges' hash table (see above), filled by linear probing in numpy: in each round every
-    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
-    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
-    cap = 1 << max(4, (2 * len(keys)).bit_length())
-    table = np.full(2 * cap, -1, np.int64)
-    slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
-    todo = np.arange(len(keys))
+    """The merges' hash table (see above), laid out and hashed as the trainer's pair table, filled by
+    linear probing in numpy: in each round every pair not yet placed tries its next slot, and the
+    first pair of each free slot takes it."""
+    keys = lefts << 32 | rights
+    table = np.full((1 << max(4, (2 * len(keys)).bit_length()), 2), -1, np.int64)
+    slot, todo = _hash_home(table, keys), np.arange(len(keys))
     while len(todo):
         s = slot[todo]
         win = np.zeros(len(todo), bool)
         win[np.unique(s, return_index=True)[1]] = True
-        win &= table[2 * s + 1] < 0
-        table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
+        win &= table[s, 0] == _EMPTY
+        table[s[win]] = np.stack([keys[todo[win]], values[todo[win]]], 1)
         todo = todo[~win]
-        slot[todo] = (slot[todo] + 1) & (cap - 1)
+        slot[todo] = (slot[todo] + 1) & (table.shape[0] - 1)
     return table
 
 
 @njit(cache=True, inline="always")
 def _merge_value(pairs, a, b):
     """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
-    key = np.int64(a) << 32 | np.int64(b)
-    mask = (pairs.shape[0] >> 1) - 1
-    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
-    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see the top of this file)
-        s = (s + 1) & mask
-    v = pairs[2 * s + 1]
+    v = pairs[_hash_slot(pairs, np.int64(a) << 32 | np.int64(b)), 1]
     return _NO_MERGE if v < 0 else v
 
 
