@@ -487,17 +487,6 @@ def _trimmed(table, n):
     return rec[:2 * n + 1], word_bytes[:rec[2 * n]]
 
 
-def _special_segments(buf, special_re):
-    """(S, 2) int64: the [start, end) byte ranges of buf between special tokens (dropped)."""
-    if special_re is None:
-        return np.array([[0, len(buf)]], np.int64)
-    cuts = [0]
-    for m in special_re.finditer(buf):
-        cuts += [m.start(), m.end()]
-    cuts.append(len(buf))
-    return np.array(cuts, np.int64).reshape(-1, 2)
-
-
 def _count_range(args):
     """Worker: the table (rec, word_bytes) of the pre-tokens of the chunks
     bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
@@ -512,21 +501,16 @@ def _count_range(args):
             data = buf[:b - a]
             f.readinto(data)
             check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
-            table, n = _count_segments(data, _special_segments(data, special_re), classes,
-                                       table, n)
+            spans = chain.from_iterable(m.span() for m in special_re.finditer(data)) if special_re else ()
+            segments = np.array([0, *spans, b - a], np.int64).reshape(-1, 2)   # between special tokens
+            table, n = _count_segments(data, segments, classes, table, n)
     return _trimmed(table, n)
 
 
 def count_words(input_path, special_tokens, num_workers=None):
-    """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's
-    arrays (ids, word_start, word_count) of the pre-tokens of more than one byte."""
-    return _words_of_table(*_count_table(input_path, special_tokens, num_workers))
-
-
-def _count_table(input_path, special_tokens, num_workers):
-    """The counts as a table (rec, word_bytes): pre-token w is word_bytes[rec[2w]:rec[2w + 2]],
-    seen rec[2w + 1] times. One contiguous run of chunks per worker; the compiled merge loop
-    loads in this process while the workers count."""
+    """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's arrays
+    (_words_of_table). One contiguous run of chunks per worker; the compiled merge loop loads in
+    this process while the workers count."""
     num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
@@ -555,7 +539,7 @@ def _count_table(input_path, special_tokens, num_workers):
     del base_rec, base_bytes
     while tables:
         table, n = _word_tables_merge(table, n, *tables.pop())
-    return _trimmed(table, n)
+    return _words_of_table(*_trimmed(table, n))
 
 
 # -----------------------------------------------------------------------------
@@ -602,7 +586,6 @@ def _prefetch(typingctx, a, i):
 
 @register_jitable(inline='always')
 def _key(left, right):
-    """The table key of the pair (left, right): left << 32 | right."""
     return (int(left) << 32) | int(right)
 
 
@@ -635,9 +618,8 @@ def _pair_table_new(cap):
 
 @register_jitable
 def _pair_table_room(tab, n_keys, more):
-    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
-    without its dead keys (count 0: a pair never grows again once it is gone, since only
-    pairs of the newest token grow), at twice the size if that is still needed."""
+    """(tab, n_keys) with room for more keys at most half full: a full table is rebuilt without its
+    dead keys (count 0), at twice the size if that is still needed."""
     if 2 * (n_keys + more) <= tab.shape[0]:
         return tab, n_keys
     live = np.sum(tab[:, 1] > 0)
@@ -663,38 +645,45 @@ def _grow(a, need):
 
 
 @register_jitable
-def _compact_lists(tab, lists):
-    """(lists, n_entries): the word lists of the live pairs copied into a new array with
-    half of it free, each list contiguous; the entries of merged and dead pairs (most of
-    the entries, after the first merges) are dropped."""
-    live = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        while e != -1:
-            live, e = live + 1, lists[e, 1]
-    new = np.empty((max(1024, 2 * live), 2), np.int32)
+def _copy_lists(tab, slots, lists, out, base):
+    """Copy the word list of each pair tab[s], s in slots (its first entry: tab[s, 2]), into out as
+    one contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the
+    number of entries copied."""
     n = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        tab[s, 2] = n if e != -1 else -1
+    for s in slots:
+        e = tab[s, 2]
+        tab[s, 2] = base + n if e != -1 else -1
         while e != -1:
-            new[n, 0], new[n, 1] = lists[e, 0], n + 1
+            out[n, 0], out[n, 1] = lists[e, 0], base + n + 1
             n, e = n + 1, lists[e, 1]
             if e == -1:
-                new[n - 1, 1] = -1             # the end of this list
-    return new, n
+                out[n - 1, 1] = -1             # the end of this list
+    return n
+
+
+@register_jitable
+def _compact_lists(tab, lists):
+    """(lists, n_entries): the word lists of the live pairs copied, each contiguous, into a new
+    array half free; the entries of merged and dead pairs (most, after the first merges) are dropped."""
+    live, n = (tab[:, 0] != _EMPTY) & (tab[:, 1] > 0), 0
+    for s in range(tab.shape[0]):
+        tab[s, 2] = tab[s, 2] if live[s] else -1
+        e = tab[s, 2]
+        while e != -1:
+            n, e = n + 1, lists[e, 1]
+    new = np.empty((max(1024, 2 * n), 2), np.int32)
+    return new, _copy_lists(tab, np.nonzero(live)[0], lists, new, 0)
 
 
 @register_jitable(inline='always')
 def _word_count(words, w):
-    """The count of the word at offset w, kept as two int32 halves."""
     return int(words[w + 2]) | (int(words[w + 3]) << 31)
 
 
 @register_jitable
 def _start_pairs(words):
-    """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
-    dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
+    """(tab, n_keys, lists, n_entries) for the words as bytes: byte pairs counted in a dense
+    256 x 256 array, each pair's list laid out as one contiguous run."""
     count = np.zeros(65536, np.int64)
     n_words = np.zeros(65536, np.int64)        # words containing the pair
     last = np.full(65536, -1, np.int64)
@@ -749,8 +738,7 @@ def _bytes_cmp(tok_bytes, start, length, x, y):
 
 @register_jitable
 def _pair_gt(ki, kj, tok_bytes, start, length):
-    """The pair of key ki is the greater pair of byte strings (left, then right): the
-    tie-break between pairs of equal count."""
+    """The tie-break of equal counts: key ki's pair is the greater pair of byte strings."""
     r = _bytes_cmp(tok_bytes, start, length, ki >> 32, kj >> 32)
     if r == 0:
         r = _bytes_cmp(tok_bytes, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
@@ -766,7 +754,6 @@ def _sift_down(heap, i, n, tok_bytes, start, length):
             heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
             i = k
         l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
-        # Counts first, the bytes only on a tie (see the top of this section).
         if l < n and (heap[l, 0] > heap[k, 0] or heap[l, 0] == heap[k, 0] and
                       _pair_gt(heap[l, 1], heap[k, 1], tok_bytes, start, length)):
             k = l
@@ -816,11 +803,9 @@ def _bigger_changes(rows, used, n_used):
 
 @register_jitable(inline='always')
 def _change(rows, used, n_used, key, d, w, lists, n_entries):
-    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
-    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
-    is checked by the caller. Returns (n_used, n_entries)."""
-    # No branch (see the top of this file); numba's inliner also warns about variables
-    # assigned under one.
+    """Add d to the count of pair key in one merge's table of changes (rows as in the pair table,
+    used: the slots taken); if w >= 0, list word w under key (once in a row). No branch (see the
+    top of this file). Returns (n_used, n_entries)."""
     s = _hash_slot(rows, key)
     new_key = int(rows[s, 0] == _EMPTY)
     first, last = int(rows[s, 2]), int(rows[s, 3])
@@ -834,10 +819,8 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
 
 @register_jitable(inline='always')
 def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
-    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
-    right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries).
-    A word whose pair is gone (a stale list entry) is copied onto itself, unchanged."""
+    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to right,
+    in place; the neighbours' counts move into the changes table. Returns (n_used, n_entries)."""
     begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
@@ -865,10 +848,9 @@ def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
 
 @register_jitable
 def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists, n_entries):
-    """Merge (a, b) into t in the words visit[k:n_visit] (merge m). Stops at the first word
-    whose changes might not fit (a word of n tokens has at most 2n distinct changed pairs,
-    and lists each pair once): returns (k, n_used, n_entries), k = n_visit when done. It
-    never replaces an array, so that its compiled loop counts no references."""
+    """Merge (a, b) into t in the words visit[k:n_visit] (merge m), until a word's changes might
+    not fit (n tokens: 2n changed pairs at most). Returns (k, n_used, n_entries), k = n_visit when
+    done: it never replaces an array (see the top of this file)."""
     while k < n_visit:
         if k + _AHEAD < n_visit:
             _prefetch(words, visit[k + _AHEAD])
@@ -886,29 +868,9 @@ def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists
 
 
 @register_jitable
-def _pack_lists(rows, used, n_used, lists, first, n_entries):
-    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
-    prepended word by word) interleave with the other new lists'; a later merge walking one
-    list would wait for memory at each entry, while a contiguous run streams in."""
-    packed = np.empty((n_entries - first, 2), np.int32)
-    n = 0
-    for k in range(n_used):
-        e = rows[used[k], 2]
-        if e != -1:
-            rows[used[k], 2] = first + n
-        while e != -1:
-            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
-            n, e = n + 1, lists[e, 1]
-            if e == -1:
-                packed[n - 1, 1] = -1          # the end of this list
-    lists[first:n_entries] = packed
-
-
-@register_jitable
 def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, start, length):
-    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
-    new token t enter the table (with their word lists) and the heap. Empties the changes
-    table and returns (tab, n_keys, heap, n_heap)."""
+    """Move one merge's changes into the pair table (and the new token t's pairs into the heap),
+    emptying the changes table. Returns (tab, n_keys, heap, n_heap)."""
     tab, n_keys = _pair_table_room(tab, n_keys, n_used)
     heap = _grow(heap, n_heap + n_used)
     for k in range(n_used):                  # the slots are scattered: ask for them all first
@@ -930,8 +892,7 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, 
 
 @register_jitable
 def _gather_list(lists, e, visit):
-    """(visit, n): the words of the list starting at entry e, in an array, so that the
-    loop over them can ask for a word's memory before it needs it."""
+    """(visit, n): the words of the list from entry e, in an array, so that they can be prefetched."""
     n, f = 0, e
     while f != -1:
         n, f = n + 1, lists[f, 1]
@@ -956,9 +917,7 @@ def _add_token_bytes(tok_bytes, n_tok_bytes, start, length, a, b, t):
 
 @register_jitable
 def _word_records(ids, word_start, word_count):
-    """The words as one int32 array of records [length, last merge that visited it, count
-    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
-    A word is named by the offset of its record."""
+    """The words as one int32 array of records (see the top of this section)."""
     n_words = word_count.shape[0]
     if ids.shape[0] + 4 * n_words >= 2 ** 31:
         raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
@@ -972,9 +931,7 @@ def _word_records(ids, word_start, word_count):
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
-    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
-    256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
-    (W+1,) offsets; word_count: (W,) occurrences."""
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each, as bpe._merge_loop."""
     words = _word_records(ids, word_start, word_count)
     tab, n_keys, lists, n_entries = _start_pairs(words)
     # Bytes of every token, for the tie-break: token x is tok_bytes[start[x]:start[x] + length[x]].
@@ -1020,7 +977,11 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                 while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
                     rows, used = _bigger_changes(rows, used, n_used)
                 lists = _grow(lists, n_entries + words[w])
-        _pack_lists(rows, used, n_used, lists, first, n_entries)
+        # This merge's new lists interleave in lists[first:n_entries]: made contiguous, a later
+        # merge walking one streams it in instead of waiting for memory at each entry.
+        packed = np.empty((n_entries - first, 2), np.int32)
+        _copy_lists(rows, used[:n_used], lists, packed, first)
+        lists[first:n_entries] = packed
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, tok_bytes, start, length)
         s = _hash_slot(tab, key)             # (tab may have been rebuilt)
@@ -1035,14 +996,12 @@ merge_loop = njit(cache=True)(_merge_loop)
 
 
 # Memory of the merge loop per byte of the longest pre-token: a merge records every place it
-# changes, and in one huge word (text with no space or punctuation) those are most of its bytes.
-# Measured on single words of 0.5 to 4 MB; ordinary text needs about 1 byte per byte in all.
+# changes, in one huge word most of its bytes (measured on single words of 0.5 to 4 MB).
 LONG_WORD_BYTES = 210
 
 
 def check_longest_word(word_start, where):
-    """Raise MemoryError, before the merge loop allocates, when the longest pre-token would need
-    more memory than the machine has (word_start: the words' offsets, as the loop takes them)."""
+    """MemoryError, before the merge loop allocates, when the longest pre-token needs more than there is."""
     longest = int(np.diff(word_start).max(initial=0))
     need, (have, what) = LONG_WORD_BYTES * longest, memory_bytes("cpu", 1)
     if need > have:
@@ -1095,9 +1054,8 @@ _compiled_encoder_loaded = False
 
 
 def _merge_table(lefts, rights, values):
-    """The merges' hash table (see above), laid out and hashed as the trainer's pair table, filled by
-    linear probing in numpy: in each round every pair not yet placed tries its next slot, and the
-    first pair of each free slot takes it."""
+    """The merges' hash table, filled by linear probing in numpy: in each round every pair not yet
+    placed tries its next slot, and the first pair of each free slot takes it."""
     keys = lefts << 32 | rights
     table = np.full((1 << max(4, (2 * len(keys)).bit_length()), 2), -1, np.int64)
     slot, todo = _hash_home(table, keys), np.arange(len(keys))
@@ -1121,9 +1079,8 @@ def _merge_value(pairs, a, b):
 
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
-    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken: each round finds the pair
-    of lowest rank and merges it at every place, left to right. rank[t] is the value of the pair at t
-    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
+    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken. rank[t]: the value of the pair
+    at t (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
     token, and finds the next round's lowest on the way. Returns the new n."""
     best = _NO_MERGE
     for t in range(n - 1):
@@ -1174,14 +1131,11 @@ def _minheap_pop(heap, h):
 
 @njit(cache=True)
 def _merge_long(tok, k, n, pairs, work):
-    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
-    hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
-    the value of the pair now at that place (lazy deletion; a merge marks the places whose
-    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
-    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
-    as _merge_pretoken's rounds see them. work: (>= 8n,) int64 scratch whose first
-    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
+    """The same rounds as _merge_short for a longer pre-token (a CJK run can be hundreds of bytes),
+    without rescanning it: the tokens form a linked list and every pair waits in a min-heap keyed
+    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round
+    pops all places of the lowest rank, then pushes the pairs its new tokens make. work: (>= 8n,)
+    int64 scratch whose first n - 1 hold the values of the pairs."""
     value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
     value[n - 1] = _NO_MERGE
@@ -1224,26 +1178,9 @@ def _merge_long(tok, k, n, pairs, work):
     return w
 
 
-@njit(cache=True)
-def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
-    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
-    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
-    n = j - i
-    for t in range(n):
-        out[k + t] = state[data[i + t]]
-    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
-        work = np.empty(8 * n, np.int64)
-    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
-        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
-    if n <= _SHORT_WORD:
-        return k + _merge_short(out, k, n, pairs, work)
-    return k + _merge_long(out, k, n, pairs, work)
-
-
 @njit(cache=True, inline="always")
 def _cache_put(state, h, b, n, c, m):
-    """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in the first free
-    slot from where its hash leads."""
+    """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in a free slot."""
     mask = state[_N_SLOTS] - 1
     s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
@@ -1254,9 +1191,8 @@ def _cache_put(state, h, b, n, c, m):
 
 @njit(cache=True)
 def _cache_double(state, cache_bytes):
-    """Double the cache's slots in use and put every entry back. The entries are found in
-    cache_bytes, where each word's bytes follow two bytes (its length and its number of ids), so
-    that growing needs no copy of the slots (it allocates nothing)."""
+    """Double the cache's slots in use and put every entry back, found in cache_bytes (where each
+    word's bytes follow its length and number of ids): growing allocates nothing."""
     state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
     state[_N_SLOTS] *= 2
     b, c = 0, 0
@@ -1268,10 +1204,17 @@ def _cache_double(state, cache_bytes):
 
 @njit(cache=True)
 def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, out, k, work, h):
-    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
-    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
-    n, m = j - i, end - k
+    """Ids of a pre-token data[i:j] not in the cache (hash h), written at out[k:], then remembered
+    unless it is long (a full cache is emptied first). Returns the end. work: the merges' scratch."""
+    n = j - i
+    for t in range(n):
+        out[k + t] = state[data[i + t]]
+    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
+        work = np.empty(8 * n, np.int64)
+    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
+        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
+    m = _merge_short(out, k, n, pairs, work) if n <= _SHORT_WORD else _merge_long(out, k, n, pairs, work)
+    end = k + m
     if n > _CACHED_WORD:
         return end
     full = 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS]
@@ -1295,9 +1238,8 @@ def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, ou
 
 @njit(cache=True)
 def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_ids, classes):
-    """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
-    (start, end, id) of specials, in order. The cache look-up is written out in the loop,
-    not called, for the same reason as _next_pretoken is inlined."""
+    """(N,) uint32 ids of the valid UTF-8 bytes data, whose special tokens are the rows (start, end,
+    id) of specials. The cache look-up is written out in the loop: a call would cost more."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     work = np.empty(8 * _CACHED_WORD, np.int64)
     mask = state[_N_SLOTS] - 1
@@ -1341,18 +1283,14 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
 
 
 def _byte_pair_values(byte_ids, pairs, values):
-    """(65536,) int64: at x << 8 | y, the value in the merges' table of the pair (id of byte
-    x, id of byte y), or _NO_MERGE: read directly, for the first look-up of every pair of a
-    new pre-token. pairs: (M, 2) ids of the merges, values: (M,) their values."""
+    """(65536,) int64: at x << 8 | y, the merges' value of the pair (id of byte x, id of byte y),
+    or _NO_MERGE, by direct index. pairs: (M, 2) ids of the merges, values: (M,) their values."""
     out = np.full(1 << 16, _NO_MERGE, np.int64)
-    if len(values):
-        keys = pairs[:, 0] << 32 | pairs[:, 1]
-        order = np.argsort(keys)
-        x, y = np.divmod(np.arange(1 << 16), 256)
-        want = byte_ids[x] << 32 | byte_ids[y]
-        at = np.minimum(np.searchsorted(keys[order], want), len(keys) - 1)
-        found = keys[order[at]] == want
-        out[found] = values[order[at[found]]]
+    byte_of = np.full(max(byte_ids.max(), pairs.max(initial=0)) + 1, -1)    # id -> byte (or -1)
+    byte_of[byte_ids] = np.arange(256)
+    x, y = byte_of[pairs[:, 0]], byte_of[pairs[:, 1]]
+    both = (x >= 0) & (y >= 0)
+    out[x[both] << 8 | y[both]] = values[both]
     return out
 
 
@@ -1392,14 +1330,12 @@ class Encoder:
 
 
 def compiled_encoder_pays(n_chars):
-    """Encode n_chars (so far, on one Tokenizer) with the compiled encoder: it is loaded in
-    this process, or the text pays for loading it."""
+    """Encode n_chars (so far, on one Tokenizer) compiled: it is loaded, or the text pays for loading it."""
     return _compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS
 
 
 def _load_compiled_encoder():
-    """Compile the encoder, or load it from numba's disk cache, and build the character
-    classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
+    """Compile the encoder (or load it from numba's disk cache) once per process."""
     if not _compiled_encoder_loaded:
         Encoder(list(range(256)), {}, {}).encode(b"ab")
 
@@ -1429,11 +1365,6 @@ def _encode_chunk(args):
     return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
 
 
-def _progress_line(n_bytes, size, n_tokens, seconds):
-    return (f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
-            f"{n_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s")
-
-
 def _npy_header(dtype, n):
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {
@@ -1444,9 +1375,8 @@ def _npy_header(dtype, n):
 
 @ctrl_c_stays_keyboard_interrupt
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
-    """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
-    uint32), written atomically. Chunks go to worker processes and come back in order.
-    Returns the number of tokens."""
+    """Tokenize a UTF-8 file into out_path (np.save format, uint16 when every id fits, else uint32),
+    written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
     size = check_input_file(input_path)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
@@ -1485,9 +1415,9 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                 n_bytes += nb
                 now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
                 if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
-                    shown = now
-                    print(("\r" if tty else "") + _progress_line(n_bytes, size, n_tokens, now - t0),
-                          end="" if tty else "\n", file=sys.stderr, flush=True)
+                    shown, mb_s = now, n_bytes / 1e6 / max(now - t0, 1e-9)
+                    print(("\r" if tty else "") + f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, "
+                          f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", end="" if tty else "\n", file=sys.stderr, flush=True)
         finally:
             if tty and n_bytes:
                 print(file=sys.stderr)     # ends the progress line, before any error
