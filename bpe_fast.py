@@ -346,8 +346,7 @@ COMPILED_COUNT_MIN = 1 << 20   # smaller files take bpe.py's path: nothing to co
 
 @njit(cache=True, inline="always")
 def _hash_bytes(data, i, j):
-    """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
-    every byte."""
+    """64-bit FNV-1a of data[i:j], mixed so that the low bits (the slot) depend on every byte."""
     h = np.int64(-3750763034362895579)               # FNV offset basis, as int64
     for k in range(i, j):
         h = (h ^ np.int64(data[k])) * np.int64(1099511628211)
@@ -418,9 +417,8 @@ def _word_table_put(slots, rec, word_bytes, s, n, src, i, j, h, c):
 
 @njit(cache=True)
 def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
-    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
-    does not fit. Returns (i, n): i = e when done, else where that word starts. It never
-    replaces an array, so that its compiled loop counts no references (see the top of this file)."""
+    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word does not
+    fit. Returns (i, n): i = e when done, else where that word starts (see the top of this file)."""
     room = True
     while room and i < e:
         j = _next_pretoken(data, i, e, classes)
@@ -440,8 +438,7 @@ def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
 
 @njit(cache=True)
 def _count_segments(data, segments, classes, table, n):
-    """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
-    (n words so far). Returns (table, n)."""
+    """Count the pre-tokens of data[a:b], for each row (a, b) of segments, into the table (n words)."""
     slots, rec, word_bytes = table
     for r in range(segments.shape[0]):
         i, e = segments[r, 0], segments[r, 1]
@@ -454,7 +451,7 @@ def _count_segments(data, segments, classes, table, n):
 
 @njit(cache=True)
 def _word_tables_merge(table, n, o_rec, o_word_bytes):
-    """Add the words of another table (its rec and word_bytes) into this one. Returns (table, n)."""
+    """Add the words of another table (its rec and word_bytes) into this one (n words)."""
     slots, rec, word_bytes = table
     for w in range((o_rec.shape[0] - 1) // 2):
         i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
@@ -1023,8 +1020,8 @@ def merge_loop_loaded():
 # bytes: cut the next pre-token (_next_pretoken), look its bytes up in a cache of pre-token
 # -> ids, and on a miss merge it by rank and remember it. All its state lives in a few
 # numpy arrays held by an Encoder, so that a call costs little more than its own bytes:
-#   pairs  (C, 2) int64  hash table of the merges, as the trainer's pair table: [key = left << 32 |
-#                        right, value = rank << 32 | merged id] per slot (-1: empty)
+#   pairs  (2C,) int64   hash table of the merges: [key, value] per slot, key = left << 32 | right,
+#                        value = rank << 32 | merged id (-1: empty slot)
 #   state  int64         [0, 256) the id of each byte; then (named below) the cache's entries,
 #                        bytes and ids used, slots in use, slots to start with; from _SLOTS_AT
 #                        on, 3 words per slot: hash of the pre-token, byte offset << 24 |
@@ -1049,31 +1046,45 @@ _NO_MERGE = 1 << 62
 # finishes before numba could load the compiled one from its disk cache (a first compile,
 # once per machine, costs far more); once loaded in the process it is used for every call.
 COMPILED_MIN_CHARS = 1 << 20
-_NO_SPECIALS = np.zeros((0, 3), np.int64)
 _compiled_encoder_loaded = False
 
 
+@register_jitable
+def _mix(h):
+    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
+    the caller keeps the low ones."""
+    h = h * np.uint64(0x9E3779B97F4A7C15)
+    return h ^ (h >> np.uint64(29))
+
+
 def _merge_table(lefts, rights, values):
-    """The merges' hash table, filled by linear probing in numpy: in each round every pair not yet
-    placed tries its next slot, and the first pair of each free slot takes it."""
-    keys = lefts << 32 | rights
-    table = np.full((1 << max(4, (2 * len(keys)).bit_length()), 2), -1, np.int64)
-    slot, todo = _hash_home(table, keys), np.arange(len(keys))
+    """The merges' hash table (see above), filled by linear probing in numpy: in each round every
+    pair not yet placed tries its next slot, and the first pair of each free slot takes it."""
+    keys = (lefts.astype(np.uint64) << np.uint64(32) | rights.astype(np.uint64)).view(np.int64)
+    cap = 1 << max(4, (2 * len(keys)).bit_length())
+    table = np.full(2 * cap, -1, np.int64)
+    slot = (_mix(keys.view(np.uint64)) & np.uint64(cap - 1)).astype(np.int64)
+    todo = np.arange(len(keys))
     while len(todo):
         s = slot[todo]
         win = np.zeros(len(todo), bool)
         win[np.unique(s, return_index=True)[1]] = True
-        win &= table[s, 0] == _EMPTY
-        table[s[win]] = np.stack([keys[todo[win]], values[todo[win]]], 1)
+        win &= table[2 * s + 1] < 0
+        table[2 * s[win]], table[2 * s[win] + 1] = keys[todo[win]], values[todo[win]]
         todo = todo[~win]
-        slot[todo] = (slot[todo] + 1) & (table.shape[0] - 1)
+        slot[todo] = (slot[todo] + 1) & (cap - 1)
     return table
 
 
 @njit(cache=True, inline="always")
 def _merge_value(pairs, a, b):
     """rank << 32 | merged id of the merge (a, b), or _NO_MERGE."""
-    v = pairs[_hash_slot(pairs, np.int64(a) << 32 | np.int64(b)), 1]
+    key = np.int64(a) << 32 | np.int64(b)
+    mask = (pairs.shape[0] >> 1) - 1
+    s = np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+    while pairs[2 * s + 1] >= 0 and pairs[2 * s] != key:     # one return (see the top of this file)
+        s = (s + 1) & mask
+    v = pairs[2 * s + 1]
     return _NO_MERGE if v < 0 else v
 
 
@@ -1286,11 +1297,14 @@ def _byte_pair_values(byte_ids, pairs, values):
     """(65536,) int64: at x << 8 | y, the merges' value of the pair (id of byte x, id of byte y),
     or _NO_MERGE, by direct index. pairs: (M, 2) ids of the merges, values: (M,) their values."""
     out = np.full(1 << 16, _NO_MERGE, np.int64)
-    byte_of = np.full(max(byte_ids.max(), pairs.max(initial=0)) + 1, -1)    # id -> byte (or -1)
-    byte_of[byte_ids] = np.arange(256)
-    x, y = byte_of[pairs[:, 0]], byte_of[pairs[:, 1]]
-    both = (x >= 0) & (y >= 0)
-    out[x[both] << 8 | y[both]] = values[both]
+    if len(values):
+        keys = pairs[:, 0] << 32 | pairs[:, 1]
+        order = np.argsort(keys)
+        x, y = np.divmod(np.arange(1 << 16), 256)
+        want = byte_ids[x] << 32 | byte_ids[y]
+        at = np.minimum(np.searchsorted(keys[order], want), len(keys) - 1)
+        found = keys[order[at]] == want
+        out[found] = values[order[at[found]]]
     return out
 
 
@@ -1318,11 +1332,10 @@ class Encoder:
         global _compiled_encoder_loaded
         if not _compiled_encoder_loaded:
             _note_first_compile(_encode_kernel)
-        specials = _NO_SPECIALS
-        if self.special_re is not None and any(s in data for s in self.special_ids):
-            specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
-                                 for m in self.special_re.finditer(data)], np.int64).reshape(-1, 3)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self.pairs,
+        found = self.special_re is not None and any(s in data for s in self.special_ids)
+        specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
+                             for m in (self.special_re.finditer(data) if found else ())], np.int64)
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials.reshape(-1, 3), self.pairs,
                              self.byte_pairs, self.state, self.cache_bytes, self.cache_ids,
                              _char_classes())
         _compiled_encoder_loaded = True
