@@ -144,17 +144,15 @@ _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") els
 
 
 def _inside_special(buf, p, specials):
-    """True if an occurrence of a special token in buf straddles position p."""
+    """A special token in buf straddles position p."""
     return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
                for s in specials)
 
 
 def stream_pieces(iterable, special_tokens, piece_chars):
-    """The text of iterable (of str) again, as pieces of about piece_chars characters or more,
-    each cut at the last _STREAM_CUT that splits no special token (bpe.Tokenizer.encode_iterable).
-    Linear: each character is searched for cuts once, and text with no cut in it is joined to
-    the buffer only once the new text is as long as the buffer, so the buffer is copied a
-    logarithmic number of times."""
+    """The text of iterable (of str) again, in pieces of piece_chars characters or more, each cut at
+    the last _STREAM_CUT that splits no special token. Linear: each character is searched once, and
+    new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
     margin = max((len(s) for s in special_tokens), default=1)
     buf, scanned, cut, new, n_new = "", 0, -1, [], 0   # buf[:scanned] searched; cut: the last cut found
     for text in iterable:
@@ -181,8 +179,7 @@ def stream_pieces(iterable, special_tokens, piece_chars):
 
 
 def _find_cut(f, pos, stop, size, cut_re, special_bytes):
-    """First match of cut_re at or after byte pos of file f (size bytes) that splits no
-    special token; None if there is none before about stop."""
+    """First cut_re match from byte pos of file f (size bytes) splitting no special token, or None."""
     margin = max((len(s) for s in special_bytes), default=1)
     while pos < stop:
         lo = max(0, pos - margin)
@@ -205,8 +202,8 @@ def _special_bytes_re(special_bytes):
 
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
-    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special
-    token within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special token
+    within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
     special_re = _special_bytes_re(special_bytes)
     any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
     bounds = [0]
@@ -238,8 +235,7 @@ def check_input_file(path):
 
 
 def check_utf8(data, path, start):
-    """data (bytes-like, read at byte start of path) decoded; ValueError with the file
-    offset of the first bad byte if it is not UTF-8."""
+    """data (read at byte start of path) decoded; ValueError names the offset of a bad byte."""
     try:
         return codecs.utf_8_decode(data, "strict", True)[0]
     except UnicodeDecodeError as e:
@@ -251,8 +247,7 @@ _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Window
 
 
 def _worker_start(initializer, *args):
-    """First thing in a new worker: SIGTERM (the pool's terminate) ends it quietly, not through
-    the parent's handler, which it inherited and which would raise KeyboardInterrupt here."""
+    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if initializer is not None:
@@ -260,9 +255,8 @@ def _worker_start(initializer, *args):
 
 
 def _worker_pool(n, initializer=None, initargs=()):
-    """A multiprocessing pool of n forked workers. Ctrl-C and SIGTERM are held while they fork
-    (raised in fork's hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent
-    stops them."""
+    """A pool of n forked workers. Ctrl-C and SIGTERM are blocked while they fork (raised in fork's
+    hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent stops them."""
     old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return _MP.Pool(n, _worker_start, (initializer, *initargs))
@@ -275,8 +269,7 @@ _compile_noted = False    # the first-compile line was printed in this process
 
 
 def _note_first_compile(dispatcher):
-    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for
-    it: the first run on a machine waits that long once."""
+    """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for it."""
     global _compile_noted
     index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
                     "_index_path", None)
@@ -286,9 +279,8 @@ def _note_first_compile(dispatcher):
 
 
 def raise_held_ctrl_c():
-    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back while numba's code ran, if any: as
-    a call returns, and before waiting on workers, which a SIGTERM sent to the whole process group
-    has ended (waiting for their results would never return)."""
+    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back, if any: as a call returns, and before
+    waiting on workers, which a SIGTERM to the whole process group has ended (the wait would hang)."""
     global _ctrl_c_held
     if _ctrl_c_held:
         _ctrl_c_held = False
@@ -296,9 +288,8 @@ def raise_held_ctrl_c():
 
 
 def ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C is still a KeyboardInterrupt: numba reports one that came while
-    compiled code ran as a SystemError caused by it; one that catch_ctrl_c held back is raised
-    as f returns."""
+    """f, where a Ctrl-C is still a KeyboardInterrupt: not the SystemError that numba makes of one
+    that came while compiled code ran; one that catch_ctrl_c held back is raised as f returns."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         try:
@@ -316,10 +307,9 @@ def ctrl_c_stays_keyboard_interrupt(f):
 
 
 def catch_ctrl_c():
-    """For a command line (bpe.py's, train.py's): Ctrl-C, and SIGTERM (what `kill` and job
-    schedulers send), raise KeyboardInterrupt, except while numba's Python code runs (its
-    compiler, its callbacks), where it would be swallowed or break a compile: there it is held,
-    and raised as the call that ran numba returns."""
+    """For a command line: Ctrl-C and SIGTERM (`kill`, job schedulers) raise KeyboardInterrupt, except
+    while numba's Python code (its compiler, its callbacks) runs, where it would be swallowed or break
+    a compile: there it is held, and raised as the call that ran numba returns."""
     def interrupt(signum, frame):
         global _ctrl_c_held
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
@@ -332,8 +322,7 @@ def catch_ctrl_c():
 
 
 def _plan_chunks(input_path, special_tokens, num_workers):
-    """(workers, chunk offsets) of a counting job: pieces of at most 4 MiB, and one per
-    worker at least when the file has 1 MiB or more."""
+    """(workers, chunk offsets): pieces of at most 4 MiB, one per worker at least from 1 MiB on."""
     size = check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
     n_chunks = -(-size // _CHUNK_BYTES)
@@ -357,20 +346,13 @@ COMPILED_COUNT_MIN = 1 << 20   # smaller files take bpe.py's path: nothing to co
 
 @njit(cache=True, inline="always")
 def _hash_bytes(data, i, j):
-    """64-bit FNV-1a of data[i:j], then mixed so that the low bits (the slot) depend on
-    every byte."""
+    """64-bit FNV-1a of data[i:j], mixed so that the low bits (the slot) depend on every byte."""
     h = np.int64(-3750763034362895579)               # FNV offset basis, as int64
     for k in range(i, j):
         h = (h ^ np.int64(data[k])) * np.int64(1099511628211)
     h ^= h >> 29
     h *= np.int64(-4658895280553007687)
     return h ^ (h >> 32)
-
-
-@njit(cache=True, inline="always")
-def _slot_entry(h, w):
-    """tag << 32 | w: the tag is hash bits 33-63, never the bits that chose the slot."""
-    return ((h >> 33) & 0x7FFFFFFF) << 32 | w
 
 
 @njit(cache=True)
@@ -384,18 +366,8 @@ def _word_table_new(n_words, n_bytes):
 
 
 @njit(cache=True)
-def _word_table_has_room(slots, rec, word_bytes, n, extra_bytes):
-    """The table of n words takes one more of extra_bytes bytes as it is (its slots at most
-    half full)."""
-    return (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
-            and rec[2 * n] + extra_bytes <= word_bytes.shape[0])
-
-
-@njit(cache=True)
 def _word_table_reserve(table, n, extra_bytes):
-    """The table with room for one more word of extra_bytes bytes (_word_table_has_room): arrays
-    doubled as needed, the slots (re-)filled from the words' bytes when they would pass half
-    full."""
+    """The table with room for one more word of extra_bytes bytes, its slots at most half full."""
     slots, rec, word_bytes = table
     rec = _grow(rec, 2 * n + 3)
     word_bytes = _grow(word_bytes, rec[2 * n] + extra_bytes)
@@ -413,7 +385,7 @@ def _word_table_slots(slots, rec, word_bytes, n):
         s = h & mask
         while slots[s] >= 0:
             s = (s + 1) & mask
-        slots[s] = _slot_entry(h, w)
+        slots[s] = ((h >> 33) & 0x7FFFFFFF) << 32 | w     # tag << 32 | w (see above)
     return slots
 
 
@@ -421,7 +393,7 @@ def _word_table_slots(slots, rec, word_bytes, n):
 def _word_table_find(slots, rec, word_bytes, src, i, j, h):
     """The slot of the word src[i:j] (hash h), or the empty slot where it would go."""
     mask = slots.shape[0] - 1
-    s, tag, found = h & mask, _slot_entry(h, 0) >> 32, False
+    s, tag, found = h & mask, (h >> 33) & 0x7FFFFFFF, False
     while not found and slots[s] >= 0:            # one return, at the end (see the top of this file)
         w = slots[s] & 0xFFFFFFFF
         a = rec[2 * w]
@@ -438,25 +410,15 @@ def _word_table_find(slots, rec, word_bytes, src, i, j, h):
 def _word_table_put(slots, rec, word_bytes, s, n, src, i, j, h, c):
     """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
     a = rec[2 * n]
-    slots[s] = _slot_entry(h, n)
+    slots[s] = ((h >> 33) & 0x7FFFFFFF) << 32 | n
     word_bytes[a:a + j - i] = src[i:j]
     rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
 
 
 @njit(cache=True)
-def _word_table_add(table, n, src, i, j, h, c):
-    """The table with src[i:j] (hash h, not in it yet) added as word n, seen c times.
-    Kept apart from the look-up: only new words pay for growing the arrays."""
-    slots, rec, word_bytes = _word_table_reserve(table, n, j - i)
-    _word_table_put(slots, rec, word_bytes, _word_table_find(slots, rec, word_bytes, src, i, j, h), n, src, i, j, h, c)
-    return slots, rec, word_bytes
-
-
-@njit(cache=True)
 def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
-    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word
-    does not fit. Returns (i, n): i = e when done, else where that word starts. It never
-    replaces an array, so that its compiled loop counts no references (see the top of this file)."""
+    """Count the pre-tokens of data[i:e] into the table (n words so far) until a new word does not
+    fit. Returns (i, n): i = e when done, else where that word starts (see the top of this file)."""
     room = True
     while room and i < e:
         j = _next_pretoken(data, i, e, classes)
@@ -465,7 +427,8 @@ def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += 1
         else:
-            room = _word_table_has_room(slots, rec, word_bytes, n, j - i)
+            room = (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
+                    and rec[2 * n] + j - i <= word_bytes.shape[0])
             if room:
                 _word_table_put(slots, rec, word_bytes, s, n, data, i, j, h, 1)
                 n += 1
@@ -475,8 +438,7 @@ def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
 
 @njit(cache=True)
 def _count_segments(data, segments, classes, table, n):
-    """Count the pre-tokens of data[a:b] for each (a, b) row of segments into the table
-    (n words so far). Returns (table, n)."""
+    """Count the pre-tokens of data[a:b], for each row (a, b) of segments, into the table (n words)."""
     slots, rec, word_bytes = table
     for r in range(segments.shape[0]):
         i, e = segments[r, 0], segments[r, 1]
@@ -489,7 +451,7 @@ def _count_segments(data, segments, classes, table, n):
 
 @njit(cache=True)
 def _word_tables_merge(table, n, o_rec, o_word_bytes):
-    """Add the words of another table (its rec and word_bytes) into this one. Returns (table, n)."""
+    """Add the words of another table (its rec and word_bytes) into this one (n words)."""
     slots, rec, word_bytes = table
     for w in range((o_rec.shape[0] - 1) // 2):
         i, j, c = o_rec[2 * w], o_rec[2 * w + 2], o_rec[2 * w + 1]
@@ -497,34 +459,22 @@ def _word_tables_merge(table, n, o_rec, o_word_bytes):
         s = _word_table_find(slots, rec, word_bytes, o_word_bytes, i, j, h)
         if slots[s] >= 0:
             rec[2 * (slots[s] & 0xFFFFFFFF) + 1] += c
-        else:
-            slots, rec, word_bytes = _word_table_add((slots, rec, word_bytes), n, o_word_bytes, i, j, h, c)
+        else:                              # only new words pay for growing the arrays
+            slots, rec, word_bytes = _word_table_reserve((slots, rec, word_bytes), n, j - i)
+            s = _word_table_find(slots, rec, word_bytes, o_word_bytes, i, j, h)
+            _word_table_put(slots, rec, word_bytes, s, n, o_word_bytes, i, j, h, c)
             n += 1
     return (slots, rec, word_bytes), n
 
 
-@njit(cache=True)
 def _words_of_table(rec, word_bytes):
     """The merge loop's input: (ids, word_start, word_count) of the words of more than one
     byte (a single byte has no pair to merge), end to end."""
-    n = (rec.shape[0] - 1) // 2
-    n_keep, n_bytes = 0, 0
-    for w in range(n):
-        if rec[2 * w + 2] - rec[2 * w] > 1:
-            n_keep += 1
-            n_bytes += rec[2 * w + 2] - rec[2 * w]
-    ids = np.empty(n_bytes, np.uint8)
-    word_start = np.zeros(n_keep + 1, np.int64)
-    word_count = np.empty(n_keep, np.int64)
-    k = 0
-    for w in range(n):
-        a, b = rec[2 * w], rec[2 * w + 2]
-        if b - a > 1:
-            word_start[k + 1] = word_start[k] + b - a
-            ids[word_start[k]:word_start[k + 1]] = word_bytes[a:b]
-            word_count[k] = rec[2 * w + 1]
-            k += 1
-    return ids, word_start, word_count
+    length = np.diff(rec[0::2])
+    keep = length > 1
+    word_start = np.zeros(np.count_nonzero(keep) + 1, np.int64)
+    np.cumsum(length[keep], out=word_start[1:])
+    return word_bytes[np.repeat(keep, length)], word_start, rec[1::2][keep]
 
 
 def _trimmed(table, n):
@@ -532,17 +482,6 @@ def _trimmed(table, n):
     sends only its part)."""
     slots, rec, word_bytes = table
     return rec[:2 * n + 1], word_bytes[:rec[2 * n]]
-
-
-def _special_segments(buf, special_re):
-    """(S, 2) int64: the [start, end) byte ranges of buf between special tokens (dropped)."""
-    if special_re is None:
-        return np.array([[0, len(buf)]], np.int64)
-    cuts = [0]
-    for m in special_re.finditer(buf):
-        cuts += [m.start(), m.end()]
-    cuts.append(len(buf))
-    return np.array(cuts, np.int64).reshape(-1, 2)
 
 
 def _count_range(args):
@@ -559,45 +498,30 @@ def _count_range(args):
             data = buf[:b - a]
             f.readinto(data)
             check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
-            table, n = _count_segments(data, _special_segments(data, special_re), classes,
-                                       table, n)
+            spans = chain.from_iterable(m.span() for m in special_re.finditer(data)) if special_re else ()
+            segments = np.array([0, *spans, b - a], np.int64).reshape(-1, 2)   # between special tokens
+            table, n = _count_segments(data, segments, classes, table, n)
     return _trimmed(table, n)
 
 
-def _load_compiled_counting():
-    """Compile the counting code, or load it from numba's cache, with a tiny job."""
-    data = np.frombuffer(bytearray(b"a b"), np.uint8)
-    _count_segments(data, np.array([[0, 3]], np.int64), _char_classes(), _word_table_new(1, 1), 0)
-
-
-def _load_compiled_merging():
-    """The same for the parent's half: merging tables, making the merge loop's input."""
-    table = _word_table_new(1, 1)
-    _words_of_table(*_trimmed(*_word_tables_merge(table, 0, *_trimmed(table, 0))))
-
-
 def count_words(input_path, special_tokens, num_workers=None):
-    """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's
-    arrays (ids, word_start, word_count) of the pre-tokens of more than one byte."""
-    return _words_of_table(*_count_table(input_path, special_tokens, num_workers))
-
-
-def _count_table(input_path, special_tokens, num_workers):
-    """The counts as a table (rec, word_bytes): pre-token w is word_bytes[rec[2w]:rec[2w + 2]],
-    seen rec[2w + 1] times. One contiguous run of chunks per worker; the compiled merge loop
-    loads in this process while the workers count."""
+    """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's arrays
+    (_words_of_table). One contiguous run of chunks per worker; the compiled merge loop loads in
+    this process while the workers count."""
     num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
     _note_first_compile(_count_segments)
-    _load_compiled_counting()              # before the fork: the workers inherit it
+    table = _word_table_new(1, 1)          # compiled (or loaded) with tiny jobs: before the fork, for the workers
+    _count_segments(np.zeros(1, np.uint8), np.zeros((1, 2), np.int64), _char_classes(), table, 0)
     parallel = n_runs > 1
     with _worker_pool(n_runs) if parallel else contextlib.nullcontext() as workers:
         results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
-        if parallel:                       # the workers have started counting
-            _load_compiled_merging()
-        _load_compiled_merge_loop()
+        if parallel:                       # the workers have started counting: load the parent's half
+            _word_tables_merge(table, 0, *_trimmed(table, 0))
+        _note_first_compile(merge_loop)
+        merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
         raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)
     # The biggest table, with room for the words of all (fewer if they share words), takes
@@ -612,7 +536,7 @@ def _count_table(input_path, special_tokens, num_workers):
     del base_rec, base_bytes
     while tables:
         table, n = _word_tables_merge(table, n, *tables.pop())
-    return _trimmed(table, n)
+    return _words_of_table(*_trimmed(table, n))
 
 
 # -----------------------------------------------------------------------------
@@ -659,7 +583,6 @@ def _prefetch(typingctx, a, i):
 
 @register_jitable(inline='always')
 def _key(left, right):
-    """The table key of the pair (left, right): left << 32 | right."""
     return (int(left) << 32) | int(right)
 
 
@@ -692,9 +615,8 @@ def _pair_table_new(cap):
 
 @register_jitable
 def _pair_table_room(tab, n_keys, more):
-    """(tab, n_keys) with room for more keys at most half full. A full table is rebuilt
-    without its dead keys (count 0: a pair never grows again once it is gone, since only
-    pairs of the newest token grow), at twice the size if that is still needed."""
+    """(tab, n_keys) with room for more keys at most half full: a full table is rebuilt without its
+    dead keys (count 0), at twice the size if that is still needed."""
     if 2 * (n_keys + more) <= tab.shape[0]:
         return tab, n_keys
     live = np.sum(tab[:, 1] > 0)
@@ -720,38 +642,45 @@ def _grow(a, need):
 
 
 @register_jitable
-def _compact_lists(tab, lists):
-    """(lists, n_entries): the word lists of the live pairs copied into a new array with
-    half of it free, each list contiguous; the entries of merged and dead pairs (most of
-    the entries, after the first merges) are dropped."""
-    live = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        while e != -1:
-            live, e = live + 1, lists[e, 1]
-    new = np.empty((max(1024, 2 * live), 2), np.int32)
+def _copy_lists(tab, slots, lists, out, base):
+    """Copy the word list of each pair tab[s], s in slots (its first entry: tab[s, 2]), into out as
+    one contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the
+    number of entries copied."""
     n = 0
-    for s in range(tab.shape[0]):
-        e = tab[s, 2] if tab[s, 0] != _EMPTY and tab[s, 1] > 0 else -1
-        tab[s, 2] = n if e != -1 else -1
+    for s in slots:
+        e = tab[s, 2]
+        tab[s, 2] = base + n if e != -1 else -1
         while e != -1:
-            new[n, 0], new[n, 1] = lists[e, 0], n + 1
+            out[n, 0], out[n, 1] = lists[e, 0], base + n + 1
             n, e = n + 1, lists[e, 1]
             if e == -1:
-                new[n - 1, 1] = -1             # the end of this list
-    return new, n
+                out[n - 1, 1] = -1             # the end of this list
+    return n
+
+
+@register_jitable
+def _compact_lists(tab, lists):
+    """(lists, n_entries): the word lists of the live pairs copied, each contiguous, into a new
+    array half free; the entries of merged and dead pairs (most, after the first merges) are dropped."""
+    live, n = (tab[:, 0] != _EMPTY) & (tab[:, 1] > 0), 0
+    for s in range(tab.shape[0]):
+        tab[s, 2] = tab[s, 2] if live[s] else -1
+        e = tab[s, 2]
+        while e != -1:
+            n, e = n + 1, lists[e, 1]
+    new = np.empty((max(1024, 2 * n), 2), np.int32)
+    return new, _copy_lists(tab, np.nonzero(live)[0], lists, new, 0)
 
 
 @register_jitable(inline='always')
 def _word_count(words, w):
-    """The count of the word at offset w, kept as two int32 halves."""
     return int(words[w + 2]) | (int(words[w + 3]) << 31)
 
 
 @register_jitable
 def _start_pairs(words):
-    """(tab, n_keys, lists, n_entries) for the words as bytes. Byte pairs are counted in a
-    dense 256 x 256 array, then each pair's list is laid out as one contiguous run."""
+    """(tab, n_keys, lists, n_entries) for the words as bytes: byte pairs counted in a dense
+    256 x 256 array, each pair's list laid out as one contiguous run."""
     count = np.zeros(65536, np.int64)
     n_words = np.zeros(65536, np.int64)        # words containing the pair
     last = np.full(65536, -1, np.int64)
@@ -806,8 +735,7 @@ def _bytes_cmp(tok_bytes, start, length, x, y):
 
 @register_jitable
 def _pair_gt(ki, kj, tok_bytes, start, length):
-    """The pair of key ki is the greater pair of byte strings (left, then right): the
-    tie-break between pairs of equal count."""
+    """The tie-break of equal counts: key ki's pair is the greater pair of byte strings."""
     r = _bytes_cmp(tok_bytes, start, length, ki >> 32, kj >> 32)
     if r == 0:
         r = _bytes_cmp(tok_bytes, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
@@ -823,7 +751,6 @@ def _sift_down(heap, i, n, tok_bytes, start, length):
             heap[i, 0], heap[k, 0], heap[i, 1], heap[k, 1] = heap[k, 0], heap[i, 0], heap[k, 1], heap[i, 1]
             i = k
         l, r, k = 2 * i + 1, 2 * i + 2, i          # k: the largest of i and its children
-        # Counts first, the bytes only on a tie (see the top of this section).
         if l < n and (heap[l, 0] > heap[k, 0] or heap[l, 0] == heap[k, 0] and
                       _pair_gt(heap[l, 1], heap[k, 1], tok_bytes, start, length)):
             k = l
@@ -873,11 +800,9 @@ def _bigger_changes(rows, used, n_used):
 
 @register_jitable(inline='always')
 def _change(rows, used, n_used, key, d, w, lists, n_entries):
-    """Add d to the count of pair key in one merge's table of changes (rows as in the pair
-    table, used: the slots taken); if w >= 0, list word w under key (once in a row). Room
-    is checked by the caller. Returns (n_used, n_entries)."""
-    # No branch (see the top of this file); numba's inliner also warns about variables
-    # assigned under one.
+    """Add d to the count of pair key in one merge's table of changes (rows as in the pair table,
+    used: the slots taken); if w >= 0, list word w under key (once in a row). No branch (see the
+    top of this file). Returns (n_used, n_entries)."""
     s = _hash_slot(rows, key)
     new_key = int(rows[s, 0] == _EMPTY)
     first, last = int(rows[s, 2]), int(rows[s, 3])
@@ -891,10 +816,8 @@ def _change(rows, used, n_used, key, d, w, lists, n_entries):
 
 @register_jitable(inline='always')
 def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
-    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to
-    right, shrinking the word in place; the neighbours' counts move into the changes table.
-    Needs room for two changes and a list entry per token of w. Returns (n_used, n_entries).
-    A word whose pair is gone (a stale list entry) is copied onto itself, unchanged."""
+    """Replace every (a, b) in the word at offset w of tok (the words array) by t, left to right,
+    in place; the neighbours' counts move into the changes table. Returns (n_used, n_entries)."""
     begin, end, cw = w + 4, w + 4 + tok[w], _word_count(tok, w)
     r = begin
     while r < end - 1 and (tok[r] != a or tok[r + 1] != b):
@@ -922,10 +845,9 @@ def _merge_word(w, a, b, t, tok, rows, used, n_used, lists, n_entries):
 
 @register_jitable
 def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists, n_entries):
-    """Merge (a, b) into t in the words visit[k:n_visit] (merge m). Stops at the first word
-    whose changes might not fit (a word of n tokens has at most 2n distinct changed pairs,
-    and lists each pair once): returns (k, n_used, n_entries), k = n_visit when done. It
-    never replaces an array, so that its compiled loop counts no references."""
+    """Merge (a, b) into t in the words visit[k:n_visit] (merge m), until a word's changes might
+    not fit (n tokens: 2n changed pairs at most). Returns (k, n_used, n_entries), k = n_visit when
+    done: it never replaces an array (see the top of this file)."""
     while k < n_visit:
         if k + _AHEAD < n_visit:
             _prefetch(words, visit[k + _AHEAD])
@@ -943,29 +865,9 @@ def _merge_words(visit, k, n_visit, m, a, b, t, words, rows, used, n_used, lists
 
 
 @register_jitable
-def _pack_lists(rows, used, n_used, lists, first, n_entries):
-    """Make each list that this merge built contiguous. Its entries (lists[first:n_entries],
-    prepended word by word) interleave with the other new lists'; a later merge walking one
-    list would wait for memory at each entry, while a contiguous run streams in."""
-    packed = np.empty((n_entries - first, 2), np.int32)
-    n = 0
-    for k in range(n_used):
-        e = rows[used[k], 2]
-        if e != -1:
-            rows[used[k], 2] = first + n
-        while e != -1:
-            packed[n, 0], packed[n, 1] = lists[e, 0], first + n + 1
-            n, e = n + 1, lists[e, 1]
-            if e == -1:
-                packed[n - 1, 1] = -1          # the end of this list
-    lists[first:n_entries] = packed
-
-
-@register_jitable
 def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, start, length):
-    """Move one merge's changes into the pair table: old pairs lose counts, the pairs of the
-    new token t enter the table (with their word lists) and the heap. Empties the changes
-    table and returns (tab, n_keys, heap, n_heap)."""
+    """Move one merge's changes into the pair table (and the new token t's pairs into the heap),
+    emptying the changes table. Returns (tab, n_keys, heap, n_heap)."""
     tab, n_keys = _pair_table_room(tab, n_keys, n_used)
     heap = _grow(heap, n_heap + n_used)
     for k in range(n_used):                  # the slots are scattered: ask for them all first
@@ -987,8 +889,7 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, 
 
 @register_jitable
 def _gather_list(lists, e, visit):
-    """(visit, n): the words of the list starting at entry e, in an array, so that the
-    loop over them can ask for a word's memory before it needs it."""
+    """(visit, n): the words of the list from entry e, in an array, so that they can be prefetched."""
     n, f = 0, e
     while f != -1:
         n, f = n + 1, lists[f, 1]
@@ -1013,9 +914,7 @@ def _add_token_bytes(tok_bytes, n_tok_bytes, start, length, a, b, t):
 
 @register_jitable
 def _word_records(ids, word_start, word_count):
-    """The words as one int32 array of records [length, last merge that visited it, count
-    (two 31-bit halves), tokens...]: a word's header shares its cache line with its tokens.
-    A word is named by the offset of its record."""
+    """The words as one int32 array of records (see the top of this section)."""
     n_words = word_count.shape[0]
     if ids.shape[0] + 4 * n_words >= 2 ** 31:
         raise ValueError("too many distinct pre-tokens for the merge loop's int32 offsets")
@@ -1029,9 +928,7 @@ def _word_records(ids, word_start, word_count):
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
-    """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge k makes token
-    256 + k. ids: (P,) the bytes of all words end to end (any integer dtype); word_start:
-    (W+1,) offsets; word_count: (W,) occurrences."""
+    """Up to num_merges merges as (lefts, rights), (M,) int64 each, as bpe._merge_loop."""
     words = _word_records(ids, word_start, word_count)
     tab, n_keys, lists, n_entries = _start_pairs(words)
     # Bytes of every token, for the tie-break: token x is tok_bytes[start[x]:start[x] + length[x]].
@@ -1077,7 +974,11 @@ def _merge_loop(ids, word_start, word_count, num_merges):
                 while 2 * (n_used + 2 * words[w]) > rows.shape[0]:
                     rows, used = _bigger_changes(rows, used, n_used)
                 lists = _grow(lists, n_entries + words[w])
-        _pack_lists(rows, used, n_used, lists, first, n_entries)
+        # This merge's new lists interleave in lists[first:n_entries]: made contiguous, a later
+        # merge walking one streams it in instead of waiting for memory at each entry.
+        packed = np.empty((n_entries - first, 2), np.int32)
+        _copy_lists(rows, used[:n_used], lists, packed, first)
+        lists[first:n_entries] = packed
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, tok_bytes, start, length)
         s = _hash_slot(tab, key)             # (tab may have been rebuilt)
@@ -1092,14 +993,12 @@ merge_loop = njit(cache=True)(_merge_loop)
 
 
 # Memory of the merge loop per byte of the longest pre-token: a merge records every place it
-# changes, and in one huge word (text with no space or punctuation) those are most of its bytes.
-# Measured on single words of 0.5 to 4 MB; ordinary text needs about 1 byte per byte in all.
+# changes, in one huge word most of its bytes (measured on single words of 0.5 to 4 MB).
 LONG_WORD_BYTES = 210
 
 
 def check_longest_word(word_start, where):
-    """Raise MemoryError, before the merge loop allocates, when the longest pre-token would need
-    more memory than the machine has (word_start: the words' offsets, as the loop takes them)."""
+    """MemoryError, before the merge loop allocates, when the longest pre-token needs more than there is."""
     longest = int(np.diff(word_start).max(initial=0))
     need, (have, what) = LONG_WORD_BYTES * longest, memory_bytes("cpu", 1)
     if need > have:
@@ -1111,12 +1010,6 @@ def check_longest_word(word_start, where):
 def merge_loop_loaded():
     """The compiled merge loop is loaded in this process (then any job may use it)."""
     return bool(merge_loop.signatures)
-
-
-def _load_compiled_merge_loop():
-    """Compile the merge loop, or load it from numba's cache, with a one-word job."""
-    _note_first_compile(merge_loop)
-    merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
 
 
 # -----------------------------------------------------------------------------
@@ -1153,7 +1046,6 @@ _NO_MERGE = 1 << 62
 # finishes before numba could load the compiled one from its disk cache (a first compile,
 # once per machine, costs far more); once loaded in the process it is used for every call.
 COMPILED_MIN_CHARS = 1 << 20
-_NO_SPECIALS = np.zeros((0, 3), np.int64)
 _compiled_encoder_loaded = False
 
 
@@ -1198,9 +1090,8 @@ def _merge_value(pairs, a, b):
 
 @njit(cache=True)
 def _merge_short(tok, k, n, pairs, rank):
-    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken: each round finds the pair
-    of lowest rank and merges it at every place, left to right. rank[t] is the value of the pair at t
-    (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
+    """BPE of tok[k:k+n] in place, as bpe.Tokenizer._merge_pretoken. rank[t]: the value of the pair
+    at t (the caller fills rank[:n - 1]); a round looks up again only the pairs next to a new
     token, and finds the next round's lowest on the way. Returns the new n."""
     best = _NO_MERGE
     for t in range(n - 1):
@@ -1251,14 +1142,11 @@ def _minheap_pop(heap, h):
 
 @njit(cache=True)
 def _merge_long(tok, k, n, pairs, work):
-    """The same rounds as _merge_short for a longer pre-token (a run of CJK characters can be
-    hundreds of bytes), without rescanning it per round: the tokens form a linked list and
-    every pair waits in a min-heap keyed rank << 32 | position, checked when popped against
-    the value of the pair now at that place (lazy deletion; a merge marks the places whose
-    pair it changed _NO_MERGE until their new pairs are looked up). A round pops all places
-    of the lowest rank, left to right, and only then pushes the pairs its new tokens make,
-    as _merge_pretoken's rounds see them. work: (>= 8n,) int64 scratch whose first
-    n - 1 hold the values of the pairs on entry: it goes on holding them (value)."""
+    """The same rounds as _merge_short for a longer pre-token (a CJK run can be hundreds of bytes),
+    without rescanning it: the tokens form a linked list and every pair waits in a min-heap keyed
+    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round
+    pops all places of the lowest rank, then pushes the pairs its new tokens make. work: (>= 8n,)
+    int64 scratch whose first n - 1 hold the values of the pairs."""
     value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
     value[n - 1] = _NO_MERGE
@@ -1301,26 +1189,9 @@ def _merge_long(tok, k, n, pairs, work):
     return w
 
 
-@njit(cache=True)
-def _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work):
-    """Ids of the pre-token data[i:j], written at out[k:]; returns the end. work: the
-    merges' scratch, made once per call for words up to _CACHED_WORD bytes."""
-    n = j - i
-    for t in range(n):
-        out[k + t] = state[data[i + t]]
-    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
-        work = np.empty(8 * n, np.int64)
-    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
-        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
-    if n <= _SHORT_WORD:
-        return k + _merge_short(out, k, n, pairs, work)
-    return k + _merge_long(out, k, n, pairs, work)
-
-
 @njit(cache=True, inline="always")
 def _cache_put(state, h, b, n, c, m):
-    """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in the first free
-    slot from where its hash leads."""
+    """Put the entry (hash h, n bytes at cache_bytes[b:], m ids at cache_ids[c:]) in a free slot."""
     mask = state[_N_SLOTS] - 1
     s = h & mask
     while state[_SLOTS_AT + 3 * s + 1] != 0:
@@ -1331,9 +1202,8 @@ def _cache_put(state, h, b, n, c, m):
 
 @njit(cache=True)
 def _cache_double(state, cache_bytes):
-    """Double the cache's slots in use and put every entry back. The entries are found in
-    cache_bytes, where each word's bytes follow two bytes (its length and its number of ids), so
-    that growing needs no copy of the slots (it allocates nothing)."""
+    """Double the cache's slots in use and put every entry back, found in cache_bytes (where each
+    word's bytes follow its length and number of ids): growing allocates nothing."""
     state[_SLOTS_AT:_SLOTS_AT + 3 * state[_N_SLOTS]] = 0
     state[_N_SLOTS] *= 2
     b, c = 0, 0
@@ -1345,10 +1215,17 @@ def _cache_double(state, cache_bytes):
 
 @njit(cache=True)
 def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, out, k, work, h):
-    """Ids of a pre-token data[i:j] that is not in the cache (its _hash_bytes h), written at
-    out[k:]; then remembered, unless it is long. A full cache is emptied first. Returns the end."""
-    end = _encode_word(data, i, j, pairs, byte_pairs, state, out, k, work)
-    n, m = j - i, end - k
+    """Ids of a pre-token data[i:j] not in the cache (hash h), written at out[k:], then remembered
+    unless it is long (a full cache is emptied first). Returns the end. work: the merges' scratch."""
+    n = j - i
+    for t in range(n):
+        out[k + t] = state[data[i + t]]
+    if 8 * n > work.shape[0]:           # a longer word (never cached) has its own
+        work = np.empty(8 * n, np.int64)
+    for t in range(n - 1):              # its pairs are pairs of bytes: one look-up each
+        work[t] = byte_pairs[np.int64(data[i + t]) << 8 | data[i + t + 1]]
+    m = _merge_short(out, k, n, pairs, work) if n <= _SHORT_WORD else _merge_long(out, k, n, pairs, work)
+    end = k + m
     if n > _CACHED_WORD:
         return end
     full = 2 * (state[_N_ENTRIES] + 1) > state[_N_SLOTS]
@@ -1372,9 +1249,8 @@ def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, ou
 
 @njit(cache=True)
 def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_ids, classes):
-    """(N,) uint32 ids of the UTF-8 bytes data (valid), whose special tokens are the rows
-    (start, end, id) of specials, in order. The cache look-up is written out in the loop,
-    not called, for the same reason as _next_pretoken is inlined."""
+    """(N,) uint32 ids of the valid UTF-8 bytes data, whose special tokens are the rows (start, end,
+    id) of specials. The cache look-up is written out in the loop: a call would cost more."""
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     work = np.empty(8 * _CACHED_WORD, np.int64)
     mask = state[_N_SLOTS] - 1
@@ -1418,9 +1294,8 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
 
 
 def _byte_pair_values(byte_ids, pairs, values):
-    """(65536,) int64: at x << 8 | y, the value in the merges' table of the pair (id of byte
-    x, id of byte y), or _NO_MERGE: read directly, for the first look-up of every pair of a
-    new pre-token. pairs: (M, 2) ids of the merges, values: (M,) their values."""
+    """(65536,) int64: at x << 8 | y, the merges' value of the pair (id of byte x, id of byte y),
+    or _NO_MERGE, by direct index. pairs: (M, 2) ids of the merges, values: (M,) their values."""
     out = np.full(1 << 16, _NO_MERGE, np.int64)
     if len(values):
         keys = pairs[:, 0] << 32 | pairs[:, 1]
@@ -1457,11 +1332,10 @@ class Encoder:
         global _compiled_encoder_loaded
         if not _compiled_encoder_loaded:
             _note_first_compile(_encode_kernel)
-        specials = _NO_SPECIALS
-        if self.special_re is not None and any(s in data for s in self.special_ids):
-            specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
-                                 for m in self.special_re.finditer(data)], np.int64).reshape(-1, 3)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials, self.pairs,
+        found = self.special_re is not None and any(s in data for s in self.special_ids)
+        specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
+                             for m in (self.special_re.finditer(data) if found else ())], np.int64)
+        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials.reshape(-1, 3), self.pairs,
                              self.byte_pairs, self.state, self.cache_bytes, self.cache_ids,
                              _char_classes())
         _compiled_encoder_loaded = True
@@ -1469,14 +1343,12 @@ class Encoder:
 
 
 def compiled_encoder_pays(n_chars):
-    """Encode n_chars (so far, on one Tokenizer) with the compiled encoder: it is loaded in
-    this process, or the text pays for loading it."""
+    """Encode n_chars (so far, on one Tokenizer) compiled: it is loaded, or the text pays for loading it."""
     return _compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS
 
 
 def _load_compiled_encoder():
-    """Compile the encoder, or load it from numba's disk cache, and build the character
-    classes: once per process. Tokenizer.encode then takes the compiled path for any size."""
+    """Compile the encoder (or load it from numba's disk cache) once per process."""
     if not _compiled_encoder_loaded:
         Encoder(list(range(256)), {}, {}).encode(b"ab")
 
@@ -1506,11 +1378,6 @@ def _encode_chunk(args):
     return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
 
 
-def _progress_line(n_bytes, size, n_tokens, seconds):
-    return (f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
-            f"{n_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s")
-
-
 def _npy_header(dtype, n):
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {
@@ -1521,9 +1388,8 @@ def _npy_header(dtype, n):
 
 @ctrl_c_stays_keyboard_interrupt
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
-    """Tokenize a UTF-8 file into out_path (np.save format; uint16 when every id fits, else
-    uint32), written atomically. Chunks go to worker processes and come back in order.
-    Returns the number of tokens."""
+    """Tokenize a UTF-8 file into out_path (np.save format, uint16 when every id fits, else uint32),
+    written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
     size = check_input_file(input_path)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
@@ -1562,9 +1428,9 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                 n_bytes += nb
                 now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
                 if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
-                    shown = now
-                    print(("\r" if tty else "") + _progress_line(n_bytes, size, n_tokens, now - t0),
-                          end="" if tty else "\n", file=sys.stderr, flush=True)
+                    shown, mb_s = now, n_bytes / 1e6 / max(now - t0, 1e-9)
+                    print(("\r" if tty else "") + f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, "
+                          f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", end="" if tty else "\n", file=sys.stderr, flush=True)
         finally:
             if tty and n_bytes:
                 print(file=sys.stderr)     # ends the progress line, before any error
