@@ -188,8 +188,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, tor
 GPT3_FF_SHAPE = (4 * 12288, 12288)  # GPT-3's feed-forward matrix: d_ff = 4 d_model, d_model 12288
 
 
-def tensor_bytes(shape, dtype):
-    """memory = number of elements x bytes per element."""
+def tensor_bytes(shape, dtype):  # memory = number of elements x bytes per element
     return math.prod(shape) * dtype.itemsize
 
 
@@ -381,11 +380,9 @@ def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layer
     }
 
 
-def lm_forward_flops(vocab_size, context_length, d_model, num_layers, d_ff, silu_ffn=False,
-                     num_heads=None):
-    """Forward matmul FLOPs of one sequence of context_length tokens: the components, summed."""
-    return sum(lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers,
-                                             d_ff, silu_ffn).values())
+def lm_forward_flops(*cfg, **kw_cfg):
+    """Forward matmul FLOPs of one sequence (lm_forward_flops_by_component's arguments), summed."""
+    return sum(lm_forward_flops_by_component(*cfg, **kw_cfg).values())
 
 
 def formula_forward_flops(cfg, silu_ffn=False):
@@ -410,8 +407,7 @@ def gpt2_config(name, context_length=1_024):
                 num_heads=h, d_ff=4 * d)
 
 
-def _shape(cfg):
-    """'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a TransformerLM config dict."""
+def _shape(cfg):  # 'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a TransformerLM config dict
     keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
     return ", ".join(f"{k}={cfg[n]}" for k, n in zip(("V", "T", "d", "L", "h", "d_ff"), keys))
 
@@ -484,24 +480,13 @@ def saved_activation_bytes(B, T, d_model, num_heads, d_ff, num_layers):
     return 4 * (L * per_layer + 3 * N * d + N) + L * T * T + 8 * N
 
 
-def adamw_memory(B, vocab_size, context_length, num_layers, d_model, num_heads):
-    """Peak bytes of an AdamW step in float32: params 4P, grads 4P, m and v 8P, activations 4A."""
-    P = sum(lm_param_counts(vocab_size, d_model, num_layers, 4 * d_model).values())
-    A = handout_activation_elements(B, context_length, d_model, num_heads, vocab_size, num_layers)
-    return {"parameters": FP32_BYTES * P, "gradients": FP32_BYTES * P, "optimizer state": 2 * FP32_BYTES * P,
-            "activations": FP32_BYTES * A}
-
-
 def adamw_memory_line(cfg):
-    """Total peak bytes as (a, b) of a * batch_size + b."""
-    args = (cfg["vocab_size"], cfg["context_length"], cfg["num_layers"], cfg["d_model"], cfg["num_heads"])
-    b = sum(adamw_memory(0, *args).values())
-    return sum(adamw_memory(1, *args).values()) - b, b
-
-
-def max_batch(a, b, memory_bytes):
-    """Largest integer batch with a * batch + b <= memory."""
-    return math.floor((memory_bytes - b) / a)
+    """Peak bytes of an AdamW step in float32 as (a, b) of a * batch_size + b: b holds params 4P,
+    grads 4P, m and v 8P (the naive row of ADAMW_BYTES_PER_PARAM); a is activations 4A at B=1."""
+    V, T, d, h, L = (cfg[k] for k in ("vocab_size", "context_length", "d_model", "num_heads", "num_layers"))
+    P = sum(lm_param_counts(V, d, L, 4 * d).values())
+    A = handout_activation_elements(1, T, d, h, V, L)  # linear in B: every term has a factor B
+    return FP32_BYTES * A, sum(ADAMW_BYTES_PER_PARAM["fp32 everywhere (naive)"].values()) * P
 
 
 def lm_training_days(cfg, batch_size, steps, peak, mfu_fraction):
@@ -522,7 +507,7 @@ def section_adamw():
                                      xl["num_layers"]) / GB
     gb80, gib80 = 80e9, 80 * GiB  # "80 GB" read as 10^9 bytes, and as 2^30 bytes (what an A100 holds)
     fit_gb80, fit_gib80 = (gb80 - b) / a, (gib80 - b) / a
-    batch_gb80, batch_gib80 = max_batch(a, b, gb80), max_batch(a, b, gib80)
+    batch_gb80, batch_gib80 = math.floor(fit_gb80), math.floor(fit_gib80)
     _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
        f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
        f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {fit_gb80:.2f} -> {batch_gb80}",

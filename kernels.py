@@ -10,10 +10,8 @@ but moving bytes between memory (HBM) and the chip (a CPU core has far fewer flo
 there the tanh itself can be the limit). The winning move is to read x once and write y once:
 one fused kernel instead of one kernel, and one round trip through memory, per `*`, `+`, `tanh`.
 
-Sections: 1. the variants (PyTorch ops, one kernel per op; F.gelu; torch.compile of the ops; a
-hand-written CUDA kernel via load_inline; Triton if installed), 2. accounting (bytes per element, the
-roofline), 3. correctness against float64, outputs poisoned with NaN, 4. benchmark: median time and
-GB/s against the copy bandwidth of the same run, 5. profile: the kernels of one call, 6. main().
+The variants: PyTorch ops (one kernel per op), F.gelu, torch.compile of the ops, a hand-written
+CUDA kernel (load_inline) and Triton if installed; each checked, timed against a copy, profiled.
 
     python kernels.py                      # everything, on CUDA if there is a GPU
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
@@ -23,14 +21,13 @@ import argparse
 import contextlib
 import datetime
 import functools
-import inspect
 import json
 import math
 import os
 import platform
 import statistics
 import sys
-import time
+import timeit
 from collections import Counter
 
 import torch
@@ -185,10 +182,9 @@ torch::Tensor gelu_out(torch::Tensor x, torch::Tensor out, int64_t stream_handle
 def build_cuda_extension(verbose=False):
     """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (torch caches the build on disk; the first one is slow)."""
     from torch.utils.cpp_extension import load_inline
-    # torch >= 2.6 can compile our text exactly as written, with no headers prepended
-    extra = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    # no_implicit_headers: compile our text exactly as written (requirements.txt pins a torch that has it)
     return load_inline(name="kernels_gelu_cuda", cpp_sources=GELU_CPP_SRC, cuda_sources=GELU_CUDA_SRC,
-                       functions=["gelu_out"], extra_cuda_cflags=["-O3"], verbose=verbose, **extra)
+                       functions=["gelu_out"], extra_cuda_cflags=["-O3"], verbose=verbose, no_implicit_headers=True)
 
 
 def gelu_cuda(x, out=None):
@@ -376,12 +372,8 @@ def time_ms(fn, x, reps, flush):
             e.record()
         torch.cuda.synchronize()  # once, after all runs: the GPU never waits for Python
         times = [s.elapsed_time(e) for s, e in events]
-    else:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - t0) * 1e3)
+    else:  # timeit's clock is time.perf_counter
+        times = [seconds * 1e3 for seconds in timeit.repeat(lambda: fn(x), number=1, repeat=reps)]
     return statistics.median(times)
 
 
@@ -508,10 +500,10 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
-    args.device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    cuda = args.device == "cuda"
-    args.sizes = args.sizes or ([20, 22, 24, 26, 28] if cuda else [20, 22, 24])
-    args.reps = args.reps or (100 if cuda else 10)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
+    args.reps = args.reps or (100 if args.device == "cuda" else 10)
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d):
@@ -525,12 +517,12 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    print(f"kernels.py on {device_name(args.device)}, torch {torch.__version__}, {started}")
+    started, device = datetime.datetime.now().isoformat(timespec="seconds"), device_name(args.device)
+    print(f"kernels.py on {device}, torch {torch.__version__}, {started}")
     variants = get_variants(args.device)
     print("variants: " + ", ".join(variants))
     print_accounting()
-    result = {"device": device_name(args.device), "torch": torch.__version__, "date": started,
+    result = {"device": device, "torch": torch.__version__, "date": started,
               "argv": sys.argv[1:] if argv is None else list(argv), "variants": list(variants),
               "accounting": {"flops_per_element": FLOPS_PER_ELEMENT, "unfused_passes": UNFUSED_PASSES,
                              "fused_passes": FUSED_PASSES}}

