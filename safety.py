@@ -92,10 +92,8 @@ def temporary(name):  # is this file name one of atomic_file's temporaries?
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: a temporary file replaces path by a rename only if the
-    block ends cleanly. The project's one atomic write (bpe, data, train and kernels import it).
-
-    A symlink is written through (its target is replaced, the link stays). A path that is not
+    """Write a whole file or nothing: a temporary file replaces path by a rename only if the block ends
+    cleanly. A symlink is written through (its target is replaced, the link stays). A path that is not
     a regular file is refused: renaming over /dev/null would replace the device itself."""
     path = os.path.realpath(path)
     kind = not_a_file(path)
@@ -196,19 +194,25 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
-def writes_run(c):  # --benchmark and --export read flags (and --export a run) but write no run directory
-    return not c["benchmark"] and c["export"] is None
-
-
-def not_a_run(c):  # the run directory holds files but no run (none of RUN_MARKERS): they may be the user's
-    d = run_dir(c)
-    return d.is_dir() and not any((d / f).exists() for f in RUN_MARKERS) and any(
-        not temporary(f) for f in os.listdir(d))
-
-
-def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes one of its files, or ""
-    return next((f"{run_dir(c) / name} is {not_a_file(run_dir(c) / name)}" for name in RUN_FILES
-                 if not_a_file(run_dir(c) / name)), "")
+def run_dir_problem(c):
+    """Why the run directory cannot take this run, as a sentence, or "". --benchmark and --export
+    write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
+    d, has_run = run_dir(c), any((run_dir(c) / f).exists() for f in RUN_MARKERS)
+    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
+    if c["benchmark"] or c["export"] is not None:
+        return ""
+    if not writable(d):
+        return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
+                "or another --run-name.")
+    if in_the_way:
+        return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
+    if has_run and not (c["resume"] or c["overwrite"]):
+        return (f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
+                "--run-name.")
+    if d.is_dir() and not has_run and any(not temporary(f) for f in os.listdir(d)):
+        return (f"{c['out_dir']}/{c['run_name']} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so "
+                "it is not a run directory and nothing in it is replaced; pick another --run-name.")
+    return ""
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
@@ -330,17 +334,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
-    (lambda c: writes_run(c) and not writable(run_dir(c)),
-     "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
-    (lambda c: writes_run(c) and in_the_way(c),
-     lambda c: f"{in_the_way(c)} where the run writes a file; move it away or pick another --run-name."),
-    (lambda c: writes_run(c) and not (c["resume"] or c["overwrite"]) and any(
-        (run_dir(c) / f).exists() for f in RUN_MARKERS),
-     lambda c: f"{run_dir(c)} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
-     "--run-name."),
-    (lambda c: writes_run(c) and not_a_run(c),
-     "{out_dir}/{run_name} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so it is not a run "
-     "directory and nothing in it is replaced; pick another --run-name."),
+    (run_dir_problem, run_dir_problem),
 ]
 
 
@@ -400,11 +394,11 @@ def lock_holder(path):
 @contextlib.contextmanager
 def run_lock(cfg):
     """One writer per run directory: rank 0 takes an exclusive flock on the directory itself (no lock file in
-    it) before anything there is written or deleted, held until the run ends. The kernel drops it when the
-    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a
-    --resume while the run trains) is refused in one sentence naming the holder, and touches nothing.
-    Then rank 0 clears what a run killed mid-write left (.*.cs336tmp*). An old run there (CHECKS let it
-    through on --overwrite) stays whole until the new first checkpoint."""
+    it) before anything there is written or deleted, held until the run ends; the kernel drops it when the
+    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a --resume
+    while the run trains) is refused in one sentence naming the holder, and touches nothing. Then rank 0 clears
+    what a run killed mid-write left (.*.cs336tmp*); an old run (--overwrite) stays whole until the new first
+    checkpoint."""
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
