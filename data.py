@@ -43,16 +43,6 @@ VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that beco
 READ = 1 << 24  # bytes per read (16 MiB): a corpus is split, unpacked and hashed in pieces, never loaded whole
 
 
-def write_splits(out_dir, train, valid):  # -> the paths of train.txt and valid.txt (kept if there)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "train.txt", out_dir / "valid.txt"
-    for path, text in zip(paths, (train, valid)):
-        if not path.exists():
-            with atomic_file(path, "w") as f:
-                f.write(text)
-    return paths
-
-
 def pydoc_corpus(out_dir):
     """Python's reference-manual topics (the text behind `help('if')`): about 0.5 MB of English
     that every Python carries. Whole topics go to one split, so validation text is unseen."""
@@ -64,7 +54,13 @@ def pydoc_corpus(out_dir):
     names = sorted(topics)
     valid = [topics[k] for i, k in enumerate(names) if i % 10 == 5]  # every 10th topic
     train = [topics[k] for i, k in enumerate(names) if i % 10 != 5]
-    return write_splits(out_dir, EOT.join(train), EOT.join(valid))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    for path, text in zip(paths, (EOT.join(train), EOT.join(valid))):
+        if not path.exists():  # written before: kept
+            with atomic_file(path, "w") as f:
+                f.write(text)
+    return paths
 
 
 def download(url, dest, progress=True):
@@ -212,6 +208,8 @@ def local_corpus(path, out_dir, valid_fraction=VALID_FRACTION):
     copy_range(path, 0, train_end, paths[0])
     copy_range(path, valid_start, size, paths[1])
     return paths
+
+
 # ----------------------------------------------------------------------------
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 

@@ -92,10 +92,8 @@ def temporary(name):  # is this file name one of atomic_file's temporaries?
 
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: a temporary file replaces path by a rename only if the
-    block ends cleanly. The project's one atomic write (bpe, data, train and kernels import it).
-
-    A symlink is written through (its target is replaced, the link stays). A path that is not
+    """Write a whole file or nothing: a temporary file replaces path by a rename only if the block ends
+    cleanly. A symlink is written through (its target is replaced, the link stays). A path that is not
     a regular file is refused: renaming over /dev/null would replace the device itself."""
     path = os.path.realpath(path)
     kind = not_a_file(path)
@@ -196,23 +194,25 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
-def writes_run(c):  # --benchmark and --export read flags (and --export a run) but write no run directory
-    return not c["benchmark"] and c["export"] is None
-
-
-def plain_name(name):  # one file name, no path: not "", ".", "..", nor anything holding a "/"
-    return name not in ("", ".", "..") and "/" not in name and os.sep not in name
-
-
-def not_a_run(c):  # the run directory holds files but no run (none of RUN_MARKERS): they may be the user's
-    d = run_dir(c)
-    return d.is_dir() and not any((d / f).exists() for f in RUN_MARKERS) and any(
-        not temporary(f) for f in os.listdir(d))
-
-
-def in_the_way(c):  # "PATH is a directory" (a FIFO, ...) where the run writes one of its files, or ""
-    return next((f"{run_dir(c) / name} is {not_a_file(run_dir(c) / name)}" for name in RUN_FILES
-                 if not_a_file(run_dir(c) / name)), "")
+def run_dir_problem(c):
+    """Why the run directory cannot take this run, as a sentence, or "". --benchmark and --export
+    write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
+    d, has_run = run_dir(c), any((run_dir(c) / f).exists() for f in RUN_MARKERS)
+    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
+    if c["benchmark"] or c["export"] is not None:
+        return ""
+    if not writable(d):
+        return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
+                "or another --run-name.")
+    if in_the_way:
+        return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
+    if has_run and not (c["resume"] or c["overwrite"]):
+        return (f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
+                "--run-name.")
+    if d.is_dir() and not has_run and any(not temporary(f) for f in os.listdir(d)):
+        return (f"{c['out_dir']}/{c['run_name']} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so "
+                "it is not a run directory and nothing in it is replaced; pick another --run-name.")
+    return ""
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
@@ -332,19 +332,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["export"] is None and too_big(c), too_big),  # before anything is allocated
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
-    (lambda c: not plain_name(c["run_name"]),
+    (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
-    (lambda c: writes_run(c) and not writable(run_dir(c)),
-     "--out-dir {out_dir}: cannot write {out_dir}/{run_name}; pick a writable --out-dir or another --run-name."),
-    (lambda c: writes_run(c) and in_the_way(c),
-     lambda c: f"{in_the_way(c)} where the run writes a file; move it away or pick another --run-name."),
-    (lambda c: writes_run(c) and not (c["resume"] or c["overwrite"]) and any(
-        (run_dir(c) / f).exists() for f in RUN_MARKERS),
-     lambda c: f"{run_dir(c)} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
-     "--run-name."),
-    (lambda c: writes_run(c) and not_a_run(c),
-     "{out_dir}/{run_name} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so it is not a run "
-     "directory and nothing in it is replaced; pick another --run-name."),
+    (run_dir_problem, run_dir_problem),
 ]
 
 
@@ -388,19 +378,6 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # ----------------------------------------------------------------------------
 # 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
 
-def prepare_run_dir(cfg, resuming):
-    """Rank 0 makes the run directory and clears what a run killed mid-write left (.*.cs336tmp*). An old
-    run there (CHECKS let it through on --overwrite) stays whole until the new first checkpoint."""
-    if cfg["rank"] == 0:
-        if not resuming and (run_dir(cfg) / "ckpt.pt").exists():
-            log(f"note: --overwrite: the run in {run_dir(cfg)} is replaced file by file from the new run's first "
-                "checkpoint")
-        run_dir(cfg).mkdir(parents=True, exist_ok=True)
-        for stale in run_dir(cfg).glob(f".*{TMP_MARK}*"):
-            if temporary(stale.name) and stale.is_file():  # only atomic_file's own, never a user's file
-                stale.unlink()
-
-
 def lock_holder(path):
     """The PID holding an flock on path, read from /proc/locks (Linux) by the file's device and inode, or None.
     A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
@@ -417,9 +394,11 @@ def lock_holder(path):
 @contextlib.contextmanager
 def run_lock(cfg):
     """One writer per run directory: rank 0 takes an exclusive flock on the directory itself (no lock file in
-    it) before anything there is written or deleted, held until the run ends. The kernel drops it when the
-    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a
-    --resume while the run trains) is refused in one sentence naming the holder, and touches nothing."""
+    it) before anything there is written or deleted, held until the run ends; the kernel drops it when the
+    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a --resume
+    while the run trains) is refused in one sentence naming the holder, and touches nothing. Then rank 0 clears
+    what a run killed mid-write left (.*.cs336tmp*); an old run (--overwrite) stays whole until the new first
+    checkpoint."""
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
@@ -435,6 +414,11 @@ def run_lock(cfg):
             # CHECKS saw no run here, but one started beside this one may have finished since
             err = [UsageError(f"{where} now holds a run, written by another process while this one prepared its "
                               "data; pass --resume to continue it, or another --run-name.")]
+        if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
+            log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
+        for stale in () if err[0] else where.glob(f".*{TMP_MARK}*"):
+            if temporary(stale.name) and stale.is_file():  # only atomic_file's own, never a user's file
+                stale.unlink()
     if cfg["world_size"] > 1:  # torchrun: the others stop with rank 0's verdict
         _torch().distributed.broadcast_object_list(err, src=0)
     try:
@@ -446,27 +430,23 @@ def run_lock(cfg):
             os.close(fd)  # closing the last descriptor releases the lock
 
 
-def metrics_step(line):  # a metrics.jsonl line's (step, entry), or None for what the run never writes
-    try:
-        e = json.loads(line)
-    except ValueError:  # a line cut short by a kill, or not UTF-8 (bytes decode to U+FFFD, which is no JSON)
-        return None
-    step = e.get("step") if isinstance(e, dict) else None
-    return (step, e) if type(step) is int else None  # 5, [1, 2], null, {"foo": 1}, {"step": "x"}: none is a record
-
-
 def truncate_metrics(path, last_step):
     """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
     That step keeps its training line, not its validation line (saved before that evaluation).
     Lines that are no metrics record (damaged, or edited) are dropped too, with a note."""
     if not path.exists():
         return
-    keep, lines = [], path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    for line in lines:
-        record = metrics_step(line)
-        if record and (record[0] < last_step or (record[0] == last_step and "loss" in record[1])):
+    keep, dropped = [], 0
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:  # a line cut short by a kill, or not UTF-8 (bytes decode to U+FFFD, which is no JSON)
+            e = None
+        step = e.get("step") if isinstance(e, dict) else None
+        if type(step) is not int:  # 5, [1, 2], null, {"foo": 1}, {"step": "x"}: none is a record
+            dropped += bool(line.strip())
+        elif step < last_step or (step == last_step and "loss" in e):
             keep.append(line)
-    dropped = sum(metrics_step(line) is None for line in lines if line.strip())
     if dropped:
         log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
     with atomic_file(path, "w") as f:
@@ -506,7 +486,6 @@ def write_run_files(cfg, tok_files, start, new):
             (where / name).unlink(missing_ok=True)
 
 
-
 def plot(metrics_path, png_path):
     """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time."""
     import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
@@ -524,6 +503,7 @@ def plot(metrics_path, png_path):
     with atomic_file(png_path) as f:
         fig.savefig(f, format="png")
     log(f"plot: {png_path}")
+
 
 # ----------------------------------------------------------------------------
 # 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
@@ -677,27 +657,17 @@ def stop_requests(cfg):
             signal.signal(s, h)
 
 
-
-def stop_non_finite(what, step, ckpt_path):  # numbers went NaN or infinite: exit 1, the last good checkpoint kept
-    raise DataError(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr or a "
-                    "--grad-clip.")
-
-
-def diverged(loss, norm, step, ckpt_path):  # a loss or gradient norm that is not finite stops the run
-    if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
-        what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {norm}"
-        stop_non_finite(f"{what} at", step, ckpt_path)
-
-
-def refuse_non_finite(model, step, ckpt_path):
-    """Stops the run (DataError, exit code 1) if a weight of model is NaN or infinite: such a model is never
-    saved (the last good checkpoint stays ckpt_path) nor sampled. A finite loss at step N can still leave
-    non-finite weights after its update (--lr 1e30), so the weights themselves are checked."""
-    torch = _torch()
-    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad:
-        stop_non_finite(f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after", step,
-                        ckpt_path)
+def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
+    """Stops the run (DataError, exit code 1; the last good checkpoint stays ckpt_path) if the loss, the
+    gradient norm or a weight of model is NaN or infinite: such a model is never saved nor sampled. A finite
+    loss can still leave non-finite weights after its update (--lr 1e30), so the weights are checked too."""
+    bad = [name for name, p in model.named_parameters() if not _torch().isfinite(p).all()] if model else []
+    what = (f"the loss is {loss} at" if not math.isfinite(loss) else
+            f"the gradient norm is {norm} at" if norm is not None and not math.isfinite(norm) else
+            bad and f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after")
+    if what:
+        raise DataError(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
+                        "or a --grad-clip.")
 
 
 @contextlib.contextmanager
@@ -735,9 +705,6 @@ def rank0_first(cfg, prepare):
     return prepared or prepare()
 
 
-GROUP_TIMEOUT = datetime.timedelta(hours=6)
-
-
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
@@ -745,7 +712,7 @@ def process_group(cfg):
     if ddp and cuda:
         _torch().cuda.set_device(cfg["device"])
     if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
+        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     try:
         yield
         if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it

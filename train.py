@@ -461,7 +461,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0))
 
     def save(step):
-        safety.refuse_non_finite(raw, step, ckpt_path)  # a NaN model is never saved, nor sampled (exit 1)
+        safety.stop_non_finite(step, ckpt_path, model=raw)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
                             elapsed=progress.seconds())
@@ -476,7 +476,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             loss, norm = float(loss), None if norm is None else float(norm)
-            safety.diverged(loss, norm, it + 1, ckpt_path)  # NaN or inf: one sentence, exit 1, the checkpoint kept
+            safety.stop_non_finite(it + 1, ckpt_path, loss, norm)  # NaN or inf: exit 1, the checkpoint kept
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress.stepped(it + 1, loss, lr, norm)
@@ -526,8 +526,7 @@ def run(cfg):
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    with safety.run_lock(cfg), torch_settings(cfg):  # one writer per run: a second one is refused (exit 2)
-        safety.prepare_run_dir(cfg, resuming=resume_state is not None)  # all checked: the first write
+    with safety.run_lock(cfg), torch_settings(cfg):  # all checked: the first write; a second writer is refused
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
 
 
