@@ -284,40 +284,33 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
         # The engine counts with a compiled scanner in worker processes, into hash tables
         # keyed by the pre-tokens' bytes; it gives the same counts, as the loop's arrays.
         words = bpe_fast.count_words(input_path, special_tokens, num_workers)
-    else:
-        words = _word_arrays(count_pretokens(input_path, special_tokens))
-    return _train_from_words(*words, vocab_size, special_tokens)
+        return _train_from_words(*words, vocab_size, special_tokens)
+    return train_from_counts(count_pretokens(input_path, special_tokens), vocab_size, special_tokens)
 
 
 def count_pretokens(input_path, special_tokens=()):
     """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
     split_re = _special_split_re(_check_special_tokens(special_tokens))
-    text = _read_text(input_path)
+    text = _read_text(input_path, "input file")
     return Counter(w for part in (split_re.split(text)[::2] if split_re else [text])
                    for w in pretokenize(part))
 
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
-    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one."""
-    return _train_from_words(*_word_arrays(counts), vocab_size, special_tokens, loop)
-
-
-def _word_arrays(counts):
-    """The merge loop's input from {pre-token str: count}: (ids, word_start, word_count), the
-    words of more than one byte (one byte has no pair) end to end."""
+    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one.
+    The loop gets the words of more than one byte (one byte has no pair) end to end."""
     encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
     words = [w for w, _ in encoded if len(w) > 1]
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).copy()  # writable: one numba type
-    return ids, word_start, word_count
+    return _train_from_words(ids, word_start, word_count, vocab_size, _check_special_tokens(special_tokens), loop)
 
 
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
-    """train_from_counts from the merge loop's input arrays (see _merge_loop)."""
-    special_tokens = _check_special_tokens(special_tokens)
+    """train_from_counts from the merge loop's input arrays (see _merge_loop), special_tokens checked."""
     bpe_fast.check_longest_word(word_start, "the training text")  # one huge word could exhaust memory
     num_merges = max(0, vocab_size - 256 - len(special_tokens))
     small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
@@ -350,8 +343,10 @@ _BYTE_TO_CHAR = {b: chr(b) for b in _PRINTABLE} | {
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 
-def _read_text(path):
-    """The file as str; a decoding error names the byte offset."""
+def _read_text(path, what):
+    """The file as str; a missing file or a decoding error (its byte offset) is named."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path} does not exist")
     with open(path, "rb") as f:
         return bpe_fast.check_utf8(f.read(), path, 0)
 
@@ -370,10 +365,8 @@ def _str_to_token(s, where):
 
 def _load_vocab_file(path):
     """A GPT-2 vocab.json as {id: bytes}."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"vocab file {path} does not exist")
     try:
-        raw = json.loads(_read_text(path))
+        raw = json.loads(_read_text(path, "vocab file"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(raw, dict):
@@ -388,14 +381,11 @@ def _load_vocab_file(path):
 
 def _check_id(i, where):
     """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
-    token files and of the engine's pair keys. where() names the token in the error."""
-    if type(i) is int and 0 <= i < 1 << 32:
-        return i
-    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
-            or not 0 <= i < 1 << 32:
-        raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to "
-                         "2^32 - 1")
-    return int(i)
+    token files and of the engine's pair keys (a bool is no id). where() names the token."""
+    if (type(i) is int or isinstance(i, np.integer)) and 0 <= i < 1 << 32:
+        return int(i)
+    raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to "
+                     "2^32 - 1")
 
 
 def _short(text, limit=60):
@@ -408,15 +398,14 @@ def _show(tok):
     return _short(repr(_token_to_str(tok) if isinstance(tok, bytes) else tok))
 
 
-def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}",
+def _check_merges(merges, vocab, token_id, special_tokens=(), where=lambda k: f"merge #{k}",
                   vocab_name="the vocab", exact=False):
-    """The one check that merges fit a vocab {id: bytes}: (1) left, right and left + right of
-    every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
-    tokens of lower id joined, not a declared special token) are what the merges make, in
-    order. So train_bpe's files and GPT-2's (<|endoftext|> after the merges) pass; swapped,
-    missing or cut merges fail. exact=False (Tokenizer(vocab, merges)) lets merges be the first
-    few of the vocab's. where(k) names merge k in an error, where(None) the merges file."""
-    token_id = {b: i for i, b in sorted(vocab.items(), reverse=True)}   # lowest id wins
+    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id
+    first): (1) left, right and left + right of every merge are in the vocab; (2) in id order,
+    the vocab's merged tokens (2+ bytes, two tokens of lower id joined, not a declared special
+    token) are what the merges make, in order. So train_bpe's files and GPT-2's (<|endoftext|>
+    after the merges) pass; swapped, missing or cut merges fail. exact=False lets merges be the
+    first few of the vocab's. where(k) names merge k in an error, where(None) the merges file."""
     made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
         for tok in (left, right, made[k]):
@@ -432,8 +421,7 @@ def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}
 
     disagree = "; vocab and merges disagree"
     k = 0
-    for i in sorted(vocab):
-        t = vocab[i]
+    for i, t in sorted(vocab.items()):
         if len(t) < 2 or token_id[t] != i:             # a byte, or a repeat of a token
             continue
         if k < len(made) and t == made[k]:
@@ -459,12 +447,10 @@ def _check_merges(merges, vocab, special_tokens=(), where=lambda k: f"merge #{k}
 
 
 def _read_merges_file(path):
-    """A GPT-2 merges.txt as ([(left, right)], where): where(k) names merge k's line (None: the
-    file) for the errors of _check_merges, which Tokenizer runs once, with these names."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"merges file {path} does not exist")
+    """A GPT-2 merges.txt as ([(left, right)], (where, "the vocab file")): where(k) names merge k's
+    line (None: the file) for the errors of _check_merges, which Tokenizer runs once, with these names."""
     merges, linenos = [], []
-    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
+    for lineno, line in enumerate(_read_text(path, "merges file").split("\n"), 1):
         line = line.rstrip("\r")
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
@@ -473,7 +459,7 @@ def _read_merges_file(path):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
-    return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
+    return merges, (lambda k: path if k is None else f"{path} line {linenos[k]}", "the vocab file")
 
 
 # -----------------------------------------------------------------------------
@@ -503,7 +489,7 @@ class Tokenizer:
         if missing:
             raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
                              "byte-level vocab needs all 256")
-        _check_merges(self.merges, self.vocab, self.special_tokens, *(_file_names or ()),
+        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, *(_file_names or ()),
                       exact=_file_names is not None)
         self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
@@ -519,13 +505,9 @@ class Tokenizer:
 
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
-        return cls._with_merges_file(_load_vocab_file(vocab_filepath), merges_filepath, special_tokens)
-
-    @classmethod
-    def _with_merges_file(cls, vocab, merges_filepath, special_tokens):
-        """from_files for a vocab already read (bpe.py encode reads it to pick its specials)."""
-        merges, where = _read_merges_file(merges_filepath)
-        return cls(vocab, merges, special_tokens, _file_names=(where, "the vocab file"))
+        vocab = _load_vocab_file(vocab_filepath)
+        merges, file_names = _read_merges_file(merges_filepath)
+        return cls(vocab, merges, special_tokens, _file_names=file_names)
 
     def save(self, vocab_filepath, merges_filepath):
         """GPT-2 format, written atomically as a pair: both files or neither."""
@@ -591,34 +573,29 @@ class Tokenizer:
             yield from self.encode(piece)
 
     def decode(self, ids):
-        """Text of ids: a list, numpy array, torch tensor or any iterable of integers."""
-        ids = _id_list(ids)
+        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and
+        tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are
+        refused: True would decode as id 1."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        try:
+            ids = list(ids)          # an iterator must survive the error path's second look
+        except TypeError:
+            raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of "
+                             "token ids") from None
+        if not set(map(type, ids)) <= {int}:
+            for i in ids:
+                if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                    value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
+                    raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): "
+                                     "token ids must be integers")
+            ids = [int(i) for i in ids]
         try:
             data = b"".join([self.vocab[i] for i in ids])
         except KeyError as e:
             raise ValueError(f"cannot decode token id {e.args[0]}: the vocab has ids "
                              f"0..{max(self.vocab)} ({len(self.vocab)} tokens)") from None
         return data.decode("utf-8", errors="replace")
-
-
-def _id_list(ids):
-    """ids as a list of Python ints. Arrays and tensors are duck-typed by .tolist() (bpe.py
-    does not import torch); floats and bools are refused: True would decode as id 1."""
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    try:
-        ids = list(ids)          # an iterator must survive the error path's second look
-    except TypeError:
-        raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of "
-                         "token ids") from None
-    if set(map(type, ids)) <= {int}:
-        return ids
-    for i in ids:
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
-            raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): token "
-                             "ids must be integers")
-    return [int(i) for i in ids]
 
 
 # -----------------------------------------------------------------------------
@@ -646,7 +623,8 @@ def _cmd_encode(args):
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
-    tok = Tokenizer._with_merges_file(vocab, os.path.join(args.tokenizer, "merges.txt"), specials)
+    merges, file_names = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
+    tok = Tokenizer(vocab, merges, specials, _file_names=file_names)  # from_files, with the vocab read above
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
     # atomically; the ids are encode's.
@@ -678,14 +656,11 @@ def main(argv=None):
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
-            sys.exit(2)
-        print(f"bpe.py {args.cmd}: error: the disk is full: could not write {e.filename}; "
-              "free some space and rerun", file=sys.stderr)
-        sys.exit(1)
-    except (ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
+    except (OSError, ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            print(f"bpe.py {args.cmd}: error: the disk is full: could not write {e.filename}; "
+                  "free some space and rerun", file=sys.stderr)
+            sys.exit(1)
         print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

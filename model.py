@@ -3,7 +3,7 @@
 Sections, in reading order (CS336 assignment 1, section 3):
   1. Parameters: Linear, Embedding (truncated-normal init).
   2. Pointwise pieces: RMSNorm, silu, softmax (max-subtracted).
-  3. Feed-forward networks: SwiGLU (the default) and a plain SiLU FFN (an ablation).
+  3. The feed-forward network: SwiGLU (the default; gated=False: a plain SiLU FFN, an ablation).
   4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
@@ -35,7 +35,6 @@ class Linear(nn.Module):
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
         std = math.sqrt(2.0 / (in_features + out_features))
         self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
 
@@ -48,7 +47,6 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
         super().__init__()
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = _trunc_normal((num_embeddings, embedding_dim), 1.0, device, dtype)
 
     def forward(self, token_ids):  # (...) int -> (..., embedding_dim)
@@ -68,10 +66,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x):  # (..., d_model)
-        in_dtype = x.dtype
-        x = x.float()  # no copy when x is already float32
-        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x * inv_rms * self.weight).to(in_dtype)
+        x32 = x.float()  # no copy when x is already float32
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
 class Identity(nn.Module):
@@ -93,35 +89,23 @@ def softmax(x, dim):
 
 
 # ----------------------------------------------------------------------------
-# 3. Feed-forward networks
+# 3. The feed-forward network
 
 class SwiGLU(nn.Module):
-    """FFN(x) = W2 (silu(W1 x) * W3 x), W1, W3: (d_ff, d_model), W2: (d_model, d_ff)."""
+    """FFN(x) = W2 (silu(W1 x) * W3 x), W1, W3: (d_ff, d_model), W2: (d_model, d_ff).
+    gated=False is the ungated ablation W2 silu(W1 x), with no W3 (pass d_ff = 4 d_model to
+    match SwiGLU's parameters)."""
 
-    def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False):
+    def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False, gated=True):
         super().__init__()
         self.w1 = Linear(d_model, d_ff, device, dtype)
         self.w2 = Linear(d_ff, d_model, device, dtype)
-        self.w3 = Linear(d_model, d_ff, device, dtype)
+        self.w3 = Linear(d_model, d_ff, device, dtype) if gated else None
         self.fast = fast
 
     def forward(self, x):  # (..., d_model)
-        act = torch.nn.functional.silu if self.fast else silu  # fast: one kernel forward and backward
-        return self.w2(act(self.w1(x)) * self.w3(x))
-
-
-class SiLUFFN(nn.Module):
-    """The ungated ablation: FFN(x) = W2 silu(W1 x), usually with d_ff = 4 d_model to match SwiGLU's parameters."""
-
-    def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False):
-        super().__init__()
-        self.w1 = Linear(d_model, d_ff, device, dtype)
-        self.w2 = Linear(d_ff, d_model, device, dtype)
-        self.fast = fast
-
-    def forward(self, x):
-        act = torch.nn.functional.silu if self.fast else silu
-        return self.w2(act(self.w1(x)))
+        h = (torch.nn.functional.silu if self.fast else silu)(self.w1(x))  # fast: one kernel forward and backward
+        return self.w2(h if self.w3 is None else h * self.w3(x))
 
 
 # ----------------------------------------------------------------------------
@@ -140,7 +124,7 @@ class RotaryPositionalEmbedding(nn.Module):
         super().__init__()
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
-        self.d_k, self.max_seq_len = d_k, max_seq_len
+        self.d_k = d_k
         inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)  # (d_k/2,)
         angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
@@ -151,8 +135,7 @@ class RotaryPositionalEmbedding(nn.Module):
         cos = self.cos[token_positions].to(x.dtype)  # (..., T, d_k/2)
         sin = self.sin[token_positions].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]  # the two members of each pair
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, d_k/2, 2)
-        return out.flatten(-2)
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (..., T, d_k/2, 2) -> d_k
 
     def forward_complex(self, x, token_positions):
         """The same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel forward and backward
@@ -177,11 +160,6 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     return softmax(scores, dim=-1) @ V
 
 
-def causal_mask(T, device=None):
-    """(T, T) bool, True on and below the diagonal: position i may look at j <= i."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
 class KVCache:
     """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
     first use and filled left to right; `n` counts the filled positions."""
@@ -192,8 +170,7 @@ class KVCache:
     def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
         B, H, T, d = k.shape
         if self.k is None:
-            self.k = k.new_empty(B, H, self.context_length, d)
-            self.v = v.new_empty(B, H, self.context_length, d)
+            self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
         self.k[:, :, self.n:self.n + T] = k
         self.v[:, :, self.n:self.n + T] = v
         self.n += T
@@ -224,28 +201,26 @@ class MultiHeadSelfAttention(nn.Module):
         # x: (B, T, d_model); token_positions: (T,) or (B, T); attn_mask: bool (B, 1, T, T_total) or None = causal
         B, T, d_model = x.shape
         H, dh = self.num_heads, self.d_head
-        pos = None
+        # (B, T, d_model) -> (B, H, T, dh)
+        q, k, v = (p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         if self.rope is not None:
             if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0
                 token_positions = torch.arange(past, past + T, device=x.device)
             pos = token_positions if token_positions.dim() == 1 else token_positions[:, None, :]  # (T,) or (B, 1, T)
-        # (B, T, d_model) -> (B, H, T, dh)
-        q, k, v = (p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if pos is not None:
             # complex RoPE: float32/64 only (not under bf16 autocast), eager only (inductor has no complex codegen)
-            if self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
-                q, k = self.rope.forward_complex(q, pos), self.rope.forward_complex(k, pos)
-            else:
-                q, k = self.rope(q, pos), self.rope(k, pos)
+            complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
+            rotate = self.rope.forward_complex if complex_ok else self.rope
+            q, k = rotate(q, pos), rotate(k, pos)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
             raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
         if self.fast:
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=attn_mask is None)
-        else:
-            out = scaled_dot_product_attention(q, k, v, causal_mask(T, x.device) if attn_mask is None else attn_mask)
+        else:  # causal unless told otherwise: True on and below the diagonal, so position i sees j <= i
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if attn_mask is None else attn_mask
+            out = scaled_dot_product_attention(q, k, v, mask)
         out = out.transpose(1, 2).reshape(B, T, d_model)  # concat heads
         return self.output_proj(out)
 
@@ -282,7 +257,7 @@ class TransformerBlock(nn.Module):
         self.ln1 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
         self.ln2 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
-        self.ffn = (SiLUFFN if silu_ffn else SwiGLU)(d_model, d_ff, device, dtype, fast=fast)
+        self.ffn = SwiGLU(d_model, d_ff, device, dtype, fast=fast, gated=not silu_ffn)
         self.post_norm = post_norm
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):  # (B, T, d_model)
@@ -345,8 +320,7 @@ class TransformerLM(nn.Module):
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
             lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).")
+                raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
         x = self.token_embeddings(token_ids)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
@@ -371,32 +345,19 @@ def _sample(logits, temperature, top_p, generator):
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _attention_mask(valid, n_past, T):
-    """Mask (B, 1, T, n_past + T) for T new queries after n_past cached keys, with left padding.
-    valid: (B, n_past + T) bool, False at padding. Query i may see key j <= n_past + i if j is a
+def _attention_mask(valid, T):
+    """Mask (B, 1, T, S) for the last T of S positions as queries (the first S - T are cached),
+    with left padding. valid: (B, S) bool, False at padding. Query i may see key j <= i if j is a
     real token; a padding query also sees itself, since an empty row is NaN and NaN * 0 poisons real rows.
     """
-    S = n_past + T
-    q_pos = torch.arange(n_past, S, device=valid.device)[:, None]  # (T, 1)
-    k_pos = torch.arange(S, device=valid.device)[None, :]  # (1, S)
-    mask = ((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos)  # (B, T, S)
-    return mask[:, None]
+    k_pos = torch.arange(valid.shape[1], device=valid.device)  # (S,)
+    q_pos = k_pos[-T:, None]  # (T, 1)
+    return (((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
 
 
 def _positions(valid):
     """RoPE positions that count real tokens only: each row's first real token is position 0."""
     return (valid.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _left_pad(prompts, device):
-    """B prompts of lengths up to L -> ids (B, L), left-padded with token 0, and valid (B, L), False at padding."""
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), L, dtype=torch.long, device=device)
-    valid = torch.zeros(len(prompts), L, dtype=torch.bool, device=device)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
-        valid[b, L - len(p):] = True
-    return ids, valid
 
 
 @torch.no_grad()
@@ -418,8 +379,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
-    ids, valid = _left_pad(prompts, device)
-    pad = ids.shape[1] - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
+    L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
+    ids = torch.zeros(B, L, dtype=torch.long, device=device)
+    valid = torch.zeros(B, L, dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
+        valid[b, L - len(p):] = True
+    pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
     was_training = model.training
     model.eval()
     try:
@@ -428,14 +394,13 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
             if use_cache and cache is not None and cache[0].n < C:
                 # one new position per step: it attends to everything cached so far
                 pos = _positions(valid)[:, -1:]
-                mask = _attention_mask(valid, cache[0].n, 1)
+                mask = _attention_mask(valid, 1)
                 logits = model(ids[:, -1:], pos, mask, cache)[:, -1]
             else:
-                # the reference forward: the last C columns, positions counted from each
-                # row's first real token; no mask needed once the window is past all padding
-                # (known on the host, so no sync to ask the GPU)
+                # the reference forward on the last C columns, positions counted from each row's first
+                # real token; no mask once the window is past all padding (known on the host: no GPU sync)
                 w_ids, w_valid = ids[:, -C:], valid[:, -C:]
-                mask = None if ids.shape[1] - w_ids.shape[1] >= pad else _attention_mask(w_valid, 0, w_ids.shape[1])
+                mask = None if ids.shape[1] - w_ids.shape[1] >= pad else _attention_mask(w_valid, w_ids.shape[1])
                 pos = _positions(w_valid)
                 # prefill; or, with the context full, a plain re-run of the window
                 cache = [KVCache(C) for _ in model.layers] if use_cache and w_ids.shape[1] < C else None

@@ -67,15 +67,13 @@ def perplexity(mean_loss):
 # ----------------------------------------------------------------------------
 # 2. Optimizers
 
-def _check(lr, eps=None, betas=None, weight_decay=None):  # None: the optimizer has no such knob
-    if lr < 0:
-        raise ValueError(f"Learning rate must be >= 0, got lr={lr}.")
-    if eps is not None and eps <= 0:
-        raise ValueError(f"eps must be > 0, got eps={eps}.")
-    if betas is not None and not all(0 <= b < 1 for b in betas):
-        raise ValueError(f"Both betas must lie in [0, 1), got betas={tuple(betas)}.")
-    if weight_decay is not None and weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got weight_decay={weight_decay}.")
+def _check(lr, eps=1.0, betas=(0.0, 0.0), weight_decay=0.0):  # a knob the optimizer lacks keeps a default that passes
+    rules = {f"lr={lr} (need >= 0)": lr >= 0, f"eps={eps} (need > 0)": eps > 0,
+             f"betas={tuple(betas)} (need both in [0, 1))": all(0 <= b < 1 for b in betas),
+             f"weight_decay={weight_decay} (need >= 0)": weight_decay >= 0}  # a NaN fails its rule too
+    bad = [rule for rule, ok in rules.items() if not ok]
+    if bad:
+        raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
 
 
 class SGD(torch.optim.Optimizer):
@@ -185,8 +183,6 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
     Returns the norm before clipping, as a float."""
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return 0.0

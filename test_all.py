@@ -109,7 +109,7 @@ def test_model_swiglu_and_silu_ffn_formulas():
     torch.testing.assert_close(ff(x), F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2))
     ff.fast = True
     torch.testing.assert_close(ff(x), F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2))
-    s = model.SiLUFFN(16, 64)
+    s = model.SwiGLU(16, 64, gated=False)
     torch.testing.assert_close(s(x), F.linear(F.silu(F.linear(x, s.w1.weight)), s.w2.weight))
 
 
@@ -144,7 +144,7 @@ def test_model_sdpa_matches_torch(shape):
     mask[:, 0] = True  # every query may attend to something
     torch.testing.assert_close(model.scaled_dot_product_attention(Q, K, V, mask),
                                F.scaled_dot_product_attention(Q, K, V, attn_mask=mask))
-    torch.testing.assert_close(model.scaled_dot_product_attention(Q, K, V, model.causal_mask(7)),
+    torch.testing.assert_close(model.scaled_dot_product_attention(Q, K, V, torch.ones(7, 7, dtype=torch.bool).tril()),
                                F.scaled_dot_product_attention(Q, K, V, is_causal=True))
     torch.testing.assert_close(model.scaled_dot_product_attention(Q, K, V),
                                F.scaled_dot_product_attention(Q, K, V))
