@@ -85,7 +85,7 @@ class SGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None if closure is None else closure()
+        loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
@@ -104,7 +104,7 @@ class AdaGrad(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None if closure is None else closure()
+        loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -133,7 +133,7 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None if closure is None else closure()
+        loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             params = [p for p in group["params"] if p.grad is not None]

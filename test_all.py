@@ -466,6 +466,24 @@ def test_model_optimizer_state_dict_round_trips():
             torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def test_model_optimizer_step_takes_a_closure_that_calls_backward():
+    # torch.optim's contract: step(closure) re-evaluates the loss with gradients on; step runs under no_grad
+    for cls in (optim.AdamW, optim.AdaGrad, optim.SGD):
+        mine, ref = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+        opt = cls([mine], lr=0.1)
+
+        def closure():
+            opt.zero_grad()
+            loss = (mine * mine).sum()
+            loss.backward()
+            return loss
+
+        assert opt.step(closure).item() == 3.0
+        ((ref * ref).sum()).backward()
+        cls([ref], lr=0.1).step()
+        torch.testing.assert_close(mine.detach(), ref.detach())
+
+
 def test_model_sgd_and_adagrad_match_their_formulas():
     torch.manual_seed(0)
     w0 = torch.randn(4, 3)
