@@ -246,9 +246,13 @@ def check_utf8(data, path, start):
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
 
 
+def _stop_worker(signum, frame):  # raised, not a silent death: `with` blocks let go of the pool's queue locks
+    raise SystemExit(128 + signum)    # (a worker killed holding one hangs the parent's Pool.terminate forever)
+
+
 def _worker_start(initializer, *args):
-    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """In a new worker: SIGTERM (the pool's terminate, or `kill` to the whole group) ends it quietly."""
+    signal.signal(signal.SIGTERM, _stop_worker)
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if initializer is not None:
         initializer(*args)

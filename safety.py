@@ -83,7 +83,7 @@ def not_a_file(path):
 
 
 TMP_MARK = ".cs336tmp"  # atomic_file's temporaries are ".NAME.cs336tmpPID": a pattern no one else uses, so that
-# clearing what a killed run left (prepare_run_dir) deletes only files this project named
+# clearing what a killed run left (run_lock) deletes only files this project named
 
 
 def temporary(name):  # is this file name one of atomic_file's temporaries?
