@@ -26,7 +26,7 @@ import codecs
 import contextlib
 import functools
 import io
-import multiprocessing
+import multiprocessing.pool  # also binds multiprocessing
 import os
 import re
 import signal
@@ -246,16 +246,25 @@ def check_utf8(data, path, start):
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
 
 
-def _stop_worker(signum, frame):  # raised, not a silent death: `with` blocks let go of the pool's queue locks
-    raise SystemExit(128 + signum)    # (a worker killed holding one hangs the parent's Pool.terminate forever)
-
-
 def _worker_start(initializer, *args):
-    """In a new worker: SIGTERM (the pool's terminate, or `kill` to the whole group) ends it quietly."""
-    signal.signal(signal.SIGTERM, _stop_worker)
+    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if initializer is not None:
         initializer(*args)
+
+
+class _Pool(multiprocessing.pool.Pool):
+    """A pool left by an error kills its workers and makes its task queue's lock anew before
+    terminating: a worker that a SIGTERM to the whole group killed while it waited for a task
+    still holds that lock, and Pool.terminate would wait for it forever."""
+
+    def __exit__(self, *exc):
+        if exc[0] is not None:
+            for worker in self._pool:
+                worker.kill()
+            self._inqueue._rlock = self._ctx.Lock()
+        return super().__exit__(*exc)
 
 
 def _worker_pool(n, initializer=None, initargs=()):
@@ -263,7 +272,7 @@ def _worker_pool(n, initializer=None, initargs=()):
     hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent stops them."""
     old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        return _MP.Pool(n, _worker_start, (initializer, *initargs))
+        return _Pool(n, _worker_start, (initializer, *initargs), context=_MP)
     finally:
         _MASK(signal.SIG_SETMASK, old)
 
