@@ -255,15 +255,15 @@ def _worker_start(initializer, *args):
 
 
 class _Pool(multiprocessing.pool.Pool):
-    """A pool left by an error kills its workers and makes its task queue's lock anew before
-    terminating: a worker that a SIGTERM to the whole group killed while it waited for a task
-    still holds that lock, and Pool.terminate would wait for it forever."""
+    """A pool left by an error kills its workers and makes the queues' worker-side locks anew
+    before terminating: a worker that a SIGTERM to the whole group killed while it waited for a
+    task, or sent a result, still holds that lock, and Pool.terminate would wait for it forever."""
 
     def __exit__(self, *exc):
         if exc[0] is not None:
             for worker in self._pool:
                 worker.kill()
-            self._inqueue._rlock = self._ctx.Lock()
+            self._inqueue._rlock, self._outqueue._wlock = self._ctx.Lock(), self._ctx.Lock()
         return super().__exit__(*exc)
 
 
