@@ -197,10 +197,11 @@ def run_dir(c):
 def run_dir_problem(c):
     """Why the run directory cannot take this run, as a sentence, or "". --benchmark and --export
     write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
-    d, has_run = run_dir(c), any((run_dir(c) / f).exists() for f in RUN_MARKERS)
-    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
     if c["benchmark"] or c["export"] is not None:
         return ""
+    d = run_dir(c)
+    has_run = any((d / f).exists() for f in RUN_MARKERS)
+    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
     if not writable(d):
         return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
                 "or another --run-name.")
