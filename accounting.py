@@ -331,7 +331,7 @@ def section_memory():
 
 # ---------------------------------------------------------------------------------------------
 # 7. Assignment 1, transformer_accounting (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU,
-#    untied head). context_length and num_heads change no parameter count, and num_heads no FLOP
+#    untied head). context_length, num_heads and fast change no parameter count, and num_heads no FLOP
 #    count (h heads of d_k = d / h); the functions accept them so a model config passes as **cfg.
 
 GPT2_VOCAB = 50_257
@@ -339,12 +339,12 @@ GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1
                "XL": (48, 1600, 25)}  # num_layers, d_model, num_heads
 # The components grouped for the share table: (d, e) of transformer_accounting.
 SHARE_GROUPS = {"attn projections": ("attn q,k,v proj", "attn output proj"),
-                "attn QK^T + AV": ("attn QK^T + AV",), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
+                "attn QK^T + AV": ("attn QK^T", "attn AV"), "ffn (w1, w2, w3)": ("ffn w1", "ffn w2", "ffn w3"),
                 "lm_head": ("lm_head",)}
 
 
 def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no_norm=False,
-                    tie_embeddings=False, context_length=None, num_heads=None):
+                    tie_embeddings=False, context_length=None, num_heads=None, fast=False):
     """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed)."""
     d, L, V = d_model, num_layers, vocab_size
     return {
@@ -381,21 +381,12 @@ def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layer
 
 
 def lm_forward_flops(*cfg, **kw_cfg):
-    """Forward matmul FLOPs of one sequence (lm_forward_flops_by_component's arguments), summed."""
     return sum(lm_forward_flops_by_component(*cfg, **kw_cfg).values())
-
-
-def formula_forward_flops(cfg, silu_ffn=False):
-    """The components grouped as FlopCounterMode can see them: QK^T and AV share a module and
-    an op, so they are compared together (they are equal by symmetry)."""
-    f = lm_forward_flops_by_component(**cfg, silu_ffn=silu_ffn)
-    f["attn QK^T + AV"] = f.pop("attn QK^T") + f.pop("attn AV")
-    return f
 
 
 def flop_shares(cfg):
     """(forward FLOPs, {SHARE_GROUPS group: its fraction of them}) of one sequence of a config."""
-    flops = formula_forward_flops(cfg)
+    flops = lm_forward_flops_by_component(**cfg)
     total = sum(flops.values())
     return total, {group: sum(flops[k] for k in keys) / total for group, keys in SHARE_GROUPS.items()}
 
@@ -415,28 +406,25 @@ def _shape(cfg):  # 'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a Trans
 def section_transformer():
     xl = gpt2_config("XL")
     counts, flops = lm_param_counts(**xl), lm_forward_flops_by_component(**xl)
-    P, total, (_, groups) = sum(counts.values()), sum(flops.values()), flop_shares(xl)
-    fp32_size, tflops = FP32_BYTES * P, total / 1e12
+    P, total = sum(counts.values()), sum(flops.values())
+    fp32_size, tflops, shares = FP32_BYTES * P, total / 1e12, {k: v / total for k, v in flops.items()}
+    table = {n: flop_shares(gpt2_config(n)) for n in GPT2_SHAPES} | {"XL@16K": flop_shares(gpt2_config("XL", 16_384))}
+    groups, growth = table["XL"][1], table["XL@16K"][0] / total
     _q(f"(a) GPT-2 XL ({_shape(xl)}): parameters and fp32 size?",
        "V d (embeddings) + L (4 d^2 + 3 d d_ff + 2 d) + d (ln_final) + V d (lm_head)",
        f"{_terms(counts)} = {P:,}", f"fp32: 4 x {P:,} = {_gb(fp32_size)}")
-    shares = {k: v / total for k, v in flops.items()}
     _q(f"(b) The matmuls of one forward pass of T={xl['context_length']} tokens and their FLOPs?",
        *(f"{k:<17} {MATMUL_SHAPES[k]:<30} {v:.4e}  {shares[k]:6.2%}" for k, v in flops.items()),
        f"{'total':<48} {total:.4e} FLOPs (= {tflops:.3f} TFLOPs)")
     _q("(c) Which parts need the most FLOPs?", f"the SwiGLU feed-forward: {groups['ffn (w1, w2, w3)']:.1%}; "
        f"then the attention projections {groups['attn projections']:.1%}")
-    table = {n: flop_shares(gpt2_config(n)) for n in GPT2_SHAPES} | {"XL@16K": flop_shares(gpt2_config("XL", 16_384))}
     _q("(d, e) Share of each component, GPT-2 small..XL at T=1024 and XL at T=16384",
        f"{'component':<18}" + "".join(f"{n:>10}" for n in table),
        *(f"{g:<18}" + "".join(f"{col[g]:>10.2%}" for _, col in table.values()) for g in SHARE_GROUPS),
        f"{'total FLOPs':<18}" + "".join(f"{t:>10.3e}" for t, _ in table.values()),
        "bigger models: the FFN and projections (~ d^2 L) grow, lm_head (~ d V) shrinks, attention",
-       "core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over.")
-    (t1, xl_shares), (t16, xl16_shares) = table["XL"], table["XL@16K"]
-    growth, core, core16 = t16 / t1, xl_shares["attn QK^T + AV"], xl16_shares["attn QK^T + AV"]
-    _a(f"XL: T 1024 -> 16384 multiplies FLOPs by {growth:.1f} (16x for linear parts, 256x for QK^T + AV);",
-       f"    attention core share {core:.1%} -> {core16:.1%}")
+       "core (~ T^2 d L) shrinks relative to d^2 L at fixed T. Longer context: T^2 takes over; XL at",
+       f"T=16384 costs {growth:.1f}x the FLOPs of T=1024 (16x for linear parts, 256x for QK^T + AV)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,11 +644,6 @@ def section_corrections():
 # ---------------------------------------------------------------------------------------------
 # 12. Proof: every formula above against the real model.TransformerLM
 
-def meta_lm(cfg, **ablations):
-    """model.TransformerLM built on the meta device: shapes only, no memory, no init time."""
-    return model.TransformerLM(**cfg, device="meta", **ablations)
-
-
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
 # QK^T and AV run inside the attention module itself: its count minus its projections.
 _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_proj": "attn q,k,v proj",
@@ -707,36 +690,27 @@ VERIFY_CONFIGS = {  # name -> (config, ablations)
     "TinyStories silu_ffn d_ff=2048": ({**TINYSTORIES, "d_ff": 2048}, {"silu_ffn": True}),
     "TinyStories no_norm": (TINYSTORIES, {"no_norm": True}),
     "TinyStories tie_embeddings": (TINYSTORIES, {"tie_embeddings": True}),
+    "GPT-2 small fast=True": (gpt2_config("small"), {"fast": True}),  # torch's SDPA counts the full T x T too
 }
 CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple
 
 
-def verification_checks(quick=False):
-    """Yield (what, formula, measured) triples. quick skips the 16K-context and fast-path runs."""
+def verification_checks():
+    """Yield (what, formula, measured) triples."""
     for name, (cfg, abl) in VERIFY_CONFIGS.items():
-        if quick and "16384" in name:
-            continue
-        lm, form = meta_lm(cfg, **abl), lm_param_counts(**cfg, **abl)
+        lm, form = model.TransformerLM(**cfg, device="meta", **abl), lm_param_counts(**cfg, **abl)
         meas = dict.fromkeys(form, 0)  # parameters by state-dict name (a tied tensor counts once)
         for pname, p in lm.named_parameters():
             part = pname.split(".")[2 if pname.startswith("layers.") else 0]
             meas[part if part in meas else "norms"] += p.numel()  # ln1, ln2, ln_final
         for part in form:
             yield f"params  {name}: {part}", form[part], meas[part]
-        form = formula_forward_flops(cfg, abl.get("silu_ffn", False))
+        form = lm_forward_flops_by_component(**cfg, silu_ffn=abl.get("silu_ffn", False))
+        form["attn QK^T + AV"] = form.pop("attn QK^T") + form.pop("attn AV")  # one module, one op: seen together
         meas, total = measured_forward_flops(lm, cfg["context_length"])
         for part in form:
             yield f"FLOPs   {name}: {part}", form[part], meas[part]
         yield f"FLOPs   {name}: total", sum(form.values()), total
-    if not quick:  # the fused path (torch's SDPA kernel) counts the same full T x T square
-        cfg = gpt2_config("small")
-        _, total = measured_forward_flops(meta_lm(cfg, fast=True), cfg["context_length"])
-        yield "FLOPs   GPT-2 small fast=True: total", lm_forward_flops(**cfg), total
-    # forward + backward = 3 x forward, on a small real model on the CPU
-    B, cfg = 2, dict(vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
-    with FlopCounterMode(display=False) as counter:
-        model.TransformerLM(**cfg)(torch.randint(0, cfg["vocab_size"], (B, cfg["context_length"]))).sum().backward()
-    yield f"FLOPs   small LM forward+backward (B={B})", training_step_flops(B * lm_forward_flops(**cfg)), counter.get_total_flops()
     B, D, K = 8, 32, 16
     x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((B, D), (D, D), (D, K)))
     with FlopCounterMode(display=False) as fwd:
@@ -746,23 +720,27 @@ def verification_checks(quick=False):
     f, b = two_layer_flops(B, D, K)
     yield "FLOPs   two-layer linear model: forward (2x)", f, fwd.get_total_flops()
     yield "FLOPs   two-layer linear model: backward (4x)", b, bwd.get_total_flops()
-    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the bytes autograd saves, on small real models
+    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # small real models on the CPU
         torch.manual_seed(0)
-        meas, _, _ = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
-        yield (f"bytes   saved for backward B={B} T={T} d={d} h={h} d_ff={d_ff} L={L}",
-               saved_activation_bytes(B, T, d, h, d_ff, L), meas)
+        with FlopCounterMode(display=False) as counter:
+            saved, _, out = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
+            out.sum().backward()
+        step = training_step_flops(B * lm_forward_flops(V, T, d, L, d_ff))
+        shape = f"B={B} T={T} d={d} h={h} d_ff={d_ff} L={L}"
+        yield f"FLOPs   forward+backward = 3 x forward {shape}", step, counter.get_total_flops()
+        yield f"bytes   saved for backward {shape}", saved_activation_bytes(B, T, d, h, d_ff, L), saved
 
 
-def cuda_memory_check(B=4, cfg=None):
+def cuda_memory_check():
     """On a GPU: (saved tensors + logits by formula, bytes the forward leaves allocated, peak during
     it, slack of one rounding per allocation, bytes the warm-up left). None without CUDA. The warm-up
     runs the same forward before the baseline: a process's first matmul makes cuBLAS's workspace
     (~32 MiB, through PyTorch's allocator), which would otherwise count as activations."""
     if not torch.cuda.is_available():
         return None
-    cfg = cfg or dict(vocab_size=1000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
-    lm = model.TransformerLM(**cfg, device="cuda")
-    ids = torch.randint(0, cfg["vocab_size"], (B, cfg["context_length"]), device="cuda")
+    B, T, d, h, d_ff, L, V = 4, 256, 256, 8, 688, 4, 1000  # in ACTIVATION_SHAPES' order
+    lm = model.TransformerLM(V, T, d, L, h, d_ff, device="cuda")
+    ids = torch.randint(0, V, (B, T), device="cuda")
     before_warmup = torch.cuda.memory_allocated()
     lm(ids)  # the warm-up; its output and autograd graph are freed as soon as it returns
     torch.cuda.synchronize()
@@ -771,13 +749,11 @@ def cuda_memory_check(B=4, cfg=None):
     _, n_storages, out = measured_saved_bytes(lm, ids)
     torch.cuda.synchronize()
     retained, peak = torch.cuda.memory_allocated() - base, torch.cuda.max_memory_allocated() - base
-    formula = saved_activation_bytes(B, cfg["context_length"], cfg["d_model"], cfg["num_heads"],
-                                     cfg["d_ff"], cfg["num_layers"]) + out.nbytes
+    formula = saved_activation_bytes(B, T, d, h, d_ff, L) + out.nbytes
     return formula, retained, peak, CUDA_BLOCK_ROUNDING * (n_storages + 1), base - before_warmup
 
 
-def run_verify():
-    """Print formula vs measured for every check; return the number of mismatches."""
+def run_verify():  # returns the number of mismatches
     bad = 0
     print(f"{'check':<72}{'formula':>20}{'measured':>20}")
     for what, formula, measured in verification_checks():
@@ -815,11 +791,9 @@ SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().ite
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="CS336 lecture 2 and assignment 1 resource accounting.")
-    p.add_argument("--section", help="print one section: " + ", ".join(SECTIONS))
+    p.add_argument("--section", choices=SECTIONS, help="print one section (default: all of them)")
     p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")
     args = p.parse_args(argv)
-    if args.section is not None and args.section not in SECTIONS:
-        p.error(f"--section {args.section!r} is not a section; choose one of: {', '.join(SECTIONS)}")
     if args.verify:
         return 1 if run_verify() else 0
     for name, fn in SECTIONS.items():
