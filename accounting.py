@@ -29,11 +29,6 @@ from torch.utils.flop_counter import FlopCounterMode
 import bpe
 import model
 
-try:  # Python's own documentation text: the tokenizer-throughput corpus every CPython ships
-    from pydoc_data.topics import topics as PYDOC_TOPICS
-except ImportError:  # some distributions leave pydoc_data out; then throughput is not measured
-    PYDOC_TOPICS = None
-
 GB, MiB, GiB, DAY = 1e9, 2**20, 2**30, 86_400  # bytes, bytes, bytes, seconds
 FP32_BYTES, BF16_BYTES = torch.float32.itemsize, torch.bfloat16.itemsize  # 4 and 2 bytes per value
 
@@ -156,13 +151,11 @@ ADAMW_BYTES_PER_PARAM = {
 
 
 def lecture_70b_run():
-    """(FLOPs, FLOPs per day, days) of the lecture's 70B model on 15T tokens, 1024 H100s at 50% MFU."""
     flops, per_day = training_flops(70e9, 15e12), flops_per_day(1024, H100_BF16, 0.5)
     return flops, per_day, flops / per_day
 
 
-def largest_model(bytes_per_param, num_gpus=8):
-    """Parameters whose training state fits in num_gpus H100s: their memory / bytes per parameter."""
+def largest_model(bytes_per_param, num_gpus=8):  # parameters whose training state fits in the H100s
     return num_gpus * H100_MEMORY_BYTES / bytes_per_param
 
 
@@ -558,9 +551,11 @@ def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
     (pydoc_data: every CPython has it). BPE learns vocab_size - 256 merges from its first
     quarter (small enough for the interpreted merge loop: no numba compile); encode runs over
     the rest, a fresh tokenizer (empty cache) per pass, for about `seconds`."""
-    if PYDOC_TOPICS is None:
+    try:  # some distributions leave pydoc_data out; then throughput is not measured
+        from pydoc_data.topics import topics
+    except ImportError:
         return None, "pydoc_data (Python's documentation text) is not installed in this Python"
-    text = "".join(PYDOC_TOPICS[k] for k in sorted(PYDOC_TOPICS))
+    text = "".join(topics[k] for k in sorted(topics))
     cut, passes, elapsed = len(text) // 4, 0, 0.0
     vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), vocab_size)
     rest = text[cut:]
@@ -601,11 +596,10 @@ def notes_corrections():
     bpp = sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
     billions = largest_model(bpp) / 1e9
     ff, square = tensor_bytes(GPT3_FF_SHAPE, torch.float32), tensor_bytes((12288, 12288), torch.float32)
-    ff_mib = ff / MiB
+    ff_mib, heads, (batch, micro, _, _) = ff / MiB, GPT2_SHAPES["XL"][2], GRAD_ACCUMULATION.values()
     (t1, xl), (t16, xl16) = flop_shares(gpt2_config("XL")), flop_shares(gpt2_config("XL", 16_384))
     tflops, tflops16, growth = t1 / 1e12, t16 / 1e12, t16 / t1
     each, attn16 = xl["attn QK^T + AV"] / 2, xl16["attn projections"] + xl16["attn QK^T + AV"]  # QK^T = AV
-    g, heads = GRAD_ACCUMULATION, GPT2_SHAPES["XL"][2]
     adamw_flops, (xl_days, _) = sum(ADAMW_FLOPS_PER_PARAM.values()), lm_training_days(gpt2_config("XL"), **XL_RUN)
     pile_days = PILE_BYTES / 626_519.6 / DAY  # at the notes' measured rate
     q70b, qxl, qadamw = "motivation: 70B on 15T tokens; 8 H100s", "transformer: GPT-2 XL", "adamw: GPT-2 XL"
@@ -621,7 +615,7 @@ def notes_corrections():
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
         ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)",
-         f"batch {g['batch']} in micro-batches of {g['micro_batch']}", "a micro-batch cannot exceed the batch"),
+         f"batch {batch} in micro-batches of {micro}", "a micro-batch cannot exceed the batch"),
         (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{tflops:.3f} TFLOPs, {each:.2%} each",
          f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {heads} times too small)"),
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import datetime
 import functools
+import itertools
 import json
 import math
 import os
@@ -45,16 +46,13 @@ except ImportError:
 # -----------------------------------------------------------------------------
 # 1. The variants. Each takes x and returns a new tensor gelu(x) of the same dtype.
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what every variant takes
+
+
 def gelu_torch_ops(x):
     # Variant 1. Eight ops (TORCH_OPS below), each one kernel that reads its inputs from
     # memory and writes its result back. Python evaluates `0.5 * x` first.
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def gelu_reference(x):
-    # The same formula in float64: 2^-53 rounding is far below float32's 2^-24, so this is
-    # the "true" value each variant is compared with.
-    return gelu_torch_ops(x.double())
 
 
 def gelu_builtin(x):
@@ -274,13 +272,12 @@ FUSED_PASSES = 2                                             # read x, write y
 
 
 def arithmetic_intensity(passes, bytes_per_element):
-    """FLOPs per byte moved: 9 flops / (passes x element size)."""
     return FLOPS_PER_ELEMENT / (passes * bytes_per_element)
 
 
 def print_accounting():
     fp32 = accounting.PEAK_FLOPS["H100 SXM"]["fp32"]  # CUDA cores: what an elementwise kernel uses
-    bw, fp32_bytes, bf16_bytes = accounting.H100_BYTES_PER_SEC, accounting.FP32_BYTES, accounting.BF16_BYTES
+    bw, fp32_bytes = accounting.H100_BYTES_PER_SEC, accounting.FP32_BYTES
     ridge = accounting.accelerator_intensity(fp32, bw)
     bf16_ridge = accounting.accelerator_intensity(accounting.H100_BF16, bw)  # dense tensor cores: a matmul's
     print("\n== Accounting: bytes moved per element, arithmetic intensity (H100 SXM roofline)")
@@ -288,17 +285,15 @@ def print_accounting():
           f"(" + ", ".join(op[0] for op in TORCH_OPS) + ")")
     print(f"fused (F.gelu, compile, CUDA, Triton): 1 kernel, {FUSED_PASSES} passes (read x, write y)")
     print(f"{'variant':<12} {'dtype':<9} {'bytes/elem':>10} {'FLOP/byte':>10} {'% of fp32 peak':>15}")
-    for name, passes in (("torch ops", UNFUSED_PASSES), ("fused", FUSED_PASSES)):
-        for dtype, size in (("float32", fp32_bytes), ("bfloat16", bf16_bytes)):
-            ai, moved = arithmetic_intensity(passes, size), passes * size
-            best = accounting.roofline_mfu(ai, ridge)
-            print(f"{name:<12} {dtype:<9} {moved:>10} {ai:>10.3f} {best:>15.1%}")
-    lo, hi = arithmetic_intensity(UNFUSED_PASSES, fp32_bytes), arithmetic_intensity(FUSED_PASSES, bf16_bytes)
+    for (name, passes), (dname, dtype) in itertools.product((("torch ops", UNFUSED_PASSES), ("fused", FUSED_PASSES)),
+                                                            DTYPES.items()):
+        ai, moved = arithmetic_intensity(passes, dtype.itemsize), passes * dtype.itemsize
+        print(f"{name:<12} {dname:<9} {moved:>10} {ai:>10.3f} {accounting.roofline_mfu(ai, ridge):>15.1%}")
+    lo, hi = arithmetic_intensity(UNFUSED_PASSES, fp32_bytes), arithmetic_intensity(FUSED_PASSES, accounting.BF16_BYTES)
     print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, {bf16_ridge:.0f} for bf16 "
           f"tensor cores. GELU sits at {lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
-    fused_bytes = FUSED_PASSES * fp32_bytes * 2**28
+    fused_bytes, fusion_gain = FUSED_PASSES * fp32_bytes * 2**28, UNFUSED_PASSES // FUSED_PASSES  # bytes: unfused/fused
     fused_gb, tb_per_sec, best_ms = fused_bytes / 1e9, bw / 1e12, fused_bytes / bw * 1e3
-    fusion_gain = UNFUSED_PASSES // FUSED_PASSES  # the bytes unfused moves, over fused's
     print(f"e.g. 2^28 fp32 fused: {fused_gb:.2f} GB / {tb_per_sec:.2f} TB/s = {best_ms:.2f} ms at best; unfused moves "
           f"{fusion_gain}x the bytes, so fusion can win up to {fusion_gain}x.")
 
@@ -306,7 +301,6 @@ def print_accounting():
 # -----------------------------------------------------------------------------
 # 3. Correctness: compare with float64 on fresh random inputs, outputs poisoned.
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REL_FLOOR = 1e-3  # relative error is reported where |gelu(x)| >= this; near 0 it means nothing
 
 
@@ -319,7 +313,7 @@ def max_errors(y, x):
     """(max abs error, max relative error where |ref| >= REL_FLOOR) of y against float64."""
     if torch.isnan(y).any():  # an unwritten, poisoned element
         return math.nan, math.nan
-    ref = gelu_reference(x)
+    ref = gelu_torch_ops(x.double())  # float64's 2^-53 rounding is far below float32's 2^-24: the "true" value
     err = (y.double() - ref).abs()
     big = ref.abs() >= REL_FLOOR
     return err.max().item(), (err[big] / ref[big].abs()).max().item() if big.any() else 0.0
