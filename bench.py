@@ -11,12 +11,10 @@
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built from ../shared with a seed. The peers are
-imported only when their table runs. A and B alternate and medians are reported, because a shared
-machine's load changes under a benchmark. Whole processes are measured from outside: wall time, and
-the peak of the summed Pss of the process and all its descendants, sampled every 50 ms from /proc
-(forked workers share pages with their parent, so Pss, not RSS, is the fair sum). Default inputs
-come from ../shared; pass --input (and --vocab/--merges) to use other files.
+The scale corpus (section 0) is web-like text built with a seed from ../shared (the course
+material; --input, --vocab and --merges take other files). Peers are imported only when their table
+runs. Tools take turns and medians are reported, because a shared machine's load changes under a
+benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
 import functools
@@ -29,10 +27,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import regex
+import torch
 
+import bpe
+import export
+import train
+from accounting import TINYSTORIES
+from model import TransformerLM, generate
 from safety import MIN_TEXT_VOCAB, atomic_file
 
 ROOT = Path(__file__).resolve().parent
@@ -65,6 +71,20 @@ def med(xs, unit="s"):
     return " / ".join(f"{x:.2f}" for x in xs) + f" {unit} (median {statistics.median(xs):.2f})"
 
 
+def take_turns(calls, rounds, sync=lambda: None):
+    """The calls {name: call} run in turn, round after round, so that the machine's load weighs on
+    each alike; sync() drains a GPU's queue around each. -> {name: [seconds]}, {name: [results]}."""
+    times, results = {name: [] for name in calls}, {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            sync()
+            t0 = time.perf_counter()
+            results[name].append(call())
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return times, results
+
+
 def tree_pss_mb(pid):
     """The summed Pss in MB of pid and all its descendants (forked workers and their children):
     Pss splits a shared page among its processes, where their RSS would count it in each."""
@@ -93,15 +113,15 @@ def child_argv(code, **constants):
     return [sys.executable, "-c", CHILD_PRELUDE + head + code]
 
 
-def run_measured(argv, env=None, every=0.05):
-    """Run argv as a whole process (cwd: this repo): its wall time, stdout, and the peak over time
-    of its tree's summed Pss, sampled every 50 ms. A `python -c` child's report is merged in."""
+def run_measured(argv, env=None):
+    """Run argv as a whole process (cwd: this repo): its wall time, and the peak of its tree's summed
+    Pss sampled every 50 ms; a `python -c` child's report merged in."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0, pss = time.perf_counter(), 0.0
         p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
         while p.poll() is None:
             pss = max(pss, tree_pss_mb(p.pid))
-            time.sleep(every)
+            time.sleep(0.05)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
         if p.returncode != 0:
@@ -203,10 +223,7 @@ def _mutate(rng, words, n):
 def _word_pool(rng, english, n_mutated):
     """English words by frequency (the head of the Zipf curve), then n_mutated distinct
     mutations of them in random order (its tail). Returns a numpy array of str."""
-    import regex
-    counts = {}
-    for w in regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english):
-        counts[w] = counts.get(w, 0) + 1
+    counts = Counter(regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english))
     real = sorted(counts, key=lambda w: (-counts[w], w))
     pool = dict.fromkeys(real)
     words = np.array([w.lower() for w in real if len(w) > 1], dtype=object)
@@ -275,7 +292,6 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
     seed always gives the same bytes. Documents are separated by <|endoftext|>.
     scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
-    import regex
     path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
     if path.is_file():
         return path
@@ -305,8 +321,6 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
 def distinct_pretokens(path):
     """How many distinct GPT-2 pre-tokens the corpus's documents have (as train_bpe counts them),
     counted once per corpus: the count is kept next to the file."""
-    import regex
-    import bpe
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
@@ -368,16 +382,14 @@ def train_argv(name, path, vocab_size, out_dir):
     if name == "python bpe.py train":
         return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
                 "--special-tokens", EOT, "--out", str(out_dir)]
-    import bpe
     return child_argv(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
 
 
 def train_table(path, vocab_size, repeats, hf_runs):
-    """One table: every tool on one corpus, whole processes, alternating, medians."""
-    mb = os.path.getsize(path) / 1e6
-    print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
-          f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
-          f"peak memory sampled every 50 ms: the summed Pss of the process tree", flush=True)
+    """One table: every tool on one corpus, whole processes taking turns, HF in the first hf_runs rounds."""
+    print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
+          f"{EOT} special; each tool a fresh process, {repeats} runs taking turns (HF tokenizers "
+          f"{min(hf_runs, repeats)})", flush=True)
     tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n], PEERS[n])]
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
@@ -385,7 +397,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
             for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
                 runs[name].append(run_measured(train_argv(name, path, vocab_size, d)))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
-    process_table(runs, "training call")               # (HF has no runs at 2 GB)
+    process_table(runs, "training call")  # (HF has no runs at 2 GB)
     last = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
@@ -396,7 +408,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 
 def bench_train(args):
-    """The issue's table: the scale corpora (--sizes, in MB) at --vocab-size; or --input."""
+    """The scale corpora (--sizes, in MB) at --vocab-size; or --input."""
     if args.input:
         return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
@@ -406,9 +418,8 @@ def bench_train(args):
     for mb in args.sizes:
         t0 = time.perf_counter()
         path = scale_corpus(mb)
-        n = distinct_pretokens(path)
-        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
-              f"built or found in {time.perf_counter() - t0:.0f} s)")
+        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({distinct_pretokens(path):,} distinct GPT-2 "
+              f"pre-tokens; built or found in {time.perf_counter() - t0:.0f} s)")
         # the 2 GB run is long: one run, no HF; HF once above 50 MB
         repeats, hf_runs = (1, 0) if mb > 500 else (args.repeats, 1 if mb > 50 else args.repeats)
         train_table(path, args.vocab_size, repeats, hf_runs)
@@ -464,17 +475,14 @@ def stdlib_source(limit=5_000_000):
     """The first `limit` bytes of Python's own standard library (.py files sorted by path,
     site-packages and files that are not UTF-8 left out), so that any machine has the same text."""
     import sysconfig
-    root = Path(sysconfig.get_paths()["stdlib"])
     parts, size = [], 0
-    for p in sorted(root.rglob("*.py")):
-        if "site-packages" in p.parts or size >= limit:
-            continue
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
         try:
-            text = p.read_text(encoding="utf-8")
+            if size < limit and "site-packages" not in p.parts:
+                parts.append(p.read_text(encoding="utf-8"))
+                size += len(parts[-1].encode("utf-8"))
         except (UnicodeDecodeError, OSError):
             continue
-        parts.append(text)
-        size += len(text.encode("utf-8"))
     return "".join(parts)
 
 
@@ -490,20 +498,16 @@ def small_documents(text, size=1000, total=1_400_000):
 
 
 def _encode_row(docs, files, enc, repeats):
-    """{tool: seconds per run} of one call per document, ours and tiktoken's alternating, a fresh
-    Tokenizer each run, ids checked identical document by document; and the last Tokenizer."""
-    import bpe
+    """{tool: [seconds]} of one call per document, ours and tiktoken's taking turns, a fresh Tokenizer
+    each run (its pre-token cache empty), ids checked identical document by document; the last Tokenizer."""
     times = {"ours": [], "tiktoken": []}
+    theirs = {"tiktoken": lambda: [enc.encode(doc, allowed_special="all") for doc in docs]} if enc else {}
     for _ in range(repeats):
         tok = bpe.Tokenizer.from_files(*files, [EOT])
-        tools = {"ours": tok.encode, "tiktoken": enc and functools.partial(enc.encode, allowed_special="all")}
-        ids = {}
-        for name, encode in tools.items():
-            if encode:
-                t0 = time.perf_counter()
-                ids[name] = [encode(doc) for doc in docs]
-                times[name].append(time.perf_counter() - t0)
+        run, ids = take_turns({"ours": lambda: [tok.encode(doc) for doc in docs], **theirs}, 1)
         assert ids.get("tiktoken", ids["ours"]) == ids["ours"], "the ids differ from tiktoken's"
+        for name, ts in run.items():
+            times[name] += ts
     return times, tok
 
 
@@ -512,7 +516,6 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
-    import bpe
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
@@ -527,9 +530,8 @@ def bench_encode(args):
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast._load_compiled_encoder()
-    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run (bpe.py's "
-          f"compiled encoder loaded once, untimed, in this process), {args.repeats} runs alternating "
-          f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
+    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, {args.repeats} runs "
+          f"taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
     for name, docs in rows.items():
@@ -538,17 +540,14 @@ def bench_encode(args):
         speed = {who: med([mb / t for t in ts], "MB/s") if ts else "-" for who, ts in times.items()}
         ratio = f"{statistics.median(times['tiktoken']) / statistics.median(times['ours']):.2f}x" if enc else "-"
         print(f"| {name} | {mb:.2f} | {len(docs):,} | {speed['ours']} | {speed['tiktoken']} | {ratio} |", flush=True)
-    t0 = time.perf_counter()
-    tok.encode(english)
+    again = take_turns({"English": lambda: tok.encode(english)}, 1)[0]["English"][0]
     print(f"English again with the last Tokenizer (its pre-token cache full): "
-          f"{len(english.encode('utf-8')) / 1e6 / (time.perf_counter() - t0):.2f} MB/s")
+          f"{len(english.encode('utf-8')) / 1e6 / again:.2f} MB/s")
     for name, text in STREAMS.items():  # streams with few places to cut: encode_iterable stays linear
-        t0 = time.perf_counter()
-        ids = tok.encode(text)
-        t1 = time.perf_counter()
-        same = list(tok.encode_iterable(io.StringIO(text))) == ids
-        print(f"encode_iterable on 1 MB of {name}: {time.perf_counter() - t1:.2f} s, encode {t1 - t0:.2f} s, "
-              f"same ids: {same}")
+        t, ids = take_turns({"encode": lambda: tok.encode(text),
+                             "encode_iterable": lambda: list(tok.encode_iterable(io.StringIO(text)))}, 1)
+        print(f"encode_iterable on 1 MB of {name}: {t['encode_iterable'][0]:.2f} s, encode {t['encode'][0]:.2f} s, "
+              f"same ids: {ids['encode'] == ids['encode_iterable']}")
     print(flush=True)
     bench_encode_file(args, files, ranks)
 
@@ -577,23 +576,19 @@ report(time.perf_counter() - t0, tokens=sum(map(len, ids)), id_sum=sum(map(sum, 
 
 
 def bench_encode_file(args, files, ranks):
-    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (when given its ranks),
-    whole processes."""
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its ranks), whole processes."""
     import base64
-    import bpe
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}), GPT-2's files, "
-          f"each tool a fresh process, {args.repeats} alternating runs; the call includes reading the file, not "
+          f"each tool a fresh process, {args.repeats} runs taking turns; the call includes reading the file, not "
           f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
-    runs = {n: [] for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")}
     with tempfile.TemporaryDirectory() as d:
         out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
         # tiktoken's own file format, so that its process needs no bpe.py
         Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
-        for _ in range(args.repeats):
-            for name in runs:
-                runs[name].append(run_measured(child_argv(ENCODE_FILE[name], PATH=str(path), OUT=out, FILES=files,
-                                                          RANKS=ranks_file, PAT=bpe.GPT2_PAT)))
+        argvs = {n: child_argv(code, PATH=str(path), OUT=out, FILES=files, RANKS=ranks_file, PAT=bpe.GPT2_PAT)
+                 for n, code in ENCODE_FILE.items() if ranks or not n.startswith("tiktoken")}
+        runs = take_turns({n: functools.partial(run_measured, argv) for n, argv in argvs.items()}, args.repeats)[1]
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
@@ -613,10 +608,8 @@ def bench_encode_file(args, files, ranks):
 def llama_step(cfg, micro):
     """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm,
     RoPE, SwiGLU, no biases, untied head, SDPA attention) with torch's own AdamW and loss."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    import export  # the mapping of this model's shape to a Llama's config lives there, once
-    shape = export.llama_config({**cfg, "tie_embeddings": False}, None)
+    shape = export.llama_config({**cfg, "tie_embeddings": False}, None)  # the mapping lives there, once
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -632,13 +625,10 @@ def llama_step(cfg, micro):
 
 
 def bench_step(argv):
-    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags. After
-    untimed warm-up steps the two take turns step by step (the same machine load for both); the GPU
-    queue is drained around each step, so that a time is the step's work."""
-    import torch
-    import train
+    """train.py's --benchmark step with HF Llama's steps taking turns with it; argv: train.py's
+    flags. The steps after the untimed warm-up ones are timed, the GPU queue drained around each."""
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
-    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama interleaved")
+    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama taking turns")
     try:
         cfg = train.resolve_config(["--benchmark", *argv])
     except train.safety.UsageError as e:
@@ -649,17 +639,8 @@ def bench_step(argv):
         steps = {"this project": ours}
         if peer("transformers", "transformers"):
             steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
-        for step in steps.values():
-            for _ in range(train.UNTIMED_STEPS):
-                step()
-        times = {name: [] for name in steps}
-        for _ in range(cfg["benchmark_steps"]):
-            for name, step in steps.items():
-                sync()
-                t0 = time.perf_counter()
-                step()
-                sync()
-                times[name].append(time.perf_counter() - t0)
+        take_turns(steps, train.UNTIMED_STEPS)
+        times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
     base, tokens = statistics.median(times["this project"]), cfg["batch_size"] * cfg["context_length"]
     print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
           f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
@@ -674,20 +655,15 @@ def bench_step(argv):
 # 4. Generation with and without the KV cache
 
 def bench_generate(args):
-    import torch
-    from accounting import TINYSTORIES
-    from model import TransformerLM, generate
     torch.manual_seed(0)
     m = TransformerLM(**TINYSTORIES, fast=args.fast)
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
           f"fast={args.fast}, {torch.get_num_threads()} threads")
-    out = {}
-    for use_cache in (True, False):
-        generate(m, [1], 4, temperature=0, use_cache=use_cache)  # warm-up
-        t0 = time.perf_counter()
-        out[use_cache] = generate(m, [1], args.new_tokens, temperature=0, use_cache=use_cache)
-        dt = time.perf_counter() - t0
-        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache]) / dt:7.1f} tokens/s")
+    for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
+        times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
+                                                              use_cache=use_cache) for use_cache in (True, False)}, 1)
+    for use_cache, (dt,) in times.items():
+        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache][0]) / dt:7.1f} tokens/s")
     print(f"same tokens with and without the cache: {out[True] == out[False]}")
 
 
