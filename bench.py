@@ -19,7 +19,6 @@ benchmark. Whole processes are measured from outside: wall time and peak memory 
 import argparse
 import functools
 import inspect
-import io
 import json
 import os
 import statistics
@@ -51,12 +50,12 @@ EOT = "<|endoftext|>"
 # ----------------------------------------------------------------------------
 # Helpers: peers, timings, child processes
 
-def peer(module, pip_name):
-    """Import an optional peer, or None after one line saying how to install it."""
+def peer(module):
+    """Import an optional peer, or None after one line saying how to install it (pip's name is the module's)."""
     try:
         return __import__(module)
     except ImportError:
-        print(f"  ({module} is not installed, so it is left out: pip install {pip_name})")
+        print(f"  ({module} is not installed, so it is left out: pip install {module})")
         return None
 
 
@@ -98,11 +97,13 @@ def tree_pss_mb(pid):
     return pss + sum(map(tree_pss_mb, kids))
 
 
-# A `python -c` child starts with this and ends with report(): its last line, a JSON dict.
+# A `python -c` child starts with this, sets t0 just before its timed call and ends with report(): its
+# last line, a JSON dict with import_s, the seconds before t0 (`import bpe` loads numba: the cold table).
 CHILD_PRELUDE = """
 import json, time
+START = time.perf_counter()
 def report(call_s, **extra):
-    print(json.dumps({"call_s": call_s, **extra}))
+    print(json.dumps({"call_s": call_s, "import_s": t0 - START, **extra}))
 """
 
 
@@ -132,8 +133,7 @@ def run_measured(argv, env=None):
 
 
 def process_table(runs, call="call"):
-    """Print one row per tool of {tool: [run_measured results]}: its call time (when the child
-    reports one), whole-process time and peak memory. A tool with no runs is left out."""
+    """One row per tool of {tool: [run_measured results]} (a tool with no runs is left out)."""
     print(f"| tool | {call} | whole process | peak Pss, process tree |")
     print("|---|---|---|---|")
     for name, rs in runs.items():
@@ -187,12 +187,11 @@ def zipf(pool, a=1.05, offset=3.0):
 
 def _typos(rng, words, n):
     """n words with one typo each: two letters swapped, one dropped, inserted or changed, or accented."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
     base = words[rng.integers(0, len(words), n)].tolist()
     op, pos, r = rng.integers(0, 5, n).tolist(), rng.random(n).tolist(), rng.random(n).tolist()
     out = []
     for w, o, p, r0 in zip(base, op, pos, r):
-        k, c = int(p * len(w)), letters[int(r0 * 26)]
+        k, c = int(p * len(w)), chr(ord("a") + int(r0 * 26))
         if o == 0 and k + 1 < len(w):
             w = w[:k] + w[k + 1] + w[k] + w[k + 2:]
         elif o == 1 and len(w) > 3:
@@ -288,9 +287,8 @@ def _chunk(rng, sample, sample_cyr, runs, n):
 
 
 def scale_corpus(megabytes, seed=0, cache=CACHE):
-    """Path of a web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace), built
-    once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
-    seed always gives the same bytes. Documents are separated by <|endoftext|>.
+    """A web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace; documents end with
+    <|endoftext|>), built once per (size, seed), the same bytes for the same seed, and kept in `cache`:
     scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
     path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
     if path.is_file():
@@ -307,14 +305,13 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
                     dtype=object)
     with atomic_file(path) as f:  # a corpus cut short by Ctrl-C is never found and used next time
-        size = 0
-        while size < target:
+        while target > 0:  # target: the bytes still to write
             blob = _chunk(rng, sample, sample_cyr, runs, 1_000_000).encode("utf-8")
-            if size + len(blob) > target:  # cut at the last ASCII whitespace: a character boundary
-                blob = blob[:max(blob.rfind(b" ", 0, target - size), blob.rfind(b"\n", 0, target - size)) + 1]
-                target = 0  # this was the last piece
+            if len(blob) > target:  # the last piece: cut at the last ASCII whitespace, a character boundary
+                blob = blob[:max(blob.rfind(b" ", 0, target), blob.rfind(b"\n", 0, target)) + 1]
+                target = len(blob)
             f.write(blob)
-            size += len(blob)
+            target -= len(blob)
     return path
 
 
@@ -374,7 +371,7 @@ rustbpe.Tokenizer().train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2
 report(time.perf_counter() - t0)
 """,
 }
-PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # module and pip name
+PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # the modules they import
 
 
 def train_argv(name, path, vocab_size, out_dir):
@@ -390,7 +387,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
     print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
           f"{EOT} special; each tool a fresh process, {repeats} runs taking turns (HF tokenizers "
           f"{min(hf_runs, repeats)})", flush=True)
-    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n], PEERS[n])]
+    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n])]
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
@@ -425,23 +422,19 @@ def bench_train(args):
         train_table(path, args.vocab_size, repeats, hf_runs)
 
 
-# A job in a fresh process, `import bpe` timed apart from the call: {job: (its label, its call)}.
-COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", "bpe.train_bpe(PATH, VOCAB, [EOT])"),
-             "encode": ("GPT-2 Tokenizer.from_files + encode, {}",
-                        "bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding='utf-8').read())")}
-COLD_CHILD = """
-t0 = time.perf_counter()
+# The cold table's jobs: {job: (its label, its child)}.
+COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", TRAINERS["bpe.train_bpe"]),
+             "encode": ("GPT-2 Tokenizer.from_files + encode, {}", """
 import bpe
-t1 = time.perf_counter()
-{job}
-report(time.perf_counter() - t1, import_s=t1 - t0)
-"""
+t0 = time.perf_counter()
+bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding="utf-8").read())
+report(time.perf_counter() - t0)
+""")}
 
 
 def bench_cold(args):
-    """What a student's first run costs: each job in three fresh processes sharing a new numba
-    cache directory: the first finds it empty (a fresh clone), the next two find what it saved
-    there; the difference is the one-off compile."""
+    """What a student's first run costs: each job in three fresh processes sharing a new numba cache
+    directory, empty for the first (a fresh clone); the difference is the one-off compile."""
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
@@ -454,13 +447,13 @@ def bench_cold(args):
         for i, (name, source) in enumerate([(text.name, text), (web, scale_corpus(5))]):
             cut, small = source.read_bytes()[:args.cold_bytes], Path(d, f"{i}.txt")
             small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)  # whole lines
-            kb = small.stat().st_size / 1e3
-            jobs += [(job, f"{kb:.0f} KB of {name}", small, args.cold_vocab) for job in COLD_JOBS]
+            where = f"{small.stat().st_size / 1e3:.0f} KB of {name}"
+            jobs += [(job, where, small, args.cold_vocab) for job in COLD_JOBS]
         jobs += [("train", "5 MB scale corpus", scale_corpus(5), 32_000),
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
             with tempfile.TemporaryDirectory() as cache:
-                argv = child_argv(COLD_CHILD.format(job=COLD_JOBS[job][1]), PATH=str(path), VOCAB=vocab, FILES=files)
+                argv = child_argv(COLD_JOBS[job][1], PATH=str(path), VOCAB=vocab, FILES=files)
                 cold, *warm = [run_measured(argv, {**os.environ, "NUMBA_CACHE_DIR": cache}) for _ in range(3)]
             print(f"| {COLD_JOBS[job][0].format(where, vocab)} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
                   f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / "
@@ -523,7 +516,7 @@ def bench_encode(args):
                                                               for p in sorted(SEEDS.glob("*.txt")))],
             "Python source, the stdlib's first 5 MB": [stdlib_source()],
             "1 KB documents of the English, one call each": small_documents(english)}
-    tiktoken = peer("tiktoken", "tiktoken")  # its GPT-2 is built offline from the same vocab file
+    tiktoken = peer("tiktoken")  # its GPT-2 is built offline from the same vocab file
     ranks = {t: i for i, t in bpe._load_vocab_file(files[0]).items() if t != EOT.encode()} if tiktoken else None
     enc = tiktoken and tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, mergeable_ranks=ranks,
                                          special_tokens={EOT: 50256})
@@ -545,7 +538,7 @@ def bench_encode(args):
           f"{len(english.encode('utf-8')) / 1e6 / again:.2f} MB/s")
     for name, text in STREAMS.items():  # streams with few places to cut: encode_iterable stays linear
         t, ids = take_turns({"encode": lambda: tok.encode(text),
-                             "encode_iterable": lambda: list(tok.encode_iterable(io.StringIO(text)))}, 1)
+                             "encode_iterable": lambda: list(tok.encode_iterable(text.splitlines(keepends=True)))}, 1)
         print(f"encode_iterable on 1 MB of {name}: {t['encode_iterable'][0]:.2f} s, encode {t['encode'][0]:.2f} s, "
               f"same ids: {ids['encode'] == ids['encode_iterable']}")
     print(flush=True)
@@ -593,13 +586,11 @@ def bench_encode_file(args, files, ranks):
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
     process_table(runs)
-    line = f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>"
     if ranks:
         theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
         assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
-        line += (f"; without them {ours[0]:,}, the same count and id sum as tiktoken's over "
-                 f"the {ours[2]:,} documents between the markers")
-    print(line, flush=True)
+    print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the {ours[2]:,} "
+          f"documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""), flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -637,7 +628,7 @@ def bench_step(argv):
     with train.torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours}
-        if peer("transformers", "transformers"):
+        if peer("transformers"):
             steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
         take_turns(steps, train.UNTIMED_STEPS)
         times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
