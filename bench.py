@@ -97,8 +97,8 @@ def tree_pss_mb(pid):
     return pss + sum(map(tree_pss_mb, kids))
 
 
-# A `python -c` child starts with this, sets t0 just before its timed call and ends with report(): its
-# last line, a JSON dict with import_s, the seconds before t0 (`import bpe` loads numba: the cold table).
+# Python code run by run_measured starts with this, sets t0 just before its timed call and ends with
+# report(): its last line, a JSON dict with import_s, the seconds before t0 (`import bpe` loads numba).
 CHILD_PRELUDE = """
 import json, time
 START = time.perf_counter()
@@ -107,16 +107,13 @@ def report(call_s, **extra):
 """
 
 
-def child_argv(code, **constants):
-    """The command running code in a fresh Python after CHILD_PRELUDE and the constants, e.g.
-    child_argv("report(1.0)", PATH="a.txt") runs `PATH = 'a.txt'` first; EOT is always set."""
-    head = "".join(f"{name} = {value!r}\n" for name, value in {"EOT": EOT, **constants}.items())
-    return [sys.executable, "-c", CHILD_PRELUDE + head + code]
-
-
-def run_measured(argv, env=None):
-    """Run argv as a whole process (cwd: this repo): its wall time, and the peak of its tree's summed
-    Pss sampled every 50 ms; a `python -c` child's report merged in."""
+def run_measured(argv, env=None, **constants):
+    """Run argv as a whole process (cwd: this repo): its wall time, and the peak of its tree's summed Pss
+    sampled every 50 ms. argv may be Python code, run in a fresh Python after CHILD_PRELUDE and the
+    constants (EOT always), its report merged in: run_measured("t0 = 0; report(1.0)", PATH="a.txt")."""
+    if isinstance(argv, str):
+        head = "".join(f"{name} = {value!r}\n" for name, value in {"EOT": EOT, **constants}.items())
+        argv = [sys.executable, "-c", CHILD_PRELUDE + head + argv]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0, pss = time.perf_counter(), 0.0
         p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
@@ -352,7 +349,7 @@ t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t0, merges=len(merges), longest=max(map(len, vocab.values())))
 """,
-    "python bpe.py train": None,  # the command line itself, see train_argv
+    "python bpe.py train": None,  # the command line itself, see train_run
     "HF tokenizers BpeTrainer": """
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 t0 = time.perf_counter()
@@ -374,12 +371,12 @@ report(time.perf_counter() - t0)
 PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # the modules they import
 
 
-def train_argv(name, path, vocab_size, out_dir):
-    """The command that trains with tool `name` as a whole process."""
+def train_run(name, path, vocab_size, out_dir):
+    """run_measured of tool `name` training on path."""
     if name == "python bpe.py train":
-        return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
-                "--special-tokens", EOT, "--out", str(out_dir)]
-    return child_argv(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
+        return run_measured([sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
+                             "--special-tokens", EOT, "--out", str(out_dir)])
+    return run_measured(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
 
 
 def train_table(path, vocab_size, repeats, hf_runs):
@@ -392,7 +389,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
             for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
-                runs[name].append(run_measured(train_argv(name, path, vocab_size, d)))
+                runs[name].append(train_run(name, path, vocab_size, d))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
     process_table(runs, "training call")  # (HF has no runs at 2 GB)
     last = runs["bpe.train_bpe"][-1]
@@ -410,7 +407,7 @@ def bench_train(args):
         return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
     # run fills that cache, so the table times what every later run costs (`cold` times the rest).
-    run_measured(train_argv("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir()))
+    train_run("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir())
     print("(one untimed bpe.train_bpe run on the 5 MB scale corpus first: numba's disk cache is warm)")
     for mb in args.sizes:
         t0 = time.perf_counter()
@@ -453,8 +450,8 @@ def bench_cold(args):
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
             with tempfile.TemporaryDirectory() as cache:
-                argv = child_argv(COLD_JOBS[job][1], PATH=str(path), VOCAB=vocab, FILES=files)
-                cold, *warm = [run_measured(argv, {**os.environ, "NUMBA_CACHE_DIR": cache}) for _ in range(3)]
+                cold, *warm = [run_measured(COLD_JOBS[job][1], {**os.environ, "NUMBA_CACHE_DIR": cache}, PATH=str(path),
+                                            VOCAB=vocab, FILES=files) for _ in range(3)]
             print(f"| {COLD_JOBS[job][0].format(where, vocab)} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
                   f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / "
                   f"{statistics.median(r['process_s'] for r in warm):.2f} s | "
@@ -568,9 +565,9 @@ def bench_encode_file(args, files, ranks):
         out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
         # tiktoken's own file format, so that its process needs no bpe.py
         Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
-        argvs = {n: child_argv(code, PATH=str(path), OUT=out, FILES=files, RANKS=ranks_file, PAT=bpe.GPT2_PAT)
-                 for n, code in ENCODE_FILE.items() if ranks or not n.startswith("tiktoken")}
-        runs = take_turns({n: functools.partial(run_measured, argv) for n, argv in argvs.items()}, args.repeats)[1]
+        tools = [n for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")]
+        runs = take_turns({n: functools.partial(run_measured, ENCODE_FILE[n], PATH=str(path), OUT=out, FILES=files,
+                                                RANKS=ranks_file, PAT=bpe.GPT2_PAT) for n in tools}, args.repeats)[1]
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
@@ -578,8 +575,8 @@ def bench_encode_file(args, files, ranks):
     if ranks:
         theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
         assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
-    print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the {ours[2]:,} "
-          f"documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""), flush=True)
+    print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the "
+          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""))
 
 
 # ----------------------------------------------------------------------------
@@ -654,9 +651,10 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["step"]:  # the rest are train.py's flags
         return bench_step(argv[1:])
+    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
+              "step": lambda args: bench_step([]), "generate": bench_generate}
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
-    ap.add_argument("what", nargs="?", default="all",
-                    choices=["all", "train", "cold", "encode", "generate"])
+    ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
@@ -682,8 +680,6 @@ def main(argv=None):
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
-    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
-              "step": lambda args: bench_step([]), "generate": bench_generate}
     for what in tables if args.what == "all" else [args.what]:
         tables[what](args)
         print(flush=True)

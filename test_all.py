@@ -3553,7 +3553,7 @@ if os.fork() == 0:
 os.wait()
 report(0.0)
 """
-    r = bench.run_measured(bench.child_argv(code))
+    r = bench.run_measured(code)
     assert 280 < r["pss_mb"] < 420, r  # 200 shared once + 100 own (+ Python), not 200 twice
     assert r["process_s"] > 0.6, r
 
