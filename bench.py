@@ -1,13 +1,11 @@
 """Every comparison of this project with other tools, and the scale tables README quotes.
 
     python bench.py              # the tables README quotes: train, cold, encode, step, generate
-    python bench.py train        # train_bpe and `bpe.py train` vs HF tokenizers and rustbpe, whole
-                                 # processes, on the 50 and 200 MB scale corpora, vocab 32k
+    python bench.py train        # train_bpe, `bpe.py train`, HF tokenizers, rustbpe: 50 and 200 MB, vocab 32k
     python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
     python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
-    python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
-                                 # documents); encode_file vs tiktoken's batch on 200 MB (--encode-mb)
+    python bench.py encode       # Tokenizer.encode, then encode_file on 200 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
