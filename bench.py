@@ -1,27 +1,22 @@
 """Every comparison of this project with other tools, and the scale tables README quotes.
 
     python bench.py              # the tables README quotes: train, cold, encode, step, generate
-    python bench.py train        # train_bpe and `bpe.py train` vs HF tokenizers and rustbpe, whole
-                                 # processes, on the 50 and 200 MB scale corpora, vocab 32k
+    python bench.py train        # train_bpe, `bpe.py train`, HF tokenizers, rustbpe: 50 and 200 MB, vocab 32k
     python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
     python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
-    python bench.py encode       # Tokenizer.encode vs tiktoken (English, Chinese, Python, 1 KB
-                                 # documents); encode_file vs tiktoken's batch on 200 MB (--encode-mb)
+    python bench.py encode       # Tokenizer.encode, then encode_file on 200 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built from ../shared with a seed. The peers are
-imported only when their table runs. A and B alternate and medians are reported, because a shared
-machine's load changes under a benchmark. Whole processes are measured from outside: wall time, and
-the peak of the summed Pss of the process and all its descendants, sampled every 50 ms from /proc
-(forked workers share pages with their parent, so Pss, not RSS, is the fair sum). Default inputs
-come from ../shared; pass --input (and --vocab/--merges) to use other files.
+The scale corpus (section 0) is web-like text built with a seed from ../shared (the course
+material; --input, --vocab and --merges take other files). Peers are imported only when their table
+runs. Tools take turns and medians are reported, because a shared machine's load changes under a
+benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
 import functools
 import inspect
-import io
 import json
 import os
 import statistics
@@ -29,10 +24,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import regex
+import torch
 
+import bpe
+import export
+import train
+from accounting import TINYSTORIES
+from model import TransformerLM, generate
 from safety import MIN_TEXT_VOCAB, atomic_file
 
 ROOT = Path(__file__).resolve().parent
@@ -45,12 +48,12 @@ EOT = "<|endoftext|>"
 # ----------------------------------------------------------------------------
 # Helpers: peers, timings, child processes
 
-def peer(module, pip_name):
-    """Import an optional peer, or None after one line saying how to install it."""
+def peer(module):
+    """Import an optional peer, or None after one line saying how to install it (pip's name is the module's)."""
     try:
         return __import__(module)
     except ImportError:
-        print(f"  ({module} is not installed, so it is left out: pip install {pip_name})")
+        print(f"  ({module} is not installed, so it is left out: pip install {module})")
         return None
 
 
@@ -63,6 +66,20 @@ def need_file(path, what):
 def med(xs, unit="s"):
     """'a / b / c s (median m)'."""
     return " / ".join(f"{x:.2f}" for x in xs) + f" {unit} (median {statistics.median(xs):.2f})"
+
+
+def take_turns(calls, rounds, sync=lambda: None):
+    """The calls {name: call} run in turn, round after round, so that the machine's load weighs on
+    each alike; sync() drains a GPU's queue around each. -> {name: [seconds]}, {name: [results]}."""
+    times, results = {name: [] for name in calls}, {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            sync()
+            t0 = time.perf_counter()
+            results[name].append(call())
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return times, results
 
 
 def tree_pss_mb(pid):
@@ -78,30 +95,29 @@ def tree_pss_mb(pid):
     return pss + sum(map(tree_pss_mb, kids))
 
 
-# A `python -c` child starts with this and ends with report(): its last line, a JSON dict.
+# Python code run by run_measured starts with this, sets t0 just before its timed call and ends with
+# report(): its last line, a JSON dict with import_s, the seconds before t0 (`import bpe` loads numba).
 CHILD_PRELUDE = """
 import json, time
+START = time.perf_counter()
 def report(call_s, **extra):
-    print(json.dumps({"call_s": call_s, **extra}))
+    print(json.dumps({"call_s": call_s, "import_s": t0 - START, **extra}))
 """
 
 
-def child_argv(code, **constants):
-    """The command running code in a fresh Python after CHILD_PRELUDE and the constants, e.g.
-    child_argv("report(1.0)", PATH="a.txt") runs `PATH = 'a.txt'` first; EOT is always set."""
-    head = "".join(f"{name} = {value!r}\n" for name, value in {"EOT": EOT, **constants}.items())
-    return [sys.executable, "-c", CHILD_PRELUDE + head + code]
-
-
-def run_measured(argv, env=None, every=0.05):
-    """Run argv as a whole process (cwd: this repo): its wall time, stdout, and the peak over time
-    of its tree's summed Pss, sampled every 50 ms. A `python -c` child's report is merged in."""
+def run_measured(argv, env=None, **constants):
+    """Run argv as a whole process (cwd: this repo): its wall time, and the peak of its tree's summed Pss
+    sampled every 50 ms. argv may be Python code, run in a fresh Python after CHILD_PRELUDE and the
+    constants (EOT always), its report merged in: run_measured("t0 = 0; report(1.0)", PATH="a.txt")."""
+    if isinstance(argv, str):
+        head = "".join(f"{name} = {value!r}\n" for name, value in {"EOT": EOT, **constants}.items())
+        argv = [sys.executable, "-c", CHILD_PRELUDE + head + argv]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0, pss = time.perf_counter(), 0.0
         p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, env=env)
         while p.poll() is None:
             pss = max(pss, tree_pss_mb(p.pid))
-            time.sleep(every)
+            time.sleep(0.05)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
         if p.returncode != 0:
@@ -112,8 +128,7 @@ def run_measured(argv, env=None, every=0.05):
 
 
 def process_table(runs, call="call"):
-    """Print one row per tool of {tool: [run_measured results]}: its call time (when the child
-    reports one), whole-process time and peak memory. A tool with no runs is left out."""
+    """One row per tool of {tool: [run_measured results]} (a tool with no runs is left out)."""
     print(f"| tool | {call} | whole process | peak Pss, process tree |")
     print("|---|---|---|---|")
     for name, rs in runs.items():
@@ -167,12 +182,11 @@ def zipf(pool, a=1.05, offset=3.0):
 
 def _typos(rng, words, n):
     """n words with one typo each: two letters swapped, one dropped, inserted or changed, or accented."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
     base = words[rng.integers(0, len(words), n)].tolist()
     op, pos, r = rng.integers(0, 5, n).tolist(), rng.random(n).tolist(), rng.random(n).tolist()
     out = []
     for w, o, p, r0 in zip(base, op, pos, r):
-        k, c = int(p * len(w)), letters[int(r0 * 26)]
+        k, c = int(p * len(w)), chr(ord("a") + int(r0 * 26))
         if o == 0 and k + 1 < len(w):
             w = w[:k] + w[k + 1] + w[k] + w[k + 2:]
         elif o == 1 and len(w) > 3:
@@ -203,10 +217,7 @@ def _mutate(rng, words, n):
 def _word_pool(rng, english, n_mutated):
     """English words by frequency (the head of the Zipf curve), then n_mutated distinct
     mutations of them in random order (its tail). Returns a numpy array of str."""
-    import regex
-    counts = {}
-    for w in regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english):
-        counts[w] = counts.get(w, 0) + 1
+    counts = Counter(regex.findall(r"[A-Za-z]+(?:'[a-z]+)?", english))
     real = sorted(counts, key=lambda w: (-counts[w], w))
     pool = dict.fromkeys(real)
     words = np.array([w.lower() for w in real if len(w) > 1], dtype=object)
@@ -271,11 +282,9 @@ def _chunk(rng, sample, sample_cyr, runs, n):
 
 
 def scale_corpus(megabytes, seed=0, cache=CACHE):
-    """Path of a web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace), built
-    once per (size, seed) and kept in `cache` (~/.cache/cs336-bench/ by default). The same
-    seed always gives the same bytes. Documents are separated by <|endoftext|>.
+    """A web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace; documents end with
+    <|endoftext|>), built once per (size, seed), the same bytes for the same seed, and kept in `cache`:
     scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
-    import regex
     path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
     if path.is_file():
         return path
@@ -291,22 +300,19 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
                     dtype=object)
     with atomic_file(path) as f:  # a corpus cut short by Ctrl-C is never found and used next time
-        size = 0
-        while size < target:
+        while target > 0:  # target: the bytes still to write
             blob = _chunk(rng, sample, sample_cyr, runs, 1_000_000).encode("utf-8")
-            if size + len(blob) > target:  # cut at the last ASCII whitespace: a character boundary
-                blob = blob[:max(blob.rfind(b" ", 0, target - size), blob.rfind(b"\n", 0, target - size)) + 1]
-                target = 0  # this was the last piece
+            if len(blob) > target:  # the last piece: cut at the last ASCII whitespace, a character boundary
+                blob = blob[:max(blob.rfind(b" ", 0, target), blob.rfind(b"\n", 0, target)) + 1]
+                target = len(blob)
             f.write(blob)
-            size += len(blob)
+            target -= len(blob)
     return path
 
 
 def distinct_pretokens(path):
     """How many distinct GPT-2 pre-tokens the corpus's documents have (as train_bpe counts them),
     counted once per corpus: the count is kept next to the file."""
-    import regex
-    import bpe
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
@@ -341,7 +347,7 @@ t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(PATH, VOCAB, [EOT])
 report(time.perf_counter() - t0, merges=len(merges), longest=max(map(len, vocab.values())))
 """,
-    "python bpe.py train": None,  # the command line itself, see train_argv
+    "python bpe.py train": None,  # the command line itself, see train_run
     "HF tokenizers BpeTrainer": """
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 t0 = time.perf_counter()
@@ -360,32 +366,30 @@ rustbpe.Tokenizer().train_from_iterator(documents(PATH), VOCAB - 1, pattern=GPT2
 report(time.perf_counter() - t0)
 """,
 }
-PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # module and pip name
+PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # the modules they import
 
 
-def train_argv(name, path, vocab_size, out_dir):
-    """The command that trains with tool `name` as a whole process."""
+def train_run(name, path, vocab_size, out_dir):
+    """run_measured of tool `name` training on path."""
     if name == "python bpe.py train":
-        return [sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
-                "--special-tokens", EOT, "--out", str(out_dir)]
-    import bpe
-    return child_argv(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
+        return run_measured([sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
+                             "--special-tokens", EOT, "--out", str(out_dir)])
+    return run_measured(DOCUMENTS_SOURCE + TRAINERS[name], PATH=str(path), VOCAB=vocab_size, GPT2_PAT=bpe.GPT2_PAT)
 
 
 def train_table(path, vocab_size, repeats, hf_runs):
-    """One table: every tool on one corpus, whole processes, alternating, medians."""
-    mb = os.path.getsize(path) / 1e6
-    print(f"## BPE training: {Path(path).name} ({mb:.1f} MB), vocab {vocab_size:,}, {EOT} special; "
-          f"each tool a fresh process, {repeats} alternating runs (HF tokenizers {min(hf_runs, repeats)}); "
-          f"peak memory sampled every 50 ms: the summed Pss of the process tree", flush=True)
-    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n], PEERS[n])]
+    """One table: every tool on one corpus, whole processes taking turns, HF in the first hf_runs rounds."""
+    print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
+          f"{EOT} special; each tool a fresh process, {repeats} runs taking turns (HF tokenizers "
+          f"{min(hf_runs, repeats)})", flush=True)
+    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n])]
     runs = {name: [] for name in tools}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
             for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
-                runs[name].append(run_measured(train_argv(name, path, vocab_size, d)))
+                runs[name].append(train_run(name, path, vocab_size, d))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
-    process_table(runs, "training call")               # (HF has no runs at 2 GB)
+    process_table(runs, "training call")  # (HF has no runs at 2 GB)
     last = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
@@ -396,41 +400,36 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 
 def bench_train(args):
-    """The issue's table: the scale corpora (--sizes, in MB) at --vocab-size; or --input."""
+    """The scale corpora (--sizes, in MB) at --vocab-size; or --input."""
     if args.input:
         return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
     # run fills that cache, so the table times what every later run costs (`cold` times the rest).
-    run_measured(train_argv("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir()))
+    train_run("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir())
     print("(one untimed bpe.train_bpe run on the 5 MB scale corpus first: numba's disk cache is warm)")
     for mb in args.sizes:
         t0 = time.perf_counter()
         path = scale_corpus(mb)
-        n = distinct_pretokens(path)
-        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({n:,} distinct GPT-2 pre-tokens; "
-              f"built or found in {time.perf_counter() - t0:.0f} s)")
+        print(f"# scale corpus {mb:g} MB, seed 0: {path} ({distinct_pretokens(path):,} distinct GPT-2 "
+              f"pre-tokens; built or found in {time.perf_counter() - t0:.0f} s)")
         # the 2 GB run is long: one run, no HF; HF once above 50 MB
         repeats, hf_runs = (1, 0) if mb > 500 else (args.repeats, 1 if mb > 50 else args.repeats)
         train_table(path, args.vocab_size, repeats, hf_runs)
 
 
-# A job in a fresh process, `import bpe` timed apart from the call: {job: (its label, its call)}.
-COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", "bpe.train_bpe(PATH, VOCAB, [EOT])"),
-             "encode": ("GPT-2 Tokenizer.from_files + encode, {}",
-                        "bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding='utf-8').read())")}
-COLD_CHILD = """
-t0 = time.perf_counter()
+# The cold table's jobs: {job: (its label, its child)}.
+COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", TRAINERS["bpe.train_bpe"]),
+             "encode": ("GPT-2 Tokenizer.from_files + encode, {}", """
 import bpe
-t1 = time.perf_counter()
-{job}
-report(time.perf_counter() - t1, import_s=t1 - t0)
-"""
+t0 = time.perf_counter()
+bpe.Tokenizer.from_files(*FILES, [EOT]).encode(open(PATH, encoding="utf-8").read())
+report(time.perf_counter() - t0)
+""")}
 
 
 def bench_cold(args):
-    """What a student's first run costs: each job in three fresh processes sharing a new numba
-    cache directory: the first finds it empty (a fresh clone), the next two find what it saved
-    there; the difference is the one-off compile."""
+    """What a student's first run costs: each job in three fresh processes sharing a new numba cache
+    directory, empty for the first (a fresh clone); the difference is the one-off compile."""
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
@@ -443,14 +442,14 @@ def bench_cold(args):
         for i, (name, source) in enumerate([(text.name, text), (web, scale_corpus(5))]):
             cut, small = source.read_bytes()[:args.cold_bytes], Path(d, f"{i}.txt")
             small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)  # whole lines
-            kb = small.stat().st_size / 1e3
-            jobs += [(job, f"{kb:.0f} KB of {name}", small, args.cold_vocab) for job in COLD_JOBS]
+            where = f"{small.stat().st_size / 1e3:.0f} KB of {name}"
+            jobs += [(job, where, small, args.cold_vocab) for job in COLD_JOBS]
         jobs += [("train", "5 MB scale corpus", scale_corpus(5), 32_000),
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
             with tempfile.TemporaryDirectory() as cache:
-                argv = child_argv(COLD_CHILD.format(job=COLD_JOBS[job][1]), PATH=str(path), VOCAB=vocab, FILES=files)
-                cold, *warm = [run_measured(argv, {**os.environ, "NUMBA_CACHE_DIR": cache}) for _ in range(3)]
+                cold, *warm = [run_measured(COLD_JOBS[job][1], {**os.environ, "NUMBA_CACHE_DIR": cache}, PATH=str(path),
+                                            VOCAB=vocab, FILES=files) for _ in range(3)]
             print(f"| {COLD_JOBS[job][0].format(where, vocab)} | {cold['call_s']:.2f} s ({cold['import_s']:.2f} s) | "
                   f"{med([r['call_s'] for r in warm])} | {cold['process_s']:.2f} / "
                   f"{statistics.median(r['process_s'] for r in warm):.2f} s | "
@@ -464,17 +463,14 @@ def stdlib_source(limit=5_000_000):
     """The first `limit` bytes of Python's own standard library (.py files sorted by path,
     site-packages and files that are not UTF-8 left out), so that any machine has the same text."""
     import sysconfig
-    root = Path(sysconfig.get_paths()["stdlib"])
     parts, size = [], 0
-    for p in sorted(root.rglob("*.py")):
-        if "site-packages" in p.parts or size >= limit:
-            continue
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
         try:
-            text = p.read_text(encoding="utf-8")
+            if size < limit and "site-packages" not in p.parts:
+                parts.append(p.read_text(encoding="utf-8"))
+                size += len(parts[-1].encode("utf-8"))
         except (UnicodeDecodeError, OSError):
             continue
-        parts.append(text)
-        size += len(text.encode("utf-8"))
     return "".join(parts)
 
 
@@ -489,30 +485,11 @@ def small_documents(text, size=1000, total=1_400_000):
     return docs
 
 
-def _encode_row(docs, files, enc, repeats):
-    """{tool: seconds per run} of one call per document, ours and tiktoken's alternating, a fresh
-    Tokenizer each run, ids checked identical document by document; and the last Tokenizer."""
-    import bpe
-    times = {"ours": [], "tiktoken": []}
-    for _ in range(repeats):
-        tok = bpe.Tokenizer.from_files(*files, [EOT])
-        tools = {"ours": tok.encode, "tiktoken": enc and functools.partial(enc.encode, allowed_special="all")}
-        ids = {}
-        for name, encode in tools.items():
-            if encode:
-                t0 = time.perf_counter()
-                ids[name] = [encode(doc) for doc in docs]
-                times[name].append(time.perf_counter() - t0)
-        assert ids.get("tiktoken", ids["ours"]) == ids["ours"], "the ids differ from tiktoken's"
-    return times, tok
-
-
 STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没有空格的段落。" * 30] * 1000),
            "tab-indented lines": "\tfoo(bar);\n" * 100_000}
 
 
 def bench_encode(args):
-    import bpe
     files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
@@ -520,35 +497,34 @@ def bench_encode(args):
                                                               for p in sorted(SEEDS.glob("*.txt")))],
             "Python source, the stdlib's first 5 MB": [stdlib_source()],
             "1 KB documents of the English, one call each": small_documents(english)}
-    tiktoken = peer("tiktoken", "tiktoken")  # its GPT-2 is built offline from the same vocab file
+    tiktoken = peer("tiktoken")  # its GPT-2 is built offline from the same vocab file
     ranks = {t: i for i, t in bpe._load_vocab_file(files[0]).items() if t != EOT.encode()} if tiktoken else None
     enc = tiktoken and tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, mergeable_ranks=ranks,
                                          special_tokens={EOT: 50256})
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast._load_compiled_encoder()
-    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run (bpe.py's "
-          f"compiled encoder loaded once, untimed, in this process), {args.repeats} runs alternating "
-          f"with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
+    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, {args.repeats} runs "
+          f"taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
-    for name, docs in rows.items():
+    for name, docs in rows.items():  # one call per document
+        toks = [bpe.Tokenizer.from_files(*files, [EOT]) for _ in range(args.repeats)]  # a fresh one each run
+        calls = {"ours": lambda: list(map(toks.pop().encode, docs))}
+        if enc:
+            calls["tiktoken"] = lambda: [enc.encode(doc, allowed_special="all") for doc in docs]
+        times, ids = take_turns(calls, args.repeats)
+        assert ids.get("tiktoken", ids["ours"]) == ids["ours"], "the ids differ from tiktoken's"
         mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
-        times, tok = _encode_row(docs, files, enc, args.repeats)
-        speed = {who: med([mb / t for t in ts], "MB/s") if ts else "-" for who, ts in times.items()}
+        speed = {"tiktoken": "-"} | {who: med([mb / t for t in ts], "MB/s") for who, ts in times.items()}
         ratio = f"{statistics.median(times['tiktoken']) / statistics.median(times['ours']):.2f}x" if enc else "-"
         print(f"| {name} | {mb:.2f} | {len(docs):,} | {speed['ours']} | {speed['tiktoken']} | {ratio} |", flush=True)
-    t0 = time.perf_counter()
-    tok.encode(english)
-    print(f"English again with the last Tokenizer (its pre-token cache full): "
-          f"{len(english.encode('utf-8')) / 1e6 / (time.perf_counter() - t0):.2f} MB/s")
+    tok = bpe.Tokenizer.from_files(*files, [EOT])
     for name, text in STREAMS.items():  # streams with few places to cut: encode_iterable stays linear
-        t0 = time.perf_counter()
-        ids = tok.encode(text)
-        t1 = time.perf_counter()
-        same = list(tok.encode_iterable(io.StringIO(text))) == ids
-        print(f"encode_iterable on 1 MB of {name}: {time.perf_counter() - t1:.2f} s, encode {t1 - t0:.2f} s, "
-              f"same ids: {same}")
+        t, ids = take_turns({"encode": lambda: tok.encode(text),
+                             "encode_iterable": lambda: list(tok.encode_iterable(text.splitlines(keepends=True)))}, 1)
+        print(f"encode_iterable on 1 MB of {name}: {t['encode_iterable'][0]:.2f} s, encode {t['encode'][0]:.2f} s, "
+              f"same ids: {ids['encode'] == ids['encode_iterable']}")
     print(flush=True)
     bench_encode_file(args, files, ranks)
 
@@ -577,34 +553,28 @@ report(time.perf_counter() - t0, tokens=sum(map(len, ids)), id_sum=sum(map(sum, 
 
 
 def bench_encode_file(args, files, ranks):
-    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (when given its ranks),
-    whole processes."""
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its ranks), whole processes."""
     import base64
-    import bpe
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}), GPT-2's files, "
-          f"each tool a fresh process, {args.repeats} alternating runs; the call includes reading the file, not "
+          f"each tool a fresh process, {args.repeats} runs taking turns; the call includes reading the file, not "
           f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
-    runs = {n: [] for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")}
     with tempfile.TemporaryDirectory() as d:
         out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
         # tiktoken's own file format, so that its process needs no bpe.py
         Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
-        for _ in range(args.repeats):
-            for name in runs:
-                runs[name].append(run_measured(child_argv(ENCODE_FILE[name], PATH=str(path), OUT=out, FILES=files,
-                                                          RANKS=ranks_file, PAT=bpe.GPT2_PAT)))
+        tools = [n for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")]
+        runs = take_turns({n: functools.partial(run_measured, ENCODE_FILE[n], PATH=str(path), OUT=out, FILES=files,
+                                                RANKS=ranks_file, PAT=bpe.GPT2_PAT) for n in tools}, args.repeats)[1]
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
     process_table(runs)
-    line = f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>"
     if ranks:
         theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
         assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
-        line += (f"; without them {ours[0]:,}, the same count and id sum as tiktoken's over "
-                 f"the {ours[2]:,} documents between the markers")
-    print(line, flush=True)
+    print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the "
+          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""))
 
 
 # ----------------------------------------------------------------------------
@@ -613,10 +583,8 @@ def bench_encode_file(args, files, ranks):
 def llama_step(cfg, micro):
     """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm,
     RoPE, SwiGLU, no biases, untied head, SDPA attention) with torch's own AdamW and loss."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    import export  # the mapping of this model's shape to a Llama's config lives there, once
-    shape = export.llama_config({**cfg, "tie_embeddings": False}, None)
+    shape = export.llama_config({**cfg, "tie_embeddings": False}, None)  # the mapping lives there, once
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -632,13 +600,10 @@ def llama_step(cfg, micro):
 
 
 def bench_step(argv):
-    """train.py's --benchmark step with HF Llama's steps interleaved; argv: train.py's flags. After
-    untimed warm-up steps the two take turns step by step (the same machine load for both); the GPU
-    queue is drained around each step, so that a time is the step's work."""
-    import torch
-    import train
+    """train.py's --benchmark step with HF Llama's steps taking turns with it; argv: train.py's
+    flags. The steps after the untimed warm-up ones are timed, the GPU queue drained around each."""
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
-    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama interleaved")
+    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama taking turns")
     try:
         cfg = train.resolve_config(["--benchmark", *argv])
     except train.safety.UsageError as e:
@@ -647,19 +612,10 @@ def bench_step(argv):
     with train.torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours}
-        if peer("transformers", "transformers"):
+        if peer("transformers"):
             steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
-        for step in steps.values():
-            for _ in range(train.UNTIMED_STEPS):
-                step()
-        times = {name: [] for name in steps}
-        for _ in range(cfg["benchmark_steps"]):
-            for name, step in steps.items():
-                sync()
-                t0 = time.perf_counter()
-                step()
-                sync()
-                times[name].append(time.perf_counter() - t0)
+        take_turns(steps, train.UNTIMED_STEPS)
+        times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
     base, tokens = statistics.median(times["this project"]), cfg["batch_size"] * cfg["context_length"]
     print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
           f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
@@ -674,20 +630,15 @@ def bench_step(argv):
 # 4. Generation with and without the KV cache
 
 def bench_generate(args):
-    import torch
-    from accounting import TINYSTORIES
-    from model import TransformerLM, generate
     torch.manual_seed(0)
     m = TransformerLM(**TINYSTORIES, fast=args.fast)
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
           f"fast={args.fast}, {torch.get_num_threads()} threads")
-    out = {}
-    for use_cache in (True, False):
-        generate(m, [1], 4, temperature=0, use_cache=use_cache)  # warm-up
-        t0 = time.perf_counter()
-        out[use_cache] = generate(m, [1], args.new_tokens, temperature=0, use_cache=use_cache)
-        dt = time.perf_counter() - t0
-        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache]) / dt:7.1f} tokens/s")
+    for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
+        times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
+                                                              use_cache=use_cache) for use_cache in (True, False)}, 1)
+    for use_cache, (dt,) in times.items():
+        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache][0]) / dt:7.1f} tokens/s")
     print(f"same tokens with and without the cache: {out[True] == out[False]}")
 
 
@@ -698,9 +649,10 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["step"]:  # the rest are train.py's flags
         return bench_step(argv[1:])
+    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
+              "step": lambda args: bench_step([]), "generate": bench_generate}
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
-    ap.add_argument("what", nargs="?", default="all",
-                    choices=["all", "train", "cold", "encode", "generate"])
+    ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
@@ -726,8 +678,6 @@ def main(argv=None):
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
-    tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
-              "step": lambda args: bench_step([]), "generate": bench_generate}
     for what in tables if args.what == "all" else [args.what]:
         tables[what](args)
         print(flush=True)

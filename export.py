@@ -156,9 +156,8 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
 
 
 def export_run(run_dir, out_dir, overwrite, model_kwargs):
-    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf, model_kwargs(config)
-    giving TransformerLM's arguments; a missing or damaged run, an ablation or an existing DIR is
-    one sentence (UsageError)."""
+    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
+    TransformerLM's arguments); a missing or damaged run, an ablation or an existing DIR: UsageError."""
     ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
     if not ckpt.exists():
         raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
