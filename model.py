@@ -259,11 +259,10 @@ class TransformerBlock(nn.Module):
 
 class TransformerLM(nn.Module):
     """token ids (B, T) -> embeddings -> num_layers blocks -> ln_final -> lm_head -> logits (B, T, vocab).
-    Ablations (keyword-only): no_norm (no RMSNorm anywhere), post_norm, nope (no position
-    information at all), silu_ffn (W2 silu(W1 x), pass d_ff = 4 d_model), tie_embeddings
-    (lm_head.weight is token_embeddings.weight; both keys stay in the state dict, as in
-    nanoGPT). fast=True selects fused kernels with identical parameters.
-    """
+    Ablations (keyword-only): no_norm, post_norm, silu_ffn (as in TransformerBlock; no_norm also
+    drops ln_final), nope (no position information at all), tie_embeddings (lm_head.weight is
+    token_embeddings.weight; both keys stay in the state dict, as in nanoGPT).
+    fast=True selects fused kernels with identical parameters."""
 
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
                  rope_theta=10000.0, device=None, dtype=None, *, no_norm=False, post_norm=False,
@@ -329,8 +328,7 @@ def _sample(logits, temperature, top_p, generator):
         sorted_p, order = probs.sort(-1, descending=True)
         # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -370,32 +368,28 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
     pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
-    was_training = model.training
-    model.eval()
-    try:
-        out, done, cache = [[] for _ in range(B)], [False] * B, None
-        for _ in range(max_new_tokens):
-            # cached: one new position attends to everything cached so far; else the reference forward
-            # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
-            cached = use_cache and cache is not None and cache[0].n < C
-            if not cached:
-                cache = [KVCache(C) for _ in model.layers] if use_cache and ids.shape[1] < C else None
-            T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
-            # RoPE positions count real tokens only: each row's first real token is position 0
-            pos = (w_valid.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
-            # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
-            mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
-            logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
-            nxt = _sample(logits, temperature, top_p, generator)  # (B,)
-            # two host syncs per step, whatever B: this tolist() and forward's token-id check
-            for b, t in enumerate(nxt.tolist()):
-                done[b] = done[b] or t == stop_id
-                if not done[b]:
-                    out[b].append(t)
-            if all(done):
-                break
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
-    finally:
-        model.train(was_training)
+    # no model.eval(): the model has no dropout, so its train and eval modes compute the same
+    out, done, cache = [[] for _ in range(B)], [False] * B, None
+    for _ in range(max_new_tokens):
+        # cached: one new position attends to everything cached so far; else the reference forward
+        # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
+        cached = use_cache and cache is not None and cache[0].n < C
+        if not cached:
+            cache = [KVCache(C) for _ in model.layers] if use_cache and ids.shape[1] < C else None
+        T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
+        # RoPE positions count real tokens only: each row's first real token is position 0
+        pos = (w_valid.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
+        mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
+        logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
+        nxt = _sample(logits, temperature, top_p, generator)  # (B,)
+        # two host syncs per step, whatever B: this tolist() and forward's token-id check
+        for b, t in enumerate(nxt.tolist()):
+            done[b] = done[b] or t == stop_id
+            if not done[b]:
+                out[b].append(t)
+        if all(done):
+            break
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
     return out if batched else out[0]
