@@ -481,17 +481,18 @@ class Tokenizer:
             if b not in token_id:
                 token_id[b] = max(self.vocab, default=-1) + 1
                 self.vocab[token_id[b]] = b
-        missing = [b for b in range(256) if bytes([b]) not in token_id]
-        if missing:
-            raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
+        self._byte_ids = [token_id.get(bytes([b])) for b in range(256)]
+        if None in self._byte_ids:
+            raise ValueError(f"the vocab lacks the single byte 0x{self._byte_ids.index(None):02x}; a "
                              "byte-level vocab needs all 256")
         _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
-        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
         # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
-        self._merge_rank = {(token_id[left], token_id[right]): (rank, token_id[left + right])
-                            for rank, (left, right) in reversed(list(enumerate(self.merges)))}
+        self._merge_rank = {}
+        for rank, (left, right) in enumerate(self.merges):
+            self._merge_rank.setdefault((token_id[left], token_id[right]),
+                                        (rank, token_id[left + right]))
         self._cache, self._plain_chars = {}, 0
         self._engine = bpe_fast.Encoder(self._byte_ids, self._merge_rank,    # (see encode)
                                         {s.encode("utf-8"): i for s, i in self._special_ids.items()})

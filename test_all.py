@@ -334,7 +334,7 @@ def test_model_generate_cache_matches_reference_greedy():
     # batching with left padding gives each prompt the tokens it gets alone
     for p, o in zip(prompts, with_cache):
         assert model.generate(m, p, 16, temperature=0) == o
-    assert m.training  # mode restored
+    assert m.training  # generate leaves the mode as it was
     fast = _model_small(dtype=torch.float64, context_length=16, fast=True)  # torch's SDPA with a padding mask
     fast.load_state_dict(m.state_dict())
     assert model.generate(fast, prompts, 16, temperature=0) == without
