@@ -139,8 +139,7 @@ def _words_list_compiled(w):
 
 
 def _ints(a):
-    """a as a list of Python ints, whose arithmetic Python does faster than numpy's scalars
-    (numba: a as an int64 array)."""
+    """a as Python ints, whose arithmetic Python does faster than numpy's (numba: an int64 array)."""
     return a.astype(np.int64).tolist()
 
 
@@ -163,8 +162,7 @@ def _list_word(where, pair, w):
 
 @register_jitable
 def _pair_greater(tokens, p, q):
-    """Pair p is greater than pair q as byte strings (left, then right): the naive trainer's
-    tie-break, for tokens[x] the bytes of token x."""
+    """Pair p > pair q as byte strings, left then right (tokens[x]: token x's bytes): the naive tie-break."""
     x, y = (p >> 32, q >> 32) if p >> 32 != q >> 32 else (p & 0xFFFFFFFF, q & 0xFFFFFFFF)
     bx, by, k = tokens[x], tokens[y], 0
     while k < min(len(bx), len(by)) and bx[k] == by[k]:
@@ -204,8 +202,7 @@ def _count_pairs(tok, start, n, weight, counts):
 
 @register_jitable
 def _merge_word(tok, start, n, a, b, t):
-    """Replace each (a, b) in tok[start:start + n] by t, left to right, in place; returns the
-    new length."""
+    """Replace each (a, b) in tok[start:start + n] by t, left to right, in place; the new length."""
     out, i = start, start
     while i < start + n:
         if i < start + n - 1 and tok[i] == a and tok[i + 1] == b:
@@ -298,10 +295,9 @@ def count_pretokens(input_path, special_tokens=()):
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
-    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one.
-    The loop gets the words of more than one byte (one byte has no pair) end to end."""
+    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one."""
     encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
-    words = [w for w, _ in encoded if len(w) > 1]
+    words = [w for w, _ in encoded if len(w) > 1]          # one byte has no pair
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
@@ -388,9 +384,9 @@ def _check_id(i, where):
                      "2^32 - 1")
 
 
-def _short(text, limit=60):
+def _short(text):
     """text for a message, its middle cut out when long (a token can be a megabyte)."""
-    return text if len(text) <= limit else f"{text[:40]}...{text[-12:]} ({len(text):,} chars)"
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(text):,} chars)"
 
 
 def _show(tok):
@@ -398,14 +394,14 @@ def _show(tok):
     return _short(repr(_token_to_str(tok) if isinstance(tok, bytes) else tok))
 
 
-def _check_merges(merges, vocab, token_id, special_tokens=(), where=lambda k: f"merge #{k}",
-                  vocab_name="the vocab", exact=False):
+def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id
     first): (1) left, right and left + right of every merge are in the vocab; (2) in id order,
     the vocab's merged tokens (2+ bytes, two tokens of lower id joined, not a declared special
     token) are what the merges make, in order. So train_bpe's files and GPT-2's (<|endoftext|>
-    after the merges) pass; swapped, missing or cut merges fail. exact=False lets merges be the
-    first few of the vocab's. where(k) names merge k in an error, where(None) the merges file."""
+    after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge k's line
+    in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
+    where, vocab_name = in_file or (lambda k: f"merge #{k}"), "the vocab file" if in_file else "the vocab"
     made = [left + right for left, right in merges]
     for k, (left, right) in enumerate(merges):
         for tok in (left, right, made[k]):
@@ -435,7 +431,7 @@ def _check_merges(merges, vocab, token_id, special_tokens=(), where=lambda k: f"
             raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "
                              f"merged token in {vocab_name} is id {i} {_show(t)}{disagree} (a "
                              "merge missing or out of order, or a special token not declared)")
-        elif exact:
+        elif in_file:
             raise ValueError(f"{where(None)} ends after {k} merges but {vocab_name} has more "
                              f"merged tokens from id {i} {_show(t)} on{disagree} (merges cut "
                              "short, or a special token not declared)")
@@ -447,8 +443,8 @@ def _check_merges(merges, vocab, token_id, special_tokens=(), where=lambda k: f"
 
 
 def _read_merges_file(path):
-    """A GPT-2 merges.txt as ([(left, right)], (where, "the vocab file")): where(k) names merge k's
-    line (None: the file) for the errors of _check_merges, which Tokenizer runs once, with these names."""
+    """A GPT-2 merges.txt as ([(left, right)], in_file): in_file(k) names merge k's line (None: the
+    file) for the errors of _check_merges, which Tokenizer runs once."""
     merges, linenos = [], []
     for lineno, line in enumerate(_read_text(path, "merges file").split("\n"), 1):
         line = line.rstrip("\r")
@@ -459,7 +455,7 @@ def _read_merges_file(path):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
-    return merges, (lambda k: path if k is None else f"{path} line {linenos[k]}", "the vocab file")
+    return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
 
 
 # -----------------------------------------------------------------------------
@@ -472,9 +468,9 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 class Tokenizer:
     """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
 
-    def __init__(self, vocab, merges, special_tokens=None, *, _file_names=None):
-        """_file_names: (where, vocab name) when vocab and merges come from files (from_files): then
-        the merges must make every merged token, and an error names the file and line."""
+    def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
+        """_in_file: set when vocab and merges come from files (from_files): then the merges must
+        make every merged token, and an error names the file and line (see _check_merges)."""
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b
                       for i, b in vocab.items()}
         self.merges = list(merges)
@@ -485,13 +481,11 @@ class Tokenizer:
             if b not in token_id:
                 token_id[b] = max(self.vocab, default=-1) + 1
                 self.vocab[token_id[b]] = b
-        missing = [b for b in range(256) if bytes([b]) not in token_id]
-        if missing:
-            raise ValueError(f"the vocab lacks the single byte 0x{missing[0]:02x}; a "
+        self._byte_ids = [token_id.get(bytes([b])) for b in range(256)]
+        if None in self._byte_ids:
+            raise ValueError(f"the vocab lacks the single byte 0x{self._byte_ids.index(None):02x}; a "
                              "byte-level vocab needs all 256")
-        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, *(_file_names or ()),
-                      exact=_file_names is not None)
-        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
+        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
         # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
@@ -506,8 +500,8 @@ class Tokenizer:
     @classmethod
     def from_files(cls, vocab_filepath, merges_filepath, special_tokens=None):
         vocab = _load_vocab_file(vocab_filepath)
-        merges, file_names = _read_merges_file(merges_filepath)
-        return cls(vocab, merges, special_tokens, _file_names=file_names)
+        merges, in_file = _read_merges_file(merges_filepath)
+        return cls(vocab, merges, special_tokens, _in_file=in_file)
 
     def save(self, vocab_filepath, merges_filepath):
         """GPT-2 format, written atomically as a pair: both files or neither."""
@@ -589,7 +583,6 @@ class Tokenizer:
                     value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
                     raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): "
                                      "token ids must be integers")
-            ids = [int(i) for i in ids]
         try:
             data = b"".join([self.vocab[i] for i in ids])
         except KeyError as e:
@@ -623,8 +616,8 @@ def _cmd_encode(args):
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
-    merges, file_names = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
-    tok = Tokenizer(vocab, merges, specials, _file_names=file_names)  # from_files, with the vocab read above
+    merges, in_file = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
+    tok = Tokenizer(vocab, merges, specials, _in_file=in_file)  # from_files, with the vocab read above
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
     # atomically; the ids are encode's.
@@ -641,28 +634,24 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
     tr.add_argument("--vocab-size", type=int, required=True)
-    tr.add_argument("--special-tokens", nargs="*", default=[])
-    tr.add_argument("--out", required=True, help="directory for vocab.json and merges.txt")
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
     en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
-    en.add_argument("--special-tokens", nargs="*", default=None,
-                    help="default: <|endoftext|> when the vocab has it")
-    en.add_argument("--out", required=True, help="output .npy path")
-    for p in (tr, en):
+    for p, out, specials in [(tr, "directory for vocab.json and merges.txt", "default: none"),
+                             (en, "output .npy path", "default: <|endoftext|> when the vocab has it")]:
         p.add_argument("input")
-        p.add_argument("--num-workers", type=int, default=None)
+        p.add_argument("--special-tokens", nargs="*", help=specials)
+        p.add_argument("--out", required=True, help=out)
+        p.add_argument("--num-workers", type=int)
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
     except (OSError, ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            print(f"bpe.py {args.cmd}: error: the disk is full: could not write {e.filename}; "
-                  "free some space and rerun", file=sys.stderr)
-            sys.exit(1)
-        print(f"bpe.py {args.cmd}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)   # exit 1: the machine's fault
+        why = f"the disk is full: could not write {e.filename}; free some space and rerun" if full else e
+        print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
+        sys.exit(1 if full else 2)
     except KeyboardInterrupt:     # files are written atomically: none is left half-written
         print(f"bpe.py {args.cmd}: interrupted; no partial file was left", file=sys.stderr)
         sys.exit(130)

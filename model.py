@@ -70,13 +70,6 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
-class Identity(nn.Module):
-    """Stands in for RMSNorm in the no-norm ablation (no parameters, no state-dict keys)."""
-
-    def forward(self, x):
-        return x
-
-
 def silu(x):
     """SiLU(x) = x * sigmoid(x)."""
     return x * torch.sigmoid(x)
@@ -130,19 +123,15 @@ class RotaryPositionalEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x, token_positions):
+    def forward(self, x, token_positions, as_complex=False):
         # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims
-        cos = self.cos[token_positions].to(x.dtype)  # (..., T, d_k/2)
-        sin = self.sin[token_positions].to(x.dtype)
+        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, d_k/2)
+        if as_complex:  # the same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel instead of a dozen
+            z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy
+            return torch.view_as_real(z * torch.complex(cos, sin).to(z.dtype)).flatten(-2)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]  # the two members of each pair
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (..., T, d_k/2, 2) -> d_k
-
-    def forward_complex(self, x, token_positions):
-        """The same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel forward and backward
-        instead of a dozen. float32/float64 only (there is no bfloat16 complex type)."""
-        z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy
-        rot = torch.complex(self.cos[token_positions], self.sin[token_positions]).to(z.dtype)  # e^{i angle}, (..., T, d_k/2)
-        return torch.view_as_real(z * rot).flatten(-2)
 
 
 # ----------------------------------------------------------------------------
@@ -208,10 +197,9 @@ class MultiHeadSelfAttention(nn.Module):
                 past = kv_cache.n if kv_cache is not None else 0
                 token_positions = torch.arange(past, past + T, device=x.device)
             pos = token_positions if token_positions.dim() == 1 else token_positions[:, None, :]  # (T,) or (B, 1, T)
-            # complex RoPE: float32/64 only (not under bf16 autocast), eager only (inductor has no complex codegen)
+            # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (inductor has no complex codegen)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
-            rotate = self.rope.forward_complex if complex_ok else self.rope
-            q, k = rotate(q, pos), rotate(k, pos)
+            q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
@@ -254,9 +242,10 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
         super().__init__()
-        self.ln1 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        # no_norm: nn.Identity stands in for RMSNorm (no parameters, no state-dict keys)
+        self.ln1 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
-        self.ln2 = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln2 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, device, dtype, fast=fast, gated=not silu_ffn)
         self.post_norm = post_norm
 
@@ -270,11 +259,10 @@ class TransformerBlock(nn.Module):
 
 class TransformerLM(nn.Module):
     """token ids (B, T) -> embeddings -> num_layers blocks -> ln_final -> lm_head -> logits (B, T, vocab).
-    Ablations (keyword-only): no_norm (no RMSNorm anywhere), post_norm, nope (no position
-    information at all), silu_ffn (W2 silu(W1 x), pass d_ff = 4 d_model), tie_embeddings
-    (lm_head.weight is token_embeddings.weight; both keys stay in the state dict, as in
-    nanoGPT). fast=True selects fused kernels with identical parameters.
-    """
+    Ablations (keyword-only): no_norm, post_norm, silu_ffn (as in TransformerBlock; no_norm also
+    drops ln_final), nope (no position information at all), tie_embeddings (lm_head.weight is
+    token_embeddings.weight; both keys stay in the state dict, as in nanoGPT).
+    fast=True selects fused kernels with identical parameters."""
 
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
                  rope_theta=10000.0, device=None, dtype=None, *, no_norm=False, post_norm=False,
@@ -298,7 +286,7 @@ class TransformerLM(nn.Module):
             TransformerBlock(d_model, num_heads, d_ff, self.rope, device, dtype, no_norm=no_norm,
                              post_norm=post_norm, silu_ffn=silu_ffn, fast=fast)
             for _ in range(num_layers))
-        self.ln_final = Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln_final = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device, dtype)
         if tie_embeddings:
             # one matrix for both ends; std 1 (the embedding init) would make the first logits
@@ -340,8 +328,7 @@ def _sample(logits, temperature, top_p, generator):
         sorted_p, order = probs.sort(-1, descending=True)
         # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -353,11 +340,6 @@ def _attention_mask(valid, T):
     k_pos = torch.arange(valid.shape[1], device=valid.device)  # (S,)
     q_pos = k_pos[-T:, None]  # (T, 1)
     return (((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
-
-
-def _positions(valid):
-    """RoPE positions that count real tokens only: each row's first real token is position 0."""
-    return (valid.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @torch.no_grad()
@@ -386,35 +368,28 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
     pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
-    was_training = model.training
-    model.eval()
-    try:
-        out, done, cache = [[] for _ in range(B)], [False] * B, None
-        for _ in range(max_new_tokens):
-            if use_cache and cache is not None and cache[0].n < C:
-                # one new position per step: it attends to everything cached so far
-                pos = _positions(valid)[:, -1:]
-                mask = _attention_mask(valid, 1)
-                logits = model(ids[:, -1:], pos, mask, cache)[:, -1]
-            else:
-                # the reference forward on the last C columns, positions counted from each row's first
-                # real token; no mask once the window is past all padding (known on the host: no GPU sync)
-                w_ids, w_valid = ids[:, -C:], valid[:, -C:]
-                mask = None if ids.shape[1] - w_ids.shape[1] >= pad else _attention_mask(w_valid, w_ids.shape[1])
-                pos = _positions(w_valid)
-                # prefill; or, with the context full, a plain re-run of the window
-                cache = [KVCache(C) for _ in model.layers] if use_cache and w_ids.shape[1] < C else None
-                logits = model(w_ids, pos, mask, cache)[:, -1]
-            nxt = _sample(logits, temperature, top_p, generator)  # (B,)
-            # two host syncs per step, whatever B: this tolist() and forward's token-id check
-            for b, t in enumerate(nxt.tolist()):
-                done[b] = done[b] or t == stop_id
-                if not done[b]:
-                    out[b].append(t)
-            if all(done):
-                break
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
-    finally:
-        model.train(was_training)
+    # no model.eval(): the model has no dropout, so its train and eval modes compute the same
+    out, done, cache = [[] for _ in range(B)], [False] * B, None
+    for _ in range(max_new_tokens):
+        # cached: one new position attends to everything cached so far; else the reference forward
+        # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
+        cached = use_cache and cache is not None and cache[0].n < C
+        if not cached:
+            cache = [KVCache(C) for _ in model.layers] if use_cache and ids.shape[1] < C else None
+        T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
+        # RoPE positions count real tokens only: each row's first real token is position 0
+        pos = (w_valid.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
+        mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
+        logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
+        nxt = _sample(logits, temperature, top_p, generator)  # (B,)
+        # two host syncs per step, whatever B: this tolist() and forward's token-id check
+        for b, t in enumerate(nxt.tolist()):
+            done[b] = done[b] or t == stop_id
+            if not done[b]:
+                out[b].append(t)
+        if all(done):
+            break
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
     return out if batched else out[0]
