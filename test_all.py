@@ -3028,13 +3028,13 @@ def _train_server():
 def test_train_download_resumes_with_range(tmp_path, _train_server):
     payload = _TrainRangeHandler.payload
     (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
-    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt", progress=False)
+    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
     assert (tmp_path / "f.txt").read_bytes() == payload
     assert _TrainRangeHandler.seen == ["bytes=12345-"] and not (tmp_path / "f.txt.part").exists()
     # a server that ignores Range sends everything: the partial file is replaced, not appended to
     _TrainRangeHandler.honor_range = False
     (tmp_path / "g.txt.part").write_bytes(b"stale bytes")
-    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt", progress=False)
+    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt")
     assert (tmp_path / "g.txt").read_bytes() == payload
 
 
