@@ -44,7 +44,7 @@ DATASETS = {  # name -> its (train, valid) files, under HF
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
-READ = 1 << 24  # bytes per read (16 MiB): a corpus is split, unpacked and hashed in pieces, never loaded whole
+READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
 
 
 def pydoc_corpus(out_dir):
@@ -83,8 +83,7 @@ def download(url, dest):
         raise
     with resp:
         resumed = have > 0 and resp.status == 206  # a server that ignores Range sends it all again
-        if not resumed:
-            have = 0
+        have = have if resumed else 0
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
@@ -315,9 +314,6 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-CHUNK = 1 << 24  # ids per read: a memmap is scanned in pieces, never loaded whole
-
-
 def check_ids(train, valid, context_length, vocab_size):
     """Raises UsageError unless the ids are below the vocab size and longer than a window;
     returns the largest id (the tokenizer that decodes samples must know it)."""
@@ -328,7 +324,7 @@ def check_ids(train, valid, context_length, vocab_size):
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")
-        ranges = [(int(ids[i:i + CHUNK].min()), int(ids[i:i + CHUNK].max())) for i in range(0, len(ids), CHUNK)]
+        ranges = [(int(ids[i:i + READ].min()), int(ids[i:i + READ].max())) for i in range(0, len(ids), READ)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
@@ -343,11 +339,7 @@ def unigram_loss(train, valid, vocab_size, limit=100_000_000):
     """The baseline a model must beat: cross-entropy (nats/token) of the validation ids under
     the train ids' unigram distribution, add-one smoothed, from the first `limit` train ids.
         L = -sum_v q(v) log p(v),  p(v) = (count_train(v) + 1) / (N + V),  q = valid frequencies"""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for i in range(0, min(len(train), limit), CHUNK):
-        counts += np.bincount(train[i:min(i + CHUNK, limit)], minlength=vocab_size)
+    counts, q = (sum(np.bincount(ids[i:i + READ], minlength=vocab_size) for i in range(0, len(ids), READ))
+                 for ids in (train[:limit], valid))  # both non-empty (check_ids), so each sum is an array
     p = (counts + 1) / (counts.sum() + vocab_size)
-    q = np.zeros(vocab_size, dtype=np.int64)
-    for i in range(0, len(valid), CHUNK):
-        q += np.bincount(valid[i:i + CHUNK], minlength=vocab_size)
     return float(-(q * np.log(p)).sum() / q.sum())
