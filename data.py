@@ -93,7 +93,8 @@ def download(url, dest):
                 done += len(chunk)
                 pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
                 rate = done / 1e6 / (time.time() - t0 + 1e-9)  # one status line, redrawn in place
-                print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr, flush=True)
+                print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr,
+                      flush=True)
     print(file=sys.stderr)
     if total is not None and done != total:
         raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
