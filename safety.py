@@ -521,10 +521,8 @@ def read_checkpoint(src):
 # the step count): it goes into every checkpoint with torch's RNG states, and a resumed run is exact.
 def rng_state(batch_gen):
     torch = _torch()
-    state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return state
+    cuda = {"cuda_rng": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    return {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(), **cuda}
 
 
 def restore_rng(state, batch_gen):
