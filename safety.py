@@ -441,29 +441,23 @@ def truncate_metrics(path, last_step):
         f.write("".join(line + "\n" for line in keep))
 
 
-def stale_copy(cfg, tok_files, i):
-    """Is the run's copy of the cache's tok_files[i] missing, or not the file the fingerprint names? A run killed
-    between its first checkpoint and this copy (an --overwrite over a run with another tokenizer) holds the old
-    run's. The cache's files match the checkpoint's digests (check_same_data refused the run otherwise)."""
-    copy, digest = run_dir(cfg) / tok_files[i].name, cfg["data_fingerprint"]["tokenizer"][i]
-    if copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
-        return False
-    if hashlib.sha256(tok_files[i].read_bytes()).hexdigest() != digest:  # changed while this run prepared
-        raise UsageError(f"{tok_files[i]} changed while the run started, so {copy} cannot be made to match the "
-                         "checkpoint's tokenizer; run the same command again.")
-    if copy.exists():
-        log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {tok_files[i]}")
-    return True
-
-
 def write_run_files(cfg, tok_files, start, new):
     """Beside ckpt.pt, each whole: the tokenizer, config.json, metrics.jsonl cut back to the checkpoint's step;
-    a new run writes them once its first checkpoint has replaced an old run's (--overwrite)."""
+    a new run writes them once its first checkpoint has replaced an old run's (--overwrite). A resumed run keeps
+    its tokenizer if it is the checkpoint's: one killed between its first checkpoint and this copy (an
+    --overwrite over a run with another tokenizer) holds the old run's, and the cache's is copied again."""
     where = run_dir(cfg)
-    for i, f in enumerate(tok_files or ()):
-        if new or stale_copy(cfg, tok_files, i):
-            with atomic_file(where / f.name) as copy:  # a full disk must not leave half a tokenizer
-                copy.write(f.read_bytes())
+    for f, digest in zip(tok_files or (), cfg["data_fingerprint"]["tokenizer"]):
+        copy = where / f.name
+        if not new and copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+            continue
+        if not new and hashlib.sha256(f.read_bytes()).hexdigest() != digest:  # changed while this run prepared
+            raise UsageError(f"{f} changed while the run started, so {copy} cannot be made to match the checkpoint's "
+                             "tokenizer; run the same command again.")
+        if not new and copy.exists():
+            log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {f}")
+        with atomic_file(copy) as out:  # a full disk must not leave half a tokenizer
+            out.write(f.read_bytes())
     with atomic_file(where / "config.json", "w") as f:
         f.write(json.dumps(cfg, indent=2) + "\n")
     truncate_metrics(where / "metrics.jsonl", start)

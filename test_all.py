@@ -2824,7 +2824,7 @@ def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys,
     # a source that no longer matches the checkpoint's digest cannot make the copy right: one sentence
     cfg = {"out_dir": str(tmp_path / "out"), "run_name": "x", "data_fingerprint": {"tokenizer": ["0" * 64]}}
     with pytest.raises(safety.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
-        safety.stale_copy(cfg, [cache / "vocab.json"], 0)
+        safety.write_run_files(cfg, [cache / "vocab.json"], 3, new=False)
 
 
 def _train_flip_tensor_byte(path, record_suffix="data/0"):
