@@ -55,12 +55,11 @@ def pydoc_corpus(out_dir):
     except ImportError:
         raise DataError("this Python has no pydoc_data module (some distributions strip it); "
                         "pass --data PATH.txt with any English text file instead.") from None
-    names = sorted(topics)
-    valid = [topics[k] for i, k in enumerate(names) if i % 10 == 5]  # every 10th topic
-    train = [topics[k] for i, k in enumerate(names) if i % 10 != 5]
+    names = sorted(topics)  # every 10th topic validates
+    texts = [EOT.join(topics[k] for i, k in enumerate(names) if (i % 10 == 5) == valid) for valid in (False, True)]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = out_dir / "train.txt", out_dir / "valid.txt"
-    for path, text in zip(paths, (EOT.join(train), EOT.join(valid))):
+    for path, text in zip(paths, texts):
         if not path.exists():  # written before: kept
             with atomic_file(path, "w") as f:
                 f.write(text)
