@@ -6,10 +6,14 @@ files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram 
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
 import codecs
+import contextlib
 import errno
 import gzip
 import hashlib
+import itertools
+import mmap
 import os
+import re
 import shutil
 import sys
 import time
@@ -40,7 +44,7 @@ DATASETS = {  # name -> its (train, valid) files, under HF
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
-READ = 1 << 24  # bytes per read (16 MiB): a corpus is split, unpacked and hashed in pieces, never loaded whole
+READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
 
 
 def pydoc_corpus(out_dir):
@@ -51,19 +55,18 @@ def pydoc_corpus(out_dir):
     except ImportError:
         raise DataError("this Python has no pydoc_data module (some distributions strip it); "
                         "pass --data PATH.txt with any English text file instead.") from None
-    names = sorted(topics)
-    valid = [topics[k] for i, k in enumerate(names) if i % 10 == 5]  # every 10th topic
-    train = [topics[k] for i, k in enumerate(names) if i % 10 != 5]
+    names = sorted(topics)  # every 10th topic validates
+    texts = [EOT.join(topics[k] for i, k in enumerate(names) if (i % 10 == 5) == valid) for valid in (False, True)]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = out_dir / "train.txt", out_dir / "valid.txt"
-    for path, text in zip(paths, (EOT.join(train), EOT.join(valid))):
+    for path, text in zip(paths, texts):
         if not path.exists():  # written before: kept
             with atomic_file(path, "w") as f:
                 f.write(text)
     return paths
 
 
-def download(url, dest, progress=True):
+def download(url, dest):
     """Fetch url into dest via dest.part: a rerun after an interruption asks the server for the
     rest only (an HTTP Range request) and appends. dest appears, by rename, only when complete."""
     dest = Path(dest)
@@ -79,8 +82,7 @@ def download(url, dest, progress=True):
         raise
     with resp:
         resumed = have > 0 and resp.status == 206  # a server that ignores Range sends it all again
-        if not resumed:
-            have = 0
+        have = have if resumed else 0
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
@@ -88,12 +90,11 @@ def download(url, dest, progress=True):
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
-                if progress:  # one status line, redrawn in place
-                    pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
-                    rate = done / 1e6 / (time.time() - t0 + 1e-9)
-                    print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+                pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
+                rate = done / 1e6 / (time.time() - t0 + 1e-9)  # one status line, redrawn in place
+                print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr,
+                      flush=True)
+    print(file=sys.stderr)
     if total is not None and done != total:
         raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
                         "to resume it.")
@@ -133,80 +134,53 @@ def downloaded_corpus(name, out_dir):
 SEP = EOT.encode()
 
 
-def scan(path, start, end, mark=0, check_utf8=False):
-    """One pass over bytes [start, end) of path, read in pieces -> (separators, first separator,
-    last separator that starts at or before mark, last line break before mark), offsets -1 when
-    there is none. check_utf8: a byte that is not UTF-8 raises UsageError with its offset.
-    b"ab<|endoftext|>c\nd<|endoftext|>e", mark 20 -> (2, 2, 18, 16)."""
-    n, first, last, newline, carry = 0, -1, -1, -1, b""  # carry: a tail that may begin a cut separator
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as f:
-        f.seek(start)
-        while start < end:
-            piece = f.read(min(READ, end - start))
-            if not piece:
-                break
-            if check_utf8:
-                pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
-                try:
-                    decoder.decode(piece, final=start + len(piece) >= end)
-                except UnicodeDecodeError as e:
-                    raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {start - pending + e.start}"
-                                     "); re-save it as UTF-8, or pass token ids as a .npy file.") from None
-            at, buf, start = start - len(carry), carry + piece, start + len(piece)
-            before = max(0, mark - at + len(SEP))  # in buf, separators that start at or before mark end here
-            n += buf.count(SEP)
-            first = first if first >= 0 or SEP not in buf else at + buf.index(SEP)
-            last = at + buf.rindex(SEP, 0, before) if SEP in buf[:before] else last
-            nl = buf.rfind(b"\n", 0, max(0, mark - at))
-            newline = at + nl if nl >= 0 else newline
-            carry = buf[-(len(SEP) - 1):]
-    return n, first, last, newline
+def has_text(text, start, end):  # do bytes [start, end) of text hold anything besides separators?
+    step = len(SEP) * max(1, READ // len(SEP))  # whole separators: if they are all there is, they fill each piece
+    for at in range(start, end, step):
+        piece = text[at:min(at + step, end)]
+        if piece.count(SEP) * len(SEP) < len(piece):
+            return True
+    return False
 
 
-def has_text(path, start, end):  # do bytes [start, end) hold anything besides separators?
-    return end - start > scan(path, start, end)[0] * len(SEP)
-
-
-def copy_range(path, start, end, dest):  # bytes [start, end) of path into dest, whole or not at all
-    with open(path, "rb") as src, atomic_file(dest) as dst:
-        src.seek(start)
-        while start < end:
-            piece = src.read(min(READ, end - start))
-            dst.write(piece)
-            start += len(piece)
-
-
-def char_start(path, at):  # at, moved back to the first byte of the UTF-8 character that holds it
-    with open(path, "rb") as f:
-        while at > 0 and f.seek(at) >= 0 and f.read(1)[0] & 0xC0 == 0x80:  # 10xxxxxx continues a character
-            at -= 1
-    return at
-
-
-def local_corpus(path, out_dir, valid_fraction=VALID_FRACTION):
-    """Split a text file, streamed: with 10 documents or more, whole documents from the end go
-    to validation (the cut is the last separator at or before the last valid_fraction of the bytes); a file of fewer
-    documents is cut after the last line break before that point."""
+def local_corpus(path, out_dir):
+    """Split a text file: with 10 documents or more, whole documents from the end go to validation
+    (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
+    documents is cut after the last line break before that point. The file is memory-mapped and read
+    in pieces of READ bytes, never loaded whole."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
-    size = path.stat().st_size
-    mark = int(size * (1 - valid_fraction))
-    n, first, last, newline = scan(path, 0, size, mark, check_utf8=True)
-    if n * len(SEP) == size:  # checked before writing: a split with nothing to learn would stay cached
-        raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
-    if n >= 9:
-        cut = last if last >= 0 else first  # no separator before the mark: the first document trains
-        train_end, valid_start = cut, cut + len(SEP)
-    else:
-        train_end = valid_start = newline + 1 if newline > 0 else char_start(path, mark)
-    if not has_text(path, 0, train_end) or not has_text(path, valid_start, size):
-        raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
-                         "pass a longer file.")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    copy_range(path, 0, train_end, paths[0])
-    copy_range(path, valid_start, size, paths[1])
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+        size, decoder = len(text), codecs.getincrementaldecoder("utf-8")()
+        for at in range(0, size, READ):
+            pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
+            try:
+                decoder.decode(text[at:at + READ], final=at + READ >= size)
+            except UnicodeDecodeError as e:
+                raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {at - pending + e.start}); "
+                                 "re-save it as UTF-8, or pass token ids as a .npy file.") from None
+        if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached
+            raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
+        mark, gap = int(size * (1 - VALID_FRACTION)), 0  # gap: the separator between the parts, in neither
+        if sum(1 for _ in itertools.islice(re.finditer(re.escape(SEP), text), 9)) == 9:  # 10 documents or more
+            cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
+            cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
+        else:
+            cut = text.rfind(b"\n", 0, mark) + 1
+            if cut <= 1:  # no line break before the mark: cut at the first byte of the character holding it
+                cut = mark
+                while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
+                    cut -= 1
+        parts = (0, cut), (cut + gap, size)
+        if not all(has_text(text, *part) for part in parts):
+            raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
+                             "pass a longer file.")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for dest, (start, end) in zip(paths, parts):
+            with atomic_file(dest) as out:  # whole or not at all
+                for at in range(start, end, READ):
+                    out.write(text[at:min(at + READ, end)])
     return paths
 
 
@@ -319,12 +293,10 @@ def file_digest(path, memo_dir):
         while chunk := f.read(READ):
             h.update(chunk)
     digest = f"{path.stat().st_size}:{h.hexdigest()}"
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: hash again next time
         memo_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(memo, "w") as f:
             f.write(digest)
-    except OSError:  # a read-only cache: hash again next time
-        pass
     return digest
 
 
@@ -342,9 +314,6 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-CHUNK = 1 << 24  # ids per read: a memmap is scanned in pieces, never loaded whole
-
-
 def check_ids(train, valid, context_length, vocab_size):
     """Raises UsageError unless the ids are below the vocab size and longer than a window;
     returns the largest id (the tokenizer that decodes samples must know it)."""
@@ -355,7 +324,7 @@ def check_ids(train, valid, context_length, vocab_size):
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")
-        ranges = [(int(ids[i:i + CHUNK].min()), int(ids[i:i + CHUNK].max())) for i in range(0, len(ids), CHUNK)]
+        ranges = [(int(ids[i:i + READ].min()), int(ids[i:i + READ].max())) for i in range(0, len(ids), READ)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
@@ -370,11 +339,7 @@ def unigram_loss(train, valid, vocab_size, limit=100_000_000):
     """The baseline a model must beat: cross-entropy (nats/token) of the validation ids under
     the train ids' unigram distribution, add-one smoothed, from the first `limit` train ids.
         L = -sum_v q(v) log p(v),  p(v) = (count_train(v) + 1) / (N + V),  q = valid frequencies"""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for i in range(0, min(len(train), limit), CHUNK):
-        counts += np.bincount(train[i:min(i + CHUNK, limit)], minlength=vocab_size)
+    counts, q = (sum(np.bincount(ids[i:i + READ], minlength=vocab_size) for i in range(0, len(ids), READ))
+                 for ids in (train[:limit], valid))  # both non-empty (check_ids), so each sum is an array
     p = (counts + 1) / (counts.sum() + vocab_size)
-    q = np.zeros(vocab_size, dtype=np.int64)
-    for i in range(0, len(valid), CHUNK):
-        q += np.bincount(valid[i:i + CHUNK], minlength=vocab_size)
     return float(-(q * np.log(p)).sum() / q.sum())

@@ -96,8 +96,7 @@ def atomic_file(path, mode="wb"):
     cleanly. A symlink is written through (its target is replaced, the link stays). A path that is not
     a regular file is refused: renaming over /dev/null would replace the device itself."""
     path = os.path.realpath(path)
-    kind = not_a_file(path)
-    if kind:
+    if kind := not_a_file(path):
         raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
     try:
@@ -117,8 +116,7 @@ def atomic_file(path, mode="wb"):
 
 def quiet_while_starting(name):
     """A Ctrl-C, or a SIGTERM (kill, a scheduler's stop), while torch loads (seconds): one line, not a
-    traceback from an import. Every later handler of Ctrl-C (bpe's catch_ctrl_c, the loop's stop at a
-    step boundary) handles SIGTERM the same way."""
+    traceback from an import. Every later handler of Ctrl-C handles SIGTERM the same way."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
                                                 file=sys.stderr), os._exit(130)))
@@ -165,6 +163,8 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
      "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
     (f"be 0 (greedy) or at least {MIN_TEMPERATURE:g} (sampling divides the logits by it: a smaller one overflows "
      "float32)", lambda v: 0 < v < MIN_TEMPERATURE, lambda k, v: k == "temperature"),
+    ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
+    ("lie in (0, 1]", lambda v: not 0 < v <= 1, lambda k, v: k == "top_p"),
 ]
 
 
@@ -182,12 +182,11 @@ def writable(path):  # can the directory be created, or written if it exists?
 
 
 def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
-    p = Path(path)
-    if not_a_file(p):  # a FIFO or /dev/zero would be read forever
-        return f" is {not_a_file(p)}, not a file"
-    if not p.is_file():
+    if kind := not_a_file(path):  # a FIFO or /dev/zero would be read forever
+        return f" is {kind}, not a file"
+    if not os.path.isfile(path):
         return ": no such file"
-    return "" if os.access(p, os.R_OK) else " is not readable (permission denied)"
+    return "" if os.access(path, os.R_OK) else " is not readable (permission denied)"
 
 
 def run_dir(c):
@@ -253,10 +252,9 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
 
 
 def training_bytes(c):
-    """The least memory one process's training step takes, from accounting.py's formulas: AdamW's
-    bytes per parameter (weights, gradients, two moments), then one micro-batch's logits and what
-    autograd keeps of its forward (the fused attention and activation checkpointing keep less, so
-    for them only what every path keeps counts; bf16 halves it)."""
+    """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per
+    parameter, one micro-batch's logits and what autograd keeps of its forward (the fused attention and
+    activation checkpointing keep less: for them only what every path keeps counts; bf16 halves it)."""
     import accounting  # here, not at the top: it loads torch and model.py, and bpe.py imports this file
     dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
     params = sum(accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
@@ -271,9 +269,8 @@ def training_bytes(c):
 
 
 def memory_bytes(device, world_size):
-    """(bytes one process may use, what they are): a GPU's own memory, or the machine's RAM (its cgroup's
-    limit if lower), shared by the processes of a CPU run. The GPU's properties, not mem_get_info: that
-    would open a CUDA context on cuda:0 in each of torchrun's processes before they pick their GPU."""
+    """(bytes one process may use, what they are): a GPU's own memory (its properties: mem_get_info would open
+    a CUDA context on cuda:0 in every torchrun process), or the RAM (or cgroup limit) a CPU run's processes share."""
     if device.startswith("cuda"):
         gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
         return gpu.total_memory, f"the {gpu.name}'s memory"
@@ -317,9 +314,6 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
      "--nope."),
     (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
-    (lambda c: not (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
-     "--beta1 and --beta2 must lie in [0, 1), got {beta1} and {beta2}."),
-    (lambda c: not 0 < c["top_p"] <= 1, "--top-p must lie in (0, 1], got {top_p}."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
     (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
     (lambda c: c["resume"] and c["overwrite"],
@@ -352,12 +346,10 @@ def check_samples(cfg, tok, tok_files, top, eot):
     """The run ends by sampling: what would fail there is refused at the start instead. tok decodes
     the samples (tok_files[0]: its vocab.json); top is the largest token id in the data; eot starts
     a sample without --prompt."""
-    if tok is None:
-        if cfg["prompt"]:
-            raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
-                             "put its vocab.json and merges.txt there, or drop --prompt.")
-        return
-    if cfg["num_samples"] == 0:
+    if tok is None and cfg["prompt"]:
+        raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
+                         "put its vocab.json and merges.txt there, or drop --prompt.")
+    if tok is None or cfg["num_samples"] == 0:
         return
     n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
     if top >= n:
@@ -384,22 +376,17 @@ def lock_holder(path):
     A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
     st = os.stat(path)
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as f:
-            rows = [line.split() for line in f if "->" not in line]  # "->" marks a waiter, not the holder
-    except OSError:
-        return None
-    return next((int(r[4]) for r in rows if len(r) > 5 and r[1] == "FLOCK" and r[5] == where), None)
+    with contextlib.suppress(OSError), open("/proc/locks") as f:  # a waiter's line: "1: -> FLOCK ...", r[1] "->"
+        return next((int(r[4]) for r in map(str.split, f) if len(r) > 5 and r[1] == "FLOCK" and r[5] == where), None)
+    return None  # no /proc/locks (not Linux): the sentence says "another process"
 
 
 @contextlib.contextmanager
 def run_lock(cfg):
-    """One writer per run directory: rank 0 takes an exclusive flock on the directory itself (no lock file in
-    it) before anything there is written or deleted, held until the run ends; the kernel drops it when the
-    process dies, even by SIGKILL, so it is never stale. A second writer (the same run started twice, a --resume
-    while the run trains) is refused in one sentence naming the holder, and touches nothing. Then rank 0 clears
-    what a run killed mid-write left (.*.cs336tmp*); an old run (--overwrite) stays whole until the new first
-    checkpoint."""
+    """One writer per run directory: before anything there is written, rank 0 takes an exclusive flock on the
+    directory itself until the run ends; the kernel drops it when the process dies, even by SIGKILL, so it is
+    never stale. A second writer (the same run twice, a --resume while it trains) is refused, touching nothing.
+    Then rank 0 clears what a run killed mid-write left; an old run stays whole until the new first checkpoint."""
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
@@ -454,31 +441,23 @@ def truncate_metrics(path, last_step):
         f.write("".join(line + "\n" for line in keep))
 
 
-def stale_copy(cfg, tok_files, i):
-    """Is the run's copy of tok_files[i] missing, or not the file the fingerprint names? The run's vocab.json and
-    merges.txt are copies of the data cache's. A run killed between its first checkpoint and their copy (an
-    --overwrite over a run with another tokenizer) holds the old run's: --resume copies them again. The
-    cache's files match the checkpoint's digests (check_same_data refused the run otherwise)."""
-    copy, digest = run_dir(cfg) / tok_files[i].name, cfg["data_fingerprint"]["tokenizer"][i]
-    if copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
-        return False
-    if hashlib.sha256(tok_files[i].read_bytes()).hexdigest() != digest:  # changed while this run prepared
-        raise UsageError(f"{tok_files[i]} changed while the run started, so {copy} cannot be made to match the "
-                         "checkpoint's tokenizer; run the same command again.")
-    if copy.exists():
-        log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {tok_files[i]}")
-    return True
-
-
 def write_run_files(cfg, tok_files, start, new):
-    """Beside ckpt.pt: config.json, the tokenizer, metrics.jsonl cut back to the checkpoint's step.
-    A new run writes them once its first checkpoint has replaced an old run's (--overwrite), each
-    file whole; a resumed run keeps its tokenizer if it is the checkpoint's (stale_copy)."""
+    """Beside ckpt.pt, each whole: the tokenizer, config.json, metrics.jsonl cut back to the checkpoint's step;
+    a new run writes them once its first checkpoint has replaced an old run's (--overwrite). A resumed run keeps
+    its tokenizer if it is the checkpoint's: one killed between its first checkpoint and this copy (an
+    --overwrite over a run with another tokenizer) holds the old run's, and the cache's is copied again."""
     where = run_dir(cfg)
-    for i, f in enumerate(tok_files or ()):
-        if new or stale_copy(cfg, tok_files, i):
-            with atomic_file(where / f.name) as copy:  # a full disk must not leave half a tokenizer
-                copy.write(f.read_bytes())
+    for f, digest in zip(tok_files or (), cfg["data_fingerprint"]["tokenizer"]):
+        copy = where / f.name
+        if not new and copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+            continue
+        if not new and hashlib.sha256(f.read_bytes()).hexdigest() != digest:  # changed while this run prepared
+            raise UsageError(f"{f} changed while the run started, so {copy} cannot be made to match the checkpoint's "
+                             "tokenizer; run the same command again.")
+        if not new and copy.exists():
+            log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {f}")
+        with atomic_file(copy) as out:  # a full disk must not leave half a tokenizer
+            out.write(f.read_bytes())
     with atomic_file(where / "config.json", "w") as f:
         f.write(json.dumps(cfg, indent=2) + "\n")
     truncate_metrics(where / "metrics.jsonl", start)
@@ -510,10 +489,9 @@ def plot(metrics_path, png_path):
 # 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
 
 def read_checkpoint(src):
-    """A checkpoint's dict from a path or a binary file object, verified: torch.load checks none of the
-    CRC-32s that torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a
-    weight is refused, not loaded); weights_only: tensors and plain values, so loading a file cannot
-    run code. Raises ValueError naming the fault."""
+    """A checkpoint's dict from a path or a binary file object, or ValueError: torch.load checks none of the
+    CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
+    refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
     try:
         with zipfile.ZipFile(src) as z:
@@ -537,10 +515,8 @@ def read_checkpoint(src):
 # the step count): it goes into every checkpoint with torch's RNG states, and a resumed run is exact.
 def rng_state(batch_gen):
     torch = _torch()
-    state = {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return state
+    cuda = {"cuda_rng": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    return {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(), **cuda}
 
 
 def restore_rng(state, batch_gen):
@@ -568,19 +544,18 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         if not isinstance(saved[k], type(v)) or saved[k].shape != v.shape:  # type(v): torch.Tensor
             raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
                              f"the model's {tuple(v.shape)}")
-    if optimizer is not None and not _fits_optimizer(state["optimizer"], optimizer):
-        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
-
-
-def _fits_optimizer(saved, optimizer):  # the same groups of parameters, and every moment of its parameter's shape
+    if optimizer is None:
+        return
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    try:
-        if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
-            return False
-        return all(0 <= i < len(params) and all(tuple(getattr(v, "shape", ())) in ((), tuple(params[i].shape))
-                                                for v in s.values()) for i, s in saved["state"].items())
+    try:  # the same groups of parameters, and every moment of its parameter's shape
+        saved = state["optimizer"]
+        fits = [len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in optimizer.param_groups]
+        fits = fits and all(0 <= i < len(params) and all(tuple(getattr(v, "shape", ())) in ((), tuple(params[i].shape))
+                                                         for v in s.values()) for i, s in saved["state"].items())
     except (TypeError, KeyError, AttributeError):
-        return False
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
 
 
 # What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
@@ -673,10 +648,8 @@ def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
 
 @contextlib.contextmanager
 def disk_full(where, then):
-    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1. Files are
-    written whole or not at all (atomic_file removes its temporary file), so what was there stays.
-    The OSError may come wrapped (torch.save's zip writer raises a RuntimeError while handling it), and
-    a failed write() names no file: then `where` is named."""
+    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1; atomic_file leaves
+    what was there whole. The OSError may come wrapped (torch.save's zip writer raises a RuntimeError)."""
     try:
         yield
     except Exception as e:
@@ -709,15 +682,16 @@ def rank0_first(cfg, prepare):
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
-    ddp, cuda = cfg["world_size"] > 1, cfg["device"].startswith("cuda")
-    if ddp and cuda:
-        _torch().cuda.set_device(cfg["device"])
-    if ddp:  # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-        _torch().distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
+    if cfg["world_size"] == 1:
+        yield
+        return
+    torch, cuda = _torch(), cfg["device"].startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(cfg["device"])
+    # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+    torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     try:
         yield
-        if ddp:  # leave together: a rank that tears gloo down while a peer still works can abort it
-            _torch().distributed.barrier()
+        torch.distributed.barrier()  # leave together: a rank that tears gloo down while a peer still works can abort it
     finally:
-        if ddp:
-            _torch().distributed.destroy_process_group()
+        torch.distributed.destroy_process_group()

@@ -2830,7 +2830,7 @@ def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys,
     # a source that no longer matches the checkpoint's digest cannot make the copy right: one sentence
     cfg = {"out_dir": str(tmp_path / "out"), "run_name": "x", "data_fingerprint": {"tokenizer": ["0" * 64]}}
     with pytest.raises(safety.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
-        safety.stale_copy(cfg, [cache / "vocab.json"], 0)
+        safety.write_run_files(cfg, [cache / "vocab.json"], 3, new=False)
 
 
 def _train_flip_tensor_byte(path, record_suffix="data/0"):
@@ -3034,13 +3034,13 @@ def _train_server():
 def test_train_download_resumes_with_range(tmp_path, _train_server):
     payload = _TrainRangeHandler.payload
     (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
-    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt", progress=False)
+    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
     assert (tmp_path / "f.txt").read_bytes() == payload
     assert _TrainRangeHandler.seen == ["bytes=12345-"] and not (tmp_path / "f.txt.part").exists()
     # a server that ignores Range sends everything: the partial file is replaced, not appended to
     _TrainRangeHandler.honor_range = False
     (tmp_path / "g.txt.part").write_bytes(b"stale bytes")
-    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt", progress=False)
+    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt")
     assert (tmp_path / "g.txt").read_bytes() == payload
 
 

@@ -253,9 +253,7 @@ def torch_settings(cfg):
 def autocast(cfg):
     """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay
     float32 (the "master weights"), so small updates are not rounded away."""
-    if cfg["dtype"] != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=cfg["device"].split(":")[0], dtype=torch.bfloat16)
+    return torch.autocast(device_type=cfg["device"].split(":")[0], dtype=torch.bfloat16, enabled=cfg["dtype"] == "bf16")
 
 
 def use_activation_checkpointing(model):
