@@ -46,11 +46,6 @@ def _gb(n_bytes):  # 1.5e9 -> "1.50 GB (1.40 GiB)"
     return f"{gb:,.2f} GB ({gib:,.2f} GiB)"
 
 
-def _e12(flops):  # 989.4e12 -> "989.4e12", peaks as the whitepapers write them
-    tera = flops / 1e12
-    return f"{tera:g}e12"
-
-
 def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a sum, each term named
     return " + ".join(f"{v:,} ({k})" for k, v in parts.items())
 
@@ -225,7 +220,7 @@ def section_compute():
     B, D, K = 16384, 32768, 8192
     linear, (fwd, bwd) = 2 * B * D * K, two_layer_flops(B, D, K)
     step, gpt3, week = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 7
-    peaks = {card: ", ".join(f"{k} {_e12(v)}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
+    peaks = {card: ", ".join(f"{k} {v:.4g}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
        f"2 B D K = 2 x {B} x {D} x {K} = {linear:.4e} FLOPs")
     _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?",
@@ -319,7 +314,7 @@ def section_memory():
                              (f"every sqrt(L) = {root} layers", root), ("store nothing", None)):
             held, redo = checkpointing(L, every)
             _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
-        _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
+    _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,9 +496,9 @@ def section_adamw():
     batch, steps, a100, m = XL_RUN.values()
     (days, step), fwd, thousands = lm_training_days(xl, **XL_RUN), lm_forward_flops(**xl), steps // 1000
     years = days / 365.25
-    _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({_e12(a100)} fp32) at {m:.0%} MFU?",
+    _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({a100:.4g} fp32) at {m:.0%} MFU?",
        f"step = 3 x {batch} x {fwd:.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
-       f"days = {steps} x {step:.4e} / ({_e12(a100)} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
+       f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,12 +513,10 @@ def section_tinystories():
     cfg, T = TINYSTORIES, TINYSTORIES["context_length"]
     c, fwd = lm_param_counts(**cfg), lm_forward_flops(**cfg)
     total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
-    non_embedding, blocks_m = blocks + c["lm_head"], blocks / 1e6
-    non_embedding_m = non_embedding / 1e6  # in millions
+    non_embedding = blocks + c["lm_head"]
     _q(f"TinyStories model ({_shape(cfg)}): parameters?", f"{_terms(c)} = {total:,}",
-       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {non_embedding:,}",
-       "the handout's 'about 17M non-embedding parameters' is everything except the input embedding",
-       f"table (a lookup, no FLOPs): {non_embedding_m:.2f}M; the blocks alone are {blocks_m:.2f}M")
+       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {non_embedding:,}, the handout's 'about",
+       "17M non-embedding parameters': everything except the input embedding table (a lookup, no FLOPs)")
     seqs = TINYSTORIES_TOKENS // T
     steps_of_128, steps_of_32 = seqs // 128, seqs // 32
     flops, six_nd = training_step_flops(seqs * fwd), training_flops(non_embedding, TINYSTORIES_TOKENS)
@@ -571,11 +564,9 @@ def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
 
 
 def section_tokenizer():
-    _q("Why store token ids as uint16?")
-    for vocab_size in (10_000, 32_000, GPT2_VOCAB):  # the smallest unsigned type that holds every id
-        top_id, bits = vocab_size - 1, next(b for b in (8, 16, 32, 64) if vocab_size <= 2**b)
-        _a(f"vocab {vocab_size:,}: ids 0..{top_id:,} <= 65,535 = 2^16 - 1 -> uint{bits}, 2 bytes per token "
-           "(half of int32, a quarter of torch's int64)")
+    top_id = GPT2_VOCAB - 1  # the largest vocabulary here; TinyStories' 10,000 and a 32,000 fit too
+    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{top_id:,} <= 65,535 = 2^16 - 1: uint16 holds every id in "
+       "2 bytes per token (half of int32, a quarter of torch's int64)")
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
