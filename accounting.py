@@ -476,11 +476,11 @@ def section_adamw():
     a, b = adamw_memory_line(xl)
     _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?",
        "P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)",
-       "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with",
-       "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)",
-       "total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
-    kept_gb = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"],
-                                     xl["num_layers"]) / GB
+       "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A: total 16P + 4A bytes, with",
+       "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
+    kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
+    listed = a - FP32_BYTES * 2 * xl["context_length"] * xl["vocab_size"]  # the handout's list up to the logits
+    kept_gb, listed_share = kept / GB, listed / kept
     gb80, gib80 = 80e9, 80 * GiB  # "80 GB" read as 10^9 bytes, and as 2^30 bytes (what an A100 holds)
     fit_gb80, fit_gib80 = (gb80 - b) / a, (gib80 - b) / a
     batch_gb80, batch_gib80 = math.floor(fit_gb80), math.floor(fit_gib80)
@@ -488,7 +488,8 @@ def section_adamw():
        f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
        f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {fit_gb80:.2f} -> {batch_gb80}",
        f"80 GiB (what an '80GB' A100 holds): ({gib80:.4g} - b) / a = {fit_gib80:.2f} -> {batch_gib80}",
-       f"(model.py's autograd actually keeps {kept_gb:.1f} GB per sequence up to the logits; see --verify)")
+       f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
+       f"is {listed_share:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
     step_flops = per * P
     _q("(c) FLOPs of one AdamW step?", f"{_terms(ADAMW_FLOPS_PER_PARAM)} = {per} P",
@@ -747,11 +748,6 @@ def run_verify():  # returns the number of mismatches
         print(f"{what:<72}{formula:>20,}{measured:>20,}{verdict}")
     print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
           "(distinct storages, parameters and buffers excluded)")
-    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the handout's list, logits and loss left out
-        handout = FP32_BYTES * (handout_activation_elements(B, T, d, h, V, L) - 2 * B * T * V)
-        ratio = handout / saved_activation_bytes(B, T, d, h, d_ff, L)
-        print(f"   handout's list for B={B} T={T} d={d}: {handout:,} B = {ratio:.2f} x what autograd keeps "
-              "(it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask)")
     gpu = cuda_memory_check()
     if gpu is None:
         print("GPU: no CUDA device; the memory_allocated / max_memory_allocated check was skipped")

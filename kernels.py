@@ -446,12 +446,6 @@ def run_profile(variants, device):
 # -----------------------------------------------------------------------------
 # 6. Command line.
 
-def _positive_int(text):  # argparse type; argparse puts the flag's name before the message
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return int(text)
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -459,12 +453,15 @@ def parse_args(argv):
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    ap.add_argument("--reps", type=_positive_int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
-    ap.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
     args = ap.parse_args(argv)
+    for flag, value in (("--reps", args.reps), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be at least 1, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
     if args.device == "auto":
