@@ -126,11 +126,9 @@ def peak_flops(device, dtype):
     if device.type == "cpu":
         return measure_matmul_flops(dtype)
     key = gpu_peak_key(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    if key is None:
-        return None
-    if dtype == torch.float32:
-        return PEAK_FLOPS[key]["fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"]
-    return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
+    fp32 = "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"  # "high", "medium": tensor cores
+    column = {torch.float32: fp32, torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    return PEAK_FLOPS[key].get(column) if key else None
 
 
 # ---------------------------------------------------------------------------------------------
