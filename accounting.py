@@ -148,8 +148,8 @@ def lecture_70b_run():
     return flops, per_day, flops / per_day
 
 
-def largest_model(bytes_per_param, num_gpus=8):  # parameters whose training state fits in the H100s
-    return num_gpus * H100_MEMORY_BYTES / bytes_per_param
+def largest_model(bytes_per_param):  # parameters whose training state fits in the lecture's 8 H100s
+    return 8 * H100_MEMORY_BYTES / bytes_per_param
 
 
 def section_motivation():
@@ -479,14 +479,13 @@ def section_adamw():
     kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
     listed = a - FP32_BYTES * 2 * xl["context_length"] * xl["vocab_size"]  # the handout's list up to the logits
     kept_gb, listed_share = kept / GB, listed / kept
-    gb80, gib80 = 80e9, 80 * GiB  # "80 GB" read as 10^9 bytes, and as 2^30 bytes (what an A100 holds)
-    fit_gb80, fit_gib80 = (gb80 - b) / a, (gib80 - b) / a
-    batch_gb80, batch_gib80 = math.floor(fit_gb80), math.floor(fit_gib80)
     _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
-       f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
-       f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {fit_gb80:.2f} -> {batch_gb80}",
-       f"80 GiB (what an '80GB' A100 holds): ({gib80:.4g} - b) / a = {fit_gib80:.2f} -> {batch_gib80}",
-       f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
+       f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
+    for label, memory in (("80 GB (10^9 bytes each)", 80e9), ("80 GiB (what an '80GB' A100 holds)", 80 * GiB)):
+        fit = (memory - b) / a
+        largest = math.floor(fit)
+        _a(f"{label}: batch <= ({memory:.4g} - b) / a = {fit:.2f} -> {largest}")
+    _a(f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
        f"is {listed_share:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
     step_flops = per * P
