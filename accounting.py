@@ -46,11 +46,6 @@ def _gb(n_bytes):  # 1.5e9 -> "1.50 GB (1.40 GiB)"
     return f"{gb:,.2f} GB ({gib:,.2f} GiB)"
 
 
-def _e12(flops):  # 989.4e12 -> "989.4e12", peaks as the whitepapers write them
-    tera = flops / 1e12
-    return f"{tera:g}e12"
-
-
 def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a sum, each term named
     return " + ".join(f"{v:,} ({k})" for k, v in parts.items())
 
@@ -131,11 +126,9 @@ def peak_flops(device, dtype):
     if device.type == "cpu":
         return measure_matmul_flops(dtype)
     key = gpu_peak_key(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    if key is None:
-        return None
-    if dtype == torch.float32:
-        return PEAK_FLOPS[key]["fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"]
-    return PEAK_FLOPS[key].get({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype))
+    fp32 = "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"  # "high", "medium": tensor cores
+    column = {torch.float32: fp32, torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    return PEAK_FLOPS[key].get(column) if key else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +148,8 @@ def lecture_70b_run():
     return flops, per_day, flops / per_day
 
 
-def largest_model(bytes_per_param, num_gpus=8):  # parameters whose training state fits in the H100s
-    return num_gpus * H100_MEMORY_BYTES / bytes_per_param
+def largest_model(bytes_per_param):  # parameters whose training state fits in the lecture's 8 H100s
+    return 8 * H100_MEMORY_BYTES / bytes_per_param
 
 
 def section_motivation():
@@ -225,7 +218,7 @@ def section_compute():
     B, D, K = 16384, 32768, 8192
     linear, (fwd, bwd) = 2 * B * D * K, two_layer_flops(B, D, K)
     step, gpt3, week = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 7
-    peaks = {card: ", ".join(f"{k} {_e12(v)}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
+    peaks = {card: ", ".join(f"{k} {v:.4g}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
        f"2 B D K = 2 x {B} x {D} x {K} = {linear:.4e} FLOPs")
     _q("Forward, backward and a training step of x -> w1 (D, D) -> w2 (D, K)?",
@@ -319,7 +312,7 @@ def section_memory():
                              (f"every sqrt(L) = {root} layers", root), ("store nothing", None)):
             held, redo = checkpointing(L, every)
             _a(f"{label:<26} held {held:>3}  recompute {redo:>3}")
-        _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
+    _a("O(L) memory & no recompute | O(L) & one extra forward | O(sqrt L) & one extra forward | O(1) & O(L^2)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,19 +474,19 @@ def section_adamw():
     a, b = adamw_memory_line(xl)
     _q("(a) Peak memory of AdamW in float32 (d_ff = 4d), by component?",
        "P = 2Vd + L(16d^2 + 2d) + d (embeddings, lm_head, attention 4d^2 + SwiGLU 12d^2, norms)",
-       "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A, with",
-       "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)",
-       "total = 16P + 4 [L(16 B T d + 2 B h T^2) + B T d + 2 B T V] bytes")
-    kept_gb = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"],
-                                     xl["num_layers"]) / GB
-    gb80, gib80 = 80e9, 80 * GiB  # "80 GB" read as 10^9 bytes, and as 2^30 bytes (what an A100 holds)
-    fit_gb80, fit_gib80 = (gb80 - b) / a, (gib80 - b) / a
-    batch_gb80, batch_gib80 = math.floor(fit_gb80), math.floor(fit_gib80)
+       "parameters 4P | gradients 4P | optimizer state (m, v) 8P | activations 4A: total 16P + 4A bytes, with",
+       "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
+    kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
+    listed = a - FP32_BYTES * 2 * xl["context_length"] * xl["vocab_size"]  # the handout's list up to the logits
+    kept_gb, listed_share = kept / GB, listed / kept
     _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
-       f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}",
-       f"80 GB = 80e9 B: batch <= (80e9 - b) / a = {fit_gb80:.2f} -> {batch_gb80}",
-       f"80 GiB (what an '80GB' A100 holds): ({gib80:.4g} - b) / a = {fit_gib80:.2f} -> {batch_gib80}",
-       f"(model.py's autograd actually keeps {kept_gb:.1f} GB per sequence up to the logits; see --verify)")
+       f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
+    for label, memory in (("80 GB (10^9 bytes each)", 80e9), ("80 GiB (what an '80GB' A100 holds)", 80 * GiB)):
+        fit = (memory - b) / a
+        largest = math.floor(fit)
+        _a(f"{label}: batch <= ({memory:.4g} - b) / a = {fit:.2f} -> {largest}")
+    _a(f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
+       f"is {listed_share:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
     step_flops = per * P
     _q("(c) FLOPs of one AdamW step?", f"{_terms(ADAMW_FLOPS_PER_PARAM)} = {per} P",
@@ -501,9 +494,9 @@ def section_adamw():
     batch, steps, a100, m = XL_RUN.values()
     (days, step), fwd, thousands = lm_training_days(xl, **XL_RUN), lm_forward_flops(**xl), steps // 1000
     years = days / 365.25
-    _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({_e12(a100)} fp32) at {m:.0%} MFU?",
+    _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({a100:.4g} fp32) at {m:.0%} MFU?",
        f"step = 3 x {batch} x {fwd:.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
-       f"days = {steps} x {step:.4e} / ({_e12(a100)} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
+       f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,12 +511,10 @@ def section_tinystories():
     cfg, T = TINYSTORIES, TINYSTORIES["context_length"]
     c, fwd = lm_param_counts(**cfg), lm_forward_flops(**cfg)
     total, blocks = sum(c.values()), c["attn"] + c["ffn"] + c["norms"]
-    non_embedding, blocks_m = blocks + c["lm_head"], blocks / 1e6
-    non_embedding_m = non_embedding / 1e6  # in millions
+    non_embedding = blocks + c["lm_head"]
     _q(f"TinyStories model ({_shape(cfg)}): parameters?", f"{_terms(c)} = {total:,}",
-       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {non_embedding:,}",
-       "the handout's 'about 17M non-embedding parameters' is everything except the input embedding",
-       f"table (a lookup, no FLOPs): {non_embedding_m:.2f}M; the blocks alone are {blocks_m:.2f}M")
+       f"blocks + norms alone: {blocks:,}; blocks + norms + lm_head: {non_embedding:,}, the handout's 'about",
+       "17M non-embedding parameters': everything except the input embedding table (a lookup, no FLOPs)")
     seqs = TINYSTORIES_TOKENS // T
     steps_of_128, steps_of_32 = seqs // 128, seqs // 32
     flops, six_nd = training_step_flops(seqs * fwd), training_flops(non_embedding, TINYSTORIES_TOKENS)
@@ -571,11 +562,9 @@ def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
 
 
 def section_tokenizer():
-    _q("Why store token ids as uint16?")
-    for vocab_size in (10_000, 32_000, GPT2_VOCAB):  # the smallest unsigned type that holds every id
-        top_id, bits = vocab_size - 1, next(b for b in (8, 16, 32, 64) if vocab_size <= 2**b)
-        _a(f"vocab {vocab_size:,}: ids 0..{top_id:,} <= 65,535 = 2^16 - 1 -> uint{bits}, 2 bytes per token "
-           "(half of int32, a quarter of torch's int64)")
+    top_id = GPT2_VOCAB - 1  # the largest vocabulary here; TinyStories' 10,000 and a 32,000 fit too
+    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{top_id:,} <= 65,535 = 2^16 - 1: uint16 holds every id in "
+       "2 bytes per token (half of int32, a quarter of torch's int64)")
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
@@ -756,11 +745,6 @@ def run_verify():  # returns the number of mismatches
         print(f"{what:<72}{formula:>20,}{measured:>20,}{verdict}")
     print("rule: parameter and FLOP counts equal exactly; saved-for-backward bytes equal exactly "
           "(distinct storages, parameters and buffers excluded)")
-    for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # the handout's list, logits and loss left out
-        handout = FP32_BYTES * (handout_activation_elements(B, T, d, h, V, L) - 2 * B * T * V)
-        ratio = handout / saved_activation_bytes(B, T, d, h, d_ff, L)
-        print(f"   handout's list for B={B} T={T} d={d}: {handout:,} B = {ratio:.2f} x what autograd keeps "
-              "(it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask)")
     gpu = cuda_memory_check()
     if gpu is None:
         print("GPU: no CUDA device; the memory_allocated / max_memory_allocated check was skipped")

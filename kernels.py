@@ -56,12 +56,6 @@ def gelu_builtin(x):
     return F.gelu(x, approximate="tanh")
 
 
-# Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton
-# on GPU, C++ on CPU). dynamic=True: one compile per dtype, not per size (dynamo's recompile limit).
-def make_gelu_compiled():
-    return torch.compile(gelu_torch_ops, dynamic=True)
-
-
 # Variant 4: a hand-written CUDA kernel. The tests compile exactly this string with nvcc (it
 # needs no torch header, so no GPU either), and load_inline builds exactly this string.
 # Design, for an H100 (132 SMs):
@@ -188,10 +182,8 @@ def gelu_cuda(x, out=None):
 
 
 def cuda_unavailable_reason():
-    """None if the CUDA variant can be built and run here, else one sentence why not."""
+    """On a CUDA machine: None if the CUDA variant can be built here, else one sentence why not."""
     from torch.utils import cpp_extension
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible to torch"
     if cpp_extension.CUDA_HOME is None:
         return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
     if not cpp_extension.is_ninja_available():
@@ -223,26 +215,24 @@ def gelu_triton(x):
 def get_variants(device, log=print):
     """The variants that can run on `device`, in order; logs one line for each one skipped."""
     variants = {"torch ops": gelu_torch_ops, "F.gelu": gelu_builtin}
-    candidates = {"torch.compile": make_gelu_compiled()}
-    reason = cuda_unavailable_reason() if device == "cuda" else "running on CPU; it needs a CUDA GPU, nvcc and ninja"
-    if reason:
-        log(f"CUDA kernel: skipped ({reason})")
-    else:
-        candidates["CUDA kernel"] = gelu_cuda
-    if device == "cuda" and triton is None:
-        log("Triton: skipped (not installed; pip install triton)")
-    elif device == "cuda":
-        candidates["Triton"] = gelu_triton
-    for name, fn in candidates.items():
-        # One trial call builds what needs building (a C++ compiler, Triton or nvcc).
-        try:
-            fn(torch.randn(1024, device=device))
-            variants[name] = fn
+    on_cpu = None if device == "cuda" else "running on CPU; it needs a CUDA GPU"
+    # Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton
+    # on GPU, C++ on CPU). dynamic=True: one compile per dtype, not per size (dynamo's recompile limit).
+    candidates = {"torch.compile": (torch.compile(gelu_torch_ops, dynamic=True), None),
+                  "CUDA kernel": (gelu_cuda, on_cpu or cuda_unavailable_reason()),
+                  "Triton": (gelu_triton, on_cpu or (None if triton else "not installed; pip install triton"))}
+    for name, (fn, reason) in candidates.items():
+        try:  # one trial call builds what needs building (a C++ compiler, Triton or nvcc)
+            if not reason:
+                fn(torch.randn(1024, device=device))
+                variants[name] = fn
         except Exception as e:  # compilers raise many types; all mean "not on this machine"
             # compiler errors are pages long; the first line that says "error" is the one to read
             lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
             line = next((l for l in lines if "error" in l.lower()), lines[0])
-            log(f"{name}: skipped ({type(e).__name__}: {line[:200]})")
+            reason = f"{type(e).__name__}: {line[:200]}"
+        if reason:
+            log(f"{name}: skipped ({reason})")
     return variants
 
 
@@ -401,13 +391,12 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
 
 def target_line(rows):
     """The H100 target in one line: CUDA kernel at the largest fp32 size vs copy and F.gelu."""
-    fp32 = [r for r in rows if r["dtype"] == "float32"]
-    p = max((r["log2_n"] for r in fp32), default=None)
-    at = {r["variant"]: r for r in fp32 if r["log2_n"] == p}
+    # by variant, its fp32 row of the largest size: a larger size comes later and overwrites a smaller
+    at = {r["variant"]: r for r in sorted(rows, key=lambda r: r["log2_n"]) if r["dtype"] == "float32"}
     if "CUDA kernel" not in at:
         return None
     cuda, builtin = at["CUDA kernel"], at["F.gelu"]
-    speedup = builtin["ms"] / cuda["ms"]
+    p, speedup = cuda["log2_n"], builtin["ms"] / cuda["ms"]
     return (f"CUDA kernel at 2^{p} fp32: {cuda['pct_copy']:.1f}% of copy bandwidth "
             f"({cuda['gb_s']:.0f} of {cuda['copy_gb_s']:.0f} GB/s), {speedup:.2f}x F.gelu")
 
@@ -431,22 +420,19 @@ def _quiet_stderr():
 
 def profile_launches(fn, x):
     """Counter of what one call of fn(x) runs: CUDA kernels on GPU, top-level ops on CPU."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
     fn(x)  # warm: compilation and lazy initialisation are not part of a call
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.is_cuda else [])
-    with _quiet_stderr(), profile(activities=activities) as prof:
+    with _quiet_stderr(), profile() as prof:  # the CPU and any GPU; leaving the block waits for the GPU
         fn(x)
-        if x.is_cuda:
-            torch.cuda.synchronize()
     if x.is_cuda:
         return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return Counter(e.name for e in prof.events() if e.cpu_parent is None and "Cache Lookup" not in e.name)
 
 
-def run_profile(variants, device, dtype="float32", n=1 << 20):
-    what, log2_n = "CUDA kernels" if device == "cuda" else "top-level CPU operators", n.bit_length() - 1
-    print(f"\n== Profile: {what} launched by one call (torch.profiler, {dtype}, n = 2^{log2_n})")
-    x = random_input(n, DTYPES[dtype], device, torch.Generator().manual_seed(2))
+def run_profile(variants, device):
+    what = "CUDA kernels" if device == "cuda" else "top-level CPU operators"
+    print(f"\n== Profile: {what} launched by one call (torch.profiler, float32, n = 2^20)")
+    x = random_input(1 << 20, torch.float32, device, torch.Generator().manual_seed(2))
     out = {}
     for name, fn in variants.items():
         launches = profile_launches(fn, x)
@@ -460,12 +446,6 @@ def run_profile(variants, device, dtype="float32", n=1 << 20):
 # -----------------------------------------------------------------------------
 # 6. Command line.
 
-def _positive_int(text):  # argparse type; argparse puts the flag's name before the message
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return int(text)
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -473,12 +453,15 @@ def parse_args(argv):
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    ap.add_argument("--reps", type=_positive_int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
-    ap.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
     args = ap.parse_args(argv)
+    for flag, value in (("--reps", args.reps), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be at least 1, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
     if args.device == "auto":
@@ -506,9 +489,7 @@ def main(argv=None):
     print("variants: " + ", ".join(variants))
     print_accounting()
     result = {"device": device, "torch": torch.__version__, "date": started,
-              "argv": sys.argv[1:] if argv is None else list(argv), "variants": list(variants),
-              "accounting": {"flops_per_element": FLOPS_PER_ELEMENT, "unfused_passes": UNFUSED_PASSES,
-                             "fused_passes": FUSED_PASSES}}
+              "argv": sys.argv[1:] if argv is None else list(argv), "variants": list(variants)}
     if "correctness" not in args.skip:
         result["correctness"] = run_correctness(variants, args.dtypes, args.device)
     if "benchmark" not in args.skip:
