@@ -9,10 +9,9 @@
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built with a seed from ../shared (the course
-material; --input, --vocab and --merges take other files). Peers are imported only when their table
-runs. Tools take turns and medians are reported, because a shared machine's load changes under a
-benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
+The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers are imported only
+when their table runs. Tools take turns and medians are reported, as a shared machine's load changes
+under a benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
 import functools
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
+GPT2_FILES = [SHARED / "reference" / "gpt2_vocab.json", SHARED / "reference" / "gpt2_merges.txt"]
 EOT = "<|endoftext|>"
 
 
@@ -59,7 +59,7 @@ def peer(module):
 
 def need_file(path, what):
     if not Path(path).is_file():
-        sys.exit(f"bench.py: {what} {path} not found; pass another with the flags (see --help).")
+        sys.exit(f"bench.py: {what} {path} not found; pass another with --input, or restore ../shared.")
     return str(path)
 
 
@@ -370,7 +370,6 @@ PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # the 
 
 
 def train_run(name, path, vocab_size, out_dir):
-    """run_measured of tool `name` training on path."""
     if name == "python bpe.py train":
         return run_measured([sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
                              "--special-tokens", EOT, "--out", str(out_dir)])
@@ -400,7 +399,6 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 
 def bench_train(args):
-    """The scale corpora (--sizes, in MB) at --vocab-size; or --input."""
     if args.input:
         return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
@@ -418,6 +416,7 @@ def bench_train(args):
 
 
 # The cold table's jobs: {job: (its label, its child)}.
+COLD_BYTES, COLD_VOCAB = 133_120, 500  # the small jobs: the first 133 KB of a text (whole lines), vocab 500
 COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", TRAINERS["bpe.train_bpe"]),
              "encode": ("GPT-2 Tokenizer.from_files + encode, {}", """
 import bpe
@@ -430,7 +429,7 @@ report(time.perf_counter() - t0)
 def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
-    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
     text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
@@ -440,10 +439,10 @@ def bench_cold(args):
     with tempfile.TemporaryDirectory() as d:
         jobs, web = [], "the scale corpus (web-like: more distinct words)"
         for i, (name, source) in enumerate([(text.name, text), (web, scale_corpus(5))]):
-            cut, small = source.read_bytes()[:args.cold_bytes], Path(d, f"{i}.txt")
+            cut, small = source.read_bytes()[:COLD_BYTES], Path(d, f"{i}.txt")
             small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)  # whole lines
             where = f"{small.stat().st_size / 1e3:.0f} KB of {name}"
-            jobs += [(job, where, small, args.cold_vocab) for job in COLD_JOBS]
+            jobs += [(job, where, small, COLD_VOCAB) for job in COLD_JOBS]
         jobs += [("train", "5 MB scale corpus", scale_corpus(5), 32_000),
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
@@ -490,7 +489,7 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
-    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
             "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
@@ -631,9 +630,9 @@ def bench_step(argv):
 
 def bench_generate(args):
     torch.manual_seed(0)
-    m = TransformerLM(**TINYSTORIES, fast=args.fast)
+    m = TransformerLM(**TINYSTORIES)  # model.py's from-scratch path
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
-          f"fast={args.fast}, {torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads")
     for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
         times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
                                                               use_cache=use_cache) for use_cache in (True, False)}, 1)
@@ -658,21 +657,12 @@ def main(argv=None):
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
-    ap.add_argument("--cold-bytes", type=int, default=133_120, help="cold: bytes of --input to train on")
-    ap.add_argument("--cold-vocab", type=int, default=500, help="cold: vocabulary size")
-    ap.add_argument("--vocab", default=str(SHARED / "reference" / "gpt2_vocab.json"), help="encode: GPT-2 vocab")
-    ap.add_argument("--merges", default=str(SHARED / "reference" / "gpt2_merges.txt"), help="encode: GPT-2 merges")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
-    ap.add_argument("--fast", action="store_true", help="generate: model.py's fused path")
     args = ap.parse_args(argv)
-    try:
-        args.sizes = [float(s) for s in args.sizes.split(",")]
-    except ValueError:
-        ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
-    if min(args.sizes) <= 0:
-        ap.error("--sizes must be positive")
-    mins = {"vocab_size": MIN_TEXT_VOCAB, "cold_vocab": MIN_TEXT_VOCAB, "repeats": 1, "cold_bytes": 1, "new_tokens": 1}
-    for flag, least in mins.items():
+    if not all(regex.fullmatch(r"\d*\.?\d+", s) and float(s) > 0 for s in args.sizes.split(",")):
+        ap.error(f"--sizes wants positive megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
+    args.sizes = [float(s) for s in args.sizes.split(",")]
+    for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
         if getattr(args, flag) < least:
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
