@@ -128,14 +128,13 @@ def run_measured(argv, env=None, **constants):
 
 
 def process_table(runs, call="call"):
-    """One row per tool of {tool: [run_measured results]} (a tool with no runs is left out)."""
+    """One row per tool of {tool: [run_measured results]}."""
     print(f"| tool | {call} | whole process | peak Pss, process tree |")
     print("|---|---|---|---|")
     for name, rs in runs.items():
-        if rs:
-            call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
-            print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
-                  f"{max(r['pss_mb'] for r in rs):,.0f} MB |")
+        call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+        print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB |")
 
 
 # ----------------------------------------------------------------------------
@@ -381,14 +380,13 @@ def train_table(path, vocab_size, repeats, hf_runs):
     print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
           f"{EOT} special; each tool a fresh process, {repeats} runs taking turns (HF tokenizers "
           f"{min(hf_runs, repeats)})", flush=True)
-    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n])]
-    runs = {name: [] for name in tools}
+    runs = {n: [] for n in TRAINERS if (hf_runs or not n.startswith("HF")) and (n not in PEERS or peer(PEERS[n]))}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
+            for name in [n for n in runs if i < hf_runs or not n.startswith("HF")]:
                 runs[name].append(train_run(name, path, vocab_size, d))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
-    process_table(runs, "training call")  # (HF has no runs at 2 GB)
+    process_table(runs, "training call")
     last = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
