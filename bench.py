@@ -18,6 +18,7 @@ import functools
 import inspect
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -523,7 +524,7 @@ def bench_encode(args):
         print(f"encode_iterable on 1 MB of {name}: {t['encode_iterable'][0]:.2f} s, encode {t['encode'][0]:.2f} s, "
               f"same ids: {ids['encode'] == ids['encode_iterable']}")
     print(flush=True)
-    bench_encode_file(args, files, ranks)
+    bench_encode_file(args, files, enc)
 
 
 ENCODE_FILE = {
@@ -537,10 +538,8 @@ report(time.perf_counter() - t0)
     # encode_ordinary does not treat <|endoftext|> as special, so tiktoken gets the documents
     # between the markers, and the file's markers are taken out of our count to compare.
     "tiktoken encode_ordinary_batch, 2 threads": """
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
-enc = tiktoken.Encoding(name="gpt2_local", pat_str=PAT, mergeable_ranks=load_tiktoken_bpe(RANKS),
-                        special_tokens={EOT: 50256})
+import pickle
+enc = pickle.load(open(ENC, "rb"))  # bench_encode's tiktoken.Encoding
 t0 = time.perf_counter()
 docs = open(PATH, encoding="utf-8", newline="").read().split(EOT)
 ids = enc.encode_ordinary_batch(docs, num_threads=2)
@@ -549,29 +548,27 @@ report(time.perf_counter() - t0, tokens=sum(map(len, ids)), id_sum=sum(map(sum, 
 }
 
 
-def bench_encode_file(args, files, ranks):
-    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its ranks), whole processes."""
-    import base64
+def bench_encode_file(args, files, enc):
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its Encoding), whole processes."""
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}), GPT-2's files, "
           f"each tool a fresh process, {args.repeats} runs taking turns; the call includes reading the file, not "
           f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
     with tempfile.TemporaryDirectory() as d:
-        out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
-        # tiktoken's own file format, so that its process needs no bpe.py
-        Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
-        tools = [n for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")]
+        out, enc_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.pickle")
+        Path(enc_file).write_bytes(pickle.dumps(enc))  # so that tiktoken's process needs no bpe.py
+        tools = [n for n in ENCODE_FILE if enc or not n.startswith("tiktoken")]
         runs = take_turns({n: functools.partial(run_measured, ENCODE_FILE[n], PATH=str(path), OUT=out, FILES=files,
-                                                RANKS=ranks_file, PAT=bpe.GPT2_PAT) for n in tools}, args.repeats)[1]
+                                                ENC=enc_file) for n in tools}, args.repeats)[1]
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
     process_table(runs)
-    if ranks:
+    if enc:
         theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
         assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
     print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the "
-          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""))
+          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if enc else ""))
 
 
 # ----------------------------------------------------------------------------
