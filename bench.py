@@ -311,8 +311,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
 
 
 def distinct_pretokens(path):
-    """How many distinct GPT-2 pre-tokens the corpus's documents have (as train_bpe counts them),
-    counted once per corpus: the count is kept next to the file."""
+    """Distinct GPT-2 pre-tokens in the corpus's documents (as train_bpe counts them), kept next to the file."""
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
@@ -594,8 +593,7 @@ def llama_step(cfg, micro):
 
 
 def bench_step(argv):
-    """train.py's --benchmark step with HF Llama's steps taking turns with it; argv: train.py's
-    flags. The steps after the untimed warm-up ones are timed, the GPU queue drained around each."""
+    """train.py's --benchmark step (argv: train.py's flags) and HF Llama's, taking turns after a warm-up."""
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama taking turns")
     try:
