@@ -60,7 +60,7 @@ def peer(module):
 
 def need_file(path, what):
     if not Path(path).is_file():
-        sys.exit(f"bench.py: {what} {path} not found; pass another with --input, or restore ../shared.")
+        sys.exit(f"bench.py: {what} {path} not found (--input names a text of yours; the rest is in ../shared).")
     return str(path)
 
 
