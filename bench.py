@@ -9,16 +9,16 @@
     python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built with a seed from ../shared (the course
-material; --input, --vocab and --merges take other files). Peers are imported only when their table
-runs. Tools take turns and medians are reported, because a shared machine's load changes under a
-benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
+The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers are imported only
+when their table runs. Tools take turns and medians are reported, as a shared machine's load changes
+under a benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
 import functools
 import inspect
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
+GPT2_FILES = [SHARED / "reference" / "gpt2_vocab.json", SHARED / "reference" / "gpt2_merges.txt"]
 EOT = "<|endoftext|>"
 
 
@@ -59,7 +60,7 @@ def peer(module):
 
 def need_file(path, what):
     if not Path(path).is_file():
-        sys.exit(f"bench.py: {what} {path} not found; pass another with the flags (see --help).")
+        sys.exit(f"bench.py: {what} {path} not found (--input names a text of yours; the rest is in ../shared).")
     return str(path)
 
 
@@ -128,14 +129,13 @@ def run_measured(argv, env=None, **constants):
 
 
 def process_table(runs, call="call"):
-    """One row per tool of {tool: [run_measured results]} (a tool with no runs is left out)."""
+    """One row per tool of {tool: [run_measured results]}."""
     print(f"| tool | {call} | whole process | peak Pss, process tree |")
     print("|---|---|---|---|")
     for name, rs in runs.items():
-        if rs:
-            call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
-            print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
-                  f"{max(r['pss_mb'] for r in rs):,.0f} MB |")
+        call_s = med([r["call_s"] for r in rs]) if "call_s" in rs[0] else "-"
+        print(f"| {name} | {call_s} | {med([r['process_s'] for r in rs])} | "
+              f"{max(r['pss_mb'] for r in rs):,.0f} MB |")
 
 
 # ----------------------------------------------------------------------------
@@ -311,8 +311,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
 
 
 def distinct_pretokens(path):
-    """How many distinct GPT-2 pre-tokens the corpus's documents have (as train_bpe counts them),
-    counted once per corpus: the count is kept next to the file."""
+    """Distinct GPT-2 pre-tokens in the corpus's documents (as train_bpe counts them), kept next to the file."""
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
@@ -370,7 +369,6 @@ PEERS = {"HF tokenizers BpeTrainer": "tokenizers", "rustbpe": "rustbpe"}  # the 
 
 
 def train_run(name, path, vocab_size, out_dir):
-    """run_measured of tool `name` training on path."""
     if name == "python bpe.py train":
         return run_measured([sys.executable, "bpe.py", "train", str(path), "--vocab-size", str(vocab_size),
                              "--special-tokens", EOT, "--out", str(out_dir)])
@@ -382,14 +380,13 @@ def train_table(path, vocab_size, repeats, hf_runs):
     print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
           f"{EOT} special; each tool a fresh process, {repeats} runs taking turns (HF tokenizers "
           f"{min(hf_runs, repeats)})", flush=True)
-    tools = [n for n in TRAINERS if n not in PEERS or peer(PEERS[n])]
-    runs = {name: [] for name in tools}
+    runs = {n: [] for n in TRAINERS if (hf_runs or not n.startswith("HF")) and (n not in PEERS or peer(PEERS[n]))}
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            for name in [n for n in tools if i < hf_runs or not n.startswith("HF")]:
+            for name in [n for n in runs if i < hf_runs or not n.startswith("HF")]:
                 runs[name].append(train_run(name, path, vocab_size, d))
         cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
-    process_table(runs, "training call")  # (HF has no runs at 2 GB)
+    process_table(runs, "training call")
     last = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
           f"python bpe.py train: {cli_merges} lines in merges.txt")
@@ -400,7 +397,6 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 
 def bench_train(args):
-    """The scale corpora (--sizes, in MB) at --vocab-size; or --input."""
     if args.input:
         return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
@@ -418,6 +414,7 @@ def bench_train(args):
 
 
 # The cold table's jobs: {job: (its label, its child)}.
+COLD_BYTES, COLD_VOCAB = 133_120, 500  # the small jobs: the first 133 KB of a text (whole lines), vocab 500
 COLD_JOBS = {"train": ("train_bpe, {}, vocab {:,}", TRAINERS["bpe.train_bpe"]),
              "encode": ("GPT-2 Tokenizer.from_files + encode, {}", """
 import bpe
@@ -430,7 +427,7 @@ report(time.perf_counter() - t0)
 def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
-    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
     text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
@@ -440,10 +437,10 @@ def bench_cold(args):
     with tempfile.TemporaryDirectory() as d:
         jobs, web = [], "the scale corpus (web-like: more distinct words)"
         for i, (name, source) in enumerate([(text.name, text), (web, scale_corpus(5))]):
-            cut, small = source.read_bytes()[:args.cold_bytes], Path(d, f"{i}.txt")
+            cut, small = source.read_bytes()[:COLD_BYTES], Path(d, f"{i}.txt")
             small.write_bytes(cut[:cut.rindex(b"\n") + 1] if b"\n" in cut else cut)  # whole lines
             where = f"{small.stat().st_size / 1e3:.0f} KB of {name}"
-            jobs += [(job, where, small, args.cold_vocab) for job in COLD_JOBS]
+            jobs += [(job, where, small, COLD_VOCAB) for job in COLD_JOBS]
         jobs += [("train", "5 MB scale corpus", scale_corpus(5), 32_000),
                  ("encode", f"{text.name} ({text.stat().st_size / 1e6:.1f} MB)", text, 0)]
         for job, where, path, vocab in jobs:
@@ -490,7 +487,7 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
-    files = need_file(args.vocab, "GPT-2 vocab"), need_file(args.merges, "GPT-2 merges")
+    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
             "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
@@ -526,7 +523,7 @@ def bench_encode(args):
         print(f"encode_iterable on 1 MB of {name}: {t['encode_iterable'][0]:.2f} s, encode {t['encode'][0]:.2f} s, "
               f"same ids: {ids['encode'] == ids['encode_iterable']}")
     print(flush=True)
-    bench_encode_file(args, files, ranks)
+    bench_encode_file(args, files, enc)
 
 
 ENCODE_FILE = {
@@ -540,10 +537,8 @@ report(time.perf_counter() - t0)
     # encode_ordinary does not treat <|endoftext|> as special, so tiktoken gets the documents
     # between the markers, and the file's markers are taken out of our count to compare.
     "tiktoken encode_ordinary_batch, 2 threads": """
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
-enc = tiktoken.Encoding(name="gpt2_local", pat_str=PAT, mergeable_ranks=load_tiktoken_bpe(RANKS),
-                        special_tokens={EOT: 50256})
+import pickle
+enc = pickle.load(open(ENC, "rb"))  # bench_encode's tiktoken.Encoding
 t0 = time.perf_counter()
 docs = open(PATH, encoding="utf-8", newline="").read().split(EOT)
 ids = enc.encode_ordinary_batch(docs, num_threads=2)
@@ -552,29 +547,27 @@ report(time.perf_counter() - t0, tokens=sum(map(len, ids)), id_sum=sum(map(sum, 
 }
 
 
-def bench_encode_file(args, files, ranks):
-    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its ranks), whole processes."""
-    import base64
+def bench_encode_file(args, files, enc):
+    """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its Encoding), whole processes."""
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.0f} MB scale corpus ({path.name}), GPT-2's files, "
           f"each tool a fresh process, {args.repeats} runs taking turns; the call includes reading the file, not "
           f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
     with tempfile.TemporaryDirectory() as d:
-        out, ranks_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.tiktoken")
-        # tiktoken's own file format, so that its process needs no bpe.py
-        Path(ranks_file).write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for t, i in (ranks or {}).items()))
-        tools = [n for n in ENCODE_FILE if ranks or not n.startswith("tiktoken")]
+        out, enc_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.pickle")
+        Path(enc_file).write_bytes(pickle.dumps(enc))  # so that tiktoken's process needs no bpe.py
+        tools = [n for n in ENCODE_FILE if enc or not n.startswith("tiktoken")]
         runs = take_turns({n: functools.partial(run_measured, ENCODE_FILE[n], PATH=str(path), OUT=out, FILES=files,
-                                                RANKS=ranks_file, PAT=bpe.GPT2_PAT) for n in tools}, args.repeats)[1]
+                                                ENC=enc_file) for n in tools}, args.repeats)[1]
         ids = np.load(out, mmap_mode="r")
         eot = int(np.count_nonzero(ids == 50256))  # (tokens, id sum, documents) without the markers:
         ours = (len(ids) - eot, int(ids.sum(dtype=np.int64)) - 50256 * eot, eot + 1)
     process_table(runs)
-    if ranks:
+    if enc:
         theirs = tuple(runs["tiktoken encode_ordinary_batch, 2 threads"][-1][k] for k in ("tokens", "id_sum", "docs"))
         assert ours == theirs, f"token counts differ: ours {ours}, tiktoken's {theirs}"
     print(f"bpe.encode_file: {len(ids):,} ids, {eot:,} of them <|endoftext|>; without them {ours[0]:,} in the "
-          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if ranks else ""))
+          f"{ours[2]:,} documents between the markers" + (", the same count and id sum as tiktoken's" if enc else ""))
 
 
 # ----------------------------------------------------------------------------
@@ -600,8 +593,7 @@ def llama_step(cfg, micro):
 
 
 def bench_step(argv):
-    """train.py's --benchmark step with HF Llama's steps taking turns with it; argv: train.py's
-    flags. The steps after the untimed warm-up ones are timed, the GPU queue drained around each."""
+    """train.py's --benchmark step (argv: train.py's flags) and HF Llama's, taking turns after a warm-up."""
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama taking turns")
     try:
@@ -631,9 +623,9 @@ def bench_step(argv):
 
 def bench_generate(args):
     torch.manual_seed(0)
-    m = TransformerLM(**TINYSTORIES, fast=args.fast)
+    m = TransformerLM(**TINYSTORIES)  # model.py's from-scratch path
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
-          f"fast={args.fast}, {torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads")
     for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
         times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
                                                               use_cache=use_cache) for use_cache in (True, False)}, 1)
@@ -658,21 +650,12 @@ def main(argv=None):
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
-    ap.add_argument("--cold-bytes", type=int, default=133_120, help="cold: bytes of --input to train on")
-    ap.add_argument("--cold-vocab", type=int, default=500, help="cold: vocabulary size")
-    ap.add_argument("--vocab", default=str(SHARED / "reference" / "gpt2_vocab.json"), help="encode: GPT-2 vocab")
-    ap.add_argument("--merges", default=str(SHARED / "reference" / "gpt2_merges.txt"), help="encode: GPT-2 merges")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
-    ap.add_argument("--fast", action="store_true", help="generate: model.py's fused path")
     args = ap.parse_args(argv)
-    try:
-        args.sizes = [float(s) for s in args.sizes.split(",")]
-    except ValueError:
-        ap.error(f"--sizes wants megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
-    if min(args.sizes) <= 0:
-        ap.error("--sizes must be positive")
-    mins = {"vocab_size": MIN_TEXT_VOCAB, "cold_vocab": MIN_TEXT_VOCAB, "repeats": 1, "cold_bytes": 1, "new_tokens": 1}
-    for flag, least in mins.items():
+    if not all(regex.fullmatch(r"\d*\.?\d+", s) and float(s) > 0 for s in args.sizes.split(",")):
+        ap.error(f"--sizes wants positive megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
+    args.sizes = [float(s) for s in args.sizes.split(",")]
+    for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
         if getattr(args, flag) < least:
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))

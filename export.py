@@ -114,7 +114,6 @@ def save_tokenizer(tok, out, context_length):
     write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                 "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
                 "added_tokens_decoder": added}, os.path.join(out, "tokenizer_config.json"))
-    write_json(names, os.path.join(out, "special_tokens_map.json"))
     return ids.get(first)
 
 
