@@ -1306,21 +1306,6 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
     return out[:k]
 
 
-def _byte_pair_values(byte_ids, pairs, values):
-    """(65536,) int64: at x << 8 | y, the merges' value of the pair (id of byte x, id of byte y),
-    or _NO_MERGE, by direct index. pairs: (M, 2) ids of the merges, values: (M,) their values."""
-    out = np.full(1 << 16, _NO_MERGE, np.int64)
-    if len(values):
-        keys = pairs[:, 0] << 32 | pairs[:, 1]
-        order = np.argsort(keys)
-        x, y = np.divmod(np.arange(1 << 16), 256)
-        want = byte_ids[x] << 32 | byte_ids[y]
-        at = np.minimum(np.searchsorted(keys[order], want), len(keys) - 1)
-        found = keys[order[at]] == want
-        out[found] = values[order[at[found]]]
-    return out
-
-
 class Encoder:
     """The compiled encoder of one tokenizer: byte_ids[b] is the id of byte b, merge_rank
     {(left id, right id): (rank, merged id)}, special_ids {special token bytes: id}."""
@@ -1329,7 +1314,12 @@ class Encoder:
         pairs = np.array(list(merge_rank), np.int64).reshape(-1, 2)
         values = np.array([rank << 32 | t for rank, t in merge_rank.values()], np.int64)
         self.pairs = _merge_table(pairs[:, 0], pairs[:, 1], values)
-        self.byte_pairs = _byte_pair_values(np.array(byte_ids, np.int64), pairs, values)
+        byte_ids = np.array(byte_ids, np.int64)
+        order = np.argsort(byte_ids)
+        byte = order[np.minimum(np.searchsorted(byte_ids[order], pairs), 255)]   # (M, 2): the byte of each side
+        both = (byte_ids[byte] == pairs).all(axis=1)                              # if both are bytes
+        self.byte_pairs = np.full(1 << 16, _NO_MERGE, np.int64)
+        self.byte_pairs[byte[both, 0] << 8 | byte[both, 1]] = values[both]
         # An empty cache: np.zeros costs nothing until the cache fills its pages.
         self.state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self.state[:256] = byte_ids
