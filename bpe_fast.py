@@ -137,7 +137,8 @@ def _next_pretoken(data, i, n, classes):
 # _STREAM_CUT faster than regex; its \s is a superset of regex's, so it finds no cut regex would not.
 _STREAM_CUT = re.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 _SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
-_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
+_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task at most: memory follows this, not the file
+_MIN_CHUNK = 1 << 18            # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
 # fork shares the parent's imports (numba, regex) instead of re-importing them.
 _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
@@ -178,10 +179,10 @@ def stream_pieces(iterable, special_tokens, piece_chars):
         yield buf
 
 
-def _find_cut(f, pos, stop, size, cut_re, special_bytes):
+def _find_cut(f, pos, size, cut_re, special_bytes):
     """First cut_re match from byte pos of file f (size bytes) splitting no special token, or None."""
     margin = max((len(s) for s in special_bytes), default=1)
-    while pos < stop:
+    while pos < size:
         lo = max(0, pos - margin)
         f.seek(lo)
         buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
@@ -203,22 +204,15 @@ def _special_bytes_re(special_bytes):
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
     """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special token
-    within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    or _SAFE_CUT from the even split on."""
     special_re = _special_bytes_re(special_bytes)
-    any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
+    cut_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
             guess = max(size * k // n_chunks, bounds[-1] + 1)
-            if guess >= size:
-                break
-            p = None
-            if special_re is not None:
-                p = _find_cut(f, guess, min(size, guess + (1 << 20)), size, special_re,
-                              special_bytes)
-            if p is None:
-                p = _find_cut(f, guess, size, size, any_re, special_bytes)
-            if p is not None and bounds[-1] < p < size:
+            p = _find_cut(f, guess, size, cut_re, special_bytes) if guess < size else None
+            if p is not None:                   # (after bounds[-1] and before size)
                 bounds.append(p)
     bounds.append(size)
     return bounds
@@ -334,14 +328,14 @@ def catch_ctrl_c():
         signal.signal(signum, interrupt)
 
 
-def _plan_chunks(input_path, special_tokens, num_workers):
-    """(workers, chunk offsets): pieces of at most 4 MiB, one per worker at least from 1 MiB on."""
+def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
+    """(size, workers, chunk offsets): about tasks_per_worker chunks per worker (more balance the
+    workers, fewer cost less overhead per task), of _MIN_CHUNK to _CHUNK_BYTES each."""
     size = check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
-    n_chunks = -(-size // _CHUNK_BYTES)
-    if num_workers > 1 and size >= (1 << 20):
-        n_chunks = max(n_chunks, num_workers)
-    return num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    chunk = min(_CHUNK_BYTES, max(_MIN_CHUNK, size // (tasks_per_worker * num_workers)))
+    return size, num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens],
+                                            -(-size // chunk))
 
 
 # -----------------------------------------------------------------------------
@@ -521,7 +515,7 @@ def count_words(input_path, special_tokens, num_workers=None):
     """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's arrays
     (_words_of_table). One contiguous run of chunks per worker; the compiled merge loop loads in
     this process while the workers count."""
-    num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
+    _, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers, 1)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
@@ -1359,7 +1353,6 @@ def _load_compiled_encoder():
 # -----------------------------------------------------------------------------
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _PROGRESS_EVERY = 10.0         # seconds between progress lines when stderr is not a terminal
 _worker_tokenizer = None
 
@@ -1393,17 +1386,12 @@ def _npy_header(dtype, n):
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a UTF-8 file into out_path (np.save format, uint16 when every id fits, else uint32),
     written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
-    size = check_input_file(input_path)
+    # About 4 tasks per worker: few enough that re-merging pre-tokens another worker has seen costs little.
+    size, num_workers, bounds = _plan_chunks(input_path, tokenizer.special_tokens, num_workers, 4)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory {out_dir} does not exist")
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
-    num_workers = num_workers or os.cpu_count() or 1
-    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
-    # overhead (and re-merging pre-tokens that another worker has seen) small.
-    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
-    bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
-                           -(-size // chunk))
     # The compiled pass when it is loaded or the file is big enough to pay for loading it:
     # loaded here, before the workers fork, they share it.
     compiled = compiled_encoder_pays(size)
