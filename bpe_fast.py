@@ -729,24 +729,19 @@ def _start_pairs(words):
 
 
 @register_jitable
-def _bytes_cmp(tok_bytes, start, length, x, y):
-    """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
-    sx, sy, lx, ly = start[x], start[y], length[x], length[y]
-    k, n = 0, min(lx, ly) if x != y else 0
-    while k < n and tok_bytes[sx + k] == tok_bytes[sy + k]:
-        k += 1
-    if k < n:
-        return 1 if tok_bytes[sx + k] > tok_bytes[sy + k] else -1
-    return 0 if lx == ly else (1 if lx > ly else -1)
-
-
-@register_jitable
 def _pair_gt(ki, kj, tok_bytes, start, length):
-    """The tie-break of equal counts: key ki's pair is the greater pair of byte strings."""
-    r = _bytes_cmp(tok_bytes, start, length, ki >> 32, kj >> 32)
-    if r == 0:
-        r = _bytes_cmp(tok_bytes, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
-    return r > 0
+    """The tie-break of equal counts: key ki's pair of byte strings is greater than key kj's, as
+    Python compares (bytes, bytes)."""
+    for x, y in ((ki >> 32, kj >> 32), (ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)):
+        sx, sy, lx, ly = start[x], start[y], length[x], length[y]
+        k, n = 0, min(lx, ly) if x != y else 0
+        while k < n and tok_bytes[sx + k] == tok_bytes[sy + k]:
+            k += 1
+        if k < n:
+            return tok_bytes[sx + k] > tok_bytes[sy + k]
+        if lx != ly:
+            return lx > ly
+    return False
 
 
 @register_jitable
@@ -1133,17 +1128,13 @@ def _minheap_pop(heap, h):
     """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
     top, h = heap[0], h - 1
     heap[0] = heap[h]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= h:
-            break
-        if c + 1 < h and heap[c + 1] < heap[c]:
-            c += 1
+    i, c = 0, 1
+    while c < h:
+        c += c + 1 < h and heap[c + 1] < heap[c]      # the smaller child
         if heap[i] <= heap[c]:
             break
         heap[i], heap[c] = heap[c], heap[i]
-        i = c
+        i, c = c, 2 * c + 1
     return top
 
 
