@@ -329,8 +329,7 @@ def catch_ctrl_c():
 
 
 def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
-    """(size, workers, chunk offsets): about tasks_per_worker chunks per worker (more balance the
-    workers, fewer cost less overhead per task), of _MIN_CHUNK to _CHUNK_BYTES each."""
+    """(size, workers, chunk offsets): about tasks_per_worker chunks per worker, of _MIN_CHUNK to _CHUNK_BYTES."""
     size = check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
     chunk = min(_CHUNK_BYTES, max(_MIN_CHUNK, size // (tasks_per_worker * num_workers)))
@@ -475,8 +474,7 @@ def _word_tables_merge(table, n, o_rec, o_word_bytes):
 
 
 def _words_of_table(rec, word_bytes):
-    """The merge loop's input: (ids, word_start, word_count) of the words of more than one
-    byte (a single byte has no pair to merge), end to end."""
+    """The merge loop's input (ids, word_start, word_count): the words of 2 bytes or more, end to end."""
     length = np.diff(rec[0::2])
     keep = length > 1
     word_start = np.zeros(np.count_nonzero(keep) + 1, np.int64)
@@ -485,15 +483,13 @@ def _words_of_table(rec, word_bytes):
 
 
 def _trimmed(table, n):
-    """(rec, word_bytes) of a table of n words, cut to their used length (views: pickling a view
-    sends only its part)."""
+    """(rec, word_bytes) of a table of n words, as views of their used part (pickled, a view sends only that)."""
     slots, rec, word_bytes = table
     return rec[:2 * n + 1], word_bytes[:rec[2 * n]]
 
 
 def _count_range(args):
-    """Worker: the table (rec, word_bytes) of the pre-tokens of the chunks
-    bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
+    """Worker: the table (rec, word_bytes) of the chunks bounds[0]:bounds[1]:... of the file, read into one buffer."""
     path, bounds, special_tokens = args
     special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
     classes = _char_classes()
@@ -650,9 +646,8 @@ def _grow(a, need):
 
 @register_jitable
 def _copy_lists(tab, slots, lists, out, base):
-    """Copy the word list of each pair tab[s], s in slots (its first entry: tab[s, 2]), into out as
-    one contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the
-    number of entries copied."""
+    """Copy the word list of each pair tab[s], s in slots (first entry: tab[s, 2]), into out as one
+    contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the count."""
     n = 0
     for s in slots:
         e = tab[s, 2]
@@ -715,10 +710,7 @@ def _start_pairs(words):
                 fill[p] += 1
         w += 4 + words[w]
     n_keys = np.sum(count > 0)
-    cap = 1024
-    while cap < 4 * n_keys:
-        cap *= 2
-    tab = _pair_table_new(cap)
+    tab = _pair_table_room(_pair_table_new(1), 0, n_keys)[0]     # empty, with room for n_keys
     for p in range(65536):
         if count[p] > 0:
             lists[run[p + 1] - 1, 1] = -1      # the end of the run
@@ -730,8 +722,7 @@ def _start_pairs(words):
 
 @register_jitable
 def _pair_gt(ki, kj, tok_bytes, start, length):
-    """The tie-break of equal counts: key ki's pair of byte strings is greater than key kj's, as
-    Python compares (bytes, bytes)."""
+    """The tie-break of equal counts: key ki's pair is greater than kj's, as Python compares (bytes, bytes)."""
     for x, y in ((ki >> 32, kj >> 32), (ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)):
         sx, sy, lx, ly = start[x], start[y], length[x], length[y]
         k, n = 0, min(lx, ly) if x != y else 0
@@ -777,15 +768,13 @@ def _heap_push(heap, n, c, key, tok_bytes, start, length):
 
 @register_jitable
 def _start_heap(tab, n_keys, tok_bytes, start, length):
-    """A heap of every pair in the table, built bottom-up (heapify)."""
+    """A heap of every pair in the table."""
     heap = np.empty((max(1024, 2 * n_keys), 2), np.int64)
     n = 0
     for s in range(tab.shape[0]):
         if tab[s, 0] != _EMPTY:
-            heap[n, 0], heap[n, 1] = tab[s, 1], tab[s, 0]
+            _heap_push(heap, n, tab[s, 1], tab[s, 0], tok_bytes, start, length)
             n += 1
-    for i in range(n // 2 - 1, -1, -1):
-        _sift_down(heap, i, n, tok_bytes, start, length)
     return heap, n
 
 
@@ -1053,8 +1042,7 @@ _compiled_encoder_loaded = False
 
 @register_jitable
 def _mix(h):
-    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
-    the caller keeps the low ones."""
+    """Slot hash of uint64 keys (a numpy array, or one key compiled); the caller keeps the low bits."""
     h = h * np.uint64(0x9E3779B97F4A7C15)
     return h ^ (h >> np.uint64(29))
 
@@ -1142,9 +1130,8 @@ def _minheap_pop(heap, h):
 def _merge_long(tok, k, n, pairs, work):
     """The same rounds as _merge_short for a longer pre-token (a CJK run can be hundreds of bytes),
     without rescanning it: the tokens form a linked list and every pair waits in a min-heap keyed
-    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round
-    pops all places of the lowest rank, then pushes the pairs its new tokens make. work: (>= 8n,)
-    int64 scratch whose first n - 1 hold the values of the pairs."""
+    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round pops
+    all places of the lowest rank, then pushes the new tokens' pairs. work: (>= 8n,) int64, rank first."""
     value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
     value[n - 1] = _NO_MERGE
@@ -1399,11 +1386,10 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
         workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
-    header_len = len(_npy_header(dtype, 0))
     n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
     with workers, atomic_file(out_path) as f:    # leaving the pool terminates it
         try:
-            f.write(b"\0" * header_len)    # the real header needs the count: written last
+            f.write(_npy_header(dtype, 0))    # the real header needs the count: written last
             for ids, nb in results:
                 f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                 n_tokens += len(ids)
@@ -1417,7 +1403,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
             if tty and n_bytes:
                 print(file=sys.stderr)     # ends the progress line, before any error
         header = _npy_header(dtype, n_tokens)
-        assert len(header) == header_len, "npy header length changed"
+        assert len(header) == len(_npy_header(dtype, 0)), "npy header length changed"
         f.seek(0)
         f.write(header)
     return n_tokens
