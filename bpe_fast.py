@@ -1364,7 +1364,7 @@ def _npy_header(dtype, n):
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a UTF-8 file into out_path (np.save format, uint16 when every id fits, else uint32),
     written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
-    # About 4 tasks per worker: few enough that re-merging pre-tokens another worker has seen costs little.
+    # About 4 tasks per worker: enough to balance them, few enough to keep per-task overhead small.
     size, num_workers, bounds = _plan_chunks(input_path, tokenizer.special_tokens, num_workers, 4)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
