@@ -721,18 +721,24 @@ def _start_pairs(words):
 
 
 @register_jitable
+def _bytes_cmp(tok_bytes, start, length, x, y):
+    """Compare the byte strings of tokens x and y like Python bytes: -1, 0 or 1."""
+    sx, sy, lx, ly = start[x], start[y], length[x], length[y]
+    k, n = 0, min(lx, ly) if x != y else 0
+    while k < n and tok_bytes[sx + k] == tok_bytes[sy + k]:
+        k += 1
+    if k < n:
+        return 1 if tok_bytes[sx + k] > tok_bytes[sy + k] else -1
+    return 0 if lx == ly else (1 if lx > ly else -1)
+
+
+@register_jitable
 def _pair_gt(ki, kj, tok_bytes, start, length):
-    """The tie-break of equal counts: key ki's pair is greater than kj's, as Python compares (bytes, bytes)."""
-    for x, y in ((ki >> 32, kj >> 32), (ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)):
-        sx, sy, lx, ly = start[x], start[y], length[x], length[y]
-        k, n = 0, min(lx, ly) if x != y else 0
-        while k < n and tok_bytes[sx + k] == tok_bytes[sy + k]:
-            k += 1
-        if k < n:
-            return tok_bytes[sx + k] > tok_bytes[sy + k]
-        if lx != ly:
-            return lx > ly
-    return False
+    """The tie-break of equal counts: key ki's pair is the greater pair of byte strings."""
+    r = _bytes_cmp(tok_bytes, start, length, ki >> 32, kj >> 32)
+    if r == 0:
+        r = _bytes_cmp(tok_bytes, start, length, ki & 0xFFFFFFFF, kj & 0xFFFFFFFF)
+    return r > 0
 
 
 @register_jitable
