@@ -137,7 +137,8 @@ def _next_pretoken(data, i, n, classes):
 # _STREAM_CUT faster than regex; its \s is a superset of regex's, so it finds no cut regex would not.
 _STREAM_CUT = re.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
 _SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
-_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task: memory follows this, not the file
+_CHUNK_BYTES = 1 << 22          # 4 MiB of text per task at most: memory follows this, not the file
+_MIN_CHUNK = 1 << 18            # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
 # fork shares the parent's imports (numba, regex) instead of re-importing them.
 _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
@@ -178,10 +179,10 @@ def stream_pieces(iterable, special_tokens, piece_chars):
         yield buf
 
 
-def _find_cut(f, pos, stop, size, cut_re, special_bytes):
+def _find_cut(f, pos, size, cut_re, special_bytes):
     """First cut_re match from byte pos of file f (size bytes) splitting no special token, or None."""
     margin = max((len(s) for s in special_bytes), default=1)
-    while pos < stop:
+    while pos < size:
         lo = max(0, pos - margin)
         f.seek(lo)
         buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
@@ -203,22 +204,15 @@ def _special_bytes_re(special_bytes):
 
 def _chunk_bounds(path, size, special_bytes, n_chunks):
     """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special token
-    within 1 MiB of the even split, else the first special token or _SAFE_CUT."""
+    or _SAFE_CUT from the even split on."""
     special_re = _special_bytes_re(special_bytes)
-    any_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
+    cut_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
             guess = max(size * k // n_chunks, bounds[-1] + 1)
-            if guess >= size:
-                break
-            p = None
-            if special_re is not None:
-                p = _find_cut(f, guess, min(size, guess + (1 << 20)), size, special_re,
-                              special_bytes)
-            if p is None:
-                p = _find_cut(f, guess, size, size, any_re, special_bytes)
-            if p is not None and bounds[-1] < p < size:
+            p = _find_cut(f, guess, size, cut_re, special_bytes) if guess < size else None
+            if p is not None:                   # (after bounds[-1] and before size)
                 bounds.append(p)
     bounds.append(size)
     return bounds
@@ -334,14 +328,13 @@ def catch_ctrl_c():
         signal.signal(signum, interrupt)
 
 
-def _plan_chunks(input_path, special_tokens, num_workers):
-    """(workers, chunk offsets): pieces of at most 4 MiB, one per worker at least from 1 MiB on."""
+def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
+    """(size, workers, chunk offsets): about tasks_per_worker chunks per worker, of _MIN_CHUNK to _CHUNK_BYTES."""
     size = check_input_file(input_path)
     num_workers = num_workers or os.cpu_count() or 1
-    n_chunks = -(-size // _CHUNK_BYTES)
-    if num_workers > 1 and size >= (1 << 20):
-        n_chunks = max(n_chunks, num_workers)
-    return num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens], n_chunks)
+    chunk = min(_CHUNK_BYTES, max(_MIN_CHUNK, size // (tasks_per_worker * num_workers)))
+    return size, num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens],
+                                            -(-size // chunk))
 
 
 # -----------------------------------------------------------------------------
@@ -481,8 +474,7 @@ def _word_tables_merge(table, n, o_rec, o_word_bytes):
 
 
 def _words_of_table(rec, word_bytes):
-    """The merge loop's input: (ids, word_start, word_count) of the words of more than one
-    byte (a single byte has no pair to merge), end to end."""
+    """The merge loop's input (ids, word_start, word_count): the words of 2 bytes or more, end to end."""
     length = np.diff(rec[0::2])
     keep = length > 1
     word_start = np.zeros(np.count_nonzero(keep) + 1, np.int64)
@@ -491,15 +483,13 @@ def _words_of_table(rec, word_bytes):
 
 
 def _trimmed(table, n):
-    """(rec, word_bytes) of a table of n words, cut to their used length (views: pickling a view
-    sends only its part)."""
+    """(rec, word_bytes) of a table of n words, as views of their used part (pickled, a view sends only that)."""
     slots, rec, word_bytes = table
     return rec[:2 * n + 1], word_bytes[:rec[2 * n]]
 
 
 def _count_range(args):
-    """Worker: the table (rec, word_bytes) of the pre-tokens of the chunks
-    bounds[0]:bounds[1]:...:bounds[-1] of the file, read one at a time into one buffer."""
+    """Worker: the table (rec, word_bytes) of the chunks bounds[0]:bounds[1]:... of the file, read into one buffer."""
     path, bounds, special_tokens = args
     special_re = _special_bytes_re([s.encode("utf-8") for s in special_tokens])
     classes = _char_classes()
@@ -521,7 +511,7 @@ def count_words(input_path, special_tokens, num_workers=None):
     """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's arrays
     (_words_of_table). One contiguous run of chunks per worker; the compiled merge loop loads in
     this process while the workers count."""
-    num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers)
+    _, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers, 1)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
     tasks = [(input_path, bounds[a:b + 1], special_tokens) for a, b in zip(cut, cut[1:])]
@@ -656,9 +646,8 @@ def _grow(a, need):
 
 @register_jitable
 def _copy_lists(tab, slots, lists, out, base):
-    """Copy the word list of each pair tab[s], s in slots (its first entry: tab[s, 2]), into out as
-    one contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the
-    number of entries copied."""
+    """Copy the word list of each pair tab[s], s in slots (first entry: tab[s, 2]), into out as one
+    contiguous run, entries numbered from base; tab[s, 2] then names the copy. Returns the count."""
     n = 0
     for s in slots:
         e = tab[s, 2]
@@ -721,10 +710,7 @@ def _start_pairs(words):
                 fill[p] += 1
         w += 4 + words[w]
     n_keys = np.sum(count > 0)
-    cap = 1024
-    while cap < 4 * n_keys:
-        cap *= 2
-    tab = _pair_table_new(cap)
+    tab = _pair_table_room(_pair_table_new(1), 0, n_keys)[0]     # empty, with room for n_keys
     for p in range(65536):
         if count[p] > 0:
             lists[run[p + 1] - 1, 1] = -1      # the end of the run
@@ -788,15 +774,13 @@ def _heap_push(heap, n, c, key, tok_bytes, start, length):
 
 @register_jitable
 def _start_heap(tab, n_keys, tok_bytes, start, length):
-    """A heap of every pair in the table, built bottom-up (heapify)."""
+    """A heap of every pair in the table."""
     heap = np.empty((max(1024, 2 * n_keys), 2), np.int64)
     n = 0
     for s in range(tab.shape[0]):
         if tab[s, 0] != _EMPTY:
-            heap[n, 0], heap[n, 1] = tab[s, 1], tab[s, 0]
+            _heap_push(heap, n, tab[s, 1], tab[s, 0], tok_bytes, start, length)
             n += 1
-    for i in range(n // 2 - 1, -1, -1):
-        _sift_down(heap, i, n, tok_bytes, start, length)
     return heap, n
 
 
@@ -1064,8 +1048,7 @@ _compiled_encoder_loaded = False
 
 @register_jitable
 def _mix(h):
-    """Slot hash of uint64 keys (a numpy array, or one key when compiled): spread the bits;
-    the caller keeps the low ones."""
+    """Slot hash of uint64 keys (a numpy array, or one key compiled); the caller keeps the low bits."""
     h = h * np.uint64(0x9E3779B97F4A7C15)
     return h ^ (h >> np.uint64(29))
 
@@ -1139,17 +1122,13 @@ def _minheap_pop(heap, h):
     """Remove the smallest of heap[:h] (h >= 1) and return it; the heap then has h - 1."""
     top, h = heap[0], h - 1
     heap[0] = heap[h]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= h:
-            break
-        if c + 1 < h and heap[c + 1] < heap[c]:
-            c += 1
+    i, c = 0, 1
+    while c < h:
+        c += c + 1 < h and heap[c + 1] < heap[c]      # the smaller child
         if heap[i] <= heap[c]:
             break
         heap[i], heap[c] = heap[c], heap[i]
-        i = c
+        i, c = c, 2 * c + 1
     return top
 
 
@@ -1157,9 +1136,8 @@ def _minheap_pop(heap, h):
 def _merge_long(tok, k, n, pairs, work):
     """The same rounds as _merge_short for a longer pre-token (a CJK run can be hundreds of bytes),
     without rescanning it: the tokens form a linked list and every pair waits in a min-heap keyed
-    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round
-    pops all places of the lowest rank, then pushes the pairs its new tokens make. work: (>= 8n,)
-    int64 scratch whose first n - 1 hold the values of the pairs."""
+    rank << 32 | position, checked when popped against the pair now there (lazy deletion). A round pops
+    all places of the lowest rank, then pushes the new tokens' pairs. work: (>= 8n,) int64, rank first."""
     value, ids, nxt, prv = work[:n], work[n:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
     changed, heap = work[4 * n:5 * n], work[5 * n:8 * n]
     value[n - 1] = _NO_MERGE
@@ -1306,21 +1284,6 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
     return out[:k]
 
 
-def _byte_pair_values(byte_ids, pairs, values):
-    """(65536,) int64: at x << 8 | y, the merges' value of the pair (id of byte x, id of byte y),
-    or _NO_MERGE, by direct index. pairs: (M, 2) ids of the merges, values: (M,) their values."""
-    out = np.full(1 << 16, _NO_MERGE, np.int64)
-    if len(values):
-        keys = pairs[:, 0] << 32 | pairs[:, 1]
-        order = np.argsort(keys)
-        x, y = np.divmod(np.arange(1 << 16), 256)
-        want = byte_ids[x] << 32 | byte_ids[y]
-        at = np.minimum(np.searchsorted(keys[order], want), len(keys) - 1)
-        found = keys[order[at]] == want
-        out[found] = values[order[at[found]]]
-    return out
-
-
 class Encoder:
     """The compiled encoder of one tokenizer: byte_ids[b] is the id of byte b, merge_rank
     {(left id, right id): (rank, merged id)}, special_ids {special token bytes: id}."""
@@ -1329,7 +1292,12 @@ class Encoder:
         pairs = np.array(list(merge_rank), np.int64).reshape(-1, 2)
         values = np.array([rank << 32 | t for rank, t in merge_rank.values()], np.int64)
         self.pairs = _merge_table(pairs[:, 0], pairs[:, 1], values)
-        self.byte_pairs = _byte_pair_values(np.array(byte_ids, np.int64), pairs, values)
+        byte_ids = np.array(byte_ids, np.int64)
+        order = np.argsort(byte_ids)
+        byte = order[np.minimum(np.searchsorted(byte_ids[order], pairs), 255)]   # (M, 2): the byte of each side
+        both = (byte_ids[byte] == pairs).all(axis=1)                              # if both are bytes
+        self.byte_pairs = np.full(1 << 16, _NO_MERGE, np.int64)
+        self.byte_pairs[byte[both, 0] << 8 | byte[both, 1]] = values[both]
         # An empty cache: np.zeros costs nothing until the cache fills its pages.
         self.state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self.state[:256] = byte_ids
@@ -1369,7 +1337,6 @@ def _load_compiled_encoder():
 # -----------------------------------------------------------------------------
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_ENCODE_CHUNK = 1 << 18        # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _PROGRESS_EVERY = 10.0         # seconds between progress lines when stderr is not a terminal
 _worker_tokenizer = None
 
@@ -1403,17 +1370,12 @@ def _npy_header(dtype, n):
 def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True):
     """Tokenize a UTF-8 file into out_path (np.save format, uint16 when every id fits, else uint32),
     written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
-    size = check_input_file(input_path)
+    # About 4 tasks per worker: enough to balance them, few enough to keep per-task overhead small.
+    size, num_workers, bounds = _plan_chunks(input_path, tokenizer.special_tokens, num_workers, 4)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory {out_dir} does not exist")
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
-    num_workers = num_workers or os.cpu_count() or 1
-    # About 4 tasks per worker: enough to balance them, few enough to keep per-task
-    # overhead (and re-merging pre-tokens that another worker has seen) small.
-    chunk = min(_CHUNK_BYTES, max(_ENCODE_CHUNK, size // (4 * num_workers)))
-    bounds = _chunk_bounds(input_path, size, [s.encode() for s in tokenizer.special_tokens],
-                           -(-size // chunk))
     # The compiled pass when it is loaded or the file is big enough to pay for loading it:
     # loaded here, before the workers fork, they share it.
     compiled = compiled_encoder_pays(size)
@@ -1430,11 +1392,10 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
         workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
         results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
-    header_len = len(_npy_header(dtype, 0))
     n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
     with workers, atomic_file(out_path) as f:    # leaving the pool terminates it
         try:
-            f.write(b"\0" * header_len)    # the real header needs the count: written last
+            f.write(_npy_header(dtype, 0))    # the real header needs the count: written last
             for ids, nb in results:
                 f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                 n_tokens += len(ids)
@@ -1448,7 +1409,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
             if tty and n_bytes:
                 print(file=sys.stderr)     # ends the progress line, before any error
         header = _npy_header(dtype, n_tokens)
-        assert len(header) == header_len, "npy header length changed"
+        assert len(header) == len(_npy_header(dtype, 0)), "npy header length changed"
         f.seek(0)
         f.write(header)
     return n_tokens

@@ -1358,7 +1358,7 @@ def test_bpe_small_encode_job_does_not_load_numba(tmp_path):
 def test_bpe_encode_file_compiled_and_naive_agree(bpe_trained, tmp_path, monkeypatch):
     text, path, specials, _, (vocab, merges) = bpe_trained["unicode"]
     tok = bpe.Tokenizer(vocab, merges, specials)
-    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 3000)
+    monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 3000)
     results = []
     for loaded, threshold in [(False, 1 << 40), (False, 0)]:     # naive, then compiled
         monkeypatch.setattr(bpe_fast, "_compiled_encoder_loaded", loaded)
@@ -1424,7 +1424,7 @@ def test_bpe_encode_iterable_streams_5mb_under_address_space_cap():
 def test_bpe_encode_file_matches_encode(bpe_trained, tmp_path, monkeypatch):
     text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
     tok = bpe.Tokenizer(vocab, merges, specials)
-    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 1000)     # many chunks over 2 processes
+    monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)     # many chunks over 2 processes
     out = tmp_path / "ids.npy"
     n = bpe.encode_file(tok, str(path), str(out), num_workers=2, progress=False)
     arr = np.load(out, mmap_mode="r")
@@ -1437,7 +1437,7 @@ def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path,
     # stderr is not a terminal here: newline-ended lines (no carriage returns), at most one per
     # _PROGRESS_EVERY seconds and the last one at the end of the file.
     text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
-    monkeypatch.setattr(bpe_fast, "_ENCODE_CHUNK", 1000)           # many chunks
+    monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)           # many chunks
     mb = f"{path.stat().st_size / 1e6:.1f}"
     for every, at_least in ((1e9, 1), (0, 5)):                      # only the last; every chunk
         monkeypatch.setattr(bpe_fast, "_PROGRESS_EVERY", every)
