@@ -2221,7 +2221,9 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
         capsys.readouterr()
         assert train.main(args + ["--resume"]) == 2
         _train_one_error(capsys, f"{run} is in use by process {p.pid}", "--run-name")
-        time.sleep(0.5)
+        seen, deadline = len(_train_losses(run)), time.monotonic() + 60  # a loaded box may take seconds a step
+        while p.poll() is None and len(_train_losses(run)) <= seen and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert p.poll() is None  # the first run goes on, its files untouched
     finally:
         p.kill()  # SIGKILL: the kernel drops the lock with the process, so it is never stale
