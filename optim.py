@@ -67,21 +67,17 @@ def perplexity(mean_loss):
 # ----------------------------------------------------------------------------
 # 2. Optimizers
 
-def _check(lr, eps=1.0, betas=(0.0, 0.0), weight_decay=0.0):  # a knob the optimizer lacks keeps a default that passes
-    rules = {f"lr={lr} (need >= 0)": lr >= 0, f"eps={eps} (need > 0)": eps > 0,
-             f"betas={tuple(betas)} (need both in [0, 1))": all(0 <= b < 1 for b in betas),
-             f"weight_decay={weight_decay} (need >= 0)": weight_decay >= 0}  # a NaN fails its rule too
-    bad = [rule for rule, ok in rules.items() if not ok]
-    if bad:
-        raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
-
-
 class _Optimizer(torch.optim.Optimizer):
     """What the three share: the hyperparameters are checked once, and step() runs the closure,
     then hands each group's parameters that have a gradient to the optimizer's own _update."""
 
     def __init__(self, params, **hyperparameters):
-        _check(**hyperparameters)
+        rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
+                 "betas": ("both in [0, 1)", lambda b: all(0 <= x < 1 for x in b)),
+                 "weight_decay": (">= 0", lambda x: x >= 0)}
+        bad = [f"{k}={v} (need {rules[k][0]})" for k, v in hyperparameters.items() if not rules[k][1](v)]
+        if bad:
+            raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
         super().__init__(params, hyperparameters)
 
     @torch.no_grad()
