@@ -57,10 +57,8 @@ def _check_special_tokens(special_tokens):
                          f"(did you mean [{special_tokens!r}]?)")
     special_tokens = list(special_tokens or ())
     for s in special_tokens:
-        if not isinstance(s, str):
-            raise ValueError(f"special token {s!r} must be a string")
-        if s == "":
-            raise ValueError("a special token is the empty string; remove it from the list")
+        if not isinstance(s, str) or s == "":
+            raise ValueError(f"special token {s!r} must be a non-empty string; fix or remove it")
     return list(dict.fromkeys(special_tokens))
 
 
@@ -79,6 +77,16 @@ def _special_split_re(special_tokens):
 # fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
 # greater pair. Slow (it recounts everything per merge) but checkable by eye: every other
 # trainer is tested to learn exactly its merges.
+
+def _merge(seq, pair, new):
+    """seq with each pair, left to right, replaced by new: _merge((1, 2, 1, 2, 2), (1, 2), 9) -> (9, 9, 2)."""
+    out, i = [], 0
+    while i < len(seq):
+        hit = seq[i:i + 2] == pair
+        out.append(new if hit else seq[i])
+        i += 2 if hit else 1
+    return tuple(out)
+
 
 def train_bpe_naive(text, vocab_size, special_tokens=()):
     """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
@@ -104,12 +112,7 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
         vocab[len(vocab)] = best[0] + best[1]
         merged = Counter()
         for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                hit = w[i:i + 2] == best
-                out.append(best[0] + best[1] if hit else w[i])
-                i += 2 if hit else 1
-            merged[tuple(out)] += c
+            merged[_merge(w, best, best[0] + best[1])] += c
         words = merged
     return vocab, merges
 
@@ -446,8 +449,7 @@ def _read_merges_file(path):
     """A GPT-2 merges.txt as ([(left, right)], in_file): in_file(k) names merge k's line (None: the
     file) for the errors of _check_merges, which Tokenizer runs once."""
     merges, linenos = [], []
-    for lineno, line in enumerate(_read_text(path, "merges file").split("\n"), 1):
-        line = line.rstrip("\r")
+    for lineno, line in enumerate(_read_text(path, "merges file").splitlines(), 1):
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
         parts = line.split(" ")
@@ -518,18 +520,13 @@ class Tokenizer:
     def _merge_pretoken(self, word):
         """BPE of one pre-token: merge the adjacent pair of lowest rank, at every place it
         occurs (left to right), until no pair is a merge. " lowest" -> " low", "est"."""
-        ids = [self._byte_ids[b] for b in word.encode("utf-8")]
+        ids = tuple(self._byte_ids[b] for b in word.encode("utf-8"))
         no_merge = (len(self.merges), 0)
         while len(ids) > 1:
             pair = min(zip(ids, ids[1:]), key=lambda p: self._merge_rank.get(p, no_merge))
             if pair not in self._merge_rank:
                 break
-            merged, out, i = self._merge_rank[pair][1], [], 0
-            while i < len(ids):
-                hit = tuple(ids[i:i + 2]) == pair
-                out.append(merged if hit else ids[i])
-                i += 2 if hit else 1
-            ids = out
+            ids = _merge(ids, pair, self._merge_rank[pair][1])
         return ids
 
     def _encode_plain(self, text):

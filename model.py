@@ -276,9 +276,7 @@ class TransformerLM(nn.Module):
             raise ValueError(f"rope_theta must be a finite number > 0, got {rope_theta!r}.")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
-        d_head = d_model // num_heads
-        if not nope and d_head % 2:
-            raise ValueError(f"RoPE needs an even head dimension, but d_model/num_heads = {d_model}/{num_heads} = {d_head}.")
+        d_head = d_model // num_heads  # RoPE refuses an odd one
         self.vocab_size, self.context_length = vocab_size, context_length
         self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
         self.rope = None if nope else RotaryPositionalEmbedding(rope_theta, d_head, context_length, device)

@@ -67,57 +67,58 @@ def perplexity(mean_loss):
 # ----------------------------------------------------------------------------
 # 2. Optimizers
 
-def _check(lr, eps=1.0, betas=(0.0, 0.0), weight_decay=0.0):  # a knob the optimizer lacks keeps a default that passes
-    rules = {f"lr={lr} (need >= 0)": lr >= 0, f"eps={eps} (need > 0)": eps > 0,
-             f"betas={tuple(betas)} (need both in [0, 1))": all(0 <= b < 1 for b in betas),
-             f"weight_decay={weight_decay} (need >= 0)": weight_decay >= 0}  # a NaN fails its rule too
-    bad = [rule for rule, ok in rules.items() if not ok]
-    if bad:
-        raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
+class _Optimizer(torch.optim.Optimizer):
+    """What the three share: the hyperparameters are checked once, and step() runs the closure,
+    then hands each group's parameters that have a gradient to the optimizer's own _update."""
 
-
-class SGD(torch.optim.Optimizer):
-    """theta <- theta - lr * g."""
-
-    def __init__(self, params, lr=1e-3):
-        _check(lr)
-        super().__init__(params, dict(lr=lr))
+    def __init__(self, params, **hyperparameters):
+        rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
+                 "betas": ("both in [0, 1)", lambda b: all(0 <= x < 1 for x in b)),
+                 "weight_decay": (">= 0", lambda x: x >= 0)}
+        bad = [f"{k}={v} (need {rules[k][0]})" for k, v in hyperparameters.items() if not rules[k][1](v)]
+        if bad:
+            raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
+        super().__init__(params, hyperparameters)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-group["lr"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:  # AdamW's _foreach ops refuse empty lists
+                self._update(group, params)
         return loss
 
 
-class AdaGrad(torch.optim.Optimizer):
+class SGD(_Optimizer):
+    """theta <- theta - lr * g."""
+
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, lr=lr)
+
+    def _update(self, group, params):
+        for p in params:
+            p.add_(p.grad, alpha=-group["lr"])
+
+
+class AdaGrad(_Optimizer):
     """Per-coordinate step sizes from all past squared gradients (Duchi et al. 2011):
     G <- G + g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as in the lecture).
     """
 
     def __init__(self, params, lr=0.01, eps=1e-5):
-        _check(lr, eps=eps)
-        super().__init__(params, dict(lr=lr, eps=eps))
+        super().__init__(params, lr=lr, eps=eps)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if "sum_sq" not in self.state[p]:
-                    self.state[p]["sum_sq"] = torch.zeros_like(p)
-                G = self.state[p]["sum_sq"]
-                G.addcmul_(p.grad, p.grad)
-                p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
-        return loss
+    def _update(self, group, params):
+        for p in params:
+            if "sum_sq" not in self.state[p]:
+                self.state[p]["sum_sq"] = torch.zeros_like(p)
+            G = self.state[p]["sum_sq"]
+            G.addcmul_(p.grad, p.grad)
+            p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
 
 
-class AdamW(torch.optim.Optimizer):
+class AdamW(_Optimizer):
     """The handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
     m <- b1 m + (1 - b1) g
     v <- b2 v + (1 - b2) g^2
@@ -128,34 +129,26 @@ class AdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        _check(lr, eps=eps, betas=betas, weight_decay=weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:  # the _foreach ops refuse empty lists
-                continue
-            states = [self.state[p] for p in params]
-            for p, state in zip(params, states):
-                if not state:  # t counts from 1 per parameter; m and v start at zero
-                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                state["step"] += 1
-            grads = [p.grad for p in params]
-            ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-            step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
-            torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
-            torch._foreach_mul_(vs, b2)
-            torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
-            denom = torch._foreach_sqrt(vs)
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(params, ms, denom, step_sizes)
-            if wd != 0:
-                torch._foreach_mul_(params, 1 - lr * wd)
-        return loss
+    def _update(self, group, params):
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states):
+            if not state:  # t counts from 1 per parameter; m and v start at zero
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+        grads = [p.grad for p in params]
+        ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
+        torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, ms, denom, step_sizes)
+        if wd != 0:
+            torch._foreach_mul_(params, 1 - lr * wd)
 
 
 # ----------------------------------------------------------------------------
