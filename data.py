@@ -236,8 +236,8 @@ def load_ids(source, val_data):
     except (ValueError, OSError, EOFError) as e:
         raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
     for flag, ids in (("--data", train), ("--val-data", valid)):
-        if ids is not None and ids.ndim != 1:
-            raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
+        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: encode_file's uint16
+            raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if ids is not None and len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
     if valid is None:  # still a memmap view: nothing is loaded
@@ -315,12 +315,10 @@ def fingerprint(train, valid, tok_files, data_dir):
 # 4. Do the ids fit the model? And the baseline to beat
 
 def check_ids(train, valid, context_length, vocab_size):
-    """Raises UsageError unless the ids are below the vocab size and longer than a window;
-    returns the largest id (the tokenizer that decodes samples must know it)."""
+    """Raises UsageError unless the ids (1-D integers: load_ids) are below the vocab size and longer than a
+    window; returns the largest id (the tokenizer that decodes samples must know it)."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
-        if ids.ndim != 1 or ids.dtype.kind not in "ui":
-            raise UsageError(f"the {name} ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")

@@ -398,10 +398,8 @@ def run_lock(cfg):
             pid = lock_holder(where)
             err = [UsageError(f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is "
                               "writing the same run; wait for it to end (or stop it), or pick another --run-name.")]
-        if not err[0] and not (cfg["resume"] or cfg["overwrite"]) and any((where / f).exists() for f in RUN_MARKERS):
-            # CHECKS saw no run here, but one started beside this one may have finished since
-            err = [UsageError(f"{where} now holds a run, written by another process while this one prepared its "
-                              "data; pass --resume to continue it, or another --run-name.")]
+        if not err[0] and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside this one may have ended since
+            err = [UsageError(problem)]
         if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
             log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
         for stale in () if err[0] else where.glob(f".*{TMP_MARK}*"):
