@@ -146,8 +146,7 @@ def has_text(text, start, end):  # do bytes [start, end) of text hold anything b
 def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
-    documents is cut after the last line break before that point. The file is memory-mapped and read
-    in pieces of READ bytes, never loaded whole."""
+    documents is cut after the last line break before that point. Memory-mapped, never loaded whole."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -188,9 +187,8 @@ def local_corpus(path, out_dir):
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 
 def from_cache(path, load, *args, **kwargs):
-    """load(*args, **kwargs), which reads path, a file of the cache (written here earlier, or put
-    there by hand): a damaged or unwritable one is one sentence saying what to do. A full disk
-    passes through: train.py reports it."""
+    """load(*args, **kwargs), which reads path of the cache: a damaged or unwritable one is one sentence
+    saying what to do. A full disk passes through: train.py reports it."""
     try:
         return load(*args, **kwargs)
     except (ValueError, EOFError, OSError, MemoryError) as e:
@@ -301,9 +299,8 @@ def file_digest(path, memo_dir):
 
 
 def fingerprint(train, valid, tok_files, data_dir):
-    """What a run trains on, for --resume to compare: digests of the token files (memmaps from
-    prepare_data; a cached one's digest is kept beside it, a --data .npy's in data_dir) and of
-    the tokenizer files that decode them."""
+    """What a run trains on, for --resume to compare: digests of the token files (a cached one's kept beside
+    it, a --data .npy's in data_dir) and of the tokenizer files that decode them."""
     files = dict.fromkeys(Path(ids.filename).resolve() for ids in (train, valid))  # one .npy split in two: once
     cache = Path(data_dir).resolve()
     tokens = [file_digest(f, f.parent if cache in f.parents else cache) for f in files]

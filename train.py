@@ -211,8 +211,7 @@ def _unwrap(model):  # the module inside DDP (.module) and torch.compile (._orig
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """Model, optimizer, iteration and any `extra` entries (config, RNG states) to a path or a
-    binary file object. To a path atomically: a kill mid-save leaves the previous checkpoint."""
+    """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
     with safety.atomic_file(out) if isinstance(out, (str, os.PathLike)) else contextlib.nullcontext(out) as f:
@@ -220,8 +219,7 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
 
 
 def load_checkpoint(src, model, optimizer=None, state=None):
-    """Restore model (and optimizer) from a path or file object; return the saved iteration.
-    Raises ValueError, and loads nothing, if the file is damaged or does not fit."""
+    """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
     state = safety.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
     safety.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
@@ -285,10 +283,9 @@ def build(cfg):
 
 
 def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients (the caller then calls optimizer.step()) -> (mean loss over
-    the global batch, pre-clip gradient norm). Each micro-batch loss is divided by their number,
-    so the summed gradients are those of the whole batch's mean loss. Under DDP, backward
-    averages gradients over processes; no_sync() skips that on all but the last micro-step."""
+    """One optimizer step's gradients (the caller steps) -> (mean loss over the global batch, pre-clip gradient
+    norm). Each micro-batch loss is divided by their number, so the gradients sum to the batch mean's; under DDP,
+    backward averages them over processes, and no_sync() skips that on all but the last micro-step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = len(micro_batches)
@@ -429,12 +426,10 @@ def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
-    out = []
-    for _ in range(cfg["num_samples"]):
-        with autocast(cfg):
-            ids = generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
-                           top_p=cfg["top_p"], stop_id=eot, generator=g)
-        out.append(cfg["prompt"] + tok.decode(ids))
+    with autocast(cfg):
+        out = [cfg["prompt"] + tok.decode(generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"],
+               temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g))
+               for _ in range(cfg["num_samples"])]
     with safety.atomic_file(path, "w") as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
