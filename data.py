@@ -81,12 +81,11 @@ def download(url, dest):
             return dest
         raise
     with resp:
-        resumed = have > 0 and resp.status == 206  # a server that ignores Range sends it all again
-        have = have if resumed else 0
+        have = have if resp.status == 206 else 0  # a server that ignores Range sends it all again
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
-        with open(part, "ab" if resumed else "wb") as f:
+        with open(part, "ab" if have else "wb") as f:
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
@@ -136,11 +135,8 @@ SEP = EOT.encode()
 
 def has_text(text, start, end):  # do bytes [start, end) of text hold anything besides separators?
     step = len(SEP) * max(1, READ // len(SEP))  # whole separators: if they are all there is, they fill each piece
-    for at in range(start, end, step):
-        piece = text[at:min(at + step, end)]
-        if piece.count(SEP) * len(SEP) < len(piece):
-            return True
-    return False
+    pieces = (text[at:min(at + step, end)] for at in range(start, end, step))
+    return any(piece.count(SEP) * len(SEP) < len(piece) for piece in pieces)
 
 
 def local_corpus(path, out_dir):
@@ -282,7 +278,6 @@ def file_key(path):
 def file_digest(path, memo_dir):
     """'size:sha256' of a file's bytes, hashed once: kept in memo_dir under the file's name and
     key, so a rerun reads one line instead of hashing gigabytes again."""
-    path, memo_dir = Path(path), Path(memo_dir)
     memo = memo_dir / f"{path.name}-{file_key(path)}.sha256"
     if memo.is_file():
         return memo.read_text()

@@ -235,7 +235,7 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     try:
         d = torch.device(device)
     except RuntimeError:
-        return "unknown device; use cpu, cuda, cuda:N or mps."
+        d = torch.device("meta")  # not one of ours either
     if d.type not in ("cpu", "cuda", "mps"):
         return "unknown device; use cpu, cuda, cuda:N or mps."
     if d.type == "cuda" and not torch.cuda.is_available():
@@ -377,10 +377,9 @@ def lock_holder(path):
 
 @contextlib.contextmanager
 def run_lock(cfg):
-    """One writer per run directory: before anything there is written, rank 0 takes an exclusive flock on the
-    directory itself until the run ends; the kernel drops it when the process dies, even by SIGKILL, so it is
-    never stale. A second writer (the same run twice, a --resume while it trains) is refused, touching nothing.
-    Then rank 0 clears what a run killed mid-write left; an old run stays whole until the new first checkpoint."""
+    """One writer per run directory: rank 0 holds an exclusive flock on it until the run ends (the kernel drops it
+    when the process dies, even by SIGKILL: never stale); a second writer is refused, touching nothing. Then it
+    clears what a run killed mid-write left; an old run stays whole until the new run's first checkpoint."""
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
