@@ -81,12 +81,11 @@ def download(url, dest):
             return dest
         raise
     with resp:
-        resumed = have > 0 and resp.status == 206  # a server that ignores Range sends it all again
-        have = have if resumed else 0
+        have = have if resp.status == 206 else 0  # a server that ignores Range sends it all again
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
         t0, done = time.time(), have
-        with open(part, "ab" if resumed else "wb") as f:
+        with open(part, "ab" if have else "wb") as f:
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
@@ -136,18 +135,14 @@ SEP = EOT.encode()
 
 def has_text(text, start, end):  # do bytes [start, end) of text hold anything besides separators?
     step = len(SEP) * max(1, READ // len(SEP))  # whole separators: if they are all there is, they fill each piece
-    for at in range(start, end, step):
-        piece = text[at:min(at + step, end)]
-        if piece.count(SEP) * len(SEP) < len(piece):
-            return True
-    return False
+    pieces = (text[at:min(at + step, end)] for at in range(start, end, step))
+    return any(piece.count(SEP) * len(SEP) < len(piece) for piece in pieces)
 
 
 def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
-    documents is cut after the last line break before that point. The file is memory-mapped and read
-    in pieces of READ bytes, never loaded whole."""
+    documents is cut after the last line break before that point. Memory-mapped, never loaded whole."""
     paths = out_dir / "train.txt", out_dir / "valid.txt"
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -188,9 +183,8 @@ def local_corpus(path, out_dir):
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 
 def from_cache(path, load, *args, **kwargs):
-    """load(*args, **kwargs), which reads path, a file of the cache (written here earlier, or put
-    there by hand): a damaged or unwritable one is one sentence saying what to do. A full disk
-    passes through: train.py reports it."""
+    """load(*args, **kwargs), which reads path of the cache: a damaged or unwritable one is one sentence
+    saying what to do. A full disk passes through: train.py reports it."""
     try:
         return load(*args, **kwargs)
     except (ValueError, EOFError, OSError, MemoryError) as e:
@@ -236,8 +230,8 @@ def load_ids(source, val_data):
     except (ValueError, OSError, EOFError) as e:
         raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
     for flag, ids in (("--data", train), ("--val-data", valid)):
-        if ids is not None and ids.ndim != 1:
-            raise UsageError(f"{flag}: the ids must be a 1-D array, got shape {ids.shape}.")
+        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: encode_file's uint16
+            raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if ids is not None and len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
     if valid is None:  # still a memmap view: nothing is loaded
@@ -284,7 +278,6 @@ def file_key(path):
 def file_digest(path, memo_dir):
     """'size:sha256' of a file's bytes, hashed once: kept in memo_dir under the file's name and
     key, so a rerun reads one line instead of hashing gigabytes again."""
-    path, memo_dir = Path(path), Path(memo_dir)
     memo = memo_dir / f"{path.name}-{file_key(path)}.sha256"
     if memo.is_file():
         return memo.read_text()
@@ -301,9 +294,8 @@ def file_digest(path, memo_dir):
 
 
 def fingerprint(train, valid, tok_files, data_dir):
-    """What a run trains on, for --resume to compare: digests of the token files (memmaps from
-    prepare_data; a cached one's digest is kept beside it, a --data .npy's in data_dir) and of
-    the tokenizer files that decode them."""
+    """What a run trains on, for --resume to compare: digests of the token files (a cached one's kept beside
+    it, a --data .npy's in data_dir) and of the tokenizer files that decode them."""
     files = dict.fromkeys(Path(ids.filename).resolve() for ids in (train, valid))  # one .npy split in two: once
     cache = Path(data_dir).resolve()
     tokens = [file_digest(f, f.parent if cache in f.parents else cache) for f in files]
@@ -315,12 +307,10 @@ def fingerprint(train, valid, tok_files, data_dir):
 # 4. Do the ids fit the model? And the baseline to beat
 
 def check_ids(train, valid, context_length, vocab_size):
-    """Raises UsageError unless the ids are below the vocab size and longer than a window;
-    returns the largest id (the tokenizer that decodes samples must know it)."""
+    """Raises UsageError unless the ids (1-D integers: load_ids) are below the vocab size and longer than a
+    window; returns the largest id (the tokenizer that decodes samples must know it)."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
-        if ids.ndim != 1 or ids.dtype.kind not in "ui":
-            raise UsageError(f"the {name} ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")

@@ -71,9 +71,7 @@ class DataError(Exception):  # the machine failed the run (offline, server down,
     pass
 
 
-def not_a_file(path):
-    """What path is when it is there but is not a regular file: "a directory", "a FIFO", "a
-    device" (/dev/null), "a socket", "a symlink loop"; "" for a file or nothing (yet) there."""
+def not_a_file(path):  # "a directory", "a FIFO", "a socket", "a device" (/dev/null), "a symlink loop"; "" for a file
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
@@ -115,16 +113,14 @@ def atomic_file(path, mode="wb"):
 
 
 def quiet_while_starting(name):
-    """A Ctrl-C, or a SIGTERM (kill, a scheduler's stop), while torch loads (seconds): one line, not a
-    traceback from an import. Every later handler of Ctrl-C handles SIGTERM the same way."""
+    """A Ctrl-C or a SIGTERM (kill, a scheduler's stop) while torch loads: one line, not an import's traceback."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
                                                 file=sys.stderr), os._exit(130)))
 
 
 def exit_code(name, command, interrupted):
-    """command()'s exit code, each fault one sentence on stderr, no traceback: 2 a usage mistake, 1 the
-    machine failed the run (no data, a full disk), 130 a Ctrl-C (`interrupted` then says what to do)."""
+    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault, 130 a Ctrl-C."""
     try:
         return command()
     except (UsageError, DataError) as e:
@@ -239,7 +235,7 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     try:
         d = torch.device(device)
     except RuntimeError:
-        return "unknown device; use cpu, cuda, cuda:N or mps."
+        d = torch.device("meta")  # not one of ours either
     if d.type not in ("cpu", "cuda", "mps"):
         return "unknown device; use cpu, cuda, cuda:N or mps."
     if d.type == "cuda" and not torch.cuda.is_available():
@@ -334,8 +330,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
 
 
 def check_flags(cfg, sources, is_ids):
-    """Raises UsageError at the first CHECKS row that cfg fails. sources: the --data values that
-    name a corpus rather than a file; is_ids(path): does a --data file hold token ids."""
+    """UsageError at the first CHECKS row cfg fails; sources: --data's corpus names; is_ids(path): ids, not text?"""
     c = dict(cfg, data_is_file=cfg["data"] not in sources, data_is_ids=is_ids(cfg["data"]))
     for is_wrong, message in CHECKS:
         if is_wrong(c):
@@ -343,9 +338,8 @@ def check_flags(cfg, sources, is_ids):
 
 
 def check_samples(cfg, tok, tok_files, top, eot):
-    """The run ends by sampling: what would fail there is refused at the start instead. tok decodes
-    the samples (tok_files[0]: its vocab.json); top is the largest token id in the data; eot starts
-    a sample without --prompt."""
+    """The run ends by sampling: what would fail there is refused at the start instead. top: the data's
+    largest token id; eot starts a sample without --prompt."""
     if tok is None and cfg["prompt"]:
         raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
                          "put its vocab.json and merges.txt there, or drop --prompt.")
@@ -383,10 +377,9 @@ def lock_holder(path):
 
 @contextlib.contextmanager
 def run_lock(cfg):
-    """One writer per run directory: before anything there is written, rank 0 takes an exclusive flock on the
-    directory itself until the run ends; the kernel drops it when the process dies, even by SIGKILL, so it is
-    never stale. A second writer (the same run twice, a --resume while it trains) is refused, touching nothing.
-    Then rank 0 clears what a run killed mid-write left; an old run stays whole until the new first checkpoint."""
+    """One writer per run directory: rank 0 holds an exclusive flock on it until the run ends (the kernel drops it
+    when the process dies, even by SIGKILL: never stale); a second writer is refused, touching nothing. Then it
+    clears what a run killed mid-write left; an old run stays whole until the new run's first checkpoint."""
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
@@ -398,10 +391,8 @@ def run_lock(cfg):
             pid = lock_holder(where)
             err = [UsageError(f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is "
                               "writing the same run; wait for it to end (or stop it), or pick another --run-name.")]
-        if not err[0] and not (cfg["resume"] or cfg["overwrite"]) and any((where / f).exists() for f in RUN_MARKERS):
-            # CHECKS saw no run here, but one started beside this one may have finished since
-            err = [UsageError(f"{where} now holds a run, written by another process while this one prepared its "
-                              "data; pass --resume to continue it, or another --run-name.")]
+        if not err[0] and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside this one may have ended since
+            err = [UsageError(problem)]
         if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
             log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
         for stale in () if err[0] else where.glob(f".*{TMP_MARK}*"):
@@ -419,9 +410,8 @@ def run_lock(cfg):
 
 
 def truncate_metrics(path, last_step):
-    """Drop the lines after the step a resumed run restarts from (a new run: all): they run again.
-    That step keeps its training line, not its validation line (saved before that evaluation).
-    Lines that are no metrics record (damaged, or edited) are dropped too, with a note."""
+    """Drop the lines after the step a resumed run restarts from (they run again), and that step's
+    validation line (its checkpoint was saved before it); lines that are no record too, with a note."""
     if not path.exists():
         return
     keep, dropped = [], 0
@@ -442,10 +432,9 @@ def truncate_metrics(path, last_step):
 
 
 def write_run_files(cfg, tok_files, start, new):
-    """Beside ckpt.pt, each whole: the tokenizer, config.json, metrics.jsonl cut back to the checkpoint's step;
-    a new run writes them once its first checkpoint has replaced an old run's (--overwrite). A resumed run keeps
-    its tokenizer if it is the checkpoint's: one killed between its first checkpoint and this copy (an
-    --overwrite over a run with another tokenizer) holds the old run's, and the cache's is copied again."""
+    """Beside ckpt.pt, after it (an --overwrite replaces an old run from there): the tokenizer, config.json, and
+    metrics.jsonl cut back to the checkpoint's step. A resumed run copies the tokenizer again unless it is the
+    checkpoint's (one killed before this copy, after an --overwrite, holds the old run's)."""
     where = run_dir(cfg)
     for f, digest in zip(tok_files or (), cfg["data_fingerprint"]["tokenizer"]):
         copy = where / f.name
@@ -564,9 +553,8 @@ TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", 
 
 
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer):
-    """The saved checkpoint, verified whole, or None to start from step 0; raises UsageError if it is
-    damaged, does not fit model and optimizer (this config's, on the meta device), or its config differs
-    on what shapes the trajectory (model_keys: TransformerLM's shape and ablations)."""
+    """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
+    optimizer, or its config differs on model_keys (TransformerLM's shape and ablations) or TRAJECTORY_KEYS."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
@@ -634,9 +622,8 @@ def stop_requests(cfg):
 
 
 def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
-    """Stops the run (DataError, exit code 1; the last good checkpoint stays ckpt_path) if the loss, the
-    gradient norm or a weight of model is NaN or infinite: such a model is never saved nor sampled. A finite
-    loss can still leave non-finite weights after its update (--lr 1e30), so the weights are checked too."""
+    """DataError (exit code 1; ckpt_path stays the last good one) if the loss, the gradient norm or a weight is
+    NaN or infinite. Weights too: a finite loss's update can still overflow them (--lr 1e30)."""
     bad = [name for name, p in model.named_parameters() if not _torch().isfinite(p).all()] if model else []
     what = (f"the loss is {loss} at" if not math.isfinite(loss) else
             f"the gradient norm is {norm} at" if norm is not None and not math.isfinite(norm) else

@@ -211,8 +211,7 @@ def _unwrap(model):  # the module inside DDP (.module) and torch.compile (._orig
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """Model, optimizer, iteration and any `extra` entries (config, RNG states) to a path or a
-    binary file object. To a path atomically: a kill mid-save leaves the previous checkpoint."""
+    """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
     with safety.atomic_file(out) if isinstance(out, (str, os.PathLike)) else contextlib.nullcontext(out) as f:
@@ -220,8 +219,7 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
 
 
 def load_checkpoint(src, model, optimizer=None, state=None):
-    """Restore model (and optimizer) from a path or file object; return the saved iteration.
-    Raises ValueError, and loads nothing, if the file is damaged or does not fit."""
+    """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
     state = safety.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
     safety.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
@@ -285,10 +283,9 @@ def build(cfg):
 
 
 def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients (the caller then calls optimizer.step()) -> (mean loss over
-    the global batch, pre-clip gradient norm). Each micro-batch loss is divided by their number,
-    so the summed gradients are those of the whole batch's mean loss. Under DDP, backward
-    averages gradients over processes; no_sync() skips that on all but the last micro-step."""
+    """One optimizer step's gradients (the caller steps) -> (mean loss over the global batch, pre-clip gradient
+    norm). Each micro-batch loss is divided by their number, so the gradients sum to the batch mean's; under DDP,
+    backward averages them over processes, and no_sync() skips that on all but the last micro-step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = len(micro_batches)
@@ -390,8 +387,7 @@ class Progress:
 
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
-        self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
-        self.seen, self.timed = 0, [0.0, 0]  # this process's steps; seconds and steps after its first UNTIMED_STEPS
+        self.t0, self.t_last, self.dts, self.mark = time.time() - elapsed, time.time(), [], 0  # mark: last record
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
@@ -410,19 +406,17 @@ class Progress:
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):
-        cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
-        dt, self.t_last = now - self.t_last, now
-        self.seen += 1
-        if self.seen > UNTIMED_STEPS:  # the ETA's speed: the first steps (torch.compile's) would say hours
-            self.timed = [self.timed[0] + dt, self.timed[1] + 1]
-        seconds, steps = self.window = [seconds + dt, steps + 1]
+        cfg, now = self.cfg, time.time()
+        self.dts.append(now - self.t_last)  # this process's step times
+        self.t_last, steps, seconds = now, len(self.dts) - self.mark, sum(self.dts[self.mark:])
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         if step % cfg["log_interval"] == 0 or step == cfg["max_iters"]:
-            self.window = [0.0, 0]
+            self.mark = len(self.dts)
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
         if self.tty or step % cfg["log_interval"] == 0:
-            eta = fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
+            timed = self.dts[UNTIMED_STEPS:]  # the ETA's speed: the first steps (torch.compile's) would say hours
+            eta = fmt_time(sum(timed) / len(timed) * (cfg["max_iters"] - step)) if timed else "-"
             line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
                     + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
@@ -432,12 +426,10 @@ def write_samples(model, tok, cfg, path):
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
-    out = []
-    for _ in range(cfg["num_samples"]):
-        with autocast(cfg):
-            ids = generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"], temperature=cfg["temperature"],
-                           top_p=cfg["top_p"], stop_id=eot, generator=g)
-        out.append(cfg["prompt"] + tok.decode(ids))
+    with autocast(cfg):
+        out = [cfg["prompt"] + tok.decode(generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"],
+               temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g))
+               for _ in range(cfg["num_samples"])]
     with safety.atomic_file(path, "w") as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
