@@ -152,7 +152,7 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
     ("be positive", lambda v: v <= 0, lambda k, v: k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
         "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-        "benchmark_steps", "workers", "eps")),  # eps: what optim._check refuses (eps <= 0), refused here first
+        "benchmark_steps", "workers", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0), refused here first
     ("not be negative", lambda v: v < 0, lambda k, v: k in (
         "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples", "sample_tokens")),
     (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
