@@ -251,7 +251,9 @@ def torch_settings(cfg):
 def autocast(cfg):
     """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay
     float32 (the "master weights"), so small updates are not rounded away."""
-    return torch.autocast(device_type=cfg["device"].split(":")[0], dtype=torch.bfloat16, enabled=cfg["dtype"] == "bf16")
+    if cfg["dtype"] != "bf16":  # a no-op context: entered every micro-step, and float32 needs nothing
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=cfg["device"].split(":")[0], dtype=torch.bfloat16)
 
 
 def use_activation_checkpointing(model):
@@ -387,7 +389,8 @@ class Progress:
 
     def __init__(self, cfg, path, elapsed):
         self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
-        self.t0, self.t_last, self.dts, self.mark = time.time() - elapsed, time.time(), [], 0  # mark: last record
+        self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
+        self.seen, self.timed = 0, [0.0, 0]  # this process's steps; seconds and steps after its first UNTIMED_STEPS
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
@@ -406,17 +409,19 @@ class Progress:
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):
-        cfg, now = self.cfg, time.time()
-        self.dts.append(now - self.t_last)  # this process's step times
-        self.t_last, steps, seconds = now, len(self.dts) - self.mark, sum(self.dts[self.mark:])
+        cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
+        dt, self.t_last = now - self.t_last, now
+        self.seen += 1
+        if self.seen > UNTIMED_STEPS:  # the ETA's speed: the first steps (torch.compile's) would say hours
+            self.timed = [self.timed[0] + dt, self.timed[1] + 1]
+        seconds, steps = self.window = [seconds + dt, steps + 1]
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         if step % cfg["log_interval"] == 0 or step == cfg["max_iters"]:
-            self.mark = len(self.dts)
+            self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
         if self.tty or step % cfg["log_interval"] == 0:
-            timed = self.dts[UNTIMED_STEPS:]  # the ETA's speed: the first steps (torch.compile's) would say hours
-            eta = fmt_time(sum(timed) / len(timed) * (cfg["max_iters"] - step)) if timed else "-"
+            eta = fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
             line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
                     + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
