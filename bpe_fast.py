@@ -249,16 +249,21 @@ def _worker_start(initializer, *args):
 
 
 class _Pool(multiprocessing.pool.Pool):
-    """A pool left by an error kills its workers and makes the queues' worker-side locks anew
-    before terminating: a worker that a SIGTERM to the whole group killed while it waited for a
-    task, or sent a result, still holds that lock, and Pool.terminate would wait for it forever."""
+    """A pool left by an error (Ctrl-C, a kill) kills its workers and is abandoned, not terminated: a
+    worker killed while it sent a result (megabytes of ids or counts) leaves part of it in the result
+    pipe, and Pool.terminate waits for the thread that reads it, which would wait for the rest forever.
+    Its threads are daemons, and multiprocessing's exit ends any worker started meanwhile."""
 
     def __exit__(self, *exc):
-        if exc[0] is not None:
-            for worker in self._pool:
-                worker.kill()
-            self._inqueue._rlock, self._outqueue._wlock = self._ctx.Lock(), self._ctx.Lock()
-        return super().__exit__(*exc)
+        if exc[0] is None:
+            return super().__exit__(*exc)
+        self._state = self._worker_handler._state = multiprocessing.pool.TERMINATE   # no worker replaced
+        for worker in self._pool:
+            worker.kill()
+        for worker in self._pool:
+            worker.join()
+        self._terminate.cancel()       # the exit's finalizer: Pool.terminate again
+        return False
 
 
 def _worker_pool(n, initializer=None, initargs=()):
