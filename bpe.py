@@ -23,6 +23,9 @@ import sys
 import time
 from collections import Counter
 
+import safety  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
+if __name__ == "__main__":
+    safety.quiet_while_starting("bpe.py")
 import numpy as np
 import regex
 from numba import njit
@@ -31,7 +34,6 @@ from numba.typed import List
 
 import bpe_fast
 from bpe_fast import catch_ctrl_c, encode_file  # noqa: F401 (train.py and data.py import them from here)
-from safety import atomic_file
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization and special tokens
@@ -510,11 +512,11 @@ class Tokenizer:
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
                                      for l, r in self.merges]
-        with atomic_file(vocab_filepath, "w") as f:
+        with safety.atomic_file(vocab_filepath, "w") as f:
             f.write(json.dumps(inv, ensure_ascii=False, indent=0))
             f.flush()       # a full disk fails here or below, before either file is replaced
             os.fsync(f.fileno())
-            with atomic_file(merges_filepath, "w") as g:        # renamed first, vocab.json next
+            with safety.atomic_file(merges_filepath, "w") as g:        # renamed first, vocab.json next
                 g.write("\n".join(lines) + "\n")
 
     def _merge_pretoken(self, word):

@@ -1708,7 +1708,12 @@ def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
     argv = ["--vocab-size", "20000", "--out", "tok"] if cmd == "train" else tok + ["--out", "ids.npy"]
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), cmd, "big.txt", *argv, "--num-workers", "2"],
                          cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(2.5)                    # imported, and working
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    for _ in range(400):               # imported, and working: its workers exist (20 s at most)
+        if children.exists() and children.read_text().strip():
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)
     p.terminate()
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, out, err)
@@ -1719,6 +1724,26 @@ def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
     assert left in (["big.txt"], ["big.txt", "ids.npy"]), left
     if "ids.npy" in left:
         assert np.load(tmp_path / "ids.npy", mmap_mode="r").ndim == 1
+
+
+@pytest.mark.parametrize("script", ["bpe.py", "train.py"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
+    # A stop while numpy, numba and torch load (the first second) printed an import's traceback from
+    # bpe.py. The signal goes as soon as numpy is mapped: the handler is installed before that import.
+    argv = ["train", "missing.txt", "--vocab-size", "300", "--out", "tok"] if script == "bpe.py" else ["--device", "cpu"]
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / script), *argv], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    maps = Path(f"/proc/{p.pid}/maps")
+    for _ in range(2000):
+        if p.poll() is not None or "numpy" in maps.read_text(errors="replace"):
+            break
+        time.sleep(0.005)
+    p.send_signal(signum)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, (p.returncode, err)
+    assert err == f"{script}: interrupted while starting; nothing was written.\n", err
+    assert not [f for f in tmp_path.rglob("*") if f.is_file()]
 
 
 def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
