@@ -647,10 +647,10 @@ def main(argv=None):
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
     except (OSError, ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
-        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)   # exit 1: the machine's fault
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         why = f"the disk is full: could not write {e.filename}; free some space and rerun" if full else e
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
-        sys.exit(1 if full else 2)
+        sys.exit(1 if full or isinstance(e, ChildProcessError) else 2)   # 1: the machine's fault (a worker killed)
     except KeyboardInterrupt:     # files are written atomically: none is left half-written
         print(f"bpe.py {args.cmd}: interrupted; no partial file was left", file=sys.stderr)
         sys.exit(130)

@@ -265,6 +265,29 @@ class _Pool(multiprocessing.pool.Pool):
         self._terminate.cancel()       # the exit's finalizer: Pool.terminate again
         return False
 
+    def _repopulate_pool(self):      # called by __init__ only: the workers it starts, for imap_checked
+        super()._repopulate_pool()
+        self.started = list(self._pool)
+
+    def imap_checked(self, func, tasks, ordered=True):
+        """imap (or imap_unordered), whose wait ends in ChildProcessError if a worker dies (Pool would
+        start another, but the dead one's task would be lost, or the task queue's lock it held)."""
+        results = (self.imap if ordered else self.imap_unordered)(func, tasks)
+
+        def checked():                           # a generator: the tasks above are sent now
+            while True:
+                try:
+                    yield results.next(timeout=0.5)
+                except StopIteration:
+                    return
+                except multiprocessing.TimeoutError:   # nothing for a while: is every worker alive?
+                    code = next((w.exitcode for w in self.started if w.exitcode is not None), None)
+                    if code is not None:
+                        raise ChildProcessError(f"a worker process died (exit code {code}; -9 is a kill, often "
+                                                "the system's out-of-memory killer); use fewer workers or free "
+                                                "some memory, and run the same command again") from None
+        return checked()
+
 
 def _worker_pool(n, initializer=None, initargs=()):
     """A pool of n forked workers. Ctrl-C and SIGTERM are blocked while they fork (raised in fork's
@@ -525,7 +548,7 @@ def count_words(input_path, special_tokens, num_workers=None):
     _count_segments(np.zeros(1, np.uint8), np.zeros((1, 2), np.int64), _char_classes(), table, 0)
     parallel = n_runs > 1
     with _worker_pool(n_runs) if parallel else contextlib.nullcontext() as workers:
-        results = workers.imap_unordered(_count_range, tasks) if parallel else map(_count_range, tasks)
+        results = workers.imap_checked(_count_range, tasks, False) if parallel else map(_count_range, tasks)
         if parallel:                       # the workers have started counting: load the parent's half
             _word_tables_merge(table, 0, *_trimmed(table, 0))
         _note_first_compile(merge_loop)
@@ -1396,9 +1419,9 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         first = _encode_chunk(tasks[0])
         raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
         workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
-        results = chain([first], workers.imap(_encode_chunk, tasks[1:]))
+        results = chain([first], workers.imap_checked(_encode_chunk, tasks[1:]))
     n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
-    with workers, atomic_file(out_path) as f:    # leaving the pool terminates it
+    with workers, atomic_file(out_path) as f:    # leaving the pool ends its workers
         try:
             f.write(_npy_header(dtype, 0))    # the real header needs the count: written last
             for ids, nb in results:

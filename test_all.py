@@ -1694,8 +1694,10 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
 
 
 @pytest.mark.parametrize("cmd", ["train", "encode"])
-def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
-    # `kill PID` reaches the main process only: it stops its workers, says one line, exits 130
+@pytest.mark.parametrize("stop", ["sigterm", "a worker killed"])
+def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop):
+    # `kill PID` reaches the main process only: it stops its workers, says one line, exits 130. A worker
+    # killed (kill -9, the out-of-memory killer) made the pool wait forever for its task: now one line, exit 1.
     rng = random.Random(1)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
              for _ in range(300_000)]
@@ -1709,17 +1711,25 @@ def test_bpe_cli_sigterm_is_like_ctrl_c(tmp_path, cmd):
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), cmd, "big.txt", *argv, "--num-workers", "2"],
                          cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-    for _ in range(400):               # imported, and working: its workers exist (20 s at most)
-        if children.exists() and children.read_text().strip():
+    for _ in range(400):               # imported, and working: its two workers exist (20 s at most)
+        if children.exists() and len(children.read_text().split()) == 2:
             break
         time.sleep(0.05)
     time.sleep(0.2)
-    p.terminate()
+    if stop == "sigterm":
+        p.terminate()
+    else:                              # every worker: one alone may have finished its task, or had none
+        for pid in children.read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 130, (p.returncode, out, err)
-    assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left", err
     assert "Traceback" not in err    # encode's progress lines may come first
     left = sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts)
+    if stop != "sigterm":
+        assert p.returncode == 1 and left == ["big.txt"], (p.returncode, out, err, left)
+        assert err.strip().splitlines()[-1].startswith(f"bpe.py {cmd}: error: a worker process died (exit code -9"), err
+        return
+    assert p.returncode == 130, (p.returncode, out, err)
+    assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left", err
     # a stop held during numba's first compile (a fresh clone) comes as the call returns: the file is whole then
     assert left in (["big.txt"], ["big.txt", "ids.npy"]), left
     if "ids.npy" in left:
@@ -2974,6 +2984,25 @@ def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0, sig=signal.SIGINT):
     os.killpg(p.pid, sig)
     out, err = p.communicate(timeout=120)
     return p.returncode, seen + out, err
+
+
+def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
+    # the out-of-memory killer takes a worker of the tokenizer's training: one sentence, the split kept whole
+    rng = random.Random(2)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14))) for _ in range(9000)]
+    (tmp_path / "big.txt").write_text(" ".join(rng.choice(words) for _ in range(3_000_000)))
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), "--data", "big.txt", "--vocab-size", "1000",
+                          "--workers", "2", "--device", "cpu", "--max-iters", "2"], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    while p.poll() is None and not (children.exists() and len(children.read_text().split()) == 2):
+        time.sleep(0.02)
+    for pid in children.read_text().split():  # every worker: one alone may have finished its task, or had none
+        os.kill(int(pid), signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and err.startswith("train.py: error: a worker process died (exit code -9"), (out, err)
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert sorted(f.name for f in tmp_path.glob("data/**/*") if f.is_file()) == ["train.txt", "valid.txt"]
 
 
 def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tmp_path):
