@@ -313,7 +313,8 @@ def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
     """train_from_counts from the merge loop's input arrays (see _merge_loop), special_tokens checked."""
     bpe_fast.check_longest_word(word_start, "the training text")  # one huge word could exhaust memory
-    num_merges = max(0, vocab_size - 256 - len(special_tokens))
+    # each merge joins at least one pair of positions, so there can be no more merges than pairs
+    num_merges = max(0, min(vocab_size - 256 - len(special_tokens), len(ids) - len(word_count)))
     small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):
         # The engine runs this loop compiled, its data laid out for the processor's caches and
@@ -346,8 +347,7 @@ _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 def _read_text(path, what):
     """The file as str; a missing file or a decoding error (its byte offset) is named."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} {path} does not exist")
+    bpe_fast.check_readable(path, what)
     with open(path, "rb") as f:
         return bpe_fast.check_utf8(f.read(), path, 0)
 
@@ -594,6 +594,9 @@ class Tokenizer:
 # 7. Command line
 
 def _cmd_train(args):
+    if os.path.exists(args.out) and not os.path.isdir(args.out):     # refused before training, not after
+        raise ValueError(f"--out {args.out} is {safety.not_a_file(args.out) or 'a file'}, not a directory; pass a "
+                         "directory for vocab.json and merges.txt")
     t0 = time.perf_counter()
     vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens,
                               args.num_workers)

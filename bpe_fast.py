@@ -42,7 +42,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import atomic_file, memory_bytes
+from safety import atomic_file, memory_bytes, not_a_file
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -218,10 +218,16 @@ def _chunk_bounds(path, size, special_bytes, n_chunks):
     return bounds
 
 
-def check_input_file(path):
-    """The size of the input file, which must exist and hold something."""
+def check_readable(path, what):
+    """FileNotFoundError naming what path is unless it is a regular file: missing, a directory, /dev/zero."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"input file {path} does not exist")
+        kind = not_a_file(path)
+        raise FileNotFoundError(f"{what} {path} " + (f"is {kind}, not a file" if kind else "does not exist"))
+
+
+def check_input_file(path):
+    """The size of the input file, which must be a file and hold something."""
+    check_readable(path, "input file")
     size = os.path.getsize(path)
     if size == 0:
         raise ValueError(f"input file {path} is empty; give it some text")

@@ -1506,16 +1506,25 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
     out = tmp_path / "tok"
-    cases = [["train", str(good), "--vocab-size", "100", "--out", str(out)],
-             ["train", str(tmp_path / "missing.txt"), "--vocab-size", "300", "--out", str(out)],
-             ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
-              str(tmp_path / "ids.npy")]]
-    for args in cases:
+    cases = {"smaller than 256": ["train", str(good), "--vocab-size", "100", "--out", str(out)],
+             "missing.txt does not exist": ["train", str(tmp_path / "missing.txt"), "--vocab-size", "300", "--out",
+                                            str(out)],
+             "/dev/zero is a device, not a file": ["train", "/dev/zero", "--vocab-size", "300", "--out", str(out)],
+             f"{tmp_path} is a directory, not a file": ["train", str(tmp_path), "--vocab-size", "300", "--out",
+                                                        str(out)],
+             "good.txt is a file, not a directory": ["train", str(good), "--vocab-size", "300", "--out", str(good)],
+             "none/vocab.json does not exist": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
+                                                str(tmp_path / "ids.npy")]}
+    for needle, args in cases.items():
         r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
                            capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2, r.stderr
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.txt"]
+    # a vocab size past what the text allows: every pair merged, not an allocation of 10^20 merges
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(good), "--vocab-size", str(10**20),
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
 def test_bpe_cli_train_then_encode(tmp_path):
