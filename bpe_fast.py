@@ -24,6 +24,7 @@ numba's lessons, learned here once and followed everywhere below:
 
 import codecs
 import contextlib
+import ctypes
 import functools
 import io
 import multiprocessing.pool  # also binds multiprocessing
@@ -247,8 +248,11 @@ _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Window
 
 
 def _worker_start(initializer, *args):
-    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler."""
+    """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler; on
+    Linux it dies with the parent (killed by the out-of-memory killer), not later with a BrokenPipeError."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(AttributeError, OSError, TypeError):    # no prctl outside Linux
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)                    # 1: PR_SET_PDEATHSIG
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if initializer is not None:
         initializer(*args)

@@ -1703,10 +1703,11 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
 
 
 @pytest.mark.parametrize("cmd", ["train", "encode"])
-@pytest.mark.parametrize("stop", ["sigterm", "a worker killed"])
+@pytest.mark.parametrize("stop", ["sigterm", "a worker killed", "the parent killed"])
 def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop):
     # `kill PID` reaches the main process only: it stops its workers, says one line, exits 130. A worker
     # killed (kill -9, the out-of-memory killer) made the pool wait forever for its task: now one line, exit 1.
+    # The parent killed: its workers die with it, where they wrote BrokenPipeError tracebacks after it.
     rng = random.Random(1)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
              for _ in range(300_000)]
@@ -1725,14 +1726,21 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
             break
         time.sleep(0.05)
     time.sleep(0.2)
+    workers = children.read_text().split()
     if stop == "sigterm":
         p.terminate()
-    else:                              # every worker: one alone may have finished its task, or had none
-        for pid in children.read_text().split():
-            os.kill(int(pid), signal.SIGKILL)
+    elif stop == "the parent killed":
+        p.kill()
+    for pid in workers if stop == "a worker killed" else ():   # every one: one alone may have ended its task
+        os.kill(int(pid), signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert "Traceback" not in err    # encode's progress lines may come first
     left = sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts)
+    if stop == "the parent killed":
+        time.sleep(1)
+        stat = [Path(f"/proc/{w}/stat") for w in workers]     # a dead one may stay a zombie until reaped
+        assert p.returncode == -9 and not [s for s in stat if s.exists() and s.read_text().split()[2] != "Z"], err
+        return
     if stop != "sigterm":
         assert p.returncode == 1 and left == ["big.txt"], (p.returncode, out, err, left)
         assert err.strip().splitlines()[-1].startswith(f"bpe.py {cmd}: error: a worker process died (exit code -9"), err
