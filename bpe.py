@@ -649,11 +649,11 @@ def main(argv=None):
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except (OSError, ValueError, MemoryError) as e:   # MemoryError: refused before allocating, with the estimate
+    except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         why = f"the disk is full: could not write {e.filename}; free some space and rerun" if full else e
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
-        sys.exit(1 if full or isinstance(e, ChildProcessError) else 2)   # 1: the machine's fault (a worker killed)
+        sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
     except KeyboardInterrupt:     # files are written atomically: none is left half-written
         print(f"bpe.py {args.cmd}: interrupted; no partial file was left", file=sys.stderr)
         sys.exit(130)

@@ -43,7 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import atomic_file, memory_bytes, not_a_file
+from safety import DataError, atomic_file, memory_bytes, unreadable
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -220,10 +220,9 @@ def _chunk_bounds(path, size, special_bytes, n_chunks):
 
 
 def check_readable(path, what):
-    """FileNotFoundError naming what path is unless it is a regular file: missing, a directory, /dev/zero."""
-    if not os.path.isfile(path):
-        kind = not_a_file(path)
-        raise FileNotFoundError(f"{what} {path} " + (f"is {kind}, not a file" if kind else "does not exist"))
+    """FileNotFoundError saying why path cannot be read (missing, a directory, /dev/zero), as --data's check does."""
+    if why := unreadable(path):
+        raise FileNotFoundError(f"{what} {path}{why}")
 
 
 def check_input_file(path):
@@ -280,8 +279,8 @@ class _Pool(multiprocessing.pool.Pool):
         self.started = list(self._pool)
 
     def imap_checked(self, func, tasks, ordered=True):
-        """imap (or imap_unordered), whose wait ends in ChildProcessError if a worker dies (Pool would
-        start another, but the dead one's task would be lost, or the task queue's lock it held)."""
+        """imap (or imap_unordered), whose wait ends in DataError (the machine's fault) if a worker dies: Pool
+        would start another, but the dead one's task would be lost, or the task queue's lock it held."""
         results = (self.imap if ordered else self.imap_unordered)(func, tasks)
 
         def checked():                           # a generator: the tasks above are sent now
@@ -293,9 +292,9 @@ class _Pool(multiprocessing.pool.Pool):
                 except multiprocessing.TimeoutError:   # nothing for a while: is every worker alive?
                     code = next((w.exitcode for w in self.started if w.exitcode is not None), None)
                     if code is not None:
-                        raise ChildProcessError(f"a worker process died (exit code {code}; -9 is a kill, often "
-                                                "the system's out-of-memory killer); use fewer workers or free "
-                                                "some memory, and run the same command again") from None
+                        raise DataError(f"a worker process died (exit code {code}; -9 is a kill, often the "
+                                        "system's out-of-memory killer); use fewer workers or free some memory, "
+                                        "and run the same command again.") from None
         return checked()
 
 

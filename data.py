@@ -190,8 +190,6 @@ def from_cache(path, load, *args, **kwargs):
     except (ValueError, EOFError, OSError, MemoryError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
-        if isinstance(e, ChildProcessError):  # a worker killed (the out-of-memory killer): the machine's fault
-            raise DataError(f"{e}.") from None
         if isinstance(e, MemoryError):  # the text itself (one huge word), not the cache: refused with the estimate
             raise UsageError(f"--data: {e}.") from None
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

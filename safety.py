@@ -104,7 +104,7 @@ def atomic_file(path, mode="wb"):
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
         os.replace(tmp, path)
     except OSError as e:          # a full disk fails f.write, which names no file: name path
-        if e.errno and e.filename in (None, tmp):
+        if e.filename in (None, tmp):
             e.filename = path
         raise
     finally:

@@ -1466,7 +1466,7 @@ def test_bpe_errors_training(tmp_path):
     good.write_text("hello world", encoding="utf-8")
     with pytest.raises(ValueError, match="smaller than 256 bytes \\+ 1 special"):
         bpe.train_bpe(str(good), 256, [_BPE_EOT])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         bpe.train_bpe(str(tmp_path / "missing.txt"), 300)
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
@@ -1498,7 +1498,7 @@ def test_bpe_errors_tokenizer_files(tmp_path):
     v.write_text('{"a": 0,\n "b": }', encoding="utf-8")
     with pytest.raises(ValueError, match="line 2: not valid JSON"):
         bpe.Tokenizer.from_files(v, m)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         bpe.Tokenizer.from_files(tmp_path / "nope.json", m)
 
 
@@ -1507,13 +1507,13 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     good.write_text("hello world", encoding="utf-8")
     out = tmp_path / "tok"
     cases = {"smaller than 256": ["train", str(good), "--vocab-size", "100", "--out", str(out)],
-             "missing.txt does not exist": ["train", str(tmp_path / "missing.txt"), "--vocab-size", "300", "--out",
+             "missing.txt: no such file": ["train", str(tmp_path / "missing.txt"), "--vocab-size", "300", "--out",
                                             str(out)],
              "/dev/zero is a device, not a file": ["train", "/dev/zero", "--vocab-size", "300", "--out", str(out)],
              f"{tmp_path} is a directory, not a file": ["train", str(tmp_path), "--vocab-size", "300", "--out",
                                                         str(out)],
              "good.txt is a file, not a directory": ["train", str(good), "--vocab-size", "300", "--out", str(good)],
-             "none/vocab.json does not exist": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
+             "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
                                                 str(tmp_path / "ids.npy")]}
     for needle, args in cases.items():
         r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
