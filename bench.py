@@ -36,7 +36,7 @@ import export
 import train
 from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import MIN_TEXT_VOCAB, atomic_file
+from safety import MIN_TEXT_VOCAB, atomic_file, unreadable
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -59,8 +59,8 @@ def peer(module):
 
 
 def need_file(path, what):
-    if not Path(path).is_file():
-        sys.exit(f"bench.py: {what} {path} not found (--input names a text of yours; the rest is in ../shared).")
+    if why := unreadable(path):
+        sys.exit(f"bench.py: {what} {path}{why} (--input names a text of yours; the rest is in ../shared).")
     return str(path)
 
 
@@ -641,6 +641,12 @@ def bench_generate(args):
 # ----------------------------------------------------------------------------
 # Command line
 
+def megabytes(text):  # a flag's megabytes: a positive number (argparse's float would take nan, inf and -3)
+    if not regex.fullmatch(r"\d*\.?\d+", text) or float(text) <= 0:
+        raise argparse.ArgumentTypeError(f"wants positive megabytes, like 50 or 0.5, not {text!r}")
+    return float(text)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["step"]:  # the rest are train.py's flags
@@ -650,15 +656,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
-    ap.add_argument("--sizes", default="50,200", help="train: scale corpora in MB, e.g. 50,200,2000")
+    ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
+                    help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
-    ap.add_argument("--encode-mb", type=float, default=200, help="encode: size of the scale corpus for encode_file")
+    ap.add_argument("--encode-mb", type=megabytes, default=200, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     args = ap.parse_args(argv)
-    if not all(regex.fullmatch(r"\d*\.?\d+", s) and float(s) > 0 for s in args.sizes.split(",")):
-        ap.error(f"--sizes wants positive megabytes separated by commas, like 50,200,2000, not {args.sizes!r}")
-    args.sizes = [float(s) for s in args.sizes.split(",")]
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
         if getattr(args, flag) < least:
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"

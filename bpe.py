@@ -278,6 +278,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     special_tokens = _check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
+    bpe_fast.worker_count(num_workers)           # checked here too: a small file never uses them
     n_base = 256 + len(special_tokens)
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
@@ -597,6 +598,9 @@ def _cmd_train(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):     # refused before training, not after
         raise ValueError(f"--out {args.out} is {safety.not_a_file(args.out) or 'a file'}, not a directory; pass a "
                          "directory for vocab.json and merges.txt")
+    if any(safety.same_file(args.input, os.path.join(args.out, f)) for f in ("vocab.json", "merges.txt")):
+        raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
+                         "pass another --out")
     t0 = time.perf_counter()
     vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens,
                               args.num_workers)
@@ -614,6 +618,9 @@ def _cmd_train(args):
 
 
 def _cmd_encode(args):
+    if any(safety.same_file(args.out, os.path.join(args.tokenizer, f)) for f in ("vocab.json", "merges.txt")):
+        raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
+                         "would destroy it, so pass another --out")
     vocab = _load_vocab_file(os.path.join(args.tokenizer, "vocab.json"))
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it

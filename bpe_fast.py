@@ -43,7 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import DataError, atomic_file, memory_bytes, unreadable
+from safety import DataError, atomic_file, memory_bytes, same_file, unreadable
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -365,10 +365,18 @@ def catch_ctrl_c():
         signal.signal(signum, interrupt)
 
 
+def worker_count(num_workers):
+    """num_workers checked (a whole number from 1), or one per CPU for None."""
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer))
+                                    or num_workers < 1):
+        raise ValueError(f"num_workers must be a whole number of at least 1 (None: one per CPU), got {num_workers!r}")
+    return num_workers or os.cpu_count() or 1
+
+
 def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
     """(size, workers, chunk offsets): about tasks_per_worker chunks per worker, of _MIN_CHUNK to _CHUNK_BYTES."""
     size = check_input_file(input_path)
-    num_workers = num_workers or os.cpu_count() or 1
+    num_workers = worker_count(num_workers)
     chunk = min(_CHUNK_BYTES, max(_MIN_CHUNK, size // (tasks_per_worker * num_workers)))
     return size, num_workers, _chunk_bounds(input_path, size, [s.encode() for s in special_tokens],
                                             -(-size // chunk))
@@ -1412,6 +1420,9 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory {out_dir} does not exist")
+    if same_file(input_path, out_path):       # (checked here: the output is written while the input is read)
+        raise ValueError(f"the output {out_path} is the input file {input_path}; writing the ids there would "
+                         "destroy the text, so give another output path")
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
     # The compiled pass when it is loaded or the file is big enough to pay for loading it:
     # loaded here, before the workers fork, they share it.

@@ -473,7 +473,8 @@ def parse_args(argv):
         if not os.path.isdir(d):
             ap.error(f"--json: directory {d} does not exist; create it or pick another path")
         if not_a_file(args.json):  # checked before minutes of measuring; /dev/null must never be replaced
-            ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give a file path such as {d}/kernels.json")
+            ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give the path of a file to write, such as "
+                     "kernels.json")
     return args
 
 

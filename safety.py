@@ -177,6 +177,10 @@ def writable(path):  # can the directory be created, or written if it exists?
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
+def same_file(a, b):  # do paths a and b name one existing file, by any spelling (a link, "../x")?
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
 def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
     if kind := not_a_file(path):  # a FIFO or /dev/zero would be read forever
         return f" is {kind}, not a file"

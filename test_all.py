@@ -1527,6 +1527,37 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
+def test_bpe_never_writes_over_its_input(tmp_path):
+    """An output that is the text or the tokenizer being read, by any spelling (a link, ../), is refused
+    before anything is written; so is a num_workers that is not a whole number from 1."""
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    tok_dir.mkdir()
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])
+    tok.save(tok_dir / "vocab.json", tok_dir / "merges.txt")
+    (tmp_path / "link.txt").symlink_to(text)
+    before = {p: p.read_bytes() for p in (text, tok_dir / "vocab.json", tok_dir / "merges.txt")}
+    cases = {"is the input file": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
+                                   str(tmp_path / "link.txt")],
+             "is a file of the tokenizer": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
+                                            f"{tok_dir}/../tok/merges.txt"],
+             "is one of the files training writes": ["train", str(tok_dir / "merges.txt"), "--vocab-size", "300",
+                                                     "--out", str(tok_dir)]}
+    for needle, args in cases.items():
+        r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with pytest.raises(ValueError, match="is the input file"):
+        bpe.encode_file(tok, str(text), str(text), 1, progress=False)
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.txt", "tok"]
+    for bad in (-1, 0, 1.5, True):    # IndexError or TypeError deep in the pool before
+        with pytest.raises(ValueError, match=f"num_workers must be a whole number of at least 1.*got {bad}"):
+            bpe.train_bpe(str(text), 300, num_workers=bad)
+        with pytest.raises(ValueError, match="num_workers must be"):
+            bpe.encode_file(tok, str(text), str(tmp_path / "ids.npy"), bad, progress=False)
+
+
 def test_bpe_cli_train_then_encode(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     out = tmp_path / "tok"
@@ -3645,11 +3676,12 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     assert all(100 <= len(d) < 200 for d in docs[:-1])
 
 
-def test_bench_sizes_flag_is_checked(capsys):
-    for bad in ("abc", "50,-1"):
-        with pytest.raises(SystemExit):
-            bench.main(["train", "--sizes", bad])
-        assert "--sizes" in capsys.readouterr().err
+def test_bench_megabyte_flags_are_checked(capsys):
+    for flag, what, bad in [("--sizes", "train", "abc"), ("--sizes", "train", "50,-1"), ("--encode-mb", "encode", "0"),
+                            ("--encode-mb", "encode", "nan"), ("--encode-mb", "encode", "-3")]:
+        with pytest.raises(SystemExit) as e:     # --encode-mb 0 ran the whole encode table, then a traceback
+            bench.main([what, flag, bad])
+        assert e.value.code == 2 and f"{flag}: wants positive megabytes" in capsys.readouterr().err
 
 
 def test_bench_vocab_below_the_bytes_is_one_sentence(capsys):
@@ -3662,7 +3694,10 @@ def test_bench_vocab_below_the_bytes_is_one_sentence(capsys):
 def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["encode", "--input", str(tmp_path / "missing.txt")])
-    assert "not found" in str(e.value.code)
+    assert "missing.txt: no such file" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["encode", "--input", str(tmp_path)])
+    assert "is a directory, not a file" in str(e.value.code)
 
 
 def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch):
