@@ -15,6 +15,7 @@ Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the tra
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
 train.py --export calls export_run; tests: python -m pytest -q test_all.py -k export
 """
+import errno
 import inspect
 import json
 import os
@@ -133,14 +134,19 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
+        if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, a file, a device
+            raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors), "
+                                  "so it is not replaced; pick another directory")
         if not overwrite:
             raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it")
-        if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, or its parent
-            raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors); "
-                                  "remove it yourself, or pick another directory")
     tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}{TMP_MARK}{os.getpid()}")
     try:
         os.makedirs(tmp)
+    except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
+    try:
         eot_id = save_tokenizer(tokenizer, tmp, a["context_length"]) if tokenizer is not None else None
         write_json(llama_config(a, eot_id), os.path.join(tmp, "config.json"))
         weights = llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"])

@@ -3849,6 +3849,10 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     _export_error(capsys, [*at, str(tmp_path / "hf")], "already exists; pass --overwrite")
     _export_error(capsys, [*at, str(tmp_path / "out"), "--overwrite"], "is not an earlier export")
+    (tmp_path / "file").write_text("mine")       # told to pass --overwrite before, which then refused it
+    _export_error(capsys, [*at, str(tmp_path / "file")], "is not an earlier export")
+    assert train.main([*at, str(tmp_path / "file" / "hf")]) == 2    # a traceback before
+    _train_one_error(capsys, "--export: ", "file/hf (Not a directory); pick a directory")
     assert (tmp_path / "out" / "run" / "ckpt.pt").exists()
     # a full disk while writing the weights: one sentence, exit 1, the earlier export as it was
     def full(tensors, path):
@@ -3858,7 +3862,7 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 1
     _train_one_error(capsys, "the disk is full")
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
     monkeypatch.undo()
     assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
