@@ -2630,6 +2630,20 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
+def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet(tmp_path, capsys):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    npy = ["--data", str(ids), *_TRAIN_TINY]
+    assert train.main(npy + ["--out-dir", "/proc/cs336-test"]) == 1    # every check passes; mkdir fails
+    _train_one_error(capsys, "/proc/cs336-test: No such file or directory; fix that path or pick another")
+    # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
+                          "--max-iters", "200", "--log-interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    assert p.wait(timeout=300) == 1 and p.stderr.read() == b""
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode, so chmod cannot make it unreadable")
 def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys):
     story = _train_story(tmp_path / "story.txt")
