@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bpe
 import model
+import safety
 
 GB, MiB, GiB, DAY = 1e9, 2**20, 2**30, 86_400  # bytes, bytes, bytes, seconds
 FP32_BYTES, BF16_BYTES = torch.float32.itemsize, torch.bfloat16.itemsize  # 4 and 2 bytes per value
@@ -782,4 +783,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    safety.end_quietly_on_closed_pipe()
     raise SystemExit(main())

@@ -36,7 +36,7 @@ import export
 import train
 from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import MIN_TEXT_VOCAB, atomic_file, unreadable
+from safety import MIN_TEXT_VOCAB, atomic_file, end_quietly_on_closed_pipe, unreadable
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -676,4 +676,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    end_quietly_on_closed_pipe()
     sys.exit(main())

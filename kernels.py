@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import atomic_file, not_a_file
+from safety import atomic_file, end_quietly_on_closed_pipe, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -507,4 +507,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    end_quietly_on_closed_pipe()
     main()

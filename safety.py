@@ -119,6 +119,13 @@ def quiet_while_starting(name):
                                                 file=sys.stderr), os._exit(130)))
 
 
+def end_quietly_on_closed_pipe():
+    """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
+    not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
 def exit_code(name, command, interrupted):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault or an unforeseen
     OSError, 130 a Ctrl-C."""

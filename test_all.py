@@ -3204,6 +3204,14 @@ def _acc_mismatches(checks):
     return [f"{what}: formula {f:,} != measured {m:,}" for what, f, m in checks if f != m]
 
 
+@pytest.mark.parametrize("script", [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]])
+def test_a_printing_script_piped_into_head_ends_quietly(script):
+    """`python accounting.py | head -0`: ended by SIGPIPE like cat (a BrokenPipeError traceback before)."""
+    p = subprocess.Popen([sys.executable, *script], cwd=_BPE_REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()          # before the script prints anything: its first write finds no reader
+    assert p.wait(timeout=300) == -signal.SIGPIPE and p.stderr.read() == b""
+
+
 def test_accounting_verify_checks_pass():
     # the same table `python accounting.py --verify` prints: meta-device parameter counts and
     # FlopCounterMode FLOPs per component (GPT-2 small..XL, XL at T=16384, the fused fast=True path,
