@@ -126,6 +126,11 @@ def end_quietly_on_closed_pipe():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
+def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly, as a program killed by SIGPIPE
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout as it exits
+    return 1
+
+
 def exit_code(name, command, interrupted):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault or an unforeseen
     OSError, 130 a Ctrl-C."""
@@ -134,9 +139,8 @@ def exit_code(name, command, interrupted):
     except (UsageError, DataError) as e:
         log(f"{name}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
-    except BrokenPipeError:  # the reader of the output left (`| head`): end quietly, as a program killed by SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout as it exits
-        return 1
+    except BrokenPipeError:
+        return reader_left()
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
         log(f"{name}: error: {e.filename or 'a file'}: {e.strerror or e}; fix that path or pick another, then run the "
             "same command again.", file=sys.stderr)

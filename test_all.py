@@ -1558,6 +1558,16 @@ def test_bpe_never_writes_over_its_input(tmp_path):
             bpe.encode_file(tok, str(text), str(tmp_path / "ids.npy"), bad, progress=False)
 
 
+def test_bpe_cli_piped_into_head_writes_its_files_and_ends_quietly(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(text), "--vocab-size", "300",
+                          "--out", str(tmp_path / "tok")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()          # the report finds no reader ("error: [Errno 32] Broken pipe", exit 2, before)
+    assert p.wait(timeout=120) == 1 and p.stderr.read() == b""
+    assert bpe.Tokenizer.from_files(tmp_path / "tok" / "vocab.json", tmp_path / "tok" / "merges.txt").encode("hello")
+
+
 def test_bpe_cli_train_then_encode(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     out = tmp_path / "tok"
