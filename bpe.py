@@ -26,6 +26,7 @@ from collections import Counter
 import safety  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
 if __name__ == "__main__":
     safety.quiet_while_starting("bpe.py")
+safety.numba_cache_fallback(os.path.dirname(os.path.abspath(__file__)))     # before numba loads
 import numpy as np
 import regex
 from numba import njit

@@ -21,6 +21,7 @@ import os
 import signal
 import stat
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -110,6 +111,14 @@ def atomic_file(path, mode="wb"):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def numba_cache_fallback(source_dir):
+    """Before numba loads: where it can keep compiled code neither beside the source (a read-only checkout) nor in
+    the user's cache (no writable home), a temporary directory instead; numba would refuse to load the file."""
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "numba"
+    if not os.environ.get("NUMBA_CACHE_DIR") and not any(map(writable, (Path(source_dir) / "__pycache__", user_cache))):
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"numba-cache-{os.getuid()}")
 
 
 def quiet_while_starting(name):

@@ -1568,6 +1568,23 @@ def test_bpe_cli_piped_into_head_writes_its_files_and_ends_quietly(tmp_path):
     assert bpe.Tokenizer.from_files(tmp_path / "tok" / "vocab.json", tmp_path / "tok" / "merges.txt").encode("hello")
 
 
+def test_bpe_runs_from_a_read_only_checkout_without_a_writable_home(tmp_path, tmpfs):
+    """numba keeps compiled code beside the source or in ~/.cache; where neither can be written, importing bpe.py
+    raised "cannot cache function '_class_at': no locator available": now it uses a temporary directory."""
+    ro = tmpfs("ro", "size=20m")
+    for f in _BPE_REPO.glob("*.py"):
+        shutil.copy(f, ro)
+    (ro / "home").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    text = tmp_path / "a.txt"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(HOME=str(ro / "home"), XDG_CACHE_HOME=str(ro / "home"), TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, str(ro / "bpe.py"), "train", str(text), "--vocab-size", "300", "--out",
+                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (tmp_path / f"numba-cache-{os.getuid()}").is_dir(), r.stderr
+
+
 def test_bpe_cli_train_then_encode(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     out = tmp_path / "tok"
