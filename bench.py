@@ -36,7 +36,7 @@ import export
 import train
 from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import MIN_TEXT_VOCAB, atomic_file, end_quietly_on_closed_pipe, unreadable
+from safety import MIN_TEXT_VOCAB, atomic_file, end_quietly_on_closed_pipe, unreadable, usable_cores
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -668,7 +668,7 @@ def main(argv=None):
             ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                      + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
-          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
+          f"{usable_cores()} CPUs, Python {sys.version.split()[0]}", flush=True)
     for what in tables if args.what == "all" else [args.what]:
         tables[what](args)
         print(flush=True)

@@ -274,7 +274,7 @@ _INTERPRET_MAX_MERGES = 1_000
 @bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens in num_workers processes
-    (default: one per CPU). Returns vocab {id: bytes} (0-255 the bytes, then the special
+    (default: one per core it may use). Returns vocab {id: bytes} (0-255 the bytes, then the special
     tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
     special_tokens = _check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):

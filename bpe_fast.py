@@ -43,7 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import DataError, atomic_file, memory_bytes, same_file, unreadable
+from safety import DataError, atomic_file, memory_bytes, same_file, unreadable, usable_cores
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -366,11 +366,11 @@ def catch_ctrl_c():
 
 
 def worker_count(num_workers):
-    """num_workers checked (a whole number from 1), or one per CPU for None."""
+    """num_workers checked (a whole number from 1), or one per usable core for None."""
     if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer))
                                     or num_workers < 1):
-        raise ValueError(f"num_workers must be a whole number of at least 1 (None: one per CPU), got {num_workers!r}")
-    return num_workers or os.cpu_count() or 1
+        raise ValueError(f"num_workers must be a whole number of at least 1 (None: one per usable core), got {num_workers!r}")
+    return num_workers or usable_cores()
 
 
 def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):

@@ -56,6 +56,10 @@ def bad_environment():
     return bad and f"the environment's {bad}; launch with torchrun, or unset {', '.join(TORCHRUN_VARS)}."
 
 
+def usable_cores():  # the cores this process may run on (taskset's, a Slurm job's share), not all the machine's
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
     if RANK == 0:
         print(*args, **kwargs, flush=True)

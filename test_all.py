@@ -1585,6 +1585,16 @@ def test_bpe_runs_from_a_read_only_checkout_without_a_writable_home(tmp_path, tm
     assert r.returncode == 0 and (tmp_path / f"numba-cache-{os.getuid()}").is_dir(), r.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
+def test_workers_default_to_the_cores_the_process_may_use():
+    """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
+    worker per core of the node, and train.py capped --workers there."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); import bpe_fast, train; "
+            "print(bpe_fast.worker_count(None), train.resolve_config(['--workers', '64', '--benchmark'])['workers'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["1", "1"], r.stderr
+
+
 def test_bpe_cli_train_then_encode(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     out = tmp_path / "tok"

@@ -57,7 +57,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
     ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
     ("--run-name", str, None, "default: the data source's name"),
-    ("--workers", int, None, "processes for tokenizer training and tokenizing; default and most: all cores"),
+    ("--workers", int, None, "processes for tokenizer training and tokenizing; default and most: the cores it may use"),
     "model shape",
     ("--vocab-size", int, PRESET, "tokens in the vocabulary (BPE is trained to this size on text data)"),
     ("--context-length", int, PRESET, "tokens per training window"),
@@ -147,7 +147,7 @@ def resolve_config(argv=None):
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids)  # mistakes refused before anything is read or written
-    cfg["workers"] = cfg["workers"] and min(cfg["workers"], os.cpu_count() or 1)  # more processes than cores: no faster
+    cfg["workers"] = cfg["workers"] and min(cfg["workers"], safety.usable_cores())  # more than the cores: no faster
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
     cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
