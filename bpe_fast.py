@@ -369,7 +369,8 @@ def worker_count(num_workers):
     """num_workers checked (a whole number from 1), or one per usable core for None."""
     if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer))
                                     or num_workers < 1):
-        raise ValueError(f"num_workers must be a whole number of at least 1 (None: one per usable core), got {num_workers!r}")
+        raise ValueError(f"num_workers must be a whole number of at least 1 (None: one per usable core), got "
+                         f"{num_workers!r}")
     return num_workers or usable_cores()
 
 
