@@ -306,10 +306,27 @@ def memory_bytes(device, world_size):
     if device.startswith("cuda"):
         gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
         return gpu.total_memory, f"the {gpu.name}'s memory"
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    with contextlib.suppress(OSError, ValueError):
-        ram = min(ram, int(Path("/sys/fs/cgroup/memory.max").read_text()))  # "max" when there is no limit
-    return ram // world_size, "this machine's memory" + (f" / {world_size} processes" if world_size > 1 else "")
+    ram, limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), cgroup_memory_limit()
+    what = "this machine's memory" if limit is None or limit >= ram else "the memory limit of this job's cgroup"
+    return min(ram, limit or ram) // world_size, what + (f" / {world_size} processes" if world_size > 1 else "")
+
+
+def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
+    """The least memory limit of this process's control group and those above it, or None: a container or a
+    Slurm job is held to it, whatever the machine has. proc's lines: "0::/job/step" (cgroup v2, memory.max)
+    or "4:memory:/job/step" (v1, memory.limit_in_bytes); a group missing under root is looked for above."""
+    kinds = {"": ("", "memory.max"), "memory": ("memory", "memory.limit_in_bytes")}  # cgroup v2, v1
+    limits = []
+    with contextlib.suppress(OSError):
+        for line in Path(proc).read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if controllers in kinds:
+                base = Path(root, kinds[controllers][0])
+                deepest = base / group.strip().lstrip("/")
+                for d in [p for p in (deepest, *deepest.parents) if p == base or base in p.parents]:
+                    with contextlib.suppress(OSError, ValueError):  # missing, or "max": no limit there
+                        limits.append(int((d / kinds[controllers][1]).read_text()))
+    return min(limits, default=None)
 
 
 def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""

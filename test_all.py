@@ -2807,6 +2807,24 @@ def test_train_gpu_device_and_memory_are_looked_up_without_a_gpu(monkeypatch):
     assert 0 < ram <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
 
 
+def test_memory_limit_of_a_slurm_job_or_container_is_the_bound(tmp_path, monkeypatch):
+    """A Slurm job's cgroup sits deep under /sys/fs/cgroup, its limit on the job above the step: only the root's
+    memory.max was read, so the whole machine's RAM was the bound and an oversized run was killed, not refused."""
+    root, proc = tmp_path / "cgroup", tmp_path / "proc_cgroup"
+    for d, text in {"": "max", "job_7": "4000000000", "job_7/step_0": "max", "memory": "9223372036854771712",
+                    "memory/docker": "3000000000"}.items():
+        (root / d).mkdir(parents=True, exist_ok=True)
+        (root / d / ("memory.limit_in_bytes" if d.startswith("memory") else "memory.max")).write_text(text + "\n")
+    proc.write_text("0::/job_7/step_0\n")                 # cgroup v2
+    assert safety.cgroup_memory_limit(proc, root) == 4_000_000_000
+    proc.write_text("4:memory:/docker/abc\n1:cpu:/\n")     # cgroup v1: abc missing, docker above it holds the limit
+    assert safety.cgroup_memory_limit(proc, root) == 3_000_000_000
+    proc.write_text("0::/\n")
+    assert safety.cgroup_memory_limit(proc, root) is None and safety.cgroup_memory_limit(tmp_path / "none") is None
+    monkeypatch.setattr(safety, "cgroup_memory_limit", lambda: 2**30)
+    assert safety.memory_bytes("cpu", 2) == (2**29, "the memory limit of this job's cgroup / 2 processes")
+
+
 def test_train_workers_are_capped_at_the_cores(tmp_path):
     # issue 19 item 6: --workers 200 started 201 processes on 2 cores
     base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
