@@ -130,14 +130,16 @@ def _next_pretoken(data, i, n, classes):
 # -----------------------------------------------------------------------------
 # 2. Chunks, worker processes, Ctrl-C
 
-# Places where a cut cannot change the pre-tokens: (1) before a space followed by a non-space
-# (' ?\p{L}+' and its siblings start there whatever precedes, and '\s+(?!\S)' backs off to
-# end just before it); (2) after a lone newline between two non-spaces. _STREAM_CUT is for
-# str (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a
-# UTF-8 lead byte of a range without Unicode whitespace. The standard library's re runs
-# _STREAM_CUT faster than regex; its \s is a superset of regex's, so it finds no cut regex would not.
-_STREAM_CUT = re.compile(r"(?= \S)|(?<=\S\n)(?=\S)")
-_SAFE_CUT = rb" (?=[!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])|(?<=[!-~]\n)(?=[!-~])"
+# Places where a cut cannot change the pre-tokens: before an ASCII whitespace character that ends a
+# run of whitespace (a non-space follows). The rest of the run is one pre-token either way
+# ('\s+(?!\S)' backs off to end just there, as the end of a text ends it), and that character starts
+# the next one whatever precedes: a space starts ' ?\p{L}+' or a sibling, a newline or a tab is one
+# of its own. So CJK text, which has no spaces, is cut at its line breaks. _STREAM_CUT is for str
+# (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a UTF-8 lead
+# byte of a range without Unicode whitespace. The standard library's re runs _STREAM_CUT faster than
+# regex; its \S is a subset of regex's (its \s adds \x1c-\x1f), so it finds no cut regex would not.
+_STREAM_CUT = re.compile(r"(?=[\t-\r ]\S)")
+_SAFE_CUT = rb"(?=[\t-\r ][!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task at most: memory follows this, not the file
 _MIN_CHUNK = 1 << 18            # at least 256 KiB of text per task (at most _CHUNK_BYTES)
 _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cut
@@ -213,8 +215,9 @@ def _chunk_bounds(path, size, special_bytes, n_chunks):
         for k in range(1, n_chunks):
             guess = max(size * k // n_chunks, bounds[-1] + 1)
             p = _find_cut(f, guess, size, cut_re, special_bytes) if guess < size else None
-            if p is not None:                   # (after bounds[-1] and before size)
-                bounds.append(p)
+            if p is None:                       # none up to the end: later guesses would find none either
+                break
+            bounds.append(p)                    # (after bounds[-1] and before size)
     bounds.append(size)
     return bounds
 

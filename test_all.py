@@ -822,6 +822,25 @@ def test_bpe_compiled_counts_equal_the_regex_counts(tmp_path, monkeypatch, num_w
                                           40)) > min(10, size // 5000)     # many cuts
 
 
+def test_bpe_cjk_text_without_spaces_is_cut_into_chunks(tmp_path, monkeypatch):
+    """Chinese paragraphs have no spaces: such a file was one chunk (one worker, all of it in memory at once),
+    and finding that out scanned it to the end once per planned cut."""
+    path = tmp_path / "zh.txt"
+    text = "\n\n".join(f"第{i}段。这是一个没有空格的段落，" * 20 for i in range(2000))
+    path.write_text(text, encoding="utf-8")
+    bounds = bpe_fast._chunk_bounds(str(path), path.stat().st_size, [], 8)
+    assert len(bounds) == 9
+    words = bpe_fast.count_words(str(path), [], 2)
+    assert {w: c for w, c in _bpe_regex_counts(text, []).items() if len(w) > 1} == dict(zip(
+        [words[0][a:b].tobytes() for a, b in zip(words[1], words[1][1:])], words[2].tolist()))
+    path.write_text("没有换行" * 100_000, encoding="utf-8")    # no place to cut at all: one scan, not one per cut
+    calls = []
+    find_cut = bpe_fast._find_cut
+    monkeypatch.setattr(bpe_fast, "_find_cut", lambda *a: calls.append(1) or find_cut(*a))
+    assert bpe_fast._chunk_bounds(str(path), path.stat().st_size, [], 8) == [0, path.stat().st_size]
+    assert len(calls) == 1
+
+
 def test_bpe_compiled_table_grows_and_merges_from_tiny():
     # Tables that start with room for one word must double many times, and merging two
     # tables must add the counts of the words they share.
@@ -966,7 +985,7 @@ def test_bpe_safe_cuts_never_change_the_pretokens():
     # position and pre-tokenizing both sides must give the same pre-tokens.
     rng = random.Random(1)
     pieces = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\x85", "a", "Z", "1", "'s",
-              "'", ".", "é", "日本", "😀", "\u0301", "д", "—", "x\n"]
+              "'", ".", "é", "日本", "😀", "\u0301", "д", "—", "x\n", "。", "\x0b", "\x0c", "\r", "\x1c", "\t'", " \t"]
     n_cuts = 0
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
