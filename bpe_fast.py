@@ -166,14 +166,19 @@ def stream_pieces(iterable, special_tokens, piece_chars):
             continue
         buf, new, n_new = buf + "".join(new), [], 0
         hi = len(buf) - margin - 1        # leave room to see a special token across it
-        for m in _STREAM_CUT.finditer(buf, max(scanned - margin - 2, 0), hi):   # the last safe cut wins
-            if m.start() > 0 and not _inside_special(buf, m.start(), special_tokens):
-                cut = m.start()
+        lo = max(scanned - margin - 2, 0)
+        tail = max(lo, hi - 4096)
+        for a, b in ((tail, hi), (lo, tail + 1)):      # the last 4K first: most text has a cut there
+            starts = [m.start() for m in _STREAM_CUT.finditer(buf, a, b)]
+            found = next((p for p in reversed(starts) if p > 0 and not _inside_special(buf, p, special_tokens)), -1)
+            if found >= 0:
+                break
+        cut = max(cut, found)
         scanned = max(scanned, hi)
         if cut <= 0:
             if len(buf) > (1 << 22):
                 raise ValueError("encode_iterable found no place to cut 4M characters of text "
-                                 "(no space or single newline before a non-space); use encode()")
+                                 "(no space, tab or newline before a non-space); use encode()")
             continue
         yield buf[:cut]
         buf, scanned, cut = buf[cut:], scanned - cut, -1

@@ -1016,9 +1016,10 @@ def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
 
 
 def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch):
-    # 1 MB streams with no " X" cut point (CJK paragraphs joined by blank lines, tab-indented
-    # lines), fed line by line: the same ids as encode(), and the cut search reads each character
-    # a bounded number of times (it once rescanned the whole buffer per line: quadratic)
+    # 1 MB streams with few places to cut (CJK paragraphs joined by blank lines, tab-indented lines)
+    # or none (CJK without whitespace), fed 100 characters at a time: the same ids as encode(), and
+    # the cut search reads each character a bounded number of times (it once rescanned the whole
+    # buffer per line: quadratic)
     special, _ = bpe_gpt2
     searched, cut_re = [0], bpe_fast._STREAM_CUT
 
@@ -1027,10 +1028,10 @@ def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch)
             searched[0] += max(endpos - pos, 0)
             return cut_re.finditer(buf, pos, endpos)
     monkeypatch.setattr(bpe_fast, "_STREAM_CUT", Counting())
-    for text in bench.STREAMS.values():
+    for text in [*bench.STREAMS.values(), "这是一个没有空格的段落。" * 30_000]:
         searched[0] = 0
-        lines = text.splitlines(keepends=True)
-        assert list(special.encode_iterable(iter(lines))) == special.encode(text)
+        pieces = [text[i:i + 100] for i in range(0, len(text), 100)]
+        assert list(special.encode_iterable(iter(pieces))) == special.encode(text)
         assert searched[0] <= 2 * len(text)
 
 
