@@ -468,6 +468,7 @@ def _read_merges_file(path):
 # 6. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
+_PLAIN_WORD_CHARS = 1_000   # a longer pre-token goes to the engine: the definition rescans it once per merge
 _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about this size
 
 
@@ -535,7 +536,7 @@ class Tokenizer:
 
     def _encode_plain(self, text):
         """The definition: special tokens split the text, each pre-token is merged on its own
-        (and remembered in a small cache)."""
+        (and remembered in a small cache); the engine merges one over _PLAIN_WORD_CHARS."""
         if len(self._cache) > _CACHE_LIMIT:
             self._cache.clear()
         ids = []
@@ -544,6 +545,9 @@ class Tokenizer:
                 ids.append(self._special_ids[part])
                 continue
             for word in pretokenize(part):
+                if len(word) > _PLAIN_WORD_CHARS:     # the engine merges it with a heap of its pairs: the same ids
+                    ids += self._engine.encode(word.encode("utf-8")).tolist()
+                    continue
                 if word not in self._cache:
                     self._cache[word] = self._merge_pretoken(word)
                 ids += self._cache[word]

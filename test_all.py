@@ -603,6 +603,15 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 _BPE_LOOPS = {"plain": lambda: bpe._merge_loop, "plain compiled": lambda: bpe._merge_loop_compiled,
               "engine": lambda: bpe_fast.merge_loop}        # every merge loop, by name
 
+
+
+@pytest.fixture(autouse=True)
+def _bpe_plain_encode_is_the_definition(monkeypatch):
+    """Tokenizer._encode_plain is the oracle of the engine's encoder, so in these tests it merges every pre-token
+    by the definition, however long; encode's hand-off of long ones to the engine has a test of its own."""
+    monkeypatch.setattr(bpe, "_PLAIN_WORD_CHARS", math.inf)
+
+
 _BPE_REPO = Path(__file__).resolve().parent
 _BPE_SHARED = _BPE_REPO.parent / "shared"
 _BPE_GPT2_VOCAB = _BPE_SHARED / "reference" / "gpt2_vocab.json"
@@ -1328,6 +1337,18 @@ def test_bpe_compiled_encode_specials_and_surrogates():
     for encode in (tok.encode, tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
             encode("ab \ud800 c")
+
+
+def test_bpe_encode_hands_a_long_pre_token_to_the_engine(bpe_gpt2, monkeypatch):
+    """The definition rescans a pre-token once per merge: 300,000 Chinese characters without punctuation took
+    202 s. A pre-token over _PLAIN_WORD_CHARS goes to the engine's heap of pairs (0.24 s), with the same ids."""
+    _, tok = bpe_gpt2
+    word = " " + "".join(random.Random(0).choices("abcdefghij", k=1_500))
+    definition = tok._encode_plain("x" + word)                      # (this section's fixture: the definition)
+    monkeypatch.setattr(bpe, "_PLAIN_WORD_CHARS", 1_000)
+    calls, engine_encode = [], tok._engine.encode
+    monkeypatch.setattr(tok._engine, "encode", lambda d: calls.append(d) or engine_encode(d))
+    assert tok._encode_plain("x" + word) == definition and calls == [word.encode()]
 
 
 def test_bpe_encode_picks_the_compiled_path_by_size(bpe_gpt2, monkeypatch):
