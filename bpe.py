@@ -269,6 +269,7 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # Up to this much work the merge loop runs as plain Python: a 130 KB file never waits for numba.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
+_INTERPRET_MAX_WORD = 1_000     # bytes: a merge may walk the longest word (130 KB of it: 27 s as Python)
 
 
 @bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
@@ -314,10 +315,11 @@ def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
 
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
     """train_from_counts from the merge loop's input arrays (see _merge_loop), special_tokens checked."""
-    bpe_fast.check_longest_word(word_start, "the training text")  # one huge word could exhaust memory
+    longest = bpe_fast.check_longest_word(word_start, "the training text")  # a huge word could exhaust memory
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(special_tokens), len(ids) - len(word_count)))
-    small = len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
+    small = (len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
+             and longest <= _INTERPRET_MAX_WORD)
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):
         # The engine runs this loop compiled, its data laid out for the processor's caches and
         # prefetched, changing only the pairs next to a merge; it learns the same merges.

@@ -1049,13 +1049,15 @@ LONG_WORD_BYTES = 210
 
 
 def check_longest_word(word_start, where):
-    """MemoryError, before the merge loop allocates, when the longest pre-token needs more than there is."""
+    """The length of the longest pre-token; MemoryError, before the merge loop allocates, when it needs more
+    than there is."""
     longest = int(np.diff(word_start).max(initial=0))
     need, (have, what) = LONG_WORD_BYTES * longest, memory_bytes("cpu", 1)
     if need > have:
         raise MemoryError(f"{where} holds a pre-token of {longest:,} bytes (text with no space, digit or punctuation "
                          f"break); merging it needs about {need / 2**30:,.1f} GiB, more than {what} "
                          f"({have / 2**30:,.1f} GiB); break that text into lines or words, or leave it out")
+    return longest
 
 
 def merge_loop_loaded():
