@@ -269,7 +269,7 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # Up to this much work the merge loop runs as plain Python: a 130 KB file never waits for numba.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
-_INTERPRET_MAX_WORD = 1_000     # bytes: a merge may walk the longest word (130 KB of it: 27 s as Python)
+_INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
 
 
 @bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
