@@ -368,10 +368,13 @@ def _str_to_token(s, where):
                          "GPT-2 byte alphabet") from None
 
 
+_BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab.json or merges.txt: not a token
+
+
 def _load_vocab_file(path):
     """A GPT-2 vocab.json as {id: bytes}."""
     try:
-        raw = json.loads(_read_text(path, "vocab file"))
+        raw = json.loads(_read_text(path, "vocab file").removeprefix(_BOM))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(raw, dict):
@@ -455,7 +458,7 @@ def _read_merges_file(path):
     """A GPT-2 merges.txt as ([(left, right)], in_file): in_file(k) names merge k's line (None: the
     file) for the errors of _check_merges, which Tokenizer runs once."""
     merges, linenos = [], []
-    for lineno, line in enumerate(_read_text(path, "merges file").splitlines(), 1):
+    for lineno, line in enumerate(_read_text(path, "merges file").removeprefix(_BOM).splitlines(), 1):
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
         parts = line.split(" ")

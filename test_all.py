@@ -1582,6 +1582,16 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
+def test_bpe_tokenizer_files_with_a_byte_order_mark_load(tmp_path):
+    """A Windows editor saves vocab.json and merges.txt with a BOM first: 'not valid JSON (Unexpected UTF-8 BOM)'
+    and, in merges.txt, 'character \\ufeff ... is not in the GPT-2 byte alphabet' before."""
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc"}, [(b"a", b"b"), (b"ab", b"c")])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + (tmp_path / name).read_bytes())
+    assert bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt").encode("abc ab") == [257, 32, 256]
+
+
 def test_bpe_never_writes_over_its_input(tmp_path):
     """An output that is the text or the tokenizer being read, by any spelling (a link, ../), is refused
     before anything is written; so is a num_workers that is not a whole number from 1."""
