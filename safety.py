@@ -155,8 +155,9 @@ def exit_code(name, command, interrupted):
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
-        log(f"{name}: error: {e.filename or 'a file'}: {e.strerror or e}; fix that path or pick another, then run the "
-            "same command again.", file=sys.stderr)
+        what = (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
+                f"the system said: {e}; fix that")
+        log(f"{name}: error: {what}, then run the same command again.", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)

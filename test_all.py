@@ -2738,6 +2738,10 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet
     npy = ["--data", str(ids), *_TRAIN_TINY]
     assert train.main(npy + ["--out-dir", "/proc/cs336-test"]) == 1    # every check passes; mkdir fails
     _train_one_error(capsys, "/proc/cs336-test: No such file or directory; fix that path or pick another")
+    with pytest.MonkeyPatch.context() as m:         # one with no path (torchrun's port taken): the system's words
+        m.setattr(train, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "Address already in use")))
+        assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
+    _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then run the same command again.")
     # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
                           "--max-iters", "200", "--log-interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
