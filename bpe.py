@@ -608,6 +608,9 @@ def _cmd_train(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):     # refused before training, not after
         raise ValueError(f"--out {args.out} is {safety.not_a_file(args.out) or 'a file'}, not a directory; pass a "
                          "directory for vocab.json and merges.txt")
+    if not safety.writable(args.out):
+        raise ValueError(f"--out {args.out} cannot be made or written (read-only, or a file on its path); pass a "
+                         "writable directory")
     if any(safety.same_file(args.input, os.path.join(args.out, f)) for f in ("vocab.json", "merges.txt")):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")

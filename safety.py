@@ -206,7 +206,7 @@ def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, a
 
 
 def writable(path):  # can the directory be created, or written if it exists?
-    path = next(p for p in (path, *path.parents) if p.exists())
+    path = next(p for p in (Path(path), *Path(path).parents) if p.exists())
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 

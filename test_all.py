@@ -1568,6 +1568,8 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              f"{tmp_path} is a directory, not a file": ["train", str(tmp_path), "--vocab-size", "300", "--out",
                                                         str(out)],
              "good.txt is a file, not a directory": ["train", str(good), "--vocab-size", "300", "--out", str(good)],
+             "sub cannot be made or written (read-only, or a file on its path)": [     # found after training before
+                 "train", str(good), "--vocab-size", "300", "--out", str(good / "sub")],
              "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
                                                 str(tmp_path / "ids.npy")]}
     for needle, args in cases.items():
