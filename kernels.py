@@ -470,9 +470,9 @@ def parse_args(argv):
     args.reps = args.reps or (100 if args.device == "cuda" else 10)
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(d):
-            ap.error(f"--json: directory {d} does not exist; create it or pick another path")
-        if not_a_file(args.json):  # checked before minutes of measuring; /dev/null must never be replaced
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
+            ap.error(f"--json: directory {d} does not exist or cannot be written; pick another path")
+        if not_a_file(args.json):  # /dev/null must never be replaced
             ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give the path of a file to write, such as "
                      "kernels.json")
     return args

@@ -3595,7 +3595,7 @@ def test_kernels_target_line_reads_the_largest_fp32_size():
 @pytest.mark.parametrize("argv, needle", [
     (["--sizes", "40"], "--sizes"),
     (["--reps", "0"], "--reps"),
-    (["--json", "/nonexistent-dir/x.json"], "--json"),
+    (["--json", "/nonexistent-dir/x.json"], "does not exist or cannot be written"),
     (["--json", "/"], "is a directory"),
     (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
@@ -3609,6 +3609,15 @@ def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_kernels_cli_json_in_a_read_only_directory_is_refused_first(tmp_path, tmpfs, capsys):
+    ro = tmpfs("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
+    if os.geteuid() != 0:
+        ro.mkdir(mode=0o500)
+    with pytest.raises(SystemExit) as e:       # an OSError traceback after all the measuring, before
+        kernels.main(["--device", "cpu", "--json", str(ro / "k.json")])
+    assert e.value.code == 2 and "cannot be written; pick another path" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
