@@ -318,7 +318,7 @@ def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
     or "4:memory:/job/step" (v1, memory.limit_in_bytes); a group missing under root is looked for above."""
     kinds = {"": ("", "memory.max"), "memory": ("memory", "memory.limit_in_bytes")}  # cgroup v2, v1
     limits = []
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ValueError):  # no /proc (not Linux), or a line not of three fields
         for line in Path(proc).read_text().splitlines():
             _, controllers, group = line.split(":", 2)
             if controllers in kinds:
