@@ -683,4 +683,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()
+    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show the longest token (latin-1, ascii)
     main()

@@ -2734,6 +2734,22 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
 
 
+def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
+    """Under an ascii or latin-1 terminal, printing the samples (train.py) or the longest token (bpe.py) of Chinese
+    text raised UnicodeEncodeError at the end of the run; they print as escapes now."""
+    text = tmp_path / "zh.txt"
+    rng = random.Random(0)
+    text.write_text("".join(chr(0x4E00 + rng.randrange(300)) + ("。\n" if rng.random() < 0.05 else "")
+                            for _ in range(30_000)), encoding="utf-8")
+    runs = [["bpe.py", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok")],
+            ["train.py", "--data", str(text), *_TRAIN_TINY, "--vocab-size", "300", "--num-samples", "1", "--max-iters",
+             "2", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--device", "cpu"]]
+    for argv in runs:
+        r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+                           capture_output=True, timeout=300)
+        assert r.returncode == 0 and b"\\u" in r.stdout, r.stderr[-500:]
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
 def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")

@@ -539,4 +539,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
+    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text (latin-1, ascii)
     sys.exit(main())
