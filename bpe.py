@@ -604,14 +604,17 @@ class Tokenizer:
 # -----------------------------------------------------------------------------
 # 7. Command line
 
+def _tokenizer_files(directory):
+    return [os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")]
+
+
 def _cmd_train(args):
-    if os.path.exists(args.out) and not os.path.isdir(args.out):     # refused before training, not after
-        raise ValueError(f"--out {args.out} is {safety.not_a_file(args.out) or 'a file'}, not a directory; pass a "
-                         "directory for vocab.json and merges.txt")
-    if not safety.writable(args.out):
-        raise ValueError(f"--out {args.out} cannot be made or written (read-only, or a file on its path); pass a "
-                         "writable directory")
-    if any(safety.same_file(args.input, os.path.join(args.out, f)) for f in ("vocab.json", "merges.txt")):
+    if not safety.writable(args.out):     # refused before training, not after it
+        in_the_way = os.path.exists(args.out) and not os.path.isdir(args.out)
+        why = (f"is {safety.not_a_file(args.out) or 'a file'}, not a directory" if in_the_way else
+               "cannot be made or written (read-only, or a file on its path)")
+        raise ValueError(f"--out {args.out} {why}; pass a writable directory")
+    if any(safety.same_file(args.input, f) for f in _tokenizer_files(args.out)):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")
     t0 = time.perf_counter()
@@ -619,8 +622,7 @@ def _cmd_train(args):
                               args.num_workers)
     dt = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
-    Tokenizer(vocab, merges, args.special_tokens).save(
-        os.path.join(args.out, "vocab.json"), os.path.join(args.out, "merges.txt"))
+    Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)     # shortened: it can be a megabyte
     me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
@@ -631,14 +633,15 @@ def _cmd_train(args):
 
 
 def _cmd_encode(args):
-    if any(safety.same_file(args.out, os.path.join(args.tokenizer, f)) for f in ("vocab.json", "merges.txt")):
+    vocab_file, merges_file = _tokenizer_files(args.tokenizer)
+    if safety.same_file(args.out, vocab_file) or safety.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
-    vocab = _load_vocab_file(os.path.join(args.tokenizer, "vocab.json"))
+    vocab = _load_vocab_file(vocab_file)
     specials = args.special_tokens
     if specials is None:            # default: <|endoftext|> if the vocab has it
         specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
-    merges, in_file = _read_merges_file(os.path.join(args.tokenizer, "merges.txt"))
+    merges, in_file = _read_merges_file(merges_file)
     tok = Tokenizer(vocab, merges, specials, _in_file=in_file)  # from_files, with the vocab read above
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
