@@ -814,7 +814,7 @@ def _bpe_counting_texts():
 
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_bpe_compiled_counts_equal_the_regex_counts(tmp_path, monkeypatch, num_workers):
-    # Small chunks force many cuts (at special tokens and safe spaces), so that each of the
+    # Small chunks force many cuts (at special tokens and safe whitespace), so that each of the
     # two workers counts a run of many chunks into one table and the parent merges them.
     monkeypatch.setattr(bpe_fast, "_CHUNK_BYTES", 4096)
     monkeypatch.setattr(bpe_fast, "_BOUNDARY_WINDOW", 64)
