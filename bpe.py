@@ -676,7 +676,8 @@ def main(argv=None):
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-        why = f"the disk is full: could not write {e.filename}; free some space and rerun" if full else e
+        why = (f"the disk is full: could not write {e.filename}; free some space and rerun" if full else
+               f"{e.filename}: {e.strerror}; fix that path or pick another" if getattr(e, "filename", None) else e)
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
         sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

@@ -1428,9 +1428,6 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     written atomically, in chunks encoded by worker processes. Returns the number of tokens."""
     # About 4 tasks per worker: enough to balance them, few enough to keep per-task overhead small.
     size, num_workers, bounds = _plan_chunks(input_path, tokenizer.special_tokens, num_workers, 4)
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(out_dir):
-        raise FileNotFoundError(f"output directory {out_dir} does not exist")
     if same_file(input_path, out_path):       # (checked here: the output is written while the input is read)
         raise ValueError(f"the output {out_path} is the input file {input_path}; writing the ids there would "
                          "destroy the text, so give another output path")
@@ -1442,31 +1439,34 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         _load_compiled_encoder()
     tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
     _init_encode_worker(tokenizer)
-    t0 = shown = time.perf_counter()         # (before the first chunk: its time counts)
-    results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
-    if num_workers > 1 and len(tasks) > 1:
-        # Encode the first chunk here first: the forked workers then start with its
-        # pre-tokens in the cache instead of each recomputing them.
-        first = _encode_chunk(tasks[0])
-        raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
-        workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
-        results = chain([first], workers.imap_checked(_encode_chunk, tasks[1:]))
-    n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
-    with workers, atomic_file(out_path) as f:    # leaving the pool ends its workers
-        try:
-            f.write(_npy_header(dtype, 0))    # the real header needs the count: written last
-            for ids, nb in results:
-                f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
-                n_tokens += len(ids)
-                n_bytes += nb
-                now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
-                if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
-                    shown, mb_s = now, n_bytes / 1e6 / max(now - t0, 1e-9)
-                    print(("\r" if tty else "") + f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, "
-                          f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", end="" if tty else "\n", file=sys.stderr, flush=True)
-        finally:
-            if tty and n_bytes:
-                print(file=sys.stderr)     # ends the progress line, before any error
+    # The output is opened before any work: a place that cannot be written fails now, not after a chunk.
+    with atomic_file(out_path) as f:
+        f.write(_npy_header(dtype, 0))        # the real header needs the count: written last
+        t0 = shown = time.perf_counter()      # (before the first chunk: its time counts)
+        results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
+        if num_workers > 1 and len(tasks) > 1:
+            # Encode the first chunk here first: the forked workers then start with its
+            # pre-tokens in the cache instead of each recomputing them.
+            first = _encode_chunk(tasks[0])
+            raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
+            workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
+            results = chain([first], workers.imap_checked(_encode_chunk, tasks[1:]))
+        n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
+        with workers:                          # leaving the pool ends its workers
+            try:
+                for ids, nb in results:
+                    f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
+                    n_tokens += len(ids)
+                    n_bytes += nb
+                    now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
+                    if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
+                        shown, mb_s = now, n_bytes / 1e6 / max(now - t0, 1e-9)
+                        print(("\r" if tty else "") + f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, "
+                              f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", end="" if tty else "\n", file=sys.stderr,
+                              flush=True)
+            finally:
+                if tty and n_bytes:
+                    print(file=sys.stderr)     # ends the progress line, before any error
         header = _npy_header(dtype, n_tokens)
         assert len(header) == len(_npy_header(dtype, 0)), "npy header length changed"
         f.seek(0)

@@ -1516,6 +1516,19 @@ def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
     assert arr.dtype == np.uint32 and arr.tolist() == [70000, ord("c"), 70000] and n == 3
 
 
+
+def test_bpe_encode_file_refuses_its_output_before_encoding_anything(bpe_trained, tmp_path, monkeypatch):
+    # An output that cannot be written (here a directory; a read-only mount in the CLI test) is refused
+    # before the first chunk is encoded, not after the work, and leaves nothing behind.
+    text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
+    encoded = []
+    monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)     # many chunks: the first is encoded before the workers fork
+    monkeypatch.setattr(bpe_fast, "_encode_chunk", lambda task: encoded.append(task))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ValueError, match="is a directory, not a regular file"):
+        bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "out"), num_workers=2)
+    assert encoded == [] and stat_kinds(tmp_path) == {"out": "dir"}
+
 def test_bpe_errors_training(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
@@ -1650,6 +1663,17 @@ def test_bpe_runs_from_a_read_only_checkout_without_a_writable_home(tmp_path, tm
     r = subprocess.run([sys.executable, str(ro / "bpe.py"), "train", str(text), "--vocab-size", "300", "--out",
                         str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and (tmp_path / f"numba-cache-{os.getuid()}").is_dir(), r.stderr
+
+
+def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
+    ro = tmpfs("ro", "ro")
+    tok = tmp_path / "tok"
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok.mkdir() or tok))
+    (tmp_path / "a.txt").write_text("hello world\n" * 100, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(tmp_path / "a.txt"), "--tokenizer",
+                        str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr == (f"bpe.py encode: error: {ro / 'a.npy'}: Read-only file system; fix "
+                                              "that path or pick another\n"), r.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
