@@ -266,14 +266,13 @@ def _worker_start(initializer, *args):
 
 
 class _Pool(multiprocessing.pool.Pool):
-    """A pool left by an error (Ctrl-C, a kill) kills its workers and is abandoned, not terminated: a
-    worker killed while it sent a result (megabytes of ids or counts) leaves part of it in the result
-    pipe, and Pool.terminate waits for the thread that reads it, which would wait for the rest forever.
-    Its threads are daemons, and multiprocessing's exit ends any worker started meanwhile."""
+    """Leaving the pool kills its workers and abandons it, never Pool.terminate: that waits forever for what a
+    killed worker held. One killed while it sent a result (megabytes of ids or counts) leaves part of it in
+    the result pipe, for a reader thread that waits for the rest; an idle one killed (by the out-of-memory
+    killer, even after the last result) holds the task queue's lock, which terminate takes. Its threads
+    end by themselves, and multiprocessing's exit ends any worker started meanwhile."""
 
     def __exit__(self, *exc):
-        if exc[0] is None:
-            return super().__exit__(*exc)
         self._state = self._worker_handler._state = multiprocessing.pool.TERMINATE   # no worker replaced
         for worker in self._pool:
             worker.kill()

@@ -1517,6 +1517,20 @@ def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
 
 
 
+def test_bpe_worker_pool_leaves_when_an_idle_worker_was_killed():
+    """The out-of-memory killer may take a worker after the last result, while it waits for a task holding the task
+    queue's lock: leaving the pool ran Pool.terminate, which takes that lock, and waited forever."""
+    code = ("import os, signal, time, bpe_fast\n"
+            "with bpe_fast._worker_pool(2) as pool:\n"
+            "    assert list(pool.imap_checked(abs, [-1, -2, -3])) == [1, 2, 3]\n"
+            "    time.sleep(0.5)  # both idle now, one of them in the queue's read with its lock\n"
+            "    for w in pool.started:\n"
+            "        os.kill(w.pid, signal.SIGKILL)\n"
+            "print('left')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "left\n", r.stderr
+
+
 def test_bpe_encode_file_refuses_its_output_before_encoding_anything(bpe_trained, tmp_path, monkeypatch):
     # An output that cannot be written (here a directory; a read-only mount in the CLI test) is refused
     # before the first chunk is encoded, not after the work, and leaves nothing behind.
