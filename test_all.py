@@ -3237,9 +3237,18 @@ def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
                           "--workers", "2", "--device", "cpu", "--max-iters", "2"], cwd=tmp_path, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-    while p.poll() is None and not (children.exists() and len(children.read_text().split()) == 2):
-        time.sleep(0.02)
-    for pid in children.read_text().split():  # every worker: one alone may have finished its task, or had none
+
+    def busy_workers():  # both workers, once one of them runs a task (a worker killed idle loses no work)
+        try:
+            pids = children.read_text().split()
+            running = any(Path(f"/proc/{k}/stat").read_text().rpartition(")")[2].split()[0] == "R" for k in pids)
+        except OSError:  # a process that just ended
+            return []
+        return pids if len(pids) == 2 and running else []
+    pids = []
+    while p.poll() is None and not (pids := busy_workers()):
+        time.sleep(0.005)
+    for pid in pids:  # every worker: one alone may have finished its task, or had none
         os.kill(int(pid), signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and err.startswith("train.py: error: a worker process died (exit code -9"), (out, err)
