@@ -43,7 +43,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import DataError, atomic_file, memory_bytes, same_file, unreadable, usable_cores
+from safety import (DataError, atomic_file, end_progress, memory_bytes, same_file, show_progress, unreadable,
+                    usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -1392,7 +1393,6 @@ def _load_compiled_encoder():
 # -----------------------------------------------------------------------------
 # 6. encode_file: a text file to a .npy of ids, in parallel and in constant memory
 
-_PROGRESS_EVERY = 10.0         # seconds between progress lines when stderr is not a terminal
 _worker_tokenizer = None
 
 
@@ -1441,7 +1441,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
     # The output is opened before any work: a place that cannot be written fails now, not after a chunk.
     with atomic_file(out_path) as f:
         f.write(_npy_header(dtype, 0))        # the real header needs the count: written last
-        t0 = shown = time.perf_counter()      # (before the first chunk: its time counts)
+        t0, shown = time.perf_counter(), None  # (before the first chunk: its time counts)
         results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
         if num_workers > 1 and len(tasks) > 1:
             # Encode the first chunk here first: the forked workers then start with its
@@ -1450,22 +1450,20 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
             raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
             workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
             results = chain([first], workers.imap_checked(_encode_chunk, tasks[1:]))
-        n_tokens, n_bytes, tty = 0, 0, progress and sys.stderr.isatty()
+        n_tokens, n_bytes = 0, 0
         with workers:                          # leaving the pool ends its workers
             try:
                 for ids, nb in results:
                     f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                     n_tokens += len(ids)
                     n_bytes += nb
-                    now = time.perf_counter()    # a terminal: one line redrawn; a log: a line per 10 s
-                    if progress and (tty or now - shown >= _PROGRESS_EVERY or n_bytes == size):
-                        shown, mb_s = now, n_bytes / 1e6 / max(now - t0, 1e-9)
-                        print(("\r" if tty else "") + f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, "
-                              f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", end="" if tty else "\n", file=sys.stderr,
-                              flush=True)
+                    mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
+                    if progress:
+                        shown = show_progress(f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
+                                              f"{mb_s:.1f} MB/s", shown, last=n_bytes == size)
             finally:
-                if tty and n_bytes:
-                    print(file=sys.stderr)     # ends the progress line, before any error
+                if progress and n_bytes:
+                    end_progress()
         header = _npy_header(dtype, n_tokens)
         assert len(header) == len(_npy_header(dtype, 0)), "npy header length changed"
         f.seek(0)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import DataError, UsageError, atomic_file  # the errors train.py turns into one sentence
+from safety import DataError, UsageError, atomic_file, end_progress, show_progress  # errors: train.py's sentences
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -84,16 +84,16 @@ def download(url, dest):
         have = have if resp.status == 206 else 0  # a server that ignores Range sends it all again
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
-        t0, done = time.time(), have
+        t0, done, shown = time.time(), have, None
         with open(part, "ab" if have else "wb") as f:
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
                 f.write(chunk)
                 done += len(chunk)
                 pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
-                rate = done / 1e6 / (time.time() - t0 + 1e-9)  # one status line, redrawn in place
-                print(f"\r  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", end="", file=sys.stderr,
-                      flush=True)
-    print(file=sys.stderr)
+                rate = done / 1e6 / (time.time() - t0 + 1e-9)
+                shown = show_progress(f"  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", shown,
+                                      last=done == total)
+    end_progress()
     if total is not None and done != total:
         raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
                         "to resume it.")

@@ -22,6 +22,7 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -63,6 +64,24 @@ def usable_cores():  # the cores this process may run on (taskset's, a Slurm job
 def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
     if RANK == 0:
         print(*args, **kwargs, flush=True)
+
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
+
+
+def show_progress(text, shown, last=False):
+    """Progress on stderr: a terminal redraws one line in place (end_progress ends it), a log file gets the first
+    line, one each PROGRESS_EVERY seconds after `shown` (None: never shown) and the last. Returns when shown."""
+    now, tty = time.monotonic(), sys.stderr.isatty()
+    if tty or last or shown is None or now - shown >= PROGRESS_EVERY:
+        print("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
+        shown = now
+    return shown
+
+
+def end_progress():  # a terminal's progress line ends before what is printed next (an error, say)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------

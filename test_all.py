@@ -1489,18 +1489,18 @@ def test_bpe_encode_file_matches_encode(bpe_trained, tmp_path, monkeypatch):
 
 
 def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path, monkeypatch, capsys):
-    # stderr is not a terminal here: newline-ended lines (no carriage returns), at most one per
-    # _PROGRESS_EVERY seconds and the last one at the end of the file.
+    # stderr is not a terminal here: newline-ended lines (no carriage returns), the first chunk's, then at most
+    # one per PROGRESS_EVERY seconds, and the last one at the end of the file.
     text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
     monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)           # many chunks
     mb = f"{path.stat().st_size / 1e6:.1f}"
-    for every, at_least in ((1e9, 1), (0, 5)):                      # only the last; every chunk
-        monkeypatch.setattr(bpe_fast, "_PROGRESS_EVERY", every)
+    for every, at_least in ((1e9, 2), (0, 5)):                      # the first and the last; every chunk
+        monkeypatch.setattr(safety, "PROGRESS_EVERY", every)
         bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "ids.npy"),
                         num_workers=2)
         err = capsys.readouterr().err
         lines = err.splitlines()
-        assert "\r" not in err and err.endswith("\n") and (len(lines) == 1) == (every > 0), err
+        assert "\r" not in err and err.endswith("\n") and (len(lines) == 2) == (every > 0), err
         assert len(lines) >= at_least and all(line.startswith("encoded ") for line in lines)
         assert lines[-1].startswith(f"encoded {mb}/{mb} MB, ") and lines[-1].endswith(" MB/s")
 
@@ -3338,11 +3338,13 @@ def _train_server():
     _TrainRangeHandler.honor_range = True
 
 
-def test_train_download_resumes_with_range(tmp_path, _train_server):
+def test_train_download_resumes_with_range(tmp_path, _train_server, capsys):
     payload = _TrainRangeHandler.payload
     (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
     data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
     assert (tmp_path / "f.txt").read_bytes() == payload
+    err = capsys.readouterr().err  # stderr is a log here: whole lines, the last one at 100%, not one redrawn line
+    assert "\r" not in err and err.endswith("\n") and " 100.0%, " in err.splitlines()[-1], err
     assert _TrainRangeHandler.seen == ["bytes=12345-"] and not (tmp_path / "f.txt.part").exists()
     # a server that ignores Range sends everything: the partial file is replaced, not appended to
     _TrainRangeHandler.honor_range = False
