@@ -1408,9 +1408,14 @@ def _encode_chunk(args):
         f.seek(start)
         data = f.read(end - start)
     text = check_utf8(data, path, start)               # names the offset of a bad byte
-    if compiled:                                       # it reads the bytes: no re-encoding
-        return _worker_tokenizer._engine.encode(data).astype(dtype), end - start
-    return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
+    try:
+        if compiled:                                   # it reads the bytes: no re-encoding
+            return _worker_tokenizer._engine.encode(data).astype(dtype), end - start
+        return np.array(_worker_tokenizer._encode_plain(text), dtype=dtype), end - start
+    except MemoryError:   # one huge pre-token (no space, digit or punctuation in megabytes): its merges' scratch
+        raise MemoryError(f"{path}: bytes {start:,} to {end:,} need more memory than there is to encode (text with "
+                          "no place to cut, likely one pre-token of megabytes); break that text into lines or words, "
+                          "or leave it out") from None
 
 
 def _npy_header(dtype, n):

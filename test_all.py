@@ -1517,6 +1517,23 @@ def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
 
 
 
+def test_bpe_encode_file_out_of_memory_names_the_bytes(tmp_path, monkeypatch):
+    """Megabytes with no place to cut are one chunk, and one pre-token's merges can need more memory than there is:
+    numba's bare "Allocation failed (probably too large)" now names the file, the bytes and what to do."""
+    (tmp_path / "a.txt").write_text("a" * 5000, encoding="utf-8")
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])
+
+    def no_memory(self, data):  # for the text, not for loading the encoder (b"ab")
+        if len(data) > 2:
+            raise MemoryError("Allocation failed (probably too large).")
+        return np.zeros(1, np.uint32)
+    monkeypatch.setattr(bpe_fast, "compiled_encoder_pays", lambda n: True)
+    monkeypatch.setattr(bpe_fast.Encoder, "encode", no_memory)
+    with pytest.raises(MemoryError, match=r"a.txt: bytes 0 to 5,000 need more memory than there is to encode"):
+        bpe.encode_file(tok, str(tmp_path / "a.txt"), str(tmp_path / "ids.npy"), num_workers=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
 def test_bpe_worker_pool_leaves_when_an_idle_worker_was_killed():
     """The out-of-memory killer may take a worker after the last result, while it waits for a task holding the task
     queue's lock: leaving the pool ran Pool.terminate, which takes that lock, and waited forever."""
