@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import atomic_file, end_quietly_on_closed_pipe, not_a_file
+from safety import atomic_file, end_quietly_on_closed_pipe, memory_bytes, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -446,6 +446,9 @@ def run_profile(variants, device):
 # -----------------------------------------------------------------------------
 # 6. Command line.
 
+PEAK_TENSORS = 5  # float32 tensors of n elements alive at once while the benchmark runs (peak RSS at 2^30: 20.4 GiB)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -468,6 +471,11 @@ def parse_args(argv):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
     args.reps = args.reps or (100 if args.device == "cuda" else 10)
+    # at the largest size, in float32: x, the copy's output and the temporaries of torch ops' eight kernels
+    need, (have, what) = PEAK_TENSORS * 4 << max(args.sizes), memory_bytes(args.device, 1)
+    if need > have:
+        ap.error(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} GiB, more "
+                 f"than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring

@@ -3694,6 +3694,17 @@ def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     assert needle in err and "Traceback" not in err
 
 
+def test_kernels_cli_sizes_beyond_memory_are_refused_before_measuring(capsys, monkeypatch):
+    # --sizes 30 on a CPU needs 20 GiB: a traceback from torch's allocator after minutes of measuring, before
+    monkeypatch.setattr(kernels, "memory_bytes", lambda device, world_size: (1 << 30, "this machine's memory"))
+    with pytest.raises(SystemExit) as e:
+        kernels.main(["--device", "cpu", "--sizes", "20", "28"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "kernels.py on" not in out
+    assert err.splitlines()[-1].endswith("error: --sizes 28: 2^28 elements need about 5.0 GiB, more than this "
+                                         "machine's memory (1.0 GiB); pass smaller --sizes"), err
+
+
 def test_kernels_cli_json_in_a_read_only_directory_is_refused_first(tmp_path, tmpfs, capsys):
     ro = tmpfs("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
     if os.geteuid() != 0:
