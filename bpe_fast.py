@@ -1462,8 +1462,8 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                     f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                     n_tokens += len(ids)
                     n_bytes += nb
-                    mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
                     if progress:
+                        mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
                         shown = show_progress(f"encoded {n_bytes / 1e6:.1f}/{size / 1e6:.1f} MB, {n_tokens:,} tokens, "
                                               f"{mb_s:.1f} MB/s", shown, last=n_bytes == size)
             finally:
