@@ -43,6 +43,8 @@ DATASETS = {  # name -> its (train, valid) files, under HF
     "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
+TEXT_SPLITS = ("train.txt", "valid.txt")  # a corpus's folder (but a downloaded one's, named as the dataset names them)
+TOKEN_FILES = ("vocab.json", "merges.txt", "train.npy", "valid.npy")  # its bpe<vocab size>/ folder: tokenizer, ids
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
 READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
 
@@ -58,7 +60,7 @@ def pydoc_corpus(out_dir):
     names = sorted(topics)  # every 10th topic validates
     texts = [EOT.join(topics[k] for i, k in enumerate(names) if (i % 10 == 5) == valid) for valid in (False, True)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    paths = tuple(out_dir / name for name in TEXT_SPLITS)
     for path, text in zip(paths, texts):
         if not path.exists():  # written before: kept
             with atomic_file(path, "w") as f:
@@ -143,7 +145,7 @@ def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
     documents is cut after the last line break before that point. Memory-mapped, never loaded whole."""
-    paths = out_dir / "train.txt", out_dir / "valid.txt"
+    paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
@@ -202,7 +204,7 @@ def from_cache(path, load, *args, **kwargs):
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = out_dir / "vocab.json", out_dir / "merges.txt"
+    files, npys = (tuple(out_dir / name for name in names) for names in (TOKEN_FILES[:2], TOKEN_FILES[2:]))
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
         t0 = time.time()
@@ -210,7 +212,6 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
         from_cache(out_dir, Tokenizer(vocab, merges, [EOT]).save, str(files[0]), str(files[1]))
         print(f"  done in {time.time() - t0:.1f}s", flush=True)
     tok = from_cache(out_dir, Tokenizer.from_files, str(files[0]), str(files[1]), [EOT])
-    npys = out_dir / "train.npy", out_dir / "valid.npy"
     for txt, npy in zip((train_txt, valid_txt), npys):
         if not npy.exists():
             print(f"tokenizing {txt} -> {npy}", flush=True)
@@ -253,17 +254,34 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
     files under data_dir once; ids are opened as memmaps, so no corpus is ever loaded whole."""
     if is_ids(source):
         return load_ids(source, val_data)
-    data_dir = Path(data_dir)
-    if source == "pydoc":  # the topics change between Python versions
-        texts = pydoc_corpus(data_dir / f"pydoc-py{sys.version_info[0]}{sys.version_info[1]}")
+    where = cache_dir(source, data_dir)
+    if source == "pydoc":
+        texts = pydoc_corpus(where)
     elif source in DATASETS:
-        texts = downloaded_corpus(source, data_dir / source)
-    else:  # a changed file gets a fresh cache: the folder name hashes its path, size and time
-        p = Path(source).resolve()
-        texts = local_corpus(p, data_dir / f"{p.stem}-{file_key(p)}")
-    tok, files, npys = tokenize_corpus(*texts, vocab_size, texts[0].parent / f"bpe{vocab_size}", workers)
+        texts = downloaded_corpus(source, where)
+    else:
+        texts = local_corpus(Path(source).resolve(), where)
+    tok, files, npys = tokenize_corpus(*texts, vocab_size, where / f"bpe{vocab_size}", workers)
     train, valid = (from_cache(npy, np.load, npy, mmap_mode="r") for npy in npys)
     return train, valid, tok, files
+
+
+def cache_dir(source, data_dir):
+    """The folder under data_dir that holds --data's text splits and, in bpe<vocab size>/, its tokens."""
+    if source == "pydoc":  # the topics change between Python versions
+        return Path(data_dir) / f"pydoc-py{sys.version_info[0]}{sys.version_info[1]}"
+    if source in DATASETS:
+        return Path(data_dir) / source
+    p = Path(source).resolve()  # a changed file gets a fresh cache: the folder name hashes its path, size and time
+    return Path(data_dir) / f"{p.stem}-{file_key(p)}"
+
+
+def is_cached(source, data_dir, vocab_size):
+    """prepare_data finds every file it would write already there, so a read-only --data-dir will do."""
+    where = cache_dir(source, data_dir)
+    texts = [Path(f).name.removesuffix(".gz") for f in DATASETS[source]] if source in DATASETS else TEXT_SPLITS
+    tokens = [f"bpe{vocab_size}/{name}" for name in TOKEN_FILES]
+    return all((where / name).is_file() for name in (*texts, *tokens))
 
 
 def file_key(path):

@@ -374,8 +374,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])),
-     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache; pick another."),
+    (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])) and not c["cached"](),
+     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
+     "this data's tokens already; pick another."),
     (lambda c: not c["data_is_ids"] and not c["benchmark"] and c["vocab_size"] < MIN_TEXT_VOCAB,
      "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
@@ -402,9 +403,11 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
 ]
 
 
-def check_flags(cfg, sources, is_ids):
-    """UsageError at the first CHECKS row cfg fails; sources: --data's corpus names; is_ids(path): ids, not text?"""
-    c = dict(cfg, data_is_file=cfg["data"] not in sources, data_is_ids=is_ids(cfg["data"]))
+def check_flags(cfg, sources, is_ids, is_cached):
+    """UsageError at the first CHECKS row cfg fails; sources: --data's corpus names; is_ids(path): ids, not text?
+    is_cached(data, data_dir, vocab_size): does data_dir hold that text's tokens already (a read-only one will do)?"""
+    c = dict(cfg, data_is_file=cfg["data"] not in sources, data_is_ids=is_ids(cfg["data"]),
+             cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"]))
     for is_wrong, message in CHECKS:
         if is_wrong(c):
             raise UsageError(message(c) if callable(message) else message.format(**c))

@@ -2844,6 +2844,21 @@ def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
     assert not (tmp_path / "out").exists() and os.listdir(ro) == []
 
 
+def test_train_read_only_data_dir_that_holds_the_tokens_is_used(tmp_path, tmpfs, capsys):
+    """A cache prepared once, then mounted read-only (a cluster's shared datasets), was refused as unwritable."""
+    ro = tmpfs("ro", "size=20m")
+    story = _train_story(tmp_path / "story.txt")
+    argv = ["--data", str(story), "--data-dir", str(ro / "data"), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+            "--vocab-size", "300", "--max-iters", "2", "--workers", "1"]
+    assert train.main(argv) == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    capsys.readouterr()
+    assert train.main(argv + ["--overwrite"]) == 0 and "tokenizing" not in capsys.readouterr().out
+    assert train.main(argv + ["--overwrite", "--vocab-size", "301"]) == 2  # tokens of another vocabulary: none there
+    _train_one_error(capsys, f"--data-dir {ro / 'data'} is not a writable directory (a file, or read-only) for the "
+                     "token cache, and does not hold this data's tokens already; pick another.")
+
+
 def test_train_every_number_is_checked_before_anything_is_written(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]

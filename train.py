@@ -26,7 +26,7 @@ import torch
 
 import accounting
 from bpe import catch_ctrl_c
-from data import DATASETS, EOT, check_ids, fingerprint, is_ids, prepare_data, unigram_loss
+from data import DATASETS, EOT, check_ids, fingerprint, is_cached, is_ids, prepare_data, unigram_loss
 from export import export_run
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
@@ -146,7 +146,7 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids)  # mistakes refused before anything is read or written
+    safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids, is_cached)  # refused before anything is read or written
     cfg["workers"] = cfg["workers"] and min(cfg["workers"], safety.usable_cores())  # more than the cores: no faster
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
