@@ -204,7 +204,8 @@ def from_cache(path, load, *args, **kwargs):
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files, npys = (tuple(out_dir / name for name in names) for names in (TOKEN_FILES[:2], TOKEN_FILES[2:]))
+    paths = [out_dir / name for name in TOKEN_FILES]
+    files, npys = paths[:2], paths[2:]
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
         t0 = time.time()
