@@ -18,7 +18,6 @@ import heapq
 import json
 import os
 import re
-import resource
 import sys
 import time
 from collections import Counter
@@ -624,10 +623,14 @@ def _cmd_train(args):
     os.makedirs(args.out, exist_ok=True)
     Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)     # shortened: it can be a megabyte
-    me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
-                for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    print(f"trained {len(merges)} merges in {dt:.2f} s; peak RSS {me:.0f} MB (largest "
-          f"worker {kids:.0f} MB); longest token {len(longest)} bytes: "
+    try:
+        import resource                        # Unix only: imported here, so that the library loads on Windows
+        me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
+                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        memory = f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"
+    except ImportError:
+        memory = ""
+    print(f"trained {len(merges)} merges in {dt:.2f} s{memory}; longest token {len(longest)} bytes: "
           f"{_short(repr(longest.decode('utf-8', errors='replace')))}; wrote "
           f"{args.out}/vocab.json and merges.txt")
 

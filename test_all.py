@@ -1707,6 +1707,17 @@ def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
                                               "that path or pick another\n"), r.stderr
 
 
+def test_the_library_loads_without_unix_only_modules(tmp_path):
+    """Windows has no resource, fcntl, termios, pwd or grp: `import bpe` failed on `resource`, which only
+    `bpe.py train`'s memory report uses. Now every file imports, and the report leaves the memory out."""
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+    code = ("import sys; sys.modules.update(dict.fromkeys(['resource', 'fcntl', 'termios', 'pwd', 'grp']))\n"
+            "import bpe, data, model, optim, export, accounting, train, kernels\n"
+            f"bpe.main(['train', {str(tmp_path / 'a.txt')!r}, '--vocab-size', '300', '--out', {str(tmp_path / 'tok')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("trained ") and "peak RSS" not in r.stdout, r.stderr
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
 def test_workers_default_to_the_cores_the_process_may_use():
     """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
