@@ -61,7 +61,8 @@ def _char_classes():
     """(0x110000,) uint8: the class of every code point, as regex sees \\p{L}, \\p{N} and \\s."""
     global _classes
     if _classes is None:
-        every = "".join(map(chr, range(0x110000)))
+        # every code point in order, surrogates too, as one string: decoding an array is faster than joining chr()s
+        every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
         _classes = np.zeros(0x110000, np.uint8)
         for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
             for m in regex.finditer(pat, every):
