@@ -1699,7 +1699,8 @@ def test_bpe_runs_from_a_read_only_checkout_without_a_writable_home(tmp_path, tm
 def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
     ro = tmpfs("ro", "ro")
     tok = tmp_path / "tok"
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok.mkdir() or tok))
+    tok.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok))
     (tmp_path / "a.txt").write_text("hello world\n" * 100, encoding="utf-8")
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(tmp_path / "a.txt"), "--tokenizer",
                         str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
