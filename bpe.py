@@ -675,7 +675,7 @@ def main(argv=None):
         ap.error("--num-workers must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except BrokenPipeError:       # the files are written; only the report found no reader (`| head`)
+    except BrokenPipeError:       # the reader of the output left (`| head`): stop, as cat does; no partial file
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
