@@ -13,7 +13,6 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
 """
 
 import argparse
-import errno
 import heapq
 import json
 import os
@@ -678,9 +677,9 @@ def main(argv=None):
     except BrokenPipeError:       # the reader of the output left (`| head`): stop, as cat does; no partial file
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
-        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        full = safety.disk_is_full(e)
         why = (f"the disk is full: could not write {e.filename}; free some space and rerun" if full else
-               f"{e.filename}: {e.strerror}; fix that path or pick another" if getattr(e, "filename", None) else e)
+               safety.os_error_words(e) if getattr(e, "filename", None) else e)
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
         sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import DataError, UsageError, atomic_file, end_progress, show_progress  # errors: train.py's sentences
+from safety import DataError, UsageError, atomic_file, disk_is_full, end_progress, show_progress
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -190,7 +190,7 @@ def from_cache(path, load, *args, **kwargs):
     try:
         return load(*args, **kwargs)
     except (ValueError, EOFError, OSError, MemoryError) as e:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if disk_is_full(e):
             raise
         if isinstance(e, MemoryError):  # the text itself (one huge word), not the cache: refused with the estimate
             raise UsageError(f"--data: {e}.") from None

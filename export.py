@@ -15,7 +15,6 @@ Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the tra
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
 train.py --export calls export_run; tests: python -m pytest -q test_all.py -k export
 """
-import errno
 import inspect
 import json
 import os
@@ -26,7 +25,7 @@ import torch
 from bpe import Tokenizer
 from data import EOT
 from model import RMSNorm, TransformerLM
-from safety import TMP_MARK, UsageError, atomic_file, check_state, log, read_checkpoint
+from safety import TMP_MARK, UsageError, atomic_file, check_state, disk_is_full, log, read_checkpoint
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -143,7 +142,7 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     try:
         os.makedirs(tmp)
     except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if disk_is_full(e):
             raise
         raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
     try:

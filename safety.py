@@ -163,6 +163,15 @@ def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly
     return 1
 
 
+def disk_is_full(e):  # is e the error of a full disk, or of a user's exhausted quota?
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
+    return (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
+            f"the system said: {e}; fix that")
+
+
 def exit_code(name, command, interrupted):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault or an unforeseen
     OSError, 130 a Ctrl-C."""
@@ -174,9 +183,7 @@ def exit_code(name, command, interrupted):
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
-        what = (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
-                f"the system said: {e}; fix that")
-        log(f"{name}: error: {what}, then run the same command again.", file=sys.stderr)
+        log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
@@ -717,7 +724,7 @@ def disk_full(where, then):
         yield
     except Exception as e:
         cause = e  # down the chain a traceback would show
-        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+        while cause is not None and not disk_is_full(cause):
             cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
         if cause is None:
             raise
