@@ -49,6 +49,10 @@ VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that beco
 READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
 
 
+def text_names(source):  # a corpus folder's train and valid text files: a dataset's own names (unpacked), or ours
+    return [Path(f).name.removesuffix(".gz") for f in DATASETS[source]] if source in DATASETS else list(TEXT_SPLITS)
+
+
 def pydoc_corpus(out_dir):
     """Python's reference-manual topics (the text behind `help('if')`): about 0.5 MB of English
     that every Python carries. Whole topics go to one split, so validation text is unseen."""
@@ -113,9 +117,8 @@ def downloaded_corpus(name, out_dir):
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, rel in zip(("train", "valid"), DATASETS[name]):
-        url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
-        txt = out_dir / fetched.name.removesuffix(".gz")
+    for split, rel, txt_name in zip(("train", "valid"), DATASETS[name], text_names(name)):
+        url, fetched, txt = f"{base}/{rel}", out_dir / Path(rel).name, out_dir / txt_name
         if not txt.exists():
             if not fetched.exists():
                 print(f"downloading {url}", flush=True)
@@ -279,10 +282,8 @@ def cache_dir(source, data_dir):
 
 def is_cached(source, data_dir, vocab_size):
     """prepare_data finds every file it would write already there, so a read-only --data-dir will do."""
-    where = cache_dir(source, data_dir)
-    texts = [Path(f).name.removesuffix(".gz") for f in DATASETS[source]] if source in DATASETS else TEXT_SPLITS
     tokens = [f"bpe{vocab_size}/{name}" for name in TOKEN_FILES]
-    return all((where / name).is_file() for name in (*texts, *tokens))
+    return all((cache_dir(source, data_dir) / name).is_file() for name in (*text_names(source), *tokens))
 
 
 def file_key(path):
