@@ -624,7 +624,8 @@ def _cmd_train(args):
     longest = max(vocab.values(), key=len)     # shortened: it can be a megabyte
     try:
         import resource                        # Unix only: imported here, so that the library loads on Windows
-        me, kids = (resource.getrusage(who).ru_maxrss / 1024       # kB -> MB
+        unit = 1 << 20 if sys.platform == "darwin" else 1 << 10    # ru_maxrss: bytes on macOS, kB on Linux
+        me, kids = (resource.getrusage(who).ru_maxrss / unit           # -> MB
                     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
         memory = f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"
     except ImportError:

@@ -1719,6 +1719,16 @@ def test_the_library_loads_without_unix_only_modules(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("trained ") and "peak RSS" not in r.stdout, r.stderr
 
 
+def test_bpe_train_reports_peak_memory_in_megabytes_on_macos(tmp_path):
+    """getrusage's ru_maxrss is in bytes on macOS, kB on Linux: a Mac's 1 GiB read as 1,048,576 MB."""
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+    code = ("import resource, sys, types, bpe; sys.platform = 'darwin'  # after numba loaded its Linux library\n"
+            "resource.getrusage = lambda who: types.SimpleNamespace(ru_maxrss=2**30)\n"
+            f"bpe.main(['train', {str(tmp_path / 'a.txt')!r}, '--vocab-size', '300', '--out', {str(tmp_path / 'tok')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "peak RSS 1024 MB (largest worker 1024 MB)" in r.stdout, (r.stdout, r.stderr)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
 def test_workers_default_to_the_cores_the_process_may_use():
     """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
