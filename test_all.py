@@ -1729,6 +1729,26 @@ def test_bpe_train_reports_peak_memory_in_megabytes_on_macos(tmp_path):
     assert r.returncode == 0 and "peak RSS 1024 MB (largest worker 1024 MB)" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results(tmp_path):
+    """macOS and Windows start workers by spawn (a fresh Python that imports bpe_fast and loads the compiled code
+    itself), Linux by fork: counting and encode_file ran only forked here. Now both ways, on 1.5 MB of pydoc text."""
+    from pydoc_data.topics import topics
+    path = tmp_path / "a.txt"
+    path.write_text(_BPE_EOT.join(topics.values()) * -(-1_500_000 // len("".join(topics.values()))), encoding="utf-8")
+    code = ("import multiprocessing, sys, numpy as np, bpe, bpe_fast\n"
+            "def run():\n"
+            "    vocab, merges = bpe.train_bpe(sys.argv[1], 600, ['<|endoftext|>'], num_workers=2)\n"
+            "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
+            "    bpe.encode_file(tok, sys.argv[1], sys.argv[2], num_workers=2, progress=False)\n"
+            "    return merges, np.load(sys.argv[2]).tolist()\n"
+            "forked = run()\n"
+            "bpe_fast._MP = multiprocessing.get_context('spawn')\n"
+            "print(run() == forked, len(forked[0]))")
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "ids.npy")], cwd=_BPE_REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["True", "343"], (r.stdout, r.stderr)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
 def test_workers_default_to_the_cores_the_process_may_use():
     """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
