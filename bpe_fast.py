@@ -28,10 +28,13 @@ import ctypes
 import functools
 import io
 import multiprocessing.pool  # also binds multiprocessing
+import multiprocessing.resource_tracker
 import os
+import pickle
 import re
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from itertools import chain
@@ -256,15 +259,19 @@ def check_utf8(data, path, start):
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
 
 
-def _worker_start(initializer, *args):
+def _worker_start(start):
     """In a new worker: SIGTERM (the pool's terminate) ends it quietly, not by the parent's handler; on
-    Linux it dies with the parent (killed by the out-of-memory killer), not later with a BrokenPipeError."""
+    Linux it dies with the parent (killed by the out-of-memory killer), not later with a BrokenPipeError.
+    Then initializer(*args) of start = (initializer, *args), or of the file named start (see _worker_pool)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(AttributeError, OSError, TypeError):    # no prctl outside Linux
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)                    # 1: PR_SET_PDEATHSIG
     _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    if initializer is not None:
-        initializer(*args)
+    if isinstance(start, str):
+        with open(start, "rb") as f:
+            start = pickle.load(f)
+    if start[0] is not None:
+        start[0](*start[1:])
 
 
 class _Pool(multiprocessing.pool.Pool):
@@ -274,6 +281,14 @@ class _Pool(multiprocessing.pool.Pool):
     killer, even after the last result) holds the task queue's lock, which terminate takes. Its threads
     end by themselves, and multiprocessing's exit ends any worker started meanwhile."""
 
+    def __enter__(self):               # a stop held while the workers started is raised here: __exit__ ends them
+        try:
+            _MASK(signal.SIG_SETMASK, self.mask)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
     def __exit__(self, *exc):
         self._state = self._worker_handler._state = multiprocessing.pool.TERMINATE   # no worker replaced
         for worker in self._pool:
@@ -281,6 +296,8 @@ class _Pool(multiprocessing.pool.Pool):
         for worker in self._pool:
             worker.join()
         self._terminate.cancel()       # the exit's finalizer: Pool.terminate again
+        if isinstance(self.start, str):
+            os.remove(self.start)
         return False
 
     def _repopulate_pool(self):      # called by __init__ only: the workers it starts, for imap_checked
@@ -308,13 +325,28 @@ class _Pool(multiprocessing.pool.Pool):
 
 
 def _worker_pool(n, initializer=None, initargs=()):
-    """A pool of n forked workers. Ctrl-C and SIGTERM are blocked while they fork (raised in fork's
-    hooks, they would be dropped); the workers keep Ctrl-C blocked: the parent stops them."""
+    """A pool of n workers, to enter at once: `with _worker_pool(n) as pool`. Ctrl-C and SIGTERM are blocked
+    while they start (raised in fork's hooks, they would be dropped; spawn's take seconds) until the pool is
+    entered, whose exit ends them. The workers keep Ctrl-C blocked: the parent stops them."""
+    start = (initializer, *initargs)
+    if _MP.get_start_method() != "fork":
+        # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
+        # worker's new Python has started and read them: the workers would start one after another. A file, once:
+        fd, start = tempfile.mkstemp(suffix=".pickle")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((initializer, *initargs), f)
+        if os.name == "posix":     # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
+            multiprocessing.resource_tracker.ensure_running()
     old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        return _Pool(n, _worker_start, (initializer, *initargs), context=_MP)
-    finally:
+        pool = _Pool(n, _worker_start, (start,), context=_MP)
+    except BaseException:
         _MASK(signal.SIG_SETMASK, old)
+        if isinstance(start, str):
+            os.remove(start)
+        raise
+    pool.mask, pool.start = old, start
+    return pool
 
 
 _ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
