@@ -442,7 +442,7 @@ def write_samples(model, tok, cfg, path):
 
 def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline):
     """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
-    checkpoint, samples, the plot. Returns 0 done, 1 a non-finite loss or gradient, 130 stopped."""
+    checkpoint, samples, the plot. Returns 0 done, 130 stopped (a non-finite loss or gradient: DataError)."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -507,12 +507,11 @@ def run(cfg):
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
-        return export_run(Path(cfg["out_dir"]) / cfg["run_name"], cfg["export"], cfg["overwrite"], model_kwargs)
-    ckpt_path, resume_state = Path(cfg["out_dir"]) / cfg["run_name"] / "ckpt.pt", None
+        return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs)
+    ckpt_path, resume_state = safety.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
         resume_state = safety.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()))
-    # rank 0 downloads and tokenizes first; the others then open its cache (or stop with its error)
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
@@ -531,7 +530,7 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         resume = "run the same command with --resume to continue from the last checkpoint"
-        with safety.process_group(cfg), safety.disk_full(Path(cfg["out_dir"]) / cfg["run_name"], resume):
+        with safety.process_group(cfg), safety.disk_full(safety.run_dir(cfg), resume):
             return run(cfg)
     return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (with --resume once "
                             "the run has a ckpt.pt) to go on.")
