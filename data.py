@@ -116,9 +116,9 @@ def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, rel, txt_name in zip(("train", "valid"), DATASETS[name], text_names(name)):
-        url, fetched, txt = f"{base}/{rel}", out_dir / Path(rel).name, out_dir / txt_name
+    paths = tuple(out_dir / txt_name for txt_name in text_names(name))
+    for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
+        url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
         if not txt.exists():
             if not fetched.exists():
                 print(f"downloading {url}", flush=True)
@@ -131,8 +131,7 @@ def downloaded_corpus(name, out_dir):
             if fetched.suffix == ".gz":
                 print(f"unpacking {fetched.name}", flush=True)
                 from_cache(fetched, gunzip, fetched, txt)
-        paths.append(txt)
-    return tuple(paths)
+    return paths
 
 
 SEP = EOT.encode()
