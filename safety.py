@@ -275,7 +275,7 @@ def run_dir_problem(c):
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
-NAME_ROOM = 32  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".tmp<pid>"
+NAME_ROOM = 32  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"
 
 
 def too_long(c):
