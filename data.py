@@ -1,8 +1,8 @@
 """Data for train.py: --data (a corpus name, a text file or token ids) -> token ids as memmaps.
 
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
-a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as uint16 .npy
-files, 3. prepare_data(), 4. checks that the ids fit the model, and the unigram baseline.
+a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
+uint32 past 65,536 tokens), 3. prepare_data(), 4. checks that the ids fit the model, the unigram baseline.
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
 import codecs
@@ -234,7 +234,7 @@ def load_ids(source, val_data):
     except (ValueError, OSError, EOFError) as e:
         raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
     for flag, ids in (("--data", train), ("--val-data", valid)):
-        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: encode_file's uint16
+        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: uint16 or uint32
             raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if ids is not None and len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
