@@ -427,8 +427,8 @@ report(time.perf_counter() - t0)
 def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
+    text = Path(need_file(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
     files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
-    text = Path(need_file(args.input or SHAKESPEARE, "corpus"))
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
     print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
@@ -487,8 +487,8 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
+    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
     files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
-    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
             "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
                                                               for p in sorted(SEEDS.glob("*.txt")))],

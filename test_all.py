@@ -3934,6 +3934,9 @@ def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
+    handout = _BPE_SHARED / "reference" / "cs336_assignment1_handout.txt"
+    for source in (_BPE_SHAKESPEARE, _BPE_TINYSTORIES, handout, bench.SEEDS):  # what the corpus is built from
+        _bpe_need(source)
     small = bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a")
     assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=tmp_path / "b").read_bytes()
     assert small.read_bytes() != bench.scale_corpus(0.2, seed=1, cache=tmp_path / "a").read_bytes()
@@ -3969,6 +3972,7 @@ report(0.0)
 
 
 def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
+    _bpe_need(_BPE_GPT2_VOCAB)  # the table encodes with GPT-2's files
     _bench_no_peers(monkeypatch)
     text = tmp_path / "t.txt"
     text.write_text("Hello world, it's 2025! Les élèves 学习 <|endoftext|> again\n" * 200, encoding="utf-8")
