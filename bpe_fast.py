@@ -29,6 +29,7 @@ import functools
 import io
 import multiprocessing.pool  # also binds multiprocessing
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import pickle
 import re
@@ -274,12 +275,25 @@ def _worker_start(start):
         start[0](*start[1:])
 
 
+def _end_pool(handler, notifier, workers, start):
+    """Leave a pool, and again at the exit if a stop cut that short (a Ctrl-C's handler may run at any call):
+    its workers killed, never Pool.terminate, which waits forever for what a killed worker held. One killed while
+    it sent a result (megabytes of ids or counts) leaves part of it in the result pipe, for a reader thread that
+    waits for the rest; an idle one killed (by the out-of-memory killer, even after the last result) holds the
+    task queue's lock, which terminate takes. The pool's other threads end by themselves."""
+    handler._state = multiprocessing.pool.TERMINATE
+    notifier.put(None)                 # the thread that replaces dead workers wakes and ends first
+    handler.join()
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join()
+    if isinstance(start, str) and os.path.exists(start):
+        os.remove(start)
+
+
 class _Pool(multiprocessing.pool.Pool):
-    """Leaving the pool kills its workers and abandons it, never Pool.terminate: that waits forever for what a
-    killed worker held. One killed while it sent a result (megabytes of ids or counts) leaves part of it in
-    the result pipe, for a reader thread that waits for the rest; an idle one killed (by the out-of-memory
-    killer, even after the last result) holds the task queue's lock, which terminate takes. Its threads
-    end by themselves, and multiprocessing's exit ends any worker started meanwhile."""
+    """A Pool left by killing its workers (_end_pool), and whose wait for results ends if one dies."""
 
     def __enter__(self):               # a stop held while the workers started is raised here: __exit__ ends them
         try:
@@ -290,14 +304,13 @@ class _Pool(multiprocessing.pool.Pool):
         return self
 
     def __exit__(self, *exc):
-        self._state = self._worker_handler._state = multiprocessing.pool.TERMINATE   # no worker replaced
-        for worker in self._pool:
-            worker.kill()
-        for worker in self._pool:
-            worker.join()
-        self._terminate.cancel()       # the exit's finalizer: Pool.terminate again
-        if isinstance(self.start, str):
-            os.remove(self.start)
+        old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})   # a stop now waits for the workers' end
+        try:
+            self._state = multiprocessing.pool.TERMINATE
+            _end_pool(*self.end)
+            self._terminate.cancel()   # only now: cut short, it runs again at the exit
+        finally:
+            _MASK(signal.SIG_SETMASK, old)
         return False
 
     def _repopulate_pool(self):      # called by __init__ only: the workers it starts, for imap_checked
@@ -328,24 +341,26 @@ def _worker_pool(n, initializer=None, initargs=()):
     """A pool of n workers, to enter at once: `with _worker_pool(n) as pool`. Ctrl-C and SIGTERM are blocked
     while they start (raised in fork's hooks, they would be dropped; spawn's take seconds) until the pool is
     entered, whose exit ends them. The workers keep Ctrl-C blocked: the parent stops them."""
-    start = (initializer, *initargs)
-    if _MP.get_start_method() != "fork":
-        # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
-        # worker's new Python has started and read them: the workers would start one after another. A file, once:
-        fd, start = tempfile.mkstemp(suffix=".pickle")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump((initializer, *initargs), f)
-        if os.name == "posix":     # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
-            multiprocessing.resource_tracker.ensure_running()
+    start, spawn = (initializer, *initargs), _MP.get_start_method() != "fork"
+    if spawn and os.name == "posix":   # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
+        multiprocessing.resource_tracker.ensure_running()
     old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
+        if spawn:
+            # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
+            # worker's new Python has started and read them: the workers would start one after another. A file, once:
+            fd, start = tempfile.mkstemp(suffix=".pickle")
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump((initializer, *initargs), f)
         pool = _Pool(n, _worker_start, (start,), context=_MP)
-    except BaseException:
+    except BaseException:              # (a full disk while writing the file, say): no file and no mask left behind
         _MASK(signal.SIG_SETMASK, old)
         if isinstance(start, str):
             os.remove(start)
         raise
-    pool.mask, pool.start = old, start
+    pool._terminate.cancel()           # Pool.terminate at the exit: replaced by _end_pool
+    pool.end, pool.mask = (pool._worker_handler, pool._change_notifier, pool._pool, start), old
+    pool._terminate = multiprocessing.util.Finalize(pool, _end_pool, pool.end, exitpriority=15)
     return pool
 
 
