@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
+ENGLISH_SOURCES = [SHAKESPEARE, SHARED / "reference" / "tinystories_sample.txt",  # the scale corpus's words
+                   SHARED / "reference" / "cs336_assignment1_handout.txt"]
 GPT2_FILES = [SHARED / "reference" / "gpt2_vocab.json", SHARED / "reference" / "gpt2_merges.txt"]
 EOT = "<|endoftext|>"
 
@@ -292,8 +294,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     target = int(megabytes * 1_000_000)
     rng = np.random.default_rng(seed)
     read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
-    english = read([SHAKESPEARE, SHARED / "reference" / "tinystories_sample.txt",
-                    SHARED / "reference" / "cs336_assignment1_handout.txt"])
+    english = read(ENGLISH_SOURCES)
     chinese = read(sorted(SEEDS.glob("*.txt")))
     pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
     sample, sample_cyr = zipf(pool), zipf(pool, a=0.9)  # Cyrillic: a flatter curve

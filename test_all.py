@@ -3972,8 +3972,7 @@ def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
-    handout = _BPE_SHARED / "reference" / "cs336_assignment1_handout.txt"
-    for source in (_BPE_SHAKESPEARE, _BPE_TINYSTORIES, handout, bench.SEEDS):  # what the corpus is built from
+    for source in (*bench.ENGLISH_SOURCES, bench.SEEDS):  # what the corpus is built from
         _bpe_need(source)
     small = bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a")
     assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=tmp_path / "b").read_bytes()
