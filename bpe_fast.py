@@ -258,6 +258,7 @@ def check_utf8(data, path, start):
 
 
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
+_STOPS = (signal.SIGINT, signal.SIGTERM)   # Ctrl-C, and kill's or a job scheduler's stop
 
 
 def _worker_start(start):
@@ -271,8 +272,9 @@ def _worker_start(start):
     if isinstance(start, str):
         with open(start, "rb") as f:
             start = pickle.load(f)
-    if start[0] is not None:
-        start[0](*start[1:])
+    initializer, *args = start
+    if initializer is not None:
+        initializer(*args)
 
 
 def _end_pool(handler, notifier, workers, start):
@@ -304,7 +306,7 @@ class _Pool(multiprocessing.pool.Pool):
         return self
 
     def __exit__(self, *exc):
-        old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})   # a stop now waits for the workers' end
+        old = _MASK(signal.SIG_BLOCK, _STOPS)   # a stop now waits for the workers' end
         try:
             self._state = multiprocessing.pool.TERMINATE
             _end_pool(*self.end)
@@ -344,7 +346,7 @@ def _worker_pool(n, initializer=None, initargs=()):
     start, spawn = (initializer, *initargs), _MP.get_start_method() != "fork"
     if spawn and os.name == "posix":   # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
         multiprocessing.resource_tracker.ensure_running()
-    old = _MASK(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old = _MASK(signal.SIG_BLOCK, _STOPS)
     try:
         if spawn:
             # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
@@ -417,7 +419,7 @@ def catch_ctrl_c():
             _ctrl_c_held = True
             return
         raise KeyboardInterrupt
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOPS:
         signal.signal(signum, interrupt)
 
 
