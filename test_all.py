@@ -1472,7 +1472,7 @@ def test_bpe_encode_iterable_streams_5mb_under_address_space_cap():
                         str(_BPE_GPT2_VOCAB), str(_BPE_GPT2_MERGES), str(_BPE_SHAKESPEARE)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    n, same = r.stdout.split()[:2]
+    n, same = r.stdout.splitlines()[-1].split()[:2]  # after the one-off compile's note, on a cold numba cache
     assert int(n) > 1_000_000 and same == "True"
 
 
@@ -1746,7 +1746,7 @@ def test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results(tmp_path
             "print(run() == forked, len(forked[0]))")
     r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "ids.npy")], cwd=_BPE_REPO,
                        capture_output=True, text=True, timeout=300)
-    assert r.stdout.split() == ["True", "343"], (r.stdout, r.stderr)
+    assert r.stdout.splitlines()[-1].split() == ["True", "343"], (r.stdout, r.stderr)  # last: a compile's note first
 
 
 _POOL_CUT_SHORT = """
