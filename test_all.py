@@ -1806,7 +1806,7 @@ def test_bpe_cli_train_then_encode(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "longest token" in r.stdout and "peak RSS" in r.stdout
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(src),
-                        "--tokenizer", str(out), "--out", str(tmp_path / "ids.npy")],
+                        "--tokenizer", str(out), "--out", str(tmp_path / "ids.npy"), "--workers", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "bytes/token" in r.stdout and "MB/s" in r.stdout
