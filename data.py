@@ -325,9 +325,10 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-def check_ids(train, valid, context_length, vocab_size):
+def check_ids(train, valid, context_length, vocab_size, made_by=None):
     """Raises UsageError unless the ids (1-D integers: load_ids) are below the vocab size and longer than a
-    window; returns the largest id (the tokenizer that decodes samples must know it)."""
+    window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
+    files of text (prepare_data's cache), the size of the tokenizer that made them: a larger id is damage."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if len(ids) <= context_length:
@@ -337,6 +338,10 @@ def check_ids(train, valid, context_length, vocab_size):
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
+        if made_by is not None and hi >= made_by:
+            raise UsageError(f"{ids.filename} in the data cache cannot be used (it holds token id {hi}, but its "
+                             f"tokenizer has {made_by} tokens); delete it and run the same command again to rebuild "
+                             "it.")
         if hi >= vocab_size:
             raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
                              "pass a --vocab-size above its largest id.")

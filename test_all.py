@@ -2218,9 +2218,16 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
         for p, b in good.items():
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b)
+    args = ["--data", str(story), "--data-dir", str(cache), "--out-dir", str(tmp_path / "out"), "--vocab-size", "300",
+            "--workers", "1", "--device", "cpu"]
+    ids = np.load(toks / "train.npy", mmap_mode="r+")  # a flipped bit that makes an id past the tokenizer's: it said
+    ids[7] = np.iinfo(ids.dtype).max                    # "pass a --vocab-size above its largest id"
+    ids.flush()
+    del ids
+    assert train.main(args) == 2
+    _train_one_line(capsys, f"{toks / 'train.npy'} in the data cache cannot be used (it holds token id 65535, but its")
     damage[0][0]()  # and through train.py: one sentence, exit 2
-    assert train.main(["--data", str(story), "--data-dir", str(cache), "--out-dir", str(tmp_path / "out"),
-                       "--vocab-size", "300", "--workers", "1", "--device", "cpu"]) == 2
+    assert train.main(args) == 2
     _train_one_line(capsys, "train.npy in the data cache cannot be used (")
 
 

@@ -515,7 +515,8 @@ def run(cfg):
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
-    top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"])
+    made_by = None if is_ids(cfg["data"]) else len(tok.vocab)  # text's token files: their tokenizer's ids only
+    top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"], made_by)
     safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
