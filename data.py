@@ -291,7 +291,7 @@ def file_key(path):
     rewritten with its old size and `touch -r` to its old mtime still gets a new key."""
     st = Path(path).stat()
     key = f"{Path(path).resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-    return hashlib.sha1(key.encode()).hexdigest()[:8]
+    return hashlib.sha1(os.fsencode(key)).hexdigest()[:8]  # fsencode: a file name need not be UTF-8
 
 
 def file_digest(path, memo_dir):

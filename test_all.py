@@ -2194,6 +2194,18 @@ def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
     assert ids.stat().st_size == st.st_size and data.file_digest(ids, tmp_path / "memo") != before
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file names that are not UTF-8: Linux's are bytes")
+def test_data_text_file_whose_name_is_not_utf8(tmp_path):
+    """A Latin-1 name (b"caf\\xe9.txt", in Python a str with a surrogate) made the cache key's hash raise
+    UnicodeEncodeError: a traceback, found by running train.py on such a file."""
+    _train_story(tmp_path / os.fsdecode(b"caf\xe9.txt"))
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "train.py"), "--data", os.fsdecode(b"caf\xe9.txt"), "--data-dir",
+                        os.fsdecode(b"data\xff"), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--workers", "1",
+                        "--device", "cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "out" / os.fsdecode(b"caf\xe9") / "ckpt.pt").is_file()
+
+
 def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, capsys):
     story, cache = _train_story(tmp_path / "story.txt"), tmp_path / "data"
     prepare = lambda: data.prepare_data(str(story), cache, 300, workers=1)
