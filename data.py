@@ -186,6 +186,11 @@ def local_corpus(path, out_dir):
 # ----------------------------------------------------------------------------
 # 2. Tokens: a BPE tokenizer, both splits as token-id files
 
+def damaged_cache(path, why):  # the one sentence for a file of the cache that cannot be used: what to delete
+    return UsageError(f"{path} in the data cache cannot be used ({why}); delete it and run the same command again to "
+                      "rebuild it.")
+
+
 def from_cache(path, load, *args, **kwargs):
     """load(*args, **kwargs), which reads path of the cache: a damaged or unwritable one is one sentence
     saying what to do. A full disk passes through: train.py reports it."""
@@ -199,8 +204,7 @@ def from_cache(path, load, *args, **kwargs):
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
                              "writable, or pass another --data-dir.") from None
-        raise UsageError(f"{path} in the data cache cannot be used ({e}); delete it and run the same command "
-                         "again to rebuild it.") from None
+        raise damaged_cache(path, e) from None
 
 
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
@@ -339,9 +343,7 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
         if made_by is not None and hi >= made_by:
-            raise UsageError(f"{ids.filename} in the data cache cannot be used (it holds token id {hi}, but its "
-                             f"tokenizer has {made_by} tokens); delete it and run the same command again to rebuild "
-                             "it.")
+            raise damaged_cache(ids.filename, f"it holds token id {hi}, but its tokenizer has {made_by} tokens")
         if hi >= vocab_size:
             raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
                              "pass a --vocab-size above its largest id.")
