@@ -580,6 +580,8 @@ def read_checkpoint(src):
         raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    if isinstance(state.get("model"), dict):  # saved from inside torch.compile or DDP (common in CS336 code)
+        state["model"] = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state["model"].items()}
     return state
 
 

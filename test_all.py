@@ -2379,6 +2379,19 @@ def test_train_checkpoint_roundtrip_path_and_file_object(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary left behind
 
 
+def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
+    """CS336 code often saves model.state_dict() of the torch.compile (or DDP) wrapper, whose keys
+    carry "_orig_mod." (or "module."): such a checkpoint loads into the plain model."""
+    m, opt = _train_model_opt()
+    for prefix in ("_orig_mod.", "module.", "module._orig_mod.", "_orig_mod.module."):
+        state = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "optimizer": opt.state_dict(),
+                 "iteration": 3}
+        torch.save(state, tmp_path / "c.pt")
+        m2, opt2 = _train_model_opt(seed=5)
+        assert train.load_checkpoint(tmp_path / "c.pt", m2, opt2) == 3
+        assert all(torch.equal(v, m2.state_dict()[k]) for k, v in m.state_dict().items())
+
+
 def test_train_checkpoint_failed_save_keeps_old(tmp_path, monkeypatch):
     m, opt = _train_model_opt()
     train.save_checkpoint(m, opt, 3, tmp_path / "c.pt")
