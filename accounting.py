@@ -16,7 +16,6 @@ the full T x T square, as torch.utils.flop_counter.FlopCounterMode counts a mask
 (the masked half is computed and then thrown away). GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
-import argparse
 import collections
 import functools
 import itertools
@@ -769,7 +768,7 @@ SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().ite
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="CS336 lecture 2 and assignment 1 resource accounting.")
+    p = safety.Parser(prog="accounting.py", description="CS336 lecture 2 and assignment 1 resource accounting.")
     p.add_argument("--section", choices=SECTIONS, help="print one section (default: all of them)")
     p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")
     args = p.parse_args(argv)
@@ -784,4 +783,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     safety.end_quietly_on_closed_pipe()
-    raise SystemExit(main())
+    raise SystemExit(safety.exit_code("accounting.py", main, "nothing was written."))

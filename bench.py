@@ -36,7 +36,8 @@ import export
 import train
 from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import MIN_TEXT_VOCAB, atomic_file, end_quietly_on_closed_pipe, unreadable, usable_cores
+from safety import (MIN_TEXT_VOCAB, Parser, atomic_file, end_quietly_on_closed_pipe, exit_code, unreadable,
+                    usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -656,7 +657,7 @@ def main(argv=None):
         return bench_step(argv[1:])
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
               "step": lambda args: bench_step([]), "generate": bench_generate}
-    ap = argparse.ArgumentParser(description="Comparisons with other tools (see the docstring).")
+    ap = Parser(prog="bench.py", description="Comparisons with other tools (see the docstring).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
@@ -680,4 +681,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     end_quietly_on_closed_pipe()
-    sys.exit(main())
+    sys.exit(exit_code("bench.py", main, "only whole files were left."))

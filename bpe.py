@@ -12,7 +12,6 @@ Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endo
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
 """
 
-import argparse
 import heapq
 import json
 import os
@@ -657,9 +656,9 @@ def _cmd_encode(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Byte-level BPE: train a tokenizer or encode "
+    ap = safety.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode "
                                              "a text file.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="{train,encode}", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
     tr.add_argument("--vocab-size", type=int, required=True)
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
@@ -691,4 +690,4 @@ def main(argv=None):
 if __name__ == "__main__":
     catch_ctrl_c()
     sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show the longest token (latin-1, ascii)
-    main()
+    sys.exit(safety.exit_code("bpe.py", main, "no partial file was left."))

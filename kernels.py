@@ -17,7 +17,6 @@ CUDA kernel (load_inline) and Triton if installed; each checked, timed against a
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
 """
 
-import argparse
 import contextlib
 import datetime
 import functools
@@ -34,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import atomic_file, end_quietly_on_closed_pipe, memory_bytes, not_a_file
+from safety import Parser, atomic_file, end_quietly_on_closed_pipe, exit_code, memory_bytes, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -450,7 +449,7 @@ PEAK_TENSORS = 5  # float32 tensors of n elements alive at once while the benchm
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description="GELU five ways, checked and measured against the copy bandwidth.")
+    ap = Parser(prog="kernels.py", description="GELU five ways, checked and measured against the copy bandwidth.")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                     help="auto = cuda if a GPU is visible, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
@@ -516,4 +515,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     end_quietly_on_closed_pipe()
-    main()
+    sys.exit(exit_code("kernels.py", main, "nothing was left half-written."))

@@ -3802,6 +3802,36 @@ def test_kernels_target_line_reads_the_largest_fp32_size():
     assert kernels.target_line([r for r in rows if r["variant"] == "F.gelu"]) is None
 
 
+def _cli(name, argv):
+    """The exit code of `python NAME.py ARGV`'s main under safety.exit_code, as its command line runs it."""
+    return safety.exit_code(f"{name}.py", lambda: {"kernels": kernels, "bench": bench}[name].main(argv), "")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bpe.py"], "the following arguments are required: {train,encode} (see python bpe.py --help)"),
+    (["bpe.py", "train", "a.txt", "--vocab-size", "300"], "required: --out (see python bpe.py train --help)"),
+    (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
+    (["kernels.py", "--reps", "0"], "--reps must be at least 1, got 0"),
+    (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
+    (["train.py", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_every_command_line_says_a_flag_mistake_in_one_sentence(argv, needle):
+    """Not argparse's usage block and its error: one line naming the mistake and where the help is, exit 2."""
+    r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"{argv[0]}: error: ") and needle in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and r.stdout == "", r.stderr
+
+
+def test_accounting_stopped_by_ctrl_c_says_one_line():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "accounting.py", "--verify"], cwd=_BPE_REPO, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()              # it runs: torch and the model are loaded
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and err == "accounting.py: interrupted; nothing was written.\n", err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--sizes", "40"], "--sizes"),
     (["--reps", "0"], "--reps"),
@@ -3814,9 +3844,7 @@ def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     if "FIFO" in argv:  # a FIFO made here stands in for /dev/null
         os.mkfifo(tmp_path / "fifo")
         argv = [str(tmp_path / "fifo") if a == "FIFO" else a for a in argv]
-    with pytest.raises(SystemExit) as e:
-        kernels.main(["--device", "cpu"] + argv)
-    assert e.value.code == 2
+    assert _cli("kernels", ["--device", "cpu"] + argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
 
@@ -3824,28 +3852,25 @@ def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
 def test_kernels_cli_sizes_beyond_memory_are_refused_before_measuring(capsys, monkeypatch):
     # --sizes 30 on a CPU needs 20 GiB: a traceback from torch's allocator after minutes of measuring, before
     monkeypatch.setattr(kernels, "memory_bytes", lambda device, world_size: (1 << 30, "this machine's memory"))
-    with pytest.raises(SystemExit) as e:
-        kernels.main(["--device", "cpu", "--sizes", "20", "28"])
+    assert _cli("kernels", ["--device", "cpu", "--sizes", "20", "28"]) == 2
     out, err = capsys.readouterr()
-    assert e.value.code == 2 and "kernels.py on" not in out
+    assert "kernels.py on" not in out
     assert err.splitlines()[-1].endswith("error: --sizes 28: 2^28 elements need about 5.0 GiB, more than this "
-                                         "machine's memory (1.0 GiB); pass smaller --sizes"), err
+                                         "machine's memory (1.0 GiB); pass smaller --sizes (see python kernels.py --help)"), err
 
 
 def test_kernels_cli_json_in_a_read_only_directory_is_refused_first(tmp_path, tmpfs, capsys):
     ro = tmpfs("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
     if os.geteuid() != 0:
         ro.mkdir(mode=0o500)
-    with pytest.raises(SystemExit) as e:       # an OSError traceback after all the measuring, before
-        kernels.main(["--device", "cpu", "--json", str(ro / "k.json")])
-    assert e.value.code == 2 and "cannot be written; pick another path" in capsys.readouterr().err
+    # an OSError traceback after all the measuring, before
+    assert _cli("kernels", ["--device", "cpu", "--json", str(ro / "k.json")]) == 2
+    assert "cannot be written; pick another path" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_kernels_cli_cuda_without_gpu_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as e:
-        kernels.main(["--device", "cuda"])
-    assert e.value.code == 2 and "--device cuda" in capsys.readouterr().err
+    assert _cli("kernels", ["--device", "cuda"]) == 2 and "--device cuda" in capsys.readouterr().err
 
 
 def _kernels_nvcc():
@@ -4060,16 +4085,14 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
 def test_bench_megabyte_flags_are_checked(capsys):
     for flag, what, bad in [("--sizes", "train", "abc"), ("--sizes", "train", "50,-1"), ("--encode-mb", "encode", "0"),
                             ("--encode-mb", "encode", "nan"), ("--encode-mb", "encode", "-3")]:
-        with pytest.raises(SystemExit) as e:     # --encode-mb 0 ran the whole encode table, then a traceback
-            bench.main([what, flag, bad])
-        assert e.value.code == 2 and f"{flag}: wants positive megabytes" in capsys.readouterr().err
+        assert _cli("bench", [what, flag, bad]) == 2  # --encode-mb 0 ran the whole encode table, then a traceback
+        assert f"{flag}: wants positive megabytes" in capsys.readouterr().err
 
 
 def test_bench_vocab_below_the_bytes_is_one_sentence(capsys):
-    with pytest.raises(SystemExit) as e:
-        bench.main(["train", "--vocab-size", "10"])
+    assert _cli("bench", ["train", "--vocab-size", "10"]) == 2
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "--vocab-size 10 is below 257" in err and "Traceback" not in err
+    assert "--vocab-size 10 is below 257" in err and "Traceback" not in err
 
 
 def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
