@@ -2332,6 +2332,9 @@ def test_train_get_batch_windows_and_range(tmp_path):
     a = train.get_batch(ids, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
     b = train.get_batch(ids, 8, 10, "cpu", generator=torch.Generator().manual_seed(3))[0]
     assert torch.equal(a, b)
+    assert train.get_batch(ids[:11], 2, 10, "cpu")[1][0, -1] == 10  # 11 tokens: one window and its target
+    with pytest.raises(ValueError, match="10 tokens cannot fill a window of context_length 10 plus a target"):
+        train.get_batch(ids[:10], 2, 10, "cpu")  # was torch's "random_ expects 'from' to be less than 'to'"
 
 
 def test_train_unigram_baseline_matches_counter():

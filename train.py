@@ -184,6 +184,8 @@ def windows(data, starts, context_length, device):
 
 
 def random_starts(data, n, context_length, generator=None):  # n window starts, uniform over [0, len(data) - T)
+    if len(data) <= context_length:  # a window needs its T tokens and the next one, its last target
+        raise ValueError(f"{len(data)} tokens cannot fill a window of context_length {context_length} plus a target")
     return torch.randint(len(data) - context_length, (n,), generator=generator).numpy()
 
 
