@@ -351,7 +351,7 @@ MATMUL_SHAPES = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h 
 
 
 def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers, d_ff,
-                                  silu_ffn=False, num_heads=None):
+                                  silu_ffn=False, num_heads=None, fast=False):
     """Matmul FLOPs of one sequence of T = context_length tokens, per MATMUL_SHAPES entry."""
     T, d, L, V = context_length, d_model, num_layers, vocab_size
     return {

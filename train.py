@@ -126,7 +126,7 @@ def build_parser():
         else:
             name, kind, default, text = row
             shown = "" if default in (None, "") else f" (default: {default})"
-            if default is PRESET:  # e.g. "(default: small 700; tinystories 10000)"
+            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
                 key = name[2:].replace("-", "_")
                 shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in PRESETS.items() if v[key] is not None)})"
             group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
