@@ -656,8 +656,7 @@ def _cmd_encode(args):
 
 
 def main(argv=None):
-    ap = safety.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode "
-                                             "a text file.")
+    ap = safety.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode a text file.")
     sub = ap.add_subparsers(dest="cmd", metavar="{train,encode}", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
     tr.add_argument("--vocab-size", type=int, required=True)
