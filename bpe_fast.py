@@ -376,7 +376,7 @@ def _note_first_compile(dispatcher):
     index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
                     "_index_path", None)
     if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
-        print("compiling the tokenizer's fast path once for this machine, about 30 s", flush=True)
+        print("compiling the tokenizer's fast path once for this machine (up to half a minute)", flush=True)
         _compile_noted = True
 
 

@@ -2059,7 +2059,7 @@ def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, out, err)
     assert err == "bpe.py train: interrupted; no partial file was left\n", err
-    assert out == "compiling the tokenizer's fast path once for this machine, about 30 s\n", out
+    assert out == "compiling the tokenizer's fast path once for this machine (up to half a minute)\n", out
     assert not list(tmp_path.glob("tok/*"))
 
 
