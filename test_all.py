@@ -4140,14 +4140,14 @@ _EXPORT_TEXTS = {  # English, Chinese, Python source, documents between <|endoft
 
 @pytest.fixture(scope="module")
 def export_runs(tmp_path_factory):
-    """Two tiny trained runs (one with --tie-embeddings), each exported by train.py --export:
+    """Two tiny trained runs (one with --tie-embeddings and a RoPE theta not HF's default), each exported:
     {"plain" | "tied": (run directory, export directory)}."""
     tmp = tmp_path_factory.mktemp("export")
     base = ["--data", str(_train_story(tmp / "story.txt")), "--data-dir", str(tmp / "data"), "--out-dir",
             str(tmp / "out"), *_TRAIN_TINY, "--vocab-size", "300", "--context-length", "32", "--max-iters", "10",
             "--workers", "1", "--device", "cpu"]
     runs = {}
-    for name, extra in (("plain", []), ("tied", ["--tie-embeddings"])):
+    for name, extra in (("plain", []), ("tied", ["--tie-embeddings", "--rope-theta", "500"])):
         assert train.main(base + ["--run-name", name, *extra]) == 0
         assert train.main(base + ["--run-name", name, "--export", str(tmp / f"hf-{name}")]) == 0
         runs[name] = tmp / "out" / name, tmp / f"hf-{name}"
