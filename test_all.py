@@ -3816,6 +3816,7 @@ def _cli(name, argv):
     (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
     (["kernels.py", "--reps", "0"], "--reps must be at least 1, got 0"),
     (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench.py", "step", "--d-model", "7"], "--d-model 7 is not divisible by --num-heads"),
     (["train.py", "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_every_command_line_says_a_flag_mistake_in_one_sentence(argv, needle):
