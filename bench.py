@@ -36,8 +36,8 @@ import export
 import train
 from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import (MIN_TEXT_VOCAB, Parser, atomic_file, end_quietly_on_closed_pipe, exit_code, unreadable,
-                    usable_cores)
+from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, exit_code,
+                    unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -63,7 +63,7 @@ def peer(module):
 
 def need_file(path, what):
     if why := unreadable(path):
-        sys.exit(f"bench.py: {what} {path}{why} (--input names a text of yours; the rest is in ../shared).")
+        raise UsageError(f"{what} {path}{why} (--input names a text of yours; the rest is in ../shared).")
     return str(path)
 
 

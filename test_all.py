@@ -4101,12 +4101,10 @@ def test_bench_vocab_below_the_bytes_is_one_sentence(capsys):
 
 
 def test_bench_missing_input_is_one_sentence(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        bench.main(["encode", "--input", str(tmp_path / "missing.txt")])
-    assert "missing.txt: no such file" in str(e.value.code)
-    with pytest.raises(SystemExit) as e:
-        bench.main(["encode", "--input", str(tmp_path)])
-    assert "is a directory, not a file" in str(e.value.code)
+    assert _cli("bench", ["encode", "--input", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert _cli("bench", ["encode", "--input", str(tmp_path)]) == 2
+    assert "is a directory, not a file" in capsys.readouterr().err
 
 
 def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch):
