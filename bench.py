@@ -666,8 +666,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
         if getattr(args, flag) < least:
-            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
-                     + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
+            raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
+                             + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{usable_cores()} CPUs, Python {sys.version.split()[0]}", flush=True)
     for what in tables if args.what == "all" else [args.what]:

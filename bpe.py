@@ -670,7 +670,7 @@ def main(argv=None):
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:
-        (tr if args.cmd == "train" else en).error("--num-workers (--workers) must be at least 1")
+        raise safety.UsageError("--num-workers (--workers) must be at least 1")
     try:
         {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
     except BrokenPipeError:       # the reader of the output left (`| head`): stop, as cat does; no partial file

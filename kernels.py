@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import Parser, atomic_file, end_quietly_on_closed_pipe, exit_code, memory_bytes, not_a_file
+from safety import Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, exit_code, memory_bytes, not_a_file
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -463,9 +463,10 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     for flag, value in (("--reps", args.reps), ("--threads", args.threads)):
         if value is not None and value < 1:
-            ap.error(f"{flag} must be at least 1, got {value}")
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu")
+        raise UsageError("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use "
+                         "--device cpu")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
@@ -473,15 +474,15 @@ def parse_args(argv):
     # at the largest size, in float32: x, the copy's output and the temporaries of torch ops' eight kernels
     need, (have, what) = PEAK_TENSORS * 4 << max(args.sizes), memory_bytes(args.device, 1)
     if need > have:
-        ap.error(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} GiB, more "
-                 f"than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
+        raise UsageError(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} "
+                         f"GiB, more than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
     if args.json:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
-            ap.error(f"--json: directory {d} does not exist or cannot be written; pick another path")
+            raise UsageError(f"--json: directory {d} does not exist or cannot be written; pick another path")
         if not_a_file(args.json):  # /dev/null must never be replaced
-            ap.error(f"--json: {args.json} is {not_a_file(args.json)}; give the path of a file to write, such as "
-                     "kernels.json")
+            raise UsageError(f"--json: {args.json} is {not_a_file(args.json)}; give the path of a file to write, "
+                             "such as kernels.json")
     return args
 
 
