@@ -58,20 +58,18 @@ from safety import (DataError, atomic_file, end_progress, memory_bytes, same_fil
 _OTHER, _LETTER, _NUMBER, _SPACE = 0, 1, 2, 3
 _APOSTROPHE, _BLANK = ord("'"), ord(" ")
 _S, _D, _M, _T, _L, _V, _R, _E = (ord(c) for c in "sdmtlvre")
-_classes = None
 
 
+@functools.cache
 def _char_classes():
     """(0x110000,) uint8: the class of every code point, as regex sees \\p{L}, \\p{N} and \\s."""
-    global _classes
-    if _classes is None:
-        # every code point in order, surrogates too, as one string: decoding an array is faster than joining chr()s
-        every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
-        _classes = np.zeros(0x110000, np.uint8)
-        for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
-            for m in regex.finditer(pat, every):
-                _classes[m.start():m.end()] = cls
-    return _classes
+    # every code point in order, surrogates too, as one string: decoding an array is faster than joining chr()s
+    every = np.arange(0x110000, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    classes = np.zeros(0x110000, np.uint8)
+    for cls, pat in ((_LETTER, r"\p{L}+"), (_NUMBER, r"\p{N}+"), (_SPACE, r"\s+")):
+        for m in regex.finditer(pat, every):
+            classes[m.start():m.end()] = cls
+    return classes
 
 
 @njit(cache=True, inline="always")
