@@ -162,7 +162,7 @@ def stream_pieces(iterable, special_tokens, piece_chars):
     the last _STREAM_CUT that splits no special token. Linear: each character is searched once, and
     new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
     margin = max((len(s) for s in special_tokens), default=1)
-    buf, scanned, cut, new, n_new = "", 0, -1, [], 0   # buf[:scanned] searched; cut: the last cut found
+    buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
     for text in iterable:
         new.append(text)
         n_new += len(text)
@@ -177,15 +177,14 @@ def stream_pieces(iterable, special_tokens, piece_chars):
             found = next((p for p in reversed(starts) if p > 0 and not _inside_special(buf, p, special_tokens)), -1)
             if found >= 0:
                 break
-        cut = max(cut, found)
         scanned = max(scanned, hi)
-        if cut <= 0:
+        if found < 0:
             if len(buf) > (1 << 22):
                 raise ValueError("encode_iterable found no place to cut 4M characters of text "
                                  "(no space, tab or newline before a non-space); use encode()")
             continue
-        yield buf[:cut]
-        buf, scanned, cut = buf[cut:], scanned - cut, -1
+        yield buf[:found]
+        buf, scanned = buf[found:], scanned - found
     buf += "".join(new)
     if buf:
         yield buf
