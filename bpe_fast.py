@@ -1483,11 +1483,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         raise ValueError(f"the output {out_path} is the input file {input_path}; writing the ids there would "
                          "destroy the text, so give another output path")
     dtype = np.uint16 if max(tokenizer.vocab) < (1 << 16) else np.uint32
-    # The compiled pass when it is loaded or the file is big enough to pay for loading it:
-    # loaded here, before the workers fork, they share it.
     compiled = compiled_encoder_pays(size)
-    if compiled:
-        _load_compiled_encoder()
     tasks = [(input_path, a, b, dtype, compiled) for a, b in zip(bounds, bounds[1:])]
     _init_encode_worker(tokenizer)
     # The output is opened before any work: a place that cannot be written fails now, not after a chunk.
@@ -1496,8 +1492,8 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         t0, shown = time.perf_counter(), None  # (before the first chunk: its time counts)
         results, workers = map(_encode_chunk, tasks), contextlib.nullcontext()
         if num_workers > 1 and len(tasks) > 1:
-            # Encode the first chunk here first: the forked workers then start with its
-            # pre-tokens in the cache instead of each recomputing them.
+            # Encode the first chunk here first: the forked workers then start with the encoder loaded
+            # and its pre-tokens in the cache instead of each loading and recomputing them.
             first = _encode_chunk(tasks[0])
             raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
             workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
