@@ -1401,14 +1401,12 @@ class Encoder:
         both = (byte_ids[byte] == pairs).all(axis=1)                              # if both are bytes
         self.byte_pairs = np.full(1 << 16, _NO_MERGE, np.int64)
         self.byte_pairs[byte[both, 0] << 8 | byte[both, 1]] = values[both]
-        # An empty cache: np.zeros costs nothing until the cache fills its pages.
         self.state = np.zeros(_SLOTS_AT + 3 * _CACHE_SLOTS, np.int64)
         self.state[:256] = byte_ids
         self.state[_N_SLOTS] = self.state[_FIRST_SLOTS] = min(_CACHE_FIRST_SLOTS, _CACHE_SLOTS)
         self.cache_bytes = np.zeros(_CACHE_BYTES, np.uint8)
         self.cache_ids = np.zeros(_CACHE_IDS, np.uint32)
-        # Special tokens are found in the bytes, longest first as bpe._special_split_re does
-        # (UTF-8 is self-synchronizing: the matches are those of the text).
+        # UTF-8 is self-synchronizing: the special tokens' matches in the bytes are those in the text.
         self.special_ids, self.special_re = special_ids, _special_bytes_re(list(special_ids))
 
     def encode(self, data):
