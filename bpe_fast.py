@@ -222,7 +222,7 @@ def _chunk_bounds(path, size, special_bytes, n_chunks):
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
             guess = max(size * k // n_chunks, bounds[-1] + 1)
-            p = _find_cut(f, guess, size, cut_re, special_bytes) if guess < size else None
+            p = _find_cut(f, guess, size, cut_re, special_bytes)
             if p is None:                       # none up to the end: later guesses would find none either
                 break
             bounds.append(p)                    # (after bounds[-1] and before size)
@@ -310,7 +310,6 @@ class _Pool(multiprocessing.pool.Pool):
             self._terminate.cancel()   # only now: cut short, it runs again at the exit
         finally:
             _MASK(signal.SIG_SETMASK, old)
-        return False
 
     def _repopulate_pool(self):      # called by __init__ only: the workers it starts, for imap_checked
         super()._repopulate_pool()
@@ -1414,7 +1413,7 @@ class Encoder:
         global _compiled_encoder_loaded
         if not _compiled_encoder_loaded:
             _note_first_compile(_encode_kernel)
-        found = self.special_re is not None and any(s in data for s in self.special_ids)
+        found = any(s in data for s in self.special_ids)       # (none when there are no special tokens)
         specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
                              for m in (self.special_re.finditer(data) if found else ())], np.int64)
         ids = _encode_kernel(np.frombuffer(data, np.uint8), specials.reshape(-1, 3), self.pairs,
