@@ -224,11 +224,8 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
 
 
 def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
-    for words, wrong, applies in NUMBER_RULES:
-        for k, v in c.items():
-            if v is not None and applies(k, v) and wrong(v):
-                return f"--{k.replace('_', '-')} must {words}, got {v}."
-    return ""
+    return next((f"--{k.replace('_', '-')} must {words}, got {v}." for words, wrong, applies in NUMBER_RULES
+                 for k, v in c.items() if v is not None and applies(k, v) and wrong(v)), "")
 
 
 def writable(path):  # can the directory be created, or written if it exists?
