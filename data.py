@@ -74,8 +74,7 @@ def pydoc_corpus(out_dir):
 
 def download(url, dest):
     """Fetch url into dest via dest.part: a rerun after an interruption asks the server for the
-    rest only (an HTTP Range request) and appends. dest appears, by rename, only when complete."""
-    dest = Path(dest)
+    rest only (an HTTP Range request) and appends. dest (a Path) appears, by rename, only when complete."""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -124,7 +123,7 @@ def downloaded_corpus(name, out_dir):
                 print(f"downloading {url}", flush=True)
                 try:
                     download(url, fetched)
-                except (urllib.error.URLError, OSError, TimeoutError) as e:
+                except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
                     raise DataError(
                         f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} yourself "
                         f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None

@@ -224,11 +224,8 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
 
 
 def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
-    for words, wrong, applies in NUMBER_RULES:
-        for k, v in c.items():
-            if v is not None and applies(k, v) and wrong(v):
-                return f"--{k.replace('_', '-')} must {words}, got {v}."
-    return ""
+    return next((f"--{k.replace('_', '-')} must {words}, got {v}." for words, wrong, applies in NUMBER_RULES
+                 for k, v in c.items() if v is not None and applies(k, v) and wrong(v)), "")
 
 
 def writable(path):  # can the directory be created, or written if it exists?
@@ -282,11 +279,10 @@ def too_long(c):
     """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
     suffixes, as a sentence, or "": a name over NAME_MAX - NAME_ROOM bytes, or a path near PATH_MAX."""
     for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
-        value = c[flag] if flag != "data" or c["data_is_file"] else None  # pydoc, tinystories, owt: no path
-        if not value:
+        if not c[flag] or (flag == "data" and not c["data_is_file"]):  # --data pydoc, tinystories, owt: no path
             continue
-        longest = max((len(os.fsencode(part)) for part in Path(value).parts), default=0)
-        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(value))) > PATH_MAX - 2 * NAME_MAX:
+        longest = max((len(os.fsencode(part)) for part in Path(c[flag]).parts), default=0)
+        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(c[flag]))) > PATH_MAX - 2 * NAME_MAX:
             return (f"--{flag.replace('_', '-')} is too long for the file system (with what the run adds: names of at "
                     f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
                     "one.")

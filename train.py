@@ -315,11 +315,7 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
 
 
 def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), or None; call it under torch_settings
-    try:
-        dtype = torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
-        return accounting.peak_flops(torch.device(cfg["device"]), dtype)
-    except Exception:  # MFU is a nicety: a missing table entry must not stop training
-        return None
+    return accounting.peak_flops(cfg["device"], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
 
 
 def random_step(cfg):  # -> one optimizer step of this configuration on fixed random tokens, and its micro-batches
