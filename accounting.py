@@ -207,9 +207,7 @@ def section_tensors():
 # 4. Lecture 2, compute
 
 def two_layer_flops(B, D, K):
-    """x (B, D) -> w1 (D, D) -> w2 (D, K): (forward, backward). A matmul (m, n) @ (n, p) is m p dot
-    products of n multiplies and n adds: 2 m n p. Per matmul the backward takes the gradient
-    w.r.t. the weight and w.r.t. the input: two matmuls of the forward's size."""
+    """(forward, backward) FLOPs of the lecture's two-layer linear model x (B, D) -> w1 (D, D) -> w2 (D, K)."""
     forward = 2 * B * D * D + 2 * B * D * K
     return forward, BACKWARD_PER_FORWARD * forward
 

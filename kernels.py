@@ -480,9 +480,8 @@ def parse_args(argv):
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
             raise UsageError(f"--json: directory {d} does not exist or cannot be written; pick another path")
-        if not_a_file(args.json):  # /dev/null must never be replaced
-            raise UsageError(f"--json: {args.json} is {not_a_file(args.json)}; give the path of a file to write, "
-                             "such as kernels.json")
+        if kind := not_a_file(args.json):  # /dev/null must never be replaced
+            raise UsageError(f"--json: {args.json} is {kind}; give the path of a file to write, such as kernels.json")
     return args
 
 
