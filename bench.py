@@ -308,11 +308,9 @@ def distinct_pretokens(path):
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
-    seen, pat = set(), regex.compile(bpe.GPT2_PAT)
-    for doc in documents(path):
-        seen.update(pat.findall(doc))
-    memo.write_text(str(len(seen)))
-    return len(seen)
+    n = len({t for doc in documents(path) for t in regex.findall(bpe.GPT2_PAT, doc)})
+    memo.write_text(str(n))
+    return n
 
 
 # ----------------------------------------------------------------------------
