@@ -206,15 +206,10 @@ def _typos(rng, words, n):
 def _mutate(rng, words, n):
     """n words, or words with a typo, between a prefix and a suffix (either often empty), sometimes
     capitalised. Typos are made for a tenth as many words: a pool of millions stays cheap to build."""
-    core = np.array(words.tolist() + _typos(rng, words, n // 10 + 1), dtype=object)
-    pre = np.array(PREFIXES, dtype=object)[rng.integers(0, len(PREFIXES), n)].tolist()
-    mid = core[rng.integers(0, len(core), n)].tolist()
-    suf = np.array(SUFFIXES, dtype=object)[rng.integers(0, len(SUFFIXES), n)].tolist()
-    out = [p + w + s for p, w, s in zip(pre, mid, suf)]
-    case = rng.random(n)
-    for i in np.flatnonzero(case < 0.14).tolist():
-        out[i] = out[i].capitalize() if case[i] < 0.12 else out[i].upper()
-    return out
+    core = words.tolist() + _typos(rng, words, n // 10 + 1)
+    pick = lambda xs: np.array(xs, dtype=object)[rng.integers(0, len(xs), n)]
+    out = pick(PREFIXES) + pick(core) + pick(SUFFIXES)  # object arrays: + joins the strings pairwise
+    return [w.capitalize() if c < 0.12 else w.upper() if c < 0.14 else w for w, c in zip(out, rng.random(n))]
 
 
 def _word_pool(rng, english, n_mutated):
@@ -242,11 +237,9 @@ def _numbers(rng, n):
     """Integers, years, decimals, prices, percentages, times, thousands separators."""
     v, kind = rng.zipf(1.3, n) % 10_000_000, rng.integers(0, 8, n)
     year, cents = rng.integers(1600, 2031, n), rng.integers(0, 100, n)
-    forms = [lambda a, y, c: str(a), lambda a, y, c: str(y), lambda a, y, c: f"{a % 1000}.{c}",
-             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%",
-             lambda a, y, c: f"{a % 24}:{c % 60:02d}", lambda a, y, c: f"{a:,}",
-             lambda a, y, c: f"€{a % 300},{c:02d}"]
-    return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
+    forms = lambda a, y, c: (str(a), str(y), f"{a % 1000}.{c}", f"${a % 5000}.{c:02d}", f"{c}%",
+                             f"{a % 24}:{c % 60:02d}", f"{a:,}", f"€{a % 300},{c:02d}")
+    return [forms(a, y, c)[k] for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
 
 
 def _urls(rng, sample, n):
@@ -279,9 +272,7 @@ def _chunk(rng, sample, sample_cyr, runs, n):
     seps = np.array(list(SEPARATORS), dtype=object)[
         rng.choice(len(SEPARATORS), n, p=np.array(list(SEPARATORS.values())) / sum(SEPARATORS.values()))]
     seps[rng.random(n) < 1 / DOC_WORDS] = "\n" + EOT
-    out = np.empty(2 * n, dtype=object)
-    out[0::2], out[1::2] = words, seps
-    return "".join(out.tolist())
+    return "".join(w + s for w, s in zip(words.tolist(), seps.tolist()))
 
 
 def scale_corpus(megabytes, seed=0, cache=CACHE):
@@ -317,11 +308,9 @@ def distinct_pretokens(path):
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
-    seen, pat = set(), regex.compile(bpe.GPT2_PAT)
-    for doc in documents(path):
-        seen.update(pat.findall(doc))
-    memo.write_text(str(len(seen)))
-    return len(seen)
+    n = len({t for doc in documents(path) for t in regex.findall(bpe.GPT2_PAT, doc)})
+    memo.write_text(str(n))
+    return n
 
 
 # ----------------------------------------------------------------------------
