@@ -237,9 +237,11 @@ def _numbers(rng, n):
     """Integers, years, decimals, prices, percentages, times, thousands separators."""
     v, kind = rng.zipf(1.3, n) % 10_000_000, rng.integers(0, 8, n)
     year, cents = rng.integers(1600, 2031, n), rng.integers(0, 100, n)
-    forms = lambda a, y, c: (str(a), str(y), f"{a % 1000}.{c}", f"${a % 5000}.{c:02d}", f"{c}%",
-                             f"{a % 24}:{c % 60:02d}", f"{a:,}", f"€{a % 300},{c:02d}")
-    return [forms(a, y, c)[k] for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
+    forms = [lambda a, y, c: str(a), lambda a, y, c: str(y), lambda a, y, c: f"{a % 1000}.{c}",
+             lambda a, y, c: f"${a % 5000}.{c:02d}", lambda a, y, c: f"{c}%",
+             lambda a, y, c: f"{a % 24}:{c % 60:02d}", lambda a, y, c: f"{a:,}",
+             lambda a, y, c: f"€{a % 300},{c:02d}"]  # one function per form: only the chosen string is built
+    return [forms[k](a, y, c) for k, a, y, c in zip(kind.tolist(), v.tolist(), year.tolist(), cents.tolist())]
 
 
 def _urls(rng, sample, n):
@@ -272,7 +274,9 @@ def _chunk(rng, sample, sample_cyr, runs, n):
     seps = np.array(list(SEPARATORS), dtype=object)[
         rng.choice(len(SEPARATORS), n, p=np.array(list(SEPARATORS.values())) / sum(SEPARATORS.values()))]
     seps[rng.random(n) < 1 / DOC_WORDS] = "\n" + EOT
-    return "".join(w + s for w, s in zip(words.tolist(), seps.tolist()))
+    out = np.empty(2 * n, dtype=object)  # words and separators interleaved: one join, no string per pair
+    out[0::2], out[1::2] = words, seps
+    return "".join(out.tolist())
 
 
 def scale_corpus(megabytes, seed=0, cache=CACHE):
@@ -308,7 +312,7 @@ def distinct_pretokens(path):
     memo = Path(str(path) + ".pretokens")
     if memo.is_file() and memo.stat().st_mtime >= Path(path).stat().st_mtime:
         return int(memo.read_text())
-    n = len({t for doc in documents(path) for t in regex.findall(bpe.GPT2_PAT, doc)})
+    n = len({t for doc in documents(path) for t in bpe.pretokenize(doc)})
     memo.write_text(str(n))
     return n
 
