@@ -6,9 +6,9 @@ with its formula and proven against the real model in model.py.
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Each section states its formulas, then prints its answers: the FLOP and MFU definitions that
-train.py and kernels.py import, lecture 2, assignment 1, where the course notes are wrong, and
-the proof of every formula against model.TransformerLM.
+Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-11
+state their formulas and print their answers (lecture 2, assignment 1, where the course notes are
+wrong); section 12, run by --verify, proves every formula against model.TransformerLM.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs
 2*m*n*p). "Forward FLOPs" count matmuls only. Causal attention's QK^T and AV are counted over
@@ -53,12 +53,12 @@ def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a s
 # ---------------------------------------------------------------------------------------------
 # 1. FLOPs, hardware and MFU
 
-# Dense (no 2:4 sparsity) peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers
-# (train.py's MFU and kernels.py's roofline import them); the datasheets' headline figures assume
-# 2:4 sparsity and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock
-# x 1.83 GHz = 989.4e12 (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is
-# the CUDA cores; "tf32" is fp32 matmuls on tensor cores, as torch runs them when
-# torch.get_float32_matmul_precision() is "high" or "medium".
+# Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and
+# kernels.py's roofline import them); the datasheets' headline figures assume 2:4 sparsity (two of
+# every four weights zero, skipped by the hardware) and are twice these. H100 SXM bf16: 132 SMs x 4
+# tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12 (the lecture halves the datasheet's
+# rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on tensor cores, as
+# torch runs them when torch.get_float32_matmul_precision() is "high" or "medium".
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
@@ -606,7 +606,8 @@ def notes_corrections():
         (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{tflops:.3f} TFLOPs, {each:.2%} each",
          f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {heads} times too small)"),
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
-         f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}", "the same single-head QK^T and AV count"),
+         f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}",
+         "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",
          "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
          "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),
@@ -633,7 +634,8 @@ _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_pr
 
 
 def measured_forward_flops(lm, T):
-    """FlopCounterMode's matmul FLOPs of a meta-device forward of one sequence, per component."""
+    """FlopCounterMode's matmul FLOPs, per component, of a forward of one sequence on the meta
+    device (tensors with shapes but no data)."""
     with FlopCounterMode(display=False) as counter:
         lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
     parts = dict.fromkeys(_COMPONENT_OF.values(), 0)
@@ -671,7 +673,7 @@ VERIFY_CONFIGS = {  # name -> (config, ablations)
     "TinyStories silu_ffn d_ff=2048": ({**TINYSTORIES, "d_ff": 2048}, {"silu_ffn": True}),
     "TinyStories no_norm": (TINYSTORIES, {"no_norm": True}),
     "TinyStories tie_embeddings": (TINYSTORIES, {"tie_embeddings": True}),
-    "GPT-2 small fast=True": (gpt2_config("small"), {"fast": True}),  # torch's SDPA counts the full T x T too
+    "GPT-2 small fast=True": (gpt2_config("small"), {"fast": True}),  # torch's fused attention counts T x T too
 }
 CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple
 

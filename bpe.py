@@ -3,7 +3,7 @@ Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, sectio
 
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair
 into a new token; encoding replays the learned merges in order. In reading order: the GPT-2
-pre-tokenizer, the naive trainer (the definition), the incremental trainer (compiled by numba),
+pre-tokenizer, the naive trainer (the definition), the incremental trainer (numba compiles it too),
 train_bpe, GPT-2's file format, the Tokenizer with a plain encode, the command line. The engine,
 bpe_fast.py, takes over big jobs at a few marked calls; test_all.py checks that it gives the
 same pre-tokens, merges and ids.
@@ -120,16 +120,17 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # -----------------------------------------------------------------------------
 # 3. The incremental trainer: the same merges without recounting everything
 #
-# A merge (a, b) -> t changes only the words that contain (a, b), and in them only the pairs
-# around it: (x, a)(a, b)(b, y) -> (x, t)(t, y). So the trainer keeps, across merges:
+# Each distinct pre-token ("word") is stored once, with its count. A merge (a, b) -> t changes
+# only the words that contain (a, b), and in them only the pairs around it:
+# (x, a)(a, b)(b, y) -> (x, t)(t, y). So the trainer keeps, across merges:
 # - counts: {pair: count}, the naive trainer's pair counts, kept up to date;
-# - where: {pair: the words that contain it}; a word that lost the pair since stays the same;
-# - heap: a max-heap of (count, pair). A count that changes is pushed again rather than found
-#   and fixed (lazy deletion): an entry whose count is stale is dropped when it comes on top.
-# Each distinct pre-token ("word") is stored once, with its count; a merge takes its words'
-# pairs out of the counts, merges each word in place and puts its pairs back. A token is an int
-# (256 + merge number), a pair one int (left << 32 | right). Only ints, arrays, dicts and lists:
-# the same source runs as Python (small jobs) and compiled by numba (helpers: register_jitable).
+# - where: {pair: the words that contain it}; a word that has since lost the pair stays listed;
+# - heap: heapq's min-heap of (-count, pair), so the greatest count is on top. A count that changes
+#   is pushed again, not found and fixed (lazy deletion): a stale entry is dropped when on top.
+# A merge takes its words' pairs out of the counts, merges each word in place and puts its pairs
+# back. A token is an int (256 + merge number), a pair one int (left << 32 | right). Only ints,
+# arrays, dicts and lists: the same source runs as Python and compiled by numba (helpers:
+# register_jitable; tests run both); big jobs take the engine's own, tuned loop instead.
 
 def _words_list(w):
     """[w], a new list of words (numba: a typed list, which a dict can hold)."""
@@ -263,7 +264,8 @@ _merge_loop_compiled = njit(cache=True)(_merge_loop)
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
-# Up to this much work the merge loop runs as plain Python: a 130 KB file never waits for numba.
+# Up to this much work the merge loop runs as plain Python: a 130 KB file and 1,000 merges never
+# wait for numba. Positions: the bytes of the distinct pre-tokens that have a pair.
 _INTERPRET_MAX_POSITIONS = 140_000
 _INTERPRET_MAX_MERGES = 1_000
 _INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
@@ -271,9 +273,9 @@ _INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, a
 
 @bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
-    """Train byte-level BPE on a UTF-8 file, counting pre-tokens in num_workers processes
-    (default: one per core it may use). Returns vocab {id: bytes} (0-255 the bytes, then the special
-    tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
+    """Train byte-level BPE on a UTF-8 file, counting pre-tokens (from 1 MiB in num_workers
+    processes, default one per core it may use). Returns vocab {id: bytes} (0-255 the bytes,
+    then the special tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
     special_tokens = _check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
@@ -513,7 +515,7 @@ class Tokenizer:
         return cls(vocab, merges, special_tokens, _in_file=in_file)
 
     def save(self, vocab_filepath, merges_filepath):
-        """GPT-2 format, written atomically as a pair: both files or neither."""
+        """GPT-2 format; both files are written whole before either replaces the old one."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
                                      for l, r in self.merges]
@@ -526,7 +528,7 @@ class Tokenizer:
 
     def _merge_pretoken(self, word):
         """BPE of one pre-token: merge the adjacent pair of lowest rank, at every place it
-        occurs (left to right), until no pair is a merge. " lowest" -> " low", "est"."""
+        occurs (left to right), until no pair is a merge. GPT-2: "lowest" -> "low", "est"."""
         ids = tuple(self._byte_ids[b] for b in word.encode("utf-8"))
         no_merge = (len(self.merges), 0)
         while len(ids) > 1:
@@ -569,7 +571,7 @@ class Tokenizer:
     def encode_iterable(self, iterable):
         """Lazily yield the ids of "".join(iterable), in constant memory: the engine cuts the
         stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the
-        ids equal encode's."""
+        ids equal encode's (ValueError if 4M characters pass with no place to cut)."""
         for piece in bpe_fast.stream_pieces(iterable, self.special_tokens, _STREAM_CHARS):
             yield from self.encode(piece)
 

@@ -3,8 +3,8 @@ The tokenizer's engine: what makes bpe.py fast, kept apart so that bpe.py reads 
 bpe.py calls it at a few marked places and test_all.py checks it against bpe.py's
 definitions (same pre-tokens, counts, merges and ids). It holds, in order:
 1. a compiled scanner that finds GPT2_PAT's pre-tokens in UTF-8 bytes;
-2. the file cut into chunks where no pre-token straddles a cut, the worker processes and
-   the Ctrl-C plumbing around numba;
+2. the file (and encode_iterable's stream) cut where no pre-token straddles a cut, the input
+   checks, the worker processes and the Ctrl-C plumbing around numba;
 3. pre-token counting in the workers, into hash tables keyed by the pre-tokens' bytes;
 4. the tuned merge loop (bpe.py's incremental trainer, laid out for the processor's caches);
 5. the compiled encoder and its cache of pre-tokens;
@@ -445,9 +445,9 @@ def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
 # (open addressing, linear probing): word w (a distinct pre-token) is word_bytes[rec[2w]:
 # rec[2w + 2]], seen rec[2w + 1] times, so a look-up touches few cache lines; slots[hash & mask]
 # holds tag << 32 | w (-1: empty), the tag being other bits of the hash, so most wrong slots
-# are passed without reading their word. Each worker counts its own run of chunks, 4 MiB at a
-# time, into one table; the parent merges those few tables.
-COMPILED_COUNT_MIN = 1 << 20   # smaller files take bpe.py's path: nothing to compile or load
+# are passed without reading their word. Each worker counts its own run of chunks, up to 4 MiB
+# at a time, into one table; the parent merges those few tables.
+COMPILED_COUNT_MIN = 1 << 20   # smaller files are counted by bpe.py: no scanner to compile or load
 
 
 @njit(cache=True, inline="always")

@@ -79,8 +79,8 @@ def llama_config(a, eot_id):
 
 def save_safetensors(tensors, path):
     """{name: contiguous float32 CPU tensor} -> path. Example: {"w": torch.ones(2)} -> the header's
-    length, {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, then w's 8 bytes (offsets
-    count from the end of the header)."""
+    length, {"__metadata__": {"format": "pt"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    padded with spaces to a multiple of 8, then w's 8 bytes (offsets count from the end of the header)."""
     header, at = {"__metadata__": {"format": "pt"}}, 0
     for name, t in tensors.items():
         header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + t.numel() * t.element_size()]}

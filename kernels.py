@@ -14,12 +14,13 @@ The variants: PyTorch ops (one kernel per op), F.gelu, torch.compile of the ops,
 CUDA kernel (load_inline) and Triton if installed; each checked, timed against a copy, profiled.
 
     python kernels.py                      # everything, on CUDA if there is a GPU
-    python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
+    mkdir -p out && python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
 """
 
 import contextlib
 import datetime
 import functools
+import inspect
 import json
 import math
 import os
@@ -169,9 +170,10 @@ torch::Tensor gelu_out(torch::Tensor x, torch::Tensor out, int64_t stream_handle
 def build_cuda_extension():
     """Compile GELU_CUDA_SRC + GELU_CPP_SRC once (torch caches the build on disk; the first one is slow)."""
     from torch.utils.cpp_extension import load_inline
-    # no_implicit_headers: compile our text exactly as written (requirements.txt pins a torch that has it)
+    # torch 2.7+ compiles our text exactly as written; older ones prepend their headers, which it also takes
+    extra = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
     return load_inline(name="kernels_gelu_cuda", cpp_sources=GELU_CPP_SRC, cuda_sources=GELU_CUDA_SRC,
-                       functions=["gelu_out"], extra_cuda_cflags=["-O3"], no_implicit_headers=True)
+                       functions=["gelu_out"], extra_cuda_cflags=["-O3"], **extra)
 
 
 def gelu_cuda(x, out=None):
@@ -215,8 +217,8 @@ def get_variants(device, log=print):
     """The variants that can run on `device`, in order; logs one line for each one skipped."""
     variants = {"torch ops": gelu_torch_ops, "F.gelu": gelu_builtin}
     on_cpu = None if device == "cuda" else "running on CPU; it needs a CUDA GPU"
-    # Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton
-    # on GPU, C++ on CPU). dynamic=True: one compile per dtype, not per size (dynamo's recompile limit).
+    # Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton on
+    # GPU, C++ on CPU). dynamic=True: one compile per dtype, not one per size (it stops after a few).
     candidates = {"torch.compile": (torch.compile(gelu_torch_ops, dynamic=True), None),
                   "CUDA kernel": (gelu_cuda, on_cpu or cuda_unavailable_reason()),
                   "Triton": (gelu_triton, on_cpu or (None if triton else "not installed; pip install triton"))}
@@ -389,7 +391,7 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
 
 
 def target_line(rows):
-    """The H100 target in one line: CUDA kernel at the largest fp32 size vs copy and F.gelu."""
+    """One summary line: the CUDA kernel at the largest fp32 size vs copy and F.gelu."""
     # by variant, its fp32 row of the largest size: a larger size comes later and overwrites a smaller
     at = {r["variant"]: r for r in sorted(rows, key=lambda r: r["log2_n"]) if r["dtype"] == "float32"}
     if "CUDA kernel" not in at:

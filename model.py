@@ -1,16 +1,17 @@
 """A Transformer language model from scratch, and text generation with a KV cache.
 
-Sections, in reading order (CS336 assignment 1, section 3):
+Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   1. Parameters: Linear, Embedding (truncated-normal init).
-  2. Pointwise pieces: RMSNorm, silu, softmax (max-subtracted).
+  2. Small pieces: RMSNorm, silu, softmax (max-subtracted).
   3. The feed-forward network: SwiGLU (the default; gated=False: a plain SiLU FFN, an ablation).
   4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
-The reference path uses plain tensor ops (no torch.nn layers or torch.nn.functional).
-fast=True swaps in torch's fused attention and silu and RoPE as one complex multiply: same
-parameters and state-dict keys, and the tests check it computes the same function.
+The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module,
+Parameter, init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention
+and silu, and in float32 without compile RoPE as one complex multiply: same parameters and
+state-dict keys, and the tests check it computes the same function.
 A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
@@ -54,7 +55,7 @@ class Embedding(nn.Module):
 
 
 # ----------------------------------------------------------------------------
-# 2. Pointwise pieces: RMSNorm, silu, softmax
+# 2. Small pieces: RMSNorm, silu, softmax
 
 class RMSNorm(nn.Module):
     """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
@@ -197,7 +198,7 @@ class MultiHeadSelfAttention(nn.Module):
                 past = kv_cache.n if kv_cache is not None else 0
                 token_positions = torch.arange(past, past + T, device=x.device)
             pos = token_positions if token_positions.dim() == 1 else token_positions[:, None, :]  # (T,) or (B, 1, T)
-            # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (inductor has no complex codegen)
+            # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
             q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
         if kv_cache is not None:
@@ -224,8 +225,9 @@ def _check_count(name, n, least=1):
 
 def _as_token_ids(ids):
     """The boundary check of token ids (forward and generate's prompts): integers only; a bool or
-    uint8 tensor would index the embedding as a mask. Only dtype is read (no host sync); int8/16
-    and the wider unsigned types become int64, since indexing takes int32 and int64 only."""
+    uint8 tensor would index the embedding as a mask. Only dtype is read (no host sync: the CPU does
+    not wait for the GPU); int8/16 and the wider unsigned types become int64, since indexing takes
+    int32 and int64 only."""
     if not isinstance(ids, torch.Tensor) or ids.dtype in (torch.bool, torch.uint8) \
             or ids.dtype.is_floating_point or ids.dtype.is_complex:
         got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
@@ -301,8 +303,8 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        # Reading the ids back is a host sync (one for both ends; and a graph break for
-        # torch.compile); meta tensors (shape-only models, as accounting.py builds) have no values.
+        # Reading the ids back is a host sync (one for both ends; and a graph break: torch.compile
+        # splits the model there); meta tensors (shape-only models, as accounting.py builds) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
             lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:

@@ -66,7 +66,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--num-heads", int, PRESET, "attention heads"),
     ("--d-ff", int, PRESET, "hidden width of the feed-forward network"),
     ("--rope-theta", float, 10000.0, "RoPE base"),
-    "ablations (handout section 7.3)",
+    "ablations (handout section 7.3; weight tying: 7.5)",
     ("--no-norm", bool, False, "remove every RMSNorm"),
     ("--post-norm", bool, False, "normalize after each residual add"),
     ("--nope", bool, False, "no position embedding (no RoPE)"),
@@ -101,8 +101,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--compile", bool, False, "torch.compile the model"),
     ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
-    ("--benchmark", bool, False, "time training steps on random tokens (tokens/s, MFU); writes nothing"),
-    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} warm-up steps"),
+    ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
+    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
     "samples at the end",
     ("--num-samples", int, 3, "samples written to samples.txt"),
     ("--sample-tokens", int, 200, "new tokens per sample"),
@@ -115,7 +115,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 def build_parser():
     p = safety.Parser(prog="train.py", description="Train a Transformer LM (CS336 assignment 1). With no flags: a "
                       "small model on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
-                      "small/tinystories/owt depend on --data: small for pydoc and text files.")
+                      "small/tinystories/owt depend on --data: small for pydoc and local files.")
     group = p  # argparse's complaints end like ours (safety.Parser): one sentence, exit code 2
     for row in FLAGS:
         if isinstance(row, str):  # a section title
@@ -440,7 +440,7 @@ def write_samples(model, tok, cfg, path):
 
 def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline):
     """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
-    checkpoint, samples, the plot. Returns 0 done, 130 stopped (a non-finite loss or gradient: DataError)."""
+    checkpoint, samples, the plot. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
