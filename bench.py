@@ -4,14 +4,15 @@
     python bench.py train        # train_bpe, `bpe.py train`, HF tokenizers, rustbpe: 50 and 200 MB, vocab 32k
     python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
-    python bench.py cold         # small and large jobs with an empty numba cache, then a warm one
-    python bench.py encode       # Tokenizer.encode, then encode_file on 200 MB (--encode-mb), vs tiktoken
-    python bench.py step [train.py flags]  # the training step vs HF's LlamaForCausalLM
+    python bench.py cold         # small and large jobs with an empty numba cache, then twice with it filled
+    python bench.py encode       # Tokenizer.encode, then encode_file on 50 MB (--encode-mb), vs tiktoken
+    python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
     python bench.py generate     # generation with and without the KV cache
 
-The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers are imported only
-when their table runs. Tools take turns and medians are reported, as a shared machine's load changes
-under a benchmark. Whole processes are measured from outside: wall time and peak memory (tree_pss_mb).
+The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers (the tools
+compared against) are imported only when their table runs. Tools take turns, and a repeated table
+reports medians, as a shared machine's load changes under a benchmark. Training, cold starts and
+encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
 import functools
@@ -147,9 +148,9 @@ def process_table(runs, call="call"):
 # The handout's real corpora (TinyStories, OpenWebText) are gigabytes and not in ../shared,
 # so the scale tables train on text built here. What makes web text hard for a BPE trainer
 # is not its bytes but its millions of distinct pre-tokens (typos, names, numbers, URLs,
-# other scripts), so the generator mutates real words into a pool of a few million distinct
+# other scripts), so the generator mutates real words into a pool of 0.3-3 million distinct
 # strings and samples them with a Zipf-like weight: common words stay common, and the tail of
-# rare words keeps growing with the corpus, as on the web.
+# rare words grows with the corpus (up to 180 MB), as on the web.
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cs336-bench"
 CORPUS_VERSION = 1  # bump when the generator changes, so that old cached files are not reused
@@ -280,7 +281,7 @@ def _chunk(rng, sample, sample_cyr, runs, n):
 
 
 def scale_corpus(megabytes, seed=0, cache=CACHE):
-    """A web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut at whitespace; documents end with
+    """A web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut after a space or newline; documents end with
     <|endoftext|>), built once per (size, seed), the same bytes for the same seed, and kept in `cache`:
     scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
     path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
@@ -299,7 +300,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     with atomic_file(path) as f:  # a corpus cut short by Ctrl-C is never found and used next time
         while target > 0:  # target: the bytes still to write
             blob = _chunk(rng, sample, sample_cyr, runs, 1_000_000).encode("utf-8")
-            if len(blob) > target:  # the last piece: cut at the last ASCII whitespace, a character boundary
+            if len(blob) > target:  # the last piece: cut after its last space or newline, a character boundary
                 blob = blob[:max(blob.rfind(b" ", 0, target), blob.rfind(b"\n", 0, target)) + 1]
                 target = len(blob)
             f.write(blob)
@@ -318,10 +319,10 @@ def distinct_pretokens(path):
 
 
 # ----------------------------------------------------------------------------
-# 1. BPE training: this project, Hugging Face tokenizers, rustbpe (whole processes)
+# 1. BPE training: this project, Hugging Face tokenizers, rustbpe (whole processes); cold starts
 
 def documents(path, block=1 << 24):
-    """The documents of a text file, between <|endoftext|> markers, read 16 MB at a time."""
+    """The documents of a text file, between <|endoftext|> markers, read 16M characters at a time."""
     rest = ""
     with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as it is
         for piece in iter(lambda: f.read(block), ""):
@@ -453,7 +454,7 @@ def bench_cold(args):
 
 def stdlib_source(limit=5_000_000):
     """The first `limit` bytes of Python's own standard library (.py files sorted by path,
-    site-packages and files that are not UTF-8 left out), so that any machine has the same text."""
+    site-packages and files that are not UTF-8 left out), so that machines with the same Python have the same text."""
     import sysconfig
     parts, size = [], 0
     for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
@@ -576,7 +577,7 @@ def bench_encode_file(args, files, enc):
 
 def llama_step(cfg, micro):
     """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm,
-    RoPE, SwiGLU, no biases, untied head, SDPA attention) with torch's own AdamW and loss."""
+    RoPE, SwiGLU, no biases, untied head, torch's fused attention) with torch's own AdamW and loss."""
     from transformers import LlamaConfig, LlamaForCausalLM
     shape = export.llama_config({**cfg, "tie_embeddings": False}, None)  # the mapping lives there, once
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
@@ -647,14 +648,15 @@ def main(argv=None):
         return bench_step(argv[1:])
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
               "step": lambda args: bench_step([]), "generate": bench_generate}
-    ap = Parser(prog="bench.py", description="Comparisons with other tools (see the docstring).")
+    ap = Parser(prog="bench.py", description="Comparisons with other tools (`bench.py step` takes "
+                "train.py's flags instead of these).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
                     help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
-    ap.add_argument("--encode-mb", type=megabytes, default=200, help="encode: size of the scale corpus for encode_file")
-    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per tool")
+    ap.add_argument("--encode-mb", type=megabytes, default=50, help="encode: size of the scale corpus for encode_file")
+    ap.add_argument("--repeats", type=int, default=3, help="train, encode: runs per tool, alternating")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     args = ap.parse_args(argv)
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
