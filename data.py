@@ -231,16 +231,21 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 def load_ids(source, val_data):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
     the tokenizer saved beside them, if any, to decode the samples."""
-    try:
-        train = np.load(source, mmap_mode="r")
-        valid = np.load(val_data, mmap_mode="r") if val_data else None
-    except (ValueError, OSError, EOFError) as e:
-        raise UsageError(f"--data/--val-data: cannot read the .npy file ({e}); save ids with np.save.") from None
-    for flag, ids in (("--data", train), ("--val-data", valid)):
+    loaded = {}
+    for flag, path in (("--data", source), ("--val-data", val_data)):
+        try:
+            ids = np.load(path, mmap_mode="r") if path else None
+        except (ValueError, OSError, EOFError) as e:
+            raise UsageError(f"{flag} {path}: cannot read the .npy file ({e}); save ids with np.save.") from None
+        if ids is not None and not isinstance(ids, np.ndarray):  # a zip (np.savez, torch.save) loads as an NpzFile
+            raise UsageError(f"{flag} {path} is a zip archive (np.savez or torch.save?), not a .npy; save ids with "
+                             "np.save.")
         if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: uint16 or uint32
             raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if ids is not None and len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
+        loaded[flag] = ids
+    train, valid = loaded["--data"], loaded["--val-data"]
     if valid is None:  # still a memmap view: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
@@ -334,6 +339,8 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
     files of text (prepare_data's cache), the size of the tokenizer that made them: a larger id is damage."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
+        if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
+            raise damaged_cache(ids.filename, "it holds no token ids")
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")

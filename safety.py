@@ -1,7 +1,8 @@
 """
 Run safety: what keeps a user's files whole and turns each mistake or fault into one sentence. Optional
-reading: train.py calls it once at each boundary, and every file writes through atomic_file. It imports
-only the standard library at its top (bpe.py must not load torch); what asks torch imports it there (_torch).
+reading: train.py calls it once at each boundary, and every file but metrics.jsonl (appended) and a download
+(a .part) writes through atomic_file. It imports only the standard library at its top (bpe.py must not load
+torch); what asks torch imports it there (_torch).
 
 1. A command line's errors and exit codes, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
@@ -91,7 +92,7 @@ class UsageError(Exception):  # a mistake in the flags or the inputs: the comman
     pass
 
 
-class DataError(Exception):  # the machine failed the run (offline, server down, disk full): exit code 1
+class DataError(Exception):  # the run failed, not its flags (offline, disk full, a NaN, a killed worker): exit 1
     pass
 
 
@@ -128,7 +129,7 @@ def atomic_file(path, mode="wb"):
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
         os.replace(tmp, path)
     except OSError as e:          # a full disk fails f.write, which names no file: name path
-        if e.filename in (None, tmp):
+        if e.errno is not None and e.filename in (None, tmp):  # not an OSError with no errno (gzip's BadGzipFile)
             e.filename = path
         raise
     finally:
@@ -158,7 +159,7 @@ def end_quietly_on_closed_pipe():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
-def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly, as a program killed by SIGPIPE
+def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly (no traceback, as `cat` ends)
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout as it exits
     return 1
 
@@ -262,6 +263,8 @@ def run_dir_problem(c):
                 "or another --run-name.")
     if in_the_way:
         return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
+    if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
+        return in_use(d, pid)
     if has_run and not (c["resume"] or c["overwrite"]):
         return (f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
                 "--run-name.")
@@ -272,7 +275,7 @@ def run_dir_problem(c):
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
-NAME_ROOM = 32  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"
+NAME_ROOM = 33  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"
 
 
 def too_long(c):
@@ -454,6 +457,11 @@ def lock_holder(path):
     return None  # no /proc/locks (not Linux): the sentence says "another process"
 
 
+def in_use(where, pid):
+    return (f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is writing the same run; "
+            "wait for it to end (or stop it), or pick another --run-name.")
+
+
 @contextlib.contextmanager
 def run_lock(cfg):
     """One writer per run directory: rank 0 holds an exclusive flock on it until the run ends (the kernel drops it
@@ -467,9 +475,7 @@ def run_lock(cfg):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = lock_holder(where)
-            err = [UsageError(f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is "
-                              "writing the same run; wait for it to end (or stop it), or pick another --run-name.")]
+            err = [UsageError(in_use(where, lock_holder(where)))]
         if not err[0] and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside this one may have ended since
             err = [UsageError(problem)]
         if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
@@ -666,7 +672,7 @@ def check_same_data(state, cfg, ckpt_path):
     (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
-        what = "tokenizer" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
+        what = "tokenizer's files" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
         raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
                          f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
                          "--overwrite.")

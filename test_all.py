@@ -2254,6 +2254,10 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
     damage[0][0]()  # and through train.py: one sentence, exit 2
     assert train.main(args) == 2
     _train_one_line(capsys, "train.npy in the data cache cannot be used (")
+    (toks / "train.npy").write_bytes(good[toks / "train.npy"])
+    np.save(toks / "valid.npy", np.zeros(0, np.uint16))  # it said "lower --context-length", which cannot help
+    assert train.main(args) == 2
+    _train_one_line(capsys, f"{toks / 'valid.npy'} in the data cache cannot be used (it holds no token ids)")
 
 
 def test_data_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
@@ -2274,10 +2278,10 @@ def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
     owt.mkdir(parents=True)
     args = ["--data", "owt", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
     noise = random.Random(0).randbytes(5000)
-    for content in (b"not gzip at all", gzip.compress(noise)[:2000]):  # not gzip; cut short
+    for content, why in ((b"not gzip at all", "Not a gzipped file"), (gzip.compress(noise)[:2000], "")):
         (owt / "owt_train.txt.gz").write_bytes(content)
         assert train.main(args) == 2
-        _train_one_line(capsys, "owt_train.txt.gz in the data cache cannot be used (")
+        assert why in _train_one_line(capsys, "owt_train.txt.gz in the data cache cannot be used (")  # the reason kept
         assert sorted(p.name for p in owt.iterdir()) == ["owt_train.txt.gz"]
 
 
@@ -2285,6 +2289,16 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
     assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
     _train_one_line(capsys, "--data: the file holds no token ids")
+    # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
+    np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
+    torch.save(torch.arange(1000), tmp_path / "t.npy")
+    (tmp_path / "g.npy").write_bytes(b"\x93NUMPY" + bytes(100))
+    for flags, needle in ((["--data", "t.npy"], f"--data {tmp_path / 't.npy'} is a zip archive"),
+                          (["--data", "ok.npy", "--val-data", "g.npy"], f"--val-data {tmp_path / 'g.npy'}: cannot read")):
+        argv = [f if not f.endswith(".npy") else str(tmp_path / f) for f in flags]
+        assert train.main([*argv, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
+        _train_one_line(capsys, needle)
+    assert not (tmp_path / "out").exists()
 
 
 # ============================================================================
@@ -2598,6 +2612,8 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
             time.sleep(0.05)
         capsys.readouterr()
         assert train.main(args + ["--resume"]) == 2
+        _train_one_error(capsys, f"{run} is in use by process {p.pid}", "--run-name")
+        assert train.main(args) == 2  # the same command again: the process is named (it said "pass --resume")
         _train_one_error(capsys, f"{run} is in use by process {p.pid}", "--run-name")
         seen, deadline = len(_train_losses(run)), time.monotonic() + 60  # a loaded box may take seconds a step
         while p.poll() is None and len(_train_losses(run)) <= seen and time.monotonic() < deadline:
