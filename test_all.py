@@ -1,8 +1,8 @@
 """The single test file: python -m pytest -q test_all.py
 
 Sections follow the files: model.py and optim.py, bpe.py with bpe_fast.py, safety.py, data.py,
-train.py, accounting.py, kernels.py, bench.py, export.py. Tests that need a GPU, nvcc, transformers
-or the course material in ../shared skip with a one-line reason."""
+train.py, accounting.py, kernels.py, bench.py, export.py. Tests that need a GPU, nvcc, a C++ compiler,
+transformers, matplotlib or the course material in ../shared skip with a one-line reason."""
 import collections
 import contextlib
 import copy
