@@ -322,7 +322,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):
         # The engine runs this loop compiled, its data laid out for the processor's caches and
         # prefetched, changing only the pairs next to a merge; it learns the same merges.
-        loop = bpe_fast.merge_loop
+        loop = bpe_fast.load_merge_loop()
     lefts, rights = (loop or _merge_loop)(ids, word_start, word_count, num_merges)
     tokens = [bytes([b]) for b in range(256)]          # internal id -> bytes
     merges = []

@@ -623,8 +623,7 @@ def count_words(input_path, special_tokens, num_workers=None):
         results = workers.imap_checked(_count_range, tasks, False) if parallel else map(_count_range, tasks)
         if parallel:                       # the workers have started counting: load the parent's half
             _word_tables_merge(table, 0, *_trimmed(table, 0))
-        _note_first_compile(merge_loop)
-        merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
+        load_merge_loop()
         raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)
     # The biggest table, with room for the words of all (fewer if they share words), takes
@@ -1109,6 +1108,13 @@ def check_longest_word(word_start, where):
 def merge_loop_loaded():
     """The compiled merge loop is loaded in this process (then any job may use it)."""
     return bool(merge_loop.signatures)
+
+
+def load_merge_loop():
+    """merge_loop, loaded from numba's disk cache or compiled (saying so) on a tiny job."""
+    _note_first_compile(merge_loop)
+    merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
+    return merge_loop
 
 
 # -----------------------------------------------------------------------------
