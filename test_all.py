@@ -52,9 +52,13 @@ from optim import AdamW, cross_entropy
 
 
 @pytest.fixture(autouse=True)
-def _in_a_temporary_directory(tmp_path, monkeypatch):
-    """Each test runs in its own directory: what a command writes by default (data/, out/) stays out of the clone."""
-    monkeypatch.chdir(tmp_path)
+def _in_a_temporary_directory(tmp_path):
+    """Each test runs in its own directory: what a command writes by default (data/, out/) stays out of the clone.
+    Not with monkeypatch.chdir: a test's monkeypatch.undo() would undo it too."""
+    home = os.getcwd()
+    os.chdir(tmp_path)
+    yield
+    os.chdir(home)
 
 
 # ============================================================================
