@@ -496,7 +496,7 @@ def bench_encode(args):
                                          special_tokens={EOT: 50256})
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
-    bpe.bpe_fast._load_compiled_encoder()
+    bpe.bpe_fast.load_compiled_encoder()
     print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, {args.repeats} runs "
           f"taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")

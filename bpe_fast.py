@@ -1111,9 +1111,10 @@ def merge_loop_loaded():
 
 
 def load_merge_loop():
-    """merge_loop, loaded from numba's disk cache or compiled (saying so) on a tiny job."""
-    _note_first_compile(merge_loop)
-    merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
+    """merge_loop, loaded once from numba's disk cache or compiled (saying so) on a tiny job."""
+    if not merge_loop_loaded():
+        _note_first_compile(merge_loop)
+        merge_loop(np.zeros(1, np.uint8), np.array([0, 1], np.int64), np.ones(1, np.int64), 0)
     return merge_loop
 
 
@@ -1434,7 +1435,7 @@ def compiled_encoder_pays(n_chars):
     return _compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS
 
 
-def _load_compiled_encoder():
+def load_compiled_encoder():
     """Compile the encoder (or load it from numba's disk cache) once per process."""
     if not _compiled_encoder_loaded:
         Encoder(list(range(256)), {}, {}).encode(b"ab")

@@ -231,18 +231,20 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 def load_ids(source, val_data):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
     the tokenizer saved beside them, if any, to decode the samples."""
-    loaded = {}
+    loaded = {"--val-data": None}
     for flag, path in (("--data", source), ("--val-data", val_data)):
+        if not path:
+            continue
         try:
-            ids = np.load(path, mmap_mode="r") if path else None
+            ids = np.load(path, mmap_mode="r")
         except (ValueError, OSError, EOFError) as e:
             raise UsageError(f"{flag} {path}: cannot read the .npy file ({e}); save ids with np.save.") from None
-        if ids is not None and not isinstance(ids, np.ndarray):  # a zip (np.savez, torch.save) loads as an NpzFile
+        if not isinstance(ids, np.ndarray):  # a zip (np.savez, torch.save) loads as an NpzFile
             raise UsageError(f"{flag} {path} is a zip archive (np.savez or torch.save?), not a .npy; save ids with "
                              "np.save.")
-        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "ui"):  # text's ids: uint16 or uint32
+        if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
             raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
-        if ids is not None and len(ids) == 0:
+        if len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
         loaded[flag] = ids
     train, valid = loaded["--data"], loaded["--val-data"]

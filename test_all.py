@@ -858,6 +858,7 @@ def test_bpe_a_file_under_1_mib_says_when_the_merge_loop_compiles(monkeypatch):
     # with 1,800 merges compiled the merge loop for 18 s without a word
     noted = []
     monkeypatch.setattr(bpe_fast, "_note_first_compile", noted.append)
+    monkeypatch.setattr(bpe_fast, "merge_loop_loaded", lambda: False)  # as in a fresh process
     counts = {"".join(random.Random(i).choices("abcdefgh", k=12)): 2 for i in range(3000)}
     bpe.train_from_counts(counts, 256 + 1500)
     assert noted == [bpe_fast.merge_loop]
