@@ -44,7 +44,7 @@ import numpy as np
 import regex
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
+from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
 from safety import (DataError, atomic_file, end_progress, memory_bytes, same_file, show_progress, unreadable,
@@ -138,7 +138,10 @@ def _next_pretoken(data, i, n, classes):
 # run of whitespace (a non-space follows). The rest of the run is one pre-token either way
 # ('\s+(?!\S)' backs off to end just there, as the end of a text ends it), and that character starts
 # the next one whatever precedes: a space starts ' ?\p{L}+' or a sibling, a newline or a tab is one
-# of its own. So CJK text, which has no spaces, is cut at its line breaks. _STREAM_CUT is for str
+# of its own. Two exceptions, both about special tokens, are checked by _cut_keeps_specials: the cut
+# must not split one, and the non-space must not begin one, since a special token ends the text
+# before it, and there '\s+(?!\S)' takes the whole run (".\n\n<|endoftext|>": "\n\n" is one token).
+# So CJK text, which has no spaces, is cut at its line breaks. _STREAM_CUT is for str
 # (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a UTF-8 lead
 # byte of a range without Unicode whitespace. The standard library's re runs _STREAM_CUT faster than
 # regex; its \S is a subset of regex's (its \s adds \x1c-\x1f), so it finds no cut regex would not.
@@ -151,10 +154,11 @@ _BOUNDARY_WINDOW = 1 << 16      # read this much at a time when looking for a cu
 _MP = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def _inside_special(buf, p, specials):
-    """A special token in buf straddles position p."""
-    return any(len(s) > 1 and buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1
-               for s in specials)
+def _cut_keeps_specials(buf, p, specials):
+    """Cutting buf before position p splits no special token, and none begins at p + 1 (just after the
+    whitespace a _STREAM_CUT or _SAFE_CUT is before). buf must hold p + 1 + the longest token, or end the text."""
+    return not any(buf.find(s, max(0, p - len(s) + 1), p + len(s) - 1) != -1 or buf.startswith(s, p + 1)
+                   for s in specials)
 
 
 def stream_pieces(iterable, special_tokens, piece_chars):
@@ -174,7 +178,7 @@ def stream_pieces(iterable, special_tokens, piece_chars):
         tail = max(lo, hi - 4096)
         for a, b in ((tail, hi), (lo, tail + 1)):      # the last 4K first: most text has a cut there
             starts = [m.start() for m in _STREAM_CUT.finditer(buf, a, b)]
-            found = next((p for p in reversed(starts) if p > 0 and not _inside_special(buf, p, special_tokens)), -1)
+            found = next((p for p in reversed(starts) if p > 0 and _cut_keeps_specials(buf, p, special_tokens)), -1)
             if found >= 0:
                 break
         scanned = max(scanned, hi)
@@ -199,9 +203,9 @@ def _find_cut(f, pos, size, cut_re, special_bytes):
         buf = f.read(pos - lo + _BOUNDARY_WINDOW + margin)
         for m in cut_re.finditer(buf, pos - lo):
             p = m.start()
-            if p > len(buf) - margin and lo + len(buf) < size:
+            if p + 1 + margin > len(buf) and lo + len(buf) < size:
                 break                   # too close to the window edge to judge: slide on
-            if not _inside_special(buf, p, special_bytes):
+            if _cut_keeps_specials(buf, p, special_bytes):
                 return lo + p
         pos = lo + max(pos - lo + 1, len(buf) - margin)
     return None
@@ -213,11 +217,16 @@ def _special_bytes_re(special_bytes):
     return regex.compile(b"|".join(alts)) if alts else None
 
 
+def _file_cut_re(special_bytes):
+    """Where a file may be cut, before _cut_keeps_specials has its say: before a special token, or at _SAFE_CUT."""
+    special_re = _special_bytes_re(special_bytes)
+    return regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
+
+
 def _chunk_bounds(path, size, special_bytes, n_chunks):
     """Byte offsets [0, c1, ..., size] of about n_chunks pieces: each cut is the first special token
     or _SAFE_CUT from the even split on."""
-    special_re = _special_bytes_re(special_bytes)
-    cut_re = regex.compile(b"|".join([special_re.pattern, _SAFE_CUT]) if special_re else _SAFE_CUT)
+    cut_re = _file_cut_re(special_bytes)
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n_chunks):
@@ -374,6 +383,25 @@ def _note_first_compile(dispatcher):
     if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
         print("compiling the tokenizer's fast path once for this machine (up to half a minute)", flush=True)
         _compile_noted = True
+
+
+def _damaged_cache_is_a_miss(cache_file):
+    """numba reads its disk cache (an index *.nbi, code *.nbc) with pickle and lets a damaged file's
+    error through: a truncated index (a killed writer, a full disk) failed every compiled call with an
+    UnpicklingError. Here a file that cannot be read is a miss: the code is compiled and saved anew."""
+    def miss_on_error(read, miss):
+        @functools.wraps(read)
+        def read_or_miss(self, *args):
+            try:
+                return read(self, *args)
+            except Exception:     # pickle fails on bad bytes in many ways (EOFError, UnpicklingError, ...)
+                return miss
+        return read_or_miss
+    cache_file._load_index = miss_on_error(cache_file._load_index, {})
+    cache_file.load = miss_on_error(cache_file.load, None)
+
+
+_damaged_cache_is_a_miss(caching.IndexDataCacheFile)
 
 
 def raise_held_ctrl_c():

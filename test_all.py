@@ -864,6 +864,24 @@ def test_bpe_a_file_under_1_mib_says_when_the_merge_loop_compiles(monkeypatch):
     assert noted == [bpe_fast.merge_loop]
 
 
+def test_bpe_a_damaged_numba_cache_is_compiled_again(tmp_path):
+    """A truncated numba index (__pycache__/*.nbi: a killed writer, a full disk) made every compiled call fail
+    with an UnpicklingError traceback; with bpe_fast loaded, a damaged index or code file is a cache miss."""
+    (tmp_path / "tiny.py").write_text("from numba import njit\n\n@njit(cache=True)\ndef add_one(x):\n    return x + 1\n")
+    code = [sys.executable, "-c", "import bpe_fast, tiny; print(tiny.add_one(41))"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(_BPE_REPO)])}
+    env.pop("NUMBA_CACHE_DIR", None)                               # beside tiny.py: in tmp_path/__pycache__
+    assert subprocess.run(code, env=env, capture_output=True, text=True, timeout=300).stdout == "42\n"
+    for suffix, keep in ((".nbi", 20), (".nbc", 100)):
+        files = list((tmp_path / "__pycache__").glob(f"tiny.add_one-*{suffix}"))
+        assert files
+        for f in files:
+            f.write_bytes(f.read_bytes()[:keep])
+        r = subprocess.run(code, env=env, capture_output=True, text=True, timeout=300)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "42\n", ""), suffix
+    assert subprocess.run(code, env=env, capture_output=True, text=True, timeout=300).stdout == "42\n"
+
+
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
     """The plain loop runs as Python for small jobs, but a merge may walk the longest word: 129 KB of Chinese
     without punctuation, one word, took 27 s that way (0.46 s compiled)."""
@@ -1037,23 +1055,107 @@ def bpe_gpt2():
     return special, plain
 
 
+def _bpe_pretokens(text, specials):
+    """The definition as a list: special tokens (longest first) split the text, GPT2_PAT each part."""
+    alts = "|".join(map(regex.escape, sorted(specials, key=len, reverse=True)))
+    return [w for part in (regex.split(f"({alts})", text) if specials else [text])
+            for w in ([part] if part in specials else regex.findall(bpe.GPT2_PAT, part))]
+
+
+_BPE_CUT_SPECIALS = ["<|endoftext|>", "<|eot|>", "<|eot|><|eot|>"]
+_BPE_CUT_PIECES = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\x85", "a", "Z", "1", "'s",
+                   "'", ".", "é", "日本", "😀", "\u0301", "д", "—", "x\n", "。", "\x0b", "\x0c", "\r", "\x1c", "\t'",
+                   " \t", ".\n\n<|endoftext|>", "<|", "|>", "eot"]
+
+
 def test_bpe_safe_cuts_never_change_the_pretokens():
-    # Oracle: GPT2_PAT on the whole text. Cutting at any _STREAM_CUT (str) or _SAFE_CUT (bytes)
-    # position and pre-tokenizing both sides must give the same pre-tokens.
+    # Oracle: the definition on the whole text. Cutting at any _STREAM_CUT (str) or file cut (bytes)
+    # that _cut_keeps_specials allows, and pre-tokenizing both sides, must give the same pre-tokens.
+    # (A cut before the newline of ".\n\n<|endoftext|>" gave "\n", "\n" where the whole gives "\n\n".)
     rng = random.Random(1)
-    pieces = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\x85", "a", "Z", "1", "'s",
-              "'", ".", "é", "日本", "😀", "\u0301", "д", "—", "x\n", "。", "\x0b", "\x0c", "\r", "\x1c", "\t'", " \t"]
     n_cuts = 0
-    for _ in range(3000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
-        whole = regex.findall(bpe.GPT2_PAT, text)
-        cuts = [m.start() for m in bpe_fast._STREAM_CUT.finditer(text)]
-        data = text.encode("utf-8")
-        cuts += [len(data[:m.start()].decode("utf-8")) for m in regex.finditer(bpe_fast._SAFE_CUT, data)]
-        for c in cuts:
-            assert regex.findall(bpe.GPT2_PAT, text[:c]) + regex.findall(bpe.GPT2_PAT, text[c:]) == whole, (text, c)
-        n_cuts += len(cuts)
-    assert n_cuts > 1000
+    for specials in ([], _BPE_CUT_SPECIALS):
+        special_bytes = [s.encode() for s in specials]
+        pieces = _BPE_CUT_PIECES + specials * 3
+        for _ in range(3000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+            whole, data = _bpe_pretokens(text, specials), text.encode("utf-8")
+            cuts = [m.start() for m in bpe_fast._STREAM_CUT.finditer(text)
+                    if bpe_fast._cut_keeps_specials(text, m.start(), specials)]
+            cuts += [len(data[:m.start()].decode("utf-8")) for m in bpe_fast._file_cut_re(special_bytes).finditer(data)
+                     if bpe_fast._cut_keeps_specials(data, m.start(), special_bytes)]
+            for c in cuts:
+                assert _bpe_pretokens(text[:c], specials) + _bpe_pretokens(text[c:], specials) == whole, (text, c)
+            n_cuts += len(cuts)
+    assert n_cuts > 2000
+
+
+def _bpe_random_documents(rng, n_chars):
+    """Documents of words, numbers, CJK, odd whitespace and half special tokens, each ending in
+    ".\n\n<|endoftext|>" or another special token, about n_chars characters in all."""
+    words = ["the", " cat", " sat", ",", " 42", " 日本語", "😀", "'s", " don't", "\u00a0x", "\t", "\n", "  ", "<|", "|>"]
+    docs, n = [], 0
+    while n < n_chars:
+        doc = "".join(rng.choice(words) for _ in range(rng.randint(1, 60)))
+        doc += rng.choice([".\n\n<|endoftext|>", "\n<|eot|>", " <|eot|><|eot|>", "\n\n", ".\n\n<|endoftext|>\n"])
+        docs.append(doc)
+        n += len(doc)
+    return "".join(docs)
+
+
+def test_bpe_tokens_never_depend_on_where_the_text_was_cut(tmp_path, monkeypatch):
+    """Property: over random documents, random read sizes and 1-8 workers, with chunks small enough
+    that every text is cut many times, encode_iterable == encode == encode_file, and train_bpe's
+    engine (counting in chunks) == train_bpe_naive. A cut before the newline of ".\n\n<|endoftext|>"
+    made encode_iterable and the chunked paths give "\n", "\n" where encode gives "\n\n"."""
+    monkeypatch.setattr(bpe, "_STREAM_CHARS", 64)
+    monkeypatch.setattr(bpe_fast, "COMPILED_COUNT_MIN", 0)           # the engine counts even small files
+    for name, value in (("_MIN_CHUNK", 256), ("_CHUNK_BYTES", 512), ("_BOUNDARY_WINDOW", 32)):
+        monkeypatch.setattr(bpe_fast, name, value)
+    rng = random.Random(34)
+    for example in range(6):
+        text, workers = _bpe_random_documents(rng, rng.randint(3000, 20_000)), rng.randint(1, 8)
+        path = tmp_path / f"docs{example}.txt"
+        path.write_bytes(text.encode("utf-8"))
+        vocab, merges = bpe.train_bpe(str(path), 330, _BPE_CUT_SPECIALS, num_workers=workers)
+        assert (vocab, merges) == bpe.train_bpe_naive(text, 330, _BPE_CUT_SPECIALS), (example, workers)
+        tok = bpe.Tokenizer(vocab, merges, _BPE_CUT_SPECIALS)
+        ids = tok.encode(text)
+        assert tok.encode("\n\n") in [[i] for i in ids]               # the blank line is one token here
+        cuts = sorted(rng.sample(range(1, len(text)), 200))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        assert list(tok.encode_iterable(iter(pieces))) == ids, (example, "encode_iterable")
+        with open(path, encoding="utf-8", newline="") as f:
+            read_size = rng.randint(1, 300)
+            assert list(tok.encode_iterable(iter(lambda: f.read(read_size), ""))) == ids, (example, read_size)
+        bpe_fast.encode_file(tok, str(path), str(tmp_path / "ids.npy"), num_workers=workers, progress=False)
+        assert np.load(tmp_path / "ids.npy").tolist() == ids, (example, workers, "encode_file")
+        assert len(bpe_fast._chunk_bounds(str(path), path.stat().st_size, [s.encode() for s in _BPE_CUT_SPECIALS],
+                                          100)) > 6
+
+
+def test_bpe_gpt2_documents_give_the_same_ids_however_they_are_read(bpe_gpt2, tmp_path, monkeypatch):
+    """The tester's case: documents ending in ".\n\n<|endoftext|>" read 4096 characters at a time gave
+    [13, 198, 198, 50256] at some cuts where encode gives [13, 628, 50256]; encode_file with 4+ workers
+    likewise. tiktoken, where installed, gives the same ids."""
+    special, _ = bpe_gpt2
+    assert special.encode("Hi.\n\n<|endoftext|>")[-3:] == [13, 628, 50256]
+    monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 2048)                 # many cuts over 8 workers
+    text = _bpe_random_documents(random.Random(5), 300_000)
+    path = tmp_path / "docs.txt"
+    path.write_bytes(text.encode("utf-8"))
+    ids = special.encode(text)
+    with open(path, encoding="utf-8", newline="") as f:
+        assert list(special.encode_iterable(iter(lambda: f.read(4096), ""))) == ids
+    for workers in (4, 8):
+        bpe_fast.encode_file(special, str(path), str(tmp_path / "ids.npy"), num_workers=workers, progress=False)
+        assert np.load(tmp_path / "ids.npy").tolist() == ids, workers
+    tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is not installed (pip install tiktoken): the ids "
+                                   "above were checked against encode only")
+    ranks = {t: i for i, t in bpe._load_vocab_file(_BPE_GPT2_VOCAB).items() if t != _BPE_EOT.encode()}
+    enc = tiktoken.Encoding(name="gpt2_local", pat_str=bpe.GPT2_PAT, mergeable_ranks=ranks,
+                            special_tokens={_BPE_EOT: 50256})
+    assert enc.encode(text, allowed_special={_BPE_EOT}) == ids
 
 
 def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
