@@ -15,17 +15,18 @@ Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the tra
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
 train.py --export calls export_run; tests: python -m pytest -q test_all.py -k export
 """
+import contextlib
 import inspect
 import json
 import os
-import shutil
 
 import torch
 
 from bpe import Tokenizer
 from data import EOT
 from model import RMSNorm, TransformerLM
-from safety import TMP_MARK, UsageError, atomic_file, check_state, disk_is_full, log, read_checkpoint
+from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log,
+                    read_checkpoint)
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -96,16 +97,21 @@ def save_safetensors(tensors, path):
 # ----------------------------------------------------------------------------
 # 3. The tokenizer: GPT-2's files and what transformers needs to know about them
 
-def write_json(obj, path):  # every file whole and on disk (fsync) before the directory is renamed
+def write_json(obj, path):  # whole and on disk (fsync) before export_hf puts the files in place
     with atomic_file(path, "w") as f:
         f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
-def save_tokenizer(tok, out, context_length):
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def save_tokenizer(tok, paths, context_length):
     """bpe.Tokenizer -> GPT-2's files (bpe.py's writer) and what AutoTokenizer needs to load them
     as GPT2Tokenizer, whose BPE takes the ids from vocab.json and the merge ranks from the order of
-    merges.txt. The first special token (train.py's <|endoftext|>) is bos, eos and unk: its id."""
-    tok.save(os.path.join(out, "vocab.json"), os.path.join(out, "merges.txt"))
+    merges.txt; paths: where TOKENIZER_FILES go. The first special token (train.py's <|endoftext|>)
+    is bos, eos and unk: its id."""
+    vocab, merges, config = paths
+    tok.save(vocab, merges)
     ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
     first = tok.special_tokens[0] if tok.special_tokens else None
     names = {"bos_token": first, "eos_token": first, "unk_token": first}
@@ -113,17 +119,42 @@ def save_tokenizer(tok, out, context_length):
                       "single_word": False} for s, i in ids.items()}  # split off before BPE, never merged
     write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                 "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
-                "added_tokens_decoder": added}, os.path.join(out, "tokenizer_config.json"))
+                "added_tokens_decoder": added}, config)
     return ids.get(first)
 
 
 # ----------------------------------------------------------------------------
-# 4. export_hf: the whole directory, or nothing
+# 4. export_hf: every file whole, none replaced before all are written, nothing else in the directory touched
+
+EXPORT_FILES = ("config.json", "model.safetensors", *TOKENIZER_FILES)
+# Files transformers reads beside an export's, which it does not write: a stale one would load with the new model
+# (tokenizer.json before vocab.json and merges.txt, generation_config.json's token ids before config.json's).
+READ_BESIDE = ("tokenizer.json", "special_tokens_map.json", "added_tokens.json", "generation_config.json")
+
+
+def export_dir_problem(out_dir, overwrite):
+    """Why out_dir cannot take an export, as a sentence, or "". Its other files (a hub clone's .git,
+    README.md) stay; an earlier export's files (it has model.safetensors) are replaced only on
+    overwrite, a run's or anything else's never."""
+    def first(names):
+        return next((n for n in names if os.path.lexists(os.path.join(out_dir, n))), None)
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):  # a file, a device, a broken symlink
+        return f"{out_dir} exists and is not a directory; pick a directory"
+    if (mine := first((*EXPORT_FILES, *RUN_MARKERS))) and not first(["model.safetensors"]):
+        return (f"{out_dir} holds {mine} but no model.safetensors, so it is not an earlier export and none of "
+                "its files is replaced; pick another directory")
+    if stale := first(READ_BESIDE):
+        return (f"{out_dir} holds {stale}, which transformers would load in place of what the export writes (its "
+                "tokenizer or token ids); move it away or pick another directory")
+    if mine and not overwrite:
+        return f"{out_dir} holds an earlier export; pass --overwrite to replace its files (the others stay)"
+    return ""
+
 
 def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False):
-    """Write out_dir for transformers (config.json, model.safetensors and a bpe.Tokenizer's files) in
-    a temporary directory beside it, renamed at the end: whole or untouched. model_kwargs are
-    TransformerLM's; overwrite replaces only an earlier export. ValueError, or FileExistsError."""
+    """Write config.json, model.safetensors and a bpe.Tokenizer's files (EXPORT_FILES) into out_dir
+    for transformers, through a symlink, beside its other files (export_dir_problem). Each is written
+    in full before any replaces the earlier export's. model_kwargs are TransformerLM's. ValueError."""
     a = {**{k: p.default for k, p in inspect.signature(TransformerLM).parameters.items()}, **model_kwargs}
     bad = [name for name in NOT_LLAMA if a[name]]
     if bad:
@@ -132,30 +163,32 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
     check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
     out_dir = os.path.abspath(out_dir)
-    if os.path.lexists(out_dir):
-        if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # never a run directory, a file, a device
-            raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no model.safetensors), "
-                                  "so it is not replaced; pick another directory")
-        if not overwrite:
-            raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it")
-    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}{TMP_MARK}{os.getpid()}")
+    names = [n for n in EXPORT_FILES if tokenizer is not None or n not in TOKENIZER_FILES]
+    if problem := export_dir_problem(out_dir, overwrite):
+        raise ValueError(problem)
+    made = not os.path.isdir(out_dir)
     try:
-        os.makedirs(tmp)
+        os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
         if disk_is_full(e):
             raise
         raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
     try:
-        eot_id = save_tokenizer(tokenizer, tmp, a["context_length"]) if tokenizer is not None else None
-        write_json(llama_config(a, eot_id), os.path.join(tmp, "config.json"))
-        weights = llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"])
-        save_safetensors(weights, os.path.join(tmp, "model.safetensors"))
-        if os.path.lexists(out_dir):  # set the old export aside, then put the new one in its place
-            os.replace(out_dir, tmp + ".old")
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(tmp + ".old", ignore_errors=True)
+        with atomic_files([os.path.join(out_dir, n) for n in names]) as tmp:
+            path = dict(zip(names, tmp))
+            eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])
+                      if tokenizer is not None else None)
+            write_json(llama_config(a, eot_id), path["config.json"])
+            save_safetensors(llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"]),
+                             path["model.safetensors"])
+    except BaseException:  # a full disk, Ctrl-C: the earlier export stays whole, a directory made for this one goes
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
+    for name in set(EXPORT_FILES) - set(names):  # an earlier export's tokenizer does not fit this model
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
     return out_dir
 
 
@@ -163,6 +196,8 @@ def export_run(run_dir, out_dir, overwrite, model_kwargs):
     """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
     TransformerLM's arguments); a missing or damaged run, an ablation or an existing DIR: UsageError."""
     ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
+    if not out_dir:  # an unset shell variable, most likely: not the current directory
+        raise UsageError("--export: the directory name is empty; pass the directory to write.")
     if not ckpt.exists():
         raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
     try:
@@ -171,7 +206,7 @@ def export_run(run_dir, out_dir, overwrite, model_kwargs):
             raise ValueError(f"{ckpt} holds no run config or no model")
         tok = Tokenizer.from_files(*tok_files, [EOT]) if all(map(os.path.exists, tok_files)) else None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
-    except (ValueError, FileExistsError, PermissionError) as e:  # a full disk is train.py's (exit 1)
+    except (ValueError, PermissionError) as e:  # a full disk is train.py's (exit 1)
         raise UsageError(f"--export: {e}.") from None
     log(f"exported {ckpt} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
         "load it with transformers.AutoModelForCausalLM.from_pretrained")

@@ -113,15 +113,21 @@ def temporary(name):  # is this file name one of atomic_file's temporaries?
     return name.startswith(".") and TMP_MARK in name and name.rpartition(TMP_MARK)[2].isdigit()
 
 
-@contextlib.contextmanager
-def atomic_file(path, mode="wb"):
-    """Write a whole file or nothing: a temporary file replaces path by a rename only if the block ends
-    cleanly. A symlink is written through (its target is replaced, the link stays). A path that is not
-    a regular file is refused: renaming over /dev/null would replace the device itself."""
+def replace_target(path):
+    """(the file a write to path replaces, its temporary beside it): a symlink is written through (its
+    target is replaced, the link stays). A path that is not a regular file is refused: renaming over
+    /dev/null would replace the device itself."""
     path = os.path.realpath(path)
     if kind := not_a_file(path):
         raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
+    return path, os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode="wb"):
+    """Write a whole file or nothing: a temporary file replaces path (replace_target's) by a rename only
+    if the block ends cleanly."""
+    path, tmp = replace_target(path)
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -134,6 +140,27 @@ def atomic_file(path, mode="wb"):
         raise
     finally:
         if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def atomic_files(paths):
+    """Several files whole, and none replaced before all are written: yields a temporary path for each
+    (replace_target's) for any writer to fill, atomic_file included; only if the block ends cleanly are
+    they renamed onto their files, in order, else removed. Only a stop between two renames mixes old and new."""
+    real, tmps = zip(*map(replace_target, paths))  # every path refused or accepted before a byte is written
+    if twice := next((p for p, r in zip(paths, real) if real.count(r) > 1), None):  # the last write would win
+        raise ValueError(f"{twice} and another of the files to write are one file (a symlink); make them separate")
+    try:
+        yield list(tmps)
+        for tmp, path in zip(tmps, real):
+            os.replace(tmp, path)
+    except OSError as e:  # a full disk names the temporary a writer filled: name its file
+        if e.filename in tmps:
+            e.filename = real[tmps.index(e.filename)]
+        raise
+    finally:
+        for tmp in filter(os.path.exists, tmps):
             os.remove(tmp)
 
 

@@ -4364,7 +4364,7 @@ def test_export_tokenizer_gives_this_projects_ids(export_runs, tmp_path):
     tokenizers = {"run": (_export_ours(run_dir)[1], hf_dir)}
     if _BPE_GPT2_VOCAB.exists():
         gpt2 = bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
-        assert export.save_tokenizer(gpt2, tmp_path, 1024) == 50256
+        assert export.save_tokenizer(gpt2, [tmp_path / f for f in export.TOKENIZER_FILES], 1024) == 50256
         tokenizers["gpt2"] = gpt2, tmp_path
     for which, (tok, where) in tokenizers.items():
         hf = AutoTokenizer.from_pretrained(where)
@@ -4401,13 +4401,16 @@ def test_export_pipeline_generates_text(export_runs):
     assert out.startswith("the dog") and len(out) > len("the dog")
 
 
+def _export_leftovers(root):  # atomic_file's temporaries, or an old export set aside (.old), anywhere under root
+    return [p for p in Path(root).rglob("*") if safety.TMP_MARK in p.name or p.name.endswith(".old")]
+
+
 def _export_error(capsys, argv, needle):
-    """train.py --export argv fails: exit 2, one sentence holding needle, no temporary directory left."""
+    """train.py --export argv fails: exit 2, one sentence holding needle, no temporary left."""
     capsys.readouterr()
     assert train.main(argv) == 2
     _train_one_error(capsys, "--export: ", needle)
-    out = Path(argv[argv.index("--export") + 1])
-    assert not [p for p in out.parent.iterdir() if ".tmp" in p.name]
+    assert not _export_leftovers(Path(argv[argv.index("--export") + 1]).parent)
 
 
 def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export_runs, tmp_path, capsys, monkeypatch):
@@ -4428,14 +4431,16 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
         export.export_hf(tmp_path / "hf", {**state["model"], "lm_head.weight": torch.zeros(3, 3)},
                          train.model_kwargs(state["config"]))
     assert not (tmp_path / "hf").exists()
-    # an existing directory: refused without --overwrite; with it, only an earlier export is replaced
+    # an earlier export: replaced only on --overwrite; a run's files, or a file in DIR's place, never
     shutil.copy(run_dir / "ckpt.pt", tmp_path / "out" / "run" / "ckpt.pt")
     shutil.copytree(hf_dir, tmp_path / "hf")
     before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
-    _export_error(capsys, [*at, str(tmp_path / "hf")], "already exists; pass --overwrite")
-    _export_error(capsys, [*at, str(tmp_path / "out"), "--overwrite"], "is not an earlier export")
+    _export_error(capsys, [*at, str(tmp_path / "hf")], "holds an earlier export; pass --overwrite")
+    _export_error(capsys, [*at, str(tmp_path / "out" / "run"), "--overwrite"], "holds ckpt.pt but no model.safetensors")
+    _export_error(capsys, [*at, str(run_dir), "--overwrite"], "holds config.json but no model.safetensors")
+    _export_error(capsys, [*at, ""], "the directory name is empty")  # not the current directory
     (tmp_path / "file").write_text("mine")       # told to pass --overwrite before, which then refused it
-    _export_error(capsys, [*at, str(tmp_path / "file")], "is not an earlier export")
+    _export_error(capsys, [*at, str(tmp_path / "file")], "exists and is not a directory")
     assert train.main([*at, str(tmp_path / "file" / "hf")]) == 2    # a traceback before
     _train_one_error(capsys, "--export: ", "file/hf (Not a directory); pick a directory")
     assert (tmp_path / "out" / "run" / "ckpt.pt").exists()
@@ -4445,9 +4450,76 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
     monkeypatch.setattr(export, "save_safetensors", full)
     assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 1
-    _train_one_error(capsys, "the disk is full")
+    _train_one_error(capsys, "the disk is full", f"could not write {tmp_path / 'hf' / 'model.safetensors'};")
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    assert train.main([*at, str(tmp_path / "new")]) == 1  # a directory made for the export goes with it
+    _train_one_error(capsys, "the disk is full")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
     monkeypatch.undo()
     assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
+
+
+def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tmp_path, capsys):
+    """`git clone` of a Hugging Face repo, then --export into it: its .git, README.md, .gitattributes and
+    other files stay; --overwrite replaces only the files an export writes (it deleted the whole
+    directory), and a clone without an earlier export takes one without --overwrite (it was refused)."""
+    run_dir, hf_dir = export_runs["plain"]
+    clone = tmp_path / "clone"
+    at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export", str(clone)]
+    mine = {".git/HEAD": b"ref: refs/heads/main\n", ".gitattributes": b"*.safetensors filter=lfs\n",
+            "README.md": b"# my model\n", "notes.txt": b"mine", "notes/todo.txt": b"mine too"}
+    exported = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+    shutil.copytree(hf_dir, clone)  # an earlier export, pushed to the hub, cloned, then trained again
+    (clone / "model.safetensors").write_bytes(b"an older model")
+    for name, data in mine.items():
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_bytes(data)
+
+    def files():
+        return {p.relative_to(clone).as_posix(): p.read_bytes() for p in clone.rglob("*") if p.is_file()}
+    old = files()
+    _export_error(capsys, at, "holds an earlier export; pass --overwrite")
+    assert files() == old
+    assert train.main([*at, "--overwrite"]) == 0
+    assert files() == {**mine, **exported} and not _export_leftovers(tmp_path)
+    for name in exported:  # a fresh clone: nothing in it to replace, so no --overwrite is needed
+        (clone / name).unlink()
+    (clone / "tokenizer.json").write_text("{}")  # transformers would load it instead of vocab.json and merges.txt
+    _export_error(capsys, at, "holds tokenizer.json, which transformers would load")
+    (clone / "tokenizer.json").unlink()
+    assert train.main(at) == 0
+    assert files() == {**mine, **exported}
+    state = safety.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
+    export.export_hf(clone, state["model"], train.model_kwargs(state["config"]), overwrite=True)
+    assert set(files()) == {*mine, "config.json", "model.safetensors"}
+    assert files()["model.safetensors"] == exported["model.safetensors"]
+
+
+def test_export_overwrite_writes_through_symlinks(export_runs, tmp_path, capsys):
+    """DIR a symlink to a directory: the files land in its target and the link stays a link; a symlinked
+    file in it (the weights kept elsewhere) is written through; no temporary or .old is left (the link
+    was replaced by a new directory, its target left stale, and .NAME.cs336tmpPID.old left beside it)."""
+    run_dir, hf_dir = export_runs["plain"]
+    real, store, link = tmp_path / "real", tmp_path / "store", tmp_path / "link"
+    at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export"]
+    shutil.copytree(hf_dir, real)
+    store.mkdir()
+    (store / "weights.safetensors").write_bytes(b"an older model")
+    (real / "model.safetensors").unlink()
+    (real / "model.safetensors").symlink_to(store / "weights.safetensors")
+    (real / "config.json").write_text("{}")
+    link.symlink_to(real, target_is_directory=True)
+    assert train.main([*at, str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and link.resolve() == real and (real / "model.safetensors").is_symlink()
+    assert {p.name: p.read_bytes() for p in real.iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+    assert (store / "weights.safetensors").read_bytes() == (hf_dir / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "store"]
+    assert not _export_leftovers(tmp_path)
+    (real / "vocab.json").unlink()  # two of the export's files as one: refused before a byte is written
+    (real / "vocab.json").symlink_to(real / "merges.txt")
+    _export_error(capsys, [*at, str(link), "--overwrite"], "vocab.json and another of the files to write are one file")
+    assert (store / "weights.safetensors").read_bytes() == (hf_dir / "model.safetensors").read_bytes()
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: refused, nothing made
+    _export_error(capsys, [*at, str(tmp_path / "dangling"), "--overwrite"], "exists and is not a directory")
+    assert not (tmp_path / "nowhere").exists()
