@@ -371,11 +371,8 @@ _BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab
 
 
 def _load_vocab_file(path):
-    """A GPT-2 vocab.json as {id: bytes}."""
-    try:
-        raw = json.loads(_read_text(path, "vocab file").removeprefix(_BOM))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+    """A GPT-2 vocab.json as {id: bytes}; a token written twice is refused (json would keep one of its ids)."""
+    raw = safety.load_json(_read_text(path, "vocab file").removeprefix(_BOM), path, key="token")
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
     vocab = {}

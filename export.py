@@ -25,7 +25,7 @@ import torch
 from bpe import Tokenizer
 from data import EOT
 from model import RMSNorm, TransformerLM
-from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log,
+from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_config, check_state, disk_is_full, log,
                     read_checkpoint)
 
 # ----------------------------------------------------------------------------
@@ -192,9 +192,10 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     return out_dir
 
 
-def export_run(run_dir, out_dir, overwrite, model_kwargs):
+def export_run(run_dir, out_dir, overwrite, model_kwargs, like):
     """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
-    TransformerLM's arguments); a missing or damaged run, an ablation or an existing DIR: UsageError."""
+    TransformerLM's arguments; like: this command's, whose keys and types the saved config must have); a missing
+    or damaged run, an ablation or an existing DIR: UsageError."""
     ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
     if not out_dir:  # an unset shell variable, most likely: not the current directory
         raise UsageError("--export: the directory name is empty; pass the directory to write.")
@@ -204,10 +205,11 @@ def export_run(run_dir, out_dir, overwrite, model_kwargs):
         state = read_checkpoint(ckpt)
         if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
             raise ValueError(f"{ckpt} holds no run config or no model")
+        check_config(state["config"], like, ckpt)
         tok = Tokenizer.from_files(*tok_files, [EOT]) if all(map(os.path.exists, tok_files)) else None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
     except (ValueError, PermissionError) as e:  # a full disk is train.py's (exit 1)
-        raise UsageError(f"--export: {e}.") from None
+        raise UsageError(f"--export: {str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
     log(f"exported {ckpt} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
         "load it with transformers.AutoModelForCausalLM.from_pretrained")
     return 0

@@ -60,8 +60,12 @@ class _FusedCrossEntropy(torch.autograd.Function):
 
 
 def perplexity(mean_loss):
-    """perplexity = exp(mean cross-entropy in nats), as a float."""
-    return math.exp(float(mean_loss))
+    """perplexity = exp(mean cross-entropy in nats), as a float: inf past a float's range (a loss above 709.78,
+    which a diverging run can reach while the loss itself is still finite)."""
+    try:
+        return math.exp(float(mean_loss))
+    except OverflowError:
+        return math.inf
 
 
 # ----------------------------------------------------------------------------

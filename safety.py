@@ -11,6 +11,7 @@ torch); what asks torch imports it there (_torch).
 5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
+import collections
 import contextlib
 import datetime
 import errno
@@ -19,6 +20,7 @@ import importlib.util
 import json
 import math
 import os
+import reprlib
 import signal
 import stat
 import sys
@@ -216,6 +218,30 @@ def exit_code(name, command, interrupted):
     except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
         return 130
+
+
+_SHORT = reprlib.Repr()  # a value read from a file, for a sentence: long strings, long lists, deep nesting cut short
+_SHORT.maxstring = _SHORT.maxother = 80
+short_repr = _SHORT.repr
+
+
+def load_json(text, where, key="key"):
+    """json.loads(text), or ValueError naming where: malformed JSON, JSON nested deeper than Python's recursion limit
+    (json.loads raises RecursionError), or an object with a key written twice: json.loads would keep its last value
+    only, so vocab.json would lose a token's other id without a word. key: what a key is there ("token")."""
+    def once_each(pairs):
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            twice = next(k for k, n in collections.Counter(k for k, _ in pairs).items() if n > 1)
+            raise ValueError(f"{where}: the {key} {short_repr(twice)} is written twice (JSON would keep its last value "
+                             "only)")
+        return obj
+    try:
+        return json.loads(text, object_pairs_hook=once_each)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: its JSON is nested too deeply to read") from None
 
 
 class Parser(argparse.ArgumentParser):
@@ -461,6 +487,12 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
                          f"decode; pass --vocab-size {n}, or --num-samples 0.")
+    missing = [i for i in range(V) if i not in tok.vocab]  # the tokenizer takes any ids; sampling needs 0 to V - 1
+    if missing:
+        raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
+                         f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of the ids below --vocab-size {V} "
+                         f"missing), so samples could hold ids it cannot decode; number its tokens 0 to {n - 1}, or "
+                         "pass --num-samples 0.")
     try:
         highest = max(tok.encode(cfg["prompt"] or eot))
     except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from bytes on the command line that are not UTF-8
@@ -529,7 +561,7 @@ def truncate_metrics(path, last_step):
     keep, dropped = [], 0
     for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            e = json.loads(line)
+            e = load_json(line, path)
         except ValueError:  # a line cut short by a kill, or not UTF-8 (bytes decode to U+FFFD, which is no JSON)
             e = None
         step = e.get("step") if isinstance(e, dict) else None
@@ -610,7 +642,8 @@ def read_checkpoint(src):
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
     if isinstance(state.get("model"), dict):  # saved from inside torch.compile or DDP (common in CS336 code)
-        state["model"] = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state["model"].items()}
+        state["model"] = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
+                          for k, v in state["model"].items()}  # a key that is no str: check_state names it
     return state
 
 
@@ -642,19 +675,24 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
     keys = set(saved) if isinstance(saved, dict) else set()
     if keys != own.keys():
         raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
-                         f"{sorted(keys - own.keys())[:3]} too many")
+                         f"{sorted(keys - own.keys(), key=repr)[:3]} too many")  # key=repr: keys of any type
     for k, v in own.items():
         if not isinstance(saved[k], type(v)) or saved[k].shape != v.shape:  # type(v): torch.Tensor
             raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
                              f"the model's {tuple(v.shape)}")
+        if not saved[k].is_floating_point():  # loading would cast it: a complex one loses its imaginary part
+            raise ValueError(f"{name} does not fit this model: {k} holds {saved[k].dtype}, not floating-point weights")
     if optimizer is None:
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def usable(v, p):  # a number, or a real tensor (loading casts a complex one) of p's shape or a scalar
+        return not isinstance(v, _torch().Tensor) or (not v.is_complex() and tuple(v.shape) in ((), tuple(p.shape)))
     try:  # the same groups of parameters, and every moment of its parameter's shape
         saved = state["optimizer"]
         fits = [len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in optimizer.param_groups]
-        fits = fits and all(0 <= i < len(params) and all(tuple(getattr(v, "shape", ())) in ((), tuple(params[i].shape))
-                                                         for v in s.values()) for i, s in saved["state"].items())
+        fits = fits and all(0 <= i < len(params) and all(usable(v, params[i]) for v in s.values())
+                            for i, s in saved["state"].items())
     except (TypeError, KeyError, AttributeError):
         fits = False
     if not fits:
@@ -666,37 +704,102 @@ TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", 
                    "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
-def verify_resume(cfg, ckpt_path, model_keys, model, optimizer):
+def check_config(config, like, name):
+    """ValueError unless a saved run config (a dict) holds every key of like, each value of the type like's has (this
+    command's flags): what reads it then meets no missing key, and no str or tensor where a number or switch belongs."""
+    for k, v in like.items():
+        if k not in config or type(config[k]) is not type(v):
+            got = f"holds {k} = {short_repr(config[k])}, not a {type(v).__name__}" if k in config else f"lacks {k!r}"
+            raise ValueError(f"{name} {got} in its run config")
+
+
+def differs(key, old, new, names, fingerprinted):
+    """Does a saved config's value old of key differ from this run's new? A value of another type does (a tensor,
+    "5"). Two spellings of one --data or --val-data file (x.txt, ./x.txt, ../x.txt from a subfolder) do not: when the
+    checkpoint holds the data's fingerprint, check_same_data compares the files themselves, wherever the run started.
+    names: --data's corpus names, which are no paths (tinystories and owt differ at once, before any download)."""
+    if type(old) is type(new) and old == new:
+        return False
+    paths = key in ("data", "val_data") and isinstance(old, str) and isinstance(new, str)
+    return not (fingerprinted and paths and not (key == "data" and names.intersection((old, new))))
+
+
+def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
-    optimizer, or its config differs on model_keys (TransformerLM's shape and ablations) or TRAJECTORY_KEYS."""
+    optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
+    shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs)."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
     try:
         state = read_checkpoint(ckpt_path)
-        old = state.get("config") if isinstance(state.get("config"), dict) else {}
-        diff = [f"{k} ({old.get(k)!r} -> {cfg[k]!r})" for k in (*model_keys, *TRAJECTORY_KEYS)
-                if old.get(k) != cfg[k]]
+        old = state.get("config")
+        if not isinstance(old, dict):
+            raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
+        diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in (*model_keys, *TRAJECTORY_KEYS)
+                if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}.")
         check_state(state, model, optimizer, name=ckpt_path)
-        if state["iteration"] > cfg["max_iters"]:
-            raise ValueError(f"{ckpt_path} holds iteration {state['iteration']}, past the run's {cfg['max_iters']} "
-                             "steps")
-        try:  # both are CPU generator states: a spare generator tries them
-            for key in ("batch_rng", "torch_rng"):
-                _torch().Generator().set_state(state["rng"][key])
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise ValueError(f"{ckpt_path} holds no valid RNG state ({type(e).__name__})") from None
+        check_run_entries(state, cfg["max_iters"], ckpt_path)
+        dry_step(state, model, optimizer, ckpt_path)
     except (ValueError, OSError) as e:
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
     return state
 
 
+def check_run_entries(state, max_iters, name):
+    """ValueError unless what train.py reads of a checkpoint besides the model and the optimizer can be used: the
+    iteration within the run's max_iters steps, the RNG states (spare generators try them), the seconds trained so
+    far (elapsed: a real number, at least 0 and not more than the seconds since 1970) and the data's fingerprint."""
+    torch = _torch()
+    if state["iteration"] > max_iters:
+        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {max_iters} steps")
+    try:  # both are CPU generator states; the GPUs' are used (restore_rng) only where as many GPUs are
+        for key in ("batch_rng", "torch_rng"):
+            torch.Generator().set_state(state["rng"][key])
+        cuda = state["rng"].get("cuda_rng", [])
+        if not isinstance(cuda, (list, tuple)):
+            raise TypeError(f"cuda_rng is a {type(cuda).__name__}")
+        for i, s in enumerate(cuda if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count() else ()):
+            torch.Generator(device=f"cuda:{i}").set_state(s)
+    except (KeyError, TypeError, RuntimeError, AttributeError) as e:
+        raise ValueError(f"{name} holds no valid RNG state ({type(e).__name__})") from None
+    elapsed = state.get("elapsed", 0.0)  # checkpoints of other code have none: the clock starts at 0
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed <= time.time():
+        raise ValueError(f"{name} holds elapsed {short_repr(elapsed)}, not the seconds a run has trained")
+    fp = state["config"].get("data_fingerprint")  # a checkpoint from before fingerprints has none
+    if fp is not None and not (isinstance(fp, dict) and fp.keys() == {"tokens", "tokenizer"} and all(
+            isinstance(v, list) and all(isinstance(d, str) for d in v) for v in fp.values())):
+        raise ValueError(f"{name} holds a data fingerprint {short_repr(fp)}, not lists of digests")
+
+
+def dry_step(state, model, optimizer, name):
+    """ValueError unless the saved optimizer state works: each saved group's settings go to the optimizer's
+    constructor (which checks their ranges), then the state is loaded into optimizer and stepped once with zero
+    gradients, on model's meta device (no memory, no time). What the first real step would fail on (a moment
+    missing, a str step count, betas of 2) is refused before anything is read or written."""
+    torch = _torch()
+    try:
+        for group in state["optimizer"]["param_groups"]:
+            type(optimizer)([torch.empty(0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
+        optimizer.load_state_dict(state["optimizer"])
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    except NotImplementedError:  # an op without a meta kernel in this torch: the real step is the only check then
+        pass
+    except Exception as e:  # whatever the step raises: KeyError, TypeError, ValueError, ZeroDivisionError, ...
+        why = (str(e).splitlines() or [""])[0][:100]  # torch's TypeErrors go on for lines
+        raise ValueError(f"{name} holds optimizer state that {type(optimizer).__name__} cannot use "
+                         f"({type(e).__name__}: {why.rstrip('.')})") from None
+
+
 def check_same_data(state, cfg, ckpt_path):
     """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
-    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently)."""
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently).
+    verify_resume checked the fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
         what = "tokenizer's files" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"

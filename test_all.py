@@ -411,6 +411,7 @@ def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     assert xb.grad.dtype == torch.bfloat16
     loss = 2.5
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
+    assert optim.perplexity(1000.0) == math.inf  # past a float's range: math.exp raised OverflowError
 
 
 def _model_adamw_oracle(params, grads_fn, steps, lr, betas, eps, wd):
@@ -1737,6 +1738,29 @@ def test_bpe_errors_tokenizer_files(tmp_path):
         bpe.Tokenizer.from_files(tmp_path / "nope.json", m)
 
 
+def test_bpe_vocab_json_that_json_would_mangle_is_one_sentence(tmp_path, capsys):
+    # a token written twice in vocab.json: json.loads kept its last id, so its other id went missing in silence; JSON
+    # nested 100,000 deep: a RecursionError traceback (Tokenizer.from_files, bpe.py encode; train.py: data, train)
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"ba"}, [(b"a", b"b"), (b"b", b"a")])
+    v, m, text = tmp_path / "tok" / "vocab.json", tmp_path / "tok" / "merges.txt", tmp_path / "in.txt"
+    v.parent.mkdir()
+    tok.save(v, m)
+    text.write_text("ab ba")
+    good = v.read_text(encoding="utf-8")
+    for content, needle in ((good.replace('"ba": 257', '"ba": 257,\n"ba": 258'), "the token 'ba' is written twice"),
+                            ("[" * 100_000 + "]" * 100_000, "its JSON is nested too deeply to read")):
+        v.write_text(content, encoding="utf-8")
+        with pytest.raises(ValueError, match=re.escape(f"{v}: {needle}")):
+            bpe.Tokenizer.from_files(v, m)
+        with pytest.raises(SystemExit) as stop:
+            bpe.main(["encode", str(text), "--tokenizer", str(v.parent), "--out", str(tmp_path / "ids.npy")])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(f"bpe.py encode: error: {v}: {needle}") and err.count("\n") == 1
+    assert not (tmp_path / "ids.npy").exists()
+    v.write_text(good, encoding="utf-8")
+    assert bpe.Tokenizer.from_files(v, m).encode("ab ba") == [256, 32, 257]
+
+
 def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
@@ -2353,6 +2377,7 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
         (lambda: (toks / "train.npy").write_bytes(good[toks / "train.npy"][:100]), toks / "train.npy"),
         (lambda: (toks / "train.npy").write_bytes(b"garbage" * 20), toks / "train.npy"),
         (lambda: (toks / "vocab.json").write_bytes(good[toks / "vocab.json"][:50]), toks),
+        (lambda: (toks / "vocab.json").write_text("[" * 100_000 + "]" * 100_000), toks),  # a RecursionError before
         (lambda: (toks / "merges.txt").write_text("".join(
             l for i, l in enumerate(good[toks / "merges.txt"].decode().splitlines(True)) if i != 4)), toks),
         (lambda: ((toks / "valid.npy").unlink(), (corpus / "valid.txt").write_text("")), corpus / "valid.txt"),
@@ -2704,6 +2729,16 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
     assert train.main(args) == 1
     assert "loss is nan at step 13" in capsys.readouterr().err
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 10
+
+
+def test_train_a_huge_but_finite_loss_has_an_infinite_perplexity(tmp_path, capsys):
+    # --lr 30: the validation loss reaches 1.8e5, finite, and its perplexity overflowed math.exp: a traceback
+    args = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"),
+            "--max-iters", "10", "--eval-interval", "5", "--lr", "30", "--device", "cpu"]
+    assert train.main(args) == 0
+    evaluations = [r for r in _train_metrics(tmp_path / "out" / "toy") if "val_loss" in r]
+    assert any(math.isfinite(r["val_loss"]) and r["val_loss"] > 710 and r["val_ppl"] == math.inf for r in evaluations)
+    assert "(ppl inf)" in capsys.readouterr().out
 
 
 def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
@@ -3276,10 +3311,11 @@ def test_train_resume_drops_metrics_lines_that_are_not_records(tmp_path, capsys)
     assert train.main(base) == 0
     metrics = tmp_path / "out" / "toy" / "metrics.jsonl"
     good = [(r["step"], sorted(r)) for r in _train_metrics(tmp_path / "out" / "toy")]
-    metrics.write_bytes(metrics.read_bytes() + b'5\n{"foo":1}\n{"step":"x"}\n[1,2]\nnull\n\xff\n{"step": 1.5}\n{"step": tru')
+    metrics.write_bytes(metrics.read_bytes() + b'5\n{"foo":1}\n{"step":"x"}\n[1,2]\nnull\n\xff\n{"step": 1.5}\n'
+                        + b"[" * 100_000 + b'\n{"step": tru')  # nested 100,000 deep: a RecursionError before
     capsys.readouterr()
     assert train.main(base + ["--resume"]) == 0
-    assert "note: dropped 8 line(s) of" in capsys.readouterr().out
+    assert "note: dropped 9 line(s) of" in capsys.readouterr().out
     # resumed at the last step: every record kept, the last evaluation run again, nothing added twice
     assert [(r["step"], sorted(r)) for r in _train_metrics(tmp_path / "out" / "toy")] == good
 
@@ -3316,6 +3352,35 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
     assert train.main(run + ["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the"]) == 0
     assert (out / "ok" / "samples.txt").read_text().startswith("--- sample 1 ---\nthe")
     assert train.main(run + ["--data", str(with_tok / "big.npy"), "--vocab-size", "400", "--num-samples", "0"]) == 0
+
+
+def test_train_a_tokenizer_beside_npy_ids_that_cannot_decode_every_id_is_refused_first(tmp_path, capsys):
+    # the vocab.json beside --data ids.npy with ids not 0..n-1 (a gap; a token written twice, whose other id JSON
+    # dropped) trained to the end, saved, then its samples' decode was a traceback; JSON nested 100,000 deep was a
+    # RecursionError traceback. Now each is one sentence naming the file, before anything is written
+    story, d, out = str(_train_story(tmp_path / "story.txt")), tmp_path / "tok", tmp_path / "out"
+    tok = bpe.Tokenizer(*bpe.train_bpe(story, 300, ["<|endoftext|>"], 1), ["<|endoftext|>"])
+    d.mkdir()
+    tok.save(str(d / "vocab.json"), str(d / "merges.txt"))
+    np.save(d / "ids.npy", np.random.default_rng(0).integers(0, 290, 5000).astype(np.uint16))
+    good, last = (d / "vocab.json").read_text(encoding="utf-8"), max(tok.vocab)  # 299: the last merge's token
+    name = bpe._token_to_str(tok.vocab[last])
+    entry = f"{json.dumps(name, ensure_ascii=False)}: {last}"
+    run = ["--data", str(d / "ids.npy"), *_TRAIN_TINY, "--vocab-size", "300", "--out-dir", str(out), "--max-iters", "2",
+           "--num-samples", "2", "--sample-tokens", "20", "--device", "cpu"]
+    loads = f"beside --data {d / 'ids.npy'} (which decodes the samples) does not load: {d / 'vocab.json'}: "
+    for vocab, needle in (
+            (good.replace(entry, entry.replace(f"{last}", f"{last + 2}")),
+             f"{d / 'vocab.json'} has no token with id 299 (1 of the ids below --vocab-size 300 missing)"),
+            (good.replace(entry, f"{entry},\n{entry.replace(f'{last}', f'{last + 2}')}"),
+             f"{loads}the token {name!r} is written twice"),
+            ("[" * 100_000 + "]" * 100_000, f"{loads}its JSON is nested too deeply to read")):
+        (d / "vocab.json").write_text(vocab, encoding="utf-8")
+        assert train.main(run) == 2
+        _train_one_error(capsys, needle)
+        assert not out.exists()
+    (d / "vocab.json").write_text(good, encoding="utf-8")
+    assert train.main(run) == 0 and (out / "ids" / "samples.txt").exists()
 
 
 def test_train_npy_suffix_in_any_case_is_token_ids(tmp_path):
@@ -3393,6 +3458,36 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     capsys.readouterr()
     assert train.main(npy + ["--resume"]) == 2
     _train_one_line(capsys, "trained on other data")
+
+
+def test_train_resume_takes_the_same_file_spelled_another_way(tmp_path, capsys, monkeypatch):
+    # --resume refused ./x.txt, an absolute path, or ../x.txt from a subfolder, for a run on x.txt: "keys that
+    # differ: data ('x.txt' -> './x.txt')", though the data was the same. Paths are now left to the data's
+    # fingerprint, which compares the files; a corpus name is still no path, and other files are still refused
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # offline: --data tinystories must not download
+    _train_story(tmp_path / "x.txt")
+    tiny = [*_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "3", "--workers", "1", "--device", "cpu"]
+    assert train.main(["--data", "x.txt", *tiny]) == 0
+    for spelling in ("./x.txt", str(tmp_path / "x.txt")):
+        assert train.main(["--data", spelling, *tiny, "--resume"]) == 0, spelling
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data", "--resume"]) == 0
+    monkeypatch.chdir(tmp_path)
+    _train_story(tmp_path / "y.txt", seed=1)  # another text, or a corpus name, under the run's name: refused
+    capsys.readouterr()
+    assert train.main(["--data", "y.txt", *tiny, "--run-name", "x", "--resume"]) == 2
+    _train_one_line(capsys, "was trained on other data")
+    assert train.main(["--data", "tinystories", *tiny, "--run-name", "x", "--resume"]) == 2
+    _train_one_line(capsys, "keys that differ: data ('../x.txt' -> 'tinystories')")  # as the last resume saved it
+    # --val-data: the same file spelled another way resumes; another file is refused
+    np.save("v.npy", np.load(_train_toy_ids(tmp_path / "toy.npy"))[:3000])
+    np.save("w.npy", np.load("v.npy")[::-1])
+    ids = [*_TRAIN_TINY, "--data", "toy.npy", "--max-iters", "3", "--device", "cpu"]
+    assert train.main([*ids, "--val-data", "v.npy"]) == 0
+    assert train.main([*ids, "--val-data", str(tmp_path / "v.npy"), "--resume"]) == 0
+    assert train.main([*ids, "--val-data", "w.npy", "--resume"]) == 2
+    _train_one_line(capsys, "was trained on other data")
 
 
 def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys, monkeypatch):
@@ -3480,6 +3575,65 @@ def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
         assert train.main(base + ["--resume"]) == 2
         _train_one_line(capsys, needle)
         assert ckpt.read_bytes() == damaged
+
+
+def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
+    # beyond the model's shapes nothing was checked: an elapsed of "x", NaN, inf or None was a traceback on --resume
+    # (-1 and True were taken), a config without a model key a KeyError on --export, a str step count or a missing
+    # moment a traceback at the first step. Each entry read is now checked first: one sentence, exit 2, no change
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3", "--device", "cpu"]
+    assert train.main(base) == 0
+    ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
+    good = {**safety.read_checkpoint(ckpt), "iteration": 1}  # before the end, so that a resumed run steps
+    config, (opt, rng, model) = good["config"], (good[k] for k in ("optimizer", "rng", "model"))
+    group, moments = opt["param_groups"][0], opt["state"][0]
+    first = next(iter(model))
+
+    def with_group(**kw):  # the optimizer's one group of settings, changed
+        return {**opt, "param_groups": [{k: v for k, v in {**group, **kw}.items() if v is not None}]}
+
+    def with_moments(**kw):  # the first parameter's AdamW state, changed
+        return {**opt, "state": {**opt["state"], 0: {k: v for k, v in {**moments, **kw}.items() if v is not None}}}
+    resume_cases = [
+        *[({"elapsed": e}, f"holds elapsed {e!r}, not the seconds a run has trained")
+          for e in ("x", math.nan, math.inf, -1.0, None, True, 1e300)],
+        ({"config": 5}, "holds no run config (a dict)"),
+        ({"config": {**config, "lr": torch.tensor([1.0, 2.0])}}, "keys that differ: lr (tensor([1., 2.]) -> 0.005)"),
+        ({"config": {**config, "data_fingerprint": 5}}, "holds a data fingerprint 5, not lists of digests"),
+        ({"config": {**config, "data_fingerprint": {"tokens": torch.ones(2), "tokenizer": []}}}, "a data fingerprint"),
+        ({"model": {i: v for i, v in enumerate(model.values())}}, "does not fit this model"),
+        ({"model": {**model, first: model[first].to(torch.complex64)}}, "complex64, not floating-point weights"),
+        ({"optimizer": with_moments(step="x")}, "that AdamW cannot use (TypeError"),
+        ({"optimizer": with_moments(step=-1)}, "that AdamW cannot use (ZeroDivisionError"),
+        ({"optimizer": with_moments(exp_avg=None)}, "that AdamW cannot use (KeyError: 'exp_avg')"),
+        ({"optimizer": with_moments(exp_avg=moments["exp_avg"].to(torch.complex64))}, "does not fit this model's"),
+        ({"optimizer": with_group(betas="ab")}, "that AdamW cannot use (TypeError"),
+        ({"optimizer": with_group(betas=(2.0, 0.95))}, "cannot use (ValueError: Hyperparameter out of range: betas"),
+        ({"optimizer": with_group(weight_decay=None)}, "that AdamW cannot use (KeyError: 'weight_decay')"),
+        ({"rng": [1]}, "holds no valid RNG state"),
+        ({"rng": {**rng, "cuda_rng": 5}}, "holds no valid RNG state"),
+    ]
+    for change, needle in resume_cases:
+        torch.save({**good, **change}, ckpt)
+        saved = ckpt.read_bytes()
+        assert train.main(base + ["--resume"]) == 2, change
+        _train_one_error(capsys, f"--resume: {ckpt} ", needle)
+        assert ckpt.read_bytes() == saved
+    # --export reads the config's model keys: each there, of the type this command's flags give it
+    at = ["--out-dir", str(tmp_path / "out"), "--run-name", "toy", "--device", "cpu", "--export", str(tmp_path / "hf")]
+    export_cases = [({k: v for k, v in config.items() if k != "d_model"}, f"{ckpt} lacks 'd_model' in its run config"),
+                    ({k: v for k, v in config.items() if k != "fast"}, f"{ckpt} lacks 'fast' in its run config"),
+                    ({**config, "tie_embeddings": "no"}, f"{ckpt} holds tie_embeddings = 'no', not a bool"),
+                    ({**config, "rope_theta": "x"}, f"{ckpt} holds rope_theta = 'x', not a float"),
+                    ({**config, "vocab_size": -5}, "vocab_size must be a whole number >= 1, got -5.")]
+    for change, needle in export_cases:
+        torch.save({**good, "config": change}, ckpt)
+        _export_error(capsys, at, needle)
+        assert not (tmp_path / "hf").exists()
+    torch.save(good, ckpt)  # the checkpoint as saved, but for its step: it resumes, then exports
+    assert train.main(base + ["--resume"]) == 0 and train.main(at) == 0
+    assert (tmp_path / "hf" / "model.safetensors").exists()
 
 
 def test_train_new_run_over_an_old_one_needs_overwrite(tmp_path, capsys, monkeypatch):

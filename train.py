@@ -48,6 +48,7 @@ PRESETS = {
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 PRESET = "preset"
+CORPORA = ("pydoc", *DATASETS)  # --data's names; anything else is a path
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
@@ -146,7 +147,7 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    safety.check_flags(cfg, ("pydoc", *DATASETS), is_ids, is_cached)  # refused before anything is read or written
+    safety.check_flags(cfg, CORPORA, is_ids, is_cached)  # refused before anything is read or written
     cfg["workers"] = cfg["workers"] and min(cfg["workers"], safety.usable_cores())  # more than the cores: no faster
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
         cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
@@ -402,7 +403,7 @@ class Progress:
 
     def evaluated(self, step, val_loss):
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
-        log(("\r" if self.tty else "") + f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.1f})"
+        log(("\r" if self.tty else "") + f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
             + " " * 30)
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
@@ -484,7 +485,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress.evaluated(last, val_loss)
     save(last)
     log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {fmt_time(progress.seconds())}; "
-        f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.1f}), unigram baseline {baseline:.4f}")
+        f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
@@ -505,11 +506,11 @@ def run(cfg):
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
-        return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs)
+        return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs, model_kwargs(cfg))
     ckpt_path, resume_state = safety.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = safety.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()))
+        resume_state = safety.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
