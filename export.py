@@ -25,7 +25,7 @@ import torch
 from bpe import Tokenizer
 from data import EOT
 from model import RMSNorm, TransformerLM
-from safety import TMP_MARK, UsageError, atomic_file, check_state, disk_is_full, log, read_checkpoint
+from safety import UsageError, atomic_file, check_state, disk_is_full, log, read_checkpoint, temporary_path
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -138,7 +138,7 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
                                   "so it is not replaced; pick another directory")
         if not overwrite:
             raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it")
-    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}{TMP_MARK}{os.getpid()}")
+    tmp, old = temporary_path(out_dir), temporary_path(out_dir + ".old")  # a killed export's are cleared first
     try:
         os.makedirs(tmp)
     except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
@@ -151,11 +151,11 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
         weights = llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"])
         save_safetensors(weights, os.path.join(tmp, "model.safetensors"))
         if os.path.lexists(out_dir):  # set the old export aside, then put the new one in its place
-            os.replace(out_dir, tmp + ".old")
+            os.replace(out_dir, old)
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(tmp + ".old", ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 

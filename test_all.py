@@ -2167,6 +2167,42 @@ def test_atomic_file_writes_through_a_symlink(tmp_path):
                                     "new.txt": "file"}
 
 
+def _dead_pid():  # the PID of a process started and waited for here: it has ended, so no writer holds it now
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_next_writer_clears_a_killed_writers_temporaries_never_a_live_ones(tmp_path):
+    """A SIGKILL mid-write left .NAME.cs336tmpPID, a token file's as big as the file, for good: every writer that
+    goes through a temporary (the token cache, bpe.py encode, an export and the old export it sets aside) now
+    deletes the ones of NAME whose process has ended, and keeps a live process's (another run writing now)."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        story = _train_story(tmp_path / "story.txt")
+        corpus = data.cache_dir(str(story), tmp_path / "data")
+        tokens, hf = corpus / "bpe300", tmp_path / "hf"
+        targets = [corpus / "train.txt", tokens / "train.npy", tokens / "valid.npy", tmp_path / "ids.npy", hf,
+                   tmp_path / "hf.old"]
+        temps = {pid: [t.with_name(f".{t.name}{safety.TMP_MARK}{pid}") for t in targets]
+                 for pid in (_dead_pid(), live.pid)}
+        for t in sum(temps.values(), []):
+            t.parent.mkdir(parents=True, exist_ok=True)
+            if t.name.startswith(".hf"):  # export.py's temporaries are directories
+                t.mkdir()
+                t = t / "model.safetensors"
+            t.write_bytes(b"half a file")
+        data.prepare_data(str(story), tmp_path / "data", 300, workers=1)  # the split, the token files
+        bpe.main(["encode", str(story), "--tokenizer", str(tokens), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
+        kw = dict(vocab_size=300, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+        export.export_hf(hf, TransformerLM(**kw).state_dict(), kw)
+        assert sorted(tmp_path.rglob(f".*{safety.TMP_MARK}*")) == sorted(temps[live.pid])
+        assert (tokens / "train.npy").is_file() and (tmp_path / "ids.npy").is_file() and (hf / "config.json").is_file()
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     tok = tmp_path / "tok"
@@ -2650,7 +2686,7 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
     # the same run started twice: this test holds the lock as the first one would; the second process
     # (a real one) is refused and neither writes nor deletes anything, not even a stale temporary file
     (tmp_path / "out" / "new").mkdir()
-    stale = tmp_path / "out" / "new" / ".ckpt.pt.cs336tmp4242"
+    stale = tmp_path / "out" / "new" / f".ckpt.pt.cs336tmp{_dead_pid()}"
     stale.write_text("mid-write")
     fd2 = os.open(stale.parent, os.O_RDONLY)
     fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -2693,7 +2729,7 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys):
     run = tmp_path / "out" / "toy"
     (run / "notes.tmp.txt").write_text("mine")
     (run / "ckpt.pt.tmp123").write_text("mine too")  # the old pattern is no longer the project's
-    (run / f".ckpt.pt{safety.TMP_MARK}123").write_text("half a checkpoint")
+    (run / f".ckpt.pt{safety.TMP_MARK}{_dead_pid()}").write_text("half a checkpoint")
     assert train.main(base + ["--resume", "--max-iters", "2"]) == 0
     assert sorted(os.listdir(run)) == ["ckpt.pt", "ckpt.pt.tmp123", "config.json", "metrics.jsonl", "notes.tmp.txt"]
     with safety.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
