@@ -173,6 +173,22 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
+def changed_while_read(path):  # the one sentence for a file that another program rewrote while this one read it
+    return DataError(f"{path} changed while it was read; let whatever writes it finish, then run the same command "
+                     "again.")
+
+
+def read_exactly(f, at, n, path):
+    """n bytes of the open file f (path) from byte at, or changed_while_read if it holds fewer now. The reader of
+    a file that another program may cut short (the user's text or ids) reads it so, not through a memory map:
+    there a read past the new end kills the process (SIGBUS, which Python cannot catch); here it comes back short."""
+    f.seek(at)
+    data = f.read(n)
+    if len(data) < n:
+        raise changed_while_read(path)
+    return data
+
+
 def numba_cache_fallback(source_dir):
     """Before numba loads: where it can keep compiled code neither beside the source (a read-only checkout) nor in
     the user's cache (no writable home), a temporary directory instead; numba would refuse to load the file."""
