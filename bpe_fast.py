@@ -47,8 +47,8 @@ from numba import njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import (DataError, atomic_file, end_progress, memory_bytes, same_file, show_progress, unreadable,
-                    usable_cores)
+from safety import (DataError, atomic_file, changed_while_read, end_progress, memory_bytes, read_exactly, same_file,
+                    show_progress, unreadable, usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -627,7 +627,8 @@ def _count_range(args):
         for a, b in zip(bounds, bounds[1:]):
             f.seek(a)
             data = buf[:b - a]
-            f.readinto(data)
+            if f.readinto(data) < len(data):  # cut short since it was planned: the buffer would hold stale bytes
+                raise changed_while_read(path)
             check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
             spans = chain.from_iterable(m.span() for m in special_re.finditer(data)) if special_re else ()
             segments = np.array([0, *spans, b - a], np.int64).reshape(-1, 2)   # between special tokens
@@ -1484,8 +1485,7 @@ def _encode_chunk(args):
     """Worker: the ids of one chunk as an array, by the compiled encoder or bpe.py's plain one."""
     path, start, end, dtype, compiled = args
     with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
+        data = read_exactly(f, start, end - start, path)  # a file cut short since it was planned: one sentence
     text = check_utf8(data, path, start)               # names the offset of a bad byte
     try:
         if compiled:                                   # it reads the bytes: no re-encoding

@@ -1,4 +1,4 @@
-"""Data for train.py: --data (a corpus name, a text file or token ids) -> token ids as memmaps.
+"""Data for train.py: --data (a corpus name, a text file or token ids) -> token ids, read from their file in place.
 
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
 a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
@@ -10,21 +10,20 @@ import contextlib
 import errno
 import gzip
 import hashlib
-import itertools
-import mmap
 import os
-import re
 import shutil
 import sys
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import DataError, UsageError, atomic_file, disk_is_full, end_progress, show_progress
+from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, read_exactly,
+                    show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -142,14 +141,52 @@ def has_text(text, start, end):  # do bytes [start, end) of text hold anything b
     return any(piece.count(SEP) * len(SEP) < len(piece) for piece in pieces)
 
 
+class FileText:
+    """A file's bytes as local_corpus reads them, like a read-only memory map (len, slices, find, rfind, count) but
+    through plain reads of a piece at a time (read_exactly): a file cut short meanwhile (rewritten in place) is one
+    sentence, where a memory map's read past its new end kills the process (SIGBUS, which Python cannot catch)."""
+
+    def __init__(self, f, path):
+        self.f, self.path, self.size = f, path, os.fstat(f.fileno()).st_size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, where):  # text[i]: a byte's value; text[a:b]: bytes
+        if isinstance(where, int):
+            return self[where:where + 1][0]
+        start, end, _ = where.indices(self.size)
+        return read_exactly(self.f, start, max(0, end - start), self.path)
+
+    def find(self, sub, start=0):  # in pieces that overlap by len(sub) - 1, so that no match is cut in two
+        for at in range(start, self.size, READ):
+            if (i := self[at:at + READ + len(sub) - 1].find(sub)) >= 0:
+                return at + i
+        return -1
+
+    def rfind(self, sub, start, end):
+        for stop in range(end, start, -READ):
+            at = max(start, stop - READ - len(sub) + 1)
+            if (i := self[at:stop].rfind(sub)) >= 0:
+                return at + i
+        return -1
+
+    def count(self, sub, most):  # sub's occurrences without overlaps (as re.finditer finds them), up to `most`
+        n, at = 0, 0
+        while n < most and (at := self.find(sub, at)) >= 0:
+            n, at = n + 1, at + len(sub)
+        return n
+
+
 def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
-    documents is cut after the last line break before that point. Memory-mapped, never loaded whole."""
+    documents is cut after the last line break before that point. Read in pieces, never loaded whole."""
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+    with open(path, "rb") as f:
+        key, text = file_key(path), FileText(f, path)
         size, decoder = len(text), codecs.getincrementaldecoder("utf-8")()
         for at in range(0, size, READ):
             pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
@@ -161,7 +198,7 @@ def local_corpus(path, out_dir):
         if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached
             raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
         mark, gap = int(size * (1 - VALID_FRACTION)), 0  # gap: the separator between the parts, in neither
-        if sum(1 for _ in itertools.islice(re.finditer(re.escape(SEP), text), 9)) == 9:  # 10 documents or more
+        if text.count(SEP, 9) == 9:  # 10 documents or more
             cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
             cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
         else:
@@ -175,10 +212,17 @@ def local_corpus(path, out_dir):
             raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
                              "pass a longer file.")
         out_dir.mkdir(parents=True, exist_ok=True)
-        for dest, (start, end) in zip(paths, parts):
-            with atomic_file(dest) as out:  # whole or not at all
-                for at in range(start, end, READ):
-                    out.write(text[at:min(at + READ, end)])
+        try:
+            for dest, (start, end) in zip(paths, parts):
+                with atomic_file(dest) as out:  # whole or not at all
+                    for at in range(start, end, READ):
+                        out.write(text[at:min(at + READ, end)])
+            if file_key(path) != key:  # rewritten in place but not shorter: the splits would mix old and new text
+                raise changed_while_read(path)
+        except DataError:  # changed while it was read: no split of it is kept
+            for p in paths:
+                p.unlink(missing_ok=True)
+            raise
     return paths
 
 
@@ -226,7 +270,38 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 
 
 # ----------------------------------------------------------------------------
-# 3. prepare_data: --data -> memmapped token ids
+# 3. prepare_data: --data -> token ids, read in place
+
+class TokenIds:
+    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len, slices that are views, numpy's functions)
+    but read with plain reads (read_exactly) when numpy asks for the values, only the slice it is given: a file cut
+    short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its new end
+    kills the process (SIGBUS, which Python cannot catch)."""
+
+    def __init__(self, ids, start=0, length=None):  # ids: a memmap np.load made, or a TokenIds to view
+        self.filename, self.dtype = ids.filename, ids.dtype
+        self.offset = ids.offset + start * ids.dtype.itemsize
+        self.length = len(ids) - start if length is None else length
+        self.base = ids if isinstance(ids, TokenIds) else None  # a view keeps the first alive: it closes the file
+        self.f = open(ids.filename, "rb") if self.base is None else ids.f
+        if self.base is None:  # closed quietly (no ResourceWarning) once it and every view of it are gone
+            weakref.finalize(self, self.f.close)
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, where):  # a slice (of step 1, as every user takes): the ids from there, still in the file
+        start, stop, _ = where.indices(self.length)
+        return TokenIds(self, start, max(0, stop - start))
+
+    def __array__(self, dtype=None, copy=None):
+        data = read_exactly(self.f, self.offset, self.length * self.dtype.itemsize, self.filename)
+        return np.frombuffer(data, self.dtype).astype(dtype or self.dtype, copy=False)
+
+
+def pieces(ids):  # the ids READ at a time, as arrays
+    return (np.asarray(ids[i:i + READ]) for i in range(0, len(ids), READ))
+
 
 def load_ids(source, val_data):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
@@ -246,9 +321,9 @@ def load_ids(source, val_data):
             raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
         if len(ids) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
-        loaded[flag] = ids
+        loaded[flag] = TokenIds(ids)
     train, valid = loaded["--data"], loaded["--val-data"]
-    if valid is None:  # still a memmap view: nothing is loaded
+    if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
     files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
@@ -264,7 +339,7 @@ def load_ids(source, val_data):
 
 def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
     """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token
-    files under data_dir once; ids are opened as memmaps, so no corpus is ever loaded whole."""
+    files under data_dir once; ids are read in place (TokenIds), so no corpus is ever loaded whole."""
     if is_ids(source):
         return load_ids(source, val_data)
     where = cache_dir(source, data_dir)
@@ -275,7 +350,7 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
     else:
         texts = local_corpus(Path(source).resolve(), where)
     tok, files, npys = tokenize_corpus(*texts, vocab_size, where / f"bpe{vocab_size}", workers)
-    train, valid = (from_cache(npy, np.load, npy, mmap_mode="r") for npy in npys)
+    train, valid = (TokenIds(from_cache(npy, np.load, npy, mmap_mode="r")) for npy in npys)
     return train, valid, tok, files
 
 
@@ -311,10 +386,11 @@ def file_digest(path, memo_dir):
     if memo.is_file():
         return memo.read_text()
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(READ):
-            h.update(chunk)
-    digest = f"{path.stat().st_size}:{h.hexdigest()}"
+    with open(path, "rb") as f:  # the bytes it held when opened: one cut short meanwhile is one sentence
+        size = os.fstat(f.fileno()).st_size
+        for at in range(0, size, READ):
+            h.update(read_exactly(f, at, min(READ, size - at), path))
+    digest = f"{size}:{h.hexdigest()}"
     with contextlib.suppress(OSError):  # a read-only cache: hash again next time
         memo_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(memo, "w") as f:
@@ -346,7 +422,7 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
         if len(ids) <= context_length:
             raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
                              f"({len(ids)} tokens); lower it or use more data.")
-        ranges = [(int(ids[i:i + READ].min()), int(ids[i:i + READ].max())) for i in range(0, len(ids), READ)]
+        ranges = [(int(piece.min()), int(piece.max())) for piece in pieces(ids)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
@@ -363,7 +439,7 @@ def unigram_loss(train, valid, vocab_size, limit=100_000_000):
     """The baseline a model must beat: cross-entropy (nats/token) of the validation ids under
     the train ids' unigram distribution, add-one smoothed, from the first `limit` train ids.
         L = -sum_v q(v) log p(v),  p(v) = (count_train(v) + 1) / (N + V),  q = valid frequencies"""
-    counts, q = (sum(np.bincount(ids[i:i + READ], minlength=vocab_size) for i in range(0, len(ids), READ))
+    counts, q = (sum(np.bincount(piece, minlength=vocab_size) for piece in pieces(ids))
                  for ids in (train[:limit], valid))  # both non-empty (check_ids), so each sum is an array
     p = (counts + 1) / (counts.sum() + vocab_size)
     return float(-(q * np.log(p)).sum() / q.sum())

@@ -107,12 +107,48 @@ def not_a_file(path):  # "a directory", "a FIFO", "a socket", "a device" (/dev/n
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
 
-TMP_MARK = ".cs336tmp"  # atomic_file's temporaries are ".NAME.cs336tmpPID": a pattern no one else uses, so that
-# clearing what a killed run left (run_lock) deletes only files this project named
+TMP_MARK = ".cs336tmp"  # temporaries are ".NAME.cs336tmpPID" (temporary_path): a pattern no one else uses, so that
+# clearing what a killed writer left deletes only files this project named
 
 
-def temporary(name):  # is this file name one of atomic_file's temporaries?
-    return name.startswith(".") and TMP_MARK in name and name.rpartition(TMP_MARK)[2].isdigit()
+def temporary(name, of=None):  # is this file name one of the project's temporaries (of the file named `of`)?
+    stem, mark, pid = name.rpartition(TMP_MARK)
+    return name.startswith(".") and bool(mark) and pid.isdigit() and of in (None, stem[1:])
+
+
+def writer_gone(name):
+    """Has the process that named the temporary `name` ended, so that it will never finish it? os.kill(pid, 0) asks
+    the kernel whether that PID exists: a live writer's always does, so its temporary is never deleted; a PID that
+    another process took since only keeps a dead writer's temporary until that one ends too (the safe side, and no
+    clock or start time to compare). PIDs are this machine's: two machines writing one file of a shared disk at the
+    same moment are not provided for."""
+    if os.name != "posix":  # on Windows os.kill(pid, 0) would send a Ctrl-C (0 is CTRL_C_EVENT there)
+        return False
+    try:
+        os.kill(int(name.rpartition(TMP_MARK)[2]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: another user's live process; a number no PID can be
+        pass
+    return False
+
+
+def clear_temporaries(directory, of=None):
+    """Delete the temporaries in directory (of the file named `of`, or all) that a writer killed mid-write (SIGKILL,
+    a power cut) left: those whose writer is gone."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for e in [e for e in entries if temporary(e.name, of) and e.is_file(follow_symlinks=False)]:
+            if writer_gone(e.name):
+                with contextlib.suppress(OSError):  # another run cleared it first
+                    os.remove(e.path)
+
+
+def temporary_path(path):
+    """The hidden name path is written under until it is whole, ".NAME.cs336tmpPID" beside it; what a killed
+    writer of path left there is cleared first, so a rerun leaves no temporary behind (a token file's is as big)."""
+    directory, name = os.path.split(path)
+    clear_temporaries(directory, name)
+    return os.path.join(directory, f".{name}{TMP_MARK}{os.getpid()}")
 
 
 def replace_target(path):
@@ -122,7 +158,7 @@ def replace_target(path):
     path = os.path.realpath(path)
     if kind := not_a_file(path):
         raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
-    return path, os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_MARK}{os.getpid()}")  # hidden
+    return path, temporary_path(path)
 
 
 @contextlib.contextmanager
@@ -164,6 +200,22 @@ def atomic_files(paths):
     finally:
         for tmp in filter(os.path.exists, tmps):
             os.remove(tmp)
+
+
+def changed_while_read(path):  # the one sentence for a file that another program rewrote while this one read it
+    return DataError(f"{path} changed while it was read; let whatever writes it finish, then run the same command "
+                     "again.")
+
+
+def read_exactly(f, at, n, path):
+    """n bytes of the open file f (path) from byte at, or changed_while_read if it holds fewer now. The reader of
+    a file that another program may cut short (the user's text or ids) reads it so, not through a memory map:
+    there a read past the new end kills the process (SIGBUS, which Python cannot catch); here it comes back short."""
+    f.seek(at)
+    data = f.read(n)
+    if len(data) < n:
+        raise changed_while_read(path)
+    return data
 
 
 def numba_cache_fallback(source_dir):
@@ -539,9 +591,8 @@ def run_lock(cfg):
             err = [UsageError(problem)]
         if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
             log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first checkpoint")
-        for stale in () if err[0] else where.glob(f".*{TMP_MARK}*"):
-            if temporary(stale.name) and stale.is_file():  # only atomic_file's own, never a user's file
-                stale.unlink()
+        if not err[0]:
+            clear_temporaries(where)
     if cfg["world_size"] > 1:  # torchrun: the others stop with rank 0's verdict
         _torch().distributed.broadcast_object_list(err, src=0)
     try:

@@ -1976,6 +1976,28 @@ def test_bpe_cli_train_then_encode(tmp_path):
     assert tok.vocab == bpe.train_bpe(str(src), 400, [_BPE_EOT])[0]
 
 
+def test_bpe_input_cut_short_while_read_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """bpe.py encode, and train_bpe's counting of a big file, read the input in chunks planned from its size: one
+    cut short after the plan (rewritten in place) gave a short .npy, or counted stale bytes, without a word."""
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat.\n" * 50_000)  # over COMPILED_COUNT_MIN: counted by the compiled scanner
+    bpe.Tokenizer(*bpe.train_bpe(str(text), 300)).save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    plan = bpe_fast._plan_chunks
+
+    def plan_then_cut(path, *args):  # another program cuts the file short right after its chunks were planned
+        planned = plan(path, *args)
+        os.truncate(path, planned[0] // 3)
+        return planned
+    monkeypatch.setattr(bpe_fast, "_plan_chunks", plan_then_cut)
+    sentence = f"{text} changed while it was read; let whatever writes it finish, then run the same command again."
+    with pytest.raises(safety.DataError, match=re.escape(sentence)):
+        bpe_fast.count_words(str(text), [], 1)
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(text), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
+    assert stop.value.code == 1 and capsys.readouterr().err == f"bpe.py encode: error: {sentence}\n"
+    assert sorted(os.listdir(tmp_path)) == ["merges.txt", "t.txt", "vocab.json"]  # no .npy, no temporary
+
+
 def _bpe_load_error(vocab_path, merges_lines, tmp_path, specials=None):
     """The ValueError of from_files with merges.txt holding merges_lines (None: it loads)."""
     m = tmp_path / "merges.txt"
@@ -2293,6 +2315,39 @@ def test_atomic_file_writes_through_a_symlink(tmp_path):
                                     "new.txt": "file"}
 
 
+def _dead_pid():  # the PID of a process started and waited for here: it has ended, so no writer holds it now
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_next_writer_clears_a_killed_writers_temporaries_never_a_live_ones(tmp_path):
+    """A SIGKILL mid-write left .NAME.cs336tmpPID, a token file's as big as the file, for good: every writer that
+    goes through a temporary (the token cache, bpe.py encode, an export's files) now
+    deletes the ones of NAME whose process has ended, and keeps a live process's (another run writing now)."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        story = _train_story(tmp_path / "story.txt")
+        corpus = data.cache_dir(str(story), tmp_path / "data")
+        tokens, hf = corpus / "bpe300", tmp_path / "hf"
+        targets = [corpus / "train.txt", tokens / "train.npy", tokens / "valid.npy", tmp_path / "ids.npy",
+                   hf / "config.json", hf / "model.safetensors"]
+        temps = {pid: [t.with_name(f".{t.name}{safety.TMP_MARK}{pid}") for t in targets]
+                 for pid in (_dead_pid(), live.pid)}
+        for t in sum(temps.values(), []):
+            t.parent.mkdir(parents=True, exist_ok=True)
+            t.write_bytes(b"half a file")
+        data.prepare_data(str(story), tmp_path / "data", 300, workers=1)  # the split, the token files
+        bpe.main(["encode", str(story), "--tokenizer", str(tokens), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
+        kw = dict(vocab_size=300, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+        export.export_hf(hf, TransformerLM(**kw).state_dict(), kw)
+        assert sorted(tmp_path.rglob(f".*{safety.TMP_MARK}*")) == sorted(temps[live.pid])
+        assert (tokens / "train.npy").is_file() and (tmp_path / "ids.npy").is_file() and (hf / "config.json").is_file()
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     src = _bpe_need(_BPE_TINYSTORIES)
     tok = tmp_path / "tok"
@@ -2342,6 +2397,82 @@ def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
         line = _train_one_line(capsys, "is not UTF-8 text (bad byte at offset")
         assert offset is None or f"offset {offset})" in line
     assert not list((tmp_path / "data").rglob("*.*")) and not (tmp_path / "out").exists()
+
+
+_DATA_CHANGED_WHILE_READ = """
+import contextlib, os, sys, types
+import data, train
+path, when, how, *argv = sys.argv[1:]
+
+def change():  # what another program does to the file meanwhile: np.save or `>` over it, an editor's save
+    if how == "shrink":
+        os.truncate(path, os.path.getsize(path) // 3)
+    else:  # in place, the same size: only the change time tells
+        with open(path, "r+b") as f:
+            f.write(f.read(200)[::-1])
+
+class Decoder:  # the text's UTF-8 check, its first pass, which changes the file after the first piece
+    def __init__(self, real):
+        self.real, self.seen = real, False
+    def getstate(self):
+        return self.real.getstate()
+    def decode(self, piece, final):
+        self.real.decode(piece, final)
+        self.seen or change()
+        self.seen = True
+
+real_atomic_file, real_micro_batches = data.atomic_file, train.micro_batches
+@contextlib.contextmanager
+def atomic_file(dest, *args):  # the split's last pass, the copy: changes the file as the first part is written
+    change()
+    with real_atomic_file(dest, *args) as f:
+        yield f
+def micro_batches(*args):  # the training: the ids change under it as it reads its first batch
+    change()
+    return real_micro_batches(*args)
+
+data.READ = 1000  # bytes per read: the text is read in many pieces
+if when == "scan":
+    data.codecs = types.SimpleNamespace(getincrementaldecoder=lambda name: lambda: Decoder(
+        __import__("codecs").getincrementaldecoder(name)()))
+elif when == "copy":
+    data.atomic_file = atomic_file
+else:
+    train.micro_batches = micro_batches
+sys.exit(train.main(argv))
+"""
+
+
+def _data_changed_while_read(tmp_path, path, when, how, *argv):  # (exit code, stderr, files left under data/, out/)
+    r = subprocess.run([sys.executable, "-c", _DATA_CHANGED_WHILE_READ, str(path), when, how, "--data", str(path),
+                        "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",
+                        *argv],
+                       cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
+    left = [p.relative_to(tmp_path) for d in ("data", "out") for p in (tmp_path / d).rglob("*") if p.is_file()]
+    return r.returncode, r.stderr, sorted(map(str, left))
+
+
+@pytest.mark.parametrize("when, how", [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")])
+def test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing(tmp_path, when, how):
+    """--data's text rewritten in place while the run split it (memory-mapped then) ended in SIGBUS (exit -7), an
+    empty stderr and a temporary left; rewritten with its size kept, the split silently mixed old and new text."""
+    story = _train_story(tmp_path / "story.txt")
+    code, err, left = _data_changed_while_read(tmp_path, story, when, how, *_TRAIN_TINY, "--vocab-size", "300")
+    assert code == 1, err
+    assert err.strip().splitlines() == [f"train.py: error: {story} changed while it was read; let whatever writes it "
+                                        "finish, then run the same command again."]
+    assert left == []
+
+
+def test_data_npy_cut_short_under_a_running_training_is_one_sentence(tmp_path):
+    """A --data .npy rewritten (np.save over it) while train.py trained on it: SIGBUS (exit -7), no word, from the
+    memory map; the ids are read with plain reads now."""
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    code, err, left = _data_changed_while_read(tmp_path, ids, "train", "shrink", *_TRAIN_TINY)
+    assert code == 1, err
+    assert err.strip().splitlines()[-1] == (f"train.py: error: {ids} changed while it was read; let whatever writes "
+                                            "it finish, then run the same command again.")
+    assert "Traceback" not in err and not any(safety.TMP_MARK in f for f in left), left
 
 
 def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
@@ -2787,7 +2918,7 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
     # the same run started twice: this test holds the lock as the first one would; the second process
     # (a real one) is refused and neither writes nor deletes anything, not even a stale temporary file
     (tmp_path / "out" / "new").mkdir()
-    stale = tmp_path / "out" / "new" / ".ckpt.pt.cs336tmp4242"
+    stale = tmp_path / "out" / "new" / f".ckpt.pt.cs336tmp{_dead_pid()}"
     stale.write_text("mid-write")
     fd2 = os.open(stale.parent, os.O_RDONLY)
     fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -2830,7 +2961,7 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys):
     run = tmp_path / "out" / "toy"
     (run / "notes.tmp.txt").write_text("mine")
     (run / "ckpt.pt.tmp123").write_text("mine too")  # the old pattern is no longer the project's
-    (run / f".ckpt.pt{safety.TMP_MARK}123").write_text("half a checkpoint")
+    (run / f".ckpt.pt{safety.TMP_MARK}{_dead_pid()}").write_text("half a checkpoint")
     assert train.main(base + ["--resume", "--max-iters", "2"]) == 0
     assert sorted(os.listdir(run)) == ["ckpt.pt", "ckpt.pt.tmp123", "config.json", "metrics.jsonl", "notes.tmp.txt"]
     with safety.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
