@@ -8,7 +8,7 @@ torch); what asks torch imports it there (_torch).
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
-5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
+5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
 import contextlib
@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import select
 import signal
 import stat
 import sys
@@ -62,9 +63,46 @@ def usable_cores():  # the cores this process may run on (taskset's, a Slurm job
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+SIGHUP = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session (none on Windows)
+STOPS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, SIGHUP) if s)  # Ctrl-C, kill's or a scheduler's stop, SIGHUP
+
+
+def on_stops(handler):
+    """handler for each of STOPS; returns {signal: the handler it replaced}. A SIGHUP that nohup set to be ignored
+    stays ignored: the user asked the run to outlive its terminal."""
+    return {s: signal.signal(s, handler) for s in STOPS if s != SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
+
+
+_hung_up = []  # hang_up() was called
+
+
+def hang_up():
+    """The terminal is gone (a SIGHUP came, or a print failed with EIO), and the programs of its session may go with
+    it: stdout and stderr, where they are that terminal or a pipe whose reader left, go to /dev/null from here on
+    (say() does it for a reader that leaves later), so that a stopping run still saves its checkpoint and ends with
+    its own exit code, not a print's error. A log file, or a pipe still read, keeps its lines."""
+    _hung_up.append(True)
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0)):  # a hung-up tty, no reader
+            os.dup2(null, fd)  # what Python still holds to print is flushed there as it exits
+    os.close(null)
+
+
+def say(*args, **kwargs):  # print, at once; a terminal that is gone (EIO) is not an error (see hang_up)
+    try:
+        print(*args, **kwargs, flush=True)
+    except OSError as e:
+        if e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
+            raise  # (`| head`), which exit_code ends quietly
+        hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
+
+
 def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
     if RANK == 0:
-        print(*args, **kwargs, flush=True)
+        say(*args, **kwargs)
 
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
@@ -75,14 +113,14 @@ def show_progress(text, shown, last=False):
     line, one each PROGRESS_EVERY seconds after `shown` (None: never shown) and the last. Returns when shown."""
     now, tty = time.monotonic(), sys.stderr.isatty()
     if tty or last or shown is None or now - shown >= PROGRESS_EVERY:
-        print("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
+        say("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr)
         shown = now
     return shown
 
 
 def end_progress():  # a terminal's progress line ends before what is printed next (an error, say)
     if sys.stderr.isatty():
-        print(file=sys.stderr)
+        say(file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------
@@ -146,10 +184,14 @@ def numba_cache_fallback(source_dir):
 
 
 def quiet_while_starting(name):
-    """A Ctrl-C or a SIGTERM (kill, a scheduler's stop) while torch loads: one line, not an import's traceback."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
-                                                file=sys.stderr), os._exit(130)))
+    """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
+    not an import's traceback."""
+    def stop(signum, frame):
+        if signum == SIGHUP:
+            hang_up()
+        say(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)
+        os._exit(130)
+    on_stops(stop)
 
 
 def end_quietly_on_closed_pipe():
@@ -679,19 +721,22 @@ def check_same_data(state, cfg, ckpt_path):
 
 
 # ----------------------------------------------------------------------------
-# 5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
+# 5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 
 @contextlib.contextmanager
 def stop_requests(cfg):
-    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
+    """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
     so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
     asked = []
 
     def handler(signum, frame):
-        if asked:
+        if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
+            hang_up()
+        elif asked:
             raise KeyboardInterrupt
-        asked.append(signum)
-        log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
+        if not asked:
+            asked.append(signum)
+            log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
 
     def stopped():  # under DDP every process must stop at the same step: one's signal stops all
         if cfg["world_size"] == 1:
@@ -700,7 +745,7 @@ def stop_requests(cfg):
         s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = on_stops(handler)
     try:
         yield stopped
     finally:

@@ -2058,7 +2058,7 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
 
 
 @pytest.mark.parametrize("script", ["bpe.py", "train.py"])
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     # A stop while numpy, numba and torch load (the first second) printed an import's traceback from
     # bpe.py. The signal goes as soon as numpy is mapped: the handler is installed before that import.
@@ -2180,6 +2180,22 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     assert r.returncode == 2 and "is a FIFO, not a regular file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
+
+
+def test_safety_stops_leave_nohups_sighup_ignored():
+    # `nohup python train.py`: the run must outlive its terminal, so a SIGHUP that nohup ignores stays ignored
+    saved = {s: signal.getsignal(s) for s in safety.STOPS}
+    handler = lambda *_: None  # noqa: E731
+    try:
+        for before in (signal.SIG_IGN, signal.SIG_DFL):
+            signal.signal(signal.SIGHUP, before)
+            replaced = safety.on_stops(handler)
+            assert signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+            assert signal.getsignal(signal.SIGHUP) is (signal.SIG_IGN if before == signal.SIG_IGN else handler)
+            assert (signal.SIGHUP in replaced) == (before == signal.SIG_DFL)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 # ----------------------------------------------------------------------------
@@ -2586,6 +2602,28 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+
+
+def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
+    # a terminal or ssh session closing (SIGHUP) killed the run, with no checkpoint since step 0 (item 10).
+    # Its terminal is a pty here: closed, it fails every print (EIO), then SIGHUP comes, as the shell sends it
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--device", "cpu"]
+    master, slave = os.openpty()
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO: the run ended, and with it the terminal's other side
+        while b"step 1/40" not in seen:  # a terminal gets every step's line
+            seen += os.read(master, 4096)
+    os.close(master)  # the terminal is gone: the run's prints fail from here on
+    os.killpg(p.pid, signal.SIGHUP)
+    assert p.wait(timeout=120) == 130, seen.decode(errors="replace")
+    step = safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
+    assert 0 < step < 40
+    assert train.main(args + ["--resume"]) == 0
+    assert f"resumed from out/toy/ckpt.pt at step {step}" in capsys.readouterr().out
 
 
 def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys):
@@ -3508,6 +3546,17 @@ def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
     rc, out, err = _train_ctrl_c(tmp_path, args, "checkpoint:", 0.5, signal.SIGTERM)
     interrupted(rc, err)
     assert (tmp_path / "out" / "s" / "ckpt.pt").exists() and not (tmp_path / "out" / "s" / "samples.txt").exists()
+
+
+def test_train_sighup_in_the_data_preparation_is_one_line(tmp_path):
+    # a closed terminal (SIGHUP) while the tokenizer trains ended the run with no word (item 10): now as SIGTERM
+    _train_story(tmp_path / "s.txt")
+    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "training a 300-token BPE tokenizer", sig=signal.SIGHUP)
+    assert rc == 130 and "Traceback" not in err, (rc, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train.py: interrupted; every file written is whole") or "stopped at step" in out, err
+    assert not list(tmp_path.rglob(f"*{safety.TMP_MARK}*"))
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
