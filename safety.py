@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import datetime
 import errno
+import functools
 import hashlib
 import importlib.util
 import json
@@ -215,6 +216,11 @@ def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path 
             f"the system said: {e}; fix that")
 
 
+def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return f"{type(e).__name__}: {next((line for line in lines if 'error' in line.lower()), lines[0])[:200]}"
+
+
 def exit_code(name, command, interrupted):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault or an unforeseen
     OSError, 130 a Ctrl-C."""
@@ -351,6 +357,35 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     return ""
 
 
+@functools.cache
+def compile_error(device):
+    """Why torch.compile (inductor, as --compile runs it) cannot compile on device, in one line, or "": a trivial
+    function, once per process, before anything is written (no C++ compiler for a CPU, nor for Triton's launcher)."""
+    torch = _torch()
+    on_it = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+    try:
+        with on_it:  # that GPU only: a torchrun process touches no other one (cuda:0 would get a context from each)
+            torch.compile(lambda x: x + 1)(torch.ones(2, device=device))
+    except Exception as e:  # compilers fail in many ways, all meaning "not on this machine"
+        return error_line(e)
+    return ""
+
+
+@contextlib.contextmanager
+def compile_failures(cfg):
+    """A torch.compile failure compile_error did not foresee (one of the model's kernels, a GPU's own compiler) ends
+    in one sentence, exit code 1: a run's checkpoint, saved before the model first runs, stays whole to go on from."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, _torch()._dynamo.exc.TorchDynamoException):
+            raise
+        then = ("drop --compile" if cfg["benchmark"] else f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on "
+                f"from it with the same command without --compile{' and --overwrite' if cfg['overwrite'] else ''}, "
+                "plus --resume")
+        raise DataError(f"torch.compile failed ({error_line(e)}); {then}.") from None
+
+
 def training_bytes(c):
     """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per
     parameter, one micro-batch's logits and what autograd keeps of its forward (the fused attention and
@@ -448,6 +483,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (run_dir_problem, run_dir_problem),
+    (lambda c: c["compile"] and c["export"] is None and compile_error(c["device"]),  # last: it takes seconds
+     lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
+               f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
 ]
 
 

@@ -3134,6 +3134,35 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
         assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), env
 
 
+def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written(tmp_path):
+    # --compile with no working C++ compiler was an InductorError traceback at the first step, after ckpt.pt and
+    # config.json were written, so a rerun without --compile was refused as "already holds a run" (item 8).
+    # Inductor takes its compiler from $CXX: one that does not exist is none (its cache here: none to reuse)
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--compile"]
+    r = _train_cli(argv, tmp_path, env={"CXX": str(tmp_path / "no-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)},
+                   timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("train.py: error: --compile needs a working C++ compiler (torch inductor failed on cpu:")
+    assert "no-c++" in r.stderr and r.stderr.endswith("install one (e.g. apt install g++) or drop --compile.\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_path, capsys, monkeypatch):
+    # a compile failure the probe did not foresee (a GPU's own): one sentence, exit 1, the checkpoint to go on from
+    monkeypatch.setattr(safety, "compile_error", lambda device: "")  # the probe passes, the model's compile fails
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--max-iters", "3"]
+    try:
+        with torch._inductor.config.patch({"cpp.cxx": (None, str(tmp_path / "no-c++")), "fx_graph_cache": False}):
+            assert train.main(argv + ["--compile"]) == 1
+    finally:
+        torch._dynamo.reset()
+    _train_one_error(capsys, "torch.compile failed (", "no-c++", "is whole: go on from it with the same command "
+                     "without --compile, plus --resume.")
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
+    assert train.main(argv + ["--resume"]) == 0
+
+
 def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, capsys, monkeypatch):
     # issue 19 item 6: --batch-size 1e8 was OOM-killed silently, --vocab-size 1e9 took 16 GB before its refusal
     # (1e12 a MemoryError), --d-model 1e6 an allocator traceback and an empty run directory
