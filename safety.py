@@ -25,6 +25,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -836,6 +837,37 @@ def rank0_first(cfg, prepare):
     return prepared or prepare()
 
 
+JOIN_TIMEOUT = 300.0  # seconds torchrun's processes have to meet: started together, they meet within seconds
+JOIN_QUIET = 3.0  # seconds of waiting before a line says what for
+
+
+def meet(cfg):
+    """torchrun's rendezvous (the store at MASTER_ADDR:MASTER_PORT, or torchrun's own) -> its store. It waits in
+    C++, deaf to signals, so in a thread while this one waits for it: a stop (STOPS) ends the wait, the thread is left
+    behind (a daemon). After JOIN_QUIET seconds a line says what it waits for; after JOIN_TIMEOUT one sentence says
+    what never came (an environment set by hand, whose other processes never start, waited 6 hours for them)."""
+    dist, met = _torch().distributed, []
+
+    def rendezvous():
+        try:
+            met.append(next(dist.rendezvous("env://", cfg["rank"], cfg["world_size"],
+                                            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT)))[0])
+        except Exception as e:  # RuntimeError's kinds: a timeout, a port in use, an address that does not resolve
+            met.append(e)
+    waiting = threading.Thread(target=rendezvous, daemon=True)
+    waiting.start()
+    waiting.join(JOIN_QUIET)
+    where, n = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", cfg["world_size"]
+    if waiting.is_alive():
+        log(f"waiting for {n - 1} more process{'es' if n > 2 else ''} of WORLD_SIZE={n} at {where} (torchrun starts "
+            f"them; Ctrl-C to stop; up to {JOIN_TIMEOUT / 60:g} minutes)")
+    waiting.join()
+    if isinstance(met[0], Exception):
+        raise UsageError(f"the {n} processes of WORLD_SIZE={n} did not all meet at {where} ({error_line(met[0])}); "
+                         f"launch them with torchrun, or unset {', '.join(TORCHRUN_VARS)}.")
+    return met[0]
+
+
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
@@ -845,8 +877,13 @@ def process_group(cfg):
     torch, cuda = _torch(), cfg["device"].startswith("cuda")
     if cuda:
         torch.cuda.set_device(cfg["device"])
-    # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-    torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
+    store, backend = meet(cfg), "nccl" if cuda else "gloo"
+    # once met, a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+    hours = datetime.timedelta(hours=6)
+    store.set_timeout(hours)
+    store = torch.distributed.PrefixStore("default_pg", store)  # as init_process_group does with the store it makes
+    torch.distributed.init_process_group(backend, store=store, rank=cfg["rank"], world_size=cfg["world_size"],
+                                         timeout=hours)
     try:
         yield
         torch.distributed.barrier()  # leave together: a rank that tears gloo down while a peer still works can abort it

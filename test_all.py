@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -2746,8 +2747,9 @@ def test_train_ddp_two_processes_match_one(tmp_path):
     one = _train_cli([*args, "--run-name", "one"], tmp_path, timeout=300)
     assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "two"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "two"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    # (TMPDIR: torchrun's torchelastic_* directories go there, not into the system's temporary directory)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = _train_metrics(tmp_path / "out" / "one"), _train_metrics(tmp_path / "out" / "two")
     la, lb = [r["loss"] for r in a if "loss" in r], [r["loss"] for r in b if "loss" in r]
@@ -3161,6 +3163,54 @@ def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_
                      "without --compile, plus --resume.")
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
     assert train.main(argv + ["--resume"]) == 0
+
+
+@contextlib.contextmanager
+def _train_by_hand_as_rank_0(tmp_path, join_timeout=None):
+    """train.py as rank 0 of WORLD_SIZE=2, set by hand: its other process never comes; killed at the end. join_timeout:
+    safety's JOIN_TIMEOUT in seconds (train.py is then run by runpy, after the constant is set)."""
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": str(_TRAIN_ROOT)}
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu"]
+    run = [str(_TRAIN_ROOT / "train.py")]
+    if join_timeout:
+        run = ["-c", f"import runpy, safety; safety.JOIN_TIMEOUT = {join_timeout}; runpy.run_path({run[0]!r}, "
+                     "run_name='__main__')"]
+    p = subprocess.Popen([sys.executable, *run, *argv], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        yield p, port
+    finally:  # one that still waits (for hours, before the fix)
+        p.kill()
+        p.wait()
+
+
+def test_train_torchrun_environment_by_hand_says_what_it_waits_for_and_stops(tmp_path):
+    # WORLD_SIZE=2 RANK=0 set by hand: it waited silently for the other process (6 hours), deaf to SIGTERM (item 11)
+    with _train_by_hand_as_rank_0(tmp_path) as (p, port):
+        said = select.select([p.stdout], [], [], 120)[0]  # an upper bound: it used to wait in silence
+        line = p.stdout.readline() if said else ""
+        assert line == (f"waiting for 1 more process of WORLD_SIZE=2 at 127.0.0.1:{port} (torchrun starts them; "
+                        f"Ctrl-C to stop; up to {safety.JOIN_TIMEOUT / 60:g} minutes)\n"), line
+        p.terminate()
+        assert p.wait(timeout=60) == 130
+        err = p.stderr.read()
+    assert err.startswith("train.py: interrupted;") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_torchrun_environment_by_hand_times_out_in_one_sentence(tmp_path):
+    with _train_by_hand_as_rank_0(tmp_path, join_timeout=2) as (p, port):
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"train.py: error: the 2 processes of WORLD_SIZE=2 did not all meet at 127.0.0.1:{port} ("
+                          "DistStoreError: Timed out after"), err
+    assert "1/2 clients joined" in err and err.endswith("launch them with torchrun, or unset RANK, WORLD_SIZE, "
+                                                        "LOCAL_RANK.\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, capsys, monkeypatch):
