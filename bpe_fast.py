@@ -47,8 +47,8 @@ from numba import njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import (DataError, atomic_file, changed_while_read, end_progress, memory_bytes, read_exactly, same_file,
-                    show_progress, unreadable, usable_cores)
+from safety import (SIGHUP, STOPS, DataError, atomic_file, changed_while_read, end_progress, hang_up, memory_bytes,
+                    on_stops, read_exactly, same_file, show_progress, unreadable, usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -264,7 +264,6 @@ def check_utf8(data, path, start):
 
 
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
-_STOPS = (signal.SIGINT, signal.SIGTERM)   # Ctrl-C, and kill's or a job scheduler's stop
 
 
 def _worker_start(start):
@@ -312,7 +311,7 @@ class _Pool(multiprocessing.pool.Pool):
         return self
 
     def __exit__(self, *exc):
-        old = _MASK(signal.SIG_BLOCK, _STOPS)   # a stop now waits for the workers' end
+        old = _MASK(signal.SIG_BLOCK, STOPS)   # a stop now waits for the workers' end
         try:
             self._state = multiprocessing.pool.TERMINATE
             _end_pool(*self.end)
@@ -351,7 +350,7 @@ def _worker_pool(n, initializer=None, initargs=()):
     start, spawn = (initializer, *initargs), _MP.get_start_method() != "fork"
     if spawn and os.name == "posix":   # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
         multiprocessing.resource_tracker.ensure_running()
-    old = _MASK(signal.SIG_BLOCK, _STOPS)
+    old = _MASK(signal.SIG_BLOCK, STOPS)
     try:
         if spawn:
             # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
@@ -433,18 +432,20 @@ def ctrl_c_stays_keyboard_interrupt(f):
 
 
 def catch_ctrl_c():
-    """For a command line: Ctrl-C and SIGTERM (`kill`, job schedulers) raise KeyboardInterrupt, except
-    while numba's Python code (its compiler, its callbacks) runs, where it would be swallowed or break
-    a compile: there it is held, and raised as the call that ran numba returns."""
+    """For a command line: Ctrl-C, SIGTERM (`kill`, job schedulers) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt, except while numba's Python code (its compiler, its callbacks) runs, where it would be
+    swallowed or break a compile: there it is held, and raised as the call that ran numba returns."""
     def interrupt(signum, frame):
         global _ctrl_c_held
+        if signum == SIGHUP:  # the terminal is gone: the one line that follows must not fail to print
+            hang_up()
+            signal.signal(signum, signal.SIG_IGN)  # said once: the kernel and the shell may both send it
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
                for m in ("numba", "llvmlite")):
             _ctrl_c_held = True
             return
         raise KeyboardInterrupt
-    for signum in _STOPS:
-        signal.signal(signum, interrupt)
+    on_stops(interrupt)
 
 
 def worker_count(num_workers):

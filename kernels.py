@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, exit_code, memory_bytes, not_a_file
+from safety import (Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line, exit_code, memory_bytes,
+                    not_a_file)
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -228,10 +229,7 @@ def get_variants(device, log=print):
                 fn(torch.randn(1024, device=device))
                 variants[name] = fn
         except Exception as e:  # compilers raise many types; all mean "not on this machine"
-            # compiler errors are pages long; the first line that says "error" is the one to read
-            lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
-            line = next((l for l in lines if "error" in l.lower()), lines[0])
-            reason = f"{type(e).__name__}: {line[:200]}"
+            reason = error_line(e)
         if reason:
             log(f"{name}: skipped ({reason})")
     return variants

@@ -8,23 +8,26 @@ torch); what asks torch imports it there (_torch).
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
-5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
+5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
 import collections
 import contextlib
 import datetime
 import errno
+import functools
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import reprlib
+import select
 import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -64,9 +67,46 @@ def usable_cores():  # the cores this process may run on (taskset's, a Slurm job
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+SIGHUP = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session (none on Windows)
+STOPS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, SIGHUP) if s)  # Ctrl-C, kill's or a scheduler's stop, SIGHUP
+
+
+def on_stops(handler):
+    """handler for each of STOPS; returns {signal: the handler it replaced}. A SIGHUP that nohup set to be ignored
+    stays ignored: the user asked the run to outlive its terminal."""
+    return {s: signal.signal(s, handler) for s in STOPS if s != SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
+
+
+_hung_up = []  # hang_up() was called
+
+
+def hang_up():
+    """The terminal is gone (a SIGHUP came, or a print failed with EIO), and the programs of its session may go with
+    it: stdout and stderr, where they are that terminal or a pipe whose reader left, go to /dev/null from here on
+    (say() does it for a reader that leaves later), so that a stopping run still saves its checkpoint and ends with
+    its own exit code, not a print's error. A log file, or a pipe still read, keeps its lines."""
+    _hung_up.append(True)
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0)):  # a hung-up tty, no reader
+            os.dup2(null, fd)  # what Python still holds to print is flushed there as it exits
+    os.close(null)
+
+
+def say(*args, **kwargs):  # print, at once; a terminal that is gone (EIO) is not an error (see hang_up)
+    try:
+        print(*args, **kwargs, flush=True)
+    except OSError as e:
+        if e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
+            raise  # (`| head`), which exit_code ends quietly
+        hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
+
+
 def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
     if RANK == 0:
-        print(*args, **kwargs, flush=True)
+        say(*args, **kwargs)
 
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
@@ -77,14 +117,14 @@ def show_progress(text, shown, last=False):
     line, one each PROGRESS_EVERY seconds after `shown` (None: never shown) and the last. Returns when shown."""
     now, tty = time.monotonic(), sys.stderr.isatty()
     if tty or last or shown is None or now - shown >= PROGRESS_EVERY:
-        print("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
+        say("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr)
         shown = now
     return shown
 
 
 def end_progress():  # a terminal's progress line ends before what is printed next (an error, say)
     if sys.stderr.isatty():
-        print(file=sys.stderr)
+        say(file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------
@@ -227,10 +267,14 @@ def numba_cache_fallback(source_dir):
 
 
 def quiet_while_starting(name):
-    """A Ctrl-C or a SIGTERM (kill, a scheduler's stop) while torch loads: one line, not an import's traceback."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: (print(f"{name}: interrupted while starting; nothing was written.",
-                                                file=sys.stderr), os._exit(130)))
+    """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
+    not an import's traceback."""
+    def stop(signum, frame):
+        if signum == SIGHUP:
+            hang_up()
+        say(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)
+        os._exit(130)
+    on_stops(stop)
 
 
 def end_quietly_on_closed_pipe():
@@ -252,6 +296,11 @@ def disk_is_full(e):  # is e the error of a full disk, or of a user's exhausted 
 def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
     return (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
             f"the system said: {e}; fix that")
+
+
+def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return f"{type(e).__name__}: {next((line for line in lines if 'error' in line.lower()), lines[0])[:200]}"
 
 
 def exit_code(name, command, interrupted):
@@ -414,6 +463,35 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     return ""
 
 
+@functools.cache
+def compile_error(device):
+    """Why torch.compile (inductor, as --compile runs it) cannot compile on device, in one line, or "": a trivial
+    function, once per process, before anything is written (no C++ compiler for a CPU, nor for Triton's launcher)."""
+    torch = _torch()
+    on_it = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+    try:
+        with on_it:  # that GPU only: a torchrun process touches no other one (cuda:0 would get a context from each)
+            torch.compile(lambda x: x + 1)(torch.ones(2, device=device))
+    except Exception as e:  # compilers fail in many ways, all meaning "not on this machine"
+        return error_line(e)
+    return ""
+
+
+@contextlib.contextmanager
+def compile_failures(cfg):
+    """A torch.compile failure compile_error did not foresee (one of the model's kernels, a GPU's own compiler) ends
+    in one sentence, exit code 1: a run's checkpoint, saved before the model first runs, stays whole to go on from."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, _torch()._dynamo.exc.TorchDynamoException):
+            raise
+        then = ("drop --compile" if cfg["benchmark"] else f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on "
+                f"from it with the same command without --compile{' and --overwrite' if cfg['overwrite'] else ''}, "
+                "plus --resume")
+        raise DataError(f"torch.compile failed ({error_line(e)}); {then}.") from None
+
+
 def training_bytes(c):
     """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per
     parameter, one micro-batch's logits and what autograd keeps of its forward (the fused attention and
@@ -511,6 +589,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (run_dir_problem, run_dir_problem),
+    (lambda c: c["compile"] and c["export"] is None and compile_error(c["device"]),  # last: it takes seconds
+     lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
+               f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
 ]
 
 
@@ -860,19 +941,22 @@ def check_same_data(state, cfg, ckpt_path):
 
 
 # ----------------------------------------------------------------------------
-# 5. The loop's faults (Ctrl-C or SIGTERM at a step boundary, a NaN, a full disk); torchrun's group
+# 5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 
 @contextlib.contextmanager
 def stop_requests(cfg):
-    """Ctrl-C or SIGTERM stops the loop at the next step boundary, where model and optimizer agree,
+    """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
     so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
     asked = []
 
     def handler(signum, frame):
-        if asked:
+        if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
+            hang_up()
+        elif asked:
             raise KeyboardInterrupt
-        asked.append(signum)
-        log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
+        if not asked:
+            asked.append(signum)
+            log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
 
     def stopped():  # under DDP every process must stop at the same step: one's signal stops all
         if cfg["world_size"] == 1:
@@ -881,7 +965,7 @@ def stop_requests(cfg):
         s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = on_stops(handler)
     try:
         yield stopped
     finally:
@@ -934,6 +1018,37 @@ def rank0_first(cfg, prepare):
     return prepared or prepare()
 
 
+JOIN_TIMEOUT = 300.0  # seconds torchrun's processes have to meet: started together, they meet within seconds
+JOIN_QUIET = 3.0  # seconds of waiting before a line says what for
+
+
+def meet(cfg):
+    """torchrun's rendezvous (the store at MASTER_ADDR:MASTER_PORT, or torchrun's own) -> its store. It waits in
+    C++, deaf to signals, so in a thread while this one waits for it: a stop (STOPS) ends the wait, the thread is left
+    behind (a daemon). After JOIN_QUIET seconds a line says what it waits for; after JOIN_TIMEOUT one sentence says
+    what never came (an environment set by hand, whose other processes never start, waited 6 hours for them)."""
+    dist, met = _torch().distributed, []
+
+    def rendezvous():
+        try:
+            met.append(next(dist.rendezvous("env://", cfg["rank"], cfg["world_size"],
+                                            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT)))[0])
+        except Exception as e:  # RuntimeError's kinds: a timeout, a port in use, an address that does not resolve
+            met.append(e)
+    waiting = threading.Thread(target=rendezvous, daemon=True)
+    waiting.start()
+    waiting.join(JOIN_QUIET)
+    where, n = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", cfg["world_size"]
+    if waiting.is_alive():
+        log(f"waiting for {n - 1} more process{'es' if n > 2 else ''} of WORLD_SIZE={n} at {where} (torchrun starts "
+            f"them; Ctrl-C to stop; up to {JOIN_TIMEOUT / 60:g} minutes)")
+    waiting.join()
+    if isinstance(met[0], Exception):
+        raise UsageError(f"the {n} processes of WORLD_SIZE={n} did not all meet at {where} ({error_line(met[0])}); "
+                         f"launch them with torchrun, or unset {', '.join(TORCHRUN_VARS)}.")
+    return met[0]
+
+
 @contextlib.contextmanager
 def process_group(cfg):
     """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
@@ -943,8 +1058,13 @@ def process_group(cfg):
     torch, cuda = _torch(), cfg["device"].startswith("cuda")
     if cuda:
         torch.cuda.set_device(cfg["device"])
-    # a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
-    torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
+    store, backend = meet(cfg), "nccl" if cuda else "gloo"
+    # once met, a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+    hours = datetime.timedelta(hours=6)
+    store.set_timeout(hours)
+    store = torch.distributed.PrefixStore("default_pg", store)  # as init_process_group does with the store it makes
+    torch.distributed.init_process_group(backend, store=store, rank=cfg["rank"], world_size=cfg["world_size"],
+                                         timeout=hours)
     try:
         yield
         torch.distributed.barrier()  # leave together: a rank that tears gloo down while a peer still works can abort it

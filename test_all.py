@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -2206,7 +2207,7 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
 
 
 @pytest.mark.parametrize("script", ["bpe.py", "train.py"])
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     # A stop while numpy, numba and torch load (the first second) printed an import's traceback from
     # bpe.py. The signal goes as soon as numpy is mapped: the handler is installed before that import.
@@ -2361,6 +2362,22 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     assert r.returncode == 2 and "is a FIFO, not a regular file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
+
+
+def test_safety_stops_leave_nohups_sighup_ignored():
+    # `nohup python train.py`: the run must outlive its terminal, so a SIGHUP that nohup ignores stays ignored
+    saved = {s: signal.getsignal(s) for s in safety.STOPS}
+    handler = lambda *_: None  # noqa: E731
+    try:
+        for before in (signal.SIG_IGN, signal.SIG_DFL):
+            signal.signal(signal.SIGHUP, before)
+            replaced = safety.on_stops(handler)
+            assert signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+            assert signal.getsignal(signal.SIGHUP) is (signal.SIG_IGN if before == signal.SIG_IGN else handler)
+            assert (signal.SIGHUP in replaced) == (before == signal.SIG_DFL)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 # ----------------------------------------------------------------------------
@@ -2846,6 +2863,28 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
 
 
+def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
+    # a terminal or ssh session closing (SIGHUP) killed the run, with no checkpoint since step 0 (item 10).
+    # Its terminal is a pty here: closed, it fails every print (EIO), then SIGHUP comes, as the shell sends it
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--device", "cpu"]
+    master, slave = os.openpty()
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO: the run ended, and with it the terminal's other side
+        while b"step 1/40" not in seen:  # a terminal gets every step's line
+            seen += os.read(master, 4096)
+    os.close(master)  # the terminal is gone: the run's prints fail from here on
+    os.killpg(p.pid, signal.SIGHUP)
+    assert p.wait(timeout=120) == 130, seen.decode(errors="replace")
+    step = safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
+    assert 0 < step < 40
+    assert train.main(args + ["--resume"]) == 0
+    assert f"resumed from out/toy/ckpt.pt at step {step}" in capsys.readouterr().out
+
+
 def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     real, calls = optim.cross_entropy, []
@@ -2976,8 +3015,9 @@ def test_train_ddp_two_processes_match_one(tmp_path):
     one = _train_cli([*args, "--run-name", "one"], tmp_path, timeout=300)
     assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "two"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "two"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    # (TMPDIR: torchrun's torchelastic_* directories go there, not into the system's temporary directory)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = _train_metrics(tmp_path / "out" / "one"), _train_metrics(tmp_path / "out" / "two")
     la, lb = [r["loss"] for r in a if "loss" in r], [r["loss"] for r in b if "loss" in r]
@@ -3362,6 +3402,83 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
         last = r.stderr.splitlines()[-1]
         assert needle in last and "launch with torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK" in last, r.stderr
         assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), env
+
+
+def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written(tmp_path):
+    # --compile with no working C++ compiler was an InductorError traceback at the first step, after ckpt.pt and
+    # config.json were written, so a rerun without --compile was refused as "already holds a run" (item 8).
+    # Inductor takes its compiler from $CXX: one that does not exist is none (its cache here: none to reuse)
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--compile"]
+    r = _train_cli(argv, tmp_path, env={"CXX": str(tmp_path / "no-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)},
+                   timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("train.py: error: --compile needs a working C++ compiler (torch inductor failed on cpu:")
+    assert "no-c++" in r.stderr and r.stderr.endswith("install one (e.g. apt install g++) or drop --compile.\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_path, capsys, monkeypatch):
+    # a compile failure the probe did not foresee (a GPU's own): one sentence, exit 1, the checkpoint to go on from
+    monkeypatch.setattr(safety, "compile_error", lambda device: "")  # the probe passes, the model's compile fails
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--max-iters", "3"]
+    try:
+        with torch._inductor.config.patch({"cpp.cxx": (None, str(tmp_path / "no-c++")), "fx_graph_cache": False}):
+            assert train.main(argv + ["--compile"]) == 1
+    finally:
+        torch._dynamo.reset()
+    _train_one_error(capsys, "torch.compile failed (", "no-c++", "is whole: go on from it with the same command "
+                     "without --compile, plus --resume.")
+    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
+    assert train.main(argv + ["--resume"]) == 0
+
+
+@contextlib.contextmanager
+def _train_by_hand_as_rank_0(tmp_path, join_timeout=None):
+    """train.py as rank 0 of WORLD_SIZE=2, set by hand: its other process never comes; killed at the end. join_timeout:
+    safety's JOIN_TIMEOUT in seconds (train.py is then run by runpy, after the constant is set)."""
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": str(_TRAIN_ROOT)}
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu"]
+    run = [str(_TRAIN_ROOT / "train.py")]
+    if join_timeout:
+        run = ["-c", f"import runpy, safety; safety.JOIN_TIMEOUT = {join_timeout}; runpy.run_path({run[0]!r}, "
+                     "run_name='__main__')"]
+    p = subprocess.Popen([sys.executable, *run, *argv], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        yield p, port
+    finally:  # one that still waits (for hours, before the fix)
+        p.kill()
+        p.wait()
+
+
+def test_train_torchrun_environment_by_hand_says_what_it_waits_for_and_stops(tmp_path):
+    # WORLD_SIZE=2 RANK=0 set by hand: it waited silently for the other process (6 hours), deaf to SIGTERM (item 11)
+    with _train_by_hand_as_rank_0(tmp_path) as (p, port):
+        said = select.select([p.stdout], [], [], 120)[0]  # an upper bound: it used to wait in silence
+        line = p.stdout.readline() if said else ""
+        assert line == (f"waiting for 1 more process of WORLD_SIZE=2 at 127.0.0.1:{port} (torchrun starts them; "
+                        f"Ctrl-C to stop; up to {safety.JOIN_TIMEOUT / 60:g} minutes)\n"), line
+        p.terminate()
+        assert p.wait(timeout=60) == 130
+        err = p.stderr.read()
+    assert err.startswith("train.py: interrupted;") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_torchrun_environment_by_hand_times_out_in_one_sentence(tmp_path):
+    with _train_by_hand_as_rank_0(tmp_path, join_timeout=2) as (p, port):
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"train.py: error: the 2 processes of WORLD_SIZE=2 did not all meet at 127.0.0.1:{port} ("
+                          "DistStoreError: Timed out after"), err
+    assert "1/2 clients joined" in err and err.endswith("launch them with torchrun, or unset RANK, WORLD_SIZE, "
+                                                        "LOCAL_RANK.\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, capsys, monkeypatch):
@@ -3895,6 +4012,17 @@ def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
     rc, out, err = _train_ctrl_c(tmp_path, args, "checkpoint:", 0.5, signal.SIGTERM)
     interrupted(rc, err)
     assert (tmp_path / "out" / "s" / "ckpt.pt").exists() and not (tmp_path / "out" / "s" / "samples.txt").exists()
+
+
+def test_train_sighup_in_the_data_preparation_is_one_line(tmp_path):
+    # a closed terminal (SIGHUP) while the tokenizer trains ended the run with no word (item 10): now as SIGTERM
+    _train_story(tmp_path / "s.txt")
+    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "training a 300-token BPE tokenizer", sig=signal.SIGHUP)
+    assert rc == 130 and "Traceback" not in err, (rc, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train.py: interrupted; every file written is whole") or "stopped at step" in out, err
+    assert not list(tmp_path.rglob(f"*{safety.TMP_MARK}*"))
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):

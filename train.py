@@ -147,10 +147,10 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
+    if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
+        cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
     safety.check_flags(cfg, CORPORA, is_ids, is_cached)  # refused before anything is read or written
     cfg["workers"] = cfg["workers"] and min(cfg["workers"], safety.usable_cores())  # more than the cores: no faster
-    if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process
-        cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
     cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
     if cfg["max_iters"] is None:
         cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
@@ -530,7 +530,8 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         resume = "run the same command with --resume to continue from the last checkpoint"
-        with safety.process_group(cfg), safety.disk_full(safety.run_dir(cfg), resume):
+        with safety.process_group(cfg), safety.disk_full(safety.run_dir(cfg), resume), \
+                safety.compile_failures(cfg):  # one the CHECKS' probe did not foresee
             return run(cfg)
     return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (with --resume once "
                             "the run has a ckpt.pt) to go on.")
