@@ -273,26 +273,36 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # 3. prepare_data: --data -> token ids, read in place
 
 class TokenIds:
-    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len, slices that are views, numpy's functions)
-    but read with plain reads (read_exactly) when numpy asks for the values, only the slice it is given: a file cut
-    short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its new end
-    kills the process (SIGBUS, which Python cannot catch)."""
+    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len, slices that are views, numpy's functions,
+    get_batch's windows) but read with plain reads when numpy asks for the values, only those it asks for: a file
+    cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its new
+    end kills the process (SIGBUS, which Python cannot catch)."""
 
     def __init__(self, ids, start=0, length=None):  # ids: a memmap np.load made, or a TokenIds to view
         self.filename, self.dtype = ids.filename, ids.dtype
         self.offset = ids.offset + start * ids.dtype.itemsize
         self.length = len(ids) - start if length is None else length
         self.base = ids if isinstance(ids, TokenIds) else None  # a view keeps the first alive: it closes the file
-        self.f = open(ids.filename, "rb") if self.base is None else ids.f
+        self.f = open(ids.filename, "rb", buffering=0) if self.base is None else ids.f  # each read one system call
         if self.base is None:  # closed quietly (no ResourceWarning) once it and every view of it are gone
             weakref.finalize(self, self.f.close)
 
     def __len__(self):
         return self.length
 
-    def __getitem__(self, where):  # a slice (of step 1, as every user takes): the ids from there, still in the file
-        start, stop, _ = where.indices(self.length)
-        return TokenIds(self, start, max(0, stop - start))
+    def __getitem__(self, where):
+        if isinstance(where, slice):  # (of step 1, as every user takes): the ids from there, still in the file
+            start, stop, _ = where.indices(self.length)
+            return TokenIds(self, start, max(0, stop - start))
+        where = np.asarray(where)  # indices: get_batch's windows, each row consecutive ids, each read into its place
+        rows, out = where.reshape(-1, where.shape[-1]), np.empty(where.shape, self.dtype)
+        if where.size and (where.min() < 0 or where.max() >= self.length or (np.diff(rows) != 1).any()):
+            raise IndexError(f"TokenIds takes slices, or rows of consecutive indices in [0, {self.length})")
+        for start, dest in zip(rows[:, 0].tolist() if where.size else (), out.reshape(rows.shape)):
+            self.f.seek(self.offset + start * self.dtype.itemsize)
+            if self.f.readinto(dest) < dest.nbytes:
+                raise changed_while_read(self.filename)
+        return out
 
     def __array__(self, dtype=None, copy=None):
         data = read_exactly(self.f, self.offset, self.length * self.dtype.itemsize, self.filename)

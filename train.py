@@ -176,8 +176,8 @@ def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a
 
 def windows(data, starts, context_length, device):
     """x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1] for each start s, int64
-    (len(starts), T) on device. Only the windows are read (data: data.TokenIds, or any 1-D array)."""
-    w = torch.from_numpy(np.stack([data[s:s + context_length + 1] for s in starts]).astype(np.int64))  # (B, T+1)
+    (len(starts), T) on device. Only the windows are read (data: data.TokenIds, a memmap or any 1-D array)."""
+    w = torch.from_numpy(data[starts[:, None] + np.arange(context_length + 1)].astype(np.int64))  # (B, T+1)
     x, y = w[:, :-1], w[:, 1:]
     if str(device).startswith("cuda"):  # pinned memory lets the copy overlap with compute
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
