@@ -61,6 +61,84 @@ def _in_a_temporary_directory(tmp_path):
     os.chdir(home)
 
 
+# A signal test must know what the program is doing when the signal comes, on a fast machine and on a loaded one
+# alike: a program that is simply left to run may have finished, or not yet installed its handler. So the program
+# runs held: where it reaches the phase under test it says so on a pipe of its own and stays there until signalled.
+_HELD = r"""
+import contextlib, functools, importlib, os, runpy, signal, sys, time
+fd, script, target, when, *argv = sys.argv[1:]
+first = os.getpid()
+# Ctrl-C as a terminal's foreground job has it: tests run in the background (`pytest &` in a script, nohup) ignore
+# it, a child inherits that, and Python then leaves it ignored (accounting.py ran on to exit 0).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path[0] = os.path.dirname(os.path.abspath(script))  # the script's folder, where `python SCRIPT` looks first
+
+
+def hold():  # the phase under test is reached: say so (from a pool's worker too), then wait for the signal
+    with contextlib.suppress(OSError):  # the test may have stopped listening: it had all the lines it waits for
+        os.write(int(fd), f"held {os.getpid()}\n".encode())
+    while True:
+        time.sleep(60)
+
+
+if target.startswith("import "):  # a module's import, from the program's first import of it
+    class Holder:
+        def find_spec(self, name, path=None, target_module=None):
+            if name == target.split()[1]:
+                hold()
+    sys.meta_path.insert(0, Holder())
+else:  # a call, of module:function or module:Class.method (run through its module: patched before the script)
+    module, _, attr = target.partition(":")
+    owner, (*path, name) = importlib.import_module(module), attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    real = getattr(owner, name)
+
+    @functools.wraps(real)  # its module and name: a pool pickles a function by them
+    def held(*args, **kwargs):
+        if not eval(when, {"args": args, "kwargs": kwargs, "first": os.getpid() == first}):
+            return real(*args, **kwargs)
+        hold()
+    setattr(owner, name, held)
+sys.argv = [script, *argv]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _held(script, argv, target, when="True", count=1, **popen):
+    """Start `python SCRIPT ARGV` (here: cwd, env, stdout, stderr of Popen), held at target: "import numpy", or a
+    call of "module:function" for which `when` (a Python expression of args, kwargs and first, True in the
+    program's first process and False in its pool's workers) holds. Returns the process once `count` of its
+    processes hold there (count 0: at once), and their pids."""
+    r, w = os.pipe()
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    p = subprocess.Popen([sys.executable, "-c", _HELD, str(w), str(_BPE_REPO / script), target, when, *argv],
+                         pass_fds=[w], **popen)
+    os.close(w)
+    pids = []
+    with os.fdopen(r) as held:
+        while len(pids) < count:  # the program and its workers hold the other end: no line at the end of them all
+            line = held.readline()
+            assert line, f"{script} ended before it reached {target}: {p.communicate(timeout=60)[1]} ({p.returncode})"
+            pids.append(int(line.split()[1]))
+    return p, pids
+
+
+def _wait_until(ready, what, seconds=60):
+    """Poll until ready(): a state, not a moment; the seconds only bound a failure, which `what` names."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to be reaped)?
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 # ============================================================================
 # model.py and optim.py
 # ============================================================================
@@ -3904,10 +3982,7 @@ def test_every_command_line_says_a_flag_mistake_in_one_sentence(argv, needle):
 
 
 def test_accounting_stopped_by_ctrl_c_says_one_line():
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "accounting.py", "--verify"], cwd=_BPE_REPO, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.readline()              # it runs: torch and the model are loaded
+    p, _ = _held("accounting.py", ["--verify"], "model:TransformerLM.__init__")  # verifying: its first model
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and err.splitlines()[-1] == "accounting.py: interrupted; nothing was written.", err
