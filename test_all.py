@@ -2604,21 +2604,13 @@ def test_train_kill_and_resume_is_bitwise_identical(tmp_path):
             "--checkpoint-interval", "10", "--device", "cpu"]
     full = _train_cli([*args, "--run-name", "full"], tmp_path, timeout=300)
     assert full.returncode == 0, full.stderr
-    log = open(tmp_path / "killed.log", "w")
-    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "killed"], cwd=tmp_path,
-                         stdout=log, stderr=subprocess.STDOUT)
-    metrics = tmp_path / "out" / "killed" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and p.poll() is None:
-        if metrics.exists() and metrics.read_text().count("\n") >= 27:  # past a checkpoint, mid-interval
-            break
-        time.sleep(0.005)
+    # killed in step 28, past a checkpoint, mid-interval: its loss computed and checked, the weights not yet updated
+    p, _ = _held("train.py", [*args, "--run-name", "killed"], "safety:stop_non_finite", "args[0] == 28",
+                 cwd=tmp_path, stdout=subprocess.DEVNULL)
     p.send_signal(signal.SIGKILL)
-    rc = p.wait()
-    log.close()
-    assert rc == -signal.SIGKILL, f"the run ended by itself (rc {rc}): {(tmp_path / 'killed.log').read_text()[-2000:]}"
-    done_before = len(_train_losses(tmp_path / "out" / "killed"))
-    assert 0 < done_before < 100
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    assert len(_train_losses(tmp_path / "out" / "killed")) == 27
     resumed = _train_cli([*args, "--run-name", "killed", "--resume"], tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
@@ -3480,43 +3472,23 @@ def test_train_text_of_only_special_tokens_is_one_sentence_and_caches_nothing(tm
     _train_one_line(capsys, "too little text")
 
 
-def _train_ctrl_c(tmp_path, args, wait_for, delay=0.0, sig=signal.SIGINT):
-    """Start train.py in its own process group, wait for a line on stdout, then Ctrl-C the group
-    (a terminal's Ctrl-C reaches every process: the main one and its pool workers), or send it sig."""
-    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    seen = ""
-    while wait_for not in seen and p.poll() is None:
-        seen += p.stdout.readline()
-    time.sleep(delay)
+def _train_ctrl_c(tmp_path, args, target, when="True", count=1, sig=signal.SIGINT):
+    """Start train.py in its own process group, held at target (see _held), then Ctrl-C the group (a terminal's
+    Ctrl-C reaches every process: the main one and its pool workers), or send it sig. -> exit code, stdout, stderr"""
+    p, _ = _held("train.py", args, target, when, count, cwd=tmp_path, start_new_session=True)
     os.killpg(p.pid, sig)
     out, err = p.communicate(timeout=120)
-    return p.returncode, seen + out, err
+    return p.returncode, out, err
 
 
 @pytest.mark.skipif(safety.usable_cores() < 2, reason="train.py caps --workers at the usable cores: one core, no pool")
 def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
     # the out-of-memory killer takes a worker of the tokenizer's training: one sentence, the split kept whole
-    rng = random.Random(2)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14))) for _ in range(9000)]
-    (tmp_path / "big.txt").write_text(" ".join(rng.choice(words) for _ in range(3_000_000)))
-    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), "--data", "big.txt", "--vocab-size", "1000",
-                          "--workers", "2", "--device", "cpu", "--max-iters", "2"], cwd=tmp_path, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-
-    def busy_workers():  # both workers, once one of them runs a task (a worker killed idle loses no work)
-        try:
-            pids = children.read_text().split()
-            running = any(Path(f"/proc/{k}/stat").read_text().rpartition(")")[2].split()[0] == "R" for k in pids)
-        except OSError:  # a process that just ended
-            return []
-        return pids if len(pids) == 2 and running else []
-    pids = []
-    while p.poll() is None and not (pids := busy_workers()):
-        time.sleep(0.005)
-    for pid in pids:  # every worker: one alone may have finished its task, or had none
-        os.kill(int(pid), signal.SIGKILL)
+    _bpe_random_words_text(tmp_path / "big.txt", 2)
+    p, pids = _held("train.py", ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu",
+                                 "--max-iters", "2"], "bpe_fast:_count_range", "not first", count=2, cwd=tmp_path)
+    for pid in pids:  # both workers, each in its task (a worker killed idle loses no work)
+        os.kill(pid, signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and err.startswith("train.py: error: a worker process died (exit code -9"), (out, err)
     assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
@@ -3524,27 +3496,21 @@ def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
 
 
 def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tmp_path):
-    _train_story(tmp_path / "big.txt", n=15000)  # ~3 MB: its tokenizer and token files take seconds
+    _train_story(tmp_path / "big.txt", n=15000)  # ~3 MB: a chunk to count for each worker, several to encode
     args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
             "--num-samples", "0"]  # BPE stops short of 1000 tokens on this text: no samples to decode
-    for delay in (0.0, 1.0):  # in the tokenizer's training, then (most likely) in the tokenizing
-        rc, out, err = _train_ctrl_c(tmp_path, args, "training a 1000-token BPE tokenizer", delay)
+    for work in ("_count_range", "_encode_chunk"):  # in the tokenizer's training, then in the tokenizing
+        rc, out, err = _train_ctrl_c(tmp_path, args, f"bpe_fast:{work}", "not first", count=2)  # both workers at it
         assert rc == 130 and "Traceback" not in err, (rc, err)
-        if delay == 0 or "stopped at step" not in out:  # in the data preparation (delay 1: most likely)
-            assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole")
-            assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
+        assert err.strip().splitlines()[-1].startswith("train.py: interrupted; every file written is whole"), err
+        assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
         assert not list(tmp_path.rglob("*tmp*")) and not list(tmp_path.rglob("*.part"))
-    # data ready: Ctrl-C between the data and the first checkpoint (a bigger model takes a moment to build)
+    # data ready: Ctrl-C between the data and the first checkpoint, as the model is built
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    big = ["--data", str(ids), "--vocab-size", "64", "--d-model", "512", "--num-layers", "8", "--num-heads", "8",
-           "--d-ff", "2048", "--context-length", "16", "--batch-size", "8", "--device", "cpu", "--max-iters", "2"]
-    rc, out, err = _train_ctrl_c(tmp_path, big, "data:")
+    rc, out, err = _train_ctrl_c(tmp_path, ["--data", str(ids), *_TRAIN_TINY, "--device", "cpu", "--max-iters", "2"],
+                                 "model:TransformerLM.__init__")
     assert rc == 130 and "Traceback" not in err, (rc, err)
-    run = tmp_path / "out" / "toy"
-    if (run / "ckpt.pt").exists():  # the signal came after the first checkpoint: a whole run to resume
-        assert "stopped at step" in out and safety.read_checkpoint(run / "ckpt.pt")["iteration"] <= 2
-    else:
-        assert "train.py: interrupted" in err and not list(run.glob("*"))
+    assert "train.py: interrupted" in err and not list((tmp_path / "out" / "toy").glob("*"))
 
 
 def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
@@ -3557,13 +3523,13 @@ def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
     _train_story(tmp_path / "big.txt", n=15000)
     args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
             "--num-samples", "0"]
-    rc, out, err = _train_ctrl_c(tmp_path, args, "training a 1000-token BPE tokenizer", 1.0, signal.SIGTERM)
+    rc, out, err = _train_ctrl_c(tmp_path, args, "bpe_fast:_encode_chunk", "not first", 2, signal.SIGTERM)  # tokenizing
     interrupted(rc, err)
-    assert "stopped at step" in out or not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
+    assert not [f for f in tmp_path.glob("out/**/*") if f.is_file()]
     # in the sampling, after the whole run: the checkpoint stays, samples.txt is not written half
     _train_story(tmp_path / "s.txt")
-    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--num-samples", "5000"]
-    rc, out, err = _train_ctrl_c(tmp_path, args, "checkpoint:", 0.5, signal.SIGTERM)
+    args = ["--data", "s.txt", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--num-samples", "2"]
+    rc, out, err = _train_ctrl_c(tmp_path, args, "model:generate", sig=signal.SIGTERM)
     interrupted(rc, err)
     assert (tmp_path / "out" / "s" / "ckpt.pt").exists() and not (tmp_path / "out" / "s" / "samples.txt").exists()
 
