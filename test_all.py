@@ -1787,9 +1787,11 @@ def test_bpe_never_writes_over_its_input(tmp_path):
 def test_bpe_cli_piped_into_head_writes_its_files_and_ends_quietly(tmp_path):
     text = tmp_path / "a.txt"
     text.write_text("hello world, " * 50, encoding="utf-8")
+    r, w = os.pipe()
+    os.close(r)               # the report finds no reader ("error: [Errno 32] Broken pipe", exit 2, before)
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(text), "--vocab-size", "300",
-                          "--out", str(tmp_path / "tok")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.close()          # the report finds no reader ("error: [Errno 32] Broken pipe", exit 2, before)
+                          "--out", str(tmp_path / "tok")], stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
     assert p.wait(timeout=120) == 1 and p.stderr.read() == b""
     assert bpe.Tokenizer.from_files(tmp_path / "tok" / "vocab.json", tmp_path / "tok" / "merges.txt").encode("hello")
 
@@ -3038,9 +3040,10 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet
         m.setattr(train, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "Address already in use")))
         assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
     _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then run the same command again.")
-    # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before
+    # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before. The run is too long to end
+    # before that (it could have written all its lines into the pipe and ended well, the reader still there)
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
-                          "--max-iters", "200", "--log-interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "--max-iters", "100000", "--log-interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.readline()
     p.stdout.close()
     assert p.wait(timeout=300) == 1 and p.stderr.read() == b""
@@ -3631,8 +3634,10 @@ def _acc_mismatches(checks):
 @pytest.mark.parametrize("script", [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]])
 def test_a_printing_script_piped_into_head_ends_quietly(script):
     """`python accounting.py | head -0`: ended by SIGPIPE like cat (a BrokenPipeError traceback before)."""
-    p = subprocess.Popen([sys.executable, *script], cwd=_BPE_REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.close()          # before the script prints anything: its first write finds no reader
+    r, w = os.pipe()
+    os.close(r)               # before the script prints anything (it may print all before a test closes its end)
+    p = subprocess.Popen([sys.executable, *script], cwd=_BPE_REPO, stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
     assert p.wait(timeout=300) == -signal.SIGPIPE and p.stderr.read() == b""
 
 
