@@ -3590,11 +3590,11 @@ def test_train_download_resumes_with_range(tmp_path, _train_server, capsys):
 
 
 def test_train_offline_download_fails_with_one_sentence(tmp_path, capsys, monkeypatch):
-    with socket.socket() as s:  # a port nobody listens on: connection refused, like being offline
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    rc = train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")])
+    with socket.socket() as s:  # a port bound, not listening: connection refused, like being offline; kept
+        s.bind(("127.0.0.1", 0))  # bound throughout, so that no other test (an xdist worker's server) can take it
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{s.getsockname()[1]}")
+        rc = train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir",
+                         str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert "could not download" in err and "TinyStoriesV2-GPT4-train.txt" in err and str(tmp_path / "data") in err
@@ -4157,19 +4157,36 @@ def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
     assert 3 * n_small < n_big  # the tail of rare words keeps growing with the corpus
 
 
-def test_bench_run_measured_sums_pss_over_a_forked_tree():
+def test_bench_run_measured_sums_pss_over_a_forked_tree(tmp_path, monkeypatch):
+    # The child lives until a sample of the tree is taken after its allocation (not for a time a loaded machine
+    # may never give the sampler): the sample that touches SAMPLED began after the child said ALLOCATED.
+    real, allocated, sampled = bench.tree_pss_mb, tmp_path / "allocated", tmp_path / "sampled"
+
+    def tree_pss_mb(pid):
+        after = allocated.exists()
+        mb = real(pid)
+        if after:
+            sampled.touch()
+        return mb
+    monkeypatch.setattr(bench, "tree_pss_mb", tree_pss_mb)
     code = """
 import os, numpy as np
 t0 = time.perf_counter()
 a = np.ones(25_000_000)  # 200 MB, shared with the child after the fork
 if os.fork() == 0:
-    b = np.ones(12_500_000); time.sleep(0.6); os._exit(0)  # 100 MB of its own
+    b = np.ones(12_500_000)  # 100 MB of its own
+    open(ALLOCATED, "w").close()
+    for _ in range(6000):  # until a sample has seen it (a minute at most: a test fails, it does not hang)
+        if os.path.exists(SAMPLED):
+            break
+        time.sleep(0.01)
+    os._exit(0)
 os.wait()
-report(0.0)
+report(time.perf_counter() - t0)
 """
-    r = bench.run_measured(code)
-    assert 280 < r["pss_mb"] < 420, r  # 200 shared once + 100 own (+ Python), not 200 twice
-    assert r["process_s"] > 0.6, r
+    r = bench.run_measured(code, ALLOCATED=str(allocated), SAMPLED=str(sampled))
+    assert sampled.exists() and 280 < r["pss_mb"] < 420, r  # 200 shared once + 100 own (+ Python), not 200 twice
+    assert r["process_s"] > r["call_s"], r  # the whole process, around the call that waited for the child
 
 
 def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
