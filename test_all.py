@@ -77,8 +77,8 @@ sys.path[0] = os.path.dirname(os.path.abspath(script))  # the script's folder, w
 def hold():  # the phase under test is reached: say so (from a pool's worker too), then wait for the signal
     with contextlib.suppress(OSError):  # the test may have stopped listening: it had all the lines it waits for
         os.write(int(fd), f"held {os.getpid()}\n".encode())
-    while True:
-        time.sleep(60)
+    time.sleep(600)  # the signal ends it; what a failing test left behind (a worker outliving its parent) ends later
+    os._exit(1)
 
 
 if target.startswith("import "):  # a module's import, from the program's first import of it
@@ -112,8 +112,9 @@ def _held(script, argv, target, when="True", count=1, **popen):
     processes hold there (count 0: at once), and their pids."""
     r, w = os.pipe()
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
-    p = subprocess.Popen([sys.executable, "-c", _HELD, str(w), str(_BPE_REPO / script), target, when, *argv],
-                         pass_fds=[w], **popen)
+    popen["env"] = {**popen.get("env", os.environ), "TEST_HELD": _HELD}  # the code: not in a failure's command line
+    p = subprocess.Popen([sys.executable, "-c", "import os; exec(os.environ.pop('TEST_HELD'))", str(w),
+                          str(_BPE_REPO / script), target, when, *argv], pass_fds=[w], **popen)
     os.close(w)
     pids = []
     with os.fdopen(r) as held:
@@ -128,7 +129,8 @@ def _wait_until(ready, what, seconds=60):
     """Poll until ready(): a state, not a moment; the seconds only bound a failure, which `what` names."""
     deadline = time.monotonic() + seconds
     while not ready():
-        assert time.monotonic() < deadline, what
+        if time.monotonic() > deadline:
+            pytest.fail(what)
         time.sleep(0.01)
 
 
@@ -2108,12 +2110,13 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
         p.kill()
     for pid in workers if stop == "a worker killed" else ():
         os.kill(pid, signal.SIGKILL)
-    out, err = p.communicate(timeout=120)  # (the workers hold these pipes too: they have ended now)
+    if stop == "the parent killed":  # its workers die with it (they hold its pipes: read them after that)
+        assert p.wait(timeout=60) == -signal.SIGKILL
+        _wait_until(lambda: not [w for w in workers if _alive(w)], f"the workers {workers} outlived their parent")
+    out, err = p.communicate(timeout=120)
     assert "Traceback" not in err    # encode's progress lines may come first
     left = sorted(f.name for f in tmp_path.rglob("*") if f.is_file() and "gpt2" not in f.parts)
     if stop == "the parent killed":
-        assert p.returncode == -9, err
-        _wait_until(lambda: not [w for w in workers if _alive(w)], f"the workers {workers} outlived their parent")
         return
     if stop != "sigterm":
         assert p.returncode == 1 and left == ["big.txt"], (p.returncode, out, err, left)
