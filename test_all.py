@@ -3046,7 +3046,8 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet
     # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before. The run is too long to end
     # before that (it could have written all its lines into the pipe and ended well, the reader still there)
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
-                          "--max-iters", "100000", "--log-interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "--max-iters", "100000", "--log-interval", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.readline()
     p.stdout.close()
     assert p.wait(timeout=300) == 1 and p.stderr.read() == b""
