@@ -384,10 +384,13 @@ def _note_first_compile(dispatcher):
         _compile_noted = True
 
 
-def _damaged_cache_is_a_miss(cache_file):
-    """numba reads its disk cache (an index *.nbi, code *.nbc) with pickle and lets a damaged file's
-    error through: a truncated index (a killed writer, a full disk) failed every compiled call with an
-    UnpicklingError. Here a file that cannot be read is a miss: the code is compiled and saved anew."""
+def _numba_cache_made_safe(cache_file):
+    """numba's disk cache (an index *.nbi, code *.nbc), made safe for what killed jobs and parallel tests do:
+    - it reads the files with pickle and let a damaged one's error through: a truncated index (a killed
+      writer, a full disk) failed every compiled call. Here a file it cannot read is a miss: compiled again.
+    - a save reads the index, takes the first free file number and writes both back, unlocked: two
+      processes saving two signatures of one function at once could take the same number, and the index
+      then points one signature at the other's code. Here saves take turns (a lock on the cache's folder)."""
     def miss_on_error(read, miss):
         @functools.wraps(read)
         def read_or_miss(self, *args):
@@ -396,11 +399,28 @@ def _damaged_cache_is_a_miss(cache_file):
             except Exception:     # pickle fails on bad bytes in many ways (EOFError, UnpicklingError, ...)
                 return miss
         return read_or_miss
+
+    def in_turn(save):
+        @functools.wraps(save)
+        def save_in_turn(self, *args):
+            try:
+                import fcntl     # Unix only: elsewhere saves are unlocked, as numba's own
+                folder = os.open(self._cache_path, os.O_RDONLY)
+            except (ImportError, OSError):
+                return save(self, *args)
+            try:
+                with contextlib.suppress(OSError):  # a file system without locks (some NFS): unlocked, as numba's own
+                    fcntl.flock(folder, fcntl.LOCK_EX)
+                return save(self, *args)
+            finally:
+                os.close(folder)  # (closing it frees the lock)
+        return save_in_turn
     cache_file._load_index = miss_on_error(cache_file._load_index, {})
     cache_file.load = miss_on_error(cache_file.load, None)
+    cache_file.save = in_turn(cache_file.save)
 
 
-_damaged_cache_is_a_miss(caching.IndexDataCacheFile)
+_numba_cache_made_safe(caching.IndexDataCacheFile)
 
 
 def raise_held_ctrl_c():

@@ -964,6 +964,32 @@ def test_bpe_a_damaged_numba_cache_is_compiled_again(tmp_path):
     assert subprocess.run(code, env=env, capture_output=True, text=True, timeout=300).stdout == "42\n"
 
 
+def test_bpe_numba_cache_saves_take_turns(tmp_path, monkeypatch):
+    """numba saves a compiled function by reading its index, taking the first free file number and writing both
+    back, unlocked: two processes (pytest -n workers) saving two signatures at once could take one number. With
+    bpe_fast loaded, a save holds a lock on the cache's folder from before it reads the index until it is written."""
+    fcntl = pytest.importorskip("fcntl", reason="no fcntl (not Unix): numba's saves are unlocked there")
+    held = []
+
+    def index_read_by_save(self):  # the moment a racing save would read a stale index: is the folder locked?
+        fd = os.open(self._cache_path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return {}
+    cache_file = numba.core.caching.IndexDataCacheFile(str(tmp_path), "f-1.py311", "stamp")
+    monkeypatch.setattr(numba.core.caching.IndexDataCacheFile, "_load_index", index_read_by_save)
+    cache_file.save("signature", b"code")
+    assert held == [True] and (tmp_path / "f-1.py311.1.nbc").is_file()
+    fd = os.open(tmp_path, os.O_RDONLY)      # and freed after
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
     """The plain loop runs as Python for small jobs, but a merge may walk the longest word: 129 KB of Chinese
     without punctuation, one word, took 27 s that way (0.46 s compiled)."""
