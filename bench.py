@@ -8,6 +8,8 @@
     python bench.py encode       # Tokenizer.encode, then encode_file on 50 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
     python bench.py generate     # generation with and without the KV cache
+    python bench.py gpu          # every GPU figure in one command (8 minutes), ending in README's GPU table
+    python bench.py gpu --cpu    # the same rehearsed at tiny sizes on the CPU, the GPU-only parts skipped
 
 The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers (the tools
 compared against) are imported only when their table runs. Tools take turns, and a repeated table
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,13 +34,16 @@ from pathlib import Path
 import numpy as np
 import regex
 import torch
+import torch.nn.functional as F
 
+import accounting
 import bpe
 import export
+import kernels
 import train
-from accounting import TINYSTORIES
 from model import TransformerLM, generate
-from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, exit_code,
+from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
+                    exit_code,
                     unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
@@ -573,64 +579,370 @@ def bench_encode_file(args, files, enc):
 
 
 # ----------------------------------------------------------------------------
-# 3. The training step: this project vs Hugging Face's Llama of the same shape
+# 3. The training step: this project vs Hugging Face's Llama and a compact model of the same shape
+#
+# The compact model is the baseline a skilled PyTorch user writes for this shape in a hundred lines: the
+# same function (pre-norm RMSNorm, RoPE, causal attention, SwiGLU, untied head, no biases) through torch's
+# fused ops. One Linear makes q, k and v and one makes w1 and w3 (two matmuls where three were),
+# F.rms_norm, F.scaled_dot_product_attention, the loss inside the forward (so one torch.compile covers
+# it), torch's AdamW (one fused kernel on CUDA). Its matmuls are the ones accounting.lm_forward_flops
+# counts (a test checks it), so the same MFU formula is fair to it.
+
+def rope(x, cos, sin):  # x (B, h, T, d_k): rotate the halves (x1, x2) by each position's angles, as Llama does
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)  # bf16 stays bf16 for SDPA
+
+
+class CompactBlock(torch.nn.Module):
+    def __init__(self, d_model, num_heads, d_ff):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1, self.norm2 = torch.nn.Parameter(torch.ones(d_model)), torch.nn.Parameter(torch.ones(d_model))
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = torch.nn.Linear(d_model, d_model, bias=False)
+        self.w13 = torch.nn.Linear(d_model, 2 * d_ff, bias=False)
+        self.w2 = torch.nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x, cos, sin):  # x (B, T, d)
+        B, T, d = x.shape
+        h = F.rms_norm(x, (d,), self.norm1, eps=1e-5)
+        q, k, v = self.qkv(h).view(B, T, 3, self.num_heads, -1).transpose(1, 3).unbind(2)  # (B, h, T, d_k) each
+        a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, T, d))
+        gate, up = self.w13(F.rms_norm(x, (d,), self.norm2, eps=1e-5)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class CompactLM(torch.nn.Module):
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta=10000.0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, d_model)
+        self.blocks = torch.nn.ModuleList(CompactBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.norm = torch.nn.Parameter(torch.ones(d_model))
+        self.head = torch.nn.Linear(d_model, vocab_size, bias=False)
+        d_k = d_model // num_heads
+        inv_freq = rope_theta ** (-torch.arange(0, d_k, 2, dtype=torch.float32) / d_k)  # (d_k / 2,)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, d_k / 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, ids, targets=None):  # ids (B, T) -> logits (B, T, V), or given targets the mean loss
+        T, x = ids.shape[1], self.embed(ids)
+        for block in self.blocks:
+            x = block(x, self.cos[:T], self.sin[:T])
+        logits = self.head(F.rms_norm(x, (x.shape[-1],), self.norm, eps=1e-5))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def torch_update(params, cfg):
+    """The peers' update with the run's settings: torch's clipping (a tensor back, no host sync) and
+    AdamW, fused into one kernel on CUDA, then the gradients freed, as train.py does."""
+    params = list(params)
+    opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"], fused=cfg["device"].startswith("cuda"))
+
+    def update():
+        if cfg["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return update
+
 
 def llama_step(cfg, micro):
-    """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm,
-    RoPE, SwiGLU, no biases, untied head, torch's fused attention) with torch's own AdamW and loss."""
+    """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm, RoPE, SwiGLU,
+    no biases, untied head, torch's fused attention), compiled and autocast as ours is, torch's loss outside."""
     from transformers import LlamaConfig, LlamaForCausalLM
     shape = export.llama_config({**cfg, "tie_embeddings": False}, None)  # the mapping lives there, once
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
-    opt = torch.optim.AdamW(hf.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
-                            eps=cfg["eps"], weight_decay=cfg["weight_decay"])
+    model, update = torch.compile(hf) if cfg["compile"] else hf, torch_update(hf.parameters(), cfg)
 
     def step():
         for x, y in micro:
-            logits = hf(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            with train.autocast(cfg):
+                logits = model(input_ids=x).logits
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             (loss / len(micro)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        update()
     return step
 
 
-def bench_step(argv):
-    """train.py's --benchmark step (argv: train.py's flags) and HF Llama's, taking turns after a warm-up."""
-    argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
-    cfg = train.resolve_config(["--benchmark", *argv])  # a mistake in them: one sentence (see __main__)
-    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama taking turns")
+def compact_step(cfg, micro):
+    """The compact model's step on the same micro-batches -> step() -> the mean loss (a tensor, no host sync)."""
+    torch.manual_seed(cfg["seed"])
+    with torch.device(cfg["device"]):
+        raw = CompactLM(**{k: cfg[k] for k in train.MODEL_KEYS[:7]})  # the shape and rope_theta
+    model, update = torch.compile(raw) if cfg["compile"] else raw, torch_update(raw.parameters(), cfg)
+
+    def step():
+        total = 0
+        for x, y in micro:
+            with train.autocast(cfg):
+                loss = model(x, y)  # the loss inside the model: compiled with it
+            (loss / len(micro)).backward()
+            total = total + loss.detach()
+        update()
+        return total / len(micro)
+    return step
+
+
+def step_table(cfg):
+    """This project's --benchmark step, HF Llama's (when installed) and the compact model's on the same
+    batches, taking turns after UNTIMED_STEPS untimed rounds: one line each -> {name: (tokens/s, that line)}."""
     sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
     with train.torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours}
         if peer("transformers"):
-            steps["HF LlamaForCausalLM + torch.optim.AdamW"] = llama_step(cfg, micro)
-        take_turns(steps, train.UNTIMED_STEPS)
+            steps["HF LlamaForCausalLM"] = llama_step(cfg, micro)
+        steps["compact model (bench.py)"] = compact_step(cfg, micro)
+        take_turns(steps, train.UNTIMED_STEPS, sync)
         times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
-    base, tokens = statistics.median(times["this project"]), cfg["batch_size"] * cfg["context_length"]
-    print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, {torch.get_num_threads()} CPU "
-          f"threads, median of {cfg['benchmark_steps']} steps each, taking turns", flush=True)
+        peak = train.device_peak(cfg)  # MFU's denominator, under the run's matmul precision
+    print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
+          f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps each, taking turns")
+    base, flops = statistics.median(times["this project"]), train.step_flops(cfg)
+    results = {}
     for name, ts in times.items():
         dt = statistics.median(ts)
-        print(f"  {name}: {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s"
-              + ("" if name == "this project" else f" (this project is {dt / base:.2f}x its speed)"), flush=True)
+        tps = cfg["batch_size"] * cfg["context_length"] / dt
+        line = (f"{1000 * dt:.1f} ms/step, {tps:,.0f} tokens/s"
+                + (f", MFU {100 * accounting.mfu(flops, dt, peak):.1f}%" if peak else "")
+                + ("" if name == "this project" else f"; this project is {dt / base:.2f}x its speed"))
+        print(f"  {name}: {line}", flush=True)
+        results[name] = tps, line
+    return results
+
+
+def bench_step(argv):
+    """train.py's --benchmark step (argv: train.py's flags), HF Llama's and the compact model's, taking turns."""
+    argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
+    cfg = train.resolve_config(["--benchmark", *argv])  # a mistake in them: one sentence (see __main__)
+    print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama and a compact model "
+          "taking turns")
+    step_table(cfg)
     return 0
 
 
 # ----------------------------------------------------------------------------
 # 4. Generation with and without the KV cache
 
-def bench_generate(args):
+def bench_generate(args, device="cpu"):
+    """-> {use_cache: tokens/s}."""
     torch.manual_seed(0)
-    m = TransformerLM(**TINYSTORIES)  # model.py's from-scratch path
+    m = TransformerLM(**accounting.TINYSTORIES, device=device)  # model.py's from-scratch path
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
-          f"{torch.get_num_threads()} threads")
+          f"device {device}, {torch.get_num_threads()} threads")
     for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
         times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
                                                               use_cache=use_cache) for use_cache in (True, False)}, 1)
+    speed = {use_cache: len(out[use_cache][0]) / dt for use_cache, (dt,) in times.items()}
     for use_cache, (dt,) in times.items():
-        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {len(out[use_cache][0]) / dt:7.1f} tokens/s")
+        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {speed[use_cache]:7.1f} tokens/s")
     print(f"same tokens with and without the cache: {out[True] == out[False]}")
+    return speed
+
+
+# ----------------------------------------------------------------------------
+# 5. The GPU report: every GPU figure of this project in one command, ending in README's table
+#
+# Each section guards itself (a failure is one line, then the next section runs), and none starts
+# once --budget seconds are spent, so a run on a rented GPU always ends with its table. --cpu
+# rehearses it: the same sections at tiny sizes on the CPU, without what only a GPU runs here
+# (torch.compile, whose CPU build takes minutes; bf16 autocast; fused AdamW; the CUDA kernels;
+# the GPU memory check; the CUDA tests' bodies).
+
+GPT2_SMALL = dict(vocab_size=50_304, context_length=1_024, d_model=768, num_layers=12, num_heads=12, d_ff=2_048)
+GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's stand-in)
+    "TinyStories": ((accounting.TINYSTORIES, 128),
+                    (dict(vocab_size=256, context_length=32, d_model=64, num_layers=2, num_heads=4, d_ff=128), 4)),
+    "GPT-2 small": ((GPT2_SMALL, 32),
+                    (dict(vocab_size=512, context_length=64, d_model=48, num_layers=3, num_heads=3, d_ff=128), 2)),
+}
+LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
+        True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
+CUDA_TESTS = "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks that)
+TEST_LINE = regex.compile(r"test_all\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:  # no git here
+        return "unknown"
+
+
+def steady_tokens_per_s(metrics, run):
+    """The median tokens/s of metrics.jsonl's windows after the first run["skip"] steps, leaving out each
+    window that holds the first step after an evaluation (the compiler may retrace there)."""
+    rows = [json.loads(line) for line in Path(metrics).read_text().splitlines()]
+    return statistics.median(r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > run["skip"]
+                             and not any((n - 1) % run["evals"] == 0 for n in range(r["step"] - run["log"] + 1,
+                                                                                     r["step"] + 1)))
+
+
+class GpuReport:
+    """`bench.py gpu`: the sections in order, each adding rows {what: result} to the final table."""
+
+    def __init__(self, args):
+        self.cpu, self.steps, self.budget, self.tests = args.cpu, args.steps, args.budget, args.tests
+        self.device = "cpu" if args.cpu else "cuda"
+        self.t0, self.rows, self.failed, self.benchmark_tps = time.perf_counter(), {}, [], None
+
+    def left(self):  # seconds of the budget left
+        return self.budget - (time.perf_counter() - self.t0)
+
+    def shape_flags(self, name):
+        """train.py's flags for one of GPU_SHAPES, without --data."""
+        shape, batch = GPU_SHAPES[name][self.cpu]
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()] + [f"--batch-size={batch}", "--fast"]
+        return flags + (["--device=cpu"] if self.cpu else ["--device=cuda", "--compile"])
+
+    def step(self, name):
+        flags = self.shape_flags(name)
+        print(f"python train.py --benchmark {' '.join(flags)}, with HF Llama and the compact model taking turns")
+        cfg = train.resolve_config(["--benchmark", "--data=tinystories", *flags, f"--benchmark-steps={self.steps}"])
+        try:
+            results = step_table(cfg)
+        finally:
+            torch.compiler.reset()  # the next shape compiles afresh (not as dynamic shapes); this one's memory goes
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if name == "TinyStories":
+            self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick
+        results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
+        return {f"step, {name} shape: {who}": results[who][1] for who in ("this project", "HF LlamaForCausalLM",
+                                                                          "compact model (bench.py)")}
+
+    def loop(self):
+        """train.py's real loop, a short run on random ids (no download) in its own process."""
+        run, (shape, _) = LOOP[self.cpu], GPU_SHAPES["TinyStories"][self.cpu]
+        with tempfile.TemporaryDirectory() as tmp:
+            ids = Path(tmp) / "ids.npy"
+            np.save(ids, np.random.default_rng(0).integers(0, shape["vocab_size"], run["ids"], dtype=np.uint16))
+            argv = [f"--data={ids}", *self.shape_flags("TinyStories"), f"--max-iters={run['steps']}",
+                    f"--log-interval={run['log']}", f"--eval-interval={run['evals']}", "--eval-iters=5",
+                    "--num-samples=0", f"--out-dir={tmp}"]
+            print("python train.py " + " ".join(argv), flush=True)
+            try:
+                p = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], cwd=tmp, capture_output=True,
+                                   text=True, timeout=max(self.left(), 1))
+            except subprocess.TimeoutExpired:  # it was killed
+                raise RuntimeError(f"train.py was stopped at the {self.budget:.0f} s budget") from None
+            if p.returncode != 0:
+                raise RuntimeError(f"train.py exited {p.returncode}: " + (p.stderr or p.stdout).strip()[-300:])
+            tps = steady_tokens_per_s(Path(tmp) / "ids" / "metrics.jsonl", run)
+        line = f"{tps:,.0f} tokens/s over steps {run['skip'] + 1}-{run['steps']}, evaluations' windows left out; "
+        line += (f"{tps / self.benchmark_tps:.2f}x --benchmark's {self.benchmark_tps:,.0f}" if self.benchmark_tps
+                 else "--benchmark's figure is missing (the TinyStories step did not run)")
+        print(line)
+        return {"real loop (train.py), steady, vs --benchmark, TinyStories shape": line}
+
+    def generate(self):
+        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device)
+        return {f"generation, use_cache={c}": f"{speed[c]:,.1f} tokens/s" for c in (True, False)}
+
+    def kernels(self):
+        small = ["--sizes", "10", "--reps", "2", "--dtypes", "float32"] if self.cpu else []
+        with tempfile.TemporaryDirectory() as tmp:
+            kernels.main(["--device", self.device, *small, "--json", f"{tmp}/k.json"])
+            result = json.loads(Path(f"{tmp}/k.json").read_text())
+        return {"kernels.py GELU": result.get("target") or f"ran {', '.join(result['variants'])}; no CUDA kernel"}
+
+    def accounting(self):
+        bad = accounting.run_verify()  # its GPU memory check runs wherever CUDA is
+        if bad:
+            self.failed.append("accounting.py --verify")
+        return {"accounting.py --verify": f"{bad} mismatch(es), "
+                f"{'with' if torch.cuda.is_available() else 'without'} the GPU memory check"}
+
+    def cuda_tests(self):
+        """pytest -k --tests as a process, its line for each test printed as it comes (a run cut at the
+        budget still names its failures) -> the count of each outcome."""
+        argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "test_all.py", "-k", self.tests]
+        print(" ".join(argv[1:]), flush=True)
+        p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "COLUMNS": "200"})  # skip reasons in full, not cut at 80 columns
+        timer = threading.Timer(max(self.left(), 1), p.kill)
+        timer.start()
+        outcomes = Counter()
+        try:
+            for line in p.stdout:
+                if m := TEST_LINE.match(line):
+                    print(line.rstrip(), flush=True)
+                    outcomes[m[1]] += bool(m[1])  # the summary's FAILED lines repeat a test: not counted twice
+        finally:
+            timer.cancel()
+            p.kill()  # a no-op when it ended; the child never outlives the report
+        rc = p.wait()
+        line = ", ".join(f"{n} {o.lower()}" for o, n in outcomes.items()) or f"no test matched -k {self.tests!r}"
+        if rc < 0 and self.left() <= 0:
+            line += ", cut short at the budget"
+        elif rc not in (0, 1, 5):  # 1: a test failed (named above); 5: none was selected
+            line += f", pytest exited {rc}"
+        if rc != 0:
+            self.failed.append("tests")
+        return {f"tests touching CUDA (pytest -k {self.tests!r})": line}
+
+    def run(self):
+        """Every section in turn (none starts once the budget is spent), then the table. -> exit code."""
+        sections = {"the training step, TinyStories shape": ("step", "TinyStories"),
+                    "the training step, GPT-2-small shape": ("step", "GPT-2 small"),
+                    "the real loop": ("loop",), "generation": ("generate",), "kernels.py": ("kernels",),
+                    "accounting.py --verify": ("accounting",), "tests touching CUDA": ("cuda_tests",)}
+        for title, (method, *arg) in sections.items():
+            print(f"\n## {title}", flush=True)
+            if self.left() <= 0:
+                self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
+                print(self.rows[title])
+                continue
+            start = time.perf_counter()
+            try:
+                self.rows.update(getattr(self, method)(*arg))
+            except Exception as e:  # whatever failed (CUDA, a compiler, a peer), the next section still runs
+                self.rows[title] = f"failed: {error_line(e)}"
+                self.failed.append(title)
+                print(self.rows[title])
+            print(f"({title}: {time.perf_counter() - start:.0f} s)", flush=True)
+        return self.table()
+
+    def table(self):
+        """The one table README's GPU section pastes: its date, commit and device above it. -> exit code."""
+        device = (torch.cuda.get_device_name(0) if self.device == "cuda"
+                  else f"CPU ({usable_cores()} cores), a rehearsal at tiny sizes: no figure here is one to quote")
+        print("\n## The table (README's GPU section)\n")
+        print(f"`python bench.py gpu{' --cpu' if self.cpu else ''}`, {time.strftime('%Y-%m-%d')}, commit "
+              f"{git_commit()}, {device}, torch {torch.__version__}, {(time.perf_counter() - self.t0) / 60:.1f} min\n")
+        print("| what | result |\n|---|---|")
+        for what, result in self.rows.items():
+            print(f"| {what} | {result.replace('|', '/')} |")
+        if self.failed:
+            print(f"\nfailed: {', '.join(self.failed)}")
+        return 1 if self.failed else 0
+
+
+def bench_gpu(argv):
+    ap = Parser(prog="bench.py gpu", description="Every GPU figure of this project in one command (at most 8 "
+                "minutes on one GPU), ending in the table README's GPU section quotes.")
+    ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU at tiny sizes; what needs a GPU "
+                    "(torch.compile, bf16, fused AdamW, CUDA kernels and tests) is skipped")
+    ap.add_argument("--budget", type=float, default=480, help="seconds: no section starts after them, and the "
+                    "loop's and the tests' processes are stopped at them (default 480)")
+    ap.add_argument("--steps", type=int, help="timed steps per model and shape (default 30; 3 with --cpu)")
+    ap.add_argument("--tests", default=CUDA_TESTS, help=f"pytest -k expression of the tests run (default {CUDA_TESTS})")
+    args = ap.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on the CPU.")
+    if not args.budget > 0 or (args.steps is not None and args.steps < 1):  # `not >`: nan too
+        raise UsageError(f"--budget {args.budget} and --steps {args.steps} must be positive.")
+    args.steps = args.steps or (3 if args.cpu else 30)
+    print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:.0f} s, {args.steps} timed steps"
+          + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, fused AdamW, the CUDA kernels, the "
+             "GPU memory check and the CUDA tests' bodies are skipped)" if args.cpu else ""), flush=True)
+    return GpuReport(args).run()
 
 
 # ----------------------------------------------------------------------------
@@ -646,10 +958,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["step"]:  # the rest are train.py's flags
         return bench_step(argv[1:])
+    if argv[:1] == ["gpu"]:  # its own flags
+        return bench_gpu(argv[1:])
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
               "step": lambda args: bench_step([]), "generate": bench_generate}
     ap = Parser(prog="bench.py", description="Comparisons with other tools (`bench.py step` takes "
-                "train.py's flags instead of these).")
+                "train.py's flags instead of these; `bench.py gpu --help` has its own).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
