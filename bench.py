@@ -729,11 +729,11 @@ def bench_step(argv):
 # ----------------------------------------------------------------------------
 # 4. Generation with and without the KV cache
 
-def bench_generate(args, device="cpu"):
+def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINYSTORIES):
     """-> {use_cache: tokens/s}."""
     torch.manual_seed(0)
-    m = TransformerLM(**accounting.TINYSTORIES, device=device)  # model.py's from-scratch path
-    print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, TinyStories shape, greedy, "
+    m = TransformerLM(**shape, device=device)  # model.py's from-scratch path
+    print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, "
           f"device {device}, {torch.get_num_threads()} threads")
     for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
         times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
@@ -763,8 +763,8 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 }
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
-CUDA_TESTS = "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks that)
-TEST_LINE = regex.compile(r"test_all\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
+TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
+TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
 
 
 def git_commit():
@@ -842,7 +842,8 @@ class GpuReport:
         return {"real loop (train.py), steady, vs --benchmark, TinyStories shape": line}
 
     def generate(self):
-        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device)
+        name, shape = ("tiny", GPU_SHAPES["TinyStories"][1][0]) if self.cpu else ("TinyStories", accounting.TINYSTORIES)
+        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device, name, shape)
         return {f"generation, use_cache={c}": f"{speed[c]:,.1f} tokens/s" for c in (True, False)}
 
     def kernels(self):
@@ -862,7 +863,7 @@ class GpuReport:
     def cuda_tests(self):
         """pytest -k --tests as a process, its line for each test printed as it comes (a run cut at the
         budget still names its failures) -> the count of each outcome."""
-        argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "test_all.py", "-k", self.tests]
+        argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", TESTS, "-k", self.tests]
         print(" ".join(argv[1:]), flush=True)
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "COLUMNS": "200"})  # skip reasons in full, not cut at 80 columns
@@ -873,7 +874,8 @@ class GpuReport:
             for line in p.stdout:
                 if m := TEST_LINE.match(line):
                     print(line.rstrip(), flush=True)
-                    outcomes[m[1]] += bool(m[1])  # the summary's FAILED lines repeat a test: not counted twice
+                    if m[1]:  # not the summary's FAILED lines, which repeat a test with its error
+                        outcomes[m[1]] += 1
         finally:
             timer.cancel()
             p.kill()  # a no-op when it ended; the child never outlives the report
@@ -935,7 +937,8 @@ def bench_gpu(argv):
     ap.add_argument("--tests", default=CUDA_TESTS, help=f"pytest -k expression of the tests run (default {CUDA_TESTS})")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
-        raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on the CPU.")
+        raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on "
+                         "the CPU.")
     if not args.budget > 0 or (args.steps is not None and args.steps < 1):  # `not >`: nan too
         raise UsageError(f"--budget {args.budget} and --steps {args.steps} must be positive.")
     args.steps = args.steps or (3 if args.cpu else 30)

@@ -4780,6 +4780,103 @@ def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch
     assert "same tokens with and without the cache: True" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("shape", [accounting.TINYSTORIES, bench.GPT2_SMALL], ids=["tinystories", "gpt2_small"])
+def test_bench_compact_model_has_accountings_flops_and_parameters(shape):
+    # the MFU lines use accounting.lm_forward_flops for every model: fair to the compact model only if it runs the
+    # matmuls the formula counts. Tolerance 0: both count the same matmuls, SDPA its full T x T as the formula does
+    with torch.device("meta"):
+        lm = bench.CompactLM(**shape)
+    with FlopCounterMode(display=False) as counter:
+        lm(torch.zeros(1, shape["context_length"], dtype=torch.long, device="meta"))
+    assert counter.get_total_flops() == accounting.lm_forward_flops(**shape)
+    assert sum(p.numel() for p in lm.parameters()) == sum(accounting.lm_param_counts(**shape).values())
+
+
+def test_bench_compact_model_trains():
+    cfg = train.resolve_config(["--benchmark", "--data", "tinystories", *_TRAIN_TINY, "--device", "cpu"])
+    batch = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["context_length"] + 1),
+                          generator=torch.Generator().manual_seed(0))
+    step = bench.compact_step(cfg, [(batch[:, :-1], batch[:, 1:])])
+    losses = [float(step()) for _ in range(10)]
+    assert abs(losses[0] - math.log(cfg["vocab_size"])) < 0.5, losses  # starts near uniform
+    assert losses[-1] < losses[0] - 0.5 and losses == sorted(losses, reverse=True), losses  # learns the batch
+
+
+def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
+    """A file of tests for the report's pytest to run instead of test_all.py's (whose collection takes seconds)."""
+    path.write_text("import pytest\n" + body)
+    return str(path)
+
+
+def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
+    # every section end to end at tiny sizes; cut short: one accounting shape, one test for pytest to run
+    _bench_no_peers(monkeypatch)
+    monkeypatch.setattr(accounting, "VERIFY_CONFIGS", {"TinyStories": accounting.VERIFY_CONFIGS["TinyStories"]})
+    monkeypatch.setattr(accounting, "ACTIVATION_SHAPES", accounting.ACTIVATION_SHAPES[:1])
+    monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_one.py"))
+    assert bench.main(["gpu", "--cpu", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("## The table"):]
+    assert f"commit {bench.git_commit()}, CPU (" in table
+    rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M))
+    steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
+             for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)")]
+    loop = "real loop (train.py), steady, vs --benchmark, TinyStories shape"
+    assert list(rows) == ["what", *steps, loop, "generation, use_cache=True", "generation, use_cache=False",
+                          "kernels.py GELU", "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
+    assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, MFU [\d.]+%(; this project is [\d.]+x its speed)?",
+                            rows[s]) for s in steps if "HF" not in s), rows
+    assert rows[steps[1]] == rows[steps[4]] == "skipped: transformers is not installed"
+    assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
+                        r"[\d,]+", rows[loop])
+    assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[f"generation, use_cache={c}"]) for c in (True, False))
+    assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
+    assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
+    assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
+
+
+def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeypatch):
+    body = ("def test_cuda_passes():\n    pass\ndef test_cuda_fails():\n    assert 1 == 2\n"
+            "@pytest.mark.skipif(True, reason='needs a CUDA GPU')\ndef test_cuda_skips():\n    pass\n"
+            "def test_other():\n    assert False\n")
+    monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_some.py", body))
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=120, tests="cuda"))
+    assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'cuda')": "1 passed, 1 failed, 1 skipped"}
+    out = capsys.readouterr().out
+    assert "test_some.py::test_cuda_fails FAILED" in out
+    assert "test_some.py::test_cuda_skips SKIPPED (needs a CUDA GPU)" in out
+    assert re.search(r"^FAILED \S+test_some.py::test_cuda_fails - assert 1 == 2$", out, re.M)  # why, in one line
+    assert report.failed == ["tests"] and "test_other" not in out
+
+
+def test_bench_gpu_report_leaves_out_compile_and_evaluations():
+    run = dict(steps=40, log=5, evals=20, skip=10)
+    # steps 5 and 10: compiling; 25: the window after step 20's evaluation
+    tps = {5: 1, 10: 2, 15: 100, 20: 102, 25: 3, 30: 104, 35: 106, 40: 108}
+    rows = [{"step": s, "tokens_per_s": v} for s, v in tps.items()] + [{"step": 20, "val_loss": 1.0}]
+    Path("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.steady_tokens_per_s("metrics.jsonl", run) == 104
+
+
+def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _cli("bench", ["gpu"]) == 2
+    assert capsys.readouterr().err.strip() == ("bench.py: error: bench.py gpu needs a CUDA GPU and torch sees none "
+                                               "here; pass --cpu to rehearse it on the CPU.")
+    for bad in (["--steps", "0"], ["--budget", "nan"]):
+        assert _cli("bench", ["gpu", "--cpu", *bad]) == 2 and "must be positive" in capsys.readouterr().err
+
+
+def test_bench_gpu_report_selects_every_test_that_needs_the_device():
+    # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
+    # bench.py's own may (the report would run itself)
+    for name, fn in globals().items():
+        reasons = [m.kwargs.get("reason", "") for m in getattr(fn, "pytestmark", []) if m.name == "skipif"]
+        if name.startswith("test_") and any(re.search(r"\b(CUDA|GPU)\b", r) for r in reasons):
+            assert bench.CUDA_TESTS in name, name
+        assert not (name.startswith("test_bench_") and bench.CUDA_TESTS in name), name
+
+
 # ============================================================================
 # export.py (python train.py --export DIR; the checks load the export with transformers, when installed)
 # ============================================================================
