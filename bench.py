@@ -18,6 +18,7 @@ encode_file run as whole processes, measured from outside: wall time and peak me
 """
 import argparse
 import functools
+import gc
 import inspect
 import json
 import os
@@ -659,24 +660,27 @@ def llama_step(cfg, micro):
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
     model, update = torch.compile(hf) if cfg["compile"] else hf, torch_update(hf.parameters(), cfg)
 
-    def step():
+    def step():  # -> the mean loss (a tensor: no host sync)
+        total = 0
         for x, y in micro:
             with train.autocast(cfg):
                 logits = model(input_ids=x).logits
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             (loss / len(micro)).backward()
+            total = total + loss.detach()
         update()
+        return total / len(micro)
     return step
 
 
 def compact_step(cfg, micro):
-    """The compact model's step on the same micro-batches -> step() -> the mean loss (a tensor, no host sync)."""
+    """The compact model's step on the same micro-batches, as llama_step's."""
     torch.manual_seed(cfg["seed"])
     with torch.device(cfg["device"]):
         raw = CompactLM(**{k: cfg[k] for k in train.MODEL_KEYS[:7]})  # the shape and rope_theta
     model, update = torch.compile(raw) if cfg["compile"] else raw, torch_update(raw.parameters(), cfg)
 
-    def step():
+    def step():  # -> the mean loss (a tensor: no host sync)
         total = 0
         for x, y in micro:
             with train.autocast(cfg):
@@ -805,12 +809,7 @@ class GpuReport:
         flags = self.shape_flags(name)
         print(f"python train.py --benchmark {' '.join(flags)}, with HF Llama and the compact model taking turns")
         cfg = train.resolve_config(["--benchmark", "--data=tinystories", *flags, f"--benchmark-steps={self.steps}"])
-        try:
-            results = step_table(cfg)
-        finally:
-            torch.compiler.reset()  # the next shape compiles afresh (not as dynamic shapes); this one's memory goes
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        results = step_table(cfg)
         if name == "TinyStories":
             self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick
         results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
@@ -842,18 +841,18 @@ class GpuReport:
         return {"real loop (train.py), steady, vs --benchmark, TinyStories shape": line}
 
     def generate(self):
-        name, shape = ("tiny", GPU_SHAPES["TinyStories"][1][0]) if self.cpu else ("TinyStories", accounting.TINYSTORIES)
-        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device, name, shape)
+        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device,
+                               "tiny" if self.cpu else "TinyStories", GPU_SHAPES["TinyStories"][self.cpu][0])
         return {f"generation, use_cache={c}": f"{speed[c]:,.1f} tokens/s" for c in (True, False)}
 
-    def kernels(self):
+    def kernels_table(self):
         small = ["--sizes", "10", "--reps", "2", "--dtypes", "float32"] if self.cpu else []
         with tempfile.TemporaryDirectory() as tmp:
             kernels.main(["--device", self.device, *small, "--json", f"{tmp}/k.json"])
             result = json.loads(Path(f"{tmp}/k.json").read_text())
         return {"kernels.py GELU": result.get("target") or f"ran {', '.join(result['variants'])}; no CUDA kernel"}
 
-    def accounting(self):
+    def verify_accounting(self):
         bad = accounting.run_verify()  # its GPU memory check runs wherever CUDA is
         if bad:
             self.failed.append("accounting.py --verify")
@@ -891,11 +890,11 @@ class GpuReport:
 
     def run(self):
         """Every section in turn (none starts once the budget is spent), then the table. -> exit code."""
-        sections = {"the training step, TinyStories shape": ("step", "TinyStories"),
-                    "the training step, GPT-2-small shape": ("step", "GPT-2 small"),
-                    "the real loop": ("loop",), "generation": ("generate",), "kernels.py": ("kernels",),
-                    "accounting.py --verify": ("accounting",), "tests touching CUDA": ("cuda_tests",)}
-        for title, (method, *arg) in sections.items():
+        sections = {"the training step, TinyStories shape": lambda: self.step("TinyStories"),
+                    "the training step, GPT-2-small shape": lambda: self.step("GPT-2 small"),
+                    "the real loop": self.loop, "generation": self.generate, "kernels.py": self.kernels_table,
+                    "accounting.py --verify": self.verify_accounting, "tests touching CUDA": self.cuda_tests}
+        for title, section in sections.items():
             print(f"\n## {title}", flush=True)
             if self.left() <= 0:
                 self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
@@ -903,11 +902,17 @@ class GpuReport:
                 continue
             start = time.perf_counter()
             try:
-                self.rows.update(getattr(self, method)(*arg))
+                self.rows.update(section())
             except Exception as e:  # whatever failed (CUDA, a compiler, a peer), the next section still runs
                 self.rows[title] = f"failed: {error_line(e)}"
                 self.failed.append(title)
                 print(self.rows[title])
+            # the next section compiles afresh (a second shape would otherwise be compiled as dynamic shapes), and the
+            # GPU memory of this one's models (held by the traceback until here, after a failure) goes back
+            torch.compiler.reset()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             print(f"({title}: {time.perf_counter() - start:.0f} s)", flush=True)
         return self.table()
 

@@ -4792,11 +4792,14 @@ def test_bench_compact_model_has_accountings_flops_and_parameters(shape):
     assert sum(p.numel() for p in lm.parameters()) == sum(accounting.lm_param_counts(**shape).values())
 
 
-def test_bench_compact_model_trains():
+@pytest.mark.parametrize("peer", ["compact", "llama"])
+def test_bench_peer_steps_train(peer):
+    if peer == "llama":
+        pytest.importorskip("transformers")
     cfg = train.resolve_config(["--benchmark", "--data", "tinystories", *_TRAIN_TINY, "--device", "cpu"])
     batch = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["context_length"] + 1),
                           generator=torch.Generator().manual_seed(0))
-    step = bench.compact_step(cfg, [(batch[:, :-1], batch[:, 1:])])
+    step = getattr(bench, f"{peer}_step")(cfg, [(batch[:, :-1], batch[:, 1:])])
     losses = [float(step()) for _ in range(10)]
     assert abs(losses[0] - math.log(cfg["vocab_size"])) < 0.5, losses  # starts near uniform
     assert losses[-1] < losses[0] - 0.5 and losses == sorted(losses, reverse=True), losses  # learns the batch
