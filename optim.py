@@ -179,12 +179,14 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 @torch.no_grad()
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
-    Returns the norm before clipping, as a float."""
+    Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
+    The choice to clip is made on the device (torch.where): reading the norm back would make the host wait for
+    the GPU every step."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros(())
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item()
-    if total >= max_l2_norm:  # the handout leaves g as is only when the norm is below M
-        torch._foreach_mul_(grads, max_l2_norm / (total + eps))
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
+    torch._foreach_mul_(grads, scale)
     return total
