@@ -576,7 +576,7 @@ def _model_compiled_adamw_run(compiled, steps=12, state=None):
     for t in range(steps):
         for i, p in enumerate(ps):
             p.grad = None if (t == 0 and i == 0 and state is None) else torch.randn(p.shape, generator=gen)
-        opt.param_groups[0]["lr"] = optim.cosine_lr(t + 1, 1e-2, 1e-3, 3, 12)
+        opt.param_groups[0]["lr"] = optim.cosine_lr(t, 1e-2, 1e-3, 3, 12)  # 0 at first, as in train.py
         opt.step()
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     return ps, opt, graphs
