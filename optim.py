@@ -3,7 +3,7 @@
 Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
   1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written
      in-place backward (softmax - onehot), and perplexity.
-  2. Optimizers, simplest first: SGD -> AdaGrad (the lecture's) -> AdamW (Algorithm 1).
+  2. Optimizers, simplest first: SGD -> AdaGrad (the lecture's) -> AdamW (Algorithm 1; compiled=True fuses it).
      State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
@@ -129,11 +129,15 @@ class AdamW(_Optimizer):
     a_t = lr * sqrt(1 - b2^t) / (1 - b1^t)          (bias correction folded into the step size)
     theta <- theta - a_t * m / (sqrt(v) + eps)
     theta <- theta - lr * weight_decay * theta       (decoupled decay, after the update)
-    The _foreach ops do the per-parameter loop's arithmetic in a few launches for all tensors.
+    compiled=True runs the same _adamw_math through torch.compile, which fuses each parameter's arithmetic
+    into one pass over its tensors (eager, each _foreach op is a pass of its own). It needs what torch.compile
+    needs (a C++ compiler on a CPU): train.py checks for one before --compile.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False):
         super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        self.compiled = compiled
+        self._math = torch.compile(_adamw_math) if compiled else _adamw_math
 
     def _update(self, group, params):
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
@@ -142,17 +146,28 @@ class AdamW(_Optimizer):
             if not state:  # t counts from 1 per parameter; m and v start at zero
                 state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             state["step"] += 1
-        grads = [p.grad for p in params]
-        ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
-        torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
-        torch._foreach_mul_(vs, b2)
-        torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
-        denom = torch._foreach_sqrt(vs)
-        torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(params, ms, denom, step_sizes)
-        if wd != 0:
-            torch._foreach_mul_(params, 1 - lr * wd)
+        decay = 1 - lr * wd
+        if self.compiled:  # as tensors: a new lr or t is then new data for the same compiled code, not a recompile
+            dtype = torch.promote_types(params[0].dtype, torch.float32)  # the precision eager ops use for numbers
+            factors = torch.tensor([*step_sizes, decay], dtype=dtype).to(params[0].device, non_blocking=True)
+            *step_sizes, decay = factors.unbind()  # one copy to the device, which the host does not wait for
+        self._math(params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                   [s["exp_avg_sq"] for s in states], step_sizes, decay, b1, b2, eps)
+
+
+def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
+    """Algorithm 1's arithmetic for all of a group's tensors at once: step_sizes[i] = -a_t of params[i],
+    decay = 1 - lr * weight_decay (numbers; 0-dim tensors when compiled). Each _foreach op does one line of the
+    per-parameter loop for every tensor."""
+    torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
+    torch._foreach_mul_(vs, b2)
+    torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
+    torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
+    torch._foreach_mul_(params, decay)  # times 1 without weight decay: no change
 
 
 # ----------------------------------------------------------------------------
@@ -179,12 +194,14 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 @torch.no_grad()
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
-    Returns the norm before clipping, as a float."""
+    Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
+    The choice to clip is made on the device (torch.where): reading the norm back would make the host wait for
+    the GPU every step."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros(())
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item()
-    if total >= max_l2_norm:  # the handout leaves g as is only when the norm is below M
-        torch._foreach_mul_(grads, max_l2_norm / (total + eps))
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
+    torch._foreach_mul_(grads, scale)
     return total

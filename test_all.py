@@ -563,6 +563,76 @@ def test_model_optimizer_state_dict_round_trips():
             torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def _model_compiled_adamw_run(compiled, steps=12, state=None):
+    """Params (3 tensors, float32) after AdamW steps on seeded gradients with the cosine schedule's lr, which
+    changes every step; the first tensor has no gradient at step 0, so t differs between parameters. Returns
+    (params, optimizer, the compiled graphs made by dynamo after each step)."""
+    gen = torch.Generator().manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in ((33, 17), (17,), (5, 3))]
+    opt = optim.AdamW(ps, lr=1.0, betas=(0.9, 0.95), weight_decay=0.1, compiled=compiled)
+    if state is not None:
+        opt.load_state_dict(state)
+    graphs = []
+    for t in range(steps):
+        for i, p in enumerate(ps):
+            p.grad = None if (t == 0 and i == 0 and state is None) else torch.randn(p.shape, generator=gen)
+        opt.param_groups[0]["lr"] = optim.cosine_lr(t, 1e-2, 1e-3, 3, 12)  # 0 at first, as in train.py
+        opt.step()
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return ps, opt, graphs
+
+
+def _model_needs_compiler():
+    why = safety.compile_error("cpu")
+    if why:
+        pytest.skip(f"torch.compile cannot compile here: {why}")
+
+
+def test_model_compiled_adamw_equals_plain_without_recompiles():
+    # compiled=True runs the same _adamw_math through torch.compile: equal up to float32 rounding (inductor fuses
+    # and orders the arithmetic its own way), while lr and each parameter's t change, with no new graph after the
+    # first two steps (step 0 compiles for two tensors, step 1 for three)
+    _model_needs_compiler()
+    plain, p_opt, _ = _model_compiled_adamw_run(False)
+    fused, f_opt, graphs = _model_compiled_adamw_run(True)
+    assert graphs[1] == graphs[-1]
+    for a, b in zip(plain, fused):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-6, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(f_opt.state[b][key], p_opt.state[a][key], rtol=1e-6, atol=1e-7)
+    assert [f_opt.state[p]["step"] for p in fused] == [11, 12, 12] == [p_opt.state[p]["step"] for p in plain]
+    again, _, _ = _model_compiled_adamw_run(True)
+    assert all(torch.equal(a, b) for a, b in zip(fused, again))  # deterministic: the same bits twice
+
+
+def test_model_compiled_adamw_fuses_the_update():
+    # eager, each _foreach op is a pass over every tensor; compiled, inductor's fused kernels run instead of them
+    _model_needs_compiler()
+    for compiled in (False, True):
+        ps, opt, _ = _model_compiled_adamw_run(compiled, steps=2)
+        for p in ps:
+            p.grad = torch.ones_like(p)
+        with torch.profiler.profile() as prof:
+            opt.step()
+        names = {e.name for e in prof.events()}
+        assert any(n.startswith("aten::_foreach") for n in names) != compiled, names
+        assert "aten::_local_scalar_dense" not in names  # nor a host sync
+
+
+def test_model_compiled_adamw_state_dict_loads_either_way():
+    # a checkpoint of the plain optimizer resumes compiled and the other way round: one format (t an int)
+    _model_needs_compiler()
+    for first, then in ((False, True), (True, False)):
+        ps, opt, _ = _model_compiled_adamw_run(first, steps=3)
+        saved = copy.deepcopy(opt.state_dict())
+        assert all(type(s["step"]) is int for s in saved["state"].values())
+        resumed, r_opt, _ = _model_compiled_adamw_run(then, steps=3, state=copy.deepcopy(saved))
+        same, _, _ = _model_compiled_adamw_run(first, steps=3, state=copy.deepcopy(saved))  # loading shares tensors
+        for a, b in zip(resumed, same):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
+        assert [r_opt.state[p]["step"] for p in resumed] == [5, 6, 6]
+
+
 def test_model_optimizer_step_takes_a_closure_that_calls_backward():
     # torch.optim's contract: step(closure) re-evaluates the loss with gradients on; step runs under no_grad
     for cls in (optim.AdamW, optim.AdaGrad, optim.SGD):
@@ -620,20 +690,38 @@ def test_model_cosine_lr_shape():
     assert optim.cosine_lr(t, mx, mn, tw, tc) + optim.cosine_lr(tw + tc - t, mx, mn, tw, tc) == pytest.approx(mx + mn)
 
 
-def test_model_clip_grad_norm_matches_torch():
+class _ModelOps(TorchDispatchMode):
+    """The names of the aten ops that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_model_clip_grad_norm_matches_torch_without_a_host_sync():
+    # it read the norm back with .item() to decide whether to clip: on a GPU the host waited for every step
     torch.manual_seed(0)
-    for scale in (10.0, 0.01):
+    for scale in (10.0, 0.01):  # above M (scaled) and below (left as is)
         ps1 = [torch.nn.Parameter(torch.randn(5, 4)) for _ in range(3)]
         ps2 = [torch.nn.Parameter(p.detach().clone()) for p in ps1]
         for a, b in zip(ps1, ps2):
             a.grad = torch.randn_like(a) * scale
             b.grad = a.grad.clone()
         ps1.append(torch.nn.Parameter(torch.zeros(2)))  # no grad: ignored
-        total = optim.clip_grad_norm(ps1, 1.0)
+        with _ModelOps() as mode:
+            total = optim.clip_grad_norm(ps1, 1.0)
+        assert "aten._foreach_norm.Scalar" in mode.ops and "aten._local_scalar_dense.default" not in mode.ops
         want = torch.nn.utils.clip_grad_norm_(ps2, 1.0)  # scales by max / (norm + 1e-6) too
-        assert total == pytest.approx(want.item(), rel=1e-6)
+        assert total.shape == () and total.dtype == torch.float32
+        torch.testing.assert_close(total, want, atol=0, rtol=1e-6)
         for a, b in zip(ps1, ps2):
             torch.testing.assert_close(a.grad, b.grad)
+    none = optim.clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0)
+    assert none.shape == () and none.dtype == torch.float32 and none.item() == 0
 
 
 def test_model_meta_device_and_bf16_autocast():
