@@ -2725,7 +2725,7 @@ def _train_cli(args, cwd, env=None, **kw):
 
 
 def _train_cfg(**over):
-    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True}
+    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True, "compile": False}
     cfg.update(over)
     return cfg
 
@@ -2829,7 +2829,7 @@ def test_train_grad_accumulation_equals_big_batch():
     for accum in (1, 4):
         m, opt = _train_model_opt()
         micro = list(zip(x.chunk(accum), y.chunk(accum)))
-        loss, _ = train.train_step(m, opt, micro, 1e-2, _train_cfg())
+        loss, _ = train.train_step(train.LMLoss(m, _train_cfg()), opt, micro, 1e-2, _train_cfg())
         results.append((float(loss), [p.grad.clone() for p in m.parameters()]))
     # oracle: autograd on the whole batch at once
     m, _ = _train_model_opt()
@@ -2853,7 +2853,7 @@ def test_train_activation_checkpointing_same_gradients():
         with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.nbytes) or t, lambda t: t):
             cross_entropy(m(x), y)
         saved.append(sum(sizes))
-        train.train_step(m, opt, [(x, y)], 1e-2, _train_cfg())
+        train.train_step(train.LMLoss(m, _train_cfg()), opt, [(x, y)], 1e-2, _train_cfg())
         grads.append([p.grad for p in m.parameters()])
     assert saved[1] < saved[0] / 2, saved  # the blocks' insides are no longer kept
     for a, b in zip(*grads):
@@ -2864,9 +2864,9 @@ def test_train_bf16_autocast_keeps_float32_master_weights():
     m, opt = _train_model_opt()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(64, (4, 16), generator=g), torch.randint(64, (4, 16), generator=g)
-    loss32, _ = train.train_step(m, opt, [(x, y)], 1e-2, _train_cfg())
+    loss32, _ = train.train_step(train.LMLoss(m, _train_cfg()), opt, [(x, y)], 1e-2, _train_cfg())
     m, opt = _train_model_opt()
-    loss16, _ = train.train_step(m, opt, [(x, y)], 1e-2, _train_cfg(dtype="bf16"))
+    loss16, _ = train.train_step(train.LMLoss(m, _train_cfg()), opt, [(x, y)], 1e-2, _train_cfg(dtype="bf16"))
     with train.autocast(_train_cfg(dtype="bf16")):
         assert m.lm_head(torch.ones(1, 32)).dtype == torch.bfloat16  # the matmuls did run in bfloat16
     assert float(loss16) != float(loss32)
@@ -2910,7 +2910,7 @@ def test_train_kill_and_resume_is_bitwise_identical(tmp_path):
             "--checkpoint-interval", "10", "--device", "cpu"]
     full = _train_cli([*args, "--run-name", "full"], tmp_path, timeout=300)
     assert full.returncode == 0, full.stderr
-    # killed in step 28, past a checkpoint, mid-interval: its loss computed and checked, the weights not yet updated
+    # killed in step 28, past a checkpoint, mid-interval: its loss read back and checked, not yet recorded
     p, _ = _held("train.py", [*args, "--run-name", "killed"], "safety:stop_non_finite", "args[0] == 28",
                  cwd=tmp_path, stdout=subprocess.DEVNULL)
     p.send_signal(signal.SIGKILL)
@@ -2955,7 +2955,7 @@ def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     os.close(slave)
     seen = b""
     with contextlib.suppress(OSError):  # EIO: the run ended, and with it the terminal's other side
-        while b"step 1/40" not in seen:  # a terminal gets every step's line
+        while b"step 10/40" not in seen:  # a terminal gets the log steps' lines (--log-interval 10), redrawn
             seen += os.read(master, 4096)
     os.close(master)  # the terminal is gone: the run's prints fail from here on
     os.killpg(p.pid, signal.SIGHUP)
@@ -3146,10 +3146,10 @@ def test_train_eta_counts_only_the_steps_after_the_untimed_ones(tmp_path, monkey
                                 "--max-iters", "100", "--log-interval", "10"])
     clock = [0.0]
     monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: clock[0]))
-    progress = train.Progress(cfg, tmp_path / "metrics.jsonl", 0.0)
+    progress = train.Progress(cfg, tmp_path / "metrics.jsonl", 0.0, tmp_path / "ckpt.pt")
     for step in range(1, 21):
         clock[0] += 600.0 if step == 1 else 1.0  # a compiling first step, then 1 s each
-        progress.stepped(step, 2.0, 1e-3, None)
+        progress.stepped(step, torch.tensor(2.0), 1e-3, None)
     lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
     assert lines[0].endswith("ETA 1m30s") and lines[1].endswith("ETA 1m20s"), lines  # 90 and 80 steps of 1 s
 
