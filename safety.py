@@ -109,6 +109,11 @@ def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes p
         say(*args, **kwargs)
 
 
+def fmt_time(s):  # seconds -> "12m05s", "3h07m"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
 
 
@@ -946,7 +951,8 @@ def check_same_data(state, cfg, ckpt_path):
 @contextlib.contextmanager
 def stop_requests(cfg):
     """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
-    so the checkpoint saved then is valid; a second Ctrl-C aborts at once. Yields stopped()."""
+    so the checkpoint saved then is valid (under DDP: the next log step); a second Ctrl-C aborts at once.
+    Yields stopped(step)."""
     asked = []
 
     def handler(signum, frame):
@@ -956,11 +962,14 @@ def stop_requests(cfg):
             raise KeyboardInterrupt
         if not asked:
             asked.append(signum)
-            log("\nstopping after this step; a checkpoint will be saved (Ctrl-C again to abort now)")
+            when = "this step" if cfg["world_size"] == 1 else "the next log step (--log-interval)"
+            log(f"\nstopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
 
-    def stopped():  # under DDP every process must stop at the same step: one's signal stops all
-        if cfg["world_size"] == 1:
+    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them
+        if cfg["world_size"] == 1:  # is an all_reduce and a host wait, so only at log steps
             return bool(asked)
+        if step % cfg["log_interval"]:
+            return False
         torch = _torch()
         s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
@@ -971,6 +980,22 @@ def stop_requests(cfg):
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def read_back(steps, ckpt_path):
+    """steps: [(step, loss, norm)] in order, device tensors (norm None without --grad-clip), emptied here -> the last
+    one's (loss, norm) as floats (None for no steps), in one host wait: until then a GPU runs ahead of Python, so a
+    NaN step has been taken; stop_non_finite names the first (exit 1) and ckpt_path, saved before it, stays."""
+    if not steps:
+        return None
+    torch, device = _torch(), steps[0][1].device
+    values = torch.stack([torch.as_tensor(t, device=device)  # as_tensor: optim's clip_grad_norm returned a float
+                          for _, loss, norm in steps for t in (loss, loss if norm is None else norm)]).tolist()
+    for (step, _, clipped), loss, norm in zip(steps, values[::2], values[1::2]):
+        norm = None if clipped is None else norm
+        stop_non_finite(step, ckpt_path, loss, norm)
+    steps.clear()
+    return loss, norm
 
 
 def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):

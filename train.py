@@ -207,9 +207,9 @@ def micro_batches(data, cfg, generator):
 # ----------------------------------------------------------------------------
 # 3. Checkpoints
 
-def _unwrap(model):  # the module inside DDP (.module) and torch.compile (._orig_mod): keys without prefixes
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod
+def _unwrap(model):  # the LM inside DDP (.module), torch.compile (._orig_mod) and LMLoss (.lm): keys without prefixes
+    while any(hasattr(model, name) for name in ("module", "_orig_mod", "lm")):
+        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None) or model.lm
     return model
 
 
@@ -238,12 +238,10 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 def torch_settings(cfg):
     """PyTorch's global switches for a run, restored afterwards (tests run many in one process)."""
     was = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
-    if cfg["device"] == "cpu":
-        # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's
-        # backward (an index_put with accumulate) otherwise adds rows in a thread-dependent order
-        torch.use_deterministic_algorithms(True)
-    if cfg["device"].startswith("cuda"):
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls for float32 runs
+    # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
+    # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
+    torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
+    torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
     try:
         yield
     finally:
@@ -252,11 +250,10 @@ def torch_settings(cfg):
 
 
 def autocast(cfg):
-    """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay
-    float32 (the "master weights"), so small updates are not rounded away."""
-    if cfg["dtype"] != "bf16":  # a no-op context: entered every micro-step, and float32 needs nothing
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=cfg["device"].split(":")[0], dtype=torch.bfloat16)
+    """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay float32 (the "master
+    weights"), so small updates are not rounded away. float32: a no-op context (entered every micro-step)."""
+    bf16 = cfg["dtype"] == "bf16"
+    return torch.autocast(cfg["device"].split(":")[0], torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def use_activation_checkpointing(model):
@@ -271,16 +268,31 @@ def use_activation_checkpointing(model):
         block.forward = fwd
 
 
+class LMLoss(torch.nn.Module):
+    """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the
+    loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap)."""
+
+    def __init__(self, lm, cfg):
+        super().__init__()
+        self.lm, self.fast, self.in_graph = lm, cfg["fast"], cfg["fast"] and cfg["compile"]
+
+    def forward(self, x, y):
+        if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
+            # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
+            return torch.nn.functional.cross_entropy(self.lm(x).flatten(0, -2).float(), y.flatten())
+        return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
+
+
 def build(cfg):
-    """The model, its AdamW, and the wrapped model the step calls: activation checkpointing,
-    then torch.compile, then DDP (compile first, so DDP sees one module)."""
+    """The model, its AdamW, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
+    LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
     optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
                       weight_decay=cfg["weight_decay"])
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
-    model = torch.compile(raw) if cfg["compile"] else raw
+    model = torch.compile(LMLoss(raw, cfg)) if cfg["compile"] else LMLoss(raw, cfg)
     if cfg["world_size"] > 1:
         dev = torch.device(cfg["device"])
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -288,17 +300,16 @@ def build(cfg):
 
 
 def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients (the caller steps) -> (mean loss over the global batch, pre-clip gradient
-    norm). Each micro-batch loss is divided by their number, so the gradients sum to the batch mean's; under DDP,
-    backward averages them over processes, and no_sync() skips that on all but the last micro-step."""
+    """One optimizer step's gradients (the caller steps) with build's model -> (mean loss over the global batch,
+    pre-clip gradient norm) on the device: no host wait. Each micro-batch loss is divided by their number, so the
+    gradients sum to the batch mean's; under DDP, backward averages them, and no_sync() skips that but at the last."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    n = len(micro_batches)
-    loss_sum = torch.zeros((), device=cfg["device"])
+    n, loss_sum = len(micro_batches), torch.zeros((), device=cfg["device"])
     for i, (x, y) in enumerate(micro_batches):
         sync = i == n - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg):
-            loss = cross_entropy(model(x), y, fused=cfg["fast"])  # in float32; --no-fast: the reference path
+            loss = model(x, y)
         (loss / n).backward()
         loss_sum += loss.detach()
     loss = loss_sum / n
@@ -354,7 +365,7 @@ def benchmark(cfg):
             "peak per device")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
-        f"{fmt_time(cfg['total_tokens'] * dt / tokens)}")
+        f"{safety.fmt_time(cfg['total_tokens'] * dt / tokens)}")
 
 
 # ----------------------------------------------------------------------------
@@ -364,30 +375,24 @@ def benchmark(cfg):
 def evaluate(model, data, cfg):
     """Mean loss over eval_iters global batches, split as in training. Its own freshly seeded
     generator: every evaluation scores the same text and the training batches' RNG is untouched."""
-    g = torch.Generator().manual_seed(cfg["seed"] + 1)
+    g, total = torch.Generator().manual_seed(cfg["seed"] + 1), torch.zeros((), device=cfg["device"])
     model.eval()
-    total = torch.zeros((), device=cfg["device"])
     for _ in range(cfg["eval_iters"]):
         for x, y in micro_batches(data, cfg, g):
             with autocast(cfg):
-                total += cross_entropy(model(x), y, fused=cfg["fast"])
+                total += model(x, y)
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(total)
     model.train()
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
-def fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 class Progress:
-    """Console lines and metrics.jsonl (rank 0). tokens/s and MFU cover the steps since the last
-    metrics line, evaluations excluded; times count from the first start, across resumes."""
+    """Console lines and metrics.jsonl (rank 0). tokens/s and MFU: the steps since the last metrics line, evaluations
+    excluded; times from the first start, across resumes. Losses stay on the device until a log step reads them."""
 
-    def __init__(self, cfg, path, elapsed):
-        self.cfg, self.path, self.tty = cfg, path, sys.stdout.isatty()
+    def __init__(self, cfg, path, elapsed, ckpt_path):
+        self.cfg, self.path, self.tty, self.ckpt_path, self.unread = cfg, path, sys.stdout.isatty(), ckpt_path, []
         self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
         self.seen, self.timed = 0, [0.0, 0]  # this process's steps; seconds and steps after its first UNTIMED_STEPS
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
@@ -402,12 +407,16 @@ class Progress:
                 f.write(json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3), **entry}) + "\n")
 
     def evaluated(self, step, val_loss):
+        safety.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
         log(("\r" if self.tty else "") + f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
             + " " * 30)
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
-    def stepped(self, step, loss, lr, norm):
+    def stepped(self, step, loss, lr, norm):  # loss, norm: device tensors, read back at log steps
+        self.unread.append((step, loss, norm))
+        logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]  # read before the clock: the
+        loss, norm = safety.read_back(self.unread, self.ckpt_path) if logs else (loss, norm)  # window's work is done
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.seen += 1
@@ -416,11 +425,10 @@ class Progress:
         seconds, steps = self.window = [seconds + dt, steps + 1]
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
-        if step % cfg["log_interval"] == 0 or step == cfg["max_iters"]:
+        if logs:
             self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
-        if self.tty or step % cfg["log_interval"] == 0:
-            eta = fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
+            eta = safety.fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
             line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
                     + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
@@ -452,9 +460,10 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
-    progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0))
+    progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0), ckpt_path)
 
     def save(step):
+        safety.read_back(progress.unread, ckpt_path)  # the steps since the last read first: a NaN or inf, exit 1
         safety.stop_non_finite(step, ckpt_path, model=raw)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
             save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
@@ -469,12 +478,10 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
-            loss, norm = float(loss), None if norm is None else float(norm)
-            safety.stop_non_finite(it + 1, ckpt_path, loss, norm)  # NaN or inf: exit 1, the checkpoint kept
-            optimizer.step()
+            optimizer.step()  # even after a NaN loss (knowing would make the host wait): the next read stops the run
             optimizer.zero_grad(set_to_none=True)
             progress.stepped(it + 1, loss, lr, norm)
-            stop = stopped()
+            stop = stopped(it + 1)
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
             if stop:
@@ -484,7 +491,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     val_loss = evaluate(model, valid_ids, cfg)
     progress.evaluated(last, val_loss)
     save(last)
-    log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {fmt_time(progress.seconds())}; "
+    log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {safety.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
