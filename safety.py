@@ -988,9 +988,7 @@ def read_back(steps, ckpt_path):
     NaN step has been taken; stop_non_finite names the first (exit 1) and ckpt_path, saved before it, stays."""
     if not steps:
         return None
-    torch, device = _torch(), steps[0][1].device
-    values = torch.stack([torch.as_tensor(t, device=device)  # as_tensor: optim's clip_grad_norm returned a float
-                          for _, loss, norm in steps for t in (loss, loss if norm is None else norm)]).tolist()
+    values = _torch().stack([t for _, loss, norm in steps for t in (loss, loss if norm is None else norm)]).tolist()
     for (step, _, clipped), loss, norm in zip(steps, values[::2], values[1::2]):
         norm = None if clipped is None else norm
         stop_non_finite(step, ckpt_path, loss, norm)
