@@ -627,10 +627,11 @@ def section_corrections():
 # 12. Proof: every formula above against the real model.TransformerLM
 
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
-# QK^T and AV run inside the attention module itself: its count minus its projections.
+# QK^T and AV run inside the attention module itself: its count minus its projections. fast=True
+# runs q, k, v as one matmul inside attn too, and W1, W3 as one inside ffn (its count minus its Linears').
 _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_proj": "attn q,k,v proj",
                  "output_proj": "attn output proj", "attn": "attn QK^T + AV", "w1": "ffn w1",
-                 "w3": "ffn w3", "w2": "ffn w2", "lm_head": "lm_head"}
+                 "w3": "ffn w3", "w2": "ffn w2", "ffn": "ffn w1 + w3", "lm_head": "lm_head"}
 
 
 def measured_forward_flops(lm, T):
@@ -644,6 +645,7 @@ def measured_forward_flops(lm, T):
         if name in _COMPONENT_OF:
             parts[_COMPONENT_OF[name]] += sum(ops.values())
     parts["attn QK^T + AV"] -= parts["attn q,k,v proj"] + parts["attn output proj"]
+    parts["ffn w1 + w3"] -= parts["ffn w1"] + parts["ffn w2"] + parts["ffn w3"]
     return parts, counter.get_total_flops()
 
 
@@ -691,6 +693,10 @@ def verification_checks():
         form = lm_forward_flops_by_component(**cfg, silu_ffn=abl.get("silu_ffn", False))
         form["attn QK^T + AV"] = form.pop("attn QK^T") + form.pop("attn AV")  # one module, one op: seen together
         meas, total = measured_forward_flops(lm, cfg["context_length"])
+        if abl.get("fast"):  # one matmul for q, k, v inside attn (counted with QK^T and AV), one for w1, w3 in ffn
+            form["attn q,k,v proj + QK^T + AV"] = form.pop("attn q,k,v proj") + form.pop("attn QK^T + AV")
+            meas["attn q,k,v proj + QK^T + AV"] = meas["attn QK^T + AV"]
+            form["ffn w1 + w3"] = form.pop("ffn w1") + form.pop("ffn w3")
         for part in form:
             yield f"FLOPs   {name}: {part}", form[part], meas[part]
         yield f"FLOPs   {name}: total", sum(form.values()), total

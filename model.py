@@ -10,8 +10,9 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module,
 Parameter, init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention
-and silu, and in float32 without compile RoPE as one complex multiply: same parameters and
-state-dict keys, and the tests check it computes the same function.
+and silu, one matmul for q, k, v and one for W1, W3 (their weights concatenated in forward), and
+in float32 without compile RoPE as one complex multiply: same parameters and state-dict keys,
+and the tests check it computes the same function.
 A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
@@ -98,7 +99,10 @@ class SwiGLU(nn.Module):
         self.fast = fast
 
     def forward(self, x):  # (..., d_model)
-        h = (torch.nn.functional.silu if self.fast else silu)(self.w1(x))  # fast: one kernel forward and backward
+        if self.fast and self.w3 is not None:  # one matmul for W1 x and W3 x (see MultiHeadSelfAttention._project)
+            a, b = (x @ torch.cat([self.w1.weight, self.w3.weight]).t()).chunk(2, dim=-1)
+            return self.w2(torch.nn.functional.silu(a) * b)  # fused silu: one kernel forward and backward
+        h = (torch.nn.functional.silu if self.fast else silu)(self.w1(x))
         return self.w2(h if self.w3 is None else h * self.w3(x))
 
 
@@ -187,12 +191,21 @@ class MultiHeadSelfAttention(nn.Module):
         self.rope = rope  # one module shared by all layers; its buffers are not persistent, so no state-dict keys
         self.fast = fast
 
+    def _project(self, x):
+        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast: one matmul, the three weights
+        concatenated here on every call, so the parameters and state-dict keys stay three Linears
+        (under torch.compile the concatenation fuses with autocast's cast to bfloat16)."""
+        B, T, _ = x.shape
+        H, dh = self.num_heads, self.d_head
+        if not self.fast:
+            return [p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)]
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
+        return (x @ w.t()).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
+
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
         # x: (B, T, d_model); token_positions: (T,) or (B, T); attn_mask: bool (B, 1, T, T_total) or None = causal
         B, T, d_model = x.shape
-        H, dh = self.num_heads, self.d_head
-        # (B, T, d_model) -> (B, H, T, dh)
-        q, k, v = (p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = self._project(x)  # each (B, H, T, dh)
         if self.rope is not None:
             if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0

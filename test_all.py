@@ -305,10 +305,11 @@ def test_model_lm_state_dict_keys_and_oracle_forward():
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_model_fast_path_matches_reference_values_and_grads():
+@pytest.mark.parametrize("ablation", [{}, {"nope": True}, {"silu_ffn": True, "d_ff": 128}])
+def test_model_fast_path_matches_reference_values_and_grads(ablation):
     torch.manual_seed(0)
-    ref = _model_small()
-    fast = _model_small(fast=True)
+    ref = _model_small(**ablation)
+    fast = _model_small(**ablation, fast=True)
     fast.load_state_dict(ref.state_dict())
     assert list(fast.state_dict()) == list(ref.state_dict())
     ids = torch.randint(0, 61, (2, 24))
@@ -318,6 +319,22 @@ def test_model_fast_path_matches_reference_values_and_grads():
     optim.cross_entropy(out_f[:, :-1], ids[:, 1:]).backward()
     for (n, p), q in zip(ref.named_parameters(), fast.parameters()):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-3, msg=n)
+
+
+@pytest.mark.parametrize("ablation", [{}, {"silu_ffn": True, "d_ff": 128}])
+def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation):
+    """Issue 35: the fast path runs q, k, v as one matmul and W1, W3 as one (weights concatenated in forward),
+    so a layer is 4 matmuls forward and 8 backward (each one's input and weight gradients), and the lm_head 3;
+    separate projections made it 21 per layer. Attention is one fused op each way, no matmuls of its own."""
+    torch.manual_seed(0)
+    m = _model_small(num_layers=3, fast=True, **ablation)
+    ids = torch.randint(0, 61, (2, 24))
+    with _KernelsCountPasses(0) as mode:
+        optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=True).backward()
+    ops = Counter(op.split(".")[1] for op in mode.ops)  # "aten.mm.default" -> "mm"
+    assert sum(ops[op] for op in ("mm", "addmm", "bmm", "baddbmm", "matmul")) == 12 * 3 + 3, ops
+    attention = {op: n for op, n in ops.items() if "scaled_dot_product" in op}
+    assert len(attention) == 2 and set(attention.values()) == {3}, attention  # forward and backward, per layer
 
 
 def test_model_ablation_keys_and_tied_weights():
