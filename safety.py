@@ -482,6 +482,13 @@ def compile_error(device):
     return ""
 
 
+def resume_command(cfg, without=()):
+    """The advice that goes on from a run's checkpoint, as words: plus --resume, and without --overwrite (it would
+    start over, and --resume refuses it) and the flags in `without`."""
+    drop = [*without, *(["--overwrite"] if cfg["overwrite"] else [])]
+    return "the same command" + (f" without {' and '.join(drop)}," if drop else "") + " plus --resume"
+
+
 @contextlib.contextmanager
 def compile_failures(cfg):
     """A torch.compile failure compile_error did not foresee (one of the model's kernels, a GPU's own compiler) ends
@@ -492,8 +499,7 @@ def compile_failures(cfg):
         if not isinstance(e, _torch()._dynamo.exc.TorchDynamoException):
             raise
         then = ("drop --compile" if cfg["benchmark"] else f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on "
-                f"from it with the same command without --compile{' and --overwrite' if cfg['overwrite'] else ''}, "
-                "plus --resume")
+                f"from it with {resume_command(cfg, ['--compile'])}")
         raise DataError(f"torch.compile failed ({error_line(e)}); {then}.") from None
 
 

@@ -3132,7 +3132,7 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "100000", "--log-interval", "1",
             "--checkpoint-interval", "100000", "--device", "cpu"]
-    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path,
+    p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args, "--overwrite"], cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "out" / "toy" / "metrics.jsonl"
     while p.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 5):
@@ -3143,6 +3143,10 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
     assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+    # the advice is a command that works: after a run started with --overwrite, "the same command plus --resume"
+    # was refused ("--resume continues a run and --overwrite replaces it; pass one of them")
+    assert "Continue with the same command without --overwrite, plus --resume." in out, out
+    assert train.resolve_config([*args, "--resume"])["resume"]
 
 
 def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):

@@ -485,8 +485,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
             if stop:
-                log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with the same "
-                    "command plus --resume.")
+                log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with "
+                    f"{safety.resume_command(cfg)}.")
                 return 130
     val_loss = evaluate(model, valid_ids, cfg)
     progress.evaluated(last, val_loss)
@@ -536,12 +536,12 @@ def main(argv=None):
     130 stopped: safety.exit_code turns each mistake or fault into one sentence, without a traceback."""
     def go():
         cfg = resolve_config(argv)
-        resume = "run the same command with --resume to continue from the last checkpoint"
+        resume = f"run {safety.resume_command(cfg)} to continue from the last checkpoint"
         with safety.process_group(cfg), safety.disk_full(safety.run_dir(cfg), resume), \
                 safety.compile_failures(cfg):  # one the CHECKS' probe did not foresee
             return run(cfg)
-    return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (with --resume once "
-                            "the run has a ckpt.pt) to go on.")
+    return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
+                            "ckpt.pt: with --resume, without --overwrite) to go on.")
 
 
 if __name__ == "__main__":
