@@ -409,6 +409,11 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
+def run_data(d):  # the --data that made the run in directory d, as its config.json says, or None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return json.loads((d / "config.json").read_text(encoding="utf-8")).get("data")
+
+
 def run_dir_problem(c):
     """Why the run directory cannot take this run, as a sentence, or "". --benchmark and --export
     write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
@@ -425,8 +430,11 @@ def run_dir_problem(c):
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
         return in_use(d, pid)
     if has_run and not (c["resume"] or c["overwrite"]):
-        return (f"{d} already holds a run; pass --resume to continue it, --overwrite to replace it, or another "
-                "--run-name.")
+        old = run_data(d)
+        other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
+        return (f"{d} already holds a run{f' of --data {old}' if other else ''}; pass --resume to continue it, "
+                "--overwrite to replace it, or another --run-name"
+                + (f" (--run-name {Path(c['data']).name.replace('.', '_')}, say)" if other else "") + ".")
     if d.is_dir() and not has_run and any(not temporary(f) for f in os.listdir(d)):
         return (f"{c['out_dir']}/{c['run_name']} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so "
                 "it is not a run directory and nothing in it is replaced; pick another --run-name.")

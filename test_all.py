@@ -4193,6 +4193,11 @@ def test_train_new_run_over_an_old_one_needs_overwrite(tmp_path, capsys, monkeyp
     assert train.main(base + ["--lr", "1e-3"]) == 2
     err = _train_one_line(capsys, "already holds a run")
     assert "--resume" in err and "--overwrite" in err
+    other = tmp_path / "sub" / "toy.npy"  # another file of the same name goes to the same out/toy: say whose run it is
+    other.parent.mkdir()
+    shutil.copy(ids, other)
+    assert train.main(["--data", str(other), *base[2:]]) == 2
+    assert "--run-name toy_npy, say" in _train_one_line(capsys, f"already holds a run of --data {ids};")
     assert train.main(base + ["--resume", "--overwrite"]) == 2
     _train_one_line(capsys, "pass one of them")
     # --overwrite, stopped before the new run's first checkpoint: the old run is whole
