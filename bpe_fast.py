@@ -47,8 +47,8 @@ from numba import njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import (SIGHUP, STOPS, DataError, atomic_file, changed_while_read, end_progress, hang_up, memory_bytes,
-                    on_stops, read_exactly, same_file, show_progress, unreadable, usable_cores)
+from safety import (SIGHUP, STOPS, DataError, atomic_file, end_progress, hang_up, memory_bytes, on_stops,
+                    read_exactly, read_into, same_file, show_progress, unreadable, usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -646,10 +646,7 @@ def _count_range(args):
     table, n = _word_table_new(1 << 16, 1 << 20), 0
     with open(path, "rb") as f:
         for a, b in zip(bounds, bounds[1:]):
-            f.seek(a)
-            data = buf[:b - a]
-            if f.readinto(data) < len(data):  # cut short since it was planned: the buffer would hold stale bytes
-                raise changed_while_read(path)
+            data = read_into(f, a, buf[:b - a], path)  # cut short since it was planned: stale bytes, so refused
             check_utf8(data, path, a)             # the scanner trusts its input to be UTF-8
             spans = chain.from_iterable(m.span() for m in special_re.finditer(data)) if special_re else ()
             segments = np.array([0, *spans, b - a], np.int64).reshape(-1, 2)   # between special tokens

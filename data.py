@@ -23,7 +23,7 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, read_exactly,
-                    show_progress)
+                    read_into, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -299,9 +299,7 @@ class TokenIds:
         if where.size and (where.min() < 0 or where.max() >= self.length or (np.diff(rows) != 1).any()):
             raise IndexError(f"TokenIds takes slices, or rows of consecutive indices in [0, {self.length})")
         for start, dest in zip(rows[:, 0].tolist() if where.size else (), out.reshape(rows.shape)):
-            self.f.seek(self.offset + start * self.dtype.itemsize)
-            if self.f.readinto(dest) < dest.nbytes:
-                raise changed_while_read(self.filename)
+            read_into(self.f, self.offset + start * self.dtype.itemsize, dest, self.filename)
         return out
 
     def __array__(self, dtype=None, copy=None):

@@ -252,15 +252,19 @@ def changed_while_read(path):  # the one sentence for a file that another progra
                      "again.")
 
 
-def read_exactly(f, at, n, path):
-    """n bytes of the open file f (path) from byte at, or changed_while_read if it holds fewer now. The reader of
-    a file that another program may cut short (the user's text or ids) reads it so, not through a memory map:
-    there a read past the new end kills the process (SIGBUS, which Python cannot catch); here it comes back short."""
+def read_into(f, at, buf, path):
+    """Fill buf (a bytearray, a numpy array) from byte at of the open file f (path), or changed_while_read if it
+    holds fewer bytes now. The reader of a file that another program may cut short (the user's text or ids) reads
+    it so, not through a memory map: there a read past the new end kills the process (SIGBUS, which Python cannot
+    catch); here it comes back short. Returns buf."""
     f.seek(at)
-    data = f.read(n)
-    if len(data) < n:
+    if f.readinto(buf) < memoryview(buf).nbytes:
         raise changed_while_read(path)
-    return data
+    return buf
+
+
+def read_exactly(f, at, n, path):  # n bytes from byte at, as read_into reads them
+    return read_into(f, at, bytearray(n), path)
 
 
 def numba_cache_fallback(source_dir):
