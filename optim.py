@@ -167,7 +167,7 @@ def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
     torch._foreach_add_(denom, eps)
     torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
     torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
-    torch._foreach_mul_(params, decay)  # times 1 without weight decay: no change
+    torch._foreach_mul_(params, [decay] * len(params))  # a list: torch 2.5 compiles a single tensor factor apart
 
 
 # ----------------------------------------------------------------------------
