@@ -3367,6 +3367,7 @@ def test_train_ddp_two_processes_match_one(tmp_path):
                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
     # (TMPDIR: torchrun's torchelastic_* directories go there, not into the system's temporary directory)
     assert two.returncode == 0, two.stderr[-3000:]
+    assert list(tmp_path.glob("torchelastic_*")), "torchrun's log folder was left in the system's temporary directory"
     a, b = _train_metrics(tmp_path / "out" / "one"), _train_metrics(tmp_path / "out" / "two")
     la, lb = [r["loss"] for r in a if "loss" in r], [r["loss"] for r in b if "loss" in r]
     assert len(la) == len(lb) == 8
