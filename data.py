@@ -1,7 +1,7 @@
 """Data for train.py: --data (a corpus name, a text file or token ids) -> token ids, read from their file in place.
 
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
-a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
+a local file's train/valid split; GPT-2's tokenizer files, fetched on demand), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
 uint32 past 65,536 tokens), 3. prepare_data(), 4. checks that the ids fit the model, the unigram baseline.
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """

@@ -2,7 +2,8 @@
 
 Sections follow the files: model.py and optim.py, bpe.py with bpe_fast.py, safety.py, data.py,
 train.py, accounting.py, kernels.py, bench.py, export.py. Tests that need a GPU, nvcc, a C++ compiler,
-transformers, matplotlib or the course material in ../shared skip with a one-line reason."""
+transformers, matplotlib or the course material in ../shared skip with a one-line reason. GPT-2's tokenizer files
+come from data.gpt2_files: the course's copies, else fetched once into the clone's data/ (offline: a skip)."""
 import collections
 import contextlib
 import copy
