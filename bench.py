@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 import accounting
 import bpe
+import data
 import export
 import kernels
 import train
@@ -53,7 +54,6 @@ SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
 ENGLISH_SOURCES = [SHAKESPEARE, SHARED / "reference" / "tinystories_sample.txt",  # the scale corpus's words
                    SHARED / "reference" / "cs336_assignment1_handout.txt"]
-GPT2_FILES = [SHARED / "reference" / "gpt2_vocab.json", SHARED / "reference" / "gpt2_merges.txt"]
 EOT = "<|endoftext|>"
 
 
@@ -431,7 +431,7 @@ def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
     text = Path(need_file(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
-    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
+    files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
     print("| job | empty cache: call (import bpe) | warm cache: call | whole process, empty / warm | "
@@ -491,7 +491,7 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 def bench_encode(args):
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
-    files = [need_file(p, "GPT-2's file") for p in GPT2_FILES]
+    files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
             "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
                                                               for p in sorted(SEEDS.glob("*.txt")))],

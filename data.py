@@ -1,7 +1,7 @@
 """Data for train.py: --data (a corpus name, a text file or token ids) -> token ids, read from their file in place.
 
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
-a local file's train/valid split), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
+a local file's train/valid split; GPT-2's tokenizer files, fetched on demand), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
 uint32 past 65,536 tokens), 3. prepare_data(), 4. checks that the ids fit the model, the unigram baseline.
 Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
 """
@@ -130,6 +130,60 @@ def downloaded_corpus(name, out_dir):
                 print(f"unpacking {fetched.name}", flush=True)
                 from_cache(fetched, gunzip, fetched, txt)
     return paths
+
+
+# GPT-2's own tokenizer files (OpenAI's, MIT-licensed): what the tests and bench.py check this project's BPE against
+GPT2_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main"
+GPT2_FILES = {  # our name -> OpenAI's name and the SHA-256 of OpenAI's bytes (tiktoken checks the same two)
+    "vocab.json": ("encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    "merges.txt": ("vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+}
+COURSE_REFERENCE = Path(__file__).resolve().parent.parent / "shared" / "reference"  # the course material, if beside
+CLONE_DATA = Path(__file__).resolve().parent / "data"  # the clone's data cache (train.py's --data-dir, run from here)
+
+
+def gpt2_files(data_dir=CLONE_DATA):
+    """(vocab.json, merges.txt) of GPT-2: the course's copies when they are beside the clone (no network needed),
+    else OpenAI's files, fetched once into data_dir/gpt2/ and kept only with OpenAI's SHA-256."""
+    course = tuple(COURSE_REFERENCE / f"gpt2_{name}" for name in GPT2_FILES)
+    if all(p.is_file() for p in course):
+        return course
+    out_dir = Path(data_dir) / "gpt2"
+    paths = tuple(out_dir / name for name in GPT2_FILES)
+    if not all(p.is_file() for p in paths):
+        from_cache(out_dir, fetch_gpt2, out_dir, paths)
+    return paths
+
+
+def fetch_gpt2(out_dir, paths):
+    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:  # parallel test workers: one fetches, the others wait for it and then find the files
+        fcntl.flock(fd, fcntl.LOCK_EX)  # dropped by the kernel when the process dies: never stale
+        for dest, (name, sha256) in zip(paths, GPT2_FILES.values()):
+            if not dest.is_file():
+                fetch_checked(f"{GPT2_URL}/{name}", dest, sha256)
+    finally:
+        os.close(fd)
+
+
+def fetch_checked(url, dest, sha256):
+    """url -> dest (download's resume and rename), only if the bytes have this SHA-256: a captive portal's page or a
+    proxy's error is deleted, not cached."""
+    got = dest.with_name(dest.name + ".download")
+    print(f"downloading {url}", flush=True)
+    try:
+        download(url, got)
+    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+        raise DataError(f"GPT-2's vocab/merges are not cached and the network is unreachable: could not download "
+                        f"{url} ({getattr(e, 'reason', e)}); save it yourself as {dest}.") from None
+    if (digest := hashlib.sha256(got.read_bytes()).hexdigest()) != sha256:
+        got.unlink()
+        raise DataError(f"{url} sent other bytes than OpenAI's file (SHA-256 {digest[:12]}..., not {sha256[:12]}...: "
+                        f"a captive portal's or a proxy's page?); nothing was kept: run again on an open network, "
+                        f"or save the file yourself as {dest}.")
+    os.replace(got, dest)
 
 
 SEP = EOT.encode()
