@@ -914,6 +914,8 @@ def print_samples(cfg, load_run, write_samples):
                 raise UsageError(f"--prompt {short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); pass "
                                  "other text.") from None
             sys.stdout.flush()  # each prompt's samples as they come, through a pipe too
+    except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
+        raise UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
     except KeyboardInterrupt:  # Ctrl-C, a way to end --prompt - at a terminal: not train.py's advice to --resume
         log("train.py: interrupted; --sample only reads the run, which is as it was.", file=sys.stderr)
         return 130

@@ -4455,7 +4455,7 @@ def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, cap
     assert _sample_files(run) == before
 
 
-def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_path, capsys):
+def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_path, capsys, monkeypatch):
     flags, run = sample_run
     out = tmp_path / "out"
     (out / "starting").mkdir(parents=True)  # a run that has not saved its first checkpoint
@@ -4476,6 +4476,10 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
         assert train.main(argv) == 2, argv
         _train_one_error(capsys, needle)
         assert capsys.readouterr().out == ""
+    # stdin that is not UTF-8, read strictly (a UTF-8 locale's stdin; the C locale's escapes the bytes instead)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the \xff\n"), encoding="utf-8"))
+    assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
+    _train_one_error(capsys, "--prompt -: stdin is not UTF-8 text ('utf-8' codec can't decode byte 0xff")
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
 
 
