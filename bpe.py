@@ -651,7 +651,8 @@ def _cmd_encode(args):
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
     print(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
-          f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s")
+          f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): python train.py --data "
+          f"{args.out} --tokenizer {args.tokenizer}")
 
 
 def main(argv=None):

@@ -365,9 +365,45 @@ def pieces(ids):  # the ids READ at a time, as arrays
     return (np.asarray(ids[i:i + READ]) for i in range(0, len(ids), READ))
 
 
-def load_ids(source, val_data):
+def read_tokenizer(directory):
+    """The tokenizer saved in directory (vocab.json, merges.txt), knowing <|endoftext|> (added if it lacks it), and
+    its two files; (None, None) where either file is missing. ValueError or OSError if it does not load."""
+    files = Path(directory) / "vocab.json", Path(directory) / "merges.txt"
+    if not all(f.exists() for f in files):
+        return None, None
+    return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+
+
+def ids_tokenizer(source, tokenizer=None):
+    """The tokenizer that decodes --data PATH.npy's ids, and its files: --tokenizer DIR's (bpe.py train's --out),
+    else the one beside the ids, else (None, None). UsageError if it does not load, or DIR holds none."""
+    where = f"in --tokenizer {tokenizer}" if tokenizer else f"beside --data {source}"
+    try:
+        tok, files = read_tokenizer(tokenizer or Path(source).parent)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"the tokenizer {where} (which decodes the samples) does not load: {e}; fix "
+                         + ("its files, or pass another --tokenizer." if tokenizer else
+                            "or remove its vocab.json and merges.txt.")) from None
+    if tokenizer and tok is None:
+        raise UsageError(f"--tokenizer {tokenizer} holds no vocab.json and merges.txt; pass the directory that "
+                         "bpe.py train wrote them to (its --out).")
+    return tok, files
+
+
+def ids_vocab_size(source, tokenizer, vocab_size):
+    """--vocab-size for --data PATH.npy: unless given, the size of its tokenizer (ids_tokenizer), if it has one.
+    Given, it must equal --tokenizer's (UsageError); one found beside the ids is held only to what samples need
+    (safety.check_samples): a larger model vocabulary, say, when the run makes no samples."""
+    tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) else None  # text: --tokenizer is refused (CHECKS)
+    if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
+        raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
+                         f"{tokenizer}; drop --vocab-size (the tokenizer's size is taken).")
+    return len(tok.vocab) if tok is not None and vocab_size is None else vocab_size
+
+
+def load_ids(source, val_data, tokenizer=None):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
-    the tokenizer saved beside them, if any, to decode the samples."""
+    their tokenizer (--tokenizer DIR, or the one saved beside them), if any, to decode the samples."""
     loaded = {"--val-data": None}
     for flag, path in (("--data", source), ("--val-data", val_data)):
         if not path:
@@ -388,22 +424,14 @@ def load_ids(source, val_data):
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
-    files = Path(source).parent / "vocab.json", Path(source).parent / "merges.txt"
-    if not all(f.exists() for f in files):
-        return train, valid, None, None
-    try:
-        tok = Tokenizer.from_files(str(files[0]), str(files[1]), [EOT])
-    except (ValueError, OSError) as e:
-        raise UsageError(f"the tokenizer beside --data {source} (which decodes the samples) does not load: {e}; "
-                         "fix or remove its vocab.json and merges.txt.") from None
-    return train, valid, tok, files
+    return train, valid, *ids_tokenizer(source, tokenizer)
 
 
-def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None):
+def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, tokenizer=None):
     """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token
     files under data_dir once; ids are read in place (TokenIds), so no corpus is ever loaded whole."""
     if is_ids(source):
-        return load_ids(source, val_data)
+        return load_ids(source, val_data, tokenizer)
     where = cache_dir(source, data_dir)
     if source == "pydoc":
         texts = pydoc_corpus(where)

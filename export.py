@@ -22,11 +22,9 @@ import os
 
 import torch
 
-from bpe import Tokenizer
-from data import EOT
+from data import read_tokenizer
 from model import RMSNorm, TransformerLM
-from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_config, check_state, disk_is_full, log,
-                    read_checkpoint)
+from safety import RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -196,20 +194,15 @@ def export_run(run_dir, out_dir, overwrite, model_kwargs, like):
     """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
     TransformerLM's arguments; like: this command's, whose keys and types the saved config must have); a missing
     or damaged run, an ablation or an existing DIR: UsageError."""
-    ckpt, tok_files = run_dir / "ckpt.pt", [str(run_dir / f) for f in ("vocab.json", "merges.txt")]
     if not out_dir:  # an unset shell variable, most likely: not the current directory
         raise UsageError("--export: the directory name is empty; pass the directory to write.")
-    if not ckpt.exists():
-        raise UsageError(f"--export: {ckpt} does not exist; pass the --out-dir and --run-name of a trained run.")
     try:
-        state = read_checkpoint(ckpt)
-        if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
-            raise ValueError(f"{ckpt} holds no run config or no model")
-        check_config(state["config"], like, ckpt)
-        tok = Tokenizer.from_files(*tok_files, [EOT]) if all(map(os.path.exists, tok_files)) else None
+        state, tok = read_run(run_dir, like), read_tokenizer(run_dir)[0]  # what train.load_run reads
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
+    except FileNotFoundError as e:  # read_run's: no checkpoint
+        raise UsageError(f"--export: {e}; pass the --out-dir and --run-name of a trained run.") from None
     except (ValueError, PermissionError) as e:  # a full disk is train.py's (exit 1)
         raise UsageError(f"--export: {str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
-    log(f"exported {ckpt} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
+    log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
         "load it with transformers.AutoModelForCausalLM.from_pretrained")
     return 0

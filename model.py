@@ -366,6 +366,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     keys/values; once the context is full the window slides and RoPE positions shift, so it
     re-runs the window like the reference (same tokens, reference speed).
     """
+    text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
+    if isinstance(prompt, text) or any(isinstance(p, text) for p in prompt):
+        raise ValueError(f"generate takes token ids, not text ({type(prompt).__name__}): encode the prompt first with "
+                         "tokenizer.encode(text), and turn the new ids back into text with tokenizer.decode(ids).")
     batched = len(prompt) > 0 and isinstance(prompt[0], (list, tuple))
     prompts = [list(p) for p in prompt] if batched else [list(prompt)]
     if any(len(p) == 0 for p in prompts):

@@ -7,7 +7,7 @@ torch); what asks torch imports it there (_torch).
 1. A command line's errors and exit codes, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
-4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+4. --resume: the checkpoint must fit the model, config and data (its RNG states make it exact); --sample reads it
 5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
@@ -419,9 +419,9 @@ def run_data(d):  # the --data that made the run in directory d, as its config.j
 
 
 def run_dir_problem(c):
-    """Why the run directory cannot take this run, as a sentence, or "". --benchmark and --export
+    """Why the run directory cannot take this run, as a sentence, or "". --benchmark, --export and --sample
     write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
-    if c["benchmark"] or c["export"] is not None:
+    if c["benchmark"] or c["export"] is not None or c["sample"]:
         return ""
     d = run_dir(c)
     has_run = any((d / f).exists() for f in RUN_MARKERS)
@@ -586,6 +586,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
+    (lambda c: c["tokenizer"] and not c["data_is_ids"],
+     "--tokenizer goes with --data PATH.npy only; text data gets a tokenizer trained on it (--vocab-size)."),
     (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])) and not c["cached"](),
      "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
      "this data's tokens already; pick another."),
@@ -600,19 +602,24 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
     (lambda c: c["resume"] and c["overwrite"],
      "--resume continues a run and --overwrite replaces it; pass one of them."),
+    (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
+     "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
+    (lambda c: c["prompt"] == "-" and not c["sample"],
+     "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
      "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
     (lambda c: device_error(c["device"]), lambda c: f"--device {c['device']}: {device_error(c['device'])}"),
     (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
     (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not _torch().cuda.is_bf16_supported(),
      "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
-    (lambda c: c["export"] is None and too_big(c), too_big),  # before anything is allocated
+    (lambda c: c["export"] is None and not c["sample"] and too_big(c), too_big),  # before anything is allocated
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (run_dir_problem, run_dir_problem),
-    (lambda c: c["compile"] and c["export"] is None and compile_error(c["device"]),  # last: it takes seconds
+    (lambda c: c["compile"] and c["export"] is None and not c["sample"]  # last: it takes seconds
+     and compile_error(c["device"]),
      lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
                f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
 ]
@@ -633,7 +640,10 @@ def check_samples(cfg, tok, tok_files, top, eot):
     largest token id; eot starts a sample without --prompt."""
     if tok is None and cfg["prompt"]:
         raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
-                         "put its vocab.json and merges.txt there, or drop --prompt.")
+                         "pass --tokenizer DIR (bpe.py train's --out), or drop --prompt.")
+    if tok is None and cfg["num_samples"]:
+        log(f"note: no samples at the end: --data {cfg['data']} has no tokenizer beside it; pass --tokenizer DIR "
+            "(bpe.py train's --out) for samples, or --num-samples 0.")
     if tok is None or cfg["num_samples"] == 0:
         return
     n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
@@ -774,7 +784,7 @@ def plot(metrics_path, png_path):
 
 
 # ----------------------------------------------------------------------------
-# 4. --resume: the checkpoint must fit the model, the config and the data; its RNG states make it exact
+# 4. --resume: the checkpoint must fit the model, config and data (its RNG states make it exact); --sample reads it
 
 def read_checkpoint(src):
     """A checkpoint's dict from a path or a binary file object, or ValueError: torch.load checks none of the
@@ -866,6 +876,50 @@ def check_config(config, like, name):
         if k not in config or type(config[k]) is not type(v):
             got = f"holds {k} = {short_repr(config[k])}, not a {type(v).__name__}" if k in config else f"lacks {k!r}"
             raise ValueError(f"{name} {got} in its run config")
+
+
+def read_run(d, like):
+    """A run directory's checkpoint dict, its config checked against like (check_config). A run still training
+    may be read: it replaces ckpt.pt whole (atomic_file), so this reads one checkpoint or the next, never half of
+    one, and takes no lock. FileNotFoundError where there is no checkpoint (yet); ValueError where it is damaged."""
+    ckpt = Path(d) / "ckpt.pt"
+    if not ckpt.exists():
+        raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if Path(d).is_dir()
+                                else f"there is no run in {d}")
+    state = read_checkpoint(ckpt)
+    if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
+        raise ValueError(f"{ckpt} holds no run config or no model")
+    check_config(state["config"], like, ckpt)
+    return state
+
+
+def print_samples(cfg, load_run, write_samples):
+    """train.py --sample: the run's last checkpoint (load_run) continues --prompt, or with --prompt - each line of
+    stdin as it comes (an empty line: a new document); write_samples prints the samples. The run is only read."""
+    try:
+        model, tok, _ = load_run(run_dir(cfg), cfg["device"])
+    except FileNotFoundError as e:
+        raise UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--sample: {str(e).rstrip('.')}; restore it from a copy, or train the run again.") from None
+    if tok is None:
+        raise UsageError(f"--sample: {run_dir(cfg)} holds no tokenizer to encode prompts and decode samples (its ids "
+                         "came without one); put the vocab.json and merges.txt that made them there.")
+    try:
+        for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
+            prompt = line.removesuffix("\n")
+            try:
+                write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
+            except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
+                raise UsageError(f"--prompt {short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); pass "
+                                 "other text.") from None
+            sys.stdout.flush()  # each prompt's samples as they come, through a pipe too
+    except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
+        raise UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
+    except KeyboardInterrupt:  # Ctrl-C, a way to end --prompt - at a terminal: not train.py's advice to --resume
+        log("train.py: interrupted; --sample only reads the run, which is as it was.", file=sys.stderr)
+        return 130
+    return 0
 
 
 def differs(key, old, new, names, fingerprinted):

@@ -480,6 +480,18 @@ def test_model_generate_stop_topp_temperature():
         model.generate(m, [1], 3, top_p=0)
 
 
+# --- issue 36 item 1: generate refuses a text prompt, naming tokenizer.encode ---
+
+def test_model_generate_refuses_a_text_prompt_naming_encode():
+    # a str prompt was torch's "too many dimensions 'str'"; bytes, or a batch of strings, alike
+    m = _model_small()
+    for text in ("Once upon a time", b"Once", bytearray(b"Once"), ["Once", "upon"], [b"Once"]):
+        with pytest.raises(ValueError, match=r"^generate takes token ids, not text \(\w+\): encode the prompt first "
+                           r"with tokenizer\.encode\(text\), and turn the new ids back into text with tokenizer\.decode"):
+            model.generate(m, text, 3)
+    assert len(model.generate(m, [1, 2], 3, temperature=0)) == 3 == len(model.generate(m, [[1], [2, 3]], 3)[1])
+
+
 def test_model_sample_top_p_distribution():
     # top-p with p=0.7 over probs (0.5, 0.3, 0.15, 0.05) keeps the first two, renormalised to (5/8, 3/8)
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(20000, 4)
@@ -4437,6 +4449,153 @@ def test_train_local_text_split_keeps_whole_documents(tmp_path):
     assert a + "<|endoftext|>" + b == (tmp_path / "t.txt").read_text()  # nothing lost, nothing duplicated
     assert b.split("<|endoftext|>")[0] in docs  # the cut falls between documents
     assert 0.1 <= len(b) / (len(a) + len(b)) < 0.15
+
+
+# --- issue 36 items 1 and 3: a trained run to text (--sample, train.load_run); --tokenizer for --data ids.npy ---
+
+_SAMPLING = ["--num-samples", "2", "--sample-tokens", "5"]
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory):
+    """A tiny finished text run that wrote samples.txt for --prompt 'the cat': (flags that find it, its directory)."""
+    tmp = tmp_path_factory.mktemp("sample")
+    flags = ["--data", str(_train_story(tmp / "story.txt")), "--data-dir", str(tmp / "data"), "--out-dir",
+             str(tmp / "out"), "--device", "cpu"]
+    assert train.main([*flags, *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--workers", "1", *_SAMPLING,
+                       "--prompt", "the cat"]) == 0
+    return flags, tmp / "out" / "story"
+
+
+def _sample_files(run):  # every file of a run, with its bytes and modification time
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+
+
+def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, capsys, monkeypatch):
+    # there was no way to text but --resume, which rewrote ckpt.pt and samples.txt. --sample prints what the finished
+    # run wrote (the same model, seed and settings), while a run holds the writer's lock (one still training), and
+    # leaves every file of the run as it was
+    import fcntl
+    flags, run = sample_run
+    before = _sample_files(run)
+    capsys.readouterr()
+    fd = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "the cat"]) == 0
+    finally:
+        os.close(fd)
+    alone = [capsys.readouterr().out]
+    assert alone[0] == (run / "samples.txt").read_text()
+    # --prompt -: each line of stdin is a prompt (an empty one: a new document), its samples printed before the next
+    # line is read, each as --prompt gives them
+    for prompt in ("", "the dog"):
+        assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", prompt]) == 0
+        alone.append(capsys.readouterr().out)
+    printed = []
+
+    def stdin():
+        for line in ("the cat\n", "\n", "the dog\n"):
+            yield line
+            printed.append(capsys.readouterr().out)  # asked for the next line: this one's samples are out
+    monkeypatch.setattr(sys, "stdin", stdin())
+    assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 0
+    assert printed == alone and alone[1].startswith("--- sample 1 ---\n") and alone[2].count("--- sample") == 2
+
+    def ctrl_c():  # at a terminal, Ctrl-C ends --prompt -: one line, not the training run's advice to --resume
+        yield "the cat\n"
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sys, "stdin", ctrl_c())
+    assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 130
+    said = "train.py: interrupted; --sample only reads the run, which is as it was.\n"
+    assert capsys.readouterr() == (alone[0], said)
+    assert _sample_files(run) == before
+
+
+def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_path, capsys, monkeypatch):
+    flags, run = sample_run
+    out = tmp_path / "out"
+    (out / "starting").mkdir(parents=True)  # a run that has not saved its first checkpoint
+    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: (ckpt.parent / "vocab.json").unlink())):
+        shutil.copytree(run, out / name)
+        damage(out / name / "ckpt.pt")
+    before = {d.name: _sample_files(d) for d in (run, *out.iterdir())}
+    at = ["--out-dir", str(out), "--device", "cpu", "--sample", "--run-name"]
+    for argv, needle in (
+            ([*at, "none"], f"--sample: there is no run in {out / 'none'}; pass the --data (or --out-dir and "),
+            ([*at, "starting"], f"--sample: {out / 'starting' / 'ckpt.pt'} does not exist yet"),
+            ([*at, "bad"], f"--sample: {out / 'bad' / 'ckpt.pt'} is damaged: its record"),
+            ([*at, "ids"], f"--sample: {out / 'ids'} holds no tokenizer to encode prompts and decode samples"),
+            ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
+            ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
+            ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
+            ([*flags, "--sample", "--prompt", "the \udcff"], "--prompt 'the \\udcff' cannot be sampled")):
+        assert train.main(argv) == 2, argv
+        _train_one_error(capsys, needle)
+        assert capsys.readouterr().out == ""
+    # stdin that is not UTF-8, read strictly (a UTF-8 locale's stdin; the C locale's escapes the bytes instead)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the \xff\n"), encoding="utf-8"))
+    assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
+    _train_one_error(capsys, "--prompt -: stdin is not UTF-8 text ('utf-8' codec can't decode byte 0xff")
+    assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
+
+
+def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
+    # README's path from a run to text: the model from config.json and ckpt.pt's "model" entry (TransformerLM(**config)
+    # and load_state_dict(torch.load(ckpt)) both failed), the tokenizer with the run's <|endoftext|> (one id, not text)
+    _, run = sample_run
+    lm, tokenizer, config = train.load_run(str(run))
+    ids = model.generate(lm, tokenizer.encode("the cat"), 8, temperature=0)
+    assert isinstance(tokenizer.decode(ids), str) and 0 < len(ids) <= 8
+    state = safety.read_checkpoint(run / "ckpt.pt")
+    assert config == state["config"] and config["vocab_size"] == 300 and not lm.training
+    assert all(torch.equal(v, state["model"][k]) for k, v in lm.state_dict().items())
+    assert len(tokenizer.encode("<|endoftext|>")) == 1
+    with pytest.raises(FileNotFoundError, match=f"^there is no run in {re.escape(str(tmp_path / 'none'))}$"):
+        train.load_run(tmp_path / "none")
+
+
+def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_path, capsys):
+    # bpe.py encode writes the tokenizer to another folder than the ids: --vocab-size had to be passed by hand and the
+    # run ended without samples. --tokenizer DIR names it (bpe.py encode's last line says how): the size is its own
+    story, tok, ids, out = _train_story(tmp_path / "story.txt"), tmp_path / "tok", tmp_path / "ids.npy", tmp_path / "o"
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok),
+              "--num-workers", "1"])
+    bpe.main(["encode", str(story), "--tokenizer", str(tok), "--out", str(ids), "--num-workers", "1"])
+    assert capsys.readouterr().out.endswith(f"python train.py --data {ids} --tokenizer {tok}\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "vocab.json").write_text("{")
+    (tmp_path / "broken" / "merges.txt").write_text("")
+    at = _TRAIN_TINY.index("--vocab-size")
+    tiny = _TRAIN_TINY[:at] + _TRAIN_TINY[at + 2:]
+    run = ["--out-dir", str(out), *tiny, "--max-iters", "2", "--num-samples", "1", "--sample-tokens", "5"]
+    for argv, needle in (
+            (["--data", str(ids), "--tokenizer", str(tok), "--vocab-size", "400"],
+             f"--vocab-size 400 disagrees with the 300 tokens of --tokenizer {tok}; drop --vocab-size"),
+            (["--data", str(story), "--tokenizer", str(tok)], "--tokenizer goes with --data PATH.npy only"),
+            (["--data", str(ids), "--tokenizer", str(tmp_path)], f"--tokenizer {tmp_path} holds no vocab.json and "),
+            (["--data", str(ids), "--tokenizer", str(tmp_path / "broken")],
+             f"the tokenizer in --tokenizer {tmp_path / 'broken'} (which decodes the samples) does not load: ")):
+        assert train.main(run + argv) == 2, argv
+        _train_one_error(capsys, needle)
+    assert not out.exists()
+    assert train.main(run + ["--data", str(ids), "--tokenizer", str(tok)]) == 0
+    assert json.loads((out / "ids" / "config.json").read_text())["vocab_size"] == 300
+    assert (out / "ids" / "samples.txt").exists() and "no samples" not in capsys.readouterr().out
+    assert (out / "ids" / "vocab.json").read_bytes() == (tok / "vocab.json").read_bytes()  # --sample's tokenizer
+    shutil.copy(ids, tok / "ids.npy")  # a tokenizer beside the ids gives its size too
+    assert train.resolve_config(["--data", str(tok / "ids.npy"), "--out-dir", str(out / "new")])["vocab_size"] == 300
+
+
+def test_train_npy_ids_without_a_tokenizer_say_once_why_there_are_no_samples(tmp_path, capsys):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "1", "--eval-iters", "1", "--device", "cpu"]
+    assert train.main(args + ["--num-samples", "1"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if "samples" in line] == [
+        f"note: no samples at the end: --data {ids} has no tokenizer beside it; pass --tokenizer DIR (bpe.py train's "
+        "--out) for samples, or --num-samples 0."]
+    assert train.main(args + ["--overwrite"]) == 0  # --num-samples 0: nothing to say
+    assert "samples" not in capsys.readouterr().out
 
 
 # ============================================================================

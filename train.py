@@ -26,7 +26,8 @@ import torch
 
 import accounting
 from bpe import catch_ctrl_c
-from data import DATASETS, EOT, check_ids, fingerprint, is_cached, is_ids, prepare_data, unigram_loss
+from data import (DATASETS, EOT, check_ids, fingerprint, ids_vocab_size, is_cached, is_ids, prepare_data,
+                  read_tokenizer, unigram_loss)
 from export import export_run
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
@@ -55,6 +56,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     "data and output",
     ("--data", str, "pydoc", "pydoc (built-in, offline), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
     ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
+    ("--tokenizer", str, None, "folder of the vocab.json, merges.txt that made --data PATH.npy (default: the .npy's)"),
     ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
     ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
     ("--run-name", str, None, "default: the data source's name"),
@@ -104,12 +106,13 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
     ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
     ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
-    "samples at the end",
-    ("--num-samples", int, 3, "samples written to samples.txt"),
+    "samples at the end, or of a trained run",
+    ("--sample", bool, False, "print samples of the run OUT_DIR/RUN_NAME as it stands, then exit; writes nothing"),
+    ("--num-samples", int, 3, "samples per prompt: in samples.txt at the end, or printed by --sample"),
     ("--sample-tokens", int, 200, "new tokens per sample"),
     ("--temperature", float, 0.8, "0 = greedy"),
     ("--top-p", float, 0.95, "nucleus sampling threshold"),
-    ("--prompt", str, "", "text the samples continue; default: a new document"),
+    ("--prompt", str, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
 ]
 
 
@@ -138,6 +141,7 @@ def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
     device and processes, safety.check_flags refuses mistakes, then the derived values. Raises UsageError."""
     cfg = vars(build_parser().parse_args(argv))
+    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     for key, value in PRESETS.get(cfg["data"], PRESETS["small"]).items():
@@ -229,6 +233,16 @@ def load_checkpoint(src, model, optimizer=None, state=None):
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     return state["iteration"]
+
+
+def load_run(path, device="cpu"):
+    """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer, which knows
+    <|endoftext|>, or None for ids without one; its config). FileNotFoundError: no checkpoint yet; ValueError."""
+    like = model_kwargs({**vars(build_parser().parse_args([])), **PRESETS["small"]})  # the types a config's values have
+    state = safety.read_run(path, like)
+    model = TransformerLM(**model_kwargs(state["config"]), device=device)
+    load_checkpoint(None, model, state=state)
+    return model.eval(), read_tokenizer(path)[0], state["config"]
 
 
 # ----------------------------------------------------------------------------
@@ -434,15 +448,15 @@ class Progress:
             log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
 
 
-def write_samples(model, tok, cfg, path):
+def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
     with autocast(cfg):
-        out = [cfg["prompt"] + tok.decode(generate(model, prompt[-cfg["context_length"]:], cfg["sample_tokens"],
+        out = [cfg["prompt"] + tok.decode(generate(model, prompt[-model.context_length:], cfg["sample_tokens"],
                temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g))
                for _ in range(cfg["num_samples"])]
-    with safety.atomic_file(path, "w") as f:
+    with safety.atomic_file(path, "w") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
 
@@ -508,12 +522,15 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
-        tr, va, tok, files = prepare_data(*(cfg[k] for k in ("data", "data_dir", "vocab_size", "val_data", "workers")))
+        keys = "data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer"
+        tr, va, tok, files = prepare_data(*(cfg[k] for k in keys))
         return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
         return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs, model_kwargs(cfg))
+    if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
+        return safety.print_samples(cfg, load_run, write_samples)
     ckpt_path, resume_state = safety.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
