@@ -4744,6 +4744,22 @@ def test_kernels_cpu_variants_float32_and_bfloat16(fn):
         assert a < 0.1
 
 
+# --- issue 36 item 8d: the correctness table says what its errors are ---
+
+def test_kernels_correctness_table_says_what_its_errors_are(capsys):
+    # "torch ops bfloat16 max rel err 1.000e+00" came without a word: the column names where the relative error is
+    # taken, and a line says why that row is 100% off, which is what this test checks on the numbers
+    kernels.run_correctness({"torch ops": kernels.gelu_torch_ops}, ["bfloat16"], "cpu")
+    out = capsys.readouterr().out
+    assert f"max abs err  max rel err where |gelu(x)| >= {kernels.REL_FLOOR:g}" in out
+    assert "torch ops in bfloat16 rounds each op's result" in out and "below about 0.04 in size are up to 100% off" in out
+    x = kernels.random_input(1 << 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+    y, ref = kernels.gelu_torch_ops(x).double(), kernels.gelu_torch_ops(x.double())
+    off = ((y - ref).abs() > 0.05 * ref.abs()) & (ref.abs() >= kernels.REL_FLOOR)  # 5% off or worse
+    assert ((y - ref).abs() / ref.abs())[off].max() > 0.9 and (x[off] < -2).all() and (ref[off].abs() < 0.04).all()
+    assert ((kernels.gelu_builtin(x).double() - ref).abs() / ref.abs())[off].max() <= 2.0**-8  # fused: rounded once
+
+
 def test_kernels_nan_poison_is_never_hidden():
     x = torch.randn(100)
     y = kernels.gelu_builtin(x)
