@@ -2313,7 +2313,20 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
                         "--vocab-size", "271", "--out", str(tmp_path / "tok")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "longest token 32768 bytes: 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+    assert "longest token 32768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+
+
+# --- issue 36 item 8e: the longest token's line says what it counts ---
+
+def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsys):
+    # "longest token 70 bytes ... (72 chars)" puzzled: the 72 counted the quoted, cut text shown. Now the line
+    # gives the token's bytes and its characters, then the text with its middle cut; 2-byte characters tell them apart
+    e = "\u00e9"  # two bytes in UTF-8
+    (tmp_path / "e.txt").write_text(e * 64, encoding="utf-8")  # one word: 7 merges double it up to 128 bytes
+    bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "263", "--out", str(tmp_path / "tok")])
+    out = capsys.readouterr().out
+    assert f"; longest token 128 bytes (64 characters): '{e * 39}...{e * 11}'; wrote " in out, out
+    assert "chars)" not in out
 
 
 @pytest.fixture
