@@ -2819,6 +2819,28 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+
+# --- issue 36 item 8f: users keep their torch, CI pins its own ---
+
+def test_safety_requirements_leave_users_their_torch_and_ci_pins_its_own():
+    # requirements.txt pinned torch==2.13.0, which reinstalled torch for users who had the 2.5+ that README asks
+    # for; CI's pins live in .ci/constraints.txt (pip -c), and .ci/run still runs exactly README's test command
+    root = Path(__file__).resolve().parent
+
+    def lines(name):  # a pip requirements file's entries
+        return [l.strip() for l in (root / name).read_text().splitlines() if l.strip()[:1] not in ("", "#")]
+    wanted = lines("requirements.txt")
+    assert "torch>=2.5" in wanted and not any("==" in l for l in wanted), wanted
+    names = {re.split("[<>=!~ ]", l)[0] for l in wanted}
+    pins = lines(".ci/constraints.txt")
+    assert "torch" in {re.split("==", l)[0] for l in pins} and all(
+        re.fullmatch(r"[\w.-]+==[\w.+]+", l) and l.split("==")[0] in names for l in pins), pins
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert any("pip install" in l and "-r requirements.txt -c .ci/constraints.txt" in l for l in ci), ci
+    readme = [l.split("#")[0].strip() for l in (root / "README.md").read_text().splitlines()]
+    test_command = next(l for l in readme if l.startswith("python -m pytest"))
+    assert test_command in ci
+
 # ============================================================================
 # train.py
 # ============================================================================
