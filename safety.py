@@ -124,7 +124,7 @@ def fmt_count(x):  # 3 significant digits and a unit: 950, 12.3k, 172k, 1.72M (a
 
 
 COLUMNS = 79  # a progress line fits an 80-column terminal (a character in the last column wraps on some)
-ETA_INTERVALS = 5  # the ETA's speed: the median of the last 5 logging intervals' seconds per step
+ETA_INTERVALS = 5  # the logging intervals whose median seconds per step is the ETA's speed
 
 
 class Eta:

@@ -5226,8 +5226,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     loop = "real loop (train.py), steady, vs --benchmark, TinyStories shape"
     assert list(rows) == ["what", *steps, loop, "generation, use_cache=True", "generation, use_cache=False",
                           "kernels.py GELU", "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
-    assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, MFU [\d.]+%(; this project is [\d.]+x its speed)?",
-                            rows[s]) for s in steps if "HF" not in s), rows
+    assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
+                            rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[4]] == "skipped: transformers is not installed"
     assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
                         r"[\d,]+", rows[loop])
