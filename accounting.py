@@ -119,16 +119,26 @@ def measure_matmul_flops(dtype=torch.float32, n=1024, seconds=0.5):
 
 
 def peak_flops(device, dtype):
-    """MFU's denominator for matmuls in `dtype` on `device`, or None if unknown. CUDA: the card's
-    published dense figure. CPU: no datasheet figure means anything on a shared box, so MFU there
-    is the fraction of the best rate torch's own square matmul reaches (measured once)."""
+    """MFU's denominator for matmuls in `dtype` on `device`: the card's published dense figure, or None
+    where there is none: a CPU (no datasheet figure means anything on a shared box) or a GPU not in
+    PEAK_FLOPS. An MFU against anything else would not be the MFU a paper reports."""
     device = torch.device(device)
-    if device.type == "cpu":
-        return measure_matmul_flops(dtype)
     key = gpu_peak_key(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     fp32 = "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"  # "high", "medium": tensor cores
     column = {torch.float32: fp32, torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     return PEAK_FLOPS[key].get(column) if key else None
+
+
+def benchmark_peak(device, dtype):
+    """--benchmark's MFU denominator and the words that say what it is: the published peak (peak_flops);
+    on a CPU, the best rate of torch's own square matmul, named as the probe it is; else (None, why not)."""
+    peak = peak_flops(device, dtype)
+    if peak:
+        return peak, f"vs the published peak of {peak / 1e12:.1f} TFLOP/s per device"
+    if torch.device(device).type != "cpu":
+        return None, f"no published peak for this {torch.device(device).type} device in accounting.PEAK_FLOPS"
+    peak = measure_matmul_flops(dtype)
+    return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
 
 
 # ---------------------------------------------------------------------------------------------

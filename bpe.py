@@ -392,9 +392,9 @@ def _check_id(i, where):
                      "2^32 - 1")
 
 
-def _short(text):
-    """text for a message, its middle cut out when long (a token can be a megabyte)."""
-    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(text):,} chars)"
+def _short(text, count=True):
+    """text for a message, its middle cut out when long (a token can be a megabyte), then followed by its length."""
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}" + (f" ({len(text):,} chars)" if count else "")
 
 
 def _show(tok):
@@ -619,7 +619,8 @@ def _cmd_train(args):
     dt = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
-    longest = max(vocab.values(), key=len)     # shortened: it can be a megabyte
+    longest = max(vocab.values(), key=len)
+    text = longest.decode("utf-8", errors="replace")
     try:
         import resource                        # Unix only: imported here, so that the library loads on Windows
         unit = 1 << 20 if sys.platform == "darwin" else 1 << 10    # ru_maxrss: bytes on macOS, kB on Linux
@@ -628,8 +629,8 @@ def _cmd_train(args):
         memory = f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"
     except ImportError:
         memory = ""
-    print(f"trained {len(merges)} merges in {dt:.2f} s{memory}; longest token {len(longest)} bytes: "
-          f"{_short(repr(longest.decode('utf-8', errors='replace')))}; wrote "
+    print(f"trained {len(merges)} merges in {dt:.2f} s{memory}; longest token {len(longest)} bytes "
+          f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
           f"{args.out}/vocab.json and merges.txt")
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, read_exactly,
-                    read_into, show_progress)
+from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
+                    read_exactly, read_into, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -88,6 +88,8 @@ def download(url, dest):
         have = have if resp.status == 206 else 0  # a server that ignores Range sends it all again
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
+        print(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
+              + (f", {fmt_count(have)}B of it already here" if have else "") + ")", flush=True)
         t0, done, shown = time.time(), have, None
         with open(part, "ab" if have else "wb") as f:
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
@@ -110,25 +112,40 @@ def gunzip(src, dest):  # src.gz -> dest, whole or not at all
         shutil.copyfileobj(f, g, READ)
 
 
+@contextlib.contextmanager
+def new_folders(path):
+    """mkdir -p path; on an error (offline, Ctrl-C) the folders it made that are still empty go again: a failed
+    download leaves nothing behind, while a folder holding a .part (what a rerun resumes) or a user's file stays."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):  # not empty: kept, and so is every folder above it
+                p.rmdir()
+        raise
+
+
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
-    for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
-        url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
-        if not txt.exists():
-            if not fetched.exists():
-                print(f"downloading {url}", flush=True)
-                try:
-                    download(url, fetched)
-                except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
-                    raise DataError(
-                        f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} yourself "
-                        f"(the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a mirror.") from None
-            if fetched.suffix == ".gz":
-                print(f"unpacking {fetched.name}", flush=True)
-                from_cache(fetched, gunzip, fetched, txt)
+    with new_folders(out_dir):
+        for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
+            url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
+            if not txt.exists():
+                if not fetched.exists():
+                    try:
+                        download(url, fetched)
+                    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+                        raise DataError(
+                            f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} "
+                            f"yourself (the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a "
+                            "mirror.") from None
+                if fetched.suffix == ".gz":
+                    print(f"unpacking {fetched.name}", flush=True)
+                    from_cache(fetched, gunzip, fetched, txt)
     return paths
 
 

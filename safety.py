@@ -25,6 +25,7 @@ import reprlib
 import select
 import signal
 import stat
+import statistics
 import sys
 import tempfile
 import threading
@@ -109,9 +110,55 @@ def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes p
         say(*args, **kwargs)
 
 
-def fmt_time(s):  # seconds -> "12m05s", "3h07m"
+def fmt_time(s):  # seconds -> "12m05s", "3h07m"; None (not known yet) -> "-"
+    if s is None:
+        return "-"
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def fmt_count(x):  # 3 significant digits and a unit: 950, 12.3k, 172k, 1.72M (a progress line has 80 columns)
+    scale, unit = next((s, u) for s, u in ((1, ""), (1e3, "k"), (1e6, "M"), (1e9, "G"))
+                       if float(f"{x / s:.3g}") < 1000 or u == "G")  # 999.6 rounds to 1000: that is 1k
+    return f"{x / scale:.3g}{unit}"
+
+
+COLUMNS = 79  # a progress line fits an 80-column terminal (a character in the last column wraps on some)
+ETA_INTERVALS = 5  # the logging intervals whose median seconds per step is the ETA's speed
+
+
+class Eta:
+    """The time a run has left, from the median seconds per step of the last ETA_INTERVALS logging intervals:
+    recent (a shared machine's speed changes), and a slow interval (a checkpoint's save, another program's burst)
+    moves it little. The first `untimed` steps of a process are not timed (torch.compile's would say hours)."""
+
+    def __init__(self, untimed):
+        self.untimed, self.steps, self.interval, self.rates = untimed, 0, [0.0, 0], []
+
+    def stepped(self, seconds):  # one step took `seconds`
+        self.steps += 1
+        if self.steps > self.untimed:
+            self.interval = [self.interval[0] + seconds, self.interval[1] + 1]
+
+    def seconds_left(self, steps_left):  # at a log step, which ends the interval: the ETA, or None before any time
+        if self.interval[1]:
+            self.rates = [*self.rates[1 - ETA_INTERVALS:], self.interval[0] / self.interval[1]]
+            self.interval = [0.0, 0]
+        return statistics.median(self.rates) * steps_left if self.rates else None
+
+
+LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
+
+
+def note_long_run(cfg, seconds_left, tty):
+    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
+    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
+        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
+            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
+            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
+            "Ctrl-C stops this run with a checkpoint.")
+    return seconds_left is not None
 
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
@@ -1003,6 +1050,29 @@ def dry_step(state, model, optimizer, name):
         why = (str(e).splitlines() or [""])[0][:100]  # torch's TypeErrors go on for lines
         raise ValueError(f"{name} holds optimizer state that {type(optimizer).__name__} cannot use "
                          f"({type(e).__name__}: {why.rstrip('.')})") from None
+
+
+def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for step, or None (no such line, no file)
+    with contextlib.suppress(OSError):
+        for line in reversed(path.read_bytes().decode("utf-8", errors="replace").splitlines()):
+            with contextlib.suppress(ValueError):
+                e = load_json(line, path)
+                if isinstance(e, dict) and e.get("step") == step and type(e.get("val_loss")) is float:
+                    return e["val_loss"]
+    return None
+
+
+def run_complete(state, cfg, ckpt_path):
+    """Is the resumed checkpoint at the run's last step? Then one line says so, and nothing is evaluated, sampled or
+    written again (the end of train() did that once). A longer run changes --max-iters, which --resume refuses."""
+    if state["iteration"] < cfg["max_iters"]:
+        return False
+    loss = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"])
+    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}"
+        + ("" if loss is None else f", final val loss {loss:.4f}") + "): nothing to train. For text from it, run the "
+        "same command with --sample instead of --resume; to train longer, start a new run with a larger --max-iters "
+        "(plus --overwrite, or another --run-name).")
+    return True
 
 
 def check_same_data(state, cfg, ckpt_path):

@@ -340,8 +340,9 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
 
 
-def device_peak(cfg):  # peak FLOP/s for this device and dtype (accounting.py), or None; call it under torch_settings
-    return accounting.peak_flops(cfg["device"], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+def device_peak(cfg, probe=False):  # accounting.py's published peak or None (probe: --benchmark's (peak, its words))
+    peak = accounting.benchmark_peak if probe else accounting.peak_flops  # looked up under torch_settings
+    return peak(cfg["device"], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
 
 
 def random_step(cfg):  # -> one optimizer step of this configuration on fixed random tokens, and its micro-batches
@@ -368,15 +369,13 @@ def benchmark(cfg):
             step()
             sync()
             times.append(time.perf_counter() - t0)
-        peak = device_peak(cfg)  # the matmuls' peak under the run's settings: float32 runs TF32 on a GPU
+        peak, basis = device_peak(cfg, probe=True)  # the matmuls' peak under the run's settings: TF32 on a GPU
     dt, flops, tokens = median(times[UNTIMED_STEPS:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
         f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
         f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
     log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.2f} TFLOP/s achieved")
-    if peak:
-        log(f"  MFU {100 * accounting.mfu(flops, dt, peak * cfg['world_size']):.1f}% of {peak / 1e12:.1f} TFLOP/s "
-            "peak per device")
+    log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
         f"{safety.fmt_time(cfg['total_tokens'] * dt / tokens)}")
@@ -408,7 +407,7 @@ class Progress:
     def __init__(self, cfg, path, elapsed, ckpt_path):
         self.cfg, self.path, self.tty, self.ckpt_path, self.unread = cfg, path, sys.stdout.isatty(), ckpt_path, []
         self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
-        self.seen, self.timed = 0, [0.0, 0]  # this process's steps; seconds and steps after its first UNTIMED_STEPS
+        self.eta, self.noted = safety.Eta(UNTIMED_STEPS), False  # noted: a CPU run of hours was told so
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
@@ -423,8 +422,8 @@ class Progress:
     def evaluated(self, step, val_loss):
         safety.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
-        log(("\r" if self.tty else "") + f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
-            + " " * 30)
+        line = f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
+        log("\r" + line.ljust(safety.COLUMNS) if self.tty else line)  # over all of a progress line
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):  # loss, norm: device tensors, read back at log steps
@@ -433,19 +432,18 @@ class Progress:
         loss, norm = safety.read_back(self.unread, self.ckpt_path) if logs else (loss, norm)  # window's work is done
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
-        self.seen += 1
-        if self.seen > UNTIMED_STEPS:  # the ETA's speed: the first steps (torch.compile's) would say hours
-            self.timed = [self.timed[0] + dt, self.timed[1] + 1]
+        self.eta.stepped(dt)
         seconds, steps = self.window = [seconds + dt, steps + 1]
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         if logs:
             self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
-            eta = safety.fmt_time(self.timed[0] / self.timed[1] * (cfg["max_iters"] - step)) if self.timed[1] else "-"
-            line = (f"step {step}/{cfg['max_iters']} | loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s"
-                    + (f" | MFU {100 * mfu:.1f}%" if mfu else "") + f" | ETA {eta}")
-            log(("\r" + line + "   ") if self.tty else line, end="" if self.tty else "\n")
+            left = self.eta.seconds_left(cfg["max_iters"] - step)
+            line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {safety.fmt_count(tps)} tok/s"
+                    + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {safety.fmt_time(left)}")
+            log("\r" + line.ljust(safety.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
+            self.noted = self.noted or safety.note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
@@ -538,6 +536,8 @@ def run(cfg):
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
+        if safety.run_complete(resume_state, cfg, ckpt_path):  # at its last step: says so, writes nothing
+            return 0
     made_by = None if is_ids(cfg["data"]) else len(tok.vocab)  # text's token files: their tokenizer's ids only
     top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"], made_by)
     safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
