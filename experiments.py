@@ -67,11 +67,13 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
 }
 EXPERIMENTS = (*QUESTIONS, "all")
 
+# The sweeps end at 100: there lr x weight decay (0.1) is 10, so each step's decay multiplies every weight by -9
+# and the run overflows within a few dozen steps; the rates below it show where training stops learning.
 SCALES = {  # --data -> the flags of every run, the sweeps; the model and the baseline rate are train.py's preset
     "cpu": dict(flags=["--max-iters", "400", "--eval-interval", "50"],  # 400 steps of train.py's small model
-                lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0], batch_sizes=[8, 32, 128]),
+                lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 1.0, 10.0, 100.0], batch_sizes=[8, 32, 128]),
     "gpu": dict(flags=["--compile"],  # the handout's run: 327.68M tokens
-                lrs=[3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], batch_sizes=[16, 64, 128, 256, 512]),
+                lrs=[3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 1.0, 100.0], batch_sizes=[16, 64, 128, 256, 512]),
 }
 SAMPLING = [("greedy", 0.0, 1.0), ("temperature 0.7, top-p 0.9", 0.7, 0.9), ("temperature 1.0", 1.0, 1.0)]
 SAMPLE_TOKENS = 256  # the handout's "at least 256 tokens"
@@ -110,7 +112,8 @@ def plan(cfg):
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_lr={lr / 10:.0e}": Run("ablations", f"no-norm_lr={lr / 10:.0e}",
                                                   ["--no-norm", *lr_flags(cfg, lr / 10)]),
-                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
+                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
+                 "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
@@ -186,8 +189,8 @@ def slots(jobs):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
-    threads = max(1, safety.usable_cores() // jobs)
-    return [{"OMP_NUM_THREADS": str(threads)}] * jobs
+    threads = max(1, safety.usable_cores() // jobs)  # one run alone: torch's own choice (or the user's)
+    return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
 
 
 def run_all(runs, args, rest):
@@ -385,8 +388,8 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
 
 
 def answer_tokenizer(f):
-    pile = (f"{accounting.PILE_BYTES / f['bytes_per_s'] / 3600:,.1f} hours ({accounting.PILE_BYTES / f['bytes_per_s'] / 86400:.2f} days)"
-            if f["bytes_per_s"] else "not measured")
+    seconds = f["bytes_per_s"] and accounting.PILE_BYTES / f["bytes_per_s"]
+    pile = f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days)" if seconds else "not measured"
     return [f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} "
             f"bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
             "(c) " + (f"{f['bytes_per_s'] / 1e6:.2f} MB/s" if f["bytes_per_s"] else "") + f" ({f['note']}); the Pile's "
@@ -439,7 +442,9 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
         missing = [label for _, label, run in entries if not (run.dir(args.out_dir) / "result.json").is_file()]
         lines, ok = section(name, found, cfg, baseline, where) if found else ([f"## {name}", ""], True)
         drawn &= ok
-        parts += lines + ([f"Not run yet: {', '.join(missing)} (`python experiments.py {name}`).", ""] if missing else [])
+        if missing:
+            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {name}`).", ""]
+        parts += lines
     for name, lines in extra.items():
         parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]
     device = cfg["device"] if cfg["device"] == "cpu" else train.torch.cuda.get_device_name()
@@ -482,14 +487,18 @@ def chosen_runs(args, plans):
     """The runs the named experiment needs (generate: the lr sweep's), each once, as --variants narrows them."""
     names = {"all": ("lr", "batch", "ablations"), "generate": ("lr",), "tokenizer": ()}.get(args.experiment,
                                                                                            (args.experiment,))
-    runs = {run.dir(args.out_dir): (label, run) for n in names for _, label, run in plans[n]}
-    if args.variants:
-        wanted, known = args.variants.split(","), {label for label, _ in runs.values()}
-        if set(wanted) - known:
-            raise safety.UsageError(f"--variants: no variant {sorted(set(wanted) - known)[0]!r} in "
-                                    f"{args.experiment}; pick from {', '.join(sorted(known))}.")
-        return [run for label, run in runs.values() if label in wanted]
-    return [run for _, run in runs.values()]
+    runs, labels = {}, {}  # a run shared by experiments (the baseline) has a label in each
+    for n in names:
+        for _, label, run in plans[n]:
+            runs[run.dir(args.out_dir)] = run
+            labels.setdefault(run.dir(args.out_dir), set()).add(label)
+    if not args.variants:
+        return list(runs.values())
+    wanted, known = set(args.variants.split(",")), set().union(*labels.values())
+    if wanted - known:
+        raise safety.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; pick "
+                                f"from {', '.join(sorted(known))}.")
+    return [run for where, run in runs.items() if labels[where] & wanted]
 
 
 def main(argv=None):

@@ -1036,7 +1036,7 @@ def read_back(steps, ckpt_path):
     return loss, norm
 
 
-DIVERGED = "; stopping. The last good checkpoint is"  # after "step N": how a diverged run ends (experiments.py reads it)
+DIVERGED = "; stopping. The last good checkpoint is"  # after "step N": a diverged run's end, which experiments.py reads
 
 
 def diverged_at(text):  # the step where a run's output says it diverged (stop_non_finite's sentence), or None
