@@ -447,7 +447,7 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
         parts += lines
     for name, lines in extra.items():
         parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]
-    device = cfg["device"] if cfg["device"] == "cpu" else train.torch.cuda.get_device_name()
+    device = train.torch.cuda.get_device_name() if cfg["device"].startswith("cuda") else cfg["device"]
     head = ["# What each knob does to training (handout section 7)", "",
             f"Written by `python experiments.py {' '.join(argv)}` on {datetime.date.today()}: --data {cfg['data']}, "
             f"{device} ({platform.processor() or platform.machine()}, {safety.usable_cores()} cores), torch "
