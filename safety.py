@@ -21,6 +21,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import reprlib
 import select
 import signal
@@ -662,6 +663,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["export"] is None and not c["sample"] and too_big(c), too_big),  # before anything is allocated
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
+    (lambda c: c["tensorboard"] and importlib.util.find_spec("tensorboard") is None,
+     "--tensorboard needs the tensorboard package: pip install tensorboard (or drop --tensorboard)."),
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (run_dir_problem, run_dir_problem),
@@ -828,6 +831,25 @@ def plot(metrics_path, png_path):
     with atomic_file(png_path) as f:
         fig.savefig(f, format="png")
     log(f"plot: {png_path}")
+
+
+_writers = {}  # run directory -> its TensorBoard SummaryWriter, made at the run's first record
+
+
+def tensorboard(cfg, run_dir, entry):
+    """--tensorboard: one metrics.jsonl record as scalars in RUN_DIR/tensorboard/ (tensorboard --logdir OUT_DIR).
+    A resumed run's first record purges the events a stopped run wrote from that step on, as metrics.jsonl drops
+    its lines; flushed at each record (log steps only), so a killed run's curve is there up to its last line."""
+    if not cfg["tensorboard"]:
+        return
+    if run_dir not in _writers:  # CHECKS made sure the package is there
+        from torch.utils.tensorboard import SummaryWriter
+        _writers[run_dir] = SummaryWriter(run_dir / "tensorboard", purge_step=entry["step"])
+    writer = _writers[run_dir]
+    for key, value in entry.items():
+        if key != "step" and isinstance(value, (int, float)):
+            writer.add_scalar(key, value, entry["step"])
+    writer.flush()
 
 
 # ----------------------------------------------------------------------------
@@ -1138,6 +1160,14 @@ def read_back(steps, ckpt_path):
     return loss, norm
 
 
+DIVERGED = "; stopping. The last good checkpoint is"  # after "step N": a diverged run's end, which experiments.py reads
+
+
+def diverged_at(text):  # the step where a run's output says it diverged (stop_non_finite's sentence), or None
+    found = re.search(rf"step (\d+){re.escape(DIVERGED)}", text)
+    return found and int(found.group(1))
+
+
 def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
     """DataError (exit code 1; ckpt_path stays the last good one) if the loss, the gradient norm or a weight is
     NaN or infinite. Weights too: a finite loss's update can still overflow them (--lr 1e30)."""
@@ -1146,7 +1176,7 @@ def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
             f"the gradient norm is {norm} at" if norm is not None and not math.isfinite(norm) else
             bad and f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after")
     if what:
-        raise DataError(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
+        raise DataError(f"{what} step {step}{DIVERGED} {ckpt_path}; try a lower --lr "
                         "or a --grad-clip.")
 
 

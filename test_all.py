@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -4756,6 +4757,117 @@ def test_train_npy_ids_without_a_tokenizer_say_once_why_there_are_no_samples(tmp
         "--out) for samples, or --num-samples 0."]
     assert train.main(args + ["--overwrite"]) == 0  # --num-samples 0: nothing to say
     assert "samples" not in capsys.readouterr().out
+
+
+# --- issue 37: experiments.py (the section 7 experiments as sets of train.py runs) and train.py --tensorboard ---
+
+import experiments  # noqa: E402
+
+
+def _exp_report_rows(report):  # the report's table rows: variant -> (final val loss, tokens/s, wall time, diverged)
+    return {m[1]: m.groups()[1:] for m in re.finditer(r"^\| (\S+) \| (\S+) \| (\S+) \| (\S+) \| ([^|]+) \|$", report, re.M)
+            if m[1] != "variant"}
+
+
+def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbers(tmp_path):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    cmd = [sys.executable, str(_TRAIN_ROOT / "experiments.py"), "lr", "--data", str(ids), "--variants",
+           "lr=1e-03,lr=5e-03", *_TRAIN_TINY, "--num-layers", "1", "--max-iters", "100", "--eval-interval", "50",
+           "--log-interval", "1"]
+    first, second = (tmp_path / "out/experiments/lr" / name for name in ("lr=1e-03", "lr=5e-03"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny steps: a second thread would only spin
+    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:  # the state under test: the first run finished, the second one stepping
+        _wait_until(lambda: (second / "metrics.jsonl").exists() and '"loss"' in (second / "metrics.jsonl").read_text(),
+                    f"the second run never logged a step: {p.poll()}", seconds=300)
+    finally:
+        p.send_signal(signal.SIGTERM)  # as Ctrl-C does: the running run saves a checkpoint and stops
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "experiments.py: interrupted; the runs saved their checkpoints" in err, (out, err)
+    assert (first / "result.json").is_file() and not (second / "result.json").exists()
+    stopped_at = torch.load(second / "ckpt.pt", weights_only=True)["iteration"]
+    assert 0 < stopped_at < 100
+    kept = (first / "ckpt.pt").stat().st_mtime_ns
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "lr/lr=5e-03: resuming" in done.stdout and "lr=1e-03" not in done.stdout  # reused: not started again
+    assert (first / "ckpt.pt").stat().st_mtime_ns == kept  # the finished run was reused, not run again
+    said = (tmp_path / "out/experiments/lr/lr=5e-03.log").read_text()
+    assert f"resumed from {Path('out/experiments/lr/lr=5e-03/ckpt.pt')} at step {stopped_at}" in said
+    steps = [r["step"] for r in _train_metrics(second) if "loss" in r]
+    assert steps == list(range(1, 101))  # continued where it stopped: each step logged once
+    report = (tmp_path / "out/experiments/report.md").read_text()
+    rows = _exp_report_rows(report)
+    for name, run in (("lr=1e-03", first), ("lr=5e-03", second)):
+        metrics = _train_metrics(run)
+        val = [r["val_loss"] for r in metrics if "val_loss" in r]
+        speed = statistics.median(r["tokens_per_s"] for r in metrics if "tokens_per_s" in r)
+        assert rows[name] == (f"{val[-1]:.4f}", f"{speed:,.0f}", safety.fmt_time(metrics[-1]["time"]), "no"), name
+    best = min(rows, key=lambda n: float(rows[n][0]))
+    assert f"(a) the best rate was {best[3:]}" in report
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "`pip install matplotlib`" in report and "pip install matplotlib for figures" in done.stdout
+    else:
+        assert (tmp_path / "out/experiments/lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_path):
+    run = experiments.Run("lr", "lr=1e+01", ["--lr", "10"])
+    args = types.SimpleNamespace(data="pydoc", out_dir=str(tmp_path / "out"))
+    run.dir(args.out_dir).mkdir(parents=True)
+    log = run.dir(args.out_dir).with_name(run.name + ".log")
+    with pytest.raises(safety.DataError) as e:  # train.py's own sentence for a NaN loss
+        safety.stop_non_finite(37, run.dir(args.out_dir) / "ckpt.pt", loss=float("nan"))
+    log.write_text(f"step 30/400 | loss 9.1\ntrain.py: error: {e.value}\n")
+    experiments.finish(run, args, [], 1)
+    result = json.loads((run.dir(args.out_dir) / "result.json").read_text())
+    assert result["status"] == "diverged" and result["step"] == 37
+    assert experiments.outcome(run, args, [])["step"] == 37  # kept: a rerun reuses it
+    with pytest.raises(safety.UsageError, match=r"is a run of other flags .*delete it, or pass another --out-dir"):
+        experiments.outcome(run, args, ["--seed", "1"])
+    log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
+    with pytest.raises(safety.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
+        experiments.finish(run, args, [], 2)
+
+
+def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
+    rows = [dict(name="lr=1e-03", curve=[(0, 0.0, 7.0), (10, 1.0, 5.0)], diverged=None, final=5.0),
+            dict(name="lr=1e+01", curve=[(0, 0.0, 7.0)], diverged=4, final=None)]
+    assert experiments.figure("lr", rows, 6.0, tmp_path / "lr.png")
+    assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    assert train.main(["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--tensorboard"]) == 2
+    assert "--tensorboard needs the tensorboard package: pip install tensorboard" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path, monkeypatch):
+    made = []
+
+    class Writer:  # torch's SummaryWriter, as far as safety.tensorboard uses it
+        def __init__(self, log_dir, purge_step):
+            made.append(self)
+            self.log_dir, self.purge_step, self.scalars, self.flushed = log_dir, purge_step, [], 0
+
+        def add_scalar(self, key, value, step):
+            self.scalars.append((key, value, step))
+
+        def flush(self):
+            self.flushed += 1
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    monkeypatch.setattr(safety, "_writers", {})
+    safety.tensorboard({"tensorboard": False}, tmp_path, {"step": 3, "loss": 1.0})
+    assert not made
+    safety.tensorboard({"tensorboard": True}, tmp_path, {"step": 40, "val_loss": 2.5, "val_ppl": 12.2})
+    safety.tensorboard({"tensorboard": True}, tmp_path, {"step": 50, "loss": 2.0, "lr": 1e-3, "mfu": None})
+    (w,) = made  # one writer per run, created at a resumed run's first record: later events of a stopped run go
+    assert w.log_dir == tmp_path / "tensorboard" and w.purge_step == 40 and w.flushed == 2
+    assert w.scalars == [("val_loss", 2.5, 40), ("val_ppl", 12.2, 40), ("loss", 2.0, 50), ("lr", 1e-3, 50)]
 
 
 # ============================================================================

@@ -97,6 +97,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
+    ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
     ("--export", str, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then exit"),
     "hardware",
     ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
@@ -418,6 +419,7 @@ class Progress:
             with open(self.path, "a") as f:
                 tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
                 f.write(json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3), **entry}) + "\n")
+            safety.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
 
     def evaluated(self, step, val_loss):
         safety.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first

@@ -1,0 +1,525 @@
+"""What each knob does to training: the handout's section 7 experiments, one command each.
+
+Each experiment is a set of ordinary train.py runs, one folder each under out/experiments/<experiment>/, drawn
+side by side and answered in out/experiments/report.md, where every number is read from the runs' own files.
+
+    python experiments.py lr                # the learning-rate sweep, up to rates that diverge
+    python experiments.py batch             # batch sizes at one token budget
+    python experiments.py ablations         # no RMSNorm, post-norm, NoPE, a SiLU FFN, against the baseline
+    python experiments.py generate          # text from the sweep's best model, greedy and sampled
+    python experiments.py tokenizer         # compression (bytes/token), throughput, the Pile's time
+    python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
+    python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
+    python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
+
+The scale follows --data: the built-in corpus (and any local file) gets a CPU preset, train.py's small model for
+400 steps, so that `all` ends within an hour on 2 cores; tinystories and owt get the handout's run (train.py's
+preset) with --compile. Any flag experiments.py does not know goes to every train.py run (a variant's own flags,
+such as the sweep's --lr, win). A finished run is reused; a stopped one is resumed (train.py --resume); one that
+train.py stopped on a NaN or infinite loss is a result, "diverged at step N". Ctrl-C stops the running runs at a
+step boundary (each saves a checkpoint): the same command goes on from there.
+
+1. The questions of the handout's section 7, and the experiments' runs
+2. One run: train.py in a process of its own, its outcome kept in result.json
+3. Many runs at once: one per GPU, or --jobs on the CPU's cores
+4. What a run measured: its metrics.jsonl, read back
+5. Figures: validation loss against steps and against wall-clock time
+6. The answers, computed from the numbers, and the report
+7. main()
+"""
+import ctypes
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import safety  # the standard library only: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    safety.quiet_while_starting("experiments.py")
+import accounting
+import data
+import train
+from bpe import Tokenizer, catch_ctrl_c
+
+HERE = Path(__file__).resolve().parent
+
+# ----------------------------------------------------------------------------
+# 1. The questions of the handout's section 7, and the experiments' runs
+
+QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, and 2.7 for the tokenizer)
+    "lr": ["learning_rate (a): sweep the learning rate; report the final losses (or divergence).",
+           "learning_rate (b): how does the rate where training diverges relate to the best rate?"],
+    "batch": ["batch_size_experiment: vary the batch size; what does it do to training?"],
+    "ablations": ["layer_norm_ablation: remove RMSNorm; what happens at the previous optimal rate, and at a lower one?",
+                  "pre_norm_ablation: post-norm instead of pre-norm; what happens?",
+                  "no_pos_emb: no position embedding (NoPE) against RoPE?",
+                  "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
+    "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
+    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
+                  "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
+                  "tokenizer_experiments (d): why are the token ids stored as uint16?"],
+}
+EXPERIMENTS = (*QUESTIONS, "all")
+
+# The sweeps end at 100: there lr x weight decay (0.1) is 10, so each step's decay multiplies every weight by -9
+# and the run overflows within a few dozen steps; the rates below it show where training stops learning.
+SCALES = {  # --data -> the flags of every run, the sweeps; the model and the baseline rate are train.py's preset
+    "cpu": dict(flags=["--max-iters", "400", "--eval-interval", "50"],  # 400 steps of train.py's small model
+                lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 1.0, 10.0, 100.0], batch_sizes=[8, 32, 128]),
+    "gpu": dict(flags=["--compile"],  # the handout's run: 327.68M tokens
+                lrs=[3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 1.0, 100.0], batch_sizes=[16, 64, 128, 256, 512]),
+}
+SAMPLING = [("greedy", 0.0, 1.0), ("temperature 0.7, top-p 0.9", 0.7, 0.9), ("temperature 1.0", 1.0, 1.0)]
+SAMPLE_TOKENS = 256  # the handout's "at least 256 tokens"
+DOCUMENTS = 10  # tokenizer_experiments (a): documents sampled for the compression ratio
+
+
+class Run:
+    """One train.py run: out/experiments/<experiment>/<name>/, made with the scale's flags plus its own."""
+
+    def __init__(self, experiment, name, flags):
+        self.experiment, self.name, self.flags = experiment, name, list(flags)
+
+    def dir(self, out):
+        return Path(out) / "experiments" / self.experiment / self.name
+
+
+def scale_of(data_source):
+    return "gpu" if data_source in data.DATASETS else "cpu"
+
+
+def lr_flags(cfg, lr):  # --lr and a --min-lr in the baseline's proportion (the presets' cosine ends at lr / 10)
+    return ["--lr", f"{lr:g}", "--min-lr", f"{lr * cfg['min_lr'] / cfg['lr']:g}"]
+
+
+def plan(cfg):
+    """experiment -> [(value, label, Run)]. cfg: the baseline's resolved config (train.py's preset, the scale's and
+    the user's flags). The baseline is one run, the lr sweep's at its rate, which the others compare against."""
+    scale, lr, b, d = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"], cfg["d_model"]
+    sweep = {x: Run("lr", f"lr={x:.0e}", lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
+    base = sweep[lr]
+
+    def batch_run(size):  # the baseline's tokens, and its tokens between evaluations
+        steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
+        return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps),
+                                              "--eval-interval", str(every)])
+    ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
+                 f"no-norm_lr={lr / 10:.0e}": Run("ablations", f"no-norm_lr={lr / 10:.0e}",
+                                                  ["--no-norm", *lr_flags(cfg, lr / 10)]),
+                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
+                 "nope": Run("ablations", "nope", ["--nope"]),
+                 "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
+    return {"lr": [(x, run.name, run) for x, run in sweep.items()],
+            "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
+            "ablations": [(name, name, run) for name, run in ablations.items()]}
+
+
+# ----------------------------------------------------------------------------
+# 2. One run: train.py in a process of its own, its outcome kept in result.json
+
+def command(run, args, rest):
+    """train.py's command line: the scale's flags, the user's, then the variant's own (the last one given wins)."""
+    return [sys.executable, str(HERE / "train.py"), "--data", args.data, *SCALES[scale_of(args.data)]["flags"],
+            *rest, *run.flags, "--out-dir", str(run.dir(args.out_dir).parent), "--run-name", run.name]
+
+
+def outcome(run, args, rest):
+    """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A
+    result made by another command line is refused: its numbers would be read as this one's."""
+    path = run.dir(args.out_dir) / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        result = safety.load_json(path.read_text(encoding="utf-8"), path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise safety.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
+    if result.get("command") != command(run, args, rest)[2:]:
+        raise safety.UsageError(f"{run.dir(args.out_dir)} is a run of other flags ({' '.join(result.get('command'))}"
+                                f"); delete it, or pass another --out-dir.")
+    return result
+
+
+def _die_with_parent():  # in the child, before train.py: experiments.py's end, even by SIGKILL, stops the run
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: train.py saves, then exits 130
+
+
+def start(run, args, rest, env):
+    """train.py, resumed where the run has a checkpoint, in a session of its own: a Ctrl-C in the terminal reaches
+    only experiments.py, which passes on one SIGTERM (a second one would abort the run's checkpoint)."""
+    ckpt = run.dir(args.out_dir) / "ckpt.pt"
+    log_path = run.dir(args.out_dir).with_name(run.name + ".log")  # beside the run: a new run's folder must be empty
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log_file:
+        return subprocess.Popen(command(run, args, rest) + (["--resume"] if ckpt.exists() else []), stdout=log_file,
+                                stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+def finish(run, args, rest, code):
+    """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
+    for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
+    log_path = run.dir(args.out_dir).with_name(run.name + ".log")
+    said = log_path.read_text(encoding="utf-8", errors="replace")
+    step = safety.diverged_at(said) if code == 1 else None
+    if code not in (0, 130) and step is None:
+        last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
+        raise (safety.UsageError if code == 2 else safety.DataError)(
+            f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path})")
+    if code != 130:
+        with safety.atomic_file(run.dir(args.out_dir) / "result.json", "w") as f:
+            json.dump({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
+                      f)
+        safety.say(f"{run.experiment}/{run.name}: " + (f"diverged at step {step}" if step else "done"))
+
+
+# ----------------------------------------------------------------------------
+# 3. Many runs at once: one per GPU, or --jobs on the CPU's cores
+
+def slots(jobs):
+    """The environment of each run that may go at once: one GPU each (CUDA_VISIBLE_DEVICES) where there are
+    several, else --jobs runs with a fair share of the cores each (torch reads OMP_NUM_THREADS)."""
+    import torch
+    if torch.cuda.device_count() > 1:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
+    threads = max(1, safety.usable_cores() // jobs)  # one run alone: torch's own choice (or the user's)
+    return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
+
+
+def run_all(runs, args, rest):
+    """Every run without a result, as many at once as there are slots. A fault in one stops the others (each saves
+    a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C, SIGTERM or SIGHUP."""
+    todo, free, running = [r for r in runs if outcome(r, args, rest) is None], slots(args.jobs), {}
+    try:
+        while todo or running:
+            while todo and free:
+                run, env = todo.pop(0), free.pop()
+                safety.say(f"{run.experiment}/{run.name}: " + ("resuming" if (run.dir(args.out_dir) / "ckpt.pt")
+                                                              .exists() else "starting"))
+                running[start(run, args, rest, env)] = (run, env)
+            for proc in [p for p in running if p.poll() is not None]:
+                run, env = running.pop(proc)
+                free.append(env)
+                finish(run, args, rest, proc.returncode)
+                if proc.returncode == 130:  # stopped by someone else: stop here too
+                    raise KeyboardInterrupt
+            time.sleep(0.2)
+    finally:
+        for proc in running:  # a fault or a stop: each run saves its checkpoint and ends
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            proc.wait()
+
+
+# ----------------------------------------------------------------------------
+# 4. What a run measured: its metrics.jsonl, read back
+
+def measured(run, label, args, rest):
+    """A finished run's figures (None before it has finished): its validation curve (step, seconds, loss), final
+    validation loss (None when it diverged), median tokens/s of its log lines, wall-clock seconds (since its first
+    start, across resumes)."""
+    result, path = outcome(run, args, rest), run.dir(args.out_dir) / "metrics.jsonl"
+    if result is None:
+        return None
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if "val_loss" in r]
+    speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
+                final=None if result["step"] else curve[-1][2], tokens_per_s=statistics.median(speeds) if speeds else 0)
+
+
+def prepare(cfg):
+    """The runs' data, prepared once here before any run starts (runs started together must not build the same
+    token files at once) -> its unigram baseline (data.unigram_loss), tokenizer (None for ids) and train ids."""
+    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in ("data", "data_dir", "vocab_size", "val_data", "workers")))
+    return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr
+
+
+# ----------------------------------------------------------------------------
+# 5. Figures: validation loss against steps and against wall-clock time
+
+def figure(name, results, baseline, png):
+    """All variants on one axes (steps, and seconds), a diverged run's last point marked x, the unigram baseline
+    dashed. Returns False without matplotlib (optional: the report has its tables)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, x, label in ((axes[0], 0, "step"), (axes[1], 1, "wall-clock seconds")):
+        for r in results:
+            line, = ax.plot([c[x] for c in r["curve"]], [c[2] for c in r["curve"]], "o-", ms=3, label=r["name"])
+            if r["diverged"]:
+                last = r["curve"][-1]
+                ax.plot(r["diverged"] if x == 0 else last[1], last[2], "x", ms=12, mew=3, color=line.get_color(),
+                        label=f"{r['name']} diverged at step {r['diverged']}")
+        ax.axhline(baseline, ls="--", color="gray", label="unigram baseline")
+        ax.set(xlabel=label, ylabel="validation loss (nats/token)", title=name)
+    top = max(r["curve"][0][2] for r in results)  # from the first evaluation down: a run far above is off the chart
+    axes[0].set_ylim(min(c[2] for r in results for c in r["curve"]) * 0.95, max(top, baseline) * 1.05)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    with safety.atomic_file(png) as f:
+        fig.savefig(f, format="png")
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------
+# 6. The answers, computed from the numbers, and the report
+
+def loss_text(r):  # a run's final validation loss, or where it diverged
+    return f"{r['final']:.3f}" if r["final"] is not None else f"diverged at step {r['diverged']}"
+
+
+def answer_lr(rows, base, unigram):
+    """rows: [(rate, figures)] of the finished runs, by rate. Unstable: a NaN or infinite loss (train.py stopped it),
+    or a final loss no better than the unigram baseline (it learnt nothing token frequencies do not tell)."""
+    done = [(lr, r) for lr, r in rows if r["final"] is not None]
+    if not done:
+        return ["(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
+    best_lr, best = min(done, key=lambda t: t[1]["final"])
+    a = (f"(a) the best rate was {best_lr:.0e} (final validation loss {best['final']:.3f}; the baseline's "
+         f"{base:.0e}); " + ", ".join(f"{lr:.0e}: {loss_text(r)}" for lr, r in rows) + ".")
+    gone = [(lr, r) for lr, r in rows if r["diverged"]]
+    flat = [lr for lr, r in done if r["final"] >= unigram]
+    b = (f"(b) the smallest rate that diverged was {gone[0][0]:.0e}, {gone[0][0] / best_lr:.3g}x the best (train.py "
+         f"stopped it at step {gone[0][1]['diverged']})" if gone else
+         f"(b) no rate up to {rows[-1][0]:.0e} diverged (a NaN or infinite loss, which train.py stops)")
+    if flat:
+        b += (f"; the smallest that ended no better than the unigram baseline ({unigram:.3f}) was {flat[0]:.0e}, "
+              f"{flat[0] / best_lr:.3g}x the best")
+    return [a, b + "."]
+
+
+def answer_batch(rows, tokens):
+    done = [(b, r) for b, r in rows if r["final"] is not None]
+    if not done:
+        return ["every batch size diverged."]
+    best_b, best = min(done, key=lambda t: t[1]["final"])
+    (b0, r0), (b1, r1) = rows[0], rows[-1]
+    return [f"at one budget of {tokens:,} tokens the lowest validation loss came with batch {best_b} "
+            f"({best['final']:.3f}); " + ", ".join(f"batch {b}: {loss_text(r)}" for b, r in rows) + ".",
+            f"throughput: {r0['tokens_per_s']:,.0f} tokens/s at batch {b0}, {r1['tokens_per_s']:,.0f} at batch {b1} "
+            f"({r1['tokens_per_s'] / max(r0['tokens_per_s'], 1e-9):.2g}x); wall time {safety.fmt_time(r0['wall'])} "
+            f"against {safety.fmt_time(r1['wall'])} (the rate was not tuned again per batch size)."]
+
+
+def answer_ablations(found, cfg):
+    """found: {variant name: figures}; each ablation against the baseline (the first run), as far as both ran."""
+    base = found.get("baseline")
+    if base is None:
+        return []
+    ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff,
+                                            silu_ffn=flag)["ffn"] for flag, d_ff in ((False, cfg["d_ff"]),
+                                                                                    (True, 4 * cfg["d_model"]))}
+    said = {"no-norm": f"no RMSNorm at the baseline's rate {cfg['lr']:.0e}",
+            f"no-norm_lr={cfg['lr'] / 10:.0e}": f"no RMSNorm at a 10x lower rate, {cfg['lr'] / 10:.0e}",
+            "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
+            "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
+    lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})"
+                                                    if found[name]["final"] is not None else "")
+             for name, what in said.items() if name in found]
+    return [line + f" against the baseline's {base['final']:.3f} (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: "
+            f"{ffn[False]:,} FFN parameters)." for line in lines]
+
+
+def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def table(rows):
+    lines = ["| variant | final val loss | tokens/s | wall time | diverged |", "|---|---|---|---|---|"]
+    for r in rows:
+        final = "-" if r["final"] is None else f"{r['final']:.4f}"
+        gone = f"at step {r['diverged']}" if r["diverged"] else "no"
+        lines.append(f"| {r['name']} | {final} | {r['tokens_per_s']:,.0f} | {safety.fmt_time(r['wall'])} | {gone} |")
+    return "\n".join(lines)
+
+
+def slug(name):  # a setting's name as a folder name
+    return "".join(c if c.isalnum() or c in ".=-" else "_" for c in name)
+
+
+def generate(best, where):
+    """One sample of SAMPLE_TOKENS tokens per SAMPLING setting from the best run's checkpoint, written by
+    train.write_samples (as at the end of a run) to where/<setting>/samples.txt; a sample made before is kept."""
+    need = [(name, t, p) for name, t, p in SAMPLING if not (where / slug(name) / "samples.txt").is_file()]
+    if not need:
+        return
+    cfg = json.loads((best / "config.json").read_text(encoding="utf-8"))
+    model = train.TransformerLM(**train.model_kwargs(cfg), device=cfg["device"])
+    train.load_checkpoint(best / "ckpt.pt", model)
+    tok = Tokenizer.from_files(best / "vocab.json", best / "merges.txt", [data.EOT])
+    for name, temperature, top_p in need:
+        (where / slug(name)).mkdir(parents=True, exist_ok=True)
+        train.write_samples(model, tok, dict(cfg, temperature=temperature, top_p=top_p, num_samples=1, prompt="",
+                                             sample_tokens=SAMPLE_TOKENS), where / slug(name) / "samples.txt")
+        safety.say(f"generate/{slug(name)}: done")
+
+
+def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
+    """The figures of tokenizer_experiments, measured once and kept in path: the run's tokenizer on the first
+    DOCUMENTS validation documents (of the first `limit` characters), accounting.py's measured throughput."""
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    valid = data.cache_dir(cfg["data"], cfg["data_dir"]) / data.text_names(cfg["data"])[1]
+    with open(valid, encoding="utf-8") as f:
+        text = f.read(limit)
+    docs = [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
+    bps, note = accounting.measure_tokenizer_throughput()
+    figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
+                   tokens=sum(len(tok.encode(d)) for d in docs), bytes_per_s=bps, note=note, dtype=str(ids.dtype))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with safety.atomic_file(path, "w") as f:
+        json.dump(figures, f)
+    return figures
+
+
+def answer_tokenizer(f):
+    seconds = f["bytes_per_s"] and accounting.PILE_BYTES / f["bytes_per_s"]
+    pile = f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days)" if seconds else "not measured"
+    return [f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} "
+            f"bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
+            "(c) " + (f"{f['bytes_per_s'] / 1e6:.2f} MB/s" if f["bytes_per_s"] else "") + f" ({f['note']}); the Pile's "
+            f"{accounting.PILE_BYTES / 1e9:.0f} GB: {pile}.",
+            f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
+            f"{f['dtype']}), half of int32's."]
+
+
+def best_run(plans, args, rest):  # the lr sweep's finished run of the lowest final loss, and its figures, or None
+    done = [(run, m) for _, label, run in plans["lr"] if (m := measured(run, label, args, rest)) and m["final"]]
+    return min(done, key=lambda t: t[1]["final"]) if done else None
+
+
+def extra_sections(where, best):
+    """The report's generate and tokenizer parts, from the files those experiments wrote (when they have run)."""
+    extra, tokens = {}, where / "tokenizer" / "tokenizer.json"
+    samples = best and [(name, where / "generate" / best[0].name / slug(name) / "samples.txt") for name, *_ in SAMPLING]
+    if samples and all(path.is_file() for _, path in samples):
+        texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].strip()) for name, path in samples]
+        extra["generate"] = [f"From {best[0].name}, the best model of the lr sweep (final validation loss "
+                             f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
+                             f"{data.EOT}.", ""]
+        for name, text in texts:
+            extra["generate"] += [f"**{name}** ({repeated(text):.0%} of its word 3-grams repeat earlier ones):", "",
+                                  "```", text, "```", ""]
+        extra["generate"].append("- the share of repeated 3-grams by setting: " + ", ".join(
+            f"{name} {repeated(text):.0%}" for name, text in texts) + f"; the model's loss "
+            f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
+    if tokens.is_file():
+        extra["tokenizer"] = [f"- {a}" for a in answer_tokenizer(json.loads(tokens.read_text(encoding="utf-8")))]
+    return extra
+
+
+def section(name, found, cfg, baseline, where):
+    """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)]."""
+    rows = [m for _, m in found]
+    drawn = figure(name, rows, baseline, where / f"{name}.png")
+    answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
+               answer_batch(found, cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]) if name == "batch"
+               else answer_ablations(dict(found), cfg))
+    return [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", f"![{name}]({name}.png)\n" if drawn else "",
+            table(rows), "", *(f"- {a}" for a in answers), ""], drawn
+
+
+def report(args, rest, argv, cfg, plans, baseline, extra):
+    """out/experiments/report.md from every run that has finished (an experiment not run yet says its command)."""
+    where, parts, drawn = Path(args.out_dir) / "experiments", [], True
+    for name, entries in plans.items():
+        found = [(value, m) for value, label, run in entries if (m := measured(run, label, args, rest))]
+        missing = [label for _, label, run in entries if not (run.dir(args.out_dir) / "result.json").is_file()]
+        lines, ok = section(name, found, cfg, baseline, where) if found else ([f"## {name}", ""], True)
+        drawn &= ok
+        if missing:
+            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {name}`).", ""]
+        parts += lines
+    for name, lines in extra.items():
+        parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]
+    device = train.torch.cuda.get_device_name() if cfg["device"].startswith("cuda") else cfg["device"]
+    head = ["# What each knob does to training (handout section 7)", "",
+            f"Written by `python experiments.py {' '.join(argv)}` on {datetime.date.today()}: --data {cfg['data']}, "
+            f"{device} ({platform.processor() or platform.machine()}, {safety.usable_cores()} cores), torch "
+            f"{train.torch.__version__}. Every number is read from its run's metrics.jsonl under {where}/; the unigram "
+            f"baseline is {baseline:.4f} nats/token.", ""]
+    if not drawn:
+        head += ["Figures: `pip install matplotlib`, then the same command again (the runs are reused).", ""]
+    with safety.atomic_file(where / "report.md", "w") as f:
+        f.write("\n".join(head + parts))
+    safety.say(f"report: {where / 'report.md'}" + ("" if drawn else "; pip install matplotlib for figures"))
+
+
+# ----------------------------------------------------------------------------
+# 7. main()
+
+PASSED_BY_US = ("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark")
+
+
+def parse(argv):
+    p = safety.Parser(prog="experiments.py", allow_abbrev=False, description="The handout's section 7 experiments: "
+                      "sets of train.py runs, their figures and out/experiments/report.md. Other flags go to train.py.")
+    p.add_argument("experiment", choices=EXPERIMENTS)
+    p.add_argument("--data", default="pydoc", help="as train.py's; tinystories and owt: the handout's (GPU) scale")
+    p.add_argument("--out-dir", default="out", help="runs go to OUT_DIR/experiments/<experiment>/<variant>/")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
+    p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
+    args, rest = p.parse_known_args(argv)
+    ours = next((a for a in rest if a.split("=")[0] in PASSED_BY_US), None)
+    if ours:
+        raise safety.UsageError(f"{ours}: experiments.py names, resumes and reuses its runs itself; drop it.")
+    if args.jobs < 1:
+        raise safety.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
+    return args, rest
+
+
+def chosen_runs(args, plans):
+    """The runs the named experiment needs (generate: the lr sweep's), each once, as --variants narrows them."""
+    names = {"all": ("lr", "batch", "ablations"), "generate": ("lr",), "tokenizer": ()}.get(args.experiment,
+                                                                                           (args.experiment,))
+    runs, labels = {}, {}  # a run shared by experiments (the baseline) has a label in each
+    for n in names:
+        for _, label, run in plans[n]:
+            runs[run.dir(args.out_dir)] = run
+            labels.setdefault(run.dir(args.out_dir), set()).add(label)
+    if not args.variants:
+        return list(runs.values())
+    wanted, known = set(args.variants.split(",")), set().union(*labels.values())
+    if wanted - known:
+        raise safety.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; pick "
+                                f"from {', '.join(sorted(known))}.")
+    return [run for where, run in runs.items() if labels[where] & wanted]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args, rest = parse(argv)
+    cfg = train.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
+    plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
+    runs = chosen_runs(args, plans)
+    baseline, tok, ids = prepare(cfg)
+    safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
+    run_all(runs, args, rest)
+    where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
+    if args.experiment in ("generate", "all") and tok is not None and best:
+        generate(best[0].dir(args.out_dir), where / "generate" / best[0].name)
+    if args.experiment in ("tokenizer", "all") and tok is not None:
+        tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
+    report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
+    return 0
+
+
+if __name__ == "__main__":
+    catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
+    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text
+    sys.exit(safety.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))
