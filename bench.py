@@ -45,8 +45,7 @@ import kernels
 import train
 from model import TransformerLM, generate
 from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
-                    exit_code,
-                    unreadable, usable_cores)
+                    exit_code, torch_settings, unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -696,7 +695,7 @@ def step_table(cfg):
     """This project's --benchmark step, HF Llama's (when installed) and the compact model's on the same
     batches, taking turns after UNTIMED_STEPS untimed rounds: one line each -> {name: (tokens/s, that line)}."""
     sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
-    with train.torch_settings(cfg):
+    with torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours}
         if peer("transformers"):

@@ -407,6 +407,29 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see python {self.prog} --help)")
 
 
+PRESET = "preset"  # a flag's default that depends on --data: train.py's PRESETS fill it in
+
+
+def flags_parser(prog, description, flags, presets):
+    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one that is on
+    by default also gets --no-...); default PRESET: None, filled in later, and --help lists each preset's value."""
+    p = group = Parser(prog=prog, description=description)
+    for row in flags:
+        if isinstance(row, str):  # a section title
+            group = p.add_argument_group(row)
+        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
+            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
+                               default=row[2], help=row[3])
+        else:
+            name, kind, default, text = row
+            shown = "" if default in (None, "") else f" (default: {default})"
+            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
+                key = name[2:].replace("-", "_")
+                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in presets.items() if v[key] is not None)})"
+            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
+    return p
+
+
 # ----------------------------------------------------------------------------
 # 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 
@@ -879,6 +902,22 @@ def read_checkpoint(src):
         state["model"] = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
                           for k, v in state["model"].items()}  # a key that is no str: check_state names it
     return state
+
+
+@contextlib.contextmanager
+def torch_settings(cfg):
+    """PyTorch's global switches for a run, restored afterwards (tests run many in one process)."""
+    torch = _torch()
+    was = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
+    # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
+    # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
+    torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
+    torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0])
+        torch.set_float32_matmul_precision(was[1])
 
 
 # Batches are random windows, so the data stream's position is the batch generator's state (plus

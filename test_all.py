@@ -3112,7 +3112,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
     micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g),
               torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g))]
-    with train.torch_settings(cfg):
+    with safety.torch_settings(cfg):
         raw, model, opt = train.build(cfg)
         plain = copy.deepcopy(raw)
         with train.autocast(cfg):
@@ -3458,7 +3458,7 @@ def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, 
     assert train.main(base + ["--max-iters", "2"]) == 0
     assert seen == [("highest", True)] * 2 and all(r["mfu"] for r in _train_metrics(tmp_path / "out" / "toy")
                                                    if "loss" in r)
-    with train.torch_settings({"device": "cuda"}):
+    with safety.torch_settings({"device": "cuda"}):
         assert torch.get_float32_matmul_precision() == "high"  # what a float32 GPU run looks its peak up under
 
 

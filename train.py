@@ -9,7 +9,6 @@ run's safety (flag checks, --resume's verification, --overwrite, Ctrl-C, a full 
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
 """
-import argparse
 import contextlib
 import json
 import os
@@ -48,7 +47,7 @@ PRESETS = {
                         lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
-PRESET = "preset"
+PRESET = safety.PRESET  # a FLAGS default taken from PRESETS
 CORPORA = ("pydoc", *DATASETS)  # --data's names; anything else is a path
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
 
@@ -117,25 +116,10 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 ]
 
 
-def build_parser():
-    p = safety.Parser(prog="train.py", description="Train a Transformer LM (CS336 assignment 1). With no flags: a "
-                      "small model on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
-                      "small/tinystories/owt depend on --data: small for pydoc and local files.")
-    group = p  # argparse's complaints end like ours (safety.Parser): one sentence, exit code 2
-    for row in FLAGS:
-        if isinstance(row, str):  # a section title
-            group = p.add_argument_group(row)
-        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
-            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
-                               default=row[2], help=row[3])
-        else:
-            name, kind, default, text = row
-            shown = "" if default in (None, "") else f" (default: {default})"
-            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
-                key = name[2:].replace("-", "_")
-                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in PRESETS.items() if v[key] is not None)})"
-            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
-    return p
+def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit code 2 (safety.Parser)
+    return safety.flags_parser("train.py", "Train a Transformer LM (CS336 assignment 1). With no flags: a small model "
+                               "on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
+                               "small/tinystories/owt depend on --data: small for pydoc and local files.", FLAGS, PRESETS)
 
 
 def resolve_config(argv=None):
@@ -249,21 +233,6 @@ def load_run(path, device="cpu"):
 # ----------------------------------------------------------------------------
 # 4. The model, the training step, and its speed (--benchmark)
 
-@contextlib.contextmanager
-def torch_settings(cfg):
-    """PyTorch's global switches for a run, restored afterwards (tests run many in one process)."""
-    was = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
-    # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
-    # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
-    torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
-    torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was[0])
-        torch.set_float32_matmul_precision(was[1])
-
-
 def autocast(cfg):
     """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay float32 (the "master
     weights"), so small updates are not rounded away. float32: a no-op context (entered every micro-step)."""
@@ -362,7 +331,7 @@ def benchmark(cfg):
     """The median time of --benchmark-steps steps after UNTIMED_STEPS untimed ones (the GPU queue is
     drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
     sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
-    with torch_settings(cfg):
+    with safety.torch_settings(cfg):
         step, times = random_step(cfg)[0], []
         for _ in range(UNTIMED_STEPS + cfg["benchmark_steps"]):
             sync()
@@ -546,7 +515,7 @@ def run(cfg):
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    with safety.run_lock(cfg), torch_settings(cfg):  # all checked: the first write; a second writer is refused
+    with safety.run_lock(cfg), safety.torch_settings(cfg):  # all checked: the first write; a second writer is refused
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
 
 
