@@ -45,7 +45,7 @@ if __name__ == "__main__":
 import accounting
 import data
 import train
-from bpe import Tokenizer, catch_ctrl_c
+from bpe import catch_ctrl_c
 
 HERE = Path(__file__).resolve().parent
 
@@ -352,20 +352,17 @@ def slug(name):  # a setting's name as a folder name
     return "".join(c if c.isalnum() or c in ".=-" else "_" for c in name)
 
 
-def generate(best, where):
-    """One sample of SAMPLE_TOKENS tokens per SAMPLING setting from the best run's checkpoint, written by
-    train.write_samples (as at the end of a run) to where/<setting>/samples.txt; a sample made before is kept."""
+def generate(best, where, device):
+    """One sample of SAMPLE_TOKENS tokens per SAMPLING setting from the best run's checkpoint (train.load_run, as
+    train.py --sample), written by train.write_samples to where/<setting>/samples.txt; a sample made before is kept."""
     need = [(name, t, p) for name, t, p in SAMPLING if not (where / slug(name) / "samples.txt").is_file()]
     if not need:
         return
-    cfg = json.loads((best / "config.json").read_text(encoding="utf-8"))
-    model = train.TransformerLM(**train.model_kwargs(cfg), device=cfg["device"])
-    train.load_checkpoint(best / "ckpt.pt", model)
-    tok = Tokenizer.from_files(best / "vocab.json", best / "merges.txt", [data.EOT])
+    model, tok, cfg = train.load_run(best, device)
     for name, temperature, top_p in need:
         (where / slug(name)).mkdir(parents=True, exist_ok=True)
-        train.write_samples(model, tok, dict(cfg, temperature=temperature, top_p=top_p, num_samples=1, prompt="",
-                                             sample_tokens=SAMPLE_TOKENS), where / slug(name) / "samples.txt")
+        train.write_samples(model, tok, dict(cfg, device=device, temperature=temperature, top_p=top_p, num_samples=1,
+                                             prompt="", sample_tokens=SAMPLE_TOKENS), where / slug(name) / "samples.txt")
         safety.say(f"generate/{slug(name)}: done")
 
 
@@ -512,7 +509,7 @@ def main(argv=None):
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
     if args.experiment in ("generate", "all") and tok is not None and best:
-        generate(best[0].dir(args.out_dir), where / "generate" / best[0].name)
+        generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
     if args.experiment in ("tokenizer", "all") and tok is not None:
         tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
     report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
