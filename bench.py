@@ -7,7 +7,7 @@
     python bench.py cold         # small and large jobs with an empty numba cache, then twice with it filled
     python bench.py encode       # Tokenizer.encode, then encode_file on 50 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
-    python bench.py generate     # generation with and without the KV cache
+    python bench.py generate     # generation, batch 1 and 64: plain (cached or not), fast, HF's static cache
     python bench.py gpu          # every GPU figure in one command (8 minutes), ending in README's GPU table
     python bench.py gpu --cpu    # the same rehearsed at tiny sizes on the CPU, the GPU-only parts skipped
 
@@ -730,21 +730,59 @@ def bench_step(argv):
 
 
 # ----------------------------------------------------------------------------
-# 4. Generation with and without the KV cache
+# 4. Generation: the plain paths (with and without the KV cache), the fast path, HF's static cache
 
-def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINYSTORIES):
-    """-> {use_cache: tokens/s}."""
+def hf_generator(m, shape, device, prompts):
+    """HF's LlamaForCausalLM holding m's weights, generating greedily with its static cache, whose forward
+    transformers compiles on CUDA -> a call (max_new_tokens) -> the new ids of each row."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = export.llama_config({**shape, "rope_theta": 10_000.0, "tie_embeddings": False}, None)
+    hf = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa"))
+    hf.load_state_dict(export.llama_weights(m.state_dict(), shape["num_layers"], shape["num_heads"], False))
+    hf, ids = hf.to(device).eval(), torch.tensor(prompts, device=device)
+
+    def call(max_new_tokens):  # a longer run than the last makes a larger cache: compiled again, then reused
+        out = hf.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=0, cache_implementation="static")
+        return out[:, ids.shape[1]:].tolist()
+    return call
+
+
+def generators(m, shape, device, batch, compile, hf):
+    """{row: call (max_new_tokens) -> ids} for one batch of 1-token prompts (hf: transformers is installed)."""
+    prompts = [[1]] * batch
+    calls = {"plain, KV cache": functools.partial(generate, m, prompts, temperature=0, fast=False)}
+    if batch == 1:  # the reference, re-running the window for each token: batch 1 shows it
+        calls["plain, no cache"] = functools.partial(generate, m, prompts, temperature=0, use_cache=False)
+    calls[f"fast, static cache, {'compiled' if compile else 'eager'} step"] = functools.partial(
+        generate, m, prompts, temperature=0, fast=True, compile=compile)
+    if hf:
+        calls["HF generate, static cache (compiled)"] = hf_generator(m, shape, device, prompts)
+    return calls
+
+
+def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINYSTORIES, compile=None, batches=None):
+    """Greedy generation after a 1-token prompt, each generator in turn after an untimed call (it compiles)
+    -> {"batch B, row": tokens/s}. compile (default: on CUDA, as generate's fast path) compiles the fast step."""
     torch.manual_seed(0)
     m = TransformerLM(**shape, device=device)  # model.py's from-scratch path
-    print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, "
-          f"device {device}, {torch.get_num_threads()} threads")
-    for new_tokens in (4, args.new_tokens):  # 4: an untimed warm-up
-        times, out = take_turns({use_cache: functools.partial(generate, m, [1], new_tokens, temperature=0,
-                                                              use_cache=use_cache) for use_cache in (True, False)}, 1)
-    speed = {use_cache: len(out[use_cache][0]) / dt for use_cache, (dt,) in times.items()}
-    for use_cache, (dt,) in times.items():
-        print(f"use_cache={use_cache!s:5s} {dt:6.2f} s  {speed[use_cache]:7.1f} tokens/s")
-    print(f"same tokens with and without the cache: {out[True] == out[False]}")
+    compile = device.startswith("cuda") if compile is None else compile
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, device {device}, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats} taking turns")
+    speed, hf = {}, peer("transformers")
+    for batch in batches or GEN_BATCHES[False]:
+        calls = generators(m, shape, device, batch, compile, hf)
+        t0 = time.perf_counter()
+        take_turns({row: functools.partial(call, max_new_tokens=4) for row, call in calls.items()}, 1, sync)
+        print(f"batch {batch}: the untimed first calls (they compile) {time.perf_counter() - t0:.1f} s")
+        timed = {row: functools.partial(call, max_new_tokens=args.new_tokens) for row, call in calls.items()}
+        times, out = take_turns(timed, args.repeats, sync)
+        for row, ts in times.items():
+            speed[f"batch {batch}, {row}"] = tps = batch * args.new_tokens / statistics.median(ts)
+            same = out[row][-1] == out["plain, KV cache"][-1]
+            print(f"batch {batch}, {row:40s} {statistics.median(ts):6.2f} s {tps:9,.1f} tokens/s, "
+                  f"{'the same tokens' if same else 'other tokens than'} as the plain path with the KV cache")
     return speed
 
 
@@ -766,6 +804,7 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 }
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
+GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
 
@@ -840,9 +879,15 @@ class GpuReport:
         return {"real loop (train.py), steady, vs --benchmark, TinyStories shape": line}
 
     def generate(self):
-        speed = bench_generate(argparse.Namespace(new_tokens=8 if self.cpu else 256), self.device,
-                               "tiny" if self.cpu else "TinyStories", GPU_SHAPES["TinyStories"][self.cpu][0])
-        return {f"generation, use_cache={c}": f"{speed[c]:,.1f} tokens/s" for c in (True, False)}
+        args = argparse.Namespace(new_tokens=8 if self.cpu else 256, repeats=1 if self.cpu else 3)
+        shape = GPU_SHAPES["TinyStories"][self.cpu][0]
+        speed = bench_generate(args, self.device, "tiny" if self.cpu else "TinyStories", shape, compile=not self.cpu,
+                               batches=GEN_BATCHES[self.cpu])
+        rows = {f"generation, {row}": f"{tps:,.1f} tokens/s" for row, tps in speed.items()}
+        for batch in GEN_BATCHES[self.cpu]:
+            rows.setdefault(f"generation, batch {batch}, HF generate, static cache (compiled)",
+                            "skipped: transformers is not installed")
+        return rows
 
     def kernels_table(self):
         small = ["--sizes", "10", "--reps", "2", "--dtypes", "float32"] if self.cpu else []
@@ -977,7 +1022,7 @@ def main(argv=None):
                     help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=megabytes, default=50, help="encode: size of the scale corpus for encode_file")
-    ap.add_argument("--repeats", type=int, default=3, help="train, encode: runs per tool, alternating")
+    ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate: runs per tool, alternating")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     args = ap.parse_args(argv)
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():

@@ -8,6 +8,7 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
+  8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module,
 Parameter, init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention
 and silu, one matmul for q, k, v and one for W1, W3 (their weights concatenated in forward), and
@@ -17,6 +18,7 @@ A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
 import numbers
+import weakref
 
 import torch
 from torch import nn
@@ -322,6 +324,11 @@ class TransformerLM(nn.Module):
             lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
+        return self._run(token_ids, token_positions, attn_mask, kv_cache)
+
+    def _run(self, token_ids, token_positions, attn_mask, kv_cache):
+        """The forward pass past forward's checks; generate's fast decode step calls it directly (the ids are
+        the model's own samples, the cache's columns its own)."""
         x = self.token_embeddings(token_ids)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
@@ -331,18 +338,38 @@ class TransformerLM(nn.Module):
 # ----------------------------------------------------------------------------
 # 7. Generation
 
-def _sample(logits, temperature, top_p, generator):
-    """logits (B, V) -> next ids (B,). temperature 0 is greedy; top-p keeps the smallest
-    set of most likely tokens whose probabilities add up to at least top_p."""
-    if temperature == 0:
-        return logits.argmax(-1)
+def _probs(logits, temperature, top_p):
+    """logits (B, V) -> the probabilities sampled from (B, V): top-p keeps the smallest set of most
+    likely tokens whose probabilities add up to at least top_p."""
     probs = softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return probs
+
+
+def _sample(logits, temperature, top_p, generator):
+    """logits (B, V) -> next ids (B,). temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(_probs(logits, temperature, top_p), 1, generator=generator).squeeze(-1)
+
+
+def _sample_on_device(logits, temperature, top_p, generator):
+    """_sample without a host sync. torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1),
+    after reading p back to check it; written out, the draw takes the same numbers from the generator."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    p = _probs(logits, temperature, top_p)
+    return (p / torch.empty_like(p).exponential_(1, generator=generator)).argmax(-1)
+
+
+def _positions(valid):
+    """RoPE positions (B, S) of left-padded rows (valid (B, S), False at padding): they count real tokens
+    only, so each row's first real token is position 0."""
+    return (valid.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _attention_mask(valid, T):
@@ -357,7 +384,7 @@ def _attention_mask(valid, T):
 
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
-             use_cache=True, generator=None):
+             use_cache=True, generator=None, fast=None, compile=True):
     """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).
     prompt: list[int] -> list[int] of new tokens, or list[list[int]] (left-padded, padding masked
     out) -> list of lists. A row stops after producing stop_id, which is not returned.
@@ -365,6 +392,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     use_cache=True runs the prompt once (prefill), then one token per step against the cached
     keys/values; once the context is full the window slides and RoPE positions shift, so it
     re-runs the window like the reference (same tokens, reference speed).
+    fast (default: on CUDA, with the cache) runs the cached part as section 8 does: the same tokens;
+    compile=False runs its decode step eagerly.
     """
     text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
     if isinstance(prompt, text) or any(isinstance(p, text) for p in prompt):
@@ -386,16 +415,18 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         valid[b, L - len(p):] = True
     pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
     # no model.eval(): the model has no dropout, so its train and eval modes compute the same
-    out, done, cache = [[] for _ in range(B)], [False] * B, None
-    for _ in range(max_new_tokens):
+    out, done, cache, n = [[] for _ in range(B)], [False] * B, None, 0
+    if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
+        n = min(max_new_tokens, C - L + 1)  # the tokens while the context has room; then the loop's re-runs
+        ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
+    for _ in range(0 if all(done) else max_new_tokens - n):
         # cached: one new position attends to everything cached so far; else the reference forward
         # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
         cached = use_cache and cache is not None and cache[0].n < C
         if not cached:
             cache = [KVCache(C) for _ in model.layers] if use_cache and ids.shape[1] < C else None
         T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
-        # RoPE positions count real tokens only: each row's first real token is position 0
-        pos = (w_valid.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        pos = _positions(w_valid)[:, -T:]
         # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
         mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
         logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
@@ -410,3 +441,88 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
     return out if batched else out[0]
+
+
+# ----------------------------------------------------------------------------
+# 8. generate's fast path (the default on CUDA): a static cache, a compiled decode step, sampling on the device
+#
+# Decoding one token is a few small matmuls per layer: on a GPU its time goes to launching kernels and to
+# the host waiting for the GPU, not to arithmetic. So, as pytorch-labs/gpt-fast does: the cache is
+# preallocated and written at a position tensor, the decode step is compiled whole (on CUDA replayed as a
+# CUDA graph: one launch per token), and the next token is drawn on the device, the stop flags read back
+# once every STOP_CHECK_EVERY tokens. The tokens are the plain path's (the tests check it).
+
+STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync); to be tuned on a GPU
+_STATIC_CACHES = weakref.WeakKeyDictionary()  # model -> its StaticKVCaches, reused: a CUDA graph keeps their addresses
+_COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
+
+
+class StaticKVCache:
+    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in
+    `slots` (a tensor shared by all layers): no Python number changes per token, so the compiled step never
+    recompiles for one. Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN
+    is NaN)."""
+    n = 0  # forward's length check before the prefill; the decode steps bypass forward (model._run)
+
+    def __init__(self, context_length):
+        self.context_length, self.slots, self.k, self.v = context_length, None, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, d_k) written at columns slots (T,) -> the whole buffers
+        B, H, T, d = k.shape
+        if self.k is None or self.k.shape[:2] != (B, H) or self.k.dtype != k.dtype or self.k.device != k.device:
+            self.k, self.v = (t.new_zeros(B, H, self.context_length, d) for t in (k, v))
+            for t in (self.k, self.v) if k.is_cuda else ():  # a CUDA graph writes into them where they are
+                torch._dynamo.mark_static_address(t)
+        self.k.index_copy_(2, self.slots, k)
+        self.v.index_copy_(2, self.slots, v)
+        return self.k, self.v
+
+
+def _decode_step(model, caches, tok, valid, pad):
+    """tok (B, 1), the token of each row at column caches[0].slots (1,) -> logits (B, V). Its RoPE position
+    counts real tokens: the column less the row's padding (pad (B, 1)); it sees the columns up to its own
+    that are not padding (valid (B, C)). Every input keeps its shape from token to token."""
+    slot = caches[0].slots
+    mask = valid & (torch.arange(valid.shape[1], device=valid.device) <= slot)  # (B, C)
+    return model._run(tok, slot - pad, mask[:, None, None, :], caches)[:, -1]
+
+
+def _compiled_step(device_type):
+    if device_type not in _COMPILED_STEPS:  # CUDA: reduce-overhead replays the step as a CUDA graph
+        _COMPILED_STEPS[device_type] = torch.compile(  # fullgraph: no graph break; dynamic=False: a graph per B, dtype
+            _decode_step, mode="reduce-overhead" if device_type == "cuda" else None, fullgraph=True, dynamic=False)
+    return _COMPILED_STEPS[device_type]
+
+
+def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile):
+    """generate's first n <= C - L + 1 tokens, fast. ids, valid: (B, L) left-padded prompts, L < C
+    -> ids and valid (B, L + n), and each row's new tokens (cut at its stop) and whether it stopped."""
+    (B, L), C = ids.shape, model.context_length
+    caches = _STATIC_CACHES.setdefault(model, [StaticKVCache(C) for _ in model.layers])
+    for c in caches:
+        c.slots = torch.arange(L, device=ids.device)
+    prompt_mask = _attention_mask(valid, L)  # (B, 1, L, L): the prefill, at the prompt's length, eager
+    mask = torch.cat([prompt_mask, prompt_mask.new_zeros(B, 1, L, C - L)], -1)
+    logits = model(ids, _positions(valid), mask, caches)[:, -1]
+    pad = L - valid.sum(-1, keepdim=True)  # (B, 1)
+    full = torch.cat([valid, valid.new_ones(B, C - L)], 1)  # (B, C)
+    slot = torch.full((1,), L - 1, device=ids.device)  # moved on in place before each step
+    for c in caches:
+        c.slots = slot
+    step, graphs = (_compiled_step(ids.device.type), ids.is_cuda) if compile else (_decode_step, False)
+    new, done = ids.new_zeros(B, n), torch.zeros(B, dtype=torch.bool, device=ids.device)
+    for i in range(n):
+        if i:
+            slot += 1
+            if graphs:  # the last step's logits, in the graph's memory, are spent
+                torch.compiler.cudagraph_mark_step_begin()
+            logits = step(model, caches, new[:, i - 1:i].clone(), full, pad)
+        new[:, i] = _sample_on_device(logits, temperature, top_p, generator)
+        if stop_id is not None:
+            done |= new[:, i] == stop_id
+            if (i + 1) % STOP_CHECK_EVERY == 0 and done.all():  # the one host sync in k tokens
+                break
+    rows = new.tolist()  # each row cut at its stop, as generate's loop does (after a break, all have stopped)
+    done = [stop_id in row for row in rows]
+    rows = [row[:row.index(stop_id)] if d else row for row, d in zip(rows, done)]
+    return torch.cat([ids, new], 1), torch.cat([valid, valid.new_ones(B, n)], 1), rows, done

@@ -501,6 +501,100 @@ def test_model_sample_top_p_distribution():
     torch.testing.assert_close(freq, torch.tensor([5 / 8, 3 / 8, 0, 0], dtype=torch.float64), atol=0.015, rtol=0)
 
 
+# --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
+
+def test_model_generate_fast_equals_plain_on_every_case():
+    # the fast path with its decode step eager (the compiled step: the next tests) against the plain path: greedy
+    # with left padding, up to and past the full window (context 16, the longest prompt 10: the fast part makes
+    # 16 - 10 + 1 = 7 tokens, the plain re-runs the rest), stop ids met before and after the first stop check,
+    # in the fast part and in the re-runs, a seeded sample, a prompt longer than the context, one unbatched prompt
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64, context_length=16)  # float64: no near-ties flip between paths
+    prompts = [[1, 2, 3, 4, 5], [7], [9, 9, 8, 1, 2, 3, 4, 5, 6, 7]]
+    greedy = model.generate(m, prompts, 20, temperature=0)
+    cases = [(prompts, dict(max_new_tokens=n, temperature=0)) for n in (7, 20)]
+    cases += [(prompts, dict(max_new_tokens=20, temperature=0, stop_id=s)) for s in (greedy[0][1], greedy[2][11])]
+    cases += [(prompts, dict(max_new_tokens=20, temperature=1.3, top_p=0.9)), ([[5] * 20, [3]], dict(max_new_tokens=2)),
+              ([3, 1, 4], dict(max_new_tokens=9, temperature=0.8))]
+    for p, kw in cases:
+        plain = model.generate(m, p, generator=torch.Generator().manual_seed(5), fast=False, **kw)
+        assert model.generate(m, p, generator=torch.Generator().manual_seed(5), fast=True, compile=False, **kw) == plain
+    caches = model._STATIC_CACHES[m]  # the static cache: (B, H, context_length, d_head) buffers, one per layer
+    assert len(caches) == 2 and caches[0].k.shape == (1, 4, 16, 8)  # the last case's batch of 1
+    fused = _model_small(dtype=torch.float64, context_length=16, fast=True)  # torch's SDPA over the whole buffer
+    fused.load_state_dict(m.state_dict())
+    assert model.generate(fused, prompts, 20, temperature=0, fast=True, compile=False) == greedy
+
+
+def test_model_generate_fast_draw_is_the_plain_draw():
+    # identical, not only the same distribution: torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1),
+    # so the fast path's sync-free draw takes the same numbers from the same generator and picks the same ids
+    logits = torch.randn(6, 61, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for temperature, top_p in ((1.0, 1.0), (1.3, 0.9), (0.7, 0.3), (0, 1.0)):
+        g_plain, g_fast = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+        for _ in range(20):
+            assert torch.equal(model._sample(logits, temperature, top_p, g_plain),
+                               model._sample_on_device(logits, temperature, top_p, g_fast))
+        assert torch.equal(g_plain.get_state(), g_fast.get_state())  # the same numbers used up
+
+
+def test_model_generate_fast_reads_the_stop_flags_once_every_k_tokens():
+    # a host sync (.item(), a tensor in an `if`) is aten::_local_scalar_dense: the plain path makes two per token
+    # (torch.multinomial checks the probabilities), the fast one, watching a stop id, one in STOP_CHECK_EVERY tokens
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64)
+    syncs = {}
+    for fast in (False, True):
+        with torch.autograd.profiler.profile() as prof:  # kineto's profiler takes seconds to start
+            model.generate(m, [[1, 2], [3]], 16, temperature=0.9, stop_id=61, fast=fast, compile=False,
+                           generator=torch.Generator().manual_seed(0))
+        syncs[fast] = sum(e.name == "aten::_local_scalar_dense" for e in prof.function_events)
+    assert syncs[False] >= 16 and syncs[True] == 16 // model.STOP_CHECK_EVERY, syncs
+
+
+def test_model_generate_fast_compiled_decodes_64_tokens_without_recompiles(monkeypatch):
+    # the decode step as generate compiles it (fullgraph, dynamic=False; CUDA's reduce-overhead is the CUDA test's),
+    # traced by dynamo into a frame-counting backend (inductor's CPU build would take a minute): one graph for 64
+    # tokens, none for another prompt, sampling setting or model of the same shape, one more for a new batch size
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile (dynamo) does not run on this Python")
+    from torch._dynamo.testing import CompileCounter
+    counter, options, real_compile = CompileCounter(), [], torch.compile
+
+    def counting_compile(fn, mode=None, **kw):
+        options.append(dict(mode=mode, **kw))
+        return real_compile(fn, backend=counter, **kw)
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64, context_length=72)
+    prompts = [[1, 2, 3], [4]]
+    assert model.generate(m, prompts, 64, temperature=0, fast=True) == model.generate(m, prompts, 64, temperature=0)
+    assert counter.frame_count == 1 and options == [dict(mode=None, fullgraph=True, dynamic=False)]
+    address = model._STATIC_CACHES[m][0].k.data_ptr()
+    model.generate(m, [[5, 6], [7, 8, 9, 1]], 9, temperature=1.2, top_p=0.8, stop_id=3, fast=True)
+    model.generate(_model_small(dtype=torch.float64, context_length=72), prompts, 3, fast=True)
+    assert counter.frame_count == 1 and model._STATIC_CACHES[m][0].k.data_ptr() == address  # its buffers reused
+    model.generate(m, [1, 2], 3, fast=True)
+    assert counter.frame_count == 2 and len(options) == 1  # one compiled step, a graph per batch size
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode step as a CUDA graph needs a CUDA GPU")
+def test_model_generate_fast_cuda_graph_equals_plain_without_recompiles():
+    # on CUDA generate takes the fast path by default: inductor and reduce-overhead (the step replayed as a CUDA
+    # graph, none skipped), float64 so that greedy ties cannot flip; 64 tokens, then another prompt: no recompile
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64, context_length=72, device="cuda")
+    prompts = [[1, 2, 3], [4]]
+    torch._dynamo.utils.counters.clear()
+    assert model.generate(m, prompts, 64, temperature=0) == model.generate(m, prompts, 64, temperature=0, fast=False)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert model.generate(m, [[5, 6], [7, 8, 9]], 64, temperature=0) == \
+        model.generate(m, [[5, 6], [7, 8, 9]], 64, temperature=0, fast=False)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    assert not torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     torch.manual_seed(0)
@@ -5502,8 +5596,10 @@ def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert bench.main(["step", *_TRAIN_TINY, "--benchmark-steps", "1"]) == 0
     assert "tokens/s" in capsys.readouterr().out and os.listdir(tmp_path) == []
-    bench.main(["generate", "--new-tokens", "2"])
-    assert "same tokens with and without the cache: True" in capsys.readouterr().out
+    monkeypatch.setitem(bench.GEN_BATCHES, False, (1,))  # batch 64 takes seconds here (the rehearsal batches 4)
+    bench.main(["generate", "--new-tokens", "2", "--repeats", "1"])
+    out = capsys.readouterr().out  # the plain path cached and not, the fast one
+    assert out.count("the same tokens as the plain path with the KV cache") == 3 and "other tokens" not in out, out
 
 
 @pytest.mark.parametrize("shape", [accounting.TINYSTORIES, bench.GPT2_SMALL], ids=["tinystories", "gpt2_small"])
@@ -5551,14 +5647,19 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
              for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)")]
     loop = "real loop (train.py), steady, vs --benchmark, TinyStories shape"
-    assert list(rows) == ["what", *steps, loop, "generation, use_cache=True", "generation, use_cache=False",
-                          "kernels.py GELU", "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
+    generation = [f"generation, batch {b}, {who}" for b, whos in ((1, ("plain, KV cache", "plain, no cache")),
+                                                                 (4, ("plain, KV cache",))) for who in
+                  (*whos, "fast, static cache, eager step")]  # compiled on a GPU
+    hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
+    assert list(rows) == ["what", *steps, loop, *generation, *hf, "kernels.py GELU", "accounting.py --verify",
+                          "tests touching CUDA (pytest -k 'cuda')"]
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[4]] == "skipped: transformers is not installed"
     assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
                         r"[\d,]+", rows[loop])
-    assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[f"generation, use_cache={c}"]) for c in (True, False))
+    assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[g]) for g in generation), rows
+    assert all(rows[h] == "skipped: transformers is not installed" for h in hf)
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
     assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
