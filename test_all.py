@@ -4795,6 +4795,19 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
 
 
+def test_train_samples_take_generates_compiled_path_only_with_compile(sample_run, monkeypatch, capsys):
+    # generate's fast path (the default on CUDA) compiles its decode step: tens of seconds, and a failure where
+    # torch.compile cannot work. A run's samples and --sample take it only when --compile asked for compiling
+    flags, _ = sample_run
+    asked = []
+    monkeypatch.setattr(train, "generate", lambda *a, fast=None, **k: asked.append(fast) or [])
+    monkeypatch.setattr(safety, "compile_error", lambda device: None)  # no compile happens: generate is faked
+    for extra, fast in (([], False), (["--compile"], None)):  # None: generate's default, the fast path on CUDA
+        assert train.main([*flags, "--sample", "--num-samples", "1", *extra]) == 0
+        assert asked.pop() is fast and not asked
+    capsys.readouterr()
+
+
 def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
     # README's path from a run to text: the model from config.json and ckpt.pt's "model" entry (TransformerLM(**config)
     # and load_state_dict(torch.load(ckpt)) both failed), the tokenizer with the run's <|endoftext|> (one id, not text)

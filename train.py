@@ -423,7 +423,8 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
     with autocast(cfg):
         out = [cfg["prompt"] + tok.decode(generate(model, prompt[-model.context_length:], cfg["sample_tokens"],
-               temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g))
+               temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g,
+               fast=None if cfg["compile"] else False))  # the fast path compiles: on a GPU with --compile only
                for _ in range(cfg["num_samples"])]
     with safety.atomic_file(path, "w") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
