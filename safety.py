@@ -913,11 +913,17 @@ def torch_settings(cfg):
     # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
     torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
     torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
+    # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
+    # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
+    # after it, as in train.py, whose first parallel work is the run's
+    flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(was[0])
         torch.set_float32_matmul_precision(was[1])
+        if flush:
+            torch.set_flush_denormal(False)
 
 
 # Batches are random windows, so the data stream's position is the batch generator's state (plus
