@@ -326,11 +326,11 @@ def answer_ablations(found, cfg):
             f"no-norm_lr={cfg['lr'] / 10:.0e}": f"no RMSNorm at a 10x lower rate, {cfg['lr'] / 10:.0e}",
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
             "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
-    lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})"
-                                                    if found[name]["final"] is not None else "")
+    lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
+                                                    if found[name]["final"] is not None else ".")
              for name, what in said.items() if name in found]
-    return [line + f" against the baseline's {base['final']:.3f} (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: "
-            f"{ffn[False]:,} FFN parameters)." for line in lines]
+    return [f"the baseline (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: {ffn[False]:,} FFN parameters): "
+            f"{base['final']:.3f}; each ablation against it:", *lines]
 
 
 def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
