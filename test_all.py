@@ -5,6 +5,7 @@ train.py, accounting.py, kernels.py, bench.py, export.py. Tests that need a GPU,
 transformers, matplotlib or the course material in ../shared skip with a one-line reason. GPT-2's tokenizer files
 come from data.gpt2_files: the course's copies, else fetched once into the clone's data/ (offline: a skip)."""
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import ctypes
@@ -3908,8 +3909,9 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
              ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
              ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"},
               "RANK=2 is not below WORLD_SIZE=2")]
-    for env, needle in cases:
-        r = _train_cli(argv, cwd=tmp_path, env=env)  # a subprocess: safety reads RANK when it is imported
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # subprocesses (safety reads RANK when it is
+        runs = list(pool.map(lambda case: _train_cli(argv, cwd=tmp_path, env=case[0]), cases))  # imported), together
+    for (env, needle), r in zip(cases, runs):
         assert r.returncode == 2, (env, r.stderr)
         last = r.stderr.splitlines()[-1]
         assert needle in last and "launch with torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK" in last, r.stderr
