@@ -189,7 +189,6 @@ def fetch_checked(url, dest, sha256):
     """url -> dest (download's resume and rename), only if the bytes have this SHA-256: a captive portal's page or a
     proxy's error is deleted, not cached."""
     got = dest.with_name(dest.name + ".download")
-    print(f"downloading {url}", flush=True)
     try:
         download(url, got)
     except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors

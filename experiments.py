@@ -238,7 +238,7 @@ def measured(run, label, args, rest):
 def prepare(cfg):
     """The runs' data, prepared once here before any run starts (runs started together must not build the same
     token files at once) -> its unigram baseline (data.unigram_loss), tokenizer (None for ids) and train ids."""
-    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in ("data", "data_dir", "vocab_size", "val_data", "workers")))
+    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in train.DATA_KEYS))  # as train.py prepares it
     return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr
 
 

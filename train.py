@@ -156,6 +156,9 @@ MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_head
               "post_norm", "nope", "silu_ffn", "tie_embeddings")  # the shape and the ablations
 
 
+DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer")  # prepare_data's arguments
+
+
 def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a saved config.json)
     return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
@@ -492,8 +495,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
-        keys = "data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer"
-        tr, va, tok, files = prepare_data(*(cfg[k] for k in keys))
+        tr, va, tok, files = prepare_data(*(cfg[k] for k in DATA_KEYS))
         return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
