@@ -228,7 +228,7 @@ def measured(run, label, args, rest):
     result, path = outcome(run, args, rest), run.dir(args.out_dir) / "metrics.jsonl"
     if result is None:
         return None
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for _, r in safety.metrics_records(path) if r]  # a line cut short by a kill is no record
     curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
     return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],

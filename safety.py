@@ -791,21 +791,27 @@ def run_lock(cfg):
             os.close(fd)  # closing the last descriptor releases the lock
 
 
+def metrics_records(path):
+    """metrics.jsonl as (line, its record or None): None for a line that is no record, one cut short by a kill, not
+    UTF-8 (its bytes decode to U+FFFD, which is no JSON), or edited (5, [1, 2], null, {"foo": 1}, {"step": "x"})."""
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            e = load_json(line, path)
+        except ValueError:
+            e = None
+        yield line, (e if isinstance(e, dict) and type(e.get("step")) is int else None)
+
+
 def truncate_metrics(path, last_step):
     """Drop the lines after the step a resumed run restarts from (they run again), and that step's
     validation line (its checkpoint was saved before it); lines that are no record too, with a note."""
     if not path.exists():
         return
     keep, dropped = [], 0
-    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
-        try:
-            e = load_json(line, path)
-        except ValueError:  # a line cut short by a kill, or not UTF-8 (bytes decode to U+FFFD, which is no JSON)
-            e = None
-        step = e.get("step") if isinstance(e, dict) else None
-        if type(step) is not int:  # 5, [1, 2], null, {"foo": 1}, {"step": "x"}: none is a record
+    for line, e in metrics_records(path):
+        if e is None:
             dropped += bool(line.strip())
-        elif step < last_step or (step == last_step and "loss" in e):
+        elif e["step"] < last_step or (e["step"] == last_step and "loss" in e):
             keep.append(line)
     if dropped:
         log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
@@ -842,7 +848,7 @@ def plot(metrics_path, png_path):
     import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = [e for _, e in metrics_records(metrics_path) if e]
     tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
@@ -1121,11 +1127,9 @@ def dry_step(state, model, optimizer, name):
 
 def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for step, or None (no such line, no file)
     with contextlib.suppress(OSError):
-        for line in reversed(path.read_bytes().decode("utf-8", errors="replace").splitlines()):
-            with contextlib.suppress(ValueError):
-                e = load_json(line, path)
-                if isinstance(e, dict) and e.get("step") == step and type(e.get("val_loss")) is float:
-                    return e["val_loss"]
+        for _, e in reversed(list(metrics_records(path))):
+            if e and e["step"] == step and type(e.get("val_loss")) is float:
+                return e["val_loss"]
     return None
 
 
