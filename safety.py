@@ -691,7 +691,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
     (run_dir_problem, run_dir_problem),
-    (lambda c: c["compile"] and c["export"] is None and not c["sample"]  # last: it takes seconds
+    (lambda c: c["compile"] and c["export"] is None  # last: it takes seconds (--sample's generate compiles too)
      and compile_error(c["device"]),
      lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
                f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
