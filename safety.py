@@ -257,7 +257,10 @@ def replace_target(path):
 @contextlib.contextmanager
 def atomic_file(path, mode="wb"):
     """Write a whole file or nothing: a temporary file replaces path (replace_target's) by a rename only
-    if the block ends cleanly."""
+    if the block ends cleanly. A file object already open (a buffer, stdout) is written as it is."""
+    if not isinstance(path, (str, os.PathLike)):
+        yield path
+        return
     path, tmp = replace_target(path)
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:

@@ -11,7 +11,6 @@ run's safety (flag checks, --resume's verification, --overwrite, Ctrl-C, a full 
 """
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -209,7 +208,7 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
-    with safety.atomic_file(out) if isinstance(out, (str, os.PathLike)) else contextlib.nullcontext(out) as f:
+    with safety.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
 
 
@@ -429,7 +428,7 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
                temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g,
                fast=None if cfg["compile"] else False))  # the fast path compiles: on a GPU with --compile only
                for _ in range(cfg["num_samples"])]
-    with safety.atomic_file(path, "w") if isinstance(path, (str, os.PathLike)) else contextlib.nullcontext(path) as f:
+    with safety.atomic_file(path, "w") as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
 
