@@ -5480,7 +5480,7 @@ def test_kernels_cuda_kernel_host_emulation(kernels_emulated, dtype):
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++) to check the wrapper against torch's headers")
 @pytest.mark.skipif(not os.environ.get("CS336_SLOW_TESTS"), reason="parsing torch's headers takes 20-25 s: set "
-                    "CS336_SLOW_TESTS=1 to run it (kept out of the 10-minute CI run; a GPU run builds the wrapper)")
+                    "CS336_SLOW_TESTS=1 to run it (kept out of the 10-minute CI run; bench.py gpu builds the wrapper for real)")
 def test_kernels_cpp_wrapper_compiles(tmp_path):  # the one check of GELU_CPP_SRC without a GPU (about 20 s)
     from torch.utils.cpp_extension import include_paths
     src = tmp_path / "wrapper.cpp"
