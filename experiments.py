@@ -27,6 +27,7 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 6. The answers, computed from the numbers, and the report
 7. main()
 """
+import collections
 import ctypes
 import datetime
 import json
@@ -43,9 +44,10 @@ import safety  # the standard library only: a Ctrl-C while torch loads is one li
 if __name__ == "__main__":
     safety.quiet_while_starting("experiments.py")
 import accounting
+import bpe
+import bpe_fast
 import data
 import train
-from bpe import catch_ctrl_c
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,6 +64,7 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
     "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
+                  "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
 }
@@ -366,18 +369,64 @@ def generate(best, where, device):
         safety.say(f"generate/{slug(name)}: done")
 
 
+OTHER = {"tinystories": "owt", "owt": "tinystories"}  # tokenizer_experiments (b): the handout's pairing
+
+
+def documents(text, limit):  # the first DOCUMENTS non-empty documents of text (its first `limit` characters)
+    return [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
+
+
+def other_domain(cfg, limit):
+    """tokenizer_experiments (b)'s other text and its own tokenizer -> (name, documents, tokenizer). The handout's
+    other dataset (TinyStories <-> OpenWebText) where its tokenizer is in the data cache; else Python's standard
+    library source, code against the runs' prose, in every Python: a module is a document, the first DOCUMENTS are
+    measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters."""
+    if cfg["data"] in OTHER:
+        folder = data.cache_dir(OTHER[cfg["data"]], cfg["data_dir"])
+        found = sorted(folder.glob("bpe*/vocab.json"))
+        if found and (folder / data.text_names(OTHER[cfg["data"]])[1]).is_file():
+            with open(folder / data.text_names(OTHER[cfg["data"]])[1], encoding="utf-8") as f:
+                text = f.read(limit)
+            return OTHER[cfg["data"]], documents(text, limit), data.read_tokenizer(found[0].parent)[0]
+    modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
+    if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
+        raise safety.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
+                               f"source, and {Path(os.__file__).parent} has {len(modules)} .py files; use a Python "
+                               "with its source (python.org's or a venv of it).")
+    train_text = "".join(modules[DOCUMENTS:])[:limit]
+    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(train_text)), cfg["vocab_size"], [data.EOT])
+    return "Python's standard library source", modules[:DOCUMENTS], bpe.Tokenizer(vocab, merges, [data.EOT])
+
+
+def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tokens tok makes of them
+    return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
+
+
 def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
-    """The figures of tokenizer_experiments, measured once and kept in path: the run's tokenizer on the first
-    DOCUMENTS validation documents (of the first `limit` characters), accounting.py's measured throughput."""
+    """The figures of tokenizer_experiments, measured once and kept in path: the runs' tokenizer on the first
+    DOCUMENTS validation documents (of the first `limit` characters) and on another domain's (other_domain), that
+    domain's tokenizer on both, and the runs' tokenizer's speed on the first `limit` characters of the training
+    text (one process)."""
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
-    valid = data.cache_dir(cfg["data"], cfg["data_dir"]) / data.text_names(cfg["data"])[1]
-    with open(valid, encoding="utf-8") as f:
+    folder, (train_name, valid_name) = data.cache_dir(cfg["data"], cfg["data_dir"]), data.text_names(cfg["data"])
+    with open(folder / valid_name, encoding="utf-8") as f:
+        docs = documents(f.read(limit), limit)
+    with open(folder / train_name, encoding="utf-8") as f:
         text = f.read(limit)
-    docs = [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
-    bps, note = accounting.measure_tokenizer_throughput()
+    other, other_docs, other_tok = other_domain(cfg, limit)
+    bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
+    passes, seconds = 0, 0.0
+    while seconds < 1.0:  # a fresh tokenizer each pass: no pre-token is cached from the pass before
+        fresh, start = bpe.Tokenizer(tok.vocab, tok.merges, tok.special_tokens), time.perf_counter()
+        fresh.encode(text)
+        passes, seconds = passes + 1, seconds + time.perf_counter() - start
     figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
-                   tokens=sum(len(tok.encode(d)) for d in docs), bytes_per_s=bps, note=note, dtype=str(ids.dtype))
+                   tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
+                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab),
+                   ours_on_other=bytes_per_token(tok, other_docs), other_on_other=bytes_per_token(other_tok, other_docs),
+                   other_on_ours=bytes_per_token(other_tok, docs), text_bytes=len(text.encode()),
+                   bytes_per_s=passes * len(text.encode()) / seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
     with safety.atomic_file(path, "w") as f:
         json.dump(figures, f)
@@ -385,12 +434,17 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
 
 
 def answer_tokenizer(f):
-    seconds = f["bytes_per_s"] and accounting.PILE_BYTES / f["bytes_per_s"]
-    pile = f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days)" if seconds else "not measured"
-    return [f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} "
-            f"bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
-            "(c) " + (f"{f['bytes_per_s'] / 1e6:.2f} MB/s" if f["bytes_per_s"] else "") + f" ({f['note']}); the Pile's "
-            f"{accounting.PILE_BYTES / 1e9:.0f} GB: {pile}.",
+    seconds = accounting.PILE_BYTES / f["bytes_per_s"]
+    ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
+    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} bytes in "
+            f"{f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
+            f"(b) on {f['other']} ({f['other_documents']} documents), the runs' BPE makes {f['ours_on_other']:.2f} "
+            f"bytes/token and that text's own {f['other_vocab']:,}-token BPE {f['other_on_other']:.2f}: out of its "
+            f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
+            f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
+            f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
+            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / 1e9:.0f} GB: {seconds / 3600:,.1f} hours "
+            f"({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
             f"{f['dtype']}), half of int32's."]
 
@@ -517,6 +571,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
+    bpe.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
     sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text
     sys.exit(safety.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))

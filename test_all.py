@@ -4962,6 +4962,31 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path, monkeypatch):
+    story = tmp_path / "story.txt"
+    story.write_text("".join(f"Tom had {i} red ball{'s' * (i % 2)}. It was fun.{data.EOT}" for i in range(400)))
+    cfg = train.resolve_config(["--data", str(story), "--vocab-size", "300", "--data-dir", str(tmp_path / "data")])
+    _, tok, ids = experiments.prepare(cfg)
+    path = tmp_path / "tok" / "tokenizer.json"
+    f = experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
+    valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
+    docs = [d for d in valid.split(data.EOT) if d.strip()][:experiments.DOCUMENTS]
+    assert (f["documents"], f["bytes"], f["tokens"]) == (10, sum(len(d) for d in docs), sum(len(tok.encode(d)) for d in docs))
+    name, other_docs, other_tok = experiments.other_domain(cfg, 30_000)  # the standard library: its first modules
+    assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
+    assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text()
+    for key, t, d in (("ours_on_other", tok, other_docs), ("other_on_other", other_tok, other_docs),
+                      ("other_on_ours", other_tok, docs)):
+        assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
+    a, b, c, dd = experiments.answer_tokenizer(f)
+    assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents")
+    assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
+    assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
+    assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
+    monkeypatch.setattr(experiments, "other_domain", None)  # measured once: the kept figures are read back
+    assert experiments.tokenizer_figures(tok, ids, cfg, path) == f
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
