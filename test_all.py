@@ -4974,7 +4974,7 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert (f["documents"], f["bytes"], f["tokens"]) == (10, sum(len(d) for d in docs), sum(len(tok.encode(d)) for d in docs))
     name, other_docs, other_tok = experiments.other_domain(cfg, 30_000)  # the standard library: its first modules
     assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
-    assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text()
+    assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text(encoding="utf-8")
     for key, t, d in (("ours_on_other", tok, other_docs), ("other_on_other", other_tok, other_docs),
                       ("other_on_ours", other_tok, docs)):
         assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
