@@ -43,6 +43,7 @@ import data
 import export
 import kernels
 import train
+import model
 from model import TransformerLM, generate
 from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
                     exit_code, torch_settings, unreadable, usable_cores)
@@ -786,6 +787,31 @@ def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINY
     return speed
 
 
+STOP_CHECKS = (1, 2, 4, 8, 16, 32)  # the fast path's tokens between looks at the stop flags, tried by bench.py gpu
+
+
+def bench_stop_checks(args, device, shape, compile):
+    """The fast path at batch 1 with a stop id that never comes, for each of STOP_CHECKS as model.STOP_CHECK_EVERY
+    (each look is a host sync), taking turns -> {k: tokens/s}. Chooses the constant by measurement."""
+    torch.manual_seed(0)
+    m, chosen = TransformerLM(**shape, device=device), model.STOP_CHECK_EVERY
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    seen = set(generate(m, [1], args.new_tokens, temperature=0, fast=True, compile=compile))
+    stop = next(i for i in range(shape["vocab_size"]) if i not in seen)  # greedy output never holds it
+
+    def call(k):
+        model.STOP_CHECK_EVERY = k
+        try:
+            return generate(m, [1], args.new_tokens, temperature=0, stop_id=stop, fast=True, compile=compile)
+        finally:
+            model.STOP_CHECK_EVERY = chosen
+    times = take_turns({k: functools.partial(call, k) for k in STOP_CHECKS}, args.repeats, sync)[0]
+    speed = {k: args.new_tokens / statistics.median(ts) for k, ts in times.items()}
+    print("fast path, batch 1, a stop id that never comes: " + ", ".join(
+        f"a look every {k}: {tps:,.0f}" for k, tps in speed.items()) + f" tokens/s (model.py's: {chosen})")
+    return speed
+
+
 # ----------------------------------------------------------------------------
 # 5. The GPU report: every GPU figure of this project in one command, ending in README's table
 #
@@ -884,6 +910,9 @@ class GpuReport:
         speed = bench_generate(args, self.device, "tiny" if self.cpu else "TinyStories", shape, compile=not self.cpu,
                                batches=GEN_BATCHES[self.cpu])
         rows = {f"generation, {row}": f"{tps:,.1f} tokens/s" for row, tps in speed.items()}
+        looks = bench_stop_checks(args, self.device, shape, compile=not self.cpu)
+        rows["generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"] = ", ".join(
+            f"{k}: {tps:,.0f}" for k, tps in looks.items()) + f" tokens/s (now {model.STOP_CHECK_EVERY})"
         for batch in GEN_BATCHES[self.cpu]:
             rows.setdefault(f"generation, batch {batch}, HF generate, static cache (compiled)",
                             "skipped: transformers is not installed")

@@ -452,7 +452,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
 # CUDA graph: one launch per token), and the next token is drawn on the device, the stop flags read back
 # once every STOP_CHECK_EVERY tokens. The tokens are the plain path's (the tests check it).
 
-STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync); to be tuned on a GPU
+STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync): bench.py gpu tries 1-32
 _STATIC_CACHES = weakref.WeakKeyDictionary()  # model -> its StaticKVCaches, reused: a CUDA graph keeps their addresses
 _COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
 

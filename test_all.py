@@ -5707,8 +5707,9 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     generation = [f"generation, batch {b}, {who}" for b, whos in ((1, ("plain, KV cache", "plain, no cache")),
                                                                  (4, ("plain, KV cache",))) for who in
                   (*whos, "fast, static cache, eager step")]  # compiled on a GPU
+    looks = "generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"
     hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
-    assert list(rows) == ["what", *steps, loop, *generation, *hf, "kernels.py GELU", "accounting.py --verify",
+    assert list(rows) == ["what", *steps, loop, *generation, looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
@@ -5716,6 +5717,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
                         r"[\d,]+", rows[loop])
     assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[g]) for g in generation), rows
+    assert re.fullmatch(", ".join(rf"{k}: [\d,]+" for k in bench.STOP_CHECKS) + rf" tokens/s \(now "
+                        rf"{model.STOP_CHECK_EVERY}\)", rows[looks]), rows[looks]
     assert all(rows[h] == "skipped: transformers is not installed" for h in hf)
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
     assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
