@@ -3196,19 +3196,25 @@ def test_train_bf16_autocast_keeps_float32_master_weights():
     assert float(loss16) == pytest.approx(float(loss32), rel=2e-2)  # bf16 has ~3 significant digits
 
 
-def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_step():
+# the CPU proves each part of the fast step; on a GPU (bench.py gpu runs the "cuda" ones) the same checks run there
+_STEP_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs a CUDA GPU"))]
+
+
+@pytest.mark.parametrize("device", _STEP_DEVICES)
+def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_step(device):
     # issue 35 item 1: --fast --compile compiles the LM and its loss as one graph (train.LMLoss): inductor fuses
     # the upcast, the log-sum-exp and the gradient into passes over the bf16 logits, and no float32 (N, V) is
     # written. The loss left outside the graph (an eager upcast) fails the grad_fn check; cross_entropy's own
     # (plain or fused) inside it fails the float32 check: its gather's gradient scatters into a float32 (N, V)
-    if why := safety.compile_error("cpu"):
+    if why := safety.compile_error(device):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
-                                "--device", "cpu", "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark"])
+                                "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark"])
     N, V = cfg["batch_size"] * cfg["context_length"], cfg["vocab_size"]  # V above every other width: (N, V) is
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
-    micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g),
-              torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g))]
+    micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device),
+              torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device))]
     with safety.torch_settings(cfg):
         raw, model, opt = train.build(cfg)
         plain = copy.deepcopy(raw)
@@ -3251,11 +3257,14 @@ def _host_syncs(monkeypatch):
         yield syncs
 
 
-def test_train_step_makes_no_host_sync(monkeypatch):
+@pytest.mark.parametrize("device", _STEP_DEVICES)
+def test_train_step_makes_no_host_sync(monkeypatch, device):
     # issue 35 item 3: a GPU step is a queue of launches; a sync (clipping's .item(), the loop's float(loss))
-    # makes the host wait for the device, every step. train_step and optimizer.step must not wait at all
-    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--grad-accum", "2",
-                                "--benchmark"])
+    # makes the host wait for the device, every step. train_step and optimizer.step must not wait at all (on a GPU
+    # as bench.py gpu measures it: bf16, compiled, fused AdamW)
+    gpu = ["--dtype", "bf16", "--compile"] if device == "cuda" else []
+    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", device, "--grad-accum", "2",
+                                *gpu, "--benchmark"])
     assert cfg["grad_clip"] > 0
     step = train.random_step(cfg)[0]
     step()  # AdamW's state is made at its first step
