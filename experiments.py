@@ -7,7 +7,7 @@ side by side and answered in out/experiments/report.md, where every number is re
     python experiments.py batch             # batch sizes at one token budget
     python experiments.py ablations         # no RMSNorm, post-norm, NoPE, a SiLU FFN, against the baseline
     python experiments.py generate          # text from the sweep's best model, greedy and sampled
-    python experiments.py tokenizer         # compression (bytes/token), throughput, the Pile's time
+    python experiments.py tokenizer         # compression (bytes/token), on another domain too, throughput
     python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
     python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
     python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
