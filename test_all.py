@@ -4944,6 +4944,32 @@ def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbe
         assert (tmp_path / "out/experiments/lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("data_source", ["pydoc", "tinystories"])
+def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data_source):
+    # each variant's command line resolves as train.py would resolve it; the batch sizes keep the baseline's tokens,
+    # the SiLU FFN takes the handout's d_ff = 4 d_model, and the handout's scale (a GPU's) compiles
+    scale = experiments.SCALES[experiments.scale_of(data_source)]
+    base = train.resolve_config(["--data", data_source, "--device", "cpu", *scale["flags"], "--benchmark"])
+    args = types.SimpleNamespace(data=data_source, out_dir="out")
+    plans = experiments.plan(base)
+    cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
+            for name, entries in plans.items() for _, label, run in entries}
+    knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "no_norm", "post_norm", "nope",
+             "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, split by --grad-accum
+    for (name, label), cfg in cfgs.items():
+        assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
+                                                                    and k != "benchmark"} | {"benchmark": False}, label
+        assert cfg["batch_size"] * cfg["max_iters"] == base["batch_size"] * base["max_iters"], label
+        assert cfg["compile"] == (data_source == "tinystories")
+    assert sorted(cfg["lr"] for (name, _), cfg in cfgs.items() if name == "lr") == sorted({*scale["lrs"], base["lr"]})
+    assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
+    assert [cfg["batch_size"] for (name, _), cfg in cfgs.items() if name == "batch"] == sorted(
+        {*scale["batch_sizes"], base["batch_size"]})
+    assert cfgs["ablations", "silu-ffn"]["d_ff"] == 4 * base["d_model"] and cfgs["ablations", "silu-ffn"]["silu_ffn"]
+    assert cfgs["ablations", "no-norm_lr=" + f"{base['lr'] / 10:.0e}"]["lr"] == pytest.approx(base["lr"] / 10)
+    assert plans["ablations"][0][2] is dict((label, run) for _, label, run in plans["lr"])[f"lr={base['lr']:.0e}"]
+
+
 def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_path):
     run = experiments.Run("lr", "lr=1e+01", ["--lr", "10"])
     args = types.SimpleNamespace(data="pydoc", out_dir=str(tmp_path / "out"))
