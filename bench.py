@@ -42,8 +42,8 @@ import bpe
 import data
 import export
 import kernels
-import train
 import model
+import train
 from model import TransformerLM, generate
 from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
                     exit_code, torch_settings, unreadable, usable_cores)

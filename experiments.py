@@ -394,7 +394,8 @@ def other_domain(cfg, limit):
                                f"source, and {Path(os.__file__).parent} has {len(modules)} .py files; use a Python "
                                "with its source (python.org's or a venv of it).")
     train_text = "".join(modules[DOCUMENTS:])[:limit]
-    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(train_text)), cfg["vocab_size"], [data.EOT])
+    counts = collections.Counter(bpe.pretokenize(train_text))
+    vocab, merges = bpe.train_from_counts(counts, cfg["vocab_size"], [data.EOT])
     return "Python's standard library source", modules[:DOCUMENTS], bpe.Tokenizer(vocab, merges, [data.EOT])
 
 
@@ -402,13 +403,18 @@ def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tok
     return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
 
 
+def stored_figures(path):  # tokenizer_figures' kept figures, or None (none yet, or an older version's, without (b))
+    figures = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return figures if "other" in figures else None
+
+
 def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
     """The figures of tokenizer_experiments, measured once and kept in path: the runs' tokenizer on the first
     DOCUMENTS validation documents (of the first `limit` characters) and on another domain's (other_domain), that
     domain's tokenizer on both, and the runs' tokenizer's speed on the first `limit` characters of the training
     text (one process)."""
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+    if kept := stored_figures(path):
+        return kept
     folder, (train_name, valid_name) = data.cache_dir(cfg["data"], cfg["data_dir"]), data.text_names(cfg["data"])
     with open(folder / valid_name, encoding="utf-8") as f:
         docs = documents(f.read(limit), limit)
@@ -423,9 +429,9 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
         passes, seconds = passes + 1, seconds + time.perf_counter() - start
     figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
                    tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
-                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab),
-                   ours_on_other=bytes_per_token(tok, other_docs), other_on_other=bytes_per_token(other_tok, other_docs),
-                   other_on_ours=bytes_per_token(other_tok, docs), text_bytes=len(text.encode()),
+                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
+                   ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
+                   other_on_other=bytes_per_token(other_tok, other_docs),
                    bytes_per_s=passes * len(text.encode()) / seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
     with safety.atomic_file(path, "w") as f:
@@ -443,8 +449,9 @@ def answer_tokenizer(f):
             f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
             f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
             f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
-            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / 1e9:.0f} GB: {seconds / 3600:,.1f} hours "
-            f"({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file over the CPU's cores).",
+            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / 1e9:.0f} GB: "
+            f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
+            "over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
             f"{f['dtype']}), half of int32's."]
 
@@ -469,8 +476,8 @@ def extra_sections(where, best):
         extra["generate"].append("- the share of repeated 3-grams by setting: " + ", ".join(
             f"{name} {repeated(text):.0%}" for name, text in texts) + f"; the model's loss "
             f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
-    if tokens.is_file():
-        extra["tokenizer"] = [f"- {a}" for a in answer_tokenizer(json.loads(tokens.read_text(encoding="utf-8")))]
+    if figures := stored_figures(tokens):
+        extra["tokenizer"] = [f"- {a}" for a in answer_tokenizer(figures)]
     return extra
 
 

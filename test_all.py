@@ -5002,7 +5002,7 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     story.write_text("".join(f"Tom had {i} red ball{'s' * (i % 2)}. It was fun.{data.EOT}" for i in range(400)))
     cfg = train.resolve_config(["--data", str(story), "--vocab-size", "300", "--data-dir", str(tmp_path / "data")])
     _, tok, ids = experiments.prepare(cfg)
-    path = tmp_path / "tok" / "tokenizer.json"
+    path = tmp_path / "tokenizer" / "tokenizer.json"  # where extra_sections reads it (tmp_path: the experiments')
     f = experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
     valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
     docs = [d for d in valid.split(data.EOT) if d.strip()][:experiments.DOCUMENTS]
@@ -5020,6 +5020,8 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
     monkeypatch.setattr(experiments, "other_domain", None)  # measured once: the kept figures are read back
     assert experiments.tokenizer_figures(tok, ids, cfg, path) == f
+    path.write_text(json.dumps({k: v for k, v in f.items() if not k.startswith("other")}))  # an older version's
+    assert experiments.stored_figures(path) is None and "tokenizer" not in experiments.extra_sections(tmp_path, None)
 
 
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
