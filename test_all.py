@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import platform
 import random
 import re
 import select
@@ -3557,6 +3558,33 @@ def test_train_cpu_runs_flush_subnormal_floats():
     with safety.torch_settings({"device": "cuda"}):  # only the CPU's arithmetic is switched
         assert (tiny * 1.0).item() != 0.0
     assert (tiny * 1.0).item() != 0.0
+
+
+def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
+    # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
+    # time (a fifth of the default run's time). The same steps, first with glibc as it is, then under a CPU run's
+    # settings, count the page faults; in a process of its own, as the switch is process-wide and kept
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
+    code = """if True:
+        import resource, safety, train
+        cfg = train.resolve_config(["--benchmark", "--data", "pydoc", "--device", "cpu", "--batch-size", "8"])
+        keep, faults = safety.keep_freed_memory, []
+        safety.keep_freed_memory = lambda: False  # first, glibc as it is
+        for on in (False, True):
+            safety.keep_freed_memory = keep if on else safety.keep_freed_memory
+            with safety.torch_settings(cfg):
+                step = train.random_step(cfg)[0]
+                for _ in range(2):
+                    step()
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                for _ in range(3):
+                    step()
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        print(*faults)"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, check=True)
+    default, kept = map(int, out.stdout.split())
+    assert kept < default / 2, (default, kept)
 
 
 def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, monkeypatch, capsys):
