@@ -298,7 +298,9 @@ def answer_lr(rows, base, unigram):
     b = (f"(b) the smallest rate that diverged was {gone[0][0]:.0e}, {gone[0][0] / best_lr:.3g}x the best (train.py "
          f"stopped it at step {gone[0][1]['diverged']})" if gone else
          f"(b) no rate up to {rows[-1][0]:.0e} diverged (a NaN or infinite loss, which train.py stops)")
-    if flat:
+    if best["final"] >= unigram:  # then every rate is "no better": the runs were too short to say which
+        b += f"; no rate beat the unigram baseline ({unigram:.3f}): the runs learnt no more than token frequencies"
+    elif flat:
         b += (f"; the smallest that ended no better than the unigram baseline ({unigram:.3f}) was {flat[0]:.0e}, "
               f"{flat[0] / best_lr:.3g}x the best")
     return [a, b + "."]

@@ -5017,6 +5017,22 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
         experiments.finish(run, args, [], 2)
 
 
+def test_experiments_lr_answers_are_computed_from_the_runs():
+    def run(final, diverged=None):
+        return dict(final=final, diverged=diverged)
+    rows = [(1e-3, run(3.0)), (1e-2, run(2.5)), (1e-1, run(6.5)), (1.0, run(None, 7))]
+    a, b = experiments.answer_lr(rows, 1e-2, 6.0)
+    assert a == ("(a) the best rate was 1e-02 (final validation loss 2.500; the baseline's 1e-02); 1e-03: 3.000, "
+                 "1e-02: 2.500, 1e-01: 6.500, 1e+00: diverged at step 7.")
+    assert b == ("(b) the smallest rate that diverged was 1e+00, 100x the best (train.py stopped it at step 7); the "
+                 "smallest that ended no better than the unigram baseline (6.000) was 1e-01, 10x the best.")
+    b = experiments.answer_lr(rows[:3], 1e-2, 2.0)[1]  # runs too short to beat the baseline: no rate is singled out
+    assert b == ("(b) no rate up to 1e-01 diverged (a NaN or infinite loss, which train.py stops); no rate beat the "
+                 "unigram baseline (2.000): the runs learnt no more than token frequencies.")
+    assert experiments.answer_lr([(1.0, run(None, 3))], 1.0, 6.0) == [
+        "(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
+
+
 def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
     rows = [dict(name="lr=1e-03", curve=[(0, 0.0, 7.0), (10, 1.0, 5.0)], diverged=None, final=5.0),
