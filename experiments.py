@@ -389,7 +389,8 @@ def other_domain(cfg, limit):
         if found and (folder / data.text_names(OTHER[cfg["data"]])[1]).is_file():
             with open(folder / data.text_names(OTHER[cfg["data"]])[1], encoding="utf-8") as f:
                 text = f.read(limit)
-            return OTHER[cfg["data"]], documents(text, limit), data.read_tokenizer(found[0].parent)[0]
+            name = f"{OTHER[cfg['data']]}'s validation text"
+            return name, documents(text, limit), data.read_tokenizer(found[0].parent)[0]
     modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
     if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
         raise safety.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
