@@ -5017,6 +5017,21 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
         experiments.finish(run, args, [], 2)
 
 
+def test_experiments_tokenizer_other_domain_is_the_other_handout_dataset_when_cached(tmp_path):
+    # TinyStories' runs are set against OpenWebText's tokenizer and text where the data cache has them (the handout's
+    # pairing), else against Python's library source
+    cfg = {"data": "tinystories", "data_dir": str(tmp_path), "vocab_size": 300}
+    docs = [f"web page {i} about {w}" for i, w in enumerate(["rust", "tea", "jazz"] * 5)]
+    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(" ".join(docs))), 280)
+    saved = tmp_path / "owt" / "bpe280"
+    saved.mkdir(parents=True)
+    bpe.Tokenizer(vocab, merges).save(saved / "vocab.json", saved / "merges.txt")
+    assert experiments.other_domain(cfg, 10_000)[0] == "Python's standard library source"  # no owt text yet
+    (tmp_path / "owt" / "owt_valid.txt").write_text(data.EOT.join(docs))
+    name, got, tok = experiments.other_domain(cfg, 10_000)
+    assert (name, got, tok.merges) == ("owt's validation text", docs[:experiments.DOCUMENTS], merges)
+
+
 def test_experiments_lr_answers_are_computed_from_the_runs():
     def run(final, diverged=None):
         return dict(final=final, diverged=diverged)
