@@ -5065,7 +5065,8 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     f = experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
     valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
     docs = [d for d in valid.split(data.EOT) if d.strip()][:experiments.DOCUMENTS]
-    assert (f["documents"], f["bytes"], f["tokens"]) == (10, sum(len(d) for d in docs), sum(len(tok.encode(d)) for d in docs))
+    assert (f["documents"], f["bytes"]) == (10, sum(len(d) for d in docs))
+    assert f["tokens"] == sum(len(tok.encode(d)) for d in docs)
     name, other_docs, other_tok = experiments.other_domain(cfg, 30_000)  # the standard library: its first modules
     assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
     assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text(encoding="utf-8")
@@ -5601,7 +5602,8 @@ def test_kernels_cuda_kernel_host_emulation(kernels_emulated, dtype):
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++) to check the wrapper against torch's headers")
 @pytest.mark.skipif(not os.environ.get("CS336_SLOW_TESTS"), reason="parsing torch's headers takes 20-25 s: set "
-                    "CS336_SLOW_TESTS=1 to run it (kept out of the 10-minute CI run; bench.py gpu builds the wrapper for real)")
+                    "CS336_SLOW_TESTS=1 to run it (kept out of the 10-minute CI run; bench.py gpu builds the wrapper "
+                    "for real)")
 def test_kernels_cpp_wrapper_compiles(tmp_path):  # the one check of GELU_CPP_SRC without a GPU (about 20 s)
     from torch.utils.cpp_extension import include_paths
     src = tmp_path / "wrapper.cpp"
