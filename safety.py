@@ -7,7 +7,8 @@ torch); what asks torch imports it there (_torch).
 1. A command line's errors and exit codes, and the atomic write
 2. The flags: CHECKS, one row per mistake, checked before anything is read or written
 3. The run directory: one writer (a lock), an old run replaced only on --overwrite, the files beside ckpt.pt
-4. --resume: the checkpoint must fit the model, config and data (its RNG states make it exact); --sample reads it
+4. A run's torch and C-library settings; --resume: the checkpoint must fit the model, config and data (its RNG
+   states make it exact); --sample reads it
 5. The loop's faults (Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a full disk); torchrun's group
 """
 import argparse
@@ -886,7 +887,8 @@ def tensorboard(cfg, run_dir, entry):
 
 
 # ----------------------------------------------------------------------------
-# 4. --resume: the checkpoint must fit the model, config and data (its RNG states make it exact); --sample reads it
+# 4. A run's torch and C-library settings; --resume: the checkpoint must fit the model, config and data (its RNG
+#    states make it exact); --sample reads it
 
 def read_checkpoint(src):
     """A checkpoint's dict from a path or a binary file object, or ValueError: torch.load checks none of the
