@@ -88,6 +88,13 @@ def softmax(x, dim):
 # ----------------------------------------------------------------------------
 # 3. The feed-forward network
 
+def fused_projections(x):
+    """Does fast=True run q, k, v (and W1, W3) as one matmul over concatenated weights? Where launches cost (a
+    GPU) and under torch.compile, which fuses the concatenation into the cast to bfloat16; not on a CPU, eager,
+    where the concatenation and the copy its backward makes of the gradients cost what the larger matmul saves."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling()
+
+
 class SwiGLU(nn.Module):
     """FFN(x) = W2 (silu(W1 x) * W3 x), W1, W3: (d_ff, d_model), W2: (d_model, d_ff).
     gated=False is the ungated ablation W2 silu(W1 x), with no W3 (pass d_ff = 4 d_model to
@@ -101,7 +108,7 @@ class SwiGLU(nn.Module):
         self.fast = fast
 
     def forward(self, x):  # (..., d_model)
-        if self.fast and self.w3 is not None:  # one matmul for W1 x and W3 x (see MultiHeadSelfAttention._project)
+        if self.fast and self.w3 is not None and fused_projections(x):  # one matmul for W1 x and W3 x
             a, b = (x @ torch.cat([self.w1.weight, self.w3.weight]).t()).chunk(2, dim=-1)
             return self.w2(torch.nn.functional.silu(a) * b)  # fused silu: one kernel forward and backward
         h = (torch.nn.functional.silu if self.fast else silu)(self.w1(x))
@@ -199,7 +206,7 @@ class MultiHeadSelfAttention(nn.Module):
         (under torch.compile the concatenation fuses with autocast's cast to bfloat16)."""
         B, T, _ = x.shape
         H, dh = self.num_heads, self.d_head
-        if not self.fast:
+        if not (self.fast and fused_projections(x)):
             return [p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)]
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
         return (x @ w.t()).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)

@@ -313,8 +313,11 @@ def test_model_lm_state_dict_keys_and_oracle_forward():
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["eager-cpu", "fused"])  # fused: as on a GPU or compiled
 @pytest.mark.parametrize("ablation", [{}, {"nope": True}, {"silu_ffn": True, "d_ff": 128}])
-def test_model_fast_path_matches_reference_values_and_grads(ablation):
+def test_model_fast_path_matches_reference_values_and_grads(ablation, fused, monkeypatch):
+    if fused:
+        monkeypatch.setattr(model, "fused_projections", lambda x: True)
     torch.manual_seed(0)
     ref = _model_small(**ablation)
     fast = _model_small(**ablation, fast=True)
@@ -330,17 +333,22 @@ def test_model_fast_path_matches_reference_values_and_grads(ablation):
 
 
 @pytest.mark.parametrize("ablation", [{}, {"silu_ffn": True, "d_ff": 128}])
-def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation):
+def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation, monkeypatch):
     """Issue 35: the fast path runs q, k, v as one matmul and W1, W3 as one (weights concatenated in forward),
     so a layer is 4 matmuls forward and 8 backward (each one's input and weight gradients), and the lm_head 3;
-    separate projections made it 21 per layer. Attention is one fused op each way, no matmuls of its own."""
+    separate projections made it 21 per layer. Attention is one fused op each way, no matmuls of its own. On a
+    CPU, eager, the projections stay separate (model.fused_projections): 7 a layer forward (6 with a SiLU FFN)."""
     torch.manual_seed(0)
     m = _model_small(num_layers=3, fast=True, **ablation)
     ids = torch.randint(0, 61, (2, 24))
-    with _KernelsCountPasses(0) as mode:
-        optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=True).backward()
-    ops = Counter(op.split(".")[1] for op in mode.ops)  # "aten.mm.default" -> "mm"
-    assert sum(ops[op] for op in ("mm", "addmm", "bmm", "baddbmm", "matmul")) == 12 * 3 + 3, ops
+    counts = []
+    for fused in (False, True):  # True: as on a GPU, or under torch.compile
+        monkeypatch.setattr(model, "fused_projections", lambda x: fused)
+        with _KernelsCountPasses(0) as mode:
+            optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=True).backward()
+        ops = Counter(op.split(".")[1] for op in mode.ops)  # "aten.mm.default" -> "mm"
+        counts.append(sum(ops[op] for op in ("mm", "addmm", "bmm", "baddbmm", "matmul")))
+    assert counts == [(18 if ablation else 21) * 3 + 3, 12 * 3 + 3], counts
     attention = {op: n for op, n in ops.items() if "scaled_dot_product" in op}
     assert len(attention) == 2 and set(attention.values()) == {3}, attention  # forward and backward, per layer
 
