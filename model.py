@@ -201,9 +201,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.fast = fast
 
     def _project(self, x):
-        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast: one matmul, the three weights
-        concatenated here on every call, so the parameters and state-dict keys stay three Linears
-        (under torch.compile the concatenation fuses with autocast's cast to bfloat16)."""
+        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast (where fused_projections): one
+        matmul, the three weights concatenated here on every call, so the parameters and state-dict
+        keys stay three Linears (under torch.compile the concatenation fuses with the bfloat16 cast)."""
         B, T, _ = x.shape
         H, dh = self.num_heads, self.d_head
         if not (self.fast and fused_projections(x)):

@@ -921,7 +921,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt options (malloc.h
 
 def keep_freed_memory():
     """glibc hands a freed block of 128 KB or more back to the kernel, so a training step's next allocation of
-    that size takes a page fault for each of its 4 KB pages, and a CPU run spent about a fifth of its time in the
+    that size takes a page fault for each of its 4 KB pages: a CPU step spent up to a fifth of its time in the
     kernel. From here on, blocks up to 32 MB (glibc's limit) come from the heap, and up to 1 GB of its freed top is
     kept for the next step. Both together: the trim setting alone switches off glibc's own adaptation, and every
     block is mapped anew. Process-wide, once; False where the C library has no such switch (macOS, musl, Windows)."""
@@ -945,7 +945,7 @@ def torch_settings(cfg):
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
     # after it, as in train.py, whose first parallel work is the run's
     flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
-    if cfg["device"] == "cpu":
+    if cfg["device"] == "cpu":  # not undone afterwards: it changes only when freed memory goes back to the kernel
         keep_freed_memory()
     try:
         yield
