@@ -545,28 +545,29 @@ def section_tinystories():
 PILE_BYTES = 825e9
 
 
+def encode_speed(tok, text, seconds=0.5):
+    """(bytes/s, passes) of tok's encode over text in one process, a fresh copy of tok (empty cache) per pass."""
+    passes, elapsed = 0, 0.0
+    while passes == 0 or elapsed < seconds:
+        fresh, start = bpe.Tokenizer(tok.vocab, tok.merges, tok.special_tokens), time.perf_counter()
+        fresh.encode(text)
+        elapsed, passes = elapsed + time.perf_counter() - start, passes + 1
+    return passes * len(text.encode("utf-8")) / elapsed, passes
+
+
 def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
-    """(bytes/s, note) of bpe.Tokenizer.encode in one process on Python's own documentation
-    (pydoc_data: every CPython has it). BPE learns vocab_size - 256 merges from its first
-    quarter (small enough for the interpreted merge loop: no numba compile); encode runs over
-    the rest, a fresh tokenizer (empty cache) per pass, for about `seconds`."""
+    """(bytes/s, note) of bpe.Tokenizer.encode on Python's documentation (pydoc_data, in every CPython): merges
+    learnt from its first quarter (the interpreted loop: no numba compile), encode_speed over the rest."""
     try:  # some distributions leave pydoc_data out; then throughput is not measured
         from pydoc_data.topics import topics
     except ImportError:
         return None, "pydoc_data (Python's documentation text) is not installed in this Python"
     text = "".join(topics[k] for k in sorted(topics))
-    cut, passes, elapsed = len(text) // 4, 0, 0.0
+    cut = len(text) // 4
     vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), vocab_size)
-    rest = text[cut:]
-    while passes == 0 or elapsed < seconds:
-        tok, start = bpe.Tokenizer(vocab, merges), time.perf_counter()
-        tok.encode(rest)
-        elapsed, passes = elapsed + time.perf_counter() - start, passes + 1
-    n_bytes = len(rest.encode("utf-8"))
-    return (passes * n_bytes / elapsed,
-            f"bpe.Tokenizer.encode with {len(merges)} merges trained by bpe.train_from_counts on {cut:,} "
-            f"characters of Python's pydoc_data topics, encoding the other {n_bytes:,} bytes, "
-            f"{passes} passes with an empty cache")
+    bps, passes = encode_speed(bpe.Tokenizer(vocab, merges), text[cut:], seconds)
+    return bps, (f"bpe.Tokenizer.encode, {len(merges)} merges learnt from {cut:,} characters of Python's pydoc_data, "
+                 f"over the other {len(text[cut:].encode()):,} bytes, {passes} passes with an empty cache")
 
 
 def section_tokenizer():

@@ -425,17 +425,12 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
         text = f.read(limit)
     other, other_docs, other_tok = other_domain(cfg, limit)
     bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
-    passes, seconds = 0, 0.0
-    while seconds < 1.0:  # a fresh tokenizer each pass: no pre-token is cached from the pass before
-        fresh, start = bpe.Tokenizer(tok.vocab, tok.merges, tok.special_tokens), time.perf_counter()
-        fresh.encode(text)
-        passes, seconds = passes + 1, seconds + time.perf_counter() - start
     figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
                    tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
                    other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
                    ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
                    other_on_other=bytes_per_token(other_tok, other_docs),
-                   bytes_per_s=passes * len(text.encode()) / seconds)
+                   bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     with safety.atomic_file(path, "w") as f:
         json.dump(figures, f)
