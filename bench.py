@@ -695,7 +695,7 @@ def compact_step(cfg, micro):
 def step_table(cfg):
     """This project's --benchmark step, HF Llama's (when installed) and the compact model's on the same
     batches, taking turns after UNTIMED_STEPS untimed rounds: one line each -> {name: (tokens/s, that line)}."""
-    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
+    sync = train.synchronizer(cfg["device"])
     with torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps = {"this project": ours}
@@ -768,7 +768,7 @@ def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINY
     torch.manual_seed(0)
     m = TransformerLM(**shape, device=device)  # model.py's from-scratch path
     compile = device.startswith("cuda") if compile is None else compile
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = train.synchronizer(device)
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, device {device}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} taking turns")
     speed, hf = {}, peer("transformers")
@@ -795,7 +795,7 @@ def bench_stop_checks(args, device, shape, compile):
     (each look is a host sync), taking turns -> {k: tokens/s}. Chooses the constant by measurement."""
     torch.manual_seed(0)
     m, chosen = TransformerLM(**shape, device=device), model.STOP_CHECK_EVERY
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = train.synchronizer(device)
     seen = set(generate(m, [1], args.new_tokens, temperature=0, fast=True, compile=compile))
     stop = next(i for i in range(shape["vocab_size"]) if i not in seen)  # greedy output never holds it
 

@@ -329,10 +329,14 @@ def random_step(cfg):  # -> one optimizer step of this configuration on fixed ra
     return step, micro
 
 
+def synchronizer(device):  # drains a GPU's queue at a timing's edges; a CPU has none to wait for
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
 def benchmark(cfg):
     """The median time of --benchmark-steps steps after UNTIMED_STEPS untimed ones (the GPU queue is
     drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
-    sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
+    sync = synchronizer(cfg["device"])
     with safety.torch_settings(cfg):
         step, times = random_step(cfg)[0], []
         for _ in range(UNTIMED_STEPS + cfg["benchmark_steps"]):
