@@ -383,14 +383,13 @@ def other_domain(cfg, limit):
     other dataset (TinyStories <-> OpenWebText) where its tokenizer is in the data cache; else Python's standard
     library source, code against the runs' prose, in every Python: a module is a document, the first DOCUMENTS are
     measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters."""
-    if cfg["data"] in OTHER:
-        folder = data.cache_dir(OTHER[cfg["data"]], cfg["data_dir"])
-        found = sorted(folder.glob("bpe*/vocab.json"))
-        if found and (folder / data.text_names(OTHER[cfg["data"]])[1]).is_file():
-            with open(folder / data.text_names(OTHER[cfg["data"]])[1], encoding="utf-8") as f:
+    if other := OTHER.get(cfg["data"]):
+        folder = data.cache_dir(other, cfg["data_dir"])
+        found, valid = sorted(folder.glob("bpe*/vocab.json")), folder / data.text_names(other)[1]
+        if found and valid.is_file():
+            with open(valid, encoding="utf-8") as f:
                 text = f.read(limit)
-            name = f"{OTHER[cfg['data']]}'s validation text"
-            return name, documents(text, limit), data.read_tokenizer(found[0].parent)[0]
+            return f"{other}'s validation text", documents(text, limit), data.read_tokenizer(found[0].parent)[0]
     modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
     if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
         raise safety.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "

@@ -924,7 +924,8 @@ def keep_freed_memory():
     that size takes a page fault for each of its 4 KB pages: a CPU step spent up to a fifth of its time in the
     kernel. From here on, blocks up to 32 MB (glibc's limit) come from the heap, and up to 1 GB of its freed top is
     kept for the next step. Both together: the trim setting alone switches off glibc's own adaptation, and every
-    block is mapped anew. Process-wide, once; False where the C library has no such switch (macOS, musl, Windows)."""
+    block is mapped anew. Process-wide (a second call changes nothing); False where the C library has no such
+    switch (macOS, musl, Windows)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):
