@@ -586,7 +586,7 @@ def bench_encode_file(args, files, enc):
 # same function (pre-norm RMSNorm, RoPE, causal attention, SwiGLU, untied head, no biases) through torch's
 # fused ops. One Linear makes q, k and v and one makes w1 and w3 (two matmuls where three were),
 # F.rms_norm, F.scaled_dot_product_attention, the loss inside the forward (so one torch.compile covers
-# it), torch's AdamW (one fused kernel on CUDA). Its matmuls are the ones accounting.lm_forward_flops
+# it), torch's AdamW (one fused kernel). Its matmuls are the ones accounting.lm_forward_flops
 # counts (a test checks it), so the same MFU formula is fair to it.
 
 def rope(x, cos, sin):  # x (B, h, T, d_k): rotate the halves (x1, x2) by each position's angles, as Llama does
@@ -639,10 +639,11 @@ class CompactLM(torch.nn.Module):
 
 def torch_update(params, cfg):
     """The peers' update with the run's settings: torch's clipping (a tensor back, no host sync) and
-    AdamW, fused into one kernel on CUDA, then the gradients freed, as train.py does."""
+    AdamW fused into one kernel (on a CPU too: HF Trainer's default optimizer), then the gradients freed,
+    as train.py does."""
     params = list(params)
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                            weight_decay=cfg["weight_decay"], fused=cfg["device"].startswith("cuda"))
+                            weight_decay=cfg["weight_decay"], fused=True)
 
     def update():
         if cfg["grad_clip"] > 0:

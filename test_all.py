@@ -702,13 +702,13 @@ def test_model_optimizer_state_dict_round_trips():
             torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-def _model_compiled_adamw_run(compiled, steps=12, state=None):
+def _model_compiled_adamw_run(compiled, steps=12, state=None, fused=False):
     """Params (3 tensors, float32) after AdamW steps on seeded gradients with the cosine schedule's lr, which
     changes every step; the first tensor has no gradient at step 0, so t differs between parameters. Returns
     (params, optimizer, the compiled graphs made by dynamo after each step)."""
     gen = torch.Generator().manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in ((33, 17), (17,), (5, 3))]
-    opt = optim.AdamW(ps, lr=1.0, betas=(0.9, 0.95), weight_decay=0.1, compiled=compiled)
+    opt = optim.AdamW(ps, lr=1.0, betas=(0.9, 0.95), weight_decay=0.1, compiled=compiled, fused=fused)
     if state is not None:
         opt.load_state_dict(state)
     graphs = []
@@ -770,6 +770,45 @@ def test_model_compiled_adamw_state_dict_loads_either_way():
         for a, b in zip(resumed, same):
             torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
         assert [r_opt.state[p]["step"] for p in resumed] == [5, 6, 6]
+
+
+def test_model_fused_adamw_is_one_pass_equal_to_plain():
+    # fused=True on float32 CPU tensors: numba's one loop per tensor, no _foreach pass, equal to the plain
+    # _foreach arithmetic up to float32 rounding while lr and each parameter's t change; the same bits twice
+    plain, p_opt, _ = _model_compiled_adamw_run(False)
+    fused, f_opt, _ = _model_compiled_adamw_run(False, fused=True)
+    for a, b in zip(plain, fused):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-6, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(f_opt.state[b][key], p_opt.state[a][key], rtol=1e-6, atol=1e-7)
+    assert [f_opt.state[p]["step"] for p in fused] == [11, 12, 12]
+    again, _, _ = _model_compiled_adamw_run(False, fused=True)
+    assert all(torch.equal(a, b) for a, b in zip(fused, again))
+    assert not any(torch.equal(a, b) for a, b in zip(fused, plain))  # the one-pass loop ran, not the plain ops
+    for p in fused:
+        p.grad = torch.ones_like(p)
+    with torch.profiler.profile() as prof:
+        f_opt.step()
+    assert not any(e.name.startswith("aten::_foreach") for e in prof.events())
+
+
+def test_model_fused_adamw_takes_the_plain_ops_where_it_cannot_run():
+    # float64, a non-contiguous gradient, or a checkpoint of the plain optimizer: the same bits as fused=False
+    for dtype, transposed in ((torch.float64, False), (torch.float32, True)):
+        runs = []
+        for fused in (False, True):
+            w = torch.nn.Parameter(torch.arange(12, dtype=dtype).reshape(3, 4) / 7)
+            opt = optim.AdamW([w], lr=1e-2, fused=fused)
+            for _ in range(3):
+                w.grad = (torch.ones(4, 3, dtype=dtype).t() if transposed else torch.ones(3, 4, dtype=dtype)) * w.detach()
+                opt.step()
+            runs.append(w.detach())
+        assert torch.equal(*runs)
+    ps, opt, _ = _model_compiled_adamw_run(False, steps=3)
+    resumed, r_opt, _ = _model_compiled_adamw_run(False, steps=3, state=copy.deepcopy(opt.state_dict()), fused=True)
+    same, _, _ = _model_compiled_adamw_run(False, steps=3, state=copy.deepcopy(opt.state_dict()))
+    for a, b in zip(resumed, same):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
 
 
 def test_model_optimizer_step_takes_a_closure_that_calls_backward():
@@ -3280,6 +3319,19 @@ def test_train_step_makes_no_host_sync(monkeypatch, device):
     with _host_syncs(monkeypatch) as syncs:
         step()
     assert syncs == []
+
+
+def test_train_cpu_step_updates_in_one_pass_unless_no_fast():
+    # build's AdamW is fused=--fast: a CPU step's update is numba's one loop per tensor (about a tenth of the
+    # step in _foreach passes otherwise); --no-fast keeps the plain _foreach ops
+    for fast in (True, False):
+        cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark",
+                                    *([] if fast else ["--no-fast"])])
+        step = train.random_step(cfg)[0]
+        step()
+        with torch.profiler.profile() as prof:
+            step()
+        assert any(e.name == "aten::_foreach_lerp_" for e in prof.events()) != fast
 
 
 def test_train_loop_reads_the_device_back_only_at_log_steps(tmp_path, monkeypatch):

@@ -275,7 +275,7 @@ def build(cfg):
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
     optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                      weight_decay=cfg["weight_decay"], compiled=cfg["fast"] and cfg["compile"])
+                      weight_decay=cfg["weight_decay"], compiled=cfg["fast"] and cfg["compile"], fused=cfg["fast"])
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
     model = torch.compile(LMLoss(raw, cfg)) if cfg["compile"] else LMLoss(raw, cfg)
