@@ -1,12 +1,11 @@
 """
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
-Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair
-into a new token; encoding replays the learned merges in order. In reading order: the GPT-2
-pre-tokenizer, the naive trainer (the definition), the incremental trainer (numba compiles it too),
-train_bpe, GPT-2's file format, the Tokenizer with a plain encode, the command line. The engine,
-bpe_fast.py, takes over big jobs at a few marked calls; test_all.py checks that it gives the
-same pre-tokens, merges and ids.
+Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair into a new token;
+encoding replays the learned merges in order. In reading order: the GPT-2 pre-tokenizer, the naive trainer (the
+definition), the incremental trainer (numba compiles it too), train_bpe, GPT-2's file format, the Tokenizer with a
+plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
+checks that it gives the same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -399,12 +398,11 @@ def _show(tok):
 
 
 def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
-    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id
-    first): (1) left, right and left + right of every merge are in the vocab; (2) in id order,
-    the vocab's merged tokens (2+ bytes, two tokens of lower id joined, not a declared special
-    token) are what the merges make, in order. So train_bpe's files and GPT-2's (<|endoftext|>
-    after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge k's line
-    in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
+    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id first): (1) left, right
+    and left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
+    tokens of lower id joined, not a declared special token) are what the merges make, in order. So train_bpe's files
+    and GPT-2's (<|endoftext|> after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge
+    k's line in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
     where, vocab_name = in_file or (lambda k: f"merge #{k}"), "the vocab file" if in_file else "the vocab"
     made, disagree = [left + right for left, right in merges], "; vocab and merges disagree"
     for k, (left, right) in enumerate(merges):
@@ -563,9 +561,8 @@ class Tokenizer:
             yield from self.encode(piece)
 
     def decode(self, ids):
-        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and
-        tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are
-        refused: True would decode as id 1."""
+        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and tensors are duck-typed
+        by .tolist() (bpe.py does not import torch); floats and bools are refused: True would decode as id 1."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         try:

@@ -456,10 +456,9 @@ _COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
 
 
 class StaticKVCache:
-    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in
-    `slots` (a tensor shared by all layers): no Python number changes per token, so the compiled step never
-    recompiles for one. Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN
-    is NaN)."""
+    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in `slots` (a
+    tensor shared by all layers): no Python number changes per token, so the compiled step never recompiles for one.
+    Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN is NaN)."""
     n = 0  # forward's length check before the prefill; the decode steps bypass forward (model._run)
 
     def __init__(self, context_length):
