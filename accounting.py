@@ -42,8 +42,7 @@ def _a(*answers):
 
 
 def _gb(n_bytes):  # 1.5e9 -> "1.50 GB (1.40 GiB)"
-    gb, gib = n_bytes / GB, n_bytes / GiB
-    return f"{gb:,.2f} GB ({gib:,.2f} GiB)"
+    return f"{n_bytes / GB:,.2f} GB ({n_bytes / GiB:,.2f} GiB)"
 
 
 def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a sum, each term named
@@ -53,12 +52,11 @@ def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a s
 # ---------------------------------------------------------------------------------------------
 # 1. FLOPs, hardware and MFU
 
-# Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and
-# kernels.py's roofline import them); the datasheets' headline figures assume 2:4 sparsity (two of
-# every four weights zero, skipped by the hardware) and are twice these. H100 SXM bf16: 132 SMs x 4
-# tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12 (the lecture halves the datasheet's
-# rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on tensor cores, as
-# torch runs them when torch.get_float32_matmul_precision() is "high" or "medium".
+# Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and kernels.py's roofline
+# import them); the datasheets' headline figures assume 2:4 sparsity (two of every four weights zero, skipped by the
+# hardware) and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12
+# (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on
+# tensor cores, as torch runs them at torch.get_float32_matmul_precision() "high" or "medium".
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
@@ -274,8 +272,7 @@ def section_intensity():
         best, bound = roofline_mfu(ai, ridge), "compute" if ai >= ridge else "memory"
         _a(f"{name:<14} n={n}: {flops:.4g} FLOPs / {moved:.4g} bytes = {ai:7.3f} FLOPs/B -> roofline MFU "
            f"min(1, {ai:.3g} / {ridge:.1f}) = {best:.3f} ({bound}-bound)")
-    square_ridge = 3 * ridge  # a square matmul's intensity is about n / 3
-    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {ridge:.0f} = {square_ridge:.0f}")
+    _a(f"matrix-matrix intensity ~ n/3: compute-bound once n > 3 x {ridge:.0f} = {3 * ridge:.0f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,8 +301,7 @@ def section_memory():
     for opt, states in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
         parts = {"parameters": params, "activations": FP32_BYTES * B * D * L, "gradients": params,
                  "optimizer state": states * params}
-        total = sum(parts.values())
-        _a(f"{opt}: {_terms(parts)} = {total} bytes")
+        _a(f"{opt}: {_terms(parts)} = {sum(parts.values())} bytes")
     _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
     # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
@@ -388,8 +384,7 @@ def flop_shares(cfg):
 def gpt2_config(name, context_length=1_024):
     """TransformerLM keyword arguments of a GPT-2-shaped model with the handout's d_ff = 4 d_model."""
     L, d, h = GPT2_SHAPES[name]
-    return dict(vocab_size=GPT2_VOCAB, context_length=context_length, d_model=d, num_layers=L,
-                num_heads=h, d_ff=4 * d)
+    return dict(vocab_size=GPT2_VOCAB, context_length=context_length, d_model=d, num_layers=L, num_heads=h, d_ff=4 * d)
 
 
 def _shape(cfg):  # 'V=50257, T=1024, d=1600, L=48, h=25, d_ff=6400' for a TransformerLM config dict
@@ -491,20 +486,17 @@ def section_adamw():
        f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
     for label, memory in (("80 GB (10^9 bytes each)", 80e9), ("80 GiB (what an '80GB' A100 holds)", 80 * GiB)):
         fit = (memory - b) / a
-        largest = math.floor(fit)
-        _a(f"{label}: batch <= ({memory:.4g} - b) / a = {fit:.2f} -> {largest}")
+        _a(f"{label}: batch <= ({memory:.4g} - b) / a = {fit:.2f} -> {math.floor(fit)}")
     _a(f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
        f"is {listed_share:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
-    step_flops = per * P
     _q("(c) FLOPs of one AdamW step?", f"{_terms(ADAMW_FLOPS_PER_PARAM)} = {per} P",
-       f"GPT-2 XL: {per} x {P:,} = {step_flops:.3e} FLOPs (negligible next to forward + backward)")
+       f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
     batch, steps, a100, m = XL_RUN.values()
     (days, step), fwd, thousands = lm_training_days(xl, **XL_RUN), lm_forward_flops(**xl), steps // 1000
-    years = days / 365.25
     _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({a100:.4g} fp32) at {m:.0%} MFU?",
        f"step = 3 x {batch} x {fwd:.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
-       f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({years:.1f} years)")
+       f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,8 +638,7 @@ _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_pr
 
 
 def measured_forward_flops(lm, T):
-    """FlopCounterMode's matmul FLOPs, per component, of a forward of one sequence on the meta
-    device (tensors with shapes but no data)."""
+    """FlopCounterMode's matmul FLOPs per component of one sequence's forward on the meta device (shapes, no data)."""
     with FlopCounterMode(display=False) as counter:
         lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
     parts = dict.fromkeys(_COMPONENT_OF.values(), 0)

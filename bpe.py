@@ -1,12 +1,11 @@
 """
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
-Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair
-into a new token; encoding replays the learned merges in order. In reading order: the GPT-2
-pre-tokenizer, the naive trainer (the definition), the incremental trainer (numba compiles it too),
-train_bpe, GPT-2's file format, the Tokenizer with a plain encode, the command line. The engine,
-bpe_fast.py, takes over big jobs at a few marked calls; test_all.py checks that it gives the
-same pre-tokens, merges and ids.
+Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair into a new token;
+encoding replays the learned merges in order. In reading order: the GPT-2 pre-tokenizer, the naive trainer (the
+definition), the incremental trainer (numba compiles it too), train_bpe, GPT-2's file format, the Tokenizer with a
+plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
+checks that it gives the same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
@@ -296,8 +295,7 @@ def count_pretokens(input_path, special_tokens=()):
     """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
     split_re = _special_split_re(_check_special_tokens(special_tokens))
     text = _read_text(input_path, "input file")
-    return Counter(w for part in (split_re.split(text)[::2] if split_re else [text])
-                   for w in pretokenize(part))
+    return Counter(w for part in (split_re.split(text)[::2] if split_re else [text]) for w in pretokenize(part))
 
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
@@ -341,8 +339,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
 # characters, space, ...) move to U+0100 and up. A space becomes 'Ġ' and a newline 'Ċ',
 # so "left right" in merges.txt never meets a real space.
 
-_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-              *range(ord("®"), ord("ÿ") + 1)]
+_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
 _BYTE_TO_CHAR = {b: chr(b) for b in _PRINTABLE} | {
     b: chr(256 + k) for k, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
@@ -363,8 +360,7 @@ def _str_to_token(s, where):
     try:
         return bytes(_CHAR_TO_BYTE[c] for c in s)
     except KeyError as e:
-        raise ValueError(f"{where}: character {e.args[0]!r} in token {s!r} is not in the "
-                         "GPT-2 byte alphabet") from None
+        raise ValueError(f"{where}: character {e.args[0]!r} in token {s!r} is not in the GPT-2 byte alphabet") from None
 
 
 _BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab.json or merges.txt: not a token
@@ -388,8 +384,7 @@ def _check_id(i, where):
     token files and of the engine's pair keys (a bool is no id). where() names the token."""
     if (type(i) is int or isinstance(i, np.integer)) and 0 <= i < 1 << 32:
         return int(i)
-    raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to "
-                     "2^32 - 1")
+    raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to 2^32 - 1")
 
 
 def _short(text, count=True):
@@ -403,27 +398,23 @@ def _show(tok):
 
 
 def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
-    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id
-    first): (1) left, right and left + right of every merge are in the vocab; (2) in id order,
-    the vocab's merged tokens (2+ bytes, two tokens of lower id joined, not a declared special
-    token) are what the merges make, in order. So train_bpe's files and GPT-2's (<|endoftext|>
-    after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge k's line
-    in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
+    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id first): (1) left, right
+    and left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
+    tokens of lower id joined, not a declared special token) are what the merges make, in order. So train_bpe's files
+    and GPT-2's (<|endoftext|> after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge
+    k's line in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
     where, vocab_name = in_file or (lambda k: f"merge #{k}"), "the vocab file" if in_file else "the vocab"
-    made = [left + right for left, right in merges]
+    made, disagree = [left + right for left, right in merges], "; vocab and merges disagree"
     for k, (left, right) in enumerate(merges):
         for tok in (left, right, made[k]):
             if tok not in token_id:
-                raise ValueError(f"{where(k)}: token {_show(tok)} is not in "
-                                 f"{vocab_name}; vocab and merges disagree")
+                raise ValueError(f"{where(k)}: token {_show(tok)} is not in {vocab_name}{disagree}")
     specials = {s.encode("utf-8") for s in special_tokens}
     lengths = sorted({len(b) for b in token_id})
 
     def made_of_two(t, i):           # t joins two tokens whose ids are below i
-        return any(token_id.get(t[:n], i) < i and token_id.get(t[n:], i) < i
-                   for n in lengths if 0 < n < len(t))
+        return any(token_id.get(t[:n], i) < i and token_id.get(t[n:], i) < i for n in lengths if 0 < n < len(t))
 
-    disagree = "; vocab and merges disagree"
     k = 0
     for i, t in sorted(vocab.items()):
         if len(t) < 2 or token_id[t] != i:             # a byte, or a repeat of a token
@@ -479,8 +470,7 @@ class Tokenizer:
     def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
-        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b
-                      for i, b in vocab.items()}
+        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
         self.merges = list(merges)
         self.special_tokens = _check_special_tokens(special_tokens)
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
@@ -499,8 +489,7 @@ class Tokenizer:
         # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
         self._merge_rank = {}
         for rank, (left, right) in enumerate(self.merges):
-            self._merge_rank.setdefault((token_id[left], token_id[right]),
-                                        (rank, token_id[left + right]))
+            self._merge_rank.setdefault((token_id[left], token_id[right]), (rank, token_id[left + right]))
         self._cache, self._plain_chars = {}, 0
         self._engine = bpe_fast.Encoder(self._byte_ids, self._merge_rank,    # (see encode)
                                         {s.encode("utf-8"): i for s, i in self._special_ids.items()})
@@ -514,8 +503,7 @@ class Tokenizer:
     def save(self, vocab_filepath, merges_filepath):
         """GPT-2 format; both files are written whole before either replaces the old one."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
-        lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}"
-                                     for l, r in self.merges]
+        lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}" for l, r in self.merges]
         with safety.atomic_file(vocab_filepath, "w") as f:
             f.write(json.dumps(inv, ensure_ascii=False, indent=0))
             f.flush()       # a full disk fails here or below, before either file is replaced
@@ -573,16 +561,14 @@ class Tokenizer:
             yield from self.encode(piece)
 
     def decode(self, ids):
-        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and
-        tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are
-        refused: True would decode as id 1."""
+        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and tensors are duck-typed
+        by .tolist() (bpe.py does not import torch); floats and bools are refused: True would decode as id 1."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         try:
             ids = list(ids)          # an iterator must survive the error path's second look
         except TypeError:
-            raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of "
-                             "token ids") from None
+            raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of token ids") from None
         if not set(map(type, ids)) <= {int}:
             for i in ids:
                 if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
@@ -614,8 +600,7 @@ def _cmd_train(args):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")
     t0 = time.perf_counter()
-    vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens,
-                              args.num_workers)
+    vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens, args.num_workers)
     dt = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
@@ -646,8 +631,7 @@ def _cmd_encode(args):
     merges, in_file = _read_merges_file(merges_file)
     tok = Tokenizer(vocab, merges, specials, _in_file=in_file)  # from_files, with the vocab read above
     t0 = time.perf_counter()
-    # The engine encodes the file in worker processes, chunk by chunk, into a .npy written
-    # atomically; the ids are encode's.
+    # The engine encodes the file in worker processes, chunk by chunk, into a .npy written atomically: encode's ids.
     n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)

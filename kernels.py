@@ -238,19 +238,11 @@ def get_variants(device, log=print):
 # -----------------------------------------------------------------------------
 # 2. Accounting: how many bytes each variant moves, and why that decides its speed.
 
-# Variant 1, one kernel per row: (op, flops per element, tensors read, tensors written).
-# tanh counts as one flop here. accounting.ROOFLINE_COSTS["GELU"] takes the lecture's ~20 FLOPs per
-# element (tanh as several); either count leaves GELU far below the ridge point, see below.
-TORCH_OPS = [
-    ("0.5 * x", 1, 1, 1),
-    ("x ** 3", 2, 1, 1),
-    ("0.044715 * x3", 1, 1, 1),
-    ("x + a", 1, 2, 1),
-    ("sqrt(2/pi) * b", 1, 1, 1),
-    ("tanh(c)", 1, 1, 1),
-    ("1 + t", 1, 1, 1),
-    ("h * g", 1, 2, 1),
-]
+# Variant 1's kernels in order: (op, flops per element, tensors read, tensors written). tanh counts
+# as one flop here. accounting.ROOFLINE_COSTS["GELU"] takes the lecture's ~20 FLOPs per element
+# (tanh as several); either count leaves GELU far below the ridge point, see below.
+TORCH_OPS = [("0.5 * x", 1, 1, 1), ("x ** 3", 2, 1, 1), ("0.044715 * x3", 1, 1, 1), ("x + a", 1, 2, 1),
+             ("sqrt(2/pi) * b", 1, 1, 1), ("tanh(c)", 1, 1, 1), ("1 + t", 1, 1, 1), ("h * g", 1, 2, 1)]
 FLOPS_PER_ELEMENT = sum(op[1] for op in TORCH_OPS)          # 9, whichever way it is fused
 UNFUSED_PASSES = sum(op[2] + op[3] for op in TORCH_OPS)      # 18 tensor reads + writes
 FUSED_PASSES = 2                                             # read x, write y
@@ -316,8 +308,7 @@ def check_variant(fn, dtype, device, n=(1 << 20) + 3):
         # Fill the memory handed out next with NaN, so an element a variant forgets to write is
         # NaN, not a stale right value (CUDA's caching allocator hands these blocks straight back).
         [torch.full_like(x, math.nan) for _ in range(16)]
-        # our own kernel also gets an explicitly poisoned output
-        y = gelu_cuda(x, out=torch.full_like(x, math.nan)) if fn is gelu_cuda else fn(x)
+        y = gelu_cuda(x, out=torch.full_like(x, math.nan)) if fn is gelu_cuda else fn(x)  # ours: a poisoned out too
         if y.dtype != x.dtype or y.shape != x.shape:
             raise AssertionError(f"returned {y.dtype} {tuple(y.shape)} for {x.dtype} {tuple(x.shape)}")
         errors.append(max_errors(y, x))

@@ -9,11 +9,10 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
-The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module,
-Parameter, init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention
-and silu, one matmul for q, k, v and one for W1, W3 (their weights concatenated in forward), and
-in float32 without compile RoPE as one complex multiply: same parameters and state-dict keys,
-and the tests check it computes the same function.
+The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, Parameter, init
+and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
+and one for W1, W3 (their weights concatenated in forward), and in float32 without compile RoPE as one complex
+multiply: same parameters and state-dict keys, and the tests check it computes the same function.
 A library (train.py trains it); tests: python -m pytest -q test_all.py -k model
 """
 import math
@@ -124,8 +123,7 @@ class RotaryPositionalEmbedding(nn.Module):
     [x'_2k+1] = [sin   cos] [x_2k+1]
 
     cos and sin are tabulated once per position, in non-persistent buffers (derived from
-    theta, so not in checkpoints). One module serves all layers.
-    """
+    theta, so not in checkpoints). One module serves all layers."""
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
         super().__init__()
@@ -155,8 +153,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that
-    may attend to nothing gets NaN (0/0), so callers must leave every row at least one key.
-    """
+    may attend to nothing gets NaN (0/0), so callers must leave every row at least one key."""
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -183,8 +180,7 @@ class KVCache:
 class MultiHeadSelfAttention(nn.Module):
     """Causal multi-head self-attention: out = W_O concat_h Attention(W_Q^h x, W_K^h x, W_V^h x).
     d_k = d_v = d_model / num_heads. RoPE (if given) rotates q and k, never v, and every head
-    gets the same rotation (heads act as a batch dimension).
-    """
+    gets the same rotation (heads act as a batch dimension)."""
 
     def __init__(self, d_model, num_heads, rope=None, device=None, dtype=None, fast=False):
         super().__init__()
@@ -201,9 +197,8 @@ class MultiHeadSelfAttention(nn.Module):
         self.fast = fast
 
     def _project(self, x):
-        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast (where fused_projections): one
-        matmul, the three weights concatenated here on every call, so the parameters and state-dict
-        keys stay three Linears (under torch.compile the concatenation fuses with the bfloat16 cast)."""
+        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast (where fused_projections): one matmul,
+        the three weights concatenated here on every call, so the parameters and state-dict keys stay three Linears."""
         B, T, _ = x.shape
         H, dh = self.num_heads, self.d_head
         if not (self.fast and fused_projections(x)):
@@ -246,10 +241,9 @@ def _check_count(name, n, least=1):
 
 
 def _as_token_ids(ids):
-    """The boundary check of token ids (forward and generate's prompts): integers only; a bool or
-    uint8 tensor would index the embedding as a mask. Only dtype is read (no host sync: the CPU does
-    not wait for the GPU); int8/16 and the wider unsigned types become int64, since indexing takes
-    int32 and int64 only."""
+    """The boundary check of token ids (forward and generate's prompts): integers only; a bool or uint8
+    tensor would index the embedding as a mask. Only dtype is read (no host sync: the CPU does not wait for
+    the GPU); int8/16 and the wider unsigned types become int64, since indexing takes int32 and int64 only."""
     if not isinstance(ids, torch.Tensor) or ids.dtype in (torch.bool, torch.uint8) \
             or ids.dtype.is_floating_point or ids.dtype.is_complex:
         got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
@@ -260,8 +254,7 @@ def _as_token_ids(ids):
 class TransformerBlock(nn.Module):
     """Pre-norm:  z = x + MHA(ln1(x));  y = z + FFN(ln2(z)).
     Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original
-    Transformer); no_norm drops ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x).
-    """
+    Transformer); no_norm drops ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x)."""
 
     def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
@@ -382,8 +375,7 @@ def _positions(valid):
 def _attention_mask(valid, T):
     """Mask (B, 1, T, S) for the last T of S positions as queries (the first S - T are cached),
     with left padding. valid: (B, S) bool, False at padding. Query i may see key j <= i if j is a
-    real token; a padding query also sees itself, since an empty row is NaN and NaN * 0 poisons real rows.
-    """
+    real token; a padding query also sees itself, since an empty row is NaN and NaN * 0 poisons real rows."""
     k_pos = torch.arange(valid.shape[1], device=valid.device)  # (S,)
     q_pos = k_pos[-T:, None]  # (T, 1)
     return (((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
@@ -400,8 +392,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     keys/values; once the context is full the window slides and RoPE positions shift, so it
     re-runs the window like the reference (same tokens, reference speed).
     fast (default: on CUDA, with the cache) runs the cached part as section 8 does: the same tokens;
-    compile=False runs its decode step eagerly.
-    """
+    compile=False runs its decode step eagerly."""
     text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
     if isinstance(prompt, text) or any(isinstance(p, text) for p in prompt):
         raise ValueError(f"generate takes token ids, not text ({type(prompt).__name__}): encode the prompt first with "
@@ -465,10 +456,9 @@ _COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
 
 
 class StaticKVCache:
-    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in
-    `slots` (a tensor shared by all layers): no Python number changes per token, so the compiled step never
-    recompiles for one. Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN
-    is NaN)."""
+    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in `slots` (a
+    tensor shared by all layers): no Python number changes per token, so the compiled step never recompiles for one.
+    Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN is NaN)."""
     n = 0  # forward's length check before the prefill; the decode steps bypass forward (model._run)
 
     def __init__(self, context_length):
