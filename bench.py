@@ -819,7 +819,7 @@ def bench_stop_checks(args, device, shape, compile):
 # Each section guards itself (a failure is one line, then the next section runs), and none starts
 # once --budget seconds are spent, so a run on a rented GPU always ends with its table. --cpu
 # rehearses it: the same sections at tiny sizes on the CPU, without what only a GPU runs here
-# (torch.compile, whose CPU build takes minutes; bf16 autocast; fused AdamW; the CUDA kernels;
+# (torch.compile, whose CPU build takes minutes; bf16 autocast; compiled AdamW; the CUDA kernels;
 # the GPU memory check; the CUDA tests' bodies).
 
 GPT2_SMALL = dict(vocab_size=50_304, context_length=1_024, d_model=768, num_layers=12, num_heads=12, d_ff=2_048)
@@ -1009,7 +1009,7 @@ def bench_gpu(argv):
     ap = Parser(prog="bench.py gpu", description="Every GPU figure of this project in one command (at most 8 "
                 "minutes on one GPU), ending in the table README's GPU section quotes.")
     ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU at tiny sizes; what needs a GPU "
-                    "(torch.compile, bf16, fused AdamW, CUDA kernels and tests) is skipped")
+                    "(torch.compile, bf16, compiled AdamW, CUDA kernels and tests) is skipped")
     ap.add_argument("--budget", type=float, default=480, help="seconds: no section starts after them, and the "
                     "loop's and the tests' processes are stopped at them (default 480)")
     ap.add_argument("--steps", type=int, help="timed steps per model and shape (default 30; 3 with --cpu)")
@@ -1022,7 +1022,7 @@ def bench_gpu(argv):
         raise UsageError(f"--budget {args.budget} and --steps {args.steps} must be positive.")
     args.steps = args.steps or (3 if args.cpu else 30)
     print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:.0f} s, {args.steps} timed steps"
-          + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, fused AdamW, the CUDA kernels, the "
+          + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, compiled AdamW, the CUDA kernels, the "
              "GPU memory check and the CUDA tests' bodies are skipped)" if args.cpu else ""), flush=True)
     return GpuReport(args).run()
 

@@ -3309,7 +3309,7 @@ def _host_syncs(monkeypatch):
 def test_train_step_makes_no_host_sync(monkeypatch, device):
     # issue 35 item 3: a GPU step is a queue of launches; a sync (clipping's .item(), the loop's float(loss))
     # makes the host wait for the device, every step. train_step and optimizer.step must not wait at all (on a GPU
-    # as bench.py gpu measures it: bf16, compiled, fused AdamW)
+    # as bench.py gpu measures it: bf16, compiled, compiled AdamW)
     gpu = ["--dtype", "bf16", "--compile"] if device == "cuda" else []
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", device, "--grad-accum", "2",
                                 *gpu, "--benchmark"])
