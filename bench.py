@@ -639,8 +639,8 @@ class CompactLM(torch.nn.Module):
 
 def torch_update(params, cfg):
     """The peers' update with the run's settings: torch's clipping (a tensor back, no host sync) and
-    AdamW fused into one kernel (on a CPU too: HF Trainer's default optimizer), then the gradients freed,
-    as train.py does."""
+    AdamW fused into one kernel (on a CPU too: what HF's Trainer takes by default with torch 2.8+), then the
+    gradients freed, as train.py does."""
     params = list(params)
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
                             weight_decay=cfg["weight_decay"], fused=True)
