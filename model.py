@@ -341,7 +341,10 @@ class TransformerLM(nn.Module):
 def _probs(logits, temperature, top_p):
     """logits (B, V) -> the probabilities sampled from (B, V): top-p keeps the smallest set of most
     likely tokens whose probabilities add up to at least top_p."""
-    probs = softmax(logits.float() / temperature, dim=-1)
+    # the gaps to the top logit, <= 0: a tiny temperature makes them -inf (probability 0), not inf - inf = NaN; one
+    # below float32's smallest normal number would round to 0 as a float32 scalar (0 / 0 = NaN)
+    z = logits.float()
+    probs = softmax((z - z.amax(-1, keepdim=True)) / max(temperature, torch.finfo(z.dtype).tiny), dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)

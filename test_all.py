@@ -511,6 +511,20 @@ def test_model_sample_top_p_distribution():
     torch.testing.assert_close(freq, torch.tensor([5 / 8, 3 / 8, 0, 0], dtype=torch.float64), atol=0.015, rtol=0)
 
 
+# --- hostile generation review: generate's arguments at their edges ---
+
+def test_model_generate_tiny_temperature_samples_the_top_token():
+    # a tiny temperature > 0 divided float32 logits into inf: inf - inf in the softmax was NaN, so the plain paths
+    # crashed in torch.multinomial and the fast path sampled id 0 (argmax of NaN). Its limit is greedy sampling
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64)
+    greedy = model.generate(m, [[3, 1, 4], [5]], 6, temperature=0)
+    for temperature in (1e-40, 1e-300):  # below float32's smallest normal number; below its smallest number
+        for kw in (dict(fast=False), dict(use_cache=False), dict(fast=True, compile=False)):
+            g = torch.Generator().manual_seed(0)
+            assert model.generate(m, [[3, 1, 4], [5]], 6, temperature=temperature, generator=g, **kw) == greedy, kw
+
+
 # --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
 
 def test_model_generate_fast_equals_plain_on_every_case():
