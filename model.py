@@ -407,6 +407,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     _check_count("max_new_tokens", max_new_tokens, least=0)
     if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
+    if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
+        _check_count("stop_id", stop_id, least=0)
+        if stop_id >= model.vocab_size:
+            raise ValueError(f"stop_id {stop_id} is outside the vocabulary [0, {model.vocab_size}): no row would stop.")
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids = torch.zeros(B, L, dtype=torch.long, device=device)

@@ -525,6 +525,19 @@ def test_model_generate_tiny_temperature_samples_the_top_token():
             assert model.generate(m, [[3, 1, 4], [5]], 6, temperature=temperature, generator=g, **kw) == greedy, kw
 
 
+def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
+    # stop_id=tokenizer.encode("<|endoftext|>") is a list: no token equals it, so every row ran to max_new_tokens
+    # without a word (the fast path compared it as a tensor, stopped, and cut nothing); an id past the vocabulary alike
+    m = _model_small(dtype=torch.float64)
+    greedy = model.generate(m, [3, 1, 4], 8, temperature=0)
+    for stop_id in ([greedy[2]], str(greedy[2]), float(greedy[2]), True, -1):
+        with pytest.raises(ValueError, match=rf"^stop_id must be a whole number >= 0, got {re.escape(repr(stop_id))}\.$"):
+            model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=stop_id)
+    with pytest.raises(ValueError, match=r"^stop_id 61 is outside the vocabulary \[0, 61\): no row would stop\.$"):
+        model.generate(m, [3, 1, 4], 8, stop_id=61, fast=True, compile=False)
+    assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
+
+
 # --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
 
 def test_model_generate_fast_equals_plain_on_every_case():
@@ -567,10 +580,11 @@ def test_model_generate_fast_reads_the_stop_flags_once_every_k_tokens():
     # (torch.multinomial checks the probabilities), the fast one, watching a stop id, one in STOP_CHECK_EVERY tokens
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64)
-    syncs = {}
+    drawn = model.generate(m, [[1, 2], [3]], 16, temperature=0.9, generator=torch.Generator().manual_seed(0))
+    never, syncs = min(set(range(61)) - set(drawn[0] + drawn[1])), {}  # a stop id watched for, never met
     for fast in (False, True):
         with torch.autograd.profiler.profile() as prof:  # kineto's profiler takes seconds to start
-            model.generate(m, [[1, 2], [3]], 16, temperature=0.9, stop_id=61, fast=fast, compile=False,
+            model.generate(m, [[1, 2], [3]], 16, temperature=0.9, stop_id=never, fast=fast, compile=False,
                            generator=torch.Generator().manual_seed(0))
         syncs[fast] = sum(e.name == "aten::_local_scalar_dense" for e in prof.function_events)
     assert syncs[False] >= 16 and syncs[True] == 16 // model.STOP_CHECK_EVERY, syncs
