@@ -400,7 +400,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if isinstance(prompt, text) or any(isinstance(p, text) for p in prompt):
         raise ValueError(f"generate takes token ids, not text ({type(prompt).__name__}): encode the prompt first with "
                          "tokenizer.encode(text), and turn the new ids back into text with tokenizer.decode(ids).")
-    batched = len(prompt) > 0 and isinstance(prompt[0], (list, tuple))
+    # a batch: rows that are lists, tuples, or 1-D tensors / arrays (a (B, T) tensor, as forward takes, is rows of them)
+    batched = len(prompt) > 0 and (isinstance(prompt[0], (list, tuple)) or getattr(prompt[0], "ndim", 0) > 0)
     prompts = [list(p) for p in prompt] if batched else [list(prompt)]
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")

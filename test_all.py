@@ -538,6 +538,20 @@ def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
 
 
+def test_model_generate_takes_a_batch_as_a_tensor_or_an_array():
+    # a (B, T) tensor, the shape forward takes, or an array, or a list of 1-D ones, was read as one prompt of B
+    # tokens: "only integer tensors of a single element can be converted to an index", or an expand error
+    m = _model_small(dtype=torch.float64)
+    rows = [[3, 1, 4], [5, 9, 2]]
+    want = model.generate(m, rows, 5, temperature=0)
+    for batch in (torch.tensor(rows), torch.tensor(rows, dtype=torch.int32), np.array(rows),
+                  [torch.tensor(r) for r in rows], [np.array(r) for r in rows]):
+        assert model.generate(m, batch, 5, temperature=0) == want
+    ragged = [torch.tensor(rows[0]), torch.tensor(rows[1][1:])]  # rows of two lengths: left-padded as lists are
+    assert model.generate(m, ragged, 5, temperature=0) == model.generate(m, [rows[0], rows[1][1:]], 5, temperature=0)
+    assert model.generate(m, torch.tensor(rows[0]), 5, temperature=0) == want[0]  # a 1-D tensor: one prompt
+
+
 # --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
 
 def test_model_generate_fast_equals_plain_on_every_case():
