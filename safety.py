@@ -442,7 +442,6 @@ RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.js
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
 MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
 FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is added in float32, where less can be 0
-MIN_TEMPERATURE = 1e-6  # sampling divides float32 logits by the temperature: a smaller one can overflow them to inf
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
@@ -456,8 +455,6 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
         "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples", "sample_tokens")),
     (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
      "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
-    (f"be 0 (greedy) or at least {MIN_TEMPERATURE:g} (sampling divides the logits by it: a smaller one overflows "
-     "float32)", lambda v: 0 < v < MIN_TEMPERATURE, lambda k, v: k == "temperature"),
     ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
     ("lie in (0, 1]", lambda v: not 0 < v <= 1, lambda k, v: k == "top_p"),
 ]

@@ -4012,7 +4012,6 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
               ("--sample-tokens=-1", "--sample-tokens must not be negative"),
               ("--temperature=-0.5", "--temperature must not be negative"),
-              ("--temperature=1e-40", "--temperature must be 0 (greedy) or at least 1e-06"),  # crashed sampling
               ("--eps=0", "--eps must be positive, got 0.0"),  # optim.AdamW refused it with a traceback
               ("--eps=-1e-8", "--eps must be positive"),
               ("--eps=1e-300", "--eps must be at least 1.18e-38"),  # 0 in float32: "loss is nan, try a lower --lr"
@@ -4037,7 +4036,8 @@ def test_train_eps_is_refused_where_optim_refuses_it_or_float32_loses_it():
             optim_refuses = True
         refused = bool(safety.bad_number({"eps": eps}))
         assert refused == (optim_refuses or torch.tensor(eps, dtype=torch.float32).item() < safety.FLOAT32_TINY), eps
-    assert not safety.bad_number({"temperature": 0.0}) and not safety.bad_number({"temperature": 1e-6})
+    # any temperature >= 0 samples (a tiny one as greedy does: test_model_generate_tiny_temperature_samples_the_top_token)
+    assert not any(safety.bad_number({"temperature": t}) for t in (0.0, 1e-300, 1e-6, 1e300))
 
 
 def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
