@@ -1027,7 +1027,8 @@ def read_run(d, like):
     ckpt = Path(d) / "ckpt.pt"
     if not ckpt.exists():
         raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if Path(d).is_dir()
-                                else f"there is no run in {d}")
+                                else f"{d} is a file, not a run directory: pass the directory that holds ckpt.pt"
+                                if Path(d).is_file() else f"there is no run in {d}")
     state = read_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
         raise ValueError(f"{ckpt} holds no run config or no model")

@@ -4979,6 +4979,16 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
         train.load_run(tmp_path / "none")
 
 
+# --- hostile generation review: train.load_run ---
+
+def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
+    # load_run("out/run/ckpt.pt"), the path load_checkpoint takes, said "there is no run in out/run/ckpt.pt"
+    _, run = sample_run
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(run / 'ckpt.pt'))} is a file, not a run directory: "
+                       "pass the directory that holds ckpt.pt$"):
+        train.load_run(run / "ckpt.pt")
+
+
 def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_path, capsys):
     # bpe.py encode writes the tokenizer to another folder than the ids: --vocab-size had to be passed by hand and the
     # run ended without samples. --tokenizer DIR names it (bpe.py encode's last line says how): the size is its own
