@@ -1050,7 +1050,7 @@ def print_samples(cfg, load_run, write_samples):
                          "came without one); put the vocab.json and merges.txt that made them there.")
     try:
         for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
-            prompt = line.removesuffix("\n")
+            prompt = line.removesuffix("\n").removesuffix("\r")  # a CRLF file's line: its text without the \r
             try:
                 write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
             except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary

@@ -4979,7 +4979,7 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
         train.load_run(tmp_path / "none")
 
 
-# --- hostile generation review: train.load_run ---
+# --- hostile generation review: train.load_run and --sample's stdin ---
 
 def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
     # load_run("out/run/ckpt.pt"), the path load_checkpoint takes, said "there is no run in out/run/ckpt.pt"
@@ -4987,6 +4987,17 @@ def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(run / 'ckpt.pt'))} is a file, not a run directory: "
                        "pass the directory that holds ckpt.pt$"):
         train.load_run(run / "ckpt.pt")
+
+
+def test_train_sample_reads_a_crlf_stdin_line_as_its_text(sample_run, capsys, monkeypatch):
+    # --prompt - from a file with Windows line ends: each prompt kept its "\r", which the model read and the
+    # terminal printed as a jump back over the prompt
+    flags, _ = sample_run
+    assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "the cat"]) == 0
+    alone = capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the cat\r\n", newline=""))
+    assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 0
+    assert capsys.readouterr().out == alone
 
 
 def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_path, capsys):
