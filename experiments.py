@@ -132,6 +132,12 @@ def command(run, args, rest):
             *rest, *run.flags, "--out-dir", str(run.dir(args.out_dir).parent), "--run-name", run.name]
 
 
+def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "diverged" at an int step; a command
+    return (isinstance(r, dict) and "step" in r and isinstance(r.get("command"), list)
+            and all(isinstance(a, str) for a in r["command"])
+            and (r.get("status"), type(r["step"])) in (("done", type(None)), ("diverged", int)))
+
+
 def outcome(run, args, rest):
     """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A
     result made by another command line is refused: its numbers would be read as this one's."""
@@ -140,6 +146,8 @@ def outcome(run, args, rest):
         return None
     try:
         result = safety.load_json(path.read_text(encoding="utf-8"), path)
+        if not is_result(result):  # edited, or not finish's
+            raise ValueError(f"not a result of experiments.py: {safety.short_repr(result)}")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise safety.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
     if result.get("command") != command(run, args, rest)[2:]:

@@ -5144,6 +5144,23 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert experiments.stored_figures(path) is None and "tokenizer" not in experiments.extra_sections(tmp_path, None)
 
 
+# --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
+
+def _exp_args(tmp_path, data="pydoc"):
+    return types.SimpleNamespace(data=data, out_dir=str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("text", ['[]', '{}', '{"command": 5}', '{"status": "done", "step": null, "command": [1]}',
+                                  '{"status": "done", "command": []}', '{"status": "done", "step": "x", "command": []}',
+                                  '{"status": "diverged", "step": null, "command": []}'])
+def test_experiments_result_json_of_another_shape_is_one_sentence(tmp_path, text):
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+    run.dir(args.out_dir).mkdir(parents=True)
+    (run.dir(args.out_dir) / "result.json").write_text(text)
+    with pytest.raises(safety.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: .*delete"):
+        experiments.outcome(run, args, [])
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
