@@ -340,10 +340,10 @@ def answer_ablations(found, cfg):
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
             "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
     lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
-                                                    if found[name]["final"] is not None else ".")
-             for name, what in said.items() if name in found]
+                                                    if None not in (found[name]["final"], base["final"]) else ".")
+             for name, what in said.items() if name in found]  # a diverged one has no loss to subtract
     return [f"the baseline (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: {ffn[False]:,} FFN parameters): "
-            f"{base['final']:.3f}; each ablation against it:", *lines]
+            f"{loss_text(base)}; each ablation against it:", *lines]
 
 
 def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops

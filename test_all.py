@@ -5161,6 +5161,19 @@ def test_experiments_result_json_of_another_shape_is_one_sentence(tmp_path, text
         experiments.outcome(run, args, [])
 
 
+def test_experiments_ablations_answer_a_diverged_baseline():
+    # the baseline diverging (a high --lr) is a result: each ablation is still listed, with no difference to subtract
+    cfg = dict(vocab_size=64, d_model=32, num_layers=1, d_ff=64, lr=10.0)
+    found = {"baseline": dict(final=None, diverged=8), "nope": dict(final=3.25, diverged=None),
+             "post-norm": dict(final=None, diverged=5)}
+    head, *lines = experiments.answer_ablations(found, cfg)
+    assert head.endswith("FFN parameters): diverged at step 8; each ablation against it:")
+    assert lines == ["post-norm: diverged at step 5.", "NoPE (no position embedding): 3.250."]
+    found["baseline"] = dict(final=3.5, diverged=None)
+    assert experiments.answer_ablations(found, cfg)[1:] == ["post-norm: diverged at step 5.",
+                                                            "NoPE (no position embedding): 3.250 (-0.250)."]
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
