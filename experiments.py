@@ -232,6 +232,10 @@ def run_all(runs, args, rest):
 # ----------------------------------------------------------------------------
 # 4. What a run measured: its metrics.jsonl, read back
 
+def number(r, key):  # a metrics record's figure, not an edited one ("x", null, true)
+    return type(r.get(key)) in (int, float)
+
+
 def measured(run, label, args, rest):
     """A finished run's figures (None before it has finished): its validation curve (step, seconds, loss), final
     validation loss (None when it diverged), median tokens/s of its log lines, wall-clock seconds (since its first
@@ -239,9 +243,13 @@ def measured(run, label, args, rest):
     result, path = outcome(run, args, rest), run.dir(args.out_dir) / "metrics.jsonl"
     if result is None:
         return None
-    rows = [r for _, r in safety.metrics_records(path) if r]  # a line cut short by a kill is no record
-    curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if "val_loss" in r]
-    speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
+    rows = [r for _, r in safety.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
+    curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
+    if not curve:  # train.py evaluates at step 0 of every run: it was emptied, deleted or edited
+        raise safety.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
+                                "it again.")
+    speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
     return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
                 final=None if result["step"] else curve[-1][2], tokens_per_s=statistics.median(speeds) if speeds else 0)
 

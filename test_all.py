@@ -5174,6 +5174,36 @@ def test_experiments_ablations_answer_a_diverged_baseline():
                                                             "NoPE (no position embedding): 3.250 (-0.250)."]
 
 
+def _exp_finished_run(tmp_path, metrics):  # a run with finish()'s result.json and the given metrics.jsonl lines
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+    run.dir(args.out_dir).mkdir(parents=True)
+    (run.dir(args.out_dir) / "result.json").write_text(json.dumps(
+        {"status": "done", "step": None, "command": experiments.command(run, args, [])[2:]}))
+    if metrics is not None:
+        (run.dir(args.out_dir) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return run, args
+
+
+@pytest.mark.parametrize("metrics", [None, [], ["garbage"], [{"step": 1, "time": 0.5, "loss": 3.0}],
+                                     [{"step": 0, "time": "x", "val_loss": 4.0}, {"step": 0, "time": 0.1,
+                                                                                  "val_loss": None}]])
+def test_experiments_finished_run_without_its_metrics_is_one_sentence(tmp_path, metrics):
+    # metrics.jsonl deleted, emptied or edited under a finished run: no traceback (IndexError, KeyError, a format
+    # error), the run's folder named to delete
+    run, args = _exp_finished_run(tmp_path, metrics)
+    with pytest.raises(safety.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*lr=1e-03"):
+        experiments.measured(run, "lr=1e-03", args, [])
+
+
+def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
+    good = [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 1, "time": 0.5, "loss": 3.0, "tokens_per_s": 100.0},
+            {"step": 2, "time": 0.9, "val_loss": 3.5}]
+    run, args = _exp_finished_run(tmp_path, good + [{"step": 3, "time": "x", "val_loss": "y"}, {"step": 4},
+                                                    {"step": 5, "time": 2.0, "tokens_per_s": "fast"}])
+    m = experiments.measured(run, "lr=1e-03", args, [])
+    assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (2, 0.9, 3.5)], 3.5, 100.0, 2.0)
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
