@@ -572,12 +572,23 @@ def chosen_runs(args, plans):
     return [run for where, run in runs.items() if labels[where] & wanted]
 
 
+def check(runs, args, rest):
+    """Each run's flags as train.py will check them, before any run starts: a flag that only a variant breaks
+    (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it."""
+    for run in runs:
+        try:
+            train.resolve_config([*command(run, args, rest)[2:], "--benchmark"])
+        except safety.UsageError as e:
+            raise safety.UsageError(f"{run.experiment}/{run.name}: {e}") from None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
     cfg = train.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs = chosen_runs(args, plans)
+    check(runs, args, rest)
     baseline, tok, ids = prepare(cfg)
     safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)

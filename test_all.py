@@ -5204,6 +5204,15 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
     assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (2, 0.9, 3.5)], 3.5, 100.0, 2.0)
 
 
+def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
+    # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    with pytest.raises(safety.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps\)"):
+        experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--max-iters", "40", "--warmup-iters", "5"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
