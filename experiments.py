@@ -207,7 +207,8 @@ def slots(jobs):
 def run_all(runs, args, rest):
     """Every run without a result, as many at once as there are slots. A fault in one stops the others (each saves
     a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C, SIGTERM or SIGHUP."""
-    todo, free, running = [r for r in runs if outcome(r, args, rest) is None], slots(args.jobs), {}
+    todo, running = [r for r in runs if outcome(r, args, rest) is None], {}
+    free = slots(min(args.jobs, len(todo)) or 1)  # no more slots than runs: a --jobs of 10**20 is no list that long
     try:
         while todo or running:
             while todo and free:

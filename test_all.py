@@ -5213,6 +5213,12 @@ def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_experiments_huge_jobs_makes_no_more_slots_than_runs(tmp_path):
+    run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
+    args.jobs = 10 ** 20  # [{...}] * 10**20 raised OverflowError (MemoryError for 10**11)
+    experiments.run_all([run], args, [])  # the run has its result: nothing to start, and no traceback
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
