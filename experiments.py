@@ -575,7 +575,13 @@ def chosen_runs(args, plans):
 
 def check(runs, args, rest):
     """Each run's flags as train.py will check them, before any run starts: a flag that only a variant breaks
-    (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it."""
+    (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
+    a directory where the report or a figure goes."""
+    where = Path(args.out_dir) / "experiments"
+    for path in (where / "report.md", *(where / f"{name}.png" for name in QUESTIONS)):
+        if kind := safety.not_a_file(path):
+            raise safety.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
+                                    "another --out-dir.")
     for run in runs:
         try:
             train.resolve_config([*command(run, args, rest)[2:], "--benchmark"])

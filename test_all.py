@@ -5219,6 +5219,17 @@ def test_experiments_huge_jobs_makes_no_more_slots_than_runs(tmp_path):
     experiments.run_all([run], args, [])  # the run has its result: nothing to start, and no traceback
 
 
+@pytest.mark.parametrize("name", ["report.md", "lr.png"])
+def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(tmp_path, name):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    (tmp_path / "out" / "experiments" / name).mkdir(parents=True)
+    with pytest.raises(safety.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
+                                                r"writes a file; move it away, or pass another --out-dir"):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+                          *_TRAIN_TINY, "--max-iters", "2"])
+    assert os.listdir(tmp_path / "out" / "experiments") == [name]  # no run started
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
