@@ -597,12 +597,18 @@ def main(argv=None):
     runs = chosen_runs(args, plans)
     check(runs, args, rest)
     baseline, tok, ids = prepare(cfg)
+    if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
+        raise safety.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
+                                "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
+    if args.experiment == "tokenizer" and data.is_ids(args.data):
+        raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; pass "
+                                "text data (pydoc, tinystories, owt, a .txt file).")
     safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
     if args.experiment in ("generate", "all") and tok is not None and best:
         generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
-    if args.experiment in ("tokenizer", "all") and tok is not None:
+    if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
         tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
     report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
     return 0

@@ -5230,6 +5230,19 @@ def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(
     assert os.listdir(tmp_path / "out" / "experiments") == [name]  # no run started
 
 
+@pytest.mark.parametrize("experiment, words", [("tokenizer", "tokenizer measures a tokenizer on its text"),
+                                               ("generate", "generate writes text, and --data")])
+def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, experiment, words):
+    # token ids have no text: tokenizer ended in "report.md: No such file or directory", generate ran the whole lr
+    # sweep and then wrote no sample without a word
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    with pytest.raises(safety.UsageError, match=rf"^{words}.* is token ids"):
+        experiments.main([experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+                          *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
+                         [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec: not installed
     ids = _train_toy_ids(tmp_path / "toy.npy")
