@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -515,7 +516,8 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
         lines, ok = section(name, found, cfg, baseline, where) if found else ([f"## {name}", ""], True)
         drawn &= ok
         if missing:
-            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {name}`).", ""]
+            again = shlex.join([name, "--data", args.data, "--out-dir", args.out_dir, *rest])  # the same runs' flags
+            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {again}`).", ""]
         parts += lines
     for name, lines in extra.items():
         parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]

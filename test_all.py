@@ -20,6 +20,7 @@ import platform
 import random
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -5241,6 +5242,20 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
                          [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
     assert not (tmp_path / "out").exists()
+def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
+    # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
+    # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    rest = [*_TRAIN_TINY, "--max-iters", "40"]
+    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    args, plans = types.SimpleNamespace(data=str(ids), out_dir=str(tmp_path / "out"), jobs=1), experiments.plan(cfg)
+    (tmp_path / "out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
+    experiments.report(args, rest, ["batch"], cfg, plans, 3.0, {})
+    hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$",
+                     (tmp_path / "out/experiments/report.md").read_text(), re.M)[1]
+    again, again_rest = experiments.parse(shlex.split(hint)[2:])
+    for _, _, run in plans["batch"]:
+        assert experiments.command(run, again, again_rest) == experiments.command(run, args, rest)
 
 
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
