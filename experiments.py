@@ -603,8 +603,8 @@ def main(argv=None):
         raise safety.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
                                 "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
     if args.experiment == "tokenizer" and data.is_ids(args.data):
-        raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; pass "
-                                "text data (pydoc, tinystories, owt, a .txt file).")
+        raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
+                                "pass text data (pydoc, tinystories, owt, a .txt file).")
     safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)

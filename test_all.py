@@ -5158,7 +5158,7 @@ def test_experiments_result_json_of_another_shape_is_one_sentence(tmp_path, text
     run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
     run.dir(args.out_dir).mkdir(parents=True)
     (run.dir(args.out_dir) / "result.json").write_text(text)
-    with pytest.raises(safety.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: .*delete"):
+    with pytest.raises(safety.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: "):
         experiments.outcome(run, args, [])
 
 
@@ -5192,7 +5192,7 @@ def test_experiments_finished_run_without_its_metrics_is_one_sentence(tmp_path, 
     # metrics.jsonl deleted, emptied or edited under a finished run: no traceback (IndexError, KeyError, a format
     # error), the run's folder named to delete
     run, args = _exp_finished_run(tmp_path, metrics)
-    with pytest.raises(safety.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*lr=1e-03"):
+    with pytest.raises(safety.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*1e-03"):
         experiments.measured(run, "lr=1e-03", args, [])
 
 
@@ -5208,7 +5208,7 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
     # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(safety.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps\)"):
+    with pytest.raises(safety.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
         experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
                           "--max-iters", "40", "--warmup-iters", "5"])
     assert not (tmp_path / "out").exists()
