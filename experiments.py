@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -132,6 +133,12 @@ def command(run, args, rest):
             *rest, *run.flags, "--out-dir", str(run.dir(args.out_dir).parent), "--run-name", run.name]
 
 
+def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "diverged" at an int step; a command
+    return (isinstance(r, dict) and "step" in r and isinstance(r.get("command"), list)
+            and all(isinstance(a, str) for a in r["command"])
+            and (r.get("status"), type(r["step"])) in (("done", type(None)), ("diverged", int)))
+
+
 def outcome(run, args, rest):
     """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A
     result made by another command line is refused: its numbers would be read as this one's."""
@@ -140,6 +147,8 @@ def outcome(run, args, rest):
         return None
     try:
         result = safety.load_json(path.read_text(encoding="utf-8"), path)
+        if not is_result(result):  # edited, or not finish's
+            raise ValueError(f"not a result of experiments.py: {safety.short_repr(result)}")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise safety.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
     if result.get("command") != command(run, args, rest)[2:]:
@@ -199,7 +208,8 @@ def slots(jobs):
 def run_all(runs, args, rest):
     """Every run without a result, as many at once as there are slots. A fault in one stops the others (each saves
     a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C, SIGTERM or SIGHUP."""
-    todo, free, running = [r for r in runs if outcome(r, args, rest) is None], slots(args.jobs), {}
+    todo, running = [r for r in runs if outcome(r, args, rest) is None], {}
+    free = slots(min(args.jobs, len(todo)) or 1)  # no more slots than runs: a --jobs of 10**20 is no list that long
     try:
         while todo or running:
             while todo and free:
@@ -224,6 +234,10 @@ def run_all(runs, args, rest):
 # ----------------------------------------------------------------------------
 # 4. What a run measured: its metrics.jsonl, read back
 
+def number(r, key):  # a metrics record's figure, not an edited one ("x", null, true)
+    return type(r.get(key)) in (int, float)
+
+
 def measured(run, label, args, rest):
     """A finished run's figures (None before it has finished): its validation curve (step, seconds, loss), final
     validation loss (None when it diverged), median tokens/s of its log lines, wall-clock seconds (since its first
@@ -231,9 +245,13 @@ def measured(run, label, args, rest):
     result, path = outcome(run, args, rest), run.dir(args.out_dir) / "metrics.jsonl"
     if result is None:
         return None
-    rows = [r for _, r in safety.metrics_records(path) if r]  # a line cut short by a kill is no record
-    curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if "val_loss" in r]
-    speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
+    rows = [r for _, r in safety.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
+    curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
+    if not curve:  # train.py evaluates at step 0 of every run: it was emptied, deleted or edited
+        raise safety.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
+                                "it again.")
+    speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
     return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
                 final=None if result["step"] else curve[-1][2], tokens_per_s=statistics.median(speeds) if speeds else 0)
 
@@ -332,10 +350,10 @@ def answer_ablations(found, cfg):
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
             "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
     lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
-                                                    if found[name]["final"] is not None else ".")
-             for name, what in said.items() if name in found]
+                                                    if None not in (found[name]["final"], base["final"]) else ".")
+             for name, what in said.items() if name in found]  # a diverged one has no loss to subtract
     return [f"the baseline (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: {ffn[False]:,} FFN parameters): "
-            f"{base['final']:.3f}; each ablation against it:", *lines]
+            f"{loss_text(base)}; each ablation against it:", *lines]
 
 
 def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
@@ -498,7 +516,8 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
         lines, ok = section(name, found, cfg, baseline, where) if found else ([f"## {name}", ""], True)
         drawn &= ok
         if missing:
-            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {name}`).", ""]
+            again = shlex.join([name, "--data", args.data, "--out-dir", args.out_dir, *rest])  # the same runs' flags
+            lines += [f"Not run yet: {', '.join(missing)} (`python experiments.py {again}`).", ""]
         parts += lines
     for name, lines in extra.items():
         parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]
@@ -556,19 +575,42 @@ def chosen_runs(args, plans):
     return [run for where, run in runs.items() if labels[where] & wanted]
 
 
+def check(runs, args, rest):
+    """Each run's flags as train.py will check them, before any run starts: a flag that only a variant breaks
+    (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
+    a directory where the report or a figure goes."""
+    where = Path(args.out_dir) / "experiments"
+    for path in (where / "report.md", *(where / f"{name}.png" for name in QUESTIONS)):
+        if kind := safety.not_a_file(path):
+            raise safety.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
+                                    "another --out-dir.")
+    for run in runs:
+        try:
+            train.resolve_config([*command(run, args, rest)[2:], "--benchmark"])
+        except safety.UsageError as e:
+            raise safety.UsageError(f"{run.experiment}/{run.name}: {e}") from None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
     cfg = train.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs = chosen_runs(args, plans)
+    check(runs, args, rest)
     baseline, tok, ids = prepare(cfg)
+    if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
+        raise safety.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
+                                "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
+    if args.experiment == "tokenizer" and data.is_ids(args.data):
+        raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
+                                "pass text data (pydoc, tinystories, owt, a .txt file).")
     safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
     if args.experiment in ("generate", "all") and tok is not None and best:
         generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
-    if args.experiment in ("tokenizer", "all") and tok is not None:
+    if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
         tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
     report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
     return 0

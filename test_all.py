@@ -20,6 +20,7 @@ import platform
 import random
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -5205,6 +5206,119 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert experiments.tokenizer_figures(tok, ids, cfg, path) == f
     path.write_text(json.dumps({k: v for k, v in f.items() if not k.startswith("other")}))  # an older version's
     assert experiments.stored_figures(path) is None and "tokenizer" not in experiments.extra_sections(tmp_path, None)
+
+
+# --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
+
+def _exp_args(tmp_path, data="pydoc"):
+    return types.SimpleNamespace(data=data, out_dir=str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("text", ['[]', '{}', '{"command": 5}', '{"status": "done", "step": null, "command": [1]}',
+                                  '{"status": "done", "command": []}', '{"status": "done", "step": "x", "command": []}',
+                                  '{"status": "diverged", "step": null, "command": []}'])
+def test_experiments_result_json_of_another_shape_is_one_sentence(tmp_path, text):
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+    run.dir(args.out_dir).mkdir(parents=True)
+    (run.dir(args.out_dir) / "result.json").write_text(text)
+    with pytest.raises(safety.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: "):
+        experiments.outcome(run, args, [])
+
+
+def test_experiments_ablations_answer_a_diverged_baseline():
+    # the baseline diverging (a high --lr) is a result: each ablation is still listed, with no difference to subtract
+    cfg = dict(vocab_size=64, d_model=32, num_layers=1, d_ff=64, lr=10.0)
+    found = {"baseline": dict(final=None, diverged=8), "nope": dict(final=3.25, diverged=None),
+             "post-norm": dict(final=None, diverged=5)}
+    head, *lines = experiments.answer_ablations(found, cfg)
+    assert head.endswith("FFN parameters): diverged at step 8; each ablation against it:")
+    assert lines == ["post-norm: diverged at step 5.", "NoPE (no position embedding): 3.250."]
+    found["baseline"] = dict(final=3.5, diverged=None)
+    assert experiments.answer_ablations(found, cfg)[1:] == ["post-norm: diverged at step 5.",
+                                                            "NoPE (no position embedding): 3.250 (-0.250)."]
+
+
+def _exp_finished_run(tmp_path, metrics):  # a run with finish()'s result.json and the given metrics.jsonl lines
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+    run.dir(args.out_dir).mkdir(parents=True)
+    (run.dir(args.out_dir) / "result.json").write_text(json.dumps(
+        {"status": "done", "step": None, "command": experiments.command(run, args, [])[2:]}))
+    if metrics is not None:
+        (run.dir(args.out_dir) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return run, args
+
+
+@pytest.mark.parametrize("metrics", [None, [], ["garbage"], [{"step": 1, "time": 0.5, "loss": 3.0}],
+                                     [{"step": 0, "time": "x", "val_loss": 4.0}, {"step": 0, "time": 0.1,
+                                                                                  "val_loss": None}]])
+def test_experiments_finished_run_without_its_metrics_is_one_sentence(tmp_path, metrics):
+    # metrics.jsonl deleted, emptied or edited under a finished run: no traceback (IndexError, KeyError, a format
+    # error), the run's folder named to delete
+    run, args = _exp_finished_run(tmp_path, metrics)
+    with pytest.raises(safety.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*1e-03"):
+        experiments.measured(run, "lr=1e-03", args, [])
+
+
+def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
+    good = [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 1, "time": 0.5, "loss": 3.0, "tokens_per_s": 100.0},
+            {"step": 2, "time": 0.9, "val_loss": 3.5}]
+    run, args = _exp_finished_run(tmp_path, good + [{"step": 3, "time": "x", "val_loss": "y"}, {"step": 4},
+                                                    {"step": 5, "time": 2.0, "tokens_per_s": "fast"}])
+    m = experiments.measured(run, "lr=1e-03", args, [])
+    assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (2, 0.9, 3.5)], 3.5, 100.0, 2.0)
+
+
+def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
+    # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    with pytest.raises(safety.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
+        experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--max-iters", "40", "--warmup-iters", "5"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_experiments_huge_jobs_makes_no_more_slots_than_runs(tmp_path):
+    run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
+    args.jobs = 10 ** 20  # [{...}] * 10**20 raised OverflowError (MemoryError for 10**11)
+    experiments.run_all([run], args, [])  # the run has its result: nothing to start, and no traceback
+
+
+@pytest.mark.parametrize("name", ["report.md", "lr.png"])
+def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(tmp_path, name):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    (tmp_path / "out" / "experiments" / name).mkdir(parents=True)
+    with pytest.raises(safety.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
+                                                r"writes a file; move it away, or pass another --out-dir"):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+                          *_TRAIN_TINY, "--max-iters", "2"])
+    assert os.listdir(tmp_path / "out" / "experiments") == [name]  # no run started
+
+
+@pytest.mark.parametrize("experiment, words", [("tokenizer", "tokenizer measures a tokenizer on its text"),
+                                               ("generate", "generate writes text, and --data")])
+def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, experiment, words):
+    # token ids have no text: tokenizer ended in "report.md: No such file or directory", generate ran the whole lr
+    # sweep and then wrote no sample without a word
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    with pytest.raises(safety.UsageError, match=rf"^{words}.* is token ids"):
+        experiments.main([experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+                          *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
+                         [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
+    assert not (tmp_path / "out").exists()
+def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
+    # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
+    # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    rest = [*_TRAIN_TINY, "--max-iters", "40"]
+    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    args, plans = types.SimpleNamespace(data=str(ids), out_dir=str(tmp_path / "out"), jobs=1), experiments.plan(cfg)
+    (tmp_path / "out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
+    experiments.report(args, rest, ["batch"], cfg, plans, 3.0, {})
+    hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$",
+                     (tmp_path / "out/experiments/report.md").read_text(), re.M)[1]
+    again, again_rest = experiments.parse(shlex.split(hint)[2:])
+    for _, _, run in plans["batch"]:
+        assert experiments.command(run, again, again_rest) == experiments.command(run, args, rest)
 
 
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
