@@ -151,7 +151,7 @@ def outcome(run, args, rest):
             raise ValueError(f"not a result of experiments.py: {safety.short_repr(result)}")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise safety.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
-    if result.get("command") != command(run, args, rest)[2:]:
+    if result["command"][:-4] != command(run, args, rest)[2:-4]:  # the last 4: where it sits (out/ may move)
         raise safety.UsageError(f"{run.dir(args.out_dir)} is a run of other flags ({' '.join(result.get('command'))}"
                                 f"); delete it, or pass another --out-dir.")
     return result
@@ -566,12 +566,12 @@ def chosen_runs(args, plans):
         for _, label, run in plans[n]:
             runs[run.dir(args.out_dir)] = run
             labels.setdefault(run.dir(args.out_dir), set()).add(label)
-    if not args.variants:
+    if args.variants is None:
         return list(runs.values())
     wanted, known = set(args.variants.split(",")), set().union(*labels.values())
-    if wanted - known:
-        raise safety.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; pick "
-                                f"from {', '.join(sorted(known))}.")
+    if wanted - known:  # "" (no name) and the tokenizer's (no runs) too
+        raise safety.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; "
+                                + (f"pick from {', '.join(sorted(known))}." if known else "it has no runs to pick."))
     return [run for where, run in runs.items() if labels[where] & wanted]
 
 

@@ -5305,6 +5305,27 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
                          [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
     assert not (tmp_path / "out").exists()
+def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
+    # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
+    # they sat), while a run of other flags is still refused
+    run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
+    (tmp_path / "out").rename(tmp_path / "old")
+    args.out_dir = str(tmp_path / "old")
+    assert experiments.outcome(run, args, [])["status"] == "done"
+    with pytest.raises(safety.UsageError, match="is a run of other flags"):
+        experiments.outcome(run, args, ["--seed", "7"])
+
+
+@pytest.mark.parametrize("experiment, variants, said", [("lr", "", "no variant '' in lr; pick from "),
+                                                       ("tokenizer", "x", "no variant 'x' in tokenizer; it has no runs")])
+def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, variants, said):
+    # --variants "" ran every variant; the tokenizer's (it has no runs) said "pick from ."
+    base = train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"], "--benchmark"])
+    args = types.SimpleNamespace(experiment=experiment, variants=variants, out_dir="out")
+    with pytest.raises(safety.UsageError, match=re.escape(said)):
+        experiments.chosen_runs(args, experiments.plan(base))
+
+
 def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
     # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
     # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
