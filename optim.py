@@ -54,8 +54,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (logits, m, s, targets), e = ctx.saved_tensors, ctx.e
-        if ctx.used:  # a second backward (retain_graph, gradcheck): rebuild e, which the first overwrote
-            torch.sub(logits, m, out=e).exp_()
+        if ctx.used:  # a second backward (retain_graph, gradcheck): a new e, the first's is the gradient it returned
+            e = (logits - m).exp_()
         ctx.used, n = True, e.shape[0]
         g = e.mul_(grad / n / s)  # softmax(o) * grad / N, in place
         g[torch.arange(n, device=g.device), targets] -= grad / n  # minus the one-hot

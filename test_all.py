@@ -945,6 +945,28 @@ def test_model_clip_grad_norm_matches_torch_without_a_host_sync():
     assert none.shape == () and none.dtype == torch.float32 and none.item() == 0
 
 
+# --- hostile optim review: optim.py called from a user's own code, at its edges ---
+def test_model_fused_cross_entropy_keeps_the_gradient_an_earlier_backward_returned():
+    # a second backward rebuilt softmax in the buffer the first had returned as the gradient: a gradient from
+    # autograd.grad changed under the caller, and x.grad after three backwards was 2/3 of the reference's
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 7), torch.randint(0, 7, (4,))
+    grads = []
+    for fused in (False, True):
+        z = x.clone().requires_grad_()
+        loss = optim.cross_entropy(z, y, fused)
+        first, = torch.autograd.grad(loss, z, retain_graph=True)
+        kept = first.clone()
+        torch.autograd.grad(5 * loss, z, retain_graph=True)
+        assert torch.equal(first, kept)
+        z = x.clone().requires_grad_()
+        loss = optim.cross_entropy(z, y, fused)
+        for _ in range(3):
+            loss.backward(retain_graph=True)
+        grads.append(z.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
