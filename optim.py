@@ -75,17 +75,21 @@ def perplexity(mean_loss):
 # 2. Optimizers
 
 class _Optimizer(torch.optim.Optimizer):
-    """What the three share: the hyperparameters are checked once, and step() runs the closure,
+    """What the three share: each param group's hyperparameters are checked, and step() runs the closure,
     then hands each group's parameters that have a gradient to the optimizer's own _update."""
 
     def __init__(self, params, **hyperparameters):
+        super().__init__(params, hyperparameters)
+
+    def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
         rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
                  "betas": ("both in [0, 1)", lambda b: all(0 <= x < 1 for x in b)),
                  "weight_decay": (">= 0", lambda x: x >= 0)}
-        bad = [f"{k}={v} (need {rules[k][0]})" for k, v in hyperparameters.items() if not rules[k][1](v)]
+        bad = [f"{k}={v} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
+               and not rules[k][1](v)]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
-        super().__init__(params, hyperparameters)
+        super().add_param_group(group)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -967,6 +967,21 @@ def test_model_fused_cross_entropy_keeps_the_gradient_an_earlier_backward_return
     torch.testing.assert_close(grads[1], grads[0])
 
 
+def test_model_optimizer_checks_each_param_groups_hyperparameters():
+    # only __init__'s keyword arguments were checked: a param group's own lr=-1 (given to __init__ or to
+    # add_param_group) was taken, and every step then climbed the loss
+    p = lambda: torch.nn.Parameter(torch.ones(2))
+    for make in (lambda: optim.AdamW([{"params": [p()], "lr": -1}]), lambda: optim.SGD([{"params": [p()], "lr": -1}]),
+                 lambda: optim.AdamW([p()]).add_param_group({"params": [p()], "lr": -1})):
+        with pytest.raises(ValueError, match=regex.escape("lr=-1 (need >= 0)")):
+            make()
+    with pytest.raises(ValueError, match=regex.escape("eps=0 (need > 0)")):
+        optim.AdaGrad([p()]).add_param_group({"params": [p()], "eps": 0})
+    opt = optim.AdamW([p()], lr=0.1)
+    opt.add_param_group({"params": [p()], "lr": 0.5, "betas": [0.5, 0.6]})  # valid ones of its own are kept
+    assert [(g["lr"], g["betas"]) for g in opt.param_groups] == [(0.1, (0.9, 0.999)), (0.5, [0.5, 0.6])]
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
