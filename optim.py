@@ -83,7 +83,7 @@ class _Optimizer(torch.optim.Optimizer):
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
         rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
-                 "betas": ("both in [0, 1)", lambda b: all(0 <= x < 1 for x in b)),
+                 "betas": ("two, in [0, 1)", lambda b: len(b) == 2 and all(0 <= x < 1 for x in b)),
                  "weight_decay": (">= 0", lambda x: x >= 0)}
         bad = [f"{k}={v} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]

@@ -982,6 +982,13 @@ def test_model_optimizer_checks_each_param_groups_hyperparameters():
     assert [(g["lr"], g["betas"]) for g in opt.param_groups] == [(0.1, (0.9, 0.999)), (0.5, [0.5, 0.6])]
 
 
+def test_model_adamw_refuses_betas_that_are_not_two_numbers():
+    # betas=(0.9,) or three numbers were taken, and the first step() failed unpacking them inside _update
+    for betas in ((0.9,), (0.9, 0.95, 0.99)):
+        with pytest.raises(ValueError, match=regex.escape(f"betas={betas} (need two, in [0, 1))")):
+            optim.AdamW([torch.nn.Parameter(torch.ones(2))], betas=betas)
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
