@@ -78,9 +78,6 @@ class _Optimizer(torch.optim.Optimizer):
     """What the three share: each param group's hyperparameters are checked, and step() runs the closure,
     then hands each group's parameters that have a gradient to the optimizer's own _update."""
 
-    def __init__(self, params, **hyperparameters):
-        super().__init__(params, hyperparameters)
-
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
         rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
                  "betas": ("two, in [0, 1)", lambda b: len(b) == 2 and all(0 <= x < 1 for x in b)),
@@ -105,7 +102,7 @@ class SGD(_Optimizer):
     """theta <- theta - lr * g."""
 
     def __init__(self, params, lr=1e-3):
-        super().__init__(params, lr=lr)
+        super().__init__(params, dict(lr=lr))
 
     def _update(self, group, params):
         for p in params:
@@ -118,7 +115,7 @@ class AdaGrad(_Optimizer):
     """
 
     def __init__(self, params, lr=0.01, eps=1e-5):
-        super().__init__(params, lr=lr, eps=eps)
+        super().__init__(params, dict(lr=lr, eps=eps))
 
     def _update(self, group, params):
         for p in params:
@@ -144,7 +141,7 @@ class AdamW(_Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False):
-        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math) if compiled else _adamw_math
 
