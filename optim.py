@@ -206,8 +206,9 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    if warmup_iters < 0 or cosine_cycle_iters < warmup_iters:
-        raise ValueError(f"Need 0 <= warmup_iters <= cosine_cycle_iters, got {warmup_iters} and {cosine_cycle_iters}.")
+    if not (it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 gave a negative lr; a NaN fails too
+        raise ValueError(f"Need 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, got {it}, {warmup_iters}, "
+                         f"{cosine_cycle_iters}.")
     if it < warmup_iters:
         return it / warmup_iters * max_lr
     if it >= cosine_cycle_iters:  # equal to the cosine's end value at t = Tc, and avoids 0/0 when Tc = Tw

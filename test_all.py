@@ -989,6 +989,14 @@ def test_model_adamw_refuses_betas_that_are_not_two_numbers():
             optim.AdamW([torch.nn.Parameter(torch.ones(2))], betas=betas)
 
 
+def test_model_cosine_lr_refuses_a_negative_or_nan_iteration_and_nan_lengths():
+    # it=-1 gave a negative lr (gradient ascent), it=-10 with no warm-up a ZeroDivisionError, NaN lengths a NaN lr
+    for args in ((-1, 5, 10), (-10, 0, 10), (math.nan, 5, 10), (3, math.nan, 10), (3, 2, math.nan), (3, 5, 4)):
+        with pytest.raises(ValueError, match=regex.escape(f"got {args[0]}, {args[1]}, {args[2]}.")):
+            optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
+    assert optim.cosine_lr(2.5, 1.0, 0.1, 5, 10) == 0.5 and optim.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
