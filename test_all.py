@@ -997,6 +997,18 @@ def test_model_cosine_lr_refuses_a_negative_or_nan_iteration_and_nan_lengths():
     assert optim.cosine_lr(2.5, 1.0, 0.1, 5, 10) == 0.5 and optim.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
 
 
+def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
+    # iterating over one Parameter gave its rows, which have no .grad: nothing was clipped and the norm was 0
+    torch.manual_seed(0)
+    mine, ref = torch.nn.Parameter(torch.zeros(4, 3)), torch.nn.Parameter(torch.zeros(4, 3))
+    mine.grad = torch.randn(4, 3) * 10
+    ref.grad = mine.grad.clone()
+    total = optim.clip_grad_norm(mine, 1.0)
+    torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(ref, 1.0))
+    torch.testing.assert_close(mine.grad, ref.grad)
+    assert total > 1
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
