@@ -226,6 +226,8 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
     Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back would make the host wait for
     the GPU every step."""
+    if not max_l2_norm >= 0:  # a negative M flipped every gradient (ascent), a NaN one never clipped
+        raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm}.")
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())

@@ -1009,6 +1009,21 @@ def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
     assert total > 1
 
 
+def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
+    # M=-1 (a "clipping off" a caller might pass) scaled every gradient by a negative factor: the step climbed the
+    # loss; M=NaN never clipped. M=0 zeroes the gradients and M=inf never clips, as in torch
+    for bad in (-1.0, math.nan):
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = torch.ones(3)
+        with pytest.raises(ValueError, match=f"max_l2_norm must be >= 0, got {bad}"):
+            optim.clip_grad_norm([p], bad)
+        assert torch.equal(p.grad, torch.ones(3))
+    for m, want in ((0.0, torch.zeros(3)), (math.inf, torch.ones(3))):
+        p.grad = torch.ones(3)
+        optim.clip_grad_norm([p], m)
+        assert torch.equal(p.grad, want)
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
