@@ -1018,8 +1018,12 @@ def bench_gpu(argv):
     if not args.cpu and not torch.cuda.is_available():
         raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on "
                          "the CPU.")
-    if not args.budget > 0 or (args.steps is not None and args.steps < 1):  # `not >`: nan too
-        raise UsageError(f"--budget {args.budget} and --steps {args.steps} must be positive.")
+    if not 0 < args.budget < float("inf"):  # nan too; inf would overflow the timers that stop the processes
+        raise UsageError(f"--budget {args.budget:g} must be positive and finite: seconds, such as 480.")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps} must be positive.")
+    if not args.tests.strip():  # pytest -k '' selects every test, not none
+        raise UsageError("--tests is blank, which pytest reads as every test; give a -k expression such as cuda.")
     args.steps = args.steps or (3 if args.cpu else 30)
     print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:.0f} s, {args.steps} timed steps"
           + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, compiled AdamW, the CUDA kernels, the "

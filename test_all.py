@@ -6113,6 +6113,19 @@ def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypat
         assert _cli("bench", ["gpu", "--cpu", *bad]) == 2 and "must be positive" in capsys.readouterr().err
 
 
+# --- hostile command-line review: bench.py, kernels.py, accounting.py ---
+@pytest.mark.parametrize("flags, needle", [
+    (["--budget", "inf"], "--budget inf must be positive and finite"),  # a traceback from the tests' timer, before
+    (["--budget", "-5"], "--budget -5 must be positive and finite"),
+    (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
+    (["--tests", "  "], "--tests is blank"),
+])
+def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
+    assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and needle in err and "--steps" not in err, err
+
+
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
     # bench.py's own may (the report would run itself)
