@@ -75,6 +75,10 @@ def need_file(path, what):
     return str(path)
 
 
+def seed_files():  # the course notes in Chinese: the scale corpus's CJK runs and a row of the encode table
+    return sorted(SEEDS.glob("*.txt")) or [Path(need_file(SEEDS / "*.txt", "corpus source"))]  # none: need_file says
+
+
 def med(xs, unit="s"):
     """'a / b / c s (median m)'."""
     return " / ".join(f"{x:.2f}" for x in xs) + f" {unit} (median {statistics.median(xs):.2f})"
@@ -299,7 +303,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     rng = np.random.default_rng(seed)
     read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
     english = read(ENGLISH_SOURCES)
-    chinese = read(sorted(SEEDS.glob("*.txt")))
+    chinese = read(seed_files())
     pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
     sample, sample_cyr = zipf(pool), zipf(pool, a=0.9)  # Cyrillic: a flatter curve
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
@@ -493,8 +497,7 @@ def bench_encode(args):
     english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
     files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
-            "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
-                                                              for p in sorted(SEEDS.glob("*.txt")))],
+            "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8") for p in seed_files())],
             "Python source, the stdlib's first 5 MB": [stdlib_source()],
             "1 KB documents of the English, one call each": small_documents(english)}
     tiktoken = peer("tiktoken")  # its GPT-2 is built offline from the same vocab file

@@ -6126,6 +6126,22 @@ def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needl
     assert out == "" and len(err.splitlines()) == 1 and needle in err and "--steps" not in err, err
 
 
+
+def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkeypatch):
+    # ../shared without reference/seeds: an IndexError traceback from the scale corpus's CJK runs, and an encode row
+    # of 0 bytes, before
+    for source in bench.ENGLISH_SOURCES:
+        _bpe_need(source)
+    _bpe_gpt2_files()
+    monkeypatch.setattr(bench, "SEEDS", tmp_path / "seeds")
+    with pytest.raises(safety.UsageError, match=r"seeds/\*\.txt: no such file .*the rest is in \.\./shared"):
+        bench.scale_corpus(0.01, cache=tmp_path / "cache")
+    assert not any((tmp_path / "cache").iterdir())
+    text = tmp_path / "t.txt"
+    text.write_text("Hello world\n", encoding="utf-8")
+    assert _cli("bench", ["encode", "--input", str(text), "--repeats", "1"]) == 2
+    assert "seeds/*.txt: no such file" in capsys.readouterr().err
+
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
     # bench.py's own may (the report would run itself)
