@@ -17,6 +17,7 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
+import codecs
 import functools
 import gc
 import inspect
@@ -72,6 +73,25 @@ def peer(module):
 def need_file(path, what):
     if why := unreadable(path):
         raise UsageError(f"{what} {path}{why} (--input names a text of yours; the rest is in ../shared).")
+    return str(path)
+
+
+def need_text(path, what, block=1 << 24):
+    """need_file, and its text UTF-8, read 16 MB at a time: a bad byte is one sentence naming its offset before
+    minutes of measuring, not a child process's traceback (a copy of the text's start would be named there)."""
+    try:
+        with open(need_file(path, what), "rb") as f:
+            start, rest = 0, b""
+            for piece in iter(lambda: f.read(block), b""):
+                data = rest + piece
+                try:  # final=False: a character cut by the block's end is decoded with the next block
+                    done = codecs.utf_8_decode(data, "strict", False)[1]
+                except UnicodeDecodeError:
+                    bpe.bpe_fast.check_utf8(data, path, start)  # raises, naming the bad byte's offset
+                start, rest = start + done, data[done:]
+            bpe.bpe_fast.check_utf8(rest, path, start)  # a character cut short at the file's end
+    except ValueError as e:
+        raise UsageError(f"{what} {e}.") from None
     return str(path)
 
 
@@ -405,7 +425,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 def bench_train(args):
     if args.input:
-        return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
+        return train_table(need_text(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
     # run fills that cache, so the table times what every later run costs (`cold` times the rest).
     train_run("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir())
@@ -434,7 +454,7 @@ report(time.perf_counter() - t0)
 def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
-    text = Path(need_file(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
+    text = Path(need_text(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
     files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
@@ -494,7 +514,7 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
-    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
+    english = Path(need_text(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
     files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
             "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8") for p in seed_files())],

@@ -6142,6 +6142,24 @@ def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkey
     assert _cli("bench", ["encode", "--input", str(text), "--repeats", "1"]) == 2
     assert "seeds/*.txt: no such file" in capsys.readouterr().err
 
+
+def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys):
+    # a traceback before: encode's read_text raised UnicodeDecodeError; train's and cold's child processes failed
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("héllo wörld ".encode() * 3 + b"\xff tail")
+    for table in ("train", "cold", "encode"):
+        assert _cli("bench", [table, "--input", str(bad), "--repeats", "1", "--vocab-size", "300"]) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"{bad} is not valid UTF-8: bad byte 0xff at byte offset 42; re-save the file as "
+                            "UTF-8.\n") and len(err.splitlines()) == 1, err
+    good = tmp_path / "good.txt"  # 2- and 3-byte characters cut by every block's end
+    good.write_text("é€x" * 7, encoding="utf-8")
+    assert bench.need_text(good, "corpus", block=4) == str(good)
+    for text, offset in [(b"ab\xe2\x82", 2), (b"abc\xe2\x82x", 3), (b"\xc3\xa9" * 5 + b"\x80", 10)]:
+        bad.write_bytes(text)  # a character cut short at the end or in the middle, a lone continuation byte
+        with pytest.raises(safety.UsageError, match=f"at byte offset {offset};"):
+            bench.need_text(bad, "corpus", block=4)
+
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
     # bench.py's own may (the report would run itself)
