@@ -46,8 +46,8 @@ import kernels
 import model
 import train
 from model import TransformerLM, generate
-from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
-                    exit_code, torch_settings, unreadable, usable_cores)
+from safety import (MIN_TEXT_VOCAB, DataError, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe,
+                    error_line, exit_code, torch_settings, unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -156,9 +156,11 @@ def run_measured(argv, env=None, **constants):
             time.sleep(0.05)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: "
-                               f"{err.read()[-500:].decode(errors='replace')}")
+        if p.returncode != 0:  # one sentence: the child's last line (its error, not its traceback), or its signal
+            why = err.read().decode(errors="replace").split("\n")
+            why = next((line for line in reversed(why) if line.strip()), f"killed by signal {-p.returncode}")
+            who = "a Python child" if argv[1] == "-c" else " ".join(map(str, argv[1:3]))
+            raise DataError(f"{who} of the benchmark exited {p.returncode}: {why.strip()}")
         report = json.loads(out.read().splitlines()[-1]) if argv[1] == "-c" else {}
     return {**report, "process_s": wall, "pss_mb": pss}
 

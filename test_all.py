@@ -6160,6 +6160,14 @@ def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys
         with pytest.raises(safety.UsageError, match=f"at byte offset {offset};"):
             bench.need_text(bad, "corpus", block=4)
 
+
+def test_bench_measured_process_failing_is_one_sentence():
+    # a RuntimeError traceback carrying the child's whole traceback (and its source), before
+    with pytest.raises(safety.DataError, match=r"^a Python child of the benchmark exited 1: ValueError: fix the X$"):
+        bench.run_measured("raise ValueError('fix the X')")
+    with pytest.raises(safety.DataError, match=r"exited -9: killed by signal 9$"):  # the out-of-memory killer's
+        bench.run_measured("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
     # bench.py's own may (the report would run itself)
