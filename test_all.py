@@ -6152,6 +6152,10 @@ def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys
         err = capsys.readouterr().err
         assert err.endswith(f"{bad} is not valid UTF-8: bad byte 0xff at byte offset 42; re-save the file as "
                             "UTF-8.\n") and len(err.splitlines()) == 1, err
+    (tmp_path / "empty.txt").touch()  # train_bpe refused it in a child process, cold naming its temporary copy
+    for table in ("train", "cold"):
+        assert _cli("bench", [table, "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300"]) == 2
+        assert capsys.readouterr().err.endswith(f"corpus {tmp_path / 'empty.txt'} is empty; give it some text.\n")
     good = tmp_path / "good.txt"  # 2- and 3-byte characters cut by every block's end
     good.write_text("é€x" * 7, encoding="utf-8")
     assert bench.need_text(good, "corpus", block=4) == str(good)
