@@ -77,8 +77,8 @@ def need_file(path, what):
 
 
 def need_text(path, what, block=1 << 24):
-    """need_file, and its text not empty and UTF-8, read 16 MB at a time: a bad byte is one sentence naming its offset before
-    minutes of measuring, not a child process's traceback (a copy of the text's start would be named there)."""
+    """need_file, and its text not empty and UTF-8, read 16 MB at a time: a bad byte is one sentence naming its
+    offset before minutes of measuring, not a child process's traceback (naming a copy of the text's start)."""
     if os.path.getsize(need_file(path, what)) == 0:  # train_bpe refuses it in a child (cold's names its copy)
         raise UsageError(f"{what} {path} is empty; give it some text.")
     try:
