@@ -5756,6 +5756,19 @@ def test_kernels_cli_cuda_without_gpu_is_a_usage_error(capsys):
     assert _cli("kernels", ["--device", "cuda"]) == 2 and "--device cuda" in capsys.readouterr().err
 
 
+
+# --- hostile command-line review: kernels.py ---
+def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys):
+    # --threads 20000: libgomp's "Thread creation failed", exit 1; --threads 100000: a segfault, before
+    before = torch.get_num_threads()
+    try:
+        assert _cli("kernels", ["--device", "cpu", "--threads", "100000", "--skip", "correctness", "benchmark",
+                                "profile"]) is None
+        assert torch.get_num_threads() == min(100000, safety.usable_cores())
+    finally:
+        torch.set_num_threads(before)
+    assert f"({platform.machine()}, {safety.usable_cores()} threads)" in capsys.readouterr().out
+
 def _kernels_nvcc():
     return shutil.which("nvcc")
 
