@@ -5758,8 +5758,9 @@ def test_kernels_cli_cuda_without_gpu_is_a_usage_error(capsys):
 
 
 # --- hostile command-line review: kernels.py ---
-def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys):
+def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch):
     # --threads 20000: libgomp's "Thread creation failed", exit 1; --threads 100000: a segfault, before
+    monkeypatch.setattr(kernels, "get_variants", lambda device: {})  # its torch.compile check takes seconds
     before = torch.get_num_threads()
     try:
         assert _cli("kernels", ["--device", "cpu", "--threads", "100000", "--skip", "correctness", "benchmark",
