@@ -17,6 +17,7 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
+import codecs
 import functools
 import gc
 import inspect
@@ -45,8 +46,8 @@ import kernels
 import model
 import train
 from model import TransformerLM, generate
-from safety import (MIN_TEXT_VOCAB, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line,
-                    exit_code, torch_settings, unreadable, usable_cores)
+from safety import (MIN_TEXT_VOCAB, DataError, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe,
+                    error_line, exit_code, torch_settings, unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -73,6 +74,31 @@ def need_file(path, what):
     if why := unreadable(path):
         raise UsageError(f"{what} {path}{why} (--input names a text of yours; the rest is in ../shared).")
     return str(path)
+
+
+def need_text(path, what, block=1 << 24):
+    """need_file, and its text not empty and UTF-8, read 16 MB at a time: a bad byte is one sentence naming its
+    offset before minutes of measuring, not a child process's traceback (naming a copy of the text's start)."""
+    if os.path.getsize(need_file(path, what)) == 0:  # train_bpe refuses it in a child (cold's names its copy)
+        raise UsageError(f"{what} {path} is empty; give it some text.")
+    try:
+        with open(path, "rb") as f:
+            start, rest = 0, b""
+            for piece in iter(lambda: f.read(block), b""):
+                data = rest + piece
+                try:  # final=False: a character cut by the block's end is decoded with the next block
+                    done = codecs.utf_8_decode(data, "strict", False)[1]
+                except UnicodeDecodeError:
+                    bpe.bpe_fast.check_utf8(data, path, start)  # raises, naming the bad byte's offset
+                start, rest = start + done, data[done:]
+            bpe.bpe_fast.check_utf8(rest, path, start)  # a character cut short at the file's end
+    except ValueError as e:
+        raise UsageError(f"{what} {e}.") from None
+    return str(path)
+
+
+def seed_files():  # the course notes in Chinese: the scale corpus's CJK runs and a row of the encode table
+    return sorted(SEEDS.glob("*.txt")) or [Path(need_file(SEEDS / "*.txt", "corpus source"))]  # none: need_file says
 
 
 def med(xs, unit="s"):
@@ -132,9 +158,11 @@ def run_measured(argv, env=None, **constants):
             time.sleep(0.05)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(map(str, argv[:3]))}... failed: "
-                               f"{err.read()[-500:].decode(errors='replace')}")
+        if p.returncode != 0:  # one sentence: the child's last line (its error, not its traceback), or its signal
+            why = err.read().decode(errors="replace").split("\n")
+            why = next((line for line in reversed(why) if line.strip()), f"killed by signal {-p.returncode}")
+            who = "a Python child" if argv[1] == "-c" else " ".join(map(str, argv[1:3]))
+            raise DataError(f"{who} of the benchmark exited {p.returncode}: {why.strip()}")
         report = json.loads(out.read().splitlines()[-1]) if argv[1] == "-c" else {}
     return {**report, "process_s": wall, "pss_mb": pss}
 
@@ -299,7 +327,7 @@ def scale_corpus(megabytes, seed=0, cache=CACHE):
     rng = np.random.default_rng(seed)
     read = lambda paths: "\n".join(Path(need_file(p, "corpus source")).read_text(encoding="utf-8") for p in paths)
     english = read(ENGLISH_SOURCES)
-    chinese = read(sorted(SEEDS.glob("*.txt")))
+    chinese = read(seed_files())
     pool = _word_pool(rng, english, n_mutated=min(3_000_000, 300_000 + 15_000 * int(megabytes)))
     sample, sample_cyr = zipf(pool), zipf(pool, a=0.9)  # Cyrillic: a flatter curve
     runs = np.array([r for r in regex.findall(r"[\p{Han}\p{P}]+", chinese) if regex.search(r"\p{Han}", r)],
@@ -401,7 +429,7 @@ def train_table(path, vocab_size, repeats, hf_runs):
 
 def bench_train(args):
     if args.input:
-        return train_table(need_file(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
+        return train_table(need_text(args.input, "corpus"), args.vocab_size, args.repeats, args.repeats)
     # numba compiles bpe.py's loops on a fresh checkout and caches them on disk; one untimed
     # run fills that cache, so the table times what every later run costs (`cold` times the rest).
     train_run("bpe.train_bpe", scale_corpus(5), args.vocab_size, tempfile.gettempdir())
@@ -430,7 +458,7 @@ report(time.perf_counter() - t0)
 def bench_cold(args):
     """What a student's first run costs: each job in three fresh processes sharing a new numba cache
     directory, empty for the first (a fresh clone); the difference is the one-off compile."""
-    text = Path(need_file(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
+    text = Path(need_text(args.input or SHAKESPEARE, "corpus"))  # the user's own flag is named first
     files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     print("## Cold start: each job in a fresh process with a new, empty numba cache directory, "
           "then twice more with what that run saved there; 'call' is around the call, after `import bpe`")
@@ -490,11 +518,10 @@ STREAMS = {"CJK paragraphs joined by blank lines": "\n\n".join(["这是一个没
 
 
 def bench_encode(args):
-    english = Path(need_file(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
+    english = Path(need_text(args.input or SHAKESPEARE, "text")).read_text(encoding="utf-8")  # --input first
     files = [str(p) for p in data.gpt2_files()]  # the course's copies, the clone's data cache, or fetched
     rows = {f"English, {Path(args.input or SHAKESPEARE).name}": [english],
-            "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8")
-                                                              for p in sorted(SEEDS.glob("*.txt")))],
+            "Chinese, the notes in reference/seeds": ["".join(p.read_text(encoding="utf-8") for p in seed_files())],
             "Python source, the stdlib's first 5 MB": [stdlib_source()],
             "1 KB documents of the English, one call each": small_documents(english)}
     tiktoken = peer("tiktoken")  # its GPT-2 is built offline from the same vocab file
@@ -1018,8 +1045,12 @@ def bench_gpu(argv):
     if not args.cpu and not torch.cuda.is_available():
         raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on "
                          "the CPU.")
-    if not args.budget > 0 or (args.steps is not None and args.steps < 1):  # `not >`: nan too
-        raise UsageError(f"--budget {args.budget} and --steps {args.steps} must be positive.")
+    if not 0 < args.budget < float("inf"):  # nan too; inf would overflow the timers that stop the processes
+        raise UsageError(f"--budget {args.budget:g} must be positive and finite: seconds, such as 480.")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps} must be positive.")
+    if not args.tests.strip():  # pytest -k '' selects every test, not none
+        raise UsageError("--tests is blank, which pytest reads as every test; give a -k expression such as cuda.")
     args.steps = args.steps or (3 if args.cpu else 30)
     print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:.0f} s, {args.steps} timed steps"
           + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, compiled AdamW, the CUDA kernels, the "

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import accounting
 from safety import (Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line, exit_code, memory_bytes,
-                    not_a_file)
+                    not_a_file, usable_cores)
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -451,7 +451,7 @@ def parse_args(argv):
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
-    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch, at most the usable cores (default: torch's)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
@@ -483,7 +483,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(min(args.threads, usable_cores()))  # thousands: OpenMP fails, or a segfault
     started = datetime.datetime.now().isoformat(timespec="seconds")
     device = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else device

@@ -5835,6 +5835,20 @@ def test_kernels_cli_cuda_without_gpu_is_a_usage_error(capsys):
     assert _cli("kernels", ["--device", "cuda"]) == 2 and "--device cuda" in capsys.readouterr().err
 
 
+
+# --- hostile command-line review: kernels.py ---
+def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch):
+    # --threads 20000: libgomp's "Thread creation failed", exit 1; --threads 100000: a segfault, before
+    monkeypatch.setattr(kernels, "get_variants", lambda device: {})  # its torch.compile check takes seconds
+    before = torch.get_num_threads()
+    try:
+        assert _cli("kernels", ["--device", "cpu", "--threads", "100000", "--skip", "correctness", "benchmark",
+                                "profile"]) is None
+        assert torch.get_num_threads() == min(100000, safety.usable_cores())
+    finally:
+        torch.set_num_threads(before)
+    assert f"({platform.machine()}, {safety.usable_cores()} threads)" in capsys.readouterr().out
+
 def _kernels_nvcc():
     return shutil.which("nvcc")
 
@@ -6191,6 +6205,65 @@ def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypat
     for bad in (["--steps", "0"], ["--budget", "nan"]):
         assert _cli("bench", ["gpu", "--cpu", *bad]) == 2 and "must be positive" in capsys.readouterr().err
 
+
+# --- hostile command-line review: bench.py, kernels.py, accounting.py ---
+@pytest.mark.parametrize("flags, needle", [
+    (["--budget", "inf"], "--budget inf must be positive and finite"),  # a traceback from the tests' timer, before
+    (["--budget", "-5"], "--budget -5 must be positive and finite"),
+    (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
+    (["--tests", "  "], "--tests is blank"),
+])
+def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
+    assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and needle in err and "--steps" not in err, err
+
+
+
+def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkeypatch):
+    # ../shared without reference/seeds: an IndexError traceback from the scale corpus's CJK runs, and an encode row
+    # of 0 bytes, before
+    for source in bench.ENGLISH_SOURCES:
+        _bpe_need(source)
+    _bpe_gpt2_files()
+    monkeypatch.setattr(bench, "SEEDS", tmp_path / "seeds")
+    with pytest.raises(safety.UsageError, match=r"seeds/\*\.txt: no such file .*the rest is in \.\./shared"):
+        bench.scale_corpus(0.01, cache=tmp_path / "cache")
+    assert not any((tmp_path / "cache").iterdir())
+    text = tmp_path / "t.txt"
+    text.write_text("Hello world\n", encoding="utf-8")
+    assert _cli("bench", ["encode", "--input", str(text), "--repeats", "1"]) == 2
+    assert "seeds/*.txt: no such file" in capsys.readouterr().err
+
+
+def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys):
+    # a traceback before: encode's read_text raised UnicodeDecodeError; train's and cold's child processes failed
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("héllo wörld ".encode() * 3 + b"\xff tail")
+    for table in ("train", "cold", "encode"):
+        assert _cli("bench", [table, "--input", str(bad), "--repeats", "1", "--vocab-size", "300"]) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"{bad} is not valid UTF-8: bad byte 0xff at byte offset 42; re-save the file as "
+                            "UTF-8.\n") and len(err.splitlines()) == 1, err
+    (tmp_path / "empty.txt").touch()  # train_bpe refused it in a child process, cold naming its temporary copy
+    for table in ("train", "cold"):
+        assert _cli("bench", [table, "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300"]) == 2
+        assert capsys.readouterr().err.endswith(f"corpus {tmp_path / 'empty.txt'} is empty; give it some text.\n")
+    good = tmp_path / "good.txt"  # 2- and 3-byte characters cut by every block's end
+    good.write_text("é€x" * 7, encoding="utf-8")
+    assert bench.need_text(good, "corpus", block=4) == str(good)
+    for text, offset in [(b"ab\xe2\x82", 2), (b"abc\xe2\x82x", 3), (b"\xc3\xa9" * 5 + b"\x80", 10)]:
+        bad.write_bytes(text)  # a character cut short at the end or in the middle, a lone continuation byte
+        with pytest.raises(safety.UsageError, match=f"at byte offset {offset};"):
+            bench.need_text(bad, "corpus", block=4)
+
+
+def test_bench_measured_process_failing_is_one_sentence():
+    # a RuntimeError traceback carrying the child's whole traceback (and its source), before
+    with pytest.raises(safety.DataError, match=r"^a Python child of the benchmark exited 1: ValueError: fix the X$"):
+        bench.run_measured("raise ValueError('fix the X')")
+    with pytest.raises(safety.DataError, match=r"exited -9: killed by signal 9$"):  # the out-of-memory killer's
+        bench.run_measured("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
 
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
