@@ -99,9 +99,10 @@ def hang_up():
     os.close(null)
 
 
-def say(*args, **kwargs):  # print, at once; a terminal that is gone (EIO) is not an error (see hang_up)
-    try:
-        print(*args, **kwargs, flush=True)
+def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
+    try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
+        (file := file or sys.stdout).write(sep.join(map(str, args)) + end)
+        file.flush()
     except OSError as e:
         if e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
             raise  # (`| head`), which exit_code ends quietly

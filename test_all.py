@@ -4689,6 +4689,18 @@ def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
     assert sorted(f.name for f in tmp_path.glob("data/**/*") if f.is_file()) == ["train.txt", "valid.txt"]
 
 
+def test_safety_say_writes_a_line_and_its_end_at_once():
+    # print writes the text, each separator and the end apart: a Ctrl-C between them (a progress line, then
+    # KeyboardInterrupt) left the line without its newline, and "train.py: interrupted; ..." began on it
+    class InterruptedAfterOneWrite(io.StringIO):  # where a second write starts, the Ctrl-C (not one pytest takes)
+        def write(self, s):
+            assert not self.getvalue(), f"a second write, after {self.getvalue()!r}"
+            return super().write(s)
+    f = InterruptedAfterOneWrite()
+    safety.say("encoded 0.3/2.3 MB,", "6.8 MB/s", file=f)
+    assert f.getvalue() == "encoded 0.3/2.3 MB, 6.8 MB/s\n"
+
+
 def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tmp_path):
     _train_story(tmp_path / "big.txt", n=15000)  # ~3 MB: a chunk to count for each worker, several to encode
     args = ["--data", "big.txt", "--vocab-size", "1000", "--workers", "2", "--device", "cpu", "--max-iters", "2",
