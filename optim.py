@@ -24,8 +24,9 @@ def cross_entropy(logits, targets, fused=False):
     """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
     logits: (..., V), targets: (...) int64 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
-    fused=True: the same loss with the hand-written backward below.
-    """
+    fused=True: the same loss with the hand-written backward below."""
+    if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
+        raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
     logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
@@ -51,8 +52,9 @@ class _FusedCrossEntropy(torch.autograd.Function):
         return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: a hand-written gradient has no derivative of its own
+            raise ValueError("cross_entropy(fused=True) has no second derivative; use fused=False with create_graph.")
         (logits, m, s, targets), e = ctx.saved_tensors, ctx.e
         if ctx.used:  # a second backward (retain_graph, gradcheck): a new e, the first's is the gradient it returned
             e = (logits - m).exp_()
@@ -136,8 +138,7 @@ class AdamW(_Optimizer):
     compiled=True runs the same _adamw_math through torch.compile, which fuses each parameter's arithmetic
     into one pass over its tensors (eager, each _foreach op is a pass of its own). It needs what torch.compile
     needs (a C++ compiler on a CPU): train.py checks for one before --compile. fused=True (without compiled) runs
-    float32 CPU tensors through _adamw_one_pass instead, compiled by numba: no C++ compiler, no wait.
-    """
+    float32 CPU tensors through _adamw_one_pass instead, compiled by numba: no C++ compiler, no wait."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False):

@@ -946,6 +946,21 @@ def test_model_clip_grad_norm_matches_torch_without_a_host_sync():
 
 
 # --- hostile optim review: optim.py called from a user's own code, at its edges ---
+def test_model_cross_entropy_refuses_misfit_targets_and_a_fused_second_derivative():
+    # a (T, B) target for (B, T, V) logits has as many ids and gave a wrong loss without a word; create_graph through
+    # fused=True gave a gradient with no graph, so a gradient penalty silently lost its second-order terms
+    logits, y = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True), torch.randint(5, (2, 3))
+    for fused in (False, True):
+        with pytest.raises(ValueError, match=r"^targets of shape \(3, 2\) do not fit logits of shape \(2, 3, 5\)\.$"):
+            optim.cross_entropy(logits, y.t(), fused)
+    g, = torch.autograd.grad(optim.cross_entropy(logits, y), logits, create_graph=True)
+    assert g.requires_grad  # the plain path has one
+    with pytest.raises(ValueError, match="fused=True\\) has no second derivative"):
+        torch.autograd.grad(optim.cross_entropy(logits, y, fused=True), logits, create_graph=True)
+    g2, = torch.autograd.grad(optim.cross_entropy(logits, y, fused=True), logits)  # a first derivative, as before
+    torch.testing.assert_close(g2, g.detach())
+
+
 def test_model_fused_cross_entropy_keeps_the_gradient_an_earlier_backward_returned():
     # a second backward rebuilt softmax in the buffer the first had returned as the gradient: a gradient from
     # autograd.grad changed under the caller, and x.grad after three backwards was 2/3 of the reference's
