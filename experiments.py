@@ -605,6 +605,9 @@ def main(argv=None):
     if args.experiment == "tokenizer" and data.is_ids(args.data):
         raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
                                 "pass text data (pydoc, tinystories, owt, a .txt file).")
+    if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report at the end
+        safety.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
+                   "(its --tokenizer DIR would give them)."))
     safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)

@@ -5411,6 +5411,18 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
                          [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
     assert not (tmp_path / "out").exists()
+
+
+def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypatch, capsys):
+    # all --data ids.npy skipped the tokenizer figures and the samples without a word
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    out = tmp_path / "out" / "experiments"  # the runs themselves are not the point here: only their folder
+    monkeypatch.setattr(experiments, "run_all", lambda *a: out.mkdir(parents=True))
+    assert experiments.main(["all", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY]) == 0
+    assert f"--data {ids} is token ids: no tokenizer figures, and no samples (its --tokenizer DIR would give them)." \
+        in capsys.readouterr().out
+
+
 def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
     # they sat), while a run of other flags is still refused
