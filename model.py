@@ -521,7 +521,9 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
             slot += 1
             if graphs:  # the last step's logits, in the graph's memory, are spent
                 torch.compiler.cudagraph_mark_step_begin()
-            logits = step(model, caches, new[:, i - 1:i].clone(), full, pad)
+            # contiguous strides: a batch of 1's column keeps new's row stride (n), and dynamo guards on it, so
+            # each new token count (max_new_tokens, the prompt's room) compiled the step again
+            logits = step(model, caches, new[:, i - 1:i].clone(memory_format=torch.contiguous_format), full, pad)
         new[:, i] = _sample_on_device(logits, temperature, top_p, generator)
         if stop_id is not None:
             done |= new[:, i] == stop_id

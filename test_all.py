@@ -632,6 +632,22 @@ def test_model_generate_fast_compiled_decodes_64_tokens_without_recompiles(monke
     assert counter.frame_count == 2 and len(options) == 1  # one compiled step, a graph per batch size
 
 
+def test_model_generate_fast_compiled_batch_of_one_does_not_recompile_per_token_count(monkeypatch):
+    # a batch of 1's token column new[:, i - 1:i] kept new's row stride (n) through clone(), and dynamo guards on it:
+    # each call with another token count (max_new_tokens, or a prompt near the window) compiled the step again
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile (dynamo) does not run on this Python")
+    from torch._dynamo.testing import CompileCounter
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
+    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64, context_length=16)
+    for prompt, n in (([1, 2, 3], 5), ([1, 2, 3], 9), ([4] * 12, 8)):  # the last: room for 5 tokens, then re-runs
+        assert model.generate(m, prompt, n, temperature=0, fast=True) == model.generate(m, prompt, n, temperature=0)
+    assert counter.frame_count == 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode step as a CUDA graph needs a CUDA GPU")
 def test_model_generate_fast_cuda_graph_equals_plain_without_recompiles():
     # on CUDA generate takes the fast path by default: inductor and reduce-overhead (the step replayed as a CUDA
