@@ -5087,6 +5087,21 @@ def test_train_samples_take_generates_compiled_path_only_with_compile(sample_run
     capsys.readouterr()
 
 
+def test_train_sample_compile_failure_says_drop_compile_not_resume(sample_run, monkeypatch, capsys):
+    # --sample --compile whose decode step failed to compile (a GPU's own compiler) was told to go on "with the same
+    # command without --compile, plus --resume", which --sample refuses: it only reads the run, so drop --compile
+    flags, run = sample_run
+    before = _sample_files(run)
+
+    def failing_compile(*a, **k):
+        raise torch._dynamo.exc.TorchRuntimeError("no-c++ for the decode step")
+    monkeypatch.setattr(train, "generate", failing_compile)
+    monkeypatch.setattr(safety, "compile_error", lambda device: "")
+    assert train.main([*flags, "--sample", "--num-samples", "1", "--compile"]) == 1
+    last = _train_one_error(capsys, "torch.compile failed (", "no-c++", "drop --compile.")
+    assert "--resume" not in last and _sample_files(run) == before
+
+
 def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
     # README's path from a run to text: the model from config.json and ckpt.pt's "model" entry (TransformerLM(**config)
     # and load_state_dict(torch.load(ckpt)) both failed), the tokenizer with the run's <|endoftext|> (one id, not text)
