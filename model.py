@@ -521,9 +521,11 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
             slot += 1
             if graphs:  # the last step's logits, in the graph's memory, are spent
                 torch.compiler.cudagraph_mark_step_begin()
-            # contiguous strides: a batch of 1's column keeps new's row stride (n), and dynamo guards on it, so
-            # each new token count (max_new_tokens, the prompt's room) compiled the step again
-            logits = step(model, caches, new[:, i - 1:i].clone(memory_format=torch.contiguous_format), full, pad)
+            tok = new[:, i - 1:i].clone(memory_format=torch.contiguous_format)  # batch 1: not new's stride (a guard)
+            try:  # fullgraph past dynamo's graph limit (batch sizes x dtypes x model shapes): this call runs eagerly
+                logits = step(model, caches, tok, full, pad)
+            except getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ()):
+                step, graphs, logits = _decode_step, False, _decode_step(model, caches, tok, full, pad)
         new[:, i] = _sample_on_device(logits, temperature, top_p, generator)
         if stop_id is not None:
             done |= new[:, i] == stop_id

@@ -648,6 +648,24 @@ def test_model_generate_fast_compiled_batch_of_one_does_not_recompile_per_token_
     assert counter.frame_count == 1
 
 
+def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monkeypatch):
+    # fullgraph=True makes dynamo's recompile limit (8 graphs: batch sizes x dtypes x model shapes, per process) a
+    # hard FailOnRecompileLimitHit: the 9th batch size of a session crashed generate; now that call's step runs eagerly
+    if not hasattr(torch._dynamo.config, "recompile_limit"):
+        pytest.skip("this torch names dynamo's limit otherwise (and falls back to eager itself)")
+    from torch._dynamo.testing import CompileCounter
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
+    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
+    graphs = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(model._decode_step))  # earlier tests' count too
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", graphs + 2)
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64, context_length=16)
+    for b in (1, 2, 3):
+        prompts = [[1, 2, 3]] * b
+        assert model.generate(m, prompts, 5, temperature=0, fast=True) == model.generate(m, prompts, 5, temperature=0)
+    assert counter.frame_count == 2
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode step as a CUDA graph needs a CUDA GPU")
 def test_model_generate_fast_cuda_graph_equals_plain_without_recompiles():
     # on CUDA generate takes the fast path by default: inductor and reduce-overhead (the step replayed as a CUDA
