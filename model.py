@@ -96,8 +96,7 @@ def fused_projections(x):
 
 class SwiGLU(nn.Module):
     """FFN(x) = W2 (silu(W1 x) * W3 x), W1, W3: (d_ff, d_model), W2: (d_model, d_ff).
-    gated=False is the ungated ablation W2 silu(W1 x), with no W3 (pass d_ff = 4 d_model to
-    match SwiGLU's parameters)."""
+    gated=False is the ungated ablation W2 silu(W1 x), with no W3 (d_ff = 4 d_model matches SwiGLU's parameters)."""
 
     def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False, gated=True):
         super().__init__()
@@ -152,8 +151,8 @@ class RotaryPositionalEmbedding(nn.Module):
 def scaled_dot_product_attention(Q, K, V, mask=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
-    mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that
-    may attend to nothing gets NaN (0/0), so callers must leave every row at least one key."""
+    mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that may attend to nothing gets
+    NaN (0/0), so callers must leave every row at least one key."""
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -253,8 +252,8 @@ def _as_token_ids(ids):
 
 class TransformerBlock(nn.Module):
     """Pre-norm:  z = x + MHA(ln1(x));  y = z + FFN(ln2(z)).
-    Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original
-    Transformer); no_norm drops ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x)."""
+    Ablations: post_norm gives z = ln1(x + MHA(x)), y = ln2(z + FFN(z)) (the original Transformer); no_norm drops
+    ln1/ln2; silu_ffn uses the ungated W2 silu(W1 x)."""
 
     def __init__(self, d_model, num_heads, d_ff, rope=None, device=None, dtype=None, *,
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
@@ -276,10 +275,9 @@ class TransformerBlock(nn.Module):
 
 class TransformerLM(nn.Module):
     """token ids (B, T) -> embeddings -> num_layers blocks -> ln_final -> lm_head -> logits (B, T, vocab).
-    Ablations (keyword-only): no_norm, post_norm, silu_ffn (as in TransformerBlock; no_norm also
-    drops ln_final), nope (no position information at all), tie_embeddings (lm_head.weight is
-    token_embeddings.weight; both keys stay in the state dict, as in nanoGPT).
-    fast=True selects fused kernels with identical parameters."""
+    Ablations (keyword-only): no_norm, post_norm, silu_ffn (as in TransformerBlock; no_norm also drops ln_final), nope
+    (no position information at all), tie_embeddings (lm_head.weight is token_embeddings.weight; both keys stay in
+    the state dict, as in nanoGPT). fast=True selects fused kernels with identical parameters."""
 
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
                  rope_theta=10000.0, device=None, dtype=None, *, no_norm=False, post_norm=False,

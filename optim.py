@@ -113,8 +113,7 @@ class SGD(_Optimizer):
 
 class AdaGrad(_Optimizer):
     """Per-coordinate step sizes from all past squared gradients (Duchi et al. 2011):
-    G <- G + g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as in the lecture).
-    """
+    G <- G + g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as in the lecture)."""
 
     def __init__(self, params, lr=0.01, eps=1e-5):
         super().__init__(params, dict(lr=lr, eps=eps))
@@ -225,8 +224,7 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
     Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
-    The choice to clip is made on the device (torch.where): reading the norm back would make the host wait for
-    the GPU every step."""
+    The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU."""
     if not max_l2_norm >= 0:  # a negative M flipped every gradient (ascent), a NaN one never clipped
         raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm}.")
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]

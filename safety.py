@@ -584,8 +584,9 @@ def compile_failures(cfg):
     except Exception as e:
         if not isinstance(e, _torch()._dynamo.exc.TorchDynamoException):
             raise
-        then = ("drop --compile" if cfg["benchmark"] or cfg["sample"] else f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on "
-                f"from it with {resume_command(cfg, ['--compile'])}")
+        then = ("drop --compile" if cfg["benchmark"] or cfg["sample"] else  # --sample: nothing to resume
+                f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on from it with "
+                f"{resume_command(cfg, ['--compile'])}")
         raise DataError(f"torch.compile failed ({error_line(e)}); {then}.") from None
 
 
