@@ -233,10 +233,12 @@ class MultiHeadSelfAttention(nn.Module):
 # ----------------------------------------------------------------------------
 # 6. Transformer block and language model
 
-def _check_count(name, n, least=1):
-    """The boundary check of a size or count (constructor and generate): a whole number >= least."""
+def _check_count(name, n, least=1, below=None):
+    """The boundary check of a size, count or id (constructor and generate): a whole number >= least (and < below)."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
         raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}.")
+    if below is not None and n >= below:
+        raise ValueError(f"{name} {n} is outside [{least}, {below}).")
 
 
 def _as_token_ids(ids):
@@ -386,12 +388,11 @@ def _attention_mask(valid, T):
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None, fast=None, compile=True):
     """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).
-    prompt: list[int] -> list[int] of new tokens, or list[list[int]] (left-padded, padding masked
-    out) -> list of lists. A row stops after producing stop_id, which is not returned.
+    prompt: list[int] -> list[int] of new tokens, or list[list[int]] (left-padded, padding masked out) -> list of
+    lists. A row stops after producing stop_id, which is not returned.
     use_cache=False is the reference: each step re-runs the last context_length tokens.
-    use_cache=True runs the prompt once (prefill), then one token per step against the cached
-    keys/values; once the context is full the window slides and RoPE positions shift, so it
-    re-runs the window like the reference (same tokens, reference speed).
+    use_cache=True runs the prompt once (prefill), then one token per step against the cached keys/values; once the
+    context is full the window slides and RoPE positions shift, so it re-runs the window like the reference.
     fast (default: on CUDA, with the cache) runs the cached part as section 8 does: the same tokens;
     compile=False runs its decode step eagerly."""
     text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
@@ -407,13 +408,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
-        _check_count("stop_id", stop_id, least=0)
-        if stop_id >= model.vocab_size:
-            raise ValueError(f"stop_id {stop_id} is outside the vocabulary [0, {model.vocab_size}): no row would stop.")
+        _check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
-    ids = torch.zeros(B, L, dtype=torch.long, device=device)
-    valid = torch.zeros(B, L, dtype=torch.bool, device=device)
+    ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):
         ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
         valid[b, L - len(p):] = True

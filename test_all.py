@@ -534,7 +534,7 @@ def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     for stop_id in ([greedy[2]], str(greedy[2]), float(greedy[2]), True, -1):
         with pytest.raises(ValueError, match=rf"^stop_id must be a whole number >= 0, got {re.escape(repr(stop_id))}\.$"):
             model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=stop_id)
-    with pytest.raises(ValueError, match=r"^stop_id 61 is outside the vocabulary \[0, 61\): no row would stop\.$"):
+    with pytest.raises(ValueError, match=r"^stop_id 61 is outside \[0, 61\)\.$"):
         model.generate(m, [3, 1, 4], 8, stop_id=61, fast=True, compile=False)
     assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
 
