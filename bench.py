@@ -614,7 +614,8 @@ def bench_encode_file(args, files, enc):
 # fused ops. One Linear makes q, k and v and one makes w1 and w3 (two matmuls where three were),
 # F.rms_norm, F.scaled_dot_product_attention, the loss inside the forward (so one torch.compile covers
 # it), torch's AdamW (one fused kernel). Its matmuls are the ones accounting.lm_forward_flops
-# counts (a test checks it), so the same MFU formula is fair to it.
+# counts (a test checks it), so the same MFU formula is fair to it. It also runs a second time with
+# the loss outside torch.compile, as issue 35 first measured it: the two rows show what that one choice is worth.
 
 def rope(x, cos, sin):  # x (B, h, T, d_k): rotate the halves (x1, x2) by each position's angles, as Llama does
     x1, x2 = x.chunk(2, dim=-1)
@@ -701,8 +702,9 @@ def llama_step(cfg, micro):
     return step
 
 
-def compact_step(cfg, micro):
-    """The compact model's step on the same micro-batches, as llama_step's."""
+def compact_step(cfg, micro, loss_inside=True):
+    """The compact model's step on the same micro-batches, as llama_step's; loss_inside: the loss is compiled
+    with the model (else torch's loss runs after it, as llama_step's does)."""
     torch.manual_seed(cfg["seed"])
     with torch.device(cfg["device"]):
         raw = CompactLM(**{k: cfg[k] for k in train.MODEL_KEYS[:7]})  # the shape and rope_theta
@@ -712,7 +714,9 @@ def compact_step(cfg, micro):
         total = 0
         for x, y in micro:
             with train.autocast(cfg):
-                loss = model(x, y)  # the loss inside the model: compiled with it
+                loss = model(x, y) if loss_inside else model(x)
+            if not loss_inside:
+                loss = F.cross_entropy(loss.flatten(0, 1).float(), y.flatten())
             (loss / len(micro)).backward()
             total = total + loss.detach()
         update()
@@ -730,6 +734,7 @@ def step_table(cfg):
         if peer("transformers"):
             steps["HF LlamaForCausalLM"] = llama_step(cfg, micro)
         steps["compact model (bench.py)"] = compact_step(cfg, micro)
+        steps["compact model, loss outside compile"] = compact_step(cfg, micro, loss_inside=False)
         take_turns(steps, train.UNTIMED_STEPS, sync)
         times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
         peak = train.device_peak(cfg)  # MFU's denominator, under the run's matmul precision
@@ -905,8 +910,8 @@ class GpuReport:
         if name == "TinyStories":
             self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick
         results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
-        return {f"step, {name} shape: {who}": results[who][1] for who in ("this project", "HF LlamaForCausalLM",
-                                                                          "compact model (bench.py)")}
+        return {f"step, {name} shape: {who}": results[who][1] for who in (
+            "this project", "HF LlamaForCausalLM", "compact model (bench.py)", "compact model, loss outside compile")}
 
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""

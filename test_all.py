@@ -6208,14 +6208,16 @@ def test_bench_compact_model_has_accountings_flops_and_parameters(shape):
     assert sum(p.numel() for p in lm.parameters()) == sum(accounting.lm_param_counts(**shape).values())
 
 
-@pytest.mark.parametrize("peer", ["compact", "llama"])
+@pytest.mark.parametrize("peer", ["compact", "compact_loss_outside", "llama"])
 def test_bench_peer_steps_train(peer):
     if peer == "llama":
         pytest.importorskip("transformers")
     cfg = train.resolve_config(["--benchmark", "--data", "tinystories", *_TRAIN_TINY, "--device", "cpu"])
     batch = torch.randint(cfg["vocab_size"], (cfg["batch_size"], cfg["context_length"] + 1),
                           generator=torch.Generator().manual_seed(0))
-    step = getattr(bench, f"{peer}_step")(cfg, [(batch[:, :-1], batch[:, 1:])])
+    micro = [(batch[:, :-1], batch[:, 1:])]
+    step = (bench.compact_step(cfg, micro, loss_inside=False) if peer == "compact_loss_outside"
+            else getattr(bench, f"{peer}_step")(cfg, micro))
     losses = [float(step()) for _ in range(10)]
     assert abs(losses[0] - math.log(cfg["vocab_size"])) < 0.5, losses  # starts near uniform
     assert losses[-1] < losses[0] - 0.5 and losses == sorted(losses, reverse=True), losses  # learns the batch
@@ -6239,7 +6241,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert f"commit {bench.git_commit()}, CPU (" in table
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M))
     steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
-             for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)")]
+             for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)",
+                         "compact model, loss outside compile")]
     loop = "real loop (train.py), steady, vs --benchmark, TinyStories shape"
     generation = [f"generation, batch {b}, {who}" for b, whos in ((1, ("plain, KV cache", "plain, no cache")),
                                                                  (4, ("plain, KV cache",))) for who in
@@ -6250,7 +6253,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                           "tests touching CUDA (pytest -k 'cuda')"]
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
-    assert rows[steps[1]] == rows[steps[4]] == "skipped: transformers is not installed"
+    assert rows[steps[1]] == rows[steps[5]] == "skipped: transformers is not installed"
     assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
                         r"[\d,]+", rows[loop])
     assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[g]) for g in generation), rows
