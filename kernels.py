@@ -471,12 +471,12 @@ def parse_args(argv):
     if need > have:
         raise UsageError(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} "
                          f"GiB, more than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
-    if args.json:
+    if args.json is not None:  # --json '' too: the current directory's name, refused below
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
             raise UsageError(f"--json: directory {d} does not exist or cannot be written; pick another path")
-        if kind := not_a_file(args.json):  # /dev/null must never be replaced
-            raise UsageError(f"--json: {args.json} is {kind}; give the path of a file to write, such as kernels.json")
+        if kind := not_a_file(os.path.abspath(args.json)):  # /dev/null must never be replaced
+            raise UsageError(f"--json: {args.json!r} is {kind}; give the path of a file to write, such as kernels.json")
     return args
 
 
@@ -502,7 +502,7 @@ def main(argv=None):
             result["target"] = line
     if "profile" not in args.skip:
         result["profile"] = run_profile(variants, args.device)
-    if args.json:
+    if args.json is not None:
         with atomic_file(args.json, "w") as f:
             json.dump(result, f, indent=1)
         print(f"\nwrote {args.json}")

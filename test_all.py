@@ -5862,6 +5862,7 @@ def _cli(name, argv):
     (["bpe.py"], "the following arguments are required: {train,encode} (see python bpe.py --help)"),
     (["bpe.py", "train", "a.txt", "--vocab-size", "300"], "required: --out (see python bpe.py train --help)"),
     (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
+    (["accounting.py", "--section", "adamw", "--verify"], "--verify checks every section at once; drop --section"),
     (["kernels.py", "--reps", "0"], "--reps must be at least 1, got 0"),
     (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
     (["bench.py", "step", "--d-model", "7"], "--d-model 7 is not divisible by --num-heads"),
@@ -5887,6 +5888,7 @@ def test_accounting_stopped_by_ctrl_c_says_one_line():
     (["--reps", "0"], "--reps"),
     (["--json", "/nonexistent-dir/x.json"], "does not exist or cannot be written"),
     (["--json", "/"], "is a directory"),
+    (["--json", ""], "--json: '' is a directory"),  # was ignored: measured for minutes, then nothing written
     (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
 ])
