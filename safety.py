@@ -1159,15 +1159,16 @@ def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for s
 
 
 def run_complete(state, cfg, ckpt_path):
-    """Is the resumed checkpoint at the run's last step? Then one line says so, and nothing is evaluated, sampled or
-    written again (the end of train() did that once). A longer run changes --max-iters, which --resume refuses."""
-    if state["iteration"] < cfg["max_iters"]:
-        return False
+    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl? Then one line
+    says so, and nothing is evaluated, sampled or written again (the end of train() did that once). Without that
+    evaluation (stopped at the last step, or during the evaluation) the run goes on to its end. A longer run changes
+    --max-iters, which --resume refuses."""
     loss = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"])
-    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}"
-        + ("" if loss is None else f", final val loss {loss:.4f}") + "): nothing to train. For text from it, run the "
-        "same command with --sample instead of --resume; to train longer, start a new run with a larger --max-iters "
-        "(plus --overwrite, or another --run-name).")
+    if state["iteration"] < cfg["max_iters"] or loss is None:
+        return False
+    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
+        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
+        "train longer, start a new run with a larger --max-iters (plus --overwrite, or another --run-name).")
     return True
 
 

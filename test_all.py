@@ -5541,6 +5541,38 @@ def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path,
     assert w.scalars == [("val_loss", 2.5, 40), ("val_ppl", 12.2, 40), ("loss", 2.0, 50), ("lr", 1e-3, 50)]
 
 
+# --- hostile review of train.py's flags on a CPU: stops at the run's end, modes, presets, resume, samples ---
+
+def _train_flags_run(tmp_path, *more):
+    return ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
+            "--out-dir", str(tmp_path / "out"), *more]
+
+
+def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
+    # a Ctrl-C at the last step saved it and said "continue with --resume", which then said "already complete" and
+    # never evaluated; one during the final evaluation lost every step since the last checkpoint (here all of them)
+    base, run = _train_flags_run(tmp_path), tmp_path / "out" / "toy"
+    assert _train_stopped_at(2, monkeypatch, base) == 130
+    assert "val_loss" not in _train_metrics(run)[-1]
+    capsys.readouterr()
+    assert train.main(base + ["--resume"]) == 0
+    assert "done: 2 steps, 256 tokens in " in capsys.readouterr().out  # 2 x 8 x 16 ("0.00M tokens" before)
+    assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+    real, calls = train.evaluate, []
+
+    def evaluate(*args):  # Ctrl-C in the final evaluation (the second one of a 2-step run)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    assert train.main(base + ["--overwrite"]) == 130
+    assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
+    monkeypatch.setattr(train, "evaluate", real)
+    assert train.main(base + ["--resume"]) == 0
+    assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+
+
 # ============================================================================
 # accounting.py
 # ============================================================================

@@ -478,10 +478,10 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with "
                     f"{safety.resume_command(cfg)}.")
                 return 130
+    save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
     progress.evaluated(last, val_loss)
-    save(last)
-    log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {safety.fmt_time(progress.seconds())}; "
+    log(f"done: {last} steps, {safety.fmt_count(cfg['total_tokens'])} tokens in {safety.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
