@@ -451,9 +451,9 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
     ("be positive", lambda v: v <= 0, lambda k, v: k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
         "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-        "benchmark_steps", "workers", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0), refused here first
+        "benchmark_steps", "workers", "sample_tokens", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0)
     ("not be negative", lambda v: v < 0, lambda k, v: k in (
-        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples", "sample_tokens")),
+        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples")),
     (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
      "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
     ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
@@ -674,11 +674,14 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--nope."),
     (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
-    (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
+    (lambda c: c["benchmark"] and (c["resume"] or c["overwrite"] or c["export"] is not None),
+     "--benchmark times steps on random tokens, and reads and writes no run; drop --resume, --overwrite and --export."),
+    (lambda c: c["export"] is not None and c["resume"], "--export writes a run as it stands; drop --resume."),
     (lambda c: c["resume"] and c["overwrite"],
      "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
      "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
+    (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
     (lambda c: c["prompt"] == "-" and not c["sample"],
      "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
@@ -1009,8 +1012,10 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
 
 
 # What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
-TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", "lr", "min_lr", "warmup_iters",
-                   "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
+# Not --grad-accum, nor the number of processes: they change the arithmetic's order, never the data (micro_batches),
+# so a resumed run may raise --grad-accum where it has less memory.
+TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1", "beta2",
+                   "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
 def check_config(config, like, name):

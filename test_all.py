@@ -4139,7 +4139,7 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               (f"--seed={-2**63 - 1}", "--seed must lie in"),
               (f"--batch-size={2**63}", "--batch-size must be below 2**63"),
               (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
-              ("--sample-tokens=-1", "--sample-tokens must not be negative"),
+              ("--sample-tokens=-1", "--sample-tokens must be positive"),
               ("--temperature=-0.5", "--temperature must not be negative"),
               ("--eps=0", "--eps must be positive, got 0.0"),  # optim.AdamW refused it with a traceback
               ("--eps=-1e-8", "--eps must be positive"),
@@ -5571,6 +5571,42 @@ def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_e
     monkeypatch.setattr(train, "evaluate", real)
     assert train.main(base + ["--resume"]) == 0
     assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+
+
+def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
+    # --benchmark --export timed steps and exported nothing (exit 0); --export --resume, --benchmark --overwrite and
+    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples
+    base = _train_flags_run(tmp_path)
+    for more, needle in ((["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
+                          "writes no run; drop --resume, --overwrite and --export."),
+                         (["--benchmark", "--overwrite"], "--benchmark times steps"),
+                         (["--export", "x", "--resume"], "--export writes a run as it stands; drop --resume."),
+                         (["--sample", "--num-samples", "0"], "--sample with --num-samples 0 prints nothing"),
+                         (["--sample-tokens", "0"], "--sample-tokens must be positive, got 0.")):
+        assert train.main(base + more) == 2, more
+        _train_one_error(capsys, needle)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()
+
+
+def test_train_preset_min_lr_scales_below_a_given_lr(tmp_path, capsys):
+    # `--lr 1e-4` was refused: "--min-lr 0.0005 is above --lr 0.0001", naming a flag the user never gave
+    base, small = _train_flags_run(tmp_path), train.PRESETS["small"]
+    cfg = train.resolve_config(base + ["--lr", "1e-4"])
+    assert cfg["min_lr"] == pytest.approx(1e-4 * small["min_lr"] / small["lr"])  # the preset's proportion
+    assert train.resolve_config(base + ["--lr", "1e-3"])["min_lr"] == small["min_lr"]  # one that fits stays
+    assert train.resolve_config(base + ["--lr", "0"])["min_lr"] == 0
+    assert train.main(base + ["--lr", "1e-4", "--min-lr", "2e-4"]) == 2  # a given one above --lr is still refused
+    _train_one_error(capsys, "--min-lr 0.0002 is above --lr 0.0001.")
+
+
+def test_train_resume_may_change_grad_accum(tmp_path, monkeypatch):
+    # --grad-accum changes the arithmetic's order, never the data, as the process count does (which --resume
+    # allowed): a run resumed with --grad-accum 2 on a smaller machine was refused
+    base = _train_flags_run(tmp_path, "--log-interval", "1")
+    assert _train_stopped_at(1, monkeypatch, base) == 130
+    assert train.main(base + ["--resume", "--grad-accum", "2"]) == 0
+    assert [r["step"] for r in _train_metrics(tmp_path / "out" / "toy") if "loss" in r] == [1, 2]
+    assert train.main(base + ["--resume", "--seed", "1"]) == 2  # what shapes the trajectory is still refused
 
 
 # ============================================================================
