@@ -379,9 +379,17 @@ def exit_code(name, command, interrupted):
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
         log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
+    except (KeyboardInterrupt, Exception) as e:  # before the loop's own handler (data, model), a second Ctrl-C in it,
+        if not interrupted_by_ctrl_c(e):  # or the error a library's clean-up raised in its place (torch.save's zip
+            raise  # writer, cut short mid-file, says "unexpected pos")
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
         return 130
+
+
+def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised while one was being handled
+    while e is not None and not isinstance(e, KeyboardInterrupt):
+        e = e.__context__
+    return e is not None
 
 
 _SHORT = reprlib.Repr()  # a value read from a file, for a sentence: long strings, long lists, deep nesting cut short

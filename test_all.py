@@ -5609,6 +5609,21 @@ def test_train_resume_may_change_grad_accum(tmp_path, monkeypatch):
     assert train.main(base + ["--resume", "--seed", "1"]) == 2  # what shapes the trajectory is still refused
 
 
+def test_train_ctrl_c_while_a_checkpoint_is_written_is_one_line(capsys):
+    # torch.save's zip writer turns a Ctrl-C that cuts its write short into RuntimeError("unexpected pos"): one at the
+    # final save (after the loop's handler) ended train.py in a traceback, exit 1
+    class Cut(io.BytesIO):
+        def write(self, b):
+            if self.tell() > 100:
+                raise KeyboardInterrupt
+            return super().write(b)
+    m, opt = _train_model_opt()
+    assert safety.exit_code("train.py", lambda: train.save_checkpoint(m, opt, 0, Cut()), "rerun it.") == 130
+    assert capsys.readouterr().err == "train.py: interrupted; rerun it.\n"
+    with pytest.raises(RuntimeError, match="not a Ctrl-C"):  # any other error still goes on up
+        safety.exit_code("train.py", lambda: exec("raise RuntimeError('not a Ctrl-C')"), "")
+
+
 # ============================================================================
 # accounting.py
 # ============================================================================
