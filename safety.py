@@ -379,9 +379,17 @@ def exit_code(name, command, interrupted):
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
         log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before the loop's own handler (data, model), or a second Ctrl-C in it
+    except (KeyboardInterrupt, Exception) as e:  # before the loop's own handler (data, model), a second Ctrl-C in it,
+        if not interrupted_by_ctrl_c(e):  # or the error a library's clean-up raised in its place (torch.save's zip
+            raise  # writer, cut short mid-file, says "unexpected pos")
         log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
         return 130
+
+
+def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised while one was being handled
+    while e is not None and not isinstance(e, KeyboardInterrupt):
+        e = e.__context__
+    return e is not None
 
 
 _SHORT = reprlib.Repr()  # a value read from a file, for a sentence: long strings, long lists, deep nesting cut short
@@ -451,9 +459,9 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
     ("be positive", lambda v: v <= 0, lambda k, v: k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
         "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
-        "benchmark_steps", "workers", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0), refused here first
+        "benchmark_steps", "workers", "sample_tokens", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0)
     ("not be negative", lambda v: v < 0, lambda k, v: k in (
-        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples", "sample_tokens")),
+        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples")),
     (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
      "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
     ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
@@ -674,11 +682,14 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--nope."),
     (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
     (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
-    (lambda c: c["resume"] and c["benchmark"], "--benchmark writes nothing and reads no checkpoint; drop --resume."),
+    (lambda c: c["benchmark"] and (c["resume"] or c["overwrite"] or c["export"] is not None),
+     "--benchmark times steps on random tokens, and reads and writes no run; drop --resume, --overwrite and --export."),
+    (lambda c: c["export"] is not None and c["resume"], "--export writes a run as it stands; drop --resume."),
     (lambda c: c["resume"] and c["overwrite"],
      "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
      "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
+    (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
     (lambda c: c["prompt"] == "-" and not c["sample"],
      "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
@@ -1009,8 +1020,10 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
 
 
 # What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
-TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "grad_accum", "max_iters", "lr", "min_lr", "warmup_iters",
-                   "beta1", "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
+# Not --grad-accum, nor the number of processes: they change the arithmetic's order, never the data (micro_batches),
+# so a resumed run may raise --grad-accum where it has less memory.
+TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1", "beta2",
+                   "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
 def check_config(config, like, name):
@@ -1159,15 +1172,16 @@ def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for s
 
 
 def run_complete(state, cfg, ckpt_path):
-    """Is the resumed checkpoint at the run's last step? Then one line says so, and nothing is evaluated, sampled or
-    written again (the end of train() did that once). A longer run changes --max-iters, which --resume refuses."""
-    if state["iteration"] < cfg["max_iters"]:
-        return False
+    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl? Then one line
+    says so, and nothing is evaluated, sampled or written again (the end of train() did that once). Without that
+    evaluation (stopped at the last step, or during the evaluation) the run goes on to its end. A longer run changes
+    --max-iters, which --resume refuses."""
     loss = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"])
-    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}"
-        + ("" if loss is None else f", final val loss {loss:.4f}") + "): nothing to train. For text from it, run the "
-        "same command with --sample instead of --resume; to train longer, start a new run with a larger --max-iters "
-        "(plus --overwrite, or another --run-name).")
+    if state["iteration"] < cfg["max_iters"] or loss is None:
+        return False
+    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
+        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
+        "train longer, start a new run with a larger --max-iters (plus --overwrite, or another --run-name).")
     return True
 
 

@@ -4139,7 +4139,7 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               (f"--seed={-2**63 - 1}", "--seed must lie in"),
               (f"--batch-size={2**63}", "--batch-size must be below 2**63"),
               (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
-              ("--sample-tokens=-1", "--sample-tokens must not be negative"),
+              ("--sample-tokens=-1", "--sample-tokens must be positive"),
               ("--temperature=-0.5", "--temperature must not be negative"),
               ("--eps=0", "--eps must be positive, got 0.0"),  # optim.AdamW refused it with a traceback
               ("--eps=-1e-8", "--eps must be positive"),
@@ -5539,6 +5539,89 @@ def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path,
     (w,) = made  # one writer per run, created at a resumed run's first record: later events of a stopped run go
     assert w.log_dir == tmp_path / "tensorboard" and w.purge_step == 40 and w.flushed == 2
     assert w.scalars == [("val_loss", 2.5, 40), ("val_ppl", 12.2, 40), ("loss", 2.0, 50), ("lr", 1e-3, 50)]
+
+
+# --- hostile review of train.py's flags on a CPU: stops at the run's end, modes, presets, resume, samples ---
+
+def _train_flags_run(tmp_path, *more):
+    return ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
+            "--out-dir", str(tmp_path / "out"), *more]
+
+
+def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
+    # a Ctrl-C at the last step saved it and said "continue with --resume", which then said "already complete" and
+    # never evaluated; one during the final evaluation lost every step since the last checkpoint (here all of them)
+    base, run = _train_flags_run(tmp_path), tmp_path / "out" / "toy"
+    assert _train_stopped_at(2, monkeypatch, base) == 130
+    assert "val_loss" not in _train_metrics(run)[-1]
+    capsys.readouterr()
+    assert train.main(base + ["--resume"]) == 0
+    assert "done: 2 steps, 256 tokens in " in capsys.readouterr().out  # 2 x 8 x 16 ("0.00M tokens" before)
+    assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+    real, calls = train.evaluate, []
+
+    def evaluate(*args):  # Ctrl-C in the final evaluation (the second one of a 2-step run)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    assert train.main(base + ["--overwrite"]) == 130
+    assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
+    monkeypatch.setattr(train, "evaluate", real)
+    assert train.main(base + ["--resume"]) == 0
+    assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+
+
+def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
+    # --benchmark --export timed steps and exported nothing (exit 0); --export --resume, --benchmark --overwrite and
+    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples
+    base = _train_flags_run(tmp_path)
+    for more, needle in ((["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
+                          "writes no run; drop --resume, --overwrite and --export."),
+                         (["--benchmark", "--overwrite"], "--benchmark times steps"),
+                         (["--export", "x", "--resume"], "--export writes a run as it stands; drop --resume."),
+                         (["--sample", "--num-samples", "0"], "--sample with --num-samples 0 prints nothing"),
+                         (["--sample-tokens", "0"], "--sample-tokens must be positive, got 0.")):
+        assert train.main(base + more) == 2, more
+        _train_one_error(capsys, needle)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()
+
+
+def test_train_preset_min_lr_scales_below_a_given_lr(tmp_path, capsys):
+    # `--lr 1e-4` was refused: "--min-lr 0.0005 is above --lr 0.0001", naming a flag the user never gave
+    base, small = _train_flags_run(tmp_path), train.PRESETS["small"]
+    cfg = train.resolve_config(base + ["--lr", "1e-4"])
+    assert cfg["min_lr"] == pytest.approx(1e-4 * small["min_lr"] / small["lr"])  # the preset's proportion
+    assert train.resolve_config(base + ["--lr", "1e-3"])["min_lr"] == small["min_lr"]  # one that fits stays
+    assert train.resolve_config(base + ["--lr", "0"])["min_lr"] == 0
+    assert train.main(base + ["--lr", "1e-4", "--min-lr", "2e-4"]) == 2  # a given one above --lr is still refused
+    _train_one_error(capsys, "--min-lr 0.0002 is above --lr 0.0001.")
+
+
+def test_train_resume_may_change_grad_accum(tmp_path, monkeypatch):
+    # --grad-accum changes the arithmetic's order, never the data, as the process count does (which --resume
+    # allowed): a run resumed with --grad-accum 2 on a smaller machine was refused
+    base = _train_flags_run(tmp_path, "--log-interval", "1")
+    assert _train_stopped_at(1, monkeypatch, base) == 130
+    assert train.main(base + ["--resume", "--grad-accum", "2"]) == 0
+    assert [r["step"] for r in _train_metrics(tmp_path / "out" / "toy") if "loss" in r] == [1, 2]
+    assert train.main(base + ["--resume", "--seed", "1"]) == 2  # what shapes the trajectory is still refused
+
+
+def test_train_ctrl_c_while_a_checkpoint_is_written_is_one_line(capsys):
+    # torch.save's zip writer turns a Ctrl-C that cuts its write short into RuntimeError("unexpected pos"): one at the
+    # final save (after the loop's handler) ended train.py in a traceback, exit 1
+    class Cut(io.BytesIO):
+        def write(self, b):
+            if self.tell() > 100:
+                raise KeyboardInterrupt
+            return super().write(b)
+    m, opt = _train_model_opt()
+    assert safety.exit_code("train.py", lambda: train.save_checkpoint(m, opt, 0, Cut()), "rerun it.") == 130
+    assert capsys.readouterr().err == "train.py: interrupted; rerun it.\n"
+    with pytest.raises(RuntimeError, match="not a Ctrl-C"):  # any other error still goes on up
+        safety.exit_code("train.py", lambda: exec("raise RuntimeError('not a Ctrl-C')"), "")
 
 
 # ============================================================================

@@ -78,7 +78,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
     ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
     ("--lr", float, PRESET, "peak learning rate"),
-    ("--min-lr", float, PRESET, "final learning rate of the cosine"),
+    ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
     ("--warmup-iters", int, PRESET, "linear warm-up steps (a preset warm-up shrinks to fit a short run)"),
     ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
     ("--beta1", float, 0.9, "AdamW beta1"),
@@ -128,9 +128,9 @@ def resolve_config(argv=None):
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
-    for key, value in PRESETS.get(cfg["data"], PRESETS["small"]).items():
-        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
-            cfg[key] = value
+    for key, value in (preset := PRESETS.get(cfg["data"], PRESETS["small"])).items():  # a preset --min-lr above a
+        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):  # given --lr scales down
+            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value  # with it
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -478,10 +478,10 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with "
                     f"{safety.resume_command(cfg)}.")
                 return 130
+    save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
     progress.evaluated(last, val_loss)
-    save(last)
-    log(f"done: {last} steps, {cfg['total_tokens'] / 1e6:.2f}M tokens in {safety.fmt_time(progress.seconds())}; "
+    log(f"done: {last} steps, {safety.fmt_count(cfg['total_tokens'])} tokens in {safety.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
