@@ -128,9 +128,10 @@ def resolve_config(argv=None):
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
-    for key, value in (preset := PRESETS.get(cfg["data"], PRESETS["small"])).items():  # a preset --min-lr above a
-        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):  # given --lr scales down
-            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value  # with it
+    preset = PRESETS.get(cfg["data"], PRESETS["small"])
+    for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
+        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
+            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
     cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
