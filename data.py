@@ -417,6 +417,24 @@ def ids_vocab_size(source, tokenizer, vocab_size):
     return len(tok.vocab) if tok is not None and vocab_size is None else vocab_size
 
 
+def open_ids(path):
+    """A .npy of token ids as TokenIds: a user's (--data, --val-data) and the cache's alike. ValueError, saying what
+    the file holds instead, unless np.save wrote it from a 1-D integer array."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"PK"):  # np.load would return a zip's NpzFile
+        raise ValueError("it is a zip archive (np.savez or torch.save?), not a .npy")
+    if magic != b"\x93NUMPY":  # np.load would take it for a pickle, and tell to allow pickles
+        raise ValueError("it is not a .npy file (no numpy header: text, a pickle, or ndarray.tofile's raw bytes?)")
+    try:
+        ids = np.load(path, mmap_mode="r")
+    except (ValueError, EOFError) as e:
+        raise ValueError(f"it cannot be read as a .npy file ({e})") from None
+    if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
+        raise ValueError(f"it holds {ids.dtype} of shape {ids.shape}, not the 1-D integer array of token ids")
+    return TokenIds(ids)
+
+
 def load_ids(source, val_data, tokenizer=None):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
     their tokenizer (--tokenizer DIR, or the one saved beside them), if any, to decode the samples."""
@@ -425,17 +443,11 @@ def load_ids(source, val_data, tokenizer=None):
         if not path:
             continue
         try:
-            ids = np.load(path, mmap_mode="r")
-        except (ValueError, OSError, EOFError) as e:
-            raise UsageError(f"{flag} {path}: cannot read the .npy file ({e}); save ids with np.save.") from None
-        if not isinstance(ids, np.ndarray):  # a zip (np.savez, torch.save) loads as an NpzFile
-            raise UsageError(f"{flag} {path} is a zip archive (np.savez or torch.save?), not a .npy; save ids with "
-                             "np.save.")
-        if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
-            raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
-        if len(ids) == 0:
+            loaded[flag] = open_ids(path)
+        except (ValueError, OSError) as e:
+            raise UsageError(f"{flag} {path}: {e}; save ids with np.save.") from None
+        if len(loaded[flag]) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
-        loaded[flag] = TokenIds(ids)
     train, valid = loaded["--data"], loaded["--val-data"]
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
@@ -456,7 +468,7 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     else:
         texts = local_corpus(Path(source).resolve(), where)
     tok, files, npys = tokenize_corpus(*texts, vocab_size, where / f"bpe{vocab_size}", workers)
-    train, valid = (TokenIds(from_cache(npy, np.load, npy, mmap_mode="r")) for npy in npys)
+    train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 
 
@@ -518,9 +530,9 @@ def fingerprint(train, valid, tok_files, data_dir):
 # 4. Do the ids fit the model? And the baseline to beat
 
 def check_ids(train, valid, context_length, vocab_size, made_by=None):
-    """Raises UsageError unless the ids (1-D integers: load_ids) are below the vocab size and longer than a
+    """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
-    files of text (prepare_data's cache), the size of the tokenizer that made them: a larger id is damage."""
+    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
@@ -530,10 +542,11 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
                              f"({len(ids)} tokens); lower it or use more data.")
         ranges = [(int(piece.min()), int(piece.max())) for piece in pieces(ids)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if made_by is not None and (lo < 0 or hi >= made_by):
+            bad = lo if lo < 0 else hi  # a negative id too: np.save over the cache, not encode_file, made it
+            raise damaged_cache(ids.filename, f"it holds token id {bad}, but its tokenizer has {made_by} tokens")
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
-        if made_by is not None and hi >= made_by:
-            raise damaged_cache(ids.filename, f"it holds token id {hi}, but its tokenizer has {made_by} tokens")
         if hi >= vocab_size:
             raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
                              "pass a --vocab-size above its largest id.")

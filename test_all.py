@@ -3148,13 +3148,40 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
     (tmp_path / "g.npy").write_bytes(b"\x93NUMPY" + bytes(100))
-    for flags, needle in ((["--data", "t.npy"], f"--data {tmp_path / 't.npy'} is a zip archive"),
-                          (["--data", "ok.npy", "--val-data", "g.npy"], f"--val-data {tmp_path / 'g.npy'}: cannot read")):
+    for flags, needle in ((["--data", "t.npy"], f"--data {tmp_path / 't.npy'}: it is a zip archive"),
+                          (["--data", "ok.npy", "--val-data", "g.npy"], f"--val-data {tmp_path / 'g.npy'}: it cannot be read")):
         argv = [f if not f.endswith(".npy") else str(tmp_path / f) for f in flags]
         assert train.main([*argv, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
         _train_one_line(capsys, needle)
     assert not (tmp_path / "out").exists()
 
+
+# --- hostile data review: what np.save did not write, a cut-short download, experiments.py's unchecked ids ---
+
+def test_data_npy_that_np_save_did_not_write_is_one_sentence(tmp_path, capsys):
+    """A user's .npy without numpy's header (ndarray.tofile, np.savetxt, pickle.dump) was said to hold pickled data
+    "if you trust the file ... allow_pickle"; a cache's .npy replaced by floats ended in a TypeError traceback (the
+    baseline's bincount), a 2-D one trained, a negative id asked for other data: each names the file to fix."""
+    ids = np.arange(1000, dtype=np.uint16) % 50
+    ids.tofile(tmp_path / "raw.npy")
+    np.savetxt(tmp_path / "text.npy", ids)
+    (tmp_path / "pickle.npy").write_bytes(__import__("pickle").dumps(ids.tolist()))
+    for name in ("raw.npy", "text.npy", "pickle.npy"):
+        assert train.main(["--data", str(tmp_path / name), "--out-dir", str(tmp_path / "out")]) == 2
+        line = _train_one_line(capsys, f"--data {tmp_path / name}: it is not a .npy file (no numpy header")
+        assert "pickle=" not in line
+    story = _train_story(tmp_path / "story.txt", n=40)
+    prepare = lambda: data.prepare_data(str(story), tmp_path / "data", 300, workers=1)  # noqa: E731
+    npy = Path(prepare()[1].filename)
+    for other in (np.ones(500, np.float32), np.ones((5, 100), np.uint16)):
+        np.save(npy, other)
+        why = f"it holds {other.dtype} of shape {other.shape}, not the 1-D integer array"
+        with pytest.raises(data.UsageError, match=re.escape(f"{npy} in the data cache cannot be used ({why}")):
+            prepare()
+    np.save(npy, np.full(500, -1, np.int64))
+    with pytest.raises(data.UsageError, match=re.escape(f"{npy} in the data cache cannot be used (it holds token id -1,")):
+        data.check_ids(*prepare()[:2], 16, 300, made_by=300)
+    assert not (tmp_path / "out").exists()
 
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
