@@ -10,6 +10,7 @@ import contextlib
 import errno
 import gzip
 import hashlib
+import http.client
 import os
 import shutil
 import sys
@@ -46,6 +47,9 @@ TEXT_SPLITS = ("train.txt", "valid.txt")  # a corpus's folder (but a downloaded 
 TOKEN_FILES = ("vocab.json", "merges.txt", "train.npy", "valid.npy")  # its bpe<vocab size>/ folder: tokenizer, ids
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
 READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
+# a download that failed: urllib's URLError and a TimeoutError are OSErrors; a reply cut short mid-chunk (IncompleteRead)
+# or garbled is an HTTPException, which is not
+NET_ERRORS = (OSError, http.client.HTTPException)
 
 
 def text_names(source):  # a corpus folder's train and valid text files: a dataset's own names (unpacked), or ours
@@ -138,7 +142,7 @@ def downloaded_corpus(name, out_dir):
                 if not fetched.exists():
                     try:
                         download(url, fetched)
-                    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+                    except NET_ERRORS as e:
                         raise DataError(
                             f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} "
                             f"yourself (the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a "
@@ -191,7 +195,7 @@ def fetch_checked(url, dest, sha256):
     got = dest.with_name(dest.name + ".download")
     try:
         download(url, got)
-    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+    except NET_ERRORS as e:
         raise DataError(f"GPT-2's vocab/merges are not cached and the network is unreachable: could not download "
                         f"{url} ({getattr(e, 'reason', e)}); save it yourself as {dest}.") from None
     if (digest := hashlib.sha256(got.read_bytes()).hexdigest()) != sha256:

@@ -3183,6 +3183,37 @@ def test_data_npy_that_np_save_did_not_write_is_one_sentence(tmp_path, capsys):
         data.check_ids(*prepare()[:2], 16, 300, made_by=300)
     assert not (tmp_path / "out").exists()
 
+
+class _DataCutChunkedHandler(http.server.BaseHTTPRequestHandler):  # a reply cut short in its second chunk
+    protocol_version = "HTTP/1.1"  # chunked transfer: no Content-Length, as a proxy may send it
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"5\r\nhello\r\n1000\r\nabc")  # 4096 bytes announced, 3 sent, then the connection ends
+        self.close_connection = True
+
+    def log_message(self, *a):
+        pass
+
+
+def test_data_download_cut_short_mid_chunk_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """A chunked reply cut short raised http.client.IncompleteRead, which is no OSError: a traceback, exit 1."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataCutChunkedHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+        assert train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir",
+                           str(tmp_path / "out")]) == 1
+        _train_one_line(capsys, "TinyStoriesV2-GPT4-train.txt (IncompleteRead(")
+        with pytest.raises(data.DataError, match=r"could not download .*/encoder\.json \(IncompleteRead\("):
+            data.fetch_checked(f"http://127.0.0.1:{srv.server_address[1]}/encoder.json", tmp_path / "v.json", "0")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "v.json").exists()
+
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
 def _data_openai_gpt2(where):
