@@ -558,6 +558,13 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
     return top
 
 
+def check_data(cfg, train, valid, tok):
+    """check_ids for a run's flags (train.py's cfg) and prepare_data's result: text's token files hold only the ids
+    of the tokenizer that made them."""
+    made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
+    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by)
+
+
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):
     """The baseline a model must beat: cross-entropy (nats/token) of the validation ids under
     the train ids' unigram distribution, add-one smoothed, from the first `limit` train ids.

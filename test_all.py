@@ -3214,6 +3214,19 @@ def test_data_download_cut_short_mid_chunk_is_one_sentence(tmp_path, monkeypatch
         srv.server_close()
     assert not (tmp_path / "out").exists() and not (tmp_path / "v.json").exists()
 
+
+@pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "the train data holds a negative token id (-1)"),
+                                       (np.arange(1000), "the train data holds token id 899, at or above "
+                                                         "--vocab-size 64")])
+def test_data_experiments_checks_the_ids_before_its_baseline(tmp_path, ids, said):
+    """experiments.py counted the ids for its unigram baseline before any check: a negative id or one past
+    --vocab-size ended in numpy's ValueError traceback; it checks them as train.py does (data.check_data)."""
+    np.save(tmp_path / "ids.npy", ids.astype(np.int64))
+    with pytest.raises(safety.UsageError, match=re.escape(said)):
+        experiments.main(["lr", "--data", str(tmp_path / "ids.npy"), "--out-dir", str(tmp_path / "out"), "--variants",
+                          "lr=1e-03", *_TRAIN_TINY, "--max-iters", "2"])
+    assert not (tmp_path / "out").exists()
+
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
 def _data_openai_gpt2(where):
