@@ -24,7 +24,7 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    read_exactly, read_into, show_progress)
+                    lock_holder, read_exactly, read_into, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -131,11 +131,31 @@ def new_folders(path):
         raise
 
 
+@contextlib.contextmanager
+def folder_lock(path):
+    """An exclusive flock on the folder path while the block runs, so that processes filling it take turns and each
+    finds what the one before made: two appending to one .part made a corpus of both's bytes. The kernel drops the
+    lock when its process dies (even by SIGKILL): never stale."""
+    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = lock_holder(path)
+            print(f"waiting for {f'process {pid}' if pid else 'another process'}, which fills {path}/ with the same "
+                  "data", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
-    with new_folders(out_dir):
+    with new_folders(out_dir), folder_lock(out_dir):  # two runs started together: one downloads, the other waits
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
             url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
             if not txt.exists():
@@ -177,16 +197,11 @@ def gpt2_files(data_dir=CLONE_DATA):
 
 
 def fetch_gpt2(out_dir, paths):
-    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir, os.O_RDONLY)
-    try:  # parallel test workers: one fetches, the others wait for it and then find the files
-        fcntl.flock(fd, fcntl.LOCK_EX)  # dropped by the kernel when the process dies: never stale
+    with folder_lock(out_dir):  # parallel test workers: one fetches, the others wait for it and then find the files
         for dest, (name, sha256) in zip(paths, GPT2_FILES.values()):
             if not dest.is_file():
                 fetch_checked(f"{GPT2_URL}/{name}", dest, sha256)
-    finally:
-        os.close(fd)
 
 
 def fetch_checked(url, dest, sha256):

@@ -3227,6 +3227,33 @@ def test_data_experiments_checks_the_ids_before_its_baseline(tmp_path, ids, said
                           "lr=1e-03", *_TRAIN_TINY, "--max-iters", "2"])
     assert not (tmp_path / "out").exists()
 
+
+def test_data_two_runs_downloading_one_corpus_take_turns(tmp_path, monkeypatch, capsys):
+    """Two runs of --data tinystories started together appended to one .part: the first to finish renamed a file of
+    both's bytes (longer than the dataset's, garbled) and trained on it, the second failed. Now the second waits for
+    the first's lock on the folder, saying so, and then finds its files."""
+    import fcntl
+    folder, fetched, out = tmp_path / "data" / "tinystories", [], ""
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(data, "download", lambda url, dest: fetched.append(dest) or dest.write_text("its own"))
+    first = os.open(folder, os.O_RDONLY)  # the first run's lock, held while it downloads
+    fcntl.flock(first, fcntl.LOCK_EX)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            second = pool.submit(data.downloaded_corpus, "tinystories", folder)
+            deadline = time.monotonic() + 60
+            while "waiting for" not in (out := out + capsys.readouterr().out):  # the state: it says it waits
+                assert not second.done(), second.result()  # it did not wait
+                assert time.monotonic() < deadline, out
+                time.sleep(0.01)
+            for name in data.text_names("tinystories"):  # what the first run downloaded
+                (folder / name).write_text("the first run's")
+        finally:
+            os.close(first)  # its lock goes
+        paths = second.result(timeout=60)
+    assert fetched == [] and [p.read_text() for p in paths] == ["the first run's"] * 2
+    assert f"waiting for process {os.getpid()}, which fills {folder}/ with the same data" in out
+
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
 def _data_openai_gpt2(where):
