@@ -296,6 +296,8 @@ def local_corpus(path, out_dir):
                 cut = mark
                 while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
                     cut -= 1
+                if (at := text.rfind(SEP, max(0, cut - len(SEP) + 1), cut + len(SEP) - 1)) >= 0:  # one spans the cut
+                    cut = at  # before it: each part had a piece of it as text
         parts = (0, cut), (cut + gap, size)
         if not all(has_text(text, *part) for part in parts):
             raise UsageError(f"--data {path} has too little text to split into training and validation parts; "

@@ -3254,6 +3254,15 @@ def test_data_two_runs_downloading_one_corpus_take_turns(tmp_path, monkeypatch, 
     assert fetched == [] and [p.read_text() for p in paths] == ["the first run's"] * 2
     assert f"waiting for process {os.getpid()}, which fills {folder}/ with the same data" in out
 
+
+def test_data_split_of_one_line_never_cuts_a_separator(tmp_path):
+    # a text of a few documents on one line is cut at 90% of its bytes: that byte fell inside <|endoftext|>, and
+    # train.txt ended in "<|end", valid.txt began with "oftext|>", two pieces of text the tokenizer learned
+    for head in range(95, 110):  # the 90% mark at each byte of the separator, and around it
+        (tmp_path / "t.txt").write_text("x" * head + "<|endoftext|>" + "y" * 4)
+        tr, va = data.local_corpus(tmp_path / "t.txt", tmp_path / f"c{head}")
+        assert tr.read_text().count("<|endoftext|>") + va.read_text().count("<|endoftext|>") == 1, va.read_text()
+
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
 def _data_openai_gpt2(where):
