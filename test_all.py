@@ -3156,7 +3156,8 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-# --- hostile data review: what np.save did not write, a cut-short download, experiments.py's unchecked ids ---
+# --- hostile data review: .npy files np.save did not write, downloads cut short or run twice at once, experiments.py's
+# unchecked ids, a one-line text's split ---
 
 def test_data_npy_that_np_save_did_not_write_is_one_sentence(tmp_path, capsys):
     """A user's .npy without numpy's header (ndarray.tofile, np.savetxt, pickle.dump) was said to hold pickled data
@@ -3262,6 +3263,7 @@ def test_data_split_of_one_line_never_cuts_a_separator(tmp_path):
         (tmp_path / "t.txt").write_text("x" * head + "<|endoftext|>" + "y" * 4)
         tr, va = data.local_corpus(tmp_path / "t.txt", tmp_path / f"c{head}")
         assert tr.read_text().count("<|endoftext|>") + va.read_text().count("<|endoftext|>") == 1, va.read_text()
+
 
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---
 
