@@ -10,6 +10,7 @@ import contextlib
 import errno
 import gzip
 import hashlib
+import http.client
 import os
 import shutil
 import sys
@@ -23,7 +24,7 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    read_exactly, read_into, show_progress)
+                    lock_holder, read_exactly, read_into, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -46,6 +47,9 @@ TEXT_SPLITS = ("train.txt", "valid.txt")  # a corpus's folder (but a downloaded 
 TOKEN_FILES = ("vocab.json", "merges.txt", "train.npy", "valid.npy")  # its bpe<vocab size>/ folder: tokenizer, ids
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
 READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
+# a download that failed: urllib's URLError and a TimeoutError are OSErrors; a reply cut short mid-chunk (IncompleteRead)
+# or garbled is an HTTPException, which is not
+NET_ERRORS = (OSError, http.client.HTTPException)
 
 
 def text_names(source):  # a corpus folder's train and valid text files: a dataset's own names (unpacked), or ours
@@ -127,18 +131,38 @@ def new_folders(path):
         raise
 
 
+@contextlib.contextmanager
+def folder_lock(path):
+    """An exclusive flock on the folder path while the block runs, so that processes filling it take turns and each
+    finds what the one before made: two appending to one .part made a corpus of both's bytes. The kernel drops the
+    lock when its process dies (even by SIGKILL): never stale."""
+    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = lock_holder(path)
+            print(f"waiting for {f'process {pid}' if pid else 'another process'}, which fills {path}/ with the same "
+                  "data", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
-    with new_folders(out_dir):
+    with new_folders(out_dir), folder_lock(out_dir):  # two runs started together: one downloads, the other waits
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
             url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
             if not txt.exists():
                 if not fetched.exists():
                     try:
                         download(url, fetched)
-                    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+                    except NET_ERRORS as e:
                         raise DataError(
                             f"could not download {url} ({getattr(e, 'reason', e)}); download {fetched.name} "
                             f"yourself (the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a "
@@ -173,16 +197,11 @@ def gpt2_files(data_dir=CLONE_DATA):
 
 
 def fetch_gpt2(out_dir, paths):
-    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir, os.O_RDONLY)
-    try:  # parallel test workers: one fetches, the others wait for it and then find the files
-        fcntl.flock(fd, fcntl.LOCK_EX)  # dropped by the kernel when the process dies: never stale
+    with folder_lock(out_dir):  # parallel test workers: one fetches, the others wait for it and then find the files
         for dest, (name, sha256) in zip(paths, GPT2_FILES.values()):
             if not dest.is_file():
                 fetch_checked(f"{GPT2_URL}/{name}", dest, sha256)
-    finally:
-        os.close(fd)
 
 
 def fetch_checked(url, dest, sha256):
@@ -191,7 +210,7 @@ def fetch_checked(url, dest, sha256):
     got = dest.with_name(dest.name + ".download")
     try:
         download(url, got)
-    except OSError as e:  # urllib's URLError and a TimeoutError are OSErrors
+    except NET_ERRORS as e:
         raise DataError(f"GPT-2's vocab/merges are not cached and the network is unreachable: could not download "
                         f"{url} ({getattr(e, 'reason', e)}); save it yourself as {dest}.") from None
     if (digest := hashlib.sha256(got.read_bytes()).hexdigest()) != sha256:
@@ -277,6 +296,8 @@ def local_corpus(path, out_dir):
                 cut = mark
                 while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
                     cut -= 1
+                if (at := text.rfind(SEP, max(0, cut - len(SEP) + 1), cut + len(SEP) - 1)) >= 0:  # one spans the cut
+                    cut = at  # before it: each part had a piece of it as text
         parts = (0, cut), (cut + gap, size)
         if not all(has_text(text, *part) for part in parts):
             raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
@@ -417,6 +438,24 @@ def ids_vocab_size(source, tokenizer, vocab_size):
     return len(tok.vocab) if tok is not None and vocab_size is None else vocab_size
 
 
+def open_ids(path):
+    """A .npy of token ids as TokenIds: a user's (--data, --val-data) and the cache's alike. ValueError, saying what
+    the file holds instead, unless np.save wrote it from a 1-D integer array."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"PK"):  # np.load would return a zip's NpzFile
+        raise ValueError("it is a zip archive (np.savez or torch.save?), not a .npy")
+    if magic != b"\x93NUMPY":  # np.load would take it for a pickle, and tell to allow pickles
+        raise ValueError("it is not a .npy file (no numpy header: text, a pickle, or ndarray.tofile's raw bytes?)")
+    try:
+        ids = np.load(path, mmap_mode="r")
+    except (ValueError, EOFError) as e:
+        raise ValueError(f"it cannot be read as a .npy file ({e})") from None
+    if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
+        raise ValueError(f"it holds {ids.dtype} of shape {ids.shape}, not the 1-D integer array of token ids")
+    return TokenIds(ids)
+
+
 def load_ids(source, val_data, tokenizer=None):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
     their tokenizer (--tokenizer DIR, or the one saved beside them), if any, to decode the samples."""
@@ -425,17 +464,11 @@ def load_ids(source, val_data, tokenizer=None):
         if not path:
             continue
         try:
-            ids = np.load(path, mmap_mode="r")
-        except (ValueError, OSError, EOFError) as e:
-            raise UsageError(f"{flag} {path}: cannot read the .npy file ({e}); save ids with np.save.") from None
-        if not isinstance(ids, np.ndarray):  # a zip (np.savez, torch.save) loads as an NpzFile
-            raise UsageError(f"{flag} {path} is a zip archive (np.savez or torch.save?), not a .npy; save ids with "
-                             "np.save.")
-        if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
-            raise UsageError(f"{flag}: the ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}.")
-        if len(ids) == 0:
+            loaded[flag] = open_ids(path)
+        except (ValueError, OSError) as e:
+            raise UsageError(f"{flag} {path}: {e}; save ids with np.save.") from None
+        if len(loaded[flag]) == 0:
             raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
-        loaded[flag] = TokenIds(ids)
     train, valid = loaded["--data"], loaded["--val-data"]
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
@@ -456,7 +489,7 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     else:
         texts = local_corpus(Path(source).resolve(), where)
     tok, files, npys = tokenize_corpus(*texts, vocab_size, where / f"bpe{vocab_size}", workers)
-    train, valid = (TokenIds(from_cache(npy, np.load, npy, mmap_mode="r")) for npy in npys)
+    train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 
 
@@ -518,9 +551,9 @@ def fingerprint(train, valid, tok_files, data_dir):
 # 4. Do the ids fit the model? And the baseline to beat
 
 def check_ids(train, valid, context_length, vocab_size, made_by=None):
-    """Raises UsageError unless the ids (1-D integers: load_ids) are below the vocab size and longer than a
+    """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
-    files of text (prepare_data's cache), the size of the tokenizer that made them: a larger id is damage."""
+    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
@@ -530,15 +563,23 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
                              f"({len(ids)} tokens); lower it or use more data.")
         ranges = [(int(piece.min()), int(piece.max())) for piece in pieces(ids)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if made_by is not None and (lo < 0 or hi >= made_by):
+            bad = lo if lo < 0 else hi  # a negative id too: np.save over the cache, not encode_file, made it
+            raise damaged_cache(ids.filename, f"it holds token id {bad}, but its tokenizer has {made_by} tokens")
         if lo < 0:
             raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
-        if made_by is not None and hi >= made_by:
-            raise damaged_cache(ids.filename, f"it holds token id {hi}, but its tokenizer has {made_by} tokens")
         if hi >= vocab_size:
             raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
                              "pass a --vocab-size above its largest id.")
         top = max(top, hi)
     return top
+
+
+def check_data(cfg, train, valid, tok):
+    """check_ids for a run's flags (train.py's cfg) and prepare_data's result: text's token files hold only the ids
+    of the tokenizer that made them."""
+    made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
+    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by)
 
 
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):

@@ -258,8 +258,10 @@ def measured(run, label, args, rest):
 
 def prepare(cfg):
     """The runs' data, prepared once here before any run starts (runs started together must not build the same
-    token files at once) -> its unigram baseline (data.unigram_loss), tokenizer (None for ids) and train ids."""
-    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in train.DATA_KEYS))  # as train.py prepares it
+    token files at once) and checked (ids the baseline can count) -> its unigram baseline (data.unigram_loss),
+    tokenizer (None for ids) and train ids."""
+    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in train.DATA_KEYS))  # as train.py prepares and checks it
+    data.check_data(cfg, tr, va, tok)
     return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr
 
 

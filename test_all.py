@@ -3148,12 +3148,121 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
     (tmp_path / "g.npy").write_bytes(b"\x93NUMPY" + bytes(100))
-    for flags, needle in ((["--data", "t.npy"], f"--data {tmp_path / 't.npy'} is a zip archive"),
-                          (["--data", "ok.npy", "--val-data", "g.npy"], f"--val-data {tmp_path / 'g.npy'}: cannot read")):
+    for flags, needle in ((["--data", "t.npy"], f"--data {tmp_path / 't.npy'}: it is a zip archive"),
+                          (["--data", "ok.npy", "--val-data", "g.npy"], f"--val-data {tmp_path / 'g.npy'}: it cannot be read")):
         argv = [f if not f.endswith(".npy") else str(tmp_path / f) for f in flags]
         assert train.main([*argv, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
         _train_one_line(capsys, needle)
     assert not (tmp_path / "out").exists()
+
+
+# --- hostile data review: .npy files np.save did not write, downloads cut short or run twice at once, experiments.py's
+# unchecked ids, a one-line text's split ---
+
+def test_data_npy_that_np_save_did_not_write_is_one_sentence(tmp_path, capsys):
+    """A user's .npy without numpy's header (ndarray.tofile, np.savetxt, pickle.dump) was said to hold pickled data
+    "if you trust the file ... allow_pickle"; a cache's .npy replaced by floats ended in a TypeError traceback (the
+    baseline's bincount), a 2-D one trained, a negative id asked for other data: each names the file to fix."""
+    ids = np.arange(1000, dtype=np.uint16) % 50
+    ids.tofile(tmp_path / "raw.npy")
+    np.savetxt(tmp_path / "text.npy", ids)
+    (tmp_path / "pickle.npy").write_bytes(__import__("pickle").dumps(ids.tolist()))
+    for name in ("raw.npy", "text.npy", "pickle.npy"):
+        assert train.main(["--data", str(tmp_path / name), "--out-dir", str(tmp_path / "out")]) == 2
+        line = _train_one_line(capsys, f"--data {tmp_path / name}: it is not a .npy file (no numpy header")
+        assert "pickle=" not in line
+    story = _train_story(tmp_path / "story.txt", n=40)
+    prepare = lambda: data.prepare_data(str(story), tmp_path / "data", 300, workers=1)  # noqa: E731
+    npy = Path(prepare()[1].filename)
+    for other in (np.ones(500, np.float32), np.ones((5, 100), np.uint16)):
+        np.save(npy, other)
+        why = f"it holds {other.dtype} of shape {other.shape}, not the 1-D integer array"
+        with pytest.raises(data.UsageError, match=re.escape(f"{npy} in the data cache cannot be used ({why}")):
+            prepare()
+    np.save(npy, np.full(500, -1, np.int64))
+    with pytest.raises(data.UsageError, match=re.escape(f"{npy} in the data cache cannot be used (it holds token id -1,")):
+        data.check_ids(*prepare()[:2], 16, 300, made_by=300)
+    assert not (tmp_path / "out").exists()
+
+
+class _DataCutChunkedHandler(http.server.BaseHTTPRequestHandler):  # a reply cut short in its second chunk
+    protocol_version = "HTTP/1.1"  # chunked transfer: no Content-Length, as a proxy may send it
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"5\r\nhello\r\n1000\r\nabc")  # 4096 bytes announced, 3 sent, then the connection ends
+        self.close_connection = True
+
+    def log_message(self, *a):
+        pass
+
+
+def test_data_download_cut_short_mid_chunk_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """A chunked reply cut short raised http.client.IncompleteRead, which is no OSError: a traceback, exit 1."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataCutChunkedHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+        assert train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir",
+                           str(tmp_path / "out")]) == 1
+        _train_one_line(capsys, "TinyStoriesV2-GPT4-train.txt (IncompleteRead(")
+        with pytest.raises(data.DataError, match=r"could not download .*/encoder\.json \(IncompleteRead\("):
+            data.fetch_checked(f"http://127.0.0.1:{srv.server_address[1]}/encoder.json", tmp_path / "v.json", "0")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "v.json").exists()
+
+
+@pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "the train data holds a negative token id (-1)"),
+                                       (np.arange(1000), "the train data holds token id 899, at or above "
+                                                         "--vocab-size 64")])
+def test_data_experiments_checks_the_ids_before_its_baseline(tmp_path, ids, said):
+    """experiments.py counted the ids for its unigram baseline before any check: a negative id or one past
+    --vocab-size ended in numpy's ValueError traceback; it checks them as train.py does (data.check_data)."""
+    np.save(tmp_path / "ids.npy", ids.astype(np.int64))
+    with pytest.raises(safety.UsageError, match=re.escape(said)):
+        experiments.main(["lr", "--data", str(tmp_path / "ids.npy"), "--out-dir", str(tmp_path / "out"), "--variants",
+                          "lr=1e-03", *_TRAIN_TINY, "--max-iters", "2"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_two_runs_downloading_one_corpus_take_turns(tmp_path, monkeypatch, capsys):
+    """Two runs of --data tinystories started together appended to one .part: the first to finish renamed a file of
+    both's bytes (longer than the dataset's, garbled) and trained on it, the second failed. Now the second waits for
+    the first's lock on the folder, saying so, and then finds its files."""
+    import fcntl
+    folder, fetched, out = tmp_path / "data" / "tinystories", [], ""
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(data, "download", lambda url, dest: fetched.append(dest) or dest.write_text("its own"))
+    first = os.open(folder, os.O_RDONLY)  # the first run's lock, held while it downloads
+    fcntl.flock(first, fcntl.LOCK_EX)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            second = pool.submit(data.downloaded_corpus, "tinystories", folder)
+            deadline = time.monotonic() + 60
+            while "waiting for" not in (out := out + capsys.readouterr().out):  # the state: it says it waits
+                assert not second.done(), second.result()  # it did not wait
+                assert time.monotonic() < deadline, out
+                time.sleep(0.01)
+            for name in data.text_names("tinystories"):  # what the first run downloaded
+                (folder / name).write_text("the first run's")
+        finally:
+            os.close(first)  # its lock goes
+        paths = second.result(timeout=60)
+    assert fetched == [] and [p.read_text() for p in paths] == ["the first run's"] * 2
+    assert f"waiting for process {os.getpid()}, which fills {folder}/ with the same data" in out
+
+
+def test_data_split_of_one_line_never_cuts_a_separator(tmp_path):
+    # a text of a few documents on one line is cut at 90% of its bytes: that byte fell inside <|endoftext|>, and
+    # train.txt ended in "<|end", valid.txt began with "oftext|>", two pieces of text the tokenizer learned
+    for head in range(95, 110):  # the 90% mark at each byte of the separator, and around it
+        (tmp_path / "t.txt").write_text("x" * head + "<|endoftext|>" + "y" * 4)
+        tr, va = data.local_corpus(tmp_path / "t.txt", tmp_path / f"c{head}")
+        assert tr.read_text().count("<|endoftext|>") + va.read_text().count("<|endoftext|>") == 1, va.read_text()
 
 
 # --- issue 36 item 7: GPT-2's files on demand, so that a clone on its own runs the GPT-2 tests ---

@@ -24,7 +24,7 @@ import torch
 
 import accounting
 from bpe import catch_ctrl_c
-from data import (DATASETS, EOT, check_ids, fingerprint, ids_vocab_size, is_cached, is_ids, prepare_data,
+from data import (DATASETS, EOT, check_data, fingerprint, ids_vocab_size, is_cached, is_ids, prepare_data,
                   read_tokenizer, unigram_loss)
 from export import export_run
 from model import TransformerLM, generate
@@ -516,8 +516,7 @@ def run(cfg):
         safety.check_same_data(resume_state, cfg, ckpt_path)
         if safety.run_complete(resume_state, cfg, ckpt_path):  # at its last step: says so, writes nothing
             return 0
-    made_by = None if is_ids(cfg["data"]) else len(tok.vocab)  # text's token files: their tokenizer's ids only
-    top = check_ids(train_ids, valid_ids, cfg["context_length"], cfg["vocab_size"], made_by)
+    top = check_data(cfg, train_ids, valid_ids, tok)  # ids in the vocabulary (and their tokenizer's), windows fit
     safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
