@@ -894,6 +894,8 @@ def read_checkpoint(src):
     CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
     refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
+        raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
         with zipfile.ZipFile(src) as z:
             bad = z.testzip()

@@ -5199,6 +5199,24 @@ def test_train_npy_ids_without_a_tokenizer_say_once_why_there_are_no_samples(tmp
     assert "samples" not in capsys.readouterr().out
 
 
+# --- hostile export review: a trained run after training (load_run, checkpoints, --sample, --export) ---
+
+def test_train_checkpoint_path_that_is_no_file_is_one_sentence(sample_run, tmp_path, capsys):
+    # ckpt.pt a directory: --sample said "[Errno 21] Is a directory: ...", --export ended with exit 1 and "fix that
+    # path", load_checkpoint raised IsADirectoryError; a FIFO in its place was read forever. Now one sentence, exit 2
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "run")
+    (tmp_path / "run" / "ckpt.pt").unlink()
+    (tmp_path / "run" / "ckpt.pt").mkdir()
+    at = ["--out-dir", str(tmp_path), "--run-name", "run", "--device", "cpu"]
+    for mode in (["--sample"], ["--export", str(tmp_path / "hf")]):
+        assert train.main([*at, *mode]) == 2, mode
+        _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'run' / 'ckpt.pt'} is a directory, not a checkpoint file")
+    with pytest.raises(ValueError, match="is a directory, not a checkpoint file$"):
+        train.load_checkpoint(tmp_path / "run" / "ckpt.pt", TransformerLM(64, 16, 32, 2, 2, 64))
+    assert not (tmp_path / "hf").exists()
+
+
 # --- issue 37: experiments.py (the section 7 experiments as sets of train.py runs) and train.py --tensorboard ---
 
 import experiments  # noqa: E402
