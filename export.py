@@ -160,6 +160,10 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
                          f"--{bad[0].replace('_', '-')}), so this run cannot be exported")
     meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
     check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
+    if tokenizer is not None and (top := max(tokenizer.vocab)) >= a["vocab_size"]:  # ids trained with any tokenizer
+        raise ValueError(f"the tokenizer's ids reach {top}, past the model's vocab_size {a['vocab_size']}, so "
+                         "transformers would look up embeddings the model lacks; export the model alone (train.py: "
+                         "move the run's vocab.json and merges.txt away)")
     out_dir = os.path.abspath(out_dir)
     names = [n for n in EXPORT_FILES if tokenizer is not None or n not in TOKENIZER_FILES]
     if problem := export_dir_problem(out_dir, overwrite):

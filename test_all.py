@@ -4373,7 +4373,7 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the \udcff"],
          "--prompt cannot be encoded"),
         (["--data", str(no_eot / "ok.npy"), "--vocab-size", "299"],
-         "<|endoftext|>, which starts the samples, encodes to token id 299, at or above --vocab-size 299"),
+         "<|endoftext|>, which ends each sample, encodes to token id 299, at or above --vocab-size 299"),
         (["--data", str(_train_toy_ids(tmp_path / "toy.npy")), "--prompt", "the"], "--prompt needs a tokenizer"),
     ]
     for argv, needle in cases:
@@ -5214,6 +5214,34 @@ def test_train_checkpoint_path_that_is_no_file_is_one_sentence(sample_run, tmp_p
         _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'run' / 'ckpt.pt'} is a directory, not a checkpoint file")
     with pytest.raises(ValueError, match="is a directory, not a checkpoint file$"):
         train.load_checkpoint(tmp_path / "run" / "ckpt.pt", TransformerLM(64, 16, 32, 2, 2, 64))
+    assert not (tmp_path / "hf").exists()
+
+
+def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_sentence(tmp_path, capsys):
+    # ids with a 300-token tokenizer beside them (<|endoftext|> id 256) and --vocab-size 64: with --prompt '!' the run
+    # trained, then the samples' stop id ended it in a traceback; with --num-samples 0 it trained, then --sample said
+    # "--prompt cannot be sampled ...; pass other text" (a --vocab-size 400 run: at the first id past 299 drawn), and
+    # --export wrote an export whose tokenizer indexes past the embedding (IndexError in transformers)
+    story, d, out = str(_train_story(tmp_path / "story.txt", n=50)), tmp_path / "tok", tmp_path / "out"
+    d.mkdir()
+    bpe.Tokenizer(*bpe.train_bpe(story, 300, ["<|endoftext|>"], 1), ["<|endoftext|>"]).save(
+        str(d / "vocab.json"), str(d / "merges.txt"))
+    _train_toy_ids(d / "ids.npy", n=2000)  # ids below 50
+    at = _TRAIN_TINY.index("--vocab-size")
+    run = ["--data", str(d / "ids.npy"), "--out-dir", str(out), *_TRAIN_TINY[:at], *_TRAIN_TINY[at + 2:],
+           "--max-iters", "1", "--eval-iters", "1", "--device", "cpu", "--sample-tokens", "5"]
+    assert train.main([*run, "--vocab-size", "64", "--num-samples", "1", "--prompt", "!"]) == 2
+    _train_one_error(capsys, "<|endoftext|>, which ends each sample, encodes to token id 256, at or above --vocab-size 64")
+    assert not out.exists()
+    for size in ("64", "400"):
+        assert train.main([*run, "--vocab-size", size, "--run-name", size]) == 0
+        files = _sample_files(out / size)
+        assert train.main([*run, "--run-name", size, "--sample", "--num-samples", "3", "--temperature", "5"]) == 2
+        _train_one_error(capsys, f"--sample: the tokenizer in {out / size} (300 tokens, <|endoftext|> at id 256) does "
+                         f"not fit its model, whose samples need a token for each id below {size}, ")
+        assert _sample_files(out / size) == files
+    assert train.main([*run, "--run-name", "64", "--export", str(tmp_path / "hf")]) == 2
+    _train_one_error(capsys, "--export: the tokenizer's ids reach 299, past the model's vocab_size 64, so ")
     assert not (tmp_path / "hf").exists()
 
 
