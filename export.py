@@ -24,7 +24,8 @@ import torch
 
 from data import read_tokenizer
 from model import RMSNorm, TransformerLM
-from safety import RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run
+from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run,
+                    writable)
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -138,6 +139,9 @@ def export_dir_problem(out_dir, overwrite):
         return next((n for n in names if os.path.lexists(os.path.join(out_dir, n))), None)
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):  # a file, a device, a broken symlink
         return f"{out_dir} exists and is not a directory; pick a directory"
+    where = {os.path.dirname(os.path.realpath(os.path.join(out_dir, n))) for n in EXPORT_FILES}  # through symlinks
+    if os.path.isdir(out_dir) and not all(map(writable, where)):  # a read-only mount, another user's directory
+        return f"cannot write the export's files in {out_dir} (read-only, or not yours); pick a directory you can write"
     if (mine := first((*EXPORT_FILES, *RUN_MARKERS))) and not first(["model.safetensors"]):
         return (f"{out_dir} holds {mine} but no model.safetensors, so it is not an earlier export and none of "
                 "its files is replaced; pick another directory")

@@ -6645,3 +6645,20 @@ def test_export_overwrite_writes_through_symlinks(export_runs, tmp_path, capsys)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: refused, nothing made
     _export_error(capsys, [*at, str(tmp_path / "dangling"), "--overwrite"], "exists and is not a directory")
     assert not (tmp_path / "nowhere").exists()
+
+
+# --- hostile export review: DIR that exists but cannot be written ---
+
+def test_export_into_a_read_only_directory_is_one_sentence_exit_2(export_runs, tmp_path, tmpfs, capsys):
+    # an earlier export on a read-only mount, --overwrite: exit 1 with "fix that path or pick another" (another user's
+    # directory: "[Errno 13] Permission denied" naming a hidden temporary); now refused first, exit 2, as the README says
+    run_dir, hf_dir = export_runs["plain"]
+    ro = tmpfs("ro") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
+    shutil.copytree(hf_dir, ro / "hf")
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    else:
+        (ro / "hf").chmod(0o500)
+    at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export", str(ro / "hf")]
+    _export_error(capsys, [*at, "--overwrite"], f"cannot write the export's files in {ro / 'hf'} (read-only, or not")
+    assert {p.name: p.read_bytes() for p in (ro / "hf").iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
