@@ -5201,7 +5201,7 @@ def test_train_npy_ids_without_a_tokenizer_say_once_why_there_are_no_samples(tmp
 
 # --- hostile export review: a trained run after training (load_run, checkpoints, --sample, --export) ---
 
-def test_train_checkpoint_path_that_is_no_file_is_one_sentence(sample_run, tmp_path, capsys):
+def test_train_run_file_that_is_no_file_is_one_sentence(sample_run, tmp_path, capsys):
     # ckpt.pt a directory: --sample said "[Errno 21] Is a directory: ...", --export ended with exit 1 and "fix that
     # path", load_checkpoint raised IsADirectoryError; a FIFO in its place was read forever. Now one sentence, exit 2
     flags, run = sample_run
@@ -5214,6 +5214,16 @@ def test_train_checkpoint_path_that_is_no_file_is_one_sentence(sample_run, tmp_p
         _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'run' / 'ckpt.pt'} is a directory, not a checkpoint file")
     with pytest.raises(ValueError, match="is a directory, not a checkpoint file$"):
         train.load_checkpoint(tmp_path / "run" / "ckpt.pt", TransformerLM(64, 16, 32, 2, 2, 64))
+    # vocab.json a directory: the sentence ended "pass the --out-dir and --run-name of a trained run", which they were
+    (tmp_path / "run" / "ckpt.pt").rmdir()
+    shutil.copy(run / "ckpt.pt", tmp_path / "run" / "ckpt.pt")
+    (tmp_path / "run" / "vocab.json").unlink()
+    (tmp_path / "run" / "vocab.json").mkdir()
+    for mode, end in ((["--sample"], "; restore it from a copy, or train the run again."),
+                      (["--export", str(tmp_path / "hf")], " is a directory, not a file.")):
+        assert train.main([*at, *mode]) == 2, mode
+        assert _train_one_error(capsys, f"{mode[0]}: vocab file {tmp_path / 'run' / 'vocab.json'} is a directory, "
+                                "not a file").endswith(end)
     assert not (tmp_path / "hf").exists()
 
 
