@@ -894,6 +894,10 @@ def read_checkpoint(src):
     CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
     refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    try:  # a file object's checkpoint starts where it stands, as torch.load reads it; zipfile seeks in it
+        start = None if name == src else src.tell()
+    except OSError as e:  # a pipe
+        raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
     if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
@@ -903,8 +907,8 @@ def read_checkpoint(src):
         raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
     if bad is not None:
         raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
-    if name != src:
-        src.seek(0)
+    if start is not None:
+        src.seek(start)
     try:
         state = _torch().load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only

@@ -5227,6 +5227,26 @@ def test_train_run_file_that_is_no_file_is_one_sentence(sample_run, tmp_path, ca
     assert not (tmp_path / "hf").exists()
 
 
+def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
+    # save_checkpoint into an open file after a header of the user's, then load_checkpoint from there (torch.save and
+    # torch.load's own convention): read_checkpoint sought to byte 0 and said "cannot be loaded (UnpicklingError)";
+    # a pipe said "not a torch.save zip file"
+    m, opt = _train_model_opt()
+    _train_one_step(m, opt, 1)
+    with open(tmp_path / "c.bin", "wb") as f:
+        f.write(b"my header\n")
+        train.save_checkpoint(m, opt, 9, f)
+    m2, opt2 = _train_model_opt()
+    with open(tmp_path / "c.bin", "rb") as f:
+        f.readline()
+        assert train.load_checkpoint(f, m2, opt2) == 9
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    r, w = os.pipe()
+    os.close(w)
+    with open(r, "rb") as f, pytest.raises(ValueError, match=r"^the checkpoint is a stream that cannot seek \("):
+        train.load_checkpoint(f, m2)
+
+
 def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_sentence(tmp_path, capsys):
     # ids with a 300-token tokenizer beside them (<|endoftext|> id 256) and --vocab-size 64: with --prompt '!' the run
     # trained, then the samples' stop id ended it in a traceback; with --num-samples 0 it trained, then --sample said
