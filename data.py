@@ -408,7 +408,10 @@ def read_tokenizer(directory):
     files = Path(directory) / "vocab.json", Path(directory) / "merges.txt"
     if not all(f.exists() for f in files):
         return None, None
-    return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+    try:
+        return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+    except FileNotFoundError as e:  # bpe.py's: one is a directory or a FIFO, which a caller must not take for no run
+        raise ValueError(str(e)) from None
 
 
 def ids_tokenizer(source, tokenizer=None):

@@ -24,7 +24,8 @@ import torch
 
 from data import read_tokenizer
 from model import RMSNorm, TransformerLM
-from safety import RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run
+from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run,
+                    writable)
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -138,6 +139,9 @@ def export_dir_problem(out_dir, overwrite):
         return next((n for n in names if os.path.lexists(os.path.join(out_dir, n))), None)
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):  # a file, a device, a broken symlink
         return f"{out_dir} exists and is not a directory; pick a directory"
+    where = {os.path.dirname(os.path.realpath(os.path.join(out_dir, n))) for n in EXPORT_FILES}  # through symlinks
+    if os.path.isdir(out_dir) and not all(map(writable, where)):  # a read-only mount, another user's directory
+        return f"cannot write the export's files in {out_dir} (read-only, or not yours); pick a directory you can write"
     if (mine := first((*EXPORT_FILES, *RUN_MARKERS))) and not first(["model.safetensors"]):
         return (f"{out_dir} holds {mine} but no model.safetensors, so it is not an earlier export and none of "
                 "its files is replaced; pick another directory")
@@ -160,6 +164,10 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
                          f"--{bad[0].replace('_', '-')}), so this run cannot be exported")
     meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
     check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
+    if tokenizer is not None and (top := max(tokenizer.vocab)) >= a["vocab_size"]:  # ids trained with any tokenizer
+        raise ValueError(f"the tokenizer's ids reach {top}, past the model's vocab_size {a['vocab_size']}, so "
+                         "transformers would look up embeddings the model lacks; export the model alone (train.py: "
+                         "move the run's vocab.json and merges.txt away)")
     out_dir = os.path.abspath(out_dir)
     names = [n for n in EXPORT_FILES if tokenizer is not None or n not in TOKENIZER_FILES]
     if problem := export_dir_problem(out_dir, overwrite):

@@ -725,7 +725,7 @@ def check_flags(cfg, sources, is_ids, is_cached):
 
 def check_samples(cfg, tok, tok_files, top, eot):
     """The run ends by sampling: what would fail there is refused at the start instead. top: the data's
-    largest token id; eot starts a sample without --prompt."""
+    largest token id; eot starts a sample without --prompt and ends every one (generate's stop id)."""
     if tok is None and cfg["prompt"]:
         raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
                          "pass --tokenizer DIR (bpe.py train's --out), or drop --prompt.")
@@ -747,14 +747,14 @@ def check_samples(cfg, tok, tok_files, top, eot):
                          f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of the ids below --vocab-size {V} "
                          f"missing), so samples could hold ids it cannot decode; number its tokens 0 to {n - 1}, or "
                          "pass --num-samples 0.")
-    try:
-        highest = max(tok.encode(cfg["prompt"] or eot))
-    except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from bytes on the command line that are not UTF-8
-        raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
-    if highest >= V:
-        what = "--prompt" if cfg["prompt"] else f"{eot}, which starts the samples,"
-        raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
-                         "read it; pass a larger --vocab-size, or --num-samples 0.")
+    for what, text in (("--prompt", cfg["prompt"]), (f"{eot}, which ends each sample,", eot)):  # a prompt's too
+        try:
+            highest = max(tok.encode(text), default=-1)
+        except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from command-line bytes that are not UTF-8
+            raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
+        if highest >= V:
+            raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
+                             "read it; pass a larger --vocab-size, or --num-samples 0.")
 
 
 # ----------------------------------------------------------------------------
@@ -905,6 +905,12 @@ def read_checkpoint(src):
     CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
     refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    try:  # a file object's checkpoint starts where it stands, as torch.load reads it; zipfile seeks in it
+        start = None if name == src else src.tell()
+    except OSError as e:  # a pipe
+        raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
+    if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
+        raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
         with zipfile.ZipFile(src) as z:
             bad = z.testzip()
@@ -912,8 +918,8 @@ def read_checkpoint(src):
         raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
     if bad is not None:
         raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
-    if name != src:
-        src.seek(0)
+    if start is not None:
+        src.seek(start)
     try:
         state = _torch().load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
@@ -1051,9 +1057,10 @@ def read_run(d, like):
     return state
 
 
-def print_samples(cfg, load_run, write_samples):
+def print_samples(cfg, load_run, write_samples, eot):
     """train.py --sample: the run's last checkpoint (load_run) continues --prompt, or with --prompt - each line of
-    stdin as it comes (an empty line: a new document); write_samples prints the samples. The run is only read."""
+    stdin as it comes (an empty line: a new document); write_samples prints the samples, each ending at eot. The run
+    is only read."""
     try:
         model, tok, _ = load_run(run_dir(cfg), cfg["device"])
     except FileNotFoundError as e:
@@ -1063,6 +1070,11 @@ def print_samples(cfg, load_run, write_samples):
     if tok is None:
         raise UsageError(f"--sample: {run_dir(cfg)} holds no tokenizer to encode prompts and decode samples (its ids "
                          "came without one); put the vocab.json and merges.txt that made them there.")
+    n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(eot)[0]
+    if stop >= V or any(i not in tok.vocab for i in range(V)):  # ids trained with --num-samples 0: any tokenizer
+        raise UsageError(f"--sample: the tokenizer in {run_dir(cfg)} ({n} tokens, {eot} at id {stop}) does not fit its "
+                         f"model, whose samples need a token for each id below {V}, {eot} among them; put the "
+                         "vocab.json and merges.txt that made its ids there.")
     try:
         for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
             prompt = line.removesuffix("\n").removesuffix("\r")  # a CRLF file's line: its text without the \r

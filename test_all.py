@@ -4482,7 +4482,7 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the \udcff"],
          "--prompt cannot be encoded"),
         (["--data", str(no_eot / "ok.npy"), "--vocab-size", "299"],
-         "<|endoftext|>, which starts the samples, encodes to token id 299, at or above --vocab-size 299"),
+         "<|endoftext|>, which ends each sample, encodes to token id 299, at or above --vocab-size 299"),
         (["--data", str(_train_toy_ids(tmp_path / "toy.npy")), "--prompt", "the"], "--prompt needs a tokenizer"),
     ]
     for argv, needle in cases:
@@ -5306,6 +5306,82 @@ def test_train_npy_ids_without_a_tokenizer_say_once_why_there_are_no_samples(tmp
         "--out) for samples, or --num-samples 0."]
     assert train.main(args + ["--overwrite"]) == 0  # --num-samples 0: nothing to say
     assert "samples" not in capsys.readouterr().out
+
+
+# --- hostile export review: a trained run after training (load_run, checkpoints, --sample, --export) ---
+
+def test_train_run_file_that_is_no_file_is_one_sentence(sample_run, tmp_path, capsys):
+    # ckpt.pt a directory: --sample said "[Errno 21] Is a directory: ...", --export ended with exit 1 and "fix that
+    # path", load_checkpoint raised IsADirectoryError; a FIFO in its place was read forever. Now one sentence, exit 2
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "run")
+    (tmp_path / "run" / "ckpt.pt").unlink()
+    (tmp_path / "run" / "ckpt.pt").mkdir()
+    at = ["--out-dir", str(tmp_path), "--run-name", "run", "--device", "cpu"]
+    for mode in (["--sample"], ["--export", str(tmp_path / "hf")]):
+        assert train.main([*at, *mode]) == 2, mode
+        _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'run' / 'ckpt.pt'} is a directory, not a checkpoint file")
+    with pytest.raises(ValueError, match="is a directory, not a checkpoint file$"):
+        train.load_checkpoint(tmp_path / "run" / "ckpt.pt", TransformerLM(64, 16, 32, 2, 2, 64))
+    # vocab.json a directory: the sentence ended "pass the --out-dir and --run-name of a trained run", which they were
+    (tmp_path / "run" / "ckpt.pt").rmdir()
+    shutil.copy(run / "ckpt.pt", tmp_path / "run" / "ckpt.pt")
+    (tmp_path / "run" / "vocab.json").unlink()
+    (tmp_path / "run" / "vocab.json").mkdir()
+    for mode, end in ((["--sample"], "; restore it from a copy, or train the run again."),
+                      (["--export", str(tmp_path / "hf")], " is a directory, not a file.")):
+        assert train.main([*at, *mode]) == 2, mode
+        assert _train_one_error(capsys, f"{mode[0]}: vocab file {tmp_path / 'run' / 'vocab.json'} is a directory, "
+                                "not a file").endswith(end)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
+    # save_checkpoint into an open file after a header of the user's, then load_checkpoint from there (torch.save and
+    # torch.load's own convention): read_checkpoint sought to byte 0 and said "cannot be loaded (UnpicklingError)";
+    # a pipe said "not a torch.save zip file"
+    m, opt = _train_model_opt()
+    _train_one_step(m, opt, 1)
+    with open(tmp_path / "c.bin", "wb") as f:
+        f.write(b"my header\n")
+        train.save_checkpoint(m, opt, 9, f)
+    m2, opt2 = _train_model_opt()
+    with open(tmp_path / "c.bin", "rb") as f:
+        f.readline()
+        assert train.load_checkpoint(f, m2, opt2) == 9
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    r, w = os.pipe()
+    os.close(w)
+    with open(r, "rb") as f, pytest.raises(ValueError, match=r"^the checkpoint is a stream that cannot seek \("):
+        train.load_checkpoint(f, m2)
+
+
+def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_sentence(tmp_path, capsys):
+    # ids with a 300-token tokenizer beside them (<|endoftext|> id 256) and --vocab-size 64: with --prompt '!' the run
+    # trained, then the samples' stop id ended it in a traceback; with --num-samples 0 it trained, then --sample said
+    # "--prompt cannot be sampled ...; pass other text" (a --vocab-size 400 run: at the first id past 299 drawn), and
+    # --export wrote an export whose tokenizer indexes past the embedding (IndexError in transformers)
+    story, d, out = str(_train_story(tmp_path / "story.txt", n=50)), tmp_path / "tok", tmp_path / "out"
+    d.mkdir()
+    bpe.Tokenizer(*bpe.train_bpe(story, 300, ["<|endoftext|>"], 1), ["<|endoftext|>"]).save(
+        str(d / "vocab.json"), str(d / "merges.txt"))
+    _train_toy_ids(d / "ids.npy", n=2000)  # ids below 50
+    at = _TRAIN_TINY.index("--vocab-size")
+    run = ["--data", str(d / "ids.npy"), "--out-dir", str(out), *_TRAIN_TINY[:at], *_TRAIN_TINY[at + 2:],
+           "--max-iters", "1", "--eval-iters", "1", "--device", "cpu", "--sample-tokens", "5"]
+    assert train.main([*run, "--vocab-size", "64", "--num-samples", "1", "--prompt", "!"]) == 2
+    _train_one_error(capsys, "<|endoftext|>, which ends each sample, encodes to token id 256, at or above --vocab-size 64")
+    assert not out.exists()
+    for size in ("64", "400"):
+        assert train.main([*run, "--vocab-size", size, "--run-name", size]) == 0
+        files = _sample_files(out / size)
+        assert train.main([*run, "--run-name", size, "--sample", "--num-samples", "3", "--temperature", "5"]) == 2
+        _train_one_error(capsys, f"--sample: the tokenizer in {out / size} (300 tokens, <|endoftext|> at id 256) does "
+                         f"not fit its model, whose samples need a token for each id below {size}, ")
+        assert _sample_files(out / size) == files
+    assert train.main([*run, "--run-name", "64", "--export", str(tmp_path / "hf")]) == 2
+    _train_one_error(capsys, "--export: the tokenizer's ids reach 299, past the model's vocab_size 64, so ")
+    assert not (tmp_path / "hf").exists()
 
 
 # --- issue 37: experiments.py (the section 7 experiments as sets of train.py runs) and train.py --tensorboard ---
@@ -6793,3 +6869,20 @@ def test_export_overwrite_writes_through_symlinks(export_runs, tmp_path, capsys)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: refused, nothing made
     _export_error(capsys, [*at, str(tmp_path / "dangling"), "--overwrite"], "exists and is not a directory")
     assert not (tmp_path / "nowhere").exists()
+
+
+# --- hostile export review: DIR that exists but cannot be written ---
+
+def test_export_into_a_read_only_directory_is_one_sentence_exit_2(export_runs, tmp_path, tmpfs, capsys):
+    # an earlier export on a read-only mount, --overwrite: exit 1 with "fix that path or pick another" (another user's
+    # directory: "[Errno 13] Permission denied" naming a hidden temporary); now refused first, exit 2, as the README says
+    run_dir, hf_dir = export_runs["plain"]
+    ro = tmpfs("ro") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
+    shutil.copytree(hf_dir, ro / "hf")
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    else:
+        (ro / "hf").chmod(0o500)
+    at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export", str(ro / "hf")]
+    _export_error(capsys, [*at, "--overwrite"], f"cannot write the export's files in {ro / 'hf'} (read-only, or not")
+    assert {p.name: p.read_bytes() for p in (ro / "hf").iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}

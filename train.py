@@ -506,7 +506,7 @@ def run(cfg):
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
         return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs, model_kwargs(cfg))
     if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
-        return safety.print_samples(cfg, load_run, write_samples)
+        return safety.print_samples(cfg, load_run, write_samples, EOT)
     ckpt_path, resume_state = safety.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
