@@ -132,23 +132,32 @@ ETA_INTERVALS = 5  # the logging intervals whose median seconds per step is the 
 
 
 class Eta:
-    """The time a run has left, from the median seconds per step of the last ETA_INTERVALS logging intervals:
-    recent (a shared machine's speed changes), and a slow interval (a checkpoint's save, another program's burst)
-    moves it little. The first `untimed` steps of a process are not timed (torch.compile's would say hours)."""
+    """The time a run has left: the median seconds per step of the last ETA_INTERVALS logging intervals (recent, as
+    a shared machine's speed changes, and a slow interval, a checkpoint's save or another program's burst, moves it
+    little) times the steps left, plus the evaluations left at the last one's seconds. The first `untimed` steps of
+    a process and its first evaluation are not timed (torch.compile's would say hours)."""
 
     def __init__(self, untimed):
         self.untimed, self.steps, self.interval, self.rates = untimed, 0, [0.0, 0], []
+        self.evals, self.eval_seconds = 0, 0.0
 
     def stepped(self, seconds):  # one step took `seconds`
         self.steps += 1
         if self.steps > self.untimed:
             self.interval = [self.interval[0] + seconds, self.interval[1] + 1]
 
-    def seconds_left(self, steps_left):  # at a log step, which ends the interval: the ETA, or None before any time
+    def evaluated(self, seconds):  # one evaluation took `seconds`
+        self.evals += 1
+        self.eval_seconds = seconds if self.evals > 1 else 0.0
+
+    def seconds_left(self, step, last, eval_interval):
+        """At log step `step` of `last`, which ends the interval: the ETA, or None before any time. The loop evaluates
+        before each step that is a multiple of eval_interval, and once more at the end."""
         if self.interval[1]:
             self.rates = [*self.rates[1 - ETA_INTERVALS:], self.interval[0] / self.interval[1]]
             self.interval = [0.0, 0]
-        return statistics.median(self.rates) * steps_left if self.rates else None
+        evals_left = (last - 1) // eval_interval - (step - 1) // eval_interval + 1
+        return statistics.median(self.rates) * (last - step) + evals_left * self.eval_seconds if self.rates else None
 
 
 LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)

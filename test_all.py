@@ -5013,6 +5013,24 @@ def test_train_eta_follows_the_median_of_recent_intervals(tmp_path, monkeypatch,
                     "30m40s", "30m20s"]  # 2 s for 3 of the last 5 intervals: 920 x 2 s at step 80
 
 
+def test_train_eta_counts_the_evaluations_left(tmp_path, monkeypatch, capsys):
+    # the ETA counted steps only: evaluations (every --eval-interval, and the final one) were left out. The first
+    # evaluation of a process compiles, so it is not timed; later ones are
+    progress, clock = _train_progress(tmp_path, monkeypatch, 100)
+    progress.cfg = {**progress.cfg, "eval_interval": 20}
+    for step in range(1, 61):
+        if (step - 1) % 20 == 0:  # before steps 1, 21 and 41, as the loop does
+            clock[0] += 600.0 if step == 1 else 5.0
+            progress.evaluated(step - 1, 3.0)
+        clock[0] += 600.0 if step == 1 else 1.0
+        progress.stepped(step, torch.tensor(2.0), 1e-3, None)
+    etas = [line.rsplit("ETA ", 1)[1] for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    assert etas[:2] == ["1m30s", "1m20s"], etas  # 90, 80 steps of 1 s; the first evaluation's 600 s not counted
+    # from step 30: the steps left at 1 s, and the evaluations left (before steps 41, 61 and 81, and the final one)
+    # at the second evaluation's 5 s: 70 + 4 x 5, 60 + 4 x 5, 50 + 3 x 5, 40 + 3 x 5
+    assert etas[2:] == ["1m30s", "1m20s", "1m05s", "0m55s"], etas
+
+
 def test_train_a_cpu_run_of_hours_is_told_so_once(tmp_path, monkeypatch, capsys):
     # `--data tinystories` on a CPU is about 71 hours: at the first ETA, one line says so and what a CPU does instead
     progress, clock = _train_progress(tmp_path, monkeypatch, 100_000)

@@ -402,6 +402,7 @@ class Progress:
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
         line = f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
         log("\r" + line.ljust(safety.COLUMNS) if self.tty else line)  # over all of a progress line
+        self.eta.evaluated(time.time() - self.t_last)  # the ETA counts the evaluations left at this one's seconds
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):  # loss, norm: device tensors, read back at log steps
@@ -417,7 +418,7 @@ class Progress:
         if logs:
             self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
-            left = self.eta.seconds_left(cfg["max_iters"] - step)
+            left = self.eta.seconds_left(step, cfg["max_iters"], cfg["eval_interval"])
             line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {safety.fmt_count(tps)} tok/s"
                     + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {safety.fmt_time(left)}")
             log("\r" + line.ljust(safety.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
