@@ -534,7 +534,7 @@ def section_tinystories():
 # ---------------------------------------------------------------------------------------------
 # 10. Assignment 1, token ids as uint16 and tokenizer throughput
 
-PILE_BYTES = 825e9
+PILE_BYTES = 825 * GiB  # the handout's "825GB": the Pile's paper gives "an 825 GiB English text corpus"
 
 
 def encode_speed(tok, text, seconds=0.5):
@@ -566,14 +566,14 @@ def section_tokenizer():
     top_id = GPT2_VOCAB - 1  # the largest vocabulary here; TinyStories' 10,000 and a 32,000 fit too
     _q("Why store token ids as uint16?", f"GPT-2's ids 0..{top_id:,} <= 65,535 = 2^16 - 1: uint16 holds every id in "
        "2 bytes per token (half of int32, a quarter of torch's int64)")
-    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GB)?")
+    _q("Tokenizer throughput, and the time to tokenize the Pile (825 GiB: the handout's '825GB')?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
         _a(f"not measured: {note}")
         return
     mb_per_sec, pile_hours, pile_days = bps / 1e6, PILE_BYTES / bps / 3600, PILE_BYTES / bps / DAY
     _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
-       f"Pile: 825e9 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days")
+       f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -591,7 +591,7 @@ def notes_corrections():
     tflops, tflops16, growth = t1 / 1e12, t16 / 1e12, t16 / t1
     each, attn16 = xl["attn QK^T + AV"] / 2, xl16["attn projections"] + xl16["attn QK^T + AV"]  # QK^T = AV
     adamw_flops, (xl_days, _) = sum(ADAMW_FLOPS_PER_PARAM.values()), lm_training_days(gpt2_config("XL"), **XL_RUN)
-    pile_days = PILE_BYTES / 626_519.6 / DAY  # at the notes' measured rate
+    a, b = adamw_memory_line(gpt2_config("XL"))  # GPT-2 XL's AdamW memory: a x batch_size + b bytes
     q70b, qxl, qadamw = "motivation: 70B on 15T tokens; 8 H100s", "transformer: GPT-2 XL", "adamw: GPT-2 XL"
     return [
         (q70b, "4.4e19 FLOPs/day (notes 001)", f"{per_day:.3e}",
@@ -611,13 +611,13 @@ def notes_corrections():
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
          f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}",
          "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
+        (qadamw, "14.45 x batch + 31.70 GB, batch 3 (notes 003)", f"{a / GB:.2f} x batch + {b / GB:.2f} GB, batch "
+         f"{(80e9 - b) // a:.0f}", "GiB labelled GB: batch 3 fits 80 GiB (80 x 2^30 bytes), not 80 GB (8e10 bytes)"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",
          "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
          "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),
         (qadamw, "6354 days (notes 003)", f"{xl_days:,.0f}",
          "6 B T P counts the embedding table as matmul work and leaves out attention's T^2 matmuls"),
-        ("tokenizer: the Pile", "16.4 days at 626,519.6 B/s (notes 003)",
-         f"{pile_days:.1f} days at that rate", "the notes took 825 GB as 825 x 2^30 bytes"),
     ]
 
 

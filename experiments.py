@@ -466,7 +466,7 @@ def answer_tokenizer(f):
             f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
             f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
             f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
-            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / 1e9:.0f} GB: "
+            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / accounting.GiB:.0f} GiB: "
             f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
             "over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
