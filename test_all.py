@@ -3505,6 +3505,44 @@ def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
         assert all(torch.equal(v, m2.state_dict()[k]) for k, v in m.state_dict().items())
 
 
+# --- hostile API review: save_checkpoint / load_checkpoint with a user's own model (the adapters take any module) ---
+class _TrainOwnModel(torch.nn.Module):
+    """A user's model: an LM under a name train.py unwraps (.lm, .module) or compiled inside, and weights beside it
+    (a value head), a BatchNorm (its int64 count) and a bool buffer."""
+
+    def __init__(self, child, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        inner = TransformerLM(32, 8, 16, 1, 2, 32)
+        setattr(self, child, torch.compile(inner) if child == "enc" else inner)
+        self.value_head, self.norm = model.Linear(16, 1), torch.nn.BatchNorm1d(16)
+        self.register_buffer("keep", torch.rand(16) > 0.5)
+
+
+@pytest.mark.parametrize("child", ["lm", "module", "enc"])
+def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
+    # train._unwrap took any model with a child named .lm or .module for train.py's wrapper: it saved that child
+    # alone and loaded into it alone, so the value head came back at its random init without a word; the keys of a
+    # child named .module or compiled inside (.enc._orig_mod.) lost that part on loading ('does not fit this
+    # model'), and an int64 or bool buffer was refused as 'not floating-point weights'
+    m = _TrainOwnModel(child, 0)
+    m.norm.num_batches_tracked += 3
+    opt = AdamW(m.parameters(), lr=1e-2)
+    train.save_checkpoint(m, opt, 5, tmp_path / "c.pt")
+    m2 = _TrainOwnModel(child, 1)
+    assert train.load_checkpoint(tmp_path / "c.pt", m2, AdamW(m2.parameters(), lr=1e-2)) == 5
+    want, got = m.state_dict(), m2.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], v) for k, v in want.items())
+    # train.py's own wrappers still save the LM's keys, without prefixes, and a float where an int belongs is refused
+    lm = m.lm if child == "lm" else TransformerLM(32, 8, 16, 1, 2, 32)
+    wrapped = torch.compile(train.LMLoss(lm, {"fast": False, "compile": False}))
+    train.save_checkpoint(wrapped, AdamW(lm.parameters()), 1, tmp_path / "w.pt")
+    assert torch.load(tmp_path / "w.pt", weights_only=True)["model"].keys() == lm.state_dict().keys()
+    state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
+    with pytest.raises(ValueError, match=r"norm.num_batches_tracked holds torch.float32, not torch.int64 as the mod"):
+        safety.check_state(state, m2)
+
+
 def test_train_checkpoint_failed_save_keeps_old(tmp_path, monkeypatch):
     m, opt = _train_model_opt()
     train.save_checkpoint(m, opt, 3, tmp_path / "c.pt")
