@@ -163,7 +163,9 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
         raise ValueError(f"a Llama cannot express the {bad[0]} ablation ({NOT_LLAMA[bad[0]]}, train.py "
                          f"--{bad[0].replace('_', '-')}), so this run cannot be exported")
     meta = TransformerLM(**model_kwargs, device="meta")  # shapes only: no memory, no time
-    check_state({"model": state_dict, "iteration": 0}, meta, name="the state dict")
+    checked = {"model": state_dict, "iteration": 0}
+    check_state(checked, meta, name="the state dict")
+    state_dict = checked["model"]  # keys saved from inside torch.compile or DDP, without their prefixes
     if tokenizer is not None and (top := max(tokenizer.vocab)) >= a["vocab_size"]:  # ids trained with any tokenizer
         raise ValueError(f"the tokenizer's ids reach {top}, past the model's vocab_size {a['vocab_size']}, so "
                          "transformers would look up embeddings the model lacks; export the model alone (train.py: "

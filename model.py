@@ -61,7 +61,7 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
-    Computed in float32 (squares overflow in 16-bit floats), cast back to the input's dtype."""
+    Computed in float32 or wider (squares overflow in 16-bit floats), cast back to the input's dtype."""
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
         super().__init__()
@@ -69,7 +69,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x):  # (..., d_model)
-        x32 = x.float()  # no copy when x is already float32
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # no copy in float32; float64 stays float64
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
@@ -121,18 +121,18 @@ class RotaryPositionalEmbedding(nn.Module):
     [x'_2k  ]   [cos  -sin] [x_2k  ]
     [x'_2k+1] = [sin   cos] [x_2k+1]
 
-    cos and sin are tabulated once per position, in non-persistent buffers (derived from
-    theta, so not in checkpoints). One module serves all layers."""
+    cos and sin are tabulated once per position in float64 on the CPU (an MPS device has no float64), then kept in
+    float32 non-persistent buffers (derived from theta, so not in checkpoints). One module serves all layers."""
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
         super().__init__()
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         self.d_k = d_k
-        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)  # (d_k/2,)
-        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
+        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
+        self.register_buffer("cos", angles.cos().to(device, torch.float32), persistent=False)
+        self.register_buffer("sin", angles.sin().to(device, torch.float32), persistent=False)
 
     def forward(self, x, token_positions, as_complex=False):
         # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims
@@ -196,24 +196,23 @@ class MultiHeadSelfAttention(nn.Module):
         self.fast = fast
 
     def _project(self, x):
-        """x (B, T, d_model) -> q, k, v, each (B, H, T, d_head). fast (where fused_projections): one matmul,
+        """x (..., T, d_model) -> q, k, v, each (..., H, T, d_head). fast (where fused_projections): one matmul,
         the three weights concatenated here on every call, so the parameters and state-dict keys stay three Linears."""
-        B, T, _ = x.shape
         H, dh = self.num_heads, self.d_head
         if not (self.fast and fused_projections(x)):
-            return [p(x).view(B, T, H, dh).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)]
+            return [p(x).unflatten(-1, (H, dh)).transpose(-3, -2) for p in (self.q_proj, self.k_proj, self.v_proj)]
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
-        return (x @ w.t()).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
+        return (x @ w.t()).unflatten(-1, (3, H, dh)).movedim(-3, 0).transpose(-3, -2)  # (3, ..., H, T, dh)
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
-        # x: (B, T, d_model); token_positions: (T,) or (B, T); attn_mask: bool (B, 1, T, T_total) or None = causal
-        B, T, d_model = x.shape
-        q, k, v = self._project(x)  # each (B, H, T, dh)
+        # x: (..., T, d_model); token_positions: (T,) or (..., T); attn_mask: bool (B, 1, T, T_total) or None = causal
+        T = x.shape[-2]
+        q, k, v = self._project(x)  # each (..., H, T, dh)
         if self.rope is not None:
             if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0
                 token_positions = torch.arange(past, past + T, device=x.device)
-            pos = token_positions if token_positions.dim() == 1 else token_positions[:, None, :]  # (T,) or (B, 1, T)
+            pos = token_positions.unsqueeze(-2)  # (..., 1, T): the same rotation for every head
             # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
             q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
@@ -226,7 +225,7 @@ class MultiHeadSelfAttention(nn.Module):
         else:  # causal unless told otherwise: True on and below the diagonal, so position i sees j <= i
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if attn_mask is None else attn_mask
             out = scaled_dot_product_attention(q, k, v, mask)
-        out = out.transpose(1, 2).reshape(B, T, d_model)  # concat heads
+        out = out.transpose(-3, -2).flatten(-2)  # concat heads: (..., T, d_model)
         return self.output_proj(out)
 
 

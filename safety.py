@@ -935,9 +935,6 @@ def read_checkpoint(src):
         raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
-    if isinstance(state.get("model"), dict):  # saved from inside torch.compile or DDP (common in CS336 code)
-        state["model"] = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
-                          for k, v in state["model"].items()}  # a key that is no str: check_state names it
     return state
 
 
@@ -1005,6 +1002,10 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")
     it, own, saved = state["iteration"], model.state_dict(), state["model"]
+    if isinstance(saved, dict) and saved.keys() != own.keys():  # saved from inside torch.compile or DDP (common in
+        # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
+        state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
+                                  for k, v in saved.items()}  # a key that is no str: named below
     if isinstance(it, bool) or not isinstance(it, int) or it < 0:
         raise ValueError(f"{name} holds iteration {it!r}, not a step count")
     keys = set(saved) if isinstance(saved, dict) else set()
@@ -1015,8 +1016,11 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         if not isinstance(saved[k], type(v)) or saved[k].shape != v.shape:  # type(v): torch.Tensor
             raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
                              f"the model's {tuple(v.shape)}")
-        if not saved[k].is_floating_point():  # loading would cast it: a complex one loses its imaginary part
-            raise ValueError(f"{name} does not fit this model: {k} holds {saved[k].dtype}, not floating-point weights")
+        kinds = [(t.is_floating_point(), t.is_complex()) for t in (saved[k], v)]
+        if kinds[0] != kinds[1]:  # loading casts to the model's dtype: a complex tensor loses its imaginary part,
+            # a float one in an integer entry (a BatchNorm's count, a bool mask) its fraction; of one kind, any loads
+            want = "floating-point weights" if v.is_floating_point() else f"{v.dtype} as the model's"
+            raise ValueError(f"{name} does not fit this model: {k} holds {saved[k].dtype}, not {want}")
     if optimizer is None:
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -1073,6 +1073,56 @@ def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
         assert torch.equal(p.grad, want)
 
 
+# --- hostile API review: model.py as the CS336 adapters call it (any leading dims, float64, an MPS device) ---
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])  # fused: fast=True as on a GPU or compiled
+def test_model_attention_and_block_take_any_leading_dims(fused, monkeypatch):
+    # the adapters pass in_features (..., T, d_model) and token_positions (..., T): one sequence (T, d) or an
+    # (A, B, T, d) batch ended in 'not enough values to unpack' / 'too many values to unpack' (B, T, d = x.shape)
+    monkeypatch.setattr(model, "fused_projections", lambda x: fused)
+    torch.manual_seed(0)
+    block = model.TransformerBlock(16, 4, 32, model.RotaryPositionalEmbedding(1000.0, 4, 16), fast=fused)
+    x, pos = torch.randn(2, 3, 6, 16), torch.randint(16, (2, 3, 6))
+    with torch.no_grad():
+        rows = torch.stack([block(x[a], pos[a]) for a in range(2)])  # each (B, T, d), as the oracle tests check
+        torch.testing.assert_close(block(x, pos), rows)
+        torch.testing.assert_close(block(x[1, 2], pos[1, 2]), rows[1, 2])  # (T, d) and (T,)
+        in_order = torch.stack([block(x[a], torch.arange(6)) for a in range(2)])
+        torch.testing.assert_close(block(x, torch.arange(6)), in_order)  # (T,) positions for every row
+        torch.testing.assert_close(block.attn(x[0, 0]), block.attn(x[:1, 0])[0])  # no RoPE positions: 0..T-1
+
+
+def test_model_float64_input_is_computed_in_float64():
+    # RMSNorm computed every input in float32 (x.float()), so a float64 module was off by 1e-7 and
+    # torch.autograd.gradcheck, which students run in float64, failed on RMSNorm and on every block
+    torch.manual_seed(0)
+    norm = model.RMSNorm(6, dtype=torch.float64)
+    x = torch.randn(2, 6, dtype=torch.float64, requires_grad=True) * 100
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x), want, atol=1e-13, rtol=1e-13)
+    assert torch.autograd.gradcheck(norm, (x.detach().requires_grad_(),))
+    block = model.TransformerBlock(8, 2, 16, model.RotaryPositionalEmbedding(1e4, 4, 8), dtype=torch.float64)
+    assert torch.autograd.gradcheck(block, (torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True),))
+
+
+def test_model_rope_makes_no_float64_tensor_on_the_models_device():
+    # an MPS device (a Mac's GPU) has no float64: RoPE tabulated its angles in float64 on the model's device, so
+    # TransformerLM(device="mps") (and train.py --device mps) ended in 'Cannot convert a MPS Tensor to float64'.
+    # Here on "meta", a device that has float64, the test watches what each op makes and where.
+    class Float64Off(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else [out]):
+                assert not (isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.device.type != "cpu"), func
+            return out
+    with Float64Off():
+        m = _model_small(device="meta")
+    on_cpu = model.RotaryPositionalEmbedding(10000.0, 8, 24)  # the tables themselves as before
+    assert m.rope.cos.device.type == "meta" and m.rope.cos.dtype == on_cpu.cos.dtype == torch.float32
+    inv_freq = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    angles = torch.arange(24, dtype=torch.float64)[:, None] * inv_freq
+    assert torch.equal(on_cpu.cos, angles.cos().float()) and torch.equal(on_cpu.sin, angles.sin().float())
+
+
 def test_model_meta_device_and_bf16_autocast():
     m = _model_small(device="meta")  # accounting.py builds shapes only
     assert all(p.device.type == "meta" for p in m.parameters())
@@ -3453,6 +3503,44 @@ def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
         m2, opt2 = _train_model_opt(seed=5)
         assert train.load_checkpoint(tmp_path / "c.pt", m2, opt2) == 3
         assert all(torch.equal(v, m2.state_dict()[k]) for k, v in m.state_dict().items())
+
+
+# --- hostile API review: save_checkpoint / load_checkpoint with a user's own model (the adapters take any module) ---
+class _TrainOwnModel(torch.nn.Module):
+    """A user's model: an LM under a name train.py unwraps (.lm, .module) or compiled inside, and weights beside it
+    (a value head), a BatchNorm (its int64 count) and a bool buffer."""
+
+    def __init__(self, child, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        inner = TransformerLM(32, 8, 16, 1, 2, 32)
+        setattr(self, child, torch.compile(inner) if child == "enc" else inner)
+        self.value_head, self.norm = model.Linear(16, 1), torch.nn.BatchNorm1d(16)
+        self.register_buffer("keep", torch.rand(16) > 0.5)
+
+
+@pytest.mark.parametrize("child", ["lm", "module", "enc"])
+def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
+    # train._unwrap took any model with a child named .lm or .module for train.py's wrapper: it saved that child
+    # alone and loaded into it alone, so the value head came back at its random init without a word; the keys of a
+    # child named .module or compiled inside (.enc._orig_mod.) lost that part on loading ('does not fit this
+    # model'), and an int64 or bool buffer was refused as 'not floating-point weights'
+    m = _TrainOwnModel(child, 0)
+    m.norm.num_batches_tracked += 3
+    opt = AdamW(m.parameters(), lr=1e-2)
+    train.save_checkpoint(m, opt, 5, tmp_path / "c.pt")
+    m2 = _TrainOwnModel(child, 1)
+    assert train.load_checkpoint(tmp_path / "c.pt", m2, AdamW(m2.parameters(), lr=1e-2)) == 5
+    want, got = m.state_dict(), m2.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], v) for k, v in want.items())
+    # train.py's own wrappers still save the LM's keys, without prefixes, and a float where an int belongs is refused
+    lm = m.lm if child == "lm" else TransformerLM(32, 8, 16, 1, 2, 32)
+    wrapped = torch.compile(train.LMLoss(lm, {"fast": False, "compile": False}))
+    train.save_checkpoint(wrapped, AdamW(lm.parameters()), 1, tmp_path / "w.pt")
+    assert torch.load(tmp_path / "w.pt", weights_only=True)["model"].keys() == lm.state_dict().keys()
+    state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
+    with pytest.raises(ValueError, match=r"norm.num_batches_tracked holds torch.float32, not torch.int64 as the mod"):
+        safety.check_state(state, m2)
 
 
 def test_train_checkpoint_failed_save_keeps_old(tmp_path, monkeypatch):

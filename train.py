@@ -200,9 +200,9 @@ def micro_batches(data, cfg, generator):
 # 3. Checkpoints
 
 def _unwrap(model):  # the LM inside DDP (.module), torch.compile (._orig_mod) and LMLoss (.lm): keys without prefixes
-    while any(hasattr(model, name) for name in ("module", "_orig_mod", "lm")):
-        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None) or model.lm
-    return model
+    inner = next((m for n, m in model.named_children() if n in ("module", "_orig_mod", "lm")), None)
+    # only a wrapper that holds nothing else: a user's model with weights beside its .lm (a value head) is kept whole
+    return model if inner is None or len(inner.state_dict()) != len(model.state_dict()) else _unwrap(inner)
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
