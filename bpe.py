@@ -49,15 +49,16 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
-def _check_special_tokens(special_tokens):
-    """The special-token strings, checked, duplicates dropped (order kept)."""
+def _check_special_tokens(special_tokens, least_bytes=2):
+    """The special-token strings, checked, duplicates dropped (order kept), of at least least_bytes UTF-8 bytes."""
     if isinstance(special_tokens, str):
         raise ValueError("special_tokens must be a list of strings, not a single string "
                          f"(did you mean [{special_tokens!r}]?)")
     special_tokens = list(special_tokens or ())
     for s in special_tokens:
-        if not isinstance(s, str) or s == "":
-            raise ValueError(f"special token {s!r} must be a non-empty string; fix or remove it")
+        if not isinstance(s, str) or len(s.encode("utf-8")) < least_bytes:
+            raise ValueError(f"special token {s!r} must be a string of {least_bytes}+ bytes"
+                             f"{' (one byte is a token already)' * (least_bytes > 1)}; fix or remove it")
     return list(dict.fromkeys(special_tokens))
 
 
@@ -472,7 +473,7 @@ class Tokenizer:
         make every merged token, and an error names the file and line (see _check_merges)."""
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
         self.merges = list(merges)
-        self.special_tokens = _check_special_tokens(special_tokens)
+        self.special_tokens = _check_special_tokens(special_tokens, least_bytes=1)
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         for s in self.special_tokens:       # handout: append specials missing from vocab
             b = s.encode("utf-8")
@@ -501,8 +502,13 @@ class Tokenizer:
         return cls(vocab, merges, special_tokens, _in_file=in_file)
 
     def save(self, vocab_filepath, merges_filepath):
-        """GPT-2 format; both files are written whole before either replaces the old one."""
+        """GPT-2 format; both files are written whole before either replaces the old one, if from_files reads them."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
+        if len(inv) < len(self.vocab):         # a token at two ids (in memory): inv keeps the higher, a file only one
+            i, t = min((i, t) for i, t in self.vocab.items() if inv[_token_to_str(t)] != i)
+            raise ValueError(f"not saved: token {_show(t)} has ids {i} and {inv[_token_to_str(t)]}; vocab.json has one")
+        _check_merges(self.merges, self.vocab, {t: i for i, t in self.vocab.items()}, self.special_tokens,
+                      lambda k: f"not saved: {merges_filepath}")    # merges cut short in memory: from_files refuses
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}" for l, r in self.merges]
         with safety.atomic_file(vocab_filepath, "w") as f:
             f.write(json.dumps(inv, ensure_ascii=False, indent=0))
@@ -606,15 +612,7 @@ def _cmd_train(args):
     Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)
     text = longest.decode("utf-8", errors="replace")
-    try:
-        import resource                        # Unix only: imported here, so that the library loads on Windows
-        unit = 1 << 20 if sys.platform == "darwin" else 1 << 10    # ru_maxrss: bytes on macOS, kB on Linux
-        me, kids = (resource.getrusage(who).ru_maxrss / unit           # -> MB
-                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        memory = f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"
-    except ImportError:
-        memory = ""
-    print(f"trained {len(merges)} merges in {dt:.2f} s{memory}; longest token {len(longest)} bytes "
+    print(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
           f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
           f"{args.out}/vocab.json and merges.txt")
 
@@ -625,11 +623,13 @@ def _cmd_encode(args):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
     vocab = _load_vocab_file(vocab_file)
-    specials = args.special_tokens
-    if specials is None:            # default: <|endoftext|> if the vocab has it
-        specials = [s for s in ["<|endoftext|>"] if s.encode() in vocab.values()]
+    specials = ["<|endoftext|>"] if args.special_tokens is None else args.special_tokens  # default: if the vocab has it
+    missing = [s for s in specials if s.encode() not in vocab.values()]
+    if missing and args.special_tokens:     # the Tokenizer would append it: ids past the tokenizer files' vocabulary
+        raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
+                         "the tokenizer's; train a tokenizer with it (bpe.py train --special-tokens)")
     merges, in_file = _read_merges_file(merges_file)
-    tok = Tokenizer(vocab, merges, specials, _in_file=in_file)  # from_files, with the vocab read above
+    tok = Tokenizer(vocab, merges, [s for s in specials if s not in missing], _in_file=in_file)  # from_files, as read
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written atomically: encode's ids.
     n = encode_file(tok, args.input, args.out, args.num_workers)

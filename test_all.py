@@ -2875,6 +2875,61 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
         assert (tok_dir / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
+# --- hostile bpe.py review: files that would not load back as the tokenizer saved, specials the files lack ---
+def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, capsys):
+    """vocab.json holds one id per token and from_files wants every merged token made: save wrote a token at two ids
+    (a vocab in memory, or training's with a one-byte special token: 'a' at 97 and 256) under its last id only, so
+    the files loaded with other ids (decode(97) failed), and merges cut short in memory as files from_files refused.
+    Training now refuses a one-byte special token before it starts; a Tokenizer finds it among the bytes."""
+    v, m = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    text = tmp_path / "a.txt"
+    text.write_text("a cat sat, a cat ate\n" * 20, encoding="utf-8")
+    for train in (lambda: bpe.train_bpe(str(text), 270, ["<|eot|>", "a"]),    # 'a' would be 97 and 258
+                  lambda: bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 270, ["a"])):
+        with pytest.raises(ValueError, match=r"^special token 'a' must be a string of 2\+ bytes \(one byte is a "
+                                             r"token already\); fix or remove it$"):
+            train()
+    with pytest.raises(SystemExit) as stop:      # before training, not after it
+        bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "é", "\n", "--out", str(v.parent)])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        "bpe.py train: error: special token '\\n' must be a string of 2+ bytes (one byte is a token already); fix or "
+        "remove it\n")
+    byte = {i: bytes([i]) for i in range(256)}
+    nl = bpe.Tokenizer(byte | {256: b"\n\n"}, [(b"\n", b"\n")], ["\n"])     # a Tokenizer's may be one byte
+    assert nl.encode("\n\n") == [10, 10] and len(nl.vocab) == 257
+    twice = bpe.Tokenizer(byte | {256: b"he", 257: b"he"}, [(b"h", b"e")])
+    with pytest.raises(ValueError, match="^not saved: token 'he' has ids 256 and 257; vocab.json has one$"):
+        twice.save(v, m)
+    tok = bpe.Tokenizer(byte | {256: b"he", 257: b"ll", 258: b"hell"}, [(b"h", b"e"), (b"l", b"l"), (b"he", b"ll")])
+    with pytest.raises(ValueError, match=f"^not saved: {re.escape(str(m))} ends after 1 merges but the vocab file "
+                                         "has more merged tokens from id 257 'll' on"):
+        bpe.Tokenizer(tok.vocab, tok.merges[:1]).save(v, m)    # in memory the first merges may do; files need all
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]            # nothing written
+    tok.save(v, m)
+    back = bpe.Tokenizer.from_files(v, m)
+    assert (back.vocab, back.merges, back.encode("hello")) == (tok.vocab, tok.merges, [258, 111])
+
+
+def test_bpe_cli_encode_refuses_special_tokens_its_tokenizer_lacks(tmp_path, capsys):
+    """The Tokenizer appends a special token its vocab lacks (the handout's rule): bpe.py encode wrote its id, past
+    the vocabulary of the tokenizer files it names, so train.py --tokenizer refused the ids and decode failed."""
+    text, tok_dir, ids = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "ids.npy"
+    text.write_text("hi <|new|> there<|endoftext|>\n", encoding="utf-8")
+    tok_dir.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT]).save(tok_dir / "vocab.json",
+                                                                             tok_dir / "merges.txt")
+    encode = ["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(ids), "--workers", "1"]
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(encode + ["--special-tokens", _BPE_EOT, "<|new|>"])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"bpe.py encode: error: --special-tokens '<|new|>' is not a token of {tok_dir / 'vocab.json'}, so its id "
+        "would be past the tokenizer's; train a tokenizer with it (bpe.py train --special-tokens)\n")
+    assert not ids.exists()
+    for flags, last in (([], 256), (["--special-tokens"], ord(">")), (["--special-tokens", _BPE_EOT], 256)):
+        bpe.main(encode + flags)
+        assert np.load(ids).tolist()[-2] == last               # <|endoftext|>: its id when special, else its >
+
+
 # ============================================================================
 # safety.py
 # ============================================================================
