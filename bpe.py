@@ -57,8 +57,9 @@ def _check_special_tokens(special_tokens, least_bytes=2):
     special_tokens = list(special_tokens or ())
     for s in special_tokens:
         if not isinstance(s, str) or len(s.encode("utf-8")) < least_bytes:
-            raise ValueError(f"special token {s!r} must be a string of {least_bytes}+ bytes"
-                             f"{' (one byte is a token already)' * (least_bytes > 1)}; fix or remove it")
+            why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
+                   "one byte, a token already")
+            raise ValueError(f"special token {s!r} is {why}; fix or remove it")
     return list(dict.fromkeys(special_tokens))
 
 

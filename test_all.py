@@ -2886,14 +2886,12 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
     text.write_text("a cat sat, a cat ate\n" * 20, encoding="utf-8")
     for train in (lambda: bpe.train_bpe(str(text), 270, ["<|eot|>", "a"]),    # 'a' would be 97 and 258
                   lambda: bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 270, ["a"])):
-        with pytest.raises(ValueError, match=r"^special token 'a' must be a string of 2\+ bytes \(one byte is a "
-                                             r"token already\); fix or remove it$"):
+        with pytest.raises(ValueError, match=r"^special token 'a' is one byte, a token already; fix or remove it$"):
             train()
     with pytest.raises(SystemExit) as stop:      # before training, not after it
         bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "é", "\n", "--out", str(v.parent)])
     assert stop.value.code == 2 and capsys.readouterr().err == (
-        "bpe.py train: error: special token '\\n' must be a string of 2+ bytes (one byte is a token already); fix or "
-        "remove it\n")
+        "bpe.py train: error: special token '\\n' is one byte, a token already; fix or remove it\n")
     byte = {i: bytes([i]) for i in range(256)}
     nl = bpe.Tokenizer(byte | {256: b"\n\n"}, [(b"\n", b"\n")], ["\n"])     # a Tokenizer's may be one byte
     assert nl.encode("\n\n") == [10, 10] and len(nl.vocab) == 257
