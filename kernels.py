@@ -269,7 +269,7 @@ def print_accounting():
             print(f"{name:<12} {dtype:<9} {moved:>10} {ai:>10.3f} {best:>15.1%}")
     lo, hi = arithmetic_intensity(UNFUSED_PASSES, fp32_bytes), arithmetic_intensity(FUSED_PASSES, bf16_bytes)
     print(f"H100 accelerator intensity: {ridge:.0f} FLOP/byte for fp32 CUDA cores, {bf16_ridge:.0f} for bf16 "
-          f"tensor cores. GELU sits at {lo:.2f}-{hi:.2f}: memory-bound, so its time is bytes / bandwidth,")
+          f"tensor cores. GELU sits at {lo:.3g}-{hi:.3g}: memory-bound, so its time is bytes / bandwidth,")
     fused_bytes = FUSED_PASSES * fp32_bytes * 2**28
     fused_gb, tb_per_sec, best_ms = fused_bytes / 1e9, bw / 1e12, fused_bytes / bw * 1e3
     fusion_gain = UNFUSED_PASSES // FUSED_PASSES  # the bytes unfused moves, over fused's

@@ -6198,6 +6198,28 @@ def test_kernels_roofline_is_classic_roofline():
     assert fraction(kernels.arithmetic_intensity(kernels.FUSED_PASSES, 4)) < 0.1  # GELU: memory-bound
 
 
+# --- session 10 kernels review: the accounting printout, every number against an independent count ---
+
+def test_kernels_accounting_printout_matches_independent_counts(capsys):
+    # Oracle, counted from 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): x^3 is 2 multiplies, then 0.044715 *, + x,
+    # sqrt(2/pi) *, tanh (one FLOP here), 1 +, 0.5 *, * : 9 FLOPs. Unfused, 8 ops read 10 tensors and write 8.
+    flops, passes = 9, {"torch ops": 10 + 8, "fused": 2}
+    ridge = 66.9e12 / 3.35e12  # H100 SXM: fp32 CUDA cores (NVIDIA's whitepaper), HBM3 bandwidth
+    kernels.print_accounting()
+    out = capsys.readouterr().out
+    intensities = []
+    for name, p in passes.items():
+        for dtype, size in (("float32", 4), ("bfloat16", 2)):
+            ai = flops / (p * size)
+            intensities.append(ai)
+            assert re.search(rf"^{name} +{dtype} +{p * size} +{ai:.3f} +{ai / ridge:.1%}$", out, re.M), (name, dtype)
+    assert f"{ridge:.0f} FLOP/byte for fp32 CUDA cores, {989.4e12 / 3.35e12:.0f} for bf16 tensor cores" in out
+    # the range the table spans, 0.125-2.25 (it printed 0.12-2.25: 0.125 rounded half to even)
+    assert f"GELU sits at {min(intensities):.3g}-{max(intensities):.3g}: memory-bound" in out
+    gb, ms = 2 * 4 * 2**28 / 1e9, 2 * 4 * 2**28 / 3.35e12 * 1e3
+    assert f"{gb:.2f} GB / 3.35 TB/s = {ms:.2f} ms at best" in out and "fusion can win up to 9x" in out
+
+
 def test_kernels_profile_counts_ops_on_cpu():
     x = torch.randn(1 << 12)
     assert sum(kernels.profile_launches(kernels.gelu_torch_ops, x).values()) == len(kernels.TORCH_OPS)
@@ -6214,7 +6236,7 @@ def test_kernels_cpu_variants_float32_and_bfloat16(fn):
         # computed in float32, rounded once to bfloat16 (8 significant bits): rel <= 2^-8
         assert r <= 2.0**-8 * (1 + 1e-3)
     else:
-        # every op rounds to bfloat16; 1 + tanh(u) cancels to 0 for u < ~-2.8, rel error 1
+        # every op rounds to bfloat16; tanh(u) rounds to -1 (1 + tanh(u) to 0) for u < -3.47 (x < -3.05), rel error 1
         assert a < 0.1
 
 
