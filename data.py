@@ -84,7 +84,12 @@ def download(url, dest):
     try:
         resp = urllib.request.urlopen(req, timeout=30)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # "range not satisfiable": the .part already holds every byte
+        if e.code == 416 and have:  # "range not satisfiable": the .part holds every byte, if it has the file's size
+            size = e.headers.get("Content-Range", "").rpartition("/")[2]  # "bytes */SIZE"
+            if size.isdigit() and int(size) != have:  # a .part of a longer file the server has since replaced
+                print(f"{part.name} holds {have:,} bytes, but {url} has {int(size):,}: downloading it again", flush=True)
+                part.unlink()
+                return download(url, dest)
             os.replace(part, dest)
             return dest
         raise

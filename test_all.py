@@ -5067,6 +5067,12 @@ class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         type(self).seen.append(rng)
         start = int(rng.split("=")[1].rstrip("-")) if rng and self.honor_range else 0
+        if start >= len(self.payload):  # as servers answer a range past the end: 416 and the file's size
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(self.payload)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = self.payload[start:]
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
@@ -5100,6 +5106,19 @@ def test_train_download_resumes_with_range(tmp_path, _train_server, capsys):
     (tmp_path / "g.txt.part").write_bytes(b"stale bytes")
     data.download(f"{_train_server}/g.txt", tmp_path / "g.txt")
     assert (tmp_path / "g.txt").read_bytes() == payload
+
+
+def test_train_download_of_a_part_as_long_as_the_file_or_longer(tmp_path, _train_server, capsys):
+    # a whole .part (killed before its rename) is the file: the server says 416 "range not satisfiable" to its range
+    payload = _TrainRangeHandler.payload
+    (tmp_path / "f.txt.part").write_bytes(payload)
+    data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
+    assert (tmp_path / "f.txt").read_bytes() == payload and _TrainRangeHandler.seen == [f"bytes={len(payload)}-"]
+    # a .part longer than the file (the server's file was replaced by a shorter one) was renamed as the file, before
+    (tmp_path / "g.txt.part").write_bytes(b"an older, longer file " + payload)
+    data.download(f"{_train_server}/g.txt", tmp_path / "g.txt")
+    assert (tmp_path / "g.txt").read_bytes() == payload and not (tmp_path / "g.txt.part").exists()
+    assert f"g.txt.part holds {len(payload) + 22:,} bytes, but " in capsys.readouterr().out
 
 
 def test_train_offline_download_fails_with_one_sentence(tmp_path, capsys, monkeypatch):
