@@ -371,7 +371,9 @@ def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path 
 
 
 def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    text = str(e).partition("You can suppress this exception")[0]  # torch's advice (suppress_errors) is no error
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().endswith(" raised:")]
+    lines = lines or [type(e).__name__]  # torch 2.5's "backend='inductor' raised:" heads the line that says why
     return f"{type(e).__name__}: {next((line for line in lines if 'error' in line.lower()), lines[0])[:200]}"
 
 
