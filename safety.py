@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import datetime
 import errno
+import io
 import functools
 import hashlib
 import importlib.util
@@ -920,6 +921,8 @@ def read_checkpoint(src):
         start = None if name == src else src.tell()
     except OSError as e:  # a pipe
         raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
+    if start:  # after bytes of the user's own: torch 2.5 reads a zip only from a file's first byte, so read a copy
+        src, start = io.BytesIO(src.read()), 0
     if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
