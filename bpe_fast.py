@@ -484,7 +484,8 @@ def peak_memory():  # "; peak RSS N MB (largest worker M MB)" for bpe.py train's
         return ""
     unit = 1 << 20 if sys.platform == "darwin" else 1 << 10    # ru_maxrss: bytes on macOS, kB on Linux
     me, kids = (resource.getrusage(who).ru_maxrss / unit for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"   # in MB
+    return f"; peak RSS {me:.0f} MB (largest worker {kids:.0f} MB)"
+
 
 def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
     """(size, workers, chunk offsets): about tasks_per_worker chunks per worker, of _MIN_CHUNK to _CHUNK_BYTES."""

@@ -17,10 +17,10 @@ import contextlib
 import ctypes
 import datetime
 import errno
-import io
 import functools
 import hashlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -735,6 +735,10 @@ def check_flags(cfg, sources, is_ids, is_cached):
             raise UsageError(message(c) if callable(message) else message.format(**c))
 
 
+def undecodable_ids(tok, V):  # the ids below V with no token: sampling may draw any id 0 to V - 1
+    return [i for i in range(V) if i not in tok.vocab]
+
+
 def check_samples(cfg, tok, tok_files, top, eot):
     """The run ends by sampling: what would fail there is refused at the start instead. top: the data's
     largest token id; eot starts a sample without --prompt and ends every one (generate's stop id)."""
@@ -753,7 +757,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
                          f"decode; pass --vocab-size {n}, or --num-samples 0.")
-    missing = [i for i in range(V) if i not in tok.vocab]  # the tokenizer takes any ids; sampling needs 0 to V - 1
+    missing = undecodable_ids(tok, V)
     if missing:
         raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
                          f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of the ids below --vocab-size {V} "
@@ -1089,7 +1093,7 @@ def print_samples(cfg, load_run, write_samples, eot):
         raise UsageError(f"--sample: {run_dir(cfg)} holds no tokenizer to encode prompts and decode samples (its ids "
                          "came without one); put the vocab.json and merges.txt that made them there.")
     n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(eot)[0]
-    if stop >= V or any(i not in tok.vocab for i in range(V)):  # ids trained with --num-samples 0: any tokenizer
+    if stop >= V or undecodable_ids(tok, V):  # ids trained with --num-samples 0 may sit beside any tokenizer
         raise UsageError(f"--sample: the tokenizer in {run_dir(cfg)} ({n} tokens, {eot} at id {stop}) does not fit its "
                          f"model, whose samples need a token for each id below {V}, {eot} among them; put the "
                          "vocab.json and merges.txt that made its ids there.")
