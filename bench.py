@@ -617,6 +617,10 @@ def bench_encode_file(args, files, enc):
 # counts (a test checks it), so the same MFU formula is fair to it. It also runs a second time with
 # the loss outside torch.compile, as issue 35 first measured it: the two rows show what that one choice is worth.
 
+def torch_loss(logits, targets):  # the peers' loss: (B, T, V) logits upcast, as ours are
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
 def rope(x, cos, sin):  # x (B, h, T, d_k): rotate the halves (x1, x2) by each position's angles, as Llama does
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)  # bf16 stays bf16 for SDPA
@@ -662,7 +666,7 @@ class CompactLM(torch.nn.Module):
         logits = self.head(F.rms_norm(x, (x.shape[-1],), self.norm, eps=1e-5))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return torch_loss(logits, targets)
 
 
 def torch_update(params, cfg):
@@ -694,7 +698,7 @@ def llama_step(cfg, micro):
         for x, y in micro:
             with train.autocast(cfg):
                 logits = model(input_ids=x).logits
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            loss = torch_loss(logits, y)
             (loss / len(micro)).backward()
             total = total + loss.detach()
         update()
@@ -714,9 +718,8 @@ def compact_step(cfg, micro, loss_inside=True):
         total = 0
         for x, y in micro:
             with train.autocast(cfg):
-                loss = model(x, y) if loss_inside else model(x)
-            if not loss_inside:
-                loss = F.cross_entropy(loss.flatten(0, 1).float(), y.flatten())
+                out = model(x, y) if loss_inside else model(x)  # the loss, or the logits
+            loss = out if loss_inside else torch_loss(out, y)
             (loss / len(micro)).backward()
             total = total + loss.detach()
         update()
