@@ -17,7 +17,6 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
-import codecs
 import functools
 import gc
 import inspect
@@ -81,19 +80,11 @@ def need_text(path, what, block=1 << 24):
     offset before minutes of measuring, not a child process's traceback (naming a copy of the text's start)."""
     if os.path.getsize(need_file(path, what)) == 0:  # train_bpe refuses it in a child (cold's names its copy)
         raise UsageError(f"{what} {path} is empty; give it some text.")
-    try:
-        with open(path, "rb") as f:
-            start, rest = 0, b""
-            for piece in iter(lambda: f.read(block), b""):
-                data = rest + piece
-                try:  # final=False: a character cut by the block's end is decoded with the next block
-                    done = codecs.utf_8_decode(data, "strict", False)[1]
-                except UnicodeDecodeError:
-                    bpe.bpe_fast.check_utf8(data, path, start)  # raises, naming the bad byte's offset
-                start, rest = start + done, data[done:]
-            bpe.bpe_fast.check_utf8(rest, path, start)  # a character cut short at the file's end
-    except ValueError as e:
-        raise UsageError(f"{what} {e}.") from None
+    with open(path, "rb") as f:
+        text = data.FileText(f, path)
+        if (bad := data.bad_utf8_offset(text, block)) is not None:
+            raise UsageError(f"{what} {path} is not valid UTF-8: bad byte 0x{text[bad]:02x} at byte offset {bad}; "
+                             "re-save the file as UTF-8.")
     return str(path)
 
 

@@ -272,6 +272,19 @@ class FileText:
         return n
 
 
+def bad_utf8_offset(text, block=READ):
+    """The offset of the first byte of text (bytes or a FileText) that is not UTF-8, or None; decoded a block at a
+    time, a character cut by a block's end finished by the next."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for at in range(0, len(text), block):
+        pending = len(decoder.getstate()[0])  # bytes of a character the last block cut
+        try:
+            decoder.decode(text[at:at + block], final=at + block >= len(text))
+        except UnicodeDecodeError as e:
+            return at - pending + e.start
+    return None
+
+
 def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
@@ -281,14 +294,10 @@ def local_corpus(path, out_dir):
         return paths
     with open(path, "rb") as f:
         key, text = file_key(path), FileText(f, path)
-        size, decoder = len(text), codecs.getincrementaldecoder("utf-8")()
-        for at in range(0, size, READ):
-            pending = len(decoder.getstate()[0])  # bytes of a character the last piece cut
-            try:
-                decoder.decode(text[at:at + READ], final=at + READ >= size)
-            except UnicodeDecodeError as e:
-                raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {at - pending + e.start}); "
-                                 "re-save it as UTF-8, or pass token ids as a .npy file.") from None
+        size = len(text)
+        if (bad := bad_utf8_offset(text)) is not None:
+            raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {bad}); re-save it as UTF-8, or "
+                             "pass token ids as a .npy file.")
         if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached
             raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
         mark, gap = int(size * (1 - VALID_FRACTION)), 0  # gap: the separator between the parts, in neither
