@@ -4043,17 +4043,19 @@ def test_train_cpu_runs_flush_subnormal_floats():
 
 def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
     # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
-    # time (a fifth of the default run's time). The same steps, first with glibc as it is, then under a CPU run's
-    # settings, count the page faults; in a process of its own, as the switch is process-wide and kept
+    # time (a fifth of the default run's time here). How much glibc's own adaptive threshold keeps varies by machine
+    # and run (CI's gave 2k faults in three steps, this box 5-18k), so the baseline is glibc's fixed 128 KB
+    # thresholds, what it does before it adapts (about 130k faults). The same steps then run under a CPU run's
+    # settings; in a process of its own, as the switch is process-wide and kept
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
     code = """if True:
-        import resource, safety, train
+        import ctypes, resource, safety, train
         cfg = train.resolve_config(["--benchmark", "--data", "pydoc", "--device", "cpu", "--batch-size", "8"])
-        keep, faults = safety.keep_freed_memory, []
-        safety.keep_freed_memory = lambda: False  # first, glibc as it is
-        for on in (False, True):
-            safety.keep_freed_memory = keep if on else safety.keep_freed_memory
+        mallopt, keep, faults = ctypes.CDLL(None).mallopt, safety.keep_freed_memory, []
+        fixed = lambda: mallopt(safety.M_MMAP_THRESHOLD, 128 << 10) and mallopt(safety.M_TRIM_THRESHOLD, 128 << 10)
+        for setting in (fixed, keep):
+            safety.keep_freed_memory = setting
             with safety.torch_settings(cfg):
                 step = train.random_step(cfg)[0]
                 for _ in range(2):
@@ -4064,8 +4066,8 @@ def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
                 faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         print(*faults)"""
     out = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, check=True)
-    default, kept = map(int, out.stdout.split())
-    assert kept < default / 2, (default, kept)
+    fixed, kept = map(int, out.stdout.split())
+    assert kept < fixed / 20, (fixed, kept)
 
 
 def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, monkeypatch, capsys):
