@@ -378,9 +378,28 @@ def error_line(e):  # an exception in one line: a compiler's error is pages long
     return f"{type(e).__name__}: {next((line for line in lines if 'error' in line.lower()), lines[0])[:200]}"
 
 
+def out_of_memory(e):
+    """What an allocation that failed asked for, for a sentence, or None when e is no such failure: a MemoryError,
+    or torch's RuntimeError from a CPU ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 40000
+    bytes") or a GPU ("CUDA out of memory. Tried to allocate 2.00 GiB")."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or isinstance(e, RuntimeError) and re.search(
+            r"out of memory|can't allocate memory", text)):
+        return None
+    size = re.search(r"[Tt]ried to allocate (?:(\d+) bytes|([\d.]+ [KMGT]iB))", text)
+    return ("" if size is None else f" (an allocation of {int(size[1]) / 2**30:,.2f} GiB)" if size[1] else
+            f" (an allocation of {size[2]})")
+
+
+LESS_MEMORY = {  # a command's ways to ask for less memory, for out_of_memory's sentence
+    "train.py": "ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
+                "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).",
+}
+
+
 def exit_code(name, command, interrupted):
-    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault or an unforeseen
-    OSError, 130 a Ctrl-C."""
+    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (a full memory too)
+    or an unforeseen OSError, 130 a Ctrl-C."""
     try:
         return command()
     except (UsageError, DataError) as e:
@@ -392,10 +411,14 @@ def exit_code(name, command, interrupted):
         log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Exception) as e:  # before the loop's own handler (data, model), a second Ctrl-C in it,
-        if not interrupted_by_ctrl_c(e):  # or the error a library's clean-up raised in its place (torch.save's zip
-            raise  # writer, cut short mid-file, says "unexpected pos")
-        log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
-        return 130
+        if interrupted_by_ctrl_c(e):  # or the error a library's clean-up raised in its place (torch.save's zip
+            log(f"{name}: interrupted; {interrupted}", file=sys.stderr)  # writer, cut short mid-file, says
+            return 130  # "unexpected pos")
+        if out_of_memory(e) is None:
+            raise
+        less = LESS_MEMORY.get(name, f"ask for less (a smaller input, batch or model); {interrupted}")
+        log(f"{name}: error: out of memory{out_of_memory(e)}; {less}", file=sys.stderr)
+        return 1
 
 
 def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised while one was being handled

@@ -5381,6 +5381,31 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
 
 
+def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_path, capsys):
+    # an allocation that failed past the start-up estimate (a checkpoint's config edited to a context of 2**58
+    # tokens: RoPE's tables need 2**61 bytes, past any address space) was a traceback; now one sentence, exit 1,
+    # the run untouched. The GPU's words (CUDA's "Tried to allocate 2.00 GiB") and a bare MemoryError read alike
+    flags, run = sample_run
+    edited = tmp_path / "out" / "edited"
+    shutil.copytree(run, edited)
+    state = torch.load(edited / "ckpt.pt", weights_only=False)
+    state["config"]["context_length"] = 2**58
+    torch.save(state, edited / "ckpt.pt")
+    before = _sample_files(edited)
+    assert train.main(["--out-dir", str(tmp_path / "out"), "--device", "cpu", "--sample", "--run-name", "edited"]) == 1
+    _train_one_error(capsys, "train.py: error: out of memory (an allocation of 2,147,483,648.00 GiB); ask for less: "
+                     "a smaller --batch-size or model, or the same batch in more --grad-accum steps")
+    assert _sample_files(edited) == before
+    cuda = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")
+    for e, words in ((cuda, "out of memory (an allocation of 2.00 GiB); ask for less (a smaller input"),
+                     (MemoryError(), "out of memory; ask for less (a smaller input, batch or model); nothing written.")):
+        assert safety.exit_code("kernels.py", lambda: (_ for _ in ()).throw(e), "nothing written.") == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"kernels.py: error: {words}") and err.count("\n") == 1, err
+    with pytest.raises(RuntimeError, match="a shape mismatch"):  # any other error is not read as memory's
+        safety.exit_code("kernels.py", lambda: (_ for _ in ()).throw(RuntimeError("a shape mismatch")), "")
+
+
 def test_train_samples_take_generates_compiled_path_only_with_compile(sample_run, monkeypatch, capsys):
     # generate's fast path (the default on CUDA) compiles its decode step: tens of seconds, and a failure where
     # torch.compile cannot work. A run's samples and --sample take it only when --compile asked for compiling
