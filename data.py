@@ -77,12 +77,19 @@ def pydoc_corpus(out_dir):
 
 def download(url, dest):
     """Fetch url into dest via dest.part: a rerun after an interruption asks the server for the
-    rest only (an HTTP Range request) and appends. dest (a Path) appears, by rename, only when complete."""
+    rest only (an HTTP Range request) and appends. dest (a Path) appears, by rename, only when complete.
+    dest.part.version keeps the server's name for the version the .part holds (its strong ETag, else its
+    Last-Modified), sent back as If-Range: a server whose file has changed since sends the new one whole,
+    where appending its tail would have made a file of two versions."""
     part = dest.with_name(dest.name + ".part")
+    version = part.with_name(part.name + ".version")
     have = part.stat().st_size if part.exists() else 0
-    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    tag = version.read_text(encoding="ascii", errors="replace").strip() if have and version.exists() else ""
+    if tag.isascii() and tag:  # else (a record edited by hand) the range alone, as before there were records
+        headers["If-Range"] = tag
     try:
-        resp = urllib.request.urlopen(req, timeout=30)
+        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30)
     except urllib.error.HTTPError as e:
         if e.code == 416 and have:  # "range not satisfiable": the .part holds every byte, if it has the file's size
             size = e.headers.get("Content-Range", "").rpartition("/")[2]  # "bytes */SIZE"
@@ -91,10 +98,19 @@ def download(url, dest):
                 part.unlink()
                 return download(url, dest)
             os.replace(part, dest)
+            version.unlink(missing_ok=True)
             return dest
         raise
     with resp:
-        have = have if resp.status == 206 else 0  # a server that ignores Range sends it all again
+        have = have if resp.status == 206 else 0  # a server that ignores Range (or whose file changed) sends it all
+        if not have:
+            etag = resp.headers.get("ETag", "")
+            tag = etag if etag.startswith('"') else resp.headers.get("Last-Modified")  # If-Range takes no weak ETag
+            if tag:
+                with atomic_file(version, "w") as f:
+                    f.write(tag)
+            else:
+                version.unlink(missing_ok=True)
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
         print(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
@@ -113,6 +129,7 @@ def download(url, dest):
         raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
                         "to resume it.")
     os.replace(part, dest)
+    version.unlink(missing_ok=True)
     return dest
 
 

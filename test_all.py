@@ -5063,6 +5063,7 @@ def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, mon
 class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
     payload = bytes(range(256)) * 4000
     honor_range = True
+    etag = None  # a version's strong ETag, as most servers send (HF's included)
     seen = []
 
     def do_GET(self):
@@ -5075,9 +5076,13 @@ class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if self.etag and self.headers.get("If-Range", self.etag) != self.etag:  # changed since: the whole file
+            start = 0
         body = self.payload[start:]
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
+        if self.etag:
+            self.send_header("ETag", self.etag)
         self.end_headers()
         self.wfile.write(body)
 
@@ -5092,7 +5097,8 @@ def _train_server():
     _TrainRangeHandler.seen = []
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
-    _TrainRangeHandler.honor_range = True
+    _TrainRangeHandler.honor_range, _TrainRangeHandler.etag = True, None
+    _TrainRangeHandler.payload = bytes(range(256)) * 4000
 
 
 def test_train_download_resumes_with_range(tmp_path, _train_server, capsys):
@@ -5108,6 +5114,27 @@ def test_train_download_resumes_with_range(tmp_path, _train_server, capsys):
     (tmp_path / "g.txt.part").write_bytes(b"stale bytes")
     data.download(f"{_train_server}/g.txt", tmp_path / "g.txt")
     assert (tmp_path / "g.txt").read_bytes() == payload
+
+
+def test_train_download_resumes_only_the_version_its_part_holds(tmp_path, _train_server, capsys, monkeypatch):
+    # a .part of a file the server has since replaced (by one as long or longer) got the new version's tail appended:
+    # a file of two versions. The first reply's ETag is kept beside the .part while it downloads and sent back as
+    # If-Range; a server whose file changed then sends it whole, and one whose file did not sends the rest
+    old, dest = _TrainRangeHandler.payload, tmp_path / "f.txt"
+    part, version = tmp_path / "f.txt.part", tmp_path / "f.txt.part.version"
+    _TrainRangeHandler.etag, seen_version = '"v1"', []
+    monkeypatch.setattr(data, "show_progress", lambda *a, **k: seen_version.append(version.read_text()))
+    data.download(f"{_train_server}/f.txt", dest)
+    assert seen_version and set(seen_version) == {'"v1"'} and not part.exists() and not version.exists()
+    for now, etag in ((old, '"v1"'), (bytes(reversed(old)) + b"a longer new version", '"v2"')):
+        dest.unlink()
+        part.write_bytes(old[:12345])  # killed mid-download of version 1
+        version.write_text('"v1"')
+        _TrainRangeHandler.payload, _TrainRangeHandler.etag = now, etag
+        data.download(f"{_train_server}/f.txt", dest)
+        assert dest.read_bytes() == now and _TrainRangeHandler.seen[-1] == "bytes=12345-", etag
+        assert not part.exists() and not version.exists()
+    capsys.readouterr()
 
 
 def test_train_download_of_a_part_as_long_as_the_file_or_longer(tmp_path, _train_server, capsys):
