@@ -85,9 +85,9 @@ def download(url, dest):
     version = part.with_name(part.name + ".version")
     have = part.stat().st_size if part.exists() else 0
     headers = {"Range": f"bytes={have}-"} if have else {}
-    tag = version.read_text(encoding="ascii", errors="replace").strip() if have and version.exists() else ""
-    if tag.isascii() and tag:  # else (a record edited by hand) the range alone, as before there were records
-        headers["If-Range"] = tag
+    held = version.read_text(encoding="ascii", errors="replace").strip() if have and version.exists() else ""
+    if held.isascii() and held:  # else (no record, or one edited by hand) the range alone
+        headers["If-Range"] = held
     try:
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30)
     except urllib.error.HTTPError as e:

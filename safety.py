@@ -398,8 +398,8 @@ LESS_MEMORY = {  # a command's ways to ask for less memory, for out_of_memory's 
 
 
 def exit_code(name, command, interrupted):
-    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (a full memory too)
-    or an unforeseen OSError, 130 a Ctrl-C."""
+    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (memory running out
+    too) or an unforeseen OSError, 130 a Ctrl-C."""
     try:
         return command()
     except (UsageError, DataError) as e:
@@ -410,14 +410,16 @@ def exit_code(name, command, interrupted):
     except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
         log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, Exception) as e:  # before the loop's own handler (data, model), a second Ctrl-C in it,
-        if interrupted_by_ctrl_c(e):  # or the error a library's clean-up raised in its place (torch.save's zip
-            log(f"{name}: interrupted; {interrupted}", file=sys.stderr)  # writer, cut short mid-file, says
-            return 130  # "unexpected pos")
-        if out_of_memory(e) is None:
+    except (KeyboardInterrupt, Exception) as e:
+        # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
+        # raised in its place (torch.save's zip writer, cut short mid-file, says "unexpected pos")
+        if interrupted_by_ctrl_c(e):
+            log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
+            return 130
+        if (asked := out_of_memory(e)) is None:
             raise
         less = LESS_MEMORY.get(name, f"ask for less (a smaller input, batch or model); {interrupted}")
-        log(f"{name}: error: out of memory{out_of_memory(e)}; {less}", file=sys.stderr)
+        log(f"{name}: error: out of memory{asked}; {less}", file=sys.stderr)
         return 1
 
 
