@@ -141,7 +141,8 @@ def _next_pretoken(data, i, n, classes):
 # of its own. Two exceptions, both about special tokens, are checked by _cut_keeps_specials: the cut
 # must not split one, and the non-space must not begin one, since a special token ends the text
 # before it, and there '\s+(?!\S)' takes the whole run (".\n\n<|endoftext|>": "\n\n" is one token).
-# So CJK text, which has no spaces, is cut at its line breaks. _STREAM_CUT is for str
+# A cut just before a special token is safe too, as the token ends the text before it either way.
+# So CJK text, which has no spaces, is cut at its line breaks and special tokens. _STREAM_CUT is for str
 # (encode_iterable), _SAFE_CUT for bytes (file chunks): there the non-space is ASCII or a UTF-8 lead
 # byte of a range without Unicode whitespace. The standard library's re runs _STREAM_CUT faster than
 # regex; its \S is a subset of regex's (its \s adds \x1c-\x1f), so it finds no cut regex would not.
@@ -161,11 +162,20 @@ def _cut_keeps_specials(buf, p, specials):
                    for s in specials)
 
 
+@functools.cache
+def _stream_cut_re(special_tokens):
+    """Where a str may be cut, before _cut_keeps_specials has its say: before a special token (a tuple of
+    them), or at _STREAM_CUT, as _file_cut_re for bytes (CJK documents joined by <|endoftext|> have no other)."""
+    if not special_tokens:
+        return _STREAM_CUT
+    return re.compile("|".join([f"(?={re.escape(s)})" for s in special_tokens] + [_STREAM_CUT.pattern]))
+
+
 def stream_pieces(iterable, special_tokens, piece_chars):
     """The text of iterable (of str) again, in pieces of piece_chars characters or more, each cut at
-    the last _STREAM_CUT that splits no special token. Linear: each character is searched once, and
-    new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
-    margin = max((len(s) for s in special_tokens), default=1)
+    the last _stream_cut_re match that splits no special token. Linear: each character is searched once,
+    and new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
+    cut_re, margin = _stream_cut_re(tuple(special_tokens)), max((len(s) for s in special_tokens), default=1)
     buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
     for text in iterable:
         new.append(text)
@@ -177,15 +187,15 @@ def stream_pieces(iterable, special_tokens, piece_chars):
         lo = max(scanned - margin - 2, 0)
         tail = max(lo, hi - 4096)
         for a, b in ((tail, hi), (lo, tail + 1)):      # the last 4K first: most text has a cut there
-            starts = [m.start() for m in _STREAM_CUT.finditer(buf, a, b)]
+            starts = [m.start() for m in cut_re.finditer(buf, a, b)]
             found = next((p for p in reversed(starts) if p > 0 and _cut_keeps_specials(buf, p, special_tokens)), -1)
             if found >= 0:
                 break
         scanned = max(scanned, hi)
         if found < 0:
             if len(buf) > (1 << 22):
-                raise ValueError("encode_iterable found no place to cut 4M characters of text "
-                                 "(no space, tab or newline before a non-space); use encode()")
+                raise ValueError("encode_iterable found no place to cut 4M characters of text (no special "
+                                 "token, and no space, tab or newline before a non-space); use encode()")
             continue
         yield buf[:found]
         buf, scanned = buf[found:], scanned - found

@@ -1670,7 +1670,7 @@ _BPE_CUT_PIECES = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\
 
 
 def test_bpe_safe_cuts_never_change_the_pretokens():
-    # Oracle: the definition on the whole text. Cutting at any _STREAM_CUT (str) or file cut (bytes)
+    # Oracle: the definition on the whole text. Cutting at any stream cut (str) or file cut (bytes)
     # that _cut_keeps_specials allows, and pre-tokenizing both sides, must give the same pre-tokens.
     # (A cut before the newline of ".\n\n<|endoftext|>" gave "\n", "\n" where the whole gives "\n\n".)
     rng = random.Random(1)
@@ -1681,11 +1681,11 @@ def test_bpe_safe_cuts_never_change_the_pretokens():
         for _ in range(3000):
             text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
             whole, data = _bpe_pretokens(text, specials), text.encode("utf-8")
-            cuts = [m.start() for m in bpe_fast._STREAM_CUT.finditer(text)
+            cuts = [m.start() for m in bpe_fast._stream_cut_re(tuple(specials)).finditer(text)
                     if bpe_fast._cut_keeps_specials(text, m.start(), specials)]
             cuts += [len(data[:m.start()].decode("utf-8")) for m in bpe_fast._file_cut_re(special_bytes).finditer(data)
                      if bpe_fast._cut_keeps_specials(data, m.start(), special_bytes)]
-            for c in cuts:
+            for c in set(cuts):         # (a cut before a special token is found in both)
                 assert _bpe_pretokens(text[:c], specials) + _bpe_pretokens(text[c:], specials) == whole, (text, c)
             n_cuts += len(cuts)
     assert n_cuts > 2000
@@ -1775,19 +1775,36 @@ def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
     assert list(special.encode_iterable(lines)) == special.encode("".join(lines))
 
 
+# --- encode fuzzing against tiktoken: a stream is cut before special tokens too ---
+def test_bpe_encode_iterable_cuts_before_special_tokens(bpe_gpt2):
+    # Chinese documents joined by <|endoftext|>, no whitespace anywhere: the stream must be cut before the special
+    # tokens, as encode_file's chunks are, not held whole (past 4M characters it was refused: "no place to cut").
+    special, _ = bpe_gpt2
+    docs = [f"第{i}个故事。小猫喜欢在花园里玩耍。<|endoftext|>" for i in range(3000)]
+    consumed = []
+
+    def feed():
+        for doc in docs:
+            consumed.append(1)
+            yield doc
+    next(special.encode_iterable(feed()))
+    assert len(consumed) < len(docs) // 2
+    assert list(special.encode_iterable(docs)) == special.encode("".join(docs))
+
+
 def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch):
     # 1 MB streams with few places to cut (CJK paragraphs joined by blank lines, tab-indented lines)
     # or none (CJK without whitespace), fed 100 characters at a time: the same ids as encode(), and
     # the cut search reads each character a bounded number of times (it once rescanned the whole
     # buffer per line: quadratic)
     special, _ = bpe_gpt2
-    searched, cut_re = [0], bpe_fast._STREAM_CUT
+    searched, cut_re = [0], bpe_fast._stream_cut_re(tuple(special.special_tokens))
 
     class Counting:
         def finditer(self, buf, pos, endpos):
             searched[0] += max(endpos - pos, 0)
             return cut_re.finditer(buf, pos, endpos)
-    monkeypatch.setattr(bpe_fast, "_STREAM_CUT", Counting())
+    monkeypatch.setattr(bpe_fast, "_stream_cut_re", lambda special_tokens: Counting())
     for text in [*bench.STREAMS.values(), "这是一个没有空格的段落。" * 30_000]:
         searched[0] = 0
         pieces = [text[i:i + 100] for i in range(0, len(text), 100)]
