@@ -278,13 +278,8 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     processes, default one per core it may use). Returns vocab {id: bytes} (0-255 the bytes,
     then the special tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
     special_tokens = _check_special_tokens(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
+    bpe_fast.check_vocab_size(vocab_size, special_tokens)
     bpe_fast.worker_count(num_workers)           # checked here too: a small file never uses them
-    n_base = 256 + len(special_tokens)
-    if vocab_size < n_base:
-        raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
-                         f"{len(special_tokens)} special tokens = {n_base}; raise it")
     if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN:
         # The engine counts with a compiled scanner in worker processes, into hash tables
         # keyed by the pre-tokens' bytes; it gives the same counts, as the loop's arrays.
@@ -303,13 +298,15 @@ def count_pretokens(input_path, special_tokens=()):
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
     (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one."""
-    encoded = [(w.encode("utf-8"), c) for w, c in counts.items()]
+    special_tokens = _check_special_tokens(special_tokens)
+    bpe_fast.check_vocab_size(vocab_size, special_tokens)
+    encoded = bpe_fast.encoded_counts(counts)
     words = [w for w, _ in encoded if len(w) > 1]          # one byte has no pair
     word_count = np.array([c for w, c in encoded if len(w) > 1], dtype=np.int64)
     word_start = np.zeros(len(words) + 1, dtype=np.int64)
     np.cumsum([len(w) for w in words], out=word_start[1:])
     ids = np.frombuffer(b"".join(words), dtype=np.uint8).copy()  # writable: one numba type
-    return _train_from_words(ids, word_start, word_count, vocab_size, _check_special_tokens(special_tokens), loop)
+    return _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop)
 
 
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):

@@ -273,6 +273,16 @@ def check_utf8(data, path, start):
                          f"offset {start + e.start}; re-save the file as UTF-8") from None
 
 
+def encoded_counts(counts):
+    """[(UTF-8 bytes, count)] of bpe.train_from_counts's {pre-token str: count}, checked first: the merge loops
+    take counts as int64 arrays, which would cut a weight of 0.5 to 0 or read "3" as 3 without a word."""
+    for w, c in counts.items():
+        if not isinstance(w, str) or isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
+            raise ValueError(f"counts must map each pre-token (str) to a whole number of at least 1, got {w!r}: "
+                             f"{c!r}; count pre-tokens as bpe.count_pretokens does")
+    return [(w.encode("utf-8"), int(c)) for w, c in counts.items()]
+
+
 _MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
 
 
@@ -476,6 +486,16 @@ def catch_ctrl_c():
             return
         raise KeyboardInterrupt
     on_stops(interrupt)
+
+
+def check_vocab_size(vocab_size, special_tokens):
+    """ValueError unless vocab_size is an integer with room for the 256 bytes and the (checked) special tokens."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+        raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
+    n_base = 256 + len(special_tokens)
+    if vocab_size < n_base:
+        raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
+                         f"{len(special_tokens)} special tokens = {n_base}; raise it")
 
 
 def worker_count(num_workers):

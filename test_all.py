@@ -2334,6 +2334,21 @@ def test_bpe_errors_training(tmp_path):
         bpe.train_bpe(str(good), 300, ["<a>", ""])
 
 
+# --- trainer fuzz review: train_from_counts, the merge half, checks its counts and vocab_size as train_bpe does ---
+def test_bpe_train_from_counts_refuses_counts_the_loops_would_misread():
+    # the loops take counts as an int64 array: a weight of 0.5 became 0 (no merges, no word), "3" became 3, bytes
+    # keys were an AttributeError, and a vocab_size of 300.0 a TypeError deep in the loop
+    text = "low low lower newest newest widest"
+    counts = {w: np.int64(c) for w, c in collections.Counter(bpe.pretokenize(text)).items()}
+    assert bpe.train_from_counts(counts, 270, loop=bpe._merge_loop) == bpe.train_bpe_naive(text, 270)
+    for bad in ({"low": 0.5, " newest": 0.4}, {"low": "3"}, {b"low": 3}, {"low": 0}, {"low": -2}, {"low": True}):
+        with pytest.raises(ValueError, match="whole number of at least 1"):
+            bpe.train_from_counts(bad, 270, loop=bpe._merge_loop)
+    for size, why in ((300.0, "must be an integer"), (256, "smaller than 256 bytes \\+ 1 special")):
+        with pytest.raises(ValueError, match=why):
+            bpe.train_from_counts(counts, size, [_BPE_EOT], loop=bpe._merge_loop)
+
+
 def test_bpe_errors_tokenizer_files(tmp_path):
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc"},
                         [(b"a", b"b"), (b"ab", b"c")])
