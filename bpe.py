@@ -56,9 +56,10 @@ def _check_special_tokens(special_tokens, least_bytes=2):
                          f"(did you mean [{special_tokens!r}]?)")
     special_tokens = list(special_tokens or ())
     for s in special_tokens:
-        if not isinstance(s, str) or len(s.encode("utf-8")) < least_bytes:
-            why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
-                   "one byte, a token already")
+        utf8 = s.encode("utf-8", "replace") if isinstance(s, str) else b""  # a lone surrogate (a shell's \xff) as ?
+        if not isinstance(s, str) or len(utf8) < least_bytes or utf8.decode("utf-8") != s:
+            why = ("not a string" if not isinstance(s, str) else "not valid UTF-8 (a lone surrogate)" if
+                   utf8.decode("utf-8") != s else "the empty string" if not s else "one byte, a token already")
             raise ValueError(f"special token {s!r} is {why}; fix or remove it")
     return list(dict.fromkeys(special_tokens))
 

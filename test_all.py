@@ -2924,6 +2924,14 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
         bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "é", "\n", "--out", str(v.parent)])
     assert stop.value.code == 2 and capsys.readouterr().err == (
         "bpe.py train: error: special token '\\n' is one byte, a token already; fix or remove it\n")
+    # a special token with a lone surrogate (bytes not UTF-8 from a shell, $'\\xff', arrive as '\\udcff') said only
+    # "'utf-8' codec can't encode characters ...", naming neither the token nor that it is not UTF-8
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "<|\udcff|>", "--out", str(v.parent)])
+    assert stop.value.code == 2 and capsys.readouterr().err == ("bpe.py train: error: special token '<|\\udcff|>' is "
+                                                               "not valid UTF-8 (a lone surrogate); fix or remove it\n")
+    with pytest.raises(ValueError, match=r"^special token '\\ud800' is not valid UTF-8 \(a lone surrogate\)"):
+        bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["\ud800"])
     byte = {i: bytes([i]) for i in range(256)}
     nl = bpe.Tokenizer(byte | {256: b"\n\n"}, [(b"\n", b"\n")], ["\n"])     # a Tokenizer's may be one byte
     assert nl.encode("\n\n") == [10, 10] and len(nl.vocab) == 257
