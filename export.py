@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from bpe import Tokenizer, _token_to_str
 from data import read_tokenizer
 from model import RMSNorm, TransformerLM
 from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run,
@@ -122,6 +123,26 @@ def save_tokenizer(tok, paths, context_length):
     return ids.get(first)
 
 
+def fitting_tokenizer(tok, vocab_size):
+    """The tokenizer that the export of a model with vocab_size carries: tok without its special tokens at ids from
+    vocab_size on, which no training id was (read_tokenizer's <|endoftext|>, added after a vocab that lacks it).
+    ValueError if other ids reach that far, or if transformers would give a special token another id."""
+    past = {i: s for s in tok.special_tokens if (i := tok.encode(s)[0]) >= vocab_size}
+    if past:
+        tok = Tokenizer({i: b for i, b in tok.vocab.items() if i not in past}, tok.merges,
+                        [s for s in tok.special_tokens if s not in past.values()])
+    if (top := max(tok.vocab)) >= vocab_size:  # ids trained with any tokenizer
+        raise ValueError(f"the tokenizer's ids reach {top}, past the model's vocab_size {vocab_size}, so "
+                         "transformers would look up embeddings the model lacks; export the model alone (train.py: "
+                         "move the run's vocab.json and merges.txt away)")
+    for s in tok.special_tokens:  # transformers finds a special token by its text, vocab.json spells it in GPT-2's
+        if (spelt := _token_to_str(s.encode("utf-8"))) != s:  # byte alphabet ("\n" as "Ċ"): a miss is a new id
+            raise ValueError(f"special token {s!r} is not printable ASCII without spaces, so transformers would miss "
+                             f"it in vocab.json (spelt {spelt!r} there) and give it another id than "
+                             f"{tok.encode(s)[0]}; export a tokenizer without it")
+    return tok
+
+
 # ----------------------------------------------------------------------------
 # 4. export_hf: every file whole, none replaced before all are written, nothing else in the directory touched
 
@@ -166,10 +187,8 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     checked = {"model": state_dict, "iteration": 0}
     check_state(checked, meta, name="the state dict")
     state_dict = checked["model"]  # keys saved from inside torch.compile or DDP, without their prefixes
-    if tokenizer is not None and (top := max(tokenizer.vocab)) >= a["vocab_size"]:  # ids trained with any tokenizer
-        raise ValueError(f"the tokenizer's ids reach {top}, past the model's vocab_size {a['vocab_size']}, so "
-                         "transformers would look up embeddings the model lacks; export the model alone (train.py: "
-                         "move the run's vocab.json and merges.txt away)")
+    if tokenizer is not None:
+        tokenizer = fitting_tokenizer(tokenizer, a["vocab_size"])
     out_dir = os.path.abspath(out_dir)
     names = [n for n in EXPORT_FILES if tokenizer is not None or n not in TOKENIZER_FILES]
     if problem := export_dir_problem(out_dir, overwrite):

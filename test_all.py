@@ -7194,3 +7194,42 @@ def test_export_into_a_read_only_directory_is_one_sentence_exit_2(export_runs, t
     at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export", str(ro / "hf")]
     _export_error(capsys, [*at, "--overwrite"], f"cannot write the export's files in {ro / 'hf'} (read-only, or not")
     assert {p.name: p.read_bytes() for p in (ro / "hf").iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+
+
+# --- export fuzz: tokenizers that --export refused or that transformers renumbered ---
+
+def _export_tiny(vocab_size):  # TransformerLM's arguments and weights, as small as they come
+    kw = dict(vocab_size=vocab_size, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=8)
+    return TransformerLM(**kw).state_dict(), kw
+
+
+def test_export_drops_the_endoftext_that_the_run_tokenizer_lacks(tmp_path):
+    # bpe.py train's default has no special token; read_tokenizer adds <|endoftext|> after the vocab, at an id that no
+    # training id was, and --export refused a model of the tokenizer's size ("the tokenizer's ids reach 257")
+    bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"ab"}, [(b"a", b"b")]).save(
+        tmp_path / "vocab.json", tmp_path / "merges.txt")
+    tok = data.read_tokenizer(tmp_path)[0]
+    assert tok.encode(_BPE_EOT) == [257]
+    export.export_hf(tmp_path / "hf", *_export_tiny(257), tok)
+    written = {name: json.loads((tmp_path / "hf" / name).read_text())
+               for name in ("vocab.json", "tokenizer_config.json", "config.json")}
+    assert written["vocab.json"] == json.loads((tmp_path / "vocab.json").read_text())  # the run's 257 tokens
+    assert written["tokenizer_config.json"]["added_tokens_decoder"] == {}
+    assert written["tokenizer_config.json"]["eos_token"] is written["config.json"]["eos_token_id"] is None
+    with pytest.raises(ValueError, match="the tokenizer's ids reach 256, past the model's vocab_size 256"):
+        export.export_hf(tmp_path / "hf2", *_export_tiny(256), tok)  # a merged token past it: still refused
+
+
+def test_export_refuses_special_tokens_that_transformers_renumbers(tmp_path):
+    # transformers looks a special token up by its text, vocab.json spells it in GPT-2's byte alphabet: "\n\n" (as
+    # "ĊĊ") or " <t>" got a new id past the model's vocabulary, "é" byte 0xe9's id; such an export is refused
+    bytes_vocab = {i: bytes([i]) for i in range(256)}
+    for special in ("\n\n", " <t>", "é", "Ġx"):
+        tok = bpe.Tokenizer(bytes_vocab, [], [_BPE_EOT, special])
+        with pytest.raises(ValueError, match=re.escape(f"special token {special!r} is not printable ASCII without "
+                                                       "spaces, so transformers would miss it in vocab.json")):
+            export.export_hf(tmp_path / "hf", *_export_tiny(258), tok)
+        assert not (tmp_path / "hf").exists()
+    export.export_hf(tmp_path / "hf", *_export_tiny(258), bpe.Tokenizer(bytes_vocab, [], [_BPE_EOT, "<|pad|>"]))
+    added = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert {i: t["content"] for i, t in added.items()} == {"256": _BPE_EOT, "257": "<|pad|>"}
