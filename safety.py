@@ -1230,13 +1230,16 @@ def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for s
     return None
 
 
-def run_complete(state, cfg, ckpt_path):
-    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl? Then one line
-    says so, and nothing is evaluated, sampled or written again (the end of train() did that once). Without that
-    evaluation (stopped at the last step, or during the evaluation) the run goes on to its end. A longer run changes
-    --max-iters, which --resume refuses."""
-    loss = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"])
-    if state["iteration"] < cfg["max_iters"] or loss is None:
+def run_complete(state, cfg, ckpt_path, tok):
+    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl and the files
+    the end of train() writes after it (samples.txt where the run samples: tok, the run's tokenizer, is not None;
+    loss.png with --plot)? Then one line says so, and nothing is evaluated, sampled or written again (the end did
+    that once). Without them (stopped at the last step, during the evaluation, the sampling or the plot) the run
+    goes on to its end. A longer run changes --max-iters, which --resume refuses."""
+    ends = [name for name, made in (("samples.txt", tok is not None and cfg["num_samples"] > 0),
+                                    ("loss.png", cfg["plot"])) if made]
+    loss, ended = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"]), ckpt_path.parent
+    if state["iteration"] < cfg["max_iters"] or loss is None or not all((ended / name).is_file() for name in ends):
         return False
     log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
         f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "

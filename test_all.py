@@ -6030,6 +6030,26 @@ def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_e
     assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
 
 
+# --- resume fuzz: a stop after the final evaluation, in the samples or the plot, ends with --resume ---
+
+def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_path, monkeypatch, capsys):
+    # a Ctrl-C while the end drew the samples (after "done:" and the final val line) said "rerun with --resume",
+    # which then said "already complete": the run never got its samples.txt
+    base = ["--data", str(_train_story(tmp_path / "story.txt", n=60)), "--data-dir", str(tmp_path / "data"),
+            *_train_flags_run(tmp_path)[2:], "--vocab-size", "300", "--workers", "1", "--num-samples", "1",
+            "--sample-tokens", "3"]
+    with monkeypatch.context() as m:
+        m.setattr(train, "generate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        assert train.main(base) == 130
+    run = tmp_path / "out" / "story"
+    assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
+    capsys.readouterr()
+    assert train.main(base + ["--resume"]) == 0
+    assert "done: 2 steps" in capsys.readouterr().out and (run / "samples.txt").read_text().count("--- sample") == 1
+    assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
+    assert train.main(base + ["--resume"]) == 0 and "already complete" in capsys.readouterr().out
+
+
 def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
     # --benchmark --export timed steps and exported nothing (exit 0); --export --resume, --benchmark --overwrite and
     # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples

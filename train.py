@@ -515,7 +515,7 @@ def run(cfg):
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         safety.check_same_data(resume_state, cfg, ckpt_path)
-        if safety.run_complete(resume_state, cfg, ckpt_path):  # at its last step: says so, writes nothing
+        if safety.run_complete(resume_state, cfg, ckpt_path, tok):  # its end written: says so, writes nothing
             return 0
     top = check_data(cfg, train_ids, valid_ids, tok)  # ids in the vocabulary (and their tokenizer's), windows fit
     safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
