@@ -5228,6 +5228,18 @@ def test_train_offline_download_fails_with_one_sentence(tmp_path, capsys, monkey
     assert not (tmp_path / "out").exists()
 
 
+def test_train_hf_endpoint_that_is_no_url_is_one_sentence(tmp_path, capsys, monkeypatch):
+    # --- CLI fuzz: HF_ENDPOINT="host/path" (no scheme) or "" was urllib's ValueError traceback (unknown url type) ---
+    monkeypatch.setenv("HF_ENDPOINT", "mirror.example/hf")
+    argv = ["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
+    assert train.main(argv) == 2
+    _train_one_error(capsys, "HF_ENDPOINT='mirror.example/hf' is not a URL to download from (unknown url type",
+                     f"set it to a mirror's address ({data.HF}, say), or unset it.")
+    assert os.listdir(tmp_path) == []  # no data/tinystories/ left behind
+    monkeypatch.setenv("HF_ENDPOINT", "")  # set but empty: as unset, as a shell's ${HF_ENDPOINT:-...} reads it
+    assert data.hf_url("datasets/x.txt") == f"{data.HF}/datasets/x.txt"
+
+
 # --- issue 36 items 5, 6, 8a, 8b, 8c: MFU only against a published peak, a steady ETA, the cost of a download and of
 # a CPU run of hours said up front, no empty folder after a failed download, a complete run left alone, 80 columns ---
 
