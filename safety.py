@@ -492,8 +492,8 @@ FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is a
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
-    (f"be 0 or at least {sys.float_info.min:.3g} in size, float64's smallest normal number (a CPU run flushes smaller "
-     "ones to 0)", lambda v: 0 < abs(v) < sys.float_info.min, lambda k, v: type(v) is float),
+    (f"not be a subnormal number (0 < |x| < {sys.float_info.min:.3g}: a CPU run flushes it to 0)",
+     lambda v: 0 < abs(v) < sys.float_info.min, lambda k, v: type(v) is float),
     ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
     ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
     ("be positive", lambda v: v <= 0, lambda k, v: k in (

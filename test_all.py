@@ -4450,7 +4450,7 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               ("--eps=1e-300", "--eps must be at least 1.18e-38"),  # 0 in float32: "loss is nan, try a lower --lr"
               ("--top-p=0", "--top-p must lie in (0, 1]")]
     # CLI fuzz: a subnormal float, 0 once a CPU run flushes them: --rope-theta a traceback, --top-p one after training
-    cases += [(f"{flag}=5e-324", f"{flag} must be 0 or at least 2.23e-308 in size") for flag in floats]
+    cases += [(f"{flag}=5e-324", f"{flag} must not be a subnormal number (0 < |x| < 2.23e-308") for flag in floats]
     for arg, needle in cases:
         assert train.main(base + [arg]) == 2, arg
         _train_one_error(capsys, needle)
