@@ -24,7 +24,7 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    lock_holder, read_exactly, read_into, show_progress)
+                    lock_holder, read_exactly, read_into, short_repr, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -173,15 +173,26 @@ def folder_lock(path):
         os.close(fd)
 
 
+def hf_url(rel):
+    """rel's address under HF_ENDPOINT (a mirror, a test's server; set but empty: as unset) or HF. UsageError if
+    urllib cannot parse it (no scheme, a broken IPv6 host): a ValueError, not the network's OSError."""
+    base = (os.environ.get("HF_ENDPOINT") or HF).rstrip("/")
+    try:
+        return urllib.request.Request(f"{base}/{rel}").full_url
+    except ValueError as e:
+        raise UsageError(f"HF_ENDPOINT={short_repr(base)} is not a URL to download from ({e}); set it to a mirror's "
+                         f"address ({HF}, say), or unset it.") from None
+
+
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
-    base = os.environ.get("HF_ENDPOINT", HF).rstrip("/")
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
     with new_folders(out_dir), folder_lock(out_dir):  # two runs started together: one downloads, the other waits
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
-            url, fetched = f"{base}/{rel}", out_dir / Path(rel).name
+            fetched = out_dir / Path(rel).name
             if not txt.exists():
                 if not fetched.exists():
+                    url = hf_url(rel)  # HF_ENDPOINT is read only when there is something to fetch
                     try:
                         download(url, fetched)
                     except NET_ERRORS as e:

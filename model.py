@@ -347,7 +347,7 @@ def _probs(logits, temperature, top_p):
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         # keep a token if the tokens ranked above it hold less than top_p (so the top token always stays)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+        keep = (sorted_p.cumsum(-1) - sorted_p) < max(top_p, torch.finfo(z.dtype).tiny)  # a tinier one: 0 in float32
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
     return probs
 

@@ -47,8 +47,8 @@ TORCHRUN_VARS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}  # torchrun sets t
 
 
 def env_int(name):  # a torchrun variable as a whole number, its default when unset, None when it is not one
-    text = os.environ.get(name, str(TORCHRUN_VARS[name])).strip()
-    return int(text) if text.isascii() and text.isdigit() else None
+    text = os.environ.get(name, str(TORCHRUN_VARS[name])).strip()  # at most 18 digits: int() refuses 4,300 and more
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 RANK = env_int("RANK") or 0  # this process's rank under torchrun (0 alone)
@@ -58,7 +58,8 @@ RANK = RANK if RANK < (env_int("WORLD_SIZE") or 1) else 0  # a RANK out of range
 def bad_environment():
     """Why torchrun's variables in the environment cannot be used, as a sentence, or "": set by hand
     (WORLD_SIZE=2 alone would wait forever for its peers) or not whole numbers."""
-    bad = next((f"{k}={os.environ[k]!r} is not a number 0, 1, 2, ..." for k in TORCHRUN_VARS if env_int(k) is None), "")
+    bad = next((f"{k}={short_repr(os.environ[k])} is not a number 0, 1, 2, ..." for k in TORCHRUN_VARS
+                if env_int(k) is None), "")
     if not bad and env_int("WORLD_SIZE") == 0:
         bad = "WORLD_SIZE=0 asks for no processes"
     elif not bad and env_int("WORLD_SIZE") > 1 and not all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")):
@@ -491,6 +492,8 @@ FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is a
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
+    (f"not be a subnormal number (0 < |x| < {sys.float_info.min:.3g}: a CPU run flushes it to 0)",
+     lambda v: 0 < abs(v) < sys.float_info.min, lambda k, v: type(v) is float),
     ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
     ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
     ("be positive", lambda v: v <= 0, lambda k, v: k in (

@@ -526,6 +526,18 @@ def test_model_generate_tiny_temperature_samples_the_top_token():
             assert model.generate(m, [[3, 1, 4], [5]], 6, temperature=temperature, generator=g, **kw) == greedy, kw
 
 
+def test_model_generate_tiny_top_p_samples_the_top_token():
+    # --- CLI fuzz: a top_p below float32's smallest number ---
+    # it was 0 against the float32 probabilities, so no token was kept: the plain paths crashed in torch.multinomial
+    # (train.py --top-p 1e-300: a traceback after training, no samples.txt) and the fast path drew id 0
+    torch.manual_seed(0)
+    m = _model_small(dtype=torch.float64)
+    greedy = model.generate(m, [[3, 1, 4], [5]], 6, temperature=0)
+    for kw in (dict(fast=False), dict(use_cache=False), dict(fast=True, compile=False)):
+        g = torch.Generator().manual_seed(0)
+        assert model.generate(m, [[3, 1, 4], [5]], 6, top_p=1e-300, generator=g, **kw) == greedy, kw
+
+
 def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     # stop_id=tokenizer.encode("<|endoftext|>") is a list: no token equals it, so every row ran to max_new_tokens
     # without a word (the fast path compared it as a tensor, stopped, and cut nothing); an id past the vocabulary alike
@@ -4437,6 +4449,8 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
               ("--eps=-1e-8", "--eps must be positive"),
               ("--eps=1e-300", "--eps must be at least 1.18e-38"),  # 0 in float32: "loss is nan, try a lower --lr"
               ("--top-p=0", "--top-p must lie in (0, 1]")]
+    # CLI fuzz: a subnormal float, 0 once a CPU run flushes them: --rope-theta a traceback, --top-p one after training
+    cases += [(f"{flag}=5e-324", f"{flag} must not be a subnormal number (0 < |x| < 2.23e-308") for flag in floats]
     for arg, needle in cases:
         assert train.main(base + [arg]) == 2, arg
         _train_one_error(capsys, needle)
@@ -4478,6 +4492,18 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
         last = r.stderr.splitlines()[-1]
         assert needle in last and "launch with torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK" in last, r.stderr
         assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), env
+
+
+def test_train_torchrun_variable_of_thousands_of_digits_is_refused(monkeypatch):
+    # --- CLI fuzz: RANK (WORLD_SIZE, LOCAL_RANK) of 5,000 digits was a ValueError traceback as safety.py was imported:
+    # int() refuses 4,300 digits and more
+    for name in safety.TORCHRUN_VARS:
+        monkeypatch.setenv(name, "1" * 5000)
+        assert safety.env_int(name) is None
+        words = safety.bad_environment()
+        assert words.startswith(f"the environment's {name}='1111") and "1111...1111" in words, words
+        assert "1' is not a number 0, 1, 2, ...; launch with torchrun" in words and len(words) < 300, words
+        monkeypatch.delenv(name)
 
 
 def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written(tmp_path):
@@ -5200,6 +5226,18 @@ def test_train_offline_download_fails_with_one_sentence(tmp_path, capsys, monkey
     assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert "could not download" in err and "TinyStoriesV2-GPT4-train.txt" in err and str(tmp_path / "data") in err
     assert not (tmp_path / "out").exists()
+
+
+def test_train_hf_endpoint_that_is_no_url_is_one_sentence(tmp_path, capsys, monkeypatch):
+    # --- CLI fuzz: HF_ENDPOINT="host/path" (no scheme) or "" was urllib's ValueError traceback (unknown url type) ---
+    monkeypatch.setenv("HF_ENDPOINT", "mirror.example/hf")
+    argv = ["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
+    assert train.main(argv) == 2
+    _train_one_error(capsys, "HF_ENDPOINT='mirror.example/hf' is not a URL to download from (unknown url type",
+                     f"set it to a mirror's address ({data.HF}, say), or unset it.")
+    assert os.listdir(tmp_path) == []  # no data/tinystories/ left behind
+    monkeypatch.setenv("HF_ENDPOINT", "")  # set but empty: as unset, as a shell's ${HF_ENDPOINT:-...} reads it
+    assert data.hf_url("datasets/x.txt") == f"{data.HF}/datasets/x.txt"
 
 
 # --- issue 36 items 5, 6, 8a, 8b, 8c: MFU only against a published peak, a steady ETA, the cost of a download and of
