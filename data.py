@@ -24,7 +24,7 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    lock_holder, read_exactly, read_into, short_repr, show_progress)
+                    lock_holder, new_folders, read_exactly, read_into, short_repr, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -136,21 +136,6 @@ def download(url, dest):
 def gunzip(src, dest):  # src.gz -> dest, whole or not at all
     with gzip.open(src, "rb") as f, atomic_file(dest) as g:
         shutil.copyfileobj(f, g, READ)
-
-
-@contextlib.contextmanager
-def new_folders(path):
-    """mkdir -p path; on an error (offline, Ctrl-C) the folders it made that are still empty go again: a failed
-    download leaves nothing behind, while a folder holding a .part (what a rerun resumes) or a user's file stays."""
-    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        yield
-    except BaseException:
-        for p in made:
-            with contextlib.suppress(OSError):  # not empty: kept, and so is every folder above it
-                p.rmdir()
-        raise
 
 
 @contextlib.contextmanager

@@ -820,14 +820,36 @@ def in_use(where, pid):
 
 
 @contextlib.contextmanager
+def new_folders(path):
+    """mkdir -p path; on an error (offline, Ctrl-C) the folders it made that are still empty go again: a failed
+    download, or a run stopped before its first checkpoint, leaves nothing behind, while a folder holding a .part
+    (what a rerun resumes) or a user's file stays."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):  # not empty: kept, and so is every folder above it
+                p.rmdir()
+        raise
+
+
+@contextlib.contextmanager
 def run_lock(cfg):
     """One writer per run directory: rank 0 holds an exclusive flock on it until the run ends (the kernel drops it
     when the process dies, even by SIGKILL: never stale); a second writer is refused, touching nothing. Then it
-    clears what a run killed mid-write left; an old run stays whole until the new run's first checkpoint."""
+    clears what a run killed mid-write left; an old run stays whole until the new run's first checkpoint. A stop or
+    fault before that checkpoint (while the model is built) leaves no empty run directory (new_folders)."""
+    with new_folders(run_dir(cfg)) if cfg["rank"] == 0 else contextlib.nullcontext(), _run_lock(cfg):
+        yield
+
+
+@contextlib.contextmanager
+def _run_lock(cfg):
     import fcntl  # Unix only; imported here so that bpe.py, which imports this file, still loads elsewhere
     err, fd, where = [None], None, run_dir(cfg)
     if cfg["rank"] == 0:
-        where.mkdir(parents=True, exist_ok=True)
         fd = os.open(where, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -5086,6 +5086,19 @@ def test_train_ctrl_c_during_data_preparation_and_before_the_first_checkpoint(tm
     assert "train.py: interrupted" in err and not list((tmp_path / "out" / "toy").glob("*"))
 
 
+def test_train_stop_before_the_first_checkpoint_leaves_no_empty_run_directory(tmp_path, capsys, monkeypatch):
+    # --- CLI fuzz: a Ctrl-C (or a fault) while the model was built, after the run directory was made and before the
+    # step-0 checkpoint, left an empty out/RUN_NAME/ (and out/): the folders the run made go again, a user's stay ---
+    def stopped(cfg):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "build", stopped)
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
+    assert train.main(argv) == 130 and "train.py: interrupted" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out" / "toy").mkdir(parents=True)  # made by the user: kept
+    assert train.main(argv) == 130 and (tmp_path / "out" / "toy").is_dir()
+
+
 def test_train_sigterm_outside_the_loop_is_handled_like_ctrl_c(tmp_path):
     # issue 19 item 7: SIGTERM during the data preparation or the sampling exited 143 without a word and left
     # *.tmpNNNN files; now it ends as Ctrl-C does: one line, exit 130, nothing half-written
