@@ -672,5 +672,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()
-    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show the longest token (latin-1, ascii)
+    safety.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
     sys.exit(safety.exit_code("bpe.py", main, "no partial file was left."))

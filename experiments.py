@@ -627,5 +627,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     bpe.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
-    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text
+    safety.escaping_stdout()  # a terminal that cannot show a sample's text
     sys.exit(safety.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))

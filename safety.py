@@ -350,6 +350,14 @@ def quiet_while_starting(name):
     on_stops(stop)
 
 
+def escaping_stdout():
+    """A character the terminal cannot show (latin-1, ascii) printed as an escape, not an error. A stdout closed at
+    the start (`>&-`, a daemon's) is /dev/null: Python leaves sys.stdout None there, and the first print raised."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def end_quietly_on_closed_pipe():
     """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
     not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""

@@ -2929,6 +2929,18 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
         "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun\n")
 
 
+def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
+    # `python bpe.py train ... >&-` (a daemon's closed stdout): sys.stdout is None, and "AttributeError: 'NoneType'
+    # object has no attribute 'reconfigure'" ended it, before
+    text = tmp_path / "a.txt"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(text), "--vocab-size", "300", "--out",
+                        str(tmp_path / "tok")], preexec_fn=lambda: os.close(1),
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert bpe.Tokenizer.from_files(*bpe._tokenizer_files(tmp_path / "tok")).encode("hello")
+
+
 def test_bpe_cli_encode_special_token_not_utf8_is_the_trainers_sentence(tmp_path, capsys):
     # a shell's $'\xff' in `bpe.py encode --special-tokens`: "'utf-8' codec can't encode character '\udcff' in
     # position 0: surrogates not allowed", before (train said what to fix)
