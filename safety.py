@@ -521,7 +521,10 @@ def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, a
 
 def writable(path):
     """Can the directory be created, or written if it exists? Not where a symlink (a loop, a dangling one) is in its
-    place, nor under a directory this user may not look into (another user's home: stat says permission denied)."""
+    place, nor under a directory this user may not look into (another user's home: stat says permission denied).
+    "" names no directory (Path("") would read it as ".", and os.makedirs("") fails)."""
+    if os.fspath(path) == "":
+        return False
     try:
         path = next(p for p in (Path(path), *Path(path).parents) if p.exists() or p.is_symlink())
     except PermissionError:

@@ -3141,6 +3141,7 @@ def test_safety_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_pat
     (tmp_path / "dir").mkdir()
     os.symlink("dir", tmp_path / "to_dir")
     assert [safety.writable(tmp_path / n) for n in ("loop", "dangling", "to_dir", "new")] == [False, False, True, True]
+    assert not safety.writable("")  # `bpe.py train --out ''` trained, then said "No such file or directory: ''"
 
 
 def test_safety_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp_path):
