@@ -1085,6 +1085,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate: runs per tool, alternating")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     args = ap.parse_args(argv)
+    if args.input == "":  # read as no --input: the tables ran on the full-size corpora instead
+        raise UsageError("--input is blank; name a UTF-8 text file, or drop --input for the scale corpora.")
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
         if getattr(args, flag) < least:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"

@@ -622,7 +622,7 @@ def _cmd_encode(args):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
     vocab = _load_vocab_file(vocab_file)
-    specials = ["<|endoftext|>"] if args.special_tokens is None else args.special_tokens  # default: if the vocab has it
+    specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens, 1)
     missing = [s for s in specials if s.encode() not in vocab.values()]
     if missing and args.special_tokens:     # the Tokenizer would append it: ids past the tokenizer files' vocabulary
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
@@ -661,7 +661,7 @@ def main(argv=None):
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = safety.disk_is_full(e)
-        why = (f"the disk is full: could not write {e.filename}; free some space and rerun" if full else
+        why = (f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun" if full else
                safety.os_error_words(e) if getattr(e, "filename", None) else e)
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
         sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
@@ -672,5 +672,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()
-    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show the longest token (latin-1, ascii)
+    safety.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
     sys.exit(safety.exit_code("bpe.py", main, "no partial file was left."))

@@ -582,6 +582,8 @@ def check(runs, args, rest):
     (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
     a directory where the report or a figure goes."""
     where = Path(args.out_dir) / "experiments"
+    if not safety.writable(where):  # a file, /dev/null: refused here, not once the data is prepared (minutes)
+        raise safety.UsageError(f"--out-dir {args.out_dir}: cannot write {where}; pick a writable --out-dir.")
     for path in (where / "report.md", *(where / f"{name}.png" for name in QUESTIONS)):
         if kind := safety.not_a_file(path):
             raise safety.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
@@ -597,6 +599,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
     cfg = train.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
+    # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
+    safety.check_flags(cfg, train.CORPORA, train.is_ids, train.is_cached, safety.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs = chosen_runs(args, plans)
     check(runs, args, rest)
@@ -623,5 +627,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     bpe.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
-    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text
+    safety.escaping_stdout()  # a terminal that cannot show a sample's text
     sys.exit(safety.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))

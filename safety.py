@@ -351,6 +351,14 @@ def quiet_while_starting(name):
     on_stops(stop)
 
 
+def escaping_stdout():
+    """A character the terminal cannot show (latin-1, ascii) printed as an escape, not an error. A stdout closed at
+    the start (`>&-`, a daemon's) is /dev/null: Python leaves sys.stdout None there, and the first print raised."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def end_quietly_on_closed_pipe():
     """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
     not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""
@@ -514,8 +522,16 @@ def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, a
                  for k, v in c.items() if v is not None and applies(k, v) and wrong(v)), "")
 
 
-def writable(path):  # can the directory be created, or written if it exists?
-    path = next(p for p in (Path(path), *Path(path).parents) if p.exists())
+def writable(path):
+    """Can the directory be created, or written if it exists? Not where a symlink (a loop, a dangling one) is in its
+    place, nor under a directory this user may not look into (another user's home: stat says permission denied).
+    "" names no directory (Path("") would read it as ".", and os.makedirs("") fails)."""
+    if os.fspath(path) == "":
+        return False
+    try:
+        path = next(p for p in (Path(path), *Path(path).parents) if p.exists() or p.is_symlink())
+    except PermissionError:
+        return False
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
@@ -693,6 +709,15 @@ def too_big(c):  # the run would not fit in memory: a sentence with the estimate
             "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
 
 
+DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (random tokens) skips them, experiments.py not
+    (lambda c: not c["data_is_ids"] and not writable(Path(c["data_dir"])) and not c["cached"](),
+     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
+     "this data's tokens already; pick another."),
+    (lambda c: not c["data_is_ids"] and c["vocab_size"] < MIN_TEXT_VOCAB,
+     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
+]
+
+
 CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong row stops, so rows rely on those above
     (lambda c: bad_environment(), lambda c: bad_environment()),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
@@ -711,11 +736,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
     (lambda c: c["tokenizer"] and not c["data_is_ids"],
      "--tokenizer goes with --data PATH.npy only; text data gets a tokenizer trained on it (--vocab-size)."),
-    (lambda c: not c["data_is_ids"] and not c["benchmark"] and not writable(Path(c["data_dir"])) and not c["cached"](),
-     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
-     "this data's tokens already; pick another."),
-    (lambda c: not c["data_is_ids"] and not c["benchmark"] and c["vocab_size"] < MIN_TEXT_VOCAB,
-     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
+    *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
      "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
@@ -753,12 +774,12 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
 ]
 
 
-def check_flags(cfg, sources, is_ids, is_cached):
-    """UsageError at the first CHECKS row cfg fails; sources: --data's corpus names; is_ids(path): ids, not text?
+def check_flags(cfg, sources, is_ids, is_cached, rows=CHECKS):
+    """UsageError at the first of rows (CHECKS) cfg fails; sources: --data's corpus names; is_ids(path): ids, not text?
     is_cached(data, data_dir, vocab_size): does data_dir hold that text's tokens already (a read-only one will do)?"""
     c = dict(cfg, data_is_file=cfg["data"] not in sources, data_is_ids=is_ids(cfg["data"]),
              cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"]))
-    for is_wrong, message in CHECKS:
+    for is_wrong, message in rows:
         if is_wrong(c):
             raise UsageError(message(c) if callable(message) else message.format(**c))
 

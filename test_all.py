@@ -2919,6 +2919,54 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
         assert (tok_dir / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
+# --- CLI fuzz (bpe.py, experiments.py, bench.py): faults that ended in a raw message, a traceback or a late refusal ---
+def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatch):
+    # `bpe.py encode ... > /dev/full`: "the disk is full: could not write None", before
+    if not os.path.exists("/dev/full"):  # Linux's device whose every write fails as a full disk does
+        pytest.skip("no /dev/full here")
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("hello world\n", encoding="utf-8")
+    tok_dir.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok_dir))
+    full = open("/dev/full", "w", buffering=1)  # line-buffered: print's write fails
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers",
+                      "1"])
+    finally:
+        with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
+            full.close()
+    assert stop.value.code == 1 and capsys.readouterr().err.endswith(
+        "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun\n")
+
+
+def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
+    # `python bpe.py train ... >&-` (a daemon's closed stdout): sys.stdout is None, and "AttributeError: 'NoneType'
+    # object has no attribute 'reconfigure'" ended it, before
+    text = tmp_path / "a.txt"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(text), "--vocab-size", "300", "--out",
+                        str(tmp_path / "tok")], preexec_fn=lambda: os.close(1),
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert bpe.Tokenizer.from_files(*bpe._tokenizer_files(tmp_path / "tok")).encode("hello")
+
+
+def test_bpe_cli_encode_special_token_not_utf8_is_the_trainers_sentence(tmp_path, capsys):
+    # a shell's $'\xff' in `bpe.py encode --special-tokens`: "'utf-8' codec can't encode character '\udcff' in
+    # position 0: surrogates not allowed", before (train said what to fix)
+    (tmp_path / "tok").mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tmp_path / "tok"))
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok"), "--out",
+                  str(tmp_path / "ids.npy"), "--special-tokens", "<|\udcff|>"])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        "bpe.py encode: error: special token '<|\\udcff|>' is not valid UTF-8 (a lone surrogate); fix or remove it\n")
+    assert not (tmp_path / "ids.npy").exists()
+
+
 # --- hostile bpe.py review: files that would not load back as the tokenizer saved, specials the files lack ---
 def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, capsys):
     """vocab.json holds one id per token and from_files wants every merged token made: save wrote a token at two ids
@@ -3094,6 +3142,38 @@ def test_safety_stop_requests_under_ddp_asks_the_processes_at_log_steps_only(mon
     with safety.stop_requests({"world_size": 1, "device": "cpu", "log_interval": 5}) as stopped:
         signal.raise_signal(signal.SIGINT)
         assert stopped(1) and len(asked) == 3  # one process: its own flag, at once, nothing to ask
+
+
+# --- CLI fuzz: writable() of a symlink in the directory's place, or under a directory this user cannot look into ---
+def test_safety_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_path):
+    # `bpe.py train --out loop` trained first, then said "loop: File exists" (a dangling link too): writable() saw
+    # no file there and judged the parent
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("nowhere", tmp_path / "dangling")
+    (tmp_path / "dir").mkdir()
+    os.symlink("dir", tmp_path / "to_dir")
+    assert [safety.writable(tmp_path / n) for n in ("loop", "dangling", "to_dir", "new")] == [False, False, True, True]
+    assert not safety.writable("")  # `bpe.py train --out ''` trained, then said "No such file or directory: ''"
+
+
+def test_safety_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp_path):
+    # a read-only checkout and a HOME the user may not search (sudo -u keeping root's HOME): importing bpe.py (train.py
+    # too) ended in a PermissionError traceback from writable(~/.cache/numba)
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv, to drop the power to read any directory")
+    locked = tmp_path / "locked"
+    (locked / "home").mkdir(parents=True)
+    locked.chmod(0)
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
+    code = ("import os, safety; safety.numba_cache_fallback(os.environ['SRC']); "
+            "print(os.environ['NUMBA_CACHE_DIR'])")
+    r = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", code],
+                       env={**env, "HOME": str(locked / "home"), "SRC": str(locked), "PYTHONPATH": str(_BPE_REPO),
+                            "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    locked.chmod(0o700)
+    if "setpriv:" in r.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {r.stderr.strip()}")
+    assert r.returncode == 0 and r.stdout == f"{tmp_path}/numba-cache-0\n", r.stderr
 
 
 # ----------------------------------------------------------------------------
@@ -5957,6 +6037,31 @@ def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(
     assert os.listdir(tmp_path / "out" / "experiments") == [name]  # no run started
 
 
+# --- CLI fuzz: experiments.py flags refused late (after the data's preparation) or blamed on the data cache ---
+def test_experiments_an_out_dir_that_cannot_be_written_stops_all_before_the_data(tmp_path):
+    # --out-dir a file (or /dev/null): the data was prepared, then "t.txt/experiments/lr: Not a directory", exit 1
+    ids, afile = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "afile"
+    afile.write_text("mine\n")
+    with pytest.raises(safety.UsageError, match=rf"^--out-dir {afile}: cannot write {afile}/experiments; pick a "):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(afile), "--variants", "lr=1e-03", *_TRAIN_TINY,
+                          "--max-iters", "2"])
+    assert afile.read_text() == "mine\n"
+
+
+def test_experiments_text_flags_are_train_pys_sentences_before_the_data(tmp_path):
+    # --vocab-size below 257 on text: "train.txt in the data cache cannot be used (...); delete it", once the text was
+    # split into the cache (a --data-dir that is a file failed there too): --benchmark skipped train.py's data checks
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\n" * 200, encoding="utf-8")
+    (tmp_path / "afile").touch()
+    for flags, said in ((["--data-dir", str(tmp_path / "data")], "--vocab-size 64 is too small for BPE on text data"),
+                        (["--data-dir", str(tmp_path / "afile"), "--vocab-size", "300"],
+                         f"--data-dir {tmp_path / 'afile'} is not a writable directory")):
+        with pytest.raises(safety.UsageError, match=f"^{re.escape(said)}"):
+            experiments.main(["lr", "--data", str(text), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY, *flags])
+    assert sorted(os.listdir(tmp_path)) == ["afile", "t.txt"]
+
+
 @pytest.mark.parametrize("experiment, words", [("tokenizer", "tokenizer measures a tokenizer on its text"),
                                                ("generate", "generate writes text, and --data")])
 def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, experiment, words):
@@ -6974,6 +7079,14 @@ def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkey
     text.write_text("Hello world\n", encoding="utf-8")
     assert _cli("bench", ["encode", "--input", str(text), "--repeats", "1"]) == 2
     assert "seeds/*.txt: no such file" in capsys.readouterr().err
+
+
+def test_bench_blank_input_is_refused_not_read_as_none(capsys):
+    # --input '' was read as no --input: the tables ran on the full-size scale corpora (minutes to hours)
+    assert _cli("bench", ["train", "--input", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "bench.py: error: --input is blank; name a UTF-8 text file, or drop --input for the " \
+        "scale corpora.\n"
 
 
 def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys):
