@@ -1771,37 +1771,30 @@ def test_bpe_gpt2_documents_give_the_same_ids_however_they_are_read(bpe_gpt2, tm
     assert enc.encode(text, allowed_special={_BPE_EOT}) == ids
 
 
-def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
-    # Cyrillic lines have no ASCII letters: the stream must still be cut as it goes, not held whole.
-    special, _ = bpe_gpt2
-    lines = [f"строка номер {'раз' * (i % 7)} и ещё немного текста\n" for i in range(3000)]
+def _bpe_streams_as_it_goes(tok, pieces):
+    """encode_iterable cuts the stream as it reads it (its first ids come before half the pieces are read), and its
+    ids are encode's of the whole text."""
     consumed = []
 
     def feed():
-        for line in lines:
+        for piece in pieces:
             consumed.append(1)
-            yield line
-    it = special.encode_iterable(feed())
-    next(it)
-    assert len(consumed) < len(lines) // 2
-    assert list(special.encode_iterable(lines)) == special.encode("".join(lines))
+            yield piece
+    next(tok.encode_iterable(feed()))
+    assert len(consumed) < len(pieces) // 2
+    assert list(tok.encode_iterable(pieces)) == tok.encode("".join(pieces))
+
+
+def test_bpe_encode_iterable_streams_text_without_ascii(bpe_gpt2):
+    # Cyrillic lines have no ASCII letters: the stream must still be cut as it goes, not held whole.
+    _bpe_streams_as_it_goes(bpe_gpt2[0], [f"строка номер {'раз' * (i % 7)} и ещё немного текста\n" for i in range(3000)])
 
 
 # --- encode fuzzing against tiktoken: a stream is cut before special tokens too ---
 def test_bpe_encode_iterable_cuts_before_special_tokens(bpe_gpt2):
     # Chinese documents joined by <|endoftext|>, no whitespace anywhere: the stream must be cut before the special
     # tokens, as encode_file's chunks are, not held whole (past 4M characters it was refused: "no place to cut").
-    special, _ = bpe_gpt2
-    docs = [f"第{i}个故事。小猫喜欢在花园里玩耍。<|endoftext|>" for i in range(3000)]
-    consumed = []
-
-    def feed():
-        for doc in docs:
-            consumed.append(1)
-            yield doc
-    next(special.encode_iterable(feed()))
-    assert len(consumed) < len(docs) // 2
-    assert list(special.encode_iterable(docs)) == special.encode("".join(docs))
+    _bpe_streams_as_it_goes(bpe_gpt2[0], [f"第{i}个故事。小猫喜欢在花园里玩耍。<|endoftext|>" for i in range(3000)])
 
 
 def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch):
