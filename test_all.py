@@ -2946,6 +2946,13 @@ def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
     assert bpe.Tokenizer.from_files(*bpe._tokenizer_files(tmp_path / "tok")).encode("hello")
 
 
+def test_train_cli_with_stdout_closed_runs_without_a_traceback(tmp_path):
+    # train.py wrote its own copy of the stdout line that safety.escaping_stdout holds, and crashed with stdout closed
+    r = subprocess.run([sys.executable, str(_TRAIN_ROOT / "train.py"), "--help"], preexec_fn=lambda: os.close(1),
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
 def test_bpe_cli_encode_special_token_not_utf8_is_the_trainers_sentence(tmp_path, capsys):
     # a shell's $'\xff' in `bpe.py encode --special-tokens`: "'utf-8' codec can't encode character '\udcff' in
     # position 0: surrogates not allowed", before (train said what to fix)

@@ -541,5 +541,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
-    sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a sample's text (latin-1, ascii)
+    safety.escaping_stdout()  # a terminal that cannot show a sample's text; a closed stdout (>&-) as /dev/null
     sys.exit(main())
