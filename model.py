@@ -22,6 +22,8 @@ import weakref
 import torch
 from torch import nn
 
+import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fast=True)
+
 
 # ----------------------------------------------------------------------------
 # 1. Parameters: Linear and Embedding
@@ -63,12 +65,14 @@ class RMSNorm(nn.Module):
     """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
     Computed in float32 or wider (squares overflow in 16-bit floats), cast back to the input's dtype."""
 
-    def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
+    def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x):  # (..., d_model)
+        if self.fast and fast_cpu.usable(x, self.weight):  # float32 on a CPU: one pass each way
+            return fast_cpu.rms_norm(x, self.weight, self.eps)
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # no copy in float32; float64 stays float64
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
@@ -106,11 +110,16 @@ class SwiGLU(nn.Module):
         self.fast = fast
 
     def forward(self, x):  # (..., d_model)
-        if self.fast and self.w3 is not None and fused_projections(x):  # one matmul for W1 x and W3 x
+        act = torch.nn.functional.silu if self.fast else silu  # torch's: one kernel forward and backward
+        if self.w3 is None:  # the ungated ablation
+            return self.w2(act(self.w1(x)))
+        if self.fast and fused_projections(x):  # one matmul for W1 x and W3 x
             a, b = (x @ torch.cat([self.w1.weight, self.w3.weight]).t()).chunk(2, dim=-1)
-            return self.w2(torch.nn.functional.silu(a) * b)  # fused silu: one kernel forward and backward
-        h = (torch.nn.functional.silu if self.fast else silu)(self.w1(x))
-        return self.w2(h if self.w3 is None else h * self.w3(x))
+        else:
+            a, b = self.w1(x), self.w3(x)
+            if self.fast and fast_cpu.usable(a, b):  # float32 on a CPU: silu(a) * b in one pass each way
+                return self.w2(fast_cpu.silu_gate(a, b))
+        return self.w2(act(a) * b)
 
 
 # ----------------------------------------------------------------------------
@@ -260,9 +269,9 @@ class TransformerBlock(nn.Module):
                  no_norm=False, post_norm=False, silu_ffn=False, fast=False):
         super().__init__()
         # no_norm: nn.Identity stands in for RMSNorm (no parameters, no state-dict keys)
-        self.ln1 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln1 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype, fast=fast)
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device, dtype, fast=fast)
-        self.ln2 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln2 = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype, fast=fast)
         self.ffn = SwiGLU(d_model, d_ff, device, dtype, fast=fast, gated=not silu_ffn)
         self.post_norm = post_norm
 
@@ -300,7 +309,7 @@ class TransformerLM(nn.Module):
             TransformerBlock(d_model, num_heads, d_ff, self.rope, device, dtype, no_norm=no_norm,
                              post_norm=post_norm, silu_ffn=silu_ffn, fast=fast)
             for _ in range(num_layers))
-        self.ln_final = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.ln_final = nn.Identity() if no_norm else RMSNorm(d_model, device=device, dtype=dtype, fast=fast)
         self.lm_head = Linear(d_model, vocab_size, device, dtype)
         if tie_embeddings:
             # one matrix for both ends; std 1 (the embedding init) would make the first logits

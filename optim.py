@@ -12,9 +12,9 @@ Tests: python -m pytest -q test_all.py -k model
 """
 import math
 
-import numba
-import numpy as np
 import torch
+
+import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fused=True)
 
 
 # ----------------------------------------------------------------------------
@@ -30,8 +30,8 @@ def cross_entropy(logits, targets, fused=False):
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
     logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
-    if fused:
-        return _FusedCrossEntropy.apply(logits, targets)
+    if fused:  # float32 on a CPU: the engine's row-by-row kernel
+        return (fast_cpu.cross_entropy if fast_cpu.usable(logits) else _FusedCrossEntropy.apply)(logits, targets)
     m = logits.detach().amax(dim=-1, keepdim=True)  # (N, 1); lse does not depend on m: no gradient
     lse = m.squeeze(-1) + (logits - m).exp().sum(dim=-1).log()  # (N,) log sum_a exp(o_a)
     return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
@@ -137,7 +137,7 @@ class AdamW(_Optimizer):
     compiled=True runs the same _adamw_math through torch.compile, which fuses each parameter's arithmetic
     into one pass over its tensors (eager, each _foreach op is a pass of its own). It needs what torch.compile
     needs (a C++ compiler on a CPU): train.py checks for one before --compile. fused=True (without compiled) runs
-    float32 CPU tensors through _adamw_one_pass instead, compiled by numba: no C++ compiler, no wait."""
+    float32 CPU tensors through fast_cpu.adamw instead, one pass compiled by numba: no C++ compiler, no wait."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False):
@@ -157,7 +157,7 @@ class AdamW(_Optimizer):
         tensors = params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         if self.fused and not self.compiled and all(t.device.type == "cpu" and t.dtype == torch.float32
                                                     and t.is_contiguous() for ts in tensors for t in ts):
-            return _adamw_cpu(*tensors, step_sizes, decay, b1, b2, eps)
+            return fast_cpu.adamw(*tensors, step_sizes, decay, b1, b2, eps)  # one pass over memory per tensor
         if self.compiled:  # as tensors: a new lr or t is then new data for the same compiled code, not a recompile
             dtype = torch.promote_types(params[0].dtype, torch.float32)  # the precision eager ops use for numbers
             factors = torch.tensor([*step_sizes, decay], dtype=dtype).to(params[0].device, non_blocking=True)
@@ -177,25 +177,6 @@ def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
     torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
     torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
     torch._foreach_mul_(params, [decay] * len(params))  # a list: torch 2.5 compiles a single tensor factor apart
-
-
-def _adamw_cpu(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
-    """_adamw_math for float32 CPU tensors, one _adamw_one_pass per tensor, on as many threads as torch uses."""
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    numbers = [np.float32(x) for x in (decay, b1, 1 - b1, b2, 1 - b2, eps)]
-    for p, g, m, v, a in zip(params, grads, ms, vs, step_sizes):
-        _adamw_one_pass(*(t.detach().view(-1).numpy() for t in (p, g, m, v)), np.float32(a), *numbers)
-
-
-@numba.njit(parallel=True, error_model="numpy", cache=True)
-def _adamw_one_pass(p, g, m, v, neg_a, decay, b1, c1, b2, c2, eps):
-    """Algorithm 1 on one flat float32 tensor, reading and writing each element once: eager, the eight _foreach
-    ops are eight passes over memory, and memory is what bounds a CPU's optimizer. The numbers come as float32
-    (c1 = 1 - b1, c2 = 1 - b2), so nothing widens to float64; error_model="numpy" lets the loop vectorize."""
-    for i in numba.prange(p.size):
-        mi, vi = b1 * m[i] + c1 * g[i], b2 * v[i] + c2 * g[i] * g[i]
-        m[i], v[i] = mi, vi
-        p[i] = (p[i] + neg_a * mi / (np.sqrt(vi) + eps)) * decay
 
 
 # ----------------------------------------------------------------------------

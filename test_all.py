@@ -49,6 +49,7 @@ import bench
 import bpe
 import bpe_fast
 import data
+import fast_cpu
 import kernels
 import model
 import optim
@@ -352,6 +353,55 @@ def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation, monkeypatch)
     assert counts == [(18 if ablation else 21) * 3 + 3, 12 * 3 + 3], counts
     attention = {op: n for op, n in ops.items() if "scaled_dot_product" in op}
     assert len(attention) == 2 and set(attention.values()) == {3}, attention  # forward and backward, per layer
+
+
+# --- issue 35: the CPU engine (fast_cpu.py) against the lecture's definitions ---
+def test_fast_cpu_kernels_match_the_plain_definitions_in_values_and_gradients():
+    # float32 kernels against the plain code in float64: silu(a) * b over exp's whole range (|a| past 88, where
+    # the kernel's exp clamps), RMSNorm, and cross-entropy with logits 30 apart; NaN stays NaN in each
+    torch.manual_seed(0)
+    a64 = torch.cat([torch.linspace(-120, 120, 481), torch.randn(200) * 4]).double().requires_grad_()
+    b64 = torch.randn(681, dtype=torch.float64, requires_grad=True)
+    x64 = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    norm = model.RMSNorm(16, dtype=torch.float64)
+    w64 = norm.weight
+    w64.data.normal_()
+    o64 = (torch.randn(9, 37, dtype=torch.float64) * 30).requires_grad_()
+    t = torch.randint(0, 37, (9,))
+    cases = [(fast_cpu.silu_gate, lambda a, b: model.silu(a) * b, (a64, b64)),
+             (lambda x, w: fast_cpu.rms_norm(x, w, 1e-5), lambda x, w: norm(x), (x64, w64)),
+             (lambda o: fast_cpu.cross_entropy(o, t), lambda o: optim.cross_entropy(o, t), (o64,))]
+    for kernel, plain, args in cases:
+        args32 = [a.detach().float().requires_grad_() for a in args]
+        got, want = kernel(*args32), plain(*args)
+        g = torch.randn(want.shape, dtype=torch.float64)
+        got.backward(g.float())
+        want.backward(g)
+        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+        for a32, a in zip(args32, args):
+            torch.testing.assert_close(a32.grad.double(), a.grad, rtol=2e-5, atol=2e-5)
+        nan_args = [a.detach().float().clone() for a in args]
+        nan_args[0].view(-1)[0] = float("nan")
+        assert kernel(*nan_args).view(-1)[0].isnan()
+    with pytest.raises(ValueError, match="target id 37 is outside the 37 classes"):
+        fast_cpu.cross_entropy(o64.detach().float(), torch.tensor([1] * 8 + [37]))
+    with pytest.raises(ValueError, match="no second derivative"):
+        z = torch.ones(3, requires_grad=True)
+        torch.autograd.grad(fast_cpu.silu_gate(z, z).sum(), z, create_graph=True)[0].sum().backward()
+
+
+def test_fast_cpu_step_runs_each_fused_op_as_one_kernel():
+    # a float32 CPU fast step: SwiGLU's gate, RMSNorm and the loss are the engine's loops, so none of the eager
+    # ops they replace (silu and its backward, the norm's pow/rsqrt, the loss's exp) runs; --no-fast runs them
+    torch.manual_seed(0)
+    ids = torch.randint(0, 61, (2, 24))
+    for fast in (True, False):
+        m = _model_small(fast=fast)
+        with _ModelOps() as mode:
+            optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=fast).backward()
+        replaced = {op.split(".")[1] for op in mode.ops} & {"silu", "silu_backward", "sigmoid", "pow", "rsqrt", "exp",
+                                                           "exp_"}
+        assert bool(replaced) != fast, replaced
 
 
 def test_model_ablation_keys_and_tied_weights():

@@ -1,0 +1,258 @@
+"""The CPU engine of the training step's fast path: numba kernels that model.py (fast=True) and optim.py
+(cross_entropy(fused=True), AdamW(fused=True)) call at one visible place each, for float32 CPU tensors.
+Each is tested against the lecture's plain definition in test_all.py (values and gradients).
+
+The lessons it embodies:
+  1. A CPU step's elementwise work is bound by memory, not arithmetic. Eager PyTorch makes one pass over
+     memory per op: SwiGLU's silu(a) * b is two passes forward and three back, RMSNorm's six ops are six
+     passes, AdamW's eight _foreach ops eight. Here each forward and each backward is one loop over its
+     tensors: every number is read once and written once.
+  2. Work row by row where a reduction meets elementwise work. A row of RMSNorm (d_model floats) or of the
+     logits (vocab_size floats) fits in the core's cache, so the row's sum and the pass that uses it read
+     memory once between them.
+  3. numba vectorizes a loop only when everything in it is inlined, and math.exp is a call into the C
+     library, one number at a time. So exp is written here (_exp32: Cody and Waite's range reduction and
+     Cephes' polynomial, within a few float32 roundings of the true value) and inlined into each loop.
+  4. The loops sum in any order (fastmath's "reassoc": the sums vectorize), so results differ from torch's in
+     the last bits; NaN and infinity still propagate (no "nnan"/"ninf"), which the loop's check of the loss
+     relies on.
+  5. numba runs on torch's thread count, on the same OpenMP threads.
+"""
+import numba
+import numpy as np
+import torch
+from numba import types
+from numba.extending import intrinsic
+
+F32 = np.float32
+FASTMATH = {"reassoc", "contract", "arcp"}  # vectorized sums and fused multiply-adds; NaN and inf kept
+
+
+def usable(*tensors):
+    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own)."""
+    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                     for t in tensors)
+
+
+def _threads():
+    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+def _np(t):  # a float32 CPU tensor -> a numpy view of the same memory (contiguous first)
+    return t.detach().contiguous().numpy()
+
+
+def _no_second_derivative():
+    if torch.is_grad_enabled():  # create_graph=True: a hand-written gradient has no derivative of its own
+        raise ValueError("The fast CPU kernels have no second derivative; use fast=False with create_graph.")
+
+
+# ----------------------------------------------------------------------------
+# exp, vectorizable
+
+@intrinsic
+def _bits_as_float32(typingctx, bits):
+    """An int32's bits read as a float32 (no conversion): how 2^n is built, n in [-126, 127]."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.int32), codegen
+
+
+@numba.njit(inline="always", fastmath=FASTMATH)
+def _exp32(x):
+    """e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2 (ln 2 in two parts, so r keeps its digits);
+    e^r by a degree-7 polynomial. x is clamped to [-87.3, 88] (2^n stays a normal float32): below, the
+    result is e^-87.3 ~ 1e-38 instead of 0. NaN stays NaN."""
+    y = min(max(x, F32(-87.3)), F32(88.0))
+    n = np.floor(y * F32(1.44269504) + F32(0.5))
+    r = y - n * F32(0.693359375) + n * F32(2.12194440e-4)
+    p = F32(1.9875691500e-4)
+    p = p * r + F32(1.3981999507e-3)
+    p = p * r + F32(8.3334519073e-3)
+    p = p * r + F32(4.1665795894e-2)
+    p = p * r + F32(1.6666665459e-1)
+    p = p * r + F32(5.0000001201e-1)
+    p = p * r * r + r + F32(1.0)
+    e = p * _bits_as_float32(np.int32((np.int32(n) + 127) << 23))
+    return x if x != x else e
+
+
+# ----------------------------------------------------------------------------
+# SwiGLU's gate: silu(a) * b
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _gate_forward(a, b, out):
+    for i in numba.prange(a.size):
+        out[i] = a[i] / (F32(1) + _exp32(-a[i])) * b[i]
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _gate_backward(g, a, b, da, db):
+    """d/db = g silu(a);  d/da = g b s (1 + a (1 - s)), s = sigmoid(a): silu'(a) = s + a s (1 - s)."""
+    for i in numba.prange(a.size):
+        s = F32(1) / (F32(1) + _exp32(-a[i]))
+        db[i] = g[i] * a[i] * s
+        da[i] = g[i] * b[i] * s * (F32(1) + a[i] * (F32(1) - s))
+
+
+class _Gate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):  # a, b: the same shape
+        a, b = a.contiguous(), b.contiguous()
+        out = torch.from_numpy(np.empty(a.shape, np.float32))  # np.empty: deterministic mode would fill torch's
+        _threads()
+        _gate_forward(_np(a).reshape(-1), _np(b).reshape(-1), out.numpy().reshape(-1))
+        ctx.save_for_backward(a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        _no_second_derivative()
+        a, b = ctx.saved_tensors
+        da, db = (torch.from_numpy(np.empty(a.shape, np.float32)) for _ in range(2))
+        _threads()
+        _gate_backward(*(_np(t).reshape(-1) for t in (g, a, b, da, db)))
+        return da, db
+
+
+def silu_gate(a, b):
+    """silu(a) * b (model.py's SwiGLU between its matmuls), one pass forward and one back."""
+    return _Gate.apply(a, b)
+
+
+# ----------------------------------------------------------------------------
+# RMSNorm
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _rms_forward(x, w, eps, y, rstd):
+    n, d = x.shape
+    for i in numba.prange(n):
+        s = F32(0)
+        for j in range(d):
+            s += x[i, j] * x[i, j]
+        r = F32(1) / np.sqrt(s / F32(d) + eps)
+        rstd[i] = r
+        for j in range(d):
+            y[i, j] = x[i, j] * r * w[j]
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _rms_backward(g, x, w, rstd, dx, dw_parts):
+    """y_j = x_j r w_j, r = (mean x^2 + eps)^-1/2:  dx_j = r g_j w_j - x_j r^3 / d * sum_k g_k w_k x_k;
+    dw_j = sum over rows of g_j x_j r, each thread summing its block of rows into its own line of dw_parts."""
+    n, d = x.shape
+    parts = dw_parts.shape[0]
+    for c in numba.prange(parts):
+        for i in range(c * n // parts, (c + 1) * n // parts):
+            r, dot = rstd[i], F32(0)
+            for j in range(d):
+                dot += g[i, j] * w[j] * x[i, j]
+                dw_parts[c, j] += g[i, j] * x[i, j] * r
+            k = dot * r * r * r / F32(d)
+            for j in range(d):
+                dx[i, j] = r * g[i, j] * w[j] - x[i, j] * k
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):  # x (..., d), weight (d,)
+        x2 = x.contiguous().view(-1, x.shape[-1])
+        y, rstd = np.empty(x2.shape, np.float32), np.empty(x2.shape[0], np.float32)
+        _threads()
+        _rms_forward(_np(x2), _np(weight), F32(eps), y, rstd)
+        ctx.save_for_backward(x2, weight, torch.from_numpy(rstd))
+        return torch.from_numpy(y).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        _no_second_derivative()
+        x2, weight, rstd = ctx.saved_tensors
+        dx = np.empty(x2.shape, np.float32)
+        _threads()
+        dw_parts = np.zeros((4 * numba.get_num_threads(), x2.shape[1]), np.float32)
+        _rms_backward(_np(g).reshape(x2.shape), _np(x2), _np(weight), _np(rstd), dx, dw_parts)
+        return torch.from_numpy(dx).view(g.shape), torch.from_numpy(dw_parts.sum(0)), None
+
+
+def rms_norm(x, weight, eps):
+    """model.py's RMSNorm: x / sqrt(mean(x^2) + eps) * weight over the last dimension, one pass each way."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+# ----------------------------------------------------------------------------
+# Cross-entropy
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _ce_forward(o, m, targets, lse, loss):
+    """Per row: lse = m + log sum_j e^(o_j - m) (m: the row's max, from torch, which keeps NaN), loss = lse - o_t.
+    A target outside [0, V) gives a loss of -1 as a flag (a real loss is >= 0), and no read out of bounds."""
+    n, v = o.shape
+    for i in numba.prange(n):
+        s = F32(0)
+        for j in range(v):
+            s += _exp32(o[i, j] - m[i])
+        lse[i] = m[i] + np.log(s)
+        t = targets[i]
+        loss[i] = lse[i] - o[i, t] if 0 <= t < v else F32(-1)
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _ce_backward(o, lse, targets, scale, g):
+    """g = (softmax(o) - onehot(t)) * scale, row by row, reading the logits once and writing g once."""
+    n, v = o.shape
+    for i in numba.prange(n):
+        for j in range(v):
+            g[i, j] = _exp32(o[i, j] - lse[i]) * scale
+        g[i, targets[i]] -= scale
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets):  # (N, V) float32, (N,) int64 -> the mean loss
+        logits = logits.contiguous()
+        m = logits.amax(dim=-1)  # (N,): one vectorized pass (a max does not vectorize in numba without "nnan")
+        lse, loss = np.empty(len(logits), np.float32), np.empty(len(logits), np.float32)
+        _threads()
+        _ce_forward(_np(logits), _np(m), targets.contiguous().numpy(), lse, loss)
+        if (loss == -1).any():  # numpy: not a torch op, so no sync shows where none is wanted (a CPU has none)
+            bad = targets[torch.from_numpy(loss == -1)][0].item()
+            raise ValueError(f"target id {bad} is outside the {logits.shape[1]} classes of the logits.")
+        ctx.save_for_backward(logits, torch.from_numpy(lse), targets)
+        return torch.from_numpy(loss).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _no_second_derivative()
+        logits, lse, targets = ctx.saved_tensors
+        g = np.empty(logits.shape, np.float32)
+        _threads()
+        _ce_backward(_np(logits), _np(lse), targets.numpy(), F32(_np(grad) / len(logits)), g)
+        return torch.from_numpy(g), None
+
+
+def cross_entropy(logits, targets):
+    """optim.cross_entropy(fused=True)'s loss on (N, V) float32 CPU logits: two passes forward (the row max,
+    then the log-sum-exp), none of (N, V) written; one pass back."""
+    return _CrossEntropy.apply(logits, targets)
+
+
+# ----------------------------------------------------------------------------
+# AdamW
+
+def adamw(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
+    """optim._adamw_math for float32 CPU tensors, one _adamw_one_pass per tensor, on as many threads as torch uses."""
+    _threads()
+    numbers = [F32(x) for x in (decay, b1, 1 - b1, b2, 1 - b2, eps)]
+    for p, g, m, v, a in zip(params, grads, ms, vs, step_sizes):
+        _adamw_one_pass(*(t.detach().view(-1).numpy() for t in (p, g, m, v)), F32(a), *numbers)
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _adamw_one_pass(p, g, m, v, neg_a, decay, b1, c1, b2, c2, eps):
+    """Algorithm 1 on one flat float32 tensor, reading and writing each element once: eager, the eight _foreach
+    ops are eight passes over memory, and memory is what bounds a CPU's optimizer. The numbers come as float32
+    (c1 = 1 - b1, c2 = 1 - b2), so nothing widens to float64; error_model="numpy" lets the loop vectorize."""
+    for i in numba.prange(p.size):
+        mi, vi = b1 * m[i] + c1 * g[i], b2 * v[i] + c2 * g[i] * g[i]
+        m[i], v[i] = mi, vi
+        p[i] = (p[i] + neg_a * mi / (np.sqrt(vi) + eps)) * decay
