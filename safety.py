@@ -497,6 +497,7 @@ RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.js
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
 MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
 FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is added in float32, where less can be 0
+FLOAT32_MAX = (2 - 2.0 ** -23) * 2.0 ** 127  # float32's largest number: AdamW's numbers are float32, where more is inf
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
     # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
@@ -514,12 +515,30 @@ NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch
      "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
     ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
     ("lie in (0, 1]", lambda v: not 0 < v <= 1, lambda k, v: k == "top_p"),
+    # AdamW's numbers; float32 makes a larger --temperature or --grad-clip inf, the formula's limit (uniform sampling,
+    # no clipping), and RoPE's tables are made in float64
+    (f"be at most {FLOAT32_MAX:.3g}, float32's largest number (AdamW computes in float32, where a larger one is inf)",
+     lambda v: v > FLOAT32_MAX, lambda k, v: k in ("lr", "min_lr", "eps", "weight_decay")),
 ]
 
 
 def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
     return next((f"--{k.replace('_', '-')} must {words}, got {v}." for words, wrong, applies in NUMBER_RULES
                  for k, v in c.items() if v is not None and applies(k, v) and wrong(v)), "")
+
+
+def adamw_overflow(c):
+    """Why AdamW's float32 numbers could overflow with these flags (numpy warned, then the loss was NaN), or "": its
+    step size a_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) is at most lr / (1 - beta1), its decay 1 - lr weight_decay."""
+    step, decay = c["lr"] / (1 - c["beta1"]), c["lr"] * c["weight_decay"]
+    if step > FLOAT32_MAX:
+        return (f"--lr {c['lr']} is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
+                f"--beta1), to {step:.3g}, above float32's largest number {FLOAT32_MAX:.3g}, where the run computes; "
+                "lower --lr.")
+    if decay > FLOAT32_MAX:
+        return (f"--lr {c['lr']} x --weight-decay {c['weight_decay']} = {decay:.3g}, AdamW's decay, is above float32's "
+                f"largest number {FLOAT32_MAX:.3g}, where the run computes; lower one of them.")
+    return ""
 
 
 def writable(path):
@@ -599,6 +618,17 @@ def too_long(c):
                     f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
                     "one.")
     return ""
+
+
+def run_device(device):
+    """--device as the run names it: None is cuda when there is one, else cpu; "cpu:N" is "cpu", as torch treats it
+    (its tensors are on "cpu"), so that a CPU run's settings (torch_settings) apply to it too."""
+    torch = _torch()
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    with contextlib.suppress(RuntimeError):  # one that does not parse is device_error's to refuse
+        return "cpu" if torch.device(device).type == "cpu" else device
+    return device
 
 
 def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3" of 2 GPUs
@@ -723,6 +753,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
     (bad_number, bad_number),
+    (adamw_overflow, adamw_overflow),
     (too_long, too_long),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),

@@ -32,6 +32,7 @@ import threading
 import time
 import types
 import unicodedata
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -4603,6 +4604,42 @@ def test_train_eps_is_refused_where_optim_refuses_it_or_float32_loses_it():
         assert refused == (optim_refuses or torch.tensor(eps, dtype=torch.float32).item() < safety.FLOAT32_TINY), eps
     # any temperature >= 0 samples (a tiny one as greedy does: test_model_generate_tiny_temperature_samples_the_top_token)
     assert not any(safety.bad_number({"temperature": t}) for t in (0.0, 1e-300, 1e-6, 1e300))
+
+
+# --- session 12 flags items 1-2: a float flag float32 cannot hold (numpy warned; --eps 1e308 learned nothing), cpu:N
+def test_train_float_flags_float32_cannot_hold_are_refused_without_a_numpy_warning(tmp_path, capsys):
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]
+    float32_max = float(np.finfo(np.float32).max)
+    cases = [(f"{flag}=1e308", f"{flag} must be at most 3.4e+38, float32's largest number") for flag in
+             ("--lr", "--min-lr", "--eps", "--weight-decay")]
+    cases += [("--lr=3e38", "--lr 3e+38 is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
+               "--beta1), to 3e+39, above float32's largest number 3.4e+38"),  # numpy's cast of a_t overflowed
+              ("--lr=1e30 --weight-decay=1e30", "--lr 1e+30 x --weight-decay 1e+30 = 1e+60, AdamW's decay, is above")]
+    for args, needle in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a RuntimeWarning (numpy's overflow) fails the test
+            assert train.main(base + args.split()) == 2, args
+        _train_one_error(capsys, needle)
+        assert not (tmp_path / "out").exists(), args
+    # what float32 holds is taken; RoPE's float64 tables take a larger --rope-theta, and float32's inf is the limit
+    # of a larger --temperature (uniform sampling) or --grad-clip (no clipping)
+    assert not safety.bad_number({"eps": float32_max, "lr": float32_max, "rope_theta": 1e308, "temperature": 1e308,
+                                  "grad_clip": 1e308})
+    assert safety.bad_number({"eps": float32_max * (1 + 2**-52)})
+    assert not safety.adamw_overflow({"lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
+
+
+def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
+    # --device cpu:0 (or cpu:1, the same CPU to torch) trained without the CPU run's settings
+    # (deterministic algorithms, flush-to-zero), so it was not bitwise resumable as a --device cpu run is
+    base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "1"]
+    for device in ("cpu:0", "cpu:1"):
+        cfg = train.resolve_config(base + ["--device", device])
+        assert cfg["device"] == "cpu", device
+        with safety.torch_settings(cfg):
+            assert torch.are_deterministic_algorithms_enabled(), device
+    assert safety.run_device("cuda:1") == "cuda:1" and safety.run_device("cpu:abc") == "cpu:abc"  # refused later
 
 
 def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):

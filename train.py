@@ -134,7 +134,7 @@ def resolve_config(argv=None):
             cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
     cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
-    cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg["device"] = safety.run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
