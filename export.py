@@ -9,24 +9,31 @@ What it teaches:
 - safetensors is three things: an 8-byte little-endian header length, a JSON header giving
   each tensor's dtype, shape and byte range, then the raw bytes.
 - The tokenizer is GPT-2's byte-level BPE: bpe.py's vocab.json and merges.txt (Tokenizer.save)
-  plus a tokenizer_config.json that names the class and the special tokens' ids.
+  plus a tokenizer_config.json that names the class and the special tokens' ids, and the same
+  tokenizer as one tokenizer.json, the `tokenizers` library's format (PreTrainedTokenizerFast's).
 
 Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the training run's --out-dir/--run-name
+      python export.py out/pydoc hf/pydoc  # the same, the run named by its directory
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
-train.py --export calls export_run; tests: python -m pytest -q test_all.py -k export
+train.py --export and main() call export_run; tests: python -m pytest -q test_all.py -k export
 """
 import contextlib
 import inspect
 import json
 import os
+import sys
+from pathlib import Path
 
+import safety  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    safety.quiet_while_starting("export.py")
 import torch
 
-from bpe import Tokenizer, _token_to_str
+from bpe import GPT2_PAT, Tokenizer, _token_to_str, catch_ctrl_c
 from data import read_tokenizer
 from model import RMSNorm, TransformerLM
-from safety import (RUN_MARKERS, UsageError, atomic_file, atomic_files, check_state, disk_is_full, log, read_run,
-                    writable)
+from safety import (RUN_MARKERS, Parser, UsageError, atomic_file, atomic_files, check_state, disk_full, disk_is_full,
+                    exit_code, log, read_run, undecodable_ids, writable)
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -75,6 +82,14 @@ def llama_config(a, eot_id):
             "torch_dtype": "float32", "bos_token_id": eot_id, "eos_token_id": eot_id}
 
 
+def generation_config(eot_id, tok, vocab_size):
+    """generation_config.json: generate() stops at eot_id and never picks an id that tok cannot decode (a model
+    trained on ids with a larger vocab_size than its tokenizer's, such as GPT-2's 50257 tokens padded to 50304:
+    transformers' decode would drop such an id without a word). transformers reads this file before config.json."""
+    gaps = undecodable_ids(tok, vocab_size) if tok is not None else []
+    return {"bos_token_id": eot_id, "eos_token_id": eot_id, **({"suppress_tokens": gaps} if gaps else {})}
+
+
 # ----------------------------------------------------------------------------
 # 2. safetensors, written by hand
 
@@ -102,15 +117,33 @@ def write_json(obj, path):  # whole and on disk (fsync) before export_hf puts th
         f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.json")
+
+
+def tokenizers_json(tok, ids):
+    """tok as the `tokenizers` library's tokenizer.json, ids: {special token: its id}. The special tokens are cut out
+    first (added_tokens, longest first, as bpe.py's split), the rest split by bpe.py's GPT-2 regex, each piece's bytes
+    spelt in GPT-2's byte alphabet (ByteLevel, its own copy of the regex off), then BPE with vocab.json's ids and
+    merges.txt's merges in order. Example: "hi<|endoftext|>" -> "hi", then <|endoftext|>'s id."""
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    return {"version": "1.0", "truncation": None, "padding": None, "normalizer": None, "post_processor": None,
+            "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for s, i in ids.items()],
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": GPT2_PAT}, "behavior": "Isolated", "invert": False}, level]},
+            "decoder": level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {_token_to_str(tok.vocab[i]): i for i in sorted(tok.vocab)},
+                      "merges": [f"{_token_to_str(a)} {_token_to_str(b)}" for a, b in tok.merges]}}
 
 
 def save_tokenizer(tok, paths, context_length):
     """bpe.Tokenizer -> GPT-2's files (bpe.py's writer) and what AutoTokenizer needs to load them
     as GPT2Tokenizer, whose BPE takes the ids from vocab.json and the merge ranks from the order of
-    merges.txt; paths: where TOKENIZER_FILES go. The first special token (train.py's <|endoftext|>)
-    is bos, eos and unk: its id."""
-    vocab, merges, config = paths
+    merges.txt, and PreTrainedTokenizerFast (tokenizer.json); paths: where TOKENIZER_FILES go. The first special token
+    (train.py's <|endoftext|>) is bos, eos and unk: its id."""
+    vocab, merges, config, fast = paths
     tok.save(vocab, merges)
     ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
     first = tok.special_tokens[0] if tok.special_tokens else None
@@ -120,6 +153,7 @@ def save_tokenizer(tok, paths, context_length):
     write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                 "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
                 "added_tokens_decoder": added}, config)
+    write_json(tokenizers_json(tok, ids), fast)
     return ids.get(first)
 
 
@@ -146,10 +180,9 @@ def fitting_tokenizer(tok, vocab_size):
 # ----------------------------------------------------------------------------
 # 4. export_hf: every file whole, none replaced before all are written, nothing else in the directory touched
 
-EXPORT_FILES = ("config.json", "model.safetensors", *TOKENIZER_FILES)
-# Files transformers reads beside an export's, which it does not write: a stale one would load with the new model
-# (tokenizer.json before vocab.json and merges.txt, generation_config.json's token ids before config.json's).
-READ_BESIDE = ("tokenizer.json", "special_tokens_map.json", "added_tokens.json", "generation_config.json")
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES)
+# Files transformers reads beside an export's, which it does not write: a stale one would load with the new model.
+READ_BESIDE = ("special_tokens_map.json", "added_tokens.json")
 
 
 def export_dir_problem(out_dir, overwrite):
@@ -206,6 +239,7 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
             eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])
                       if tokenizer is not None else None)
             write_json(llama_config(a, eot_id), path["config.json"])
+            write_json(generation_config(eot_id, tokenizer, a["vocab_size"]), path["generation_config.json"])
             save_safetensors(llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"]),
                              path["model.safetensors"])
     except BaseException:  # a full disk, Ctrl-C: the earlier export stays whole, a directory made for this one goes
@@ -219,19 +253,48 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     return out_dir
 
 
-def export_run(run_dir, out_dir, overwrite, model_kwargs, like):
+def export_run(run_dir, out_dir, overwrite, model_kwargs, like, named=("--export: ", "the --out-dir and --run-name")):
     """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
     TransformerLM's arguments; like: this command's, whose keys and types the saved config must have); a missing
-    or damaged run, an ablation or an existing DIR: UsageError."""
+    or damaged run, an ablation or an existing DIR: UsageError. named: how the messages name DIR and the run."""
+    flag, run = named
     if not out_dir:  # an unset shell variable, most likely: not the current directory
-        raise UsageError("--export: the directory name is empty; pass the directory to write.")
+        raise UsageError(f"{flag}the directory name is empty; pass the directory to write.")
     try:
         state, tok = read_run(run_dir, like), read_tokenizer(run_dir)[0]  # what train.load_run reads
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
     except FileNotFoundError as e:  # read_run's: no checkpoint
-        raise UsageError(f"--export: {e}; pass the --out-dir and --run-name of a trained run.") from None
-    except (ValueError, PermissionError) as e:  # a full disk is train.py's (exit 1)
-        raise UsageError(f"--export: {str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
+        raise UsageError(f"{flag}{e}; pass {run} of a trained run.") from None
+    except (ValueError, PermissionError) as e:  # a full disk is the caller's (exit 1)
+        raise UsageError(f"{flag}{str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
     log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
         "load it with transformers.AutoModelForCausalLM.from_pretrained")
     return 0
+
+
+# ----------------------------------------------------------------------------
+# 5. The command line: train.py --export's work for a run named by its directory
+
+def main(argv=None):
+    """python export.py RUN_DIR OUT_DIR [--overwrite]. Exit code: 0 done, 2 a mistake, 1 a full disk, 130 stopped:
+    safety.exit_code turns each into one sentence, without a traceback."""
+    def go():
+        ap = Parser(prog="export.py", description="Write a training run as a Hugging Face Llama directory (what "
+                    "train.py --export DIR does): config.json, model.safetensors and the tokenizer's files.")
+        ap.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory, with its ckpt.pt (train.py's "
+                        "--out-dir/--run-name, e.g. out/pydoc)")
+        ap.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (made if missing; its other files "
+                        "stay)")
+        ap.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT_DIR")
+        args = ap.parse_args(argv)
+        import train  # here, not at the top: train.py imports this file
+        with disk_full(args.out_dir, "run the same command again"):
+            return export_run(Path(args.run_dir), args.out_dir, args.overwrite, train.model_kwargs,
+                              train.model_kwargs(), ("", "the directory"))  # the types the flags' defaults have
+    return exit_code("export.py", go, "no file was left half-written (an earlier export stays as it was): run the "
+                     "same command again.")
+
+
+if __name__ == "__main__":
+    catch_ctrl_c()  # Ctrl-C, SIGTERM, SIGHUP: KeyboardInterrupt, then one line (exit_code)
+    sys.exit(main())

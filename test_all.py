@@ -4356,10 +4356,10 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
 
 # --- issue 11: a full disk, unusable paths, numbers, sample settings, IDS.NPY (each one sentence)
 
-def _train_one_error(capsys, *needles):  # stderr ends in one line "train.py: error: ..." holding every needle
-    err = capsys.readouterr().err
+def _train_one_error(capsys, *needles, prog="train.py"):  # stderr ends in one line "train.py: error: ..." holding
+    err = capsys.readouterr().err                               # every needle
     last = err.splitlines()[-1] if err else ""
-    assert err.endswith("\n") and last.startswith("train.py: error: ") and "Traceback" not in err, err
+    assert err.endswith("\n") and last.startswith(f"{prog}: error: ") and "Traceback" not in err, err
     assert err.count("error") == 1 and all(n in last for n in needles), (needles, err)
     return last
 
@@ -7233,6 +7233,7 @@ _EXPORT_TEXTS = {  # English, Chinese, Python source, documents between <|endoft
     "python": inspect.getsource(export.rope_halves),
     "eot": "The end.<|endoftext|>A new story<|endoftext|><|endoftext|> starts here.",
     "spaces": "  two  spaces,\ttab\n\n\nnewlines   \n and trailing   ",
+    "unicode": "I'LL e\u0301 \u00a0nbsp\u3000ideo \U0001F469\u200d\U0001F467 \u0661\u0662 \u00bd x\u00b2 \x1c\x0b\r\n",
 }
 
 
@@ -7279,8 +7280,9 @@ def test_export_logits_equal_this_projects(export_runs, name):
 @_EXPORT_NEEDS_HF
 def test_export_tokenizer_gives_this_projects_ids(export_runs, tmp_path):
     """The run's own tokenizer (<|endoftext|> at id 256, right after the bytes, unlike GPT-2), and
-    GPT-2's (data.gpt2_files) unless offline: AutoTokenizer's ids are Tokenizer.encode's."""
-    from transformers import AutoTokenizer
+    GPT-2's (data.gpt2_files) unless offline: AutoTokenizer's and PreTrainedTokenizerFast's ids are
+    Tokenizer.encode's."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     run_dir, hf_dir = export_runs["plain"]
     tokenizers = {"run": (_export_ours(run_dir)[1], hf_dir)}
     try:
@@ -7291,13 +7293,13 @@ def test_export_tokenizer_gives_this_projects_ids(export_runs, tmp_path):
         gpt2 = bpe.Tokenizer.from_files(*gpt2_files, [_BPE_EOT])
         assert export.save_tokenizer(gpt2, [tmp_path / f for f in export.TOKENIZER_FILES], 1024) == 50256
         tokenizers["gpt2"] = gpt2, tmp_path
-    for which, (tok, where) in tokenizers.items():
-        hf = AutoTokenizer.from_pretrained(where)
-        assert hf.eos_token == _BPE_EOT and hf.eos_token_id == tok.encode(_BPE_EOT)[0]
-        for kind, text in _EXPORT_TEXTS.items():
-            ids = tok.encode(text)
-            assert hf(text)["input_ids"] == ids, (which, kind)
-            assert hf.decode(ids) == tok.decode(ids) == text, (which, kind)
+    for which, (tok, where) in tokenizers.items():  # PreTrainedTokenizerFast reads tokenizer.json (it failed without)
+        for hf in (AutoTokenizer.from_pretrained(where), PreTrainedTokenizerFast.from_pretrained(where)):
+            assert hf.eos_token == _BPE_EOT and hf.eos_token_id == tok.encode(_BPE_EOT)[0]
+            for kind, text in _EXPORT_TEXTS.items():
+                ids = tok.encode(text)
+                assert hf(text)["input_ids"] == ids, (which, kind, type(hf).__name__)
+                assert hf.decode(ids) == tok.decode(ids) == text, (which, kind, type(hf).__name__)
     assert tokenizers["run"][0].encode(_BPE_EOT) == [256]
     if "gpt2" not in tokenizers:
         pytest.skip(f"{offline} So only the run's own tokenizer was checked.")
@@ -7410,14 +7412,14 @@ def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tm
     assert files() == {**mine, **exported} and not _export_leftovers(tmp_path)
     for name in exported:  # a fresh clone: nothing in it to replace, so no --overwrite is needed
         (clone / name).unlink()
-    (clone / "tokenizer.json").write_text("{}")  # transformers would load it instead of vocab.json and merges.txt
-    _export_error(capsys, at, "holds tokenizer.json, which transformers would load")
-    (clone / "tokenizer.json").unlink()
+    (clone / "added_tokens.json").write_text("{}")  # transformers would load it with the export's tokenizer
+    _export_error(capsys, at, "holds added_tokens.json, which transformers would load")
+    (clone / "added_tokens.json").unlink()
     assert train.main(at) == 0
     assert files() == {**mine, **exported}
     state = safety.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
     export.export_hf(clone, state["model"], train.model_kwargs(state["config"]), overwrite=True)
-    assert set(files()) == {*mine, "config.json", "model.safetensors"}
+    assert set(files()) == {*mine, "config.json", "generation_config.json", "model.safetensors"}
     assert files()["model.safetensors"] == exported["model.safetensors"]
 
 
@@ -7504,3 +7506,83 @@ def test_export_refuses_special_tokens_that_transformers_renumbers(tmp_path):
     export.export_hf(tmp_path / "hf", *_export_tiny(258), bpe.Tokenizer(bytes_vocab, [], [_BPE_EOT, "<|pad|>"]))
     added = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["added_tokens_decoder"]
     assert {i: t["content"] for i, t in added.items()} == {"256": _BPE_EOT, "257": "<|pad|>"}
+
+
+# --- export helper (session 12): tokenizer.json, ids the tokenizer cannot decode, python export.py RUN_DIR OUT_DIR ---
+
+def test_export_writes_the_tokenizer_as_tokenizer_json(tmp_path):
+    # PreTrainedTokenizerFast.from_pretrained(DIR) failed on an export: no tokenizer.json (AutoTokenizer read vocab.json
+    # and merges.txt). It now holds their vocab and merges, bpe.py's regex and the special tokens' ids; an earlier
+    # export's tokenizer.json (refused as stale before) is replaced with the rest, or removed with them
+    merges = [(b"\n", b"\n"), (b" ", b"t"), (b" t", b"h")]
+    vocab = {**{i: bytes([i]) for i in range(256)}, **{256 + k: a + b for k, (a, b) in enumerate(merges)}}
+    tok, hf = bpe.Tokenizer(vocab, merges, [_BPE_EOT, "<|pad|>"]), tmp_path / "hf"
+    export.export_hf(hf, *_export_tiny(261), tok)
+    fast = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+    assert fast["model"]["type"] == "BPE" and fast["model"]["vocab"] == json.loads((hf / "vocab.json").read_bytes())
+    assert fast["model"]["merges"] == (hf / "merges.txt").read_text(encoding="utf-8").splitlines()[1:] == [
+        "\u010a \u010a", "\u0120 t", "\u0120t h"]  # GPT-2's byte alphabet: "\n" is "\u010a", " " is "\u0120"
+    assert [(t["id"], t["content"], t["special"]) for t in fast["added_tokens"]] == [(259, _BPE_EOT, True),
+                                                                                    (260, "<|pad|>", True)]
+    split, level = fast["pre_tokenizer"]["pretokenizers"]
+    assert split["type"] == "Split" and split["pattern"] == {"Regex": bpe.GPT2_PAT} and split["behavior"] == "Isolated"
+    assert level["type"] == fast["decoder"]["type"] == "ByteLevel" and not level["use_regex"]  # the regex is bpe.py's
+    written = (hf / "tokenizer.json").read_bytes()
+    (hf / "tokenizer.json").write_text("{}")  # an older tokenizer's: replaced on --overwrite with the other files
+    export.export_hf(hf, *_export_tiny(261), tok, overwrite=True)
+    assert (hf / "tokenizer.json").read_bytes() == written
+    export.export_hf(hf, *_export_tiny(261), overwrite=True)  # a model without a tokenizer: the old one goes whole
+    assert sorted(p.name for p in hf.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "tokenizer.json").write_text("{}")  # no model.safetensors: not an export, left alone
+    with pytest.raises(ValueError, match="holds tokenizer.json but no model.safetensors, so it is not an earlier"):
+        export.export_hf(tmp_path / "theirs", *_export_tiny(261), tok, overwrite=True)
+
+
+def test_export_generation_config_suppresses_ids_the_tokenizer_cannot_decode(tmp_path):
+    # a model with a larger vocab_size than its tokenizer's ids (trained on ids with --num-samples 0, GPT-2's 50257
+    # padded to 50304) exported silently, and transformers' decode dropped each such id that generate() picked; now
+    # generation_config.json (the export's own: a stale one was refused) names them in suppress_tokens
+    vocab = {**{i: bytes([i]) for i in range(256)}, 300: b"ab"}  # ids 256 to 299 unused, <|endoftext|> then at 301
+    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], [_BPE_EOT])
+    export.export_hf(tmp_path / "hf", *_export_tiny(304), tok)
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": 301, "eos_token_id": 301, "suppress_tokens": [*range(256, 300), 302, 303]}
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])  # every id decodes: none suppressed
+    export.export_hf(tmp_path / "hf", *_export_tiny(257), tok, overwrite=True)
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == {"bos_token_id": 256,
+                                                                                    "eos_token_id": 256}
+
+
+@_EXPORT_NEEDS_HF
+def test_export_hf_generate_picks_only_ids_the_tokenizer_decodes(tmp_path):
+    from transformers import AutoModelForCausalLM
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])  # 257 ids of the model's 512
+    export.export_hf(tmp_path / "hf", *_export_tiny(512), tok)
+    torch.manual_seed(0)
+    out = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").generate(  # a random model: half its ids past 256
+        torch.full((8, 1), 256), max_new_tokens=7, do_sample=True, pad_token_id=256)
+    assert out.shape[1] > 1 and out.max().item() <= 256, out
+
+
+def test_export_cli_writes_what_train_export_writes(export_runs, tmp_path, capsys, monkeypatch):
+    # export.py had no command line: python export.py RUN_DIR OUT_DIR [--overwrite] is train.py --export's work (the
+    # same files); a mistake is one sentence and exit 2, a full disk exit 1 with the earlier export left whole
+    run_dir, hf_dir = export_runs["plain"]
+    out = tmp_path / "hf"
+    assert export.main([str(run_dir), str(out)]) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+    for argv, needle in (([run_dir, out], f"{out} holds an earlier export; pass --overwrite to replace its files"),
+                         ([tmp_path / "none", out], f"there is no run in {tmp_path / 'none'}; pass the directory "),
+                         ([run_dir, ""], "the directory name is empty; pass the directory to write."),
+                         ([run_dir], "the following arguments are required: OUT_DIR (see python export.py --help)")):
+        capsys.readouterr()
+        assert export.main([str(a) for a in argv]) == 2
+        _train_one_error(capsys, needle, prog="export.py")
+
+    def full(tensors, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(export, "save_safetensors", full)
+    assert export.main([str(run_dir), str(out), "--overwrite"]) == 1
+    _train_one_error(capsys, f"the disk is full: could not write {out / 'model.safetensors'}", prog="export.py")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}

@@ -159,7 +159,8 @@ MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_head
 DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer")  # prepare_data's arguments
 
 
-def model_kwargs(cfg):  # TransformerLM's arguments from a cfg (this run's, or a saved config.json)
+def model_kwargs(cfg=None):  # TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the
+    cfg = {**vars(build_parser().parse_args([])), **PRESETS["small"]} if cfg is None else cfg  # flags' defaults
     return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
 
@@ -226,8 +227,7 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer, which knows
     <|endoftext|>, or None for ids without one; its config). FileNotFoundError: no checkpoint yet; ValueError."""
-    like = model_kwargs({**vars(build_parser().parse_args([])), **PRESETS["small"]})  # the types a config's values have
-    state = safety.read_run(path, like)
+    state = safety.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_checkpoint(None, model, state=state)
     return model.eval(), read_tokenizer(path)[0], state["config"]
