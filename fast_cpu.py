@@ -26,6 +26,8 @@ from numba.extending import intrinsic
 
 F32 = np.float32
 FASTMATH = {"reassoc", "contract", "arcp"}  # vectorized sums and fused multiply-adds; NaN and inf kept
+RMS_BLOCKS = 16  # RMSNorm's weight gradient sums rows in this many blocks: a fixed number, so the same bits on any
+# number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
 
 
 def usable(*tensors):
@@ -169,7 +171,7 @@ class _RMSNorm(torch.autograd.Function):
         x2, weight, rstd = ctx.saved_tensors
         dx = np.empty(x2.shape, np.float32)
         _threads()
-        dw_parts = np.zeros((4 * numba.get_num_threads(), x2.shape[1]), np.float32)
+        dw_parts = np.zeros((RMS_BLOCKS, x2.shape[1]), np.float32)
         _rms_backward(_np(g).reshape(x2.shape), _np(x2), _np(weight), _np(rstd), dx, dw_parts)
         return torch.from_numpy(dx).view(g.shape), torch.from_numpy(dw_parts.sum(0)), None
 
