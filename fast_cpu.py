@@ -1,5 +1,5 @@
 """The CPU engine of the training step's fast path: numba kernels that model.py (fast=True) and optim.py
-(cross_entropy(fused=True), AdamW(fused=True)) call at one visible place each, for float32 CPU tensors.
+(cross_entropy, clip_grad_norm and AdamW with fused=True) call at one visible place each, for float32 CPU tensors.
 Each is tested against the lecture's plain definition in test_all.py (values and gradients).
 
 The lessons it embodies:
@@ -236,6 +236,35 @@ def cross_entropy(logits, targets):
     """optim.cross_entropy(fused=True)'s loss on (N, V) float32 CPU logits: two passes forward (the row max,
     then the log-sum-exp), none of (N, V) written; one pass back."""
     return _CrossEntropy.apply(logits, targets)
+
+
+# ----------------------------------------------------------------------------
+# Gradient clipping
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _sum_of_squares(g):  # in float64: 22M float32 squares summed in float32 would lose digits
+    s = 0.0
+    for i in numba.prange(g.size):
+        s += np.float64(g[i]) * g[i]
+    return s
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _scale(g, c):
+    for i in numba.prange(g.size):
+        g[i] *= c
+
+
+def clip_grad_norm(grads, max_l2_norm, eps):
+    """optim.clip_grad_norm for float32 CPU gradients: one pass to sum the squares, and one to scale them when the
+    norm is at least max_l2_norm -> the norm, a 0-dim float32 tensor (a CPU has no device to wait for)."""
+    _threads()
+    flat = [g.view(-1).numpy() for g in grads]
+    total = np.sqrt(sum(_sum_of_squares(g) for g in flat))
+    if total >= max_l2_norm:  # NaN is not: a diverged run's gradients stay as they are, as the plain code's
+        for g in flat:
+            _scale(g, F32(max_l2_norm / (total + eps)))
+    return torch.tensor(total, dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------

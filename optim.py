@@ -202,15 +202,18 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 # 4. Gradient clipping
 
 @torch.no_grad()
-def clip_grad_norm(parameters, max_l2_norm, eps=1e-6):
+def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
     Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
-    The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU."""
+    The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
+    fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py)."""
     if not max_l2_norm >= 0:  # a negative M flipped every gradient (ascent), a NaN one never clipped
         raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm}.")
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())
+    if fused and fast_cpu.usable(*grads) and all(g.is_contiguous() for g in grads):
+        return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
     scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is

@@ -1020,8 +1020,10 @@ class _ModelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_model_clip_grad_norm_matches_torch_without_a_host_sync():
-    # it read the norm back with .item() to decide whether to clip: on a GPU the host waited for every step
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_model_clip_grad_norm_matches_torch_without_a_host_sync(fused):
+    # it read the norm back with .item() to decide whether to clip: on a GPU the host waited for every step.
+    # fused=True: float32 CPU gradients take fast_cpu's two passes, no _foreach op (and no host sync either)
     torch.manual_seed(0)
     for scale in (10.0, 0.01):  # above M (scaled) and below (left as is)
         ps1 = [torch.nn.Parameter(torch.randn(5, 4)) for _ in range(3)]
@@ -1031,15 +1033,18 @@ def test_model_clip_grad_norm_matches_torch_without_a_host_sync():
             b.grad = a.grad.clone()
         ps1.append(torch.nn.Parameter(torch.zeros(2)))  # no grad: ignored
         with _ModelOps() as mode:
-            total = optim.clip_grad_norm(ps1, 1.0)
-        assert "aten._foreach_norm.Scalar" in mode.ops and "aten._local_scalar_dense.default" not in mode.ops
+            total = optim.clip_grad_norm(ps1, 1.0, fused=fused)
+        assert ("aten._foreach_norm.Scalar" in mode.ops) != fused and "aten._local_scalar_dense.default" not in mode.ops
         want = torch.nn.utils.clip_grad_norm_(ps2, 1.0)  # scales by max / (norm + 1e-6) too
         assert total.shape == () and total.dtype == torch.float32
         torch.testing.assert_close(total, want, atol=0, rtol=1e-6)
         for a, b in zip(ps1, ps2):
             torch.testing.assert_close(a.grad, b.grad)
-    none = optim.clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0)
+    none = optim.clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0, fused=fused)
     assert none.shape == () and none.dtype == torch.float32 and none.item() == 0
+    diverged = torch.nn.Parameter(torch.ones(3))
+    diverged.grad = torch.tensor([1.0, float("nan"), 2.0])
+    assert optim.clip_grad_norm([diverged], 1.0, fused=fused).isnan() and diverged.grad[0] == 1  # left as it is
 
 
 # --- hostile optim review: optim.py called from a user's own code, at its edges ---

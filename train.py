@@ -303,7 +303,7 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(loss)
         loss /= cfg["world_size"]
-    norm = clip_grad_norm(model.parameters(), cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
+    norm = clip_grad_norm(model.parameters(), cfg["grad_clip"], fused=cfg["fast"]) if cfg["grad_clip"] > 0 else None
     return loss, norm
 
 
