@@ -661,8 +661,7 @@ def main(argv=None):
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = safety.disk_is_full(e)
-        why = (f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun" if full else
-               safety.os_error_words(e) if getattr(e, "filename", None) else e)
+        why = safety.disk_full_words(e) if full else safety.os_error_words(e) if getattr(e, "filename", None) else e
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
         sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

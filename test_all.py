@@ -6425,6 +6425,24 @@ def test_accounting_pile_is_825_gib_as_its_paper_says(monkeypatch, capsys):
     assert not [row for row in accounting.notes_corrections() if "Pile" in row[0]]
 
 
+# --- session 12 tok item 5: stdout on a full disk is named, as bpe.py names it (safety.exit_code, every printing CLI) ---
+@pytest.mark.parametrize("buffering", [1, -1])  # a print fails, or only the flush of what it buffered
+def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkeypatch):
+    # `python accounting.py > /dev/full`: "the system said: [Errno 28] No space left on device; fix that", and a
+    # small output's failing flush came after exit_code, as Python's "Exception ignored" with exit code 120
+    if not os.path.exists("/dev/full"):  # Linux's device whose every write fails as a full disk does
+        pytest.skip("no /dev/full here")
+    full = open("/dev/full", "w", buffering=buffering)
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        code = safety.exit_code("accounting.py", lambda: accounting.main(["--section", "tensors"]), "")
+    finally:
+        with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
+            full.close()
+    assert code == 1 and capsys.readouterr().err == (
+        "accounting.py: error: the disk is full: could not write stdout; free some space and rerun.\n")
+
+
 # ============================================================================
 # kernels.py
 # ============================================================================
