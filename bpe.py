@@ -621,6 +621,8 @@ def _cmd_encode(args):
     if safety.same_file(args.out, vocab_file) or safety.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
+    if not safety.is_ids(args.out):        # train.py --data goes by the name
+        raise ValueError(f"--out {args.out} must end in .npy: train.py --data reads any other file as text")
     vocab = _load_vocab_file(vocab_file)
     specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens, 1)
     missing = [s for s in specials if s.encode() not in vocab.values()]

@@ -717,6 +717,10 @@ def too_big(c):  # the run would not fit in memory: a sentence with the estimate
             "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
 
 
+def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
+    return Path(source).suffix.lower() == ".npy"
+
+
 DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (random tokens) skips them, experiments.py not
     (lambda c: not c["data_is_ids"] and not writable(Path(c["data_dir"])) and not c["cached"](),
      "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "

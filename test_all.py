@@ -2444,10 +2444,10 @@ def test_bpe_never_writes_over_its_input(tmp_path):
     tok_dir.mkdir()
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])
     tok.save(tok_dir / "vocab.json", tok_dir / "merges.txt")
-    (tmp_path / "link.txt").symlink_to(text)
+    (tmp_path / "link.npy").symlink_to(text)
     before = {p: p.read_bytes() for p in (text, tok_dir / "vocab.json", tok_dir / "merges.txt")}
     cases = {"is the input file": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
-                                   str(tmp_path / "link.txt")],
+                                   str(tmp_path / "link.npy")],
              "is a file of the tokenizer": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
                                             f"{tok_dir}/../tok/merges.txt"],
              "is one of the files training writes": ["train", str(tok_dir / "merges.txt"), "--vocab-size", "300",
@@ -2459,7 +2459,7 @@ def test_bpe_never_writes_over_its_input(tmp_path):
     with pytest.raises(ValueError, match="is the input file"):
         bpe.encode_file(tok, str(text), str(text), 1, progress=False)
     assert {p: p.read_bytes() for p in before} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.txt", "tok"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.npy", "tok"]
     for bad in (-1, 0, 1.5, True):    # IndexError or TypeError deep in the pool before
         with pytest.raises(ValueError, match=f"num_workers must be a whole number of at least 1.*got {bad}"):
             bpe.train_bpe(str(text), 300, num_workers=bad)
@@ -3026,6 +3026,27 @@ def test_bpe_cli_encode_refuses_special_tokens_its_tokenizer_lacks(tmp_path, cap
     for flags, last in (([], 256), (["--special-tokens"], ord(">")), (["--special-tokens", _BPE_EOT], 256)):
         bpe.main(encode + flags)
         assert np.load(ids).tolist()[-2] == last               # <|endoftext|>: its id when special, else its >
+
+
+# --- session 12 tok items 1-4: special tokens of one byte, merges of str, --out without .npy, lone surrogates ---
+def _bpe_bytes_tokenizer(tmp_path):  # the 256 bytes and no merges, saved as bpe.py train's files; (text, its folder)
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("hello world\n", encoding="utf-8")
+    tok_dir.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok_dir))
+    return text, tok_dir
+
+
+def test_bpe_cli_encode_refuses_an_out_that_train_would_read_as_text(tmp_path, capsys):
+    # `bpe.py encode a.txt --out ids` wrote a .npy named ids, then hinted `python train.py --data ids`, which refused
+    # it as text: "--tokenizer goes with --data PATH.npy only"
+    text, tok_dir = _bpe_bytes_tokenizer(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids"), "--workers", "1"])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"bpe.py encode: error: --out {tmp_path / 'ids'} must end in .npy: train.py --data reads any other file as "
+        "text\n")
+    assert not (tmp_path / "ids").exists() and data.is_ids(tmp_path / "IDS.NPY")
 
 
 # ============================================================================
