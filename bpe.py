@@ -471,7 +471,7 @@ class Tokenizer:
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
-        self.merges = list(merges)
+        self.merges = bpe_fast.checked_merges(self.vocab, merges)
         self.special_tokens = _check_special_tokens(special_tokens, least_bytes=1)
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         for s in self.special_tokens:       # handout: append specials missing from vocab

@@ -48,7 +48,7 @@ from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
 from safety import (SIGHUP, STOPS, DataError, atomic_file, end_progress, hang_up, memory_bytes, on_stops,
-                    read_exactly, read_into, same_file, show_progress, unreadable, usable_cores)
+                    read_exactly, read_into, same_file, short_repr, show_progress, unreadable, usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -496,6 +496,22 @@ def check_vocab_size(vocab_size, special_tokens):
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
                          f"{len(special_tokens)} special tokens = {n_base}; raise it")
+
+
+def checked_merges(vocab, merges):
+    """merges as a list, once the vocab's tokens are bytes and each merge a pair of them: str there (text, not a
+    token's bytes) failed later as "token 'a' is not in the vocab", which is not what is wrong. ValueError names
+    the first that is not."""
+    merges = list(merges)
+    if (set(map(type, vocab.values())) <= {bytes} and set(map(type, merges)) <= {tuple} and  # the usual: at C speed
+            set(map(len, merges)) <= {2} and set(map(type, chain.from_iterable(merges))) <= {bytes}):
+        return merges
+    if bad := next(((i, t) for i, t in vocab.items() if not isinstance(t, bytes)), None):
+        raise ValueError(f"vocab tokens must be bytes such as b'a'; id {bad[0]} is {short_repr(bad[1])}")
+    for k, m in enumerate(merges):
+        if not (isinstance(m, (tuple, list)) and len(m) == 2 and all(isinstance(t, bytes) for t in m)):
+            raise ValueError(f"merges must be pairs of bytes such as (b'a', b'b'); merge #{k} is {short_repr(m)}")
+    return merges
 
 
 def worker_count(num_workers):

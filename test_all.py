@@ -3049,6 +3049,20 @@ def test_bpe_cli_encode_refuses_an_out_that_train_would_read_as_text(tmp_path, c
     assert not (tmp_path / "ids").exists() and data.is_ids(tmp_path / "IDS.NPY")
 
 
+def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merge():
+    # Tokenizer(vocab, [("a", "b")]): "merge #0: token 'a' is not in the vocab; vocab and merges disagree", as if the
+    # merge were missing, and (b"a", "b") a TypeError "can't concat str to bytes"; a vocab of str: "lacks the byte 0x00"
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc"}
+    for merges, k, shown in [([("a", "b")], 0, "('a', 'b')"), ([(b"a", b"b"), (b"ab", "c")], 1, "(b'ab', 'c')"),
+                             ([b"ab"], 0, "b'ab'"), ([(b"a", b"b", b"c")], 0, "(b'a', b'b', b'c')")]:
+        with pytest.raises(ValueError, match=f"^merges must be pairs of bytes such as \\(b'a', b'b'\\); merge #{k} is "
+                                             f"{re.escape(shown)}$"):
+            bpe.Tokenizer(vocab, merges)
+    with pytest.raises(ValueError, match=r"^vocab tokens must be bytes such as b'a'; id 97 is 'a'$"):
+        bpe.Tokenizer(vocab | {97: "a"}, [])
+    assert bpe.Tokenizer(vocab, iter([[b"a", b"b"], (b"ab", b"c")])).encode("abc ab") == [257, 32, 256]  # lists too
+
+
 # ============================================================================
 # safety.py
 # ============================================================================
