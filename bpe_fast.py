@@ -204,6 +204,42 @@ def stream_pieces(iterable, special_tokens, piece_chars):
         yield buf
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate: in a str, not Unicode text; UTF-8 has no bytes for it
+
+
+def lone_surrogate(text, offset=0):
+    """The ValueError for text that UTF-8 cannot encode, naming its first lone surrogate's place (text[i], i counted
+    from offset: text's place in a longer one), or None if it has none (the error was another)."""
+    if m := _SURROGATE.search(text):
+        return ValueError(f"text[{offset + m.start()}] is a lone surrogate {m.group()!r}, which UTF-8 cannot encode")
+
+
+def names_lone_surrogates(encode):
+    """encode(self, text) where a lone surrogate is lone_surrogate's ValueError, not the UnicodeEncodeError of the
+    place it was met: the plain path meets it in a pre-token, the compiled one in the whole text. Raising, not
+    replacing it (tiktoken), is what GPT-2's encoder does; caught as it happens, normal text takes no extra pass."""
+    @functools.wraps(encode)
+    def wrapper(self, text):
+        try:
+            return encode(self, text)
+        except UnicodeEncodeError as e:
+            raise (lone_surrogate(text) or e) from None
+    return wrapper
+
+
+def encode_stream(encode, iterable, special_tokens, piece_chars):
+    """encode_iterable's ids: encode(piece) of each of stream_pieces; a lone surrogate named at its place in the
+    whole text, not in its piece."""
+    done = 0
+    for piece in stream_pieces(iterable, special_tokens, piece_chars):
+        try:
+            ids = encode(piece)
+        except ValueError as e:     # encode's lone_surrogate, at its place in the piece
+            raise (lone_surrogate(piece, done) or e) from None
+        yield from ids
+        done += len(piece)
+
+
 def _find_cut(f, pos, size, cut_re, special_bytes):
     """First cut_re match from byte pos of file f (size bytes) splitting no special token, or None."""
     margin = max((len(s) for s in special_bytes), default=1)
@@ -488,14 +524,21 @@ def catch_ctrl_c():
     on_stops(interrupt)
 
 
+def new_special_tokens(special_tokens):
+    """The bytes of the (checked) special tokens that take ids after the 256 bytes, in order. One of one byte (ASCII)
+    is that byte's token already and keeps its id, as a Tokenizer finds it: a second id would be the same token twice,
+    which vocab.json cannot hold (Hugging Face's trainer, too, gives a special token its vocab has no second id)."""
+    return [b for b in (s.encode("utf-8") for s in special_tokens) if len(b) > 1]
+
+
 def check_vocab_size(vocab_size, special_tokens):
     """ValueError unless vocab_size is an integer with room for the 256 bytes and the (checked) special tokens."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
-    n_base = 256 + len(special_tokens)
+    n_base = 256 + len(new_special_tokens(special_tokens))
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
-                         f"{len(special_tokens)} special tokens = {n_base}; raise it")
+                         f"{n_base - 256} special tokens = {n_base}; raise it")
 
 
 def checked_merges(vocab, merges):

@@ -2106,10 +2106,12 @@ def test_bpe_compiled_encode_specials_and_surrogates():
     big = bpe.Tokenizer(vocab | {3_000_000_000: b"ab", 4_294_967_294: b"abab"},
                         [(b"a", b"b"), (b"ab", b"ab")], ["<|x|>"])
     assert _bpe_both_paths(big, "abab ab<|x|>") == [4_294_967_294, 32, 3_000_000_000, 4_294_967_295]
-    # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
-    for encode in (tok.encode, tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
+    # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has; encode names its place in the text
+    for encode in (tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
             encode("ab \ud800 c")
+    with pytest.raises(ValueError, match=r"^text\[3\] is a lone surrogate '\\ud800', which UTF-8 cannot encode$"):
+        tok.encode("ab \ud800 c")
 
 
 def test_bpe_encode_hands_a_long_pre_token_to_the_engine(bpe_gpt2, monkeypatch):
@@ -2972,18 +2974,11 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
     """vocab.json holds one id per token and from_files wants every merged token made: save wrote a token at two ids
     (a vocab in memory, or training's with a one-byte special token: 'a' at 97 and 256) under its last id only, so
     the files loaded with other ids (decode(97) failed), and merges cut short in memory as files from_files refused.
-    Training now refuses a one-byte special token before it starts; a Tokenizer finds it among the bytes."""
+    Training now keeps a one-byte special token at its byte's id, as a Tokenizer finds it among the bytes (see
+    test_bpe_train_and_encode_agree_on_a_one_byte_special_token)."""
     v, m = tmp_path / "vocab.json", tmp_path / "merges.txt"
     text = tmp_path / "a.txt"
     text.write_text("a cat sat, a cat ate\n" * 20, encoding="utf-8")
-    for train in (lambda: bpe.train_bpe(str(text), 270, ["<|eot|>", "a"]),    # 'a' would be 97 and 258
-                  lambda: bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 270, ["a"])):
-        with pytest.raises(ValueError, match=r"^special token 'a' is one byte, a token already; fix or remove it$"):
-            train()
-    with pytest.raises(SystemExit) as stop:      # before training, not after it
-        bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "é", "\n", "--out", str(v.parent)])
-    assert stop.value.code == 2 and capsys.readouterr().err == (
-        "bpe.py train: error: special token '\\n' is one byte, a token already; fix or remove it\n")
     # a special token with a lone surrogate (bytes not UTF-8 from a shell, $'\\xff', arrive as '\\udcff') said only
     # "'utf-8' codec can't encode characters ...", naming neither the token nor that it is not UTF-8
     with pytest.raises(SystemExit) as stop:
@@ -3061,6 +3056,48 @@ def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merg
     with pytest.raises(ValueError, match=r"^vocab tokens must be bytes such as b'a'; id 97 is 'a'$"):
         bpe.Tokenizer(vocab | {97: "a"}, [])
     assert bpe.Tokenizer(vocab, iter([[b"a", b"b"], (b"ab", b"c")])).encode("abc ab") == [257, 32, 256]  # lists too
+
+
+def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
+    # `bpe.py encode --special-tokens a` split the text at each 'a' (a Tokenizer finds 'a' among the bytes, as Hugging
+    # Face's reuses a token its vocab has), while `bpe.py train --special-tokens a` refused it ("one byte, a token
+    # already"): a second id for the byte, which vocab.json cannot hold. Now both keep it at the byte's id.
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("the dog sat on a log,\na dog ate <|eot|>\n" * 20, encoding="utf-8")
+    specials = ["é", "\n", "<|eot|>", "a"]          # 'é' is two bytes: a new id, as <|eot|>
+    vocab, merges = bpe.train_bpe(str(text), 266, specials)
+    assert (vocab, merges) == bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 266, specials)
+    assert len(vocab) == 266 and vocab[256] == "é".encode() and vocab[257] == b"<|eot|>" and vocab[97] == b"a"
+    assert list(vocab.values()).count(b"a") == 1 and not [m for m in merges if b"a" in m or b"\n" in m]
+    assert len(bpe.train_bpe(str(text), 257, ["a", "\n", "<|eot|>"])[0]) == 257     # room: 256 bytes + <|eot|>
+    bpe.main(["train", str(text), "--vocab-size", "266", "--special-tokens", *specials, "--out", str(tok_dir)])
+    tok = bpe.Tokenizer.from_files(*bpe._tokenizer_files(tok_dir), specials)
+    assert (tok.vocab, tok.merges) == (vocab, merges)
+    bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers", "1",
+              "--special-tokens", *specials])
+    ids = np.load(tmp_path / "ids.npy").tolist()
+    assert ids == tok.encode(text.read_text(encoding="utf-8")) and ids.count(ord("a")) == 80 and ids.count(10) == 40
+
+
+def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatch):
+    # "a\ud800b": UnicodeEncodeError "'utf-8' codec can't encode character '\ud800' in position 0" from the plain
+    # path (a pre-token's place), position 1 from the compiled one (the text's); encode_iterable gave its piece's
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"he", 257: _BPE_EOT.encode()}, [(b"h", b"e")],
+                        [_BPE_EOT])
+    said = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(bpe_fast, "compiled_encoder_pays", lambda n: compiled)
+        assert tok.encode("he\U0001F600") == [256, 240, 159, 152, 128]       # a surrogate pair's character is text
+        for text in ("a\ud800b", f"hello{_BPE_EOT} wor\udcffld"):
+            with pytest.raises(ValueError) as e:
+                tok.encode(text)
+            said[compiled, text] = str(e.value)
+    assert said[False, "a\ud800b"] == said[True, "a\ud800b"] == (
+        "text[1] is a lone surrogate '\\ud800', which UTF-8 cannot encode")
+    assert said[False, f"hello{_BPE_EOT} wor\udcffld"] == said[True, f"hello{_BPE_EOT} wor\udcffld"] == (
+        "text[22] is a lone surrogate '\\udcff', which UTF-8 cannot encode")
+    with pytest.raises(ValueError, match=r"^text\[32002\] is a lone surrogate '\\udcff', which UTF-8 cannot encode$"):
+        list(tok.encode_iterable(["hello world " * 1000, "he" * 10_000, "x \udcff"]))   # in the third piece
 
 
 # ============================================================================
