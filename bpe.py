@@ -49,17 +49,16 @@ def pretokenize(text):
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
 
 
-def _check_special_tokens(special_tokens, least_bytes=2):
-    """The special-token strings, checked, duplicates dropped (order kept), of at least least_bytes UTF-8 bytes."""
+def _check_special_tokens(special_tokens):
+    """The special-token strings, checked, duplicates dropped (order kept). One of one byte is that byte's token."""
     if isinstance(special_tokens, str):
         raise ValueError("special_tokens must be a list of strings, not a single string "
                          f"(did you mean [{special_tokens!r}]?)")
     special_tokens = list(special_tokens or ())
-    for s in special_tokens:
-        utf8 = s.encode("utf-8", "replace") if isinstance(s, str) else b""  # a lone surrogate (a shell's \xff) as ?
-        if not isinstance(s, str) or len(utf8) < least_bytes or utf8.decode("utf-8") != s:
-            why = ("not a string" if not isinstance(s, str) else "not valid UTF-8 (a lone surrogate)" if
-                   utf8.decode("utf-8") != s else "the empty string" if not s else "one byte, a token already")
+    for s in special_tokens:                       # a lone surrogate: a shell's \xff
+        why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
+               "not valid UTF-8 (a lone surrogate)" if bpe_fast.lone_surrogate(s) else "")
+        if why:
             raise ValueError(f"special token {s!r} is {why}; fix or remove it")
     return list(dict.fromkeys(special_tokens))
 
@@ -99,8 +98,8 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
         for w in _PRETOKEN_RE.findall(part):
             words[tuple(bytes([b]) for b in w.encode("utf-8"))] += 1
     vocab = {i: bytes([i]) for i in range(256)}
-    for s in special_tokens:
-        vocab[len(vocab)] = s.encode("utf-8")
+    for b in bpe_fast.new_special_tokens(special_tokens):   # one of one byte has its byte's id
+        vocab[len(vocab)] = b
     merges = []
     while len(vocab) < vocab_size:
         pairs = Counter()             # pairs never cross pre-tokens
@@ -277,7 +276,7 @@ _INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, a
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens (from 1 MiB in num_workers
     processes, default one per core it may use). Returns vocab {id: bytes} (0-255 the bytes,
-    then the special tokens, then one per merge) and merges [(left bytes, right bytes)] in order."""
+    then the special tokens of 2+ bytes, then one per merge) and merges [(left bytes, right bytes)] in order."""
     special_tokens = _check_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     bpe_fast.worker_count(num_workers)           # checked here too: a small file never uses them
@@ -314,7 +313,8 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     """train_from_counts from the merge loop's input arrays (see _merge_loop), special_tokens checked."""
     longest = bpe_fast.check_longest_word(word_start, "the training text")  # a huge word could exhaust memory
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
-    num_merges = max(0, min(vocab_size - 256 - len(special_tokens), len(ids) - len(word_count)))
+    specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
+    num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
     small = (len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
              and longest <= _INTERPRET_MAX_WORD)
     if loop is None and (bpe_fast.merge_loop_loaded() or not small):
@@ -327,7 +327,6 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     for a, b in zip(lefts.tolist(), rights.tolist()):
         merges.append((tokens[a], tokens[b]))
         tokens.append(tokens[a] + tokens[b])
-    specials = [s.encode("utf-8") for s in special_tokens]   # their ids come before merges
     return dict(enumerate(tokens[:256] + specials + tokens[256:])), merges
 
 
@@ -471,8 +470,8 @@ class Tokenizer:
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
-        self.merges = list(merges)
-        self.special_tokens = _check_special_tokens(special_tokens, least_bytes=1)
+        self.merges = bpe_fast.checked_merges(self.vocab, merges)
+        self.special_tokens = _check_special_tokens(special_tokens)
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         for s in self.special_tokens:       # handout: append specials missing from vocab
             b = s.encode("utf-8")
@@ -548,6 +547,7 @@ class Tokenizer:
         return ids
 
     @bpe_fast.ctrl_c_stays_keyboard_interrupt
+    @bpe_fast.names_lone_surrogates           # ValueError naming text[i], on either path
     def encode(self, text):
         """Ids of text."""
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
@@ -562,8 +562,7 @@ class Tokenizer:
         """Lazily yield the ids of "".join(iterable), in constant memory: the engine cuts the
         stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the
         ids equal encode's (ValueError if 4M characters pass with no place to cut)."""
-        for piece in bpe_fast.stream_pieces(iterable, self.special_tokens, _STREAM_CHARS):
-            yield from self.encode(piece)
+        yield from bpe_fast.encode_stream(self.encode, iterable, self.special_tokens, _STREAM_CHARS)
 
     def decode(self, ids):
         """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and tensors are duck-typed
@@ -621,8 +620,10 @@ def _cmd_encode(args):
     if safety.same_file(args.out, vocab_file) or safety.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
+    if not safety.is_ids(args.out):        # train.py --data goes by the name
+        raise ValueError(f"--out {args.out} must end in .npy: train.py --data reads any other file as text")
     vocab = _load_vocab_file(vocab_file)
-    specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens, 1)
+    specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens)
     missing = [s for s in specials if s.encode() not in vocab.values()]
     if missing and args.special_tokens:     # the Tokenizer would append it: ids past the tokenizer files' vocabulary
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
@@ -661,8 +662,7 @@ def main(argv=None):
         sys.exit(safety.reader_left())
     except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
         full = safety.disk_is_full(e)
-        why = (f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun" if full else
-               safety.os_error_words(e) if getattr(e, "filename", None) else e)
+        why = safety.disk_full_words(e) if full else safety.os_error_words(e) if getattr(e, "filename", None) else e
         print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
         sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
     except KeyboardInterrupt:     # files are written atomically: none is left half-written

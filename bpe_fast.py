@@ -48,7 +48,7 @@ from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
 from safety import (SIGHUP, STOPS, DataError, atomic_file, end_progress, hang_up, memory_bytes, on_stops,
-                    read_exactly, read_into, same_file, show_progress, unreadable, usable_cores)
+                    read_exactly, read_into, same_file, short_repr, show_progress, unreadable, usable_cores)
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -202,6 +202,42 @@ def stream_pieces(iterable, special_tokens, piece_chars):
     buf += "".join(new)
     if buf:
         yield buf
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate: in a str, not Unicode text; UTF-8 has no bytes for it
+
+
+def lone_surrogate(text, offset=0):
+    """The ValueError for text that UTF-8 cannot encode, naming its first lone surrogate's place (text[i], i counted
+    from offset: text's place in a longer one), or None if it has none (the error was another)."""
+    if m := _SURROGATE.search(text):
+        return ValueError(f"text[{offset + m.start()}] is a lone surrogate {m.group()!r}, which UTF-8 cannot encode")
+
+
+def names_lone_surrogates(encode):
+    """encode(self, text) where a lone surrogate is lone_surrogate's ValueError, not the UnicodeEncodeError of the
+    place it was met: the plain path meets it in a pre-token, the compiled one in the whole text. Raising, not
+    replacing it (tiktoken), is what GPT-2's encoder does; caught as it happens, normal text takes no extra pass."""
+    @functools.wraps(encode)
+    def wrapper(self, text):
+        try:
+            return encode(self, text)
+        except UnicodeEncodeError as e:
+            raise (lone_surrogate(text) or e) from None
+    return wrapper
+
+
+def encode_stream(encode, iterable, special_tokens, piece_chars):
+    """encode_iterable's ids: encode(piece) of each of stream_pieces; a lone surrogate named at its place in the
+    whole text, not in its piece."""
+    done = 0
+    for piece in stream_pieces(iterable, special_tokens, piece_chars):
+        try:
+            ids = encode(piece)
+        except ValueError as e:     # encode's lone_surrogate, at its place in the piece
+            raise (lone_surrogate(piece, done) or e) from None
+        yield from ids
+        done += len(piece)
 
 
 def _find_cut(f, pos, size, cut_re, special_bytes):
@@ -488,14 +524,37 @@ def catch_ctrl_c():
     on_stops(interrupt)
 
 
+def new_special_tokens(special_tokens):
+    """The bytes of the (checked) special tokens that take ids after the 256 bytes, in order. One of one byte (ASCII)
+    is that byte's token already and keeps its id, as a Tokenizer finds it: a second id would be the same token twice,
+    which vocab.json cannot hold (Hugging Face's trainer, too, gives a special token its vocab has no second id)."""
+    return [b for b in (s.encode("utf-8") for s in special_tokens) if len(b) > 1]
+
+
 def check_vocab_size(vocab_size, special_tokens):
     """ValueError unless vocab_size is an integer with room for the 256 bytes and the (checked) special tokens."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
-    n_base = 256 + len(special_tokens)
+    n_base = 256 + len(new_special_tokens(special_tokens))
     if vocab_size < n_base:
         raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
-                         f"{len(special_tokens)} special tokens = {n_base}; raise it")
+                         f"{n_base - 256} special tokens = {n_base}; raise it")
+
+
+def checked_merges(vocab, merges):
+    """merges as a list, once the vocab's tokens are bytes and each merge a pair of them: str there (text, not a
+    token's bytes) failed later as "token 'a' is not in the vocab", which is not what is wrong. ValueError names
+    the first that is not."""
+    merges = list(merges)
+    if (set(map(type, vocab.values())) <= {bytes} and set(map(type, merges)) <= {tuple} and  # the usual: at C speed
+            set(map(len, merges)) <= {2} and set(map(type, chain.from_iterable(merges))) <= {bytes}):
+        return merges
+    if bad := next(((i, t) for i, t in vocab.items() if not isinstance(t, bytes)), None):
+        raise ValueError(f"vocab tokens must be bytes such as b'a'; id {bad[0]} is {short_repr(bad[1])}")
+    for k, m in enumerate(merges):
+        if not (isinstance(m, (tuple, list)) and len(m) == 2 and all(isinstance(t, bytes) for t in m)):
+            raise ValueError(f"merges must be pairs of bytes such as (b'a', b'b'); merge #{k} is {short_repr(m)}")
+    return merges
 
 
 def worker_count(num_workers):

@@ -24,13 +24,9 @@ import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
 from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    lock_holder, new_folders, read_exactly, read_into, short_repr, show_progress)
+                    is_ids, lock_holder, new_folders, read_exactly, read_into, short_repr, show_progress)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
-
-
-def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
-    return Path(source).suffix.lower() == ".npy"
 
 
 # ----------------------------------------------------------------------------

@@ -375,6 +375,10 @@ def disk_is_full(e):  # is e the error of a full disk, or of a user's exhausted 
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), stdout's none
+    return f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun"
+
+
 def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
     return (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
             f"the system said: {e}; fix that")
@@ -410,14 +414,18 @@ def exit_code(name, command, interrupted):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (memory running out
     too) or an unforeseen OSError, 130 a Ctrl-C."""
     try:
-        return command()
+        code = command()
+        if sys.stdout:  # what print left in its buffer fails here on a full disk, not as Python exits ("ignored")
+            sys.stdout.flush()
+        return code
     except (UsageError, DataError) as e:
         log(f"{name}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except BrokenPipeError:
         return reader_left()
-    except OSError as e:  # what no check foresaw (a directory /proc or /sys will not hold, an I/O error): exit 1
-        log(f"{name}: error: {os_error_words(e)}, then run the same command again.", file=sys.stderr)
+    except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1
+        why = f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then run the same command again."
+        log(f"{name}: error: {why}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Exception) as e:
         # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
@@ -737,6 +745,10 @@ def too_big(c):  # the run would not fit in memory: a sentence with the estimate
     return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, AdamW state, "
             f"one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
             "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
+
+
+def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
+    return Path(source).suffix.lower() == ".npy"
 
 
 DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (random tokens) skips them, experiments.py not

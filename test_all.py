@@ -2162,10 +2162,12 @@ def test_bpe_compiled_encode_specials_and_surrogates():
     big = bpe.Tokenizer(vocab | {3_000_000_000: b"ab", 4_294_967_294: b"abab"},
                         [(b"a", b"b"), (b"ab", b"ab")], ["<|x|>"])
     assert _bpe_both_paths(big, "abab ab<|x|>") == [4_294_967_294, 32, 3_000_000_000, 4_294_967_295]
-    # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has.
-    for encode in (tok.encode, tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
+    # A lone surrogate cannot be UTF-8: both paths refuse it as encoding always has; encode names its place in the text
+    for encode in (tok._encode_plain, lambda t: tok._engine.encode(t.encode("utf-8"))):
         with pytest.raises(UnicodeEncodeError):
             encode("ab \ud800 c")
+    with pytest.raises(ValueError, match=r"^text\[3\] is a lone surrogate '\\ud800', which UTF-8 cannot encode$"):
+        tok.encode("ab \ud800 c")
 
 
 def test_bpe_encode_hands_a_long_pre_token_to_the_engine(bpe_gpt2, monkeypatch):
@@ -2500,10 +2502,10 @@ def test_bpe_never_writes_over_its_input(tmp_path):
     tok_dir.mkdir()
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])
     tok.save(tok_dir / "vocab.json", tok_dir / "merges.txt")
-    (tmp_path / "link.txt").symlink_to(text)
+    (tmp_path / "link.npy").symlink_to(text)
     before = {p: p.read_bytes() for p in (text, tok_dir / "vocab.json", tok_dir / "merges.txt")}
     cases = {"is the input file": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
-                                   str(tmp_path / "link.txt")],
+                                   str(tmp_path / "link.npy")],
              "is a file of the tokenizer": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
                                             f"{tok_dir}/../tok/merges.txt"],
              "is one of the files training writes": ["train", str(tok_dir / "merges.txt"), "--vocab-size", "300",
@@ -2515,7 +2517,7 @@ def test_bpe_never_writes_over_its_input(tmp_path):
     with pytest.raises(ValueError, match="is the input file"):
         bpe.encode_file(tok, str(text), str(text), 1, progress=False)
     assert {p: p.read_bytes() for p in before} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.txt", "tok"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "link.npy", "tok"]
     for bad in (-1, 0, 1.5, True):    # IndexError or TypeError deep in the pool before
         with pytest.raises(ValueError, match=f"num_workers must be a whole number of at least 1.*got {bad}"):
             bpe.train_bpe(str(text), 300, num_workers=bad)
@@ -3028,18 +3030,11 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
     """vocab.json holds one id per token and from_files wants every merged token made: save wrote a token at two ids
     (a vocab in memory, or training's with a one-byte special token: 'a' at 97 and 256) under its last id only, so
     the files loaded with other ids (decode(97) failed), and merges cut short in memory as files from_files refused.
-    Training now refuses a one-byte special token before it starts; a Tokenizer finds it among the bytes."""
+    Training now keeps a one-byte special token at its byte's id, as a Tokenizer finds it among the bytes (see
+    test_bpe_train_and_encode_agree_on_a_one_byte_special_token)."""
     v, m = tmp_path / "vocab.json", tmp_path / "merges.txt"
     text = tmp_path / "a.txt"
     text.write_text("a cat sat, a cat ate\n" * 20, encoding="utf-8")
-    for train in (lambda: bpe.train_bpe(str(text), 270, ["<|eot|>", "a"]),    # 'a' would be 97 and 258
-                  lambda: bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 270, ["a"])):
-        with pytest.raises(ValueError, match=r"^special token 'a' is one byte, a token already; fix or remove it$"):
-            train()
-    with pytest.raises(SystemExit) as stop:      # before training, not after it
-        bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "é", "\n", "--out", str(v.parent)])
-    assert stop.value.code == 2 and capsys.readouterr().err == (
-        "bpe.py train: error: special token '\\n' is one byte, a token already; fix or remove it\n")
     # a special token with a lone surrogate (bytes not UTF-8 from a shell, $'\\xff', arrive as '\\udcff') said only
     # "'utf-8' codec can't encode characters ...", naming neither the token nor that it is not UTF-8
     with pytest.raises(SystemExit) as stop:
@@ -3082,6 +3077,83 @@ def test_bpe_cli_encode_refuses_special_tokens_its_tokenizer_lacks(tmp_path, cap
     for flags, last in (([], 256), (["--special-tokens"], ord(">")), (["--special-tokens", _BPE_EOT], 256)):
         bpe.main(encode + flags)
         assert np.load(ids).tolist()[-2] == last               # <|endoftext|>: its id when special, else its >
+
+
+# --- session 12 tok items 1-4: special tokens of one byte, merges of str, --out without .npy, lone surrogates ---
+def _bpe_bytes_tokenizer(tmp_path):  # the 256 bytes and no merges, saved as bpe.py train's files; (text, its folder)
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("hello world\n", encoding="utf-8")
+    tok_dir.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok_dir))
+    return text, tok_dir
+
+
+def test_bpe_cli_encode_refuses_an_out_that_train_would_read_as_text(tmp_path, capsys):
+    # `bpe.py encode a.txt --out ids` wrote a .npy named ids, then hinted `python train.py --data ids`, which refused
+    # it as text: "--tokenizer goes with --data PATH.npy only"
+    text, tok_dir = _bpe_bytes_tokenizer(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids"), "--workers", "1"])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"bpe.py encode: error: --out {tmp_path / 'ids'} must end in .npy: train.py --data reads any other file as "
+        "text\n")
+    assert not (tmp_path / "ids").exists() and data.is_ids(tmp_path / "IDS.NPY")
+
+
+def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merge():
+    # Tokenizer(vocab, [("a", "b")]): "merge #0: token 'a' is not in the vocab; vocab and merges disagree", as if the
+    # merge were missing, and (b"a", "b") a TypeError "can't concat str to bytes"; a vocab of str: "lacks the byte 0x00"
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"abc"}
+    for merges, k, shown in [([("a", "b")], 0, "('a', 'b')"), ([(b"a", b"b"), (b"ab", "c")], 1, "(b'ab', 'c')"),
+                             ([b"ab"], 0, "b'ab'"), ([(b"a", b"b", b"c")], 0, "(b'a', b'b', b'c')")]:
+        with pytest.raises(ValueError, match=f"^merges must be pairs of bytes such as \\(b'a', b'b'\\); merge #{k} is "
+                                             f"{re.escape(shown)}$"):
+            bpe.Tokenizer(vocab, merges)
+    with pytest.raises(ValueError, match=r"^vocab tokens must be bytes such as b'a'; id 97 is 'a'$"):
+        bpe.Tokenizer(vocab | {97: "a"}, [])
+    assert bpe.Tokenizer(vocab, iter([[b"a", b"b"], (b"ab", b"c")])).encode("abc ab") == [257, 32, 256]  # lists too
+
+
+def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
+    # `bpe.py encode --special-tokens a` split the text at each 'a' (a Tokenizer finds 'a' among the bytes, as Hugging
+    # Face's reuses a token its vocab has), while `bpe.py train --special-tokens a` refused it ("one byte, a token
+    # already"): a second id for the byte, which vocab.json cannot hold. Now both keep it at the byte's id.
+    text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("the dog sat on a log,\na dog ate <|eot|>\n" * 20, encoding="utf-8")
+    specials = ["é", "\n", "<|eot|>", "a"]          # 'é' is two bytes: a new id, as <|eot|>
+    vocab, merges = bpe.train_bpe(str(text), 266, specials)
+    assert (vocab, merges) == bpe.train_bpe_naive(text.read_text(encoding="utf-8"), 266, specials)
+    assert len(vocab) == 266 and vocab[256] == "é".encode() and vocab[257] == b"<|eot|>" and vocab[97] == b"a"
+    assert list(vocab.values()).count(b"a") == 1 and not [m for m in merges if b"a" in m or b"\n" in m]
+    assert len(bpe.train_bpe(str(text), 257, ["a", "\n", "<|eot|>"])[0]) == 257     # room: 256 bytes + <|eot|>
+    bpe.main(["train", str(text), "--vocab-size", "266", "--special-tokens", *specials, "--out", str(tok_dir)])
+    tok = bpe.Tokenizer.from_files(*bpe._tokenizer_files(tok_dir), specials)
+    assert (tok.vocab, tok.merges) == (vocab, merges)
+    bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers", "1",
+              "--special-tokens", *specials])
+    ids = np.load(tmp_path / "ids.npy").tolist()
+    assert ids == tok.encode(text.read_text(encoding="utf-8")) and ids.count(ord("a")) == 80 and ids.count(10) == 40
+
+
+def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatch):
+    # "a\ud800b": UnicodeEncodeError "'utf-8' codec can't encode character '\ud800' in position 0" from the plain
+    # path (a pre-token's place), position 1 from the compiled one (the text's); encode_iterable gave its piece's
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)} | {256: b"he", 257: _BPE_EOT.encode()}, [(b"h", b"e")],
+                        [_BPE_EOT])
+    said = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(bpe_fast, "compiled_encoder_pays", lambda n: compiled)
+        assert tok.encode("he\U0001F600") == [256, 240, 159, 152, 128]       # a surrogate pair's character is text
+        for text in ("a\ud800b", f"hello{_BPE_EOT} wor\udcffld"):
+            with pytest.raises(ValueError) as e:
+                tok.encode(text)
+            said[compiled, text] = str(e.value)
+    assert said[False, "a\ud800b"] == said[True, "a\ud800b"] == (
+        "text[1] is a lone surrogate '\\ud800', which UTF-8 cannot encode")
+    assert said[False, f"hello{_BPE_EOT} wor\udcffld"] == said[True, f"hello{_BPE_EOT} wor\udcffld"] == (
+        "text[22] is a lone surrogate '\\udcff', which UTF-8 cannot encode")
+    with pytest.raises(ValueError, match=r"^text\[32002\] is a lone surrogate '\\udcff', which UTF-8 cannot encode$"):
+        list(tok.encode_iterable(["hello world " * 1000, "he" * 10_000, "x \udcff"]))   # in the third piece
 
 
 # ============================================================================
@@ -6515,6 +6587,24 @@ def test_accounting_pile_is_825_gib_as_its_paper_says(monkeypatch, capsys):
     days = 825 * 2**30 / 626_519.6 / 86_400
     assert f"= {days:.2f} days" in capsys.readouterr().out and f"{days:.1f}" == "16.4"
     assert not [row for row in accounting.notes_corrections() if "Pile" in row[0]]
+
+
+# --- session 12 tok item 5: stdout on a full disk is named, as bpe.py names it (safety.exit_code, every printing CLI) ---
+@pytest.mark.parametrize("buffering", [1, -1])  # a print fails, or only the flush of what it buffered
+def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkeypatch):
+    # `python accounting.py > /dev/full`: "the system said: [Errno 28] No space left on device; fix that", and a
+    # small output's failing flush came after exit_code, as Python's "Exception ignored" with exit code 120
+    if not os.path.exists("/dev/full"):  # Linux's device whose every write fails as a full disk does
+        pytest.skip("no /dev/full here")
+    full = open("/dev/full", "w", buffering=buffering)
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        code = safety.exit_code("accounting.py", lambda: accounting.main(["--section", "tensors"]), "")
+    finally:
+        with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
+            full.close()
+    assert code == 1 and capsys.readouterr().err == (
+        "accounting.py: error: the disk is full: could not write stdout; free some space and rerun.\n")
 
 
 # ============================================================================
