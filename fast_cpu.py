@@ -26,8 +26,9 @@ from numba.extending import intrinsic
 
 F32 = np.float32
 FASTMATH = {"reassoc", "contract", "arcp"}  # vectorized sums and fused multiply-adds; NaN and inf kept
-RMS_BLOCKS = 16  # RMSNorm's weight gradient sums rows in this many blocks: a fixed number, so the same bits on any
-# number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
+ELEMENTWISE = FASTMATH - {"reassoc"}  # no sums to vectorize, and a reordered silu(a) * b overflowed: (a b) / e^-a
+BLOCKS = 16  # RMSNorm's weight gradient and the gradients' norm are summed in this many blocks: a fixed number, so
+# the same bits on any number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
 
 
 def usable(*tensors):
@@ -44,9 +45,9 @@ def _np(t):  # a float32 CPU tensor -> a numpy view of the same memory (contiguo
     return t.detach().contiguous().numpy()
 
 
-def _no_second_derivative():
+def _no_second_derivative(flag="model.py's fast=False"):  # cross_entropy's: optim's fused=False
     if torch.is_grad_enabled():  # create_graph=True: a hand-written gradient has no derivative of its own
-        raise ValueError("The fast CPU kernels have no second derivative; use fast=False with create_graph.")
+        raise ValueError(f"The fast CPU kernels have no second derivative; use {flag} with create_graph.")
 
 
 # ----------------------------------------------------------------------------
@@ -63,9 +64,10 @@ def _bits_as_float32(typingctx, bits):
 @numba.njit(inline="always", fastmath=FASTMATH)
 def _exp32(x):
     """e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2 (ln 2 in two parts, so r keeps its digits);
-    e^r by a degree-7 polynomial. x is clamped to [-87.3, 88] (2^n stays a normal float32): below, the
-    result is e^-87.3 ~ 1e-38 instead of 0. NaN stays NaN."""
-    y = min(max(x, F32(-87.3)), F32(88.0))
+    e^r by a degree-7 polynomial. x is clamped to [-88, 89], where n runs from -127 to 128: those two 2^n are
+    the bits of 0 and of inf, so e^x is 0 below -87.7 (a subnormal, which a CPU run flushes) and inf from 88.4
+    on, as torch's exp gives past 88.7 (a clamp at 88 made silu(-3e38) -1.8, not -0). NaN stays NaN."""
+    y = min(max(x, F32(-88.0)), F32(89.0))
     n = np.floor(y * F32(1.44269504) + F32(0.5))
     r = y - n * F32(0.693359375) + n * F32(2.12194440e-4)
     p = F32(1.9875691500e-4)
@@ -82,13 +84,13 @@ def _exp32(x):
 # ----------------------------------------------------------------------------
 # SwiGLU's gate: silu(a) * b
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+@numba.njit(parallel=True, fastmath=ELEMENTWISE, cache=True)
 def _gate_forward(a, b, out):
     for i in numba.prange(a.size):
         out[i] = a[i] / (F32(1) + _exp32(-a[i])) * b[i]
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+@numba.njit(parallel=True, fastmath=ELEMENTWISE, cache=True)
 def _gate_backward(g, a, b, da, db):
     """d/db = g silu(a);  d/da = g b s (1 + a (1 - s)), s = sigmoid(a): silu'(a) = s + a s (1 - s)."""
     for i in numba.prange(a.size):
@@ -119,6 +121,8 @@ class _Gate(torch.autograd.Function):
 
 def silu_gate(a, b):
     """silu(a) * b (model.py's SwiGLU between its matmuls), one pass forward and one back."""
+    if a.shape != b.shape:  # the loops read both at one index: broadcast as the plain product does (or refuse)
+        a, b = torch.broadcast_tensors(a, b)
     return _Gate.apply(a, b)
 
 
@@ -132,7 +136,8 @@ def _rms_forward(x, w, eps, y, rstd):
         s = F32(0)
         for j in range(d):
             s += x[i, j] * x[i, j]
-        r = F32(1) / np.sqrt(s / F32(d) + eps)
+        ms = s / F32(d) + eps  # inf (an inf, or squares past float32): r = 0, not fastmath's NaN for 1 / sqrt(inf)
+        r = F32(1) / np.sqrt(ms) if ms != np.inf else F32(0)
         rstd[i] = r
         for j in range(d):
             y[i, j] = x[i, j] * r * w[j]
@@ -158,7 +163,7 @@ def _rms_backward(g, x, w, rstd, dx, dw_parts):
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):  # x (..., d), weight (d,)
-        x2 = x.contiguous().view(-1, x.shape[-1])
+        x2 = x.contiguous().view(x.shape[:-1].numel(), x.shape[-1])  # -1 fails where d is 0
         y, rstd = np.empty(x2.shape, np.float32), np.empty(x2.shape[0], np.float32)
         _threads()
         _rms_forward(_np(x2), _np(weight), F32(eps), y, rstd)
@@ -171,13 +176,15 @@ class _RMSNorm(torch.autograd.Function):
         x2, weight, rstd = ctx.saved_tensors
         dx = np.empty(x2.shape, np.float32)
         _threads()
-        dw_parts = np.zeros((RMS_BLOCKS, x2.shape[1]), np.float32)
+        dw_parts = np.zeros((BLOCKS, x2.shape[1]), np.float32)
         _rms_backward(_np(g).reshape(x2.shape), _np(x2), _np(weight), _np(rstd), dx, dw_parts)
         return torch.from_numpy(dx).view(g.shape), torch.from_numpy(dw_parts.sum(0)), None
 
 
 def rms_norm(x, weight, eps):
     """model.py's RMSNorm: x / sqrt(mean(x^2) + eps) * weight over the last dimension, one pass each way."""
+    if weight.shape != x.shape[-1:]:  # the loop reads weight[j] for each of x's last dimension: no reads past its end
+        raise ValueError(f"RMSNorm's weight of shape {tuple(weight.shape)} does not fit x of shape {tuple(x.shape)}.")
     return _RMSNorm.apply(x, weight, eps)
 
 
@@ -224,7 +231,7 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        _no_second_derivative()
+        _no_second_derivative("cross_entropy(fused=False)")
         logits, lse, targets = ctx.saved_tensors
         g = np.empty(logits.shape, np.float32)
         _threads()
@@ -235,6 +242,9 @@ class _CrossEntropy(torch.autograd.Function):
 def cross_entropy(logits, targets):
     """optim.cross_entropy(fused=True)'s loss on (N, V) float32 CPU logits: two passes forward (the row max,
     then the log-sum-exp), none of (N, V) written; one pass back."""
+    if targets.shape != logits.shape[:1] or targets.dtype not in (torch.int64, torch.int32):  # the loop's reads
+        raise ValueError(f"targets must be {len(logits)} int64 or int32 ids, got {targets.dtype} of shape "
+                         f"{tuple(targets.shape)}.")
     return _CrossEntropy.apply(logits, targets)
 
 
@@ -243,10 +253,13 @@ def cross_entropy(logits, targets):
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _sum_of_squares(g):  # in float64: 22M float32 squares summed in float32 would lose digits
-    s = 0.0
-    for i in numba.prange(g.size):
-        s += np.float64(g[i]) * g[i]
-    return s
+    n, parts = g.size, np.zeros(BLOCKS)  # (a prange reduction sums one part per thread: bits that vary with them)
+    for c in numba.prange(BLOCKS):
+        block, s = g[c * n // BLOCKS:(c + 1) * n // BLOCKS], 0.0  # (a slice: indices from 0 up, which vectorize)
+        for i in range(block.size):
+            s += np.float64(block[i]) * block[i]
+        parts[c] = s
+    return parts
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -260,7 +273,7 @@ def clip_grad_norm(grads, max_l2_norm, eps):
     norm is at least max_l2_norm -> the norm, a 0-dim float32 tensor (a CPU has no device to wait for)."""
     _threads()
     flat = [g.view(-1).numpy() for g in grads]
-    total = np.sqrt(sum(_sum_of_squares(g) for g in flat))
+    total = np.sqrt(sum(_sum_of_squares(g).sum() for g in flat))  # numpy's sums: numba's parallel=True would thread
     if total >= max_l2_norm:  # NaN is not: a diverged run's gradients stay as they are, as the plain code's
         for g in flat:
             _scale(g, F32(max_l2_norm / (total + eps)))

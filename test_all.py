@@ -405,6 +405,61 @@ def test_fast_cpu_step_runs_each_fused_op_as_one_kernel():
         assert bool(replaced) != fast, replaced
 
 
+
+# --- issue 35 fuzzing: the engine at float32's edges, on shapes it does not expect, on any number of threads ---
+def test_fast_cpu_kernels_keep_the_plain_values_at_float32s_edges():
+    # silu past exp's range: a clamp at e^88 made silu(-3e38) -1.8, not -0, and silu(-inf) -inf, not NaN; an RMSNorm
+    # row whose squares pass float32 (or hold an inf): fastmath's 1 / sqrt(inf) made the row NaN, the plain code 0
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([-3e38, -1e30, -100.0, -inf, inf, nan, 100.0, -0.0, 1.5])
+    x = torch.tensor([[1.0, inf, 2.0], [3e19, 3e19, 3e19], [nan, 1.0, 1.0], [0.5, -1.0, 2.0]])
+    norm = model.RMSNorm(3)
+    norm.weight.data = torch.tensor([0.5, -2.0, 3.0])
+    cases = [(fast_cpu.silu_gate, lambda a, b: torch.nn.functional.silu(a) * b, (a, torch.full_like(a, 2.0))),
+             (lambda x, w: fast_cpu.rms_norm(x, w, 1e-5), lambda x, w: torch.func.functional_call(norm, {"weight": w}, x),
+              (x, norm.weight))]
+    for kernel, plain, args in cases:
+        fast_args, plain_args = ([t.detach().clone().requires_grad_() for t in args] for _ in range(2))
+        got, want = kernel(*fast_args), plain(*plain_args)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, equal_nan=True)
+        g = torch.linspace(-1, 1, want.numel()).view(want.shape)
+        for got_grad, want_grad in zip(torch.autograd.grad(got, fast_args, g), torch.autograd.grad(want, plain_args, g)):
+            torch.testing.assert_close(got_grad, want_grad, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+def test_fast_cpu_kernels_take_or_refuse_shapes_they_would_read_past():
+    # the loops index their inputs as one shape: a broadcast b read past its end (garbage), a short weight or
+    # target list too; float targets were a numba TypingError, d = 0 a reshape error, and the loss's create_graph
+    # refusal named model.py's flag, not cross_entropy's
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    got, want = fast_cpu.silu_gate(a, b), model.silu(a) * b
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), b)[0], torch.autograd.grad(want.sum(), b)[0])
+    with pytest.raises(ValueError, match=r"weight of shape \(3,\) does not fit x of shape \(2, 5\)"):
+        fast_cpu.rms_norm(torch.ones(2, 5), torch.ones(3), 1e-5)
+    assert fast_cpu.rms_norm(torch.ones(3, 0), torch.ones(0), 1e-5).shape == (3, 0)
+    logits = torch.randn(3, 4, requires_grad=True)
+    for targets in (torch.tensor([0, 1]), torch.tensor([0.0, 1.0, 2.0])):
+        with pytest.raises(ValueError, match="targets must be 3 int64 or int32 ids"):
+            fast_cpu.cross_entropy(logits, targets)
+    with pytest.raises(ValueError, match=r"use cross_entropy\(fused=False\) with create_graph"):
+        torch.autograd.grad(fast_cpu.cross_entropy(logits, torch.tensor([0, 1, 3])), logits, create_graph=True)
+
+
+def test_fast_cpu_gradient_norm_is_the_same_bits_on_any_number_of_threads():
+    # the float64 sum of squares was numba's prange reduction, one part per thread: other bits on 1 and 2 threads
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba runs one thread here")
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(n).astype(np.float32) for n in (1, 1000, 100_003, 300_001)]
+    sums = []
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        sums.append([fast_cpu._sum_of_squares(g).sum() for g in grads])
+    fast_cpu._threads()
+    assert sums[0] == sums[1]
+    np.testing.assert_allclose(sums[0], [np.sum(g.astype(np.float64) ** 2) for g in grads], rtol=1e-13)
+
 def test_model_ablation_keys_and_tied_weights():
     keys = lambda m: set(m.state_dict())  # noqa: E731
     base = keys(_model_small())
