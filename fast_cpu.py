@@ -16,7 +16,8 @@ The lessons it embodies:
   4. The loops sum in any order (fastmath's "reassoc": the sums vectorize), so results differ from torch's in
      the last bits; NaN and infinity still propagate (no "nnan"/"ninf"), which the loop's check of the loss
      relies on.
-  5. numba runs on torch's thread count, on the same OpenMP threads.
+  5. numba runs on as many threads as torch uses (torch.set_num_threads), so the two never ask for more cores
+     than a run was given.
 """
 import numba
 import numpy as np
