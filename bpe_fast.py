@@ -1666,5 +1666,3 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
         f.seek(0)
         f.write(header)
     return n_tokens
-
-

@@ -460,6 +460,7 @@ def test_fast_cpu_gradient_norm_is_the_same_bits_on_any_number_of_threads():
     assert sums[0] == sums[1]
     np.testing.assert_allclose(sums[0], [np.sum(g.astype(np.float64) ** 2) for g in grads], rtol=1e-13)
 
+
 def test_model_ablation_keys_and_tied_weights():
     keys = lambda m: set(m.state_dict())  # noqa: E731
     base = keys(_model_small())
