@@ -1082,10 +1082,15 @@ def keep_freed_memory():
 def torch_settings(cfg):
     """PyTorch's global switches for a run, restored afterwards (tests run many in one process)."""
     torch = _torch()
-    was = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
+    filling = torch.utils.deterministic  # its switch: deterministic mode fills each new tensor with NaN
+    was = (torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(),
+           filling.fill_uninitialized_memory)
     # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
     # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
     torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
+    # The NaN fill guards against a kernel that reads memory it never wrote; none here does (the resume tests
+    # compare bits), and it is one more pass over every new tensor: a CPU step's matmul outputs, attention's buffers
+    filling.fill_uninitialized_memory = was[2] and cfg["device"] != "cpu"
     torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
     # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
@@ -1098,6 +1103,7 @@ def torch_settings(cfg):
     finally:
         torch.use_deterministic_algorithms(was[0])
         torch.set_float32_matmul_precision(was[1])
+        filling.fill_uninitialized_memory = was[2]
         if flush:
             torch.set_flush_denormal(False)
 

@@ -4357,6 +4357,23 @@ def test_train_cpu_runs_flush_subnormal_floats():
     assert (tiny * 1.0).item() != 0.0
 
 
+def test_train_cpu_runs_skip_the_nan_fill_of_deterministic_mode():
+    # a CPU run turns deterministic mode on (bitwise resumes), which also wrote NaN into every new tensor: one more
+    # pass over each matmul's output and attention's buffers, 3% of a CPU step. The run's settings turn that fill
+    # off (nothing reads memory it did not write: the resume tests compare bits) and restore it afterwards
+    def fills():
+        with torch.autograd.profiler.profile() as prof:
+            torch.empty(4096)
+        return sum(e.name == "aten::fill_" for e in prof.function_events)
+    with safety.torch_settings({"device": "cpu"}):
+        assert torch.are_deterministic_algorithms_enabled() and fills() == 0
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert fills() == 1  # deterministic mode's own default, restored
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
     # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
     # time (a fifth of the default run's time here). How much glibc's own adaptive threshold keeps varies by machine
