@@ -32,10 +32,11 @@ BLOCKS = 16  # RMSNorm's weight gradient and the gradients' norm are summed in t
 # the same bits on any number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
 
 
-def usable(*tensors):
-    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own)."""
+def usable(*tensors, in_place=False):
+    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own);
+    in_place (AdamW, the clip: the loop writes into the tensors' own memory): contiguous too."""
     return not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                     for t in tensors)
+                                                     and (t.is_contiguous() or not in_place) for t in tensors)
 
 
 def _threads():

@@ -155,8 +155,7 @@ class AdamW(_Optimizer):
         step_sizes = [-lr * math.sqrt(1 - b2 ** s["step"]) / (1 - b1 ** s["step"]) for s in states]  # -a_t
         decay = 1 - lr * wd
         tensors = params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        if self.fused and not self.compiled and all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                    and t.is_contiguous() for ts in tensors for t in ts):
+        if self.fused and not self.compiled and fast_cpu.usable(*(t for ts in tensors for t in ts), in_place=True):
             return fast_cpu.adamw(*tensors, step_sizes, decay, b1, b2, eps)  # one pass over memory per tensor
         if self.compiled:  # as tensors: a new lr or t is then new data for the same compiled code, not a recompile
             dtype = torch.promote_types(params[0].dtype, torch.float32)  # the precision eager ops use for numbers
@@ -212,7 +211,7 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    if fused and fast_cpu.usable(*grads) and all(g.is_contiguous() for g in grads):
+    if fused and fast_cpu.usable(*grads, in_place=True):
         return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))

@@ -1331,12 +1331,13 @@ def run_complete(state, cfg, ckpt_path, tok):
     loss.png with --plot)? Then one line says so, and nothing is evaluated, sampled or written again (the end did
     that once). Without them (stopped at the last step, during the evaluation, the sampling or the plot) the run
     goes on to its end. A longer run changes --max-iters, which --resume refuses."""
+    run = ckpt_path.parent
     ends = [name for name, made in (("samples.txt", tok is not None and cfg["num_samples"] > 0),
                                     ("loss.png", cfg["plot"])) if made]
-    loss, ended = final_val_loss(ckpt_path.parent / "metrics.jsonl", cfg["max_iters"]), ckpt_path.parent
-    if state["iteration"] < cfg["max_iters"] or loss is None or not all((ended / name).is_file() for name in ends):
+    loss = final_val_loss(run / "metrics.jsonl", cfg["max_iters"])
+    if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
         return False
-    log(f"{ckpt_path.parent} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
+    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
         f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
         "train longer, start a new run with a larger --max-iters (plus --overwrite, or another --run-name).")
     return True
