@@ -55,7 +55,7 @@ def _check_special_tokens(special_tokens):
         raise ValueError("special_tokens must be a list of strings, not a single string "
                          f"(did you mean [{special_tokens!r}]?)")
     special_tokens = list(special_tokens or ())
-    for s in special_tokens:                       # a lone surrogate: a shell's \xff
+    for s in special_tokens:  # a lone surrogate is how a shell's $'\xff' arrives
         why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
                "not valid UTF-8 (a lone surrogate)" if bpe_fast.lone_surrogate(s) else "")
         if why:
