@@ -120,6 +120,11 @@ def write_json(obj, path):  # whole and on disk (fsync) before export_hf puts th
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.json")
 
 
+def added_token(content):  # a special token as transformers' files describe it: split off before BPE, never merged
+    return {"content": content, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+            "special": True}
+
+
 def tokenizers_json(tok, ids):
     """tok as the `tokenizers` library's tokenizer.json, ids: {special token: its id}. The special tokens are cut out
     first (added_tokens, longest first, as bpe.py's split), the rest split by bpe.py's GPT-2 regex, each piece's bytes
@@ -127,8 +132,7 @@ def tokenizers_json(tok, ids):
     merges.txt's merges in order. Example: "hi<|endoftext|>" -> "hi", then <|endoftext|>'s id."""
     level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
     return {"version": "1.0", "truncation": None, "padding": None, "normalizer": None, "post_processor": None,
-            "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                              "normalized": False, "special": True} for s, i in ids.items()],
+            "added_tokens": [{"id": i, **added_token(s)} for s, i in ids.items()],
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": GPT2_PAT}, "behavior": "Isolated", "invert": False}, level]},
             "decoder": level,
@@ -148,8 +152,7 @@ def save_tokenizer(tok, paths, context_length):
     ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
     first = tok.special_tokens[0] if tok.special_tokens else None
     names = {"bos_token": first, "eos_token": first, "unk_token": first}
-    added = {str(i): {"content": s, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
-                      "single_word": False} for s, i in ids.items()}  # split off before BPE, never merged
+    added = {str(i): added_token(s) for s, i in ids.items()}
     write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                 "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
                 "added_tokens_decoder": added}, config)
