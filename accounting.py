@@ -27,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bpe
 import model
-import safety
+import cli
 
 GB, MiB, GiB, DAY = 1e9, 2**20, 2**30, 86_400  # bytes, bytes, bytes, seconds
 FP32_BYTES, BF16_BYTES = torch.float32.itemsize, torch.bfloat16.itemsize  # 4 and 2 bytes per value
@@ -776,7 +776,7 @@ SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().ite
 
 
 def main(argv=None):
-    p = safety.Parser(prog="accounting.py", description="CS336 lecture 2 and assignment 1 resource accounting.")
+    p = cli.Parser(prog="accounting.py", description="CS336 lecture 2 and assignment 1 resource accounting.")
     p.add_argument("--section", choices=SECTIONS, help="print one section (default: all of them)")
     p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")
     args = p.parse_args(argv)
@@ -791,5 +791,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    safety.end_quietly_on_closed_pipe()
-    raise SystemExit(safety.exit_code("accounting.py", main, "nothing was written."))
+    cli.end_quietly_on_closed_pipe()
+    raise SystemExit(cli.exit_code("accounting.py", main, "nothing was written."))

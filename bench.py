@@ -39,14 +39,17 @@ import torch.nn.functional as F
 
 import accounting
 import bpe
+import config
 import data
 import export
 import kernels
 import model
 import train
+from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
+from config import MIN_TEXT_VOCAB
+from files import atomic_file, unreadable
+from machine import torch_settings, usable_cores
 from model import TransformerLM, generate
-from safety import (MIN_TEXT_VOCAB, DataError, Parser, UsageError, atomic_file, end_quietly_on_closed_pipe,
-                    error_line, exit_code, torch_settings, unreadable, usable_cores)
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -702,7 +705,7 @@ def compact_step(cfg, micro, loss_inside=True):
     with the model (else torch's loss runs after it, as llama_step's does)."""
     torch.manual_seed(cfg["seed"])
     with torch.device(cfg["device"]):
-        raw = CompactLM(**{k: cfg[k] for k in train.MODEL_KEYS[:7]})  # the shape and rope_theta
+        raw = CompactLM(**{k: cfg[k] for k in config.MODEL_KEYS[:7]})  # the shape and rope_theta
     model, update = torch.compile(raw) if cfg["compile"] else raw, torch_update(raw.parameters(), cfg)
 
     def step():  # -> the mean loss (a tensor: no host sync)
@@ -729,7 +732,7 @@ def step_table(cfg):
             steps["HF LlamaForCausalLM"] = llama_step(cfg, micro)
         steps["compact model (bench.py)"] = compact_step(cfg, micro)
         steps["compact model, loss outside compile"] = compact_step(cfg, micro, loss_inside=False)
-        take_turns(steps, train.UNTIMED_STEPS, sync)
+        take_turns(steps, config.UNTIMED_STEPS, sync)
         times = take_turns(steps, cfg["benchmark_steps"], sync)[0]
         peak = train.device_peak(cfg)  # MFU's denominator, under the run's matmul precision
     print(f"device {cfg['device']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
@@ -750,7 +753,7 @@ def step_table(cfg):
 def bench_step(argv):
     """train.py's --benchmark step (argv: train.py's flags), HF Llama's and the compact model's, taking turns."""
     argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
-    cfg = train.resolve_config(["--benchmark", *argv])  # a mistake in them: one sentence (see __main__)
+    cfg = config.resolve_config(["--benchmark", *argv])  # a mistake in them: one sentence (see __main__)
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama and a compact model "
           "taking turns")
     step_table(cfg)
@@ -899,7 +902,7 @@ class GpuReport:
     def step(self, name):
         flags = self.shape_flags(name)
         print(f"python train.py --benchmark {' '.join(flags)}, with HF Llama and the compact model taking turns")
-        cfg = train.resolve_config(["--benchmark", "--data=tinystories", *flags, f"--benchmark-steps={self.steps}"])
+        cfg = config.resolve_config(["--benchmark", "--data=tinystories", *flags, f"--benchmark-steps={self.steps}"])
         results = step_table(cfg)
         if name == "TinyStories":
             self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick

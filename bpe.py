@@ -19,10 +19,12 @@ import sys
 import time
 from collections import Counter
 
-import safety  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
+import cli  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
 if __name__ == "__main__":
-    safety.quiet_while_starting("bpe.py")
-safety.numba_cache_fallback(os.path.dirname(os.path.abspath(__file__)))     # before numba loads
+    cli.quiet_while_starting("bpe.py")
+import files  # noqa: E402 (the standard library only, as cli)
+import machine  # noqa: E402
+machine.numba_cache_fallback(os.path.dirname(os.path.abspath(__file__)))     # before numba loads
 import numpy as np
 import regex
 from numba import njit
@@ -367,7 +369,7 @@ _BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab
 
 def _load_vocab_file(path):
     """A GPT-2 vocab.json as {id: bytes}; a token written twice is refused (json would keep one of its ids)."""
-    raw = safety.load_json(_read_text(path, "vocab file").removeprefix(_BOM), path, key="token")
+    raw = files.load_json(_read_text(path, "vocab file").removeprefix(_BOM), path, key="token")
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
     vocab = {}
@@ -508,12 +510,11 @@ class Tokenizer:
         _check_merges(self.merges, self.vocab, {t: i for i, t in self.vocab.items()}, self.special_tokens,
                       lambda k: f"not saved: {merges_filepath}")    # merges cut short in memory: from_files refuses
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}" for l, r in self.merges]
-        with safety.atomic_file(vocab_filepath, "w") as f:
-            f.write(json.dumps(inv, ensure_ascii=False, indent=0))
-            f.flush()       # a full disk fails here or below, before either file is replaced
-            os.fsync(f.fileno())
-            with safety.atomic_file(merges_filepath, "w") as g:        # renamed first, vocab.json next
-                g.write("\n".join(lines) + "\n")
+        with files.atomic_files([vocab_filepath, merges_filepath]) as (vocab_tmp, merges_tmp):
+            with files.atomic_file(vocab_tmp, "w") as f:
+                f.write(json.dumps(inv, ensure_ascii=False, indent=0))
+            with files.atomic_file(merges_tmp, "w") as f:
+                f.write("\n".join(lines) + "\n")
 
     def _merge_pretoken(self, word):
         """BPE of one pre-token: merge the adjacent pair of lowest rank, at every place it
@@ -595,12 +596,12 @@ def _tokenizer_files(directory):
 
 
 def _cmd_train(args):
-    if not safety.writable(args.out):     # refused before training, not after it
+    if not files.writable(args.out):     # refused before training, not after it
         in_the_way = os.path.exists(args.out) and not os.path.isdir(args.out)
-        why = (f"is {safety.not_a_file(args.out) or 'a file'}, not a directory" if in_the_way else
+        why = (f"is {files.not_a_file(args.out) or 'a file'}, not a directory" if in_the_way else
                "cannot be made or written (read-only, or a file on its path)")
         raise ValueError(f"--out {args.out} {why}; pass a writable directory")
-    if any(safety.same_file(args.input, f) for f in _tokenizer_files(args.out)):
+    if any(files.same_file(args.input, f) for f in _tokenizer_files(args.out)):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")
     t0 = time.perf_counter()
@@ -617,10 +618,10 @@ def _cmd_train(args):
 
 def _cmd_encode(args):
     vocab_file, merges_file = _tokenizer_files(args.tokenizer)
-    if safety.same_file(args.out, vocab_file) or safety.same_file(args.out, merges_file):
+    if files.same_file(args.out, vocab_file) or files.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")
-    if not safety.is_ids(args.out):        # train.py --data goes by the name
+    if not files.is_ids(args.out):        # train.py --data goes by the name
         raise ValueError(f"--out {args.out} must end in .npy: train.py --data reads any other file as text")
     vocab = _load_vocab_file(vocab_file)
     specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens)
@@ -641,7 +642,7 @@ def _cmd_encode(args):
 
 
 def main(argv=None):
-    ap = safety.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode a text file.")
+    ap = cli.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode a text file.")
     sub = ap.add_subparsers(dest="cmd", metavar="{train,encode}", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
     tr.add_argument("--vocab-size", type=int, required=True)
@@ -655,22 +656,24 @@ def main(argv=None):
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:
-        raise safety.UsageError("--num-workers (--workers) must be at least 1")
-    try:
-        {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    except BrokenPipeError:       # the reader of the output left (`| head`): stop, as cat does; no partial file
-        sys.exit(safety.reader_left())
-    except (OSError, ValueError, MemoryError, safety.DataError) as e:   # MemoryError: refused before allocating
-        full = safety.disk_is_full(e)
-        why = safety.disk_full_words(e) if full else safety.os_error_words(e) if getattr(e, "filename", None) else e
-        print(f"bpe.py {args.cmd}: error: {why}", file=sys.stderr)
-        sys.exit(1 if full or isinstance(e, safety.DataError) else 2)   # exit 1: the machine's fault
-    except KeyboardInterrupt:     # files are written atomically: none is left half-written
-        print(f"bpe.py {args.cmd}: interrupted; no partial file was left", file=sys.stderr)
-        sys.exit(130)
+        raise cli.UsageError("--num-workers (--workers) must be at least 1")
+
+    def command():
+        try:
+            {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
+        except ValueError as e:       # the input's mistake (a malformed tokenizer file, a bad special token): exit 2
+            raise cli.UsageError(str(e)) from None
+        except MemoryError as e:      # refused before allocating, with what to change: exit 1
+            if not str(e):
+                raise
+            raise cli.DataError(str(e)) from None
+        return 0
+    code = cli.exit_code(f"bpe.py {args.cmd}", command, "no partial file was left")  # files are written atomically
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
     catch_ctrl_c()
-    safety.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
-    sys.exit(safety.exit_code("bpe.py", main, "no partial file was left."))
+    cli.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
+    sys.exit(cli.exit_code("bpe.py", main, "no partial file was left."))

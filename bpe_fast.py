@@ -47,8 +47,9 @@ from numba import njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from safety import (SIGHUP, STOPS, DataError, atomic_file, end_progress, hang_up, memory_bytes, on_stops,
-                    read_exactly, read_into, same_file, short_repr, show_progress, unreadable, usable_cores)
+from cli import SIGHUP, STOPS, DataError, end_progress, hang_up, on_stops, say, short_repr, show_progress
+from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
+from machine import memory_bytes, usable_cores
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -436,7 +437,7 @@ def _note_first_compile(dispatcher):
     index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
                     "_index_path", None)
     if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
-        print("compiling the tokenizer's fast path once for this machine (up to half a minute)", flush=True)
+        say("compiling the tokenizer's fast path once for this machine (up to half a minute)")
         _compile_noted = True
 
 
@@ -459,17 +460,10 @@ def _numba_cache_made_safe(cache_file):
     def in_turn(save):
         @functools.wraps(save)
         def save_in_turn(self, *args):
-            try:
-                import fcntl     # Unix only: elsewhere saves are unlocked, as numba's own
-                folder = os.open(self._cache_path, os.O_RDONLY)
-            except (ImportError, OSError):
+            with contextlib.ExitStack() as turn:
+                with contextlib.suppress(OSError):  # a folder it cannot open: unlocked, as numba's own
+                    turn.enter_context(dir_lock(self._cache_path, waiting=""))
                 return save(self, *args)
-            try:
-                with contextlib.suppress(OSError):  # a file system without locks (some NFS): unlocked, as numba's own
-                    fcntl.flock(folder, fcntl.LOCK_EX)
-                return save(self, *args)
-            finally:
-                os.close(folder)  # (closing it frees the lock)
         return save_in_turn
     cache_file._load_index = miss_on_error(cache_file._load_index, {})
     cache_file.load = miss_on_error(cache_file.load, None)

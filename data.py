@@ -3,7 +3,7 @@
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
 a local file's train/valid split; GPT-2's tokenizer files, fetched on demand), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
 uint32 past 65,536 tokens), 3. prepare_data(), 4. checks that the ids fit the model, the unigram baseline.
-Every file is written whole or not at all (safety.atomic_file), so a rerun skips what exists.
+Every file is written whole or not at all (files.atomic_file), so a rerun skips what exists.
 """
 import codecs
 import contextlib
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from safety import (DataError, UsageError, atomic_file, changed_while_read, disk_is_full, end_progress, fmt_count,
-                    is_ids, lock_holder, new_folders, read_exactly, read_into, short_repr, show_progress)
+from cli import DataError, UsageError, disk_is_full, end_progress, fmt_count, say, short_repr, show_progress
+from files import atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -90,7 +90,7 @@ def download(url, dest):
         if e.code == 416 and have:  # "range not satisfiable": the .part holds every byte, if it has the file's size
             size = e.headers.get("Content-Range", "").rpartition("/")[2]  # "bytes */SIZE"
             if size.isdigit() and int(size) != have:  # a .part of a longer file the server has since replaced
-                print(f"{part.name} holds {have:,} bytes, but {url} has {int(size):,}: downloading it again", flush=True)
+                say(f"{part.name} holds {have:,} bytes, but {url} has {int(size):,}: downloading it again")
                 part.unlink()
                 return download(url, dest)
             os.replace(part, dest)
@@ -109,8 +109,8 @@ def download(url, dest):
                 version.unlink(missing_ok=True)
         size = resp.headers.get("Content-Length")
         total = int(size) + have if size is not None else None
-        print(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
-              + (f", {fmt_count(have)}B of it already here" if have else "") + ")", flush=True)
+        say(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
+            + (f", {fmt_count(have)}B of it already here" if have else "") + ")")
         t0, done, shown = time.time(), have, None
         with open(part, "ab" if have else "wb") as f:
             while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
@@ -134,26 +134,6 @@ def gunzip(src, dest):  # src.gz -> dest, whole or not at all
         shutil.copyfileobj(f, g, READ)
 
 
-@contextlib.contextmanager
-def folder_lock(path):
-    """An exclusive flock on the folder path while the block runs, so that processes filling it take turns and each
-    finds what the one before made: two appending to one .part made a corpus of both's bytes. The kernel drops the
-    lock when its process dies (even by SIGKILL): never stale."""
-    import fcntl  # Unix only, as safety.run_lock's; imported here so that the rest of data.py loads elsewhere
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = lock_holder(path)
-            print(f"waiting for {f'process {pid}' if pid else 'another process'}, which fills {path}/ with the same "
-                  "data", flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def hf_url(rel):
     """rel's address under HF_ENDPOINT (a mirror, a test's server; set but empty: as unset) or HF. UsageError if
     urllib cannot parse it (no scheme, a broken IPv6 host): a ValueError, not the network's OSError."""
@@ -168,7 +148,9 @@ def hf_url(rel):
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
-    with new_folders(out_dir), folder_lock(out_dir):  # two runs started together: one downloads, the other waits
+    # two runs started together: one downloads, the other waits and then finds the file (two appending to one .part
+    # made a corpus of both's bytes)
+    with new_folders(out_dir), dir_lock(out_dir, waiting=f"which fills {out_dir}/ with the same data"):
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
             fetched = out_dir / Path(rel).name
             if not txt.exists():
@@ -182,7 +164,7 @@ def downloaded_corpus(name, out_dir):
                             f"yourself (the {split} split) and put it in {out_dir}/, or set HF_ENDPOINT to a "
                             "mirror.") from None
                 if fetched.suffix == ".gz":
-                    print(f"unpacking {fetched.name}", flush=True)
+                    say(f"unpacking {fetched.name}")
                     from_cache(fetched, gunzip, fetched, txt)
     return paths
 
@@ -212,7 +194,8 @@ def gpt2_files(data_dir=CLONE_DATA):
 
 def fetch_gpt2(out_dir, paths):
     out_dir.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out_dir):  # parallel test workers: one fetches, the others wait for it and then find the files
+    # parallel test workers: one fetches, the others wait for it and then find the files
+    with dir_lock(out_dir, waiting=f"which fills {out_dir}/ with the same data"):
         for dest, (name, sha256) in zip(paths, GPT2_FILES.values()):
             if not dest.is_file():
                 fetch_checked(f"{GPT2_URL}/{name}", dest, sha256)
@@ -370,15 +353,15 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
-        print(f"training a {vocab_size}-token BPE tokenizer on {train_txt}", flush=True)
+        say(f"training a {vocab_size}-token BPE tokenizer on {train_txt}")
         t0 = time.time()
         vocab, merges = from_cache(train_txt, train_bpe, str(train_txt), vocab_size, [EOT], workers)
         from_cache(out_dir, Tokenizer(vocab, merges, [EOT]).save, str(files[0]), str(files[1]))
-        print(f"  done in {time.time() - t0:.1f}s", flush=True)
+        say(f"  done in {time.time() - t0:.1f}s")
     tok = from_cache(out_dir, Tokenizer.from_files, str(files[0]), str(files[1]), [EOT])
     for txt, npy in zip((train_txt, valid_txt), npys):
         if not npy.exists():
-            print(f"tokenizing {txt} -> {npy}", flush=True)
+            say(f"tokenizing {txt} -> {npy}")
             from_cache(txt, encode_file, tok, str(txt), str(npy), num_workers=workers)
     return tok, files, npys
 
@@ -456,7 +439,7 @@ def ids_tokenizer(source, tokenizer=None):
 def ids_vocab_size(source, tokenizer, vocab_size):
     """--vocab-size for --data PATH.npy: unless given, the size of its tokenizer (ids_tokenizer), if it has one.
     Given, it must equal --tokenizer's (UsageError); one found beside the ids is held only to what samples need
-    (safety.check_samples): a larger model vocabulary, say, when the run makes no samples."""
+    (config.check_samples): a larger model vocabulary, say, when the run makes no samples."""
     tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) else None  # text: --tokenizer is refused (CHECKS)
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "

@@ -28,6 +28,7 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 7. main()
 """
 import collections
+import contextlib
 import ctypes
 import datetime
 import json
@@ -41,13 +42,17 @@ import sys
 import time
 from pathlib import Path
 
-import safety  # the standard library only: a Ctrl-C while torch loads is one line
+import cli  # the standard library only: a Ctrl-C while torch loads is one line
 if __name__ == "__main__":
-    safety.quiet_while_starting("experiments.py")
+    cli.quiet_while_starting("experiments.py")
 import accounting
 import bpe
 import bpe_fast
+import config
 import data
+import files
+import machine
+import rundir
 import train
 
 HERE = Path(__file__).resolve().parent
@@ -146,13 +151,13 @@ def outcome(run, args, rest):
     if not path.is_file():
         return None
     try:
-        result = safety.load_json(path.read_text(encoding="utf-8"), path)
+        result = files.load_json(path.read_text(encoding="utf-8"), path)
         if not is_result(result):  # edited, or not finish's
-            raise ValueError(f"not a result of experiments.py: {safety.short_repr(result)}")
+            raise ValueError(f"not a result of experiments.py: {cli.short_repr(result)}")
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise safety.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
+        raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
     if result["command"][:-4] != command(run, args, rest)[2:-4]:  # the last 4: where it sits (out/ may move)
-        raise safety.UsageError(f"{run.dir(args.out_dir)} is a run of other flags ({' '.join(result.get('command'))}"
+        raise cli.UsageError(f"{run.dir(args.out_dir)} is a run of other flags ({' '.join(result.get('command'))}"
                                 f"); delete it, or pass another --out-dir.")
     return result
 
@@ -173,21 +178,27 @@ def start(run, args, rest, env):
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
+def diverged_step(path):  # the step where train.py stopped a run on a NaN or inf, as its metrics.jsonl says, or None
+    with contextlib.suppress(OSError):
+        return next((e["step"] for _, e in reversed(list(rundir.metrics_records(path))) if e and "diverged" in e), None)
+    return None
+
+
 def finish(run, args, rest, code):
     """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
     for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
     log_path = run.dir(args.out_dir).with_name(run.name + ".log")
-    said = log_path.read_text(encoding="utf-8", errors="replace")
-    step = safety.diverged_at(said) if code == 1 else None
+    step = diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
+        said = log_path.read_text(encoding="utf-8", errors="replace")
         last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
-        raise (safety.UsageError if code == 2 else safety.DataError)(
+        raise (cli.UsageError if code == 2 else cli.DataError)(
             f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path})")
     if code != 130:
-        with safety.atomic_file(run.dir(args.out_dir) / "result.json", "w") as f:
+        with files.atomic_file(run.dir(args.out_dir) / "result.json", "w") as f:
             json.dump({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
                       f)
-        safety.say(f"{run.experiment}/{run.name}: " + (f"diverged at step {step}" if step else "done"))
+        cli.say(f"{run.experiment}/{run.name}: " + (f"diverged at step {step}" if step else "done"))
 
 
 # ----------------------------------------------------------------------------
@@ -201,7 +212,7 @@ def slots(jobs):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
-    threads = max(1, safety.usable_cores() // jobs)  # one run alone: torch's own choice (or the user's)
+    threads = max(1, machine.usable_cores() // jobs)  # one run alone: torch's own choice (or the user's)
     return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
 
 
@@ -214,7 +225,7 @@ def run_all(runs, args, rest):
         while todo or running:
             while todo and free:
                 run, env = todo.pop(0), free.pop()
-                safety.say(f"{run.experiment}/{run.name}: " + ("resuming" if (run.dir(args.out_dir) / "ckpt.pt")
+                cli.say(f"{run.experiment}/{run.name}: " + ("resuming" if (run.dir(args.out_dir) / "ckpt.pt")
                                                               .exists() else "starting"))
                 running[start(run, args, rest, env)] = (run, env)
             for proc in [p for p in running if p.poll() is not None]:
@@ -246,10 +257,10 @@ def measured(run, label, args, rest):
     if result is None:
         return None
     # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
-    rows = [r for _, r in safety.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
+    rows = [r for _, r in rundir.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
     curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
     if not curve:  # train.py evaluates at step 0 of every run: it was emptied, deleted or edited
-        raise safety.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
+        raise cli.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
                                 "it again.")
     speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
     return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
@@ -260,7 +271,7 @@ def prepare(cfg):
     """The runs' data, prepared once here before any run starts (runs started together must not build the same
     token files at once) and checked (ids the baseline can count) -> its unigram baseline (data.unigram_loss),
     tokenizer (None for ids) and train ids."""
-    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in train.DATA_KEYS))  # as train.py prepares and checks it
+    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in config.DATA_KEYS))  # as train.py prepares and checks it
     data.check_data(cfg, tr, va, tok)
     return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr
 
@@ -291,7 +302,7 @@ def figure(name, results, baseline, png):
     axes[0].set_ylim(min(c[2] for r in results for c in r["curve"]) * 0.95, max(top, baseline) * 1.05)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    with safety.atomic_file(png) as f:
+    with files.atomic_file(png) as f:
         fig.savefig(f, format="png")
     plt.close(fig)
     return True
@@ -335,8 +346,8 @@ def answer_batch(rows, tokens):
     return [f"at one budget of {tokens:,} tokens the lowest validation loss came with batch {best_b} "
             f"({best['final']:.3f}); " + ", ".join(f"batch {b}: {loss_text(r)}" for b, r in rows) + ".",
             f"throughput: {r0['tokens_per_s']:,.0f} tokens/s at batch {b0}, {r1['tokens_per_s']:,.0f} at batch {b1} "
-            f"({r1['tokens_per_s'] / max(r0['tokens_per_s'], 1e-9):.2g}x); wall time {safety.fmt_time(r0['wall'])} "
-            f"against {safety.fmt_time(r1['wall'])} (the rate was not tuned again per batch size)."]
+            f"({r1['tokens_per_s'] / max(r0['tokens_per_s'], 1e-9):.2g}x); wall time {cli.fmt_time(r0['wall'])} "
+            f"against {cli.fmt_time(r1['wall'])} (the rate was not tuned again per batch size)."]
 
 
 def answer_ablations(found, cfg):
@@ -369,7 +380,7 @@ def table(rows):
     for r in rows:
         final = "-" if r["final"] is None else f"{r['final']:.4f}"
         gone = f"at step {r['diverged']}" if r["diverged"] else "no"
-        lines.append(f"| {r['name']} | {final} | {r['tokens_per_s']:,.0f} | {safety.fmt_time(r['wall'])} | {gone} |")
+        lines.append(f"| {r['name']} | {final} | {r['tokens_per_s']:,.0f} | {cli.fmt_time(r['wall'])} | {gone} |")
     return "\n".join(lines)
 
 
@@ -388,7 +399,7 @@ def generate(best, where, device):
         (where / slug(name)).mkdir(parents=True, exist_ok=True)
         train.write_samples(model, tok, dict(cfg, device=device, temperature=temperature, top_p=top_p, num_samples=1,
                                              prompt="", sample_tokens=SAMPLE_TOKENS), where / slug(name) / "samples.txt")
-        safety.say(f"generate/{slug(name)}: done")
+        cli.say(f"generate/{slug(name)}: done")
 
 
 OTHER = {"tinystories": "owt", "owt": "tinystories"}  # tokenizer_experiments (b): the handout's pairing
@@ -412,7 +423,7 @@ def other_domain(cfg, limit):
             return f"{other}'s validation text", documents(text, limit), data.read_tokenizer(found[0].parent)[0]
     modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
     if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
-        raise safety.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
+        raise cli.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
                                f"source, and {Path(os.__file__).parent} has {len(modules)} .py files; use a Python "
                                "with its source (python.org's or a venv of it).")
     train_text = "".join(modules[DOCUMENTS:])[:limit]
@@ -451,7 +462,7 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
                    other_on_other=bytes_per_token(other_tok, other_docs),
                    bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    with safety.atomic_file(path, "w") as f:
+    with files.atomic_file(path, "w") as f:
         json.dump(figures, f)
     return figures
 
@@ -526,14 +537,14 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
     device = train.torch.cuda.get_device_name() if cfg["device"].startswith("cuda") else cfg["device"]
     head = ["# What each knob does to training (handout section 7)", "",
             f"Written by `python experiments.py {' '.join(argv)}` on {datetime.date.today()}: --data {cfg['data']}, "
-            f"{device} ({platform.processor() or platform.machine()}, {safety.usable_cores()} cores), torch "
+            f"{device} ({platform.processor() or platform.machine()}, {machine.usable_cores()} cores), torch "
             f"{train.torch.__version__}. Every number is read from its run's metrics.jsonl under {where}/; the unigram "
             f"baseline is {baseline:.4f} nats/token.", ""]
     if not drawn:
         head += ["Figures: `pip install matplotlib`, then the same command again (the runs are reused).", ""]
-    with safety.atomic_file(where / "report.md", "w") as f:
+    with files.atomic_file(where / "report.md", "w") as f:
         f.write("\n".join(head + parts))
-    safety.say(f"report: {where / 'report.md'}" + ("" if drawn else "; pip install matplotlib for figures"))
+    cli.say(f"report: {where / 'report.md'}" + ("" if drawn else "; pip install matplotlib for figures"))
 
 
 # ----------------------------------------------------------------------------
@@ -543,7 +554,7 @@ PASSED_BY_US = ("--run-name", "--out-dir", "--resume", "--overwrite", "--export"
 
 
 def parse(argv):
-    p = safety.Parser(prog="experiments.py", allow_abbrev=False, description="The handout's section 7 experiments: "
+    p = cli.Parser(prog="experiments.py", allow_abbrev=False, description="The handout's section 7 experiments: "
                       "sets of train.py runs, their figures and out/experiments/report.md. Other flags go to train.py.")
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--data", default="pydoc", help="as train.py's; tinystories and owt: the handout's (GPU) scale")
@@ -553,9 +564,9 @@ def parse(argv):
     args, rest = p.parse_known_args(argv)
     ours = next((a for a in rest if a.split("=")[0] in PASSED_BY_US), None)
     if ours:
-        raise safety.UsageError(f"{ours}: experiments.py names, resumes and reuses its runs itself; drop it.")
+        raise cli.UsageError(f"{ours}: experiments.py names, resumes and reuses its runs itself; drop it.")
     if args.jobs < 1:
-        raise safety.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
+        raise cli.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
     return args, rest
 
 
@@ -572,7 +583,7 @@ def chosen_runs(args, plans):
         return list(runs.values())
     wanted, known = set(args.variants.split(",")), set().union(*labels.values())
     if wanted - known:  # "" (no name) and the tokenizer's (no runs) too
-        raise safety.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; "
+        raise cli.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; "
                                 + (f"pick from {', '.join(sorted(known))}." if known else "it has no runs to pick."))
     return [run for where, run in runs.items() if labels[where] & wanted]
 
@@ -582,39 +593,39 @@ def check(runs, args, rest):
     (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
     a directory where the report or a figure goes."""
     where = Path(args.out_dir) / "experiments"
-    if not safety.writable(where):  # a file, /dev/null: refused here, not once the data is prepared (minutes)
-        raise safety.UsageError(f"--out-dir {args.out_dir}: cannot write {where}; pick a writable --out-dir.")
+    if not files.writable(where):  # a file, /dev/null: refused here, not once the data is prepared (minutes)
+        raise cli.UsageError(f"--out-dir {args.out_dir}: cannot write {where}; pick a writable --out-dir.")
     for path in (where / "report.md", *(where / f"{name}.png" for name in QUESTIONS)):
-        if kind := safety.not_a_file(path):
-            raise safety.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
+        if kind := files.not_a_file(path):
+            raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
                                     "another --out-dir.")
     for run in runs:
         try:
-            train.resolve_config([*command(run, args, rest)[2:], "--benchmark"])
-        except safety.UsageError as e:
-            raise safety.UsageError(f"{run.experiment}/{run.name}: {e}") from None
+            config.resolve_config([*command(run, args, rest)[2:], "--benchmark"])
+        except cli.UsageError as e:
+            raise cli.UsageError(f"{run.experiment}/{run.name}: {e}") from None
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
-    cfg = train.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
+    cfg = config.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
-    safety.check_flags(cfg, train.CORPORA, train.is_ids, train.is_cached, safety.DATA_CHECKS)
+    config.check_flags(cfg, config.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs = chosen_runs(args, plans)
     check(runs, args, rest)
     baseline, tok, ids = prepare(cfg)
     if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
-        raise safety.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
+        raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
                                 "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
     if args.experiment == "tokenizer" and data.is_ids(args.data):
-        raise safety.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
+        raise cli.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
                                 "pass text data (pydoc, tinystories, owt, a .txt file).")
     if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report at the end
-        safety.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
+        cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
                    "(its --tokenizer DIR would give them)."))
-    safety.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
+    cli.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
     run_all(runs, args, rest)
     where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
     if args.experiment in ("generate", "all") and tok is not None and best:
@@ -627,5 +638,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     bpe.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
-    safety.escaping_stdout()  # a terminal that cannot show a sample's text
-    sys.exit(safety.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))
+    cli.escaping_stdout()  # a terminal that cannot show a sample's text
+    sys.exit(cli.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes on."))

@@ -24,16 +24,18 @@ import os
 import sys
 from pathlib import Path
 
-import safety  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
 if __name__ == "__main__":
-    safety.quiet_while_starting("export.py")
+    cli.quiet_while_starting("export.py")
 import torch
 
 from bpe import GPT2_PAT, Tokenizer, _token_to_str, catch_ctrl_c
+from cli import Parser, UsageError, disk_full, disk_is_full, exit_code, log
+from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
+from files import atomic_file, atomic_files, writable
 from model import RMSNorm, TransformerLM
-from safety import (RUN_MARKERS, Parser, UsageError, atomic_file, atomic_files, check_state, disk_full, disk_is_full,
-                    exit_code, log, read_run, undecodable_ids, writable)
+from rundir import RUN_MARKERS, check_state, read_run
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -256,15 +258,15 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     return out_dir
 
 
-def export_run(run_dir, out_dir, overwrite, model_kwargs, like, named=("--export: ", "the --out-dir and --run-name")):
-    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (model_kwargs(config):
-    TransformerLM's arguments; like: this command's, whose keys and types the saved config must have); a missing
-    or damaged run, an ablation or an existing DIR: UsageError. named: how the messages name DIR and the run."""
+def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir and --run-name")):
+    """train.py --export DIR: the run's checkpoint and tokenizer through export_hf (config.model_kwargs: the saved
+    config's TransformerLM arguments, each of the type the flag's default has); a missing or damaged run, an
+    ablation or an existing DIR: UsageError. named: how the messages name DIR and the run."""
     flag, run = named
     if not out_dir:  # an unset shell variable, most likely: not the current directory
         raise UsageError(f"{flag}the directory name is empty; pass the directory to write.")
     try:
-        state, tok = read_run(run_dir, like), read_tokenizer(run_dir)[0]  # what train.load_run reads
+        state, tok = read_run(run_dir, model_kwargs()), read_tokenizer(run_dir)[0]  # what train.load_run reads
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
     except FileNotFoundError as e:  # read_run's: no checkpoint
         raise UsageError(f"{flag}{e}; pass {run} of a trained run.") from None
@@ -280,7 +282,7 @@ def export_run(run_dir, out_dir, overwrite, model_kwargs, like, named=("--export
 
 def main(argv=None):
     """python export.py RUN_DIR OUT_DIR [--overwrite]. Exit code: 0 done, 2 a mistake, 1 a full disk, 130 stopped:
-    safety.exit_code turns each into one sentence, without a traceback."""
+    cli.exit_code turns each into one sentence, without a traceback."""
     def go():
         ap = Parser(prog="export.py", description="Write a training run as a Hugging Face Llama directory (what "
                     "train.py --export DIR does): config.json, model.safetensors and the tokenizer's files.")
@@ -290,10 +292,8 @@ def main(argv=None):
                         "stay)")
         ap.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT_DIR")
         args = ap.parse_args(argv)
-        import train  # here, not at the top: train.py imports this file
         with disk_full(args.out_dir, "run the same command again"):
-            return export_run(Path(args.run_dir), args.out_dir, args.overwrite, train.model_kwargs,
-                              train.model_kwargs(), ("", "the directory"))  # the types the flags' defaults have
+            return export_run(Path(args.run_dir), args.out_dir, args.overwrite, ("", "the directory"))
     return exit_code("export.py", go, "no file was left half-written (an earlier export stays as it was): run the "
                      "same command again.")
 

@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from safety import (Parser, UsageError, atomic_file, end_quietly_on_closed_pipe, error_line, exit_code, memory_bytes,
-                    not_a_file, usable_cores)
+from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
+from files import atomic_file, not_a_file
+from machine import memory_bytes, usable_cores
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton

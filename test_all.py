@@ -1,6 +1,6 @@
 """The single test file: python -m pytest -q test_all.py
 
-Sections follow the files: model.py and optim.py, bpe.py with bpe_fast.py, safety.py, data.py,
+Sections follow the files: model.py and optim.py, bpe.py with bpe_fast.py, the plumbing (cli, files, machine, rundir, config), data.py,
 train.py, accounting.py, kernels.py, bench.py, export.py. Tests that need a GPU, nvcc, a C++ compiler,
 transformers, matplotlib or the course material in ../shared skip with a one-line reason. GPT-2's tokenizer files
 come from data.gpt2_files: the course's copies, else fetched once into the clone's data/ (offline: a skip)."""
@@ -54,7 +54,11 @@ import fast_cpu
 import kernels
 import model
 import optim
-import safety
+import cli
+import config
+import files
+import machine
+import rundir
 import train
 from model import TransformerLM
 from optim import AdamW, cross_entropy
@@ -918,7 +922,7 @@ def _model_compiled_adamw_run(compiled, steps=12, state=None, fused=False):
 
 
 def _model_needs_compiler():
-    why = safety.compile_error("cpu")
+    why = machine.compile_error("cpu")
     if why:
         pytest.skip(f"torch.compile cannot compile here: {why}")
 
@@ -1338,7 +1342,7 @@ def _bpe_gpt2_files():
     """GPT-2's (vocab.json, merges.txt): the course's copies, the clone's data cache, or fetched; offline, a skip."""
     try:
         return data.gpt2_files()
-    except safety.DataError as e:
+    except cli.DataError as e:
         pytest.skip(str(e))
 
 
@@ -2366,7 +2370,7 @@ def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path,
     monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)           # many chunks
     mb = f"{path.stat().st_size / 1e6:.1f}"
     for every, at_least in ((1e9, 2), (0, 5)):                      # the first and the last; every chunk
-        monkeypatch.setattr(safety, "PROGRESS_EVERY", every)
+        monkeypatch.setattr(cli, "PROGRESS_EVERY", every)
         bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "ids.npy"),
                         num_workers=2)
         err = capsys.readouterr().err
@@ -2744,7 +2748,7 @@ def test_bpe_input_cut_short_while_read_is_one_sentence(tmp_path, monkeypatch, c
         return planned
     monkeypatch.setattr(bpe_fast, "_plan_chunks", plan_then_cut)
     sentence = f"{text} changed while it was read; let whatever writes it finish, then run the same command again."
-    with pytest.raises(safety.DataError, match=re.escape(sentence)):
+    with pytest.raises(cli.DataError, match=re.escape(sentence)):
         bpe_fast.count_words(str(text), [], 1)
     with pytest.raises(SystemExit) as stop:
         bpe.main(["encode", str(text), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
@@ -3061,7 +3065,7 @@ def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
 
 
 def test_train_cli_with_stdout_closed_runs_without_a_traceback(tmp_path):
-    # train.py wrote its own copy of the stdout line that safety.escaping_stdout holds, and crashed with stdout closed
+    # train.py wrote its own copy of the stdout line that cli.escaping_stdout holds, and crashed with stdout closed
     r = subprocess.run([sys.executable, str(_TRAIN_ROOT / "train.py"), "--help"], preexec_fn=lambda: os.close(1),
                        stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
@@ -3213,10 +3217,8 @@ def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatc
 
 
 # ============================================================================
-# safety.py
+# the plumbing: cli.py, files.py, machine.py, rundir.py, config.py
 # ============================================================================
-
-import safety
 
 
 def stat_kinds(d):  # {name: file, dir, fifo or link}, links not followed
@@ -3231,7 +3233,7 @@ def test_atomic_file_refuses_what_is_not_a_regular_file(tmp_path):
     os.symlink(tmp_path / "loop", tmp_path / "loop")
     for name, kind in [("fifo", "a FIFO"), ("dir", "a directory"), ("loop", "a symlink loop")]:
         with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
-            with safety.atomic_file(tmp_path / name) as f:
+            with files.atomic_file(tmp_path / name) as f:
                 f.write(b"x")
     assert stat_kinds(tmp_path) == {"fifo": "fifo", "dir": "dir", "loop": "link"}
 
@@ -3240,9 +3242,9 @@ def test_atomic_file_writes_through_a_symlink(tmp_path):
     (tmp_path / "real.txt").write_text("old")
     os.symlink("real.txt", tmp_path / "link.txt")
     os.symlink("new.txt", tmp_path / "dangling.txt")
-    with safety.atomic_file(tmp_path / "link.txt", "w") as f:
+    with files.atomic_file(tmp_path / "link.txt", "w") as f:
         f.write("new")
-    with safety.atomic_file(tmp_path / "dangling.txt", "w") as f:
+    with files.atomic_file(tmp_path / "dangling.txt", "w") as f:
         f.write("made")
     assert (tmp_path / "real.txt").read_text() == "new" and (tmp_path / "new.txt").read_text() == "made"
     assert stat_kinds(tmp_path) == {"real.txt": "file", "link.txt": "link", "dangling.txt": "link",
@@ -3266,7 +3268,7 @@ def test_the_next_writer_clears_a_killed_writers_temporaries_never_a_live_ones(t
         tokens, hf = corpus / "bpe300", tmp_path / "hf"
         targets = [corpus / "train.txt", tokens / "train.npy", tokens / "valid.npy", tmp_path / "ids.npy",
                    hf / "config.json", hf / "model.safetensors"]
-        temps = {pid: [t.with_name(f".{t.name}{safety.TMP_MARK}{pid}") for t in targets]
+        temps = {pid: [t.with_name(f".{t.name}{files.TMP_MARK}{pid}") for t in targets]
                  for pid in (_dead_pid(), live.pid)}
         for t in sum(temps.values(), []):
             t.parent.mkdir(parents=True, exist_ok=True)
@@ -3275,7 +3277,7 @@ def test_the_next_writer_clears_a_killed_writers_temporaries_never_a_live_ones(t
         bpe.main(["encode", str(story), "--tokenizer", str(tokens), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
         kw = dict(vocab_size=300, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
         export.export_hf(hf, TransformerLM(**kw).state_dict(), kw)
-        assert sorted(tmp_path.rglob(f".*{safety.TMP_MARK}*")) == sorted(temps[live.pid])
+        assert sorted(tmp_path.rglob(f".*{files.TMP_MARK}*")) == sorted(temps[live.pid])
         assert (tokens / "train.npy").is_file() and (tmp_path / "ids.npy").is_file() and (hf / "config.json").is_file()
     finally:
         live.kill()
@@ -3299,12 +3301,12 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
 
 def test_safety_stops_leave_nohups_sighup_ignored():
     # `nohup python train.py`: the run must outlive its terminal, so a SIGHUP that nohup ignores stays ignored
-    saved = {s: signal.getsignal(s) for s in safety.STOPS}
+    saved = {s: signal.getsignal(s) for s in cli.STOPS}
     handler = lambda *_: None  # noqa: E731
     try:
         for before in (signal.SIG_IGN, signal.SIG_DFL):
             signal.signal(signal.SIGHUP, before)
-            replaced = safety.on_stops(handler)
+            replaced = cli.on_stops(handler)
             assert signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
             assert signal.getsignal(signal.SIGHUP) is (signal.SIG_IGN if before == signal.SIG_IGN else handler)
             assert (signal.SIGHUP in replaced) == (before == signal.SIG_DFL)
@@ -3318,12 +3320,12 @@ def test_safety_stop_requests_under_ddp_asks_the_processes_at_log_steps_only(mon
     # every step (issue 35); now at log steps, where every process reads its losses back anyway
     asked = []
     monkeypatch.setattr(torch.distributed, "all_reduce", asked.append)  # the one process here: the sum is its own
-    with safety.stop_requests({"world_size": 2, "device": "cpu", "log_interval": 5}) as stopped:
+    with rundir.stop_requests({"world_size": 2, "device": "cpu", "log_interval": 5}) as stopped:
         assert [stopped(step) for step in range(1, 11)] == [False] * 10 and len(asked) == 2  # steps 5 and 10
         signal.raise_signal(signal.SIGINT)  # the handler has run when raise_signal returns
         assert "stopping after the next log step" in capsys.readouterr().out
         assert [stopped(step) for step in range(11, 16)] == [False] * 4 + [True] and len(asked) == 3
-    with safety.stop_requests({"world_size": 1, "device": "cpu", "log_interval": 5}) as stopped:
+    with rundir.stop_requests({"world_size": 1, "device": "cpu", "log_interval": 5}) as stopped:
         signal.raise_signal(signal.SIGINT)
         assert stopped(1) and len(asked) == 3  # one process: its own flag, at once, nothing to ask
 
@@ -3336,8 +3338,8 @@ def test_safety_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_pat
     os.symlink("nowhere", tmp_path / "dangling")
     (tmp_path / "dir").mkdir()
     os.symlink("dir", tmp_path / "to_dir")
-    assert [safety.writable(tmp_path / n) for n in ("loop", "dangling", "to_dir", "new")] == [False, False, True, True]
-    assert not safety.writable("")  # `bpe.py train --out ''` trained, then said "No such file or directory: ''"
+    assert [files.writable(tmp_path / n) for n in ("loop", "dangling", "to_dir", "new")] == [False, False, True, True]
+    assert not files.writable("")  # `bpe.py train --out ''` trained, then said "No such file or directory: ''"
 
 
 def test_safety_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp_path):
@@ -3349,7 +3351,7 @@ def test_safety_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp
     (locked / "home").mkdir(parents=True)
     locked.chmod(0)
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
-    code = ("import os, safety; safety.numba_cache_fallback(os.environ['SRC']); "
+    code = ("import os, machine; machine.numba_cache_fallback(os.environ['SRC']); "
             "print(os.environ['NUMBA_CACHE_DIR'])")
     r = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", code],
                        env={**env, "HOME": str(locked / "home"), "SRC": str(locked), "PYTHONPATH": str(_BPE_REPO),
@@ -3467,7 +3469,7 @@ def test_data_npy_cut_short_under_a_running_training_is_one_sentence(tmp_path):
     assert code == 1, err
     assert err.strip().splitlines()[-1] == (f"train.py: error: {ids} changed while it was read; let whatever writes "
                                             "it finish, then run the same command again.")
-    assert "Traceback" not in err and not any(safety.TMP_MARK in f for f in left), left
+    assert "Traceback" not in err and not any(files.TMP_MARK in f for f in left), left
 
 
 def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
@@ -3642,7 +3644,7 @@ def test_data_experiments_checks_the_ids_before_its_baseline(tmp_path, ids, said
     """experiments.py counted the ids for its unigram baseline before any check: a negative id or one past
     --vocab-size ended in numpy's ValueError traceback; it checks them as train.py does (data.check_data)."""
     np.save(tmp_path / "ids.npy", ids.astype(np.int64))
-    with pytest.raises(safety.UsageError, match=re.escape(said)):
+    with pytest.raises(cli.UsageError, match=re.escape(said)):
         experiments.main(["lr", "--data", str(tmp_path / "ids.npy"), "--out-dir", str(tmp_path / "out"), "--variants",
                           "lr=1e-03", *_TRAIN_TINY, "--max-iters", "2"])
     assert not (tmp_path / "out").exists()
@@ -3702,7 +3704,7 @@ def test_data_gpt2_files_are_fetched_once_and_checked(tmp_path, monkeypatch):
     cache, encoder = tmp_path / "data" / "gpt2", tmp_path / "openai" / "encoder.json"
     good = encoder.read_bytes()
     encoder.write_bytes(b"<html>Sign in to the hotel's Wi-Fi</html>")  # a captive portal's page: refused, not kept
-    with pytest.raises(safety.DataError, match=r"encoder.json sent other bytes than OpenAI's file \(SHA-256 .*; "
+    with pytest.raises(cli.DataError, match=r"encoder.json sent other bytes than OpenAI's file \(SHA-256 .*; "
                                                "nothing was kept: run again on an open network"):
         data.gpt2_files(tmp_path / "data")
     assert os.listdir(cache) == []
@@ -3722,7 +3724,7 @@ def test_data_gpt2_files_offline_skip_the_tests_with_the_reason(tmp_path, monkey
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
         monkeypatch.setattr(data, "GPT2_URL", url)
-        with pytest.raises(safety.DataError) as offline:
+        with pytest.raises(cli.DataError) as offline:
             data.gpt2_files(tmp_path / "data")
     assert str(offline.value).startswith("GPT-2's vocab/merges are not cached and the network is unreachable: could "
                                          f"not download {url}/encoder.json (") and str(offline.value).endswith(
@@ -3909,7 +3911,7 @@ def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
     assert torch.load(tmp_path / "w.pt", weights_only=True)["model"].keys() == lm.state_dict().keys()
     state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
     with pytest.raises(ValueError, match=r"norm.num_batches_tracked holds torch.float32, not torch.int64 as the mod"):
-        safety.check_state(state, m2)
+        rundir.check_state(state, m2)
 
 
 def test_train_checkpoint_failed_save_keeps_old(tmp_path, monkeypatch):
@@ -3992,7 +3994,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     # the upcast, the log-sum-exp and the gradient into passes over the bf16 logits, and no float32 (N, V) is
     # written. The loss left outside the graph (an eager upcast) fails the grad_fn check; cross_entropy's own
     # (plain or fused) inside it fails the float32 check: its gather's gradient scatters into a float32 (N, V)
-    if why := safety.compile_error(device):
+    if why := machine.compile_error(device):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
                                 "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark"])
@@ -4000,7 +4002,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
     micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device),
               torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device))]
-    with safety.torch_settings(cfg):
+    with machine.torch_settings(cfg):
         raw, model, opt = train.build(cfg)
         plain = copy.deepcopy(raw)
         with train.autocast(cfg):
@@ -4119,7 +4121,7 @@ def test_train_kill_and_resume_is_bitwise_identical(tmp_path):
     full = _train_cli([*args, "--run-name", "full"], tmp_path, timeout=300)
     assert full.returncode == 0, full.stderr
     # killed in step 28, past a checkpoint, mid-interval: its loss read back and checked, not yet recorded
-    p, _ = _held("train.py", [*args, "--run-name", "killed"], "safety:stop_non_finite", "args[0] == 28",
+    p, _ = _held("train.py", [*args, "--run-name", "killed"], "rundir:stop_non_finite", "args[0] == 28",
                  cwd=tmp_path, stdout=subprocess.DEVNULL)
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=60)
@@ -4149,7 +4151,7 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
-    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+    assert rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
     # the advice is a command that works: after a run started with --overwrite, "the same command plus --resume"
     # was refused ("--resume continues a run and --overwrite replaces it; pass one of them")
     assert "Continue with the same command without --overwrite, plus --resume." in out, out
@@ -4172,7 +4174,7 @@ def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     os.close(master)  # the terminal is gone: the run's prints fail from here on
     os.killpg(p.pid, signal.SIGHUP)
     assert p.wait(timeout=120) == 130, seen.decode(errors="replace")
-    step = safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
+    step = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
     assert 0 < step < 40
     assert train.main(args + ["--resume"]) == 0
     assert f"resumed from out/toy/ckpt.pt at step {step}" in capsys.readouterr().out
@@ -4197,7 +4199,7 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
         assert train.main(args) == 1
         assert "loss is nan at step 13" in capsys.readouterr().err
         assert len(calls) == 2 + read_at  # the steps taken
-        assert safety.read_checkpoint(tmp_path / "out" / str(every) / "ckpt.pt")["iteration"] == kept
+        assert rundir.read_checkpoint(tmp_path / "out" / str(every) / "ckpt.pt")["iteration"] == kept
         assert [step for step, _ in _train_losses(tmp_path / "out" / str(every))] == [10]  # not the NaN's
 
 
@@ -4221,7 +4223,7 @@ def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
         capsys.readouterr()
         assert train.main(base + more + ["--run-name", name]) == 1, name
         _train_one_error(capsys, "the weights are not finite (", "after step 1", "last good checkpoint", "--lr")
-        state = safety.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
+        state = rundir.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
         assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
         assert not (tmp_path / "out" / name / "samples.txt").exists()
 
@@ -4277,7 +4279,7 @@ def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path,
 
 def _train_stopped_at(step, monkeypatch, argv):  # train.main(argv), stopped after `step` as a Ctrl-C there stops it
     with monkeypatch.context() as m:
-        m.setattr(safety, "stop_requests", contextlib.contextmanager(lambda cfg: (yield lambda it: it == step)))
+        m.setattr(rundir, "stop_requests", contextlib.contextmanager(lambda cfg: (yield lambda it: it == step)))
         return train.main(argv)
 
 
@@ -4306,11 +4308,11 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys, m
     run = tmp_path / "out" / "toy"
     (run / "notes.tmp.txt").write_text("mine")
     (run / "ckpt.pt.tmp123").write_text("mine too")  # the old pattern is no longer the project's
-    (run / f".ckpt.pt{safety.TMP_MARK}{_dead_pid()}").write_text("half a checkpoint")
+    (run / f".ckpt.pt{files.TMP_MARK}{_dead_pid()}").write_text("half a checkpoint")
     assert train.main(base + ["--resume", "--max-iters", "2"]) == 0
     assert sorted(os.listdir(run)) == ["ckpt.pt", "ckpt.pt.tmp123", "config.json", "metrics.jsonl", "notes.tmp.txt"]
-    with safety.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
-        assert os.path.basename(f.name).startswith(".x.txt" + safety.TMP_MARK) and safety.temporary(
+    with files.atomic_file(tmp_path / "x.txt", "w") as f:  # the temporary beside the target is hidden and marked
+        assert os.path.basename(f.name).startswith(".x.txt" + files.TMP_MARK) and files.temporary(
             os.path.basename(f.name))
 
 
@@ -4350,9 +4352,9 @@ def test_train_cpu_runs_flush_subnormal_floats():
     tiny = torch.tensor([1e-40])  # subnormal in float32
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush subnormal floats (torch.set_flush_denormal: x86 with SSE3 only)")
-    with safety.torch_settings({"device": "cpu"}):
+    with machine.torch_settings({"device": "cpu"}):
         assert (tiny * 1.0).item() == 0.0
-    with safety.torch_settings({"device": "cuda"}):  # only the CPU's arithmetic is switched
+    with machine.torch_settings({"device": "cuda"}):  # only the CPU's arithmetic is switched
         assert (tiny * 1.0).item() != 0.0
     assert (tiny * 1.0).item() != 0.0
 
@@ -4365,7 +4367,7 @@ def test_train_cpu_runs_skip_the_nan_fill_of_deterministic_mode():
         with torch.autograd.profiler.profile() as prof:
             torch.empty(4096)
         return sum(e.name == "aten::fill_" for e in prof.function_events)
-    with safety.torch_settings({"device": "cpu"}):
+    with machine.torch_settings({"device": "cpu"}):
         assert torch.are_deterministic_algorithms_enabled() and fills() == 0
     torch.use_deterministic_algorithms(True)
     try:
@@ -4383,13 +4385,13 @@ def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
     code = """if True:
-        import ctypes, resource, safety, train
+        import ctypes, machine, resource, train
         cfg = train.resolve_config(["--benchmark", "--data", "pydoc", "--device", "cpu", "--batch-size", "8"])
-        mallopt, keep, faults = ctypes.CDLL(None).mallopt, safety.keep_freed_memory, []
-        fixed = lambda: mallopt(safety.M_MMAP_THRESHOLD, 128 << 10) and mallopt(safety.M_TRIM_THRESHOLD, 128 << 10)
+        mallopt, keep, faults = ctypes.CDLL(None).mallopt, machine.keep_freed_memory, []
+        fixed = lambda: mallopt(machine.M_MMAP_THRESHOLD, 128 << 10) and mallopt(machine.M_TRIM_THRESHOLD, 128 << 10)
         for setting in (fixed, keep):
-            safety.keep_freed_memory = setting
-            with safety.torch_settings(cfg):
+            machine.keep_freed_memory = setting
+            with machine.torch_settings(cfg):
                 step = train.random_step(cfg)[0]
                 for _ in range(2):
                     step()
@@ -4421,7 +4423,7 @@ def test_train_peak_flops_are_looked_up_under_the_runs_torch_settings(tmp_path, 
     assert train.main(base + ["--max-iters", "2"]) == 0
     assert seen == [("highest", True)] * 2 and all(r["mfu"] for r in _train_metrics(tmp_path / "out" / "toy")
                                                    if "loss" in r)
-    with safety.torch_settings({"device": "cuda"}):
+    with machine.torch_settings({"device": "cuda"}):
         assert torch.get_float32_matmul_precision() == "high"  # what a float32 GPU run looks its peak up under
 
 
@@ -4562,7 +4564,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
             "--device", "cpu"]  # the resumed run is compared bitwise, which only CPU runs promise
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
-    state = safety.read_checkpoint(ref / "toy" / "ckpt.pt")
+    state = rundir.read_checkpoint(ref / "toy" / "ckpt.pt")
     state["optimizer"]["state"] = {}  # the step-0 checkpoint: AdamW's moments appear at the first step
     torch.save(state, buf := io.BytesIO())
     unit, run = os.statvfs(disk).f_frsize, disk / "out" / "toy"
@@ -4584,7 +4586,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
-            assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
+            assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
         if what == "metrics.jsonl":
             text = (run / "metrics.jsonl").read_text()
             assert 0 < len(_train_losses(ref / "toy")) - text.count('"loss"') < 40
@@ -4714,7 +4716,7 @@ def test_train_read_only_data_dir_that_holds_the_tokens_is_used(tmp_path, tmpfs,
 def test_train_every_number_is_checked_before_anything_is_written(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "1"]
-    floats = [row[0] for row in train.FLAGS if not isinstance(row, str) and row[1] is float]
+    floats = [row[0] for row in config.FLAGS if not isinstance(row, str) and row[1] is float]
     assert {"--lr", "--min-lr", "--eps", "--weight-decay", "--rope-theta", "--grad-clip", "--temperature",
             "--top-p", "--beta1", "--beta2"} <= set(floats)
     cases = [(f"{flag}={v}", f"{flag} must be a finite number, got {v}") for flag in floats
@@ -4744,16 +4746,16 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
 def test_train_eps_is_refused_where_optim_refuses_it_or_float32_loses_it():
     # one rule: CHECKS refuses every eps optim.AdamW refuses, and those float32 turns into 0 (or a denormal)
     params = [torch.nn.Parameter(torch.zeros(2))]
-    for eps in (0.0, -0.0, -1e-8, 1e-300, 1e-45, safety.FLOAT32_TINY / 2, safety.FLOAT32_TINY, 1e-8, 1.0):
+    for eps in (0.0, -0.0, -1e-8, 1e-300, 1e-45, config.FLOAT32_TINY / 2, config.FLOAT32_TINY, 1e-8, 1.0):
         try:
             optim.AdamW(params, eps=eps)
             optim_refuses = False
         except ValueError:
             optim_refuses = True
-        refused = bool(safety.bad_number({"eps": eps}))
-        assert refused == (optim_refuses or torch.tensor(eps, dtype=torch.float32).item() < safety.FLOAT32_TINY), eps
+        refused = bool(config.bad_number({"eps": eps}))
+        assert refused == (optim_refuses or torch.tensor(eps, dtype=torch.float32).item() < config.FLOAT32_TINY), eps
     # any temperature >= 0 samples (a tiny one as greedy does: test_model_generate_tiny_temperature_samples_the_top_token)
-    assert not any(safety.bad_number({"temperature": t}) for t in (0.0, 1e-300, 1e-6, 1e300))
+    assert not any(config.bad_number({"temperature": t}) for t in (0.0, 1e-300, 1e-6, 1e300))
 
 
 # --- session 12 flags items 1-2: a float flag float32 cannot hold (numpy warned; --eps 1e308 learned nothing), cpu:N
@@ -4774,10 +4776,10 @@ def test_train_float_flags_float32_cannot_hold_are_refused_without_a_numpy_warni
         assert not (tmp_path / "out").exists(), args
     # what float32 holds is taken; RoPE's float64 tables take a larger --rope-theta, and float32's inf is the limit
     # of a larger --temperature (uniform sampling) or --grad-clip (no clipping)
-    assert not safety.bad_number({"eps": float32_max, "lr": float32_max, "rope_theta": 1e308, "temperature": 1e308,
+    assert not config.bad_number({"eps": float32_max, "lr": float32_max, "rope_theta": 1e308, "temperature": 1e308,
                                   "grad_clip": 1e308})
-    assert safety.bad_number({"eps": float32_max * (1 + 2**-52)})
-    assert not safety.adamw_overflow({"lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
+    assert config.bad_number({"eps": float32_max * (1 + 2**-52)})
+    assert not config.adamw_overflow({"lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
 
 
 def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
@@ -4787,9 +4789,9 @@ def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
     for device in ("cpu:0", "cpu:1"):
         cfg = train.resolve_config(base + ["--device", device])
         assert cfg["device"] == "cpu", device
-        with safety.torch_settings(cfg):
+        with machine.torch_settings(cfg):
             assert torch.are_deterministic_algorithms_enabled(), device
-    assert safety.run_device("cuda:1") == "cuda:1" and safety.run_device("cpu:abc") == "cpu:abc"  # refused later
+    assert machine.run_device("cuda:1") == "cuda:1" and machine.run_device("cpu:abc") == "cpu:abc"  # refused later
 
 
 def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
@@ -4802,7 +4804,7 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
              ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
              ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"},
               "RANK=2 is not below WORLD_SIZE=2")]
-    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # subprocesses (safety reads RANK when it is
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # subprocesses (cli reads RANK when it is
         runs = list(pool.map(lambda case: _train_cli(argv, cwd=tmp_path, env=case[0]), cases))  # imported), together
     for (env, needle), r in zip(cases, runs):
         assert r.returncode == 2, (env, r.stderr)
@@ -4812,12 +4814,12 @@ def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
 
 
 def test_train_torchrun_variable_of_thousands_of_digits_is_refused(monkeypatch):
-    # --- CLI fuzz: RANK (WORLD_SIZE, LOCAL_RANK) of 5,000 digits was a ValueError traceback as safety.py was imported:
+    # --- CLI fuzz: RANK (WORLD_SIZE, LOCAL_RANK) of 5,000 digits was a ValueError traceback as cli.py was imported:
     # int() refuses 4,300 digits and more
-    for name in safety.TORCHRUN_VARS:
+    for name in cli.TORCHRUN_VARS:
         monkeypatch.setenv(name, "1" * 5000)
-        assert safety.env_int(name) is None
-        words = safety.bad_environment()
+        assert cli.env_int(name) is None
+        words = machine.bad_environment()
         assert words.startswith(f"the environment's {name}='1111") and "1111...1111" in words, words
         assert "1' is not a number 0, 1, 2, ...; launch with torchrun" in words and len(words) < 300, words
         monkeypatch.delenv(name)
@@ -4838,7 +4840,7 @@ def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_writ
 
 def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_path, capsys, monkeypatch):
     # a compile failure the probe did not foresee (a GPU's own): one sentence, exit 1, the checkpoint to go on from
-    monkeypatch.setattr(safety, "compile_error", lambda device: "")  # the probe passes, the model's compile fails
+    monkeypatch.setattr(config, "compile_error", lambda device: "")  # the probe passes, the model's compile fails
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--max-iters", "3"]
     try:
@@ -4848,14 +4850,14 @@ def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_
         torch._dynamo.reset()
     _train_one_error(capsys, "torch.compile failed (", "no-c++", "is whole: go on from it with the same command "
                      "without --compile, plus --resume.")
-    assert safety.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
+    assert rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
     assert train.main(argv + ["--resume"]) == 0
 
 
 @contextlib.contextmanager
 def _train_by_hand_as_rank_0(tmp_path, join_timeout=None):
     """train.py as rank 0 of WORLD_SIZE=2, set by hand: its other process never comes; killed at the end. join_timeout:
-    safety's JOIN_TIMEOUT in seconds (train.py is then run by runpy, after the constant is set)."""
+    machine.JOIN_TIMEOUT in seconds (train.py is then run by runpy, after the constant is set)."""
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -4864,7 +4866,7 @@ def _train_by_hand_as_rank_0(tmp_path, join_timeout=None):
     argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu"]
     run = [str(_TRAIN_ROOT / "train.py")]
     if join_timeout:
-        run = ["-c", f"import runpy, safety; safety.JOIN_TIMEOUT = {join_timeout}; runpy.run_path({run[0]!r}, "
+        run = ["-c", f"import runpy, machine; machine.JOIN_TIMEOUT = {join_timeout}; runpy.run_path({run[0]!r}, "
                      "run_name='__main__')"]
     p = subprocess.Popen([sys.executable, *run, *argv], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
@@ -4881,7 +4883,7 @@ def test_train_torchrun_environment_by_hand_says_what_it_waits_for_and_stops(tmp
         said = select.select([p.stdout], [], [], 120)[0]  # an upper bound: it used to wait in silence
         line = p.stdout.readline() if said else ""
         assert line == (f"waiting for 1 more process of WORLD_SIZE=2 at 127.0.0.1:{port} (torchrun starts them; "
-                        f"Ctrl-C to stop; up to {safety.JOIN_TIMEOUT / 60:g} minutes)\n"), line
+                        f"Ctrl-C to stop; up to {machine.JOIN_TIMEOUT / 60:g} minutes)\n"), line
         p.terminate()
         assert p.wait(timeout=60) == 130
         err = p.stderr.read()
@@ -4920,10 +4922,10 @@ def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, cap
     P = sum(p.numel() for p in train.build(cfg)[0].parameters())
     B, T, V = cfg["batch_size"], cfg["context_length"], cfg["vocab_size"]
     saved = accounting.saved_activation_bytes(B, T, cfg["d_model"], cfg["num_heads"], cfg["d_ff"], cfg["num_layers"])
-    assert safety.training_bytes(cfg) == 16 * P + 4 * B * T * V + saved
-    assert safety.training_bytes(dict(cfg, fast=True)) < safety.training_bytes(cfg)
+    assert config.training_bytes(cfg) == 16 * P + 4 * B * T * V + saved
+    assert config.training_bytes(dict(cfg, fast=True)) < config.training_bytes(cfg)
     # a machine that is too small for the default run refuses it with the same sentence; one that is not runs it
-    monkeypatch.setattr(safety, "memory_bytes", lambda device, world: (1000, "this machine's memory"))
+    monkeypatch.setattr(config, "memory_bytes", lambda device, world: (1000, "this machine's memory"))
     assert train.main(base) == 2
     _train_one_error(capsys, "more than this machine's memory (0.0 GiB)")
     monkeypatch.undo()
@@ -4936,10 +4938,10 @@ def test_train_gpu_device_and_memory_are_looked_up_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpu)
-    assert safety.device_error("cuda:1") == "" and safety.device_error("cuda") == ""
-    assert safety.device_error("cuda:2") == "this machine has 2 GPU(s), cuda:0 to cuda:1."
-    assert safety.memory_bytes("cuda:1", 8) == (80 * 2**30, "the NVIDIA H100's memory")  # one GPU per process
-    ram, what = safety.memory_bytes("cpu", 2)  # a CPU run's processes share the RAM
+    assert machine.device_error("cuda:1") == "" and machine.device_error("cuda") == ""
+    assert machine.device_error("cuda:2") == "this machine has 2 GPU(s), cuda:0 to cuda:1."
+    assert machine.memory_bytes("cuda:1", 8) == (80 * 2**30, "the NVIDIA H100's memory")  # one GPU per process
+    ram, what = machine.memory_bytes("cpu", 2)  # a CPU run's processes share the RAM
     assert what == "this machine's memory / 2 processes"
     assert 0 < ram <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
 
@@ -4953,19 +4955,19 @@ def test_memory_limit_of_a_slurm_job_or_container_is_the_bound(tmp_path, monkeyp
         (root / d).mkdir(parents=True, exist_ok=True)
         (root / d / ("memory.limit_in_bytes" if d.startswith("memory") else "memory.max")).write_text(text + "\n")
     proc.write_text("0::/job_7/step_0\n")                 # cgroup v2
-    assert safety.cgroup_memory_limit(proc, root) == 4_000_000_000
+    assert machine.cgroup_memory_limit(proc, root) == 4_000_000_000
     proc.write_text("4:memory:/docker/abc\n1:cpu:/\n")     # cgroup v1: abc missing, docker above it holds the limit
-    assert safety.cgroup_memory_limit(proc, root) == 3_000_000_000
+    assert machine.cgroup_memory_limit(proc, root) == 3_000_000_000
     proc.write_text("0::/\n")
-    assert safety.cgroup_memory_limit(proc, root) is None and safety.cgroup_memory_limit(tmp_path / "none") is None
-    monkeypatch.setattr(safety, "cgroup_memory_limit", lambda: 2**30)
-    assert safety.memory_bytes("cpu", 2) == (2**29, "the memory limit of this job's cgroup / 2 processes")
+    assert machine.cgroup_memory_limit(proc, root) is None and machine.cgroup_memory_limit(tmp_path / "none") is None
+    monkeypatch.setattr(machine, "cgroup_memory_limit", lambda: 2**30)
+    assert machine.memory_bytes("cpu", 2) == (2**29, "the memory limit of this job's cgroup / 2 processes")
 
 
 def test_train_workers_are_capped_at_the_cores(tmp_path):
     # issue 19 item 6: --workers 200 started 201 processes on 2 cores
     base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
-    assert train.resolve_config(base + ["--workers", "200"])["workers"] == safety.usable_cores()
+    assert train.resolve_config(base + ["--workers", "200"])["workers"] == machine.usable_cores()
     assert train.resolve_config(base + ["--workers", "1"])["workers"] == 1
     assert train.resolve_config(base)["workers"] is None  # all cores
 
@@ -5084,7 +5086,7 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     # a run killed before its first checkpoint resumes from step 0
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
-    assert safety.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
+    assert rundir.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
 def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
@@ -5102,7 +5104,7 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     run = tmp_path / "out" / "x"
     fp = json.loads((run / "config.json").read_text())["data_fingerprint"]
     assert len(fp["tokens"]) == 2 and len(fp["tokenizer"]) == 2
-    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
+    assert rundir.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
     cache = next((tmp_path / "data").glob("x-*/bpe300"))
     assert len(list(cache.glob("*.npy-*.sha256"))) == 2  # hashed once, kept beside the token files
     saved = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt", "ckpt.pt", "metrics.jsonl")}
@@ -5166,10 +5168,10 @@ def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys,
     assert train.main(args + ["--vocab-size", "280"]) == 0
     run = tmp_path / "out" / "x"
     old = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt")}
-    monkeypatch.setattr(safety, "write_run_files", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(rundir, "write_run_files", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     assert train.main(args + ["--vocab-size", "300", "--overwrite"]) == 130  # killed after the first checkpoint
     monkeypatch.undo()
-    assert safety.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
+    assert rundir.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
     assert {f: (run / f).read_bytes() for f in old} == old  # the 280 tokenizer beside the 300 checkpoint
     capsys.readouterr()
     assert train.main(args + ["--vocab-size", "300", "--resume"]) == 0
@@ -5180,8 +5182,8 @@ def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys,
     assert json.loads((run / "config.json").read_text())["vocab_size"] == 300
     # a source that no longer matches the checkpoint's digest cannot make the copy right: one sentence
     cfg = {"out_dir": str(tmp_path / "out"), "run_name": "x", "data_fingerprint": {"tokenizer": ["0" * 64]}}
-    with pytest.raises(safety.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
-        safety.write_run_files(cfg, [cache / "vocab.json"], 3, new=False)
+    with pytest.raises(cli.UsageError, match="cannot be made to match the checkpoint's tokenizer"):
+        rundir.write_run_files(cfg, [cache / "vocab.json"], 3, new=False)
 
 
 def _train_flip_tensor_byte(path, record_suffix="data/0"):
@@ -5229,7 +5231,7 @@ def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    state = safety.read_checkpoint(ckpt)
+    state = rundir.read_checkpoint(ckpt)
     for bad, needle in [(None, "CRC-32"), ({**state, "iteration": 99}, "past the run's 3 steps"),
                         ({**state, "model": small.state_dict()}, "does not fit this model"),
                         ({**state, "rng": {}}, "no valid RNG state")]:
@@ -5252,7 +5254,7 @@ def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3", "--device", "cpu"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    good = {**safety.read_checkpoint(ckpt), "iteration": 1}  # before the end, so that a resumed run steps
+    good = {**rundir.read_checkpoint(ckpt), "iteration": 1}  # before the end, so that a resumed run steps
     config, (opt, rng, model) = good["config"], (good[k] for k in ("optimizer", "rng", "model"))
     group, moments = opt["param_groups"][0], opt["state"][0]
     first = next(iter(model))
@@ -5359,7 +5361,7 @@ def _train_ctrl_c(tmp_path, args, target, when="True", count=1, sig=signal.SIGIN
     return p.returncode, out, err
 
 
-@pytest.mark.skipif(safety.usable_cores() < 2, reason="train.py caps --workers at the usable cores: one core, no pool")
+@pytest.mark.skipif(machine.usable_cores() < 2, reason="train.py caps --workers at the usable cores: one core, no pool")
 def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
     # the out-of-memory killer takes a worker of the tokenizer's training: one sentence, the split kept whole
     _bpe_random_words_text(tmp_path / "big.txt", 2)
@@ -5381,7 +5383,7 @@ def test_safety_say_writes_a_line_and_its_end_at_once():
             assert not self.getvalue(), f"a second write, after {self.getvalue()!r}"
             return super().write(s)
     f = InterruptedAfterOneWrite()
-    safety.say("encoded 0.3/2.3 MB,", "6.8 MB/s", file=f)
+    cli.say("encoded 0.3/2.3 MB,", "6.8 MB/s", file=f)
     assert f.getvalue() == "encoded 0.3/2.3 MB, 6.8 MB/s\n"
 
 
@@ -5445,7 +5447,7 @@ def test_train_sighup_in_the_data_preparation_is_one_line(tmp_path):
     assert rc == 130 and "Traceback" not in err, (rc, err)
     last = err.strip().splitlines()[-1]
     assert last.startswith("train.py: interrupted; every file written is whole") or "stopped at step" in out, err
-    assert not list(tmp_path.rglob(f"*{safety.TMP_MARK}*"))
+    assert not list(tmp_path.rglob(f"*{files.TMP_MARK}*"))
 
 
 def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
@@ -5713,7 +5715,7 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    safety.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    rundir.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -5834,11 +5836,11 @@ def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_
     cuda = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")
     for e, words in ((cuda, "out of memory (an allocation of 2.00 GiB); ask for less (a smaller input"),
                      (MemoryError(), "out of memory; ask for less (a smaller input, batch or model); nothing written.")):
-        assert safety.exit_code("kernels.py", lambda: (_ for _ in ()).throw(e), "nothing written.") == 1
+        assert cli.exit_code("kernels.py", lambda: (_ for _ in ()).throw(e), "nothing written.") == 1
         err = capsys.readouterr().err
         assert err.startswith(f"kernels.py: error: {words}") and err.count("\n") == 1, err
     with pytest.raises(RuntimeError, match="a shape mismatch"):  # any other error is not read as memory's
-        safety.exit_code("kernels.py", lambda: (_ for _ in ()).throw(RuntimeError("a shape mismatch")), "")
+        cli.exit_code("kernels.py", lambda: (_ for _ in ()).throw(RuntimeError("a shape mismatch")), "")
 
 
 def test_train_samples_take_generates_compiled_path_only_with_compile(sample_run, monkeypatch, capsys):
@@ -5847,7 +5849,7 @@ def test_train_samples_take_generates_compiled_path_only_with_compile(sample_run
     flags, _ = sample_run
     asked = []
     monkeypatch.setattr(train, "generate", lambda *a, fast=None, **k: asked.append(fast) or [])
-    monkeypatch.setattr(safety, "compile_error", lambda device: None)  # no compile happens: generate is faked
+    monkeypatch.setattr(config, "compile_error", lambda device: None)  # no compile happens: generate is faked
     for extra, fast in (([], False), (["--compile"], None)):  # None: generate's default, the fast path on CUDA
         assert train.main([*flags, "--sample", "--num-samples", "1", *extra]) == 0
         assert asked.pop() is fast and not asked
@@ -5863,7 +5865,7 @@ def test_train_sample_compile_failure_says_drop_compile_not_resume(sample_run, m
     def failing_compile(*a, **k):
         raise torch._dynamo.exc.TorchRuntimeError("no-c++ for the decode step")
     monkeypatch.setattr(train, "generate", failing_compile)
-    monkeypatch.setattr(safety, "compile_error", lambda device: "")
+    monkeypatch.setattr(config, "compile_error", lambda device: "")
     assert train.main([*flags, "--sample", "--num-samples", "1", "--compile"]) == 1
     last = _train_one_error(capsys, "torch.compile failed (", "no-c++", "drop --compile.")
     assert "--resume" not in last and _sample_files(run) == before
@@ -5876,7 +5878,7 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
     lm, tokenizer, config = train.load_run(str(run))
     ids = model.generate(lm, tokenizer.encode("the cat"), 8, temperature=0)
     assert isinstance(tokenizer.decode(ids), str) and 0 < len(ids) <= 8
-    state = safety.read_checkpoint(run / "ckpt.pt")
+    state = rundir.read_checkpoint(run / "ckpt.pt")
     assert config == state["config"] and config["vocab_size"] == 300 and not lm.training
     assert all(torch.equal(v, state["model"][k]) for k, v in lm.state_dict().items())
     assert len(tokenizer.encode("<|endoftext|>")) == 1
@@ -6067,7 +6069,7 @@ def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbe
         metrics = _train_metrics(run)
         val = [r["val_loss"] for r in metrics if "val_loss" in r]
         speed = statistics.median(r["tokens_per_s"] for r in metrics if "tokens_per_s" in r)
-        assert rows[name] == (f"{val[-1]:.4f}", f"{speed:,.0f}", safety.fmt_time(metrics[-1]["time"]), "no"), name
+        assert rows[name] == (f"{val[-1]:.4f}", f"{speed:,.0f}", cli.fmt_time(metrics[-1]["time"]), "no"), name
     best = min(rows, key=lambda n: float(rows[n][0]))
     assert f"(a) the best rate was {best[3:]}" in report
     if importlib.util.find_spec("matplotlib") is None:
@@ -6107,17 +6109,17 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     args = types.SimpleNamespace(data="pydoc", out_dir=str(tmp_path / "out"))
     run.dir(args.out_dir).mkdir(parents=True)
     log = run.dir(args.out_dir).with_name(run.name + ".log")
-    with pytest.raises(safety.DataError) as e:  # train.py's own sentence for a NaN loss
-        safety.stop_non_finite(37, run.dir(args.out_dir) / "ckpt.pt", loss=float("nan"))
+    with pytest.raises(cli.DataError) as e:  # train.py's own sentence for a NaN loss
+        rundir.stop_non_finite(37, run.dir(args.out_dir) / "ckpt.pt", loss=float("nan"))
     log.write_text(f"step 30/400 | loss 9.1\ntrain.py: error: {e.value}\n")
     experiments.finish(run, args, [], 1)
     result = json.loads((run.dir(args.out_dir) / "result.json").read_text())
     assert result["status"] == "diverged" and result["step"] == 37
     assert experiments.outcome(run, args, [])["step"] == 37  # kept: a rerun reuses it
-    with pytest.raises(safety.UsageError, match=r"is a run of other flags .*delete it, or pass another --out-dir"):
+    with pytest.raises(cli.UsageError, match=r"is a run of other flags .*delete it, or pass another --out-dir"):
         experiments.outcome(run, args, ["--seed", "1"])
     log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
-    with pytest.raises(safety.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
+    with pytest.raises(cli.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
         experiments.finish(run, args, [], 2)
 
 
@@ -6201,7 +6203,7 @@ def test_experiments_result_json_of_another_shape_is_one_sentence(tmp_path, text
     run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
     run.dir(args.out_dir).mkdir(parents=True)
     (run.dir(args.out_dir) / "result.json").write_text(text)
-    with pytest.raises(safety.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: "):
+    with pytest.raises(cli.UsageError, match=r"result.json cannot be read \(not a result of experiments.py: "):
         experiments.outcome(run, args, [])
 
 
@@ -6235,7 +6237,7 @@ def test_experiments_finished_run_without_its_metrics_is_one_sentence(tmp_path, 
     # metrics.jsonl deleted, emptied or edited under a finished run: no traceback (IndexError, KeyError, a format
     # error), the run's folder named to delete
     run, args = _exp_finished_run(tmp_path, metrics)
-    with pytest.raises(safety.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*1e-03"):
+    with pytest.raises(cli.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*1e-03"):
         experiments.measured(run, "lr=1e-03", args, [])
 
 
@@ -6251,7 +6253,7 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
     # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(safety.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
+    with pytest.raises(cli.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
         experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
                           "--max-iters", "40", "--warmup-iters", "5"])
     assert not (tmp_path / "out").exists()
@@ -6267,7 +6269,7 @@ def test_experiments_huge_jobs_makes_no_more_slots_than_runs(tmp_path):
 def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(tmp_path, name):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     (tmp_path / "out" / "experiments" / name).mkdir(parents=True)
-    with pytest.raises(safety.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
+    with pytest.raises(cli.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
                                                 r"writes a file; move it away, or pass another --out-dir"):
         experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
                           *_TRAIN_TINY, "--max-iters", "2"])
@@ -6279,7 +6281,7 @@ def test_experiments_an_out_dir_that_cannot_be_written_stops_all_before_the_data
     # --out-dir a file (or /dev/null): the data was prepared, then "t.txt/experiments/lr: Not a directory", exit 1
     ids, afile = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "afile"
     afile.write_text("mine\n")
-    with pytest.raises(safety.UsageError, match=rf"^--out-dir {afile}: cannot write {afile}/experiments; pick a "):
+    with pytest.raises(cli.UsageError, match=rf"^--out-dir {afile}: cannot write {afile}/experiments; pick a "):
         experiments.main(["lr", "--data", str(ids), "--out-dir", str(afile), "--variants", "lr=1e-03", *_TRAIN_TINY,
                           "--max-iters", "2"])
     assert afile.read_text() == "mine\n"
@@ -6294,7 +6296,7 @@ def test_experiments_text_flags_are_train_pys_sentences_before_the_data(tmp_path
     for flags, said in ((["--data-dir", str(tmp_path / "data")], "--vocab-size 64 is too small for BPE on text data"),
                         (["--data-dir", str(tmp_path / "afile"), "--vocab-size", "300"],
                          f"--data-dir {tmp_path / 'afile'} is not a writable directory")):
-        with pytest.raises(safety.UsageError, match=f"^{re.escape(said)}"):
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(said)}"):
             experiments.main(["lr", "--data", str(text), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY, *flags])
     assert sorted(os.listdir(tmp_path)) == ["afile", "t.txt"]
 
@@ -6305,7 +6307,7 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
     # token ids have no text: tokenizer ended in "report.md: No such file or directory", generate ran the whole lr
     # sweep and then wrote no sample without a word
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(safety.UsageError, match=rf"^{words}.* is token ids"):
+    with pytest.raises(cli.UsageError, match=rf"^{words}.* is token ids"):
         experiments.main([experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
                          [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
@@ -6329,7 +6331,7 @@ def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     (tmp_path / "out").rename(tmp_path / "old")
     args.out_dir = str(tmp_path / "old")
     assert experiments.outcome(run, args, [])["status"] == "done"
-    with pytest.raises(safety.UsageError, match="is a run of other flags"):
+    with pytest.raises(cli.UsageError, match="is a run of other flags"):
         experiments.outcome(run, args, ["--seed", "7"])
 
 
@@ -6339,7 +6341,7 @@ def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, vari
     # --variants "" ran every variant; the tokenizer's (it has no runs) said "pick from ."
     base = train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"], "--benchmark"])
     args = types.SimpleNamespace(experiment=experiment, variants=variants, out_dir="out")
-    with pytest.raises(safety.UsageError, match=re.escape(said)):
+    with pytest.raises(cli.UsageError, match=re.escape(said)):
         experiments.chosen_runs(args, experiments.plan(base))
 
 
@@ -6370,7 +6372,7 @@ def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, cap
 def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path, monkeypatch):
     made = []
 
-    class Writer:  # torch's SummaryWriter, as far as safety.tensorboard uses it
+    class Writer:  # torch's SummaryWriter, as far as rundir.tensorboard uses it
         def __init__(self, log_dir, purge_step):
             made.append(self)
             self.log_dir, self.purge_step, self.scalars, self.flushed = log_dir, purge_step, [], 0
@@ -6381,11 +6383,11 @@ def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path,
         def flush(self):
             self.flushed += 1
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    monkeypatch.setattr(safety, "_writers", {})
-    safety.tensorboard({"tensorboard": False}, tmp_path, {"step": 3, "loss": 1.0})
+    monkeypatch.setattr(rundir, "_writers", {})
+    rundir.tensorboard({"tensorboard": False}, tmp_path, {"step": 3, "loss": 1.0})
     assert not made
-    safety.tensorboard({"tensorboard": True}, tmp_path, {"step": 40, "val_loss": 2.5, "val_ppl": 12.2})
-    safety.tensorboard({"tensorboard": True}, tmp_path, {"step": 50, "loss": 2.0, "lr": 1e-3, "mfu": None})
+    rundir.tensorboard({"tensorboard": True}, tmp_path, {"step": 40, "val_loss": 2.5, "val_ppl": 12.2})
+    rundir.tensorboard({"tensorboard": True}, tmp_path, {"step": 50, "loss": 2.0, "lr": 1e-3, "mfu": None})
     (w,) = made  # one writer per run, created at a resumed run's first record: later events of a stopped run go
     assert w.log_dir == tmp_path / "tensorboard" and w.purge_step == 40 and w.flushed == 2
     assert w.scalars == [("val_loss", 2.5, 40), ("val_ppl", 12.2, 40), ("loss", 2.0, 50), ("lr", 1e-3, 50)]
@@ -6417,7 +6419,7 @@ def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_e
         return real(*args)
     monkeypatch.setattr(train, "evaluate", evaluate)
     assert train.main(base + ["--overwrite"]) == 130
-    assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
+    assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
     monkeypatch.setattr(train, "evaluate", real)
     assert train.main(base + ["--resume"]) == 0
     assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
@@ -6435,7 +6437,7 @@ def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_p
         m.setattr(train, "generate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         assert train.main(base) == 130
     run = tmp_path / "out" / "story"
-    assert safety.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
+    assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
     capsys.readouterr()
     assert train.main(base + ["--resume"]) == 0
     assert "done: 2 steps" in capsys.readouterr().out and (run / "samples.txt").read_text().count("--- sample") == 1
@@ -6460,7 +6462,7 @@ def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
 
 def test_train_preset_min_lr_scales_below_a_given_lr(tmp_path, capsys):
     # `--lr 1e-4` was refused: "--min-lr 0.0005 is above --lr 0.0001", naming a flag the user never gave
-    base, small = _train_flags_run(tmp_path), train.PRESETS["small"]
+    base, small = _train_flags_run(tmp_path), config.PRESETS["small"]
     cfg = train.resolve_config(base + ["--lr", "1e-4"])
     assert cfg["min_lr"] == pytest.approx(1e-4 * small["min_lr"] / small["lr"])  # the preset's proportion
     assert train.resolve_config(base + ["--lr", "1e-3"])["min_lr"] == small["min_lr"]  # one that fits stays
@@ -6488,10 +6490,10 @@ def test_train_ctrl_c_while_a_checkpoint_is_written_is_one_line(capsys):
                 raise KeyboardInterrupt
             return super().write(b)
     m, opt = _train_model_opt()
-    assert safety.exit_code("train.py", lambda: train.save_checkpoint(m, opt, 0, Cut()), "rerun it.") == 130
+    assert cli.exit_code("train.py", lambda: train.save_checkpoint(m, opt, 0, Cut()), "rerun it.") == 130
     assert capsys.readouterr().err == "train.py: interrupted; rerun it.\n"
     with pytest.raises(RuntimeError, match="not a Ctrl-C"):  # any other error still goes on up
-        safety.exit_code("train.py", lambda: exec("raise RuntimeError('not a Ctrl-C')"), "")
+        cli.exit_code("train.py", lambda: exec("raise RuntimeError('not a Ctrl-C')"), "")
 
 
 # ============================================================================
@@ -6662,7 +6664,7 @@ def test_accounting_pile_is_825_gib_as_its_paper_says(monkeypatch, capsys):
     assert not [row for row in accounting.notes_corrections() if "Pile" in row[0]]
 
 
-# --- session 12 tok item 5: stdout on a full disk is named, as bpe.py names it (safety.exit_code, every printing CLI) ---
+# --- session 12 tok item 5: stdout on a full disk is named, as bpe.py names it (cli.exit_code, every printing CLI) ---
 @pytest.mark.parametrize("buffering", [1, -1])  # a print fails, or only the flush of what it buffered
 def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkeypatch):
     # `python accounting.py > /dev/full`: "the system said: [Errno 28] No space left on device; fix that", and a
@@ -6672,7 +6674,7 @@ def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkey
     full = open("/dev/full", "w", buffering=buffering)
     monkeypatch.setattr(sys, "stdout", full)
     try:
-        code = safety.exit_code("accounting.py", lambda: accounting.main(["--section", "tensors"]), "")
+        code = cli.exit_code("accounting.py", lambda: accounting.main(["--section", "tensors"]), "")
     finally:
         with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
             full.close()
@@ -6861,8 +6863,8 @@ def test_kernels_target_line_reads_the_largest_fp32_size():
 
 
 def _cli(name, argv):
-    """The exit code of `python NAME.py ARGV`'s main under safety.exit_code, as its command line runs it."""
-    return safety.exit_code(f"{name}.py", lambda: {"kernels": kernels, "bench": bench}[name].main(argv), "")
+    """The exit code of `python NAME.py ARGV`'s main under cli.exit_code, as its command line runs it."""
+    return cli.exit_code(f"{name}.py", lambda: {"kernels": kernels, "bench": bench}[name].main(argv), "")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -6941,10 +6943,10 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
     try:
         assert _cli("kernels", ["--device", "cpu", "--threads", "100000", "--skip", "correctness", "benchmark",
                                 "profile"]) is None
-        assert torch.get_num_threads() == min(100000, safety.usable_cores())
+        assert torch.get_num_threads() == min(100000, machine.usable_cores())
     finally:
         torch.set_num_threads(before)
-    assert f"({platform.machine()}, {safety.usable_cores()} threads)" in capsys.readouterr().out
+    assert f"({platform.machine()}, {machine.usable_cores()} threads)" in capsys.readouterr().out
 
 def _kernels_nvcc():
     return shutil.which("nvcc")
@@ -7327,7 +7329,7 @@ def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkey
         _bpe_need(source)
     _bpe_gpt2_files()
     monkeypatch.setattr(bench, "SEEDS", tmp_path / "seeds")
-    with pytest.raises(safety.UsageError, match=r"seeds/\*\.txt: no such file .*the rest is in \.\./shared"):
+    with pytest.raises(cli.UsageError, match=r"seeds/\*\.txt: no such file .*the rest is in \.\./shared"):
         bench.scale_corpus(0.01, cache=tmp_path / "cache")
     assert not any((tmp_path / "cache").iterdir())
     text = tmp_path / "t.txt"
@@ -7362,15 +7364,15 @@ def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys
     assert bench.need_text(good, "corpus", block=4) == str(good)
     for text, offset in [(b"ab\xe2\x82", 2), (b"abc\xe2\x82x", 3), (b"\xc3\xa9" * 5 + b"\x80", 10)]:
         bad.write_bytes(text)  # a character cut short at the end or in the middle, a lone continuation byte
-        with pytest.raises(safety.UsageError, match=f"at byte offset {offset};"):
+        with pytest.raises(cli.UsageError, match=f"at byte offset {offset};"):
             bench.need_text(bad, "corpus", block=4)
 
 
 def test_bench_measured_process_failing_is_one_sentence():
     # a RuntimeError traceback carrying the child's whole traceback (and its source), before
-    with pytest.raises(safety.DataError, match=r"^a Python child of the benchmark exited 1: ValueError: fix the X$"):
+    with pytest.raises(cli.DataError, match=r"^a Python child of the benchmark exited 1: ValueError: fix the X$"):
         bench.run_measured("raise ValueError('fix the X')")
-    with pytest.raises(safety.DataError, match=r"exited -9: killed by signal 9$"):  # the out-of-memory killer's
+    with pytest.raises(cli.DataError, match=r"exited -9: killed by signal 9$"):  # the out-of-memory killer's
         bench.run_measured("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
 
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
@@ -7455,7 +7457,7 @@ def test_export_tokenizer_gives_this_projects_ids(export_runs, tmp_path):
     tokenizers = {"run": (_export_ours(run_dir)[1], hf_dir)}
     try:
         gpt2_files, offline = data.gpt2_files(), None
-    except safety.DataError as e:
+    except cli.DataError as e:
         gpt2_files, offline = None, e
     if gpt2_files:
         gpt2 = bpe.Tokenizer.from_files(*gpt2_files, [_BPE_EOT])
@@ -7497,7 +7499,7 @@ def test_export_pipeline_generates_text(export_runs):
 
 
 def _export_leftovers(root):  # atomic_file's temporaries, or an old export set aside (.old), anywhere under root
-    return [p for p in Path(root).rglob("*") if safety.TMP_MARK in p.name or p.name.endswith(".old")]
+    return [p for p in Path(root).rglob("*") if files.TMP_MARK in p.name or p.name.endswith(".old")]
 
 
 def _export_error(capsys, argv, needle):
@@ -7513,7 +7515,7 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     at = ["--out-dir", str(tmp_path / "out"), "--run-name", "run", "--device", "cpu", "--export"]
     (tmp_path / "out" / "run").mkdir(parents=True)  # a run directory without a checkpoint
     _export_error(capsys, [*at, str(tmp_path / "hf")], "ckpt.pt does not exist")
-    state = safety.read_checkpoint(run_dir / "ckpt.pt")
+    state = rundir.read_checkpoint(run_dir / "ckpt.pt")
     for flag in ("no_norm", "post_norm", "nope", "silu_ffn"):  # refused before the weights are looked at
         torch.save({**state, "config": {**state["config"], flag: True}}, tmp_path / "out" / "run" / "ckpt.pt")
         _export_error(capsys, [*at, str(tmp_path / "hf")], f"a Llama cannot express the {flag} ablation")
@@ -7585,7 +7587,7 @@ def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tm
     (clone / "added_tokens.json").unlink()
     assert train.main(at) == 0
     assert files() == {**mine, **exported}
-    state = safety.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
+    state = rundir.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
     export.export_hf(clone, state["model"], train.model_kwargs(state["config"]), overwrite=True)
     assert set(files()) == {*mine, "config.json", "generation_config.json", "model.safetensors"}
     assert files()["model.safetensors"] == exported["model.safetensors"]

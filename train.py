@@ -1,7 +1,8 @@
 """Train a Transformer LM: from raw text to a checkpoint and samples, on one CPU or many GPUs.
 
-CS336 assignment 1, sections 5-7. Data preparation (corpora, BPE, token files) lives in data.py; the
-run's safety (flag checks, --resume's verification, --overwrite, Ctrl-C, a full disk) in safety.py.
+CS336 assignment 1, sections 5-7. Every flag and its default is in config.py (FLAGS), with the rules that
+refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; the run directory (its lock,
+--resume's checks, Ctrl-C at a step boundary) in rundir.py.
 
     python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
     python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
@@ -13,155 +14,26 @@ import contextlib
 import json
 import sys
 import time
-from pathlib import Path
 from statistics import median
 
-import safety  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
 if __name__ == "__main__":
-    safety.quiet_while_starting("train.py")
+    cli.quiet_while_starting("train.py")
 import numpy as np
 import torch
 
 import accounting
+import config
+import files
+import machine
+import rundir
 from bpe import catch_ctrl_c
-from data import (DATASETS, EOT, check_data, fingerprint, ids_vocab_size, is_cached, is_ids, prepare_data,
-                  read_tokenizer, unigram_loss)
+from cli import log  # only rank 0 talks, so that torchrun's N processes print one story
+from config import CORPORA, DATA_KEYS, MODEL_KEYS, UNTIMED_STEPS, model_kwargs, resolve_config
+from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
 from model import TransformerLM, generate
 from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
-from safety import log  # only rank 0 talks, so that torchrun's N processes print one story
-
-
-# ----------------------------------------------------------------------------
-# 1. Configuration: flags, presets, derived values (safety.py checks them)
-
-# The flags marked PRESET take their default from the data source: the built-in corpus and local files
-# get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
-# run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
-PRESETS = {
-    "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
-                  batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, min_lr=5e-4, warmup_iters=50,
-                  eval_interval=100, eval_iters=10),
-    "tinystories": dict(accounting.TINYSTORIES, batch_size=128, max_iters=None, total_tokens=327_680_000,
-                        lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
-}
-PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
-PRESET = safety.PRESET  # a FLAGS default taken from PRESETS
-CORPORA = ("pydoc", *DATASETS)  # --data's names; anything else is a path
-UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
-
-FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
-    "data and output",
-    ("--data", str, "pydoc", "pydoc (built-in, offline), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
-    ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
-    ("--tokenizer", str, None, "folder of the vocab.json, merges.txt that made --data PATH.npy (default: the .npy's)"),
-    ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
-    ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
-    ("--run-name", str, None, "default: the data source's name"),
-    ("--workers", int, None, "processes for tokenizer training and tokenizing; default and most: the cores it may use"),
-    "model shape",
-    ("--vocab-size", int, PRESET, "tokens in the vocabulary (BPE is trained to this size on text data)"),
-    ("--context-length", int, PRESET, "tokens per training window"),
-    ("--d-model", int, PRESET, "width of the residual stream"),
-    ("--num-layers", int, PRESET, "Transformer blocks"),
-    ("--num-heads", int, PRESET, "attention heads"),
-    ("--d-ff", int, PRESET, "hidden width of the feed-forward network"),
-    ("--rope-theta", float, 10000.0, "RoPE base"),
-    "ablations (handout section 7.3; weight tying: 7.5)",
-    ("--no-norm", bool, False, "remove every RMSNorm"),
-    ("--post-norm", bool, False, "normalize after each residual add"),
-    ("--nope", bool, False, "no position embedding (no RoPE)"),
-    ("--silu-ffn", bool, False, "W2 silu(W1 x) feed-forward instead of SwiGLU"),
-    ("--tie-embeddings", bool, False, "lm_head shares the embedding matrix"),
-    "optimization",
-    ("--batch-size", int, PRESET, "sequences per optimizer step, over all processes and accumulation steps"),
-    ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
-    ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
-    ("--lr", float, PRESET, "peak learning rate"),
-    ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
-    ("--warmup-iters", int, PRESET, "linear warm-up steps (a preset warm-up shrinks to fit a short run)"),
-    ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
-    ("--beta1", float, 0.9, "AdamW beta1"),
-    ("--beta2", float, 0.95, "AdamW beta2"),
-    ("--eps", float, 1e-8, "AdamW epsilon"),
-    ("--weight-decay", float, 0.1, "AdamW decoupled weight decay"),
-    ("--grad-clip", float, 1.0, "clip the global gradient L2 norm (0: off)"),
-    ("--seed", int, 1337, "seeds the initialization and the batch order"),
-    "logging, evaluation, checkpoints",
-    ("--eval-interval", int, PRESET, "steps between validation runs"),
-    ("--eval-iters", int, PRESET, "batches per validation run"),
-    ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
-    ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
-    ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
-    ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
-    ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
-    ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
-    ("--export", str, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then exit"),
-    "hardware",
-    ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
-    ("--dtype", str, None, "float32, or bf16 (bfloat16 autocast, float32 weights); default: bf16 on cuda"),
-    ("--compile", bool, False, "torch.compile the model"),
-    ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
-    ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
-    ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
-    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
-    "samples at the end, or of a trained run",
-    ("--sample", bool, False, "print samples of the run OUT_DIR/RUN_NAME as it stands, then exit; writes nothing"),
-    ("--num-samples", int, 3, "samples per prompt: in samples.txt at the end, or printed by --sample"),
-    ("--sample-tokens", int, 200, "new tokens per sample"),
-    ("--temperature", float, 0.8, "0 = greedy"),
-    ("--top-p", float, 0.95, "nucleus sampling threshold"),
-    ("--prompt", str, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
-]
-
-
-def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit code 2 (safety.Parser)
-    return safety.flags_parser("train.py", "Train a Transformer LM (CS336 assignment 1). With no flags: a small model "
-                               "on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
-                               "small/tinystories/owt depend on --data: small for pydoc and local files.", FLAGS, PRESETS)
-
-
-def resolve_config(argv=None):
-    """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
-    device and processes, safety.check_flags refuses mistakes, then the derived values. Raises UsageError."""
-    cfg = vars(build_parser().parse_args(argv))
-    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
-    warmup_given = cfg["warmup_iters"] is not None
-    length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
-    preset = PRESETS.get(cfg["data"], PRESETS["small"])
-    for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
-        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
-            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
-    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
-    cfg["world_size"], cfg["rank"] = safety.env_int("WORLD_SIZE") or 1, safety.RANK  # torchrun's (checked)
-    cfg["device"] = safety.run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
-    cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
-        cfg["device"] = f"cuda:{safety.env_int('LOCAL_RANK')}"
-    safety.check_flags(cfg, CORPORA, is_ids, is_cached)  # refused before anything is read or written
-    cfg["workers"] = cfg["workers"] and min(cfg["workers"], safety.usable_cores())  # more than the cores: no faster
-    cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
-    if cfg["max_iters"] is None:
-        cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
-    cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]  # what is really trained on
-    if cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length just derived, so not a CHECKS row
-        if warmup_given:
-            raise safety.UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
-                                    f"({cfg['max_iters']} steps).")
-        cfg["warmup_iters"] = cfg["max_iters"] // 10
-    return cfg
-
-
-MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "no_norm",
-              "post_norm", "nope", "silu_ffn", "tie_embeddings")  # the shape and the ablations
-
-
-DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer")  # prepare_data's arguments
-
-
-def model_kwargs(cfg=None):  # TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the
-    cfg = {**vars(build_parser().parse_args([])), **PRESETS["small"]} if cfg is None else cfg  # flags' defaults
-    return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
 
 # ----------------------------------------------------------------------------
@@ -210,14 +82,14 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "iteration": int(iteration), **extra}
-    with safety.atomic_file(out) as f:  # a path, or a file object
+    with files.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
 
 
 def load_checkpoint(src, model, optimizer=None, state=None):
     """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
-    state = safety.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
-    safety.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
+    state = rundir.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
+    rundir.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -227,7 +99,7 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer, which knows
     <|endoftext|>, or None for ids without one; its config). FileNotFoundError: no checkpoint yet; ValueError."""
-    state = safety.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
+    state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_checkpoint(None, model, state=state)
     return model.eval(), read_tokenizer(path)[0], state["config"]
@@ -338,7 +210,7 @@ def benchmark(cfg):
     """The median time of --benchmark-steps steps after UNTIMED_STEPS untimed ones (the GPU queue is
     drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
     sync = synchronizer(cfg["device"])
-    with safety.torch_settings(cfg):
+    with machine.torch_settings(cfg):
         step, times = random_step(cfg)[0], []
         for _ in range(UNTIMED_STEPS + cfg["benchmark_steps"]):
             sync()
@@ -355,7 +227,7 @@ def benchmark(cfg):
     log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
-        f"{safety.fmt_time(cfg['total_tokens'] * dt / tokens)}")
+        f"{cli.fmt_time(cfg['total_tokens'] * dt / tokens)}")
 
 
 # ----------------------------------------------------------------------------
@@ -384,7 +256,7 @@ class Progress:
     def __init__(self, cfg, path, elapsed, ckpt_path):
         self.cfg, self.path, self.tty, self.ckpt_path, self.unread = cfg, path, sys.stdout.isatty(), ckpt_path, []
         self.t0, self.t_last, self.window = time.time() - elapsed, time.time(), [0.0, 0]
-        self.eta, self.noted = safety.Eta(UNTIMED_STEPS), False  # noted: a CPU run of hours was told so
+        self.eta, self.noted = cli.Eta(UNTIMED_STEPS), False  # noted: a CPU run of hours was told so
         self.flops, self.peak = step_flops(cfg), device_peak(cfg)  # made inside torch_settings, as train() runs
 
     def seconds(self):
@@ -395,20 +267,20 @@ class Progress:
             with open(self.path, "a") as f:
                 tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
                 f.write(json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3), **entry}) + "\n")
-            safety.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
+            rundir.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
 
     def evaluated(self, step, val_loss):
-        safety.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first
+        rundir.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
         line = f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
-        log("\r" + line.ljust(safety.COLUMNS) if self.tty else line)  # over all of a progress line
+        log("\r" + line.ljust(cli.COLUMNS) if self.tty else line)  # over all of a progress line
         self.eta.evaluated(time.time() - self.t_last)  # the ETA counts the evaluations left at this one's seconds
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
     def stepped(self, step, loss, lr, norm):  # loss, norm: device tensors, read back at log steps
         self.unread.append((step, loss, norm))
         logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]  # read before the clock: the
-        loss, norm = safety.read_back(self.unread, self.ckpt_path) if logs else (loss, norm)  # window's work is done
+        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs else (loss, norm)  # window's work is done
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.eta.stepped(dt)
@@ -419,10 +291,10 @@ class Progress:
             self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
             left = self.eta.seconds_left(step, cfg["max_iters"], cfg["eval_interval"])
-            line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {safety.fmt_count(tps)} tok/s"
-                    + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {safety.fmt_time(left)}")
-            log("\r" + line.ljust(safety.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-            self.noted = self.noted or safety.note_long_run(cfg, left, self.tty)  # at the first ETA, once
+            line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
+                    + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
+            log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
+            self.noted = self.noted or cli.note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
@@ -434,9 +306,43 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
                temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g,
                fast=None if cfg["compile"] else False))  # the fast path compiles: on a GPU with --compile only
                for _ in range(cfg["num_samples"])]
-    with safety.atomic_file(path, "w") as f:
+    with files.atomic_file(path, "w") as f:
         f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
     return out
+
+
+def print_samples(cfg):
+    """--sample: the run's last checkpoint continues --prompt, or with --prompt - each line of stdin as it comes (an
+    empty line: a new document); each sample ends at EOT. The run is only read."""
+    try:
+        model, tok, _ = load_run(rundir.run_dir(cfg), cfg["device"])
+    except FileNotFoundError as e:
+        raise cli.UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
+    except (ValueError, OSError) as e:
+        raise cli.UsageError(f"--sample: {str(e).rstrip('.')}; restore it from a copy, or train the run again.") from None
+    if tok is None:
+        raise cli.UsageError(f"--sample: {rundir.run_dir(cfg)} holds no tokenizer to encode prompts and decode samples (its ids "
+                         "came without one); put the vocab.json and merges.txt that made them there.")
+    n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(EOT)[0]
+    if stop >= V or config.undecodable_ids(tok, V):  # ids trained with --num-samples 0 may sit beside any tokenizer
+        raise cli.UsageError(f"--sample: the tokenizer in {rundir.run_dir(cfg)} ({n} tokens, {EOT} at id {stop}) does not fit its "
+                         f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
+                         "vocab.json and merges.txt that made its ids there.")
+    try:
+        for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
+            prompt = line.removesuffix("\n").removesuffix("\r")  # a CRLF file's line: its text without the \r
+            try:
+                write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
+            except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
+                raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); pass "
+                                 "other text.") from None
+            sys.stdout.flush()  # each prompt's samples as they come, through a pipe too
+    except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
+        raise cli.UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
+    except KeyboardInterrupt:  # Ctrl-C, a way to end --prompt - at a terminal: not train.py's advice to --resume
+        log("train.py: interrupted; --sample only reads the run, which is as it was.", file=sys.stderr)
+        return 130
+    return 0
 
 
 def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline):
@@ -447,7 +353,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
     start = 0 if resume_state is None else load_checkpoint(None, raw, optimizer, state=resume_state)
     if resume_state is not None:
-        safety.restore_rng(resume_state["rng"], batch_gen)
+        rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
@@ -455,16 +361,16 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0), ckpt_path)
 
     def save(step):
-        safety.read_back(progress.unread, ckpt_path)  # the steps since the last read first: a NaN or inf, exit 1
-        safety.stop_non_finite(step, ckpt_path, model=raw)  # a NaN model is never saved, nor sampled (exit 1)
+        rundir.read_back(progress.unread, ckpt_path)  # the steps since the last read first: a NaN or inf, exit 1
+        rundir.stop_non_finite(step, ckpt_path, model=raw)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
-            save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=safety.rng_state(batch_gen),
+            save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=rundir.rng_state(batch_gen),
                             elapsed=progress.seconds())
-    with safety.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
+    with rundir.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
         if resume_state is None:
             save(0)  # a checkpoint exists from the first moment on, so --resume always has one
         if rank == 0:
-            safety.write_run_files(cfg, tok_files, start, new=resume_state is None)  # after the checkpoint
+            rundir.write_run_files(cfg, tok_files, start, new=resume_state is None)  # after the checkpoint
         for it in range(start, last):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
@@ -478,19 +384,19 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 save(it + 1)
             if stop:
                 log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with "
-                    f"{safety.resume_command(cfg)}.")
+                    f"{rundir.resume_command(cfg)}.")
                 return 130
     save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
     progress.evaluated(last, val_loss)
-    log(f"done: {last} steps, {safety.fmt_count(cfg['total_tokens'])} tokens in {safety.fmt_time(progress.seconds())}; "
+    log(f"done: {last} steps, {cli.fmt_count(cfg['total_tokens'])} tokens in {cli.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        safety.plot(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png")
     return 0
 
 
@@ -505,41 +411,46 @@ def run(cfg):
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
-        return export_run(safety.run_dir(cfg), cfg["export"], cfg["overwrite"], model_kwargs, model_kwargs(cfg))
+        return export_run(rundir.run_dir(cfg), cfg["export"], cfg["overwrite"])
     if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
-        return safety.print_samples(cfg, load_run, write_samples, EOT)
-    ckpt_path, resume_state = safety.run_dir(cfg) / "ckpt.pt", None
+        return print_samples(cfg)
+    ckpt_path, resume_state = rundir.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = safety.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
-    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = safety.rank0_first(cfg, prepare)
+        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
+    train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = machine.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
-        safety.check_same_data(resume_state, cfg, ckpt_path)
-        if safety.run_complete(resume_state, cfg, ckpt_path, tok):  # its end written: says so, writes nothing
+        rundir.check_same_data(resume_state, cfg, ckpt_path)
+        if rundir.run_complete(resume_state, cfg, ckpt_path, tok):  # its end written: says so, writes nothing
             return 0
     top = check_data(cfg, train_ids, valid_ids, tok)  # ids in the vocabulary (and their tokenizer's), windows fit
-    safety.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
+    config.check_samples(cfg, tok, tok_files, top, EOT)  # what would fail at the very end is refused now
     baseline = unigram_loss(train_ids, valid_ids, cfg["vocab_size"])
     log(f"data: {len(train_ids):,} train / {len(valid_ids):,} validation tokens; unigram baseline "
         f"{baseline:.4f} nats/token")
-    with safety.run_lock(cfg), safety.torch_settings(cfg):  # all checked: the first write; a second writer is refused
+    # all checked: the first write; a second writer is refused
+    with rundir.run_lock(cfg), machine.torch_settings(cfg), rundir.divergence_recorded(cfg):
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
+
+
+LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
+               "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).")
 
 
 def main(argv=None):
     """Exit code: 0 done, 1 no data (download failed), a full disk or a diverged run, 2 a usage mistake,
-    130 stopped: safety.exit_code turns each mistake or fault into one sentence, without a traceback."""
+    130 stopped: cli.exit_code turns each mistake or fault into one sentence, without a traceback."""
     def go():
         cfg = resolve_config(argv)
-        resume = f"run {safety.resume_command(cfg)} to continue from the last checkpoint"
-        with safety.process_group(cfg), safety.disk_full(safety.run_dir(cfg), resume), \
-                safety.compile_failures(cfg):  # one the CHECKS' probe did not foresee
+        resume = f"run {rundir.resume_command(cfg)} to continue from the last checkpoint"
+        with machine.process_group(cfg), cli.disk_full(rundir.run_dir(cfg), resume), \
+                rundir.compile_failures(cfg):  # one the CHECKS' probe did not foresee
             return run(cfg)
-    return safety.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
-                            "ckpt.pt: with --resume, without --overwrite) to go on.")
+    return cli.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
+                         "ckpt.pt: with --resume, without --overwrite) to go on.", less_memory=LESS_MEMORY)
 
 
 if __name__ == "__main__":
     catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
-    safety.escaping_stdout()  # a terminal that cannot show a sample's text; a closed stdout (>&-) as /dev/null
+    cli.escaping_stdout()  # a terminal that cannot show a sample's text; a closed stdout (>&-) as /dev/null
     sys.exit(main())

@@ -1,0 +1,329 @@
+"""
+The command line: what every command of the project says, and how it ends. Optional reading, and the lowest file:
+it imports only the standard library (bpe.py must start without torch) and names none of its callers.
+
+1. Printing: say() is the one way to print; log() is say() for rank 0 only, so torchrun's N processes tell one
+   story; a terminal that closes (SIGHUP), a pipe whose reader leaves, a Ctrl-C while torch loads
+2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
+   exit_code is the one map from a fault to an exit code, for every command
+3. Progress lines and the ETA
+4. The parser: a table of flags (train.py's config.py) as argparse, a mistake one sentence
+"""
+import argparse
+import contextlib
+import errno
+import os
+import re
+import reprlib
+import select
+import signal
+import statistics
+import sys
+import time
+
+
+# ----------------------------------------------------------------------------
+# 1. Printing: one way, and under torchrun only rank 0 talks
+
+TORCHRUN_VARS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}  # torchrun sets them (with MASTER_ADDR, MASTER_PORT)
+
+
+def env_int(name):  # a torchrun variable as a whole number, its default when unset, None when it is not one
+    text = os.environ.get(name, str(TORCHRUN_VARS[name])).strip()  # at most 18 digits: int() refuses 4,300 and more
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+RANK = env_int("RANK") or 0  # this process's rank under torchrun (0 alone)
+RANK = RANK if RANK < (env_int("WORLD_SIZE") or 1) else 0  # a RANK out of range is refused (CHECKS): rank 0 says so
+
+
+SIGHUP = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session (none on Windows)
+
+
+STOPS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, SIGHUP) if s)  # Ctrl-C, kill's or a scheduler's stop, SIGHUP
+
+
+def on_stops(handler):
+    """handler for each of STOPS; returns {signal: the handler it replaced}. A SIGHUP that nohup set to be ignored
+    stays ignored: the user asked the run to outlive its terminal."""
+    return {s: signal.signal(s, handler) for s in STOPS if s != SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
+
+
+_hung_up = []  # hang_up() was called
+
+
+def hang_up():
+    """The terminal is gone (a SIGHUP came, or a print failed with EIO), and the programs of its session may go with
+    it: stdout and stderr, where they are that terminal or a pipe whose reader left, go to /dev/null from here on
+    (say() does it for a reader that leaves later), so that a stopping run still saves its checkpoint and ends with
+    its own exit code, not a print's error. A log file, or a pipe still read, keeps its lines."""
+    _hung_up.append(True)
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0)):  # a hung-up tty, no reader
+            os.dup2(null, fd)  # what Python still holds to print is flushed there as it exits
+    os.close(null)
+
+
+def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
+    try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
+        (file := file or sys.stdout).write(sep.join(map(str, args)) + end)
+        file.flush()
+    except OSError as e:
+        if e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
+            raise  # (`| head`), which exit_code ends quietly
+        hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
+
+
+def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes print one story
+    if RANK == 0:
+        say(*args, **kwargs)
+
+
+def quiet_while_starting(name):
+    """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
+    not an import's traceback."""
+    def stop(signum, frame):
+        if signum == SIGHUP:
+            hang_up()
+        say(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)
+        os._exit(130)
+    on_stops(stop)
+
+
+def escaping_stdout():
+    """A character the terminal cannot show (latin-1, ascii) printed as an escape, not an error. A stdout closed at
+    the start (`>&-`, a daemon's) is /dev/null: Python leaves sys.stdout None there, and the first print raised."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    sys.stdout.reconfigure(errors="backslashreplace")
+
+
+def end_quietly_on_closed_pipe():
+    """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
+    not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly (no traceback, as `cat` ends)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout as it exits
+    return 1
+
+
+# ----------------------------------------------------------------------------
+# 2. Errors: one sentence each, and the one map from a fault to an exit code
+
+class UsageError(Exception):  # a mistake in the flags or the inputs: the command prints it and exits with 2
+    pass
+
+
+class DataError(Exception):  # the run failed, not its flags (offline, disk full, a NaN, a killed worker): exit 1
+    pass
+
+
+_SHORT = reprlib.Repr()  # a value read from a file, for a sentence: long strings, long lists, deep nesting cut short
+_SHORT.maxstring = _SHORT.maxother = 80
+short_repr = _SHORT.repr
+
+
+def disk_is_full(e):  # is e the error of a full disk, or of a user's exhausted quota?
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), stdout's none
+    return f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun"
+
+
+def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
+    return (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
+            f"the system said: {e}; fix that")
+
+
+def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
+    text = str(e).partition("You can suppress this exception")[0]  # torch's advice (suppress_errors) is no error
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().endswith(" raised:")]
+    lines = lines or [type(e).__name__]  # torch 2.5's "backend='inductor' raised:" heads the line that says why
+    return f"{type(e).__name__}: {next((line for line in lines if 'error' in line.lower()), lines[0])[:200]}"
+
+
+def out_of_memory(e):
+    """What an allocation that failed asked for, for a sentence, or None when e is no such failure: a MemoryError,
+    or torch's RuntimeError from a CPU ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 40000
+    bytes") or a GPU ("CUDA out of memory. Tried to allocate 2.00 GiB")."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or isinstance(e, RuntimeError) and re.search(
+            r"out of memory|can't allocate memory", text)):
+        return None
+    size = re.search(r"[Tt]ried to allocate (?:(\d+) bytes|([\d.]+ [KMGT]iB))", text)
+    return ("" if size is None else f" (an allocation of {int(size[1]) / 2**30:,.2f} GiB)" if size[1] else
+            f" (an allocation of {size[2]})")
+
+
+def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised while one was being handled
+    while e is not None and not isinstance(e, KeyboardInterrupt):
+        e = e.__context__
+    return e is not None
+
+
+def exit_code(name, command, interrupted, less_memory=None):
+    """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (memory running out
+    too) or an unforeseen OSError, 130 a Ctrl-C. interrupted: what a stopped command left (the sentence's end);
+    less_memory: the command's own ways to ask for less memory, for an allocation that failed."""
+    try:
+        code = command()
+        if sys.stdout:  # what print left in its buffer fails here on a full disk, not as Python exits ("ignored")
+            sys.stdout.flush()
+        return code
+    except (UsageError, DataError) as e:
+        log(f"{name}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    except BrokenPipeError:
+        return reader_left()
+    except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1
+        why = f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then run the same command again."
+        log(f"{name}: error: {why}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Exception) as e:
+        # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
+        # raised in its place (torch.save's zip writer, cut short mid-file, says "unexpected pos")
+        if interrupted_by_ctrl_c(e):
+            log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
+            return 130
+        if (asked := out_of_memory(e)) is None:
+            raise
+        less = less_memory or f"ask for less (a smaller input, batch or model); {interrupted}"
+        log(f"{name}: error: out of memory{asked}; {less}", file=sys.stderr)
+        return 1
+
+
+@contextlib.contextmanager
+def disk_full(where, then):
+    """A full disk (or quota) while writing under `where` ends in one sentence, exit code 1; atomic_file leaves
+    what was there whole. The OSError may come wrapped (torch.save's zip writer raises a RuntimeError)."""
+    try:
+        yield
+    except Exception as e:
+        cause = e  # down the chain a traceback would show
+        while cause is not None and not disk_is_full(cause):
+            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+        if cause is None:
+            raise
+        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
+                        f"then {then}.") from None
+
+
+# ----------------------------------------------------------------------------
+# 3. Progress lines and the ETA
+
+def fmt_time(s):  # seconds -> "12m05s", "3h07m"; None (not known yet) -> "-"
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def fmt_count(x):  # 3 significant digits and a unit: 950, 12.3k, 172k, 1.72M (a progress line has 80 columns)
+    scale, unit = next((s, u) for s, u in ((1, ""), (1e3, "k"), (1e6, "M"), (1e9, "G"))
+                       if float(f"{x / s:.3g}") < 1000 or u == "G")  # 999.6 rounds to 1000: that is 1k
+    return f"{x / scale:.3g}{unit}"
+
+
+COLUMNS = 79  # a progress line fits an 80-column terminal (a character in the last column wraps on some)
+
+
+ETA_INTERVALS = 5  # the logging intervals whose median seconds per step is the ETA's speed
+
+
+class Eta:
+    """The time a run has left: the median seconds per step of the last ETA_INTERVALS logging intervals (recent, as
+    a shared machine's speed changes, and a slow interval, a checkpoint's save or another program's burst, moves it
+    little) times the steps left, plus the evaluations left at the last one's seconds. The first `untimed` steps of
+    a process and its first evaluation are not timed (torch.compile's would say hours)."""
+
+    def __init__(self, untimed):
+        self.untimed, self.steps, self.interval, self.rates = untimed, 0, [0.0, 0], []
+        self.evals, self.eval_seconds = 0, 0.0
+
+    def stepped(self, seconds):  # one step took `seconds`
+        self.steps += 1
+        if self.steps > self.untimed:
+            self.interval = [self.interval[0] + seconds, self.interval[1] + 1]
+
+    def evaluated(self, seconds):  # one evaluation took `seconds`
+        self.evals += 1
+        self.eval_seconds = seconds if self.evals > 1 else 0.0
+
+    def seconds_left(self, step, last, eval_interval):
+        """At log step `step` of `last`, which ends the interval: the ETA, or None before any time. The loop evaluates
+        before each step that is a multiple of eval_interval, and once more at the end."""
+        if self.interval[1]:
+            self.rates = [*self.rates[1 - ETA_INTERVALS:], self.interval[0] / self.interval[1]]
+            self.interval = [0.0, 0]
+        evals_left = (last - 1) // eval_interval - (step - 1) // eval_interval + 1
+        return statistics.median(self.rates) * (last - step) + evals_left * self.eval_seconds if self.rates else None
+
+
+LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
+
+
+def note_long_run(cfg, seconds_left, tty):
+    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
+    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
+        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
+            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
+            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
+            "Ctrl-C stops this run with a checkpoint.")
+    return seconds_left is not None
+
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
+
+
+def show_progress(text, shown, last=False):
+    """Progress on stderr: a terminal redraws one line in place (end_progress ends it), a log file gets the first
+    line, one each PROGRESS_EVERY seconds after `shown` (None: never shown) and the last. Returns when shown."""
+    now, tty = time.monotonic(), sys.stderr.isatty()
+    if tty or last or shown is None or now - shown >= PROGRESS_EVERY:
+        say("\r" + text if tty else text, end="" if tty else "\n", file=sys.stderr)
+        shown = now
+    return shown
+
+
+def end_progress():  # a terminal's progress line ends before what is printed next (an error, say)
+    if sys.stderr.isatty():
+        say(file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------
+# 4. The parser: a table of flags, whose mistakes are one sentence and exit code 2
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
+        raise UsageError(f"{message} (see python {self.prog} --help)")
+
+
+PRESET = "preset"  # a flag's default that depends on --data: train.py's PRESETS fill it in
+
+
+def flags_parser(prog, description, flags, presets):
+    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one that is on
+    by default also gets --no-...); default PRESET: None, filled in later, and --help lists each preset's value."""
+    p = group = Parser(prog=prog, description=description)
+    for row in flags:
+        if isinstance(row, str):  # a section title
+            group = p.add_argument_group(row)
+        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
+            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
+                               default=row[2], help=row[3])
+        else:
+            name, kind, default, text = row
+            shown = "" if default in (None, "") else f" (default: {default})"
+            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
+                key = name[2:].replace("-", "_")
+                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in presets.items() if v[key] is not None)})"
+            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
+    return p

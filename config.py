@@ -1,0 +1,372 @@
+"""
+train.py's configuration: every flag and its default (FLAGS), the presets that fill the defaults from --data
+(PRESETS), the rules that refuse a mistake before anything is read or written (CHECKS), and the values derived
+from them (resolve_config). `python train.py --help` prints FLAGS.
+
+1. The flags and the presets
+2. The rules: one row per mistake, checked in order
+3. resolve_config: flags -> one flat dict
+"""
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import accounting
+from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
+from data import DATASETS, ids_vocab_size, is_cached
+from files import is_ids, unreadable, writable
+from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
+from rundir import run_dir_problem
+
+
+# ----------------------------------------------------------------------------
+# 1. The flags and the presets
+
+
+# The flags marked PRESET take their default from the data source: the built-in corpus and local files
+# get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
+# run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
+PRESETS = {
+    "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
+                  batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, min_lr=5e-4, warmup_iters=50,
+                  eval_interval=100, eval_iters=10),
+    "tinystories": dict(accounting.TINYSTORIES, batch_size=128, max_iters=None, total_tokens=327_680_000,
+                        lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
+}
+PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
+CORPORA = ("pydoc", *DATASETS)  # --data's names; anything else is a path
+UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
+
+FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
+    "data and output",
+    ("--data", str, "pydoc", "pydoc (built-in, offline), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
+    ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
+    ("--tokenizer", str, None, "folder of the vocab.json, merges.txt that made --data PATH.npy (default: the .npy's)"),
+    ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
+    ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
+    ("--run-name", str, None, "default: the data source's name"),
+    ("--workers", int, None, "processes for tokenizer training and tokenizing; default and most: the cores it may use"),
+    "model shape",
+    ("--vocab-size", int, PRESET, "tokens in the vocabulary (BPE is trained to this size on text data)"),
+    ("--context-length", int, PRESET, "tokens per training window"),
+    ("--d-model", int, PRESET, "width of the residual stream"),
+    ("--num-layers", int, PRESET, "Transformer blocks"),
+    ("--num-heads", int, PRESET, "attention heads"),
+    ("--d-ff", int, PRESET, "hidden width of the feed-forward network"),
+    ("--rope-theta", float, 10000.0, "RoPE base"),
+    "ablations (handout section 7.3; weight tying: 7.5)",
+    ("--no-norm", bool, False, "remove every RMSNorm"),
+    ("--post-norm", bool, False, "normalize after each residual add"),
+    ("--nope", bool, False, "no position embedding (no RoPE)"),
+    ("--silu-ffn", bool, False, "W2 silu(W1 x) feed-forward instead of SwiGLU"),
+    ("--tie-embeddings", bool, False, "lm_head shares the embedding matrix"),
+    "optimization",
+    ("--batch-size", int, PRESET, "sequences per optimizer step, over all processes and accumulation steps"),
+    ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
+    ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
+    ("--lr", float, PRESET, "peak learning rate"),
+    ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
+    ("--warmup-iters", int, PRESET, "linear warm-up steps (a preset warm-up shrinks to fit a short run)"),
+    ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
+    ("--beta1", float, 0.9, "AdamW beta1"),
+    ("--beta2", float, 0.95, "AdamW beta2"),
+    ("--eps", float, 1e-8, "AdamW epsilon"),
+    ("--weight-decay", float, 0.1, "AdamW decoupled weight decay"),
+    ("--grad-clip", float, 1.0, "clip the global gradient L2 norm (0: off)"),
+    ("--seed", int, 1337, "seeds the initialization and the batch order"),
+    "logging, evaluation, checkpoints",
+    ("--eval-interval", int, PRESET, "steps between validation runs"),
+    ("--eval-iters", int, PRESET, "batches per validation run"),
+    ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
+    ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
+    ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
+    ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
+    ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
+    ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
+    ("--export", str, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then exit"),
+    "hardware",
+    ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
+    ("--dtype", str, None, "float32, or bf16 (bfloat16 autocast, float32 weights); default: bf16 on cuda"),
+    ("--compile", bool, False, "torch.compile the model"),
+    ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
+    ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
+    ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
+    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
+    "samples at the end, or of a trained run",
+    ("--sample", bool, False, "print samples of the run OUT_DIR/RUN_NAME as it stands, then exit; writes nothing"),
+    ("--num-samples", int, 3, "samples per prompt: in samples.txt at the end, or printed by --sample"),
+    ("--sample-tokens", int, 200, "new tokens per sample"),
+    ("--temperature", float, 0.8, "0 = greedy"),
+    ("--top-p", float, 0.95, "nucleus sampling threshold"),
+    ("--prompt", str, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
+]
+
+
+MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "no_norm",
+              "post_norm", "nope", "silu_ffn", "tie_embeddings")  # the shape and the ablations
+
+
+DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer")  # prepare_data's arguments
+
+
+def model_kwargs(cfg=None):  # TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the
+    cfg = {**vars(build_parser().parse_args([])), **PRESETS["small"]} if cfg is None else cfg  # flags' defaults
+    return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
+
+
+# ----------------------------------------------------------------------------
+# 2. The rules: one row per mistake, checked in order (the first wrong row stops, so rows rely on those above)
+
+MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
+
+
+FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is added in float32, where less can be 0
+
+
+FLOAT32_MAX = (2 - 2.0 ** -23) * 2.0 ** 127  # float32's largest number: AdamW's numbers are float32, where more is inf
+
+
+NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
+    # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
+    ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
+    (f"not be a subnormal number (0 < |x| < {sys.float_info.min:.3g}: a CPU run flushes it to 0)",
+     lambda v: 0 < abs(v) < sys.float_info.min, lambda k, v: type(v) is float),
+    ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
+    ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
+    ("be positive", lambda v: v <= 0, lambda k, v: k in (
+        "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",
+        "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval",
+        "benchmark_steps", "workers", "sample_tokens", "eps")),  # eps: what optim.py's optimizers refuse (eps <= 0)
+    ("not be negative", lambda v: v < 0, lambda k, v: k in (
+        "lr", "min_lr", "warmup_iters", "weight_decay", "grad_clip", "temperature", "num_samples")),
+    (f"be at least {FLOAT32_TINY:.3g}, float32's smallest normal number (AdamW adds eps in float32, where a smaller "
+     "one can be 0 and a zero gradient's update 0/0)", lambda v: v < FLOAT32_TINY, lambda k, v: k == "eps"),
+    ("lie in [0, 1)", lambda v: not 0 <= v < 1, lambda k, v: k in ("beta1", "beta2")),
+    ("lie in (0, 1]", lambda v: not 0 < v <= 1, lambda k, v: k == "top_p"),
+    # AdamW's numbers; float32 makes a larger --temperature or --grad-clip inf, the formula's limit (uniform sampling,
+    # no clipping), and RoPE's tables are made in float64
+    (f"be at most {FLOAT32_MAX:.3g}, float32's largest number (AdamW computes in float32, where a larger one is inf)",
+     lambda v: v > FLOAT32_MAX, lambda k, v: k in ("lr", "min_lr", "eps", "weight_decay")),
+]
+
+
+def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, as a sentence, or ""; unset (None) passes
+    return next((f"--{k.replace('_', '-')} must {words}, got {v}." for words, wrong, applies in NUMBER_RULES
+                 for k, v in c.items() if v is not None and applies(k, v) and wrong(v)), "")
+
+
+def adamw_overflow(c):
+    """Why AdamW's float32 numbers could overflow with these flags (numpy warned, then the loss was NaN), or "": its
+    step size a_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) is at most lr / (1 - beta1), its decay 1 - lr weight_decay."""
+    step, decay = c["lr"] / (1 - c["beta1"]), c["lr"] * c["weight_decay"]
+    if step > FLOAT32_MAX:
+        return (f"--lr {c['lr']} is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
+                f"--beta1), to {step:.3g}, above float32's largest number {FLOAT32_MAX:.3g}, where the run computes; "
+                "lower --lr.")
+    if decay > FLOAT32_MAX:
+        return (f"--lr {c['lr']} x --weight-decay {c['weight_decay']} = {decay:.3g}, AdamW's decay, is above float32's "
+                f"largest number {FLOAT32_MAX:.3g}, where the run computes; lower one of them.")
+    return ""
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
+
+
+NAME_ROOM = 33  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"
+
+
+def too_long(c):
+    """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
+    suffixes, as a sentence, or "": a name over NAME_MAX - NAME_ROOM bytes, or a path near PATH_MAX."""
+    for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
+        if not c[flag] or (flag == "data" and not c["data_is_file"]):  # --data pydoc, tinystories, owt: no path
+            continue
+        longest = max((len(os.fsencode(part)) for part in Path(c[flag]).parts), default=0)
+        if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(c[flag]))) > PATH_MAX - 2 * NAME_MAX:
+            return (f"--{flag.replace('_', '-')} is too long for the file system (with what the run adds: names of at "
+                    f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
+                    "one.")
+    return ""
+
+
+def training_bytes(c):
+    """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per parameter,
+    one micro-batch's logits and what autograd keeps of its forward (the fused attention and activation
+    checkpointing keep less: for them only what every path keeps counts; bf16 halves it)."""
+    dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
+    params = sum(accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
+                                            tie_embeddings=c["tie_embeddings"]).values())
+    per_param = accounting.ADAMW_BYTES_PER_PARAM["fp32 everywhere (naive)" if c["dtype"] == "float32" else
+                                                 "autocast (fp32 weights, bf16 matmuls)"]
+    B, T, half = c["batch_size"] // (c["world_size"] * c["grad_accum"]), c["context_length"], c["dtype"] == "bf16"
+    layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
+    saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
+    logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
+    return sum(per_param.values()) * params + logits + saved // (2 if half else 1)
+
+
+def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""
+    need, (have, what) = training_bytes(c), memory_bytes(c["device"], c["world_size"])
+    if need <= have:
+        return ""
+    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, AdamW state, "
+            f"one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
+            "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
+
+
+DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (random tokens) skips them, experiments.py not
+    (lambda c: not c["data_is_ids"] and not writable(Path(c["data_dir"])) and not c["cached"](),
+     "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
+     "this data's tokens already; pick another."),
+    (lambda c: not c["data_is_ids"] and c["vocab_size"] < MIN_TEXT_VOCAB,
+     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
+]
+
+
+CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong row stops, so rows rely on those above
+    (lambda c: bad_environment(), lambda c: bad_environment()),
+    (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
+     "--max-iters and --total-tokens both set the run length; pass only one of them."),
+    (bad_number, bad_number),
+    (adamw_overflow, adamw_overflow),
+    (too_long, too_long),
+    (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
+     "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
+    (lambda c: c["data_is_file"] and unreadable(c["data"]),
+     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
+    (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
+     "--data {data} is empty; pass a file with text or token ids."),
+    (lambda c: c["val_data"] and not c["data_is_ids"],
+     "--val-data goes with --data PATH.npy only; text data is split automatically."),
+    (lambda c: c["val_data"] and unreadable(c["val_data"]),
+     lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
+    (lambda c: c["tokenizer"] and not c["data_is_ids"],
+     "--tokenizer goes with --data PATH.npy only; text data gets a tokenizer trained on it (--vocab-size)."),
+    *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
+    (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
+    (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
+     "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
+     "--nope."),
+    (lambda c: c["no_norm"] and c["post_norm"], "--no-norm and --post-norm contradict each other; pass one of them."),
+    (lambda c: c["min_lr"] > c["lr"], "--min-lr {min_lr} is above --lr {lr}."),
+    (lambda c: c["benchmark"] and (c["resume"] or c["overwrite"] or c["export"] is not None),
+     "--benchmark times steps on random tokens, and reads and writes no run; drop --resume, --overwrite and --export."),
+    (lambda c: c["export"] is not None and c["resume"], "--export writes a run as it stands; drop --resume."),
+    (lambda c: c["resume"] and c["overwrite"],
+     "--resume continues a run and --overwrite replaces it; pass one of them."),
+    (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
+     "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
+    (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
+    (lambda c: c["prompt"] == "-" and not c["sample"],
+     "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
+    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
+     "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
+    (lambda c: device_error(c["device"]), lambda c: f"--device {c['device']}: {device_error(c['device'])}"),
+    (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
+    (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not torch.cuda.is_bf16_supported(),
+     "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
+    (lambda c: c["export"] is None and not c["sample"] and too_big(c), too_big),  # before anything is allocated
+    (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
+     "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
+    (lambda c: c["tensorboard"] and importlib.util.find_spec("tensorboard") is None,
+     "--tensorboard needs the tensorboard package: pip install tensorboard (or drop --tensorboard)."),
+    (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
+     "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
+    (run_dir_problem, run_dir_problem),
+    (lambda c: c["compile"] and c["export"] is None  # last: it takes seconds (--sample's generate compiles too)
+     and compile_error(c["device"]),
+     lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
+               f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
+]
+
+
+def check_flags(cfg, rows=CHECKS):
+    """UsageError at the first of rows (CHECKS) cfg fails. What the rows ask of the data: is --data a file (not a
+    corpus name), does it hold ids, and does --data-dir hold its tokens already (a read-only one will do)?"""
+    c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),
+             cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"]))
+    for is_wrong, message in rows:
+        if is_wrong(c):
+            raise UsageError(message(c) if callable(message) else message.format(**c))
+
+
+def undecodable_ids(tok, V):  # the ids below V with no token: sampling may draw any id 0 to V - 1
+    return [i for i in range(V) if i not in tok.vocab]
+
+
+def check_samples(cfg, tok, tok_files, top, eot):
+    """The run ends by sampling: what would fail there is refused at the start instead. top: the data's
+    largest token id; eot starts a sample without --prompt and ends every one (generate's stop id)."""
+    if tok is None and cfg["prompt"]:
+        raise UsageError(f"--prompt needs a tokenizer to encode it, and there is none beside --data {cfg['data']}; "
+                         "pass --tokenizer DIR (bpe.py train's --out), or drop --prompt.")
+    if tok is None and cfg["num_samples"]:
+        log(f"note: no samples at the end: --data {cfg['data']} has no tokenizer beside it; pass --tokenizer DIR "
+            "(bpe.py train's --out) for samples, or --num-samples 0.")
+    if tok is None or cfg["num_samples"] == 0:
+        return
+    n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
+    if top >= n:
+        raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
+                         "use the tokenizer that made the ids, or --num-samples 0.")
+    if V > n:
+        raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
+                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
+    missing = undecodable_ids(tok, V)
+    if missing:
+        raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
+                         f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of the ids below --vocab-size {V} "
+                         f"missing), so samples could hold ids it cannot decode; number its tokens 0 to {n - 1}, or "
+                         "pass --num-samples 0.")
+    for what, text in (("--prompt", cfg["prompt"]), (f"{eot}, which ends each sample,", eot)):  # a prompt's too
+        try:
+            highest = max(tok.encode(text), default=-1)
+        except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from command-line bytes that are not UTF-8
+            raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
+        if highest >= V:
+            raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
+                             "read it; pass a larger --vocab-size, or --num-samples 0.")
+
+
+# ----------------------------------------------------------------------------
+# 3. resolve_config: flags -> one flat dict
+
+def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit code 2 (cli.Parser)
+    return flags_parser("train.py", "Train a Transformer LM (CS336 assignment 1). With no flags: a small model "
+                               "on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
+                               "small/tinystories/owt depend on --data: small for pydoc and local files.", FLAGS, PRESETS)
+
+
+def resolve_config(argv=None):
+    """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
+    device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
+    cfg = vars(build_parser().parse_args(argv))
+    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
+    warmup_given = cfg["warmup_iters"] is not None
+    length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
+    preset = PRESETS.get(cfg["data"], PRESETS["small"])
+    for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
+        if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
+            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
+    cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
+    cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
+    cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
+    if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
+        cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
+    check_flags(cfg)  # refused before anything is read or written
+    cfg["workers"] = cfg["workers"] and min(cfg["workers"], usable_cores())  # more than the cores: no faster
+    cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
+    if cfg["max_iters"] is None:
+        cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
+    cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]  # what is really trained on
+    if cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length just derived, so not a CHECKS row
+        if warmup_given:
+            raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
+                                    f"({cfg['max_iters']} steps).")
+        cfg["warmup_iters"] = cfg["max_iters"] // 10
+    return cfg

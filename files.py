@@ -1,0 +1,267 @@
+"""
+Files: every file the project writes is whole or absent, and what it reads is checked as it is read. Optional
+reading; the standard library only, below everything but cli.py.
+
+1. Reading: what a path is (a file, a FIFO, a device), strict JSON, reads that notice a file cut short
+2. Writing whole files: a temporary beside the file, renamed onto it only when complete (atomic_file), several
+   files at once (atomic_files); what a killed writer left is cleared
+3. Folders: made and unmade on a failure, and the one lock (dir_lock) that makes writers of a folder take turns
+"""
+import collections
+import contextlib
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+
+from cli import DataError, say, short_repr
+
+
+# ----------------------------------------------------------------------------
+# 1. Reading: what a path is, strict JSON, reads that notice a file cut short
+
+def not_a_file(path):  # "a directory", "a FIFO", "a socket", "a device" (/dev/null), "a symlink loop"; "" for a file
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return "a symlink loop" if e.errno == errno.ELOOP else ""
+    kinds = [(stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+    return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
+
+
+def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
+    return Path(source).suffix.lower() == ".npy"
+
+
+def writable(path):
+    """Can the directory be created, or written if it exists? Not where a symlink (a loop, a dangling one) is in its
+    place, nor under a directory this user may not look into (another user's home: stat says permission denied).
+    "" names no directory (Path("") would read it as ".", and os.makedirs("") fails)."""
+    if os.fspath(path) == "":
+        return False
+    try:
+        path = next(p for p in (Path(path), *Path(path).parents) if p.exists() or p.is_symlink())
+    except PermissionError:
+        return False
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def same_file(a, b):  # do paths a and b name one existing file, by any spelling (a link, "../x")?
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
+    if kind := not_a_file(path):  # a FIFO or /dev/zero would be read forever
+        return f" is {kind}, not a file"
+    if not os.path.isfile(path):
+        return ": no such file"
+    return "" if os.access(path, os.R_OK) else " is not readable (permission denied)"
+
+
+def changed_while_read(path):  # the one sentence for a file that another program rewrote while this one read it
+    return DataError(f"{path} changed while it was read; let whatever writes it finish, then run the same command "
+                     "again.")
+
+
+def read_into(f, at, buf, path):
+    """Fill buf (a bytearray, a numpy array) from byte at of the open file f (path), or changed_while_read if it
+    holds fewer bytes now. The reader of a file that another program may cut short (the user's text or ids) reads
+    it so, not through a memory map: there a read past the new end kills the process (SIGBUS, which Python cannot
+    catch); here it comes back short. Returns buf."""
+    f.seek(at)
+    if f.readinto(buf) < memoryview(buf).nbytes:
+        raise changed_while_read(path)
+    return buf
+
+
+def read_exactly(f, at, n, path):  # n bytes from byte at, as read_into reads them
+    return read_into(f, at, bytearray(n), path)
+
+
+def load_json(text, where, key="key"):
+    """json.loads(text), or ValueError naming where: malformed JSON, JSON nested deeper than Python's recursion limit
+    (json.loads raises RecursionError), or an object with a key written twice: json.loads would keep its last value
+    only, so vocab.json would lose a token's other id without a word. key: what a key is there ("token")."""
+    def once_each(pairs):
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            twice = next(k for k, n in collections.Counter(k for k, _ in pairs).items() if n > 1)
+            raise ValueError(f"{where}: the {key} {short_repr(twice)} is written twice (JSON would keep its last value "
+                             "only)")
+        return obj
+    try:
+        return json.loads(text, object_pairs_hook=once_each)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: its JSON is nested too deeply to read") from None
+
+
+# ----------------------------------------------------------------------------
+# 2. Writing whole files: temporaries and the atomic write
+
+TMP_MARK = ".cs336tmp"  # temporaries are ".NAME.cs336tmpPID" (temporary_path): a pattern no one else uses, so that
+
+
+def temporary(name, of=None):  # is this file name one of the project's temporaries (of the file named `of`)?
+    stem, mark, pid = name.rpartition(TMP_MARK)
+    return name.startswith(".") and bool(mark) and pid.isdigit() and of in (None, stem[1:])
+
+
+def writer_gone(name):
+    """Has the process that named the temporary `name` ended, so that it will never finish it? os.kill(pid, 0) asks
+    the kernel whether that PID exists: a live writer's always does, so its temporary is never deleted; a PID that
+    another process took since only keeps a dead writer's temporary until that one ends too (the safe side, and no
+    clock or start time to compare). PIDs are this machine's: two machines writing one file of a shared disk at the
+    same moment are not provided for."""
+    if os.name != "posix":  # on Windows os.kill(pid, 0) would send a Ctrl-C (0 is CTRL_C_EVENT there)
+        return False
+    try:
+        os.kill(int(name.rpartition(TMP_MARK)[2]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: another user's live process; a number no PID can be
+        pass
+    return False
+
+
+def clear_temporaries(directory, of=None):
+    """Delete the temporaries in directory (of the file named `of`, or all) that a writer killed mid-write (SIGKILL,
+    a power cut) left: those whose writer is gone."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for e in [e for e in entries if temporary(e.name, of) and e.is_file(follow_symlinks=False)]:
+            if writer_gone(e.name):
+                with contextlib.suppress(OSError):  # another run cleared it first
+                    os.remove(e.path)
+
+
+def temporary_path(path):
+    """The hidden name path is written under until it is whole, ".NAME.cs336tmpPID" beside it; what a killed
+    writer of path left there is cleared first, so a rerun leaves no temporary behind (a token file's is as big)."""
+    directory, name = os.path.split(path)
+    clear_temporaries(directory, name)
+    return os.path.join(directory, f".{name}{TMP_MARK}{os.getpid()}")
+
+
+def replace_target(path):
+    """(the file a write to path replaces, its temporary beside it): a symlink is written through (its
+    target is replaced, the link stays). A path that is not a regular file is refused: renaming over
+    /dev/null would replace the device itself."""
+    path = os.path.realpath(path)
+    if kind := not_a_file(path):
+        raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
+    return path, temporary_path(path)
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode="wb"):
+    """Write a whole file or nothing: a temporary file replaces path (replace_target's) by a rename only
+    if the block ends cleanly. A file object already open (a buffer, stdout) is written as it is."""
+    if not isinstance(path, (str, os.PathLike)):
+        yield path
+        return
+    path, tmp = replace_target(path)
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
+        os.replace(tmp, path)
+    except OSError as e:          # a full disk fails f.write, which names no file: name path
+        if e.errno is not None and e.filename in (None, tmp):  # not an OSError with no errno (gzip's BadGzipFile)
+            e.filename = path
+        raise
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def atomic_files(paths):
+    """Several files whole, and none replaced before all are written: yields a temporary path for each
+    (replace_target's) for any writer to fill, atomic_file included; only if the block ends cleanly are
+    they renamed onto their files, in order, else removed. Only a stop between two renames mixes old and new."""
+    real, tmps = zip(*map(replace_target, paths))  # every path refused or accepted before a byte is written
+    if twice := next((p for p, r in zip(paths, real) if real.count(r) > 1), None):  # the last write would win
+        raise ValueError(f"{twice} and another of the files to write are one file (a symlink); make them separate")
+    try:
+        yield list(tmps)
+        for tmp, path in zip(tmps, real):
+            os.replace(tmp, path)
+    except OSError as e:  # a full disk names the temporary a writer filled: name its file
+        if e.filename in tmps:
+            e.filename = real[tmps.index(e.filename)]
+        raise
+    finally:
+        for tmp in filter(os.path.exists, tmps):
+            os.remove(tmp)
+
+
+# ----------------------------------------------------------------------------
+# 3. Folders: made and unmade, and the one lock
+
+def lock_holder(path):
+    """The PID holding an flock on path, read from /proc/locks (Linux) by the file's device and inode, or None.
+    A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
+    st = os.stat(path)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with contextlib.suppress(OSError), open("/proc/locks") as f:  # a waiter's line: "1: -> FLOCK ...", r[1] "->"
+        return next((int(r[4]) for r in map(str.split, f) if len(r) > 5 and r[1] == "FLOCK" and r[5] == where), None)
+    return None  # no /proc/locks (not Linux): the sentence says "another process"
+
+
+@contextlib.contextmanager
+def new_folders(path):
+    """mkdir -p path; on an error (offline, Ctrl-C) the folders it made that are still empty go again: a failed
+    download, or a run stopped before its first checkpoint, leaves nothing behind, while a folder holding a .part
+    (what a rerun resumes) or a user's file stays."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):  # not empty: kept, and so is every folder above it
+                p.rmdir()
+        raise
+
+
+class Busy(Exception):  # dir_lock(path) found the folder locked by another process, pid (None: not known)
+    def __init__(self, pid):
+        super().__init__(f"locked by {f'process {pid}' if pid else 'another process'}")
+        self.pid = pid
+
+
+@contextlib.contextmanager
+def dir_lock(path, waiting=None):
+    """One process at a time in the folder path: an exclusive flock on it while the block runs. The kernel drops it
+    when its process dies (even by SIGKILL), so it is never stale. Where another process holds it: waiting=None
+    raises Busy at once; a string waits for it, first saying "waiting for process N, <waiting>" unless it is "".
+    Where the system has no flock (Windows, a file system without locks): the block runs unlocked."""
+    try:
+        import fcntl  # Unix only
+    except ImportError:
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _flock(fcntl, fd, path, waiting)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
+
+
+def _flock(fcntl, fd, path, waiting):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = lock_holder(path)
+        if waiting is None:
+            raise Busy(pid) from None
+        if waiting:
+            say(f"waiting for {f'process {pid}' if pid else 'another process'}, {waiting}")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS); anything else is an error
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise

@@ -1,0 +1,256 @@
+"""
+The machine: what a run may use of it (cores, memory, a GPU, a compiler, torchrun's other processes), and the
+global settings of torch and the C library that make a CPU run fast and bitwise reproducible. Optional reading.
+It loads torch only when a function asks for it (_torch): bpe.py, which uses the cores and the memory, must start
+without it.
+
+1. Cores, memory and numba's cache
+2. A run's torch and C-library settings
+3. Devices and the compiler
+4. torchrun's processes: the environment checked, rank 0 first, the rendezvous, the process group
+"""
+import contextlib
+import ctypes
+import datetime
+import functools
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from cli import TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, short_repr
+from files import writable
+
+
+# ----------------------------------------------------------------------------
+# 1. Cores, memory and numba's cache
+
+def _torch():  # imported here, not at the top: bpe.py imports this file and must not load torch
+    import torch
+    return torch
+
+
+def usable_cores():  # the cores this process may run on (taskset's, a Slurm job's share), not all the machine's
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def memory_bytes(device, world_size):
+    """(bytes one process may use, what they are): a GPU's own memory (its properties: mem_get_info would open
+    a CUDA context on cuda:0 in every torchrun process), or the RAM (or cgroup limit) a CPU run's processes share."""
+    if device.startswith("cuda"):
+        gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
+        return gpu.total_memory, f"the {gpu.name}'s memory"
+    ram, limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), cgroup_memory_limit()
+    what = "this machine's memory" if limit is None or limit >= ram else "the memory limit of this job's cgroup"
+    return min(ram, limit or ram) // world_size, what + (f" / {world_size} processes" if world_size > 1 else "")
+
+
+def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
+    """The least memory limit of this process's control group and those above it, or None: a container or a
+    Slurm job is held to it, whatever the machine has. proc's lines: "0::/job/step" (cgroup v2, memory.max)
+    or "4:memory:/job/step" (v1, memory.limit_in_bytes); a group missing under root is looked for above."""
+    kinds = {"": ("", "memory.max"), "memory": ("memory", "memory.limit_in_bytes")}  # cgroup v2, v1
+    limits = []
+    with contextlib.suppress(OSError, ValueError):  # no /proc (not Linux), or a line not of three fields
+        for line in Path(proc).read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if controllers in kinds:
+                base = Path(root, kinds[controllers][0])
+                deepest = base / group.strip().lstrip("/")
+                for d in [p for p in (deepest, *deepest.parents) if p == base or base in p.parents]:
+                    with contextlib.suppress(OSError, ValueError):  # missing, or "max": no limit there
+                        limits.append(int((d / kinds[controllers][1]).read_text()))
+    return min(limits, default=None)
+
+
+def numba_cache_fallback(source_dir):
+    """Before numba loads: where it can keep compiled code neither beside the source (a read-only checkout) nor in
+    the user's cache (no writable home), a temporary directory instead; numba would refuse to load the file."""
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "numba"
+    if not os.environ.get("NUMBA_CACHE_DIR") and not any(map(writable, (Path(source_dir) / "__pycache__", user_cache))):
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"numba-cache-{os.getuid()}")
+
+
+# ----------------------------------------------------------------------------
+# 2. A run's torch and C-library settings
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt options (malloc.h)
+
+
+def keep_freed_memory():
+    """glibc hands a freed block of 128 KB or more back to the kernel, so a training step's next allocation of
+    that size takes a page fault for each of its 4 KB pages: a CPU step spent up to a fifth of its time in the
+    kernel. From here on, blocks up to 32 MB (glibc's limit) come from the heap, and up to 1 GB of its freed top is
+    kept for the next step. Both together: the trim setting alone switches off glibc's own adaptation, and every
+    block is mapped anew. Process-wide (a second call changes nothing); False where the C library has no such
+    switch (macOS, musl, Windows)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30))
+
+
+@contextlib.contextmanager
+def torch_settings(cfg):
+    """PyTorch's global switches for a run, restored afterwards (tests run many in one process)."""
+    torch = _torch()
+    filling = torch.utils.deterministic  # its switch: deterministic mode fills each new tensor with NaN
+    was = (torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(),
+           filling.fill_uninitialized_memory)
+    # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
+    # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
+    torch.use_deterministic_algorithms(cfg["device"] == "cpu" or was[0])
+    # The NaN fill guards against a kernel that reads memory it never wrote; none here does (the resume tests
+    # compare bits), and it is one more pass over every new tensor: a CPU step's matmul outputs, attention's buffers
+    filling.fill_uninitialized_memory = was[2] and cfg["device"] != "cpu"
+    torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
+    # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
+    # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
+    # after it, as in train.py, whose first parallel work is the run's
+    flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
+    if cfg["device"] == "cpu":  # not undone afterwards: it changes only when freed memory goes back to the kernel
+        keep_freed_memory()
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0])
+        torch.set_float32_matmul_precision(was[1])
+        filling.fill_uninitialized_memory = was[2]
+        if flush:
+            torch.set_flush_denormal(False)
+
+
+# ----------------------------------------------------------------------------
+# 3. Devices and the compiler
+
+def run_device(device):
+    """--device as the run names it: None is cuda when there is one, else cpu; "cpu:N" is "cpu", as torch treats it
+    (its tensors are on "cpu"), so that a CPU run's settings (torch_settings) apply to it too."""
+    torch = _torch()
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    with contextlib.suppress(RuntimeError):  # one that does not parse is device_error's to refuse
+        return "cpu" if torch.device(device).type == "cpu" else device
+    return device
+
+
+def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3" of 2 GPUs
+    torch = _torch()
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        d = torch.device("meta")  # not one of ours either
+    if d.type not in ("cpu", "cuda", "mps"):
+        return "unknown device; use cpu, cuda, cuda:N or mps."
+    if d.type == "cuda" and not torch.cuda.is_available():
+        return "this PyTorch sees no CUDA GPU; use --device cpu."
+    if d.type == "cuda" and (d.index or 0) >= torch.cuda.device_count():
+        return f"this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}."
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available here; use --device cpu."
+    return ""
+
+
+@functools.cache
+def compile_error(device):
+    """Why torch.compile (inductor, as --compile runs it) cannot compile on device, in one line, or "": a trivial
+    function, once per process, before anything is written (no C++ compiler for a CPU, nor for Triton's launcher)."""
+    torch = _torch()
+    on_it = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+    try:
+        with on_it:  # that GPU only: a torchrun process touches no other one (cuda:0 would get a context from each)
+            torch.compile(lambda x: x + 1)(torch.ones(2, device=device))
+    except Exception as e:  # compilers fail in many ways, all meaning "not on this machine"
+        return error_line(e)
+    return ""
+
+
+# ----------------------------------------------------------------------------
+# 4. torchrun's processes
+
+def bad_environment():
+    """Why torchrun's variables in the environment cannot be used, as a sentence, or "": set by hand
+    (WORLD_SIZE=2 alone would wait forever for its peers) or not whole numbers."""
+    bad = next((f"{k}={short_repr(os.environ[k])} is not a number 0, 1, 2, ..." for k in TORCHRUN_VARS
+                if env_int(k) is None), "")
+    if not bad and env_int("WORLD_SIZE") == 0:
+        bad = "WORLD_SIZE=0 asks for no processes"
+    elif not bad and env_int("WORLD_SIZE") > 1 and not all(os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")):
+        bad = f"WORLD_SIZE={env_int('WORLD_SIZE')} is set but MASTER_ADDR and MASTER_PORT are not"
+    elif not bad and env_int("RANK") >= env_int("WORLD_SIZE"):
+        bad = f"RANK={env_int('RANK')} is not below WORLD_SIZE={env_int('WORLD_SIZE')}"
+    return bad and f"the environment's {bad}; launch with torchrun, or unset {', '.join(TORCHRUN_VARS)}."
+
+
+def rank0_first(cfg, prepare):
+    """prepare() on rank 0 first (a full disk under --data-dir is one sentence); under torchrun the others
+    wait for its verdict (its error stops all with one sentence), then open what it cached by prepare()."""
+    err, prepared = [None], None
+    if cfg["rank"] == 0:
+        try:
+            with disk_full(cfg["data_dir"], "run the same command again"):
+                prepared = prepare()
+        except (UsageError, DataError) as e:
+            err = [e]
+    if cfg["world_size"] > 1:
+        _torch().distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
+    if err[0]:
+        raise err[0]
+    return prepared or prepare()
+
+
+JOIN_TIMEOUT = 300.0  # seconds torchrun's processes have to meet: started together, they meet within seconds
+
+
+JOIN_QUIET = 3.0  # seconds of waiting before a line says what for
+
+
+def meet(cfg):
+    """torchrun's rendezvous (the store at MASTER_ADDR:MASTER_PORT, or torchrun's own) -> its store. It waits in
+    C++, deaf to signals, so in a thread while this one waits for it: a stop (STOPS) ends the wait, the thread is left
+    behind (a daemon). After JOIN_QUIET seconds a line says what it waits for; after JOIN_TIMEOUT one sentence says
+    what never came (an environment set by hand, whose other processes never start, waited 6 hours for them)."""
+    dist, met = _torch().distributed, []
+
+    def rendezvous():
+        try:
+            met.append(next(dist.rendezvous("env://", cfg["rank"], cfg["world_size"],
+                                            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT)))[0])
+        except Exception as e:  # RuntimeError's kinds: a timeout, a port in use, an address that does not resolve
+            met.append(e)
+    waiting = threading.Thread(target=rendezvous, daemon=True)
+    waiting.start()
+    waiting.join(JOIN_QUIET)
+    where, n = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", cfg["world_size"]
+    if waiting.is_alive():
+        log(f"waiting for {n - 1} more process{'es' if n > 2 else ''} of WORLD_SIZE={n} at {where} (torchrun starts "
+            f"them; Ctrl-C to stop; up to {JOIN_TIMEOUT / 60:g} minutes)")
+    waiting.join()
+    if isinstance(met[0], Exception):
+        raise UsageError(f"the {n} processes of WORLD_SIZE={n} did not all meet at {where} ({error_line(met[0])}); "
+                         f"launch them with torchrun, or unset {', '.join(TORCHRUN_VARS)}.")
+    return met[0]
+
+
+@contextlib.contextmanager
+def process_group(cfg):
+    """torchrun's processes join one group (nccl on GPUs, gloo on CPUs); a lone process skips this."""
+    if cfg["world_size"] == 1:
+        yield
+        return
+    torch, cuda = _torch(), cfg["device"].startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(cfg["device"])
+    store, backend = meet(cfg), "nccl" if cuda else "gloo"
+    # once met, a generous timeout: the others wait while rank 0 may spend hours downloading and tokenizing
+    hours = datetime.timedelta(hours=6)
+    store.set_timeout(hours)
+    store = torch.distributed.PrefixStore("default_pg", store)  # as init_process_group does with the store it makes
+    torch.distributed.init_process_group(backend, store=store, rank=cfg["rank"], world_size=cfg["world_size"],
+                                         timeout=hours)
+    try:
+        yield
+        torch.distributed.barrier()  # leave together: a rank that tears gloo down while a peer still works can abort it
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,543 @@
+"""
+The run directory (OUT_DIR/RUN_NAME): one writer at a time, an old run replaced only on --overwrite, the files
+beside ckpt.pt, a checkpoint read and verified before --resume trusts it, and the stops that leave a valid one
+(Ctrl-C at a step boundary, a NaN, a compile failure). Optional reading: train.py calls it at each boundary.
+
+1. The run directory: one writer (its lock), an old run replaced only on --overwrite
+2. Its files: config.json, the tokenizer, metrics.jsonl, the plot, TensorBoard
+3. Checkpoints read and verified; --resume: the checkpoint must fit the model, config and data (its RNG states
+   make it exact)
+4. Stops: Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a compile failure
+"""
+import contextlib
+import hashlib
+import io
+import json
+import math
+import os
+import signal
+import time
+import zipfile
+from pathlib import Path
+
+import torch
+
+from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
+from files import (Busy, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
+                   not_a_file, temporary, writable)
+
+
+# ----------------------------------------------------------------------------
+# 1. The run directory: one writer, an old run replaced only on --overwrite
+
+RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
+
+
+RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
+
+
+def run_dir(c):
+    return Path(c["out_dir"]) / c["run_name"]
+
+
+def run_data(d):  # the --data that made the run in directory d, as its config.json says, or None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return json.loads((d / "config.json").read_text(encoding="utf-8")).get("data")
+
+
+def in_use(where, pid):
+    return (f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is writing the same run; "
+            "wait for it to end (or stop it), or pick another --run-name.")
+
+
+def run_dir_problem(c):
+    """Why the run directory cannot take this run, as a sentence, or "". --benchmark, --export and --sample
+    write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
+    if c["benchmark"] or c["export"] is not None or c["sample"]:
+        return ""
+    d = run_dir(c)
+    has_run = any((d / f).exists() for f in RUN_MARKERS)
+    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
+    if not writable(d):
+        return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
+                "or another --run-name.")
+    if in_the_way:
+        return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
+    if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
+        return in_use(d, pid)
+    if has_run and not (c["resume"] or c["overwrite"]):
+        old = run_data(d)
+        other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
+        return (f"{d} already holds a run{f' of --data {old}' if other else ''}; pass --resume to continue it, "
+                "--overwrite to replace it, or another --run-name"
+                + (f" (--run-name {Path(c['data']).name.replace('.', '_')}, say)" if other else "") + ".")
+    if d.is_dir() and not has_run and any(not temporary(f) for f in os.listdir(d)):
+        return (f"{c['out_dir']}/{c['run_name']} holds files but no run (no ckpt.pt, metrics.jsonl or config.json), so "
+                "it is not a run directory and nothing in it is replaced; pick another --run-name.")
+    return ""
+
+
+@contextlib.contextmanager
+def run_lock(cfg):
+    """One writer per run directory: rank 0 holds its dir_lock until the run ends; a second writer is refused,
+    touching nothing. Then it clears what a run killed mid-write left; an old run stays whole until the new run's
+    first checkpoint. A stop or fault before that checkpoint (while the model is built) leaves no empty run
+    directory (new_folders). Under torchrun the other processes stop with rank 0's verdict."""
+    where, err = run_dir(cfg), [None]
+    with contextlib.ExitStack() as held:
+        if cfg["rank"] == 0:
+            held.enter_context(new_folders(where))
+            try:
+                held.enter_context(dir_lock(where))
+            except Busy as e:
+                err = [UsageError(in_use(where, e.pid))]
+            if not err[0] and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside it may have ended
+                err = [UsageError(problem)]
+            if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
+                log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first "
+                    "checkpoint")
+            if not err[0]:
+                clear_temporaries(where)
+        if cfg["world_size"] > 1:
+            torch.distributed.broadcast_object_list(err, src=0)
+        if err[0]:
+            raise err[0]
+        yield
+
+
+def resume_command(cfg, without=()):
+    """The advice that goes on from a run's checkpoint, as words: plus --resume, and without --overwrite (it would
+    start over, and --resume refuses it) and the flags in `without`."""
+    drop = [*without, *(["--overwrite"] if cfg["overwrite"] else [])]
+    return "the same command" + (f" without {' and '.join(drop)}," if drop else "") + " plus --resume"
+
+
+# ----------------------------------------------------------------------------
+# 2. Its files: config.json, the tokenizer, metrics.jsonl, the plot, TensorBoard
+
+def metrics_records(path):
+    """metrics.jsonl as (line, its record or None): None for a line that is no record, one cut short by a kill, not
+    UTF-8 (its bytes decode to U+FFFD, which is no JSON), or edited (5, [1, 2], null, {"foo": 1}, {"step": "x"})."""
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            e = load_json(line, path)
+        except ValueError:
+            e = None
+        yield line, (e if isinstance(e, dict) and type(e.get("step")) is int else None)
+
+
+def truncate_metrics(path, last_step):
+    """Drop the lines after the step a resumed run restarts from (they run again), and that step's
+    validation line (its checkpoint was saved before it); lines that are no record too, with a note."""
+    if not path.exists():
+        return
+    keep, dropped = [], 0
+    for line, e in metrics_records(path):
+        if e is None:
+            dropped += bool(line.strip())
+        elif e["step"] < last_step or (e["step"] == last_step and "loss" in e):
+            keep.append(line)
+    if dropped:
+        log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
+    with atomic_file(path, "w") as f:
+        f.write("".join(line + "\n" for line in keep))
+
+
+def write_run_files(cfg, tok_files, start, new):
+    """Beside ckpt.pt, after it (an --overwrite replaces an old run from there): the tokenizer, config.json, and
+    metrics.jsonl cut back to the checkpoint's step. A resumed run copies the tokenizer again unless it is the
+    checkpoint's (one killed before this copy, after an --overwrite, holds the old run's)."""
+    where = run_dir(cfg)
+    for f, digest in zip(tok_files or (), cfg["data_fingerprint"]["tokenizer"]):
+        copy = where / f.name
+        if not new and copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+            continue
+        if not new and hashlib.sha256(f.read_bytes()).hexdigest() != digest:  # changed while this run prepared
+            raise UsageError(f"{f} changed while the run started, so {copy} cannot be made to match the checkpoint's "
+                             "tokenizer; run the same command again.")
+        if not new and copy.exists():
+            log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {f}")
+        with atomic_file(copy) as out:  # a full disk must not leave half a tokenizer
+            out.write(f.read_bytes())
+    with atomic_file(where / "config.json", "w") as f:
+        f.write(json.dumps(cfg, indent=2) + "\n")
+    truncate_metrics(where / "metrics.jsonl", start)
+    if new:  # what an old run here left that this one does not make (yet)
+        for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
+            (where / name).unlink(missing_ok=True)
+
+
+def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for step, or None (no such line, no file)
+    with contextlib.suppress(OSError):
+        for _, e in reversed(list(metrics_records(path))):
+            if e and e["step"] == step and type(e.get("val_loss")) is float:
+                return e["val_loss"]
+    return None
+
+
+def plot(metrics_path, png_path):
+    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time."""
+    import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [e for _, e in metrics_records(metrics_path) if e]
+    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
+        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
+        ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
+        ax.set(xlabel=label, ylabel="loss (nats/token)")
+        ax.legend()
+    fig.tight_layout()
+    with atomic_file(png_path) as f:
+        fig.savefig(f, format="png")
+    log(f"plot: {png_path}")
+
+
+_writers = {}  # run directory -> its TensorBoard SummaryWriter, made at the run's first record
+
+
+def tensorboard(cfg, run_dir, entry):
+    """--tensorboard: one metrics.jsonl record as scalars in RUN_DIR/tensorboard/ (tensorboard --logdir OUT_DIR).
+    A resumed run's first record purges the events a stopped run wrote from that step on, as metrics.jsonl drops
+    its lines; flushed at each record (log steps only), so a killed run's curve is there up to its last line."""
+    if not cfg["tensorboard"]:
+        return
+    if run_dir not in _writers:  # CHECKS made sure the package is there
+        from torch.utils.tensorboard import SummaryWriter
+        _writers[run_dir] = SummaryWriter(run_dir / "tensorboard", purge_step=entry["step"])
+    writer = _writers[run_dir]
+    for key, value in entry.items():
+        if key != "step" and isinstance(value, (int, float)):
+            writer.add_scalar(key, value, entry["step"])
+    writer.flush()
+
+
+# ----------------------------------------------------------------------------
+# 3. Checkpoints read and verified; --resume
+
+def read_checkpoint(src):
+    """A checkpoint's dict from a path or a binary file object, or ValueError: torch.load checks none of the
+    CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
+    refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
+    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    try:  # a file object's checkpoint starts where it stands, as torch.load reads it; zipfile seeks in it
+        start = None if name == src else src.tell()
+    except OSError as e:  # a pipe
+        raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
+    if start:  # after bytes of the user's own: torch 2.5 reads a zip only from a file's first byte, so read a copy
+        src, start = io.BytesIO(src.read()), 0
+    if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
+        raise ValueError(f"{src} is {kind}, not a checkpoint file")
+    try:
+        with zipfile.ZipFile(src) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
+    if bad is not None:
+        raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
+    if start is not None:
+        src.seek(start)
+    try:
+        state = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+        raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    return state
+
+
+# Batches are random windows, so the data stream's position is the batch generator's state (plus
+# the step count): it goes into every checkpoint with torch's RNG states, and a resumed run is exact.
+def rng_state(batch_gen):
+    cuda = {"cuda_rng": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    return {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(), **cuda}
+
+
+def restore_rng(state, batch_gen):
+    batch_gen.set_state(state["batch_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def check_state(state, model, optimizer=None, name="the checkpoint"):
+    """Raises ValueError unless a checkpoint's dict fits model (unwrapped) and optimizer: its entries,
+    every shape, the iteration. Checked before anything is loaded, so a bad one changes nothing."""
+    for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
+        if key not in state:
+            raise ValueError(f"{name} has no {key!r} entry")
+    it, own, saved = state["iteration"], model.state_dict(), state["model"]
+    if isinstance(saved, dict) and saved.keys() != own.keys():  # saved from inside torch.compile or DDP (common in
+        # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
+        state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
+                                  for k, v in saved.items()}  # a key that is no str: named below
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
+        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    keys = set(saved) if isinstance(saved, dict) else set()
+    if keys != own.keys():
+        raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
+                         f"{sorted(keys - own.keys(), key=repr)[:3]} too many")  # key=repr: keys of any type
+    for k, v in own.items():
+        if not isinstance(saved[k], type(v)) or saved[k].shape != v.shape:  # type(v): torch.Tensor
+            raise ValueError(f"{name} does not fit this model: {k} has shape {tuple(getattr(saved[k], 'shape', ()))}, "
+                             f"the model's {tuple(v.shape)}")
+        kinds = [(t.is_floating_point(), t.is_complex()) for t in (saved[k], v)]
+        if kinds[0] != kinds[1]:  # loading casts to the model's dtype: a complex tensor loses its imaginary part,
+            # a float one in an integer entry (a BatchNorm's count, a bool mask) its fraction; of one kind, any loads
+            want = "floating-point weights" if v.is_floating_point() else f"{v.dtype} as the model's"
+            raise ValueError(f"{name} does not fit this model: {k} holds {saved[k].dtype}, not {want}")
+    if optimizer is None:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def usable(v, p):  # a number, or a real tensor (loading casts a complex one) of p's shape or a scalar
+        return not isinstance(v, torch.Tensor) or (not v.is_complex() and tuple(v.shape) in ((), tuple(p.shape)))
+    try:  # the same groups of parameters, and every moment of its parameter's shape
+        saved = state["optimizer"]
+        fits = [len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in optimizer.param_groups]
+        fits = fits and all(0 <= i < len(params) and all(usable(v, params[i]) for v in s.values())
+                            for i, s in saved["state"].items())
+    except (TypeError, KeyError, AttributeError):
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
+
+
+# What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
+# Not --grad-accum, nor the number of processes: they change the arithmetic's order, never the data (micro_batches),
+# so a resumed run may raise --grad-accum where it has less memory.
+TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1", "beta2",
+                   "eps", "weight_decay", "grad_clip", "dtype", "seed")
+
+
+def check_config(config, like, name):
+    """ValueError unless a saved run config (a dict) holds every key of like, each value of the type like's has (this
+    command's flags): what reads it then meets no missing key, and no str or tensor where a number or switch belongs."""
+    for k, v in like.items():
+        if k not in config or type(config[k]) is not type(v):
+            got = f"holds {k} = {short_repr(config[k])}, not a {type(v).__name__}" if k in config else f"lacks {k!r}"
+            raise ValueError(f"{name} {got} in its run config")
+
+
+def read_run(d, like):
+    """A run directory's checkpoint dict, its config checked against like (check_config). A run still training
+    may be read: it replaces ckpt.pt whole (atomic_file), so this reads one checkpoint or the next, never half of
+    one, and takes no lock. FileNotFoundError where there is no checkpoint (yet); ValueError where it is damaged."""
+    ckpt = Path(d) / "ckpt.pt"
+    if not ckpt.exists():
+        raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if Path(d).is_dir()
+                                else f"{d} is a file, not a run directory: pass the directory that holds ckpt.pt"
+                                if Path(d).is_file() else f"there is no run in {d}")
+    state = read_checkpoint(ckpt)
+    if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
+        raise ValueError(f"{ckpt} holds no run config or no model")
+    check_config(state["config"], like, ckpt)
+    return state
+
+
+def differs(key, old, new, names, fingerprinted):
+    """Does a saved config's value old of key differ from this run's new? A value of another type does (a tensor,
+    "5"). Two spellings of one --data or --val-data file (x.txt, ./x.txt, ../x.txt from a subfolder) do not: when the
+    checkpoint holds the data's fingerprint, check_same_data compares the files themselves, wherever the run started.
+    names: --data's corpus names, which are no paths (tinystories and owt differ at once, before any download)."""
+    if type(old) is type(new) and old == new:
+        return False
+    paths = key in ("data", "val_data") and isinstance(old, str) and isinstance(new, str)
+    return not (fingerprinted and paths and not (key == "data" and names.intersection((old, new))))
+
+
+def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
+    """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
+    optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
+    shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs)."""
+    if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
+        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
+        return None
+    try:
+        state = read_checkpoint(ckpt_path)
+        old = state.get("config")
+        if not isinstance(old, dict):
+            raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
+        diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in (*model_keys, *TRAJECTORY_KEYS)
+                if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
+        if diff:
+            raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
+                             f"{', '.join(diff)}.")
+        check_state(state, model, optimizer, name=ckpt_path)
+        check_run_entries(state, cfg["max_iters"], ckpt_path)
+        dry_step(state, model, optimizer, ckpt_path)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
+    return state
+
+
+def check_run_entries(state, max_iters, name):
+    """ValueError unless what train.py reads of a checkpoint besides the model and the optimizer can be used: the
+    iteration within the run's max_iters steps, the RNG states (spare generators try them), the seconds trained so
+    far (elapsed: a real number, at least 0 and not more than the seconds since 1970) and the data's fingerprint."""
+    if state["iteration"] > max_iters:
+        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {max_iters} steps")
+    try:  # both are CPU generator states; the GPUs' are used (restore_rng) only where as many GPUs are
+        for key in ("batch_rng", "torch_rng"):
+            torch.Generator().set_state(state["rng"][key])
+        cuda = state["rng"].get("cuda_rng", [])
+        if not isinstance(cuda, (list, tuple)):
+            raise TypeError(f"cuda_rng is a {type(cuda).__name__}")
+        for i, s in enumerate(cuda if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count() else ()):
+            torch.Generator(device=f"cuda:{i}").set_state(s)
+    except (KeyError, TypeError, RuntimeError, AttributeError) as e:
+        raise ValueError(f"{name} holds no valid RNG state ({type(e).__name__})") from None
+    elapsed = state.get("elapsed", 0.0)  # checkpoints of other code have none: the clock starts at 0
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed <= time.time():
+        raise ValueError(f"{name} holds elapsed {short_repr(elapsed)}, not the seconds a run has trained")
+    fp = state["config"].get("data_fingerprint")  # a checkpoint from before fingerprints has none
+    if fp is not None and not (isinstance(fp, dict) and fp.keys() == {"tokens", "tokenizer"} and all(
+            isinstance(v, list) and all(isinstance(d, str) for d in v) for v in fp.values())):
+        raise ValueError(f"{name} holds a data fingerprint {short_repr(fp)}, not lists of digests")
+
+
+def dry_step(state, model, optimizer, name):
+    """ValueError unless the saved optimizer state works: each saved group's settings go to the optimizer's
+    constructor (which checks their ranges), then the state is loaded into optimizer and stepped once with zero
+    gradients, on model's meta device (no memory, no time). What the first real step would fail on (a moment
+    missing, a str step count, betas of 2) is refused before anything is read or written."""
+    try:
+        for group in state["optimizer"]["param_groups"]:
+            type(optimizer)([torch.empty(0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
+        optimizer.load_state_dict(state["optimizer"])
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    except NotImplementedError:  # an op without a meta kernel in this torch: the real step is the only check then
+        pass
+    except Exception as e:  # whatever the step raises: KeyError, TypeError, ValueError, ZeroDivisionError, ...
+        why = (str(e).splitlines() or [""])[0][:100]  # torch's TypeErrors go on for lines
+        raise ValueError(f"{name} holds optimizer state that {type(optimizer).__name__} cannot use "
+                         f"({type(e).__name__}: {why.rstrip('.')})") from None
+
+
+def run_complete(state, cfg, ckpt_path, tok):
+    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl and the files
+    the end of train() writes after it (samples.txt where the run samples: tok, the run's tokenizer, is not None;
+    loss.png with --plot)? Then one line says so, and nothing is evaluated, sampled or written again (the end did
+    that once). Without them (stopped at the last step, during the evaluation, the sampling or the plot) the run
+    goes on to its end. A longer run changes --max-iters, which --resume refuses."""
+    run = ckpt_path.parent
+    ends = [name for name, made in (("samples.txt", tok is not None and cfg["num_samples"] > 0),
+                                    ("loss.png", cfg["plot"])) if made]
+    loss = final_val_loss(run / "metrics.jsonl", cfg["max_iters"])
+    if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
+        return False
+    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
+        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
+        "train longer, start a new run with a larger --max-iters (plus --overwrite, or another --run-name).")
+    return True
+
+
+def check_same_data(state, cfg, ckpt_path):
+    """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently).
+    verify_resume checked the fingerprint's form, and left --data's spelling to this comparison."""
+    old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
+    if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
+        what = "tokenizer's files" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
+        raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "
+                         f"{cfg['data']} now); resume with the data it was trained on, or start a new run with "
+                         "--overwrite.")
+
+
+# ----------------------------------------------------------------------------
+# 4. Stops: Ctrl-C at a step boundary, a NaN, a compile failure
+
+@contextlib.contextmanager
+def stop_requests(cfg):
+    """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
+    so the checkpoint saved then is valid (under DDP: the next log step); a second Ctrl-C aborts at once.
+    Yields stopped(step)."""
+    asked = []
+
+    def handler(signum, frame):
+        if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
+            hang_up()
+        elif asked:
+            raise KeyboardInterrupt
+        if not asked:
+            asked.append(signum)
+            when = "this step" if cfg["world_size"] == 1 else "the next log step (--log-interval)"
+            log(f"\nstopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
+
+    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them
+        if cfg["world_size"] == 1:  # is an all_reduce and a host wait, so only at log steps
+            return bool(asked)
+        if step % cfg["log_interval"]:
+            return False
+        s = torch.tensor([float(bool(asked))], device=cfg["device"])
+        torch.distributed.all_reduce(s)
+        return bool(s.item())
+    old = on_stops(handler)
+    try:
+        yield stopped
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def read_back(steps, ckpt_path):
+    """steps: [(step, loss, norm)] in order, device tensors (norm None without --grad-clip), emptied here -> the last
+    one's (loss, norm) as floats (None for no steps), in one host wait: until then a GPU runs ahead of Python, so a
+    NaN step has been taken; stop_non_finite names the first (exit 1) and ckpt_path, saved before it, stays."""
+    if not steps:
+        return None
+    values = torch.stack([t for _, loss, norm in steps for t in (loss, loss if norm is None else norm)]).tolist()
+    for (step, _, clipped), loss, norm in zip(steps, values[::2], values[1::2]):
+        norm = None if clipped is None else norm
+        stop_non_finite(step, ckpt_path, loss, norm)
+    steps.clear()
+    return loss, norm
+
+
+class Diverged(DataError):  # stop_non_finite's: the loss, the gradient norm or a weight is NaN or infinite
+    def __init__(self, message, step):
+        super().__init__(message)
+        self.step = step
+
+
+@contextlib.contextmanager
+def divergence_recorded(cfg):
+    """A run stopped by a NaN or an inf says so in its metrics.jsonl too, {"step": N, "diverged": the sentence}, so
+    that what reads a run's outcome (experiments.py) reads its files, not its output. A resume drops the line."""
+    try:
+        yield
+    except Diverged as e:
+        if cfg["rank"] == 0:
+            with open(run_dir(cfg) / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": e.step, "diverged": str(e)}) + "\n")
+        raise
+
+
+def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
+    """DataError (exit code 1; ckpt_path stays the last good one) if the loss, the gradient norm or a weight is
+    NaN or infinite. Weights too: a finite loss's update can still overflow them (--lr 1e30)."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()] if model else []
+    what = (f"the loss is {loss} at" if not math.isfinite(loss) else
+            f"the gradient norm is {norm} at" if norm is not None and not math.isfinite(norm) else
+            bad and f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after")
+    if what:
+        raise Diverged(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
+                       "or a --grad-clip.", step)
+
+
+@contextlib.contextmanager
+def compile_failures(cfg):
+    """A torch.compile failure compile_error did not foresee (one of the model's kernels, a GPU's own compiler) ends
+    in one sentence, exit code 1: a run's checkpoint, saved before the model first runs, stays whole to go on from."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, torch._dynamo.exc.TorchDynamoException):
+            raise
+        then = ("drop --compile" if cfg["benchmark"] or cfg["sample"] else  # --sample: nothing to resume
+                f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on from it with "
+                f"{resume_command(cfg, ['--compile'])}")
+        raise DataError(f"torch.compile failed ({error_line(e)}); {then}.") from None
