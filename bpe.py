@@ -457,6 +457,40 @@ def _read_merges_file(path):
     return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
 
 
+def _checked_input(vocab, merges, special_tokens):
+    """A Tokenizer's arguments, checked: (a copy of vocab with int ids, merges, special tokens), or ValueError."""
+    vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
+    return vocab, bpe_fast.checked_merges(vocab, merges), _check_special_tokens(special_tokens)
+
+
+def _check_fit(vocab, merges, token_id, special_tokens, in_file):
+    """ValueError unless the vocab has every byte and the merges make its merged tokens (_check_merges)."""
+    missing = next((b for b in range(256) if bytes([b]) not in token_id), None)
+    if missing is not None:
+        raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
+    _check_merges(merges, vocab, token_id, special_tokens, in_file)
+
+
+def _checked_ids(ids, vocab):
+    """decode's ids as a list of ints in vocab: a list, numpy array, torch tensor or any iterable of integers. Arrays
+    and tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are refused: True would
+    decode as id 1."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    try:
+        ids = list(ids)          # an iterator must survive the error path's second look
+    except TypeError:
+        raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of token ids") from None
+    for i in ids if not set(map(type, ids)) <= {int} else ():
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
+            raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): token ids must be integers")
+    if not vocab.keys() >= set(ids):
+        unknown = next(i for i in ids if i not in vocab)
+        raise ValueError(f"cannot decode token id {unknown}: the vocab has ids 0..{max(vocab)} ({len(vocab)} tokens)")
+    return ids
+
+
 # -----------------------------------------------------------------------------
 # 6. Tokenizer
 
@@ -471,20 +505,13 @@ class Tokenizer:
     def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
-        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
-        self.merges = bpe_fast.checked_merges(self.vocab, merges)
-        self.special_tokens = _check_special_tokens(special_tokens)
-        token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
+        self.vocab, self.merges, self.special_tokens = _checked_input(vocab, merges, special_tokens)
         for s in self.special_tokens:       # handout: append specials missing from vocab
-            b = s.encode("utf-8")
-            if b not in token_id:
-                token_id[b] = max(self.vocab, default=-1) + 1
-                self.vocab[token_id[b]] = b
-        self._byte_ids = [token_id.get(bytes([b])) for b in range(256)]
-        if None in self._byte_ids:
-            raise ValueError(f"the vocab lacks the single byte 0x{self._byte_ids.index(None):02x}; a "
-                             "byte-level vocab needs all 256")
-        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
+            if s.encode("utf-8") not in self.vocab.values():
+                self.vocab[max(self.vocab, default=-1) + 1] = s.encode("utf-8")
+        token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
+        _check_fit(self.vocab, self.merges, token_id, self.special_tokens, _in_file)  # all 256 bytes; merges fit
+        self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
         # {(left id, right id): (rank, merged id)}, rank = place in merges (the first, if repeated)
@@ -566,26 +593,9 @@ class Tokenizer:
         yield from bpe_fast.encode_stream(self.encode, iterable, self.special_tokens, _STREAM_CHARS)
 
     def decode(self, ids):
-        """Text of ids: a list, numpy array, torch tensor or any iterable of integers. Arrays and tensors are duck-typed
-        by .tolist() (bpe.py does not import torch); floats and bools are refused: True would decode as id 1."""
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        try:
-            ids = list(ids)          # an iterator must survive the error path's second look
-        except TypeError:
-            raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of token ids") from None
-        if not set(map(type, ids)) <= {int}:
-            for i in ids:
-                if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                    value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
-                    raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): "
-                                     "token ids must be integers")
-        try:
-            data = b"".join([self.vocab[i] for i in ids])
-        except KeyError as e:
-            raise ValueError(f"cannot decode token id {e.args[0]}: the vocab has ids "
-                             f"0..{max(self.vocab)} ({len(self.vocab)} tokens)") from None
-        return data.decode("utf-8", errors="replace")
+        """Text of ids (a list, array or tensor of ints); bytes that are not UTF-8 become U+FFFD."""
+        ids = _checked_ids(ids, self.vocab)
+        return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
 
 
 # -----------------------------------------------------------------------------
@@ -661,7 +671,9 @@ def main(argv=None):
     def command():
         try:
             {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-        except ValueError as e:       # the input's mistake (a malformed tokenizer file, a bad special token): exit 2
+        except (ValueError, OSError) as e:  # the input's mistake (a missing input, a malformed tokenizer file): exit 2
+            if isinstance(e, OSError) and e.errno is not None:   # the system's (a read-only --out): cli.exit_code's
+                raise
             raise cli.UsageError(str(e)) from None
         except MemoryError as e:      # refused before allocating, with what to change: exit 1
             if not str(e):

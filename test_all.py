@@ -2622,8 +2622,9 @@ def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
     (tmp_path / "a.txt").write_text("hello world\n" * 100, encoding="utf-8")
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(tmp_path / "a.txt"), "--tokenizer",
                         str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr == (f"bpe.py encode: error: {ro / 'a.npy'}: Read-only file system; fix "
-                                              "that path or pick another\n"), r.stderr
+    # an OSError of the system's is exit 1 in every command (cli.exit_code), as train.py's and export.py's
+    assert r.returncode == 1 and r.stderr == (f"bpe.py encode: error: {ro / 'a.npy'}: Read-only file system; fix "
+                                              "that path or pick another, then run the same command again.\n"), r.stderr
 
 
 def test_the_library_loads_without_unix_only_modules(tmp_path):
@@ -3019,7 +3020,7 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
         r = cli(*args)
         assert r.returncode == 1 and r.stderr == (
             f"bpe.py {args[0]}: error: the disk is full: could not write {path}; free some space "
-            "and rerun\n"), r.stderr
+            "and rerun.\n"), r.stderr
         assert {p: p.read_bytes() for p in old} == old
         assert sorted(os.listdir(disk)) == ["filler", "ids.npy", "tok"]   # no temp files left
         assert sorted(os.listdir(tok_dir)) == ["merges.txt", "vocab.json"]
@@ -3049,7 +3050,7 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
         with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
             full.close()
     assert stop.value.code == 1 and capsys.readouterr().err.endswith(
-        "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun\n")
+        "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun.\n")
 
 
 def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
@@ -3220,6 +3221,42 @@ def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatc
 # the plumbing: cli.py, files.py, machine.py, rundir.py, config.py
 # ============================================================================
 
+def test_plumbing_imports_flow_one_way():
+    """Every project import, those inside functions too: no cycle, and each plumbing file imports only the plumbing
+    below it (cli <- files <- machine <- rundir), so it never names a caller. safety.py's two cycles (through a
+    function-level import) are what this catches."""
+    import ast
+    root = Path(__file__).resolve().parent
+    project = {p.stem for p in root.glob("*.py")}
+    graph = {}
+    for p in root.glob("*.py"):
+        if p.stem in ("test_all", "bench"):  # they import anything
+            continue
+        names = set()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+        graph[p.stem] = names & project - {p.stem}
+    below = {"cli": set(), "files": {"cli"}, "machine": {"cli", "files"}, "rundir": {"cli", "files", "machine"}}
+    for name, allowed in below.items():
+        assert graph[name] <= allowed, (name, graph[name] - allowed)
+    assert graph["model"] <= {"fast_cpu"} and graph["optim"] <= {"fast_cpu"} and "bpe" not in graph["bpe_fast"]
+    done, path = set(), []
+
+    def visit(m):  # depth first: a module met again on the current path closes a cycle
+        assert m not in path, " -> ".join([*path[path.index(m):], m])
+        if m not in done:
+            path.append(m)
+            for n in sorted(graph.get(m, ())):
+                visit(n)
+            path.pop()
+            done.add(m)
+    for m in sorted(graph):
+        visit(m)
+
+
 
 def stat_kinds(d):  # {name: file, dir, fifo or link}, links not followed
     import stat as st
@@ -3299,7 +3336,7 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
 
 
-def test_safety_stops_leave_nohups_sighup_ignored():
+def test_plumbing_stops_leave_nohups_sighup_ignored():
     # `nohup python train.py`: the run must outlive its terminal, so a SIGHUP that nohup ignores stays ignored
     saved = {s: signal.getsignal(s) for s in cli.STOPS}
     handler = lambda *_: None  # noqa: E731
@@ -3315,7 +3352,7 @@ def test_safety_stops_leave_nohups_sighup_ignored():
             signal.signal(s, h)
 
 
-def test_safety_stop_requests_under_ddp_asks_the_processes_at_log_steps_only(monkeypatch, capsys):
+def test_plumbing_stop_requests_under_ddp_asks_the_processes_at_log_steps_only(monkeypatch, capsys):
     # asking every process whether one was signalled is an all_reduce and a host wait (.item()): it was made at
     # every step (issue 35); now at log steps, where every process reads its losses back anyway
     asked = []
@@ -3331,7 +3368,7 @@ def test_safety_stop_requests_under_ddp_asks_the_processes_at_log_steps_only(mon
 
 
 # --- CLI fuzz: writable() of a symlink in the directory's place, or under a directory this user cannot look into ---
-def test_safety_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_path):
+def test_plumbing_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_path):
     # `bpe.py train --out loop` trained first, then said "loop: File exists" (a dangling link too): writable() saw
     # no file there and judged the parent
     os.symlink("loop", tmp_path / "loop")
@@ -3342,7 +3379,7 @@ def test_safety_writable_refuses_a_symlink_in_the_place_of_the_directory(tmp_pat
     assert not files.writable("")  # `bpe.py train --out ''` trained, then said "No such file or directory: ''"
 
 
-def test_safety_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp_path):
+def test_plumbing_numba_cache_fallback_under_a_home_this_user_cannot_look_into(tmp_path):
     # a read-only checkout and a HOME the user may not search (sudo -u keeping root's HOME): importing bpe.py (train.py
     # too) ended in a PermissionError traceback from writable(~/.cache/numba)
     if os.getuid() != 0 or not shutil.which("setpriv"):
@@ -3740,7 +3777,7 @@ def test_data_gpt2_files_offline_skip_the_tests_with_the_reason(tmp_path, monkey
 
 # --- issue 36 item 8f: users keep their torch, CI pins its own ---
 
-def test_safety_requirements_leave_users_their_torch_and_ci_pins_its_own():
+def test_plumbing_requirements_leave_users_their_torch_and_ci_pins_its_own():
     # requirements.txt pinned torch==2.13.0, which reinstalled torch for users who had the 2.5+ that README asks
     # for; CI's pins live in .ci/constraints.txt (pip -c), and .ci/run still runs exactly README's test command
     root = Path(__file__).resolve().parent
@@ -4226,6 +4263,9 @@ def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
         state = rundir.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
         assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
         assert not (tmp_path / "out" / name / "samples.txt").exists()
+        # the run's files say it diverged, and where (what experiments.py reads): the last line of metrics.jsonl
+        assert _train_metrics(tmp_path / "out" / name)[-1]["diverged"].startswith("the weights are not finite"), name
+        assert _train_metrics(tmp_path / "out" / name)[-1]["step"] == 1, name
 
 
 def test_train_a_second_writer_of_a_run_is_refused_and_touches_nothing(tmp_path, capsys):
@@ -5375,7 +5415,7 @@ def test_train_a_killed_bpe_worker_is_one_sentence_and_exit_1(tmp_path):
     assert sorted(f.name for f in tmp_path.glob("data/**/*") if f.is_file()) == ["train.txt", "valid.txt"]
 
 
-def test_safety_say_writes_a_line_and_its_end_at_once():
+def test_plumbing_say_writes_a_line_and_its_end_at_once():
     # print writes the text, each separator and the end apart: a Ctrl-C between them (a progress line, then
     # KeyboardInterrupt) left the line without its newline, and "train.py: interrupted; ..." began on it
     class InterruptedAfterOneWrite(io.StringIO):  # where a second write starts, the Ctrl-C (not one pytest takes)
@@ -6109,15 +6149,20 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     args = types.SimpleNamespace(data="pydoc", out_dir=str(tmp_path / "out"))
     run.dir(args.out_dir).mkdir(parents=True)
     log = run.dir(args.out_dir).with_name(run.name + ".log")
-    with pytest.raises(cli.DataError) as e:  # train.py's own sentence for a NaN loss
+    cfg = {"rank": 0, "out_dir": str(run.dir(args.out_dir).parent), "run_name": run.name}
+    with pytest.raises(cli.DataError) as e, rundir.divergence_recorded(cfg):  # as train.py stops on a NaN loss
         rundir.stop_non_finite(37, run.dir(args.out_dir) / "ckpt.pt", loss=float("nan"))
     log.write_text(f"step 30/400 | loss 9.1\ntrain.py: error: {e.value}\n")
-    experiments.finish(run, args, [], 1)
+    experiments.finish(run, args, [], 1)  # read from the run's metrics.jsonl, which says so, not from its output
     result = json.loads((run.dir(args.out_dir) / "result.json").read_text())
     assert result["status"] == "diverged" and result["step"] == 37
     assert experiments.outcome(run, args, [])["step"] == 37  # kept: a rerun reuses it
     with pytest.raises(cli.UsageError, match=r"is a run of other flags .*delete it, or pass another --out-dir"):
         experiments.outcome(run, args, ["--seed", "1"])
+    (run.dir(args.out_dir) / "metrics.jsonl").write_text('{"step": 0, "val_loss": 7.0}\n')  # no divergence there:
+    log.write_text(f"train.py: error: {e.value}\n")  # output that only looks like one is the fault it is
+    with pytest.raises(cli.DataError, match=r"failed: train.py: error: the loss is nan at step 37"):
+        experiments.finish(run, args, [], 1)
     log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
     with pytest.raises(cli.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
         experiments.finish(run, args, [], 2)
