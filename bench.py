@@ -1,6 +1,6 @@
-"""Every comparison of this project with other tools, and the scale tables README quotes.
+"""Every comparison of this project with other tools, and the tables docs/results.md quotes.
 
-    python bench.py              # the tables README quotes: train, cold, encode, step, generate
+    python bench.py              # the tables docs/results.md quotes: train, cold, encode, step, generate
     python bench.py train        # train_bpe, `bpe.py train`, HF tokenizers, rustbpe: 50 and 200 MB, vocab 32k
     python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
@@ -8,7 +8,7 @@
     python bench.py encode       # Tokenizer.encode, then encode_file on 50 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
     python bench.py generate     # generation, batch 1 and 64: plain (cached or not), fast, HF's static cache
-    python bench.py gpu          # every GPU figure in one command (8 minutes), ending in README's GPU table
+    python bench.py gpu          # every GPU figure in one command (8 minutes), ending in docs/results.md's GPU table
     python bench.py gpu --cpu    # the same rehearsed at tiny sizes on the CPU, the GPU-only parts skipped
 
 The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers (the tools
@@ -843,7 +843,7 @@ def bench_stop_checks(args, device, shape, compile):
 
 
 # ----------------------------------------------------------------------------
-# 5. The GPU report: every GPU figure of this project in one command, ending in README's table
+# 5. The GPU report: every GPU figure of this project in one command, ending in docs/results.md's table
 #
 # Each section guards itself (a failure is one line, then the next section runs), and none starts
 # once --budget seconds are spent, so a run on a rented GPU always ends with its table. --cpu
@@ -1020,10 +1020,10 @@ class GpuReport:
         return self.table()
 
     def table(self):
-        """The one table README's GPU section pastes: its date, commit and device above it. -> exit code."""
+        """The one table docs/results.md's GPU section pastes: its date, commit and device above it. -> exit code."""
         device = (torch.cuda.get_device_name(0) if self.device == "cuda"
                   else f"CPU ({usable_cores()} cores), a rehearsal at tiny sizes: no figure here is one to quote")
-        print("\n## The table (README's GPU section)\n")
+        print("\n## The table (docs/results.md's GPU section)\n")
         print(f"`python bench.py gpu{' --cpu' if self.cpu else ''}`, {time.strftime('%Y-%m-%d')}, commit "
               f"{git_commit()}, {device}, torch {torch.__version__}, {(time.perf_counter() - self.t0) / 60:.1f} min\n")
         print("| what | result |\n|---|---|")
@@ -1036,7 +1036,7 @@ class GpuReport:
 
 def bench_gpu(argv):
     ap = Parser(prog="bench.py gpu", description="Every GPU figure of this project in one command (at most 8 "
-                "minutes on one GPU), ending in the table README's GPU section quotes.")
+                "minutes on one GPU), ending in the table docs/results.md's GPU section quotes.")
     ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU at tiny sizes; what needs a GPU "
                     "(torch.compile, bf16, compiled AdamW, CUDA kernels and tests) is skipped")
     ap.add_argument("--budget", type=float, default=480, help="seconds: no section starts after them, and the "
