@@ -318,7 +318,7 @@ def flags_parser(prog, description, flags, presets):
             group = p.add_argument_group(row)
         elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
             group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
-                               default=row[2], help=row[3])
+                               default=row[2], help=row[3] + (" (default: on)" if row[2] else ""))
         else:
             name, kind, default, text = row
             shown = "" if default in (None, "") else f" (default: {default})"

@@ -20,7 +20,7 @@ from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
 from data import DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import run_dir_problem
+from rundir import run_config, run_dir_problem
 
 
 # ----------------------------------------------------------------------------
@@ -45,7 +45,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     "data and output",
     ("--data", str, "pydoc", "pydoc (built-in, offline), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
     ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
-    ("--tokenizer", str, None, "folder of the vocab.json, merges.txt that made --data PATH.npy (default: the .npy's)"),
+    ("--tokenizer", str, None, "folder of a vocab.json and merges.txt: the tokenizer of --data PATH.npy (default: "
+     "the .npy's), or the one to tokenize text with (default: BPE trained on it; with --init-from, its run's)"),
     ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
     ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
     ("--run-name", str, None, "default: the data source's name"),
@@ -70,7 +71,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
     ("--lr", float, PRESET, "peak learning rate"),
     ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
-    ("--warmup-iters", int, PRESET, "linear warm-up steps (a preset warm-up shrinks to fit a short run)"),
+    ("--warmup-iters", int, PRESET, "linear warm-up steps (unless given, at most 10%% of the run's steps)"),
     ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
     ("--beta1", float, 0.9, "AdamW beta1"),
     ("--beta2", float, 0.95, "AdamW beta2"),
@@ -83,7 +84,10 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--eval-iters", int, PRESET, "batches per validation run"),
     ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
     ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
-    ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run"),
+    ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run (a larger "
+     "--max-iters extends a run)"),
+    ("--init-from", str, None, "start a new run from the weights of the run in this folder (its shape and tokenizer "
+     "unless given; a new optimizer and schedule): fine-tuning"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
     ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
@@ -244,8 +248,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    (lambda c: c["tokenizer"] and not c["data_is_ids"],
-     "--tokenizer goes with --data PATH.npy only; text data gets a tokenizer trained on it (--vocab-size)."),
+    (lambda c: c["init_from"] is not None and (c["benchmark"] or c["sample"] or c["export"] is not None),
+     "--init-from starts a training run from another run's weights; drop it with --benchmark, --sample and --export."),
     *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
@@ -288,7 +292,7 @@ def check_flags(cfg, rows=CHECKS):
     """UsageError at the first of rows (CHECKS) cfg fails. What the rows ask of the data: is --data a file (not a
     corpus name), does it hold ids, and does --data-dir hold its tokens already (a read-only one will do)?"""
     c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),
-             cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"]))
+             cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["tokenizer"]))
     for is_wrong, message in rows:
         if is_wrong(c):
             raise UsageError(message(c) if callable(message) else message.format(**c))
@@ -341,10 +345,23 @@ def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit cod
                                "small/tinystories/owt depend on --data: small for pydoc and local files.", FLAGS, PRESETS)
 
 
+def init_from_defaults(cfg):
+    """--init-from RUN_DIR: its config.json's shape for each shape flag not given, and its tokenizer unless --tokenizer
+    is. UsageError where it holds no run; train.py checks its checkpoint (rundir.verify_init)."""
+    old = run_config(Path(cfg["init_from"]))
+    if old is None:
+        raise UsageError(f"--init-from {cfg['init_from']} holds no run (no readable config.json); pass the folder of "
+                         "a trained run.")
+    shape = {k: old[k] for k in MODEL_KEYS if cfg[k] is None and k in old}
+    return {**shape, "tokenizer": cfg["tokenizer"] or cfg["init_from"]}
+
+
 def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
     cfg = vars(build_parser().parse_args(argv))
+    if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
+        cfg.update(init_from_defaults(cfg))
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
@@ -364,9 +381,8 @@ def resolve_config(argv=None):
     if cfg["max_iters"] is None:
         cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
     cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]  # what is really trained on
-    if cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length just derived, so not a CHECKS row
-        if warmup_given:
-            raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
-                                    f"({cfg['max_iters']} steps).")
-        cfg["warmup_iters"] = cfg["max_iters"] // 10
+    if warmup_given and cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length, so not a CHECKS row
+        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
+    if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
+        cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     return cfg

@@ -347,11 +347,16 @@ def from_cache(path, load, *args, **kwargs):
         raise damaged_cache(path, e) from None
 
 
-def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
-    """BPE trained on the train split, both splits as .npy ids -> (tokenizer, its 2 files, 2 .npy)."""
+def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, given=None):
+    """BPE trained on the train split (or the tokenizer in the folder `given`, copied), both splits as .npy ids ->
+    (tokenizer, its 2 files, 2 .npy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
+    for src, dst in zip(tokenizer_files(given) if given else (), files):  # kept beside the ids it made
+        if not dst.exists():
+            with atomic_file(dst) as f:
+                f.write(src.read_bytes())
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         say(f"training a {vocab_size}-token BPE tokenizer on {train_txt}")
         t0 = time.time()
@@ -408,10 +413,14 @@ def pieces(ids):  # the ids READ at a time, as arrays
     return (np.asarray(ids[i:i + READ]) for i in range(0, len(ids), READ))
 
 
+def tokenizer_files(directory):  # where a run, a token cache and bpe.py train keep a tokenizer
+    return Path(directory) / "vocab.json", Path(directory) / "merges.txt"
+
+
 def read_tokenizer(directory):
     """The tokenizer saved in directory (vocab.json, merges.txt), knowing <|endoftext|> (added if it lacks it), and
     its two files; (None, None) where either file is missing. ValueError or OSError if it does not load."""
-    files = Path(directory) / "vocab.json", Path(directory) / "merges.txt"
+    files = tokenizer_files(directory)
     if not all(f.exists() for f in files):
         return None, None
     try:
@@ -437,10 +446,10 @@ def ids_tokenizer(source, tokenizer=None):
 
 
 def ids_vocab_size(source, tokenizer, vocab_size):
-    """--vocab-size for --data PATH.npy: unless given, the size of its tokenizer (ids_tokenizer), if it has one.
-    Given, it must equal --tokenizer's (UsageError); one found beside the ids is held only to what samples need
-    (config.check_samples): a larger model vocabulary, say, when the run makes no samples."""
-    tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) else None  # text: --tokenizer is refused (CHECKS)
+    """--vocab-size for --data PATH.npy, or text with --tokenizer: unless given, the size of its tokenizer
+    (ids_tokenizer), if it has one. Given, it must equal --tokenizer's (UsageError); one found beside the ids is held
+    only to what samples need (config.check_samples): a larger model vocabulary, say, when the run makes no samples."""
+    tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) or tokenizer else None  # text: BPE trained on it
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
                          f"{tokenizer}; drop --vocab-size (the tokenizer's size is taken).")
@@ -486,8 +495,9 @@ def load_ids(source, val_data, tokenizer=None):
 
 
 def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, tokenizer=None):
-    """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token
-    files under data_dir once; ids are read in place (TokenIds), so no corpus is ever loaded whole."""
+    """--data -> (train ids, valid ids, tokenizer or None, its files or None). Text becomes token files under
+    data_dir once, by a BPE trained on it, or by --tokenizer's (a folder; --init-from's run); ids are read in
+    place (TokenIds), so no corpus is ever loaded whole."""
     if is_ids(source):
         return load_ids(source, val_data, tokenizer)
     where = cache_dir(source, data_dir)
@@ -497,7 +507,7 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
         texts = downloaded_corpus(source, where)
     else:
         texts = local_corpus(Path(source).resolve(), where)
-    tok, files, npys = tokenize_corpus(*texts, vocab_size, where / f"bpe{vocab_size}", workers)
+    tok, files, npys = tokenize_corpus(*texts, vocab_size, token_dir(where, vocab_size, tokenizer), workers, tokenizer)
     train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 
@@ -512,10 +522,20 @@ def cache_dir(source, data_dir):
     return Path(data_dir) / f"{p.stem}-{file_key(p)}"
 
 
-def is_cached(source, data_dir, vocab_size):
+def token_dir(where, vocab_size, tokenizer=None):
+    """The folder of a corpus's cache (where) for its tokens: bpe<vocab size>/ for the BPE trained on it, or
+    tok-<digest>/ for the tokenizer in the folder `tokenizer`, named by its files' bytes."""
+    if tokenizer is None:
+        return where / f"bpe{vocab_size}"
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in tokenizer_files(tokenizer))).hexdigest()
+    return where / f"tok-{digest[:12]}"
+
+
+def is_cached(source, data_dir, vocab_size, tokenizer=None):
     """prepare_data finds every file it would write already there, so a read-only --data-dir will do."""
-    tokens = [f"bpe{vocab_size}/{name}" for name in TOKEN_FILES]
-    return all((cache_dir(source, data_dir) / name).is_file() for name in (*text_names(source), *tokens))
+    where = cache_dir(source, data_dir)
+    tokens = [token_dir(where, vocab_size, tokenizer) / name for name in TOKEN_FILES]
+    return all(p.is_file() for p in (*(where / name for name in text_names(source)), *tokens))
 
 
 def file_key(path):

@@ -40,9 +40,11 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
-def run_data(d):  # the --data that made the run in directory d, as its config.json says, or None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return json.loads((d / "config.json").read_text(encoding="utf-8")).get("data")
+def run_config(d):  # the flags that made the run in directory d, as its config.json says, or None
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        return config if isinstance(config, dict) else None
+    return None
 
 
 def in_use(where, pid):
@@ -66,7 +68,7 @@ def run_dir_problem(c):
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
         return in_use(d, pid)
     if has_run and not (c["resume"] or c["overwrite"]):
-        old = run_data(d)
+        old = (run_config(d) or {}).get("data")
         other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
         return (f"{d} already holds a run{f' of --data {old}' if other else ''}; pass --resume to continue it, "
                 "--overwrite to replace it, or another --run-name"
@@ -175,8 +177,9 @@ def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for s
     return None
 
 
-def plot(metrics_path, png_path):
-    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time."""
+def plot(metrics_path, png_path, title=""):
+    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time, under a title that
+    names the run (also the PNG's Title field)."""
     import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -188,9 +191,10 @@ def plot(metrics_path, png_path):
         ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
         ax.set(xlabel=label, ylabel="loss (nats/token)")
         ax.legend()
+    fig.suptitle(title)
     fig.tight_layout()
     with atomic_file(png_path) as f:
-        fig.savefig(f, format="png")
+        fig.savefig(f, format="png", metadata={"Title": title})
     log(f"plot: {png_path}")
 
 
@@ -359,7 +363,9 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
         old = state.get("config")
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
-        diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in (*model_keys, *TRAJECTORY_KEYS)
+        longer = extends(old, cfg)
+        keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if not (longer and k in ("max_iters", "warmup_iters"))]
+        diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
@@ -369,6 +375,33 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
         dry_step(state, model, optimizer, ckpt_path)
     except (ValueError, OSError) as e:
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
+    if longer:  # its warm-up is the one it had; the cosine runs to the new end from where the run stands
+        cfg["warmup_iters"] = old["warmup_iters"]
+        log(f"note: --resume extends the run from {old['max_iters']:,} to {cfg['max_iters']:,} steps: from step "
+            f"{state['iteration']:,} on, its cosine schedule is recomputed for the new end (its warm-up stays "
+            f"{old['warmup_iters']}), so it is no longer bitwise the run one command of {cfg['max_iters']:,} steps "
+            "would make")
+    return state
+
+
+def extends(old, cfg):  # does --resume ask a saved run config `old` for more steps (a larger --max-iters)?
+    return (type(old.get("max_iters")) is int and cfg["max_iters"] > old["max_iters"]
+            and type(old.get("warmup_iters")) is int)
+
+
+def verify_init(cfg, model_keys, like):
+    """--init-from RUN_DIR: that run's checkpoint, read and checked (read_run, like: the types of TransformerLM's
+    arguments), whose shape must be this run's (model_keys); UsageError in one sentence otherwise."""
+    try:
+        state = read_run(cfg["init_from"], like)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise UsageError(f"--init-from {cfg['init_from']}: {str(e).rstrip('.')}; pass the folder of a trained "
+                         "run.") from None
+    diff = [f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in model_keys
+            if state["config"][k] != cfg[k]]
+    if diff:
+        raise UsageError(f"--init-from {cfg['init_from']}: its model has another shape; keys that differ: "
+                         f"{', '.join(diff)}; drop those flags to take its shape, or start from another run.")
     return state
 
 
@@ -422,7 +455,7 @@ def run_complete(state, cfg, ckpt_path, tok):
     the end of train() writes after it (samples.txt where the run samples: tok, the run's tokenizer, is not None;
     loss.png with --plot)? Then one line says so, and nothing is evaluated, sampled or written again (the end did
     that once). Without them (stopped at the last step, during the evaluation, the sampling or the plot) the run
-    goes on to its end. A longer run changes --max-iters, which --resume refuses."""
+    goes on to its end. A larger --max-iters extends it instead (verify_resume)."""
     run = ckpt_path.parent
     ends = [name for name, made in (("samples.txt", tok is not None and cfg["num_samples"] > 0),
                                     ("loss.png", cfg["plot"])) if made]
@@ -431,7 +464,7 @@ def run_complete(state, cfg, ckpt_path, tok):
         return False
     log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
         f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
-        "train longer, start a new run with a larger --max-iters (plus --overwrite, or another --run-name).")
+        "train longer, resume it with a larger --max-iters.")
     return True
 
 

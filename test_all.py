@@ -5129,6 +5129,82 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     assert rundir.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
+def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, capsys):
+    """A finished run goes on to a larger --max-iters: its steps are kept, its warm-up stays, the cosine runs to the
+    new end from where it stands, and the note says it is no longer one long run's bits. A smaller one is refused."""
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--log-interval", "1",
+            "--eval-interval", "4", "--device", "cpu"]
+    assert train.main([*base, "--max-iters", "8"]) == 0
+    first = _train_losses(tmp_path / "out" / "toy")
+    capsys.readouterr()
+    assert train.main([*base, "--max-iters", "8", "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "already complete" in said and "resume it with a larger --max-iters" in said
+    assert train.main([*base, "--max-iters", "20", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "extends the run from 8 to 20 steps" in out and "no longer bitwise" in out and "resumed from" in out
+    losses = _train_losses(tmp_path / "out" / "toy")
+    assert losses[:8] == first and [s for s, _ in losses] == list(range(1, 21))
+    state = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")
+    assert state["iteration"] == 20 and state["config"]["max_iters"] == 20 and state["config"]["warmup_iters"] == 0
+    assert train.main([*base, "--max-iters", "12", "--resume"]) == 2  # fewer steps than it has: refused
+    assert "max_iters (20 -> 12)" in capsys.readouterr().err
+
+
+def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
+    def warmup(*flags):
+        return config.resolve_config(["--benchmark", "--device", "cpu", *flags])["warmup_iters"]
+    assert warmup() == 50 and warmup("--max-iters", "60") == 6 and warmup("--max-iters", "5") == 0
+    assert warmup("--max-iters", "60", "--warmup-iters", "50") == 50  # given: kept
+    assert warmup("--data", "tinystories") == 200
+    assert "at most 10% of the run's steps" in " ".join(config.build_parser().format_help().split())
+
+
+def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
+    """--init-from RUN: a new run (step 0, a new optimizer) from RUN's weights, with its shape and tokenizer unless
+    given; text --data is tokenized with RUN's tokenizer. Another shape, or no run there, is one sentence."""
+    story, other = _train_story(tmp_path / "story.txt"), _train_story(tmp_path / "other.txt", seed=1)
+    flags = ["--vocab-size", "300", "--d-model", "32", "--num-heads", "2", "--num-layers", "2", "--d-ff", "64",
+             "--context-length", "16", "--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu",
+             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
+    assert train.main(["--data", str(story), *flags, "--max-iters", "6"]) == 0
+    base = tmp_path / "out" / "story"
+    small = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu", "--max-iters", "3",
+             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--init-from", str(base)]
+    capsys.readouterr()
+    assert train.main(["--data", str(other), *small, "--context-length", "16"]) == 0  # shape and tokenizer: base's
+    assert f"initialized from {base} (its step 6)" in capsys.readouterr().out
+    tuned = tmp_path / "out" / "other"
+    assert (tuned / "vocab.json").read_bytes() == (base / "vocab.json").read_bytes()
+    state = rundir.read_checkpoint(tuned / "ckpt.pt")
+    assert state["iteration"] == 3 and state["config"]["d_model"] == 32 and state["config"]["init_from"] == str(base)
+    # the first evaluation is the base model's on the new text: not a fresh model's (about log(300) = 5.7)
+    first = _train_metrics(tuned)[0]["val_loss"]
+    assert first < _train_metrics(base)[0]["val_loss"] - 0.5
+    assert train.main(["--data", str(other), *small, "--d-model", "64", "--run-name", "wide"]) == 2
+    assert "its model has another shape; keys that differ: d_model (32 -> 64)" in _train_one_line(capsys, "--init-from")
+    assert not (tmp_path / "out" / "wide").exists()
+    assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "nothing"), "--run-name", "none"]) == 2
+    assert "pass the folder of a trained run" in _train_one_line(capsys, "--init-from")
+    assert train.main(["--data", str(other), *small, "--benchmark"]) == 2
+    _train_one_line(capsys, "--init-from starts a training run")
+
+
+def test_train_help_says_which_switches_are_on_and_a_stop_shows_its_step(tmp_path, capsys, monkeypatch):
+    text = " ".join(config.build_parser().format_help().split())
+    assert "reference path (default: on) --activation-checkpointing" in text  # --fast's help ends so
+    # a Ctrl-C after step 3 (log lines every 10 steps): step 3's line comes before "stopped at step 3"
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    with monkeypatch.context() as m:
+        m.setattr(rundir, "stop_requests", contextlib.contextmanager(lambda cfg: (yield lambda it: it == 3)))
+        assert train.main(["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters",
+                           "20", "--device", "cpu"]) == 130
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("step 3/20: loss ") and lines[-1].startswith("stopped at step 3;"), lines[-3:]
+    assert [s for s, _ in _train_losses(tmp_path / "out" / "toy")] == []  # the stop's line is no metrics record
+
+
 def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last line (after any progress lines)
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -5755,8 +5831,9 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rundir.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
-    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rundir.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
+    png = (tmp_path / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and b"Title\x00out/pydoc: --data pydoc, 2 steps" in png  # names its run
 
 
 def test_train_local_text_split_keeps_whole_documents(tmp_path):

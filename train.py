@@ -277,24 +277,27 @@ class Progress:
         self.eta.evaluated(time.time() - self.t_last)  # the ETA counts the evaluations left at this one's seconds
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
-    def stepped(self, step, loss, lr, norm):  # loss, norm: device tensors, read back at log steps
+    def stepped(self, step, loss, lr, norm, last=False):  # loss, norm: device tensors, read back at log steps
+        """last: the run stops after this step (Ctrl-C), which gets a console line too, not a metrics record."""
         self.unread.append((step, loss, norm))
         logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]  # read before the clock: the
-        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs else (loss, norm)  # window's work is done
+        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs or last else (loss, norm)  # work is done
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.eta.stepped(dt)
         seconds, steps = self.window = [seconds + dt, steps + 1]
         tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
         mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
+        if not (logs or last):
+            return
+        self.window = [0.0, 0]
         if logs:
-            self.window = [0.0, 0]
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
-            left = self.eta.seconds_left(step, cfg["max_iters"], cfg["eval_interval"])
-            line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
-                    + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
-            log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-            self.noted = self.noted or cli.note_long_run(cfg, left, self.tty)  # at the first ETA, once
+        left = self.eta.seconds_left(step, cfg["max_iters"], cfg["eval_interval"])
+        line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
+                + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
+        log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
+        self.noted = self.noted or cli.note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
@@ -307,7 +310,8 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
                fast=None if cfg["compile"] else False))  # the fast path compiles: on a GPU with --compile only
                for _ in range(cfg["num_samples"])]
     with files.atomic_file(path, "w") as f:
-        f.write("".join(f"--- sample {i + 1} ---\n{s}\n" for i, s in enumerate(out)))
+        named = f", prompt {cli.short_repr(cfg['prompt'])}" if cfg["prompt"] else ""  # which of --prompt -'s lines
+        f.write("".join(f"--- sample {i + 1}{named} ---\n{s}\n" for i, s in enumerate(out)))
     return out
 
 
@@ -345,9 +349,10 @@ def print_samples(cfg):
     return 0
 
 
-def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline):
-    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation,
-    checkpoint, samples, the plot. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
+def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline, init_state=None):
+    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation, checkpoint, samples,
+    the plot. resume_state: the checkpoint --resume goes on from; init_state: the one whose weights --init-from
+    starts from. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
     rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -355,6 +360,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     if resume_state is not None:
         rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
+    elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
+        log(f"initialized from {cfg['init_from']} (its step {load_checkpoint(None, raw, state=init_state)})")
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
@@ -378,13 +385,13 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             optimizer.step()  # even after a NaN loss (knowing would make the host wait): the next read stops the run
             optimizer.zero_grad(set_to_none=True)
-            progress.stepped(it + 1, loss, lr, norm)
             stop = stopped(it + 1)
+            progress.stepped(it + 1, loss, lr, norm, last=stop)  # a stop's step gets its line too
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
             if stop:
-                log(f"\nstopped at step {it + 1}; checkpoint saved to {ckpt_path}. Continue with "
-                    f"{rundir.resume_command(cfg)}.")
+                log(("\n" if progress.tty else "") + f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
+                    f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
     save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
@@ -396,7 +403,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
+                    f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
     return 0
 
 
@@ -418,6 +426,9 @@ def run(cfg):
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
         resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
+    init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
+    if cfg["init_from"] is not None and resume_state is None:
+        init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs())
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = machine.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         rundir.check_same_data(resume_state, cfg, ckpt_path)
@@ -430,7 +441,7 @@ def run(cfg):
         f"{baseline:.4f} nats/token")
     # all checked: the first write; a second writer is refused
     with rundir.run_lock(cfg), machine.torch_settings(cfg), rundir.divergence_recorded(cfg):
-        return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline)
+        return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline, init_state)
 
 
 LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
