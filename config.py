@@ -17,7 +17,7 @@ import torch
 
 import accounting
 from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
-from data import DATASETS, ids_vocab_size, is_cached
+from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import run_config, run_dir_problem
@@ -27,7 +27,7 @@ from rundir import run_config, run_dir_problem
 # 1. The flags and the presets
 
 
-# The flags marked PRESET take their default from the data source: the built-in corpus and local files
+# The flags marked PRESET take their default from the data source: the built-in corpora and local files
 # get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
 # run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
 PRESETS = {
@@ -38,12 +38,13 @@ PRESETS = {
                         lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
-CORPORA = ("pydoc", *DATASETS)  # --data's names; anything else is a path
+CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
     "data and output",
-    ("--data", str, "pydoc", "pydoc (built-in, offline), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
+    ("--data", str, "python", "python (built-in, offline: Python's docs and standard library), pydoc (its docs "
+     "alone), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
     ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
     ("--tokenizer", str, None, "folder of a vocab.json and merges.txt: the tokenizer of --data PATH.npy (default: "
      "the .npy's), or the one to tokenize text with (default: BPE trained on it; with --init-from, its run's)"),
@@ -187,7 +188,7 @@ def too_long(c):
     """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
     suffixes, as a sentence, or "": a name over NAME_MAX - NAME_ROOM bytes, or a path near PATH_MAX."""
     for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
-        if not c[flag] or (flag == "data" and not c["data_is_file"]):  # --data pydoc, tinystories, owt: no path
+        if not c[flag] or (flag == "data" and not c["data_is_file"]):  # --data python, tinystories, owt: no path
             continue
         longest = max((len(os.fsencode(part)) for part in Path(c[flag]).parts), default=0)
         if longest > NAME_MAX - NAME_ROOM or len(os.fsencode(os.path.abspath(c[flag]))) > PATH_MAX - 2 * NAME_MAX:
@@ -241,7 +242,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data_is_file"] and unreadable(c["data"]),
-     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass pydoc, tinystories, owt, a .txt file or a .npy file."),
+     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass python, pydoc, tinystories, owt, a .txt file or a .npy file."),
     (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
     (lambda c: c["val_data"] and not c["data_is_ids"],
@@ -341,8 +342,8 @@ def check_samples(cfg, tok, tok_files, top, eot):
 
 def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit code 2 (cli.Parser)
     return flags_parser("train.py", "Train a Transformer LM (CS336 assignment 1). With no flags: a small model "
-                               "on Python's built-in documentation, offline, in minutes on a CPU. Defaults marked "
-                               "small/tinystories/owt depend on --data: small for pydoc and local files.", FLAGS, PRESETS)
+                               "on Python's own documentation and standard library, offline, in minutes on a CPU. Defaults marked "
+                               "small/tinystories/owt depend on --data: small for python, pydoc and local files.", FLAGS, PRESETS)
 
 
 def init_from_defaults(cfg):
@@ -369,7 +370,7 @@ def resolve_config(argv=None):
     for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
-    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # pydoc, a file's name
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")

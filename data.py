@@ -14,6 +14,7 @@ import http.client
 import os
 import shutil
 import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ DATASETS = {  # name -> its (train, valid) files, under HF
     "owt": ("datasets/stanford-cs336/owt-sample/resolve/main/owt_train.txt.gz",
             "datasets/stanford-cs336/owt-sample/resolve/main/owt_valid.txt.gz"),
 }
+BUILTIN = ("python", "pydoc")  # corpora every Python carries, offline (builtin_corpus)
 TEXT_SPLITS = ("train.txt", "valid.txt")  # a corpus's folder (but a downloaded one's, named as the dataset names them)
 TOKEN_FILES = ("vocab.json", "merges.txt", "train.npy", "valid.npy")  # its bpe<vocab size>/ folder: tokenizer, ids
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
@@ -52,16 +54,29 @@ def text_names(source):  # a corpus folder's train and valid text files: a datas
     return [Path(f).name.removesuffix(".gz") for f in DATASETS[source]] if source in DATASETS else list(TEXT_SPLITS)
 
 
-def pydoc_corpus(out_dir):
-    """Python's reference-manual topics (the text behind `help('if')`): about 0.5 MB of English
-    that every Python carries. Whole topics go to one split, so validation text is unseen."""
+def pydoc_topics():
+    """Python's reference-manual topics (the text behind `help('if')`): about 0.5 MB of English that every Python
+    carries, one document each."""
     try:
         from pydoc_data.topics import topics  # stdlib: present offline on standard Pythons
     except ImportError:
         raise DataError("this Python has no pydoc_data module (some distributions strip it); "
                         "pass --data PATH.txt with any English text file instead.") from None
-    names = sorted(topics)  # every 10th topic validates
-    texts = [EOT.join(topics[k] for i, k in enumerate(names) if (i % 10 == 5) == valid) for valid in (False, True)]
+    return [topics[k] for k in sorted(topics)]
+
+
+def stdlib_sources():
+    """The standard library's top-level modules, one document each (about 5 MB of Python source, in every Python)."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return [p.read_text(encoding="utf-8", errors="replace") for p in sorted(lib.glob("*.py"))]
+
+
+def builtin_corpus(source, out_dir):
+    """--data pydoc (the topics) or python (the topics and the standard library's modules, the default: ten times
+    the text, so its run sees each training token about twice, where pydoc alone is seen 24 times and memorized).
+    Whole documents go to one split, every 10th to validation, so validation text is unseen."""
+    docs = pydoc_topics() + (stdlib_sources() if source == "python" else [])
+    texts = [EOT.join(d for i, d in enumerate(docs) if (i % 10 == 5) == valid) for valid in (False, True)]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     for path, text in zip(paths, texts):
@@ -501,8 +516,8 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     if is_ids(source):
         return load_ids(source, val_data, tokenizer)
     where = cache_dir(source, data_dir)
-    if source == "pydoc":
-        texts = pydoc_corpus(where)
+    if source in BUILTIN:
+        texts = builtin_corpus(source, where)
     elif source in DATASETS:
         texts = downloaded_corpus(source, where)
     else:
@@ -514,8 +529,8 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
 
 def cache_dir(source, data_dir):
     """The folder under data_dir that holds --data's text splits and, in bpe<vocab size>/, its tokens."""
-    if source == "pydoc":  # the topics change between Python versions
-        return Path(data_dir) / f"pydoc-py{sys.version_info[0]}{sys.version_info[1]}"
+    if source in BUILTIN:  # the topics and the library change between Python versions
+        return Path(data_dir) / f"{source}-py{sys.version_info[0]}{sys.version_info[1]}"
     if source in DATASETS:
         return Path(data_dir) / source
     p = Path(source).resolve()  # a changed file gets a fresh cache: the folder name hashes its path, size and time

@@ -4,7 +4,7 @@ CS336 assignment 1, sections 5-7. Every flag and its default is in config.py (FL
 refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; the run directory (its lock,
 --resume's checks, Ctrl-C at a step boundary) in rundir.py.
 
-    python train.py                          # offline: Python's own docs, a few minutes on a laptop CPU
+    python train.py                          # offline: Python's docs and library, minutes on a laptop CPU
     python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
     python train.py --data my.txt            # any text file, or my.npy for pre-tokenized ids
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
