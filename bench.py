@@ -1,12 +1,13 @@
 """Every comparison of this project with other tools, and the tables docs/results.md quotes.
 
-    python bench.py              # the tables docs/results.md quotes: train, cold, encode, step, generate
+    python bench.py              # the tables docs/results.md quotes: train, cold, encode, step, head, generate
     python bench.py train        # train_bpe, `bpe.py train`, HF tokenizers, rustbpe: 50 and 200 MB, vocab 32k
     python bench.py train --sizes 50,200,2000   # adds the 2 GB corpus (one run, no HF)
     python bench.py train --input FILE --vocab-size 10000   # the same table on one file
     python bench.py cold         # small and large jobs with an empty numba cache, then twice with it filled
     python bench.py encode       # Tokenizer.encode, then encode_file on 50 MB (--encode-mb), vs tiktoken
     python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
+    python bench.py head         # the fused head + loss alone: its chunk count, time and peak memory; a step's peak
     python bench.py generate     # generation, batch 1 and 64: plain (cached or not), fast, HF's static cache
     python bench.py gpu          # every GPU figure in one command (8 minutes), ending in docs/results.md's GPU table
     python bench.py gpu --cpu    # the same rehearsed at tiny sizes on the CPU, the GPU-only parts skipped
@@ -21,6 +22,7 @@ import functools
 import gc
 import inspect
 import json
+import math
 import os
 import pickle
 import statistics
@@ -42,6 +44,7 @@ import bpe
 import config
 import data
 import export
+import fused_head
 import kernels
 import model
 import train
@@ -761,6 +764,118 @@ def bench_step(argv):
 
 
 # ----------------------------------------------------------------------------
+# 3b. The head and the loss alone: fused_head.py's chunks against the logits, then torch's loss
+#
+# The fused head (train.py's default on the fast path) never holds the (rows, vocab) logits; the path it replaced
+# (--no-fused-head, compiled) writes them, then torch's loss reads them back. Here each runs forward and backward
+# on the same hidden state and head, taking turns: its time, its peak memory and its loss (the same in each).
+
+HEAD_CHUNKS = (1, 2, 4, 8, 16, 32)  # fused_head.CHUNKS is chosen among these by measurement
+
+
+def peak_bytes(call, device):
+    """The most bytes call() holds at once beyond what was held before it: CUDA's allocator peak; on a CPU the
+    profiler's allocation events, which see every torch and inductor allocation (numpy's, as fast_cpu.py's
+    loops make, they do not: compare paths without them)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        call()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    live = peak = 0
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for e in sorted(events, key=lambda e: e.start_ns()):  # each allocation (+) and free (-), in time order
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def head_calls(device, rows, shape, dtype, compile, chunk_counts):
+    """{variant: call} for head_table: each call runs the head and the loss forward and backward on the same
+    (rows, d_model) hidden state, head weight and targets -> the loss."""
+    g = torch.Generator().manual_seed(0)
+    V, d = shape["vocab_size"], shape["d_model"]
+    h = torch.randn(rows, d, generator=g).to(device).requires_grad_()
+    w = (torch.randn(V, d, generator=g) * d ** -0.5).to(device).requires_grad_()
+    t = torch.randint(V, (rows,), generator=g).to(device)
+    amp = {"dtype": dtype, "device": device}  # train.autocast's two keys
+
+    def logits_then_loss(h, w, t):  # train.LMLoss with --no-fused-head, compiled
+        return F.cross_entropy((h @ w.t()).float(), t)
+    fns = {"the logits, then torch's loss (--no-fused-head)": logits_then_loss}
+    fns.update({f"fused, {k} chunk{'s' * (k > 1)}": functools.partial(fused_head.linear_cross_entropy, chunks=k)
+                for k in chunk_counts})
+
+    def runner(fn):
+        fn = torch.compile(fn, dynamic=False) if compile else fn  # each chunk count its own graph, none dynamic
+
+        def run():  # the gradients are made and freed inside the call, as a step's are (not kept in .grad)
+            with train.autocast(amp):
+                loss = fn(h, w, t)
+            torch.autograd.grad(loss, (h, w))
+            return loss.detach()
+        return run
+    return {name: runner(fn) for name, fn in fns.items()}
+
+
+def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_CHUNKS):
+    """The head and loss alone, each variant in turn after an untimed call (it compiles) -> {variant: its line}."""
+    sync = train.synchronizer(device)
+    calls = head_calls(device, rows, shape, dtype, compile, chunk_counts)
+    take_turns(calls, 1, sync)
+    times, losses = take_turns(calls, repeats, sync)
+    logits = rows * shape["vocab_size"] * (2 if dtype == "bf16" else 4)
+    print(f"head and loss alone, forward and backward: {rows:,} rows x vocab {shape['vocab_size']:,} (the logits: "
+          f"{logits / 2**20:,.0f} MiB in {dtype}), d_model {shape['d_model']}, {dtype}, device {device}, "
+          f"{'compiled' if compile else 'eager'}, median of {repeats} taking turns; fused_head.CHUNKS is "
+          f"{fused_head.CHUNKS}")
+    lines = {}
+    for name, call in calls.items():
+        peak = peak_bytes(call, device)
+        lines[name] = (f"{1000 * statistics.median(times[name]):,.1f} ms, peak {peak / 2**20:,.1f} MiB, "
+                       f"loss {float(losses[name][-1]):.6f}")
+        print(f"  {name}: {lines[name]}", flush=True)
+    return lines
+
+
+def step_peak_table(argv):
+    """One training step's peak memory (train.py's flags argv, --benchmark's random tokens), with the fused head and
+    without, after one untimed step each -> {variant: MiB}. On a CPU a compiled step, which the profiler sees whole."""
+    cfg = config.resolve_config(["--benchmark", *argv])
+    peaks = {}
+    with torch_settings(cfg):
+        for fused in (True, False):
+            step = train.random_step(dict(cfg, fused_head=fused))[0]
+            step()
+            peaks[f"fused head {'on' if fused else 'off'}"] = peak_bytes(step, cfg["device"]) / 2**20
+            del step
+            gc.collect()
+    N = cfg["micro_batch"] * cfg["context_length"]
+    logits = N * cfg["vocab_size"] * (2 if cfg["dtype"] == "bf16" else 4) / 2**20
+    saved = peaks["fused head off"] - peaks["fused head on"]
+    print(f"one step's peak memory, python train.py --benchmark {' '.join(argv)}: "
+          + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items()) + f"; the fused head holds {saved:,.0f} MiB less; "
+          f"the logits ({N:,} x {cfg['vocab_size']:,}, {cfg['dtype']}) are {logits:,.0f} MiB", flush=True)
+    return peaks
+
+
+def bench_head(args):
+    """fused_head.CHUNKS by measurement on this machine: the head alone at GPT-2 small's vocabulary and width, eager
+    and compiled, then one compiled step of GPT-2 small (batch args.rows / 1,024 at context 1,024) with and without
+    the fused head."""
+    print(f"## The fused head: {args.rows:,} rows, GPT-2 small's vocabulary and width, float32, device cpu")
+    for compile in (False, True):
+        head_table("cpu", args.rows, GPT2_SMALL, "float32", compile, args.repeats)
+    shape = [f"--{k.replace('_', '-')}={v}" for k, v in GPT2_SMALL.items()]
+    step_peak_table(["--data=tinystories", *shape, f"--batch-size={max(1, args.rows // 1024)}", "--device=cpu",
+                     "--compile"])
+
+
+# ----------------------------------------------------------------------------
 # 4. Generation: the plain paths (with and without the KV cache), the fast path, HF's static cache
 
 def hf_generator(m, shape, device, prompts):
@@ -861,8 +976,28 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
 GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
+SECTIONS = ("step", "head", "levers", "loop", "generation", "kernels", "accounting", "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
+
+
+LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
+    "the defaults": [],
+    "--no-fused-head (the logits, then torch's loss compiled in)": ["--no-fused-head"],
+    "--sdpa-backend flash": ["--sdpa-backend=flash"],
+    "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
+    "--cuda-graph": ["--cuda-graph"],
+    "--max-autotune": ["--max-autotune"],  # last: its compile takes longest
+}
+
+
+def levers_by_default():
+    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS)."""
+    default = {row[0]: row[2] for row in config.FLAGS if not isinstance(row, str)}
+    on = [f for f in ("--fused-head", "--cuda-graph", "--max-autotune") if default[f]]
+    off = [f for f in ("--fused-head", "--cuda-graph", "--max-autotune") if not default[f]]
+    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; --sdpa-backend "
+            f"{default['--sdpa-backend']} (torch's choice). A lever stays on only if it wins on the H100")
 
 
 def git_commit():
@@ -887,6 +1022,7 @@ class GpuReport:
 
     def __init__(self, args):
         self.cpu, self.steps, self.budget, self.tests = args.cpu, args.steps, args.budget, args.tests
+        self.sections = getattr(args, "sections", SECTIONS)
         self.device = "cpu" if args.cpu else "cuda"
         self.t0, self.rows, self.failed, self.benchmark_tps = time.perf_counter(), {}, [], None
 
@@ -909,6 +1045,47 @@ class GpuReport:
         results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
         return {f"step, {name} shape: {who}": results[who][1] for who in (
             "this project", "HF LlamaForCausalLM", "compact model (bench.py)", "compact model, loss outside compile")}
+
+    def head(self):
+        """The fused head + loss alone at the GPT-2-small shape's vocabulary, width and rows (compiled, bf16), for
+        each chunk count, against the logits, then torch's loss: how fused_head.CHUNKS is chosen."""
+        (shape, batch), compile = GPU_SHAPES["GPT-2 small"][self.cpu], not self.cpu
+        rows = batch * shape["context_length"]
+        lines = head_table(self.device, rows, shape, "float32" if self.cpu else "bf16", compile, self.steps,
+                           HEAD_CHUNKS[1:])
+        return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
+
+    def levers(self, name):
+        """Each lever of the fast path against the defaults at one shape, taking turns; a lever starts only while
+        the budget lasts, and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        flags, sync, steps, rows = self.shape_flags(name), train.synchronizer(self.device), {}, {}
+        for lever, extra in LEVERS.items():
+            row = f"lever, {name} shape: {lever}"
+            try:
+                cfg = config.resolve_config(["--benchmark", "--data=tinystories", *flags, *extra,
+                                             f"--benchmark-steps={self.steps}"])
+            except UsageError as e:
+                rows[row] = f"skipped: {e}"
+                continue
+            if self.left() <= 0:
+                rows[row] = f"skipped: the {self.budget:.0f} s budget was spent"
+                continue
+            with torch_settings(cfg):
+                steps[row] = train.random_step(cfg)[0]
+                steps[row]()  # compiles, before the budget is looked at again
+        print(f"python train.py --benchmark {' '.join(flags)}, with each lever's flags, taking turns")
+        with torch_settings(cfg):
+            take_turns(steps, config.UNTIMED_STEPS - 1, sync)
+            times = take_turns(steps, self.steps, sync)[0]
+            peak = train.device_peak(cfg)
+        base = statistics.median(times.get(f"lever, {name} shape: the defaults", [math.nan]))
+        for row, ts in times.items():
+            dt = statistics.median(ts)
+            rows[row] = (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
+                         + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
+                         + ("" if row.endswith("the defaults") else f"; {base / dt:.2f}x the defaults' speed"))
+            print(f"  {row}: {rows[row]}", flush=True)
+        return {row: rows[row] for row in (f"lever, {name} shape: {lever}" for lever in LEVERS)}
 
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""
@@ -993,11 +1170,19 @@ class GpuReport:
 
     def run(self):
         """Every section in turn (none starts once the budget is spent), then the table. -> exit code."""
-        sections = {"the training step, TinyStories shape": lambda: self.step("TinyStories"),
-                    "the training step, GPT-2-small shape": lambda: self.step("GPT-2 small"),
-                    "the real loop": self.loop, "generation": self.generate, "kernels.py": self.kernels_table,
-                    "accounting.py --verify": self.verify_accounting, "tests touching CUDA": self.cuda_tests}
-        for title, section in sections.items():
+        sections = {("step", "the training step, TinyStories shape"): lambda: self.step("TinyStories"),
+                    ("step", "the training step, GPT-2-small shape"): lambda: self.step("GPT-2 small"),
+                    ("head", "the fused head alone"): self.head,
+                    ("levers", "the levers, TinyStories shape"): lambda: self.levers("TinyStories"),
+                    ("levers", "the levers, GPT-2-small shape"): lambda: self.levers("GPT-2 small"),
+                    ("loop", "the real loop"): self.loop, ("generation", "generation"): self.generate,
+                    ("kernels", "kernels.py"): self.kernels_table,
+                    ("accounting", "accounting.py --verify"): self.verify_accounting,
+                    ("tests", "tests touching CUDA"): self.cuda_tests}
+        self.rows["levers on by default (train.py's flags)"] = levers_by_default()
+        for (key, title), section in sections.items():
+            if key not in self.sections:  # --sections: a part of the report
+                continue
             print(f"\n## {title}", flush=True)
             if self.left() <= 0:
                 self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
@@ -1035,15 +1220,21 @@ class GpuReport:
 
 
 def bench_gpu(argv):
-    ap = Parser(prog="bench.py gpu", description="Every GPU figure of this project in one command (at most 8 "
-                "minutes on one GPU), ending in the table docs/results.md's GPU section quotes.")
+    ap = Parser(prog="bench.py gpu", description="Every GPU figure of this project in one command (at most --budget "
+                "seconds on one GPU, and a section running then), ending in the table docs/results.md's GPU section "
+                "quotes.")
     ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU at tiny sizes; what needs a GPU "
                     "(torch.compile, bf16, compiled AdamW, CUDA kernels and tests) is skipped")
     ap.add_argument("--budget", type=float, default=480, help="seconds: no section starts after them, and the "
                     "loop's and the tests' processes are stopped at them (default 480)")
     ap.add_argument("--steps", type=int, help="timed steps per model and shape (default 30; 3 with --cpu)")
     ap.add_argument("--tests", default=CUDA_TESTS, help=f"pytest -k expression of the tests run (default {CUDA_TESTS})")
+    ap.add_argument("--sections", type=lambda text: text.split(","), default=list(SECTIONS),
+                    help=f"the sections run, in the report's order (default all: {','.join(SECTIONS)}); e.g. "
+                    "head,levers for the fast path's levers alone")
     args = ap.parse_args(argv)
+    if unknown := [x for x in args.sections if x not in SECTIONS]:
+        raise UsageError(f"--sections {','.join(args.sections)}: {unknown[0]!r} is not one of {','.join(SECTIONS)}.")
     if not args.cpu and not torch.cuda.is_available():
         raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on "
                          "the CPU.")
@@ -1076,7 +1267,7 @@ def main(argv=None):
     if argv[:1] == ["gpu"]:  # its own flags
         return bench_gpu(argv[1:])
     tables = {"train": bench_train, "cold": bench_cold, "encode": bench_encode,
-              "step": lambda args: bench_step([]), "generate": bench_generate}
+              "step": lambda args: bench_step([]), "head": bench_head, "generate": bench_generate}
     ap = Parser(prog="bench.py", description="Comparisons with other tools (`bench.py step` takes "
                 "train.py's flags instead of these; `bench.py gpu --help` has its own).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
@@ -1087,10 +1278,11 @@ def main(argv=None):
     ap.add_argument("--encode-mb", type=megabytes, default=50, help="encode: size of the scale corpus for encode_file")
     ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate: runs per tool, alternating")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
+    ap.add_argument("--rows", type=int, default=2048, help="head: rows of the hidden state (batch x context)")
     args = ap.parse_args(argv)
     if args.input == "":  # read as no --input: the tables ran on the full-size corpora instead
         raise UsageError("--input is blank; name a UTF-8 text file, or drop --input for the scale corpora.")
-    for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1}.items():
+    for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1, "rows": 1}.items():
         if getattr(args, flag) < least:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                              + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))

@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend
 
 import accounting
+import fused_head
 from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
@@ -40,6 +42,8 @@ PRESETS = {
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
+SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # --sdpa-backend: None, torch's
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
     "data and output",
@@ -101,6 +105,13 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
     ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
     ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
+    "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
+    ("--fused-head", bool, True, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
+     "context, vocab) logits held; --no-fused-head: the logits, then the loss"),
+    ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
+    ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
+    ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
+     "more compiling)"),
     "samples at the end, or of a trained run",
     ("--sample", bool, False, "print samples of the run OUT_DIR/RUN_NAME as it stands, then exit; writes nothing"),
     ("--num-samples", int, 3, "samples per prompt: in samples.txt at the end, or printed by --sample"),
@@ -200,8 +211,9 @@ def too_long(c):
 
 def training_bytes(c):
     """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per parameter,
-    one micro-batch's logits and what autograd keeps of its forward (the fused attention and activation
-    checkpointing keep less: for them only what every path keeps counts; bf16 halves it)."""
+    one micro-batch's logits (the fused head holds a chunk of them) and what autograd keeps of its forward (the
+    fused attention and activation checkpointing keep less: for them only what every path keeps counts; bf16
+    halves it)."""
     dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
     params = sum(accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
                                             tie_embeddings=c["tie_embeddings"]).values())
@@ -211,6 +223,7 @@ def training_bytes(c):
     layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
     saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
+    logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head holds one chunk of them
     return sum(per_param.values()) * params + logits + saved // (2 if half else 1)
 
 
@@ -274,6 +287,19 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
     (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not torch.cuda.is_bf16_supported(),
      "--dtype bf16: this GPU has no bfloat16 support; use --dtype float32."),
+    (lambda c: c["sdpa_backend"] not in SDPA_BACKENDS,
+     f"--sdpa-backend {{sdpa_backend}}: use {', '.join(SDPA_BACKENDS)}."),
+    (lambda c: c["sdpa_backend"] in ("cudnn", "efficient") and not c["device"].startswith("cuda"),
+     "--sdpa-backend {sdpa_backend} is a CUDA kernel; on {device} pass auto, flash or math."),
+    (lambda c: c["sdpa_backend"] != "auto" and not c["fast"],
+     "--sdpa-backend picks the fast path's attention kernel, and --no-fast runs model.py's own; drop one of them."),
+    (lambda c: (c["cuda_graph"] or c["max_autotune"]) and not c["compile"],
+     "--cuda-graph and --max-autotune change how torch.compile builds the step; pass --compile too."),
+    (lambda c: c["cuda_graph"] and not c["device"].startswith("cuda"),
+     "--cuda-graph replays the compiled step on a GPU; on {device} drop it."),
+    (lambda c: c["cuda_graph"] and c["grad_accum"] > 1,  # a graph's outputs live in its memory until it replays
+     "--cuda-graph with --grad-accum {grad_accum}: each micro-step's replay would overwrite the gradients the last one "
+     "left in the graphs' memory; drop one of them."),
     (lambda c: c["export"] is None and not c["sample"] and too_big(c), too_big),  # before anything is allocated
     (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),

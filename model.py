@@ -316,8 +316,9 @@ class TransformerLM(nn.Module):
             # ~sqrt(d_model) large, so the shared matrix takes the output layer's Linear init
             self.token_embeddings.weight = self.lm_head.weight
 
-    def forward(self, token_ids, token_positions=None, attn_mask=None, kv_cache=None):
-        # token_ids: (B, T) int64 or int32 -> logits (B, T, vocab_size)
+    def forward(self, token_ids, token_positions=None, attn_mask=None, kv_cache=None, *, head=True):
+        # token_ids: (B, T) int64 or int32 -> logits (B, T, vocab_size); head=False: the normed hidden state
+        # (B, T, d_model) lm_head would read, for a loss that applies the head itself (train.py's fused head)
         token_ids = _as_token_ids(token_ids)
         if token_ids.dim() != 2 or token_ids.numel() == 0:
             shape = tuple(token_ids.shape)
@@ -332,15 +333,15 @@ class TransformerLM(nn.Module):
             lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
-        return self._run(token_ids, token_positions, attn_mask, kv_cache)
+        return self._run(token_ids, token_positions, attn_mask, kv_cache, head)
 
-    def _run(self, token_ids, token_positions, attn_mask, kv_cache):
+    def _run(self, token_ids, token_positions, attn_mask, kv_cache, head=True):
         """The forward pass past forward's checks; generate's fast decode step calls it directly (the ids are
         the model's own samples, the cache's columns its own)."""
         x = self.token_embeddings(token_ids)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
-        return self.lm_head(self.ln_final(x))
+        return self.lm_head(self.ln_final(x)) if head else self.ln_final(x)
 
 
 # ----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ import bpe
 import bpe_fast
 import data
 import fast_cpu
+import fused_head
 import kernels
 import model
 import optim
@@ -463,6 +464,187 @@ def test_fast_cpu_gradient_norm_is_the_same_bits_on_any_number_of_threads():
     fast_cpu._threads()
     assert sums[0] == sums[1]
     np.testing.assert_allclose(sums[0], [np.sum(g.astype(np.float64) ** 2) for g in grads], rtol=1e-13)
+
+
+# --- issue 49: the fused head + loss (fused_head.py) against model.py's logits and optim.cross_entropy ---
+def _fused_head_lm(tie, fast=True):  # a vocabulary above every other width, as a real LM's
+    torch.manual_seed(0)
+    return TransformerLM(257, 16, 32, 1, 2, 64, tie_embeddings=tie, fast=fast)
+
+
+def _fused_head_grads(m, loss):
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}  # a tied matrix once: token_embeddings.weight
+    m.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_fused_head_equals_the_plain_loss_and_gradients(dtype, tie, compiled):
+    # optim.cross_entropy on model.py's logits against the fused head on its hidden state, in 5 chunks of the 48
+    # rows (the last one shorter); tied, the head's gradient and the embedding's land on the one shared matrix
+    m = _fused_head_lm(tie)
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(257, (3, 16), generator=g) for _ in range(2))
+    fused = torch.compile(fused_head.linear_cross_entropy) if compiled else fused_head.linear_cross_entropy
+    with train.autocast({"dtype": dtype, "device": "cpu"}):
+        want, want_grads = _fused_head_grads(m, optim.cross_entropy(m(x), y))
+        got, got_grads = _fused_head_grads(m, fused(m(x, head=False), m.lm_head.weight, y, chunks=5))
+    assert ("token_embeddings.weight" in got_grads) and (("lm_head.weight" in got_grads) != tie)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    exact = _fused_head_grads(m.double(), optim.cross_entropy(m(x), y))[1]  # float64: the truth both round
+    for name, w in want_grads.items():
+        # float32: the same sums in another order. bf16: a float32 difference in the last bit rounds some of the
+        # gradient's bfloat16 numbers the other way, and the head's gradient is rounded per chunk, then added in
+        # float32 (the plain path rounds its one matmul): each is as far from float64's as the plain one
+        scale = float(w.abs().max())
+        torch.testing.assert_close(got_grads[name], w, rtol=0, atol=(1e-5 if dtype == "float32" else 1e-2) * scale,
+                                   msg=name)
+        err = [float((grads[name] - exact[name].float()).abs().max()) for grads in (got_grads, want_grads)]
+        assert err[0] <= 1.1 * err[1] + 1e-6 * scale, (name, err)
+
+
+def test_fused_head_gradients_are_made_only_where_wanted():
+    # evaluation (no gradient) computes the loss alone: no (V, d) gradient is allocated; a frozen body or head gets
+    # none; a second derivative is refused (the gradients are numbers made in the forward); misfit shapes are refused
+    h, w = torch.randn(40, 32), torch.randn(257, 32) * 0.2
+    t = torch.randint(257, (40,))
+    want = optim.cross_entropy(h @ w.t(), t)
+    with torch.no_grad():
+        assert bench.peak_bytes(lambda: fused_head.linear_cross_entropy(h, w, t), "cpu") < w.numel() * 4
+        torch.testing.assert_close(fused_head.linear_cross_entropy(h, w, t), want)
+    for frozen in ("h", "w"):
+        hh, ww = h.clone().requires_grad_(frozen != "h"), w.clone().requires_grad_(frozen != "w")
+        fused_head.linear_cross_entropy(hh, ww, t).backward()
+        assert (hh.grad is None) == (frozen == "h") and (ww.grad is None) == (frozen == "w")
+    hh = h.clone().requires_grad_()
+    with pytest.raises(ValueError, match="has no second derivative"):
+        torch.autograd.grad(fused_head.linear_cross_entropy(hh, w, t), hh, create_graph=True)
+    with pytest.raises(ValueError, match=r"hidden state \(40, 32\), head weight \(257, 31\) and targets \(40,\) do "):
+        fused_head.linear_cross_entropy(h, w[:, :31], t)
+    m = _fused_head_lm(tie=False)  # model.py: head=False is the normed hidden state the head reads
+    x = torch.randint(257, (2, 16))
+    torch.testing.assert_close(m(x, head=False) @ m.lm_head.weight.t(), m(x))
+
+
+def _fused_head_step_memory(fused, monkeypatch):
+    """One eager training step of a 1-layer LM with 512 rows of vocabulary 4,096 and width 64 (so its logits,
+    8 MiB, outweigh the head's gradient, 1 MiB, as at every GPU batch), gradients kept from a first step ->
+    (the step's peak bytes, its largest allocation). fast_cpu.py's loops off: their numpy buffers are not seen."""
+    monkeypatch.setattr(fast_cpu, "usable", lambda *tensors, in_place=False: False)
+    cfg = train.resolve_config(["--data", "tinystories", "--vocab-size", "4096", "--d-model", "64", "--num-heads",
+                                "2", "--num-layers", "1", "--d-ff", "128", "--context-length", "128",
+                                "--batch-size", "4", "--device", "cpu", "--benchmark",
+                                *([] if fused else ["--no-fused-head"])])
+    with machine.torch_settings(cfg):
+        raw, model, opt = train.build(cfg)
+        x, y = (torch.randint(4096, (4, 128)) for _ in range(2))
+        train.train_step(model, opt, [(x, y)], 1e-3, cfg)  # .grad exists from here on: the peak is the step's own
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            train.train_step(model, opt, [(x, y)], 1e-3, cfg)
+    sizes = [e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    return bench.peak_bytes(lambda: train.train_step(model, opt, [(x, y)], 1e-3, cfg), "cpu"), max(sizes)
+
+
+def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(monkeypatch):
+    # the eager fast step with the fused head (train.LMLoss's default) never allocates the (N, V) logits, and its
+    # peak is lower by more than their size; with --no-fused-head the logits and their gradient are both there
+    logits = 4 * 128 * 4096 * 4  # N x V float32
+    fused_peak, fused_largest = _fused_head_step_memory(True, monkeypatch)
+    plain_peak, plain_largest = _fused_head_step_memory(False, monkeypatch)
+    assert fused_largest < logits <= plain_largest
+    assert plain_peak - fused_peak >= logits, (plain_peak, fused_peak)
+    cfg = train.resolve_config(["--data", "tinystories", "--benchmark", "--device", "cpu"])  # the memory estimate
+    held = cfg["batch_size"] * cfg["context_length"] * cfg["vocab_size"] * 4
+    assert config.training_bytes(dict(cfg, fused_head=False)) - config.training_bytes(cfg) == \
+        held - held // fused_head.CHUNKS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_fused_head_compiled_step_is_one_graph(dtype):
+    # no host sync and no data-dependent branch: dynamo captures the LM and the fused head + loss as one graph
+    if why := machine.compile_error("cpu"):
+        pytest.skip(f"torch.compile cannot compile here: {why}")
+    m = _fused_head_lm(tie=False)
+    x, y = (torch.randint(257, (2, 16)) for _ in range(2))
+    with train.autocast({"dtype": dtype, "device": "cpu"}):
+        explained = torch._dynamo.explain(train.LMLoss(m, _train_cfg(compile=True)))(x, y)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def _fused_head_first_steps(cfg, steps=2):
+    """build(cfg)'s first optimizer steps on fixed batches -> (their losses, the first step's gradients)."""
+    g, dev = torch.Generator().manual_seed(0), cfg["device"]
+    shape = (cfg["micro_batch"], cfg["context_length"])
+    batches = [[tuple(torch.randint(cfg["vocab_size"], shape, generator=g).to(dev) for _ in range(2))]
+               for _ in range(steps)]
+    losses, grads = [], None
+    with machine.torch_settings(cfg):
+        raw, model, opt = train.build(cfg)
+        for micro in batches:
+            losses.append(float(train.train_step(model, opt, micro, 1e-3, cfg)[0]))
+            grads = grads or {n: p.grad.clone() for n, p in raw.named_parameters()}
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return losses, grads
+
+
+@pytest.mark.parametrize("lever", [["--sdpa-backend", "flash"], ["--sdpa-backend", "math"], ["--max-autotune"],
+                                   ["--cuda-graph"], ["--no-fused-head"]], ids=lambda flags: flags[-1].lstrip("-"))
+def test_fused_head_levers_compute_the_same_step(lever):
+    # each lever behind its switch computes the defaults' step: the same losses of two steps, the same gradients.
+    # On a CPU train.py refuses --cuda-graph, so its compile mode is set past the check: inductor skips the graphs
+    # here (the same code runs); test_fused_head_levers_equal_the_defaults_cuda checks them where they run
+    compiled = lever[0] in ("--max-autotune", "--cuda-graph")
+    if compiled and (why := machine.compile_error("cpu")):
+        pytest.skip(f"torch.compile cannot compile here: {why}")
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark", *(["--compile"] * compiled)]
+    want_losses, want = _fused_head_first_steps(train.resolve_config(base))
+    cfg = train.resolve_config(base + (lever if lever != ["--cuda-graph"] else []))
+    got_losses, got = _fused_head_first_steps(dict(cfg, cuda_graph=lever == ["--cuda-graph"]))
+    assert got_losses == pytest.approx(want_losses, rel=1e-5)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=1e-4 * float(w.abs().max()), msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_head_levers_equal_the_defaults_cuda():
+    # on the GPU, as bench.py gpu runs them (bf16, compiled): the CUDA graphs replay (inductor skipped none), and
+    # each lever's step equals the defaults' within bfloat16's rounding (different kernels sum in other orders)
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--device", "cuda", "--dtype", "bf16",
+            "--compile", "--benchmark"]
+    want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
+    for lever in (["--no-fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"]):
+        torch.compiler.reset()
+        skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+        got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
+        assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips, lever
+        assert got_losses == pytest.approx(want_losses, rel=1e-2), lever
+        for name, w in want.items():
+            torch.testing.assert_close(got[name], w, rtol=0, atol=0.03 * float(w.abs().max()), msg=f"{lever} {name}")
+
+
+def test_fused_head_levers_are_refused_where_they_cannot_run():
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark", "--device", "cpu"]
+    for flags, said in ((["--sdpa-backend", "fast"], "--sdpa-backend fast: use auto, flash, cudnn, efficient, math."),
+                        (["--sdpa-backend", "cudnn"], "--sdpa-backend cudnn is a CUDA kernel; on cpu pass auto, "
+                                                      "flash or math."),
+                        (["--sdpa-backend", "flash", "--no-fast"], "--sdpa-backend picks the fast path's attention "
+                                                                   "kernel, and --no-fast runs model.py's own"),
+                        (["--max-autotune"], "--cuda-graph and --max-autotune change how torch.compile builds the "
+                                             "step; pass --compile too."),
+                        (["--cuda-graph", "--compile"], "--cuda-graph replays the compiled step on a GPU; on cpu "
+                                                        "drop it.")):
+        with pytest.raises(cli.UsageError, match=re.escape(said)):
+            train.resolve_config(base + flags)
+    cfg = train.resolve_config(base + ["--compile", "--grad-accum", "2"])  # a GPU's rule, checked where it applies
+    with pytest.raises(cli.UsageError, match=r"^--cuda-graph with --grad-accum 2: each micro-step's replay would "):
+        config.check_flags(dict(cfg, device="cuda", cuda_graph=True), [r for r in config.CHECKS if "--cuda-graph with"
+                                                                        in str(r[1])])
+    assert train.compile_mode(dict(cuda_graph=True, max_autotune=True)) == "max-autotune"
+    assert train.compile_mode(dict(cuda_graph=False, max_autotune=True)) == "max-autotune-no-cudagraphs"
 
 
 def test_model_ablation_keys_and_tied_weights():
@@ -3831,7 +4013,8 @@ def _train_cli(args, cwd, env=None, **kw):
 
 
 def _train_cfg(**over):
-    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True, "compile": False}
+    cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True, "compile": False,
+           "fused_head": True, "sdpa_backend": "auto", "cuda_graph": False, "max_autotune": False}
     cfg.update(over)
     return cfg
 
@@ -3943,7 +4126,7 @@ def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
     assert got.keys() == want.keys() and all(torch.equal(got[k], v) for k, v in want.items())
     # train.py's own wrappers still save the LM's keys, without prefixes, and a float where an int belongs is refused
     lm = m.lm if child == "lm" else TransformerLM(32, 8, 16, 1, 2, 32)
-    wrapped = torch.compile(train.LMLoss(lm, {"fast": False, "compile": False}))
+    wrapped = torch.compile(train.LMLoss(lm, _train_cfg(fast=False)))
     train.save_checkpoint(wrapped, AdamW(lm.parameters()), 1, tmp_path / "w.pt")
     assert torch.load(tmp_path / "w.pt", weights_only=True)["model"].keys() == lm.state_dict().keys()
     state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
@@ -4025,16 +4208,20 @@ _STEP_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.
                                                                       reason="needs a CUDA GPU"))]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "no-fused-head"])
 @pytest.mark.parametrize("device", _STEP_DEVICES)
-def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_step(device):
+def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_step(device, fused):
     # issue 35 item 1: --fast --compile compiles the LM and its loss as one graph (train.LMLoss): inductor fuses
     # the upcast, the log-sum-exp and the gradient into passes over the bf16 logits, and no float32 (N, V) is
     # written. The loss left outside the graph (an eager upcast) fails the grad_fn check; cross_entropy's own
-    # (plain or fused) inside it fails the float32 check: its gather's gradient scatters into a float32 (N, V)
+    # (plain or fused) inside it fails the float32 check: its gather's gradient scatters into a float32 (N, V).
+    # issue 49: with the fused head (the default) no (N, V) buffer is allocated at all, in any dtype: one chunk's
+    # bf16 logits are the largest (undone, the bf16 logits come back and the first check fails)
     if why := machine.compile_error(device):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
-                                "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark"])
+                                "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark",
+                                *([] if fused else ["--no-fused-head"])])
     N, V = cfg["batch_size"] * cfg["context_length"], cfg["vocab_size"]  # V above every other width: (N, V) is
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
     micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device),
@@ -4048,7 +4235,10 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
         (loss, _), code = run_and_get_code(train.train_step, model, opt, micro, 1e-3, cfg)  # forward and backward
         buffers = [(math.prod(int(n) for n in shape.split(",") if n.strip()), dtype) for shape, dtype in
                    re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", "\n".join(code))]
-        assert (N * V, "bfloat16") in buffers  # the bf16 logits: the generated code's allocations are all seen
+        if fused:  # one chunk's bf16 logits: the generated code's allocations are all seen; nothing as large as (N, V)
+            assert (N // fused_head.CHUNKS * V, "bfloat16") in buffers and not [b for b in buffers if b[0] >= N * V]
+        else:
+            assert (N * V, "bfloat16") in buffers  # the bf16 logits: the generated code's allocations are all seen
         assert not [b for b in buffers if b[1] == "float32" and b[0] >= N * V], buffers
         eager = dict(cfg, compile=False, fast=False)  # the plain step: eager, cross_entropy as written
         plain_loss, _ = train.train_step(train.LMLoss(plain, eager), AdamW(plain.parameters()), micro, 1e-3, eager)
@@ -7382,8 +7572,20 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                   (*whos, "fast, static cache, eager step")]  # compiled on a GPU
     looks = "generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"
     hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
-    assert list(rows) == ["what", *steps, loop, *generation, looks, *hf, "kernels.py GELU", "accounting.py --verify",
-                          "tests touching CUDA (pytest -k 'cuda')"]
+    head = [f"head and loss alone, GPT-2-small shape (128 rows): {v}" for v in (
+        "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunks" for k in bench.HEAD_CHUNKS[1:]))]
+    levers = [f"lever, {s} shape: {lever}" for s in bench.GPU_SHAPES for lever in bench.LEVERS]
+    by_default = "levers on by default (train.py's flags)"
+    assert list(rows) == ["what", by_default, *steps, *head, *levers, loop, *generation, looks, *hf, "kernels.py GELU",
+                          "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
+    assert rows[by_default].startswith("on: --fused-head; off: --cuda-graph, --max-autotune; --sdpa-backend auto")
+    assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
+    for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
+        ran = [f"lever, {s} shape: {lever}" for lever in ("--no-fused-head (the logits, then torch's loss compiled "
+                                                           "in)", "--sdpa-backend flash")]
+        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s; [\d.]+x the defaults' speed", rows[r]) for r in ran)
+        assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
+        assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[5]] == "skipped: transformers is not installed"
@@ -7436,6 +7638,7 @@ def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypat
     (["--budget", "-5"], "--budget -5 must be positive and finite"),
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
+    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,head,levers,loop,"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2

@@ -21,15 +21,17 @@ if __name__ == "__main__":
     cli.quiet_while_starting("train.py")
 import numpy as np
 import torch
+from torch.nn.attention import sdpa_kernel
 
 import accounting
 import config
 import files
+import fused_head
 import machine
 import rundir
 from bpe import catch_ctrl_c
 from cli import log  # only rank 0 talks, so that torchrun's N processes print one story
-from config import CORPORA, DATA_KEYS, MODEL_KEYS, UNTIMED_STEPS, model_kwargs, resolve_config
+from config import CORPORA, DATA_KEYS, MODEL_KEYS, SDPA_BACKENDS, UNTIMED_STEPS, model_kwargs, resolve_config
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
 from model import TransformerLM, generate
@@ -129,17 +131,31 @@ def use_activation_checkpointing(model):
 
 class LMLoss(torch.nn.Module):
     """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the
-    loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap)."""
+    loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap).
+    The fast path's loss applies the head itself (fused_head.py, tested equal; --no-fused-head: the logits, then the
+    loss). --sdpa-backend pins its attention kernel (auto: torch's choice), for forward and backward."""
 
     def __init__(self, lm, cfg):
         super().__init__()
         self.lm, self.fast, self.in_graph = lm, cfg["fast"], cfg["fast"] and cfg["compile"]
+        self.fused_head = cfg["fast"] and cfg["fused_head"]
+        self.attention = SDPA_BACKENDS[cfg["sdpa_backend"]]  # None: torch's choice
 
     def forward(self, x, y):
-        if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
-            # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
-            return torch.nn.functional.cross_entropy(self.lm(x).flatten(0, -2).float(), y.flatten())
-        return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
+        with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
+            if self.fused_head:  # the head's matmul and the loss over chunks of rows: no (N, V) logits are held
+                return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
+            if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
+                # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
+                return torch.nn.functional.cross_entropy(self.lm(x).flatten(0, -2).float(), y.flatten())
+            return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
+
+
+def compile_mode(cfg):
+    """torch.compile's mode from the two switches: --cuda-graph replays the compiled forward and backward as CUDA
+    graphs (one launch each instead of hundreds); --max-autotune times several kernels for each matmul."""
+    return {(False, False): "default", (True, False): "reduce-overhead", (False, True): "max-autotune-no-cudagraphs",
+            (True, True): "max-autotune"}[cfg["cuda_graph"], cfg["max_autotune"]]
 
 
 def build(cfg):
@@ -151,7 +167,7 @@ def build(cfg):
                       weight_decay=cfg["weight_decay"], compiled=cfg["fast"] and cfg["compile"], fused=cfg["fast"])
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
-    model = torch.compile(LMLoss(raw, cfg)) if cfg["compile"] else LMLoss(raw, cfg)
+    model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
     if cfg["world_size"] > 1:
         dev = torch.device(cfg["device"])
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -166,6 +182,8 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
         group["lr"] = lr
     n, loss_sum = len(micro_batches), torch.zeros((), device=cfg["device"])
     for i, (x, y) in enumerate(micro_batches):
+        if cfg["cuda_graph"]:  # the graphs' outputs of the last micro-step are spent: their memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         sync = i == n - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg):
             loss = model(x, y)

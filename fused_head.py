@@ -1,0 +1,114 @@
+"""The fast path's engine for the model's last step: the head's matmul and the cross-entropy fused, over chunks of
+rows, so that neither the (N, V) logits nor their gradient is ever held. train.py's LMLoss calls it at one
+visible place (the fast path; --no-fused-head or --no-fast keeps model.py's logits and optim.cross_entropy).
+test_all.py checks it against optim.cross_entropy on model.py's logits (values and gradients).
+
+The lessons it embodies:
+  1. The logits are the largest tensor of a step: N = batch x context rows of V numbers. At the GPT-2-small shape
+     (batch 32 x 1,024, V 50,304) that is 1.6G numbers, 3.3 GB in bfloat16, written by the head, read back by the
+     loss, and again as their gradient, all to reduce each row to one number (the loss) and two small matrices
+     (the gradients of the hidden state, N x d, and of the head, V x d).
+  2. A row's loss and its gradient need only that row: log-sum-exp over its V logits, then softmax - onehot.
+     So C rows at a time suffice: logits (C, V) -> the rows' losses and their gradient g (C, V) -> dh = g W for
+     those rows, and dW += g^T h. Only C x V numbers are alive at once; the rest is N x d and V x d.
+  3. The gradient is computed in the forward, chunk by chunk, while the chunk's logits are at hand: recomputing
+     them in the backward (the textbook way to save memory) would cost a third matmul of the head, 2 N V d more
+     FLOPs, 9% of a GPT-2-small step's. Backward then only scales the two saved gradients by the loss's own
+     gradient. Evaluation (no gradient wanted) computes the loss alone.
+  4. The matmuls run in the compute dtype (bfloat16 under autocast, as the plain path's Linear does), each chunk's
+     log-sum-exp in float32 (a sum of V terms loses digits in 8 bits), and dW is summed over chunks in float32:
+     the plain path rounds one bfloat16 matmul over all rows, this one rounds each chunk's and adds in float32.
+  5. Nothing here reads a number back to the host (no .item(), no branch on a value), so under torch.compile the
+     whole step stays one graph, and on a GPU the host never waits for it.
+  6. The number of chunks, not their rows, is fixed (CHUNKS): the memory saved is then the same share of the
+     logits at any batch, and dW's float32 sum (a read and a write of V x d per chunk) costs the same at any batch.
+"""
+import torch
+
+CHUNKS = 8  # chunks per step: measured on a CPU (bench.py head), to be confirmed on a GPU by bench.py gpu
+
+
+def _compute_dtype(h):
+    """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
+    device = h.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+
+
+def _chunk_rows(n, chunks):  # rows per chunk: n split into `chunks` nearly equal parts, at least one row each
+    return max(1, -(-n // chunks))
+
+
+def _chunk(hc, wc, targets, n, want_grad):
+    """One chunk: hc (C, d), wc (V, d) in the compute dtype, targets (C,) -> (the chunk's summed loss in float32,
+    its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). Eager, one
+    (C, V) float32 buffer: the logits become exp(z - max), then the softmax, then its gradient, in place; compiled,
+    inductor fuses the passes into kernels over the product, and the one-hot is a comparison, not a scatter."""
+    z = (hc @ wc.t()).to(torch.promote_types(hc.dtype, torch.float32))  # (C, V): this chunk's logits, float32
+    target_logit = z.gather(-1, targets[:, None])  # (C, 1)
+    m = z.amax(dim=-1, keepdim=True)  # (C, 1): subtracted, so exp stays finite
+    s = z.sub_(m).exp_().sum(dim=-1, keepdim=True)  # z is now exp(z - m)
+    loss = (m + s.log() - target_logit).sum()  # log-sum-exp minus the target's logit, summed over the rows
+    if not want_grad:
+        return loss, None
+    onehot = (torch.arange(z.shape[-1], device=z.device) == targets[:, None]).to(torch.uint8)  # (C, V) bytes
+    return loss, z.div_(s).sub_(onehot).div_(n).to(hc.dtype)  # (softmax - onehot) / n
+
+
+def _head_and_loss(h, weight, targets, chunks, want_h, want_w):
+    """h (N, d), weight (V, d), targets (N,) -> (mean loss, dloss/dh (N, d) or None, dloss/dweight (V, d) or
+    None), C rows at a time. The gradients are d(mean loss): backward scales them by the loss's gradient."""
+    n, rows, dtype = h.shape[0], _chunk_rows(h.shape[0], chunks), _compute_dtype(h)
+    hc, wc = h.to(dtype), weight.to(dtype)  # one cast each (no copy without autocast)
+    dh = torch.empty_like(h) if want_h else None
+    dw_dtype = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 head
+    dw = torch.zeros(weight.shape, dtype=dw_dtype, device=weight.device) if want_w else None
+    total = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32), device=h.device)
+    for i in range(0, n, rows):
+        loss, g = _chunk(hc[i:i + rows], wc, targets[i:i + rows], n, want_h or want_w)
+        total = total + loss
+        if want_h:
+            dh[i:i + rows] = g @ wc  # (C, d), cast to h's dtype as it is written
+        if want_w and dw.dtype == dtype:
+            dw.addmm_(g.t(), hc[i:i + rows])  # the sum inside the matmul: no (V, d) temporary
+        elif want_w:
+            dw += (g.t() @ hc[i:i + rows]).to(dw.dtype)  # bfloat16's product, summed in float32
+        del g  # freed before the next chunk's logits are made: two chunks alive at once would double the memory
+    return total / n, dh, dw
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The loss, with its two gradients made in the forward (lesson 3) and scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunks, want_h, want_w):
+        loss, dh, dw = _head_and_loss(h, weight, targets, chunks, want_h, want_w)
+        ctx.save_for_backward(*(t for t in (dh, dw) if t is not None))
+        ctx.wants, ctx.weight_dtype = (want_h, want_w), weight.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: the gradients are numbers made in the forward, not a graph
+            raise ValueError("fused_head.linear_cross_entropy has no second derivative; use model.py's logits and "
+                             "optim.cross_entropy (--no-fused-head) with create_graph.")
+        saved, out = iter(ctx.saved_tensors), []
+        for want in ctx.wants:
+            out.append(next(saved).mul_(grad) if want else None)  # in place: the saved buffer is this call's own
+        dh, dw = out
+        return dh, None if dw is None else dw.to(ctx.weight_dtype), None, None, None, None
+
+
+def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
+    """optim.cross_entropy(h @ weight.T, targets), the mean over all rows, and its gradients for h and weight,
+    without the (N, V) logits: h (..., d) the hidden state the head reads (model.py's forward(head=False)),
+    weight (V, d) the head's (the shared matrix with tied embeddings: its gradient lands there), targets (...)
+    int -> a 0-dim tensor. Under autocast the matmuls run in its dtype and the loss in float32."""
+    if h.shape[:-1] != targets.shape or weight.dim() != 2 or weight.shape[1] != h.shape[-1]:
+        raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
+                         f"{tuple(targets.shape)} do not fit: need (..., d), (V, d) and (...).")
+    h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+    grad = torch.is_grad_enabled()
+    want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad
+    if not (want_h or want_w):  # evaluation: the loss alone, chunk by chunk
+        return _head_and_loss(h2, weight, t, chunks, False, False)[0]
+    return _LinearCrossEntropy.apply(h2, weight, t, chunks, want_h, want_w)
