@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest.mock
 from collections import Counter
 from pathlib import Path
 
@@ -44,6 +45,7 @@ import bpe
 import config
 import data
 import export
+import fast_cpu
 import fused_head
 import kernels
 import model
@@ -770,7 +772,7 @@ def bench_step(argv):
 # (--no-fused-head, compiled) writes them, then torch's loss reads them back. Here each runs forward and backward
 # on the same hidden state and head, taking turns: its time, its peak memory and its loss (the same in each).
 
-HEAD_CHUNKS = (1, 2, 4, 8, 16, 32)  # fused_head.CHUNKS is chosen among these by measurement
+HEAD_CHUNKS = (1, 2, 4, 8, 16)  # fused_head.CHUNKS is chosen among these by measurement (bench.py gpu: 2 to 16)
 
 
 def peak_bytes(call, device):
@@ -842,12 +844,14 @@ def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_C
     return lines
 
 
-def step_peak_table(argv):
+def step_peak_table(argv, engine_loops=True):
     """One training step's peak memory (train.py's flags argv, --benchmark's random tokens), with the fused head and
-    without, after one untimed step each -> {variant: MiB}. On a CPU a compiled step, which the profiler sees whole."""
+    without, after one untimed step each -> {variant: MiB}. engine_loops=False: fast_cpu.py's loops off, as their
+    numpy buffers are not seen by a CPU's profiler (a compiled step does not run them)."""
     cfg = config.resolve_config(["--benchmark", *argv])
     peaks = {}
-    with torch_settings(cfg):
+    with torch_settings(cfg), unittest.mock.patch.object(fast_cpu, "usable", fast_cpu.usable if engine_loops else
+                                                          lambda *tensors, in_place=False: False):
         for fused in (True, False):
             step = train.random_step(dict(cfg, fused_head=fused))[0]
             step()
@@ -857,7 +861,8 @@ def step_peak_table(argv):
     N = cfg["micro_batch"] * cfg["context_length"]
     logits = N * cfg["vocab_size"] * (2 if cfg["dtype"] == "bf16" else 4) / 2**20
     saved = peaks["fused head off"] - peaks["fused head on"]
-    print(f"one step's peak memory, python train.py --benchmark {' '.join(argv)}: "
+    print(f"one step's peak memory, python train.py --benchmark {' '.join(argv)}"
+          + ("" if engine_loops else " (fast_cpu.py's loops off)") + ": "
           + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items()) + f"; the fused head holds {saved:,.0f} MiB less; "
           f"the logits ({N:,} x {cfg['vocab_size']:,}, {cfg['dtype']}) are {logits:,.0f} MiB", flush=True)
     return peaks
@@ -865,14 +870,15 @@ def step_peak_table(argv):
 
 def bench_head(args):
     """fused_head.CHUNKS by measurement on this machine: the head alone at GPT-2 small's vocabulary and width, eager
-    and compiled, then one compiled step of GPT-2 small (batch args.rows / 1,024 at context 1,024) with and without
-    the fused head."""
+    and compiled, then one step of GPT-2 small (batch args.rows / 1,024 at context 1,024), eager and compiled, with
+    and without the fused head."""
     print(f"## The fused head: {args.rows:,} rows, GPT-2 small's vocabulary and width, float32, device cpu")
     for compile in (False, True):
         head_table("cpu", args.rows, GPT2_SMALL, "float32", compile, args.repeats)
     shape = [f"--{k.replace('_', '-')}={v}" for k, v in GPT2_SMALL.items()]
-    step_peak_table(["--data=tinystories", *shape, f"--batch-size={max(1, args.rows // 1024)}", "--device=cpu",
-                     "--compile"])
+    flags = ["--data=tinystories", *shape, f"--batch-size={max(1, args.rows // 1024)}", "--device=cpu"]
+    step_peak_table(flags, engine_loops=False)  # eager: the logits path holds the logits and their gradient
+    step_peak_table([*flags, "--compile"])  # compiled: inductor writes the gradient over the logits, one buffer
 
 
 # ----------------------------------------------------------------------------

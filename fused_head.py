@@ -22,10 +22,14 @@ The lessons it embodies:
      whole step stays one graph, and on a GPU the host never waits for it.
   6. The number of chunks, not their rows, is fixed (CHUNKS): the memory saved is then the same share of the
      logits at any batch, and dW's float32 sum (a read and a write of V x d per chunk) costs the same at any batch.
+     Compiled, inductor adds the chunks' dW products in one kernel at the end, so each product (V x d in the
+     compute dtype) lives until then: more chunks hold less of the logits but more of those.
 """
 import torch
 
-CHUNKS = 8  # chunks per step: measured on a CPU (bench.py head), to be confirmed on a GPU by bench.py gpu
+CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU): 1 to 4 chunks take about
+# the same time; 8 took up to 15% longer eager and 48% compiled, for a peak a fifth lower (203 against 253 MiB
+# eager; the logits path 1,179). bench.py gpu times 2 to 16 chunks on the GPU, where the choice is to be confirmed
 
 
 def _compute_dtype(h):
@@ -41,8 +45,7 @@ def _chunk_rows(n, chunks):  # rows per chunk: n split into `chunks` nearly equa
 def _chunk(hc, wc, targets, n, want_grad):
     """One chunk: hc (C, d), wc (V, d) in the compute dtype, targets (C,) -> (the chunk's summed loss in float32,
     its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). Eager, one
-    (C, V) float32 buffer: the logits become exp(z - max), then the softmax, then its gradient, in place; compiled,
-    inductor fuses the passes into kernels over the product, and the one-hot is a comparison, not a scatter."""
+    (C, V) float32 buffer: the logits become exp(z - max), then the softmax, then its gradient, in place."""
     z = (hc @ wc.t()).to(torch.promote_types(hc.dtype, torch.float32))  # (C, V): this chunk's logits, float32
     target_logit = z.gather(-1, targets[:, None])  # (C, 1)
     m = z.amax(dim=-1, keepdim=True)  # (C, 1): subtracted, so exp stays finite
@@ -50,8 +53,12 @@ def _chunk(hc, wc, targets, n, want_grad):
     loss = (m + s.log() - target_logit).sum()  # log-sum-exp minus the target's logit, summed over the rows
     if not want_grad:
         return loss, None
-    onehot = (torch.arange(z.shape[-1], device=z.device) == targets[:, None]).to(torch.uint8)  # (C, V) bytes
-    return loss, z.div_(s).sub_(onehot).div_(n).to(hc.dtype)  # (softmax - onehot) / n
+    g = z.div_(s)  # the softmax
+    if torch.compiler.is_compiling():  # the one-hot as a comparison: inductor fuses it into the kernel writing g
+        g = g - (torch.arange(g.shape[-1], device=g.device) == targets[:, None]).to(g.dtype)
+    else:  # eager: 1 subtracted in place at the targets (a (C, V) mask would be one more buffer and pass)
+        g.scatter_add_(-1, targets[:, None], torch.full_like(s, -1.0))
+    return loss, g.div_(n).to(hc.dtype)
 
 
 def _head_and_loss(h, weight, targets, chunks, want_h, want_w):
