@@ -1,13 +1,13 @@
 """
 The command line: what every command of the project says, and how it ends. Optional reading, and the lowest file:
-it imports only the standard library (bpe.py must start without torch) and names none of its callers.
+it imports only the standard library (a tokenizer's command starts without torch) and names none of its callers.
 
 1. Printing: say() is the one way to print; log() is say() for rank 0 only, so torchrun's N processes tell one
    story; a terminal that closes (SIGHUP), a pipe whose reader leaves, a Ctrl-C while torch loads
 2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
    exit_code is the one map from a fault to an exit code, for every command
 3. Progress lines and the ETA
-4. The parser: a table of flags (train.py's config.py) as argparse, a mistake one sentence
+4. The parser: a table of flags as argparse, a mistake one sentence
 """
 import argparse
 import contextlib
@@ -103,7 +103,7 @@ def escaping_stdout():
 
 def end_quietly_on_closed_pipe():
     """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
-    not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""
+    not with a BrokenPipeError traceback (a command that writes files catches that error instead: exit_code)."""
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
@@ -266,20 +266,6 @@ class Eta:
         return statistics.median(self.rates) * (last - step) + evals_left * self.eval_seconds if self.rates else None
 
 
-LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
-
-
-def note_long_run(cfg, seconds_left, tty):
-    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
-    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
-    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
-        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
-            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
-            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
-            "Ctrl-C stops this run with a checkpoint.")
-    return seconds_left is not None
-
-
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
 
 
@@ -306,7 +292,7 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see python {self.prog} --help)")
 
 
-PRESET = "preset"  # a flag's default that depends on --data: train.py's PRESETS fill it in
+PRESET = "preset"  # a flag's default that depends on another flag: the caller's presets fill it in
 
 
 def flags_parser(prog, description, flags, presets):

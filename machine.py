@@ -1,7 +1,7 @@
 """
 The machine: what a run may use of it (cores, memory, a GPU, a compiler, torchrun's other processes), and the
 global settings of torch and the C library that make a CPU run fast and bitwise reproducible. Optional reading.
-It loads torch only when a function asks for it (_torch): bpe.py, which uses the cores and the memory, must start
+It loads torch only when a function asks for it (_torch): the tokenizer, which uses the cores and the memory, starts
 without it.
 
 1. Cores, memory and numba's cache
@@ -25,7 +25,7 @@ from files import writable
 # ----------------------------------------------------------------------------
 # 1. Cores, memory and numba's cache
 
-def _torch():  # imported here, not at the top: bpe.py imports this file and must not load torch
+def _torch():  # imported here, not at the top: the tokenizer imports this file and must not load torch
     import torch
     return torch
 
@@ -107,7 +107,7 @@ def torch_settings(cfg):
     torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
     # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
-    # after it, as in train.py, whose first parallel work is the run's
+    # after it, as a training run's do: its first parallel work is the run's
     flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
     if cfg["device"] == "cpu":  # not undone afterwards: it changes only when freed memory goes back to the kernel
         keep_freed_memory()
