@@ -6957,6 +6957,23 @@ def test_kernels_cli_cpu_writes_json(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name != "k.json"]  # no temp file left
 
 
+def test_kernels_cpu_timings_flush_the_caches_take_one_thread_and_flag_what_beats_the_copy():
+    """A CPU's copy_ took 7.99 ms at 2^20, 2^22 and 2^24 alike, and F.gelu ran at 126% of the copy: each run is now
+    timed after a flush of the caches (as on a GPU), on one thread unless --threads is given, and a figure above the
+    copy says on its line that it cannot be true."""
+    flushed, calls = [], []
+    kernels.time_ms(lambda x: calls.append(len(flushed)), torch.ones(4), 5, lambda: flushed.append(1))
+    assert calls[3:] == [1, 2, 3, 4, 5]  # the 3 warm-ups, then a flush before each timed run
+    before = torch.get_num_threads()
+    with kernels.one_thread_on_a_cpu("cpu", None):
+        assert torch.get_num_threads() == 1
+    with kernels.one_thread_on_a_cpu("cpu", 2):  # --threads given: main set it
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+    assert kernels.above_copy_note(101.0) == "" and "faster than the copy" in kernels.above_copy_note(126.4)
+    assert kernels.cache_bytes() >= 1 << 20
+
+
 def test_kernels_compile_failure_is_one_line_not_a_crash(monkeypatch):
     def no_compiler(fn, **options):
         def compiled(x):
