@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from cli import DataError, UsageError, disk_is_full, end_progress, fmt_count, say, short_repr, show_progress
+from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
+                 show_progress)
 from files import atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
@@ -331,9 +332,14 @@ def damaged_cache(path, why):  # the one sentence for a file of the cache that c
                       "rebuild it.")
 
 
+# the OSErrors of a cache file that is not what it should be (a directory in its place, say): deleting it is the cure
+NOT_A_CACHE_FILE = (errno.EISDIR, errno.ENOTDIR, errno.ENOENT, errno.ELOOP)
+
+
 def from_cache(path, load, *args, **kwargs):
     """load(*args, **kwargs), which reads path of the cache: a damaged or unwritable one is one sentence
-    saying what to do. A full disk passes through: train.py reports it."""
+    saying what to do; the system's other errors (a file-size limit, EIO) too: the path and the system's reason, where
+    "delete it" would not help. A full disk passes through: train.py reports it."""
     try:
         return load(*args, **kwargs)
     except (ValueError, EOFError, OSError, MemoryError) as e:
@@ -344,6 +350,8 @@ def from_cache(path, load, *args, **kwargs):
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
                              "writable, or pass another --data-dir.") from None
+        if isinstance(e, OSError) and e.errno is not None and e.errno not in NOT_A_CACHE_FILE:  # (one without an
+            raise DataError(os_error_sentence(e)) from None  # errno is gzip's BadGzipFile: damage); exit_code's words
         raise damaged_cache(path, e) from None
 
 

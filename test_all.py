@@ -3585,6 +3585,73 @@ def test_data_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
         data.prepare_data(str(story), tmp_path / "data", 300, workers=1)
 
 
+_DATA_FILE_SIZE_LIMIT = """
+import contextlib, io, json, os, resource, signal, sys, traceback
+import export, train
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing the process
+
+def under_limit(limit, main, *argv):  # main(argv)'s exit code (None: an exception) and stderr, under a file-size limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except Exception:
+            code = traceback.print_exc()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    return code, err.getvalue()
+
+argv = sys.argv[1:]
+assert train.main([*argv, "--out-dir", "warm"]) == 0  # numba compiles (and caches) its loops before any limit
+size = os.path.getsize("warm/toy/ckpt.pt")
+runs = [under_limit(size * k // 8, train.main, *argv, "--out-dir", f"out{k}") for k in range(1, 8)]
+runs.append(under_limit(size // 8, export.main, "warm/toy", "hf"))  # its weights: a third of it
+print(json.dumps(runs))
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="a file-size limit (ulimit -f) is POSIX's")
+def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(tmp_path):
+    """A checkpoint's write past a file-size limit (ulimit -f, FAT32's 4 GiB, an HPC job's: EFBIG) ended in a
+    traceback where torch.save wraps the OSError in a RuntimeError ("unexpected pos"): only a full disk was looked
+    for under it. Now any OSError under any error is the path and the system's reason, exit 1, nothing half-written.
+    The limit cuts the checkpoint at each eighth of its size (torch's records fall differently each time)."""
+    _train_toy_ids(tmp_path / "toy.npy")
+    argv = ["--data", "toy.npy", *_TRAIN_TINY, "--d-model", "64", "--d-ff", "256", "--max-iters", "2", "--device",
+            "cpu"]  # records past the writer's 8 KiB buffer: torch's own write fails first, under its RuntimeError
+    r = subprocess.run([sys.executable, "-c", _DATA_FILE_SIZE_LIMIT, *argv], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(_BPE_REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = json.loads(r.stdout.splitlines()[-1])
+    for k, (code, err) in enumerate(runs[:-1], 1):
+        ckpt = tmp_path / f"out{k}" / "toy" / "ckpt.pt"
+        assert code == 1 and err.strip().splitlines()[-1] == (
+            f"train.py: error: {ckpt}: File too large; fix that path or pick another, then run the same command "
+            "again.") and "Traceback" not in err, (k, err)
+        assert not ckpt.exists() or rundir.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
+    code, err = runs[-1]  # an export's files, the same
+    assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
+                                      r"fix that path or pick another, then run the same command again.\n", err), err
+    assert not [p for p in tmp_path.rglob("*") if files.TMP_MARK in p.name]
+
+
+def test_data_token_file_the_system_refuses_is_not_called_damaged(tmp_path, monkeypatch, capsys):
+    # EFBIG (a file-size limit) writing train.npy was "train.txt in the data cache cannot be used ([Errno 27] File too
+    # large: ...); delete it and run the same command again", exit 2: deleting helps nothing. The system's reason:
+    story = _train_story(tmp_path / "story.txt")
+
+    def too_large(tok, txt, npy, num_workers=None):
+        raise OSError(errno.EFBIG, "File too large", npy)
+    monkeypatch.setattr(data, "encode_file", too_large)
+    argv = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--vocab-size", "300", "--workers", "1", "--device", "cpu"]
+    assert train.main(argv) == 1
+    npy = next((tmp_path / "data").glob("story-*")) / "bpe300" / "train.npy"
+    _train_one_line(capsys, f"train.py: error: {npy}: File too large; fix that path or pick another, then run the "
+                            "same command again.")
+    assert not (tmp_path / "out").exists()
+
+
 def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
     owt = tmp_path / "data" / "owt"
