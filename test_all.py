@@ -3741,6 +3741,89 @@ def test_data_download_cut_short_mid_chunk_is_one_sentence(tmp_path, monkeypatch
     assert not (tmp_path / "out").exists() and not (tmp_path / "v.json").exists()
 
 
+class _DataRangeHandler(http.server.BaseHTTPRequestHandler):
+    """A file's server whose answers to a range (Range: bytes=N-) a test shapes: at most `most` bytes each, from
+    `shift` bytes before the one asked for, saying the file has `told` bytes (None: what it has), each reply after
+    the first `bodies` cut off after its headers. Without a range: the whole file, a 200."""
+    payload = bytes(range(256)) * 1000
+    most, shift, told, bodies = None, 0, None, None
+
+    def do_GET(self):
+        n, rng = len(self.payload), self.headers.get("Range")
+        self.seen.append(rng)
+        start = int(rng.removeprefix("bytes=").rstrip("-")) if rng else 0
+        if start >= n:  # as servers answer a range past the end: 416 and the file's size
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{self.told or n}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        first = max(0, start - self.shift)
+        last = n - 1 if self.most is None or not rng else min(n, first + self.most) - 1
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(last + 1 - first))
+        if rng:
+            self.send_header("Content-Range", f"bytes {first}-{last}/{self.told or n}")
+        self.end_headers()
+        if self.bodies is None or len(self.seen) <= self.bodies:
+            self.wfile.write(self.payload[first:last + 1])
+
+    def log_message(self, *a):
+        pass
+
+
+@contextlib.contextmanager
+def _data_server(**shape):  # a _DataRangeHandler of this shape, serving: yields (its address, the ranges asked for)
+    seen = []
+    handler = type("Shaped", (_DataRangeHandler,), {**shape, "seen": seen})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_data_download_asks_again_while_a_range_reply_holds_less_than_the_rest(tmp_path, capsys):
+    """A 206 was taken for the whole rest of the file: a server (a mirror, a proxy) that answers a range with less
+    had its part renamed into place as the file. Content-Range says what a reply holds (RFC 9110 15.3.7)."""
+    payload, dest = _DataRangeHandler.payload, tmp_path / "f.txt"
+    (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
+    with _data_server(most=100_000) as (url, seen):
+        data.download(f"{url}/f.txt", dest)
+    assert dest.read_bytes() == payload and not (tmp_path / "f.txt.part").exists()
+    assert seen == ["bytes=12345-", "bytes=112345-", "bytes=212345-"]
+    assert capsys.readouterr().out.count("downloading ") == 1
+
+
+@pytest.mark.parametrize("shape, kept, said", [
+    ({"shift": 100}, 12345, "answered a request for its bytes from 12,345 on with 'bytes 12245-255999/256000' "
+                            "Content-Range, not those bytes; "),
+    ({"told": 255_000}, 12345, "answered a request for its bytes from 12,345 on with 'bytes 12345-255999/255000' "),
+    ({"told": 257_000}, None, "said its file has 257,000 bytes, then that bytes from 256,000 on are past its end: it "
+                              "changed during the download, or the server is faulty; TinyStoriesV2-GPT4-train.txt.part "
+                              "was deleted: run the same command again to download it anew."),
+    ({"most": 100_000, "bodies": 1}, 112345, "stopped at 112345 of 256000 bytes; run the same command again to "
+                                             "resume it."),
+], ids=["wrong start", "total below the end", "total above the file", "server stops"])
+def test_data_download_of_a_range_reply_that_is_not_the_rest_refuses(tmp_path, monkeypatch, capsys, shape, kept, said):
+    """Replies to a range of other bytes than asked, of a size that disagrees, or a server that stops sending: the
+    corpus was the .part with whatever came appended; now one sentence, exit 1, no file renamed into place."""
+    folder = tmp_path / "data" / "tinystories"
+    folder.mkdir(parents=True)
+    part = folder / "TinyStoriesV2-GPT4-train.txt.part"
+    part.write_bytes(_DataRangeHandler.payload[:12345])
+    with _data_server(**shape) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        assert train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir",
+                           str(tmp_path / "out")]) == 1
+    _train_one_line(capsys, said)
+    assert [p.name for p in folder.iterdir()] == ([part.name] if kept else [])  # no corpus
+    assert kept is None or part.read_bytes() == _DataRangeHandler.payload[:kept]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "the train data holds a negative token id (-1)"),
                                        (np.arange(1000), "the train data holds token id 899, at or above "
                                                          "--vocab-size 64")])
@@ -5586,6 +5669,8 @@ class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
         body = self.payload[start:]
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
+        if start:  # what a 206 holds (RFC 9110 15.3.7)
+            self.send_header("Content-Range", f"bytes {start}-{len(self.payload) - 1}/{len(self.payload)}")
         if self.etag:
             self.send_header("ETag", self.etag)
         self.end_headers()
