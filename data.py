@@ -440,17 +440,27 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None):
 # ----------------------------------------------------------------------------
 # 3. prepare_data: --data -> token ids, read in place
 
-class TokenIds:
-    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len, slices that are views, numpy's functions,
-    get_batch's windows) but read with plain reads when numpy asks for the values, only those it asks for: a file
-    cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its new
-    end kills the process (SIGBUS, which Python cannot catch)."""
+def out_of_bounds(i, n):  # numpy's IndexError, in its words
+    return IndexError(f"index {i} is out of bounds for axis 0 with size {n}")
 
-    def __init__(self, ids, start=0, length=None):  # ids: a memmap np.load made, or a TokenIds to view
+
+PAGE = 4096  # bytes: a strided view's ids further apart are read one by one, closer ones with the span they lie in
+
+
+class TokenIds:
+    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len; numpy's scalar for an int, its IndexError
+    out of range; a view for a slice of any step, still in the file; numpy's array for an array of ints, get_batch's
+    windows, or for np.asarray) but read with plain reads when numpy asks for the values, only those it asks for: a
+    file cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its
+    new end kills the process (SIGBUS, which Python cannot catch). Booleans, None, ... and tuples are refused."""
+
+    def __init__(self, ids, start=0, length=None, step=1):  # ids: a memmap np.load made, or a TokenIds to view
         self.filename, self.dtype = ids.filename, ids.dtype
-        self.offset = ids.offset + start * ids.dtype.itemsize
-        self.length = len(ids) - start if length is None else length
         self.base = ids if isinstance(ids, TokenIds) else None  # a view keeps the first alive: it closes the file
+        # id i of this view is id first + i * step of the file's array, whose ids start at byte `header`
+        self.header = ids.offset if self.base is None else ids.header
+        self.first, self.step = (start, step) if self.base is None else (ids.first + start * ids.step, ids.step * step)
+        self.length = len(ids) - start if length is None else length
         self.f = open(ids.filename, "rb", buffering=0) if self.base is None else ids.f  # each read one system call
         if self.base is None:  # closed quietly (no ResourceWarning) once it and every view of it are gone
             weakref.finalize(self, self.f.close)
@@ -459,20 +469,63 @@ class TokenIds:
         return self.length
 
     def __getitem__(self, where):
-        if isinstance(where, slice):  # (of step 1, as every user takes): the ids from there, still in the file
-            start, stop, _ = where.indices(self.length)
-            return TokenIds(self, start, max(0, stop - start))
-        where = np.asarray(where)  # indices: get_batch's windows, each row consecutive ids, each read into its place
-        rows, out = where.reshape(-1, where.shape[-1]), np.empty(where.shape, self.dtype)
-        if where.size and (where.min() < 0 or where.max() >= self.length or (np.diff(rows) != 1).any()):
-            raise IndexError(f"TokenIds takes slices, or rows of consecutive indices in [0, {self.length})")
-        for start, dest in zip(rows[:, 0].tolist() if where.size else (), out.reshape(rows.shape)):
-            read_into(self.f, self.offset + start * self.dtype.itemsize, dest, self.filename)
+        if isinstance(where, slice):  # a view: nothing is read
+            start, stop, step = where.indices(self.length)
+            n = len(range(start, stop, step))
+            return TokenIds(self, start if n else 0, n, step)
+        out = self.read_ids(self.checked_index(where))
+        return out[()] if out.ndim == 0 else out  # an int: numpy's scalar (np.uint16, say)
+
+    def checked_index(self, where):
+        """where as an array of ints in [0, len) (a negative one counts from the end, as in numpy), or numpy's
+        IndexError for one out of range; IndexError for what numpy would read otherwise (a boolean mask, None, ...,
+        a tuple of indices): those are not supported."""
+        n = self.length
+        if isinstance(where, (int, np.integer)) and not isinstance(where, bool):  # an int of any size
+            if not -n <= where < n:
+                raise out_of_bounds(where, n)
+            return np.asarray(where % n, np.int64)
+        index = np.asarray(where if not isinstance(where, tuple) else None)  # numpy reads a tuple as one index a dim
+        if index.size == 0 and isinstance(where, list):  # numpy takes [] (a float array) as no index
+            index = index.astype(np.intp)
+        if index.dtype.kind not in "iu":
+            what = short_repr(where) if index.ndim == 0 else f"an array of {index.dtype}"  # (a mask: of bool)
+            raise IndexError(f"TokenIds (the ids of {self.filename}) takes an integer, a slice or an array of integers "
+                             f"as its index, not {what}; np.asarray(ids) is numpy's array, for any other.")
+        lo, hi = (index.min(), index.max()) if index.size else (0, 0)
+        if lo < -n or hi >= n:
+            raise out_of_bounds(index.ravel()[np.argmax(((index < -n) | (index >= n)).ravel())], n)  # the first
+        index = index.astype(np.int64, copy=False)
+        return np.where(index < 0, index + n, index) if lo < 0 else index
+
+    def read_ids(self, index):
+        """The ids at these indices (an array of any shape, each in [0, len)): one read for each run of consecutive
+        ids of the file (get_batch's windows: one each), into its place."""
+        at = index if self.step == 1 else index * self.step  # from self.first, in the file's ids
+        out = np.empty(index.shape, self.dtype)
+        flat, dest, size = at.ravel(), out.reshape(-1), self.dtype.itemsize
+        if flat.size:
+            cuts = (np.flatnonzero(np.diff(flat) != 1) + 1).tolist()  # where a run ends and the next begins
+            begins = [0, *cuts]
+            for a, b, i in zip(begins, [*cuts, flat.size], flat[begins].tolist()):
+                read_into(self.f, self.header + (self.first + i) * size, dest[a:b], self.filename)
         return out
 
     def __array__(self, dtype=None, copy=None):
-        data = read_exactly(self.f, self.offset, self.length * self.dtype.itemsize, self.filename)
-        return np.frombuffer(data, self.dtype).astype(dtype or self.dtype, copy=False)
+        """The view's ids, READ at a time: each read the span of the file they lie in, where they are at most a PAGE
+        apart (a memory map would read those pages too), else one read for each id."""
+        step, size, out = abs(self.step), self.dtype.itemsize, np.empty(self.length, self.dtype)
+        per = max(1, READ // step) if step * size <= PAGE else 1  # ids per read
+        for k in range(0, self.length, per):
+            n = min(per, self.length - k)
+            low = k if self.step > 0 else k + n - 1  # the id of these n whose byte comes first in the file
+            at = self.header + (self.first + low * self.step) * size
+            if self.step == 1:  # straight into place
+                read_into(self.f, at, out[k:k + n], self.filename)
+            else:
+                span = read_into(self.f, at, np.empty((n - 1) * step + 1, self.dtype), self.filename)
+                out[k:k + n] = span[::step] if self.step > 0 else span[::-step]
+        return out.astype(dtype, copy=False) if dtype else out
 
 
 def pieces(ids):  # the ids READ at a time, as arrays

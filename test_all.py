@@ -13,6 +13,7 @@ import errno
 import gzip
 import http.server
 import io
+import itertools
 import json
 import math
 import os
@@ -3507,6 +3508,60 @@ def test_data_npy_cut_short_under_a_running_training_is_one_sentence(tmp_path):
     assert err.strip().splitlines()[-1] == (f"train.py: error: {ids} changed while it was read; let whatever writes "
                                             "it finish, then run the same command again.")
     assert "Traceback" not in err and not any(files.TMP_MARK in f for f in left), left
+
+
+class _DataCountedReads:  # TokenIds's file, counting the bytes read from it
+    def __init__(self, f):
+        self.f, self.bytes = f, 0
+
+    def seek(self, at):
+        return self.f.seek(at)
+
+    def readinto(self, buf):
+        n = self.f.readinto(buf)
+        self.bytes += n
+        return n
+
+
+def test_data_token_ids_index_as_numpy_does(tmp_path):
+    """Every prepared split is a TokenIds: ids[::10] was the first ids in order, ids[::-1] nothing, ids[5] "tuple
+    index out of range". Each index numpy takes gives numpy's answer (a view for a slice, still read in place), or
+    one sentence; and only the ids asked for are read (or the span they lie in, where they are a page apart)."""
+    ref = (np.arange(1000, dtype=np.uint16) * 7919) % 65521  # no two alike
+    np.save(tmp_path / "ids.npy", ref)
+    ids, rng = data.open_ids(tmp_path / "ids.npy"), np.random.default_rng(0)
+    ends = [None, 0, 1, 5, 500, 999, 1000, 2000, -1, -5, -999, -1000, -2000]
+    steps = [None, 1, 2, 3, 10, 999, -1, -2, -10, -1000, -3000]
+    for start, stop, step in itertools.product(ends, ends, steps):
+        view, want = ids[start:stop:step], ref[start:stop:step]
+        assert isinstance(view, data.TokenIds) and len(view) == len(want), (start, stop, step)
+        for got, wanted in ((view, want), (view[::-3], want[::-3]), (view[2:-1:2], want[2:-1:2])):  # views of views
+            assert np.array_equal(np.asarray(got), wanted) and np.asarray(got).dtype == np.uint16, (start, stop, step)
+        if len(want):
+            at = rng.integers(-len(want), len(want), (3, 5))
+            assert np.array_equal(view[at], want[at]) and np.array_equal(view[at.tolist()], want[at])
+            assert view[0] == want[0] and view[-1] == want[-1] and type(view[-1]) is np.uint16
+    assert [ids[i] for i in range(-1000, 1000)] == ref[np.r_[-1000:1000]].tolist() and list(ids[:-4:-1]) == [
+        ref[-1], ref[-2], ref[-3]]
+    assert ids[np.int32(7)] == ref[7] and ids[[]].shape == (0,) and ids[np.zeros((3, 0), int)].shape == (3, 0)
+    for where in (1000, -1001, [3, 1000], np.array([[1, -1001]]), 2**70):  # out of range: numpy's IndexError
+        with pytest.raises(IndexError, match=r"index -?\d+ is out of bounds for axis 0 with size 1000"):
+            ids[where]
+    with pytest.raises(IndexError, match="^index 0 is out of bounds for axis 0 with size 0$"):
+        ids[5:5][0]
+    for where in (True, None, ..., (1,), np.ones(1000, bool), 1.5, "x"):  # numpy reads the first five: not supported
+        with pytest.raises(IndexError, match=r"^TokenIds \(the ids of .*ids\.npy\) takes an integer, a slice or an "
+                                             r"array of integers as its index, not [^;\n]+; np\.asarray\(ids\) is"):
+            ids[where]
+    whole = rng.integers(0, 65536, 100_000).astype(np.uint16)
+    np.save(tmp_path / "big.npy", whole)
+    big = data.open_ids(tmp_path / "big.npy")
+    big.f = reads = _DataCountedReads(big.f)  # the views below read through it
+    at = rng.integers(0, 90_000, 8)[:, None] + np.arange(17)  # train.py's windows
+    results = (big[100:][at], big[5], np.asarray(big[::4096]), np.asarray(big[10:20]))
+    for got, want in zip(results, (whole[100:][at], whole[5], whole[::4096], whole[10:20])):
+        assert np.array_equal(got, want)
+    assert reads.bytes == 2 * (8 * 17 + 1 + 25 + 10)  # get_batch's windows, an id, ids 8 KiB apart, a slice: no more
 
 
 def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
