@@ -13,6 +13,7 @@ import errno
 import gzip
 import http.server
 import io
+import itertools
 import json
 import math
 import os
@@ -3509,6 +3510,60 @@ def test_data_npy_cut_short_under_a_running_training_is_one_sentence(tmp_path):
     assert "Traceback" not in err and not any(files.TMP_MARK in f for f in left), left
 
 
+class _DataCountedReads:  # TokenIds's file, counting the bytes read from it
+    def __init__(self, f):
+        self.f, self.bytes = f, 0
+
+    def seek(self, at):
+        return self.f.seek(at)
+
+    def readinto(self, buf):
+        n = self.f.readinto(buf)
+        self.bytes += n
+        return n
+
+
+def test_data_token_ids_index_as_numpy_does(tmp_path):
+    """Every prepared split is a TokenIds: ids[::10] was the first ids in order, ids[::-1] nothing, ids[5] "tuple
+    index out of range". Each index numpy takes gives numpy's answer (a view for a slice, still read in place), or
+    one sentence; and only the ids asked for are read (or the span they lie in, where they are a page apart)."""
+    ref = (np.arange(1000, dtype=np.uint16) * 7919) % 65521  # no two alike
+    np.save(tmp_path / "ids.npy", ref)
+    ids, rng = data.open_ids(tmp_path / "ids.npy"), np.random.default_rng(0)
+    ends = [None, 0, 1, 5, 500, 999, 1000, 2000, -1, -5, -999, -1000, -2000]
+    steps = [None, 1, 2, 3, 10, 999, -1, -2, -10, -1000, -3000]
+    for start, stop, step in itertools.product(ends, ends, steps):
+        view, want = ids[start:stop:step], ref[start:stop:step]
+        assert isinstance(view, data.TokenIds) and len(view) == len(want), (start, stop, step)
+        for got, wanted in ((view, want), (view[::-3], want[::-3]), (view[2:-1:2], want[2:-1:2])):  # views of views
+            assert np.array_equal(np.asarray(got), wanted) and np.asarray(got).dtype == np.uint16, (start, stop, step)
+        if len(want):
+            at = rng.integers(-len(want), len(want), (3, 5))
+            assert np.array_equal(view[at], want[at]) and np.array_equal(view[at.tolist()], want[at])
+            assert view[0] == want[0] and view[-1] == want[-1] and type(view[-1]) is np.uint16
+    assert [ids[i] for i in range(-1000, 1000)] == ref[np.r_[-1000:1000]].tolist() and list(ids[:-4:-1]) == [
+        ref[-1], ref[-2], ref[-3]]
+    assert ids[np.int32(7)] == ref[7] and ids[[]].shape == (0,) and ids[np.zeros((3, 0), int)].shape == (3, 0)
+    for where in (1000, -1001, [3, 1000], np.array([[1, -1001]]), 2**70):  # out of range: numpy's IndexError
+        with pytest.raises(IndexError, match=r"index -?\d+ is out of bounds for axis 0 with size 1000"):
+            ids[where]
+    with pytest.raises(IndexError, match="^index 0 is out of bounds for axis 0 with size 0$"):
+        ids[5:5][0]
+    for where in (True, None, ..., (1,), np.ones(1000, bool), 1.5, "x"):  # numpy reads the first five: not supported
+        with pytest.raises(IndexError, match=r"^TokenIds \(the ids of .*ids\.npy\) takes an integer, a slice or an "
+                                             r"array of integers as its index, not [^;\n]+; np\.asarray\(ids\) is"):
+            ids[where]
+    whole = rng.integers(0, 65536, 100_000).astype(np.uint16)
+    np.save(tmp_path / "big.npy", whole)
+    big = data.open_ids(tmp_path / "big.npy")
+    big.f = reads = _DataCountedReads(big.f)  # the views below read through it
+    at = rng.integers(0, 90_000, 8)[:, None] + np.arange(17)  # train.py's windows
+    results = (big[100:][at], big[5], np.asarray(big[::4096]), np.asarray(big[10:20]))
+    for got, want in zip(results, (whole[100:][at], whole[5], whole[::4096], whole[10:20])):
+        assert np.array_equal(got, want)
+    assert reads.bytes == 2 * (8 * 17 + 1 + 25 + 10)  # get_batch's windows, an id, ids 8 KiB apart, a slice: no more
+
+
 def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
     ids = tmp_path / "ids.npy"
     np.save(ids, np.arange(1000, dtype=np.uint16))
@@ -3583,6 +3638,73 @@ def test_data_unwritable_cache_is_one_sentence(tmp_path, monkeypatch):
     with pytest.raises(data.UsageError, match=r"cannot write in the data cache \(Permission denied: .*train.npy\); "
                                               "make it writable, or pass another --data-dir"):
         data.prepare_data(str(story), tmp_path / "data", 300, workers=1)
+
+
+_DATA_FILE_SIZE_LIMIT = """
+import contextlib, io, json, os, resource, signal, sys, traceback
+import export, train
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing the process
+
+def under_limit(limit, main, *argv):  # main(argv)'s exit code (None: an exception) and stderr, under a file-size limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except Exception:
+            code = traceback.print_exc()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    return code, err.getvalue()
+
+argv = sys.argv[1:]
+assert train.main([*argv, "--out-dir", "warm"]) == 0  # numba compiles (and caches) its loops before any limit
+size = os.path.getsize("warm/toy/ckpt.pt")
+runs = [under_limit(size * k // 8, train.main, *argv, "--out-dir", f"out{k}") for k in range(1, 8)]
+runs.append(under_limit(size // 8, export.main, "warm/toy", "hf"))  # its weights: a third of it
+print(json.dumps(runs))
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="a file-size limit (ulimit -f) is POSIX's")
+def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(tmp_path):
+    """A checkpoint's write past a file-size limit (ulimit -f, FAT32's 4 GiB, an HPC job's: EFBIG) ended in a
+    traceback where torch.save wraps the OSError in a RuntimeError ("unexpected pos"): only a full disk was looked
+    for under it. Now any OSError under any error is the path and the system's reason, exit 1, nothing half-written.
+    The limit cuts the checkpoint at each eighth of its size (torch's records fall differently each time)."""
+    _train_toy_ids(tmp_path / "toy.npy")
+    argv = ["--data", "toy.npy", *_TRAIN_TINY, "--d-model", "64", "--d-ff", "256", "--max-iters", "2", "--device",
+            "cpu"]  # records past the writer's 8 KiB buffer: torch's own write fails first, under its RuntimeError
+    r = subprocess.run([sys.executable, "-c", _DATA_FILE_SIZE_LIMIT, *argv], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(_BPE_REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = json.loads(r.stdout.splitlines()[-1])
+    for k, (code, err) in enumerate(runs[:-1], 1):
+        ckpt = tmp_path / f"out{k}" / "toy" / "ckpt.pt"
+        assert code == 1 and err.strip().splitlines()[-1] == (
+            f"train.py: error: {ckpt}: File too large; fix that path or pick another, then run the same command "
+            "again.") and "Traceback" not in err, (k, err)
+        assert not ckpt.exists() or rundir.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
+    code, err = runs[-1]  # an export's files, the same
+    assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
+                                      r"fix that path or pick another, then run the same command again.\n", err), err
+    assert not [p for p in tmp_path.rglob("*") if files.TMP_MARK in p.name]
+
+
+def test_data_token_file_the_system_refuses_is_not_called_damaged(tmp_path, monkeypatch, capsys):
+    # EFBIG (a file-size limit) writing train.npy was "train.txt in the data cache cannot be used ([Errno 27] File too
+    # large: ...); delete it and run the same command again", exit 2: deleting helps nothing. The system's reason:
+    story = _train_story(tmp_path / "story.txt")
+
+    def too_large(tok, txt, npy, num_workers=None):
+        raise OSError(errno.EFBIG, "File too large", npy)
+    monkeypatch.setattr(data, "encode_file", too_large)
+    argv = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--vocab-size", "300", "--workers", "1", "--device", "cpu"]
+    assert train.main(argv) == 1
+    npy = next((tmp_path / "data").glob("story-*")) / "bpe300" / "train.npy"
+    _train_one_line(capsys, f"train.py: error: {npy}: File too large; fix that path or pick another, then run the "
+                            "same command again.")
+    assert not (tmp_path / "out").exists()
 
 
 def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
@@ -3672,6 +3794,89 @@ def test_data_download_cut_short_mid_chunk_is_one_sentence(tmp_path, monkeypatch
         srv.shutdown()
         srv.server_close()
     assert not (tmp_path / "out").exists() and not (tmp_path / "v.json").exists()
+
+
+class _DataRangeHandler(http.server.BaseHTTPRequestHandler):
+    """A file's server whose answers to a range (Range: bytes=N-) a test shapes: at most `most` bytes each, from
+    `shift` bytes before the one asked for, saying the file has `told` bytes (None: what it has), each reply after
+    the first `bodies` cut off after its headers. Without a range: the whole file, a 200."""
+    payload = bytes(range(256)) * 1000
+    most, shift, told, bodies = None, 0, None, None
+
+    def do_GET(self):
+        n, rng = len(self.payload), self.headers.get("Range")
+        self.seen.append(rng)
+        start = int(rng.removeprefix("bytes=").rstrip("-")) if rng else 0
+        if start >= n:  # as servers answer a range past the end: 416 and the file's size
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{self.told or n}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        first = max(0, start - self.shift)
+        last = n - 1 if self.most is None or not rng else min(n, first + self.most) - 1
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(last + 1 - first))
+        if rng:
+            self.send_header("Content-Range", f"bytes {first}-{last}/{self.told or n}")
+        self.end_headers()
+        if self.bodies is None or len(self.seen) <= self.bodies:
+            self.wfile.write(self.payload[first:last + 1])
+
+    def log_message(self, *a):
+        pass
+
+
+@contextlib.contextmanager
+def _data_server(**shape):  # a _DataRangeHandler of this shape, serving: yields (its address, the ranges asked for)
+    seen = []
+    handler = type("Shaped", (_DataRangeHandler,), {**shape, "seen": seen})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_data_download_asks_again_while_a_range_reply_holds_less_than_the_rest(tmp_path, capsys):
+    """A 206 was taken for the whole rest of the file: a server (a mirror, a proxy) that answers a range with less
+    had its part renamed into place as the file. Content-Range says what a reply holds (RFC 9110 15.3.7)."""
+    payload, dest = _DataRangeHandler.payload, tmp_path / "f.txt"
+    (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
+    with _data_server(most=100_000) as (url, seen):
+        data.download(f"{url}/f.txt", dest)
+    assert dest.read_bytes() == payload and not (tmp_path / "f.txt.part").exists()
+    assert seen == ["bytes=12345-", "bytes=112345-", "bytes=212345-"]
+    assert capsys.readouterr().out.count("downloading ") == 1
+
+
+@pytest.mark.parametrize("shape, kept, said", [
+    ({"shift": 100}, 12345, "answered a request for its bytes from 12,345 on with 'bytes 12245-255999/256000' "
+                            "Content-Range, not those bytes; "),
+    ({"told": 255_000}, 12345, "answered a request for its bytes from 12,345 on with 'bytes 12345-255999/255000' "),
+    ({"told": 257_000}, None, "said its file has 257,000 bytes, then that bytes from 256,000 on are past its end: it "
+                              "changed during the download, or the server is faulty; TinyStoriesV2-GPT4-train.txt.part "
+                              "was deleted: run the same command again to download it anew."),
+    ({"most": 100_000, "bodies": 1}, 112345, "stopped at 112345 of 256000 bytes; run the same command again to "
+                                             "resume it."),
+], ids=["wrong start", "total below the end", "total above the file", "server stops"])
+def test_data_download_of_a_range_reply_that_is_not_the_rest_refuses(tmp_path, monkeypatch, capsys, shape, kept, said):
+    """Replies to a range of other bytes than asked, of a size that disagrees, or a server that stops sending: the
+    corpus was the .part with whatever came appended; now one sentence, exit 1, no file renamed into place."""
+    folder = tmp_path / "data" / "tinystories"
+    folder.mkdir(parents=True)
+    part = folder / "TinyStoriesV2-GPT4-train.txt.part"
+    part.write_bytes(_DataRangeHandler.payload[:12345])
+    with _data_server(**shape) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        assert train.main(["--data", "tinystories", "--data-dir", str(tmp_path / "data"), "--out-dir",
+                           str(tmp_path / "out")]) == 1
+    _train_one_line(capsys, said)
+    assert [p.name for p in folder.iterdir()] == ([part.name] if kept else [])  # no corpus
+    assert kept is None or part.read_bytes() == _DataRangeHandler.payload[:kept]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "the train data holds a negative token id (-1)"),
@@ -5595,6 +5800,8 @@ class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
         body = self.payload[start:]
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
+        if start:  # what a 206 holds (RFC 9110 15.3.7)
+            self.send_header("Content-Range", f"bytes {start}-{len(self.payload) - 1}/{len(self.payload)}")
         if self.etag:
             self.send_header("ETag", self.etag)
         self.end_headers()
