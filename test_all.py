@@ -24,10 +24,12 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import types
@@ -3397,6 +3399,40 @@ def test_plumbing_numba_cache_fallback_under_a_home_this_user_cannot_look_into(t
     if "setpriv:" in r.stderr:
         pytest.skip(f"setpriv cannot drop capabilities here: {r.stderr.strip()}")
     assert r.returncode == 0 and r.stdout == f"{tmp_path}/numba-cache-0\n", r.stderr
+
+
+@pytest.mark.parametrize("planted", ["open to all", "a symlink", "another user's"])
+def test_plumbing_numba_cache_fallback_never_uses_a_folder_another_user_could_plant(tmp_path, monkeypatch, capsys,
+                                                                                      planted):
+    # $TMPDIR/numba-cache-<uid> is a name any local user can make first, and numba reads its index with pickle: that
+    # folder was used whoever owned it and whatever its mode, so another user's code could run as this one (CWE-377)
+    monkeypatch.setattr(machine, "writable", lambda path: False)  # a read-only checkout and no writable home
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    usual = tmp_path / f"numba-cache-{os.getuid()}"
+    machine.numba_cache_fallback(tmp_path)  # none there yet: made private, and used (and again next time)
+    assert os.environ["NUMBA_CACHE_DIR"] == str(usual) and stat.S_IMODE(usual.stat().st_mode) == 0o700
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    machine.numba_cache_fallback(tmp_path)
+    assert os.environ["NUMBA_CACHE_DIR"] == str(usual) and capsys.readouterr().err == ""
+    usual.rmdir()
+    (tmp_path / "theirs").mkdir()
+    if planted == "a symlink":
+        usual.symlink_to(tmp_path / "theirs")
+    else:
+        usual.mkdir()
+        usual.chmod(0o777)  # (mkdir's mode is cut by the umask)
+    if planted == "another user's":
+        if os.getuid() != 0:
+            pytest.skip("needs root, to give a folder to another user")
+        usual.chmod(0o700)
+        os.chown(usual, 65534, 65534)
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    machine.numba_cache_fallback(tmp_path)
+    used = Path(os.environ["NUMBA_CACHE_DIR"])
+    assert used.parent == tmp_path and used.name.startswith(usual.name + "-") and not used.is_symlink()
+    assert used.stat().st_uid == os.getuid() and stat.S_IMODE(used.stat().st_mode) == 0o700
+    assert f"numba's cache: {usual} is " in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------
