@@ -18,6 +18,8 @@ The lessons it embodies:
      relies on.
   5. numba runs on as many threads as torch uses (torch.set_num_threads), so the two never ask for more cores
      than a run was given.
+Under NUMBA_DISABLE_JIT=1 (numba's switch for stepping through its functions in pdb) the loops would be plain
+Python, where an @intrinsic cannot run: there no tensor is usable, and the plain code computes every step.
 """
 import numba
 import numpy as np
@@ -28,15 +30,16 @@ from numba.extending import intrinsic
 F32 = np.float32
 FASTMATH = {"reassoc", "contract", "arcp"}  # vectorized sums and fused multiply-adds; NaN and inf kept
 ELEMENTWISE = FASTMATH - {"reassoc"}  # no sums to vectorize, and a reordered silu(a) * b overflowed: (a b) / e^-a
+JIT = not numba.config.DISABLE_JIT  # numba compiles (see the top)
 BLOCKS = 16  # RMSNorm's weight gradient and the gradients' norm are summed in this many blocks: a fixed number, so
 # the same bits on any number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
 
 
 def usable(*tensors, in_place=False):
-    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own);
-    in_place (AdamW, the clip: the loop writes into the tensors' own memory): contiguous too."""
-    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                     and (t.is_contiguous() or not in_place) for t in tensors)
+    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own), and
+    numba compiles (JIT); in_place (AdamW, the clip: the loop writes into the tensors' own memory): contiguous too."""
+    return JIT and not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                             and (t.is_contiguous() or not in_place) for t in tensors)
 
 
 def _threads():

@@ -467,6 +467,36 @@ def test_fast_cpu_gradient_norm_is_the_same_bits_on_any_number_of_threads():
     np.testing.assert_allclose(sums[0], [np.sum(g.astype(np.float64) ** 2) for g in grads], rtol=1e-13)
 
 
+# one float32 CPU step of the fast path (its four kernels and AdamW's), for a fresh process: python -c
+_FAST_CPU_STEP = ("import torch, model, optim\n"
+                  "torch.manual_seed(0)\n"
+                  "m = model.TransformerLM(61, 24, 32, 2, 4, 48, fast=True)\n"
+                  "ids = torch.randint(0, 61, (2, 24))\n"
+                  "loss = optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=True)\n"
+                  "loss.backward()\n"
+                  "optim.clip_grad_norm(m.parameters(), 0.01, fused=True)\n"
+                  "optim.AdamW(m.parameters(), fused=True).step()\n")
+
+
+def test_fast_cpu_steps_aside_under_numba_disable_jit(tmp_path):
+    # NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the kernels plain Python,
+    # where an intrinsic cannot run: a fast=True step ended in _bits_as_float32's traceback, train.py too. Now the
+    # plain code computes the step, the same loss as with numba
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    r = subprocess.run([sys.executable, "-c", _FAST_CPU_STEP + "import fast_cpu\n"
+                        "print(fast_cpu.usable(loss), loss.item())"], cwd=_BPE_REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[0] == "False", r.stderr
+    want = {}
+    with torch.random.fork_rng():  # (the step seeds torch's generator)
+        exec(_FAST_CPU_STEP, want)
+    assert float(r.stdout.split()[1]) == pytest.approx(want["loss"].item(), rel=1e-5)
+    args = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
+            "--out", str(tmp_path / "out")]
+    r = _train_cli(args, tmp_path, env={"NUMBA_DISABLE_JIT": "1"}, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "done: 2 steps" in r.stdout, r.stderr
+
+
 def test_model_ablation_keys_and_tied_weights():
     keys = lambda m: set(m.state_dict())  # noqa: E731
     base = keys(_model_small())
@@ -1611,6 +1641,33 @@ def test_bpe_numba_cache_saves_take_turns(tmp_path, monkeypatch):
     fd = os.open(tmp_path, os.O_RDONLY)      # and freed after
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
+
+
+def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
+    """NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the engine's loops plain
+    Python: `bpe.py train` and train_bpe ended in "'function' object has no attribute 'signatures'". Now bpe.py's
+    plain counting, merge loop and encoder take every job, big ones too, with the engine's merges and ids."""
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    big.write_text("the cat sat on the mat.<|endoftext|> " * 40_000, encoding="utf-8")  # over COMPILED_COUNT_MIN
+    # a pre-token over bpe.py's _PLAIN_WORD_CHARS (1,000 outside these tests) is the engine's to encode: as Python
+    small.write_text("hello world, " * 50 + "x" * 2_000, encoding="utf-8")
+    code = ("import sys, bpe\n"
+            "for path in sys.argv[1:]:\n"
+            "    vocab, merges = bpe.train_bpe(path, 300, ['<|endoftext|>'], num_workers=2)\n"
+            "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
+            "    print(merges, tok.encode(open(path, encoding='utf-8').read()))\n")
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    r = subprocess.run([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # no numpy warning of the hashes' wrap either
+    want = []
+    for path in (big, small):
+        vocab, merges = bpe.train_bpe(path, 300, ["<|endoftext|>"], num_workers=2)
+        want.append(f"{merges} {bpe.Tokenizer(vocab, merges, ['<|endoftext|>']).encode(path.read_text('utf-8'))}")
+    assert r.stdout.splitlines() == want
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300", "--out",
+                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("trained ") and r.stderr == "", r.stderr
 
 
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
