@@ -16,8 +16,8 @@ The lessons it embodies:
   4. The loops sum in any order (fastmath's "reassoc": the sums vectorize), so results differ from torch's in
      the last bits; NaN and infinity still propagate (no "nnan"/"ninf"), which the loop's check of the loss
      relies on.
-  5. numba runs on as many threads as torch uses (torch.set_num_threads), so the two never ask for more cores
-     than a run was given.
+  5. numba runs on as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads, a taskset), so the two
+     never ask for more cores than a run was given; starting numba's threads must not change torch's (_threads).
 Under NUMBA_DISABLE_JIT=1 (numba's switch for stepping through its functions in pdb) the loops would be plain
 Python, where an @intrinsic cannot run: there no tensor is usable, and the plain code computes every step.
 """
@@ -42,8 +42,21 @@ def usable(*tensors, in_place=False):
                                                              and (t.is_contiguous() or not in_place) for t in tensors)
 
 
+_numba_started = False  # numba's threads are started, and torch's count was kept
+
+
 def _threads():
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    """numba on as many threads as torch uses. numba's OpenMP layer starts its threads (once, at its first parallel
+    compile or call) by setting the OpenMP runtime it shares with torch to NUMBA_NUM_THREADS, all the cores: torch's
+    count, which OMP_NUM_THREADS, torch.set_num_threads or a taskset gave, was lost, and `experiments.py --jobs 2`
+    ran 4 busy threads on 2 cores. So they are started here, before any kernel, and torch's count is put back."""
+    global _numba_started
+    n = torch.get_num_threads()
+    if not _numba_started:
+        numba.get_num_threads()  # starts numba's threads (its OpenMP, TBB or own layer)
+        torch.set_num_threads(n)
+        _numba_started = True
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def _np(t):  # a float32 CPU tensor -> a numpy view of the same memory (contiguous first)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import textwrap
 import threading
 import time
 import types
@@ -476,6 +477,29 @@ _FAST_CPU_STEP = ("import torch, model, optim\n"
                   "loss.backward()\n"
                   "optim.clip_grad_norm(m.parameters(), 0.01, fused=True)\n"
                   "optim.AdamW(m.parameters(), fused=True).step()\n")
+
+
+@pytest.mark.parametrize("given", ["OMP_NUM_THREADS=1", "torch.set_num_threads(1)"])
+def test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave(tmp_path, given):
+    # numba's OpenMP layer starts by setting the OpenMP runtime it shares with torch to all the cores: under
+    # OMP_NUM_THREADS=1 (torchrun's, experiments.py --jobs 2's) a fast step left torch and numba on 2 threads each,
+    # so --jobs 2 ran 4 busy threads on 2 cores, 9x slower than --jobs 1. (A machine of one core cannot show it.)
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN: the workers
+    code = ("import torch\n" + (given + "\n" if given.startswith("torch") else "") +
+            "import sys, numba, bpe\n"
+            "counts = [torch.get_num_threads()]\n"
+            "bpe.train_bpe(sys.argv[1], 300, num_workers=2)\n"
+            "counts.append(torch.get_num_threads())\n"
+            "for _ in range(2):  # a second step: numba follows torch's count from the first on\n" +
+            textwrap.indent(_FAST_CPU_STEP, "    ") +
+            "    counts += [torch.get_num_threads(), numba.get_num_threads()]\n"
+            "print(counts)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    env.update([given.split("=")] if given.startswith("OMP") else [])
+    r = subprocess.run([sys.executable, "-c", code, str(text)], cwd=_BPE_REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "[1, 1, 1, 1, 1, 1]", (r.stdout, r.stderr)
 
 
 def test_fast_cpu_steps_aside_under_numba_disable_jit(tmp_path):
