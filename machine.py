@@ -9,11 +9,15 @@ without it.
 3. Devices and the compiler
 4. torchrun's processes: the environment checked, rank 0 first, the rendezvous, the process group
 """
+import atexit
 import contextlib
 import ctypes
 import datetime
 import functools
 import os
+import shutil
+import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -65,10 +69,38 @@ def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
 
 def numba_cache_fallback(source_dir):
     """Before numba loads: where it can keep compiled code neither beside the source (a read-only checkout) nor in
-    the user's cache (no writable home), a temporary directory instead; numba would refuse to load the file."""
+    the user's cache (no writable home), a folder of this user's in the temporary directory instead; numba would
+    refuse to load the file."""
     user_cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "numba"
     if not os.environ.get("NUMBA_CACHE_DIR") and not any(map(writable, (Path(source_dir) / "__pycache__", user_cache))):
-        os.environ["NUMBA_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"numba-cache-{os.getuid()}")
+        os.environ["NUMBA_CACHE_DIR"] = _private_folder(Path(tempfile.gettempdir(), f"numba-cache-{os.getuid()}"))
+
+
+def _not_private(path):
+    """Why the folder at path may not hold code this user runs, or "". numba reads its cache's index with pickle, so
+    a folder that another user made first (its name is predictable, in a temporary directory all may write) or may
+    write into would run their code as this user (CWE-377)."""
+    st = os.lstat(path)  # not stat: a symlink is judged as itself, not as the folder it points to
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+    if st.st_uid != os.getuid():
+        return f"owned by another user (uid {st.st_uid})"
+    return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else ""
+
+
+def _private_folder(path):
+    """path, made readable and writable by this user only if it is new, and used if it is this user's own and
+    private; else a new private folder of a name no one can guess, removed as this process ends (numba compiles
+    again in each run, so a line says why and what to do)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    if not (why := _not_private(path)):
+        return str(path)
+    new, owner = tempfile.mkdtemp(prefix=f"{path.name}-"), os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(new, ignore_errors=True))  # not a forked worker's
+    log(f"numba's cache: {path} is {why}, where another user could plant code, so this run compiles into {new} "
+        f"instead; delete {path}, or set NUMBA_CACHE_DIR to a folder only you can write.", file=sys.stderr)
+    return new
 
 
 # ----------------------------------------------------------------------------

@@ -25,10 +25,13 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import textwrap
 import threading
 import time
 import types
@@ -464,6 +467,59 @@ def test_fast_cpu_gradient_norm_is_the_same_bits_on_any_number_of_threads():
     fast_cpu._threads()
     assert sums[0] == sums[1]
     np.testing.assert_allclose(sums[0], [np.sum(g.astype(np.float64) ** 2) for g in grads], rtol=1e-13)
+
+
+# one float32 CPU step of the fast path (its four kernels and AdamW's), for a fresh process: python -c
+_FAST_CPU_STEP = ("import torch, model, optim\n"
+                  "torch.manual_seed(0)\n"
+                  "m = model.TransformerLM(61, 24, 32, 2, 4, 48, fast=True)\n"
+                  "ids = torch.randint(0, 61, (2, 24))\n"
+                  "loss = optim.cross_entropy(m(ids[:, :-1]), ids[:, 1:], fused=True)\n"
+                  "loss.backward()\n"
+                  "optim.clip_grad_norm(m.parameters(), 0.01, fused=True)\n"
+                  "optim.AdamW(m.parameters(), fused=True).step()\n")
+
+
+@pytest.mark.parametrize("given", ["OMP_NUM_THREADS=1", "torch.set_num_threads(1)"])
+def test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave(tmp_path, given):
+    # numba's OpenMP layer starts by setting the OpenMP runtime it shares with torch to all the cores: under
+    # OMP_NUM_THREADS=1 (torchrun's, experiments.py --jobs 2's) a fast step left torch and numba on 2 threads each,
+    # so --jobs 2 ran 4 busy threads on 2 cores, 9x slower than --jobs 1. (A machine of one core cannot show it.)
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN: the workers
+    code = ("import torch\n" + (given + "\n" if given.startswith("torch") else "") +
+            "import sys, numba, bpe\n"
+            "counts = [torch.get_num_threads()]\n"
+            "bpe.train_bpe(sys.argv[1], 300, num_workers=2)\n"
+            "counts.append(torch.get_num_threads())\n"
+            "for _ in range(2):  # a second step: numba follows torch's count from the first on\n" +
+            textwrap.indent(_FAST_CPU_STEP, "    ") +
+            "    counts += [torch.get_num_threads(), numba.get_num_threads()]\n"
+            "print(counts)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    env.update([given.split("=")] if given.startswith("OMP") else [])
+    r = subprocess.run([sys.executable, "-c", code, str(text)], cwd=_BPE_REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "[1, 1, 1, 1, 1, 1]", (r.stdout, r.stderr)
+
+
+def test_fast_cpu_steps_aside_under_numba_disable_jit(tmp_path):
+    # NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the kernels plain Python,
+    # where an intrinsic cannot run: a fast=True step ended in _bits_as_float32's traceback, train.py too. Now the
+    # plain code computes the step, the same loss as with numba
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    r = subprocess.run([sys.executable, "-c", _FAST_CPU_STEP + "import fast_cpu\n"
+                        "print(fast_cpu.usable(loss), loss.item())"], cwd=_BPE_REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[0] == "False", r.stderr
+    want = {}
+    with torch.random.fork_rng():  # (the step seeds torch's generator)
+        exec(_FAST_CPU_STEP, want)
+    assert float(r.stdout.split()[1]) == pytest.approx(want["loss"].item(), rel=1e-5)
+    args = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
+            "--out", str(tmp_path / "out")]
+    r = _train_cli(args, tmp_path, env={"NUMBA_DISABLE_JIT": "1"}, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "done: 2 steps" in r.stdout, r.stderr
 
 
 def test_model_ablation_keys_and_tied_weights():
@@ -1610,6 +1666,33 @@ def test_bpe_numba_cache_saves_take_turns(tmp_path, monkeypatch):
     fd = os.open(tmp_path, os.O_RDONLY)      # and freed after
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
+
+
+def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
+    """NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the engine's loops plain
+    Python: `bpe.py train` and train_bpe ended in "'function' object has no attribute 'signatures'". Now bpe.py's
+    plain counting, merge loop and encoder take every job, big ones too, with the engine's merges and ids."""
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    big.write_text("the cat sat on the mat.<|endoftext|> " * 40_000, encoding="utf-8")  # over COMPILED_COUNT_MIN
+    # a pre-token over bpe.py's _PLAIN_WORD_CHARS (1,000 outside these tests) is the engine's to encode: as Python
+    small.write_text("hello world, " * 50 + "x" * 2_000, encoding="utf-8")
+    code = ("import sys, bpe\n"
+            "for path in sys.argv[1:]:\n"
+            "    vocab, merges = bpe.train_bpe(path, 300, ['<|endoftext|>'], num_workers=2)\n"
+            "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
+            "    print(merges, tok.encode(open(path, encoding='utf-8').read()))\n")
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    r = subprocess.run([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # no numpy warning of the hashes' wrap either
+    want = []
+    for path in (big, small):
+        vocab, merges = bpe.train_bpe(path, 300, ["<|endoftext|>"], num_workers=2)
+        want.append(f"{merges} {bpe.Tokenizer(vocab, merges, ['<|endoftext|>']).encode(path.read_text('utf-8'))}")
+    assert r.stdout.splitlines() == want
+    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300", "--out",
+                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("trained ") and r.stderr == "", r.stderr
 
 
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
@@ -3398,6 +3481,40 @@ def test_plumbing_numba_cache_fallback_under_a_home_this_user_cannot_look_into(t
     if "setpriv:" in r.stderr:
         pytest.skip(f"setpriv cannot drop capabilities here: {r.stderr.strip()}")
     assert r.returncode == 0 and r.stdout == f"{tmp_path}/numba-cache-0\n", r.stderr
+
+
+@pytest.mark.parametrize("planted", ["open to all", "a symlink", "another user's"])
+def test_plumbing_numba_cache_fallback_never_uses_a_folder_another_user_could_plant(tmp_path, monkeypatch, capsys,
+                                                                                      planted):
+    # $TMPDIR/numba-cache-<uid> is a name any local user can make first, and numba reads its index with pickle: that
+    # folder was used whoever owned it and whatever its mode, so another user's code could run as this one (CWE-377)
+    monkeypatch.setattr(machine, "writable", lambda path: False)  # a read-only checkout and no writable home
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    usual = tmp_path / f"numba-cache-{os.getuid()}"
+    machine.numba_cache_fallback(tmp_path)  # none there yet: made private, and used (and again next time)
+    assert os.environ["NUMBA_CACHE_DIR"] == str(usual) and stat.S_IMODE(usual.stat().st_mode) == 0o700
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    machine.numba_cache_fallback(tmp_path)
+    assert os.environ["NUMBA_CACHE_DIR"] == str(usual) and capsys.readouterr().err == ""
+    usual.rmdir()
+    (tmp_path / "theirs").mkdir()
+    if planted == "a symlink":
+        usual.symlink_to(tmp_path / "theirs")
+    else:
+        usual.mkdir()
+        usual.chmod(0o777)  # (mkdir's mode is cut by the umask)
+    if planted == "another user's":
+        if os.getuid() != 0:
+            pytest.skip("needs root, to give a folder to another user")
+        usual.chmod(0o700)
+        os.chown(usual, 65534, 65534)
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    machine.numba_cache_fallback(tmp_path)
+    used = Path(os.environ["NUMBA_CACHE_DIR"])
+    assert used.parent == tmp_path and used.name.startswith(usual.name + "-") and not used.is_symlink()
+    assert used.stat().st_uid == os.getuid() and stat.S_IMODE(used.stat().st_mode) == 0o700
+    assert f"numba's cache: {usual} is " in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------
