@@ -6348,6 +6348,18 @@ def test_train_sample_reads_a_crlf_stdin_line_as_its_text(sample_run, capsys, mo
     assert capsys.readouterr().out == alone
 
 
+def test_train_sample_prompt_from_a_closed_stdin_is_one_sentence(sample_run):
+    # `train.py --sample --prompt - <&-` (a job runner that closes fd 0): Python's sys.stdin is None, and "TypeError:
+    # 'NoneType' object is not iterable" ended it. A subprocess: only a process started without fd 0 gets that None
+    flags, run = sample_run
+    before = _sample_files(run)
+    r = _train_cli([*flags, "--sample", *_SAMPLING, "--prompt", "-"], run, preexec_fn=lambda: os.close(0), timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == (
+        "train.py: error: --prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
+        "(< prompts.txt), or pass the prompt's text.\n"), r.stderr
+    assert _sample_files(run) == before
+
+
 def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_path, capsys):
     # bpe.py encode writes the tokenizer to another folder than the ids: --vocab-size had to be passed by hand and the
     # run ended without samples. --tokenizer DIR names it (bpe.py encode's last line says how): the size is its own

@@ -332,6 +332,9 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
 def print_samples(cfg):
     """--sample: the run's last checkpoint continues --prompt, or with --prompt - each line of stdin as it comes (an
     empty line: a new document); each sample ends at EOT. The run is only read."""
+    if cfg["prompt"] == "-" and sys.stdin is None:  # started with fd 0 closed (`<&-`, a job runner): Python's None
+        raise cli.UsageError("--prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
+                             "(< prompts.txt), or pass the prompt's text.")
     try:
         model, tok, _ = load_run(rundir.run_dir(cfg), cfg["device"])
     except FileNotFoundError as e:
