@@ -7784,6 +7784,14 @@ def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypat
 
 
 # --- hostile command-line review: bench.py, kernels.py, accounting.py ---
+
+
+def test_bench_help_lists_every_table_with_gpu_and_the_whole_runs_time(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{all,train,cold,encode,step,generate,gpu}" in text and "about 25 minutes" in text and "8 minutes" in text
+
 @pytest.mark.parametrize("flags, needle", [
     (["--budget", "inf"], "--budget inf must be positive and finite"),  # a traceback from the tests' timer, before
     (["--budget", "-5"], "--budget -5 must be positive and finite"),
