@@ -45,6 +45,9 @@ import numpy as np
 import pytest
 import regex
 import torch
+import torch._dynamo
+import torch._functorch.config
+import torch._inductor.config
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -79,6 +82,36 @@ def _in_a_temporary_directory(tmp_path):
     os.chdir(tmp_path)
     yield
     os.chdir(home)
+
+
+def _torch_global_state():
+    """torch's process-wide switches, which a test could leave changed for every test after it in the process: each
+    compiler option (its value, and that it is still there: a ConfigModule hides an option that is deleted, as
+    pytest 9.2's monkeypatch.undo does, and every later compile then fails) and the numeric modes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reading a deprecated option warns
+        options = {f"{m.__name__}.{k}": (getattr(m, k, "<deleted>"), v) for m in
+                   (torch._dynamo.config, torch._functorch.config, torch._inductor.config)
+                   for k, v in m.get_config_copy().items()}
+    modes = {"default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+             "deterministic mode": (torch.are_deterministic_algorithms_enabled(),
+                                    torch.is_deterministic_algorithms_warn_only_enabled(),
+                                    torch.utils.deterministic.fill_uninitialized_memory),
+             "float32 matmul precision": torch.get_float32_matmul_precision(),
+             "flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0}
+    return options | modes
+
+
+@pytest.fixture(autouse=True)
+def _torch_global_state_as_it_was(monkeypatch):
+    """A test changes torch's global state only for itself (config.patch, a try/finally; never monkeypatch.setattr on
+    a config module): fails the test that leaves it changed, not the unrelated one that meets it later."""
+    before = _torch_global_state()
+    yield
+    monkeypatch.undo()  # the test's patches first: an autouse fixture set up monkeypatch before this one
+    after = _torch_global_state()
+    assert after == before, ("left changed (was, now):", {k: (before[k], after.get(k)) for k in before
+                                                            if before[k] != after.get(k)})
 
 
 # A signal test must know what the program is doing when the signal comes, on a fast machine and on a loaded one
@@ -838,12 +871,14 @@ def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monk
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
     monkeypatch.setattr(model, "_COMPILED_STEPS", {})
     graphs = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(model._decode_step))  # earlier tests' count too
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", graphs + 2)
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64, context_length=16)
-    for b in (1, 2, 3):
-        prompts = [[1, 2, 3]] * b
-        assert model.generate(m, prompts, 5, temperature=0, fast=True) == model.generate(m, prompts, 5, temperature=0)
+    # torch's own patch, not monkeypatch: pytest 9.2's undo deletes the option, and torch then hides it for good
+    with torch._dynamo.config.patch(recompile_limit=graphs + 2):
+        for b in (1, 2, 3):
+            prompts = [[1, 2, 3]] * b
+            assert model.generate(m, prompts, 5, temperature=0, fast=True) == \
+                model.generate(m, prompts, 5, temperature=0)
     assert counter.frame_count == 2
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode step as a CUDA graph needs a CUDA GPU")
@@ -4117,6 +4152,26 @@ def test_plumbing_requirements_leave_users_their_torch_and_ci_pins_its_own():
     readme = [l.split("#")[0].strip() for l in (root / "README.md").read_text().splitlines()]
     test_command = next(l for l in readme if l.startswith("python -m pytest"))
     assert test_command in ci
+
+
+def test_plumbing_ci_runs_the_compiler_tests_on_the_newest_releases_too():
+    # CI pinned torch and kept the pytest it had, so it passed while a fresh clone failed (issue 46 item 10): pytest
+    # 9.2's monkeypatch.undo deleted a torch compiler option, which torch then hid from every later compile. Its
+    # second run takes the newest releases, unpinned, for the tests that touch torch's compiler and global switches
+    ci = (Path(__file__).resolve().parent / ".ci" / "run").read_text()
+    newest = [l for l in ci.splitlines() if "pip install" in l and "--upgrade -r requirements.txt" in l]
+    assert newest and not any(" -c " in l for l in newest), newest
+    keywords = re.search(r'\$newest/bin/python" -m pytest .*-k "([^"]+)"', ci)[1]
+
+    def selected(name):  # pytest's -k: each word a case-insensitive part of the test's name
+        return eval(re.sub(r"\w+", lambda w: w[0] if w[0] in ("and", "or", "not") else str(w[0].lower() in name),
+                           keywords))
+    touching = re.findall(r"^def (test_\w+)\((?:(?!\ndef ).)*?torch\._(?:dynamo|inductor|functorch)\.config\.",
+                          Path(__file__).read_text(), re.M | re.S)
+    assert "test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly" in touching
+    assert all(map(selected, touching + ["test_train_cpu_runs_flush_subnormal_floats",
+                                         "test_train_cpu_runs_skip_the_nan_fill_of_deterministic_mode"])), keywords
+    assert not selected("test_bpe_compiled_counts_equal_the_regex_counts")  # numba's, not torch's: too slow for it
 
 # ============================================================================
 # train.py
