@@ -6537,6 +6537,7 @@ def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_senten
 # --- issue 37: experiments.py (the section 7 experiments as sets of train.py runs) and train.py --tensorboard ---
 
 import experiments  # noqa: E402
+import tokenizer_experiments  # noqa: E402
 
 
 def _exp_report_rows(report):  # the report's table rows: variant -> (final val loss, tokens/s, wall time, diverged)
@@ -6645,10 +6646,10 @@ def test_experiments_tokenizer_other_domain_is_the_other_handout_dataset_when_ca
     saved = tmp_path / "owt" / "bpe280"
     saved.mkdir(parents=True)
     bpe.Tokenizer(vocab, merges).save(saved / "vocab.json", saved / "merges.txt")
-    assert experiments.other_domain(cfg, 10_000)[0] == "Python's standard library source"  # no owt text yet
+    assert tokenizer_experiments.other_domain(cfg, 10_000)[0] == "Python's standard library source"  # no owt text yet
     (tmp_path / "owt" / "owt_valid.txt").write_text(data.EOT.join(docs))
-    name, got, tok = experiments.other_domain(cfg, 10_000)
-    assert (name, got, tok.merges) == ("owt's validation text", docs[:experiments.DOCUMENTS], merges)
+    name, got, tok = tokenizer_experiments.other_domain(cfg, 10_000)
+    assert (name, got, tok.merges) == ("owt's validation text", docs[:tokenizer_experiments.DOCUMENTS], merges)
 
 
 def test_experiments_lr_answers_are_computed_from_the_runs():
@@ -6681,26 +6682,27 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     cfg = train.resolve_config(["--data", str(story), "--vocab-size", "300", "--data-dir", str(tmp_path / "data")])
     _, tok, ids = experiments.prepare(cfg)
     path = tmp_path / "tokenizer" / "tokenizer.json"  # where extra_sections reads it (tmp_path: the experiments')
-    f = experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
+    f = tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
     valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
-    docs = [d for d in valid.split(data.EOT) if d.strip()][:experiments.DOCUMENTS]
+    docs = [d for d in valid.split(data.EOT) if d.strip()][:tokenizer_experiments.DOCUMENTS]
     assert (f["documents"], f["bytes"]) == (10, sum(len(d) for d in docs))
     assert f["tokens"] == sum(len(tok.encode(d)) for d in docs)
-    name, other_docs, other_tok = experiments.other_domain(cfg, 30_000)  # the standard library: its first modules
+    name, other_docs, other_tok = tokenizer_experiments.other_domain(cfg, 30_000)  # the standard library's modules
     assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
     assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text(encoding="utf-8")
     for key, t, d in (("ours_on_other", tok, other_docs), ("other_on_other", other_tok, other_docs),
                       ("other_on_ours", other_tok, docs)):
         assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
-    a, b, c, dd = experiments.answer_tokenizer(f)
+    a, b, c, dd = tokenizer_experiments.answer_tokenizer(f)
     assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents")
     assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
-    monkeypatch.setattr(experiments, "other_domain", None)  # measured once: the kept figures are read back
-    assert experiments.tokenizer_figures(tok, ids, cfg, path) == f
+    monkeypatch.setattr(tokenizer_experiments, "other_domain", None)  # measured once: the kept figures are read back
+    assert tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path) == f
     path.write_text(json.dumps({k: v for k, v in f.items() if not k.startswith("other")}))  # an older version's
-    assert experiments.stored_figures(path) is None and "tokenizer" not in experiments.extra_sections(tmp_path, None)
+    assert tokenizer_experiments.stored_figures(path) is None
+    assert "tokenizer" not in experiments.extra_sections(tmp_path, None)
 
 
 # --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
