@@ -129,10 +129,11 @@ def plan(cfg):
     sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
     base = sweep[lr]
 
-    def batch_run(size):  # the baseline's tokens, and its tokens between evaluations
+    def batch_run(size):  # the baseline's tokens, its tokens between evaluations and those of its warm-up
         steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
         return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps),
-                                              "--eval-interval", str(every)])
+                                              "--eval-interval", str(every),
+                                              "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(tenth(lr))}": Run("ablations", f"no-norm_{lr_name(tenth(lr))}",
                                                       ["--no-norm", *lr_flags(cfg, tenth(lr))]),

@@ -6597,12 +6597,13 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     plans = experiments.plan(base)
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
-    knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "no_norm", "post_norm", "nope",
-             "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, split by --grad-accum
+    knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, by --grad-accum
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
-        assert cfg["batch_size"] * cfg["max_iters"] == base["batch_size"] * base["max_iters"], label
+        for k in ("max_iters", "warmup_iters"):  # the baseline's tokens, and those of its warm-up
+            assert cfg["batch_size"] * cfg[k] == base["batch_size"] * base[k], (label, k)
         assert cfg["compile"] == (data_source == "tinystories")
     assert sorted(cfg["lr"] for (name, _), cfg in cfgs.items() if name == "lr") == sorted({*scale["lrs"], base["lr"]})
     assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
@@ -6831,11 +6832,12 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
 
 
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
-    # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
+    # --post-norm suits the baseline, not the no-norm ablation (--warmup-iters 5 was the example, too long for
+    # batch=128's 2 steps, until the batch runs kept the baseline's warm-up in tokens): refused before any run starts
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(cli.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
-        experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
-                          "--max-iters", "40", "--warmup-iters", "5"])
+    with pytest.raises(cli.UsageError, match=r"^ablations/no-norm: --no-norm and --post-norm contradict each other"):
+        experiments.main(["ablations", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--max-iters", "40", "--post-norm"])
     assert not (tmp_path / "out").exists()
 
 
