@@ -6536,6 +6536,7 @@ def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_senten
 # --- issue 37: experiments.py (the section 7 experiments as sets of train.py runs) and train.py --tensorboard ---
 
 import experiments  # noqa: E402
+import tokenizer_experiments  # noqa: E402
 
 
 def _exp_report_rows(report):  # the report's table rows: variant -> (final val loss, tokens/s, wall time, diverged)
@@ -6595,12 +6596,13 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     plans = experiments.plan(base)
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
-    knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "no_norm", "post_norm", "nope",
-             "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, split by --grad-accum
+    knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, by --grad-accum
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
-        assert cfg["batch_size"] * cfg["max_iters"] == base["batch_size"] * base["max_iters"], label
+        for k in ("max_iters", "warmup_iters"):  # the baseline's tokens, and those of its warm-up
+            assert cfg["batch_size"] * cfg[k] == base["batch_size"] * base[k], (label, k)
         assert cfg["compile"] == (data_source == "tinystories")
     assert sorted(cfg["lr"] for (name, _), cfg in cfgs.items() if name == "lr") == sorted({*scale["lrs"], base["lr"]})
     assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
@@ -6611,10 +6613,27 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     assert plans["ablations"][0][2] is dict((label, run) for _, label, run in plans["lr"])[f"lr={base['lr']:.0e}"]
 
 
+@pytest.mark.parametrize("lr", [0.0012, 2.8e-3, 2.5e-2, 0.00123456789])
+def test_experiments_every_variant_has_a_folder_of_its_own(lr):
+    # rates were named lr={x:.0e}: --lr 0.0012 and the sweep's 1e-3 shared lr=1e-03 (2.8e-3 and 3e-3, 2.5e-2 and 3e-2
+    # too), one run replaced the other's, and the report refused the sweep's own run for ever
+    base = train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"], "--lr", str(lr),
+                                 "--benchmark"])
+    args, plans = types.SimpleNamespace(data="pydoc", out_dir="out"), experiments.plan(base)
+    runs = {run for entries in plans.values() for *_, run in entries}
+    assert len({run.dir("out") for run in runs}) == len(runs) == 16  # the baseline is one run of three experiments
+    for value, label, run in plans["lr"] + plans["ablations"][2:3]:
+        cfg = train.resolve_config(experiments.command(run, args, [])[2:])
+        assert float(label.rpartition("=")[2]) == cfg["lr"], label  # the name reads back as the rate it trains at
+    assert experiments.lr_name(lr) != "lr=" + f"{lr:.0e}" and experiments.baseline_run(plans).name == \
+        experiments.lr_name(lr)
+    assert experiments.lr_name(1e-3) == "lr=1e-03" and experiments.lr_name(100.0) == "lr=1e+02"  # the sweep's names
+
+
 def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_path):
-    run = experiments.Run("lr", "lr=1e+01", ["--lr", "10"])
-    args = types.SimpleNamespace(data="pydoc", out_dir=str(tmp_path / "out"))
+    run, args = experiments.Run("lr", "lr=1e+01", ["--lr", "10"]), _exp_args(tmp_path)
     run.dir(args.out_dir).mkdir(parents=True)
+    _exp_config_json(run, args)
     log = run.dir(args.out_dir).with_name(run.name + ".log")
     cfg = {"rank": 0, "out_dir": str(run.dir(args.out_dir).parent), "run_name": run.name}
     with pytest.raises(cli.DataError) as e, rundir.divergence_recorded(cfg):  # as train.py stops on a NaN loss
@@ -6644,10 +6663,10 @@ def test_experiments_tokenizer_other_domain_is_the_other_handout_dataset_when_ca
     saved = tmp_path / "owt" / "bpe280"
     saved.mkdir(parents=True)
     bpe.Tokenizer(vocab, merges).save(saved / "vocab.json", saved / "merges.txt")
-    assert experiments.other_domain(cfg, 10_000)[0] == "Python's standard library source"  # no owt text yet
+    assert tokenizer_experiments.other_domain(cfg, 10_000)[0] == "Python's standard library source"  # no owt text yet
     (tmp_path / "owt" / "owt_valid.txt").write_text(data.EOT.join(docs))
-    name, got, tok = experiments.other_domain(cfg, 10_000)
-    assert (name, got, tok.merges) == ("owt's validation text", docs[:experiments.DOCUMENTS], merges)
+    name, got, tok = tokenizer_experiments.other_domain(cfg, 10_000)
+    assert (name, got, tok.merges) == ("owt's validation text", docs[:tokenizer_experiments.DOCUMENTS], merges)
 
 
 def test_experiments_lr_answers_are_computed_from_the_runs():
@@ -6674,38 +6693,82 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_path):
+    # figures titled only "ablations"; the no-norm runs, starting at 15.6, squeezed the others into the bottom fifth;
+    # the baseline's line hid under another's
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
+    import matplotlib.pyplot as plt
+
+    def row(name, start, end, baseline=False):
+        return dict(name=name, curve=[(0, 0.0, start), (200, 60.0, (start + end) / 2), (400, 120.0, end)],
+                    diverged=None, final=end, baseline=baseline)
+    rows = [row("baseline", 7.7, 3.0, True), row("post-norm", 7.7, 3.0), row("no-norm", 15.6, 3.6),
+            row("no-norm_lr=5e-04", 15.6, 4.2), row("nope", 7.7, 3.2)]
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    cfg = train.resolve_config(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--benchmark"])
+    fig = experiments.draw(experiments.figure_title("ablations", cfg), rows, 6.3)
+    try:
+        assert fig.get_suptitle() == ("ablations: each ablation against the baseline\n--data toy.npy, 2 layers of "
+                                      "d_model 32, 5.12k tokens a run (the baseline: 40 steps of 8 x 16 tokens at lr "
+                                      "5e-03)")
+        ax = fig.axes[0]
+        low, top = ax.get_ylim()
+        assert 7.7 < top < 9 and low < 3.0  # every curve that starts with the others is whole
+        said = [t.get_text() for t in fig.texts if t.get_text() != fig.get_suptitle()]
+        assert said == [f"y-axis clipped at {top:.2f}: no-norm (up to 15.6), no-norm_lr=5e-04 (up to 15.6) run "
+                        "above it"]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert lines["baseline"].get_linestyle() == "--" and lines["post-norm"].get_linestyle() == "-"
+        assert lines["baseline"].get_zorder() > max(line.get_zorder() for name, line in lines.items()
+                                                    if name != "baseline")
+    finally:
+        plt.close(fig)
+    fig = experiments.draw("lr", rows[:2], 6.3)  # nothing above: nothing said
+    assert [t.get_text() for t in fig.texts] == ["lr"] and fig.axes[0].get_ylim()[1] == pytest.approx(7.7 * 1.05)
+    plt.close(fig)
+
+
 def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path, monkeypatch):
     story = tmp_path / "story.txt"
     story.write_text("".join(f"Tom had {i} red ball{'s' * (i % 2)}. It was fun.{data.EOT}" for i in range(400)))
     cfg = train.resolve_config(["--data", str(story), "--vocab-size", "300", "--data-dir", str(tmp_path / "data")])
-    _, tok, ids = experiments.prepare(cfg)
+    _, tok, ids, _ = experiments.prepare(cfg)
     path = tmp_path / "tokenizer" / "tokenizer.json"  # where extra_sections reads it (tmp_path: the experiments')
-    f = experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
+    f = tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
     valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
-    docs = [d for d in valid.split(data.EOT) if d.strip()][:experiments.DOCUMENTS]
+    docs = [d for d in valid.split(data.EOT) if d.strip()][:tokenizer_experiments.DOCUMENTS]
     assert (f["documents"], f["bytes"]) == (10, sum(len(d) for d in docs))
     assert f["tokens"] == sum(len(tok.encode(d)) for d in docs)
-    name, other_docs, other_tok = experiments.other_domain(cfg, 30_000)  # the standard library: its first modules
+    name, other_docs, other_tok = tokenizer_experiments.other_domain(cfg, 30_000)  # the standard library's modules
     assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
     assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text(encoding="utf-8")
     for key, t, d in (("ours_on_other", tok, other_docs), ("other_on_other", other_tok, other_docs),
                       ("other_on_ours", other_tok, docs)):
         assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
-    a, b, c, dd = experiments.answer_tokenizer(f)
+    a, b, c, dd = tokenizer_experiments.answer_tokenizer(f)
     assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents")
     assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
-    monkeypatch.setattr(experiments, "other_domain", None)  # measured once: the kept figures are read back
-    assert experiments.tokenizer_figures(tok, ids, cfg, path) == f
+    monkeypatch.setattr(tokenizer_experiments, "other_domain", None)  # measured once: the kept figures are read back
+    assert tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path) == f
     path.write_text(json.dumps({k: v for k, v in f.items() if not k.startswith("other")}))  # an older version's
-    assert experiments.stored_figures(path) is None and "tokenizer" not in experiments.extra_sections(tmp_path, None)
+    assert tokenizer_experiments.stored_figures(path) is None
+    assert "tokenizer" not in experiments.extra_sections(tmp_path, None)
 
 
 # --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
 
-def _exp_args(tmp_path, data="pydoc"):
-    return types.SimpleNamespace(data=data, out_dir=str(tmp_path / "out"))
+_EXP_FINGERPRINT = {"tokens": ["1:ab"], "tokenizer": []}  # a run's data, as data.fingerprint writes it
+
+
+def _exp_args(tmp_path, data="pydoc"):  # main's args, with the data's fingerprint it adds
+    return types.SimpleNamespace(data=data, out_dir=str(tmp_path / "out"), data_fingerprint=_EXP_FINGERPRINT)
+
+
+def _exp_config_json(run, args, rest=()):  # the config.json train.py writes in a run's folder
+    (run.dir(args.out_dir) / "config.json").write_text(json.dumps(
+        dict(experiments.resolved(run, args, list(rest)), data_fingerprint=args.data_fingerprint)))
 
 
 @pytest.mark.parametrize("text", ['[]', '{}', '{"command": 5}', '{"status": "done", "step": null, "command": [1]}',
@@ -6732,13 +6795,18 @@ def test_experiments_ablations_answer_a_diverged_baseline():
                                                             "NoPE (no position embedding): 3.250 (-0.250)."]
 
 
-def _exp_finished_run(tmp_path, metrics):  # a run with finish()'s result.json and the given metrics.jsonl lines
-    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+def _exp_write_run(run, args, metrics, rest=()):  # a run's files as train.py and finish() leave a finished one
     run.dir(args.out_dir).mkdir(parents=True)
     (run.dir(args.out_dir) / "result.json").write_text(json.dumps(
-        {"status": "done", "step": None, "command": experiments.command(run, args, [])[2:]}))
+        {"status": "done", "step": None, "command": experiments.command(run, args, list(rest))[2:]}))
+    _exp_config_json(run, args, rest)
     if metrics is not None:
         (run.dir(args.out_dir) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+
+
+def _exp_finished_run(tmp_path, metrics):  # a run with finish()'s result.json and the given metrics.jsonl lines
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path)
+    _exp_write_run(run, args, metrics)
     return run, args
 
 
@@ -6763,18 +6831,77 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
 
 
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
-    # --warmup-iters 5 suits the baseline's 40 steps, not batch=128's 2 (the same tokens): refused before any run starts
+    # --post-norm suits the baseline, not the no-norm ablation (--warmup-iters 5 was the example, too long for
+    # batch=128's 2 steps, until the batch runs kept the baseline's warm-up in tokens): refused before any run starts
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(cli.UsageError, match=r"^batch/batch=128: --warmup-iters 5 is longer than the run \(2 steps"):
-        experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
-                          "--max-iters", "40", "--warmup-iters", "5"])
+    with pytest.raises(cli.UsageError, match=r"^ablations/no-norm: --no-norm and --post-norm contradict each other"):
+        experiments.main(["ablations", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--max-iters", "40", "--post-norm"])
     assert not (tmp_path / "out").exists()
+
+
+def test_experiments_a_token_budget_sets_the_steps_of_every_run(tmp_path, monkeypatch):
+    # --total-tokens was refused ("--max-iters and --total-tokens both set the run length") though the user set only
+    # the budget: the CPU scale's own --max-iters 400 was the other one
+    ids, made = _train_toy_ids(tmp_path / "toy.npy"), []
+    out = tmp_path / "out" / "experiments"  # the runs themselves are not the point here: their flags are
+    monkeypatch.setattr(experiments, "run_all", lambda runs, args, rest: made.extend((run, args, rest) for run in runs)
+                        or out.mkdir(parents=True))
+    assert experiments.main(["all", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                             "--total-tokens", "10240"]) == 0
+    assert len(made) == 16
+    for run, args, rest in made:
+        cmd = experiments.command(run, args, rest)
+        cfg = train.resolve_config(cmd[2:])
+        assert cfg["total_tokens"] == 10240 and cfg["max_iters"] == 10240 // (cfg["batch_size"] * 16), run.name
+        assert cmd.count("--max-iters") + cmd.count("--total-tokens") == 1, cmd  # one budget each, as given
+    with pytest.raises(cli.UsageError, match=r"^--max-iters and --total-tokens both set the run length"):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--total-tokens", "10240", "--max-iters", "5"])  # both given by the user: refused as ever
 
 
 def test_experiments_huge_jobs_makes_no_more_slots_than_runs(tmp_path):
     run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
     args.jobs = 10 ** 20  # [{...}] * 10**20 raised OverflowError (MemoryError for 10**11)
     experiments.run_all([run], args, [])  # the run has its result: nothing to start, and no traceback
+
+
+def test_experiments_show_one_progress_line_and_each_runs_log(tmp_path, monkeypatch, capsys):
+    # a 15-minute ablations run printed only "nope: starting" and "nope: done": no step, no ETA, no "run 3 of 6", and
+    # the runs' own logs were never named. Stderr here is no terminal: whole lines, one each PROGRESS_EVERY seconds
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    args, rest = _exp_args(tmp_path, data=str(ids)), [*_TRAIN_TINY, "--max-iters", "3"]
+    args.jobs = 1
+    runs = [experiments.Run("lr", name, ["--lr", lr]) for name, lr in (("lr=1e-03", "0.001"), ("lr=3e-03", "0.003"))]
+
+    class Process:  # train.py as run_all sees it: a step in its metrics.jsonl at each poll, then exit code 0
+        def __init__(self, run):
+            self.run, self.step = run, 0
+            run.dir(args.out_dir).mkdir(parents=True)
+
+        def poll(self):
+            if self.step == 3:
+                self.returncode = 0
+                return 0
+            self.step += 1
+            with open(self.run.dir(args.out_dir) / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step, "tokens": self.step * 128, "time": 0.1, "loss": 3.0}) + "\n")
+            return None
+    monkeypatch.setattr(experiments, "start", lambda run, args, rest, env: Process(run))
+    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.0)  # every poll's line, not one each 10 seconds
+    experiments.run_all(runs, args, rest)
+    out, err = capsys.readouterr()
+    for run in runs:
+        assert f"lr/{run.name}: starting (log: {experiments.log_path(run, args)})\n" in out
+        assert f"lr/{run.name}: done\n" in out
+    lines = err.splitlines()
+    assert "\r" not in err and lines[0] == "0/2 runs done, ETA - | lr/lr=1e-03 step 0/3", lines  # nothing trained yet
+    assert [re.sub(r"ETA \d+m\d\ds", "ETA t", line) for line in lines[1:]] == [
+        "0/2 runs done, ETA t | lr/lr=1e-03 step 1/3", "0/2 runs done, ETA t | lr/lr=1e-03 step 2/3",
+        "0/2 runs done, ETA t | lr/lr=1e-03 step 3/3", "1/2 runs done, ETA t | lr/lr=3e-03 step 0/3",
+        "1/2 runs done, ETA t | lr/lr=3e-03 step 1/3", "1/2 runs done, ETA t | lr/lr=3e-03 step 2/3",
+        "1/2 runs done, ETA t | lr/lr=3e-03 step 3/3"] + [lines[-1]]
+    assert re.fullmatch(r"2/2 runs done in \d+m\d\ds", lines[-1]), lines
 
 
 @pytest.mark.parametrize("name", ["report.md", "lr.png"])
@@ -6847,6 +6974,33 @@ def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
         experiments.outcome(run, args, ["--seed", "7"])
 
 
+def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, monkeypatch):
+    # the saved command line was compared as a string: --data ./toy.npy against its absolute path, or the same flags in
+    # another order, was "a run of other flags; delete it", which threw away finished work. What the run is counts: its
+    # config.json against the resolved flags (as --resume compares them), and its data's fingerprint
+    _train_toy_ids(tmp_path / "toy.npy")
+    monkeypatch.chdir(tmp_path)
+    rest = ["--seed", "7", *_TRAIN_TINY, "--max-iters", "40"]
+    made, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path, data="./toy.npy")
+    _exp_write_run(made, args, [{"step": 0, "time": 0.1, "val_loss": 4.0}], rest)
+    pairs = [rest[i:i + 2] for i in range(0, len(rest), 2)]
+    again = ["--max-it=40", *(a for pair in reversed(pairs[1:-1]) for a in pair), "--seed=7"]  # abbreviated, reordered
+    run = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"])
+    args = _exp_args(tmp_path, data=str(tmp_path / "toy.npy"))
+    assert experiments.outcome(run, args, again)["status"] == "done"
+    with pytest.raises(cli.UsageError, match=r"is a run of other flags \(seed 7 -> 8\); delete it"):
+        experiments.outcome(experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), args, [*again, "--seed", "8"])
+    args.data_fingerprint = {"tokens": ["2:cd"], "tokenizer": []}  # the file's ids changed since
+    with pytest.raises(cli.UsageError, match=rf"other flags \(its data: other token files or tokenizer than --data "
+                                             rf"{re.escape(args.data)}'s\)"):
+        experiments.outcome(run, args, again)
+    (made.dir(args.out_dir) / "config.json").unlink()  # what the run was cannot be told: the folder is named
+    folder = re.escape(str(made.dir(args.out_dir)))
+    with pytest.raises(cli.UsageError, match=rf"config.json holds no run config; delete {folder} and rerun to run that "
+                                             r"run again.$"):
+        experiments.outcome(run, args, again)
+
+
 @pytest.mark.parametrize("experiment, variants, said", [("lr", "", "no variant '' in lr; pick from "),
                                                        ("tokenizer", "x", "no variant 'x' in tokenizer; it has no runs")])
 def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, variants, said):
@@ -6857,13 +7011,44 @@ def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, vari
         experiments.chosen_runs(args, experiments.plan(base))
 
 
+def test_experiments_help_lists_each_experiments_variants_and_their_time(capsys):
+    with pytest.raises(SystemExit) as e:
+        experiments.parse(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and experiments.CPU_RUN_SECONDS > 0
+    assert f"about {cli.fmt_time(experiments.CPU_RUN_SECONDS)} on one core ({experiments.MEASURED_RUN})" in \
+        " ".join(out.split())
+    plans = experiments.plan(train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"],
+                                                   "--device", "cpu", "--benchmark"]))
+    for name, entries in plans.items():
+        line = re.search(rf"^  {name} +(\d+) runs, about (\d+) min: (.*(?:\n {{13}}.*)*)", out, re.M)
+        assert int(line[1]) == len(entries) and int(line[2]) == round(len(entries) * experiments.CPU_RUN_SECONDS / 60)
+        assert [v.split(" (")[0] for v in " ".join(line[3].split()).split(", ")] == [label for _, label, _ in entries]
+    assert max(map(len, out.splitlines())) <= 100
+
+
+def test_experiments_result_json_records_each_flag_once(tmp_path):
+    # result.json held --max-iters twice, the scale's 400 and the user's (and a batch run's a third time)
+    args, rest = _exp_args(tmp_path), ["--max-iters", "100", "--lr", "0.002"]
+    for run, steps, lr in ((experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), "100", "0.001"),
+                           (experiments.Run("batch", "batch=8", ["--batch-size", "8", "--max-iters", "400"]), "400",
+                            "0.002")):
+        run.dir(args.out_dir).mkdir(parents=True)
+        experiments.finish(run, args, rest, 0)
+        saved = json.loads((run.dir(args.out_dir) / "result.json").read_text())["command"]
+        flags = [a for a in saved if a.startswith("--")]
+        assert len(flags) == len(set(flags)), saved
+        assert saved[saved.index("--max-iters") + 1] == steps and saved[saved.index("--lr") + 1] == lr
+
+
 def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
     # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
     # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
     ids = _train_toy_ids(tmp_path / "toy.npy")
     rest = [*_TRAIN_TINY, "--max-iters", "40"]
     cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
-    args, plans = types.SimpleNamespace(data=str(ids), out_dir=str(tmp_path / "out"), jobs=1), experiments.plan(cfg)
+    args = types.SimpleNamespace(experiment="batch", data=str(ids), out_dir=str(tmp_path / "out"), jobs=1)
+    plans = experiments.plan(cfg)
     (tmp_path / "out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
     experiments.report(args, rest, ["batch"], cfg, plans, 3.0, {})
     hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$",
@@ -6871,6 +7056,32 @@ def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path
     again, again_rest = experiments.parse(shlex.split(hint)[2:])
     for _, _, run in plans["batch"]:
         assert experiments.command(run, again, again_rest) == experiments.command(run, args, rest)
+
+
+def test_experiments_report_has_a_section_only_for_an_experiment_that_ran(tmp_path):
+    # `experiments.py ablations` wrote lr and batch sections of one variant each (the baseline, which they share):
+    # "16,728 tokens/s at batch 32, 16,728 at batch 32 (1x)"; and the tokens/s column did not say what it was
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    rest = [*_TRAIN_TINY, "--max-iters", "40"]
+    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    args, plans = _exp_args(tmp_path, data=str(ids)), experiments.plan(cfg)
+    args.experiment = "ablations"
+    curve = [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 40, "time": 0.5, "loss": 3.0, "tokens_per_s": 9.0},
+             {"step": 40, "time": 0.6, "val_loss": 3.5}]
+    for name, _, run in plans["ablations"][:2]:  # the baseline and no-norm
+        _exp_write_run(run, args, curve, rest)
+    report = tmp_path / "out/experiments/report.md"
+    experiments.report(args, rest, ["ablations"], cfg, plans, 5.0, {})
+    sections = re.findall(r"^## (\S+)$", report.read_text(), re.M)
+    assert sections == ["ablations"]
+    assert "| variant | final val loss | tokens/s (median over log intervals) | wall time | diverged |" in \
+        report.read_text()
+    _exp_write_run(plans["lr"][0][2], args, curve, rest)  # a run of the sweep's own: the sweep has run (in part)
+    experiments.report(args, rest, ["ablations"], cfg, plans, 5.0, {})
+    assert re.findall(r"^## (\S+)$", report.read_text(), re.M) == ["lr", "ablations"]
+    args.experiment = "batch"  # the command's own experiment has its section, its runs not run yet named
+    experiments.report(args, rest, ["batch"], cfg, plans, 5.0, {})
+    assert re.findall(r"^## (\S+)$", report.read_text(), re.M) == ["lr", "batch", "ablations"]
 
 
 def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
