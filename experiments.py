@@ -8,6 +8,7 @@ side by side and answered in out/experiments/report.md, where every number is re
     python experiments.py ablations         # no RMSNorm, post-norm, NoPE, a SiLU FFN, against the baseline
     python experiments.py generate          # text from the sweep's best model, greedy and sampled
     python experiments.py tokenizer         # compression (bytes/token), on another domain too, throughput
+    python experiments.py optimizers        # SGD, momentum, RMSProp, Adam, AdamW and Muon raced (not in `all`)
     python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
     python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
     python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
@@ -73,6 +74,10 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
+    "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
+                   "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",
+                   "optimizers (b): in what share of the steps, and of the seconds, does Muon reach AdamW's final "
+                   "validation loss?", "optimizers (c): what does each link of the chain buy?"],
 }
 EXPERIMENTS = (*QUESTIONS, "all")
 
@@ -126,7 +131,7 @@ def plan(cfg):
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
-            "ablations": [(name, name, run) for name, run in ablations.items()]}
+            "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
 
 
 # ----------------------------------------------------------------------------
@@ -511,6 +516,8 @@ def extra_sections(where, best):
 
 def section(name, found, cfg, baseline, where):
     """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)]."""
+    if name == "optimizers":
+        return race_section(found, baseline, where)
     rows = [m for _, m in found]
     drawn = figure(name, rows, baseline, where / f"{name}.png")
     answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
@@ -545,6 +552,75 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
     with files.atomic_file(where / "report.md", "w") as f:
         f.write("\n".join(head + parts))
     cli.say(f"report: {where / 'report.md'}" + ("" if drawn else "; pip install matplotlib for figures"))
+
+
+# ----------------------------------------------------------------------------
+# The optimizers race (issue 48): each --optimizer at the best rate of a small sweep around its default
+
+RACE_RATES = (1 / 3, 1, 3)  # times each optimizer's default rate (config.OPTIMIZERS): the sweep
+
+
+def race_plan(cfg):
+    """[((optimizer, lr), label, Run)]: every --optimizer at RACE_RATES times its default rate, the baseline's other
+    flags, and evaluations twice as often as the scale's (where a curve crosses a loss is read between them)."""
+    every, entries = str(max(1, cfg["eval_interval"] // 2)), []
+    for name, factor in config.OPTIMIZERS.items():
+        for rate in RACE_RATES:
+            lr = float(f"{cfg['lr'] * factor * rate:.2g}")
+            label = f"{name}_lr={lr:g}"
+            entries.append(((name, lr), label, Run("optimizers", label, ["--optimizer", name, *lr_flags(cfg, lr),
+                                                                           "--eval-interval", every])))
+    return entries
+
+
+def reached(curve, target, x=0):
+    """The step (x=0) or second (x=1) where a validation curve [(step, seconds, loss)] first reaches target, linear
+    between evaluations; None if it never does."""
+    if curve[0][2] <= target:
+        return curve[0][x]
+    for a, b in zip(curve, curve[1:]):
+        if b[2] <= target:
+            return a[x] + (b[x] - a[x]) * (a[2] - target) / (a[2] - b[2])
+    return None
+
+
+def race_answers(best, edges):
+    """best: {optimizer: (lr, figures)} of each one's best finished run; edges: the optimizers whose best rate is at
+    an end of its sweep."""
+    ranked = sorted(best.items(), key=lambda kv: kv[1][1]["final"])
+    a = ("(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {lr:g})" for n, (lr, r) in ranked)
+         + (f"; {', '.join(edges)} at an end of its sweep: a wider one might do better" if edges else "") + ".")
+    lines = [a]
+    if "muon" in best and "adamw" in best:
+        (_, mu), (_, ad) = best["muon"], best["adamw"]
+        steps, secs = reached(mu["curve"], ad["final"]), reached(mu["curve"], ad["final"], 1)
+        last, wall = ad["curve"][-1][0], ad["curve"][-1][1]
+        lines.append(f"(b) Muon reached AdamW's final {ad['final']:.3f} at step {steps:.0f} of {last} "
+                     f"({steps / last:.0%} of the steps) and after {secs:.0f} s of AdamW's {wall:.0f} s "
+                     f"({secs / wall:.0%})." if steps is not None else
+                     f"(b) Muon did not reach AdamW's final {ad['final']:.3f} in {last} steps (its own final: "
+                     f"{mu['final']:.3f}).")
+    chain = [n for n in ("sgd", "momentum", "rmsprop", "adam", "adamw") if n in best]
+    lines.append("(c) along the chain, final validation loss: " + " -> ".join(
+        f"{n} {best[n][1]['final']:.3f}" for n in chain) + " (each link's gain is its difference to the one before).")
+    return lines
+
+
+def race_section(found, baseline, where):
+    """The optimizers' part of the report: the best run of each optimizer drawn, every run of the sweep in the table."""
+    best, edges = {}, []
+    for name in config.OPTIMIZERS:
+        mine = [(lr, m) for (n, lr), m in found if n == name]
+        done = [(lr, m) for lr, m in mine if m["final"] is not None]
+        if done:
+            best[name] = min(done, key=lambda t: t[1]["final"])
+            edges += [name] if len(mine) > 2 and best[name][0] in (mine[0][0], mine[-1][0]) else []
+    drawn_runs = [dict(m, name=f"{n} (lr {lr:g})") for n, (lr, m) in best.items()]
+    drawn = figure("optimizers", drawn_runs, baseline, where / "optimizers.png") if drawn_runs else True
+    lines = [f"> {q}  " for q in QUESTIONS["optimizers"]]
+    answers = [f"- {a}" for a in race_answers(best, edges)] if best else []
+    return ["## optimizers", *lines, "", "![optimizers](optimizers.png)\n" if drawn and best else "",
+            table([m for _, m in found]), "", *answers, ""], drawn
 
 
 # ----------------------------------------------------------------------------

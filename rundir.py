@@ -311,8 +311,8 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
 # What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
 # Not --grad-accum, nor the number of processes: they change the arithmetic's order, never the data (micro_batches),
 # so a resumed run may raise --grad-accum where it has less memory.
-TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1", "beta2",
-                   "eps", "weight_decay", "grad_clip", "dtype", "seed")
+TRAJECTORY_KEYS = ("data", "val_data", "optimizer", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1",
+                   "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
 def check_config(config, like, name):
@@ -363,6 +363,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
         old = state.get("config")
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
+        old = {"optimizer": "adamw", **old}  # a run from before --optimizer: AdamW's
         longer = extends(old, cfg)
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if not (longer and k in ("max_iters", "warmup_iters"))]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
@@ -436,8 +437,8 @@ def dry_step(state, model, optimizer, name):
     gradients, on model's meta device (no memory, no time). What the first real step would fail on (a moment
     missing, a str step count, betas of 2) is refused before anything is read or written."""
     try:
-        for group in state["optimizer"]["param_groups"]:
-            type(optimizer)([torch.empty(0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
+        for group in state["optimizer"]["param_groups"]:  # a 2-D parameter: Muon's muon=True groups hold matrices only
+            type(optimizer)([torch.empty(0, 0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
         optimizer.load_state_dict(state["optimizer"])
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
