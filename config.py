@@ -68,7 +68,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--tie-embeddings", bool, False, "lm_head shares the embedding matrix"),
     "optimization",
     ("--optimizer", str, "adamw", "adamw, muon (Muon for the hidden matrices, AdamW for the rest), adam, rmsprop, "
-     "momentum (SGD's heavy ball), sgd; each has its own default --lr (OPTIMIZERS)"),
+     "momentum (SGD's heavy ball), sgd; each has its own default --lr (config.py's OPTIMIZERS)"),
     ("--batch-size", int, PRESET, "sequences per optimizer step, over all processes and accumulation steps"),
     ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
     ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
@@ -117,7 +117,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 # update has AdamW's RMS (optim.Muon) and Adam is AdamW: 1. RMSProp steps each coordinate by about lr (no momentum
 # averages the noise away): 0.3. SGD's step is lr times a gradient of norm <= --grad-clip 1 over 1.4M parameters:
 # 600 (lr 3, the best of 0.3, 1 and 3 in 40-step probes of the small preset); heavy-ball momentum moves 1 / (1 - 0.9)
-# = 10 times as far: 60. experiments.py optimizers sweeps 1/3 to 3 times each (docs/results.md).
+# = 10 times as far: 60. experiments.py optimizers sweeps 1/3 to 9 times each (docs/results.md).
 OPTIMIZERS = {"adamw": 1.0, "muon": 1.0, "adam": 1.0, "rmsprop": 0.3, "momentum": 60.0, "sgd": 600.0}
 
 

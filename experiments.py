@@ -557,7 +557,7 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 # ----------------------------------------------------------------------------
 # The optimizers race (issue 48): each --optimizer at the best rate of a small sweep around its default
 
-RACE_RATES = (1 / 3, 1, 3)  # times each optimizer's default rate (config.OPTIMIZERS): the sweep
+RACE_RATES = (1 / 3, 1, 3, 9)  # times each optimizer's default rate (config.OPTIMIZERS): the sweep
 
 
 def race_plan(cfg):
