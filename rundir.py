@@ -540,7 +540,7 @@ class Diverged(DataError):  # stop_non_finite's: the loss, the gradient norm or 
 @contextlib.contextmanager
 def divergence_recorded(cfg):
     """A run stopped by a NaN or an inf says so in its metrics.jsonl too, {"step": N, "diverged": the sentence}, so
-    that what reads a run's outcome (experiments.py) reads its files, not its output. A resume drops the line."""
+    that what reads a run's outcome (a sweep of runs) reads its files, not its output. A resume drops the line."""
     try:
         yield
     except Diverged as e:

@@ -263,6 +263,20 @@ def evaluate(model, data, cfg):
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
+LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
+
+
+def note_long_run(cfg, seconds_left, tty):
+    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
+    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
+        log(("\n" if tty else "") + f"note: at this speed the run needs about {cli.fmt_time(seconds_left)} more on the "
+            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
+            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
+            "Ctrl-C stops this run with a checkpoint.")
+    return seconds_left is not None
+
+
 class Progress:
     """Console lines and metrics.jsonl (rank 0). tokens/s and MFU: the steps since the last metrics line, evaluations
     excluded; times from the first start, across resumes. Losses stay on the device until a log step reads them."""
@@ -311,7 +325,7 @@ class Progress:
         line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
                 + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-        self.noted = self.noted or cli.note_long_run(cfg, left, self.tty)  # at the first ETA, once
+        self.noted = self.noted or note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
@@ -332,6 +346,9 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
 def print_samples(cfg):
     """--sample: the run's last checkpoint continues --prompt, or with --prompt - each line of stdin as it comes (an
     empty line: a new document); each sample ends at EOT. The run is only read."""
+    if cfg["prompt"] == "-" and sys.stdin is None:  # started with fd 0 closed (`<&-`, a job runner): Python's None
+        raise cli.UsageError("--prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
+                             "(< prompts.txt), or pass the prompt's text.")
     try:
         model, tok, _ = load_run(rundir.run_dir(cfg), cfg["device"])
     except FileNotFoundError as e:
