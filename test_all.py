@@ -58,6 +58,7 @@ import bpe
 import bpe_fast
 import data
 import fast_cpu
+import figures
 import kernels
 import model
 import optim
@@ -6500,7 +6501,7 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rundir.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
+    figures.plot_run(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
     png = (tmp_path / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and b"Title\x00out/pydoc: --data pydoc, 2 steps" in png  # names its run
 
@@ -6841,17 +6842,16 @@ def test_experiments_optimizers_race_plan_and_answers(tmp_path):
     entries = experiments.race_plan(cfg)
     assert len(entries) == len(config.OPTIMIZERS) * len(experiments.RACE_RATES)
     (name, lr), label, run = entries[1]
-    assert (name, lr, label) == ("adamw", cfg["lr"], f"adamw_lr={cfg['lr']:g}")
+    assert (name, lr, label) == ("adamw", cfg["lr"], f"adamw_{experiments.lr_name(cfg['lr'])}")
     assert run.flags[:2] == ["--optimizer", "adamw"] and run.flags[-2:] == ["--eval-interval", "25"]
     curve = [(0, 0.0, 8.0), (50, 12.0, 5.5), (100, 24.0, 4.5)]
     assert (experiments.reached(curve, 5.0), experiments.reached(curve, 5.0, 1)) == (75, 18.0)
     assert experiments.reached(curve, 4.0) is None and experiments.reached(curve, 9.0) == 0
-    figures = lambda final, curve: dict(curve=curve, final=final, diverged=None, wall=curve[-1][1], tokens_per_s=1e3)
-    found = [(("adamw", 0.005), figures(5.0, [(0, 0.0, 8.0), (100, 20.0, 5.0)])),
-             (("muon", 0.005), figures(4.5, curve))]
-    lines, _ = experiments.race_section([(v, dict(m, name=str(v))) for v, m in found], 6.4, tmp_path)
+    run = lambda final, curve: dict(curve=curve, final=final, diverged=None, wall=curve[-1][1], tokens_per_s=1e3)
+    found = [(("adamw", 0.005), run(5.0, [(0, 0.0, 8.0), (100, 20.0, 5.0)])), (("muon", 0.005), run(4.5, curve))]
+    lines, _ = experiments.section("optimizers", [(v, dict(m, name=str(v))) for v, m in found], cfg, 6.4, tmp_path)
     text = "\n".join(lines)
-    assert "- (a) muon 4.500 (lr 0.005), adamw 5.000 (lr 0.005)." in text
+    assert "- (a) muon 4.500 (lr 5e-03), adamw 5.000 (lr 5e-03)." in text
     assert ("- (b) Muon reached AdamW's final 5.000 at step 75 of 100 (75% of the steps) and after 18 s of AdamW's "
             "20 s (90%).") in text
 
@@ -6909,7 +6909,8 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, by --grad-accum
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer"}  # micro_batch: the batch,
+    # by --grad-accum; optimizer: the race's
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
@@ -6933,7 +6934,8 @@ def test_experiments_every_variant_has_a_folder_of_its_own(lr):
                                  "--benchmark"])
     args, plans = types.SimpleNamespace(data="pydoc", out_dir="out"), experiments.plan(base)
     runs = {run for entries in plans.values() for *_, run in entries}
-    assert len({run.dir("out") for run in runs}) == len(runs) == 16  # the baseline is one run of three experiments
+    assert len({run.dir("out") for run in runs}) == len(runs) == 16 + len(plans["optimizers"])  # the baseline is one
+    # run of three experiments; the race's 18 are runs of their own
     for value, label, run in plans["lr"] + plans["ablations"][2:3]:
         cfg = train.resolve_config(experiments.command(run, args, [])[2:])
         assert float(label.rpartition("=")[2]) == cfg["lr"], label  # the name reads back as the rate it trains at
@@ -7001,7 +7003,7 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
     rows = [dict(name="lr=1e-03", curve=[(0, 0.0, 7.0), (10, 1.0, 5.0)], diverged=None, final=5.0),
             dict(name="lr=1e+01", curve=[(0, 0.0, 7.0)], diverged=4, final=None)]
-    assert experiments.figure("lr", rows, 6.0, tmp_path / "lr.png")
+    assert figures.runs_figure("lr", rows, 6.0, tmp_path / "lr.png")
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -7018,7 +7020,7 @@ def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_pa
             row("no-norm_lr=5e-04", 15.6, 4.2), row("nope", 7.7, 3.2)]
     ids = _train_toy_ids(tmp_path / "toy.npy")
     cfg = train.resolve_config(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--benchmark"])
-    fig = experiments.draw(experiments.figure_title("ablations", cfg), rows, 6.3)
+    fig = figures.draw_runs(experiments.figure_title("ablations", cfg), rows, 6.3)
     try:
         assert fig.get_suptitle() == ("ablations: each ablation against the baseline\n--data toy.npy, 2 layers of "
                                       "d_model 32, 5.12k tokens a run (the baseline: 40 steps of 8 x 16 tokens at lr "
@@ -7035,7 +7037,7 @@ def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_pa
                                                     if name != "baseline")
     finally:
         plt.close(fig)
-    fig = experiments.draw("lr", rows[:2], 6.3)  # nothing above: nothing said
+    fig = figures.draw_runs("lr", rows[:2], 6.3)  # nothing above: nothing said
     assert [t.get_text() for t in fig.texts] == ["lr"] and fig.axes[0].get_ylim()[1] == pytest.approx(7.7 * 1.05)
     plt.close(fig)
 

@@ -24,6 +24,7 @@ import torch
 
 import accounting
 import config
+import figures
 import files
 import machine
 import rundir
@@ -434,8 +435,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
-                    f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
+        figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
+                         f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
     return 0
 
 
