@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -865,6 +866,18 @@ TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUD
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
 
 
+def cuda_host_syncs(call):
+    """The synchronizing CUDA calls (a host wait each) that one call makes, as torch.cuda.set_sync_debug_mode warns."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchronizing" in str(w.message) for w in seen)
+
+
 def git_commit():
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -909,6 +922,25 @@ class GpuReport:
         results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
         return {f"step, {name} shape: {who}": results[who][1] for who in (
             "this project", "HF LlamaForCausalLM", "compact model (bench.py)", "compact model, loss outside compile")}
+
+    def optimizers(self):
+        """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU
+        with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
+        rows, sync = {}, train.synchronizer(self.device)
+        for name in GPU_SHAPES:
+            argv = ["--benchmark", "--data=tinystories", *self.shape_flags(name), f"--benchmark-steps={self.steps}"]
+            cfgs = {o: config.resolve_config([*argv, f"--optimizer={o}"]) for o in ("adamw", "muon")}
+            with torch_settings(cfgs["adamw"]):
+                steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
+                take_turns(steps, config.UNTIMED_STEPS, sync)
+                times = take_turns(steps, self.steps, sync)[0]
+                syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
+            adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
+            line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
+            line += f"; host syncs in a step: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
+            print(f"{name}: {line}", flush=True)
+            rows[f"step, {name} shape: Muon vs AdamW"] = line
+        return rows
 
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""
@@ -995,6 +1027,7 @@ class GpuReport:
         """Every section in turn (none starts once the budget is spent), then the table. -> exit code."""
         sections = {"the training step, TinyStories shape": lambda: self.step("TinyStories"),
                     "the training step, GPT-2-small shape": lambda: self.step("GPT-2 small"),
+                    "the training step with Muon against AdamW": self.optimizers,
                     "the real loop": self.loop, "generation": self.generate, "kernels.py": self.kernels_table,
                     "accounting.py --verify": self.verify_accounting, "tests touching CUDA": self.cuda_tests}
         for title, section in sections.items():

@@ -8,6 +8,7 @@ side by side and answered in out/experiments/report.md, where every number is re
     python experiments.py ablations         # no RMSNorm, post-norm, NoPE, a SiLU FFN, against the baseline
     python experiments.py generate          # text from the sweep's best model, greedy and sampled
     python experiments.py tokenizer         # compression (bytes/token), on another domain too, throughput
+    python experiments.py optimizers        # SGD, momentum, RMSProp, Adam, AdamW and Muon raced (not in `all`)
     python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
     python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
     python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
@@ -25,9 +26,8 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 2. One run: train.py in a process of its own, its outcome kept in result.json
 3. Many runs at once: one per GPU, or --jobs on the CPU's cores
 4. What a run measured: its metrics.jsonl, read back
-5. Figures: validation loss against steps and against wall-clock time
-6. The answers, computed from the numbers, and the report
-7. main()
+5. Figures, the answers computed from the numbers, and the report
+6. main()
 """
 import argparse
 import contextlib
@@ -52,6 +52,7 @@ import accounting
 import bpe
 import config
 import data
+import figures
 import files
 import machine
 import rundir
@@ -76,6 +77,10 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
+    "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
+                   "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",
+                   "optimizers (b): in what share of the steps, and of the seconds, does Muon reach AdamW's final "
+                   "validation loss?", "optimizers (c): what does each link of the chain buy?"],
 }
 EXPERIMENTS = (*QUESTIONS, "all")
 
@@ -142,7 +147,20 @@ def plan(cfg):
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
-            "ablations": [(name, name, run) for name, run in ablations.items()]}
+            "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
+
+
+RACE_RATES = (1 / 3, 1, 3)  # the optimizers race: each --optimizer at these times its default rate (config.OPTIMIZERS)
+
+
+def race_plan(cfg):
+    """[((optimizer, lr), label, Run)]: every --optimizer at RACE_RATES times its default rate, the baseline's other
+    flags, and evaluations twice as often as the scale's (where a curve crosses a loss is read between them)."""
+    every = str(max(1, cfg["eval_interval"] // 2))
+    rates = [(name, float(f"{cfg['lr'] * factor * x:.2g}")) for name, factor in config.OPTIMIZERS.items()
+             for x in RACE_RATES]
+    return [((name, lr), f"{name}_{lr_name(lr)}", Run("optimizers", f"{name}_{lr_name(lr)}", [
+        "--optimizer", name, *lr_flags(cfg, lr), "--eval-interval", every])) for name, lr in rates]
 
 
 def baseline_run(plans):  # the run every experiment compares against: the lr sweep's at the baseline's rate
@@ -157,8 +175,6 @@ def experiments_of(experiment):  # the experiments whose runs a command needs (g
 # 2. One run: train.py in a process of its own, its outcome kept in result.json
 
 TRAIN_FLAGS = {row[0][2:].replace("-", "_"): row for row in config.FLAGS if not isinstance(row, str)}  # key -> row
-
-
 RUN_LENGTH = {"max_iters", "total_tokens"}  # one budget, in steps or in tokens: a later one replaces the other
 
 
@@ -274,16 +290,10 @@ def start(run, args, rest, env):
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
-def diverged_step(path):  # the step where train.py stopped a run on a NaN or inf, as its metrics.jsonl says, or None
-    with contextlib.suppress(OSError):
-        return next((e["step"] for _, e in reversed(list(rundir.metrics_records(path))) if e and "diverged" in e), None)
-    return None
-
-
 def finish(run, args, rest, code):
     """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
     for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
-    step = diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
+    step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
         said = log_path(run, args).read_text(encoding="utf-8", errors="replace")
         last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
@@ -311,17 +321,6 @@ def slots(jobs):
     return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
 
 
-def last_step(path):  # the (step, tokens) of the last record of a run's metrics.jsonl, read from its end; (0, 0): none
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # a record is a line of some 200 bytes
-        for line in reversed(f.read().splitlines()):
-            with contextlib.suppress(ValueError):  # the first line, cut by the seek, or one a kill cut short
-                e = json.loads(line)
-                if isinstance(e, dict) and type(e.get("step")) is int and type(e.get("tokens")) is int:
-                    return e["step"], e["tokens"]
-    return 0, 0
-
-
 class Progress:
     """One line for the whole experiment on stderr, as cli.show_progress shows one (a terminal redraws it, a log file
     gets one every PROGRESS_EVERY seconds): the runs done, each running run's step (its metrics.jsonl) and an ETA, the
@@ -336,7 +335,7 @@ class Progress:
         self.t0, self.shown, self.open = time.monotonic(), None, False  # open: a terminal's line is not ended yet
 
     def read(self, run):
-        return last_step(run.dir(self.args.out_dir) / "metrics.jsonl")
+        return rundir.last_step(run.dir(self.args.out_dir) / "metrics.jsonl")
 
     def finished(self, run):  # a diverged run trained fewer tokens than its budget: none are left of it
         self.done, self.at[run] = self.done + 1, self.read(run)
@@ -431,10 +430,11 @@ def prepare(cfg):
 
 
 # ----------------------------------------------------------------------------
-# 5. Figures: validation loss against steps and against wall-clock time
+# 5. Figures (figures.py draws them), the answers computed from the numbers, and the report
 
 SHOWS = {"lr": "the learning-rate sweep", "batch": "batch sizes at one token budget",
-         "ablations": "each ablation against the baseline"}  # an experiment's figure, in words
+         "ablations": "each ablation against the baseline",
+         "optimizers": "each optimizer at the best rate of its sweep"}  # an experiment's figure, in words
 
 
 def figure_title(name, cfg):  # a figure's run, data and budget, for a reader who has only the picture
@@ -444,54 +444,6 @@ def figure_title(name, cfg):  # a figure's run, data and budget, for a reader wh
             f"{cfg['batch_size']} x {cfg['context_length']} tokens at lr {number_text(cfg['lr'])})")
 
 
-def draw(title, results, unigram):
-    """The figure: every variant against steps and against seconds, the baseline run (its row's "baseline") dashed
-    black above the others, a diverged run's last point marked x, the unigram baseline dotted. The y-axis ends a
-    little above where most runs start (their median first loss, or the unigram baseline): a run far above (without
-    RMSNorm the first loss is twice the others') would squeeze every other curve into a sliver; the figure names the
-    runs it cuts."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    for ax, x, label in ((axes[0], 0, "step"), (axes[1], 1, "wall-clock seconds")):
-        for r in results:
-            style = dict(color="black", ls="--", lw=2, zorder=3) if r.get("baseline") else dict(zorder=2)
-            named = r["name"] + (" (baseline)" if r.get("baseline") and r["name"] != "baseline" else "")
-            line, = ax.plot([c[x] for c in r["curve"]], [c[2] for c in r["curve"]], marker="o", ms=3, label=named,
-                            **style)
-            if r["diverged"]:
-                last = r["curve"][-1]
-                ax.plot(r["diverged"] if x == 0 else last[1], last[2], "x", ms=12, mew=3, color=line.get_color(),
-                        zorder=style["zorder"], label=f"{r['name']} diverged at step {r['diverged']}")
-        ax.axhline(unigram, ls=":", color="gray", label="unigram baseline")
-        ax.set(xlabel=label, ylabel="validation loss (nats/token)")
-    top = max(statistics.median(r["curve"][0][2] for r in results), unigram) * 1.05
-    cut = [f"{r['name']} (up to {high:.1f})" for r in results if (high := max(c[2] for c in r["curve"])) > top]
-    axes[0].set_ylim(min(c[2] for r in results for c in r["curve"]) * 0.95, top)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    if cut:
-        fig.text(0.5, 0.01, f"y-axis clipped at {top:.2f}: {', '.join(cut)} run above it", ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.03 if cut else 0, 1, 1))
-    return fig
-
-
-def figure(title, results, unigram, png):
-    """draw's figure as png. Returns False without matplotlib (optional: the report has its tables)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig = draw(title, results, unigram)
-    with files.atomic_file(png) as f:
-        fig.savefig(f, format="png")
-    plt.close(fig)
-    return True
-
-
-# ----------------------------------------------------------------------------
-# 6. The answers, computed from the numbers, and the report
 
 def loss_text(r):  # a run's final validation loss, or where it diverged
     return f"{r['final']:.3f}" if r["final"] is not None else f"diverged at step {r['diverged']}"
@@ -549,6 +501,49 @@ def answer_ablations(found, cfg):
              for name, what in said.items() if name in found]  # a diverged one has no loss to subtract
     return [f"the baseline (pre-norm, RoPE, SwiGLU with d_ff {cfg['d_ff']}: {ffn[False]:,} FFN parameters): "
             f"{loss_text(base)}; each ablation against it:", *lines]
+
+
+def reached(curve, target, x=0):
+    """The step (x=0) or second (x=1) where a validation curve [(step, seconds, loss)] first reaches target, linear
+    between evaluations; None if it never does."""
+    if curve[0][2] <= target:
+        return curve[0][x]
+    return next((a[x] + (b[x] - a[x]) * (a[2] - target) / (a[2] - b[2]) for a, b in zip(curve, curve[1:])
+                 if b[2] <= target), None)
+
+
+def race_best(found):
+    """found: [((optimizer, lr), figures)] -> ({optimizer: (lr, figures)} of each one's lowest final loss, the
+    optimizers whose best rate is at an end of their sweep)."""
+    best, edges = {}, []
+    for name in config.OPTIMIZERS:
+        mine = [(lr, m) for (n, lr), m in found if n == name]
+        if done := [(lr, m) for lr, m in mine if m["final"] is not None]:
+            best[name] = min(done, key=lambda t: t[1]["final"])
+            edges += [name] if len(mine) > 2 and best[name][0] in (mine[0][0], mine[-1][0]) else []
+    return best, edges
+
+
+def answer_optimizers(found):
+    best, edges = race_best(found)
+    if not best:
+        return ["every run diverged."]
+    a = ("(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {number_text(lr)})" for n, (lr, r) in
+                            sorted(best.items(), key=lambda kv: kv[1][1]["final"]))
+         + (f"; {', '.join(edges)} best at an end of its sweep: a wider one might do better" if edges else "") + ".")
+    lines = [a]
+    if "muon" in best and "adamw" in best:
+        (_, mu), (_, ad) = best["muon"], best["adamw"]
+        steps, secs = reached(mu["curve"], ad["final"]), reached(mu["curve"], ad["final"], 1)
+        last, wall = ad["curve"][-1][0], ad["curve"][-1][1]
+        lines.append(f"(b) Muon reached AdamW's final {ad['final']:.3f} at step {steps:.0f} of {last} "
+                     f"({steps / last:.0%} of the steps) and after {secs:.0f} s of AdamW's {wall:.0f} s "
+                     f"({secs / wall:.0%})." if steps is not None else
+                     f"(b) Muon did not reach AdamW's final {ad['final']:.3f} in {last} steps (its own final: "
+                     f"{mu['final']:.3f}).")
+    chain = [n for n in ("sgd", "momentum", "rmsprop", "adam", "adamw") if n in best]
+    return lines + ["(c) along the chain, final validation loss: " + " -> ".join(
+        f"{n} {best[n][1]['final']:.3f}" for n in chain) + " (each link's gain is its difference to the one before)."]
 
 
 def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
@@ -611,12 +606,15 @@ def extra_sections(where, best):
 
 
 def section(name, found, cfg, baseline, where):
-    """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)]."""
+    """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)].
+    The optimizers' figure draws each one's best rate (the table has every run)."""
     rows = [m for _, m in found]
-    drawn = figure(figure_title(name, cfg), rows, baseline, where / f"{name}.png")
+    drawn_rows = [dict(m, name=f"{n} (lr {number_text(lr)})") for n, (lr, m) in race_best(found)[0].items()] \
+        if name == "optimizers" else rows
+    drawn = figures.runs_figure(figure_title(name, cfg), drawn_rows or rows, baseline, where / f"{name}.png")
     answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
                answer_batch(found, cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]) if name == "batch"
-               else answer_ablations(dict(found), cfg))
+               else answer_optimizers(found) if name == "optimizers" else answer_ablations(dict(found), cfg))
     return [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", f"![{name}]({name}.png)\n" if drawn else "",
             table(rows), "", *(f"- {a}" for a in answers), ""], drawn
 
@@ -661,7 +659,7 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 
 
 # ----------------------------------------------------------------------------
-# 7. main()
+# 6. main()
 
 PASSED_BY_US = ("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark")
 
@@ -688,7 +686,7 @@ def help_text():
                           f"{cfg['batch_size']} x {cfg['context_length']} tokens, about "
                           f"{cli.fmt_time(CPU_RUN_SECONDS)} on one core ({MEASURED_RUN}); the times below are one "
                           "core's, and 2 cores take about half as long:", 100)
-    for name in ("lr", "batch", "ablations"):
+    for name in ("lr", "batch", "ablations", "optimizers"):
         runs = [label + (" (baseline)" if run is base and name != "ablations" else "")
                 for *_, label, run in plans[name]]
         lines += textwrap.wrap(f"{name:<10} {about(len(runs))}: {', '.join(runs)}", 100, initial_indent="  ",

@@ -58,6 +58,7 @@ import bpe
 import bpe_fast
 import data
 import fast_cpu
+import figures
 import kernels
 import model
 import optim
@@ -1147,6 +1148,251 @@ def test_model_invalid_hyperparameters_raise():
         optim.SGD(p, lr=-0.1)
     with pytest.raises(ValueError):
         optim.AdaGrad(p, lr=0.1, eps=-1)
+
+
+# --- issue 48: the lecture's chain (momentum, RMSProp, Adam) and Muon, each against a float64 loop of its formula ---
+def _model_float64_run(make, init, grads):
+    """Parameters (float64 copies of init) after an optimizer make(params) stepped once per entry of grads."""
+    ps = [torch.nn.Parameter(p.clone()) for p in init]
+    opt = make(ps)
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in ps], opt
+
+
+def test_model_optimizer_chain_matches_float64_loops():
+    # heavy-ball momentum (also against torch.optim.SGD), RMSProp and Adam (AdamW at weight_decay 0) in float64
+    # against their formulas written out; momentum=0 is plain SGD, which keeps no state
+    gen, shapes, lr = torch.Generator().manual_seed(0), ((4, 3), (5,)), 0.1
+    init = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(6)]
+    want, v, G, plain = [p.clone() for p in init], [0, 0], [0, 0], [p.clone() for p in init]
+    rms = [p.clone() for p in init]
+    for gs in grads:
+        for i, g in enumerate(gs):
+            v[i] = 0.9 * v[i] + g
+            want[i] = want[i] - lr * v[i]
+            plain[i] = plain[i] - lr * g
+            G[i] = 0.95 * G[i] + 0.05 * g * g
+            rms[i] = rms[i] - lr * g / torch.sqrt(G[i] + 1e-8)
+    runs = {"momentum": (lambda ps: optim.SGD(ps, lr, momentum=0.9), want),
+            "torch's momentum": (lambda ps: torch.optim.SGD(ps, lr, momentum=0.9), want),
+            "sgd": (lambda ps: optim.SGD(ps, lr), plain),
+            "rmsprop": (lambda ps: optim.RMSProp(ps, lr, alpha=0.95, eps=1e-8), rms),
+            "adam": (lambda ps: optim.Adam(ps, lr, betas=(0.9, 0.95)),
+                     _model_adamw_oracle(init, lambda ps, it=iter(grads): next(it), 6, lr, (0.9, 0.95), 1e-8, 0.0))}
+    for name, (make, expected) in runs.items():
+        got, opt = _model_float64_run(make, init, grads)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+        if name == "sgd":
+            assert not opt.state
+    assert isinstance(optim.Adam([torch.nn.Parameter(init[0])]), optim.AdamW)
+
+
+def _model_muon_reference(W, grads, lr, wd, mu=0.95):
+    """Muon on one matrix in float64, Newton-Schulz computed on the singular values instead (U p(S) V^T of the
+    normalized update, p the quintic applied 5 times): the same function, reached another way."""
+    B, W = torch.zeros_like(W), W.clone()
+    a, b, c = optim.NS_COEFFICIENTS
+    for g in grads:
+        B = mu * B + (1 - mu) * g
+        U = mu * B + (1 - mu) * g
+        P, S, Qt = torch.linalg.svd(U, full_matrices=False)
+        s = S / (S.square().sum().sqrt() + 1e-7)
+        for _ in range(5):
+            s = a * s + b * s ** 3 + c * s ** 5
+        W = W - lr * 0.2 * max(W.shape) ** 0.5 * (P @ torch.diag(s) @ Qt)
+        W = W * (1 - lr * wd)
+    return W
+
+
+def test_model_muon_matches_its_formula_and_gives_the_rest_to_adamw():
+    # Muon(model.named_parameters()): each attention and FFN matrix takes Muon, checked in float64 against
+    # _model_muon_reference; the embedding, the head and the RMSNorm gains take AdamW (Algorithm 1). Tied weights:
+    # the one matrix is the embedding's
+    lm = TransformerLM(vocab_size=11, context_length=4, d_model=8, num_layers=2, num_heads=2, d_ff=12,
+                       dtype=torch.float64)
+    named = dict(lm.named_parameters())
+    gen = torch.Generator().manual_seed(0)
+    grads = [{n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in named.items()} for _ in range(4)]
+    init = {n: p.detach().clone() for n, p in named.items()}
+    opt = optim.Muon(lm.named_parameters(), lr=0.02, weight_decay=0.1)
+    hidden = {n for n, p in named.items() if any(p is q for q in opt.param_groups[0]["params"])}
+    assert [g["muon"] for g in opt.param_groups] == [True, False]
+    assert hidden == {n for n in named if n.startswith("layers.") and n.split(".")[2] in ("attn", "ffn")}
+    for gs in grads:
+        for n, p in named.items():
+            p.grad = gs[n].clone()
+        opt.step()
+    for n, p in named.items():
+        if n in hidden:
+            want = _model_muon_reference(init[n], [gs[n] for gs in grads], 0.02, 0.1)
+        else:
+            it = iter([[gs[n]] for gs in grads])
+            want, = _model_adamw_oracle([init[n]], lambda ps: next(it), 4, 0.02, (0.9, 0.95), 1e-8, 0.1)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-9, atol=1e-9, msg=n)
+    tied = TransformerLM(11, 4, 8, 2, 2, 12, tie_embeddings=True)
+    assert not any(p is tied.token_embeddings.weight for p in optim.Muon(tied.named_parameters()).param_groups[0]["params"])
+
+
+def test_model_newton_schulz_puts_singular_values_in_the_coefficients_band():
+    # inputs of condition number 20 (every singular value at least 2e-3 of the Frobenius norm, where the quintic's
+    # 5 steps lead from): each comes out in about [0.68, 1.14] (measured; the scalar map's range is [0.68, 1.20]),
+    # with the singular vectors kept (P^T O Q diagonal); bf16 rounds each step. A zero update stays zero
+    gen = torch.Generator().manual_seed(0)
+    for rows, cols in ((64, 64), (96, 32), (32, 96)):
+        m = min(rows, cols)
+        P, _ = torch.linalg.qr(torch.randn(rows, m, generator=gen, dtype=torch.float64))
+        Q, _ = torch.linalg.qr(torch.randn(cols, m, generator=gen, dtype=torch.float64))
+        G = (P @ torch.diag(torch.logspace(0, -math.log10(20), m, dtype=torch.float64)) @ Q.T).float()
+        for dtype, (lo, hi), off in ((torch.float32, (0.67, 1.21), 1e-5), (torch.bfloat16, (0.64, 1.25), 0.03)):
+            O = optim.newton_schulz(G, dtype=dtype)
+            assert O.dtype == dtype and O.shape == G.shape
+            s = torch.linalg.svdvals(O.double())
+            assert lo < s.min() and s.max() < hi, (rows, cols, dtype, s.min(), s.max())
+            D = P.T @ O.double() @ Q
+            assert (D - torch.diag(torch.diagonal(D))).abs().max() < off
+    assert torch.equal(optim.newton_schulz(torch.zeros(3, 5)), torch.zeros(3, 5))
+
+
+def test_model_muon_and_the_chain_check_their_hyperparameters():
+    # each refusal is one ValueError with the number, before any state exists
+    p, v = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(3))
+    for make, words in ((lambda: optim.SGD([p], momentum=1.0), "momentum=1.0 (need in [0, 1))"),
+                        (lambda: optim.RMSProp([p], alpha=-0.1), "alpha=-0.1 (need in [0, 1))"),
+                        (lambda: optim.Muon([p], muon=True, ns_steps=0), "ns_steps=0 (need an int >= 1)"),
+                        (lambda: optim.Muon([p], muon=True, momentum=math.nan), "momentum=nan"),
+                        (lambda: optim.Muon([p], muon=True, lr=-1), "lr=-1 (need >= 0)"),
+                        (lambda: optim.Muon([p]), "muon=None (need True or False: model.named_parameters() chooses it)"),
+                        (lambda: optim.Muon([v], muon=True), "its muon=True group holds shapes [(3,)]."),
+                        (lambda: optim.Muon([{"params": [v], "muon": True}, {"params": [p], "muon": False}]),
+                         "holds shapes [(3,)]")):
+        with pytest.raises(ValueError, match=regex.escape(words)):
+            make()
+    opt = optim.Muon([{"params": [p], "muon": True}, {"params": [v], "muon": False, "lr": 0.5}], lr=0.1)
+    assert [(g["muon"], g["lr"]) for g in opt.param_groups] == [(True, 0.1), (False, 0.5)]
+
+
+def test_model_muon_state_round_trips_through_a_checkpoint(tmp_path):
+    # train.save_checkpoint / load_checkpoint: the momentum buffers and the AdamW group's moments come back, and
+    # the steps after it are the same bits as those of the optimizer that never stopped
+    def make():
+        torch.manual_seed(0)
+        lm = TransformerLM(50, 8, 16, 2, 2, 32)
+        return lm, optim.Muon(lm.named_parameters(), lr=1e-2, weight_decay=0.1)
+    x = torch.randint(0, 50, (4, 9), generator=torch.Generator().manual_seed(1))
+
+    def step(lm, opt):
+        opt.zero_grad()
+        optim.cross_entropy(lm(x[:, :-1]), x[:, 1:]).backward()
+        opt.step()
+    (lm, opt), (again, opt2) = make(), make()
+    for _ in range(3):
+        step(lm, opt)
+    train.save_checkpoint(lm, opt, 3, tmp_path / "ckpt.pt")
+    assert train.load_checkpoint(tmp_path / "ckpt.pt", again, opt2) == 3
+    assert {k for s in opt2.state.values() for k in s} == {"momentum_buffer", "step", "exp_avg", "exp_avg_sq"}
+    for _ in range(3):
+        step(lm, opt)
+        step(again, opt2)
+    assert all(torch.equal(a, b) for a, b in zip(lm.parameters(), again.parameters()))
+
+
+def _model_muon_steps(compiled, steps=4, ns_dtype=None):
+    """Two matrices (wide and tall) in Muon's group and two tensors in its AdamW group, after steps on seeded gradients
+    with the cosine schedule's lr, which changes every step."""
+    gen = torch.Generator().manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in ((24, 40), (40, 24), (7,), (5, 3))]
+    opt = optim.Muon([{"params": ps[:2], "muon": True}, {"params": ps[2:], "muon": False}], weight_decay=0.1,
+                     compiled=compiled, ns_dtype=ns_dtype)
+    graphs = []
+    for t in range(steps):
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = optim.cosine_lr(t + 1, 1e-2, 1e-3, 1, steps)
+        opt.step()
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return ps, opt, graphs
+
+
+def test_model_muon_update_traces_as_one_graph_without_a_host_sync():
+    # what torch.compile sees of Muon's update: torch._dynamo.explain traces it (no C++ compiler needed) into one
+    # graph without a break, and eager no op reads a number back to the host (an item() would make a GPU wait)
+    ps = [torch.randn(24, 40), torch.randn(40, 24)]
+    args = (ps, [torch.randn_like(p) for p in ps], [torch.zeros_like(p) for p in ps], torch.tensor(0.01),
+            torch.tensor(0.999), 0.95, True, 5, torch.float32)
+    explained = torch._dynamo.explain(optim._muon_math)(*args)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    ps, opt, _ = _model_muon_steps(False, steps=1)
+    with _ModelOps() as mode:
+        opt.step()
+    assert "aten._local_scalar_dense.default" not in mode.ops and "aten.mm.default" in mode.ops
+
+
+class _ModelMatmuls(TorchDispatchMode):
+    """The dtype of each aten.mm that runs inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_model_muon_newton_schulz_runs_in_its_dtype():
+    # float32 on a CPU (bf16 matmuls are slow there), float64 for float64 weights, ns_dtype (bf16: a GPU's default,
+    # which test_model_muon_cuda_step_is_bf16_without_a_host_sync checks there): the dtype of every matmul
+    for dtype, ns_dtype, want in ((torch.float32, None, torch.float32), (torch.float64, None, torch.float64),
+                                  (torch.float32, torch.bfloat16, torch.bfloat16)):
+        W = torch.nn.Parameter(torch.randn(8, 12, dtype=dtype))
+        W.grad = torch.randn_like(W)
+        with _ModelMatmuls() as mode:
+            optim.Muon([W], muon=True, ns_dtype=ns_dtype).step()
+        assert mode.dtypes == [want] * 15 and W.dtype == dtype  # 3 matmuls x 5 steps
+
+
+def test_model_compiled_muon_equals_eager_without_recompiles():
+    # compiled=True: both groups' updates through torch.compile, equal to eager up to float32 rounding while lr
+    # changes every step (passed as a 0-dim tensor: no new graph after the first step)
+    _model_needs_compiler()
+    eager, e_opt, _ = _model_muon_steps(False)
+    compiled, c_opt, graphs = _model_muon_steps(True)
+    assert graphs[0] == graphs[-1]
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c_opt.state[compiled[0]]["momentum_buffer"], e_opt.state[eager[0]]["momentum_buffer"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_model_muon_cuda_step_is_bf16_without_a_host_sync():
+    # on a GPU: Newton-Schulz's matmuls in bf16 by default (eager, seen by the dispatcher), and the compiled step
+    # (after its first, which compiles) makes no synchronizing CUDA call: torch.cuda.set_sync_debug_mode raises on one
+    runs = []
+    for compiled in (False, machine.compile_error("cuda") is None):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        W = torch.nn.Parameter(torch.randn(256, 768, device="cuda", generator=gen))
+        opt = optim.Muon([W], muon=True, lr=0.02, compiled=compiled)
+        for t in range(3):
+            W.grad = torch.randn(W.shape, device="cuda", generator=gen)
+            if not compiled:
+                with _ModelMatmuls() as mode:
+                    opt.step()
+                assert mode.dtypes == [torch.bfloat16] * 15
+                continue
+            torch.cuda.set_sync_debug_mode("error" if t else 0)
+            try:
+                opt.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        runs.append(W.detach())
+    torch.testing.assert_close(runs[-1], runs[0], rtol=0, atol=2e-3 * float(runs[0].abs().max()))
 
 
 def test_model_cosine_lr_shape():
@@ -4551,6 +4797,49 @@ def test_train_kill_and_resume_is_bitwise_identical(tmp_path):
            [(r["step"], r["val_loss"]) for r in b if "val_loss" in r]
 
 
+# --- issue 48: --optimizer, each with its default rate; a Muon run resumes bitwise, and refuses another optimizer ---
+def test_train_optimizer_flag_builds_each_with_its_default_rate(capsys):
+    # each --optimizer takes the preset's --lr and --min-lr times its factor (config.OPTIMIZERS) unless --lr is given;
+    # momentum's mu is --beta1, RMSProp's alpha --beta2, Adam has no decay; Muon sorts the LM's matrices by name
+    small = config.PRESETS["small"]
+    kinds = {"adamw": optim.AdamW, "adam": optim.AdamW, "muon": optim.Muon, "rmsprop": optim.RMSProp,
+             "momentum": optim.SGD, "sgd": optim.SGD}
+    assert list(kinds) == sorted(config.OPTIMIZERS, key=list(kinds).index) and len(kinds) == len(config.OPTIMIZERS)
+    for name, factor in config.OPTIMIZERS.items():
+        cfg = train.resolve_config(["--optimizer", name, *_TRAIN_TINY, "--benchmark"])
+        assert (cfg["lr"], cfg["min_lr"]) == pytest.approx((small["lr"] * factor, small["min_lr"] * factor))
+        assert train.resolve_config(["--optimizer", name, "--lr", "1e-3", "--benchmark"])["lr"] == 1e-3
+        opt = train.make_optimizer(cfg, TransformerLM(**train.model_kwargs(cfg)))
+        assert type(opt) is kinds[name] and all(g["lr"] == cfg["lr"] for g in opt.param_groups)
+        group = opt.param_groups[0]
+        assert {"adamw": lambda: group["weight_decay"] == 0.1, "adam": lambda: group["weight_decay"] == 0.0,
+                "muon": lambda: [g["muon"] for g in opt.param_groups] == [True, False],
+                "rmsprop": lambda: group["alpha"] == cfg["beta2"], "momentum": lambda: group["momentum"] == 0.9,
+                "sgd": lambda: group["momentum"] == 0.0}[name]()
+    assert train.main(["--optimizer", "lion", *_TRAIN_TINY]) == 2
+    _train_one_error(capsys, f"--optimizer lion: use one of {', '.join(config.OPTIMIZERS)}.")
+
+
+def test_train_muon_run_stopped_and_resumed_is_bitwise_the_one_never_stopped(tmp_path, monkeypatch, capsys):
+    # as test_train_kill_and_resume_is_bitwise_identical for AdamW: Muon's buffers and its AdamW group's moments
+    # travel in ckpt.pt, so a run stopped at step 5 and resumed logs the same losses, bit for bit; --resume with
+    # another optimizer is refused in one sentence, the run left as it was
+    base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "12", "--eval-interval",
+            "4", "--log-interval", "1", "--device", "cpu", "--out-dir", str(tmp_path / "out"), "--optimizer", "muon"]
+    assert train.main([*base, "--run-name", "full"]) == 0
+    assert _train_stopped_at(5, monkeypatch, [*base, "--run-name", "cut"]) == 130
+    capsys.readouterr()
+    stamp = (tmp_path / "out" / "cut" / "ckpt.pt").stat().st_mtime_ns
+    assert train.main([*base[:-2], "--run-name", "cut", "--resume"]) == 2
+    _train_one_error(capsys, "keys that differ: optimizer ('muon' -> 'adamw')")
+    assert (tmp_path / "out" / "cut" / "ckpt.pt").stat().st_mtime_ns == stamp
+    assert train.main([*base, "--run-name", "cut", "--resume"]) == 0
+    full, cut = (_train_metrics(tmp_path / "out" / name) for name in ("full", "cut"))
+    for key in ("loss", "val_loss"):
+        assert [(r["step"], r[key]) for r in full if key in r] == [(r["step"], r[key]) for r in cut if key in r]
+    assert len([r for r in cut if "loss" in r]) == 12
+
+
 def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "100000", "--log-interval", "1",
@@ -4733,10 +5022,12 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys, m
             os.path.basename(f.name))
 
 
-def test_train_ddp_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_train_ddp_two_processes_match_one(tmp_path, optimizer):
+    # Muon: each process orthogonalizes the same all-reduced gradients, so the runs agree as AdamW's do
     ids = _train_toy_ids(tmp_path / "toy.npy")
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "8", "--log-interval", "1", "--device", "cpu",
-            "--eval-interval", "4"]
+            "--eval-interval", "4", "--optimizer", optimizer]
     one = _train_cli([*args, "--run-name", "one"], tmp_path, timeout=300)
     assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -6210,7 +6501,7 @@ def test_train_plot_draws_png(tmp_path):
     rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 1, "time": 0.5, "loss": 4.0},
             {"step": 2, "time": 1.0, "loss": 3.0}, {"step": 2, "time": 1.1, "val_loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rundir.plot(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
+    figures.plot_run(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
     png = (tmp_path / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and b"Title\x00out/pydoc: --data pydoc, 2 steps" in png  # names its run
 
@@ -6544,6 +6835,27 @@ def _exp_report_rows(report):  # the report's table rows: variant -> (final val 
             if m[1] != "variant"}
 
 
+def test_experiments_optimizers_race_plan_and_answers(tmp_path):
+    # the race: every --optimizer at RACE_RATES times its default rate, evaluated twice as often; where Muon's curve
+    # crosses AdamW's final loss is read between evaluations, in steps and in seconds
+    cfg = config.resolve_config(["--data", "python", *experiments.SCALES["cpu"]["flags"], "--benchmark"])
+    entries = experiments.race_plan(cfg)
+    assert len(entries) == len(config.OPTIMIZERS) * len(experiments.RACE_RATES)
+    (name, lr), label, run = entries[1]
+    assert (name, lr, label) == ("adamw", cfg["lr"], f"adamw_{experiments.lr_name(cfg['lr'])}")
+    assert run.flags[:2] == ["--optimizer", "adamw"] and run.flags[-2:] == ["--eval-interval", "25"]
+    curve = [(0, 0.0, 8.0), (50, 12.0, 5.5), (100, 24.0, 4.5)]
+    assert (experiments.reached(curve, 5.0), experiments.reached(curve, 5.0, 1)) == (75, 18.0)
+    assert experiments.reached(curve, 4.0) is None and experiments.reached(curve, 9.0) == 0
+    run = lambda final, curve: dict(curve=curve, final=final, diverged=None, wall=curve[-1][1], tokens_per_s=1e3)
+    found = [(("adamw", 0.005), run(5.0, [(0, 0.0, 8.0), (100, 20.0, 5.0)])), (("muon", 0.005), run(4.5, curve))]
+    lines, _ = experiments.section("optimizers", [(v, dict(m, name=str(v))) for v, m in found], cfg, 6.4, tmp_path)
+    text = "\n".join(lines)
+    assert "- (a) muon 4.500 (lr 5e-03), adamw 5.000 (lr 5e-03)." in text
+    assert ("- (b) Muon reached AdamW's final 5.000 at step 75 of 100 (75% of the steps) and after 18 s of AdamW's "
+            "20 s (90%).") in text
+
+
 def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbers(tmp_path):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     cmd = [sys.executable, str(_TRAIN_ROOT / "experiments.py"), "lr", "--data", str(ids), "--variants",
@@ -6597,7 +6909,8 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir"}  # micro_batch: the batch, by --grad-accum
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer"}  # micro_batch: the batch,
+    # by --grad-accum; optimizer: the race's
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
@@ -6621,7 +6934,8 @@ def test_experiments_every_variant_has_a_folder_of_its_own(lr):
                                  "--benchmark"])
     args, plans = types.SimpleNamespace(data="pydoc", out_dir="out"), experiments.plan(base)
     runs = {run for entries in plans.values() for *_, run in entries}
-    assert len({run.dir("out") for run in runs}) == len(runs) == 16  # the baseline is one run of three experiments
+    assert len({run.dir("out") for run in runs}) == len(runs) == 16 + len(plans["optimizers"])  # the baseline is one
+    # run of three experiments; the race's 18 are runs of their own
     for value, label, run in plans["lr"] + plans["ablations"][2:3]:
         cfg = train.resolve_config(experiments.command(run, args, [])[2:])
         assert float(label.rpartition("=")[2]) == cfg["lr"], label  # the name reads back as the rate it trains at
@@ -6689,7 +7003,7 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
     rows = [dict(name="lr=1e-03", curve=[(0, 0.0, 7.0), (10, 1.0, 5.0)], diverged=None, final=5.0),
             dict(name="lr=1e+01", curve=[(0, 0.0, 7.0)], diverged=4, final=None)]
-    assert experiments.figure("lr", rows, 6.0, tmp_path / "lr.png")
+    assert figures.runs_figure("lr", rows, 6.0, tmp_path / "lr.png")
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -6706,7 +7020,7 @@ def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_pa
             row("no-norm_lr=5e-04", 15.6, 4.2), row("nope", 7.7, 3.2)]
     ids = _train_toy_ids(tmp_path / "toy.npy")
     cfg = train.resolve_config(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--benchmark"])
-    fig = experiments.draw(experiments.figure_title("ablations", cfg), rows, 6.3)
+    fig = figures.draw_runs(experiments.figure_title("ablations", cfg), rows, 6.3)
     try:
         assert fig.get_suptitle() == ("ablations: each ablation against the baseline\n--data toy.npy, 2 layers of "
                                       "d_model 32, 5.12k tokens a run (the baseline: 40 steps of 8 x 16 tokens at lr "
@@ -6723,7 +7037,7 @@ def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_pa
                                                     if name != "baseline")
     finally:
         plt.close(fig)
-    fig = experiments.draw("lr", rows[:2], 6.3)  # nothing above: nothing said
+    fig = figures.draw_runs("lr", rows[:2], 6.3)  # nothing above: nothing said
     assert [t.get_text() for t in fig.texts] == ["lr"] and fig.axes[0].get_ylim()[1] == pytest.approx(7.7 * 1.05)
     plt.close(fig)
 
@@ -7249,6 +7563,22 @@ def test_accounting_verify_checks_pass():
     assert len(checks) > 100 and any("16384" in what for what, _, _ in checks)
     assert any("fast=True: total" in what for what, _, _ in checks)
     assert _acc_mismatches(checks) == []
+
+
+@pytest.mark.parametrize("silu_ffn", [False, True])
+def test_accounting_muon_counts_the_matrices_and_flops_of_muons_own_group(silu_ffn):
+    # section_muon's one buffer per hidden-matrix parameter (attn + ffn of lm_param_counts) is Muon's own group of
+    # Muon(model.named_parameters()), and muon_flops is what FlopCounterMode counts in its step (d_ff < d and > d)
+    for d_ff in (16, 40):
+        lm = model.TransformerLM(101, 12, 24, 2, 3, d_ff, silu_ffn=silu_ffn)
+        opt = optim.Muon(lm.named_parameters())
+        counts = accounting.lm_param_counts(101, 24, 2, d_ff, silu_ffn=silu_ffn)
+        assert sum(p.numel() for p in opt.param_groups[0]["params"]) == counts["attn"] + counts["ffn"]
+        for p in opt.param_groups[0]["params"]:
+            p.grad = torch.randn_like(p)
+        with FlopCounterMode(display=False) as counter:
+            opt.step()
+        assert counter.get_total_flops() == accounting.muon_flops(24, 2, d_ff, silu_ffn) > 0
 
 
 @pytest.mark.parametrize("ablations", [{}, {"silu_ffn": True}, {"no_norm": True}, {"tie_embeddings": True}])
@@ -8000,8 +8330,10 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                   (*whos, "fast, static cache, eager step")]  # compiled on a GPU
     looks = "generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"
     hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
-    assert list(rows) == ["what", *steps, loop, *generation, looks, *hf, "kernels.py GELU", "accounting.py --verify",
-                          "tests touching CUDA (pytest -k 'cuda')"]
+    muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
+    assert list(rows) == ["what", *steps, *muon, loop, *generation, looks, *hf, "kernels.py GELU",
+                          "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
+    assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[5]] == "skipped: transformers is not installed"

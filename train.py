@@ -24,6 +24,7 @@ import torch
 
 import accounting
 import config
+import figures
 import files
 import machine
 import rundir
@@ -33,7 +34,7 @@ from config import CORPORA, DATA_KEYS, MODEL_KEYS, UNTIMED_STEPS, model_kwargs, 
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
 from model import TransformerLM, generate
-from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
+from optim import SGD, Adam, AdamW, Muon, RMSProp, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
 
 # ----------------------------------------------------------------------------
@@ -142,13 +143,27 @@ class LMLoss(torch.nn.Module):
         return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
 
 
+def make_optimizer(cfg, lm):
+    """--optimizer (optim.py's) for the LM's parameters: momentum's mu is --beta1, RMSProp's alpha --beta2; Muon
+    sorts the matrices by name (the embedding and the head take its AdamW group, as the gains do)."""
+    name, lr, params = cfg["optimizer"], cfg["lr"], lm.parameters()
+    adam = dict(betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"], compiled=cfg["fast"] and cfg["compile"],
+                fused=cfg["fast"])
+    if name in ("sgd", "momentum"):
+        return SGD(params, lr, momentum=cfg["beta1"] if name == "momentum" else 0.0)
+    if name == "rmsprop":
+        return RMSProp(params, lr, alpha=cfg["beta2"], eps=cfg["eps"])
+    if name == "muon":
+        return Muon(lm.named_parameters(), lr, weight_decay=cfg["weight_decay"], **adam)
+    return Adam(params, lr, **adam) if name == "adam" else AdamW(params, lr, weight_decay=cfg["weight_decay"], **adam)
+
+
 def build(cfg):
-    """The model, its AdamW, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
+    """The model, its optimizer, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
     LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
-    optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                      weight_decay=cfg["weight_decay"], compiled=cfg["fast"] and cfg["compile"], fused=cfg["fast"])
+    optimizer = make_optimizer(cfg, raw)
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
     model = torch.compile(LMLoss(raw, cfg)) if cfg["compile"] else LMLoss(raw, cfg)
@@ -420,8 +435,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
-                    f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
+        figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
+                         f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
     return 0
 
 
@@ -442,7 +457,8 @@ def run(cfg):
     ckpt_path, resume_state = rundir.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
+        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, make_optimizer(dict(cfg, compile=False),
+                                                                                            meta), CORPORA)
     init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
     if cfg["init_from"] is not None and resume_state is None:
         init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs())
