@@ -1,19 +1,19 @@
 """
-accounting.py -- every napkin-math answer of CS336 lecture 2 and assignment 1, printed
-with its formula and proven against the real model in model.py.
+accounting.py -- every napkin-math answer of CS336 lecture 2 and assignment 1, printed with its formula and proven
+against the real model in model.py.
 
     python accounting.py                    # every answer, section by section
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-11
-state their formulas and print their answers (lecture 2, assignment 1, where the course notes are
-wrong); section 12, run by --verify, proves every formula against model.TransformerLM.
+Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-11 state their formulas
+and print their answers (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 12,
+run by --verify, proves every formula against model.TransformerLM.
 
-Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs
-2*m*n*p). "Forward FLOPs" count matmuls only. Causal attention's QK^T and AV are counted over
-the full T x T square, as torch.utils.flop_counter.FlopCounterMode counts a masked matmul
-(the masked half is computed and then thrown away). GB = 1e9 bytes, GiB = 2**30 bytes.
+Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
+count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as
+torch.utils.flop_counter.FlopCounterMode counts a masked matmul (the masked half is computed and then thrown away).
+GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
 import collections
@@ -92,9 +92,8 @@ def mfu(flops, seconds, peak):
 
 
 def gpu_peak_key(device_name):
-    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200
-    has the H100 SXM's compute (with more, faster memory); the H100 NVL is another card (two
-    dies, other clocks): no row, no guess."""
+    """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200 has the H100 SXM's
+    compute (with more, faster memory); the H100 NVL is another card (two dies, other clocks): no row, no guess."""
     name = device_name.upper()
     if "H100" in name and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
@@ -282,11 +281,10 @@ GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lectu
 
 
 def checkpointing(L, every):
-    """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g), in
-    (B, D) tensors and block forwards. every=0: no checkpointing, keep g and h of every block.
-    every=k: keep h of every k-th block; the backward re-runs one k-block segment at a time
-    (holding its 2k tensors), so every block is recomputed once. every=None: keep only the
-    input; block i's backward re-runs blocks 1..i, L(L+1)/2 forwards for 2 tensors held."""
+    """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g), in (B, D) tensors and
+    block forwards. every=0: no checkpointing, keep g and h of every block. every=k: keep h of every k-th block; the
+    backward re-runs one k-block segment at a time (holding its 2k tensors), so every block is recomputed once.
+    every=None: keep only the input; block i's backward re-runs blocks 1..i, L(L+1)/2 forwards for 2 tensors held."""
     if every is None:
         return 2, L * (L + 1) // 2
     if every == 0:
@@ -337,13 +335,10 @@ def lm_param_counts(vocab_size, d_model, num_layers, d_ff, *, silu_ffn=False, no
                     tie_embeddings=False, context_length=None, num_heads=None, fast=False):
     """Trainable parameters of TransformerLM per component (RoPE has none: its sin/cos are fixed)."""
     d, L, V = d_model, num_layers, vocab_size
-    return {
-        "token_embeddings": V * d,
-        "attn": L * 4 * d * d,  # q, k, v, output projections
-        "ffn": L * (2 if silu_ffn else 3) * d * d_ff,  # w1, w2, w3 (no w3 without the gate)
-        "norms": 0 if no_norm else (2 * L + 1) * d,  # ln1, ln2 per layer and ln_final: d each
-        "lm_head": 0 if tie_embeddings else V * d,
-    }
+    return {"token_embeddings": V * d, "attn": L * 4 * d * d,  # q, k, v, output projections
+            "ffn": L * (2 if silu_ffn else 3) * d * d_ff,  # w1, w2, w3 (no w3 without the gate)
+            "norms": 0 if no_norm else (2 * L + 1) * d,  # ln1, ln2 per layer and ln_final: d each
+            "lm_head": 0 if tie_embeddings else V * d}
 
 
 # The matmuls of one forward pass of T tokens; each costs 2 x the product of its dimensions.
@@ -358,16 +353,9 @@ def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layer
                                   silu_ffn=False, num_heads=None, fast=False):
     """Matmul FLOPs of one sequence of T = context_length tokens, per MATMUL_SHAPES entry."""
     T, d, L, V = context_length, d_model, num_layers, vocab_size
-    return {
-        "attn q,k,v proj": L * 3 * 2 * T * d * d,
-        "attn QK^T": L * 2 * T * T * d,
-        "attn AV": L * 2 * T * T * d,
-        "attn output proj": L * 2 * T * d * d,
-        "ffn w1": L * 2 * T * d * d_ff,
-        "ffn w3": 0 if silu_ffn else L * 2 * T * d * d_ff,
-        "ffn w2": L * 2 * T * d_ff * d,
-        "lm_head": 2 * T * d * V,
-    }
+    return {"attn q,k,v proj": L * 3 * 2 * T * d * d, "attn QK^T": L * 2 * T * T * d, "attn AV": L * 2 * T * T * d,
+            "attn output proj": L * 2 * T * d * d, "ffn w1": L * 2 * T * d * d_ff,
+            "ffn w3": 0 if silu_ffn else L * 2 * T * d * d_ff, "ffn w2": L * 2 * T * d_ff * d, "lm_head": 2 * T * d * V}
 
 
 def lm_forward_flops(*cfg, **kw_cfg):
@@ -431,11 +419,10 @@ XL_RUN = dict(batch_size=1024, steps=400_000, peak=PEAK_FLOPS["A100"]["fp32"], m
 
 
 def handout_activation_elements(B, T, d_model, num_heads, vocab_size, num_layers):
-    """Activations as the handout lists them, one tensor per item, d_ff = 4d:
-    per layer: 2 RMSNorm outputs 2BTd | Q, K, V 3BTd | Q^T K scores BhT^2 | softmax BhT^2 |
-    weighted sum of values BTd | output projection BTd | W1 4BTd | SiLU 4BTd | W2 BTd
-    = 16BTd + 2BhT^2;  then final RMSNorm BTd, output embedding (logits) BTV, cross-entropy BTV.
-    (The handout's list has no W3 and no gate product: counting SwiGLU's would add 8BTd.)"""
+    """Activations as the handout lists them, one tensor per item, d_ff = 4d: per layer
+    2 RMSNorm outputs 2BTd | Q, K, V 3BTd | Q^T K scores BhT^2 | softmax BhT^2 | weighted sum of values BTd |
+    output projection BTd | W1 4BTd | SiLU 4BTd | W2 BTd  = 16BTd + 2BhT^2;  then final RMSNorm BTd, output
+    embedding (logits) BTV, cross-entropy BTV. (The handout's list has no W3 and no gate product: SwiGLU's add 8BTd.)"""
     d, h, L, V = d_model, num_heads, num_layers, vocab_size
     return L * (16 * B * T * d + 2 * B * h * T * T) + B * T * d + 2 * B * T * V
 
@@ -497,6 +484,24 @@ def section_adamw():
     _q(f"(d) Days to train GPT-2 XL, {thousands}K steps of batch {batch}, on one A100 ({a100:.4g} fp32) at {m:.0%} MFU?",
        f"step = 3 x {batch} x {fwd:.4e} = {step:.4e} FLOPs (backward = 2 x forward)",
        f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
+
+
+def muon_flops(d_model, num_layers, d_ff, silu_ffn=False, steps=5, **_):
+    """Matmul FLOPs of Muon's Newton-Schulz (optim.newton_schulz) per step, on TransformerLM's q, k, v, output (d, d)
+    and w1, w2 (and w3) (d, d_ff). Each step on an (m, n) matrix, m <= n: X X^T 2 m^2 n, A A 2 m^3, (b A + c A A) X
+    2 m^2 n (its O(m n) elementwise terms left out, as everywhere here); m = n = d gives 6 d^3."""
+    m, n = sorted((d_model, d_ff))
+    return steps * num_layers * (4 * 6 * d_model ** 3 + (2 if silu_ffn else 3) * (4 * m * m * n + 2 * m ** 3))
+
+
+def section_muon():  # beyond the handout: optim.Muon
+    _q("Muon instead of AdamW: optimizer state, and Newton-Schulz's FLOPs per step (32,768 tokens a step)?",
+       "state: one fp32 buffer (4 B) per hidden-matrix parameter (attention, FFN), AdamW's two (8 B) for the rest")
+    for name, cfg in (("TinyStories", TINYSTORIES), ("GPT-2 small", gpt2_config("small"))):
+        c, ns, seqs = lm_param_counts(**cfg), muon_flops(**cfg), 32_768 // cfg["context_length"]
+        P, H, step = sum(c.values()), c["attn"] + c["ffn"], training_step_flops(seqs * lm_forward_flops(**cfg))
+        _a(f"{name} ({_shape(cfg)}): {_gb(8 * P - 4 * H)} against AdamW's {_gb(8 * P)}; {ns:.3e} FLOPs, "
+           f"{ns / step:.1%} of a training step (a cost per step, not per token)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import unittest.mock
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -982,7 +983,8 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
 GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
-SECTIONS = ("step", "head", "levers", "loop", "generation", "kernels", "accounting", "tests")  # bench.py gpu's
+SECTIONS = ("step", "optimizers", "head", "levers", "loop", "generation", "kernels", "accounting",
+            "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
 
@@ -1004,6 +1006,18 @@ def levers_by_default():
     off = [f for f in ("--fused-head", "--cuda-graph", "--max-autotune") if not default[f]]
     return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; --sdpa-backend "
             f"{default['--sdpa-backend']} (torch's choice). A lever stays on only if it wins on the H100")
+
+
+def cuda_host_syncs(call):
+    """The synchronizing CUDA calls (a host wait each) that one call makes, as torch.cuda.set_sync_debug_mode warns."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchronizing" in str(w.message) for w in seen)
 
 
 def git_commit():
@@ -1093,6 +1107,25 @@ class GpuReport:
             print(f"  {row}: {rows[row]}", flush=True)
         return {row: rows[row] for row in (f"lever, {name} shape: {lever}" for lever in LEVERS)}
 
+    def optimizers(self):
+        """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU
+        with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
+        rows, sync = {}, train.synchronizer(self.device)
+        for name in GPU_SHAPES:
+            argv = ["--benchmark", "--data=tinystories", *self.shape_flags(name), f"--benchmark-steps={self.steps}"]
+            cfgs = {o: config.resolve_config([*argv, f"--optimizer={o}"]) for o in ("adamw", "muon")}
+            with torch_settings(cfgs["adamw"]):
+                steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
+                take_turns(steps, config.UNTIMED_STEPS, sync)
+                times = take_turns(steps, self.steps, sync)[0]
+                syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
+            adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
+            line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
+            line += f"; host syncs in a step: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
+            print(f"{name}: {line}", flush=True)
+            rows[f"step, {name} shape: Muon vs AdamW"] = line
+        return rows
+
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""
         run, (shape, _) = LOOP[self.cpu], GPU_SHAPES["TinyStories"][self.cpu]
@@ -1178,6 +1211,7 @@ class GpuReport:
         """Every section in turn (none starts once the budget is spent), then the table. -> exit code."""
         sections = {("step", "the training step, TinyStories shape"): lambda: self.step("TinyStories"),
                     ("step", "the training step, GPT-2-small shape"): lambda: self.step("GPT-2 small"),
+                    ("optimizers", "the training step with Muon against AdamW"): self.optimizers,
                     ("head", "the fused head alone"): self.head,
                     ("levers", "the levers, TinyStories shape"): lambda: self.levers("TinyStories"),
                     ("levers", "the levers, GPT-2-small shape"): lambda: self.levers("GPT-2 small"),
@@ -1276,7 +1310,11 @@ def main(argv=None):
               "step": lambda args: bench_step([]), "head": bench_head, "generate": bench_generate}
     ap = Parser(prog="bench.py", description="Comparisons with other tools (`bench.py step` takes "
                 "train.py's flags instead of these; `bench.py gpu --help` has its own).")
-    ap.add_argument("what", nargs="?", default="all", choices=["all", *tables])
+    ap.add_argument("what", nargs="?", default="all", choices=["all", *tables, "gpu"],
+                    help="all: every table below but gpu, about 25 minutes on 2 cores (docs/results.md); train: BPE "
+                    "training against HF tokenizers and rustbpe; cold: first runs, empty numba cache; encode: against "
+                    "tiktoken; step: the training step against HF Llama; generate: generation; gpu: every GPU figure, "
+                    "at most 8 minutes on an H100 (its own --help)")
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
                     help="train: scale corpora in MB, e.g. 50,200,2000")

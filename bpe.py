@@ -282,7 +282,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     special_tokens = _check_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     bpe_fast.worker_count(num_workers)           # checked here too: a small file never uses them
-    if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN:
+    if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN and bpe_fast.JIT:
         # The engine counts with a compiled scanner in worker processes, into hash tables
         # keyed by the pre-tokens' bytes; it gives the same counts, as the loop's arrays.
         words = bpe_fast.count_words(input_path, special_tokens, num_workers)
@@ -319,7 +319,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
     small = (len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
              and longest <= _INTERPRET_MAX_WORD)
-    if loop is None and (bpe_fast.merge_loop_loaded() or not small):
+    if loop is None and bpe_fast.JIT and (bpe_fast.merge_loop_loaded() or not small):
         # The engine runs this loop compiled, its data laid out for the processor's caches and
         # prefetched, changing only the pairs next to a merge; it learns the same merges.
         loop = bpe_fast.load_merge_loop()

@@ -43,13 +43,19 @@ from itertools import chain
 import numpy as np
 import regex
 from llvmlite import ir
-from numba import njit, types
+from numba import config, njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
 from cli import SIGHUP, STOPS, DataError, end_progress, hang_up, on_stops, say, short_repr, show_progress
 from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
+
+# numba's debugging switch, NUMBA_DISABLE_JIT=1 (to step through its functions in pdb), leaves each @njit function
+# plain Python: no .signatures, no @intrinsic (_prefetch), and loops that would take hours on a big job. There the
+# engine steps aside: bpe.py counts, merges and encodes with its own plain code, which gives the same results, and
+# only a pre-token too long for bpe.py's plain encoder still comes here, run as Python.
+JIT = not config.DISABLE_JIT
 
 # -----------------------------------------------------------------------------
 # 1. The scanner: GPT2_PAT's pre-tokens in UTF-8 bytes
@@ -436,7 +442,7 @@ def _note_first_compile(dispatcher):
     global _compile_noted
     index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
                     "_index_path", None)
-    if not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
+    if JIT and not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
         say("compiling the tokenizer's fast path once for this machine (up to half a minute)")
         _compile_noted = True
 
@@ -1563,16 +1569,18 @@ class Encoder:
         found = any(s in data for s in self.special_ids)       # (none when there are no special tokens)
         specials = np.array([(m.start(), m.end(), self.special_ids[m.group()])
                              for m in (self.special_re.finditer(data) if found else ())], np.int64)
-        ids = _encode_kernel(np.frombuffer(data, np.uint8), specials.reshape(-1, 3), self.pairs,
-                             self.byte_pairs, self.state, self.cache_bytes, self.cache_ids,
-                             _char_classes())
+        with np.errstate(over="ignore"):  # the hashes wrap by design: numpy's scalars warn (NUMBA_DISABLE_JIT=1)
+            ids = _encode_kernel(np.frombuffer(data, np.uint8), specials.reshape(-1, 3), self.pairs,
+                                 self.byte_pairs, self.state, self.cache_bytes, self.cache_ids,
+                                 _char_classes())
         _compiled_encoder_loaded = True
         return ids
 
 
 def compiled_encoder_pays(n_chars):
-    """Encode n_chars (so far, on one Tokenizer) compiled: it is loaded, or the text pays for loading it."""
-    return _compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS
+    """Encode n_chars (so far, on one Tokenizer) compiled: it is loaded, or the text pays for loading it (never
+    under NUMBA_DISABLE_JIT=1: see JIT)."""
+    return JIT and (_compiled_encoder_loaded or n_chars >= COMPILED_MIN_CHARS)
 
 
 def load_compiled_encoder():

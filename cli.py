@@ -1,13 +1,13 @@
 """
 The command line: what every command of the project says, and how it ends. Optional reading, and the lowest file:
-it imports only the standard library (bpe.py must start without torch) and names none of its callers.
+it imports only the standard library (a tokenizer's command starts without torch) and names none of its callers.
 
 1. Printing: say() is the one way to print; log() is say() for rank 0 only, so torchrun's N processes tell one
    story; a terminal that closes (SIGHUP), a pipe whose reader leaves, a Ctrl-C while torch loads
 2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
    exit_code is the one map from a fault to an exit code, for every command
 3. Progress lines and the ETA
-4. The parser: a table of flags (train.py's config.py) as argparse, a mistake one sentence
+4. The parser: a table of flags as argparse, a mistake one sentence
 """
 import argparse
 import contextlib
@@ -103,7 +103,7 @@ def escaping_stdout():
 
 def end_quietly_on_closed_pipe():
     """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
-    not with a BrokenPipeError traceback (train.py, which writes files, catches that error instead)."""
+    not with a BrokenPipeError traceback (a command that writes files catches that error instead: exit_code)."""
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
@@ -133,6 +133,18 @@ def disk_is_full(e):  # is e the error of a full disk, or of a user's exhausted 
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def error_chain(e):  # e, then each exception down its chain, as a traceback shows them (`from None` ends it)
+    while e is not None:
+        yield e
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+
+
+def os_error_in(e):
+    """The OSError that e is, or that a library wrapped in e (torch.save's zip writer raises a RuntimeError,
+    "unexpected pos", over the OSError of the write that failed), or None."""
+    return next((c for c in error_chain(e) if isinstance(c, OSError)), None)
+
+
 def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), stdout's none
     return f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun"
 
@@ -140,6 +152,10 @@ def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write 
 def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
     return (f"{e.filename}: {e.strerror}; fix that path or pick another" if e.filename else
             f"the system said: {e}; fix that")
+
+
+def os_error_sentence(e):  # the one sentence of an OSError that reaches exit_code (exit 1)
+    return f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then run the same command again."
 
 
 def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
@@ -183,8 +199,7 @@ def exit_code(name, command, interrupted, less_memory=None):
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1
-        why = f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then run the same command again."
-        log(f"{name}: error: {why}", file=sys.stderr)
+        log(f"{name}: error: {os_error_sentence(e)}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Exception) as e:
         # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
@@ -192,10 +207,15 @@ def exit_code(name, command, interrupted, less_memory=None):
         if interrupted_by_ctrl_c(e):
             log(f"{name}: interrupted; {interrupted}", file=sys.stderr)
             return 130
-        if (asked := out_of_memory(e)) is None:
+        if (asked := out_of_memory(e)) is not None:
+            less = less_memory or f"ask for less (a smaller input, batch or model); {interrupted}"
+            log(f"{name}: error: out of memory{asked}; {less}", file=sys.stderr)
+            return 1
+        if (cause := os_error_in(e)) is None:
             raise
-        less = less_memory or f"ask for less (a smaller input, batch or model); {interrupted}"
-        log(f"{name}: error: out of memory{asked}; {less}", file=sys.stderr)
+        # a write that failed under a library's own error (torch.save's "unexpected pos" over EFBIG, a file-size
+        # limit): the same sentence as the OSError itself
+        log(f"{name}: error: {os_error_sentence(cause)}", file=sys.stderr)
         return 1
 
 
@@ -206,11 +226,8 @@ def disk_full(where, then):
     try:
         yield
     except Exception as e:
-        cause = e  # down the chain a traceback would show
-        while cause is not None and not disk_is_full(cause):
-            cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
-        if cause is None:
-            raise
+        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None:
+            raise  # another OSError, wrapped or not: exit_code's sentence
         raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
                         f"then {then}.") from None
 
@@ -266,20 +283,6 @@ class Eta:
         return statistics.median(self.rates) * (last - step) + evals_left * self.eval_seconds if self.rates else None
 
 
-LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
-
-
-def note_long_run(cfg, seconds_left, tty):
-    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
-    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
-    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
-        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
-            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
-            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
-            "Ctrl-C stops this run with a checkpoint.")
-    return seconds_left is not None
-
-
 PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is a log file, not a terminal
 
 
@@ -306,7 +309,7 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see python {self.prog} --help)")
 
 
-PRESET = "preset"  # a flag's default that depends on --data: train.py's PRESETS fill it in
+PRESET = "preset"  # a flag's default that depends on another flag: the caller's presets fill it in
 
 
 def flags_parser(prog, description, flags, presets):

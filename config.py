@@ -71,6 +71,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--silu-ffn", bool, False, "W2 silu(W1 x) feed-forward instead of SwiGLU"),
     ("--tie-embeddings", bool, False, "lm_head shares the embedding matrix"),
     "optimization",
+    ("--optimizer", str, "adamw", "adamw, muon (Muon for the hidden matrices, AdamW for the rest), adam, rmsprop, "
+     "momentum (SGD's heavy ball), sgd; each has its own default --lr (config.py's OPTIMIZERS)"),
     ("--batch-size", int, PRESET, "sequences per optimizer step, over all processes and accumulation steps"),
     ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
     ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
@@ -78,10 +80,10 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
     ("--warmup-iters", int, PRESET, "linear warm-up steps (unless given, at most 10%% of the run's steps)"),
     ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
-    ("--beta1", float, 0.9, "AdamW beta1"),
-    ("--beta2", float, 0.95, "AdamW beta2"),
+    ("--beta1", float, 0.9, "AdamW beta1; momentum's mu"),
+    ("--beta2", float, 0.95, "AdamW beta2; RMSProp's average of g^2 (its alpha)"),
     ("--eps", float, 1e-8, "AdamW epsilon"),
-    ("--weight-decay", float, 0.1, "AdamW decoupled weight decay"),
+    ("--weight-decay", float, 0.1, "AdamW's (and Muon's) decoupled weight decay"),
     ("--grad-clip", float, 1.0, "clip the global gradient L2 norm (0: off)"),
     ("--seed", int, 1337, "seeds the initialization and the batch order"),
     "logging, evaluation, checkpoints",
@@ -120,6 +122,14 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--top-p", float, 0.95, "nucleus sampling threshold"),
     ("--prompt", str, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
 ]
+
+
+# --optimizer's names -> the factor on the preset's --lr and --min-lr (AdamW's) it takes unless --lr is given. Muon's
+# update has AdamW's RMS (optim.Muon) and Adam is AdamW: 1. RMSProp steps each coordinate by about lr (no momentum
+# averages the noise away): 0.3. SGD's step is lr times a gradient of norm <= --grad-clip 1 over 1.4M parameters:
+# 600 (lr 3, the best of 0.3, 1 and 3 in 40-step probes of the small preset); heavy-ball momentum moves 1 / (1 - 0.9)
+# = 10 times as far: 60. experiments.py optimizers sweeps 1/3 to 9 times each (docs/results.md).
+OPTIMIZERS = {"adamw": 1.0, "muon": 1.0, "adam": 1.0, "rmsprop": 0.3, "momentum": 60.0, "sgd": 600.0}
 
 
 MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "no_norm",
@@ -250,6 +260,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
      "--max-iters and --total-tokens both set the run length; pass only one of them."),
     (bad_number, bad_number),
+    (lambda c: c["optimizer"] not in OPTIMIZERS, f"--optimizer {{optimizer}}: use one of {', '.join(OPTIMIZERS)}."),
     (adamw_overflow, adamw_overflow),
     (too_long, too_long),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
@@ -393,6 +404,8 @@ def resolve_config(argv=None):
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
+    rate = OPTIMIZERS.get(cfg["optimizer"], 1.0)  # an unknown name is refused below (CHECKS)
+    preset = dict(preset, lr=preset["lr"] * rate, min_lr=preset["min_lr"] * rate)
     for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from bpe import Tokenizer, encode_file, train_bpe
-from cli import DataError, UsageError, disk_is_full, end_progress, fmt_count, say, short_repr, show_progress
+from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
+                 show_progress)
 from files import atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
@@ -88,60 +89,123 @@ def builtin_corpus(source, out_dir):
 
 def download(url, dest):
     """Fetch url into dest via dest.part: a rerun after an interruption asks the server for the
-    rest only (an HTTP Range request) and appends. dest (a Path) appears, by rename, only when complete.
+    rest only (an HTTP Range request) and appends. dest (a Path) appears, by rename, only when complete: as long as
+    the server says the file is, asking again for the rest while a reply holds less (RFC 9110 15.3.7: a 206's
+    Content-Range says what it holds); a reply of other bytes than asked, or a size that disagrees, is one sentence.
     dest.part.version keeps the server's name for the version the .part holds (its strong ETag, else its
     Last-Modified), sent back as If-Range: a server whose file has changed since sends the new one whole,
     where appending its tail would have made a file of two versions."""
     part = dest.with_name(dest.name + ".part")
     version = part.with_name(part.name + ".version")
-    have = part.stat().st_size if part.exists() else 0
+    total, shown, t0 = None, None, None  # total: the file's size, once a reply has said it; t0: the first reply's time
+    while True:
+        have = part.stat().st_size if part.exists() else 0
+        try:
+            resp = urllib.request.urlopen(range_request(url, version, have), timeout=30)
+        except urllib.error.HTTPError as e:
+            if e.code != 416 or not have:  # 416 "range not satisfiable": the .part holds every byte, or another file's
+                raise
+            if part_is_whole(e, url, part, have, total):
+                break
+            continue  # deleted (another file's bytes): asked for again, whole
+        with resp:
+            start, stop, size = reply_span(resp, url, part, have)
+            if total is not None and size not in (None, total):
+                raise sizes_disagree(url, part, total, f"{size:,}")
+            total = total if size is None else size
+            if start == 0:  # a whole file: the version it is
+                keep_version(resp, version)
+            if t0 is None:
+                t0 = time.time()
+                say(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
+                    + (f", {fmt_count(start)}B of it already here" if start else "") + ")")
+            done, shown = receive(resp, part, (start, stop, total), dest.name, (t0, shown))
+        if done == total or total is None and stop is None:  # (a reply of no stated size ends where the file does)
+            break
+        if done <= have:  # this reply added nothing: the server stopped
+            end_progress()
+            raise DataError(f"the download of {url} stopped at {done}" + ("" if total is None else f" of {total}")
+                            + " bytes; run the same command again to resume it.")
+    end_progress()
+    os.replace(part, dest)
+    version.unlink(missing_ok=True)
+    return dest
+
+
+def range_request(url, version, have):
+    """A request for url's bytes from `have` on (all of them: have 0), If-Range the version the .part holds."""
     headers = {"Range": f"bytes={have}-"} if have else {}
     held = version.read_text(encoding="ascii", errors="replace").strip() if have and version.exists() else ""
     if held.isascii() and held:  # else (no record, or one edited by hand) the range alone
         headers["If-Range"] = held
-    try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # "range not satisfiable": the .part holds every byte, if it has the file's size
-            size = e.headers.get("Content-Range", "").rpartition("/")[2]  # "bytes */SIZE"
-            if size.isdigit() and int(size) != have:  # a .part of a longer file the server has since replaced
-                say(f"{part.name} holds {have:,} bytes, but {url} has {int(size):,}: downloading it again")
-                part.unlink()
-                return download(url, dest)
-            os.replace(part, dest)
-            version.unlink(missing_ok=True)
-            return dest
-        raise
-    with resp:
-        have = have if resp.status == 206 else 0  # a server that ignores Range (or whose file changed) sends it all
-        if not have:
-            etag = resp.headers.get("ETag", "")
-            tag = etag if etag.startswith('"') else resp.headers.get("Last-Modified")  # If-Range takes no weak ETag
-            if tag:
-                with atomic_file(version, "w") as f:
-                    f.write(tag)
-            else:
-                version.unlink(missing_ok=True)
-        size = resp.headers.get("Content-Length")
-        total = int(size) + have if size is not None else None
-        say(f"downloading {url} ({'size not given' if total is None else fmt_count(total) + 'B'}"
-            + (f", {fmt_count(have)}B of it already here" if have else "") + ")")
-        t0, done, shown = time.time(), have, None
-        with open(part, "ab" if have else "wb") as f:
-            while chunk := resp.read(1 << 20):  # 1 MiB: the progress line moves often
-                f.write(chunk)
-                done += len(chunk)
-                pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
-                rate = done / 1e6 / (time.time() - t0 + 1e-9)
-                shown = show_progress(f"  {dest.name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", shown,
-                                      last=done == total)
-    end_progress()
-    if total is not None and done != total:
-        raise DataError(f"the download of {url} stopped at {done} of {total} bytes; run the same command again "
-                        "to resume it.")
-    os.replace(part, dest)
-    version.unlink(missing_ok=True)
-    return dest
+    return urllib.request.Request(url, headers=headers)
+
+
+def part_is_whole(e, url, part, have, total):
+    """A 416 to a request for the bytes from `have` on: True if the .part is the whole file (it has the size the
+    reply says, if it says one); False after deleting a .part of a longer file the server has since replaced; the
+    one sentence (sizes_disagree) if an earlier reply said the file was larger."""
+    if total is not None:  # asked for the rest of a file this download was told is larger
+        raise sizes_disagree(url, part, total, f"that bytes from {have:,} on are past its end")
+    size = e.headers.get("Content-Range", "").rpartition("/")[2]  # "bytes */SIZE"
+    if size.isdigit() and int(size) != have:
+        say(f"{part.name} holds {have:,} bytes, but {url} has {int(size):,}: downloading it again")
+        part.unlink()
+        return False
+    return True
+
+
+def reply_span(resp, url, part, have):
+    """(its first byte's place in the file, the place after its last or None, the file's size or None) for the reply
+    to range_request: a 200 holds the whole file, whose size is its Content-Length, if given; a 206 what its
+    Content-Range says, which must begin at `have` (else DataError: nothing is written)."""
+    if resp.status != 206:  # a server that ignores Range (or whose file changed: If-Range) sends it all
+        size = resp.headers.get("Content-Length", "")
+        size = int(size) if size.isdigit() else None
+        return 0, size, size
+    said = resp.headers.get("Content-Range", "")
+    first, _, rest = said.removeprefix("bytes ").partition("-")
+    last, _, size = rest.partition("/")
+    if not (first.isdigit() and last.isdigit() and int(first) == have <= int(last)
+            and (size == "*" or size.isdigit() and int(last) < int(size))):
+        what = short_repr(said) if said else "no"
+        raise DataError(f"{url} answered a request for its bytes from {have:,} on with {what} Content-Range, not those "
+                        f"bytes; {part} is kept as it was: run the same command again later, or download the file from "
+                        "another server.")
+    return have, int(last) + 1, int(size) if size.isdigit() else None
+
+
+def sizes_disagree(url, part, said, says):  # a file's size changed under its download: its .part may mix two versions
+    part.unlink(missing_ok=True)
+    part.with_name(part.name + ".version").unlink(missing_ok=True)
+    return DataError(f"{url} said its file has {said:,} bytes, then {says}: it changed during the download, or the "
+                     f"server is faulty; {part.name} was deleted: run the same command again to download it anew.")
+
+
+def keep_version(resp, version):  # the version a whole reply is (If-Range takes no weak ETag), for a later resume
+    etag = resp.headers.get("ETag", "")
+    tag = etag if etag.startswith('"') else resp.headers.get("Last-Modified")
+    if tag:
+        with atomic_file(version, "w") as f:
+            f.write(tag)
+    else:
+        version.unlink(missing_ok=True)
+
+
+def receive(resp, part, span, name, progress):
+    """The reply's bytes into part from byte start on (up to stop, if known), with a progress line: span is (start,
+    stop, the file's size), progress (the download's start time, when its line was last shown). Returns (the bytes
+    part holds, when the line was last shown)."""
+    (start, stop, total), (t0, shown) = span, progress
+    done = start
+    with open(part, "ab" if start else "wb") as f:
+        while chunk := resp.read(1 << 20 if stop is None else min(1 << 20, stop - done)):  # 1 MiB: the line moves often
+            f.write(chunk)
+            done += len(chunk)
+            pct = f"[{'#' * int(30 * done / total):<30}] {100 * done / total:5.1f}%, " if total else ""
+            rate = done / 1e6 / (time.time() - t0 + 1e-9)
+            shown = show_progress(f"  {name} {pct}{done / 1e6:,.1f} MB, {rate:.1f} MB/s", shown, last=done == total)
+    return done, shown
 
 
 def gunzip(src, dest):  # src.gz -> dest, whole or not at all
@@ -346,9 +410,14 @@ def damaged_cache(path, why):  # the one sentence for a file of the cache that c
                       "rebuild it.")
 
 
+# the OSErrors of a cache file that is not what it should be (a directory in its place, say): deleting it is the cure
+NOT_A_CACHE_FILE = (errno.EISDIR, errno.ENOTDIR, errno.ENOENT, errno.ELOOP)
+
+
 def from_cache(path, load, *args, **kwargs):
     """load(*args, **kwargs), which reads path of the cache: a damaged or unwritable one is one sentence
-    saying what to do. A full disk passes through: train.py reports it."""
+    saying what to do; the system's other errors (a file-size limit, EIO) too: the path and the system's reason, where
+    "delete it" would not help. A full disk passes through: train.py reports it."""
     try:
         return load(*args, **kwargs)
     except (ValueError, EOFError, OSError, MemoryError) as e:
@@ -359,6 +428,8 @@ def from_cache(path, load, *args, **kwargs):
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise UsageError(f"cannot write in the data cache ({e.strerror}: {e.filename or path}); make it "
                              "writable, or pass another --data-dir.") from None
+        if isinstance(e, OSError) and e.errno is not None and e.errno not in NOT_A_CACHE_FILE:  # (one without an
+            raise DataError(os_error_sentence(e)) from None  # errno is gzip's BadGzipFile: damage); exit_code's words
         raise damaged_cache(path, e) from None
 
 
@@ -389,17 +460,27 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
 # ----------------------------------------------------------------------------
 # 3. prepare_data: --data -> token ids, read in place
 
-class TokenIds:
-    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len, slices that are views, numpy's functions,
-    get_batch's windows) but read with plain reads when numpy asks for the values, only those it asks for: a file
-    cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its new
-    end kills the process (SIGBUS, which Python cannot catch)."""
+def out_of_bounds(i, n):  # numpy's IndexError, in its words
+    return IndexError(f"index {i} is out of bounds for axis 0 with size {n}")
 
-    def __init__(self, ids, start=0, length=None):  # ids: a memmap np.load made, or a TokenIds to view
+
+PAGE = 4096  # bytes: a strided view's ids further apart are read one by one, closer ones with the span they lie in
+
+
+class TokenIds:
+    """Token ids in a .npy file, like np.load(path, mmap_mode="r") (len; numpy's scalar for an int, its IndexError
+    out of range; a view for a slice of any step, still in the file; numpy's array for an array of ints, get_batch's
+    windows, or for np.asarray) but read with plain reads when numpy asks for the values, only those it asks for: a
+    file cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its
+    new end kills the process (SIGBUS, which Python cannot catch). Booleans, None, ... and tuples are refused."""
+
+    def __init__(self, ids, start=0, length=None, step=1):  # ids: a memmap np.load made, or a TokenIds to view
         self.filename, self.dtype = ids.filename, ids.dtype
-        self.offset = ids.offset + start * ids.dtype.itemsize
-        self.length = len(ids) - start if length is None else length
         self.base = ids if isinstance(ids, TokenIds) else None  # a view keeps the first alive: it closes the file
+        # id i of this view is id first + i * step of the file's array, whose ids start at byte `header`
+        self.header = ids.offset if self.base is None else ids.header
+        self.first, self.step = (start, step) if self.base is None else (ids.first + start * ids.step, ids.step * step)
+        self.length = len(ids) - start if length is None else length
         self.f = open(ids.filename, "rb", buffering=0) if self.base is None else ids.f  # each read one system call
         if self.base is None:  # closed quietly (no ResourceWarning) once it and every view of it are gone
             weakref.finalize(self, self.f.close)
@@ -408,20 +489,63 @@ class TokenIds:
         return self.length
 
     def __getitem__(self, where):
-        if isinstance(where, slice):  # (of step 1, as every user takes): the ids from there, still in the file
-            start, stop, _ = where.indices(self.length)
-            return TokenIds(self, start, max(0, stop - start))
-        where = np.asarray(where)  # indices: get_batch's windows, each row consecutive ids, each read into its place
-        rows, out = where.reshape(-1, where.shape[-1]), np.empty(where.shape, self.dtype)
-        if where.size and (where.min() < 0 or where.max() >= self.length or (np.diff(rows) != 1).any()):
-            raise IndexError(f"TokenIds takes slices, or rows of consecutive indices in [0, {self.length})")
-        for start, dest in zip(rows[:, 0].tolist() if where.size else (), out.reshape(rows.shape)):
-            read_into(self.f, self.offset + start * self.dtype.itemsize, dest, self.filename)
+        if isinstance(where, slice):  # a view: nothing is read
+            start, stop, step = where.indices(self.length)
+            n = len(range(start, stop, step))
+            return TokenIds(self, start if n else 0, n, step)
+        out = self.read_ids(self.checked_index(where))
+        return out[()] if out.ndim == 0 else out  # an int: numpy's scalar (np.uint16, say)
+
+    def checked_index(self, where):
+        """where as an array of ints in [0, len) (a negative one counts from the end, as in numpy), or numpy's
+        IndexError for one out of range; IndexError for what numpy would read otherwise (a boolean mask, None, ...,
+        a tuple of indices): those are not supported."""
+        n = self.length
+        if isinstance(where, (int, np.integer)) and not isinstance(where, bool):  # an int of any size
+            if not -n <= where < n:
+                raise out_of_bounds(where, n)
+            return np.asarray(where % n, np.int64)
+        index = np.asarray(where if not isinstance(where, tuple) else None)  # numpy reads a tuple as one index a dim
+        if index.size == 0 and isinstance(where, list):  # numpy takes [] (a float array) as no index
+            index = index.astype(np.intp)
+        if index.dtype.kind not in "iu":
+            what = short_repr(where) if index.ndim == 0 else f"an array of {index.dtype}"  # (a mask: of bool)
+            raise IndexError(f"TokenIds (the ids of {self.filename}) takes an integer, a slice or an array of integers "
+                             f"as its index, not {what}; np.asarray(ids) is numpy's array, for any other.")
+        lo, hi = (index.min(), index.max()) if index.size else (0, 0)
+        if lo < -n or hi >= n:
+            raise out_of_bounds(index.ravel()[np.argmax(((index < -n) | (index >= n)).ravel())], n)  # the first
+        index = index.astype(np.int64, copy=False)
+        return np.where(index < 0, index + n, index) if lo < 0 else index
+
+    def read_ids(self, index):
+        """The ids at these indices (an array of any shape, each in [0, len)): one read for each run of consecutive
+        ids of the file (get_batch's windows: one each), into its place."""
+        at = index if self.step == 1 else index * self.step  # from self.first, in the file's ids
+        out = np.empty(index.shape, self.dtype)
+        flat, dest, size = at.ravel(), out.reshape(-1), self.dtype.itemsize
+        if flat.size:
+            cuts = (np.flatnonzero(np.diff(flat) != 1) + 1).tolist()  # where a run ends and the next begins
+            begins = [0, *cuts]
+            for a, b, i in zip(begins, [*cuts, flat.size], flat[begins].tolist()):
+                read_into(self.f, self.header + (self.first + i) * size, dest[a:b], self.filename)
         return out
 
     def __array__(self, dtype=None, copy=None):
-        data = read_exactly(self.f, self.offset, self.length * self.dtype.itemsize, self.filename)
-        return np.frombuffer(data, self.dtype).astype(dtype or self.dtype, copy=False)
+        """The view's ids, READ at a time: each read the span of the file they lie in, where they are at most a PAGE
+        apart (a memory map would read those pages too), else one read for each id."""
+        step, size, out = abs(self.step), self.dtype.itemsize, np.empty(self.length, self.dtype)
+        per = max(1, READ // step) if step * size <= PAGE else 1  # ids per read
+        for k in range(0, self.length, per):
+            n = min(per, self.length - k)
+            low = k if self.step > 0 else k + n - 1  # the id of these n whose byte comes first in the file
+            at = self.header + (self.first + low * self.step) * size
+            if self.step == 1:  # straight into place
+                read_into(self.f, at, out[k:k + n], self.filename)
+            else:
+                span = read_into(self.f, at, np.empty((n - 1) * step + 1, self.dtype), self.filename)
+                out[k:k + n] = span[::step] if self.step > 0 else span[::-step]
+        return out.astype(dtype, copy=False) if dtype else out
 
 
 def pieces(ids):  # the ids READ at a time, as arrays

@@ -8,6 +8,7 @@ side by side and answered in out/experiments/report.md, where every number is re
     python experiments.py ablations         # no RMSNorm, post-norm, NoPE, a SiLU FFN, against the baseline
     python experiments.py generate          # text from the sweep's best model, greedy and sampled
     python experiments.py tokenizer         # compression (bytes/token), on another domain too, throughput
+    python experiments.py optimizers        # SGD, momentum, RMSProp, Adam, AdamW and Muon raced (not in `all`)
     python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
     python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
     python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
@@ -15,19 +16,20 @@ side by side and answered in out/experiments/report.md, where every number is re
 The scale follows --data: the built-in corpus (and any local file) gets a CPU preset, train.py's small model for
 400 steps, so that `all` ends within an hour on 2 cores; tinystories and owt get the handout's run (train.py's
 preset) with --compile. Any flag experiments.py does not know goes to every train.py run (a variant's own flags,
-such as the sweep's --lr, win). A finished run is reused; a stopped one is resumed (train.py --resume); one that
-train.py stopped on a NaN or infinite loss is a result, "diverged at step N". Ctrl-C stops the running runs at a
+such as the sweep's --lr, win; a --total-tokens budget sets the steps). A finished run is reused however its flags
+were spelled (its config and data are compared, as --resume compares them); a stopped one is resumed; one that
+train.py stopped on a NaN or infinite loss is a result, "diverged at step N". One line on stderr shows the runs
+done, the running run's step and an ETA; a run's output is in its <variant>.log. Ctrl-C stops the running runs at a
 step boundary (each saves a checkpoint): the same command goes on from there.
 
 1. The questions of the handout's section 7, and the experiments' runs
 2. One run: train.py in a process of its own, its outcome kept in result.json
 3. Many runs at once: one per GPU, or --jobs on the CPU's cores
 4. What a run measured: its metrics.jsonl, read back
-5. Figures: validation loss against steps and against wall-clock time
-6. The answers, computed from the numbers, and the report
-7. main()
+5. Figures, the answers computed from the numbers, and the report
+6. main()
 """
-import collections
+import argparse
 import contextlib
 import ctypes
 import datetime
@@ -39,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -47,12 +50,13 @@ if __name__ == "__main__":
     cli.quiet_while_starting("experiments.py")
 import accounting
 import bpe
-import bpe_fast
 import config
 import data
+import figures
 import files
 import machine
 import rundir
+import tokenizer_experiments
 import train
 
 HERE = Path(__file__).resolve().parent
@@ -73,6 +77,10 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
+    "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
+                   "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",
+                   "optimizers (b): in what share of the steps, and of the seconds, does Muon reach AdamW's final "
+                   "validation loss?", "optimizers (c): what does each link of the chain buy?"],
 }
 EXPERIMENTS = (*QUESTIONS, "all")
 
@@ -86,7 +94,6 @@ SCALES = {  # --data -> the flags of every run, the sweeps; the model and the ba
 }
 SAMPLING = [("greedy", 0.0, 1.0), ("temperature 0.7, top-p 0.9", 0.7, 0.9), ("temperature 1.0", 1.0, 1.0)]
 SAMPLE_TOKENS = 256  # the handout's "at least 256 tokens"
-DOCUMENTS = 10  # tokenizer_experiments (a): documents sampled for the compression ratio
 
 
 class Run:
@@ -94,6 +101,7 @@ class Run:
 
     def __init__(self, experiment, name, flags):
         self.experiment, self.name, self.flags = experiment, name, list(flags)
+        self.cached = None  # (its flags, their config): resolved()'s, once
 
     def dir(self, out):
         return Path(out) / "experiments" / self.experiment / self.name
@@ -103,39 +111,119 @@ def scale_of(data_source):
     return "gpu" if data_source in data.DATASETS else "cpu"
 
 
-def lr_flags(cfg, lr):  # --lr and a --min-lr in the baseline's proportion (the presets' cosine ends at lr / 10)
-    return ["--lr", f"{lr:g}", "--min-lr", f"{lr * cfg['min_lr'] / cfg['lr']:g}"]
+def number_text(x):  # the shortest of 1e-03, 1.2e-03, 1.25e-03, ... that reads back as x: each value a name of its own
+    return next(text for digits in range(17) if float(text := f"{x:.{digits}e}") == x)  # 17 digits always read back
+
+
+def lr_name(lr):  # a variant's rate in its name (a folder's): --lr 0.0012 is lr=1.2e-03, never the sweep's lr=1e-03
+    return f"lr={number_text(lr)}"
+
+
+def tenth(lr):  # the no-norm ablation's lower rate, without float noise: 3e-3 / 10 is 3.0000000000000003e-04
+    return float(f"{lr / 10:.15g}")
+
+
+def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion (the presets' cosine ends at lr / 10)
+    return ["--lr", repr(lr), "--min-lr", f"{lr * cfg['min_lr'] / cfg['lr']:g}"]
 
 
 def plan(cfg):
     """experiment -> [(value, label, Run)]. cfg: the baseline's resolved config (train.py's preset, the scale's and
     the user's flags). The baseline is one run, the lr sweep's at its rate, which the others compare against."""
     scale, lr, b, d = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"], cfg["d_model"]
-    sweep = {x: Run("lr", f"lr={x:.0e}", lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
+    sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
     base = sweep[lr]
 
-    def batch_run(size):  # the baseline's tokens, and its tokens between evaluations
+    def batch_run(size):  # the baseline's tokens, its tokens between evaluations and those of its warm-up
         steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
         return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps),
-                                              "--eval-interval", str(every)])
+                                              "--eval-interval", str(every),
+                                              "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
-                 f"no-norm_lr={lr / 10:.0e}": Run("ablations", f"no-norm_lr={lr / 10:.0e}",
-                                                  ["--no-norm", *lr_flags(cfg, lr / 10)]),
+                 f"no-norm_{lr_name(tenth(lr))}": Run("ablations", f"no-norm_{lr_name(tenth(lr))}",
+                                                      ["--no-norm", *lr_flags(cfg, tenth(lr))]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
                  "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
-            "ablations": [(name, name, run) for name, run in ablations.items()]}
+            "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
+
+
+RACE_RATES = (1 / 3, 1, 3)  # the optimizers race: each --optimizer at these times its default rate (config.OPTIMIZERS)
+
+
+def race_plan(cfg):
+    """[((optimizer, lr), label, Run)]: every --optimizer at RACE_RATES times its default rate, the baseline's other
+    flags, and evaluations twice as often as the scale's (where a curve crosses a loss is read between them)."""
+    every = str(max(1, cfg["eval_interval"] // 2))
+    rates = [(name, float(f"{cfg['lr'] * factor * x:.2g}")) for name, factor in config.OPTIMIZERS.items()
+             for x in RACE_RATES]
+    return [((name, lr), f"{name}_{lr_name(lr)}", Run("optimizers", f"{name}_{lr_name(lr)}", [
+        "--optimizer", name, *lr_flags(cfg, lr), "--eval-interval", every])) for name, lr in rates]
+
+
+def baseline_run(plans):  # the run every experiment compares against: the lr sweep's at the baseline's rate
+    return next(run for name, _, run in plans["ablations"] if name == "baseline")
+
+
+def experiments_of(experiment):  # the experiments whose runs a command needs (generate: the lr sweep's)
+    return {"all": ("lr", "batch", "ablations"), "generate": ("lr",), "tokenizer": ()}.get(experiment, (experiment,))
 
 
 # ----------------------------------------------------------------------------
 # 2. One run: train.py in a process of its own, its outcome kept in result.json
 
+TRAIN_FLAGS = {row[0][2:].replace("-", "_"): row for row in config.FLAGS if not isinstance(row, str)}  # key -> row
+RUN_LENGTH = {"max_iters", "total_tokens"}  # one budget, in steps or in tokens: a later one replaces the other
+
+
+def given(flags):
+    """train.py flags -> {key: value} of those they set, as train.py's own parser reads them (abbreviated, as
+    --flag=value, the last one given winning)."""
+    unset = object()  # argparse gives a default only to a key the namespace lacks: a flag not given stays unset
+    values = vars(config.build_parser().parse_args(flags, argparse.Namespace(**dict.fromkeys(TRAIN_FLAGS, unset))))
+    return {k: v for k, v in values.items() if v is not unset}
+
+
+def train_flags(*parts):
+    """train.py's flags from parts given in order (the scale's, the user's, a variant's), each flag once: a later
+    part's value replaces an earlier one's, and a run length in tokens (--total-tokens) one in steps, or the other
+    way round (the user's token budget sets the steps that the scale would have set)."""
+    values = {}
+    for part in parts:
+        got = given(part)
+        if RUN_LENGTH & got.keys():
+            values = {k: v for k, v in values.items() if k not in RUN_LENGTH}
+        values.update(got)
+    flags = []
+    for key, value in values.items():  # str() of a float reads back as that float; a value -x would read as a flag
+        name, kind = TRAIN_FLAGS[key][:2]
+        flags += ([name if value else f"--no-{name[2:]}"] if kind is bool else  # a switch: on, or --no-fast
+                  [f"{name}={value}"] if str(value).startswith("-") else [name, str(value)])
+    return flags
+
+
+def base_flags(args, rest):  # every run's flags but its own: the data, the scale's and the user's
+    return train_flags(["--data", args.data, *SCALES[scale_of(args.data)]["flags"]], rest)
+
+
 def command(run, args, rest):
-    """train.py's command line: the scale's flags, the user's, then the variant's own (the last one given wins)."""
-    return [sys.executable, str(HERE / "train.py"), "--data", args.data, *SCALES[scale_of(args.data)]["flags"],
-            *rest, *run.flags, "--out-dir", str(run.dir(args.out_dir).parent), "--run-name", run.name]
+    """train.py's command line: the data, the scale's flags, the user's, then the variant's own, each flag once."""
+    return [sys.executable, str(HERE / "train.py"), *train_flags(base_flags(args, rest), run.flags, [
+        "--out-dir", str(run.dir(args.out_dir).parent), "--run-name", run.name])]
+
+
+def resolved(run, args, rest):
+    """The run's config as train.py resolves it (with --benchmark: its folder and data are not checked here), once
+    per Run; a mistake is UsageError, named for the run."""
+    flags = [*command(run, args, rest)[2:], "--benchmark"]
+    if run.cached is None or run.cached[0] != flags:
+        try:
+            run.cached = flags, config.resolve_config(flags)
+        except cli.UsageError as e:
+            raise cli.UsageError(f"{run.experiment}/{run.name}: {e}") from None
+    return run.cached[1]
 
 
 def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "diverged" at an int step; a command
@@ -144,11 +232,29 @@ def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "
             and (r.get("status"), type(r["step"])) in (("done", type(None)), ("diverged", int)))
 
 
+# What makes a run this one, for the report: what --resume compares (the model, the trajectory), and where and how
+# its validation loss was measured. How the flags were typed is not: ./t.txt or /home/me/t.txt, in any order.
+SAME_RUN_KEYS = (*config.MODEL_KEYS, *rundir.TRAJECTORY_KEYS, "eval_interval", "eval_iters")
+
+
+def differences(saved, run, args, rest):
+    """What makes the run that saved config.json `saved` another run than this command's, as --resume sees it
+    (rundir.differs): the SAME_RUN_KEYS that differ, and its data (the fingerprint of its token files and
+    tokenizer, against args.data_fingerprint), where a path's spelling is no difference. [] for this run."""
+    cfg, fingerprint = resolved(run, args, rest), saved.get("data_fingerprint")
+    diff = [f"{k} {cli.short_repr(saved.get(k))} -> {cli.short_repr(cfg[k])}" for k in SAME_RUN_KEYS
+            if rundir.differs(k, saved.get(k), cfg[k], set(config.CORPORA), fingerprint is not None)]
+    if fingerprint is not None and fingerprint != args.data_fingerprint:
+        diff.append(f"its data: other token files or tokenizer than --data {args.data}'s")
+    return diff
+
+
 def outcome(run, args, rest):
-    """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A
-    result made by another command line is refused: its numbers would be read as this one's."""
-    path = run.dir(args.out_dir) / "result.json"
-    if not path.is_file():
+    """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A run
+    that is not this command's (differences, from its config.json) is refused: its numbers would be read as this
+    one's."""
+    folder = run.dir(args.out_dir)
+    if not (path := folder / "result.json").is_file():
         return None
     try:
         result = files.load_json(path.read_text(encoding="utf-8"), path)
@@ -156,9 +262,12 @@ def outcome(run, args, rest):
             raise ValueError(f"not a result of experiments.py: {cli.short_repr(result)}")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
-    if result["command"][:-4] != command(run, args, rest)[2:-4]:  # the last 4: where it sits (out/ may move)
-        raise cli.UsageError(f"{run.dir(args.out_dir)} is a run of other flags ({' '.join(result.get('command'))}"
-                                f"); delete it, or pass another --out-dir.")
+    if (saved := rundir.run_config(folder)) is None:  # deleted, or edited: no run config to compare
+        raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} and rerun to run that "
+                             "run again.")
+    if diff := differences(saved, run, args, rest):
+        raise cli.UsageError(f"{folder} is a run of other flags ({'; '.join(diff)}); delete it, or pass another "
+                             "--out-dir.")
     return result
 
 
@@ -166,34 +275,30 @@ def _die_with_parent():  # in the child, before train.py: experiments.py's end, 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: train.py saves, then exits 130
 
 
+def log_path(run, args):  # all of a run's output, beside its folder (a new run's folder must be empty)
+    return run.dir(args.out_dir).with_name(run.name + ".log")
+
+
 def start(run, args, rest, env):
     """train.py, resumed where the run has a checkpoint, in a session of its own: a Ctrl-C in the terminal reaches
     only experiments.py, which passes on one SIGTERM (a second one would abort the run's checkpoint)."""
     ckpt = run.dir(args.out_dir) / "ckpt.pt"
-    log_path = run.dir(args.out_dir).with_name(run.name + ".log")  # beside the run: a new run's folder must be empty
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log_file:
+    log_path(run, args).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path(run, args), "a") as log_file:
         return subprocess.Popen(command(run, args, rest) + (["--resume"] if ckpt.exists() else []), stdout=log_file,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
-def diverged_step(path):  # the step where train.py stopped a run on a NaN or inf, as its metrics.jsonl says, or None
-    with contextlib.suppress(OSError):
-        return next((e["step"] for _, e in reversed(list(rundir.metrics_records(path))) if e and "diverged" in e), None)
-    return None
-
-
 def finish(run, args, rest, code):
     """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
     for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
-    log_path = run.dir(args.out_dir).with_name(run.name + ".log")
-    step = diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
+    step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
-        said = log_path.read_text(encoding="utf-8", errors="replace")
+        said = log_path(run, args).read_text(encoding="utf-8", errors="replace")
         last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
         raise (cli.UsageError if code == 2 else cli.DataError)(
-            f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path})")
+            f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
     if code != 130:
         with files.atomic_file(run.dir(args.out_dir) / "result.json", "w") as f:
             json.dump({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
@@ -216,26 +321,74 @@ def slots(jobs):
     return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
 
 
+class Progress:
+    """One line for the whole experiment on stderr, as cli.show_progress shows one (a terminal redraws it, a log file
+    gets one every PROGRESS_EVERY seconds): the runs done, each running run's step (its metrics.jsonl) and an ETA, the
+    tokens left at the speed of the tokens trained since this command started (runs of other batch sizes train the
+    same tokens in other steps; a resumed run counts from its checkpoint)."""
+
+    def __init__(self, runs, todo, args, rest):
+        self.args, self.rest, self.done, self.total = args, rest, len(runs) - len(todo), len(runs)
+        self.size = {run: resolved(run, args, rest)["total_tokens"] for run in todo}
+        self.at = {run: self.read(run) for run in todo}  # (step, tokens) as last read
+        self.first = {run: tokens for run, (_, tokens) in self.at.items()}  # tokens trained before this command
+        self.t0, self.shown, self.open = time.monotonic(), None, False  # open: a terminal's line is not ended yet
+
+    def read(self, run):
+        return rundir.last_step(run.dir(self.args.out_dir) / "metrics.jsonl")
+
+    def finished(self, run):  # a diverged run trained fewer tokens than its budget: none are left of it
+        self.done, self.at[run] = self.done + 1, self.read(run)
+        self.size[run] = self.at[run][1]
+
+    def show(self, running, last=False):
+        self.at.update({run: self.read(run) for run in running})
+        seconds = time.monotonic() - self.t0
+        trained = sum(max(0, tokens - self.first[run]) for run, (_, tokens) in self.at.items())
+        left = sum(max(0, self.size[run] - tokens) for run, (_, tokens) in self.at.items())
+        eta = left * seconds / trained if trained else None
+        text = (f"{self.done}/{self.total} runs done" + (f" in {cli.fmt_time(seconds)}" if last else
+                                                         f", ETA {cli.fmt_time(eta)}")
+                + "".join(f" | {run.experiment}/{run.name} step {self.at[run][0]}/"
+                          f"{resolved(run, self.args, self.rest)['max_iters']}" for run in running))
+        self.open = sys.stderr.isatty()  # a terminal's line is redrawn whole, within its columns
+        self.shown = cli.show_progress(text[:cli.COLUMNS].ljust(cli.COLUMNS) if self.open else text, self.shown, last)
+
+    def end(self):  # what is printed next (a run's line, the report's, an error) starts a line of its own
+        if self.open:
+            cli.end_progress()
+        self.open = False
+
+
 def run_all(runs, args, rest):
-    """Every run without a result, as many at once as there are slots. A fault in one stops the others (each saves
-    a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C, SIGTERM or SIGHUP."""
+    """Every run without a result, as many at once as there are slots, with one progress line (Progress). A fault in
+    one stops the others (each saves a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C,
+    SIGTERM or SIGHUP."""
     todo, running = [r for r in runs if outcome(r, args, rest) is None], {}
-    free = slots(min(args.jobs, len(todo)) or 1)  # no more slots than runs: a --jobs of 10**20 is no list that long
+    if not todo:
+        return
+    free, progress = slots(min(args.jobs, len(todo))), Progress(runs, todo, args, rest)  # no more slots than runs
     try:
         while todo or running:
-            while todo and free:
-                run, env = todo.pop(0), free.pop()
-                cli.say(f"{run.experiment}/{run.name}: " + ("resuming" if (run.dir(args.out_dir) / "ckpt.pt")
-                                                              .exists() else "starting"))
-                running[start(run, args, rest, env)] = (run, env)
             for proc in [p for p in running if p.poll() is not None]:
                 run, env = running.pop(proc)
                 free.append(env)
+                progress.end()
                 finish(run, args, rest, proc.returncode)
                 if proc.returncode == 130:  # stopped by someone else: stop here too
                     raise KeyboardInterrupt
+                progress.finished(run)
+            while todo and free:
+                run, env = todo.pop(0), free.pop()
+                again = (run.dir(args.out_dir) / "ckpt.pt").exists()
+                progress.end()
+                cli.say(f"{run.experiment}/{run.name}: {'resuming' if again else 'starting'} (log: "
+                        f"{log_path(run, args)})")
+                running[start(run, args, rest, env)] = (run, env)
+            progress.show([run for run, _ in running.values()], last=not (todo or running))
             time.sleep(0.2)
     finally:
+        progress.end()
         for proc in running:  # a fault or a stop: each run saves its checkpoint and ends
             proc.send_signal(signal.SIGTERM)
         for proc in running:
@@ -270,46 +423,27 @@ def measured(run, label, args, rest):
 def prepare(cfg):
     """The runs' data, prepared once here before any run starts (runs started together must not build the same
     token files at once) and checked (ids the baseline can count) -> its unigram baseline (data.unigram_loss),
-    tokenizer (None for ids) and train ids."""
-    tr, va, tok, _ = data.prepare_data(*(cfg[k] for k in config.DATA_KEYS))  # as train.py prepares and checks it
+    tokenizer (None for ids), train ids, and the fingerprint train.py saves in each run's config.json."""
+    tr, va, tok, tok_files = data.prepare_data(*(cfg[k] for k in config.DATA_KEYS))  # as train.py prepares it
     data.check_data(cfg, tr, va, tok)
-    return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr
+    return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr, data.fingerprint(tr, va, tok_files, cfg["data_dir"])
 
 
 # ----------------------------------------------------------------------------
-# 5. Figures: validation loss against steps and against wall-clock time
+# 5. Figures (figures.py draws them), the answers computed from the numbers, and the report
 
-def figure(name, results, baseline, png):
-    """All variants on one axes (steps, and seconds), a diverged run's last point marked x, the unigram baseline
-    dashed. Returns False without matplotlib (optional: the report has its tables)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, x, label in ((axes[0], 0, "step"), (axes[1], 1, "wall-clock seconds")):
-        for r in results:
-            line, = ax.plot([c[x] for c in r["curve"]], [c[2] for c in r["curve"]], "o-", ms=3, label=r["name"])
-            if r["diverged"]:
-                last = r["curve"][-1]
-                ax.plot(r["diverged"] if x == 0 else last[1], last[2], "x", ms=12, mew=3, color=line.get_color(),
-                        label=f"{r['name']} diverged at step {r['diverged']}")
-        ax.axhline(baseline, ls="--", color="gray", label="unigram baseline")
-        ax.set(xlabel=label, ylabel="validation loss (nats/token)", title=name)
-    top = max(r["curve"][0][2] for r in results)  # from the first evaluation down: a run far above is off the chart
-    axes[0].set_ylim(min(c[2] for r in results for c in r["curve"]) * 0.95, max(top, baseline) * 1.05)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    with files.atomic_file(png) as f:
-        fig.savefig(f, format="png")
-    plt.close(fig)
-    return True
+SHOWS = {"lr": "the learning-rate sweep", "batch": "batch sizes at one token budget",
+         "ablations": "each ablation against the baseline",
+         "optimizers": "each optimizer at the best rate of its sweep"}  # an experiment's figure, in words
 
 
-# ----------------------------------------------------------------------------
-# 6. The answers, computed from the numbers, and the report
+def figure_title(name, cfg):  # a figure's run, data and budget, for a reader who has only the picture
+    where = cfg["data"] if cfg["data"] in config.CORPORA else Path(cfg["data"]).name
+    return (f"{name}: {SHOWS[name]}\n--data {where}, {cfg['num_layers']} layers of d_model {cfg['d_model']}, "
+            f"{cli.fmt_count(cfg['total_tokens'])} tokens a run (the baseline: {cfg['max_iters']:,} steps of "
+            f"{cfg['batch_size']} x {cfg['context_length']} tokens at lr {number_text(cfg['lr'])})")
+
+
 
 def loss_text(r):  # a run's final validation loss, or where it diverged
     return f"{r['final']:.3f}" if r["final"] is not None else f"diverged at step {r['diverged']}"
@@ -322,18 +456,18 @@ def answer_lr(rows, base, unigram):
     if not done:
         return ["(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
     best_lr, best = min(done, key=lambda t: t[1]["final"])
-    a = (f"(a) the best rate was {best_lr:.0e} (final validation loss {best['final']:.3f}; the baseline's "
-         f"{base:.0e}); " + ", ".join(f"{lr:.0e}: {loss_text(r)}" for lr, r in rows) + ".")
+    a = (f"(a) the best rate was {number_text(best_lr)} (final validation loss {best['final']:.3f}; the baseline's "
+         f"{number_text(base)}); " + ", ".join(f"{number_text(lr)}: {loss_text(r)}" for lr, r in rows) + ".")
     gone = [(lr, r) for lr, r in rows if r["diverged"]]
     flat = [lr for lr, r in done if r["final"] >= unigram]
-    b = (f"(b) the smallest rate that diverged was {gone[0][0]:.0e}, {gone[0][0] / best_lr:.3g}x the best (train.py "
-         f"stopped it at step {gone[0][1]['diverged']})" if gone else
-         f"(b) no rate up to {rows[-1][0]:.0e} diverged (a NaN or infinite loss, which train.py stops)")
+    b = (f"(b) the smallest rate that diverged was {number_text(gone[0][0])}, {gone[0][0] / best_lr:.3g}x the best "
+         f"(train.py stopped it at step {gone[0][1]['diverged']})" if gone else
+         f"(b) no rate up to {number_text(rows[-1][0])} diverged (a NaN or infinite loss, which train.py stops)")
     if best["final"] >= unigram:  # then every rate is "no better": the runs were too short to say which
         b += f"; no rate beat the unigram baseline ({unigram:.3f}): the runs learnt no more than token frequencies"
     elif flat:
-        b += (f"; the smallest that ended no better than the unigram baseline ({unigram:.3f}) was {flat[0]:.0e}, "
-              f"{flat[0] / best_lr:.3g}x the best")
+        b += (f"; the smallest that ended no better than the unigram baseline ({unigram:.3f}) was "
+              f"{number_text(flat[0])}, {flat[0] / best_lr:.3g}x the best")
     return [a, b + "."]
 
 
@@ -358,8 +492,8 @@ def answer_ablations(found, cfg):
     ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff,
                                             silu_ffn=flag)["ffn"] for flag, d_ff in ((False, cfg["d_ff"]),
                                                                                     (True, 4 * cfg["d_model"]))}
-    said = {"no-norm": f"no RMSNorm at the baseline's rate {cfg['lr']:.0e}",
-            f"no-norm_lr={cfg['lr'] / 10:.0e}": f"no RMSNorm at a 10x lower rate, {cfg['lr'] / 10:.0e}",
+    said = {"no-norm": f"no RMSNorm at the baseline's rate {number_text(cfg['lr'])}",
+            f"no-norm_{lr_name(tenth(cfg['lr']))}": f"no RMSNorm at a 10x lower rate, {number_text(tenth(cfg['lr']))}",
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
             "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
     lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
@@ -369,6 +503,49 @@ def answer_ablations(found, cfg):
             f"{loss_text(base)}; each ablation against it:", *lines]
 
 
+def reached(curve, target, x=0):
+    """The step (x=0) or second (x=1) where a validation curve [(step, seconds, loss)] first reaches target, linear
+    between evaluations; None if it never does."""
+    if curve[0][2] <= target:
+        return curve[0][x]
+    return next((a[x] + (b[x] - a[x]) * (a[2] - target) / (a[2] - b[2]) for a, b in zip(curve, curve[1:])
+                 if b[2] <= target), None)
+
+
+def race_best(found):
+    """found: [((optimizer, lr), figures)] -> ({optimizer: (lr, figures)} of each one's lowest final loss, the
+    optimizers whose best rate is at an end of their sweep)."""
+    best, edges = {}, []
+    for name in config.OPTIMIZERS:
+        mine = [(lr, m) for (n, lr), m in found if n == name]
+        if done := [(lr, m) for lr, m in mine if m["final"] is not None]:
+            best[name] = min(done, key=lambda t: t[1]["final"])
+            edges += [name] if len(mine) > 2 and best[name][0] in (mine[0][0], mine[-1][0]) else []
+    return best, edges
+
+
+def answer_optimizers(found):
+    best, edges = race_best(found)
+    if not best:
+        return ["every run diverged."]
+    a = ("(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {number_text(lr)})" for n, (lr, r) in
+                            sorted(best.items(), key=lambda kv: kv[1][1]["final"]))
+         + (f"; {', '.join(edges)} best at an end of its sweep: a wider one might do better" if edges else "") + ".")
+    lines = [a]
+    if "muon" in best and "adamw" in best:
+        (_, mu), (_, ad) = best["muon"], best["adamw"]
+        steps, secs = reached(mu["curve"], ad["final"]), reached(mu["curve"], ad["final"], 1)
+        last, wall = ad["curve"][-1][0], ad["curve"][-1][1]
+        lines.append(f"(b) Muon reached AdamW's final {ad['final']:.3f} at step {steps:.0f} of {last} "
+                     f"({steps / last:.0%} of the steps) and after {secs:.0f} s of AdamW's {wall:.0f} s "
+                     f"({secs / wall:.0%})." if steps is not None else
+                     f"(b) Muon did not reach AdamW's final {ad['final']:.3f} in {last} steps (its own final: "
+                     f"{mu['final']:.3f}).")
+    chain = [n for n in ("sgd", "momentum", "rmsprop", "adam", "adamw") if n in best]
+    return lines + ["(c) along the chain, final validation loss: " + " -> ".join(
+        f"{n} {best[n][1]['final']:.3f}" for n in chain) + " (each link's gain is its difference to the one before)."]
+
+
 def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
     words = text.split()
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
@@ -376,7 +553,8 @@ def repeated(text, n=3):  # the share of a text's word n-grams that occur earlie
 
 
 def table(rows):
-    lines = ["| variant | final val loss | tokens/s | wall time | diverged |", "|---|---|---|---|---|"]
+    lines = ["| variant | final val loss | tokens/s (median over log intervals) | wall time | diverged |",
+             "|---|---|---|---|---|"]
     for r in rows:
         final = "-" if r["final"] is None else f"{r['final']:.4f}"
         gone = f"at step {r['diverged']}" if r["diverged"] else "no"
@@ -402,88 +580,6 @@ def generate(best, where, device):
         cli.say(f"generate/{slug(name)}: done")
 
 
-OTHER = {"tinystories": "owt", "owt": "tinystories"}  # tokenizer_experiments (b): the handout's pairing
-
-
-def documents(text, limit):  # the first DOCUMENTS non-empty documents of text (its first `limit` characters)
-    return [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
-
-
-def other_domain(cfg, limit):
-    """tokenizer_experiments (b)'s other text and its own tokenizer -> (name, documents, tokenizer). The handout's
-    other dataset (TinyStories <-> OpenWebText) where its tokenizer is in the data cache; else Python's standard
-    library source, code against the runs' prose, in every Python: a module is a document, the first DOCUMENTS are
-    measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters."""
-    if other := OTHER.get(cfg["data"]):
-        folder = data.cache_dir(other, cfg["data_dir"])
-        found, valid = sorted(folder.glob("bpe*/vocab.json")), folder / data.text_names(other)[1]
-        if found and valid.is_file():
-            with open(valid, encoding="utf-8") as f:
-                text = f.read(limit)
-            return f"{other}'s validation text", documents(text, limit), data.read_tokenizer(found[0].parent)[0]
-    modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
-    if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
-        raise cli.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
-                               f"source, and {Path(os.__file__).parent} has {len(modules)} .py files; use a Python "
-                               "with its source (python.org's or a venv of it).")
-    train_text = "".join(modules[DOCUMENTS:])[:limit]
-    counts = collections.Counter(bpe.pretokenize(train_text))
-    vocab, merges = bpe.train_from_counts(counts, cfg["vocab_size"], [data.EOT])
-    return "Python's standard library source", modules[:DOCUMENTS], bpe.Tokenizer(vocab, merges, [data.EOT])
-
-
-def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tokens tok makes of them
-    return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
-
-
-def stored_figures(path):  # tokenizer_figures' kept figures, or None (none yet, or an older version's, without (b))
-    figures = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    return figures if "other" in figures else None
-
-
-def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
-    """The figures of tokenizer_experiments, measured once and kept in path: the runs' tokenizer on the first
-    DOCUMENTS validation documents (of the first `limit` characters) and on another domain's (other_domain), that
-    domain's tokenizer on both, and the runs' tokenizer's speed on the first `limit` characters of the training
-    text (one process)."""
-    if kept := stored_figures(path):
-        return kept
-    folder, (train_name, valid_name) = data.cache_dir(cfg["data"], cfg["data_dir"]), data.text_names(cfg["data"])
-    with open(folder / valid_name, encoding="utf-8") as f:
-        docs = documents(f.read(limit), limit)
-    with open(folder / train_name, encoding="utf-8") as f:
-        text = f.read(limit)
-    other, other_docs, other_tok = other_domain(cfg, limit)
-    bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
-    figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
-                   tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
-                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
-                   ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
-                   other_on_other=bytes_per_token(other_tok, other_docs),
-                   bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with files.atomic_file(path, "w") as f:
-        json.dump(figures, f)
-    return figures
-
-
-def answer_tokenizer(f):
-    seconds = accounting.PILE_BYTES / f["bytes_per_s"]
-    ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
-    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} bytes in "
-            f"{f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
-            f"(b) on {f['other']} ({f['other_documents']} documents), the runs' BPE makes {f['ours_on_other']:.2f} "
-            f"bytes/token and that text's own {f['other_vocab']:,}-token BPE {f['other_on_other']:.2f}: out of its "
-            f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
-            f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
-            f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
-            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / accounting.GiB:.0f} GiB: "
-            f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
-            "over the CPU's cores).",
-            f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
-            f"{f['dtype']}), half of int32's."]
-
-
 def best_run(plans, args, rest):  # the lr sweep's finished run of the lowest final loss, and its figures, or None
     done = [(run, m) for _, label, run in plans["lr"] if (m := measured(run, label, args, rest)) and m["final"]]
     return min(done, key=lambda t: t[1]["final"]) if done else None
@@ -504,27 +600,42 @@ def extra_sections(where, best):
         extra["generate"].append("- the share of repeated 3-grams by setting: " + ", ".join(
             f"{name} {repeated(text):.0%}" for name, text in texts) + f"; the model's loss "
             f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
-    if figures := stored_figures(tokens):
-        extra["tokenizer"] = [f"- {a}" for a in answer_tokenizer(figures)]
+    if figures := tokenizer_experiments.stored_figures(tokens):
+        extra["tokenizer"] = [f"- {a}" for a in tokenizer_experiments.answer_tokenizer(figures)]
     return extra
 
 
 def section(name, found, cfg, baseline, where):
-    """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)]."""
+    """One experiment's part of the report: its questions, figure, table and answers. found: [(value, figures)].
+    The optimizers' figure draws each one's best rate (the table has every run)."""
     rows = [m for _, m in found]
-    drawn = figure(name, rows, baseline, where / f"{name}.png")
+    drawn_rows = [dict(m, name=f"{n} (lr {number_text(lr)})") for n, (lr, m) in race_best(found)[0].items()] \
+        if name == "optimizers" else rows
+    drawn = figures.runs_figure(figure_title(name, cfg), drawn_rows or rows, baseline, where / f"{name}.png")
     answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
                answer_batch(found, cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]) if name == "batch"
-               else answer_ablations(dict(found), cfg))
+               else answer_optimizers(found) if name == "optimizers" else answer_ablations(dict(found), cfg))
     return [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", f"![{name}]({name}.png)\n" if drawn else "",
             table(rows), "", *(f"- {a}" for a in answers), ""], drawn
 
 
+def ran(name, plans, args):
+    """Has experiment `name` run: is it this command's, or has a run of its own (not the baseline, which the others
+    share) a result? An ablations command alone made lr's and batch's baseline, and no lr or batch experiment."""
+    shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
+    return name in experiments_of(args.experiment) or any((run.dir(args.out_dir) / "result.json").is_file()
+                                                          for *_, run in plans[name] if run not in shared)
+
+
 def report(args, rest, argv, cfg, plans, baseline, extra):
-    """out/experiments/report.md from every run that has finished (an experiment not run yet says its command)."""
-    where, parts, drawn = Path(args.out_dir) / "experiments", [], True
+    """out/experiments/report.md from every run that has finished, a section for each experiment that ran (a variant
+    not run yet says its command)."""
+    where, parts, drawn, base = Path(args.out_dir) / "experiments", [], True, baseline_run(plans)
     for name, entries in plans.items():
-        found = [(value, m) for value, label, run in entries if (m := measured(run, label, args, rest))]
+        if not ran(name, plans, args):
+            continue
+        found = [(value, dict(m, baseline=run is base)) for value, label, run in entries
+                 if (m := measured(run, label, args, rest))]
         missing = [label for _, label, run in entries if not (run.dir(args.out_dir) / "result.json").is_file()]
         lines, ok = section(name, found, cfg, baseline, where) if found else ([f"## {name}", ""], True)
         drawn &= ok
@@ -548,14 +659,53 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 
 
 # ----------------------------------------------------------------------------
-# 7. main()
+# 6. main()
 
 PASSED_BY_US = ("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark")
 
 
+# One whole run of the CPU scale (train.py's small model, 400 steps of 32 x 128 tokens, its evaluations too) on one
+# core, as --help says it; each experiment's time is derived from it. Measured 2026-11-29 on an AMD EPYC (2 cores,
+# shared with other jobs, so CPU time, user + sys, not wall time) at commit 2ce872a: `OMP_NUM_THREADS=1
+# NUMBA_NUM_THREADS=1 /usr/bin/time -v python train.py --max-iters 400 --eval-interval 50 --num-samples 0` (pydoc's
+# tokens cached) took 156.96 + 10.28 s, the run's 1.64M tokens at 9.8k tokens/s.
+CPU_RUN_SECONDS, MEASURED_RUN = 167, "measured: one whole run, one thread, an AMD EPYC, 2026-11-29"
+
+
+def help_text():
+    """--help's list: each experiment's variants (the names --variants takes), and about how long its runs take on a
+    CPU, at CPU_RUN_SECONDS a run (each trains the baseline's tokens)."""
+    cfg = config.resolve_config(["--data", "pydoc", *SCALES["cpu"]["flags"], "--device", "cpu", "--benchmark"])
+    plans, gpu = plan(cfg), SCALES["gpu"]
+    base, every = baseline_run(plans), {run for name in experiments_of("all") for *_, run in plans[name]}
+
+    def about(n):  # n runs, one after another on one core
+        return f"{n} runs, about {round(n * CPU_RUN_SECONDS / 60)} min"
+    lines = textwrap.wrap(f"Experiments and their variants (the names --variants takes). On a CPU (--data pydoc or a "
+                          f"file) a run is train.py's small model for {cfg['max_iters']} steps of "
+                          f"{cfg['batch_size']} x {cfg['context_length']} tokens, about "
+                          f"{cli.fmt_time(CPU_RUN_SECONDS)} on one core ({MEASURED_RUN}); the times below are one "
+                          "core's, and 2 cores take about half as long:", 100)
+    for name in ("lr", "batch", "ablations", "optimizers"):
+        runs = [label + (" (baseline)" if run is base and name != "ablations" else "")
+                for *_, label, run in plans[name]]
+        lines += textwrap.wrap(f"{name:<10} {about(len(runs))}: {', '.join(runs)}", 100, initial_indent="  ",
+                               subsequent_indent=" " * 13)
+    lines += ["  generate   the lr sweep's runs, then samples from its best model",
+              "  tokenizer  no runs: the runs' tokenizer measured (compression, another domain, speed)",
+              f"  all        {about(len(every))} (the baseline once), then generate and tokenizer",
+              "A finished run is reused: an experiment after another runs only the runs it does not share.",
+              *textwrap.wrap(f"--data tinystories or owt: the handout's runs ("
+                             f"{config.PRESETS['tinystories']['total_tokens'] / 1e6:.2f}M tokens each), a GPU's job, "
+                             f"one run per GPU: rates {', '.join(number_text(x) for x in gpu['lrs'])}; batch sizes "
+                             f"{', '.join(map(str, gpu['batch_sizes']))}; the same ablations.", 100)]
+    return "\n".join(lines)
+
+
 def parse(argv):
-    p = cli.Parser(prog="experiments.py", allow_abbrev=False, description="The handout's section 7 experiments: "
-                      "sets of train.py runs, their figures and out/experiments/report.md. Other flags go to train.py.")
+    p = cli.Parser(prog="experiments.py", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                   description="The handout's section 7 experiments: sets of train.py runs, their figures and\n"
+                   "out/experiments/report.md. Other flags go to train.py.", epilog=help_text())
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--data", default="pydoc", help="as train.py's; tinystories and owt: the handout's (GPU) scale")
     p.add_argument("--out-dir", default="out", help="runs go to OUT_DIR/experiments/<experiment>/<variant>/")
@@ -572,10 +722,8 @@ def parse(argv):
 
 def chosen_runs(args, plans):
     """The runs the named experiment needs (generate: the lr sweep's), each once, as --variants narrows them."""
-    names = {"all": ("lr", "batch", "ablations"), "generate": ("lr",), "tokenizer": ()}.get(args.experiment,
-                                                                                           (args.experiment,))
     runs, labels = {}, {}  # a run shared by experiments (the baseline) has a label in each
-    for n in names:
+    for n in experiments_of(args.experiment):
         for _, label, run in plans[n]:
             runs[run.dir(args.out_dir)] = run
             labels.setdefault(run.dir(args.out_dir), set()).add(label)
@@ -600,22 +748,19 @@ def check(runs, args, rest):
             raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
                                     "another --out-dir.")
     for run in runs:
-        try:
-            config.resolve_config([*command(run, args, rest)[2:], "--benchmark"])
-        except cli.UsageError as e:
-            raise cli.UsageError(f"{run.experiment}/{run.name}: {e}") from None
+        resolved(run, args, rest)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
-    cfg = config.resolve_config(["--data", args.data, *SCALES[scale_of(args.data)]["flags"], *rest, "--benchmark"])
+    cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])  # the user's token budget sets the steps
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs = chosen_runs(args, plans)
     check(runs, args, rest)
-    baseline, tok, ids = prepare(cfg)
+    baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
     if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
         raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
                                 "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
@@ -631,7 +776,7 @@ def main(argv=None):
     if args.experiment in ("generate", "all") and tok is not None and best:
         generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
     if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
-        tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
+        tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
     report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
     return 0
 

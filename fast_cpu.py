@@ -16,8 +16,10 @@ The lessons it embodies:
   4. The loops sum in any order (fastmath's "reassoc": the sums vectorize), so results differ from torch's in
      the last bits; NaN and infinity still propagate (no "nnan"/"ninf"), which the loop's check of the loss
      relies on.
-  5. numba runs on as many threads as torch uses (torch.set_num_threads), so the two never ask for more cores
-     than a run was given.
+  5. numba runs on as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads, a taskset), so the two
+     never ask for more cores than a run was given; starting numba's threads must not change torch's (_threads).
+Under NUMBA_DISABLE_JIT=1 (numba's switch for stepping through its functions in pdb) the loops would be plain
+Python, where an @intrinsic cannot run: there no tensor is usable, and the plain code computes every step.
 """
 import numba
 import numpy as np
@@ -28,19 +30,33 @@ from numba.extending import intrinsic
 F32 = np.float32
 FASTMATH = {"reassoc", "contract", "arcp"}  # vectorized sums and fused multiply-adds; NaN and inf kept
 ELEMENTWISE = FASTMATH - {"reassoc"}  # no sums to vectorize, and a reordered silu(a) * b overflowed: (a b) / e^-a
+JIT = not numba.config.DISABLE_JIT  # numba compiles (see the top)
 BLOCKS = 16  # RMSNorm's weight gradient and the gradients' norm are summed in this many blocks: a fixed number, so
 # the same bits on any number of threads (a resumed run is bitwise the uninterrupted one), and work for up to 16 threads
 
 
 def usable(*tensors, in_place=False):
-    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own);
-    in_place (AdamW, the clip: the loop writes into the tensors' own memory): contiguous too."""
-    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                     and (t.is_contiguous() or not in_place) for t in tensors)
+    """May these tensors take the kernels? float32, on the CPU, outside torch.compile (which fuses on its own), and
+    numba compiles (JIT); in_place (AdamW, the clip: the loop writes into the tensors' own memory): contiguous too."""
+    return JIT and not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                             and (t.is_contiguous() or not in_place) for t in tensors)
+
+
+_numba_started = False  # numba's threads are started, and torch's count was kept
 
 
 def _threads():
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    """numba on as many threads as torch uses. numba's OpenMP layer starts its threads (once, at its first parallel
+    compile or call) by setting the OpenMP runtime it shares with torch to NUMBA_NUM_THREADS, all the cores: torch's
+    count, which OMP_NUM_THREADS, torch.set_num_threads or a taskset gave, was lost, and `experiments.py --jobs 2`
+    ran 4 busy threads on 2 cores. So they are started here, before any kernel, and torch's count is put back."""
+    global _numba_started
+    n = torch.get_num_threads()
+    if not _numba_started:
+        numba.get_num_threads()  # starts numba's threads (its OpenMP, TBB or own layer)
+        torch.set_num_threads(n)
+        _numba_started = True
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def _np(t):  # a float32 CPU tensor -> a numpy view of the same memory (contiguous first)

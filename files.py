@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from cli import DataError, say, short_repr
+from cli import DataError, os_error_in, say, short_repr
 
 
 # ----------------------------------------------------------------------------
@@ -168,9 +168,10 @@ def atomic_file(path, mode="wb"):
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
         os.replace(tmp, path)
-    except OSError as e:          # a full disk fails f.write, which names no file: name path
-        if e.errno is not None and e.filename in (None, tmp):  # not an OSError with no errno (gzip's BadGzipFile)
-            e.filename = path
+    except Exception as e:  # a full disk fails f.write, which names no file: name path (torch.save wraps that OSError)
+        cause = os_error_in(e)
+        if cause is not None and cause.errno is not None and cause.filename in (None, tmp):  # (gzip's BadGzipFile
+            cause.filename = path                                                            # has no errno)
         raise
     finally:
         if os.path.exists(tmp):
@@ -189,9 +190,9 @@ def atomic_files(paths):
         yield list(tmps)
         for tmp, path in zip(tmps, real):
             os.replace(tmp, path)
-    except OSError as e:  # a full disk names the temporary a writer filled: name its file
-        if e.filename in tmps:
-            e.filename = real[tmps.index(e.filename)]
+    except Exception as e:  # a full disk names the temporary a writer filled: name its file (wrapped, too)
+        if (cause := os_error_in(e)) is not None and cause.filename in tmps:
+            cause.filename = real[tmps.index(cause.filename)]
         raise
     finally:
         for tmp in filter(os.path.exists, tmps):

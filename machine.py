@@ -1,7 +1,7 @@
 """
 The machine: what a run may use of it (cores, memory, a GPU, a compiler, torchrun's other processes), and the
 global settings of torch and the C library that make a CPU run fast and bitwise reproducible. Optional reading.
-It loads torch only when a function asks for it (_torch): bpe.py, which uses the cores and the memory, must start
+It loads torch only when a function asks for it (_torch): the tokenizer, which uses the cores and the memory, starts
 without it.
 
 1. Cores, memory and numba's cache
@@ -9,11 +9,15 @@ without it.
 3. Devices and the compiler
 4. torchrun's processes: the environment checked, rank 0 first, the rendezvous, the process group
 """
+import atexit
 import contextlib
 import ctypes
 import datetime
 import functools
 import os
+import shutil
+import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -25,7 +29,7 @@ from files import writable
 # ----------------------------------------------------------------------------
 # 1. Cores, memory and numba's cache
 
-def _torch():  # imported here, not at the top: bpe.py imports this file and must not load torch
+def _torch():  # imported here, not at the top: the tokenizer imports this file and must not load torch
     import torch
     return torch
 
@@ -65,10 +69,38 @@ def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
 
 def numba_cache_fallback(source_dir):
     """Before numba loads: where it can keep compiled code neither beside the source (a read-only checkout) nor in
-    the user's cache (no writable home), a temporary directory instead; numba would refuse to load the file."""
+    the user's cache (no writable home), a folder of this user's in the temporary directory instead; numba would
+    refuse to load the file."""
     user_cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "numba"
     if not os.environ.get("NUMBA_CACHE_DIR") and not any(map(writable, (Path(source_dir) / "__pycache__", user_cache))):
-        os.environ["NUMBA_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"numba-cache-{os.getuid()}")
+        os.environ["NUMBA_CACHE_DIR"] = _private_folder(Path(tempfile.gettempdir(), f"numba-cache-{os.getuid()}"))
+
+
+def _not_private(path):
+    """Why the folder at path may not hold code this user runs, or "". numba reads its cache's index with pickle, so
+    a folder that another user made first (its name is predictable, in a temporary directory all may write) or may
+    write into would run their code as this user (CWE-377)."""
+    st = os.lstat(path)  # not stat: a symlink is judged as itself, not as the folder it points to
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+    if st.st_uid != os.getuid():
+        return f"owned by another user (uid {st.st_uid})"
+    return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else ""
+
+
+def _private_folder(path):
+    """path, made readable and writable by this user only if it is new, and used if it is this user's own and
+    private; else a new private folder of a name no one can guess, removed as this process ends (numba compiles
+    again in each run, so a line says why and what to do)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    if not (why := _not_private(path)):
+        return str(path)
+    new, owner = tempfile.mkdtemp(prefix=f"{path.name}-"), os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(new, ignore_errors=True))  # not a forked worker's
+    log(f"numba's cache: {path} is {why}, where another user could plant code, so this run compiles into {new} "
+        f"instead; delete {path}, or set NUMBA_CACHE_DIR to a folder only you can write.", file=sys.stderr)
+    return new
 
 
 # ----------------------------------------------------------------------------
@@ -107,7 +139,7 @@ def torch_settings(cfg):
     torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
     # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
-    # after it, as in train.py, whose first parallel work is the run's
+    # after it, as a training run's do: its first parallel work is the run's
     flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
     if cfg["device"] == "cpu":  # not undone afterwards: it changes only when freed memory goes back to the kernel
         keep_freed_memory()

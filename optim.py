@@ -3,8 +3,8 @@
 Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
   1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written
      in-place backward (softmax - onehot), and perplexity.
-  2. Optimizers, simplest first: SGD -> AdaGrad (the lecture's) -> AdamW (Algorithm 1; compiled=True fuses it,
-     and fused=True makes it one pass over memory on a CPU).
+  2. Optimizers, the lecture's chain: SGD (+ momentum) -> AdaGrad -> RMSProp -> Adam/AdamW (Algorithm 1;
+     compiled=True fuses it, fused=True makes it one pass over memory on a CPU), then Muon beyond the lecture.
      State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
@@ -77,13 +77,16 @@ def perplexity(mean_loss):
 # 2. Optimizers
 
 class _Optimizer(torch.optim.Optimizer):
-    """What the three share: each param group's hyperparameters are checked, and step() runs the closure,
-    then hands each group's parameters that have a gradient to the optimizer's own _update."""
+    """What they share: each param group's hyperparameters are checked, and step() runs the closure, then hands
+    each group's parameters that have a gradient to the optimizer's own _update."""
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
         rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
                  "betas": ("two, in [0, 1)", lambda b: len(b) == 2 and all(0 <= x < 1 for x in b)),
-                 "weight_decay": (">= 0", lambda x: x >= 0)}
+                 "weight_decay": (">= 0", lambda x: x >= 0), "momentum": ("in [0, 1)", lambda x: 0 <= x < 1),
+                 "alpha": ("in [0, 1)", lambda x: 0 <= x < 1),
+                 "ns_steps": ("an int >= 1", lambda n: isinstance(n, int) and n >= 1),
+                 "muon": ("True or False: model.named_parameters() chooses it", lambda m: type(m) is bool)}
         bad = [f"{k}={v} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]
         if bad:
@@ -101,14 +104,21 @@ class _Optimizer(torch.optim.Optimizer):
 
 
 class SGD(_Optimizer):
-    """theta <- theta - lr * g."""
+    """theta <- theta - lr * g.  momentum mu > 0: Polyak's heavy ball,  v <- mu v + g;  theta <- theta - lr * v.
+    A direction the gradients keep agreeing on gets up to 1 / (1 - mu) times the step, one they flip on cancels out
+    (the lecture's average of g, (1 - mu) v, makes the same steps at lr / (1 - mu); this form is torch.optim.SGD's)."""
 
-    def __init__(self, params, lr=1e-3):
-        super().__init__(params, dict(lr=lr))
+    def __init__(self, params, lr=1e-3, momentum=0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
 
     def _update(self, group, params):
         for p in params:
-            p.add_(p.grad, alpha=-group["lr"])
+            v = p.grad
+            if group["momentum"] > 0:
+                if not self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                v = self.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+            p.add_(v, alpha=-group["lr"])
 
 
 class AdaGrad(_Optimizer):
@@ -127,8 +137,25 @@ class AdaGrad(_Optimizer):
             p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
 
 
+class RMSProp(_Optimizer):
+    """AdaGrad with an exponential average of g^2 instead of the sum (Tieleman & Hinton 2012), so that the step
+    follows the gradients' recent scale instead of shrinking for ever:
+    G <- alpha G + (1 - alpha) g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as AdaGrad's)"""
+
+    def __init__(self, params, lr=1e-3, alpha=0.99, eps=1e-8):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
+
+    def _update(self, group, params):
+        for p in params:
+            if not self.state[p]:
+                self.state[p]["square_avg"] = torch.zeros_like(p)
+            G = self.state[p]["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+            p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
+
+
 class AdamW(_Optimizer):
-    """The handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
+    """Adam = RMSProp's average of g^2 + momentum's average of g, both bias-corrected (Kingma & Ba 2015); AdamW
+    decouples the decay: the handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
     m <- b1 m + (1 - b1) g
     v <- b2 v + (1 - b2) g^2
     a_t = lr * sqrt(1 - b2^t) / (1 - b1^t)          (bias correction folded into the step size)
@@ -157,11 +184,20 @@ class AdamW(_Optimizer):
         tensors = params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         if self.fused and not self.compiled and fast_cpu.usable(*(t for ts in tensors for t in ts), in_place=True):
             return fast_cpu.adamw(*tensors, step_sizes, decay, b1, b2, eps)  # one pass over memory per tensor
-        if self.compiled:  # as tensors: a new lr or t is then new data for the same compiled code, not a recompile
-            dtype = torch.promote_types(params[0].dtype, torch.float32)  # the precision eager ops use for numbers
-            factors = torch.tensor([*step_sizes, decay], dtype=dtype).to(params[0].device, non_blocking=True)
-            *step_sizes, decay = factors.unbind()  # one copy to the device, which the host does not wait for
+        if self.compiled:
+            *step_sizes, decay = _on_device(params[0], *step_sizes, decay)
         self._math(*tensors, step_sizes, decay, b1, b2, eps)
+
+
+def Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kwargs):  # AdamW without the decay, as defined above
+    return AdamW(params, lr, betas, eps, weight_decay=0.0, **kwargs)
+
+
+def _on_device(like, *numbers):
+    """Numbers as 0-dim tensors on like's device, for compiled code: a new lr or t is then new data for the same
+    graph, not a recompile. One copy, which the host does not wait for; the precision eager ops use for numbers."""
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    return list(torch.tensor(numbers, dtype=dtype).to(like.device, non_blocking=True).unbind())
 
 
 def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
@@ -176,6 +212,84 @@ def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
     torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
     torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
     torch._foreach_mul_(params, [decay] * len(params))  # a list: torch 2.5 compiles a single tensor factor apart
+
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan (2024): a, b, c of newton_schulz's quintic
+
+
+def newton_schulz(G, steps=5, dtype=torch.float32):
+    """About U V^T of G = U S V^T, its nearest semi-orthogonal matrix: the singular vectors kept, each singular
+    value moved near 1. Divided by its Frobenius norm, G's singular values s lie in (0, 1]; each step
+    X <- a X + b (X X^T) X + c (X X^T)^2 X maps s to a s + b s^3 + c s^5. These coefficients trade accuracy for
+    speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1. X X^T: (m, m), m <= n."""
+    tall = G.shape[-2] > G.shape[-1]
+    X = (G.mT if tall else G).to(dtype)  # (m, n), m <= n
+    X = X / (X.norm() + 1e-7)  # + 1e-7: a zero gradient gives a zero update
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(steps):
+        A = X @ X.mT  # (m, m)
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if tall else X
+
+
+NOT_HIDDEN = ("embed", "lm_head", "wte", "wpe")  # named so, a matrix takes AdamW in Muon: embeddings and output heads
+
+
+class Muon(AdamW):
+    """Muon (Jordan et al. 2024): SGD-momentum whose update of each 2-D hidden matrix W (m, n) is replaced by the
+    nearest semi-orthogonal matrix, so that every direction of it moves by the same amount:
+    B <- mu B + (1 - mu) g                  (one buffer per matrix; AdamW keeps two)
+    U = mu B + (1 - mu) g                   (Nesterov: the average one step ahead; nesterov=False: U = B)
+    W <- W - lr * 0.2 sqrt(max(m, n)) * newton_schulz(U)
+    W <- W - lr * weight_decay * W
+    A semi-orthogonal (m, n) matrix has RMS 1 / sqrt(max(m, n)): the scale makes each update's RMS 0.2 lr, about an
+    AdamW update's, as Moonlight does (Liu et al. 2025), so that one lr and weight decay serve both groups and carry
+    over from AdamW (the reference's max(1, m/n)^0.5 evens out shapes of one fan-in only, at an lr of its own).
+    The rest (embedding, head, RMSNorm gains) take AdamW, as in nanochat: given model.named_parameters(), each 2-D
+    one whose name holds none of NOT_HIDDEN takes Muon; or pass groups with muon=True/False. Newton-Schulz runs in
+    bf16 on a GPU (tensor cores; near orthogonal is enough), else in float32 (float64 weights: float64), or ns_dtype."""
+
+    def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.95), eps=1e-8,
+                 weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
+        params = list(params)
+        if muon is None and params and all(isinstance(x, tuple) for x in params):  # model.named_parameters()
+            hidden = [p for n, p in params if p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)]
+            params = [g for g in (dict(params=hidden, muon=True), dict(params=[
+                p for _, p in params if not any(p is h for h in hidden)], muon=False)) if g["params"]]
+        _Optimizer.__init__(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                               momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
+        self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
+        self._math, self._muon = (torch.compile(f) if compiled else f for f in (_adamw_math, _muon_math))
+
+    def add_param_group(self, group):
+        params = [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])
+        flat = [tuple(p.shape) for p in params if p.ndim != 2]
+        if group.get("muon", self.defaults["muon"]) is True and flat:
+            raise ValueError(f"Muon orthogonalizes 2-D matrices, and its muon=True group holds shapes {flat[:3]}.")
+        super().add_param_group({**group, "params": params})
+
+    def _update(self, group, params):
+        if not group["muon"]:
+            return super()._update(group, params)
+        for p in params:
+            if not self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        dtype = self.ns_dtype or (torch.bfloat16 if params[0].is_cuda else torch.promote_types(params[0].dtype,
+                                                                                                torch.float32))
+        lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
+        if self.compiled:
+            lr, decay = _on_device(params[0], lr, decay)
+        self._muon(params, [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params], lr, decay,
+                   group["momentum"], group["nesterov"], group["ns_steps"], dtype)
+
+
+def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
+    """Muon's update of each hidden matrix; lr and decay = 1 - lr * weight_decay are numbers, or 0-dim tensors
+    when compiled (no host sync: nothing is read back)."""
+    for p, g, B in zip(params, grads, bufs):
+        B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
+        O = newton_schulz(g.lerp(B, mu) if nesterov else B, steps, dtype)
+        p.sub_(O.to(p.dtype) * (lr * 0.2 * max(p.shape) ** 0.5)).mul_(decay)
 
 
 # ----------------------------------------------------------------------------

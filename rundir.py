@@ -4,7 +4,7 @@ beside ckpt.pt, a checkpoint read and verified before --resume trusts it, and th
 (Ctrl-C at a step boundary, a NaN, a compile failure). Optional reading: train.py calls it at each boundary.
 
 1. The run directory: one writer (its lock), an old run replaced only on --overwrite
-2. Its files: config.json, the tokenizer, metrics.jsonl, the plot, TensorBoard
+2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
 3. Checkpoints read and verified; --resume: the checkpoint must fit the model, config and data (its RNG states
    make it exact)
 4. Stops: Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a compile failure
@@ -115,7 +115,7 @@ def resume_command(cfg, without=()):
 
 
 # ----------------------------------------------------------------------------
-# 2. Its files: config.json, the tokenizer, metrics.jsonl, the plot, TensorBoard
+# 2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
 
 def metrics_records(path):
     """metrics.jsonl as (line, its record or None): None for a line that is no record, one cut short by a kill, not
@@ -177,25 +177,21 @@ def final_val_loss(path, step):  # the validation loss metrics.jsonl holds for s
     return None
 
 
-def plot(metrics_path, png_path, title=""):
-    """--plot: metrics.jsonl drawn as loss.png, loss against steps and against wall-clock time, under a title that
-    names the run (also the PNG's Title field)."""
-    import matplotlib  # optional (CHECKS refused --plot without it), so imported only here
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [e for _, e in metrics_records(metrics_path) if e]
-    tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
-        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
-        ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
-        ax.set(xlabel=label, ylabel="loss (nats/token)")
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_file(png_path) as f:
-        fig.savefig(f, format="png", metadata={"Title": title})
-    log(f"plot: {png_path}")
+def diverged_step(path):  # the step where train.py stopped a run on a NaN or inf, as its metrics.jsonl says, or None
+    with contextlib.suppress(OSError):
+        return next((e["step"] for _, e in reversed(list(metrics_records(path))) if e and "diverged" in e), None)
+    return None
+
+
+def last_step(path):  # the (step, tokens) of the last record of a run's metrics.jsonl, read from its end; (0, 0): none
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # a record is a line of some 200 bytes
+        for line in reversed(f.read().splitlines()):
+            with contextlib.suppress(ValueError):  # the first line, cut by the seek, or one a kill cut short
+                e = json.loads(line)
+                if isinstance(e, dict) and type(e.get("step")) is int and type(e.get("tokens")) is int:
+                    return e["step"], e["tokens"]
+    return 0, 0
 
 
 _writers = {}  # run directory -> its TensorBoard SummaryWriter, made at the run's first record
@@ -311,8 +307,8 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
 # What shapes the trajectory besides the model (its shape and ablations): --resume refuses a checkpoint that differs.
 # Not --grad-accum, nor the number of processes: they change the arithmetic's order, never the data (micro_batches),
 # so a resumed run may raise --grad-accum where it has less memory.
-TRAJECTORY_KEYS = ("data", "val_data", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1", "beta2",
-                   "eps", "weight_decay", "grad_clip", "dtype", "seed")
+TRAJECTORY_KEYS = ("data", "val_data", "optimizer", "batch_size", "max_iters", "lr", "min_lr", "warmup_iters", "beta1",
+                   "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
 def check_config(config, like, name):
@@ -363,6 +359,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
         old = state.get("config")
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
+        old = {"optimizer": "adamw", **old}  # a run from before --optimizer: AdamW's
         longer = extends(old, cfg)
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if not (longer and k in ("max_iters", "warmup_iters"))]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
@@ -436,8 +433,8 @@ def dry_step(state, model, optimizer, name):
     gradients, on model's meta device (no memory, no time). What the first real step would fail on (a moment
     missing, a str step count, betas of 2) is refused before anything is read or written."""
     try:
-        for group in state["optimizer"]["param_groups"]:
-            type(optimizer)([torch.empty(0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
+        for group in state["optimizer"]["param_groups"]:  # a 2-D parameter: Muon's muon=True groups hold matrices only
+            type(optimizer)([torch.empty(0, 0, device="meta")], **{k: v for k, v in group.items() if k != "params"})
         optimizer.load_state_dict(state["optimizer"])
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -539,7 +536,7 @@ class Diverged(DataError):  # stop_non_finite's: the loss, the gradient norm or 
 @contextlib.contextmanager
 def divergence_recorded(cfg):
     """A run stopped by a NaN or an inf says so in its metrics.jsonl too, {"step": N, "diverged": the sentence}, so
-    that what reads a run's outcome (experiments.py) reads its files, not its output. A resume drops the line."""
+    that what reads a run's outcome (a sweep of runs) reads its files, not its output. A resume drops the line."""
     try:
         yield
     except Diverged as e:

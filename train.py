@@ -25,6 +25,7 @@ from torch.nn.attention import sdpa_kernel
 
 import accounting
 import config
+import figures
 import files
 import fused_head
 import machine
@@ -35,7 +36,7 @@ from config import CORPORA, DATA_KEYS, MODEL_KEYS, SDPA_BACKENDS, UNTIMED_STEPS,
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
 from model import TransformerLM, generate
-from optim import AdamW, clip_grad_norm, cosine_lr, cross_entropy, perplexity
+from optim import SGD, Adam, AdamW, Muon, RMSProp, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
 
 # ----------------------------------------------------------------------------
@@ -158,13 +159,27 @@ def compile_mode(cfg):
             (True, True): "max-autotune"}[cfg["cuda_graph"], cfg["max_autotune"]]
 
 
+def make_optimizer(cfg, lm):
+    """--optimizer (optim.py's) for the LM's parameters: momentum's mu is --beta1, RMSProp's alpha --beta2; Muon
+    sorts the matrices by name (the embedding and the head take its AdamW group, as the gains do)."""
+    name, lr, params = cfg["optimizer"], cfg["lr"], lm.parameters()
+    adam = dict(betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"], compiled=cfg["fast"] and cfg["compile"],
+                fused=cfg["fast"])
+    if name in ("sgd", "momentum"):
+        return SGD(params, lr, momentum=cfg["beta1"] if name == "momentum" else 0.0)
+    if name == "rmsprop":
+        return RMSProp(params, lr, alpha=cfg["beta2"], eps=cfg["eps"])
+    if name == "muon":
+        return Muon(lm.named_parameters(), lr, weight_decay=cfg["weight_decay"], **adam)
+    return Adam(params, lr, **adam) if name == "adam" else AdamW(params, lr, weight_decay=cfg["weight_decay"], **adam)
+
+
 def build(cfg):
-    """The model, its AdamW, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
+    """The model, its optimizer, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
     LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
-    optimizer = AdamW(raw.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                      weight_decay=cfg["weight_decay"], compiled=cfg["fast"] and cfg["compile"], fused=cfg["fast"])
+    optimizer = make_optimizer(cfg, raw)
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
     model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
@@ -267,6 +282,20 @@ def evaluate(model, data, cfg):
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
+LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
+
+
+def note_long_run(cfg, seconds_left, tty):
+    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
+    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
+        log(("\n" if tty else "") + f"note: at this speed the run needs about {cli.fmt_time(seconds_left)} more on the "
+            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
+            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
+            "Ctrl-C stops this run with a checkpoint.")
+    return seconds_left is not None
+
+
 class Progress:
     """Console lines and metrics.jsonl (rank 0). tokens/s and MFU: the steps since the last metrics line, evaluations
     excluded; times from the first start, across resumes. Losses stay on the device until a log step reads them."""
@@ -315,7 +344,7 @@ class Progress:
         line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
                 + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-        self.noted = self.noted or cli.note_long_run(cfg, left, self.tty)  # at the first ETA, once
+        self.noted = self.noted or note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
@@ -336,6 +365,9 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
 def print_samples(cfg):
     """--sample: the run's last checkpoint continues --prompt, or with --prompt - each line of stdin as it comes (an
     empty line: a new document); each sample ends at EOT. The run is only read."""
+    if cfg["prompt"] == "-" and sys.stdin is None:  # started with fd 0 closed (`<&-`, a job runner): Python's None
+        raise cli.UsageError("--prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
+                             "(< prompts.txt), or pass the prompt's text.")
     try:
         model, tok, _ = load_run(rundir.run_dir(cfg), cfg["device"])
     except FileNotFoundError as e:
@@ -421,8 +453,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
-        rundir.plot(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
-                    f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
+        figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
+                         f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
     return 0
 
 
@@ -443,7 +475,8 @@ def run(cfg):
     ckpt_path, resume_state = rundir.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, AdamW(meta.parameters()), CORPORA)
+        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, make_optimizer(dict(cfg, compile=False),
+                                                                                            meta), CORPORA)
     init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
     if cfg["init_from"] is not None and resume_state is None:
         init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs())

@@ -1,0 +1,114 @@
+"""
+The handout's tokenizer_experiments (section 2.7), measured for experiments.py's report: the runs' tokenizer's
+compression (bytes/token) on validation documents and on another domain's text, against that text's own tokenizer;
+its throughput, and the hours it would take to tokenize the Pile; why its ids are stored as uint16. Optional reading:
+`python experiments.py tokenizer` measures the figures once (tokenizer_figures) and answers from them.
+
+1. The documents, and another domain's text and tokenizer
+2. The figures, measured once and kept
+3. The answers
+"""
+import collections
+import json
+import os
+from pathlib import Path
+
+import accounting
+import bpe
+import bpe_fast
+import cli
+import data
+import files
+
+DOCUMENTS = 10  # tokenizer_experiments (a): documents sampled for the compression ratio
+
+
+# ----------------------------------------------------------------------------
+# 1. The documents, and another domain's text and tokenizer
+
+OTHER = {"tinystories": "owt", "owt": "tinystories"}  # tokenizer_experiments (b): the handout's pairing
+
+
+def documents(text, limit):  # the first DOCUMENTS non-empty documents of text (its first `limit` characters)
+    return [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
+
+
+def other_domain(cfg, limit):
+    """tokenizer_experiments (b)'s other text and its own tokenizer -> (name, documents, tokenizer). The handout's
+    other dataset (TinyStories <-> OpenWebText) where its tokenizer is in the data cache; else Python's standard
+    library source, code against the runs' prose, in every Python: a module is a document, the first DOCUMENTS are
+    measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters."""
+    if other := OTHER.get(cfg["data"]):
+        folder = data.cache_dir(other, cfg["data_dir"])
+        found, valid = sorted(folder.glob("bpe*/vocab.json")), folder / data.text_names(other)[1]
+        if found and valid.is_file():
+            with open(valid, encoding="utf-8") as f:
+                text = f.read(limit)
+            return f"{other}'s validation text", documents(text, limit), data.read_tokenizer(found[0].parent)[0]
+    modules = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(Path(os.__file__).parent.glob("*.py"))]
+    if len(modules) <= DOCUMENTS:  # some distributions ship the standard library compiled only
+        raise cli.DataError(f"tokenizer_experiments (b) takes its other text from Python's standard library "
+                               f"source, and {Path(os.__file__).parent} has {len(modules)} .py files; use a Python "
+                               "with its source (python.org's or a venv of it).")
+    train_text = "".join(modules[DOCUMENTS:])[:limit]
+    counts = collections.Counter(bpe.pretokenize(train_text))
+    vocab, merges = bpe.train_from_counts(counts, cfg["vocab_size"], [data.EOT])
+    return "Python's standard library source", modules[:DOCUMENTS], bpe.Tokenizer(vocab, merges, [data.EOT])
+
+
+# ----------------------------------------------------------------------------
+# 2. The figures, measured once and kept
+
+def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tokens tok makes of them
+    return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
+
+
+def stored_figures(path):  # tokenizer_figures' kept figures, or None (none yet, or an older version's, without (b))
+    figures = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return figures if "other" in figures else None
+
+
+def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
+    """The figures of tokenizer_experiments, measured once and kept in path: the runs' tokenizer on the first
+    DOCUMENTS validation documents (of the first `limit` characters) and on another domain's (other_domain), that
+    domain's tokenizer on both, and the runs' tokenizer's speed on the first `limit` characters of the training
+    text (one process)."""
+    if kept := stored_figures(path):
+        return kept
+    folder, (train_name, valid_name) = data.cache_dir(cfg["data"], cfg["data_dir"]), data.text_names(cfg["data"])
+    with open(folder / valid_name, encoding="utf-8") as f:
+        docs = documents(f.read(limit), limit)
+    with open(folder / train_name, encoding="utf-8") as f:
+        text = f.read(limit)
+    other, other_docs, other_tok = other_domain(cfg, limit)
+    bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
+    figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
+                   tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
+                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
+                   ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
+                   other_on_other=bytes_per_token(other_tok, other_docs),
+                   bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with files.atomic_file(path, "w") as f:
+        json.dump(figures, f)
+    return figures
+
+
+# ----------------------------------------------------------------------------
+# 3. The answers
+
+def answer_tokenizer(f):
+    seconds = accounting.PILE_BYTES / f["bytes_per_s"]
+    ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
+    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} bytes in "
+            f"{f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
+            f"(b) on {f['other']} ({f['other_documents']} documents), the runs' BPE makes {f['ours_on_other']:.2f} "
+            f"bytes/token and that text's own {f['other_vocab']:,}-token BPE {f['other_on_other']:.2f}: out of its "
+            f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
+            f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
+            f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
+            f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / accounting.GiB:.0f} GiB: "
+            f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
+            "over the CPU's cores).",
+            f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
+            f"{f['dtype']}), half of int32's."]
