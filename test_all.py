@@ -8594,7 +8594,7 @@ def test_bench_help_lists_every_table_with_gpu_and_the_whole_runs_time(capsys):
     (["--budget", "-5"], "--budget -5 must be positive and finite"),
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
-    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,head,levers,loop,"),
+    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,loop,"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
