@@ -30,7 +30,6 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 6. main()
 """
 import argparse
-import contextlib
 import ctypes
 import datetime
 import json
