@@ -221,10 +221,11 @@ def newton_schulz(G, steps=5, dtype=torch.float32):
     """About U V^T of G = U S V^T, its nearest semi-orthogonal matrix: the singular vectors kept, each singular
     value moved near 1. Divided by its Frobenius norm, G's singular values s lie in (0, 1]; each step
     X <- a X + b (X X^T) X + c (X X^T)^2 X maps s to a s + b s^3 + c s^5. These coefficients trade accuracy for
-    speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1. X X^T: (m, m), m <= n."""
+    speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1. X X^T: (m, m), m <= n.
+    G may be a stack (k, m, n) of matrices of one shape: each is orthogonalized on its own, in batched matmuls."""
     tall = G.shape[-2] > G.shape[-1]
-    X = (G.mT if tall else G).to(dtype)  # (m, n), m <= n
-    X = X / (X.norm() + 1e-7)  # + 1e-7: a zero gradient gives a zero update
+    X = (G.mT if tall else G).to(dtype)  # (..., m, n), m <= n
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # each matrix's own norm; + 1e-7: a zero update stays zero
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
         A = X @ X.mT  # (m, m)
@@ -285,11 +286,16 @@ class Muon(AdamW):
 
 def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
     """Muon's update of each hidden matrix; lr and decay = 1 - lr * weight_decay are numbers, or 0-dim tensors
-    when compiled (no host sync: nothing is read back)."""
-    for p, g, B in zip(params, grads, bufs):
+    when compiled (no host sync: nothing is read back). The matrices of one shape (a model's q, k, v and output
+    projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each."""
+    shapes = {}
+    for i, (p, g, B) in enumerate(zip(params, grads, bufs)):
         B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
-        O = newton_schulz(g.lerp(B, mu) if nesterov else B, steps, dtype)
-        p.sub_(O.to(p.dtype) * (lr * 0.2 * max(p.shape) ** 0.5)).mul_(decay)
+        shapes.setdefault(p.shape, []).append(i)
+    for shape, idx in shapes.items():
+        U = torch.stack([grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx])  # (k, m, n)
+        for i, O in zip(idx, newton_schulz(U, steps, dtype).unbind()):
+            params[i].sub_(O.to(params[i].dtype) * (lr * 0.2 * max(shape) ** 0.5)).mul_(decay)
 
 
 # ----------------------------------------------------------------------------

@@ -1436,6 +1436,8 @@ def test_model_newton_schulz_puts_singular_values_in_the_coefficients_band():
             D = P.T @ O.double() @ Q
             assert (D - torch.diag(torch.diagonal(D))).abs().max() < off
     assert torch.equal(optim.newton_schulz(torch.zeros(3, 5)), torch.zeros(3, 5))
+    stack = torch.randn(3, 8, 12, generator=gen) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]  # other scales
+    torch.testing.assert_close(optim.newton_schulz(stack), torch.stack([optim.newton_schulz(G) for G in stack]))
 
 
 def test_model_muon_and_the_chain_check_their_hyperparameters():
@@ -1510,18 +1512,18 @@ def test_model_muon_update_traces_as_one_graph_without_a_host_sync():
     ps, opt, _ = _model_muon_steps(False, steps=1)
     with _ModelOps() as mode:
         opt.step()
-    assert "aten._local_scalar_dense.default" not in mode.ops and "aten.mm.default" in mode.ops
+    assert "aten._local_scalar_dense.default" not in mode.ops and "aten.bmm.default" in mode.ops
 
 
 class _ModelMatmuls(TorchDispatchMode):
-    """The dtype of each aten.mm that runs inside it."""
+    """The dtype of each matmul (aten.mm, or aten.bmm of a stack) that runs inside it."""
 
     def __init__(self):
         super().__init__()
         self.dtypes = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.mm.default:
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default):
             self.dtypes.append(args[0].dtype)
         return func(*args, **(kwargs or {}))
 
