@@ -7125,7 +7125,7 @@ def test_experiments_every_variant_has_a_folder_of_its_own(lr):
     args, plans = types.SimpleNamespace(data="pydoc", out_dir="out"), experiments.plan(base)
     runs = {run for entries in plans.values() for *_, run in entries}
     assert len({run.dir("out") for run in runs}) == len(runs) == 16 + len(plans["optimizers"])  # the baseline is one
-    # run of three experiments; the race's 18 are runs of their own
+    # run of three experiments; the race's 24 are runs of their own
     for value, label, run in plans["lr"] + plans["ablations"][2:3]:
         cfg = train.resolve_config(experiments.command(run, args, [])[2:])
         assert float(label.rpartition("=")[2]) == cfg["lr"], label  # the name reads back as the rate it trains at
