@@ -149,7 +149,7 @@ def plan(cfg):
             "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
 
 
-RACE_RATES = (1 / 3, 1, 3, 9)  # the optimizers race: each --optimizer at these times its default rate (config.OPTIMIZERS)
+RACE_RATES = (1 / 3, 1, 3, 9)  # the optimizers race: each --optimizer at these times its default rate (OPTIMIZERS)
 
 
 def race_plan(cfg):
