@@ -529,7 +529,7 @@ def answer_optimizers(found):
         return ["every run diverged."]
     a = ("(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {number_text(lr)})" for n, (lr, r) in
                             sorted(best.items(), key=lambda kv: kv[1][1]["final"]))
-         + (f"; {', '.join(edges)} best at an end of its sweep: a wider one might do better" if edges else "") + ".")
+         + (f"; best at an end of the sweep: {', '.join(edges)} (a wider one might do better)" if edges else "") + ".")
     lines = [a]
     if "muon" in best and "adamw" in best:
         (_, mu), (_, ad) = best["muon"], best["adamw"]
