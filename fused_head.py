@@ -28,7 +28,7 @@ The lessons it embodies:
 import torch
 
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): 1 to 4 chunks
-# take about the same time, 8 and 16 longer (compiled: 13% and 40%) for a lower peak. bench.py gpu times 2 to 16
+# take about the same time, 8 and 16 longer for a lower peak. bench.py gpu times 2 to 16
 # chunks on the GPU, where the choice is still to be confirmed
 
 
