@@ -76,6 +76,7 @@ from optim import AdamW, cross_entropy
 # warns of its own deprecation (14 times): torch's code, not ours (nothing here uses TorchScript), so only it is hidden.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning")
 
+
 @pytest.fixture(autouse=True)
 def _in_a_temporary_directory(tmp_path):
     """Each test runs in its own directory: what a command writes by default (data/, out/) stays out of the clone.
@@ -101,12 +102,13 @@ def _torch_global_state():
                                     torch.utils.deterministic.fill_uninitialized_memory),
              "float32 matmul precision": torch.get_float32_matmul_precision(),
              "flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0}
-    return options | modes
+    handlers = {f"handler of {s.name}": signal.getsignal(s) for s in cli.STOPS}  # a child inherits an ignored one
+    return options | modes | handlers
 
 
 @pytest.fixture(autouse=True)
 def _torch_global_state_as_it_was(monkeypatch):
-    """A test changes torch's global state only for itself (config.patch, a try/finally; never monkeypatch.setattr on
+    """A test changes torch's global state (and the stop signals' handlers) only for itself (config.patch, a try/finally; never monkeypatch.setattr on
     a config module): fails the test that leaves it changed, not the unrelated one that meets it later."""
     before = _torch_global_state()
     yield
@@ -126,6 +128,7 @@ first = os.getpid()
 # Ctrl-C as a terminal's foreground job has it: tests run in the background (`pytest &` in a script, nohup) ignore
 # it, a child inherits that, and Python then leaves it ignored (accounting.py ran on to exit 0).
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # likewise a terminal's SIGHUP, which `nohup pytest` ignores
 sys.path[0] = os.path.dirname(os.path.abspath(script))  # the script's folder, where `python SCRIPT` looks first
 
 
@@ -448,7 +451,6 @@ def test_fast_cpu_step_runs_each_fused_op_as_one_kernel():
         assert bool(replaced) != fast, replaced
 
 
-
 # --- issue 35 fuzzing: the engine at float32's edges, on shapes it does not expect, on any number of threads ---
 def test_fast_cpu_kernels_keep_the_plain_values_at_float32s_edges():
     # silu past exp's range: a clamp at e^88 made silu(-3e38) -1.8, not -0, and silu(-inf) -inf, not NaN; an RMSNorm
@@ -683,6 +685,8 @@ def test_fused_head_levers_are_refused_where_they_cannot_run():
                                                                         in str(r[1])])
     assert train.compile_mode(dict(cuda_graph=True, max_autotune=True)) == "max-autotune"
     assert train.compile_mode(dict(cuda_graph=False, max_autotune=True)) == "max-autotune-no-cudagraphs"
+
+
 # one float32 CPU step of the fast path (its four kernels and AdamW's), for a fresh process: python -c
 _FAST_CPU_STEP = ("import torch, model, optim\n"
                   "torch.manual_seed(0)\n"
@@ -1061,6 +1065,7 @@ def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monk
             assert model.generate(m, prompts, 5, temperature=0, fast=True) == \
                 model.generate(m, prompts, 5, temperature=0)
     assert counter.frame_count == 2
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode step as a CUDA graph needs a CUDA GPU")
 def test_model_generate_fast_cuda_graph_equals_plain_without_recompiles():
@@ -1834,7 +1839,6 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 
 _BPE_LOOPS = {"plain": lambda: bpe._merge_loop, "plain compiled": lambda: bpe._merge_loop_compiled,
               "engine": lambda: bpe_fast.merge_loop}        # every merge loop, by name
-
 
 
 @pytest.fixture(autouse=True)
@@ -2938,7 +2942,6 @@ def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
     assert arr.dtype == np.uint32 and arr.tolist() == [70000, ord("c"), 70000] and n == 3
 
 
-
 def test_bpe_encode_file_out_of_memory_names_the_bytes(tmp_path, monkeypatch):
     """Megabytes with no place to cut are one chunk, and one pre-token's merges can need more memory than there is:
     numba's bare "Allocation failed (probably too large)" now names the file, the bytes and what to do."""
@@ -2984,6 +2987,7 @@ def test_bpe_encode_file_refuses_its_output_before_encoding_anything(bpe_trained
     with pytest.raises(ValueError, match="is a directory, not a regular file"):
         bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "out"), num_workers=2)
     assert encoded == [] and stat_kinds(tmp_path) == {"out": "dir"}
+
 
 def test_bpe_errors_training(tmp_path):
     good = tmp_path / "good.txt"
@@ -3804,7 +3808,6 @@ def test_plumbing_imports_flow_one_way():
         visit(m)
 
 
-
 def stat_kinds(d):  # {name: file, dir, fifo or link}, links not followed
     import stat as st
     kind = lambda m: "fifo" if st.S_ISFIFO(m) else "dir" if st.S_ISDIR(m) else "link" if st.S_ISLNK(m) else "file"
@@ -4605,6 +4608,7 @@ def test_plumbing_ci_runs_the_compiler_tests_on_the_newest_releases_too():
 # train.py
 # ============================================================================
 
+
 _TRAIN_ROOT = Path(__file__).resolve().parent
 
 
@@ -5058,7 +5062,8 @@ def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--device", "cpu"]
     master, slave = os.openpty()
     p = subprocess.Popen([sys.executable, str(_TRAIN_ROOT / "train.py"), *args], cwd=tmp_path, stdin=subprocess.DEVNULL,
-                         stdout=slave, stderr=slave, start_new_session=True)
+                         stdout=slave, stderr=slave, start_new_session=True,  # a terminal's job: SIGHUP not ignored,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # even under `nohup pytest`
     os.close(slave)
     seen = b""
     with contextlib.suppress(OSError):  # EIO: the run ended, and with it the terminal's other side
@@ -5078,13 +5083,16 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
     # step is taken, and the next read stops the run. So a diverged run takes at most --log-interval steps, the
     # NaN one included, and none of them is saved: the checkpoint before it stays
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    real, calls = optim.cross_entropy, []
+    calls = []
 
-    def poisoned(logits, targets, **kw):  # the 13th training micro-batch (after 2 eval batches) goes NaN
-        calls.append(1)
-        out = real(logits, targets, **kw)
-        return out * float("nan") if len(calls) == 15 else out
-    monkeypatch.setattr(train, "cross_entropy", poisoned)  # the name train.py's step calls
+    def poisoning(real):  # the 13th training micro-batch (after 2 eval batches) goes NaN
+        def poisoned(*args, **kw):
+            calls.append(1)
+            out = real(*args, **kw)
+            return out * float("nan") if len(calls) == 15 else out
+        return poisoned
+    monkeypatch.setattr(train, "cross_entropy", poisoning(optim.cross_entropy))  # the losses train.py's step calls:
+    monkeypatch.setattr(fused_head, "linear_cross_entropy", poisoning(fused_head.linear_cross_entropy))  # the fused
     for every, read_at, kept in ((5, 15, 10), (100, 20, 0)):  # --checkpoint-interval, the stopping read, the last good
         calls.clear()
         args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "50", "--checkpoint-interval", str(every),
@@ -8194,7 +8202,6 @@ def test_kernels_cli_cuda_without_gpu_is_a_usage_error(capsys):
     assert _cli("kernels", ["--device", "cuda"]) == 2 and "--device cuda" in capsys.readouterr().err
 
 
-
 # --- hostile command-line review: kernels.py ---
 def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch):
     # --threads 20000: libgomp's "Thread creation failed", exit 1; --threads 100000: a segfault, before
@@ -8207,6 +8214,7 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
     finally:
         torch.set_num_threads(before)
     assert f"({platform.machine()}, {machine.usable_cores()} threads)" in capsys.readouterr().out
+
 
 def _kernels_nvcc():
     return shutil.which("nvcc")
@@ -8589,7 +8597,9 @@ def test_bench_help_lists_every_table_with_gpu_and_the_whole_runs_time(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "{all,train,cold,encode,step,generate,gpu}" in text and "about 25 minutes" in text and "8 minutes" in text
+    assert "{all,train,cold,encode,step,head,generate,gpu}" in text and "about 30 minutes" in text
+    assert "8 minutes" in text and "head: the fused head's" in text
+
 
 @pytest.mark.parametrize("flags, needle", [
     (["--budget", "inf"], "--budget inf must be positive and finite"),  # a traceback from the tests' timer, before
@@ -8602,7 +8612,6 @@ def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needl
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and needle in err and "--steps" not in err, err
-
 
 
 def test_bench_without_the_course_notes_is_one_sentence(tmp_path, capsys, monkeypatch):
@@ -8657,6 +8666,7 @@ def test_bench_measured_process_failing_is_one_sentence():
         bench.run_measured("raise ValueError('fix the X')")
     with pytest.raises(cli.DataError, match=r"exited -9: killed by signal 9$"):  # the out-of-memory killer's
         bench.run_measured("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+
 
 def test_bench_gpu_report_selects_every_test_that_needs_the_device():
     # bench.py gpu runs `pytest -k cuda`: a test skipped without a GPU must carry the word to run there, and none of
@@ -8825,6 +8835,7 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     _train_one_error(capsys, "--export: ", "file/hf (Not a directory); pick a directory")
     assert (tmp_path / "out" / "run" / "ckpt.pt").exists()
     # a full disk while writing the weights: one sentence, exit 1, the earlier export as it was
+
     def full(tensors, path):
         Path(path).write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
