@@ -241,6 +241,7 @@ def differences(saved, run, args, rest):
     (rundir.differs): the SAME_RUN_KEYS that differ, and its data (the fingerprint of its token files and
     tokenizer, against args.data_fingerprint), where a path's spelling is no difference. [] for this run."""
     cfg, fingerprint = resolved(run, args, rest), saved.get("data_fingerprint")
+    saved = {**config.FLAG_DEFAULTS, **saved}  # a run from before a flag existed ran with its default
     diff = [f"{k} {cli.short_repr(saved.get(k))} -> {cli.short_repr(cfg[k])}" for k in SAME_RUN_KEYS
             if rundir.differs(k, saved.get(k), cfg[k], set(config.CORPORA), fingerprint is not None)]
     if fingerprint is not None and fingerprint != args.data_fingerprint:

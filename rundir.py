@@ -347,10 +347,11 @@ def differs(key, old, new, names, fingerprinted):
     return not (fingerprinted and paths and not (key == "data" and names.intersection((old, new))))
 
 
-def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
+def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
-    shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs)."""
+    shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs); defaults: the value of each
+    key that a config saved before it existed ran with."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
         return None
@@ -359,7 +360,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names):
         old = state.get("config")
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
-        old = {"optimizer": "adamw", **old}  # a run from before --optimizer: AdamW's
+        old = {**defaults, **old}
         longer = extends(old, cfg)
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if not (longer and k in ("max_iters", "warmup_iters"))]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys

@@ -7516,6 +7516,9 @@ def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, m
     run = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"])
     args = _exp_args(tmp_path, data=str(tmp_path / "toy.npy"))
     assert experiments.outcome(run, args, again)["status"] == "done"
+    saved = made.dir(args.out_dir) / "config.json"  # a run from before --optimizer: it trained with the default
+    saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items() if k != "optimizer"}))
+    assert experiments.outcome(run, args, again)["status"] == "done"
     with pytest.raises(cli.UsageError, match=r"is a run of other flags \(seed 7 -> 8\); delete it"):
         experiments.outcome(experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), args, [*again, "--seed", "8"])
     args.data_fingerprint = {"tokens": ["2:cd"], "tokenizer": []}  # the file's ids changed since

@@ -475,8 +475,8 @@ def run(cfg):
     ckpt_path, resume_state = rundir.run_dir(cfg) / "ckpt.pt", None
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
         meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
-        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, make_optimizer(dict(cfg, compile=False),
-                                                                                            meta), CORPORA)
+        optimizer = make_optimizer(dict(cfg, compile=False), meta)
+        resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, optimizer, CORPORA, config.FLAG_DEFAULTS)
     init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
     if cfg["init_from"] is not None and resume_state is None:
         init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs())
