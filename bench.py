@@ -1001,11 +1001,10 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
 
 def levers_by_default():
     """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS)."""
-    default = {row[0]: row[2] for row in config.FLAGS if not isinstance(row, str)}
-    on = [f for f in ("--fused-head", "--cuda-graph", "--max-autotune") if default[f]]
-    off = [f for f in ("--fused-head", "--cuda-graph", "--max-autotune") if not default[f]]
-    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; --sdpa-backend "
-            f"{default['--sdpa-backend']} (torch's choice). A lever stays on only if it wins on the H100")
+    on = {f"--{k.replace('_', '-')}": config.FLAG_DEFAULTS[k] for k in ("fused_head", "cuda_graph", "max_autotune")}
+    return (f"on: {', '.join(f for f, v in on.items() if v) or 'none'}; off: "
+            f"{', '.join(f for f, v in on.items() if not v) or 'none'}; --sdpa-backend "
+            f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the H100")
 
 
 def cuda_host_syncs(call):

@@ -134,8 +134,8 @@ OPTIMIZERS = {"adamw": 1.0, "muon": 1.0, "adam": 1.0, "rmsprop": 0.3, "momentum"
 
 # Each flag's own default (not a preset's): what a run config saved before that flag existed ran with, so that
 # --resume and experiments.py read an older run as the same run (a run from before --optimizer trained with AdamW).
-FLAG_DEFAULTS = {row[0][2:].replace("-", "_"): row[2] for row in FLAGS
-                 if not isinstance(row, str) and row[2] is not PRESET}
+FLAG_ROWS = {row[0][2:].replace("-", "_"): row for row in FLAGS if not isinstance(row, str)}  # cfg's key -> its row
+FLAG_DEFAULTS = {key: row[2] for key, row in FLAG_ROWS.items() if row[2] is not PRESET}
 
 
 MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "no_norm",

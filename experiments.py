@@ -173,7 +173,6 @@ def experiments_of(experiment):  # the experiments whose runs a command needs (g
 # ----------------------------------------------------------------------------
 # 2. One run: train.py in a process of its own, its outcome kept in result.json
 
-TRAIN_FLAGS = {row[0][2:].replace("-", "_"): row for row in config.FLAGS if not isinstance(row, str)}  # key -> row
 RUN_LENGTH = {"max_iters", "total_tokens"}  # one budget, in steps or in tokens: a later one replaces the other
 
 
@@ -181,7 +180,8 @@ def given(flags):
     """train.py flags -> {key: value} of those they set, as train.py's own parser reads them (abbreviated, as
     --flag=value, the last one given winning)."""
     unset = object()  # argparse gives a default only to a key the namespace lacks: a flag not given stays unset
-    values = vars(config.build_parser().parse_args(flags, argparse.Namespace(**dict.fromkeys(TRAIN_FLAGS, unset))))
+    unset_all = argparse.Namespace(**dict.fromkeys(config.FLAG_ROWS, unset))
+    values = vars(config.build_parser().parse_args(flags, unset_all))
     return {k: v for k, v in values.items() if v is not unset}
 
 
@@ -197,7 +197,7 @@ def train_flags(*parts):
         values.update(got)
     flags = []
     for key, value in values.items():  # str() of a float reads back as that float; a value -x would read as a flag
-        name, kind = TRAIN_FLAGS[key][:2]
+        name, kind = config.FLAG_ROWS[key][:2]
         flags += ([name if value else f"--no-{name[2:]}"] if kind is bool else  # a switch: on, or --no-fast
                   [f"{name}={value}"] if str(value).startswith("-") else [name, str(value)])
     return flags

@@ -188,7 +188,7 @@ def last_step(path):  # the (step, tokens) of the last record of a run's metrics
         f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # a record is a line of some 200 bytes
         for line in reversed(f.read().splitlines()):
             with contextlib.suppress(ValueError):  # the first line, cut by the seek, or one a kill cut short
-                e = json.loads(line)
+                e = load_json(line.decode("utf-8", errors="replace"), path)
                 if isinstance(e, dict) and type(e.get("step")) is int and type(e.get("tokens")) is int:
                     return e["step"], e["tokens"]
     return 0, 0
