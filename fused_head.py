@@ -22,14 +22,47 @@ The lessons it embodies:
      whole step stays one graph, and on a GPU the host never waits for it.
   6. The number of chunks, not their rows, is fixed (CHUNKS): the memory saved is then the same share of the
      logits at any batch, and dW's float32 sum (a read and a write of V x d per chunk) costs the same at any batch.
-     Compiled, inductor adds the chunks' dW products in one kernel at the end, so each product (V x d in the
-     compute dtype) lives until then: more chunks hold less of the logits but more of those.
+  7. Compiled, an in-place op becomes a new buffer and a copy, and inductor does not always write back in place:
+     dW += g^T h chained one (V, d) buffer into the next, and the backward's scaling made one more. The two
+     in-place steps are therefore custom ops that declare what they mutate, and run in place in the graph.
+     Inductor still holds two chunks at once (a chunk's logits, and their gradient written beside them), so a
+     compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes their
+     gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
 """
 import torch
 
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): 1 to 4 chunks
 # take about the same time, 8 and 16 longer for a lower peak. bench.py gpu times 2 to 16
 # chunks on the GPU, where the choice is still to be confirmed
+
+
+# ----------------------------------------------------------------------------
+# The two in-place steps, as ops the compiler keeps in place (lesson 7)
+
+@torch.library.custom_op("cs336_fused_head::accumulate_", mutates_args=("out",))
+def _accumulate_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b: the product in a's dtype (bfloat16 under autocast), summed into out in out's (float32)."""
+    if out.dtype == a.dtype:
+        out.addmm_(a, b)  # the sum inside the matmul: no (V, d) temporary
+        return
+    rows = -(-len(out) // 8)  # an eighth of the rows at a time: the product, and the float32 copy a CPU's add_
+    for part, a_part in zip(out.split(rows), a.split(rows)):  # makes of it, would otherwise be V x d each
+        part.add_(a_part @ b)
+
+
+@torch.library.custom_op("cs336_fused_head::scale_", mutates_args=("out",))
+def _scale_(out: torch.Tensor, factor: torch.Tensor) -> None:
+    out.mul_(factor)
+
+
+@_accumulate_.register_fake
+def _(out, a, b):
+    return None
+
+
+@_scale_.register_fake
+def _(out, factor):
+    return None
 
 
 def _compute_dtype(h):
@@ -75,10 +108,8 @@ def _head_and_loss(h, weight, targets, chunks, want_h, want_w):
         total = total + loss
         if want_h:
             dh[i:i + rows] = g @ wc  # (C, d), cast to h's dtype as it is written
-        if want_w and dw.dtype == dtype:
-            dw.addmm_(g.t(), hc[i:i + rows])  # the sum inside the matmul: no (V, d) temporary
-        elif want_w:
-            dw += (g.t() @ hc[i:i + rows]).to(dw.dtype)  # bfloat16's product, summed in float32
+        if want_w:
+            _accumulate_(dw, g.t(), hc[i:i + rows])  # (V, d) += (V, C) @ (C, d)
         del g  # freed before the next chunk's logits are made: two chunks alive at once would double the memory
     return total / n, dh, dw
 
@@ -98,10 +129,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the gradients are numbers made in the forward, not a graph
             raise ValueError("fused_head.linear_cross_entropy has no second derivative; use model.py's logits and "
                              "optim.cross_entropy (--no-fused-head) with create_graph.")
-        saved, out = iter(ctx.saved_tensors), []
-        for want in ctx.wants:
-            out.append(next(saved).mul_(grad) if want else None)  # in place: the saved buffer is this call's own
-        dh, dw = out
+        saved = iter(ctx.saved_tensors)
+        dh, dw = (next(saved) if want else None for want in ctx.wants)
+        for gradient in (dh, dw):
+            if gradient is not None:
+                _scale_(gradient, grad)  # in place: the saved buffer is this call's own
         return dh, None if dw is None else dw.to(ctx.weight_dtype), None, None, None, None
 
 

@@ -616,6 +616,34 @@ def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(mon
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_fused_head_compiled_holds_one_head_gradient(dtype):
+    # compiled, the head's gradient (V, d) is one float32 buffer: summed into in place chunk by chunk and scaled in
+    # place in the backward (fused_head's custom ops). Undone, inductor chains each chunk's addmm into a new
+    # buffer (two alive at once) or keeps every chunk's bf16 product until one sum at the end, and the backward's
+    # scaling allocates one more. Rows well above the width, as in training: the (V, d) gradient is saved, not g
+    if why := machine.compile_error("cpu"):
+        pytest.skip(f"torch.compile cannot compile here: {why}")
+    from torch._inductor.utils import run_and_get_code
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(256, 16, generator=g).requires_grad_(), torch.randn(257, 16, generator=g).requires_grad_()
+    t = torch.randint(257, (256,), generator=g)
+
+    def step():
+        with train.autocast({"dtype": dtype, "device": "cpu"}):
+            loss = torch.compile(fused_head.linear_cross_entropy)(h, w, t, chunks=2)
+        return torch.autograd.grad(loss, (h, w))
+    got, code = run_and_get_code(step)
+    buffers = re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", "\n".join(code))
+    assert len(code) == 2 and buffers.count(("257, 16", "float32")) == 1, buffers  # forward and backward
+    assert buffers.count(("257, 16", "bfloat16")) == (dtype == "bf16"), buffers  # the weight cast, no product
+    assert not [b for b in buffers if b[0] == "256, 257"]  # nor the logits
+    with train.autocast({"dtype": dtype, "device": "cpu"}):
+        want = torch.autograd.grad(fused_head.linear_cross_entropy(h, w, t, chunks=2), (h, w))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
 def test_fused_head_compiled_step_is_one_graph(dtype):
     # no host sync and no data-dependent branch: dynamo captures the LM and the fused head + loss as one graph
     if why := machine.compile_error("cpu"):
