@@ -31,9 +31,9 @@ The lessons it embodies:
 """
 import torch
 
-CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): 1 to 4 chunks
-# take about the same time, 8 and 16 longer for a lower peak. bench.py gpu times 2 to 16
-# chunks on the GPU, where the choice is still to be confirmed
+CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): of the counts
+# that hold less than the logits compiled (lesson 7), 4 is the fastest, eager and compiled; 8 and 16 hold less and
+# take longer. bench.py gpu times 2 to 16 chunks on the GPU, where the choice is still to be confirmed
 
 
 # ----------------------------------------------------------------------------
@@ -45,8 +45,10 @@ def _accumulate_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     if out.dtype == a.dtype:
         out.addmm_(a, b)  # the sum inside the matmul: no (V, d) temporary
         return
-    rows = -(-len(out) // 8)  # an eighth of the rows at a time: the product, and the float32 copy a CPU's add_
-    for part, a_part in zip(out.split(rows), a.split(rows)):  # makes of it, would otherwise be V x d each
+    # a CPU's add_ first copies a bfloat16 operand to float32 (CUDA casts inside its kernel): there, an eighth of
+    # the rows at a time, or the product and its copy would be two more (V, d) buffers
+    rows = -(-len(out) // 8) if out.device.type == "cpu" else len(out)
+    for part, a_part in zip(out.split(rows), a.split(rows)):
         part.add_(a_part @ b)
 
 
