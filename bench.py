@@ -864,7 +864,7 @@ def step_peak_table(argv, engine_loops=True):
     saved = peaks["fused head off"] - peaks["fused head on"]
     print(f"one step's peak memory, python train.py --benchmark {' '.join(argv)}"
           + ("" if engine_loops else " (fast_cpu.py's loops off)") + ": "
-          + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items()) + f"; the fused head holds {saved:,.0f} MiB less; "
+          + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items()) + f"; the fused head holds {abs(saved):,.0f} MiB {'less' if saved >= 0 else 'more'}; "
           f"the logits ({N:,} x {cfg['vocab_size']:,}, {cfg['dtype']}) are {logits:,.0f} MiB", flush=True)
     return peaks
 
@@ -1075,8 +1075,10 @@ class GpuReport:
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
 
     def levers(self, name):
-        """Each lever of the fast path against the defaults at one shape, taking turns; a lever starts only while
-        the budget lasts, and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        """Each lever of the fast path against the defaults at one shape, taking turns, and the peak memory of one
+        step of each beyond the weights and optimizer state (the fused head's saving is the defaults' against
+        --no-fused-head's); a lever starts only while the budget lasts, and one train.py refuses here (a CUDA
+        kernel on --cpu) says why in its row."""
         flags, sync, steps, rows = self.shape_flags(name), train.synchronizer(self.device), {}, {}
         for lever, extra in LEVERS.items():
             row = f"lever, {name} shape: {lever}"
@@ -1097,11 +1099,13 @@ class GpuReport:
             take_turns(steps, config.UNTIMED_STEPS - 1, sync)
             times = take_turns(steps, self.steps, sync)[0]
             peak = train.device_peak(cfg)
+            held = {row: peak_bytes(step, self.device) / 2**20 for row, step in steps.items()}  # one more step each
         base = statistics.median(times.get(f"lever, {name} shape: the defaults", [math.nan]))
         for row, ts in times.items():
             dt = statistics.median(ts)
             rows[row] = (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
                          + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
+                         + f", step's peak {held[row]:,.0f} MiB"
                          + ("" if row.endswith("the defaults") else f"; {base / dt:.2f}x the defaults' speed"))
             print(f"  {row}: {rows[row]}", flush=True)
         return {row: rows[row] for row in (f"lever, {name} shape: {lever}" for lever in LEVERS)}

@@ -8588,7 +8588,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
         ran = [f"lever, {s} shape: {lever}" for lever in ("--no-fused-head (the logits, then torch's loss compiled "
                                                            "in)", "--sdpa-backend flash")]
-        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s; [\d.]+x the defaults' speed", rows[r]) for r in ran)
+        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB; [\d.]+x the defaults' "
+                                r"speed", rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
@@ -8603,6 +8604,14 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
     assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
+
+
+def test_bench_head_step_peaks_say_which_holds_less(capsys):
+    # bench.py head's last lines: one step's peak with the fused head and without, and the sentence comparing them
+    peaks = bench.step_peak_table(["--data=tinystories", *_TRAIN_TINY, "--vocab-size=4096", "--device=cpu"],
+                                  engine_loops=False)
+    saved = peaks["fused head off"] - peaks["fused head on"]
+    assert saved > 0 and f"the fused head holds {saved:,.0f} MiB less; the logits (" in capsys.readouterr().out
 
 
 def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeypatch):
