@@ -864,7 +864,8 @@ def step_peak_table(argv, engine_loops=True):
     saved = peaks["fused head off"] - peaks["fused head on"]
     print(f"one step's peak memory, python train.py --benchmark {' '.join(argv)}"
           + ("" if engine_loops else " (fast_cpu.py's loops off)") + ": "
-          + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items()) + f"; the fused head holds {abs(saved):,.0f} MiB {'less' if saved >= 0 else 'more'}; "
+          + ", ".join(f"{k} {v:,.0f} MiB" for k, v in peaks.items())
+          + f"; the fused head holds {abs(saved):,.0f} MiB {'less' if saved >= 0 else 'more'}; "
           f"the logits ({N:,} x {cfg['vocab_size']:,}, {cfg['dtype']}) are {logits:,.0f} MiB", flush=True)
     return peaks
 
