@@ -1100,13 +1100,15 @@ class GpuReport:
             take_turns(steps, config.UNTIMED_STEPS - 1, sync)
             times = take_turns(steps, self.steps, sync)[0]
             peak = train.device_peak(cfg)
-            held = {row: peak_bytes(step, self.device) / 2**20 for row, step in steps.items()}  # one more step each
+            # one more step each; a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
+            held = {row: peak_bytes(step, self.device) / 2**20 for row, step in steps.items()
+                    if "--cuda-graph" not in row}
         base = statistics.median(times.get(f"lever, {name} shape: the defaults", [math.nan]))
         for row, ts in times.items():
             dt = statistics.median(ts)
             rows[row] = (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
                          + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
-                         + f", step's peak {held[row]:,.0f} MiB"
+                         + (f", step's peak {held[row]:,.0f} MiB" if row in held else ", its memory: the graph's pool")
                          + ("" if row.endswith("the defaults") else f"; {base / dt:.2f}x the defaults' speed"))
             print(f"  {row}: {rows[row]}", flush=True)
         return {row: rows[row] for row in (f"lever, {name} shape: {lever}" for lever in LEVERS)}
