@@ -328,8 +328,10 @@ class Progress:
     same tokens in other steps; a resumed run counts from its checkpoint)."""
 
     def __init__(self, runs, todo, args, rest):
-        self.args, self.rest, self.done, self.total = args, rest, len(runs) - len(todo), len(runs)
-        self.size = {run: resolved(run, args, rest)["total_tokens"] for run in todo}
+        self.args, self.done, self.total = args, len(runs) - len(todo), len(runs)
+        configs = {run: resolved(run, args, rest) for run in todo}  # each run's budget, in tokens and in steps
+        self.size = {run: c["total_tokens"] for run, c in configs.items()}
+        self.steps = {run: c["max_iters"] for run, c in configs.items()}
         self.at = {run: self.read(run) for run in todo}  # (step, tokens) as last read
         self.first = {run: tokens for run, (_, tokens) in self.at.items()}  # tokens trained before this command
         self.t0, self.shown, self.open = time.monotonic(), None, False  # open: a terminal's line is not ended yet
@@ -349,8 +351,8 @@ class Progress:
         eta = left * seconds / trained if trained else None
         text = (f"{self.done}/{self.total} runs done" + (f" in {cli.fmt_time(seconds)}" if last else
                                                          f", ETA {cli.fmt_time(eta)}")
-                + "".join(f" | {run.experiment}/{run.name} step {self.at[run][0]}/"
-                          f"{resolved(run, self.args, self.rest)['max_iters']}" for run in running))
+                + "".join(f" | {run.experiment}/{run.name} step {self.at[run][0]}/{self.steps[run]}"
+                          for run in running))
         self.open = sys.stderr.isatty()  # a terminal's line is redrawn whole, within its columns
         self.shown = cli.show_progress(text[:cli.COLUMNS].ljust(cli.COLUMNS) if self.open else text, self.shown, last)
 
