@@ -254,9 +254,10 @@ class Muon(AdamW):
                  weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
         params = list(params)
         if muon is None and params and all(isinstance(x, tuple) for x in params):  # model.named_parameters()
-            hidden = [p for n, p in params if p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)]
-            params = [g for g in (dict(params=hidden, muon=True), dict(params=[
-                p for _, p in params if not any(p is h for h in hidden)], muon=False)) if g["params"]]
+            split = {True: [], False: []}  # hidden matrices (Muon), the rest (AdamW)
+            for n, p in params:
+                split[p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)].append(p)
+            params = [dict(params=ps, muon=hidden) for hidden, ps in split.items() if ps]
         _Optimizer.__init__(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                                momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
         self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
