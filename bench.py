@@ -1076,42 +1076,52 @@ class GpuReport:
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
 
     def levers(self, name):
-        """Each lever of the fast path against the defaults at one shape, taking turns, and the peak memory of one
-        step of each beyond the weights and optimizer state (the fused head's saving is the defaults' against
-        --no-fused-head's); a lever starts only while the budget lasts, and one train.py refuses here (a CUDA
-        kernel on --cpu) says why in its row."""
-        flags, sync, steps, rows = self.shape_flags(name), train.synchronizer(self.device), {}, {}
+        """Each lever of the fast path at one shape, one at a time: built and compiled, timed taking turns with the
+        defaults, its row printed at once, then freed, so that a report stopped from outside (a rented GPU's time
+        limit, during max-autotune's long compile) keeps the rows before it. Each row has one step's peak memory
+        beyond the weights and optimizer state (the fused head's saving is the defaults' against
+        --no-fused-head's) and the first step's seconds (the compile). A lever starts only while the budget lasts,
+        and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        flags, sync, rows, defaults = self.shape_flags(name), train.synchronizer(self.device), {}, {}
+        print(f"python train.py --benchmark {' '.join(flags)}, with each lever's flags, taking turns with the defaults")
         for lever, extra in LEVERS.items():
             row = f"lever, {name} shape: {lever}"
             try:
                 cfg = config.resolve_config(["--benchmark", "--data=tinystories", *flags, *extra,
                                              f"--benchmark-steps={self.steps}"])
+                rows[row] = (f"skipped: the {self.budget:.0f} s budget was spent" if self.left() <= 0
+                             else self.lever_line(cfg, row, defaults, sync))
             except UsageError as e:
                 rows[row] = f"skipped: {e}"
-                continue
-            if self.left() <= 0:
-                rows[row] = f"skipped: the {self.budget:.0f} s budget was spent"
-                continue
-            with torch_settings(cfg):
-                steps[row] = train.random_step(cfg)[0]
-                steps[row]()  # compiles, before the budget is looked at again
-        print(f"python train.py --benchmark {' '.join(flags)}, with each lever's flags, taking turns")
-        with torch_settings(cfg):
-            take_turns(steps, config.UNTIMED_STEPS - 1, sync)
-            times = take_turns(steps, self.steps, sync)[0]
-            peak = train.device_peak(cfg)
-            # one more step each; a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
-            held = {row: peak_bytes(step, self.device) / 2**20 for row, step in steps.items()
-                    if "--cuda-graph" not in row}
-        base = statistics.median(times.get(f"lever, {name} shape: the defaults", [math.nan]))
-        for row, ts in times.items():
-            dt = statistics.median(ts)
-            rows[row] = (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
-                         + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
-                         + (f", step's peak {held[row]:,.0f} MiB" if row in held else ", its memory: the graph's pool")
-                         + ("" if row.endswith("the defaults") else f"; {base / dt:.2f}x the defaults' speed"))
+            except Exception as e:  # a kernel or compiler this GPU lacks: the next lever still runs
+                rows[row] = f"failed: {error_line(e)}"
+                self.failed.append(row)
             print(f"  {row}: {rows[row]}", flush=True)
-        return {row: rows[row] for row in (f"lever, {name} shape: {lever}" for lever in LEVERS)}
+        return rows
+
+    def lever_line(self, cfg, row, defaults, sync):
+        """One lever's row, against the defaults' step (kept in `defaults` by the first call, which makes it)."""
+        with torch_settings(cfg):
+            t0 = time.perf_counter()
+            step = train.random_step(cfg)[0]
+            step()  # compiles
+            first = time.perf_counter() - t0
+            calls = {"defaults": defaults["step"], row: step} if defaults else {row: step}  # the defaults: alone
+            defaults.setdefault("step", step)
+            take_turns(calls, config.UNTIMED_STEPS - 1, sync)
+            times = take_turns(calls, self.steps, sync)[0]
+            # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
+            held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
+            peak = train.device_peak(cfg)
+        del step, calls  # this lever's model and optimizer go, but the defaults' stay for the next
+        gc.collect()
+        dt, base = (statistics.median(times[k]) if k in times else None for k in (row, "defaults"))
+        return (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
+                + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
+                + (f", step's peak {held:,.0f} MiB" if held is not None else ", its memory: the graph's pool")
+                + f", first step {first:.0f} s"
+                + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
+                   if base else ""))
 
     def optimizers(self):
         """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU

@@ -8588,8 +8588,10 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
         ran = [f"lever, {s} shape: {lever}" for lever in ("--no-fused-head (the logits, then torch's loss compiled "
                                                            "in)", "--sdpa-backend flash")]
-        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB; [\d.]+x the defaults' "
-                                r"speed", rows[r]) for r in ran), rows
+        assert re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s",
+                            rows[f"lever, {s} shape: the defaults"]), rows
+        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s; "
+                                r"[\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
@@ -8604,6 +8606,31 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
     assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
+
+
+def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, monkeypatch):
+    # a report stopped from outside (a rented GPU's limit, in max-autotune's compile) keeps every row before it; a
+    # lever that fails is its own row, and the next lever is still measured against the defaults
+    build = train.random_step
+
+    def random_step(cfg):
+        print(f"building {cfg['sdpa_backend']}")
+        if cfg["sdpa_backend"] == "flash":
+            raise RuntimeError("no flash kernel here")
+        return build(cfg)
+    monkeypatch.setattr(train, "random_step", random_step)
+    monkeypatch.setattr(bench, "LEVERS", {"the defaults": [], "flash": ["--sdpa-backend=flash"],
+                                          "math": ["--sdpa-backend=math"]})
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
+    rows = report.levers("TinyStories")
+    out = capsys.readouterr().out
+    names = [f"lever, TinyStories shape: {lever}" for lever in ("the defaults", "flash", "math")]
+    assert rows[names[1]] == "failed: RuntimeError: no flash kernel here" and report.failed == [names[1]]
+    assert re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s; [\d.]+x the "
+                        r"defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[names[2]]), rows
+    order = [out.index(text) for text in ("building auto", f"  {names[0]}: ", "building flash", f"  {names[1]}: ",
+                                          "building math", f"  {names[2]}: ")]
+    assert order == sorted(order), out
 
 
 def test_bench_head_step_peaks_say_which_holds_less(capsys):
