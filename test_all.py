@@ -8591,7 +8591,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s",
                             rows[f"lever, {s} shape: the defaults"]), rows
         assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s; "
-                                r"[\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[r]) for r in ran), rows
+                                r"[\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[r])
+                   for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
