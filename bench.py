@@ -9,7 +9,7 @@
     python bench.py step [train.py flags]  # the step vs HF's LlamaForCausalLM; flags replace the default
     python bench.py head         # the fused head + loss alone: its chunk count, time and peak memory; a step's peak
     python bench.py generate     # generation, batch 1 and 64: plain (cached or not), fast, HF's static cache
-    python bench.py gpu          # every GPU figure in one command (8 minutes), ending in docs/results.md's GPU table
+    python bench.py gpu          # every GPU figure in one command (--budget 480 s), ending in docs/results.md's table
     python bench.py gpu --cpu    # the same rehearsed at tiny sizes on the CPU, the GPU-only parts skipped
 
 The scale corpus (section 0) is web-like text built with a seed from ../shared. Peers (the tools
@@ -22,7 +22,6 @@ import functools
 import gc
 import inspect
 import json
-import math
 import os
 import pickle
 import statistics
@@ -1055,10 +1054,15 @@ class GpuReport:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()] + [f"--batch-size={batch}", "--fast"]
         return flags + (["--device=cpu"] if self.cpu else ["--device=cuda", "--compile"])
 
+    def benchmark_cfg(self, name, *extra):
+        """train.py --benchmark's config at one of GPU_SHAPES, with extra flags (a lever's, an optimizer's)."""
+        return config.resolve_config(["--benchmark", "--data=tinystories", *self.shape_flags(name), *extra,
+                                      f"--benchmark-steps={self.steps}"])
+
     def step(self, name):
-        flags = self.shape_flags(name)
-        print(f"python train.py --benchmark {' '.join(flags)}, with HF Llama and the compact model taking turns")
-        cfg = config.resolve_config(["--benchmark", "--data=tinystories", *flags, f"--benchmark-steps={self.steps}"])
+        print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with HF Llama and the compact model "
+              "taking turns")
+        cfg = self.benchmark_cfg(name)
         results = step_table(cfg)
         if name == "TinyStories":
             self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick
@@ -1082,13 +1086,13 @@ class GpuReport:
         beyond the weights and optimizer state (the fused head's saving is the defaults' against
         --no-fused-head's) and the first step's seconds (the compile). A lever starts only while the budget lasts,
         and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
-        flags, sync, rows, defaults = self.shape_flags(name), train.synchronizer(self.device), {}, {}
-        print(f"python train.py --benchmark {' '.join(flags)}, with each lever's flags, taking turns with the defaults")
+        sync, rows, defaults = train.synchronizer(self.device), {}, {}
+        print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
+              "with the defaults")
         for lever, extra in LEVERS.items():
             row = f"lever, {name} shape: {lever}"
             try:
-                cfg = config.resolve_config(["--benchmark", "--data=tinystories", *flags, *extra,
-                                             f"--benchmark-steps={self.steps}"])
+                cfg = self.benchmark_cfg(name, *extra)
                 rows[row] = (f"skipped: the {self.budget:.0f} s budget was spent" if self.left() <= 0
                              else self.lever_line(cfg, row, defaults, sync))
             except UsageError as e:
@@ -1128,8 +1132,7 @@ class GpuReport:
         with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
         rows, sync = {}, train.synchronizer(self.device)
         for name in GPU_SHAPES:
-            argv = ["--benchmark", "--data=tinystories", *self.shape_flags(name), f"--benchmark-steps={self.steps}"]
-            cfgs = {o: config.resolve_config([*argv, f"--optimizer={o}"]) for o in ("adamw", "muon")}
+            cfgs = {o: self.benchmark_cfg(name, f"--optimizer={o}") for o in ("adamw", "muon")}
             with torch_settings(cfgs["adamw"]):
                 steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
                 take_turns(steps, config.UNTIMED_STEPS, sync)
@@ -1331,7 +1334,7 @@ def main(argv=None):
                     "training against HF tokenizers and rustbpe; cold: first runs, empty numba cache; encode: against "
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
                     "and peak memory; generate: generation; gpu: every GPU figure, "
-                    "at most 8 minutes on an H100 (its own --help)")
+                    "no section started after --budget seconds (its own --help)")
     ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
                     help="train: scale corpora in MB, e.g. 50,200,2000")
