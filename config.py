@@ -239,7 +239,7 @@ def training_bytes(c):
     layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
     saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
-    logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head holds one chunk of them
+    logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head: one chunk at least
     return sum(per_param.values()) * params + logits + saved // (2 if half else 1)
 
 

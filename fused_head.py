@@ -73,10 +73,6 @@ def _compute_dtype(h):
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
 
 
-def _chunk_rows(n, chunks):  # rows per chunk: n split into `chunks` nearly equal parts, at least one row each
-    return max(1, -(-n // chunks))
-
-
 def _chunk(hc, wc, targets, n, want_grad):
     """One chunk: hc (C, d), wc (V, d) in the compute dtype, targets (C,) -> (the chunk's summed loss in float32,
     its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). Eager, one
@@ -99,7 +95,8 @@ def _chunk(hc, wc, targets, n, want_grad):
 def _head_and_loss(h, weight, targets, chunks, want_h, want_w):
     """h (N, d), weight (V, d), targets (N,) -> (mean loss, dloss/dh (N, d) or None, dloss/dweight (V, d) or
     None), C rows at a time. The gradients are d(mean loss): backward scales them by the loss's gradient."""
-    n, rows, dtype = h.shape[0], _chunk_rows(h.shape[0], chunks), _compute_dtype(h)
+    n, dtype = h.shape[0], _compute_dtype(h)
+    rows = max(1, -(-n // chunks))  # rows per chunk: n in `chunks` nearly equal parts, at least one row each
     hc, wc = h.to(dtype), weight.to(dtype)  # one cast each (no copy without autocast)
     dh = torch.empty_like(h) if want_h else None
     dw_dtype = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 head
