@@ -2960,7 +2960,8 @@ def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path,
     # one per PROGRESS_EVERY seconds, and the last one at the end of the file.
     text, path, specials, _, (vocab, merges) = bpe_trained["specials"]
     monkeypatch.setattr(bpe_fast, "_MIN_CHUNK", 1000)           # many chunks
-    mb = f"{path.stat().st_size / 1e6:.1f}"
+    kb = f"{path.stat().st_size / 1e3:.1f}"
+    assert float(kb) < 1000  # a small file is counted in kB: "0.0/0.0 MB" said nothing
     for every, at_least in ((1e9, 2), (0, 5)):                      # the first and the last; every chunk
         monkeypatch.setattr(cli, "PROGRESS_EVERY", every)
         bpe.encode_file(bpe.Tokenizer(vocab, merges, specials), str(path), str(tmp_path / "ids.npy"),
@@ -2969,7 +2970,7 @@ def test_bpe_encode_file_progress_is_whole_lines_in_a_log(bpe_trained, tmp_path,
         lines = err.splitlines()
         assert "\r" not in err and err.endswith("\n") and (len(lines) == 2) == (every > 0), err
         assert len(lines) >= at_least and all(line.startswith("encoded ") for line in lines)
-        assert lines[-1].startswith(f"encoded {mb}/{mb} MB, ") and lines[-1].endswith(" MB/s")
+        assert lines[-1].startswith(f"encoded {kb}/{kb} kB, ") and lines[-1].endswith(" MB/s")
 
 
 def test_bpe_encode_file_uint32_for_large_vocab(tmp_path):
