@@ -1004,7 +1004,8 @@ def levers_by_default():
     on = {f"--{k.replace('_', '-')}": config.FLAG_DEFAULTS[k] for k in ("fused_head", "cuda_graph", "max_autotune")}
     return (f"on: {', '.join(f for f, v in on.items() if v) or 'none'}; off: "
             f"{', '.join(f for f, v in on.items() if not v) or 'none'}; --sdpa-backend "
-            f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the H100")
+            f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the GPU "
+            "(an H100 or H200)")
 
 
 def cuda_host_syncs(call):
