@@ -786,7 +786,9 @@ def peak_bytes(call, device):
         call()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    # acc_events: one profiling cycle here either way; without it torch 2.11 prints a warning about cycles
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                acc_events=True) as prof:
         call()
     live = peak = 0
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
