@@ -1649,18 +1649,18 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
             raise_held_ctrl_c()                # a stop held while the encoder loaded: before forking
             workers = _worker_pool(min(num_workers, len(tasks) - 1), _init_encode_worker, (tokenizer,))
             results = chain([first], workers.imap_checked(_encode_chunk, tasks[1:]))
-        n_tokens, n_bytes, unit = 0, 0, 1e6 if size >= 1e6 else 1e3
+        n_tokens, n_bytes = 0, 0
+        scale, unit = (1e6, "MB") if size >= 1e6 else (1e3, "kB")  # a small file in kB, not "0.0/0.0 MB"
         with workers:                          # leaving the pool ends its workers
             try:
                 for ids, nb in results:
                     f.write(ids.tobytes())  # not tofile: its OSError on a full disk carries no errno
                     n_tokens += len(ids)
                     n_bytes += nb
-                    if progress:  # a small file in kB: "0.0/0.0 MB" would say nothing
+                    if progress:
                         mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
-                        done = f"{n_bytes / unit:.1f}/{size / unit:.1f} {'MB' if unit == 1e6 else 'kB'}"
-                        shown = show_progress(f"encoded {done}, {n_tokens:,} tokens, {mb_s:.1f} MB/s", shown,
-                                              last=n_bytes == size)
+                        shown = show_progress(f"encoded {n_bytes / scale:.1f}/{size / scale:.1f} {unit}, "
+                                              f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", shown, last=n_bytes == size)
             finally:
                 if progress and n_bytes:
                     end_progress()
