@@ -272,6 +272,10 @@ def process_group(cfg):
         yield
         return
     torch, cuda = _torch(), cfg["device"].startswith("cuda")
+    # DDP imports torch.distributed.nn, whose functions take the group that exists at that import as their default
+    # argument, holding it for ever: imported before the group exists, destroy_process_group frees the group and joins
+    # its threads. Held, a gloo thread could free the last collective's tensors as Python exits: "terminate called"
+    import torch.distributed.nn  # noqa: F401
     if cuda:
         torch.cuda.set_device(cfg["device"])
     store, backend = meet(cfg), "nccl" if cuda else "gloo"

@@ -5290,6 +5290,35 @@ def test_train_ddp_two_processes_match_one(tmp_path, optimizer):
     assert json.loads((tmp_path / "out" / "two" / "config.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc/self/task (Linux)")
+def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
+    # DDP imports torch.distributed.nn, whose defaults held the group that existed then: destroy_process_group freed
+    # nothing, and a gloo thread freeing the last collective's tensors as Python exited aborted the process ("terminate
+    # called without an active exception", about 1 torchrun run in 30 on a busy machine). Left, a group runs no thread.
+    script = tmp_path / "group.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(_TRAIN_ROOT)!r})
+        import torch
+        import machine
+        threads = lambda: len(os.listdir("/proc/self/task"))
+        cfg = dict(world_size=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"]), device="cpu")
+        before = threads()
+        with machine.process_group(cfg):
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+            model(torch.ones(1, 2)).sum().backward()
+            inside = threads()
+            del model  # as train.py's model is gone when its run returns
+        os.write(1, f"threads: {{before}} before, {{inside}} in the group, {{threads()}} after\\n".encode())  # one write
+    """))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    counts = [tuple(map(int, re.findall(r"\d+", line))) for line in p.stdout.splitlines() if line.startswith("threads")]
+    assert len(counts) == 2 and all(inside > before == after for before, inside, after in counts), p.stdout
+
+
 def test_train_benchmark_prints_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert train.main([*_TRAIN_TINY, "--benchmark", "--benchmark-steps", "2", "--data", "tinystories"]) == 0
