@@ -57,15 +57,6 @@ def _scale_(out: torch.Tensor, factor: torch.Tensor) -> None:
     out.mul_(factor)
 
 
-@_accumulate_.register_fake
-def _(out, a, b):
-    return None
-
-
-@_scale_.register_fake
-def _(out, factor):
-    return None
-
 
 def _compute_dtype(h):
     """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
