@@ -146,7 +146,7 @@ DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer
 
 
 def model_kwargs(cfg=None):  # TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the
-    cfg = {**vars(build_parser().parse_args([])), **PRESETS["small"]} if cfg is None else cfg  # flags' defaults
+    cfg = {**FLAG_DEFAULTS, **PRESETS["small"]} if cfg is None else cfg  # the flags' defaults, no parser built
     return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
 
