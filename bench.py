@@ -1003,9 +1003,9 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
 
 def levers_by_default():
     """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS)."""
-    on = {f"--{k.replace('_', '-')}": config.FLAG_DEFAULTS[k] for k in ("fused_head", "cuda_graph", "max_autotune")}
-    return (f"on: {', '.join(f for f, v in on.items() if v) or 'none'}; off: "
-            f"{', '.join(f for f, v in on.items() if not v) or 'none'}; --sdpa-backend "
+    on, off = ([config.FLAG_ROWS[k][0] for k in ("fused_head", "cuda_graph", "max_autotune")
+                if config.FLAG_DEFAULTS[k] is state] for state in (True, False))
+    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; --sdpa-backend "
             f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the GPU "
             "(an H100 or H200)")
 
