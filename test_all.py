@@ -8586,6 +8586,10 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
     return str(path)
 
 
+_LEVER_ROW = r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s"  # bench.py gpu, on a CPU
+_LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + r"; [\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)"
+
+
 def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     # every section end to end at tiny sizes; cut short: one accounting shape, one test for pytest to run
     _bench_no_peers(monkeypatch)
@@ -8619,11 +8623,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
         ran = [f"lever, {s} shape: {lever}" for lever in ("--no-fused-head (the logits, then torch's loss compiled "
                                                            "in)", "--sdpa-backend flash")]
-        assert re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s",
-                            rows[f"lever, {s} shape: the defaults"]), rows
-        assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s; "
-                                r"[\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[r])
-                   for r in ran), rows
+        assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults"]), rows
+        assert all(re.fullmatch(_LEVER_ROW_VS_DEFAULTS, rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
@@ -8658,8 +8659,7 @@ def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, mo
     out = capsys.readouterr().out
     names = [f"lever, TinyStories shape: {lever}" for lever in ("the defaults", "flash", "math")]
     assert rows[names[1]] == "failed: RuntimeError: no flash kernel here" and report.failed == [names[1]]
-    assert re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s; [\d.]+x the "
-                        r"defaults' speed \(their [\d.]+ ms/step, taking turns\)", rows[names[2]]), rows
+    assert re.fullmatch(_LEVER_ROW_VS_DEFAULTS, rows[names[2]]), rows
     order = [out.index(text) for text in ("building auto", f"  {names[0]}: ", "building flash", f"  {names[1]}: ",
                                           "building math", f"  {names[2]}: ")]
     assert order == sorted(order), out
