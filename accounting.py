@@ -126,18 +126,6 @@ def peak_flops(device, dtype):
     return PEAK_FLOPS[key].get(column) if key else None
 
 
-def benchmark_peak(device, dtype):
-    """--benchmark's MFU denominator and the words that say what it is: the published peak (peak_flops);
-    on a CPU, the best rate of torch's own square matmul, named as the probe it is; else (None, why not)."""
-    peak = peak_flops(device, dtype)
-    if peak:
-        return peak, f"vs the published peak of {peak / 1e12:.1f} TFLOP/s per device"
-    if torch.device(device).type != "cpu":
-        return None, f"no published peak for this {torch.device(device).type} device in accounting.PEAK_FLOPS"
-    peak = measure_matmul_flops(dtype)
-    return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
-
-
 # ---------------------------------------------------------------------------------------------
 # 2. Lecture 2, motivating questions
 
@@ -468,14 +456,13 @@ def section_adamw():
        "A = L(16 B T d + 2 B h T^2) + B T d + 2 B T V   (the handout's list; see handout_activation_elements)")
     kept = saved_activation_bytes(1, xl["context_length"], xl["d_model"], xl["num_heads"], xl["d_ff"], xl["num_layers"])
     listed = a - FP32_BYTES * 2 * xl["context_length"] * xl["vocab_size"]  # the handout's list up to the logits
-    kept_gb, listed_share = kept / GB, listed / kept
     _q("(b) GPT-2 XL as a * batch_size + b, and the largest batch in 80 GB?",
        f"a = 4 A(B=1) = {a:,} B = {_gb(a)};  b = 16 P = {b:,} B = {_gb(b)}")
     for label, memory in (("80 GB (10^9 bytes each)", 80e9), ("80 GiB (what an '80GB' A100 holds)", 80 * GiB)):
         fit = (memory - b) / a
         _a(f"{label}: batch <= ({memory:.4g} - b) / a = {fit:.2f} -> {math.floor(fit)}")
-    _a(f"model.py's autograd keeps {kept_gb:.1f} GB per sequence up to the logits (see --verify); the handout's list",
-       f"is {listed_share:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
+    _a(f"model.py's autograd keeps {kept / GB:.1f} GB per sequence up to the logits (see --verify); the handout's list",
+       f"is {listed / kept:.2f} x that: it omits SwiGLU's extra tensors, the softmax's exp, RMSNorm's inputs, the mask")
     P, per = sum(lm_param_counts(**xl).values()), sum(ADAMW_FLOPS_PER_PARAM.values())
     _q("(c) FLOPs of one AdamW step?", f"{_terms(ADAMW_FLOPS_PER_PARAM)} = {per} P",
        f"GPT-2 XL: {per} x {P:,} = {per * P:.3e} FLOPs (negligible next to forward + backward)")
@@ -494,13 +481,23 @@ def muon_flops(d_model, num_layers, d_ff, silu_ffn=False, steps=5, **_):
     return steps * num_layers * (4 * 6 * d_model ** 3 + (2 if silu_ffn else 3) * (4 * m * m * n + 2 * m ** 3))
 
 
+def optimizer_state_bytes(optimizer, counts):
+    """Bytes of optim.py's fp32 state for lm_param_counts' counts: none for SGD, one buffer per parameter for
+    momentum, AdaGrad and RMSProp, two (m, v) for Adam and AdamW; Muon one on the hidden matrices (attention, FFN)
+    and AdamW's two on the rest."""
+    P, hidden = sum(counts.values()), counts["attn"] + counts["ffn"]
+    buffers = dict(sgd=0, momentum=P, adagrad=P, rmsprop=P, adam=2 * P, adamw=2 * P, muon=hidden + 2 * (P - hidden))
+    return FP32_BYTES * buffers[optimizer]
+
+
 def section_muon():  # beyond the handout: optim.Muon
     _q("Muon instead of AdamW: optimizer state, and Newton-Schulz's FLOPs per step (32,768 tokens a step)?",
        "state: one fp32 buffer (4 B) per hidden-matrix parameter (attention, FFN), AdamW's two (8 B) for the rest")
     for name, cfg in (("TinyStories", TINYSTORIES), ("GPT-2 small", gpt2_config("small"))):
         c, ns, seqs = lm_param_counts(**cfg), muon_flops(**cfg), 32_768 // cfg["context_length"]
-        P, H, step = sum(c.values()), c["attn"] + c["ffn"], training_step_flops(seqs * lm_forward_flops(**cfg))
-        _a(f"{name} ({_shape(cfg)}): {_gb(8 * P - 4 * H)} against AdamW's {_gb(8 * P)}; {ns:.3e} FLOPs, "
+        muon, adamw = optimizer_state_bytes("muon", c), optimizer_state_bytes("adamw", c)
+        step = training_step_flops(seqs * lm_forward_flops(**cfg))
+        _a(f"{name} ({_shape(cfg)}): {_gb(muon)} against AdamW's {_gb(adamw)}; {ns:.3e} FLOPs, "
            f"{ns / step:.1%} of a training step (a cost per step, not per token)")
 
 

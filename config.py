@@ -226,29 +226,28 @@ def too_long(c):
 
 
 def training_bytes(c):
-    """The least memory one process's training step takes (accounting.py's formulas): AdamW's bytes per parameter,
-    one micro-batch's logits (the fused head holds a chunk of them) and what autograd keeps of its forward (the
-    fused attention and activation checkpointing keep less: for them only what every path keeps counts; bf16
-    halves it)."""
+    """The least memory one process's training step takes (accounting.py's formulas): float32 weights and gradients
+    (bf16 autocast keeps them float32 too), the optimizer's state, one micro-batch's logits (the fused head holds a
+    chunk of them) and what autograd keeps of its forward (the fused attention and activation checkpointing keep
+    less: for them only what every path keeps counts; bf16 halves it)."""
     dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
-    params = sum(accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
-                                            tie_embeddings=c["tie_embeddings"]).values())
-    per_param = accounting.ADAMW_BYTES_PER_PARAM["fp32 everywhere (naive)" if c["dtype"] == "float32" else
-                                                 "autocast (fp32 weights, bf16 matmuls)"]
+    counts = accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
+                                        tie_embeddings=c["tie_embeddings"])
+    state = 2 * accounting.FP32_BYTES * sum(counts.values()) + accounting.optimizer_state_bytes(c["optimizer"], counts)
     B, T, half = c["batch_size"] // (c["world_size"] * c["grad_accum"]), c["context_length"], c["dtype"] == "bf16"
     layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
     saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
     logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head: one chunk at least
-    return sum(per_param.values()) * params + logits + saved // (2 if half else 1)
+    return state + logits + saved // (2 if half else 1)
 
 
 def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""
     need, (have, what) = training_bytes(c), memory_bytes(c["device"], c["world_size"])
     if need <= have:
         return ""
-    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, AdamW state, "
-            f"one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
+    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, {c['optimizer']} "
+            f"state, one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
             "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
 
 

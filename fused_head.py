@@ -31,9 +31,10 @@ The lessons it embodies:
 """
 import torch
 
-CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): of the counts
-# that hold less than the logits compiled (lesson 7), 4 is the fastest, eager and compiled; 8 and 16 hold less and
-# take longer. bench.py gpu times 2 to 16 chunks on the GPU, where the choice is still to be confirmed
+CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, as
+# the step runs on a GPU, 4 is the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and
+# take longer. Eager, 2 was 2% faster than 4 (within the box's noise) for 100 MiB more. bench.py gpu times 2 to 16
+# chunks on the GPU, where the choice is still to be confirmed
 
 
 # ----------------------------------------------------------------------------
@@ -111,7 +112,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, h, weight, targets, chunks, want_h, want_w):
         loss, dh, dw = _head_and_loss(h, weight, targets, chunks, want_h, want_w)
         ctx.save_for_backward(*(t for t in (dh, dw) if t is not None))
-        ctx.wants, ctx.weight_dtype = (want_h, want_w), weight.dtype
+        ctx.wants, ctx.weight_dtype, ctx.used = (want_h, want_w), weight.dtype, False
         return loss
 
     @staticmethod
@@ -119,6 +120,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the gradients are numbers made in the forward, not a graph
             raise ValueError("fused_head.linear_cross_entropy has no second derivative; use model.py's logits and "
                              "optim.cross_entropy (--no-fused-head) with create_graph.")
+        if ctx.used:  # the saved gradients were scaled in place by the first backward (retain_graph=True)
+            raise ValueError("fused_head.linear_cross_entropy's gradients were spent by a first backward; for a second "
+                             "through the same graph use model.py's logits and optim.cross_entropy (--no-fused-head).")
+        ctx.used = True
         saved = iter(ctx.saved_tensors)
         dh, dw = (next(saved) if want else None for want in ctx.wants)
         for gradient in (dh, dw):

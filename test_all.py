@@ -576,6 +576,13 @@ def test_fused_head_gradients_are_made_only_where_wanted():
     hh = h.clone().requires_grad_()
     with pytest.raises(ValueError, match="has no second derivative"):
         torch.autograd.grad(fused_head.linear_cross_entropy(hh, w, t), hh, create_graph=True)
+    # a second backward through the same graph (retain_graph) met the gradients the first had scaled in place, and
+    # failed in torch's words ("modified by an inplace operation"); now one sentence naming what to use
+    loss = fused_head.linear_cross_entropy(hh, w, t)
+    first, = torch.autograd.grad(2 * loss, hh, retain_graph=True)
+    torch.testing.assert_close(first, 2 * torch.autograd.grad(optim.cross_entropy(hh @ w.t(), t), hh)[0])
+    with pytest.raises(ValueError, match="spent by a first backward; for a second through the same graph use"):
+        torch.autograd.grad(loss, hh)
     with pytest.raises(ValueError, match=r"hidden state \(40, 32\), head weight \(257, 31\) and targets \(40,\) do "):
         fused_head.linear_cross_entropy(h, w[:, :31], t)
     m = _fused_head_lm(tie=False)  # model.py: head=False is the normed hidden state the head reads
@@ -5905,6 +5912,18 @@ def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, cap
     saved = accounting.saved_activation_bytes(B, T, cfg["d_model"], cfg["num_heads"], cfg["d_ff"], cfg["num_layers"])
     assert config.training_bytes(cfg) == 16 * P + 4 * B * T * V + saved
     assert config.training_bytes(dict(cfg, fast=True)) < config.training_bytes(cfg)
+    # with another optimizer, its own state: what each optimizer really holds after a step (SGD's 8 bytes per
+    # parameter were counted as AdamW's 16, refusing a run that fits)
+    counts = accounting.lm_param_counts(V, cfg["d_model"], cfg["num_layers"], cfg["d_ff"])
+    for name in config.OPTIMIZERS:
+        model, _, optimizer = train.build(dict(cfg, optimizer=name))
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        held = sum(t.nbytes for p in model.parameters() for t in optimizer.state[p].values()
+                   if torch.is_tensor(t) and t.shape == p.shape)
+        assert accounting.optimizer_state_bytes(name, counts) == held and (held > 0) == (name != "sgd"), name
+        assert config.training_bytes(dict(cfg, optimizer=name)) == 8 * P + held + 4 * B * T * V + saved, name
     # a machine that is too small for the default run refuses it with the same sentence; one that is not runs it
     monkeypatch.setattr(config, "memory_bytes", lambda device, world: (1000, "this machine's memory"))
     assert train.main(base) == 2
@@ -7894,10 +7913,11 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
     # issue 36 item 5: a CPU has no published peak, so no MFU (a start-up probe read 41%, 67%, 125% on one run);
     # --benchmark's figure on a CPU is against the probe, and says so
     assert accounting.peak_flops("cpu", torch.float32) is None and accounting.peak_flops("meta", torch.float32) is None
-    cpu, words = accounting.benchmark_peak("cpu", torch.float32)
-    assert cpu > 0 and accounting.benchmark_peak("cpu", torch.float32)[0] == cpu  # measured once, cached
+    cpu, words = train.device_peak({"device": "cpu", "dtype": "float32"}, probe=True)
+    assert cpu > 0 and train.device_peak({"device": "cpu", "dtype": "float32"}, probe=True)[0] == cpu  # cached
     assert words == f"vs a measured matmul peak of {cpu / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
-    assert accounting.benchmark_peak("meta", torch.float32) == (
+    assert train.device_peak({"device": "meta", "dtype": "float32"}) is None
+    assert train.device_peak({"device": "meta", "dtype": "float32"}, probe=True) == (
         None, "no published peak for this meta device in accounting.PEAK_FLOPS")
 
 

@@ -218,9 +218,20 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
 
 
-def device_peak(cfg, probe=False):  # accounting.py's published peak or None (probe: --benchmark's (peak, its words))
-    peak = accounting.benchmark_peak if probe else accounting.peak_flops  # looked up under torch_settings
-    return peak(cfg["device"], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+def device_peak(cfg, probe=False):
+    """MFU's denominator: accounting.py's published peak for the run's device and dtype, or None. probe (--benchmark):
+    (peak, the words that say what it is), a CPU's being the best rate of torch's own square matmul (a CPU has no
+    published peak). Called under the run's torch_settings: TF32 changes a float32 GPU's peak."""
+    device, dtype = torch.device(cfg["device"]), torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
+    peak = accounting.peak_flops(device, dtype)
+    if not probe:
+        return peak
+    if peak:
+        return peak, f"vs the published peak of {peak / 1e12:.1f} TFLOP/s per device"
+    if device.type != "cpu":
+        return None, f"no published peak for this {device.type} device in accounting.PEAK_FLOPS"
+    peak = accounting.measure_matmul_flops(dtype)
+    return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
 
 
 def random_step(cfg):  # -> one optimizer step of this configuration on fixed random tokens, and its micro-batches
