@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend
 import accounting
 import fused_head
 from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
-from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
+from data import BUILTIN, DATASETS, ids_vocab_size, is_cached, tokenizer_files
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import run_config, run_dir_problem
@@ -388,23 +388,35 @@ def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit cod
                                "small/tinystories/owt depend on --data: small for python, pydoc and local files.", FLAGS, PRESETS)
 
 
-def init_from_defaults(cfg):
-    """--init-from RUN_DIR: its config.json's shape for each shape flag not given, and its tokenizer unless --tokenizer
-    is. UsageError where it holds no run; train.py checks its checkpoint (rundir.verify_init)."""
-    old = run_config(Path(cfg["init_from"]))
+def given_flags(parser, argv):  # the keys the command line sets: parsed again with every default a marker
+    unset = object()
+    parser.set_defaults(**dict.fromkeys(FLAG_ROWS, unset))
+    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
+
+
+def init_from_defaults(cfg, given):
+    """--init-from RUN_DIR: its config.json's shape for each shape flag not given (a switch off by default, too), and
+    its tokenizer unless --tokenizer is. UsageError where it holds no run, or no tokenizer for text; train.py checks
+    its checkpoint (rundir.verify_init)."""
+    run = Path(cfg["init_from"])
+    old = run_config(run)
     if old is None:
-        raise UsageError(f"--init-from {cfg['init_from']} holds no run (no readable config.json); pass the folder of "
-                         "a trained run.")
-    shape = {k: old[k] for k in MODEL_KEYS if cfg[k] is None and k in old}
-    return {**shape, "tokenizer": cfg["tokenizer"] or cfg["init_from"]}
+        raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained run.")
+    shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
+    has_tokenizer = all(f.exists() for f in tokenizer_files(run))
+    if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
+        raise UsageError(f"--init-from {run} has no tokenizer (it trained on token ids alone), so it cannot read text; "
+                         "pass --data as the token ids its tokenizer made (bpe.py encode).")
+    return {**shape, "tokenizer": cfg["tokenizer"] or (cfg["init_from"] if has_tokenizer else None)}
 
 
 def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
-    cfg = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    cfg = vars(parser.parse_args(argv))
     if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
-        cfg.update(init_from_defaults(cfg))
+        cfg.update(init_from_defaults(cfg, given_flags(parser, argv)))
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None

@@ -591,7 +591,8 @@ def ids_vocab_size(source, tokenizer, vocab_size):
     tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) or tokenizer else None  # text: BPE trained on it
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
-                         f"{tokenizer}; drop --vocab-size (the tokenizer's size is taken).")
+                         f"{tokenizer} (with {EOT}, which train.py adds where vocab.json lacks it); drop --vocab-size "
+                         "(the tokenizer's size is taken).")
     return len(tok.vocab) if tok is not None and vocab_size is None else vocab_size
 
 

@@ -6151,6 +6151,31 @@ def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
     _train_one_line(capsys, "--init-from starts a training run")
 
 
+def test_train_init_from_takes_a_runs_switches_and_needs_a_tokenizer_for_text(tmp_path, capsys):
+    # a switch off by default (--tie-embeddings) and a flag with a default (--rope-theta) were never taken from the
+    # run: its own shape was refused, "drop those flags", flags the user never passed; a run on ids alone has no
+    # tokenizer, and --init-from named it as a --tokenizer the user never passed
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    out = ["--out-dir", str(tmp_path / "out"), "--device", "cpu", "--max-iters", "2"]
+    assert train.main(["--data", str(ids), *_TRAIN_TINY, *out, "--tie-embeddings", "--rope-theta", "100"]) == 0
+    base = tmp_path / "out" / "toy"
+    assert train.main(["--data", str(ids), *out, "--init-from", str(base), "--run-name", "tuned"]) == 0
+    saved = json.loads((tmp_path / "out" / "tuned" / "config.json").read_text())
+    assert saved["tie_embeddings"] is True and saved["rope_theta"] == 100.0
+    assert train.main(["--data", str(ids), *out, "--init-from", str(base), "--run-name", "x", "--rope-theta", "9"]) == 2
+    assert "keys that differ: rope_theta (100.0 -> 9.0)" in _train_one_line(capsys, "--init-from")
+    story = _train_story(tmp_path / "story.txt")
+    assert train.main(["--data", str(story), *out, "--init-from", str(base), "--run-name", "y"]) == 2
+    assert "has no tokenizer (it trained on token ids alone)" in _train_one_line(capsys, "--init-from")
+    assert not (tmp_path / "out" / "x").exists() and not (tmp_path / "out" / "y").exists()
+    # a tokenizer without <|endoftext|> (bpe.py train's default) is one token larger in train.py, which says why
+    vocab, merges = bpe.train_bpe(story, 270)
+    (tmp_path / "tok").mkdir()
+    bpe.Tokenizer(vocab, merges).save(tmp_path / "tok" / "vocab.json", tmp_path / "tok" / "merges.txt")
+    with pytest.raises(cli.UsageError, match=r"the 271 tokens of --tokenizer .*tok \(with <\|endoftext\|>, which"):
+        data.ids_vocab_size(str(ids), str(tmp_path / "tok"), 270)
+
+
 def test_train_help_says_which_switches_are_on_and_a_stop_shows_its_step(tmp_path, capsys, monkeypatch):
     text = " ".join(config.build_parser().format_help().split())
     assert "reference path (default: on) --activation-checkpointing" in text  # --fast's help ends so
