@@ -268,6 +268,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["optimizer"] not in OPTIMIZERS, f"--optimizer {{optimizer}}: use one of {', '.join(OPTIMIZERS)}."),
     (adamw_overflow, adamw_overflow),
     (too_long, too_long),
+    (lambda c: "" in (c["out_dir"], c["data_dir"]),  # '' would be the current folder, unasked
+     lambda c: f"--{'out' if c['out_dir'] == '' else 'data'}-dir is empty; pass a folder (. for this one)."),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data_is_file"] and unreadable(c["data"]),

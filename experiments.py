@@ -663,7 +663,10 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 # ----------------------------------------------------------------------------
 # 6. main()
 
-PASSED_BY_US = ("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark")
+NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark"),
+                             "experiments.py names, resumes and reuses its runs itself"),
+              "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
+TRAIN_FLAGS = ["--" + key.replace("_", "-") for key in config.FLAG_ROWS]  # train.py takes them abbreviated too
 
 
 # One whole run of the CPU scale (train.py's small model, 400 steps of 32 x 128 tokens, its evaluations too) on one
@@ -714,11 +717,14 @@ def parse(argv):
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     args, rest = p.parse_known_args(argv)
-    ours = next((a for a in rest if a.split("=")[0] in PASSED_BY_US), None)
-    if ours:
-        raise cli.UsageError(f"{ours}: experiments.py names, resumes and reuses its runs itself; drop it.")
+    for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
+        flag = a if a in TRAIN_FLAGS else next((f for f in NOT_PASSED if f.startswith(a)), None)  # --out-d: --out-dir
+        if flag in NOT_PASSED:
+            raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
     if args.jobs < 1:
         raise cli.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
+    if not args.out_dir:  # '' would be the current folder, unasked
+        raise cli.UsageError("--out-dir is empty; pass a folder (. for this one).")
     return args, rest
 
 

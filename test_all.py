@@ -7547,6 +7547,23 @@ def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(
 
 
 # --- CLI fuzz: experiments.py flags refused late (after the data's preparation) or blamed on the data cache ---
+def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_path, capsys):
+    # train.py takes abbreviations, so --out-d went to every run as --out-dir and overrode experiments.py's own
+    # (its runs landed in ./out); --init-from and --sample were refused naming a --benchmark the user never passed;
+    # an empty --out-dir wrote into the current folder (train.py's --out-dir and --data-dir too)
+    for flags, said in ((["--out-d", "x"], "--out-d: experiments.py names, resumes and reuses its runs itself"),
+                        (["--run-n=x"], "--run-n: experiments.py names"), (["--overw"], "--overw: experiments.py"),
+                        (["--init-from", "x"], "--init-from: experiments.py's runs start from scratch; drop it."),
+                        (["--sample"], "--sample: experiments.py samples its runs; drop it."),
+                        (["--out-dir", ""], "--out-dir is empty; pass a folder (. for this one).")):
+        with pytest.raises(cli.UsageError, match=re.escape(said)):
+            experiments.parse(["lr", *flags])
+    assert experiments.parse(["lr", "--no-fas", "--lr", "0.01"])[1] == ["--no-fas", "--lr", "0.01"]  # train.py's
+    for flag in ("--out-dir", "--data-dir"):
+        with pytest.raises(cli.UsageError, match=f"^{flag} is empty; pass a folder"):
+            train.resolve_config(["--data", "pydoc", flag, ""])
+
+
 def test_experiments_an_out_dir_that_cannot_be_written_stops_all_before_the_data(tmp_path):
     # --out-dir a file (or /dev/null): the data was prepared, then "t.txt/experiments/lr: Not a directory", exit 1
     ids, afile = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "afile"
