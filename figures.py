@@ -4,6 +4,7 @@ one run's training and validation loss (loss.png); experiments.py draws many run
 matplotlib is optional: train.py's CHECKS refuse --plot without it, experiments.py's report keeps its tables.
 Optional reading.
 """
+import os
 import statistics
 
 from cli import log
@@ -12,6 +13,7 @@ from rundir import metrics_records
 
 
 def _pyplot():  # matplotlib's pyplot drawing to files only (no window, no display needed), or None if not installed
+    os.environ["MPLBACKEND"] = "Agg"  # a user's MPLBACKEND that matplotlib does not know fails its import
     try:
         import matplotlib
     except ImportError:

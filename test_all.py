@@ -6821,6 +6821,12 @@ def test_train_plot_draws_png(tmp_path):
     figures.plot_run(tmp_path / "metrics.jsonl", tmp_path / "loss.png", "out/pydoc: --data pydoc, 2 steps")
     png = (tmp_path / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and b"Title\x00out/pydoc: --data pydoc, 2 steps" in png  # names its run
+    # a user's MPLBACKEND that matplotlib does not know failed its import with a traceback, after the training
+    draw = "import figures, sys, pathlib; figures.plot_run(*map(pathlib.Path, sys.argv[1:]))"
+    run = subprocess.run([sys.executable, "-c", draw, str(tmp_path / "metrics.jsonl"), str(tmp_path / "b.png")],
+                         cwd=_ACC_ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, MPLBACKEND="no-such-backend"), timeout=120)
+    assert run.returncode == 0 and (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG", run.stderr[-2000:]
 
 
 def test_train_local_text_split_keeps_whole_documents(tmp_path):
