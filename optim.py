@@ -11,6 +11,7 @@ Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
 Tests: python -m pytest -q test_all.py -k model
 """
 import math
+import numbers
 
 import torch
 
@@ -76,28 +77,46 @@ def perplexity(mean_loss):
 # ----------------------------------------------------------------------------
 # 2. Optimizers
 
+def _number(x):  # an int or a float (numpy's too), not a bool, a str, None or a tensor
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 class _Optimizer(torch.optim.Optimizer):
     """What they share: each param group's hyperparameters are checked, and step() runs the closure, then hands
     each group's parameters that have a gradient to the optimizer's own _update."""
+    squares = True  # g * g: wrong for a complex g (|g|^2 is the square), and no torch op takes a sparse g there
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
-        rules = {"lr": (">= 0", lambda x: x >= 0), "eps": ("> 0", lambda x: x > 0),  # a NaN fails its rule too
-                 "betas": ("two, in [0, 1)", lambda b: len(b) == 2 and all(0 <= x < 1 for x in b)),
-                 "weight_decay": (">= 0", lambda x: x >= 0), "momentum": ("in [0, 1)", lambda x: 0 <= x < 1),
-                 "alpha": ("in [0, 1)", lambda x: 0 <= x < 1),
-                 "ns_steps": ("an int >= 1", lambda n: isinstance(n, int) and n >= 1),
+        rules = {"lr": ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf),  # inf: inf weights
+                 "eps": ("a finite number > 0", lambda x: _number(x) and 0 < x < math.inf),  # a NaN fails too
+                 "betas": ("two, in [0, 1)", lambda b: isinstance(b, (tuple, list)) and len(b) == 2
+                           and all(_number(x) and 0 <= x < 1 for x in b)),
+                 "weight_decay": ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf),
+                 "momentum": ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1),
+                 "alpha": ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1),
+                 "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1),
+                 "nesterov": ("True or False", lambda m: type(m) is bool),
                  "muon": ("True or False: model.named_parameters() chooses it", lambda m: type(m) is bool)}
-        bad = [f"{k}={v} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
+        bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
+        group = {**group, "params": [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])}
+        dtypes = sorted({str(p.dtype) for p in group["params"] if torch.is_tensor(p) and p.is_complex()})
+        if dtypes and self.squares:
+            raise ValueError(f"{type(self).__name__} squares each gradient where a complex one needs |g|^2: it "
+                             f"takes real parameters, not {', '.join(dtypes)}.")
         super().add_param_group(group)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = None if closure is None else torch.enable_grad()(closure)()  # the closure calls backward()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+        todo = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
+        sparse = [tuple(p.shape) for _, params in todo for p in params if p.grad.is_sparse] if self.squares else []
+        if sparse:  # a flag of the tensor's layout: no host sync; checked for every group before any is updated
+            raise ValueError(f"{type(self).__name__} needs dense gradients, and parameters of shape {sparse[:3]} have "
+                             "sparse ones: give them dense ones (an Embedding with sparse=False, say).")
+        for group, params in todo:
             if params:  # AdamW's _foreach ops refuse empty lists
                 self._update(group, params)
         return loss
@@ -107,6 +126,8 @@ class SGD(_Optimizer):
     """theta <- theta - lr * g.  momentum mu > 0: Polyak's heavy ball,  v <- mu v + g;  theta <- theta - lr * v.
     A direction the gradients keep agreeing on gets up to 1 / (1 - mu) times the step, one they flip on cancels out
     (the lecture's average of g, (1 - mu) v, makes the same steps at lr / (1 - mu); this form is torch.optim.SGD's)."""
+
+    squares = False  # p -= lr v: right for complex parameters and sparse gradients too, as in torch.optim.SGD
 
     def __init__(self, params, lr=1e-3, momentum=0.0):
         super().__init__(params, dict(lr=lr, momentum=momentum))
@@ -168,7 +189,8 @@ class AdamW(_Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math) if compiled else _adamw_math
 
@@ -253,19 +275,21 @@ class Muon(AdamW):
     def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.95), eps=1e-8,
                  weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
         params = list(params)
-        if muon is None and params and all(isinstance(x, tuple) for x in params):  # model.named_parameters()
+        if muon is None and params and all(type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
+                                           for x in params):  # model.named_parameters()
             split = {True: [], False: []}  # hidden matrices (Muon), the rest (AdamW)
             for n, p in params:
                 split[p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)].append(p)
             params = [dict(params=ps, muon=hidden) for hidden, ps in split.items() if ps]
-        _Optimizer.__init__(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+        betas = tuple(betas) if isinstance(betas, list) else betas
+        _Optimizer.__init__(self, params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                                momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
         self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
         self._math, self._muon = (torch.compile(f) if compiled else f for f in (_adamw_math, _muon_math))
 
     def add_param_group(self, group):
         params = [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])
-        flat = [tuple(p.shape) for p in params if p.ndim != 2]
+        flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
         if group.get("muon", self.defaults["muon"]) is True and flat:
             raise ValueError(f"Muon orthogonalizes 2-D matrices, and its muon=True group holds shapes {flat[:3]}.")
         super().add_param_group({**group, "params": params})
@@ -307,9 +331,10 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    if not (it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 gave a negative lr; a NaN fails too
-        raise ValueError(f"Need 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, got {it}, {warmup_iters}, "
-                         f"{cosine_cycle_iters}.")
+    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr))  # max_lr=-1 gave lr < 0: ascent
+    if not (lrs_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 too; a NaN fails too
+        raise ValueError(f"Need finite max_lr, min_lr >= 0, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
+                         f"got {max_lr!r}, {min_lr!r}, {it}, {warmup_iters}, {cosine_cycle_iters}.")
     if it < warmup_iters:
         return it / warmup_iters * max_lr
     if it >= cosine_cycle_iters:  # equal to the cosine's end value at t = Tc, and avoids 0/0 when Tc = Tw
@@ -324,18 +349,20 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
 @torch.no_grad()
 def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
-    Returns the norm before clipping, as a 0-dim float32 tensor on the gradients' device (zero without gradients).
+    Returns the norm before clipping, a 0-dim float32 tensor (float64 if a gradient is; zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
     fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py)."""
-    if not max_l2_norm >= 0:  # a negative M flipped every gradient (ascent), a NaN one never clipped
-        raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm}.")
+    if not (_number(max_l2_norm) and max_l2_norm >= 0):  # M < 0 flipped every gradient (ascent), NaN never clipped
+        raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm!r}.")
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):
         return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    # float64 where a gradient is: a float64 norm past float32's 3.4e38 became inf, and every gradient 0
+    dtype = torch.float64 if torch.float64 in {g.dtype for g in grads} else torch.float32
+    total = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
     scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
     torch._foreach_mul_(grads, scale)
     return total

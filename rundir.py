@@ -293,13 +293,23 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
 
     def usable(v, p):  # a number, or a real tensor (loading casts a complex one) of p's shape or a scalar
         return not isinstance(v, torch.Tensor) or (not v.is_complex() and tuple(v.shape) in ((), tuple(p.shape)))
+
+    def names(d):  # a group's hyperparameters, not what torch keeps there too (its tensors, their names, a scheduler's)
+        return ", ".join(sorted(str(k) for k in d if k not in ("params", "param_names", "initial_lr")))
+    pairs = []  # (what, the checkpoint's names, this optimizer's): another optimizer's loaded, and trained with its lr
     try:  # the same groups of parameters, and every moment of its parameter's shape
         saved = state["optimizer"]
+        pairs = [("hyperparameters", names(a), names(b)) for a, b in zip(saved["param_groups"], optimizer.param_groups)]
+        pairs += [("state entries", names(s), names(optimizer.state[params[i]])) for i, s in saved["state"].items()
+                  if 0 <= i < len(params) and s and optimizer.state.get(params[i])]  # where both have stepped
         fits = [len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in optimizer.param_groups]
         fits = fits and all(0 <= i < len(params) and all(usable(v, params[i]) for v in s.values())
                             for i, s in saved["state"].items())
     except (TypeError, KeyError, AttributeError):
         fits = False
+    for what, theirs, mine in pairs:
+        if theirs != mine:
+            raise ValueError(f"{name} was saved by another optimizer: its {what} are ({theirs}), this one's ({mine})")
     if not fits:
         raise ValueError(f"{name} holds optimizer state that does not fit this model's parameters")
 

@@ -1501,7 +1501,7 @@ def test_model_muon_and_the_chain_check_their_hyperparameters():
                         (lambda: optim.RMSProp([p], alpha=-0.1), "alpha=-0.1 (need in [0, 1))"),
                         (lambda: optim.Muon([p], muon=True, ns_steps=0), "ns_steps=0 (need an int >= 1)"),
                         (lambda: optim.Muon([p], muon=True, momentum=math.nan), "momentum=nan"),
-                        (lambda: optim.Muon([p], muon=True, lr=-1), "lr=-1 (need >= 0)"),
+                        (lambda: optim.Muon([p], muon=True, lr=-1), "lr=-1 (need a finite number >= 0)"),
                         (lambda: optim.Muon([p]), "muon=None (need True or False: model.named_parameters() chooses it)"),
                         (lambda: optim.Muon([v], muon=True), "its muon=True group holds shapes [(3,)]."),
                         (lambda: optim.Muon([{"params": [v], "muon": True}, {"params": [p], "muon": False}]),
@@ -1724,9 +1724,9 @@ def test_model_optimizer_checks_each_param_groups_hyperparameters():
     p = lambda: torch.nn.Parameter(torch.ones(2))
     for make in (lambda: optim.AdamW([{"params": [p()], "lr": -1}]), lambda: optim.SGD([{"params": [p()], "lr": -1}]),
                  lambda: optim.AdamW([p()]).add_param_group({"params": [p()], "lr": -1})):
-        with pytest.raises(ValueError, match=regex.escape("lr=-1 (need >= 0)")):
+        with pytest.raises(ValueError, match=regex.escape("lr=-1 (need a finite number >= 0)")):
             make()
-    with pytest.raises(ValueError, match=regex.escape("eps=0 (need > 0)")):
+    with pytest.raises(ValueError, match=regex.escape("eps=0 (need a finite number > 0)")):
         optim.AdaGrad([p()]).add_param_group({"params": [p()], "eps": 0})
     opt = optim.AdamW([p()], lr=0.1)
     opt.add_param_group({"params": [p()], "lr": 0.5, "betas": [0.5, 0.6]})  # valid ones of its own are kept
@@ -1743,7 +1743,7 @@ def test_model_adamw_refuses_betas_that_are_not_two_numbers():
 def test_model_cosine_lr_refuses_a_negative_or_nan_iteration_and_nan_lengths():
     # it=-1 gave a negative lr (gradient ascent), it=-10 with no warm-up a ZeroDivisionError, NaN lengths a NaN lr
     for args in ((-1, 5, 10), (-10, 0, 10), (math.nan, 5, 10), (3, math.nan, 10), (3, 2, math.nan), (3, 5, 4)):
-        with pytest.raises(ValueError, match=regex.escape(f"got {args[0]}, {args[1]}, {args[2]}.")):
+        with pytest.raises(ValueError, match=regex.escape(f"got 1.0, 0.1, {args[0]}, {args[1]}, {args[2]}.")):
             optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
     assert optim.cosine_lr(2.5, 1.0, 0.1, 5, 10) == 0.5 and optim.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
 
@@ -1773,6 +1773,187 @@ def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
         p.grad = torch.ones(3)
         optim.clip_grad_norm([p], m)
         assert torch.equal(p.grad, want)
+
+
+# --- optim API review: another optimizer's checkpoint, complex and sparse, inf and wrong types, float64 clipping ---
+def test_model_load_checkpoint_refuses_another_optimizers_state():
+    # an AdamW checkpoint loaded into AdaGrad trained with AdamW's lr and betas without a word; into SGD(momentum=0.9)
+    # it was a KeyError 'momentum' at the next step. Now one ValueError naming both sets, before anything is loaded
+    torch.manual_seed(0)
+    lm, x = TransformerLM(11, 8, 16, 1, 2, 32), torch.randint(0, 11, (2, 8))
+
+    def saved(opt, steps=1):
+        for _ in range(steps):
+            opt.zero_grad()
+            lm(x).sum().backward()
+            opt.step()
+        buf = io.BytesIO()
+        train.save_checkpoint(lm, opt, 1, buf)
+        return buf.getvalue()
+    adamw = saved(optim.AdamW(lm.parameters(), lr=0.5))
+    for make, mine in ((lambda: optim.AdaGrad(lm.parameters(), lr=0.01), "eps, lr"),
+                       (lambda: optim.SGD(lm.parameters(), lr=0.01, momentum=0.9), "lr, momentum"),
+                       (lambda: optim.Muon(lm.named_parameters(), lr=0.01),
+                        "betas, eps, lr, momentum, muon, nesterov, ns_steps, weight_decay")):
+        opt = make()
+        with torch.no_grad():  # weights other than the checkpoint's: a load would show
+            for p in lm.parameters():
+                p.add_(1)
+        before = {k: v.clone() for k, v in lm.state_dict().items()}
+        words = (f"the checkpoint was saved by another optimizer: its hyperparameters are (betas, eps, lr, "
+                 f"weight_decay), this one's ({mine})")
+        with pytest.raises(ValueError, match="^" + regex.escape(words) + "$"):
+            train.load_checkpoint(io.BytesIO(adamw), lm, opt)
+        assert all(g["lr"] == 0.01 for g in opt.param_groups) and not opt.state  # nothing loaded
+        assert all(torch.equal(v, lm.state_dict()[k]) for k, v in before.items())
+    # state entries, where both optimizers have stepped: names that are not this optimizer's moments are refused
+    state = torch.load(io.BytesIO(adamw), weights_only=True)
+    state["optimizer"]["state"][0] = {{"exp_avg": "m"}.get(k, k): v for k, v in state["optimizer"]["state"][0].items()}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    stepped = optim.AdamW(lm.parameters())
+    saved(stepped)
+    words = "its state entries are (exp_avg_sq, m, step), this one's (exp_avg, exp_avg_sq, step)"
+    with pytest.raises(ValueError, match=regex.escape(words)):
+        train.load_checkpoint(io.BytesIO(buf.getvalue()), lm, stepped)
+    # the same optimizer loads as before: Adam = AdamW(weight_decay=0), Muon's two groups, a state saved before any step
+    for make, other in ((lambda: optim.AdamW(lm.parameters(), lr=0.5), lambda: optim.Adam(lm.parameters())),
+                        (lambda: optim.Muon(lm.named_parameters(), lr=0.1), lambda: optim.Muon(lm.named_parameters())),
+                        (lambda: optim.SGD(lm.parameters(), momentum=0.9), lambda: optim.SGD(lm.parameters()))):
+        for steps in (0, 2):
+            first = make()
+            ckpt = saved(first, steps)
+            second = other()
+            assert train.load_checkpoint(io.BytesIO(ckpt), lm, second) == 1
+            assert second.state_dict()["param_groups"] == first.state_dict()["param_groups"]
+            assert len(second.state) == len(first.state) == (0 if steps == 0 else len(list(lm.parameters())))
+
+
+@pytest.mark.parametrize("name", ["AdaGrad", "RMSProp", "AdamW", "Muon"])
+def test_model_optimizers_that_square_g_refuse_complex_parameters(name):
+    # g * g where a complex g needs |g|^2: RMSProp moved a complex weight by +1j where torch's moves it by -1j.
+    # SGD's p -= lr g is right for them, and keeps taking them
+    z = torch.nn.Parameter(torch.tensor([1 + 2j, -1j], dtype=torch.complex64))
+    make = getattr(optim, name)
+    square = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.complex64))  # Muon's group of matrices, and its AdamW's
+    for args in ((([{"params": [square], "muon": True}],), ([{"params": z, "muon": False}],)) if name == "Muon" else
+                 (([z],),)):
+        with pytest.raises(ValueError, match=regex.escape(f"{name} squares each gradient where a complex one needs "
+                                                          "|g|^2: it takes real parameters, not torch.complex64.")):
+            make(*args)
+    with pytest.raises(ValueError, match="not torch.complex128"):
+        make([torch.nn.Parameter(torch.ones(2, 2))], **({"muon": False} if name == "Muon" else {})).add_param_group(
+            {"params": (p for p in [torch.nn.Parameter(torch.ones(2, dtype=torch.complex128))])})
+    sgd = optim.SGD([z], lr=0.5, momentum=0.5)
+    z.grad = torch.tensor([2 + 2j, 1j], dtype=torch.complex64)
+    sgd.step()
+    assert torch.equal(z.detach(), torch.tensor([0 + 1j, -1.5j], dtype=torch.complex64))
+
+
+def test_model_optimizers_that_square_g_refuse_sparse_gradients_before_any_step():
+    # torch's NotImplementedError ("If you are a Facebook employee ...") from inside the update; now one ValueError
+    # before any group is updated. SGD adds a sparse gradient as torch.optim.SGD does
+    dense, emb = torch.nn.Parameter(torch.ones(3)), torch.nn.Embedding(5, 2, sparse=True)
+    for make in (optim.AdaGrad, optim.RMSProp, optim.AdamW,
+                 lambda groups: optim.Muon([{**g, "muon": False} for g in groups])):
+        opt = make([{"params": [dense]}, {"params": emb.parameters()}])
+        weights = emb.weight.detach().clone()
+        dense.grad = torch.ones(3)
+        emb.zero_grad()
+        emb(torch.tensor([1, 3])).sum().backward()
+        assert emb.weight.grad.is_sparse
+        with pytest.raises(ValueError, match=regex.escape(
+                "needs dense gradients, and parameters of shape [(5, 2)] have sparse ones: give them dense ones "
+                "(an Embedding with sparse=False, say).")):
+            opt.step()
+        assert torch.equal(dense.detach(), torch.ones(3)) and torch.equal(emb.weight.detach(), weights)
+        assert not opt.state
+    sgd = optim.SGD(emb.parameters(), lr=0.5)
+    sgd.step()
+    assert torch.equal(emb.weight.detach(), weights - 0.5 * emb.weight.grad.to_dense())
+
+
+def test_model_optimizers_refuse_infinite_hyperparameters():
+    # lr=inf (weight_decay=inf, eps=inf) was taken by every optimizer, and the first step made every weight inf
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    for make, words in ((lambda: optim.SGD([p], lr=math.inf), "lr=inf (need a finite number >= 0)"),
+                        (lambda: optim.AdaGrad([p], eps=math.inf), "eps=inf (need a finite number > 0)"),
+                        (lambda: optim.RMSProp([p], lr=math.inf), "lr=inf"),
+                        (lambda: optim.AdamW([p], weight_decay=math.inf), "weight_decay=inf (need a finite number"),
+                        (lambda: optim.Muon([p], muon=True, lr=-math.inf), "lr=-inf"),
+                        (lambda: optim.AdamW([p]).add_param_group({"params": [torch.nn.Parameter(torch.ones(2))],
+                                                                    "lr": math.inf}), "lr=inf")):
+        with pytest.raises(ValueError, match="^Hyperparameter out of range: " + regex.escape(words)):
+            make()
+    opt = optim.AdamW([p], lr=1e300, weight_decay=0.0)  # a finite one, however large, is the caller's to choose
+    assert opt.param_groups[0]["lr"] == 1e300
+
+
+def test_model_optimizers_refuse_hyperparameters_of_the_wrong_type():
+    # lr="0.1" or None was a TypeError from inside a rule's lambda, betas=0.9 one from tuple(); nesterov="no" and
+    # ns_steps=True were taken (and "no" is true: Nesterov on). Now each is the rule's one sentence
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    for make, words in ((lambda: optim.SGD([p], lr="0.1"), "lr='0.1' (need a finite number >= 0)"),
+                        (lambda: optim.AdamW([p], lr=None), "lr=None (need a finite number >= 0)"),
+                        (lambda: optim.AdaGrad([p], lr=True), "lr=True"),
+                        (lambda: optim.RMSProp([p], alpha="0.9"), "alpha='0.9' (need in [0, 1))"),
+                        (lambda: optim.SGD([p], momentum=None), "momentum=None"),
+                        (lambda: optim.AdamW([p], betas=0.9), "betas=0.9 (need two, in [0, 1))"),
+                        (lambda: optim.AdamW([p], betas="ab"), "betas='ab' (need two, in [0, 1))"),
+                        (lambda: optim.AdamW([p], betas=(0.9, None)), "betas=(0.9, None)"),
+                        (lambda: optim.Muon([p], muon=True, nesterov="no"), "nesterov='no' (need True or False)"),
+                        (lambda: optim.Muon([p], muon=True, ns_steps=True), "ns_steps=True (need an int >= 1)")):
+        with pytest.raises(ValueError, match="^Hyperparameter out of range: " + regex.escape(words)):
+            make()
+    # numbers of any kind are numbers: an int, numpy's float64; a list of betas is kept as a tuple
+    opt = optim.AdamW([p], lr=np.float64(0.5), betas=[0.5, 0.75], eps=1, weight_decay=0)
+    assert opt.param_groups[0]["betas"] == (0.5, 0.75) and opt.param_groups[0]["lr"] == 0.5
+
+
+def test_model_clip_grad_norm_and_cosine_lr_refuse_a_max_that_is_no_number_or_negative():
+    # clip_grad_norm(max_l2_norm=None) was a TypeError from a comparison; cosine_lr(max_lr=-1) returned -0.691 (the
+    # step then climbs the loss), and max_lr=NaN a NaN
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    for bad in (None, "1", True):
+        with pytest.raises(ValueError, match=regex.escape(f"max_l2_norm must be >= 0, got {bad!r}.")):
+            optim.clip_grad_norm([p], bad)
+    assert torch.equal(p.grad, torch.ones(3))
+    for mx, mn in ((-1.0, 0.0), (math.nan, 0.1), ("1", 0.1), (None, 0.1), (math.inf, 0.1), (1.0, -0.1), (1.0, None)):
+        with pytest.raises(ValueError, match=regex.escape(f"got {mx!r}, {mn!r}, 5, 2, 10.")):
+            optim.cosine_lr(5, mx, mn, 2, 10)
+    assert optim.cosine_lr(6, 1, 0, 2, 10) == pytest.approx(0.5) and optim.cosine_lr(1, np.float64(2.0), 0, 2, 10) == 1
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_model_clip_grad_norm_keeps_a_float64_norm_past_float32s_range(fused):
+    # each tensor's norm was cast to float32: float64 gradients whose norm is past 3.4e38 gave the norm inf and were
+    # all zeroed. A float64 gradient makes the total float64 (float32 ones alone keep float32; fused=True takes the
+    # engine only for those, so both paths give the same)
+    big, ref_big = (torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)) for _ in range(2))
+    small, ref_small = (torch.nn.Parameter(torch.zeros(3)) for _ in range(2))
+    big.grad, small.grad = torch.tensor([1e100, 1e100], dtype=torch.float64), torch.ones(3)
+    ref_big.grad, ref_small.grad = big.grad.clone(), small.grad.clone()
+    total = optim.clip_grad_norm([big, small], 1.0, fused=fused)
+    want = torch.nn.utils.clip_grad_norm_([ref_big, ref_small], 1.0)
+    assert total.dtype == torch.float64 and total.item() == pytest.approx(2 ** 0.5 * 1e100)
+    torch.testing.assert_close(total, want)
+    torch.testing.assert_close(big.grad, torch.full((2,), 0.5 ** 0.5, dtype=torch.float64))
+    torch.testing.assert_close(small.grad, ref_small.grad)
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.full((3,), 3.0)
+    assert optim.clip_grad_norm([p], 1.0, fused=fused).dtype == torch.float32  # float32 alone stays float32
+    torch.testing.assert_close(p.grad, torch.full((3,), 3.0) / (27 ** 0.5 + 1e-6))
+
+
+def test_model_muon_refuses_pairs_that_are_not_named_parameters():
+    # a list of (tensor, tensor) pairs was taken for model.named_parameters(): AttributeError 'Parameter' object has
+    # no attribute 'lower'. Now the sentence Muon gives any input that does not say which matrices are hidden
+    a, b = torch.nn.Parameter(torch.ones(3, 3)), torch.nn.Parameter(torch.ones(3, 3))
+    with pytest.raises(ValueError, match=regex.escape(
+            "muon=None (need True or False: model.named_parameters() chooses it).")):
+        optim.Muon([(a, b)])
+    assert [g["muon"] for g in optim.Muon([("w", a), ("lm_head.weight", b)]).param_groups] == [True, False]
 
 
 # --- hostile API review: model.py as the CS336 adapters call it (any leading dims, float64, an MPS device) ---
@@ -6378,9 +6559,9 @@ def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
         ({"optimizer": with_moments(step=-1)}, "that AdamW cannot use (ZeroDivisionError"),
         ({"optimizer": with_moments(exp_avg=None)}, "that AdamW cannot use (KeyError: 'exp_avg')"),
         ({"optimizer": with_moments(exp_avg=moments["exp_avg"].to(torch.complex64))}, "does not fit this model's"),
-        ({"optimizer": with_group(betas="ab")}, "that AdamW cannot use (TypeError"),
+        ({"optimizer": with_group(betas="ab")}, "cannot use (ValueError: Hyperparameter out of range: betas='ab'"),
         ({"optimizer": with_group(betas=(2.0, 0.95))}, "cannot use (ValueError: Hyperparameter out of range: betas"),
-        ({"optimizer": with_group(weight_decay=None)}, "that AdamW cannot use (KeyError: 'weight_decay')"),
+        ({"optimizer": with_group(weight_decay=None)}, "another optimizer: its hyperparameters are (betas, eps, lr),"),
         ({"rng": [1]}, "holds no valid RNG state"),
         ({"rng": {**rng, "cuda_rng": 5}}, "holds no valid RNG state"),
     ]
