@@ -336,8 +336,10 @@ def read_run(d, like):
     one, and takes no lock. FileNotFoundError where there is no checkpoint (yet); ValueError where it is damaged."""
     ckpt = Path(d) / "ckpt.pt"
     if not ckpt.exists():
-        raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if Path(d).is_dir()
-                                else f"{d} is a file, not a run directory: pass the directory that holds ckpt.pt"
+        d = Path(d)  # a run starting (its folder empty, or a run's files), not any folder (out/, the data's)
+        started = d.is_dir() and (not any(d.iterdir()) or any((d / f).exists() for f in RUN_FILES))
+        raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if started
+                                else f"{d} is a file, not a run directory (the run is {Path(d).parent})"
                                 if Path(d).is_file() else f"there is no run in {d}")
     state = read_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
@@ -565,8 +567,8 @@ def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
             f"the gradient norm is {norm} at" if norm is not None and not math.isfinite(norm) else
             bad and f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after")
     if what:
-        raise Diverged(f"{what} step {step}; stopping. The last good checkpoint is {ckpt_path}; try a lower --lr "
-                       "or a --grad-clip.", step)
+        raise Diverged(f"{what} step {step}: the run diverged, and its last good checkpoint {ckpt_path} stays; run "
+                       "again with --overwrite and a lower --lr (or a lower --grad-clip).", step)
 
 
 @contextlib.contextmanager

@@ -5357,7 +5357,8 @@ def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
     for name, more in (("mid", ["--max-iters", "5"]), ("end", ["--max-iters", "1", "--num-samples", "1"])):
         capsys.readouterr()
         assert train.main(base + more + ["--run-name", name]) == 1, name
-        _train_one_error(capsys, "the weights are not finite (", "after step 1", "last good checkpoint", "--lr")
+        _train_one_error(capsys, "the weights are not finite (", "after step 1: the run diverged, and its last good "
+                         "checkpoint", "stays; run again with --overwrite and a lower --lr")
         state = rundir.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
         assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
         assert not (tmp_path / "out" / name / "samples.txt").exists()
@@ -7182,9 +7183,12 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
 def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
     # load_run("out/run/ckpt.pt"), the path load_checkpoint takes, said "there is no run in out/run/ckpt.pt"
     _, run = sample_run
-    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(run / 'ckpt.pt'))} is a file, not a run directory: "
-                       "pass the directory that holds ckpt.pt$"):
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(run / 'ckpt.pt'))} is a file, not a run directory "
+                       f"\\(the run is {re.escape(str(run))}\\)$"):
         train.load_run(run / "ckpt.pt")
+    # a folder of runs (out/), or of anything else, was "out/ckpt.pt does not exist yet (its run has saved no ...)"
+    with pytest.raises(FileNotFoundError, match=f"^there is no run in {re.escape(str(run.parent))}$"):
+        train.load_run(run.parent)
 
 
 def test_train_sample_reads_a_crlf_stdin_line_as_its_text(sample_run, capsys, monkeypatch):
