@@ -257,17 +257,6 @@ class _CrossEntropy(torch.autograd.Function):
         return torch.from_numpy(g), None
 
 
-def check_targets(targets, classes):
-    """The boundary check of a loss's target ids (optim.cross_entropy on every path, fused_head.linear_cross_entropy),
-    here where both can import it: each in [0, classes), or ValueError naming one (-100, torch's "ignore", too).
-    Reading them back is a host sync: eager only, as model.py's token-id check; a meta tensor has no values."""
-    if torch.compiler.is_compiling() or targets.device.type == "meta" or not targets.numel():
-        return
-    lo, hi = torch.stack([targets.min(), targets.max()]).tolist()
-    if lo < 0 or hi >= classes:
-        raise ValueError(f"target id {lo if lo < 0 else hi} is outside the {classes} classes of the logits.")
-
-
 def cross_entropy(logits, targets):
     """optim.cross_entropy(fused=True)'s loss on (N, V) float32 CPU logits: two passes forward (the row max,
     then the log-sum-exp), none of (N, V) written; one pass back."""

@@ -31,8 +31,6 @@ The lessons it embodies:
 """
 import torch
 
-import fast_cpu  # check_targets: optim.cross_entropy's check of the target ids
-
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, as
 # the step runs on a GPU, 4 is the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and
 # take longer. Eager, 2 was 2% faster than 4 (within the box's noise) for 100 MiB more. bench.py gpu times 2 to 16
@@ -144,7 +142,6 @@ def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
         raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
                          f"{tuple(targets.shape)} do not fit: need (..., d) and (V, d) of floating point ({h.dtype} "
                          f"and {weight.dtype} here), and (...).")
-    fast_cpu.check_targets(targets, weight.shape[0])
     h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad

@@ -131,11 +131,6 @@ def _check_theta(name, theta):
         raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
 
 
-def _check_positions(lo, hi, n):  # RoPE positions' least and greatest (a negative one would wrap around), n rows
-    if lo < 0 or hi >= n:
-        raise ValueError(f"Token position {lo if lo < 0 else hi} is outside RoPE's table [0, max_seq_len={n}).")
-
-
 class RotaryPositionalEmbedding(nn.Module):
     """Rotate each adjacent pair (x[2k], x[2k+1]) by the angle  pos * theta^(-2k / d_k).
     [x'_2k  ]   [cos  -sin] [x_2k  ]
@@ -155,13 +150,9 @@ class RotaryPositionalEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(device, torch.float32), persistent=False)
         self.register_buffer("sin", angles.sin().to(device, torch.float32), persistent=False)
 
-    def forward(self, x, token_positions, as_complex=False, checked=False):
-        # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len);
-        # checked: by TransformerLM.forward, or made in range by MultiHeadSelfAttention; else read back here (a sync)
-        if not (checked or torch.compiler.is_compiling()):  # eager only, as forward's token-id check
-            p = torch.as_tensor(token_positions)
-            if p.numel() and p.device.type != "meta":
-                _check_positions(*torch.stack([p.min(), p.max()]).tolist(), len(self.cos))
+    def forward(self, x, token_positions, as_complex=False):
+        # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len)
+        # (TransformerLM.forward checks a caller's)
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, d_k/2)
         if as_complex:  # the same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel instead of a dozen
             z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy
@@ -231,19 +222,18 @@ class MultiHeadSelfAttention(nn.Module):
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
         return (x @ w.t()).unflatten(-1, (3, H, dh)).movedim(-3, 0).transpose(-3, -2)  # (3, ..., H, T, dh)
 
-    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None, checked=False):
-        # x: (..., T, d_model); token_positions: (T,) or (..., T); attn_mask: bool (B, 1, T, T_total) or None = causal;
-        # checked: the positions were checked (TransformerLM.forward's), else RoPE checks a caller's once
+    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
+        # x: (..., T, d_model); token_positions: (T,) or (..., T); attn_mask: bool (B, 1, T, T_total) or None = causal
         T = x.shape[-2]
         q, k, v = self._project(x)  # each (..., H, T, dh)
         if self.rope is not None:
-            if token_positions is None:  # its own, after the cached ones: no check (TransformerLM checks the length)
+            if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0
-                token_positions, checked = torch.arange(past, past + T, device=x.device), True
+                token_positions = torch.arange(past, past + T, device=x.device)
             pos = token_positions.unsqueeze(-2)  # (..., 1, T): the same rotation for every head
             # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
-            q, k = self.rope(q, pos, complex_ok, checked), self.rope(k, pos, complex_ok, True)
+            q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
@@ -294,11 +284,11 @@ class TransformerBlock(nn.Module):
         self.ffn = SwiGLU(d_model, d_ff, device, dtype, fast=fast, gated=not silu_ffn)
         self.post_norm = post_norm
 
-    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None, checked=False):  # (B, T, d_model)
-        if self.post_norm:  # checked: as MultiHeadSelfAttention's
-            z = self.ln1(x + self.attn(x, token_positions, attn_mask, kv_cache, checked))
+    def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):  # (B, T, d_model)
+        if self.post_norm:
+            z = self.ln1(x + self.attn(x, token_positions, attn_mask, kv_cache))
             return self.ln2(z + self.ffn(z))
-        z = x + self.attn(self.ln1(x), token_positions, attn_mask, kv_cache, checked)
+        z = x + self.attn(self.ln1(x), token_positions, attn_mask, kv_cache)
         return z + self.ffn(self.ln2(z))
 
 
@@ -354,8 +344,9 @@ class TransformerLM(nn.Module):
             lo, hi, *pos = torch.stack(ends).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
-            if pos:
-                _check_positions(*pos, self.context_length)
+            if pos and (pos[0] < 0 or pos[1] >= self.context_length):  # a negative one wrapped around RoPE's table
+                raise ValueError(f"Token position {pos[0] if pos[0] < 0 else pos[1]} is outside [0, "
+                                 f"context_length={self.context_length}).")
         return self._run(token_ids, token_positions, attn_mask, kv_cache, head)
 
     def _run(self, token_ids, token_positions, attn_mask, kv_cache, head=True):
@@ -363,7 +354,7 @@ class TransformerLM(nn.Module):
         the model's own samples, the cache's columns its own)."""
         x = self.token_embeddings(token_ids)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
-            x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i], checked=True)
+            x = layer(x, token_positions, attn_mask, None if kv_cache is None else kv_cache[i])
         return self.lm_head(self.ln_final(x)) if head else self.ln_final(x)
 
 

@@ -590,18 +590,13 @@ def test_fused_head_gradients_are_made_only_where_wanted():
     torch.testing.assert_close(m(x, head=False) @ m.lm_head.weight.t(), m(x))
 
 
-def test_fused_head_refuses_integer_inputs_and_targets_outside_the_head():
-    # an integer h cast the head's weight to integers (a wrong loss, no word); a target past the head's rows (or -100)
-    # was torch's RuntimeError, on CUDA a device assert
+def test_fused_head_refuses_integer_inputs():
+    # an integer h cast the head's weight to integers (a wrong loss, no word)
     torch.manual_seed(0)
     h, w, t = torch.randint(0, 3, (4, 8)), torch.randn(6, 8), torch.tensor([0, 1, 2, 3])
     for hh, ww, dtypes in ((h, w, "int64 and torch.float32"), (h.float(), w.long(), "float32 and torch.int64")):
         with pytest.raises(ValueError, match=rf"\(V, d\) of floating point \(torch.{dtypes} here\), and \(\.\.\.\)\.$"):
             fused_head.linear_cross_entropy(hh, ww, t)
-    for grad in (False, True):
-        for bad in (6, -1, -100):
-            with pytest.raises(ValueError, match=f"^target id {bad} is outside the 6 classes of the logits\\.$"):
-                fused_head.linear_cross_entropy(h.float().requires_grad_(grad), w, torch.tensor([0, 1, bad, 3]))
     torch.testing.assert_close(fused_head.linear_cross_entropy(h.float(), w, t), cross_entropy(h.float() @ w.t(), t))
 
 
@@ -1913,33 +1908,19 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 
 # --- API review: RoPE positions, generate's prompts and target ids as a user's code passes them ---
 
-def test_model_rope_refuses_a_position_outside_its_table_a_bad_theta_and_no_heads(monkeypatch):
-    # a negative position wrapped around to the table's end (bitwise position max_seq_len - 1), one past it was torch's
-    # IndexError (on CUDA a device assert); theta -1 built NaN tables; MultiHeadSelfAttention(6, 0) ZeroDivisionError
-    torch.manual_seed(0)
-    rope, x = model.RotaryPositionalEmbedding(10000.0, 4, 8), torch.randn(3, 4)
-    for bad in (-1, 8):
-        with pytest.raises(ValueError, match=rf"^Token position {bad} is outside RoPE's table \[0, max_seq_len=8\)\.$"):
-            rope(x, torch.tensor([0, bad, 2]))
-    torch.testing.assert_close(rope(x, [5, 6, 7]), rope(x, torch.tensor([5, 6, 7])))  # in range: as before
+def test_model_refuses_a_position_outside_the_context_a_bad_theta_and_no_heads():
+    # a caller's negative RoPE position wrapped around to the table's end, one past it was torch's IndexError (on
+    # CUDA a device assert); theta -1 built NaN tables; MultiHeadSelfAttention(6, 0) was a ZeroDivisionError
     for theta in (-1.0, 0.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {theta!r}\.$"):
             model.RotaryPositionalEmbedding(theta, 4, 8)
     with pytest.raises(ValueError, match=r"^num_heads must be a whole number >= 1, got 0\.$"):
         model.MultiHeadSelfAttention(6, 0)
-    attn = model.MultiHeadSelfAttention(8, 2, model.RotaryPositionalEmbedding(1e4, 4, 4))
-    with pytest.raises(ValueError, match=r"^Token position 4 is outside RoPE's table \[0, max_seq_len=4\)"):
-        attn(torch.randn(3, 8), torch.tensor([0, 1, 4]))
     m, ids = _model_small(), torch.randint(0, 61, (2, 5))
     for pos, bad in ((torch.arange(5) + 20, 24), (torch.arange(5) - 2, -2)):
-        with pytest.raises(ValueError, match=rf"^Token position {bad} is outside RoPE's table \[0, max_seq_len=24\)"):
+        with pytest.raises(ValueError, match=rf"^Token position {bad} is outside \[0, context_length=24\)\.$"):
             m(ids, pos)
     torch.testing.assert_close(m(ids, torch.arange(5)), m(ids))
-    # a TransformerLM checks a caller's positions once, read back with the token ids: not once per layer
-    checks = []
-    monkeypatch.setattr(model, "_check_positions", lambda *ends: checks.append(ends))
-    m(ids.int(), torch.arange(5) + 3)
-    assert checks == [(3, 7, 24)]
 
 
 def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
