@@ -11,6 +11,7 @@ import errno
 import gzip
 import hashlib
 import http.client
+import operator
 import os
 import shutil
 import sys
@@ -502,6 +503,7 @@ class TokenIds:
         a tuple of indices): those are not supported."""
         n = self.length
         if isinstance(where, (int, np.integer)) and not isinstance(where, bool):  # an int of any size
+            where = operator.index(where)  # a Python int: numpy 2 computes np.uint8(5) % n in uint8 (OverflowError)
             if not -n <= where < n:
                 raise out_of_bounds(where, n)
             return np.asarray(where % n, np.int64)

@@ -265,6 +265,7 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
     flag, run = named
     if not out_dir:  # an unset shell variable, most likely: not the current directory
         raise UsageError(f"{flag}the directory name is empty; pass the directory to write.")
+    run_dir, out_dir = Path(run_dir), Path(out_dir)  # a str too: the line after the export read run_dir / "ckpt.pt"
     try:
         state, tok = read_run(run_dir, model_kwargs()), read_tokenizer(run_dir)[0]  # what train.load_run reads
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)

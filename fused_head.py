@@ -137,9 +137,11 @@ def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
     without the (N, V) logits: h (..., d) the hidden state the head reads (model.py's forward(head=False)),
     weight (V, d) the head's (the shared matrix with tied embeddings: its gradient lands there), targets (...)
     int -> a 0-dim tensor. Under autocast the matmuls run in its dtype and the loss in float32."""
-    if h.shape[:-1] != targets.shape or weight.dim() != 2 or weight.shape[1] != h.shape[-1]:
+    if h.shape[:-1] != targets.shape or weight.dim() != 2 or weight.shape[1] != h.shape[-1] \
+            or not (h.is_floating_point() and weight.is_floating_point()):  # an integer h cast the head to integers
         raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
-                         f"{tuple(targets.shape)} do not fit: need (..., d), (V, d) and (...).")
+                         f"{tuple(targets.shape)} do not fit: need (..., d) and (V, d) of floating point ({h.dtype} "
+                         f"and {weight.dtype} here), and (...).")
     h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad

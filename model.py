@@ -125,6 +125,12 @@ class SwiGLU(nn.Module):
 # ----------------------------------------------------------------------------
 # 4. Rotary position embeddings
 
+def _check_theta(name, theta):
+    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables."""
+    if not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
+
+
 class RotaryPositionalEmbedding(nn.Module):
     """Rotate each adjacent pair (x[2k], x[2k+1]) by the angle  pos * theta^(-2k / d_k).
     [x'_2k  ]   [cos  -sin] [x_2k  ]
@@ -137,6 +143,7 @@ class RotaryPositionalEmbedding(nn.Module):
         super().__init__()
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
+        _check_theta("theta", theta)
         self.d_k = d_k
         inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
         angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
@@ -144,7 +151,8 @@ class RotaryPositionalEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().to(device, torch.float32), persistent=False)
 
     def forward(self, x, token_positions, as_complex=False):
-        # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims
+        # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len)
+        # (TransformerLM.forward checks a caller's)
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, d_k/2)
         if as_complex:  # the same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel instead of a dozen
             z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy
@@ -192,6 +200,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, rope=None, device=None, dtype=None, fast=False):
         super().__init__()
+        _check_count("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         self.num_heads, self.d_head = num_heads, d_model // num_heads
@@ -297,8 +306,7 @@ class TransformerLM(nn.Module):
                      num_layers=num_layers, num_heads=num_heads, d_ff=d_ff)
         for name, n in sizes.items():  # a 0 would build a model that fails far from here, or not at all
             _check_count(name, n)
-        if not math.isfinite(rope_theta) or rope_theta <= 0:
-            raise ValueError(f"rope_theta must be a finite number > 0, got {rope_theta!r}.")
+        _check_theta("rope_theta", rope_theta)  # here too: nope builds no RoPE
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         d_head = d_model // num_heads  # RoPE refuses an odd one
@@ -327,12 +335,18 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        # Reading the ids back is a host sync (one for both ends; and a graph break: torch.compile
-        # splits the model there); meta tensors (shape-only models, as accounting.py builds) have no values.
+        # Reading the ids (and a caller's RoPE positions) back is a host sync (and a graph break: torch.compile splits
+        # the model there); meta tensors (shape-only models, as accounting.py builds) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
-            lo, hi = torch.stack([token_ids.min(), token_ids.max()]).tolist()
+            ends = [token_ids.min(), token_ids.max()]
+            if token_positions is not None and self.rope is not None and token_positions.numel():
+                ends += token_positions.to(token_ids.device).aminmax()
+            lo, hi, *pos = torch.stack(ends).tolist()
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
+            if pos and (pos[0] < 0 or pos[1] >= self.context_length):  # a negative one wrapped around RoPE's table
+                raise ValueError(f"Token position {pos[0] if pos[0] < 0 else pos[1]} is outside [0, "
+                                 f"context_length={self.context_length}).")
         return self._run(token_ids, token_positions, attn_mask, kv_cache, head)
 
     def _run(self, token_ids, token_positions, attn_mask, kv_cache, head=True):
@@ -393,6 +407,24 @@ def _attention_mask(valid, T):
     return (((k_pos <= q_pos) & valid[:, None, :]) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
 
 
+def _prompt_rows(prompt):
+    """generate's prompt -> (its rows, 1-D tensors; is it a batch?). Text, or what is not ids (None, [[1, 2], 3], an id
+    past int64, a 0-d tensor), in one sentence, not in torch's words from deep down."""
+    text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
+    if isinstance(prompt, text) or isinstance(prompt, (list, tuple)) and any(isinstance(p, text) for p in prompt):
+        raise ValueError(f"generate takes token ids, not text ({type(prompt).__name__}): encode the prompt first with "
+                         "tokenizer.encode(text), and turn the new ids back into text with tokenizer.decode(ids).")
+    try:  # a batch: rows that are lists, tuples, or 1-D tensors / arrays (a (B, T) tensor, as forward takes, is rows)
+        batched = len(prompt) > 0 and (isinstance(prompt[0], (list, tuple)) or getattr(prompt[0], "ndim", 0) > 0)
+        rows = [torch.tensor(list(p)) for p in prompt] if batched else [torch.tensor(list(prompt))]
+        if any(row.dim() != 1 for row in rows):  # rows of rows
+            raise TypeError
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"generate's prompt must be a list of ints, a list of such lists, or a 1-D or 2-D integer "
+                        f"tensor, got {prompt!r:.80}.") from None
+    return rows, batched
+
+
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None, fast=None, compile=True):
@@ -404,13 +436,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     context is full the window slides and RoPE positions shift, so it re-runs the window like the reference.
     fast (default: on CUDA, with the cache) runs the cached part as section 8 does: the same tokens;
     compile=False runs its decode step eagerly."""
-    text = (str, bytes, bytearray)  # a prompt as text (a str, or its UTF-8 bytes) would be read as a list of characters
-    if isinstance(prompt, text) or any(isinstance(p, text) for p in prompt):
-        raise ValueError(f"generate takes token ids, not text ({type(prompt).__name__}): encode the prompt first with "
-                         "tokenizer.encode(text), and turn the new ids back into text with tokenizer.decode(ids).")
-    # a batch: rows that are lists, tuples, or 1-D tensors / arrays (a (B, T) tensor, as forward takes, is rows of them)
-    batched = len(prompt) > 0 and (isinstance(prompt[0], (list, tuple)) or getattr(prompt[0], "ndim", 0) > 0)
-    prompts = [list(p) for p in prompt] if batched else [list(prompt)]
+    prompts, batched = _prompt_rows(prompt)
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     _check_count("max_new_tokens", max_new_tokens, least=0)
@@ -422,7 +448,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = _as_token_ids(torch.tensor(p, device=device))  # floats or bools refused, not cast
+        ids[b, L - len(p):] = _as_token_ids(p)  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
     pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
     # no model.eval(): the model has no dropout, so its train and eval modes compute the same

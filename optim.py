@@ -28,6 +28,10 @@ def cross_entropy(logits, targets, fused=False):
     fused=True: the same loss with the hand-written backward below."""
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
+    if not torch.compiler.is_compiling() and targets.device.type != "meta" and targets.numel():  # eager: a host sync
+        lo, hi = torch.stack([targets.min(), targets.max()]).tolist()  # past the classes: torch's words, or a GPU's assert
+        if lo < 0 or hi >= logits.shape[-1]:
+            raise ValueError(f"target id {lo if lo < 0 else hi} is outside the {logits.shape[-1]} classes of the logits.")
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
     logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)

@@ -590,6 +590,16 @@ def test_fused_head_gradients_are_made_only_where_wanted():
     torch.testing.assert_close(m(x, head=False) @ m.lm_head.weight.t(), m(x))
 
 
+def test_fused_head_refuses_integer_inputs():
+    # an integer h cast the head's weight to integers (a wrong loss, no word)
+    torch.manual_seed(0)
+    h, w, t = torch.randint(0, 3, (4, 8)), torch.randn(6, 8), torch.tensor([0, 1, 2, 3])
+    for hh, ww, dtypes in ((h, w, "int64 and torch.float32"), (h.float(), w.long(), "float32 and torch.int64")):
+        with pytest.raises(ValueError, match=rf"\(V, d\) of floating point \(torch.{dtypes} here\), and \(\.\.\.\)\.$"):
+            fused_head.linear_cross_entropy(hh, ww, t)
+    torch.testing.assert_close(fused_head.linear_cross_entropy(h.float(), w, t), cross_entropy(h.float() @ w.t(), t))
+
+
 def _fused_head_step_memory(fused, monkeypatch):
     """One eager training step of a 1-layer LM with 512 rows of vocabulary 4,096 and width 64 (so its logits,
     8 MiB, outweigh the head's gradient, 1 MiB, as at every GPU batch), gradients kept from a first step ->
@@ -1697,6 +1707,20 @@ def test_model_cross_entropy_refuses_misfit_targets_and_a_fused_second_derivativ
     torch.testing.assert_close(g2, g.detach())
 
 
+def test_model_cross_entropy_refuses_a_target_outside_the_classes_on_every_path(monkeypatch):
+    # only the float32 CPU kernel said so: the plain path, float64 and bfloat16 raised torch's "index 5 is out of
+    # bounds" (a RuntimeError; on CUDA a device assert), and -100 (torch's "ignore" id) the same
+    logits, F32 = torch.randn(2, 3, 5, requires_grad=True), torch.float32
+    for kernels in (True, False):  # fused float32: fast_cpu's kernel, or the hand-written backward
+        monkeypatch.setattr(fast_cpu, "usable", lambda *t, in_place=False, on=kernels: on and t[0].dtype == F32)
+        for bad in (5, -1, -100):
+            y = torch.tensor([[0, 1, 2], [3, bad, 4]])
+            for lg, fused in ((logits, False), (logits, True), (logits.double(), True), (logits.bfloat16(), True)):
+                with pytest.raises(ValueError, match=f"^target id {bad} is outside the 5 classes of the logits\\.$"):
+                    optim.cross_entropy(lg, y, fused)
+    assert optim.cross_entropy(logits, torch.tensor([[0, 1, 2], [3, 4, 4]])).isfinite()
+
+
 def test_model_fused_cross_entropy_keeps_the_gradient_an_earlier_backward_returned():
     # a second backward rebuilt softmax in the buffer the first had returned as the gradient: a gradient from
     # autograd.grad changed under the caller, and x.grad after three backwards was 2/3 of the reference's
@@ -2061,6 +2085,36 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
     with pytest.raises(ValueError, match="Token id 61 is outside"):
         model.generate(m, [61], 3)
     assert len(model.generate(m, np.array([3, 1, 4]), 3, temperature=0)) == 3  # numpy ids are fine
+
+
+# --- API review: RoPE positions, generate's prompts and target ids as a user's code passes them ---
+
+def test_model_refuses_a_position_outside_the_context_a_bad_theta_and_no_heads():
+    # a caller's negative RoPE position wrapped around to the table's end, one past it was torch's IndexError (on
+    # CUDA a device assert); theta -1 built NaN tables; MultiHeadSelfAttention(6, 0) was a ZeroDivisionError
+    for theta in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {theta!r}\.$"):
+            model.RotaryPositionalEmbedding(theta, 4, 8)
+    with pytest.raises(ValueError, match=r"^num_heads must be a whole number >= 1, got 0\.$"):
+        model.MultiHeadSelfAttention(6, 0)
+    m, ids = _model_small(), torch.randint(0, 61, (2, 5))
+    for pos, bad in ((torch.arange(5) + 20, 24), (torch.arange(5) - 2, -2)):
+        with pytest.raises(ValueError, match=rf"^Token position {bad} is outside \[0, context_length=24\)\.$"):
+            m(ids, pos)
+    torch.testing.assert_close(m(ids, torch.arange(5)), m(ids))
+
+
+def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
+    # [None], [[1, 2], 3], [2**70] or a 0-d tensor ended in torch's words ("Could not infer dtype of NoneType",
+    # "'int' object is not iterable", "Overflow when unpacking long", "iteration over a 0-d tensor")
+    m = _model_small()
+    for prompt in ([None], [[1, 2], 3], [3, [1, 2]], [2**70], torch.tensor(1), 7, [[[1, 2]]]):
+        with pytest.raises(TypeError, match=r"^generate's prompt must be a list of ints, a list of such lists, or a "
+                                            rf"1-D or 2-D integer tensor, got {re.escape(repr(prompt))}\.$"):
+            model.generate(m, prompt, 2)
+    rows = model.generate(m, [[3, 1], [4, 1]], 3, temperature=0)  # what a prompt may be, as before
+    assert model.generate(m, torch.tensor([[3, 1], [4, 1]]), 3, temperature=0) == rows
+    assert model.generate(m, (3, 1), 3, temperature=0) == rows[0]
 
 
 # ============================================================================
@@ -3999,6 +4053,25 @@ def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatc
         list(tok.encode_iterable(["hello world " * 1000, "he" * 10_000, "x \udcff"]))   # in the third piece
 
 
+def test_bpe_encode_refuses_what_is_not_text_in_one_sentence_on_both_paths(monkeypatch):
+    # encode(b"hi") was "cannot use a string pattern on a bytes-like object" on the plain path and "'bytes' object has
+    # no attribute 'encode'" on the compiled one, encode(None) len()'s TypeError; encode_iterable over bytes (a file
+    # opened "rb"), None or int items failed in "".join or len()
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])
+    wrong = ((b"hi", "bytes: decode it first"), (bytearray(b"hi"), "bytearray: decode it first"), (None, "NoneType"),
+             (5, "int"), (["hi"], "list"))
+    for compiled in (False, True):
+        monkeypatch.setattr(bpe_fast, "compiled_encoder_pays", lambda n: compiled)
+        for text, got in wrong:
+            with pytest.raises(TypeError, match=f"^Tokenizer.encode takes str, got {got}\\.$"):
+                tok.encode(text)
+        assert tok.encode("hi") == [104, 105]
+    for items, got in (([b"abc"], "bytes: decode it first"), (["a", None], "NoneType"), (["a", 5], "int")):
+        with pytest.raises(TypeError, match=f"^Tokenizer.encode_iterable takes an iterable of str, got {got}\\.$"):
+            list(tok.encode_iterable(items))
+    assert list(tok.encode_iterable(["h", "i"])) == [104, 105]
+
+
 # ============================================================================
 # the plumbing: cli.py, files.py, machine.py, rundir.py, config.py
 # ============================================================================
@@ -4376,6 +4449,17 @@ def test_data_token_ids_index_as_numpy_does(tmp_path):
     for got, want in zip(results, (whole[100:][at], whole[5], whole[::4096], whole[10:20])):
         assert np.array_equal(got, want)
     assert reads.bytes == 2 * (8 * 17 + 1 + 25 + 10)  # get_batch's windows, an id, ids 8 KiB apart, a slice: no more
+
+
+def test_data_token_ids_take_numpys_small_integers(tmp_path):
+    # ids[np.uint8(5)] was an OverflowError: numpy 2 computes np.uint8(5) % 1000 in uint8; a memory map gives the id
+    ref = np.arange(1000, dtype=np.uint16) * 7
+    np.save(tmp_path / "ids.npy", ref)
+    ids = data.open_ids(tmp_path / "ids.npy")
+    for i in (np.uint8(5), np.uint8(255), np.int8(5), np.int8(-1), np.int16(-7), np.uint16(300), np.int64(-1000)):
+        assert ids[i] == ref[i] and type(ids[i]) is np.uint16, i
+    with pytest.raises(IndexError, match="^index 1000 is out of bounds for axis 0 with size 1000$"):
+        ids[np.uint16(1000)]
 
 
 def test_data_digest_sees_a_rewrite_that_kept_size_and_mtime(tmp_path):
@@ -4896,6 +4980,27 @@ def test_train_get_batch_windows_and_range(tmp_path):
         train.get_batch(ids[:10], 2, 10, "cpu")  # was torch's "random_ expects 'from' to be less than 'to'"
 
 
+def test_train_get_batch_refuses_bad_sizes_and_float_ids_and_takes_a_tensor(tmp_path, monkeypatch):
+    # context_length 0 or -3 gave empty tensors, float ids were cut to ints, a torch tensor was "'Tensor' object has
+    # no attribute 'astype'", batch_size -1 or 2.0 torch's own words
+    ids = np.arange(100, dtype=np.uint16)
+    for args, said in (((2, 0), "context_length .* got 0"), ((2, -3), "context_length .* got -3"),
+                       ((2, 4.0), "context_length .* got 4.0"), ((-1, 4), "batch_size .* got -1"),
+                       ((0, 4), "batch_size .* got 0"), ((2.0, 4), "batch_size .* got 2.0")):
+        with pytest.raises(ValueError, match=f"^{said}\\.$"):
+            train.get_batch(ids, *args, "cpu")
+    for bad, what in ((np.linspace(0, 5, 10), "1-D float64"), (torch.arange(10.0), "1-D float32"),
+                      (np.arange(20).reshape(10, 2), "2-D int64"), (list(range(10)), "list")):
+        with pytest.raises(ValueError, match=f"^get_batch takes a 1-D array of integer token ids as data, got {what}"):
+            train.get_batch(bad, 2, 4, "cpu")
+    np.save(tmp_path / "ids.npy", ids)
+    monkeypatch.setattr(data.TokenIds, "__array__", lambda *a, **k: pytest.fail("a TokenIds read whole"))
+    want = train.get_batch(ids, 4, 10, "cpu", torch.Generator().manual_seed(0))
+    for same in (torch.arange(100), data.open_ids(tmp_path / "ids.npy")):  # a CPU tensor; a TokenIds, read in place
+        got = train.get_batch(same, 4, 10, "cpu", torch.Generator().manual_seed(0))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_train_unigram_baseline_matches_counter():
     rng = np.random.default_rng(1)
     tr, va = rng.integers(0, 20, 5000).astype(np.uint16), rng.integers(0, 25, 700).astype(np.uint16)
@@ -4939,6 +5044,20 @@ def test_train_checkpoint_roundtrip_path_and_file_object(tmp_path):
         for p, q in zip(m2.parameters(), ref_m.parameters()):
             assert torch.equal(p, q)
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary left behind
+
+
+def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_give_back(tmp_path):
+    # -3 was saved, then refused by load_checkpoint; 2.9 was saved as 2
+    m, opt = _train_model_opt()
+    for it in (-3, 2.9, True, "3", None, np.float64(1.0)):
+        with pytest.raises(ValueError, match=f"^iteration must be a whole number >= 0, got {re.escape(repr(it))}\\.$"):
+            train.save_checkpoint(m, opt, it, tmp_path / "c.pt")
+    assert not list(tmp_path.iterdir())  # nothing written
+    for it in (0, np.int64(4), torch.tensor(5)):  # numpy's and torch's integers too
+        buf = io.BytesIO()
+        train.save_checkpoint(m, opt, it, buf)
+        buf.seek(0)
+        assert train.load_checkpoint(buf, m, opt) == it
 
 
 def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
@@ -7180,6 +7299,19 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
 
 # --- hostile generation review: train.load_run and --sample's stdin ---
 
+def test_train_load_run_names_a_device_it_cannot_use(sample_run):
+    # "bogus" was torch's device-string RuntimeError from deep inside model.py; "cuda" on a CPU-only build an
+    # AssertionError inside torch ("Torch not compiled with CUDA enabled")
+    _, run = sample_run
+    with pytest.raises(ValueError, match=r"^load_run cannot use device 'bogus': unknown device; use cpu, cuda, cuda:N "
+                                         r"or mps\.$"):
+        train.load_run(run, device="bogus")
+    n = torch.cuda.device_count()  # one past this machine's GPUs (none: cuda:0)
+    with pytest.raises(ValueError, match=f"^load_run cannot use device 'cuda:{n}': this "):
+        train.load_run(run, device=f"cuda:{n}")
+    assert train.load_run(run, device=torch.device("cpu"))[2]["vocab_size"] == 300
+
+
 def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
     # load_run("out/run/ckpt.pt"), the path load_checkpoint takes, said "there is no run in out/run/ckpt.pt"
     _, run = sample_run
@@ -9216,6 +9348,17 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     monkeypatch.undo()
     assert train.main([*at, str(tmp_path / "hf"), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
+
+
+def test_export_run_takes_a_str_run_directory(export_runs, tmp_path, capsys):
+    # export_run("out/run", ...) wrote all seven files, then raised TypeError (run_dir / "ckpt.pt" of a str); a rerun
+    # was then refused as "holds an earlier export"
+    run_dir, hf_dir = export_runs["plain"]
+    assert export.export_run(str(run_dir), str(tmp_path / "hf"), False) == 0
+    assert f"exported {run_dir / 'ckpt.pt'} to {tmp_path / 'hf'}" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == {
+        n: (hf_dir / n).read_bytes() for n in export.EXPORT_FILES}
+    assert export.export_run(str(run_dir), str(tmp_path / "hf"), True) == 0
 
 
 def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tmp_path, capsys):

@@ -12,6 +12,7 @@ refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; th
 """
 import contextlib
 import json
+import operator
 import sys
 import time
 from statistics import median
@@ -35,7 +36,7 @@ from cli import log  # only rank 0 talks, so that torchrun's N processes print o
 from config import CORPORA, DATA_KEYS, MODEL_KEYS, SDPA_BACKENDS, UNTIMED_STEPS, model_kwargs, resolve_config
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
-from model import TransformerLM, generate
+from model import TransformerLM, _check_count, generate
 from optim import SGD, Adam, AdamW, Muon, RMSProp, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
 
@@ -59,7 +60,14 @@ def random_starts(data, n, context_length, generator=None):  # n window starts, 
 
 
 def get_batch(data, batch_size, context_length, device, generator=None):
-    """CS336 data loader: batch_size windows at random starts."""
+    """CS336 data loader: batch_size windows at random starts. data: 1-D token ids (a memmap, data.TokenIds, an array,
+    a CPU tensor), checked in O(1): a context_length <= 0 gave empty tensors, and float ids were cut to ints."""
+    data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
+    _check_count("batch_size", batch_size)
+    _check_count("context_length", context_length)
+    if getattr(data, "ndim", 1) != 1 or getattr(data, "dtype", np.dtype(float)).kind not in "iu":
+        what = f"{getattr(data, 'ndim', 1)}-D {data.dtype}" if hasattr(data, "dtype") else type(data).__name__
+        raise ValueError(f"get_batch takes a 1-D array of integer token ids as data, got {what}.")
     return windows(data, random_starts(data, batch_size, context_length, generator), context_length, device)
 
 
@@ -83,8 +91,11 @@ def _unwrap(model):  # the LM inside DDP (.module), torch.compile (._orig_mod) a
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
+    with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
+        iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
+    _check_count("iteration", iteration, least=0)  # -3 was saved, then refused by load_checkpoint; 2.9 saved as 2
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-             "iteration": int(iteration), **extra}
+             "iteration": iteration, **extra}
     with files.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
 
@@ -102,6 +113,8 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer, which knows
     <|endoftext|>, or None for ids without one; its config). FileNotFoundError: no checkpoint yet; ValueError."""
+    if problem := machine.device_error(device):  # --device's check; torch's words came from deep inside model.py
+        raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_checkpoint(None, model, state=state)
