@@ -560,7 +560,8 @@ def table(rows):
     for r in rows:
         final = "-" if r["final"] is None else f"{r['final']:.4f}"
         gone = f"at step {r['diverged']}" if r["diverged"] else "no"
-        lines.append(f"| {r['name']} | {final} | {r['tokens_per_s']:,.0f} | {cli.fmt_time(r['wall'])} | {gone} |")
+        speed = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-"  # 0, 0 s: no log line before it stopped
+        lines.append(f"| {r['name']} | {final} | {speed} | {cli.fmt_time(r['wall'] or None)} | {gone} |")
     return "\n".join(lines)
 
 

@@ -7597,6 +7597,8 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     result = json.loads((run.dir(args.out_dir) / "result.json").read_text())
     assert result["status"] == "diverged" and result["step"] == 37
     assert experiments.outcome(run, args, [])["step"] == 37  # kept: a rerun reuses it
+    row = dict(name="lr=1e+01", final=None, diverged=37, tokens_per_s=0, wall=0.0)  # no log line before it stopped
+    assert experiments.table([row]).splitlines()[-1] == "| lr=1e+01 | - | - | - | at step 37 |"  # not 0 and 0m00s
     with pytest.raises(cli.UsageError, match=r"is a run of other flags .*delete it, or pass another --out-dir"):
         experiments.outcome(run, args, ["--seed", "1"])
     (run.dir(args.out_dir) / "metrics.jsonl").write_text('{"step": 0, "val_loss": 7.0}\n')  # no divergence there:
