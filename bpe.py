@@ -645,7 +645,8 @@ def _cmd_encode(args):
     tok = Tokenizer(vocab, merges, [s for s in specials if s not in missing], _in_file=in_file)  # from_files, as read
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written atomically: encode's ids.
-    n = encode_file(tok, args.input, args.out, args.num_workers)
+    with files.new_folders(os.path.dirname(os.path.abspath(args.out))):  # a missing folder made, as train's --out
+        n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
     print(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "

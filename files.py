@@ -217,6 +217,7 @@ def new_folders(path):
     """mkdir -p path; on an error (offline, Ctrl-C) the folders it made that are still empty go again: a failed
     download, or a run stopped before its first checkpoint, leaves nothing behind, while a folder holding a .part
     (what a rerun resumes) or a user's file stays."""
+    path = Path(path)
     made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
     path.mkdir(parents=True, exist_ok=True)
     try:

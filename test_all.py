@@ -3591,6 +3591,15 @@ def test_bpe_input_cut_short_while_read_is_one_sentence(tmp_path, monkeypatch, c
         bpe.main(["encode", str(text), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
     assert stop.value.code == 1 and capsys.readouterr().err == f"bpe.py encode: error: {sentence}\n"
     assert sorted(os.listdir(tmp_path)) == ["merges.txt", "t.txt", "vocab.json"]  # no .npy, no temporary
+    # --out in a folder that does not exist: made, as bpe.py train's --out (it was exit 1, "No such file"); a
+    # failed encode leaves no folder behind
+    with pytest.raises(SystemExit):
+        bpe.main(["encode", str(text), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "new" / "ids.npy")])
+    assert not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    text.write_text("low lower lowest " * 50)
+    bpe.main(["encode", str(text), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "new" / "ids.npy")])
+    assert len(np.load(tmp_path / "new" / "ids.npy")) > 0
 
 
 def _bpe_load_error(vocab_path, merges_lines, tmp_path, specials=None):
