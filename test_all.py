@@ -7371,7 +7371,7 @@ def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_pat
     run = ["--out-dir", str(out), *tiny, "--max-iters", "2", "--num-samples", "1", "--sample-tokens", "5"]
     for argv, needle in (
             (["--data", str(ids), "--tokenizer", str(tok), "--vocab-size", "400"],
-             f"--vocab-size 400 disagrees with the 300 tokens of --tokenizer {tok}; drop --vocab-size"),
+             f"--vocab-size 400 disagrees with the 300 tokens of --tokenizer {tok} (with <|endoftext|>, which"),
             (["--data", str(ids), "--tokenizer", str(tmp_path)], f"--tokenizer {tmp_path} holds no vocab.json and "),
             (["--data", str(ids), "--tokenizer", str(tmp_path / "broken")],
              f"the tokenizer in --tokenizer {tmp_path / 'broken'} (which decodes the samples) does not load: ")):
