@@ -411,6 +411,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
             if tok not in token_id:
                 raise ValueError(f"{where(k)}: token {_show(tok)} is not in {vocab_name}{disagree}")
     specials = {s.encode("utf-8") for s in special_tokens}
+    operands = {t for pair in merges for t in pair}  # a special token never takes part in a merge
     lengths = sorted({len(b) for b in token_id})
 
     def made_of_two(t, i):           # t joins two tokens whose ids are below i
@@ -425,8 +426,8 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
                 raise ValueError(f"{where(k)}: the merge makes {_show(t)} (id {i}) from a "
                                  f"token of higher id{disagree} (merges out of order)")
             k += 1
-        elif t in specials or not made_of_two(t, i):
-            continue                                   # a special token, declared or not
+        elif t in specials or not made_of_two(t, i) or k == 0 and t not in operands:
+            continue                                   # a special token, declared or not (train_bpe's: before merges)
         elif k < len(made):
             raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "
                              f"merged token in {vocab_name} is id {i} {_show(t)}{disagree} (a "

@@ -3651,6 +3651,14 @@ def test_bpe_vocab_and_merges_that_disagree_are_refused(tmp_path):
         f"{m} line 2: the merge makes ")
     with pytest.raises(ValueError, match="merge #0: the merge makes .* vocab and merges disagree"):
         bpe.Tokenizer(vocab, [merges[1], merges[0]] + merges[2:])
+    # special tokens that two earlier tokens spell ("@@", the two bytes of "§") read as merged tokens that no merge
+    # made: bpe.py train's files with them did not load without them declared (train.py declares only <|endoftext|>)
+    specials = [_BPE_EOT, "@@", "§"]
+    vocab, merges = bpe.train_from_counts(Counter({"low": 5, "lower": 2, "newest": 6}), 268, specials)
+    bpe.Tokenizer(vocab, merges, specials).save(v, m)
+    saved = m.read_text(encoding="utf-8").splitlines()
+    assert _bpe_load_error(v, saved, tmp_path) is None and _bpe_load_error(v, saved, tmp_path, [_BPE_EOT]) is None
+    assert "line 2: the merge makes" in _bpe_load_error(v, saved[:1] + saved[2:], tmp_path)  # its first merge lost
     first3 = bpe.Tokenizer(vocab, merges[:3])          # in memory, the first merges may do
     assert first3.decode(first3.encode("lowest")) == "lowest"
     # Ids that cannot be stored (uint32 token files) or negative ones: refused, naming the file.
