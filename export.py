@@ -84,12 +84,14 @@ def llama_config(a, eot_id):
             "torch_dtype": "float32", "bos_token_id": eot_id, "eos_token_id": eot_id}
 
 
-def generation_config(eot_id, tok, vocab_size):
-    """generation_config.json: generate() stops at eot_id and never picks an id that tok cannot decode (a model
+def generation_config(eot_id, tok, vocab_size, context_length):
+    """generation_config.json: generate() stops at eot_id, or where the trained context is full (without a limit, a
+    pipeline() ran past it, with transformers' warning), and never picks an id that tok cannot decode (a model
     trained on ids with a larger vocab_size than its tokenizer's, such as GPT-2's 50257 tokens padded to 50304:
     transformers' decode would drop such an id without a word). transformers reads this file before config.json."""
     gaps = undecodable_ids(tok, vocab_size) if tok is not None else []
-    return {"bos_token_id": eot_id, "eos_token_id": eot_id, **({"suppress_tokens": gaps} if gaps else {})}
+    return {"bos_token_id": eot_id, "eos_token_id": eot_id, "max_length": context_length,
+            **({"suppress_tokens": gaps} if gaps else {})}
 
 
 # ----------------------------------------------------------------------------
@@ -244,7 +246,8 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
             eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])
                       if tokenizer is not None else None)
             write_json(llama_config(a, eot_id), path["config.json"])
-            write_json(generation_config(eot_id, tokenizer, a["vocab_size"]), path["generation_config.json"])
+            write_json(generation_config(eot_id, tokenizer, a["vocab_size"], a["context_length"]),
+                       path["generation_config.json"])
             save_safetensors(llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"]),
                              path["model.safetensors"])
     except BaseException:  # a full disk, Ctrl-C: the earlier export stays whole, a directory made for this one goes

@@ -9540,11 +9540,12 @@ def test_export_generation_config_suppresses_ids_the_tokenizer_cannot_decode(tmp
     tok = bpe.Tokenizer(vocab, [(b"a", b"b")], [_BPE_EOT])
     export.export_hf(tmp_path / "hf", *_export_tiny(304), tok)
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
-    assert gen == {"bos_token_id": 301, "eos_token_id": 301, "suppress_tokens": [*range(256, 300), 302, 303]}
+    assert gen == {"bos_token_id": 301, "eos_token_id": 301, "max_length": 8,  # the context: no pipeline runs past it
+                   "suppress_tokens": [*range(256, 300), 302, 303]}
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])  # every id decodes: none suppressed
     export.export_hf(tmp_path / "hf", *_export_tiny(257), tok, overwrite=True)
-    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == {"bos_token_id": 256,
-                                                                                    "eos_token_id": 256}
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == {
+        "bos_token_id": 256, "eos_token_id": 256, "max_length": 8}
 
 
 @_EXPORT_NEEDS_HF
