@@ -687,8 +687,8 @@ def help_text():
 
     def about(n):  # n runs, one after another on one core
         return f"{n} runs, about {round(n * CPU_RUN_SECONDS / 60)} min"
-    lines = textwrap.wrap(f"Experiments and their variants (the names --variants takes). On a CPU (--data pydoc or a "
-                          f"file) a run is train.py's small model for {cfg['max_iters']} steps of "
+    lines = textwrap.wrap(f"Experiments and their variants (the names --variants takes). On a CPU (--data python, pydoc or "
+                          f"a file) a run is train.py's small model for {cfg['max_iters']} steps of "
                           f"{cfg['batch_size']} x {cfg['context_length']} tokens, about "
                           f"{cli.fmt_time(CPU_RUN_SECONDS)} on one core ({MEASURED_RUN}); the times below are one "
                           "core's, and 2 cores take about half as long:", 100)

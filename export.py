@@ -12,9 +12,9 @@ What it teaches:
   plus a tokenizer_config.json that names the class and the special tokens' ids, and the same
   tokenizer as one tokenizer.json, the `tokenizers` library's format (PreTrainedTokenizerFast's).
 
-Run:  python train.py --export hf/pydoc     # the run in out/pydoc: pass the training run's --out-dir/--run-name
-      python export.py out/pydoc hf/pydoc  # the same, the run named by its directory
-      python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/pydoc')('The')[0])"
+Run:  python train.py --export hf/python    # the run in out/python: pass the training run's --out-dir/--run-name
+      python export.py out/python hf/python  # the same, the run named by its directory
+      python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/python')('The')[0])"
 train.py --export and main() call export_run; tests: python -m pytest -q test_all.py -k export
 """
 import contextlib
@@ -291,7 +291,7 @@ def main(argv=None):
         ap = Parser(prog="export.py", description="Write a training run as a Hugging Face Llama directory (what "
                     "train.py --export DIR does): config.json, model.safetensors and the tokenizer's files.")
         ap.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory, with its ckpt.pt (train.py's "
-                        "--out-dir/--run-name, e.g. out/pydoc)")
+                        "--out-dir/--run-name, e.g. out/python)")
         ap.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (made if missing; its other files "
                         "stay)")
         ap.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT_DIR")

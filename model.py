@@ -9,8 +9,8 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
-The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, Parameter, init
-and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
+The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
+init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
 and one for W1, W3 (their weights concatenated in forward), in float32 without compile RoPE as one complex multiply,
 and on a CPU in float32 SwiGLU's gate and RMSNorm as the engine's one-pass loops (fast_cpu.py): same parameters
 and state-dict keys, and the tests check it computes the same function. Tests: python -m pytest -q test_all.py -k model
