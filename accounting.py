@@ -93,11 +93,11 @@ def mfu(flops, seconds, peak):
 
 def gpu_peak_key(device_name):
     """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200 has the H100 SXM's
-    compute (with more, faster memory); the H100 NVL is another card (two dies, other clocks): no row, no guess."""
+    compute (with more, faster memory); the H100 and H200 NVL are other cards (other clocks): no row, no guess."""
     name = device_name.upper()
     if "H100" in name and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
-    if "H200" in name:
+    if "H200" in name and "NVL" not in name:
         return "H100 SXM"
     return "A100" if "A100" in name else None
 

@@ -1094,10 +1094,14 @@ class GpuReport:
               "with the defaults")
         for lever, extra in LEVERS.items():
             row = f"lever, {name} shape: {lever}"
+            # a compile must fit in what is left (max-autotune's tunes kernels: 3 of the defaults'), or a report
+            # stopped from outside (a rented GPU's time limit) loses its table and the next command its time
+            need = (3 if "--max-autotune" in extra else 1) * defaults.get("first", 0)
             try:
                 cfg = self.benchmark_cfg(name, *extra)
-                rows[row] = (f"skipped: the {self.budget:.0f} s budget was spent" if self.left() <= 0
-                             else self.lever_line(cfg, row, defaults, sync))
+                rows[row] = (f"skipped: {max(self.left(), 0):.0f} s of the {self.budget:.0f} s budget left, less than "
+                             f"its compile's {need:.0f} s" if self.left() <= need
+                             else self.lever_line(cfg, row, defaults, sync, baseline=not extra))
             except UsageError as e:
                 rows[row] = f"skipped: {e}"
             except Exception as e:  # a kernel or compiler this GPU lacks: the next lever still runs
@@ -1106,15 +1110,17 @@ class GpuReport:
             print(f"  {row}: {rows[row]}", flush=True)
         return rows
 
-    def lever_line(self, cfg, row, defaults, sync):
-        """One lever's row, against the defaults' step (kept in `defaults` by the first call, which makes it)."""
+    def lever_line(self, cfg, row, defaults, sync, baseline=False):
+        """One lever's row, against the defaults' step and first-step seconds (kept in `defaults` by the baseline's
+        call: if the defaults failed, no row is compared with another lever in their name)."""
         with torch_settings(cfg):
             t0 = time.perf_counter()
             step = train.random_step(cfg)[0]
             step()  # compiles
             first = time.perf_counter() - t0
             calls = {"defaults": defaults["step"], row: step} if defaults else {row: step}  # the defaults: alone
-            defaults.setdefault("step", step)
+            if baseline:
+                defaults.update(step=step, first=first)
             take_turns(calls, config.UNTIMED_STEPS - 1, sync)
             times = take_turns(calls, self.steps, sync)[0]
             # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
@@ -1135,6 +1141,7 @@ class GpuReport:
         with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
         rows, sync = {}, train.synchronizer(self.device)
         for name in GPU_SHAPES:
+            torch.compiler.reset()  # the second shape compiled afresh, not as dynamic shapes (see run())
             cfgs = {o: self.benchmark_cfg(name, f"--optimizer={o}") for o in ("adamw", "muon")}
             with torch_settings(cfgs["adamw"]):
                 steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
@@ -1242,8 +1249,9 @@ class GpuReport:
                     ("accounting", "accounting.py --verify"): self.verify_accounting,
                     ("tests", "tests touching CUDA"): self.cuda_tests}
         self.rows["levers on by default (train.py's flags)"] = levers_by_default()
-        for (key, title), section in sections.items():
-            if key not in self.sections:  # --sections: a part of the report
+        for (key, title), section in sorted(sections.items(), key=lambda s: list(self.sections).index(s[0][0])
+                                            if s[0][0] in self.sections else len(SECTIONS)):
+            if key not in self.sections:  # --sections: a part of the report, in the order it names them
                 continue
             print(f"\n## {title}", flush=True)
             if self.left() <= 0:
@@ -1292,7 +1300,7 @@ def bench_gpu(argv):
     ap.add_argument("--steps", type=int, help="timed steps per model and shape (default 30; 3 with --cpu)")
     ap.add_argument("--tests", default=CUDA_TESTS, help=f"pytest -k expression of the tests run (default {CUDA_TESTS})")
     ap.add_argument("--sections", type=lambda text: text.split(","), default=list(SECTIONS),
-                    help=f"the sections run, in the report's order (default all: {','.join(SECTIONS)}); e.g. "
+                    help=f"the sections run, in the order given (default all: {','.join(SECTIONS)}); e.g. "
                     "head,levers for the fast path's levers alone")
     args = ap.parse_args(argv)
     if unknown := [x for x in args.sections if x not in SECTIONS]:

@@ -28,10 +28,11 @@ def cross_entropy(logits, targets, fused=False):
     fused=True: the same loss with the hand-written backward below."""
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
+    V = logits.shape[-1]
     if not torch.compiler.is_compiling() and targets.device.type != "meta" and targets.numel():  # eager: a host sync
-        lo, hi = torch.stack([targets.min(), targets.max()]).tolist()  # past the classes: torch's words, or a GPU's assert
-        if lo < 0 or hi >= logits.shape[-1]:
-            raise ValueError(f"target id {lo if lo < 0 else hi} is outside the {logits.shape[-1]} classes of the logits.")
+        lo, hi = torch.stack([targets.min(), targets.max()]).tolist()  # past V: torch's words, or a GPU's assert
+        if lo < 0 or hi >= V:
+            raise ValueError(f"target id {lo if lo < 0 else hi} is outside the {V} classes of the logits.")
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
     logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
@@ -196,7 +197,7 @@ class AdamW(_Optimizer):
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.compiled, self.fused = compiled, fused
-        self._math = torch.compile(_adamw_math) if compiled else _adamw_math
+        self._math = torch.compile(_adamw_math, dynamic=False) if compiled else _adamw_math  # shapes never change
 
     def _update(self, group, params):
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
@@ -289,7 +290,7 @@ class Muon(AdamW):
         _Optimizer.__init__(self, params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                                momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
         self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
-        self._math, self._muon = (torch.compile(f) if compiled else f for f in (_adamw_math, _muon_math))
+        self._math, self._muon = (torch.compile(f, dynamic=False) if compiled else f for f in (_adamw_math, _muon_math))
 
     def add_param_group(self, group):
         params = [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])

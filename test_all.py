@@ -8293,7 +8293,7 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
     assert key("NVIDIA H100 PCIe") == "H100 PCIe"
     assert key("NVIDIA H200") == "H100 SXM"
     assert key("NVIDIA A100-SXM4-80GB") == "A100"
-    assert key("NVIDIA H100 NVL") is None and key("Tesla T4") is None
+    assert key("NVIDIA H100 NVL") is None and key("NVIDIA H200 NVL") is None and key("Tesla T4") is None
     # issue 36 item 5: a CPU has no published peak, so no MFU (a start-up probe read 41%, 67%, 125% on one run);
     # --benchmark's figure on a CPU is against the probe, and says so
     assert accounting.peak_flops("cpu", torch.float32) is None and accounting.peak_flops("meta", torch.float32) is None
@@ -9067,6 +9067,36 @@ def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, mo
     order = [out.index(text) for text in ("building auto", f"  {names[0]}: ", "building flash", f"  {names[1]}: ",
                                           "building math", f"  {names[2]}: ")]
     assert order == sorted(order), out
+
+
+def test_bench_gpu_levers_compare_with_the_defaults_alone_and_start_only_if_their_compile_fits(capsys, monkeypatch):
+    # the lever after a failed defaults row became the baseline unsaid; a lever (max-autotune's minutes of tuning) began
+    # with seconds of the budget left, so that a rented GPU's time limit cut the report before its table
+    build = train.random_step
+
+    def random_step(cfg):
+        if cfg["sdpa_backend"] == "auto":  # the defaults fail
+            raise RuntimeError("no kernel here")
+        return build(cfg)
+    monkeypatch.setattr(train, "random_step", random_step)
+    monkeypatch.setattr(bench, "LEVERS", {"the defaults": [], "math": ["--sdpa-backend=math"],
+                                          "efficient": ["--sdpa-backend=efficient"]})
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
+    rows = report.levers("TinyStories")
+    assert re.fullmatch(_LEVER_ROW, rows["lever, TinyStories shape: math"]), rows  # no "x the defaults' speed"
+    monkeypatch.setattr(train, "random_step", build)
+    calls = []  # the budget's seconds left: plenty for the defaults, then less than any compile
+    monkeypatch.setattr(report, "left", lambda: 1e9 if not calls.append(1) and len(calls) == 1 else 1e-9)
+    rows = report.levers("TinyStories")
+    assert re.fullmatch(r"skipped: 0 s of the 600 s budget left, less than its compile's \d+ s",
+                        rows["lever, TinyStories shape: math"]), rows
+    # and --sections runs its sections in the order it names them (head first, before the optimizers' compiles)
+    ran = []
+    monkeypatch.setattr(report, "head", lambda: ran.append("head") or {})
+    monkeypatch.setattr(report, "optimizers", lambda: ran.append("optimizers") or {})
+    report.sections, report.left = ["head", "optimizers"], lambda: 1e9
+    report.run()
+    assert ran == ["head", "optimizers"]
 
 
 def test_bench_head_step_peaks_say_which_holds_less(capsys):
