@@ -9045,17 +9045,23 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
 
 
-def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, monkeypatch):
-    # a report stopped from outside (a rented GPU's limit, in max-autotune's compile) keeps every row before it; a
-    # lever that fails is its own row, and the next lever is still measured against the defaults
+def _bench_lever_fails(monkeypatch, backend):
+    """train.random_step, saying what it builds, fails for one --sdpa-backend (a kernel the GPU lacks) -> the real one."""
     build = train.random_step
 
     def random_step(cfg):
         print(f"building {cfg['sdpa_backend']}")
-        if cfg["sdpa_backend"] == "flash":
-            raise RuntimeError("no flash kernel here")
+        if cfg["sdpa_backend"] == backend:
+            raise RuntimeError(f"no {backend} kernel here")
         return build(cfg)
     monkeypatch.setattr(train, "random_step", random_step)
+    return build
+
+
+def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, monkeypatch):
+    # a report stopped from outside (a rented GPU's limit, in max-autotune's compile) keeps every row before it; a
+    # lever that fails is its own row, and the next lever is still measured against the defaults
+    _bench_lever_fails(monkeypatch, "flash")
     monkeypatch.setattr(bench, "LEVERS", {"the defaults": [], "flash": ["--sdpa-backend=flash"],
                                           "math": ["--sdpa-backend=math"]})
     report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
@@ -9072,13 +9078,7 @@ def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, mo
 def test_bench_gpu_levers_compare_with_the_defaults_alone_and_start_only_if_their_compile_fits(capsys, monkeypatch):
     # the lever after a failed defaults row became the baseline unsaid; a lever (max-autotune's minutes of tuning) began
     # with seconds of the budget left, so that a rented GPU's time limit cut the report before its table
-    build = train.random_step
-
-    def random_step(cfg):
-        if cfg["sdpa_backend"] == "auto":  # the defaults fail
-            raise RuntimeError("no kernel here")
-        return build(cfg)
-    monkeypatch.setattr(train, "random_step", random_step)
+    build = _bench_lever_fails(monkeypatch, "auto")  # the defaults fail
     monkeypatch.setattr(bench, "LEVERS", {"the defaults": [], "math": ["--sdpa-backend=math"],
                                           "efficient": ["--sdpa-backend=efficient"]})
     report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
