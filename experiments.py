@@ -718,8 +718,11 @@ def parse(argv):
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     args, rest = p.parse_known_args(argv)
+    own = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
-        flag = a if a in TRAIN_FLAGS else next((f for f in NOT_PASSED if f.startswith(a)), None)  # --out-d: --out-dir
+        if mine := next((o for o in own if o.startswith(a)), None):  # --dat went to train.py as --data: other data
+            raise cli.UsageError(f"{a}: experiments.py's own {mine}, spelled in full (it takes no abbreviation).")
+        flag = a if a in TRAIN_FLAGS else next((f for f in NOT_PASSED if f.startswith(a)), None)  # --run-n: --run-name
         if flag in NOT_PASSED:
             raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
     if args.jobs < 1:

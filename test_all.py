@@ -7891,9 +7891,10 @@ def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(
 # --- CLI fuzz: experiments.py flags refused late (after the data's preparation) or blamed on the data cache ---
 def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_path, capsys):
     # train.py takes abbreviations, so --out-d went to every run as --out-dir and overrode experiments.py's own
-    # (its runs landed in ./out); --init-from and --sample were refused naming a --benchmark the user never passed;
+    # (its runs landed in ./out), --dat their data; --init-from and --sample were refused naming a --benchmark;
     # an empty --out-dir wrote into the current folder (train.py's --out-dir and --data-dir too)
-    for flags, said in ((["--out-d", "x"], "--out-d: experiments.py names, resumes and reuses its runs itself"),
+    for flags, said in ((["--out-d", "x"], "--out-d: experiments.py's own --out-dir, spelled in full"),
+                        (["--dat", "x.txt"], "--dat: experiments.py's own --data, spelled in full"),
                         (["--run-n=x"], "--run-n: experiments.py names"), (["--overw"], "--overw: experiments.py"),
                         (["--init-from", "x"], "--init-from: experiments.py's runs start from scratch; drop it."),
                         (["--sample"], "--sample: experiments.py samples its runs; drop it."),
