@@ -451,7 +451,7 @@ def profile_launches(fn, x):
     """Counter of what one call of fn(x) runs: CUDA kernels on GPU, top-level ops on CPU."""
     from torch.profiler import profile
     fn(x)  # warm: compilation and lazy initialisation are not part of a call
-    with _quiet_stderr(), profile() as prof:  # the CPU and any GPU; leaving the block waits for the GPU
+    with _quiet_stderr(), profile(acc_events=True) as prof:  # the CPU and any GPU; leaving it waits for the GPU
         fn(x)
     if x.is_cuda:
         return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

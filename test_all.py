@@ -613,7 +613,8 @@ def _fused_head_step_memory(fused, monkeypatch):
         raw, model, opt = train.build(cfg)
         x, y = (torch.randint(4096, (4, 128)) for _ in range(2))
         train.train_step(model, opt, [(x, y)], 1e-3, cfg)  # .grad exists from here on: the peak is the step's own
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    acc_events=True) as prof:
             train.train_step(model, opt, [(x, y)], 1e-3, cfg)
     sizes = [e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     return bench.peak_bytes(lambda: train.train_step(model, opt, [(x, y)], 1e-3, cfg), "cpu"), max(sizes)
@@ -1288,7 +1289,7 @@ def test_model_compiled_adamw_fuses_the_update():
         ps, opt, _ = _model_compiled_adamw_run(compiled, steps=2)
         for p in ps:
             p.grad = torch.ones_like(p)
-        with torch.profiler.profile() as prof:
+        with torch.profiler.profile(acc_events=True) as prof:
             opt.step()
         names = {e.name for e in prof.events()}
         assert any(n.startswith("aten::_foreach") for n in names) != compiled, names
@@ -1324,7 +1325,7 @@ def test_model_fused_adamw_is_one_pass_equal_to_plain():
     assert not any(torch.equal(a, b) for a, b in zip(fused, plain))  # the one-pass loop ran, not the plain ops
     for p in fused:
         p.grad = torch.ones_like(p)
-    with torch.profiler.profile() as prof:
+    with torch.profiler.profile(acc_events=True) as prof:
         f_opt.step()
     assert not any(e.name.startswith("aten::_foreach") for e in prof.events())
 
@@ -5292,7 +5293,7 @@ def test_train_cpu_step_updates_in_one_pass_unless_no_fast():
                                     *([] if fast else ["--no-fast"])])
         step = train.random_step(cfg)[0]
         step()
-        with torch.profiler.profile() as prof:
+        with torch.profiler.profile(acc_events=True) as prof:
             step()
         assert any(e.name == "aten::_foreach_lerp_" for e in prof.events()) != fast
 
