@@ -86,6 +86,10 @@ def _number(x):  # an int or a float (numpy's too), not a bool, a str, None or a
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def _param_list(params):  # a group's params as a list (one tensor, a generator); a set stays, for torch's own refusal
+    return [params] if torch.is_tensor(params) else params if isinstance(params, set) else list(params)
+
+
 class _Optimizer(torch.optim.Optimizer):
     """What they share: each param group's hyperparameters are checked, and step() runs the closure, then hands
     each group's parameters that have a gradient to the optimizer's own _update."""
@@ -106,8 +110,7 @@ class _Optimizer(torch.optim.Optimizer):
                and not rules[k][1](v)]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
-        if not isinstance(group["params"], set):  # a set: torch's own TypeError (its order changes between runs)
-            group = {**group, "params": [group["params"]] if torch.is_tensor(group["params"]) else list(group["params"])}
+        group = {**group, "params": _param_list(group["params"])}  # a set: torch's TypeError (its order changes)
         dtypes = sorted({str(p.dtype) for p in group["params"] if torch.is_tensor(p) and p.is_complex()})
         if dtypes and self.squares:
             raise ValueError(f"{type(self).__name__} squares each gradient where a complex one needs |g|^2: it "
@@ -294,8 +297,7 @@ class Muon(AdamW):
         self._math, self._muon = (torch.compile(f, dynamic=False) if compiled else f for f in (_adamw_math, _muon_math))
 
     def add_param_group(self, group):
-        params = group["params"]  # a set goes on to torch's refusal, as in _Optimizer
-        params = [params] if torch.is_tensor(params) else params if isinstance(params, set) else list(params)
+        params = _param_list(group["params"])
         flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
         if group.get("muon", self.defaults["muon"]) is True and flat:
             raise ValueError(f"Muon orthogonalizes 2-D matrices, and its muon=True group holds shapes {flat[:3]}.")
