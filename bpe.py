@@ -579,8 +579,7 @@ class Tokenizer:
     @bpe_fast.names_lone_surrogates           # ValueError naming text[i], on either path
     def encode(self, text):
         """Ids of text."""
-        if error := bpe_fast.not_text("Tokenizer.encode takes str", text):
-            raise error
+        bpe_fast.check_text("Tokenizer.encode takes str", text)
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own
             # scanner, the merges in a hash table and a cache of pre-tokens in arrays; it gives

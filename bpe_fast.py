@@ -178,12 +178,12 @@ def _stream_cut_re(special_tokens):
     return re.compile("|".join([f"(?={re.escape(s)})" for s in special_tokens] + [_STREAM_CUT.pattern]))
 
 
-def not_text(what, text):
-    """The TypeError for what Tokenizer.encode (or encode_iterable, in an item) got in place of a str, or None: the
-    plain and the compiled path would each fail in their own words, if at all (bytes, None, an int)."""
+def check_text(what, text):
+    """TypeError unless Tokenizer.encode (or encode_iterable, in an item) got a str: the plain and the compiled path
+    would each fail in their own words, if at all (bytes, None, an int)."""
     if not isinstance(text, str):
         hint = ": decode it first" if isinstance(text, (bytes, bytearray)) else ""
-        return TypeError(f"{what}, got {type(text).__name__}{hint}.")
+        raise TypeError(f"{what}, got {type(text).__name__}{hint}.")
 
 
 def stream_pieces(iterable, special_tokens, piece_chars):
@@ -193,8 +193,7 @@ def stream_pieces(iterable, special_tokens, piece_chars):
     cut_re, margin = _stream_cut_re(tuple(special_tokens)), max((len(s) for s in special_tokens), default=1)
     buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
     for text in iterable:
-        if error := not_text("Tokenizer.encode_iterable takes an iterable of str", text):   # a file opened "rb": bytes
-            raise error
+        check_text("Tokenizer.encode_iterable takes an iterable of str", text)   # a file opened "rb": bytes
         new.append(text)
         n_new += len(text)
         if n_new < max(piece_chars - len(buf), len(buf)):
