@@ -1249,10 +1249,8 @@ class GpuReport:
                     ("accounting", "accounting.py --verify"): self.verify_accounting,
                     ("tests", "tests touching CUDA"): self.cuda_tests}
         self.rows["levers on by default (train.py's flags)"] = levers_by_default()
-        for (key, title), section in sorted(sections.items(), key=lambda s: list(self.sections).index(s[0][0])
-                                            if s[0][0] in self.sections else len(SECTIONS)):
-            if key not in self.sections:  # --sections: a part of the report, in the order it names them
-                continue
+        chosen = [((key, title), s) for (key, title), s in sections.items() if key in self.sections]  # --sections
+        for (key, title), section in sorted(chosen, key=lambda c: list(self.sections).index(c[0][0])):  # its order
             print(f"\n## {title}", flush=True)
             if self.left() <= 0:
                 self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
