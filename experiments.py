@@ -667,7 +667,6 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark"),
                              "experiments.py names, resumes and reuses its runs itself"),
               "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
-TRAIN_FLAGS = ["--" + key.replace("_", "-") for key in config.FLAG_ROWS]  # train.py takes them abbreviated too
 
 
 # One whole run of the CPU scale (train.py's small model, 400 steps of 32 x 128 tokens, its evaluations too) on one
@@ -722,8 +721,8 @@ def parse(argv):
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
         if mine := next((o for o in own if o.startswith(a)), None):  # --dat went to train.py as --data: other data
             raise cli.UsageError(f"{a}: experiments.py's own {mine}, spelled in full (it takes no abbreviation).")
-        flag = a if a in TRAIN_FLAGS else next((f for f in NOT_PASSED if f.startswith(a)), None)  # --run-n: --run-name
-        if flag in NOT_PASSED:
+        flag = next((f for f in NOT_PASSED if f.startswith(a)), None)  # train.py takes --run-n for --run-name
+        if flag:
             raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
     if args.jobs < 1:
         raise cli.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
