@@ -246,8 +246,9 @@ def too_big(c):  # the run would not fit in memory: a sentence with the estimate
     need, (have, what) = training_bytes(c), memory_bytes(c["device"], c["world_size"])
     if need <= have:
         return ""
-    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, {c['optimizer']} "
-            f"state, one micro-batch's logits and activations), more than {what} ({have / 2**30:,.1f} GiB); lower "
+    return (f"this model and batch need at least {need / 2**30:,.1f} GiB to train (weights, gradients, "
+            f"{c['optimizer']} state, one micro-batch's logits and activations), more than {what} "
+            f"({have / 2**30:,.1f} GiB); lower "
             "--batch-size (or raise --grad-accum), --vocab-size, --d-model, --d-ff, --num-layers or --context-length.")
 
 

@@ -58,7 +58,6 @@ def _scale_(out: torch.Tensor, factor: torch.Tensor) -> None:
     out.mul_(factor)
 
 
-
 def _compute_dtype(h):
     """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
     device = h.device.type
