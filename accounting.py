@@ -6,8 +6,8 @@ against the real model in model.py.
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-11 state their formulas
-and print their answers (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 12,
+Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-12 state their formulas
+and print their answers (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13,
 run by --verify, proves every formula against model.TransformerLM.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
@@ -26,8 +26,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import bpe
-import model
 import cli
+import model
+import optim
 
 GB, MiB, GiB, DAY = 1e9, 2**20, 2**30, 86_400  # bytes, bytes, bytes, seconds
 FP32_BYTES, BF16_BYTES = torch.float32.itemsize, torch.bfloat16.itemsize  # 4 and 2 bytes per value
@@ -473,14 +474,6 @@ def section_adamw():
        f"days = {steps} x {step:.4e} / ({a100:.4g} x {m} x 86400) = {days:,.0f} days ({days / 365.25:.1f} years)")
 
 
-def muon_flops(d_model, num_layers, d_ff, silu_ffn=False, steps=5, **_):
-    """Matmul FLOPs of Muon's Newton-Schulz (optim.newton_schulz) per step, on TransformerLM's q, k, v, output (d, d)
-    and w1, w2 (and w3) (d, d_ff). Each step on an (m, n) matrix, m <= n: X X^T 2 m^2 n, A A 2 m^3, (b A + c A A) X
-    2 m^2 n (its O(m n) elementwise terms left out, as everywhere here); m = n = d gives 6 d^3."""
-    m, n = sorted((d_model, d_ff))
-    return steps * num_layers * (4 * 6 * d_model ** 3 + (2 if silu_ffn else 3) * (4 * m * m * n + 2 * m ** 3))
-
-
 def optimizer_state_bytes(optimizer, counts):
     """Bytes of optim.py's fp32 state for lm_param_counts' counts: none for SGD, one buffer per parameter for
     momentum, AdaGrad and RMSProp, two (m, v) for Adam and AdamW; Muon one on the hidden matrices (attention, FFN)
@@ -490,20 +483,8 @@ def optimizer_state_bytes(optimizer, counts):
     return FP32_BYTES * buffers[optimizer]
 
 
-def section_muon():  # beyond the handout: optim.Muon
-    _q("Muon instead of AdamW: optimizer state, and Newton-Schulz's FLOPs per step (32,768 tokens a step)?",
-       "state: one fp32 buffer (4 B) per hidden-matrix parameter (attention, FFN), AdamW's two (8 B) for the rest")
-    for name, cfg in (("TinyStories", TINYSTORIES), ("GPT-2 small", gpt2_config("small"))):
-        c, ns, seqs = lm_param_counts(**cfg), muon_flops(**cfg), 32_768 // cfg["context_length"]
-        muon, adamw = optimizer_state_bytes("muon", c), optimizer_state_bytes("adamw", c)
-        step = training_step_flops(seqs * lm_forward_flops(**cfg))
-        _a(f"{name} ({_shape(cfg)}): {_gb(muon)} against AdamW's {_gb(adamw)}; {ns:.3e} FLOPs, "
-           f"{ns / step:.1%} of a training step (a cost per step, not per token)")
-
-
 # ---------------------------------------------------------------------------------------------
-# 9. Assignment 1, the TinyStories model (the one home of its shape: train.py and bench.py
-#    import it) and its token budget
+# 9. Assignment 1, the TinyStories model and its token budget (their one home: config.py and bench.py import them)
 
 TINYSTORIES = dict(vocab_size=10_000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1_344)
 TINYSTORIES_TOKENS = 327_680_000  # batch size x steps x context length (handout, 1 H100)
@@ -534,7 +515,29 @@ def section_tinystories():
 
 
 # ---------------------------------------------------------------------------------------------
-# 10. Assignment 1, token ids as uint16 and tokenizer throughput
+# 10. Beyond the handout: Muon's state and Newton-Schulz's FLOPs (optim.Muon)
+
+def muon_flops(d_model, num_layers, d_ff, silu_ffn=False, steps=optim.NS_STEPS, **_):
+    """Matmul FLOPs of Muon's Newton-Schulz (optim.newton_schulz) per step, on TransformerLM's q, k, v, output (d, d)
+    and w1, w2 (and w3) (d, d_ff). Each step on an (m, n) matrix, m <= n: X X^T 2 m^2 n, A A 2 m^3, (b A + c A A) X
+    2 m^2 n (its O(m n) elementwise terms left out, as everywhere here); m = n = d gives 6 d^3."""
+    m, n = sorted((d_model, d_ff))
+    return steps * num_layers * (4 * 6 * d_model ** 3 + (2 if silu_ffn else 3) * (4 * m * m * n + 2 * m ** 3))
+
+
+def section_muon():
+    _q("Muon instead of AdamW: optimizer state, and Newton-Schulz's FLOPs per step (32,768 tokens a step)?",
+       "state: one fp32 buffer (4 B) per hidden-matrix parameter (attention, FFN), AdamW's two (8 B) for the rest")
+    for name, cfg in (("TinyStories", TINYSTORIES), ("GPT-2 small", gpt2_config("small"))):
+        c, ns, seqs = lm_param_counts(**cfg), muon_flops(**cfg), 32_768 // cfg["context_length"]
+        muon, adamw = optimizer_state_bytes("muon", c), optimizer_state_bytes("adamw", c)
+        step = training_step_flops(seqs * lm_forward_flops(**cfg))
+        _a(f"{name} ({_shape(cfg)}): {_gb(muon)} against AdamW's {_gb(adamw)}; {ns:.3e} FLOPs, "
+           f"{ns / step:.1%} of a training step (a cost per step, not per token)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Assignment 1, token ids as uint16 and tokenizer throughput
 
 PILE_BYTES = 825 * GiB  # the handout's "825GB": the Pile's paper gives "an 825 GiB English text corpus"
 
@@ -579,7 +582,7 @@ def section_tokenizer():
 
 
 # ---------------------------------------------------------------------------------------------
-# 11. Where the course notes are wrong: the notes (../shared/reference/seeds, files 000-004)
+# 12. Where the course notes are wrong: the notes (../shared/reference/seeds, files 000-004)
 #     and the lecture, each published figure against the formulas above, with its cause
 
 def notes_corrections():
@@ -629,7 +632,7 @@ def section_corrections():
 
 
 # ---------------------------------------------------------------------------------------------
-# 12. Proof: every formula above against the real model.TransformerLM
+# 13. Proof: every formula above against the real model.TransformerLM
 
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
 # QK^T and AV run inside the attention module itself: its count minus its projections. fast=True
@@ -771,7 +774,7 @@ def run_verify():  # returns the number of mismatches
 
 
 # ---------------------------------------------------------------------------------------------
-# 13. Command line
+# 14. Command line
 
 # every section_* function above, by its name without the prefix, in reading order
 SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().items()) if name.startswith("section_")}

@@ -274,6 +274,13 @@ _INTERPRET_MAX_MERGES = 1_000
 _INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
 
 
+def _read_text(path, what):
+    """The file as str; a missing file or a decoding error (its byte offset) is named."""
+    bpe_fast.check_readable(path, what)
+    with open(path, "rb") as f:
+        return bpe_fast.check_utf8(f.read(), path, 0)
+
+
 @bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens (from 1 MiB in num_workers
@@ -333,7 +340,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
 
 
 # -----------------------------------------------------------------------------
-# 5. The GPT-2 file format
+# 5. The GPT-2 file format, and the checks of a Tokenizer's inputs
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
@@ -344,13 +351,6 @@ _PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), 
 _BYTE_TO_CHAR = {b: chr(b) for b in _PRINTABLE} | {
     b: chr(256 + k) for k, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
-
-
-def _read_text(path, what):
-    """The file as str; a missing file or a decoding error (its byte offset) is named."""
-    bpe_fast.check_readable(path, what)
-    with open(path, "rb") as f:
-        return bpe_fast.check_utf8(f.read(), path, 0)
 
 
 def _token_to_str(tok):
@@ -365,19 +365,6 @@ def _str_to_token(s, where):
 
 
 _BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab.json or merges.txt: not a token
-
-
-def _load_vocab_file(path):
-    """A GPT-2 vocab.json as {id: bytes}; a token written twice is refused (json would keep one of its ids)."""
-    raw = files.load_json(_read_text(path, "vocab file").removeprefix(_BOM), path, key="token")
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
-    vocab = {}
-    for n, (s, i) in enumerate(raw.items()):
-        vocab[_check_id(i, lambda: f"{path}: token {_show(s)}")] = _str_to_token(s, path)
-        if len(vocab) != n + 1:
-            raise ValueError(f"{path}: id {i} is used by two tokens")
-    return vocab
 
 
 def _check_id(i, where):
@@ -396,6 +383,19 @@ def _short(text, count=True):
 def _show(tok):
     """A token (bytes, or str as the files write it) for a message."""
     return _short(repr(_token_to_str(tok) if isinstance(tok, bytes) else tok))
+
+
+def _load_vocab_file(path):
+    """A GPT-2 vocab.json as {id: bytes}; a token written twice is refused (json would keep one of its ids)."""
+    raw = files.load_json(_read_text(path, "vocab file").removeprefix(_BOM), path, key="token")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
+    vocab = {}
+    for n, (s, i) in enumerate(raw.items()):
+        vocab[_check_id(i, lambda: f"{path}: token {_show(s)}")] = _str_to_token(s, path)
+        if len(vocab) != n + 1:
+            raise ValueError(f"{path}: id {i} is used by two tokens")
+    return vocab
 
 
 def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
@@ -583,7 +583,8 @@ class Tokenizer:
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own
             # scanner, the merges in a hash table and a cache of pre-tokens in arrays; it gives
-            # the same ids. It takes over once loaded, or when the text pays for loading it.
+            # the same ids. It takes over once loaded, or from 1M characters on this Tokenizer
+            # (bpe_fast.COMPILED_MIN_CHARS: then loading it pays), unless NUMBA_DISABLE_JIT=1.
             return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
         return self._encode_plain(text)

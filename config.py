@@ -36,8 +36,8 @@ PRESETS = {
     "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
                   batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, min_lr=5e-4, warmup_iters=50,
                   eval_interval=100, eval_iters=10),
-    "tinystories": dict(accounting.TINYSTORIES, batch_size=128, max_iters=None, total_tokens=327_680_000,
-                        lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
+    "tinystories": dict(accounting.TINYSTORIES, total_tokens=accounting.TINYSTORIES_TOKENS, batch_size=128,
+                        max_iters=None, lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path

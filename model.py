@@ -11,7 +11,7 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
 init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
-and one for W1, W3 (their weights concatenated in forward), in float32 without compile RoPE as one complex multiply,
+and one for W1, W3 (their weights concatenated in forward), in float32/64 without compile RoPE as one complex multiply,
 and on a CPU in float32 SwiGLU's gate and RMSNorm as the engine's one-pass loops (fast_cpu.py): same parameters
 and state-dict keys, and the tests check it computes the same function. Tests: python -m pytest -q test_all.py -k model
 """
@@ -27,6 +27,14 @@ import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fast=True)
 
 # ----------------------------------------------------------------------------
 # 1. Parameters: Linear and Embedding
+
+def _check_count(name, n, least=1, below=None):
+    """The boundary check of a size, count or id (constructor and generate): a whole number >= least (and < below)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}.")
+    if below is not None and n >= below:
+        raise ValueError(f"{name} {n} is outside [{least}, {below}).")
+
 
 def _trunc_normal(shape, std, device, dtype):
     # handout 3.4.1: N(0, std^2) truncated at +-3 std
@@ -249,14 +257,6 @@ class MultiHeadSelfAttention(nn.Module):
 
 # ----------------------------------------------------------------------------
 # 6. Transformer block and language model
-
-def _check_count(name, n, least=1, below=None):
-    """The boundary check of a size, count or id (constructor and generate): a whole number >= least (and < below)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
-        raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}.")
-    if below is not None and n >= below:
-        raise ValueError(f"{name} {n} is outside [{least}, {below}).")
-
 
 def _as_token_ids(ids):
     """The boundary check of token ids (forward and generate's prompts): integers only; a bool or uint8

@@ -183,6 +183,27 @@ class RMSProp(_Optimizer):
             p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
 
 
+def _on_device(like, *numbers):
+    """Numbers as 0-dim tensors on like's device, for compiled code: a new lr or t is then new data for the same
+    graph, not a recompile. One copy, which the host does not wait for; the precision eager ops use for numbers."""
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    return list(torch.tensor(numbers, dtype=dtype).to(like.device, non_blocking=True).unbind())
+
+
+def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
+    """Algorithm 1's arithmetic for all of a group's tensors at once: step_sizes[i] = -a_t of params[i],
+    decay = 1 - lr * weight_decay (numbers; 0-dim tensors when compiled). Each _foreach op does one line of the
+    per-parameter loop for every tensor."""
+    torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
+    torch._foreach_mul_(vs, b2)
+    torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
+    torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
+    torch._foreach_mul_(params, [decay] * len(params))  # a list: torch 2.5 compiles a single tensor factor apart
+
+
 class AdamW(_Optimizer):
     """Adam = RMSProp's average of g^2 + momentum's average of g, both bias-corrected (Kingma & Ba 2015); AdamW
     decouples the decay: the handout's Algorithm 1 (Loshchilov & Hutter), t counted from 1 per parameter:
@@ -224,35 +245,16 @@ def Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kwargs):  # AdamW with
     return AdamW(params, lr, betas, eps, weight_decay=0.0, **kwargs)
 
 
-def _on_device(like, *numbers):
-    """Numbers as 0-dim tensors on like's device, for compiled code: a new lr or t is then new data for the same
-    graph, not a recompile. One copy, which the host does not wait for; the precision eager ops use for numbers."""
-    dtype = torch.promote_types(like.dtype, torch.float32)
-    return list(torch.tensor(numbers, dtype=dtype).to(like.device, non_blocking=True).unbind())
-
-
-def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
-    """Algorithm 1's arithmetic for all of a group's tensors at once: step_sizes[i] = -a_t of params[i],
-    decay = 1 - lr * weight_decay (numbers; 0-dim tensors when compiled). Each _foreach op does one line of the
-    per-parameter loop for every tensor."""
-    torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
-    torch._foreach_mul_(vs, b2)
-    torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
-    denom = torch._foreach_sqrt(vs)
-    torch._foreach_add_(denom, eps)
-    torch._foreach_div_(denom, step_sizes)  # (sqrt(v) + eps) / -a_t: foreach addcdiv takes no tensors as a_t
-    torch._foreach_addcdiv_(params, ms, denom)  # theta - a_t m / (sqrt(v) + eps); lr = 0: m / inf = 0, no step
-    torch._foreach_mul_(params, [decay] * len(params))  # a list: torch 2.5 compiles a single tensor factor apart
-
-
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan (2024): a, b, c of newton_schulz's quintic
+NS_STEPS = 5  # Jordan's: newton_schulz's steps in Muon, as accounting.muon_flops counts them
 
 
-def newton_schulz(G, steps=5, dtype=torch.float32):
+def newton_schulz(G, steps=NS_STEPS, dtype=torch.float32):
     """About U V^T of G = U S V^T, its nearest semi-orthogonal matrix: the singular vectors kept, each singular
     value moved near 1. Divided by its Frobenius norm, G's singular values s lie in (0, 1]; each step
     X <- a X + b (X X^T) X + c (X X^T)^2 X maps s to a s + b s^3 + c s^5. These coefficients trade accuracy for
-    speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1. X X^T: (m, m), m <= n.
+    speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1 (an s near 0 stays
+    below). X X^T: (m, m), m <= n.
     G may be a stack (k, m, n) of matrices of one shape: each is orthogonalized on its own, in batched matmuls."""
     tall = G.shape[-2] > G.shape[-1]
     X = (G.mT if tall else G).to(dtype)  # (..., m, n), m <= n
@@ -265,6 +267,20 @@ def newton_schulz(G, steps=5, dtype=torch.float32):
 
 
 NOT_HIDDEN = ("embed", "lm_head", "wte", "wpe")  # named so, a matrix takes AdamW in Muon: embeddings and output heads
+
+
+def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
+    """Muon's update of each hidden matrix; lr and decay = 1 - lr * weight_decay are numbers, or 0-dim tensors
+    when compiled (no host sync: nothing is read back). The matrices of one shape (a model's q, k, v and output
+    projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each."""
+    shapes = {}
+    for i, (p, g, B) in enumerate(zip(params, grads, bufs)):
+        B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
+        shapes.setdefault(p.shape, []).append(i)
+    for shape, idx in shapes.items():
+        U = torch.stack([grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx])  # (k, m, n)
+        for i, O in zip(idx, newton_schulz(U, steps, dtype).unbind()):
+            params[i].sub_(O.to(params[i].dtype) * (lr * 0.2 * max(shape) ** 0.5)).mul_(decay)
 
 
 class Muon(AdamW):
@@ -281,7 +297,7 @@ class Muon(AdamW):
     one whose name holds none of NOT_HIDDEN takes Muon; or pass groups with muon=True/False. Newton-Schulz runs in
     bf16 on a GPU (tensor cores; near orthogonal is enough), else in float32 (float64 weights: float64), or ns_dtype."""
 
-    def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=5, betas=(0.9, 0.95), eps=1e-8,
+    def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=NS_STEPS, betas=(0.9, 0.95), eps=1e-8,
                  weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
         params = list(params)
         if muon is None and params and all(type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
@@ -316,20 +332,6 @@ class Muon(AdamW):
             lr, decay = _on_device(params[0], lr, decay)
         self._muon(params, [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params], lr, decay,
                    group["momentum"], group["nesterov"], group["ns_steps"], dtype)
-
-
-def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
-    """Muon's update of each hidden matrix; lr and decay = 1 - lr * weight_decay are numbers, or 0-dim tensors
-    when compiled (no host sync: nothing is read back). The matrices of one shape (a model's q, k, v and output
-    projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each."""
-    shapes = {}
-    for i, (p, g, B) in enumerate(zip(params, grads, bufs)):
-        B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
-        shapes.setdefault(p.shape, []).append(i)
-    for shape, idx in shapes.items():
-        U = torch.stack([grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx])  # (k, m, n)
-        for i, O in zip(idx, newton_schulz(U, steps, dtype).unbind()):
-            params[i].sub_(O.to(params[i].dtype) * (lr * 0.2 * max(shape) ** 0.5)).mul_(decay)
 
 
 # ----------------------------------------------------------------------------

@@ -9,6 +9,9 @@ refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; th
     python train.py --data my.txt            # any text file, or my.npy for pre-tokenized ids
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
+
+Sections, in reading order: 1. batches (random windows of the token file), 2. checkpoints, 3. the model, the
+training step and its speed (--benchmark), 4. the training loop, 5. main(): processes, data, the run directory.
 """
 import contextlib
 import json
@@ -41,7 +44,7 @@ from optim import SGD, Adam, AdamW, Muon, RMSProp, clip_grad_norm, cosine_lr, cr
 
 
 # ----------------------------------------------------------------------------
-# 2. Batches: random windows of the token file
+# 1. Batches: random windows of the token file
 
 def windows(data, starts, context_length, device):
     """x[b] = data[s:s+T] and its next tokens y[b] = data[s+1:s+T+1] for each start s, int64
@@ -81,7 +84,7 @@ def micro_batches(data, cfg, generator):
 
 
 # ----------------------------------------------------------------------------
-# 3. Checkpoints
+# 2. Checkpoints
 
 def _unwrap(model):  # the LM inside DDP (.module), torch.compile (._orig_mod) and LMLoss (.lm): keys without prefixes
     inner = next((m for n, m in model.named_children() if n in ("module", "_orig_mod", "lm")), None)
@@ -122,7 +125,7 @@ def load_run(path, device="cpu"):
 
 
 # ----------------------------------------------------------------------------
-# 4. The model, the training step, and its speed (--benchmark)
+# 3. The model, the training step, and its speed (--benchmark)
 
 def autocast(cfg):
     """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay float32 (the "master
@@ -288,7 +291,7 @@ def benchmark(cfg):
 
 
 # ----------------------------------------------------------------------------
-# 5. The training loop
+# 4. The training loop
 
 @torch.no_grad()
 def evaluate(model, data, cfg):
@@ -483,7 +486,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 
 
 # ----------------------------------------------------------------------------
-# 6. main(): processes, data, the run directory
+# 5. main(): processes, data, the run directory
 
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
