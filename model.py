@@ -335,13 +335,17 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        # Reading the ids (and a caller's RoPE positions) back is a host sync (and a graph break: torch.compile splits
+        # Reading the ids (and a caller's RoPE positions and mask) back is a host sync (and a graph break: torch.compile splits
         # the model there); meta tensors (shape-only models, as accounting.py builds) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
             ends = [token_ids.min(), token_ids.max()]
             if token_positions is not None and self.rope is not None and token_positions.numel():
                 ends += token_positions.to(token_ids.device).aminmax()
-            lo, hi, *pos = torch.stack(ends).tolist()
+            if attn_mask is not None:  # a row with no key: NaN in the definition, zeros in fast=True's torch SDPA
+                ends.append(attn_mask.to(token_ids.device).any(-1).all())
+            lo, hi, *pos = torch.stack([e.long() for e in ends]).tolist()
+            if attn_mask is not None and not pos.pop():
+                raise ValueError("attn_mask has a query row that may attend to no key; leave each row one (itself).")
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"Token id {lo if lo < 0 else hi} is outside the vocabulary [0, {self.vocab_size}).")
             if pos and (pos[0] < 0 or pos[1] >= self.context_length):  # a negative one wrapped around RoPE's table

@@ -2107,6 +2107,20 @@ def test_model_refuses_a_position_outside_the_context_a_bad_theta_and_no_heads()
     torch.testing.assert_close(m(ids, torch.arange(5)), m(ids))
 
 
+def test_model_refuses_a_mask_row_with_no_key_where_fast_and_plain_would_differ():
+    # the definition's softmax over no key is 0/0 = NaN; fast=True's torch SDPA gives zeros: a caller's mask with an
+    # empty row made the two paths compute different functions, silently
+    plain = _model_small()
+    fast = _model_small(fast=True)
+    fast.load_state_dict(plain.state_dict())
+    ids, mask = torch.randint(0, 61, (2, 5)), torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(fast(ids, attn_mask=mask), plain(ids, attn_mask=mask))
+    mask[1, :, 3, :] = False
+    for m in (plain, fast):
+        with pytest.raises(ValueError, match=r"^attn_mask has a query row that may attend to no key; leave each row "):
+            m(ids, attn_mask=mask)
+
+
 def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
     # [None], [[1, 2], 3], [2**70] or a 0-d tensor ended in torch's words ("Could not infer dtype of NoneType",
     # "'int' object is not iterable", "Overflow when unpacking long", "iteration over a 0-d tensor")
