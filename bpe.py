@@ -426,7 +426,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
                 raise ValueError(f"{where(k)}: the merge makes {_show(t)} (id {i}) from a "
                                  f"token of higher id{disagree} (merges out of order)")
             k += 1
-        elif t in specials or not made_of_two(t, i) or k == 0 and t not in operands:
+        elif t in specials or not made_of_two(t, i) or k == 0 and made and t not in operands:
             continue                                   # a special token, declared or not (train_bpe's: before merges)
         elif k < len(made):
             raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "

@@ -3676,6 +3676,7 @@ def test_bpe_vocab_and_merges_that_disagree_are_refused(tmp_path):
     saved = m.read_text(encoding="utf-8").splitlines()
     assert _bpe_load_error(v, saved, tmp_path) is None and _bpe_load_error(v, saved, tmp_path, [_BPE_EOT]) is None
     assert "line 2: the merge makes" in _bpe_load_error(v, saved[:1] + saved[2:], tmp_path)  # its first merge lost
+    assert _bpe_load_error(v, [], tmp_path).startswith(f"{m} ends after 0 merges")  # an empty merges.txt loaded
     first3 = bpe.Tokenizer(vocab, merges[:3])          # in memory, the first merges may do
     assert first3.decode(first3.encode("lowest")) == "lowest"
     # Ids that cannot be stored (uint32 token files) or negative ones: refused, naming the file.
