@@ -399,9 +399,10 @@ def extends(old, cfg):  # does --resume ask a saved run config `old` for more st
             and type(old.get("warmup_iters")) is int)
 
 
-def verify_init(cfg, model_keys, like):
+def verify_init(cfg, model_keys, like, model):
     """--init-from RUN_DIR: that run's checkpoint, read and checked (read_run, like: the types of TransformerLM's
-    arguments), whose shape must be this run's (model_keys); UsageError in one sentence otherwise."""
+    arguments), whose shape must be this run's (model_keys) and whose weights must fit it (check_state; model: this
+    run's on the meta device); UsageError in one sentence otherwise."""
     try:
         state = read_run(cfg["init_from"], like)
     except (FileNotFoundError, ValueError, OSError) as e:
@@ -412,6 +413,10 @@ def verify_init(cfg, model_keys, like):
     if diff:
         raise UsageError(f"--init-from {cfg['init_from']}: its model has another shape; keys that differ: "
                          f"{', '.join(diff)}; drop those flags to take its shape, or start from another run.")
+    try:  # its config says this shape, but its weights are what is loaded: a damaged file is refused here, not late
+        check_state(state, model, name=Path(cfg["init_from"]) / "ckpt.pt")
+    except ValueError as e:
+        raise UsageError(f"--init-from: {e}; restore it from a copy, or start from another run.") from None
     return state
 
 

@@ -6504,6 +6504,13 @@ def test_train_init_from_takes_a_runs_switches_and_needs_a_tokenizer_for_text(tm
     assert train.main(["--data", str(story), *out, "--init-from", str(base), "--run-name", "y"]) == 2
     assert "has no tokenizer (it trained on token ids alone)" in _train_one_line(capsys, "--init-from")
     assert not (tmp_path / "out" / "x").exists() and not (tmp_path / "out" / "y").exists()
+    # weights that do not fit the shape its config names were a traceback from the training loop, after the data
+    state = torch.load(base / "ckpt.pt", weights_only=False)
+    state["model"]["ln_final.weight"] = torch.ones(7)
+    torch.save(state, base / "ckpt.pt")
+    assert train.main(["--data", str(ids), *out, "--init-from", str(base), "--run-name", "z"]) == 2
+    assert "ln_final.weight has shape (7,), the model's (" in _train_one_line(capsys, "--init-from")
+    assert not (tmp_path / "out" / "z").exists()
     # a tokenizer without <|endoftext|> (bpe.py train's default) is one token larger in train.py, which says why
     vocab, merges = bpe.train_bpe(story, 270)
     (tmp_path / "tok").mkdir()

@@ -506,7 +506,8 @@ def run(cfg):
         resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, optimizer, CORPORA, config.FLAG_DEFAULTS)
     init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
     if cfg["init_from"] is not None and resume_state is None:
-        init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs())
+        meta = TransformerLM(**model_kwargs(cfg), device="meta")
+        init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs(), meta)
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = machine.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         rundir.check_same_data(resume_state, cfg, ckpt_path)
