@@ -178,6 +178,17 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
+def append_line(path, line):
+    """One line added to a log (metrics.jsonl): a line cut short by a stop is dropped by its reader. A full disk
+    fails the write or the close, which name no file: the error names path (not stdout's, nor only its folder)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as e:
+        e.filename = e.filename or os.fspath(path)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_files(paths):
     """Several files whole, and none replaced before all are written: yields a temporary path for each

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
-from files import (Busy, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
+from files import (Busy, append_line, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
                    not_a_file, temporary, writable)
 
 
@@ -559,8 +559,7 @@ def divergence_recorded(cfg):
         yield
     except Diverged as e:
         if cfg["rank"] == 0:
-            with open(run_dir(cfg) / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": e.step, "diverged": str(e)}) + "\n")
+            append_line(run_dir(cfg) / "metrics.jsonl", json.dumps({"step": e.step, "diverged": str(e)}))
         raise
 
 

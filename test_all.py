@@ -3924,6 +3924,25 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
         "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun.\n")
 
 
+def test_train_sample_on_a_full_stdout_names_stdout_not_the_run(tmp_path, capsys, monkeypatch):
+    # `train.py --sample > /dev/full`: "could not write into out/toy/; ... run the same command plus --resume", a
+    # flag --sample refuses; a full stdout is no file of the run
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    story = _train_story(tmp_path / "story.txt")
+    argv = ["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--out-dir", str(tmp_path / "out"), "--device",
+            "cpu", "--data-dir", str(tmp_path / "data")]
+    assert train.main([*argv, "--max-iters", "2"]) == 0
+    full = open("/dev/full", "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        assert train.main([*argv, "--sample", "--num-samples", "1"]) == 1
+    finally:
+        with contextlib.suppress(OSError):
+            full.close()
+    assert _train_one_error(capsys, "could not write stdout").endswith("free some space and rerun.")
+
+
 def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
     # `python bpe.py train ... >&-` (a daemon's closed stdout): sys.stdout is None, and "AttributeError: 'NoneType'
     # object has no attribute 'reconfigure'" ended it, before
@@ -5905,7 +5924,8 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         argv = base + ["--out-dir", str(disk / "out"), "--checkpoint-interval", interval]
         capsys.readouterr()
         assert train.main(argv) == 1, what
-        _train_one_error(capsys, "the disk is full", str(run), "--resume")
+        line = _train_one_error(capsys, "the disk is full", str(run), "--resume")
+        assert what != "metrics.jsonl" or str(run / "metrics.jsonl") in line, line  # not "into its folder/"
         assert not [p for p in disk.rglob("*") if "tmp" in p.name], what
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what

@@ -338,9 +338,9 @@ class Progress:
 
     def record(self, step, **entry):
         if self.cfg["rank"] == 0:
-            with open(self.path, "a") as f:
-                tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
-                f.write(json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3), **entry}) + "\n")
+            tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
+            files.append_line(self.path, json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3),
+                                                     **entry}))
             rundir.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
 
     def evaluated(self, step, val_loss):
@@ -533,7 +533,7 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         resume = f"run {rundir.resume_command(cfg)} to continue from the last checkpoint"
-        with machine.process_group(cfg), cli.disk_full(rundir.run_dir(cfg), resume), \
+        with machine.process_group(cfg), cli.disk_full(resume), \
                 rundir.compile_failures(cfg):  # one the CHECKS' probe did not foresee
             return run(cfg)
     return cli.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
