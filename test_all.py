@@ -1109,8 +1109,7 @@ def test_model_generate_fast_compiled_batch_of_one_does_not_recompile_per_token_
 def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monkeypatch):
     # fullgraph=True makes dynamo's recompile limit (8 graphs: batch sizes x dtypes x model shapes, per process) a
     # hard FailOnRecompileLimitHit: the 9th batch size of a session crashed generate; now that call's step runs eagerly
-    if not hasattr(torch._dynamo.config, "recompile_limit"):
-        pytest.skip("this torch names dynamo's limit otherwise (and falls back to eager itself)")
+    limit = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(torch._dynamo.config, n))  # 2.5: the 2nd
     from torch._dynamo.testing import CompileCounter
     counter, real_compile = CompileCounter(), torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
@@ -1119,7 +1118,7 @@ def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monk
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64, context_length=16)
     # torch's own patch, not monkeypatch: pytest 9.2's undo deletes the option, and torch then hides it for good
-    with torch._dynamo.config.patch(recompile_limit=graphs + 2):
+    with torch._dynamo.config.patch(**{limit: graphs + 2}):
         for b in (1, 2, 3):
             prompts = [[1, 2, 3]] * b
             assert model.generate(m, prompts, 5, temperature=0, fast=True) == \
