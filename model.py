@@ -336,7 +336,7 @@ class TransformerLM(nn.Module):
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
         # Reading the ids (and a caller's RoPE positions and mask) back is a host sync (and a graph break:
-        # torch.compile splits the model there); meta tensors (shape-only models, as accounting.py builds) have no values.
+        # torch.compile splits the model there); meta tensors (shape-only models, accounting.py's) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
             ends = [token_ids.min(), token_ids.max()]
             if token_positions is not None and self.rope is not None and token_positions.numel():
