@@ -1022,12 +1022,12 @@ def cuda_host_syncs(call):
     return sum("synchronizing" in str(w.message) for w in seen)
 
 
-def git_commit():
+def git_commit():  # a copy of the files without .git or git (a rented GPU's): the COMMIT its caller sets, if any
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:  # no git here
-        return "unknown"
+        return out.stdout.strip() or os.environ.get("COMMIT", "unknown")
+    except OSError:
+        return os.environ.get("COMMIT", "unknown")
 
 
 def steady_tokens_per_s(metrics, run):
@@ -1114,10 +1114,12 @@ class GpuReport:
         """One lever's row, against the defaults' step and first-step seconds (kept in `defaults` by the baseline's
         call: if the defaults failed, no row is compared with another lever in their name)."""
         with torch_settings(cfg):
-            t0 = time.perf_counter()
+            t0, skips = time.perf_counter(), torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
             step = train.random_step(cfg)[0]
             step()  # compiles
             first = time.perf_counter() - t0
+            # inductor may decline a graph (a CPU tensor in it, a mutated input) and run the step without one
+            skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
             calls = {"defaults": defaults["step"], row: step} if defaults else {row: step}  # the defaults: alone
             if baseline:
                 defaults.update(step=step, first=first)
@@ -1132,6 +1134,7 @@ class GpuReport:
         return (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
                 + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
                 + (f", step's peak {held:,.0f} MiB" if held is not None else ", its memory: the graph's pool")
+                + (f", but {skips} graph(s) skipped by inductor: timed without" if cfg["cuda_graph"] and skips else "")
                 + f", first step {first:.0f} s"
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
                    if base else ""))
@@ -1256,13 +1259,15 @@ class GpuReport:
                 self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
                 print(self.rows[title])
                 continue
-            start = time.perf_counter()
+            start, before = time.perf_counter(), len(self.rows)
             try:
                 self.rows.update(section())
             except Exception as e:  # whatever failed (CUDA, a compiler, a peer), the next section still runs
                 self.rows[title] = f"failed: {error_line(e)}"
                 self.failed.append(title)
                 print(self.rows[title])
+            for what, result in list(self.rows.items())[before:]:  # the table's rows so far: a report stopped from
+                print(f"| {what} | {result.replace('|', '/')} |")    # outside (a rented GPU's limit) keeps them
             # the next section compiles afresh (a second shape would otherwise be compiled as dynamic shapes), and the
             # GPU memory of this one's models (held by the traceback until here, after a failure) goes back
             torch.compiler.reset()
