@@ -1344,7 +1344,7 @@ def main(argv=None):
     ap = Parser(prog="bench.py", description="Comparisons with other tools (`bench.py step` takes "
                 "train.py's flags instead of these; `bench.py gpu --help` has its own).")
     ap.add_argument("what", nargs="?", default="all", choices=["all", *tables, "gpu"],
-                    help="all: every table below but gpu, about 30 minutes on 2 cores (docs/results.md); train: BPE "
+                    help="all: every table below but gpu (docs/results.md); train: BPE "
                     "training against HF tokenizers and rustbpe; cold: first runs, empty numba cache; encode: against "
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
                     "and peak memory; generate: generation; gpu: every GPU figure, "
