@@ -985,7 +985,7 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
 GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
-SECTIONS = ("step", "optimizers", "head", "levers", "loop", "generation", "kernels", "accounting",
+SECTIONS = ("step", "optimizers", "head", "levers", "autotune", "loop", "generation", "kernels", "accounting",
             "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
@@ -997,8 +997,10 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
     "--cuda-graph": ["--cuda-graph"],
-    "--max-autotune": ["--max-autotune"],  # last: its compile takes longest
 }
+# max-autotune's compile tunes kernels for minutes: a section of its own (GPT-2 small first), after both shapes' other
+# levers, so that a report stopped from outside in its tuning has every other lever's row; its defaults built again
+AUTOTUNE = {"the defaults, again beside max-autotune": [], "--max-autotune": ["--max-autotune"]}
 
 
 def levers_by_default():
@@ -1082,17 +1084,17 @@ class GpuReport:
                            HEAD_CHUNKS[1:])
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
 
-    def levers(self, name):
-        """Each lever of the fast path at one shape, one at a time: built and compiled, timed taking turns with the
-        defaults, its row printed at once, then freed, so that a report stopped from outside (a rented GPU's time
-        limit, during max-autotune's long compile) keeps the rows before it. Each row has one step's peak memory
+    def levers(self, name, levers=None):
+        """Each lever of the fast path at one shape (levers: LEVERS, or AUTOTUNE's), one at a time: built and
+        compiled, timed taking turns with the defaults, its row printed at once, then freed, so that a report stopped
+        from outside (a rented GPU's time limit, during max-autotune's long compile) keeps the rows before it. Each row has one step's peak memory
         beyond the weights and optimizer state (the fused head's saving is the defaults' against
         --no-fused-head's) and the first step's seconds (the compile). A lever starts only while the budget lasts,
         and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
         sync, rows, defaults = train.synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")
-        for lever, extra in LEVERS.items():
+        for lever, extra in (LEVERS if levers is None else levers).items():
             row = f"lever, {name} shape: {lever}"
             # a compile must fit in what is left (max-autotune's tunes kernels: 3 of the defaults'), or a report
             # stopped from outside (a rented GPU's time limit) loses its table and the next command its time
@@ -1247,6 +1249,8 @@ class GpuReport:
                     ("head", "the fused head alone"): self.head,
                     ("levers", "the levers, TinyStories shape"): lambda: self.levers("TinyStories"),
                     ("levers", "the levers, GPT-2-small shape"): lambda: self.levers("GPT-2 small"),
+                    ("autotune", "max-autotune, GPT-2-small shape"): lambda: self.levers("GPT-2 small", AUTOTUNE),
+                    ("autotune", "max-autotune, TinyStories shape"): lambda: self.levers("TinyStories", AUTOTUNE),
                     ("loop", "the real loop"): self.loop, ("generation", "generation"): self.generate,
                     ("kernels", "kernels.py"): self.kernels_table,
                     ("accounting", "accounting.py --verify"): self.verify_accounting,

@@ -9047,6 +9047,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     table = out[out.index("## The table"):]
     assert f"commit {bench.git_commit()}, CPU (" in table
+    assert "\n| lever, GPT-2 small shape: the defaults | " in out[:out.index("## The table")]  # as its section ended
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M))
     steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
              for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)",
@@ -9060,6 +9061,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     head = [f"head and loss alone, GPT-2-small shape (128 rows): {v}" for v in (
         "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunks" for k in bench.HEAD_CHUNKS[1:]))]
     levers = [f"lever, {s} shape: {lever}" for s in bench.GPU_SHAPES for lever in bench.LEVERS]
+    levers += [f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in bench.AUTOTUNE]
     by_default = "levers on by default (train.py's flags)"
     muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
@@ -9074,6 +9076,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert all(re.fullmatch(_LEVER_ROW_VS_DEFAULTS, rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
+        assert rows[f"lever, {s} shape: --max-autotune"].startswith("skipped: --cuda-graph and --max-autotune change")
+        assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults, again beside max-autotune"]), rows
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[5]] == "skipped: transformers is not installed"
@@ -9198,7 +9202,7 @@ def test_bench_help_lists_every_table_with_gpu_and_the_whole_runs_time(capsys):
     (["--budget", "-5"], "--budget -5 must be positive and finite"),
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
-    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,loop,"),
+    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,autotune,loop,"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
