@@ -617,11 +617,13 @@ def _cmd_train(args):
     if any(files.same_file(args.input, f) for f in _tokenizer_files(args.out)):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")
+    if why := next((f"{p}{w}" for p in _tokenizer_files(args.out) if (w := files.unwritable(p))), None):
+        raise ValueError(f"--out: {why}; pass another --out")
     t0 = time.perf_counter()
     vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens, args.num_workers)
     dt = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
+    with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
+        Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)
     text = longest.decode("utf-8", errors="replace")
     print(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
@@ -636,6 +638,8 @@ def _cmd_encode(args):
                          "would destroy it, so pass another --out")
     if not files.is_ids(args.out):        # train.py --data goes by the name
         raise ValueError(f"--out {args.out} must end in .npy: train.py --data reads any other file as text")
+    if why := files.unwritable(args.out):  # refused before the work, not after it
+        raise ValueError(f"--out {args.out}{why}; pass another --out")
     vocab = _load_vocab_file(vocab_file)
     specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens)
     missing = [s for s in specials if s.encode() not in vocab.values()]

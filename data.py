@@ -643,13 +643,15 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     if is_ids(source):
         return load_ids(source, val_data, tokenizer)
     where = cache_dir(source, data_dir)
-    if source in BUILTIN:
-        texts = builtin_corpus(source, where)
-    elif source in DATASETS:
-        texts = downloaded_corpus(source, where)
-    else:
-        texts = local_corpus(Path(source).resolve(), where)
-    tok, files, npys = tokenize_corpus(*texts, vocab_size, token_dir(where, vocab_size, tokenizer), workers, tokenizer)
+    tokens = token_dir(where, vocab_size, tokenizer)
+    with new_folders(tokens):  # a failure leaves no folder it made (one holding a whole file stays, for a rerun)
+        if source in BUILTIN:
+            texts = builtin_corpus(source, where)
+        elif source in DATASETS:
+            texts = downloaded_corpus(source, where)
+        else:
+            texts = local_corpus(Path(source).resolve(), where)
+        tok, files, npys = tokenize_corpus(*texts, vocab_size, tokens, workers, tokenizer)
     train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 

@@ -33,7 +33,7 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str, catch_ctrl_c
 from cli import Parser, UsageError, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, writable
+from files import atomic_file, atomic_files, new_folders, unwritable, writable
 from model import RMSNorm, TransformerLM
 from rundir import RUN_MARKERS, check_state, read_run
 
@@ -211,6 +211,9 @@ def export_dir_problem(out_dir, overwrite):
                 "tokenizer or token ids); move it away or pick another directory")
     if mine and not overwrite:
         return f"{out_dir} holds an earlier export; pass --overwrite to replace its files (the others stay)"
+    paths = [os.path.join(out_dir, n) for n in EXPORT_FILES]
+    if why := next((f"{p}{w}" for p in paths if (w := unwritable(p, folders=False))), ""):  # read-only: kept
+        return f"{why} where the export writes a file; move it away or pick another directory"
     return ""
 
 
@@ -233,14 +236,13 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
     names = [n for n in EXPORT_FILES if tokenizer is not None or n not in TOKENIZER_FILES]
     if problem := export_dir_problem(out_dir, overwrite):
         raise ValueError(problem)
-    made = not os.path.isdir(out_dir)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
-        if disk_is_full(e):
-            raise
-        raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
-    try:
+    with contextlib.ExitStack() as made:  # a full disk, Ctrl-C: the earlier export stays whole, folders made go
+        try:
+            made.enter_context(new_folders(out_dir))
+        except OSError as e:  # read-only, a file on the way, /proc; a full disk stays the caller's (exit 1)
+            if disk_is_full(e):
+                raise
+            raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
         with atomic_files([os.path.join(out_dir, n) for n in names]) as tmp:
             path = dict(zip(names, tmp))
             eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])
@@ -250,11 +252,6 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
                        path["generation_config.json"])
             save_safetensors(llama_weights(state_dict, a["num_layers"], a["num_heads"], a["tie_embeddings"]),
                              path["model.safetensors"])
-    except BaseException:  # a full disk, Ctrl-C: the earlier export stays whole, a directory made for this one goes
-        if made:
-            with contextlib.suppress(OSError):
-                os.rmdir(out_dir)
-        raise
     for name in set(EXPORT_FILES) - set(names):  # an earlier export's tokenizer does not fit this model
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out_dir, name))

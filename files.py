@@ -21,11 +21,13 @@ from cli import DataError, os_error_in, say, short_repr
 # ----------------------------------------------------------------------------
 # 1. Reading: what a path is, strict JSON, reads that notice a file cut short
 
-def not_a_file(path):  # "a directory", "a FIFO", "a socket", "a device" (/dev/null), "a symlink loop"; "" for a file
+def not_a_file(path):
+    """What path is if not a file: "a directory", "a FIFO", "a socket", "a device" (/dev/null), "a symlink loop",
+    "a dangling link" (a write through it would make a file where it points, unasked); "" for a file or nothing."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
-        return "a symlink loop" if e.errno == errno.ELOOP else ""
+        return "a symlink loop" if e.errno == errno.ELOOP else "a dangling link" if os.path.islink(path) else ""
     kinds = [(stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
@@ -144,13 +146,29 @@ def temporary_path(path):
     return os.path.join(directory, f".{name}{TMP_MARK}{os.getpid()}")
 
 
-def replace_target(path):
-    """(the file a write to path replaces, its temporary beside it): a symlink is written through (its
-    target is replaced, the link stays). A path that is not a regular file is refused: renaming over
-    /dev/null would replace the device itself."""
-    path = os.path.realpath(path)
+def unwritable(path, folders=True):
+    """Why no file can be written at path, as words that follow it (" is a FIFO"), or "": what is not a regular
+    file (renaming over /dev/null would replace the device itself; a dangling link), a file this user may not write
+    (chmod 444 says keep it: a rename would replace it, with another mode), or (folders) a folder, the path's or its
+    link target's, that cannot be made or written. A command asks it of each file it writes before its work."""
     if kind := not_a_file(path):
-        raise ValueError(f"{path} is {kind}, not a regular file: give the path of a file to write")
+        return f" is {kind}"
+    real = os.path.realpath(path)
+    if os.path.exists(real) and not os.access(real, os.W_OK):
+        return " is read-only"
+    if folders and not all(writable(os.path.dirname(p)) for p in (os.path.abspath(path), real)):
+        return " is in a folder that cannot be made or written (read-only, or a dangling link)"
+    return ""
+
+
+def replace_target(path):
+    """(the file a write to path replaces, its temporary beside it): a symlink is written through (its target is
+    replaced, the link stays). What unwritable names is refused: a ValueError, or the PermissionError a write in
+    place would meet for a read-only file; a folder's fault is left to the system's own error, which says why."""
+    if why := unwritable(path, folders=False):
+        raise (PermissionError(errno.EACCES, f"Permission denied (it{why})", path) if why == " is read-only" else
+               ValueError(f"{path}{why}, not a regular file: give the path of a file to write"))
+    path = os.path.realpath(path)
     return path, temporary_path(path)
 
 
@@ -230,8 +248,8 @@ def new_folders(path):
     (what a rerun resumes) or a user's file stays."""
     path = Path(path)
     made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first, as rmdir needs
-    path.mkdir(parents=True, exist_ok=True)
     try:
+        path.mkdir(parents=True, exist_ok=True)  # (a full disk may stop it midway)
         yield
     except BaseException:
         for p in made:

@@ -24,7 +24,7 @@ import torch
 
 from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
 from files import (Busy, append_line, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
-                   not_a_file, temporary, writable)
+                   not_a_file, temporary, unwritable, writable)
 
 
 # ----------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def run_dir_problem(c):
         return ""
     d = run_dir(c)
     has_run = any((d / f).exists() for f in RUN_MARKERS)
-    in_the_way = next((f"{d / name} is {not_a_file(d / name)}" for name in RUN_FILES if not_a_file(d / name)), "")
+    in_the_way = next((f"{d / name}{why}" for name in RUN_FILES if (why := unwritable(d / name))), "")  # (read-only)
     if not writable(d):
         return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
                 "or another --run-name.")

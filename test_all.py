@@ -3474,9 +3474,53 @@ def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
     (tmp_path / "a.txt").write_text("hello world\n" * 100, encoding="utf-8")
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(tmp_path / "a.txt"), "--tokenizer",
                         str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
-    # an OSError of the system's is exit 1 in every command (cli.exit_code), as train.py's and export.py's
-    assert r.returncode == 1 and r.stderr == (f"bpe.py encode: error: {ro / 'a.npy'}: Read-only file system; fix "
-                                              "that path or pick another, then run the same command again.\n"), r.stderr
+    # refused before the work, exit 2, as the fault table says (it was exit 1, "Read-only file system", after it)
+    assert r.returncode == 2 and r.stderr == (f"bpe.py encode: error: --out {ro / 'a.npy'} is in a folder that cannot "
+                                              "be made or written (read-only, or a dangling link); pass another "
+                                              "--out\n"), r.stderr
+
+
+def test_bpe_cli_refuses_every_output_it_cannot_write_before_the_work(tmp_path, monkeypatch, capsys):
+    """Each was refused only after the work (encoding, training), exit 1 ("Permission denied", "No such file or
+    directory", "LINK: File exists"), or written: a dangling link whose folder exists; a read-only file (replaced,
+    644 now). A failure after the work leaves no folder it made (train made --out with os.makedirs)."""
+    text, tok = tmp_path / "a.txt", tmp_path / "tok"
+    text.write_text("hello world\n" * 50, encoding="utf-8")
+    tok.mkdir()
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok))
+    for d in ("ro", "real", "D/vocab.json", "E", "F"):
+        (tmp_path / d).mkdir(parents=True)
+    for link, to in (("dangling.npy", "nowhere/x.npy"), ("to_real.npy", "real/x.npy"), ("LINK", "nowhere"),
+                     ("E/merges.txt", "nowhere")):
+        os.symlink(to, tmp_path / link)
+    (tmp_path / "RO.npy").write_bytes(b"mine")
+    shutil.copy(tok / "vocab.json", tmp_path / "F" / "vocab.json")
+    _read_only(monkeypatch, "ro", "RO.npy", "vocab.json")
+    worked = []
+    monkeypatch.setattr(bpe, "encode_file", lambda *a, **k: worked.append(a))
+    monkeypatch.setattr(bpe, "train_bpe", lambda *a, **k: worked.append(a))
+    before = {p: p.lstat().st_mode for p in tmp_path.rglob("*")}
+    encode, train_ = ["encode", str(text), "--tokenizer", str(tok), "--out"], ["train", str(text), "--vocab-size",
+                                                                              "300", "--out"]
+    cases = [(encode, "ro/x.npy", "is in a folder that cannot be made or written"),
+             (encode, "dangling.npy", "is a dangling link"), (encode, "to_real.npy", "is a dangling link"),
+             (encode, "LINK/x.npy", "is in a folder that cannot be made or written"),
+             (encode, "RO.npy", "is read-only"), (train_, "D", "D/vocab.json is a directory"),
+             (train_, "E", "E/merges.txt is a dangling link"), (train_, "F", "F/vocab.json is read-only")]
+    for argv, out, needle in cases:
+        with pytest.raises(SystemExit) as stop:
+            bpe.main([*argv, str(tmp_path / out)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and needle in err and err.count("\n") == 1 and not worked, (out, err)
+    assert {p: p.lstat().st_mode for p in tmp_path.rglob("*")} == before
+    monkeypatch.undo()
+
+    def disk_full(self, vocab_file, merges_file):
+        raise OSError(errno.ENOSPC, "No space left on device", vocab_file)
+    monkeypatch.setattr(bpe.Tokenizer, "save", disk_full)
+    with pytest.raises(SystemExit) as stop:  # a full disk as train writes: no empty a/b left
+        bpe.main([*train_, str(tmp_path / "M" / "a" / "b")])
+    assert stop.value.code == 1 and "the disk is full" in capsys.readouterr().err and not (tmp_path / "M").exists()
 
 
 def test_the_library_loads_without_unix_only_modules(tmp_path):
@@ -4175,24 +4219,42 @@ def test_atomic_file_refuses_what_is_not_a_regular_file(tmp_path):
     os.mkfifo(tmp_path / "fifo")          # a FIFO made here stands in for /dev/null (never touch /dev)
     (tmp_path / "dir").mkdir()
     os.symlink(tmp_path / "loop", tmp_path / "loop")
-    for name, kind in [("fifo", "a FIFO"), ("dir", "a directory"), ("loop", "a symlink loop")]:
+    os.symlink("new.txt", tmp_path / "dangling")  # it was written through: a file made where it points, unasked
+    for name, kind in [("fifo", "a FIFO"), ("dir", "a directory"), ("loop", "a symlink loop"),
+                       ("dangling", "a dangling link")]:
         with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
             with files.atomic_file(tmp_path / name) as f:
                 f.write(b"x")
-    assert stat_kinds(tmp_path) == {"fifo": "fifo", "dir": "dir", "loop": "link"}
+    assert stat_kinds(tmp_path) == {"fifo": "fifo", "dir": "dir", "loop": "link", "dangling": "link"}
 
 
 def test_atomic_file_writes_through_a_symlink(tmp_path):
     (tmp_path / "real.txt").write_text("old")
     os.symlink("real.txt", tmp_path / "link.txt")
-    os.symlink("new.txt", tmp_path / "dangling.txt")
     with files.atomic_file(tmp_path / "link.txt", "w") as f:
         f.write("new")
-    with files.atomic_file(tmp_path / "dangling.txt", "w") as f:
-        f.write("made")
-    assert (tmp_path / "real.txt").read_text() == "new" and (tmp_path / "new.txt").read_text() == "made"
-    assert stat_kinds(tmp_path) == {"real.txt": "file", "link.txt": "link", "dangling.txt": "link",
-                                    "new.txt": "file"}
+    assert (tmp_path / "real.txt").read_text() == "new"
+    assert stat_kinds(tmp_path) == {"real.txt": "file", "link.txt": "link"}
+
+
+def _read_only(monkeypatch, *names):  # os.access as if this user (not root, who writes anywhere) could not write
+    real = os.access                   # the files or folders of these names
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: real(path, mode, **kw)
+                        and not (mode & os.W_OK and Path(path).name in names))
+
+
+def test_atomic_file_refuses_a_read_only_file_it_would_replace(tmp_path, monkeypatch):
+    # a chmod 444 file was replaced by the rename, silently, and came back 644 (bpe.py, a run's files, an export)
+    (tmp_path / "keep.txt").write_text("old")
+    os.symlink("keep.txt", tmp_path / "link.txt")
+    _read_only(monkeypatch, "keep.txt")
+    for name in ("keep.txt", "link.txt"):
+        with pytest.raises(PermissionError, match=r"Permission denied \(it is read-only\)") as e:
+            with files.atomic_file(tmp_path / name, "w") as f:
+                f.write("new")
+        assert e.value.filename == tmp_path / name and cli.os_error_sentence(e.value).startswith(f"{tmp_path / name}:")
+    assert (tmp_path / "keep.txt").read_text() == "old" and stat_kinds(tmp_path) == {"keep.txt": "file",
+                                                                                     "link.txt": "link"}
 
 
 def _dead_pid():  # the PID of a process started and waited for here: it has ended, so no writer holds it now
@@ -4238,7 +4300,7 @@ def test_bpe_cli_encode_refuses_a_fifo_as_out(tmp_path):
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(src), "--tokenizer",
                         str(tok), "--out", str(tmp_path / "out.npy")],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "is a FIFO, not a regular file" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"--out {tmp_path / 'out.npy'} is a FIFO" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert stat_kinds(tmp_path) == {"tok": "dir", "out.npy": "fifo"}
 
@@ -5886,16 +5948,31 @@ def test_train_disk_full_in_the_token_cache(tmp_path, tmpfs, capsys):
         capsys.readouterr()
         assert train.main(args(disk / "data")) == 1, name
         _train_one_error(capsys, "the disk is full", str(disk / "data"), "run the same command again")
-        cache = next((disk / "data").glob("story-*"))
+        cache = disk / "data" / ref.name  # (gone when train.txt failed: no empty folder is left)
+        assert not [p for p in disk.rglob("*") if p.is_dir() and not any(p.iterdir())], name
         kept = [f for f in order[:k] if not (name.endswith("merges.txt") and f.endswith("vocab.json"))]  # saved as a pair
         assert [(cache / f).read_bytes() for f in kept] == [(ref / f).read_bytes() for f in kept], name
         assert not (cache / name).exists() and not [p for p in disk.rglob("*") if "tmp" in p.name], name
         assert not (tmp_path / "out").exists()
         filler.unlink()
         if k < len(order) - 1:
-            shutil.rmtree(disk / "data")
+            shutil.rmtree(disk / "data", ignore_errors=True)
     assert train.main(args(disk / "data")) == 0  # goes on from what the last try left
     assert [(cache / f).read_bytes() for f in order] == [(ref / f).read_bytes() for f in order]
+
+
+def test_train_failure_in_the_token_cache_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys):
+    # --data-dir M/dd/x on a full disk left the empty cache folder M/dd/x/story-<key>/ (made with mkdir -p)
+    story = _train_story(tmp_path / "story.txt")
+
+    def disk_full(path, mode="wb"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(data, "atomic_file", disk_full)
+    argv = ["--data", str(story), "--data-dir", str(tmp_path / "M" / "dd" / "x"), "--out-dir", str(tmp_path / "out"),
+            *_TRAIN_TINY, "--vocab-size", "300", "--workers", "1"]
+    assert train.main(argv) == 1
+    _train_one_error(capsys, "the disk is full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["story.txt"]
 
 
 def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, capsys):
@@ -5979,6 +6056,27 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
     for name, kind in (("fifo.txt", "a FIFO"), ("loop.txt", "a symlink loop")):  # not "no such file"
         assert train.main(["--data", str(tmp_path / name), "--out-dir", str(out)]) == 2
         _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
+
+
+def test_train_resume_refuses_run_files_it_cannot_replace_before_writing(tmp_path, monkeypatch, capsys):
+    # a dangling link as metrics.jsonl or config.json (files.not_a_file saw nothing there): --resume rewrote
+    # config.json, then ended "No such file or directory", exit 1; a chmod 444 run file was replaced, as 644
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"),
+            "--max-iters", "2", "--device", "cpu"]
+    assert train.main(argv) == 0
+    run = tmp_path / "out" / "toy"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for name in ("metrics.jsonl", "config.json"):
+        (run / name).rename(tmp_path / name)
+        (run / name).symlink_to(tmp_path / "nowhere")
+        assert train.main(argv + ["--resume", "--max-iters", "4"]) == 2
+        _train_one_error(capsys, f"{run / name} is a dangling link where the run writes", "--run-name")
+        (run / name).unlink()
+        (tmp_path / name).rename(run / name)
+    _read_only(monkeypatch, "ckpt.pt")
+    assert train.main(argv + ["--resume", "--max-iters", "4"]) == 2
+    _train_one_error(capsys, f"{run / 'ckpt.pt'} is read-only where the run writes")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and not (tmp_path / "nowhere").exists()
 
 
 def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
@@ -9537,6 +9635,25 @@ def test_export_into_a_read_only_directory_is_one_sentence_exit_2(export_runs, t
     at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export", str(ro / "hf")]
     _export_error(capsys, [*at, "--overwrite"], f"cannot write the export's files in {ro / 'hf'} (read-only, or not")
     assert {p.name: p.read_bytes() for p in (ro / "hf").iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+
+
+def test_export_keeps_a_read_only_file_and_leaves_no_folder_it_made(export_runs, tmp_path, monkeypatch, capsys):
+    # --overwrite replaced a chmod 444 file of the earlier export (644 after); a full disk writing M/e/f left M/e
+    run_dir, hf_dir = export_runs["plain"]
+    shutil.copytree(hf_dir, tmp_path / "hf")
+    at = ["--out-dir", str(run_dir.parent), "--run-name", run_dir.name, "--device", "cpu", "--export",
+          str(tmp_path / "hf"), "--overwrite"]
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"mine")
+    _read_only(monkeypatch, "model.safetensors")
+    _export_error(capsys, at, f"{tmp_path / 'hf' / 'model.safetensors'} is read-only where the export writes a file")
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"mine"
+    monkeypatch.undo()
+
+    def disk_full(tensors, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+    monkeypatch.setattr(export, "save_safetensors", disk_full)
+    assert export.main([str(run_dir), str(tmp_path / "M" / "e" / "f")]) == 1
+    assert "the disk is full" in capsys.readouterr().err and not (tmp_path / "M").exists()
 
 
 # --- export fuzz: tokenizers that --export refused or that transformers renumbered ---
