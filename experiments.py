@@ -33,6 +33,7 @@ import argparse
 import ctypes
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -100,7 +101,7 @@ class Run:
 
     def __init__(self, experiment, name, flags):
         self.experiment, self.name, self.flags = experiment, name, list(flags)
-        self.cached = None  # (its flags, their config): resolved()'s, once
+        self.cached, self.log_from = None, 0  # (its flags, their config): resolved()'s, once; start()'s log offset
 
     def dir(self, out):
         return Path(out) / "experiments" / self.experiment / self.name
@@ -135,9 +136,8 @@ def plan(cfg):
 
     def batch_run(size):  # the baseline's tokens, its tokens between evaluations and those of its warm-up
         steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
-        return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps),
-                                              "--eval-interval", str(every),
-                                              "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
+        return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps), "--eval-interval",
+                                              str(every), "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(tenth(lr))}": Run("ablations", f"no-norm_{lr_name(tenth(lr))}",
                                                       ["--no-norm", *lr_flags(cfg, tenth(lr))]),
@@ -285,6 +285,7 @@ def start(run, args, rest, env):
     ckpt = run.dir(args.out_dir) / "ckpt.pt"
     log_path(run, args).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path(run, args), "a") as log_file:
+        run.log_from = log_file.tell()  # finish reads what this train.py said, not what the run's earlier ones did
         return subprocess.Popen(command(run, args, rest) + (["--resume"] if ckpt.exists() else []), stdout=log_file,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -295,7 +296,7 @@ def finish(run, args, rest, code):
     for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
-        said = log_path(run, args).read_text(encoding="utf-8", errors="replace")
+        said = log_path(run, args).read_bytes()[run.log_from:].decode("utf-8", errors="replace")
         last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
         raise (cli.UsageError if code == 2 else cli.DataError)(
             f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
@@ -330,8 +331,7 @@ class Progress:
     def __init__(self, runs, todo, args, rest):
         self.args, self.done, self.total = args, len(runs) - len(todo), len(runs)
         configs = {run: resolved(run, args, rest) for run in todo}  # each run's budget, in tokens and in steps
-        self.size = {run: c["total_tokens"] for run, c in configs.items()}
-        self.steps = {run: c["max_iters"] for run, c in configs.items()}
+        self.size, self.steps = ({run: c[k] for run, c in configs.items()} for k in ("total_tokens", "max_iters"))
         self.at = {run: self.read(run) for run in todo}  # (step, tokens) as last read
         self.first = {run: tokens for run, (_, tokens) in self.at.items()}  # tokens trained before this command
         self.t0, self.shown, self.open = time.monotonic(), None, False  # open: a terminal's line is not ended yet
@@ -382,10 +382,9 @@ def run_all(runs, args, rest):
                 progress.finished(run)
             while todo and free:
                 run, env = todo.pop(0), free.pop()
-                again = (run.dir(args.out_dir) / "ckpt.pt").exists()
+                again = "resuming" if (run.dir(args.out_dir) / "ckpt.pt").exists() else "starting"
                 progress.end()
-                cli.say(f"{run.experiment}/{run.name}: {'resuming' if again else 'starting'} (log: "
-                        f"{log_path(run, args)})")
+                cli.say(f"{run.experiment}/{run.name}: {again} (log: {log_path(run, args)})")
                 running[start(run, args, rest, env)] = (run, env)
             progress.show([run for run, _ in running.values()], last=not (todo or running))
             time.sleep(0.2)
@@ -400,8 +399,8 @@ def run_all(runs, args, rest):
 # ----------------------------------------------------------------------------
 # 4. What a run measured: its metrics.jsonl, read back
 
-def number(r, key):  # a metrics record's figure, not an edited one ("x", null, true)
-    return type(r.get(key)) in (int, float)
+def number(r, key):  # a metrics record's figure: not an edited one ("x", null, true), nor a NaN or inf (a divergence)
+    return type(r.get(key)) in (int, float) and math.isfinite(r[key])
 
 
 def measured(run, label, args, rest):
@@ -414,7 +413,7 @@ def measured(run, label, args, rest):
     # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
     rows = [r for _, r in rundir.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
     curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
-    if not curve:  # train.py evaluates at step 0 of every run: it was emptied, deleted or edited
+    if not rows or not (curve or result["step"]):  # every run evaluates at step 0 (NaN only in one that diverged)
         raise cli.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
                                 "it again.")
     speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
@@ -444,7 +443,6 @@ def figure_title(name, cfg):  # a figure's run, data and budget, for a reader wh
     return (f"{name}: {SHOWS[name]}\n--data {where}, {cfg['num_layers']} layers of d_model {cfg['d_model']}, "
             f"{cli.fmt_count(cfg['total_tokens'])} tokens a run (the baseline: {cfg['max_iters']:,} steps of "
             f"{cfg['batch_size']} x {cfg['context_length']} tokens at lr {number_text(cfg['lr'])})")
-
 
 
 def loss_text(r):  # a run's final validation loss, or where it diverged
@@ -747,14 +745,16 @@ def chosen_runs(args, plans):
     return [run for where, run in runs.items() if labels[where] & wanted]
 
 
-def check(runs, args, rest):
+def check(runs, args, rest, where):
     """Each run's flags as train.py will check them, before any run starts: a flag that only a variant breaks
     (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
-    a directory where the report or a figure goes."""
-    where = Path(args.out_dir) / "experiments"
+    a directory where it writes a file (the report, a figure, a run's result.json or log, a sample, tokenizer.json)."""
     if not files.writable(where):  # a file, /dev/null: refused here, not once the data is prepared (minutes)
         raise cli.UsageError(f"--out-dir {args.out_dir}: cannot write {where}; pick a writable --out-dir.")
-    for path in (where / "report.md", *(where / f"{name}.png" for name in QUESTIONS)):
+    for path in (where / "report.md", where / "tokenizer" / "tokenizer.json", *(where / f"{n}.png" for n in QUESTIONS),
+                 *(p for run in runs for p in (run.dir(args.out_dir) / "result.json", log_path(run, args))),
+                 *(where / "generate" / run.name / slug(s) / "samples.txt" for run in runs if run.experiment == "lr"
+                   for s, *_ in SAMPLING)):  # samples: of the sweep's best run, not known yet
         if kind := files.not_a_file(path):
             raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
                                     "another --out-dir.")
@@ -769,26 +769,27 @@ def main(argv=None):
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
-    runs = chosen_runs(args, plans)
-    check(runs, args, rest)
-    baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
-    if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
-        raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; pass "
-                                "its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
-    if args.experiment == "tokenizer" and data.is_ids(args.data):
-        raise cli.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
-                                "pass text data (pydoc, tinystories, owt, a .txt file).")
-    if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report at the end
-        cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
-                   "(its --tokenizer DIR would give them)."))
-    cli.say(f"{len(runs)} run(s) under {Path(args.out_dir) / 'experiments'}; unigram baseline {baseline:.4f}")
-    run_all(runs, args, rest)
-    where, best = Path(args.out_dir) / "experiments", best_run(plans, args, rest)
-    if args.experiment in ("generate", "all") and tok is not None and best:
-        generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
-    if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
-        tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
-    report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
+    runs, where = chosen_runs(args, plans), Path(args.out_dir) / "experiments"
+    check(runs, args, rest, where)
+    with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
+        baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
+        if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
+            raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; "
+                                 "pass its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
+        if args.experiment == "tokenizer" and data.is_ids(args.data):
+            raise cli.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
+                                 "pass text data (pydoc, tinystories, owt, a .txt file).")
+        if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
+            cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
+                    "(its --tokenizer DIR would give them)."))
+        cli.say(f"{len(runs)} run(s) under {where}; unigram baseline {baseline:.4f}")
+        run_all(runs, args, rest)
+        best = best_run(plans, args, rest)
+        if args.experiment in ("generate", "all") and tok is not None and best:
+            generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
+        if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
+            tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
+        report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
     return 0
 
 

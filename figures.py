@@ -53,6 +53,7 @@ def draw_runs(title, results, unigram):
     far above (without RMSNorm the first loss is twice the others') would squeeze every other curve into a sliver;
     the figure names the runs it cuts."""
     plt = _pyplot()
+    results = [r for r in results if r["curve"]]  # a run that diverged before its first finite loss has no curve
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     for ax, x, label in ((axes[0], 0, "step"), (axes[1], 1, "wall-clock seconds")):
         for r in results:
@@ -66,9 +67,9 @@ def draw_runs(title, results, unigram):
                         zorder=style["zorder"], label=f"{r['name']} diverged at step {r['diverged']}")
         ax.axhline(unigram, ls=":", color="gray", label="unigram baseline")
         ax.set(xlabel=label, ylabel="validation loss (nats/token)")
-    top = max(statistics.median(r["curve"][0][2] for r in results), unigram) * 1.05
+    top = max(statistics.median([r["curve"][0][2] for r in results] or [unigram]), unigram) * 1.05
     cut = [f"{r['name']} (up to {high:.1f})" for r in results if (high := max(c[2] for c in r["curve"])) > top]
-    axes[0].set_ylim(min(c[2] for r in results for c in r["curve"]) * 0.95, top)
+    axes[0].set_ylim(min((c[2] for r in results for c in r["curve"]), default=unigram) * 0.95, top)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     if cut:

@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from cli import DataError, os_error_in, say, short_repr
+from cli import DataError, UsageError, os_error_in, say, short_repr
 
 
 # ----------------------------------------------------------------------------
@@ -258,9 +258,10 @@ def new_folders(path):
         raise
 
 
-class Busy(Exception):  # dir_lock(path) found the folder locked by another process, pid (None: not known)
-    def __init__(self, pid):
-        super().__init__(f"locked by {f'process {pid}' if pid else 'another process'}")
+class Busy(UsageError):  # dir_lock(path) found it locked by another process, pid (None: not known): exit 2
+    def __init__(self, path, pid):
+        super().__init__(f"{path} is in use by {f'process {pid}' if pid else 'another process'}; wait for it to end "
+                         "(or stop it), then run the same command again.")
         self.pid = pid
 
 
@@ -289,7 +290,7 @@ def _flock(fcntl, fd, path, waiting):
     except BlockingIOError:
         pid = lock_holder(path)
         if waiting is None:
-            raise Busy(pid) from None
+            raise Busy(path, pid) from None
         if waiting:
             say(f"waiting for {f'process {pid}' if pid else 'another process'}, {waiting}")
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -7945,6 +7945,33 @@ def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
     assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (2, 0.9, 3.5)], 3.5, 100.0, 2.0)
 
 
+def test_experiments_nan_and_infinite_losses_are_not_drawn_and_the_run_is_reported(tmp_path):
+    # train.py writes "val_loss": NaN for the evaluation just before a divergence: the report ended in a traceback
+    # (matplotlib's "Axis limits cannot be NaN or Inf") where one was a run's first point, and a diverged run's x
+    # marked its NaN, which draws nothing
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    rest = [*_TRAIN_TINY, "--max-iters", "40"]
+    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    args, plans = _exp_args(tmp_path, data=str(ids)), experiments.plan(cfg)
+    args.experiment = "lr"
+    (_, low, low_run), (_, high, high_run) = plans["lr"][0], plans["lr"][-1]
+    _exp_write_run(low_run, args, [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 20, "time": 0.3,
+                                   "val_loss": float("nan")}, {"step": 40, "time": 0.6, "val_loss": 3.5}], rest)
+    _exp_write_run(high_run, args, [{"step": 0, "time": 0.1, "val_loss": float("nan")},
+                                    {"step": 1, "time": 0.2, "loss": float("inf"), "tokens_per_s": float("inf")},
+                                    {"step": 1, "diverged": "the loss is inf at step 1"}], rest)
+    result = high_run.dir(args.out_dir) / "result.json"
+    result.write_text(result.read_text().replace('"done", "step": null', '"diverged", "step": 1'))
+    assert experiments.measured(low_run, low, args, rest)["curve"] == [(0, 0.1, 4.0), (40, 0.6, 3.5)]
+    m = experiments.measured(high_run, high, args, rest)  # no finite evaluation: a result still, with no curve
+    assert (m["curve"], m["final"], m["diverged"], m["tokens_per_s"]) == ([], None, 1, 0)
+    experiments.report(args, rest, ["lr"], cfg, plans, 5.0, {})
+    rows = _exp_report_rows((tmp_path / "out/experiments/report.md").read_text())
+    assert rows[low] == ("3.5000", "-", cli.fmt_time(0.6), "no") and rows[high] == ("-", "-", cli.fmt_time(0.2),
+                                                                                   "at step 1")
+    assert importlib.util.find_spec("matplotlib") is None or (tmp_path / "out/experiments/lr.png").is_file()
+
+
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
     # --post-norm suits the baseline, not the no-norm ablation (--warmup-iters 5 was the example, too long for
     # batch=128's 2 steps, until the batch runs kept the baseline's warm-up in tokens): refused before any run starts
@@ -7958,10 +7985,8 @@ def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_p
 def test_experiments_a_token_budget_sets_the_steps_of_every_run(tmp_path, monkeypatch):
     # --total-tokens was refused ("--max-iters and --total-tokens both set the run length") though the user set only
     # the budget: the CPU scale's own --max-iters 400 was the other one
-    ids, made = _train_toy_ids(tmp_path / "toy.npy"), []
-    out = tmp_path / "out" / "experiments"  # the runs themselves are not the point here: their flags are
-    monkeypatch.setattr(experiments, "run_all", lambda runs, args, rest: made.extend((run, args, rest) for run in runs)
-                        or out.mkdir(parents=True))
+    ids, made = _train_toy_ids(tmp_path / "toy.npy"), []  # the runs themselves are not the point here: their flags are
+    monkeypatch.setattr(experiments, "run_all", lambda runs, args, rest: made.extend((run, args, rest) for run in runs))
     assert experiments.main(["all", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
                              "--total-tokens", "10240"]) == 0
     assert len(made) == 16
@@ -8019,15 +8044,44 @@ def test_experiments_show_one_progress_line_and_each_runs_log(tmp_path, monkeypa
     assert re.fullmatch(r"2/2 runs done in \d+m\d\ds", lines[-1]), lines
 
 
-@pytest.mark.parametrize("name", ["report.md", "lr.png"])
-def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(tmp_path, name):
-    ids = _train_toy_ids(tmp_path / "toy.npy")
-    (tmp_path / "out" / "experiments" / name).mkdir(parents=True)
+@pytest.mark.parametrize("experiment, name", [
+    ("lr", "report.md"), ("lr", "lr.png"), ("lr", "lr/lr=1e-03/result.json"), ("lr", "lr/lr=1e-03.log"),
+    ("generate", "generate/lr=1e-03/greedy/samples.txt"), ("tokenizer", "tokenizer/tokenizer.json")])
+def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(tmp_path, experiment, name):
+    # a run's result.json, a sample or the tokenizer's figures a directory: a traceback (files.replace_target's
+    # ValueError) once the run had trained or the figures were measured
+    text, where = tmp_path / "t.txt", tmp_path / "out" / "experiments"
+    text.write_text("hello world\n" * 200, encoding="utf-8")  # text: generate and tokenizer refuse token ids
+    (where / name).mkdir(parents=True)
+    variants = [] if experiment == "tokenizer" else ["--variants", "lr=1e-03"]  # it has none
     with pytest.raises(cli.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
                                                 r"writes a file; move it away, or pass another --out-dir"):
-        experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
-                          *_TRAIN_TINY, "--max-iters", "2"])
-    assert os.listdir(tmp_path / "out" / "experiments") == [name]  # no run started
+        experiments.main([experiment, "--data", str(text), "--out-dir", str(tmp_path / "out"), *variants, *_TRAIN_TINY,
+                          "--vocab-size", "300", "--data-dir", str(tmp_path / "data"), "--max-iters", "2"])
+    made = [name.rsplit("/", n)[0] for n in range(name.count("/") + 1)]
+    assert sorted(p.relative_to(where).as_posix() for p in where.rglob("*")) == sorted(made)  # no run started
+
+
+def test_experiments_a_second_one_on_the_same_out_dir_is_refused_before_the_data(tmp_path):
+    # two at once on one --out-dir: the second one's train.py was refused by the run's lock, and the second
+    # experiments.py said "the run ... failed: step 615/5000: loss 2.6056 ...", the first one's line of their one .log
+    ids, where = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out" / "experiments"
+    where.mkdir(parents=True)
+    with files.dir_lock(where):  # as the first experiments.py holds it
+        with pytest.raises(cli.UsageError, match=rf"^{re.escape(str(where))} is in use by (process {os.getpid()}|"
+                                                 r"another process); wait for it to end \(or stop it\), then run "):
+            experiments.main(["lr", "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+                              *_TRAIN_TINY, "--max-iters", "2"])
+    assert os.listdir(where) == []
+    # and a run killed before it said a word (the OOM killer) is not blamed on its log's earlier lines
+    run, args = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"]), _exp_args(tmp_path, data=str(ids))
+    log = experiments.log_path(run, args)
+    log.parent.mkdir()
+    log.write_text("step 615/5000: loss 2.6056\n")  # an earlier start's
+    proc = experiments.start(run, args, [], {})
+    proc.kill()
+    with pytest.raises(cli.DataError, match=r"lr=1e-03 failed: exit code -9 \(all of its output: "):
+        experiments.finish(run, args, [], proc.wait())
 
 
 # --- CLI fuzz: experiments.py flags refused late (after the data's preparation) or blamed on the data cache ---
@@ -8089,8 +8143,7 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
 def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypatch, capsys):
     # all --data ids.npy skipped the tokenizer figures and the samples without a word
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    out = tmp_path / "out" / "experiments"  # the runs themselves are not the point here: only their folder
-    monkeypatch.setattr(experiments, "run_all", lambda *a: out.mkdir(parents=True))
+    monkeypatch.setattr(experiments, "run_all", lambda *a: None)  # the runs themselves are not the point here
     assert experiments.main(["all", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY]) == 0
     assert f"--data {ids} is token ids: no tokenizer figures, and no samples (its --tokenizer DIR would give them)." \
         in capsys.readouterr().out
