@@ -574,6 +574,9 @@ def generate(best, where, device):
     if not need:
         return
     model, tok, cfg = train.load_run(best, device)
+    if config.undecodable_ids(tok, model.vocab_size):  # --vocab-size above its tokenizer's, with --num-samples 0
+        return cli.say(f"generate: no samples: {best}'s model draws ids its tokenizer cannot decode (its "
+                       f"{model.vocab_size:,} ids, {len(tok.vocab):,} tokens); pass --vocab-size {len(tok.vocab)}.")
     for name, temperature, top_p in need:
         (where / slug(name)).mkdir(parents=True, exist_ok=True)
         train.write_samples(model, tok, dict(cfg, device=device, temperature=temperature, top_p=top_p, num_samples=1,
@@ -667,11 +670,7 @@ NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwri
               "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
 
 
-# One whole run of the CPU scale (train.py's small model, 400 steps of 32 x 128 tokens, its evaluations too) on one
-# core, as --help says it; each experiment's time is derived from it. Measured 2026-11-29 on an AMD EPYC (2 cores,
-# shared with other jobs, so CPU time, user + sys, not wall time) at commit 2ce872a: `OMP_NUM_THREADS=1
-# NUMBA_NUM_THREADS=1 /usr/bin/time -v python train.py --max-iters 400 --eval-interval 50 --num-samples 0` (pydoc's
-# tokens cached) took 156.96 + 10.28 s, the run's 1.64M tokens at 9.8k tokens/s.
+# One whole run of the CPU scale on one core, from which --help derives each experiment's time (docs/results.md)
 CPU_RUN_SECONDS, MEASURED_RUN = 167, "measured: one whole run, one thread, an AMD EPYC, 2026-11-29"
 
 

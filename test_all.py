@@ -8140,6 +8140,21 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
     assert not (tmp_path / "out").exists()
 
 
+def test_experiments_generate_from_a_model_whose_ids_its_tokenizer_cannot_decode_says_so(tmp_path, capsys):
+    # --vocab-size above what BPE made of a small text, with --num-samples 0 (train.py's advice): the sweep ran, then
+    # generate ended in bpe's "cannot decode token id 1678" and a traceback
+    story = _train_story(tmp_path / "story.txt")
+    out = tmp_path / "out"
+    assert train.main(["--data", str(story), *_TRAIN_TINY, "--vocab-size", "2000", "--num-samples", "0", "--max-iters",
+                       "2", "--device", "cpu", "--out-dir", str(out), "--data-dir", str(tmp_path / "data")]) == 0
+    capsys.readouterr()
+    assert experiments.generate(out / "story", tmp_path / "gen", "cpu") is None
+    n = len(data.read_tokenizer(out / "story")[0].vocab)
+    assert capsys.readouterr().out == (f"generate: no samples: {out / 'story'}'s model draws ids its tokenizer cannot "
+                                       f"decode (its 2,000 ids, {n:,} tokens); pass --vocab-size {n}.\n")
+    assert not (tmp_path / "gen").exists()
+
+
 def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypatch, capsys):
     # all --data ids.npy skipped the tokenizer figures and the samples without a word
     ids = _train_toy_ids(tmp_path / "toy.npy")
