@@ -626,9 +626,9 @@ def _cmd_train(args):
         Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)
     text = longest.decode("utf-8", errors="replace")
-    print(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
-          f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
-          f"{args.out}/vocab.json and merges.txt")
+    cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
+            f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
+            f"{args.out}/vocab.json and merges.txt")
 
 
 def _cmd_encode(args):
@@ -654,9 +654,9 @@ def _cmd_encode(args):
         n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
-    print(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
-          f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): python train.py --data "
-          f"{args.out} --tokenizer {args.tokenizer}")
+    cli.say(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
+            f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): python train.py --data "
+            f"{args.out} --tokenizer {args.tokenizer}")
 
 
 def main(argv=None):

@@ -47,7 +47,8 @@ from numba import config, njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from cli import SIGHUP, STOPS, DataError, end_progress, hang_up, on_stops, say, short_repr, show_progress
+from cli import (SIGHUP, STOPS, DataError, end_progress, error_chain, hang_up, on_stops, say, short_repr,
+                 show_progress)
 from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
 
@@ -505,10 +506,7 @@ def ctrl_c_stays_keyboard_interrupt(f):
         try:
             result = f(*args, **kwargs)
         except SystemError as e:
-            cause = e
-            while cause is not None and not isinstance(cause, KeyboardInterrupt):
-                cause = cause.__cause__ or cause.__context__
-            if cause is None:
+            if not any(isinstance(c, KeyboardInterrupt) for c in error_chain(e)):
                 raise
             raise KeyboardInterrupt from None
         raise_held_ctrl_c()

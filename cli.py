@@ -102,8 +102,9 @@ def escaping_stdout():
 
 
 def end_quietly_on_closed_pipe():
-    """For a script that only prints: `python accounting.py | head` ends it as it ends cat, when the reader leaves,
-    not with a BrokenPipeError traceback (a command that writes files catches that error instead: exit_code)."""
+    """For a script whose product is what it prints: `... | head` ends it as it ends cat, when the reader leaves, not
+    with a BrokenPipeError traceback (a file it writes through atomic_file is whole or as it was; a command whose
+    files are its product lets exit_code end it quietly instead, after its clean-up)."""
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 

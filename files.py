@@ -104,6 +104,7 @@ def load_json(text, where, key="key"):
 # 2. Writing whole files: temporaries and the atomic write
 
 TMP_MARK = ".cs336tmp"  # temporaries are ".NAME.cs336tmpPID" (temporary_path): a pattern no one else uses, so that
+# clearing what a killed writer left deletes only files this project named
 
 
 def temporary(name, of=None):  # is this file name one of the project's temporaries (of the file named `of`)?

@@ -41,8 +41,8 @@ def run_dir(c):
 
 
 def run_config(d):  # the flags that made the run in directory d, as its config.json says, or None
-    with contextlib.suppress(OSError, ValueError):
-        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    with contextlib.suppress(OSError, ValueError):  # (load_json: a key twice or a JSON nested too deep is one too)
+        config = load_json((d / "config.json").read_text(encoding="utf-8"), d / "config.json")
         return config if isinstance(config, dict) else None
     return None
 

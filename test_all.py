@@ -6058,6 +6058,13 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
 
 
+def test_train_a_config_json_nested_too_deep_or_with_a_key_twice_is_no_run_config(tmp_path):
+    # run_config read config.json with json.loads: '[' * 200000 was a RecursionError traceback from train.py's checks
+    for text in ("[" * 200_000, '{"lr": 1, "lr": 2}'):
+        (tmp_path / "config.json").write_text(text, encoding="utf-8")
+        assert rundir.run_config(tmp_path) is None
+
+
 def test_train_resume_refuses_run_files_it_cannot_replace_before_writing(tmp_path, monkeypatch, capsys):
     # a dangling link as metrics.jsonl or config.json (files.not_a_file saw nothing there): --resume rewrote
     # config.json, then ended "No such file or directory", exit 1; a chmod 444 run file was replaced, as 644
