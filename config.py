@@ -127,8 +127,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 # --optimizer's names -> the factor on the preset's --lr and --min-lr (AdamW's) it takes unless --lr is given. Muon's
 # update has AdamW's RMS (optim.Muon) and Adam is AdamW: 1. RMSProp steps each coordinate by about lr (no momentum
 # averages the noise away): 0.3. SGD's step is lr times a gradient of norm <= --grad-clip 1 over 1.4M parameters:
-# 600 (lr 3, the best of 0.3, 1 and 3 in 40-step probes of the small preset); heavy-ball momentum moves 1 / (1 - 0.9)
-# = 10 times as far: 60. experiments.py optimizers sweeps 1/3, 1, 3 and 9 times each (docs/results.md).
+# 600 (lr 3, by short probes: docs/results.md); heavy-ball momentum moves 1 / (1 - 0.9) = 10 times as far: 60.
+# experiments.py optimizers sweeps 1/3, 1, 3 and 9 times each (docs/results.md).
 OPTIMIZERS = {"adamw": 1.0, "muon": 1.0, "adam": 1.0, "rmsprop": 0.3, "momentum": 60.0, "sgd": 600.0}
 
 

@@ -33,8 +33,7 @@ import torch
 
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, as
 # the step runs on a GPU, 4 is the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and
-# take longer. Eager, 2 was 2% faster than 4 (within the box's noise) for 100 MiB more. bench.py gpu times 2 to 16
-# chunks on the GPU, where the choice is still to be confirmed
+# take longer. bench.py gpu times 2 to 16 chunks on the GPU, where the choice is still to be confirmed
 
 
 # ----------------------------------------------------------------------------

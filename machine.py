@@ -111,9 +111,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt options (malloc.h
 
 def keep_freed_memory():
     """glibc hands a freed block of 128 KB or more back to the kernel, so a training step's next allocation of
-    that size takes a page fault for each of its 4 KB pages: a CPU step spent up to a fifth of its time in the
-    kernel. From here on, blocks up to 32 MB (glibc's limit) come from the heap, and up to 1 GB of its freed top is
-    kept for the next step. Both together: the trim setting alone switches off glibc's own adaptation, and every
+    that size takes a page fault for each of its 4 KB pages, time spent in the kernel (docs/results.md counts the
+    faults saved). From here on, blocks up to 32 MB (glibc's limit) come from the heap, and up to 1 GB of its freed
+    top is kept for the next step. Both together: the trim setting alone switches off glibc's own adaptation, and every
     block is mapped anew. Process-wide (a second call changes nothing); False where the C library has no such
     switch (macOS, musl, Windows)."""
     try:
