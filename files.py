@@ -259,10 +259,13 @@ def new_folders(path):
         raise
 
 
-class Busy(UsageError):  # dir_lock(path) found it locked by another process, pid (None: not known): exit 2
-    def __init__(self, path, pid):
-        super().__init__(f"{path} is in use by {f'process {pid}' if pid else 'another process'}; wait for it to end "
-                         "(or stop it), then run the same command again.")
+def holder(pid):  # who holds a lock, for a sentence (pid None: not known)
+    return f"process {pid}" if pid else "another process"
+
+
+class Busy(UsageError):  # dir_lock(path) found it locked by another process, pid: exit 2; then: the advice's end
+    def __init__(self, path, pid, then="then run the same command again"):
+        super().__init__(f"{path} is in use by {holder(pid)}; wait for it to end (or stop it), {then}.")
         self.pid = pid
 
 
@@ -293,7 +296,7 @@ def _flock(fcntl, fd, path, waiting):
         if waiting is None:
             raise Busy(path, pid) from None
         if waiting:
-            say(f"waiting for {f'process {pid}' if pid else 'another process'}, {waiting}")
+            say(f"waiting for {holder(pid)}, {waiting}")
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS); anything else is an error
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):

@@ -215,20 +215,27 @@ def bad_environment():
     return bad and f"the environment's {bad}; launch with torchrun, or unset {', '.join(TORCHRUN_VARS)}."
 
 
+def rank0_verdict(cfg, err):
+    """Rank 0's error (or None) raised in every process: under torchrun the others wait here for it, so that one
+    sentence stops all of them, and none goes on past a check only rank 0 made."""
+    err = [err]
+    if cfg["world_size"] > 1:
+        _torch().distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
+    if err[0]:
+        raise err[0]
+
+
 def rank0_first(cfg, prepare):
     """prepare() on rank 0 first (a full disk under --data-dir is one sentence); under torchrun the others
-    wait for its verdict (its error stops all with one sentence), then open what it cached by prepare()."""
-    err, prepared = [None], None
+    wait for its verdict (rank0_verdict), then open what it cached by prepare()."""
+    err, prepared = None, None
     if cfg["rank"] == 0:
         try:
             with disk_full("run the same command again"):
                 prepared = prepare()
         except (UsageError, DataError) as e:
-            err = [e]
-    if cfg["world_size"] > 1:
-        _torch().distributed.broadcast_object_list(err, src=0)  # in place: rank 0's error, or None
-    if err[0]:
-        raise err[0]
+            err = e
+    rank0_verdict(cfg, err)
     return prepared or prepare()
 
 

@@ -25,6 +25,7 @@ import torch
 from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
 from files import (Busy, append_line, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
                    not_a_file, temporary, unwritable, writable)
+from machine import rank0_verdict
 
 
 # ----------------------------------------------------------------------------
@@ -47,9 +48,8 @@ def run_config(d):  # the flags that made the run in directory d, as its config.
     return None
 
 
-def in_use(where, pid):
-    return (f"{where} is in use by {f'process {pid}' if pid else 'another process'}, which is writing the same run; "
-            "wait for it to end (or stop it), or pick another --run-name.")
+def in_use(where, pid):  # another process writes the run in where
+    return Busy(where, pid, "or pick another --run-name")
 
 
 def run_dir_problem(c):
@@ -66,7 +66,7 @@ def run_dir_problem(c):
     if in_the_way:
         return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
-        return in_use(d, pid)
+        return str(in_use(d, pid))
     if has_run and not (c["resume"] or c["overwrite"]):
         old = (run_config(d) or {}).get("data")
         other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
@@ -85,25 +85,22 @@ def run_lock(cfg):
     touching nothing. Then it clears what a run killed mid-write left; an old run stays whole until the new run's
     first checkpoint. A stop or fault before that checkpoint (while the model is built) leaves no empty run
     directory (new_folders). Under torchrun the other processes stop with rank 0's verdict."""
-    where, err = run_dir(cfg), [None]
+    where, err = run_dir(cfg), None
     with contextlib.ExitStack() as held:
         if cfg["rank"] == 0:
             held.enter_context(new_folders(where))
             try:
                 held.enter_context(dir_lock(where))
             except Busy as e:
-                err = [UsageError(in_use(where, e.pid))]
-            if not err[0] and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside it may have ended
-                err = [UsageError(problem)]
-            if not err[0] and cfg["overwrite"] and (where / "ckpt.pt").exists():
+                err = in_use(where, e.pid)
+            if not err and (problem := run_dir_problem(cfg)):  # CHECKS again: a run beside it may have ended
+                err = UsageError(problem)
+            if not err and cfg["overwrite"] and (where / "ckpt.pt").exists():
                 log(f"note: --overwrite: the run in {where} is replaced file by file from the new run's first "
                     "checkpoint")
-            if not err[0]:
+            if not err:
                 clear_temporaries(where)
-        if cfg["world_size"] > 1:
-            torch.distributed.broadcast_object_list(err, src=0)
-        if err[0]:
-            raise err[0]
+        rank0_verdict(cfg, err)
         yield
 
 
