@@ -18,6 +18,7 @@ import re
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import cli  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
 if __name__ == "__main__":
@@ -604,8 +605,8 @@ class Tokenizer:
 # -----------------------------------------------------------------------------
 # 7. Command line
 
-def _tokenizer_files(directory):
-    return [os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")]
+def tokenizer_files(directory):  # where bpe.py train, a token cache and a run keep a tokenizer
+    return Path(directory) / "vocab.json", Path(directory) / "merges.txt"
 
 
 def _cmd_train(args):
@@ -614,16 +615,16 @@ def _cmd_train(args):
         why = (f"is {files.not_a_file(args.out) or 'a file'}, not a directory" if in_the_way else
                "cannot be made or written (read-only, or a file on its path)")
         raise ValueError(f"--out {args.out} {why}; pass a writable directory")
-    if any(files.same_file(args.input, f) for f in _tokenizer_files(args.out)):
+    if any(files.same_file(args.input, f) for f in tokenizer_files(args.out)):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
                          "pass another --out")
-    if why := next((f"{p}{w}" for p in _tokenizer_files(args.out) if (w := files.unwritable(p))), None):
+    if why := next((f"{p}{w}" for p in tokenizer_files(args.out) if (w := files.unwritable(p))), None):
         raise ValueError(f"--out: {why}; pass another --out")
     t0 = time.perf_counter()
     vocab, merges = train_bpe(args.input, args.vocab_size, args.special_tokens, args.num_workers)
     dt = time.perf_counter() - t0
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
-        Tokenizer(vocab, merges, args.special_tokens).save(*_tokenizer_files(args.out))
+        Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
     longest = max(vocab.values(), key=len)
     text = longest.decode("utf-8", errors="replace")
     cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
@@ -632,7 +633,7 @@ def _cmd_train(args):
 
 
 def _cmd_encode(args):
-    vocab_file, merges_file = _tokenizer_files(args.tokenizer)
+    vocab_file, merges_file = tokenizer_files(args.tokenizer)
     if files.same_file(args.out, vocab_file) or files.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
                          "would destroy it, so pass another --out")

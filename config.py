@@ -18,8 +18,9 @@ from torch.nn.attention import SDPBackend
 
 import accounting
 import fused_head
+from bpe import tokenizer_files
 from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
-from data import BUILTIN, DATASETS, ids_vocab_size, is_cached, tokenizer_files
+from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import run_config, run_dir_problem

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bpe import Tokenizer, encode_file, train_bpe
+from bpe import Tokenizer, encode_file, tokenizer_files, train_bpe
 from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
                  show_progress)
 from files import atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into
@@ -552,10 +552,6 @@ class TokenIds:
 
 def pieces(ids):  # the ids READ at a time, as arrays
     return (np.asarray(ids[i:i + READ]) for i in range(0, len(ids), READ))
-
-
-def tokenizer_files(directory):  # where a run, a token cache and bpe.py train keep a tokenizer
-    return Path(directory) / "vocab.json", Path(directory) / "merges.txt"
 
 
 def read_tokenizer(directory):

@@ -3470,7 +3470,7 @@ def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
     ro = tmpfs("ro", "ro")
     tok = tmp_path / "tok"
     tok.mkdir()
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tok))
     (tmp_path / "a.txt").write_text("hello world\n" * 100, encoding="utf-8")
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(tmp_path / "a.txt"), "--tokenizer",
                         str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
@@ -3487,7 +3487,7 @@ def test_bpe_cli_refuses_every_output_it_cannot_write_before_the_work(tmp_path, 
     text, tok = tmp_path / "a.txt", tmp_path / "tok"
     text.write_text("hello world\n" * 50, encoding="utf-8")
     tok.mkdir()
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tok))
     for d in ("ro", "real", "D/vocab.json", "E", "F"):
         (tmp_path / d).mkdir(parents=True)
     for link, to in (("dangling.npy", "nowhere/x.npy"), ("to_real.npy", "real/x.npy"), ("LINK", "nowhere"),
@@ -3953,7 +3953,7 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
     text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
     text.write_text("hello world\n", encoding="utf-8")
     tok_dir.mkdir()
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok_dir))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tok_dir))
     full = open("/dev/full", "w", buffering=1)  # line-buffered: print's write fails
     monkeypatch.setattr(sys, "stdout", full)
     try:
@@ -3995,7 +3995,7 @@ def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
                         str(tmp_path / "tok")], preexec_fn=lambda: os.close(1),
                        stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert bpe.Tokenizer.from_files(*bpe._tokenizer_files(tmp_path / "tok")).encode("hello")
+    assert bpe.Tokenizer.from_files(*bpe.tokenizer_files(tmp_path / "tok")).encode("hello")
 
 
 def test_train_cli_with_stdout_closed_runs_without_a_traceback(tmp_path):
@@ -4009,7 +4009,7 @@ def test_bpe_cli_encode_special_token_not_utf8_is_the_trainers_sentence(tmp_path
     # a shell's $'\xff' in `bpe.py encode --special-tokens`: "'utf-8' codec can't encode character '\udcff' in
     # position 0: surrogates not allowed", before (train said what to fix)
     (tmp_path / "tok").mkdir()
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tmp_path / "tok"))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tmp_path / "tok"))
     (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
     with pytest.raises(SystemExit) as stop:
         bpe.main(["encode", str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok"), "--out",
@@ -4078,7 +4078,7 @@ def _bpe_bytes_tokenizer(tmp_path):  # the 256 bytes and no merges, saved as bpe
     text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
     text.write_text("hello world\n", encoding="utf-8")
     tok_dir.mkdir()
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe._tokenizer_files(tok_dir))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tok_dir))
     return text, tok_dir
 
 
@@ -4121,7 +4121,7 @@ def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
     assert list(vocab.values()).count(b"a") == 1 and not [m for m in merges if b"a" in m or b"\n" in m]
     assert len(bpe.train_bpe(str(text), 257, ["a", "\n", "<|eot|>"])[0]) == 257     # room: 256 bytes + <|eot|>
     bpe.main(["train", str(text), "--vocab-size", "266", "--special-tokens", *specials, "--out", str(tok_dir)])
-    tok = bpe.Tokenizer.from_files(*bpe._tokenizer_files(tok_dir), specials)
+    tok = bpe.Tokenizer.from_files(*bpe.tokenizer_files(tok_dir), specials)
     assert (tok.vocab, tok.merges) == (vocab, merges)
     bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers", "1",
               "--special-tokens", *specials])
