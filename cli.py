@@ -7,7 +7,7 @@ it imports only the standard library (a tokenizer's command starts without torch
 2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
    exit_code is the one map from a fault to an exit code, for every command
 3. Progress lines and the ETA
-4. The parser: a table of flags as argparse, a mistake one sentence
+4. The parser: argparse, whose mistakes are one sentence and exit code 2
 """
 import argparse
 import contextlib
@@ -303,31 +303,8 @@ def end_progress():  # a terminal's progress line ends before what is printed ne
 
 
 # ----------------------------------------------------------------------------
-# 4. The parser: a table of flags, whose mistakes are one sentence and exit code 2
+# 4. The parser: argparse, whose mistakes are one sentence and exit code 2
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
         raise UsageError(f"{message} (see python {self.prog} --help)")
-
-
-PRESET = "preset"  # a flag's default that depends on another flag: the caller's presets fill it in
-
-
-def flags_parser(prog, description, flags, presets):
-    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one that is on
-    by default also gets --no-...); default PRESET: None, filled in later, and --help lists each preset's value."""
-    p = group = Parser(prog=prog, description=description)
-    for row in flags:
-        if isinstance(row, str):  # a section title
-            group = p.add_argument_group(row)
-        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
-            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
-                               default=row[2], help=row[3] + (" (default: on)" if row[2] else ""))
-        else:
-            name, kind, default, text = row
-            shown = "" if default in (None, "") else f" (default: {default})"
-            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
-                key = name[2:].replace("-", "_")
-                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in presets.items() if v[key] is not None)})"
-            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
-    return p

@@ -7,6 +7,7 @@ from them (resolve_config). `python train.py --help` prints FLAGS.
 2. The rules: one row per mistake, checked in order
 3. resolve_config: flags -> one flat dict
 """
+import argparse
 import importlib.util
 import math
 import os
@@ -19,7 +20,7 @@ from torch.nn.attention import SDPBackend
 import accounting
 import fused_head
 from bpe import tokenizer_files
-from cli import PRESET, RANK, UsageError, env_int, flags_parser, log
+from cli import RANK, Parser, UsageError, env_int, log
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
@@ -30,6 +31,7 @@ from rundir import run_config, run_dir_problem
 # 1. The flags and the presets
 
 
+PRESET = "preset"  # a flag's default that depends on --data: filled in from PRESETS
 # The flags marked PRESET take their default from the data source: the built-in corpora and local files
 # get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
 # run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
@@ -385,6 +387,26 @@ def check_samples(cfg, tok, tok_files, top, eot):
 
 # ----------------------------------------------------------------------------
 # 3. resolve_config: flags -> one flat dict
+
+def flags_parser(prog, description, flags, presets):
+    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one that is on
+    by default also gets --no-...); default PRESET: None, filled in later, and --help lists each preset's value."""
+    p = group = Parser(prog=prog, description=description)
+    for row in flags:
+        if isinstance(row, str):  # a section title
+            group = p.add_argument_group(row)
+        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
+            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
+                               default=row[2], help=row[3] + (" (default: on)" if row[2] else ""))
+        else:
+            name, kind, default, text = row
+            shown = "" if default in (None, "") else f" (default: {default})"
+            if default is PRESET:  # e.g. "(default: small 2048; tinystories 10000; owt 32000)"
+                key = name[2:].replace("-", "_")
+                shown = f" (default: {'; '.join(f'{n} {v[key]}' for n, v in presets.items() if v[key] is not None)})"
+            group.add_argument(name, type=kind, default=None if default is PRESET else default, help=text + shown)
+    return p
+
 
 def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit code 2 (cli.Parser)
     return flags_parser("train.py", "Train a Transformer LM (CS336 assignment 1). With no flags: a small model "
