@@ -1,7 +1,7 @@
 """
-Figures: loss against steps and against wall-clock seconds, side by side, saved as a PNG. train.py --plot draws
-one run's training and validation loss (loss.png); experiments.py draws many runs' validation loss in one figure.
-matplotlib is optional: train.py's CHECKS refuse --plot without it, experiments.py's report keeps its tables.
+Figures: loss against steps and against wall-clock seconds, side by side, saved as a PNG. plot_run draws one run's
+training and validation loss from its metrics.jsonl; runs_figure draws many runs' validation loss in one figure.
+matplotlib is optional: _pyplot() is None without it, and a caller that needs a figure checks that first.
 Optional reading.
 """
 import os

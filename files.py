@@ -53,7 +53,7 @@ def same_file(a, b):  # do paths a and b name one existing file, by any spelling
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
-def unreadable(path):  # why --data/--val-data cannot be read, or "" if it can
+def unreadable(path):  # why path cannot be read as a file, as words that follow it, or "" if it can
     if kind := not_a_file(path):  # a FIFO or /dev/zero would be read forever
         return f" is {kind}, not a file"
     if not os.path.isfile(path):

@@ -1,7 +1,7 @@
 """
 The run directory (OUT_DIR/RUN_NAME): one writer at a time, an old run replaced only on --overwrite, the files
 beside ckpt.pt, a checkpoint read and verified before --resume trusts it, and the stops that leave a valid one
-(Ctrl-C at a step boundary, a NaN, a compile failure). Optional reading: train.py calls it at each boundary.
+(Ctrl-C at a step boundary, a NaN, a compile failure). Optional reading: a training loop's boundaries call it.
 
 1. The run directory: one writer (its lock), an old run replaced only on --overwrite
 2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
