@@ -27,7 +27,8 @@ import numpy as np
 from bpe import Tokenizer, encode_file, tokenizer_files, train_bpe
 from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
                  show_progress)
-from files import atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into
+from files import (atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into,
+                   rename_synced)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -128,7 +129,7 @@ def download(url, dest):
             raise DataError(f"the download of {url} stopped at {done}" + ("" if total is None else f" of {total}")
                             + " bytes; run the same command again to resume it.")
     end_progress()
-    os.replace(part, dest)
+    rename_synced(part, dest)
     version.unlink(missing_ok=True)
     return dest
 

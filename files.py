@@ -197,6 +197,14 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
+def rename_synced(tmp, path):
+    """tmp renamed onto path once its bytes are on disk (fsync): a power cut between the two never leaves path empty
+    or short under its final name (atomic_file does the same for what it writes)."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def append_line(path, line):
     """One line added to a log (metrics.jsonl): a line cut short by a stop is dropped by its reader. A full disk
     fails the write or the close, which name no file: the error names path (not stdout's, nor only its folder)."""

@@ -4853,14 +4853,17 @@ def _data_server(**shape):  # a _DataRangeHandler of this shape, serving: yields
         srv.server_close()
 
 
-def test_data_download_asks_again_while_a_range_reply_holds_less_than_the_rest(tmp_path, capsys):
+def test_data_download_asks_again_while_a_range_reply_holds_less_than_the_rest(tmp_path, capsys, monkeypatch):
     """A 206 was taken for the whole rest of the file: a server (a mirror, a proxy) that answers a range with less
     had its part renamed into place as the file. Content-Range says what a reply holds (RFC 9110 15.3.7)."""
     payload, dest = _DataRangeHandler.payload, tmp_path / "f.txt"
     (tmp_path / "f.txt.part").write_bytes(payload[:12345])  # an interrupted earlier download
+    synced, fsync = [], os.fsync  # the part's bytes reach the disk before its rename (a power cut: no short file)
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_size) or fsync(fd))
     with _data_server(most=100_000) as (url, seen):
         data.download(f"{url}/f.txt", dest)
     assert dest.read_bytes() == payload and not (tmp_path / "f.txt.part").exists()
+    assert synced == [len(payload)]
     assert seen == ["bytes=12345-", "bytes=112345-", "bytes=212345-"]
     assert capsys.readouterr().out.count("downloading ") == 1
 
