@@ -3,7 +3,8 @@
 In reading order: 1. corpora (Python's built-in docs, resumable downloads of the CS336 datasets,
 a local file's train/valid split; GPT-2's tokenizer files, fetched on demand), 2. a BPE tokenizer (bpe.py) and both splits as .npy ids (uint16;
 uint32 past 65,536 tokens), 3. prepare_data(), 4. checks that the ids fit the model, the unigram baseline.
-Every file is written whole or not at all (files.atomic_file), so a rerun skips what exists.
+Every file is written whole or not at all (files.atomic_file), so a rerun skips what exists. It lives apart from
+train.py because none of it is the training lecture: downloads, caches and file formats, shared with experiments.py.
 """
 import codecs
 import contextlib

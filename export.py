@@ -16,6 +16,8 @@ Run:  python train.py --export hf/python    # the run in out/python: pass the tr
       python export.py out/python hf/python  # the same, the run named by its directory
       python -c "import transformers as t; print(t.pipeline('text-generation', model='hf/python')('The')[0])"
 train.py --export and main() call export_run; tests: python -m pytest -q test_all.py -k export
+It lives apart from train.py: optional (transformers is needed only to load the export, not to write it), and the
+same for both commands.
 """
 import contextlib
 import inspect
