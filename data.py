@@ -28,8 +28,8 @@ import numpy as np
 from bpe import Tokenizer, encode_file, tokenizer_files, train_bpe
 from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
                  show_progress)
-from files import (atomic_file, changed_while_read, dir_lock, is_ids, new_folders, read_exactly, read_into,
-                   rename_synced)
+from files import (atomic_file, changed_while_read, copy_file, dir_lock, is_ids, new_folders, read_exactly,
+                   read_into, rename_synced)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -444,8 +444,7 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
     files, npys = paths[:2], paths[2:]
     for src, dst in zip(tokenizer_files(given) if given else (), files):  # kept beside the ids it made
         if not dst.exists():
-            with atomic_file(dst) as f:
-                f.write(src.read_bytes())
+            copy_file(src, dst)
     if not all(f.exists() for f in files):  # Tokenizer.save writes each file atomically
         say(f"training a {vocab_size}-token BPE tokenizer on {train_txt}")
         t0 = time.time()

@@ -32,7 +32,6 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 import argparse
 import ctypes
 import datetime
-import json
 import math
 import os
 import platform
@@ -301,9 +300,8 @@ def finish(run, args, rest, code):
         raise (cli.UsageError if code == 2 else cli.DataError)(
             f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
     if code != 130:
-        with files.atomic_file(run.dir(args.out_dir) / "result.json", "w") as f:
-            json.dump({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
-                      f)
+        files.write_json({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
+                         run.dir(args.out_dir) / "result.json")
         cli.say(f"{run.experiment}/{run.name}: " + (f"diverged at step {step}" if step else "done"))
 
 

@@ -35,7 +35,7 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str, catch_ctrl_c
 from cli import Parser, UsageError, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, new_folders, unwritable, writable
+from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
 from rundir import RUN_MARKERS, check_state, read_run
 
@@ -117,11 +117,6 @@ def save_safetensors(tensors, path):
 
 # ----------------------------------------------------------------------------
 # 3. The tokenizer: GPT-2's files and what transformers needs to know about them
-
-def write_json(obj, path):  # whole and on disk (fsync) before export_hf puts the files in place
-    with atomic_file(path, "w") as f:
-        f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.json")
 

@@ -197,6 +197,16 @@ def atomic_file(path, mode="wb"):
             os.remove(tmp)
 
 
+def write_json(obj, path):  # a JSON file whole (atomic_file), indented for a reader, UTF-8 as it is
+    with atomic_file(path, "w") as f:
+        f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def copy_file(src, dst):  # src's bytes as dst, whole or not at all
+    with atomic_file(dst) as f:
+        f.write(Path(src).read_bytes())
+
+
 def rename_synced(tmp, path):
     """tmp renamed onto path once its bytes are on disk (fsync): a power cut between the two never leaves path empty
     or short under its final name (atomic_file does the same for what it writes)."""

@@ -24,7 +24,6 @@ import contextlib
 import datetime
 import functools
 import inspect
-import json
 import logging
 import math
 import os
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
-from files import atomic_file, not_a_file
+from files import not_a_file, write_json
 from machine import memory_bytes, usable_cores
 
 if not torch.cuda.is_available():  # torch's "No CUDA runtime is found" warning, on compiling, says nothing new here
@@ -545,8 +544,7 @@ def main(argv=None):
     if "profile" not in args.skip:
         result["profile"] = run_profile(variants, args.device)
     if args.json is not None:
-        with atomic_file(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(result, args.json)
         print(f"\nwrote {args.json}")
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
-from files import (Busy, append_line, atomic_file, clear_temporaries, dir_lock, load_json, lock_holder, new_folders,
-                   not_a_file, temporary, unwritable, writable)
+from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, load_json, lock_holder,
+                   new_folders, not_a_file, temporary, unwritable, writable, write_json)
 from machine import rank0_verdict
 
 
@@ -156,10 +156,8 @@ def write_run_files(cfg, tok_files, start, new):
                              "tokenizer; run the same command again.")
         if not new and copy.exists():
             log(f"note: --resume: {copy} is not the tokenizer the checkpoint was trained with; copying {f}")
-        with atomic_file(copy) as out:  # a full disk must not leave half a tokenizer
-            out.write(f.read_bytes())
-    with atomic_file(where / "config.json", "w") as f:
-        f.write(json.dumps(cfg, indent=2) + "\n")
+        copy_file(f, copy)  # a full disk must not leave half a tokenizer
+    write_json(cfg, where / "config.json")
     truncate_metrics(where / "metrics.jsonl", start)
     if new:  # what an old run here left that this one does not make (yet)
         for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:

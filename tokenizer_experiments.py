@@ -89,8 +89,7 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
                    other_on_other=bytes_per_token(other_tok, other_docs),
                    bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    with files.atomic_file(path, "w") as f:
-        json.dump(figures, f)
+    files.write_json(figures, path)
     return figures
 
 
