@@ -221,16 +221,17 @@ def exit_code(name, command, interrupted, less_memory=None):
 
 
 @contextlib.contextmanager
-def disk_full(then):
-    """A full disk (or quota) while writing a file (atomic_file and append_line name it) ends in one sentence that
-    says what to do then, exit code 1; atomic_file leaves what was there whole. The OSError may come wrapped
-    (torch.save's zip writer raises a RuntimeError). A full stdout is exit_code's sentence (rerunning is the fix)."""
+def disk_full(where, then):
+    """A full disk (or quota) while writing under `where` ends in one sentence that says what to do then, exit code
+    1; atomic_file leaves what was there whole, and names its file (as append_line does; a library's writer may name
+    none: then `where`). The OSError may come wrapped (torch.save's zip writer raises a RuntimeError)."""
     try:
         yield
     except Exception as e:
-        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None or not cause.filename:
-            raise  # another OSError, or stdout full (its writes name no file): exit_code's sentence
-        raise DataError(f"the disk is full: could not write {cause.filename}; free some space, then {then}.") from None
+        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None:
+            raise  # another OSError, wrapped or not: exit_code's sentence
+        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
+                        f"then {then}.") from None
 
 
 # ----------------------------------------------------------------------------

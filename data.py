@@ -640,15 +640,14 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     if is_ids(source):
         return load_ids(source, val_data, tokenizer)
     where = cache_dir(source, data_dir)
-    tokens = token_dir(where, vocab_size, tokenizer)
-    with new_folders(tokens):  # a failure leaves no folder it made (one holding a whole file stays, for a rerun)
-        if source in BUILTIN:
-            texts = builtin_corpus(source, where)
-        elif source in DATASETS:
-            texts = downloaded_corpus(source, where)
-        else:
-            texts = local_corpus(Path(source).resolve(), where)
-        tok, files, npys = tokenize_corpus(*texts, vocab_size, tokens, workers, tokenizer)
+    if source in BUILTIN:
+        texts = builtin_corpus(source, where)
+    elif source in DATASETS:
+        texts = downloaded_corpus(source, where)
+    else:
+        texts = local_corpus(Path(source).resolve(), where)
+    # (a failure may leave an empty cache folder: removing it could pull it from under another run filling it)
+    tok, files, npys = tokenize_corpus(*texts, vocab_size, token_dir(where, vocab_size, tokenizer), workers, tokenizer)
     train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 

@@ -156,8 +156,11 @@ def unwritable(path, folders=True):
         return f" is {kind}"
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.access(real, os.W_OK):
-        return " is read-only"
-    if folders and not all(writable(os.path.dirname(p)) for p in (os.path.abspath(path), real)):
+        return " is not writable by this user (read-only, or another user's)"
+    # the target's folder takes the temporary and the rename; the path's own only matters while it is no folder (a
+    # dangling link to one): a symlink in a read-only folder to a writable place is written through
+    here = os.path.dirname(os.path.abspath(path))
+    if folders and not all(map(writable, {os.path.dirname(real), *(() if os.path.isdir(here) else (here,))})):
         return " is in a folder that cannot be made or written (read-only, or a dangling link)"
     return ""
 
@@ -167,7 +170,7 @@ def replace_target(path):
     replaced, the link stays). What unwritable names is refused: a ValueError, or the PermissionError a write in
     place would meet for a read-only file; a folder's fault is left to the system's own error, which says why."""
     if why := unwritable(path, folders=False):
-        raise (PermissionError(errno.EACCES, f"Permission denied (it{why})", path) if why == " is read-only" else
+        raise (PermissionError(errno.EACCES, f"Permission denied (it{why})", path) if "not writable" in why else
                ValueError(f"{path}{why}, not a regular file: give the path of a file to write"))
     path = os.path.realpath(path)
     return path, temporary_path(path)

@@ -231,7 +231,7 @@ def rank0_first(cfg, prepare):
     err, prepared = None, None
     if cfg["rank"] == 0:
         try:
-            with disk_full("run the same command again"):
+            with disk_full(cfg["data_dir"], "run the same command again"):
                 prepared = prepare()
         except (UsageError, DataError) as e:
             err = e

@@ -64,7 +64,8 @@ def run_dir_problem(c):
         return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
                 "or another --run-name.")
     if in_the_way:
-        return f"{in_the_way} where the run writes a file; move it away or pick another --run-name."
+        return f"{in_the_way} where the run writes a file; move it away (or make it writable), or pick another " \
+               "--run-name."
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
         return str(in_use(d, pid))
     if has_run and not (c["resume"] or c["overwrite"]):

@@ -533,8 +533,8 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         resume = f"run {rundir.resume_command(cfg)} to continue from the last checkpoint"
-        with machine.process_group(cfg), cli.disk_full(resume), \
-                rundir.compile_failures(cfg):  # one the CHECKS' probe did not foresee
+        full = contextlib.nullcontext() if cfg["sample"] else cli.disk_full(rundir.run_dir(cfg), resume)  # (writes
+        with machine.process_group(cfg), full, rundir.compile_failures(cfg):  # nothing: a full stdout is exit_code's)
             return run(cfg)
     return cli.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
                          "ckpt.pt: with --resume, without --overwrite) to go on.", less_memory=LESS_MEMORY)
