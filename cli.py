@@ -200,7 +200,7 @@ def exit_code(name, command, interrupted, less_memory=None):
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1
-        log(f"{name}: error: {os_error_sentence(e)}", file=sys.stderr)
+        fault(name, os_error_sentence(e))
         return 1
     except (KeyboardInterrupt, Exception) as e:
         # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
@@ -210,14 +210,24 @@ def exit_code(name, command, interrupted, less_memory=None):
             return 130
         if (asked := out_of_memory(e)) is not None:
             less = less_memory or f"ask for less (a smaller input, batch or model); {interrupted}"
-            log(f"{name}: error: out of memory{asked}; {less}", file=sys.stderr)
+            fault(name, f"out of memory{asked}; {less}")
+            return 1
+        if type(e).__name__ in ("DistBackendError", "DistNetworkError") or "closed by peer" in str(e):  # torchrun's
+            log(f"{name}: error: another process of the job ended, or lost its connection ({error_line(e)[:80]}...); "
+                f"its own sentence, if it had one, is above: fix that, then {interrupted}", file=sys.stderr)
             return 1
         if (cause := os_error_in(e)) is None:
             raise
         # a write that failed under a library's own error (torch.save's "unexpected pos" over EFBIG, a file-size
         # limit): the same sentence as the OSError itself
-        log(f"{name}: error: {os_error_sentence(cause)}", file=sys.stderr)
+        fault(name, os_error_sentence(cause))
         return 1
+
+
+def fault(name, words):
+    """A machine's fault, in each process it meets: under torchrun another process's own (one GPU out of memory) says
+    its rank; a usage mistake, which rank 0 finds for all of them, is rank 0's alone (log)."""
+    say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
 
 
 @contextlib.contextmanager

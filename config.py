@@ -301,6 +301,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
      "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
     (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
+    (lambda c: c["world_size"] > 1 and (c["sample"] or c["export"] is not None),  # each process would do it again
+     "--sample and --export read a run in one process; run them with python train.py, not torchrun."),
     (lambda c: c["prompt"] == "-" and not c["sample"],
      "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "

@@ -22,7 +22,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cli import TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, short_repr
+from cli import (TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, os_error_sentence,
+                 short_repr)
 from files import writable
 
 
@@ -235,6 +236,8 @@ def rank0_first(cfg, prepare):
                 prepared = prepare()
         except (UsageError, DataError) as e:
             err = e
+        except OSError as e:  # (a file size limit): one sentence, which every process stops with
+            err = DataError(os_error_sentence(e))
     rank0_verdict(cfg, err)
     return prepared or prepare()
 

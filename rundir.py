@@ -497,24 +497,26 @@ def check_same_data(state, cfg, ckpt_path):
 @contextlib.contextmanager
 def stop_requests(cfg):
     """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
-    so the checkpoint saved then is valid (under DDP: the next log step); a second Ctrl-C aborts at once.
+    so the checkpoint saved then is valid (under DDP on GPUs: the next log step); a second Ctrl-C aborts at once
+    (under torchrun, not one within a second of the first: torchrun passes on the signal a process got too).
     Yields stopped(step)."""
-    asked = []
+    asked = []  # (signal, when)
+    every_step = cfg["world_size"] == 1 or cfg["device"] == "cpu"  # a CPU waits for each step anyway
 
     def handler(signum, frame):
         if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
             hang_up()
-        elif asked:
+        elif asked and (cfg["world_size"] == 1 or time.monotonic() - asked[0][1] > 1.0):
             raise KeyboardInterrupt
         if not asked:
-            asked.append(signum)
-            when = "this step" if cfg["world_size"] == 1 else "the next log step (--log-interval)"
+            asked.append((signum, time.monotonic()))
+            when = "this step" if every_step else "the next log step (--log-interval)"
             log(f"\nstopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
 
-    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them
-        if cfg["world_size"] == 1:  # is an all_reduce and a host wait, so only at log steps
-            return bool(asked)
-        if step % cfg["log_interval"]:
+    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them is
+        if cfg["world_size"] == 1:  # an all_reduce and a host wait: on GPUs only at log steps (torchrun kills a
+            return bool(asked)      # process 30 s after a signal: a CPU's slow steps could not wait that long)
+        if step % cfg["log_interval"] and not every_step:
             return False
         s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
