@@ -201,8 +201,8 @@ def atomic_file(path, mode="wb"):
 
 
 def write_json(obj, path):  # a JSON file whole (atomic_file), indented for a reader, UTF-8 as it is
-    with atomic_file(path, "w") as f:
-        f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    with atomic_file(path) as f:  # a lone surrogate (a file name that is not UTF-8) as its JSON escape, \udce9
+        f.write((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def copy_file(src, dst):  # src's bytes as dst, whole or not at all
