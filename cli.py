@@ -185,6 +185,12 @@ def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised whi
     return e is not None
 
 
+def fault(name, words):
+    """A machine's fault, in each process it meets: under torchrun another process's own (one GPU out of memory) says
+    its rank; a usage mistake, which rank 0 finds for all of them, is rank 0's alone (log)."""
+    say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
+
+
 def exit_code(name, command, interrupted, less_memory=None):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (memory running out
     too) or an unforeseen OSError, 130 a Ctrl-C. interrupted: what a stopped command left (the sentence's end);
@@ -213,7 +219,7 @@ def exit_code(name, command, interrupted, less_memory=None):
             fault(name, f"out of memory{asked}; {less}")
             return 1
         if type(e).__name__ in ("DistBackendError", "DistNetworkError") or "closed by peer" in str(e):  # torchrun's
-            log(f"{name}: error: another process of the job ended, or lost its connection ({error_line(e)[:80]}...); "
+            log(f"{name}: error: another process of the job ended, or lost its connection ({error_line(e)[:80]}); "
                 f"its own sentence, if it had one, is above: fix that, then {interrupted}", file=sys.stderr)
             return 1
         if (cause := os_error_in(e)) is None:
@@ -222,12 +228,6 @@ def exit_code(name, command, interrupted, less_memory=None):
         # limit): the same sentence as the OSError itself
         fault(name, os_error_sentence(cause))
         return 1
-
-
-def fault(name, words):
-    """A machine's fault, in each process it meets: under torchrun another process's own (one GPU out of memory) says
-    its rank; a usage mistake, which rank 0 finds for all of them, is rank 0's alone (log)."""
-    say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -150,8 +150,8 @@ def temporary_path(path):
 def unwritable(path, folders=True):
     """Why no file can be written at path, as words that follow it (" is a FIFO"), or "": what is not a regular
     file (renaming over /dev/null would replace the device itself; a dangling link), a file this user may not write
-    (chmod 444 says keep it: a rename would replace it, with another mode), or (folders) a folder, the path's or its
-    link target's, that cannot be made or written. A command asks it of each file it writes before its work."""
+    (chmod 444 says keep it: a rename would replace it, with another mode), or (folders) a folder that cannot be made
+    or written where the file goes. A command asks it of each file it writes before its work."""
     if kind := not_a_file(path):
         return f" is {kind}"
     real = os.path.realpath(path)
