@@ -9274,8 +9274,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
     head = [f"head and loss alone, GPT-2-small shape (128 rows): {v}" for v in (
         "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunks" for k in bench.HEAD_CHUNKS[1:]))]
-    levers = [f"lever, {s} shape: {lever}" for s in bench.GPU_SHAPES for lever in bench.LEVERS]
-    levers += [f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in bench.AUTOTUNE]
+    levers = [f"lever, {s} shape: {lever}" for levers in (bench.LEVERS, bench.AUTOTUNE)  # GPT-2 small's first
+              for s in reversed(bench.GPU_SHAPES) for lever in levers]
     by_default = "levers on by default (train.py's flags)"
     muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
