@@ -1085,12 +1085,12 @@ class GpuReport:
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
 
     def levers(self, name, levers=None):
-        """Each lever of the fast path at one shape (levers: LEVERS, or AUTOTUNE's), one at a time: built and
-        compiled, timed taking turns with the defaults, its row printed at once, then freed, so that a report stopped
-        from outside (a rented GPU's time limit, during max-autotune's long compile) keeps the rows before it. Each row has one step's peak memory
-        beyond the weights and optimizer state (the fused head's saving is the defaults' against
-        --no-fused-head's) and the first step's seconds (the compile). A lever starts only while the budget lasts,
-        and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        """Each lever of the fast path at one shape (levers: LEVERS, or AUTOTUNE's), one at a time: built and compiled,
+        timed taking turns with the defaults, its row printed at once, then freed, so that a report stopped from outside
+        (a rented GPU's time limit, during max-autotune's long compile) keeps the rows before it. Each row has one
+        step's peak memory beyond the weights and optimizer state (the fused head's saving is the defaults' against
+        --no-fused-head's) and the first step's seconds (the compile). A lever starts only while the budget lasts, and
+        one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
         sync, rows, defaults = train.synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")
