@@ -527,9 +527,10 @@ def _decode_step(model, caches, tok, valid, pad):
     return model._run(tok, slot - pad, mask[:, None, None, :], caches)[:, -1]
 
 
-# fullgraph=True past dynamo's limit of graphs per function: an error, not an eager fallback (torch 2.5 names it so)
-_GRAPH_LIMIT_HIT = tuple(getattr(torch._dynamo.exc, n) for n in ("FailOnRecompileLimitHit", "CacheLimitExceeded")
-                         if hasattr(torch._dynamo.exc, n))
+def _graph_limit_hit():  # fullgraph=True past dynamo's limit of graphs per function: an error, not an eager
+    # fallback (torch 2.5 names it so); looked up only when an error comes: torch._dynamo takes a second to import
+    return tuple(getattr(torch._dynamo.exc, n) for n in ("FailOnRecompileLimitHit", "CacheLimitExceeded")
+                 if hasattr(torch._dynamo.exc, n))
 
 
 def _compiled_step(device_type):
@@ -564,7 +565,7 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
             tok = new[:, i - 1:i].clone(memory_format=torch.contiguous_format)  # batch 1: not new's stride (a guard)
             try:  # fullgraph past dynamo's graph limit (batch sizes x dtypes x model shapes): this call runs eagerly
                 logits = step(model, caches, tok, full, pad)
-            except _GRAPH_LIMIT_HIT:
+            except _graph_limit_hit():
                 step, graphs, logits = _decode_step, False, _decode_step(model, caches, tok, full, pad)
         new[:, i] = _sample_on_device(logits, temperature, top_p, generator)
         if stop_id is not None:
