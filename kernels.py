@@ -65,9 +65,15 @@ def gelu_builtin(x):
     return F.gelu(x, approximate="tanh")
 
 
-# Variant 3: torch.compile sees the eight ops as one graph and emits one fused kernel (Triton on
-# GPU, C++ on CPU), at the first call. dynamic=True: one compile per dtype, not one per size.
-gelu_compiled = torch.compile(gelu_torch_ops, dynamic=True)
+def gelu_compiled(x):
+    # Variant 3. torch.compile sees the eight ops as one graph and emits one fused kernel (Triton on
+    # GPU, C++ on CPU), at the first call. dynamic=True: one compile per dtype, not one per size.
+    return _compiled(gelu_torch_ops)(x)
+
+
+@functools.cache
+def _compiled(fn):  # made when first needed: torch.compile imports torch._dynamo, a second of start-up
+    return torch.compile(fn, dynamic=True)
 
 
 # Variant 4: a hand-written CUDA kernel. The tests compile exactly this string with nvcc (it
