@@ -499,14 +499,12 @@ def run(cfg):
         return export_run(rundir.run_dir(cfg), cfg["export"], cfg["overwrite"])
     if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
         return print_samples(cfg)
-    ckpt_path, resume_state = rundir.run_dir(cfg) / "ckpt.pt", None
+    ckpt_path, resume_state, init_state = rundir.run_dir(cfg) / "ckpt.pt", None, None
+    meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only, no memory: what a checkpoint must fit
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
-        meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only: no memory, no time
         optimizer = make_optimizer(dict(cfg, compile=False), meta)
         resume_state = rundir.verify_resume(cfg, ckpt_path, MODEL_KEYS, meta, optimizer, CORPORA, config.FLAG_DEFAULTS)
-    init_state = None  # --init-from: another run's weights to start from (a resumed run has its own)
-    if cfg["init_from"] is not None and resume_state is None:
-        meta = TransformerLM(**model_kwargs(cfg), device="meta")
+    if cfg["init_from"] is not None and resume_state is None:  # another run's weights (a resumed run has its own)
         init_state = rundir.verify_init(cfg, MODEL_KEYS, model_kwargs(), meta)
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = machine.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
