@@ -500,16 +500,16 @@ def stop_requests(cfg):
     so the checkpoint saved then is valid (under DDP on GPUs: the next log step); a second Ctrl-C aborts at once
     (under torchrun, not one within a second of the first: torchrun passes on the signal a process got too).
     Yields stopped(step)."""
-    asked = []  # (signal, when)
+    asked = []  # when the first stop came
     every_step = cfg["world_size"] == 1 or cfg["device"] == "cpu"  # a CPU waits for each step anyway
 
     def handler(signum, frame):
         if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
             hang_up()
-        elif asked and (cfg["world_size"] == 1 or time.monotonic() - asked[0][1] > 1.0):
+        elif asked and (cfg["world_size"] == 1 or time.monotonic() - asked[0] > 1.0):
             raise KeyboardInterrupt
         if not asked:
-            asked.append((signum, time.monotonic()))
+            asked.append(time.monotonic())
             when = "this step" if every_step else "the next log step (--log-interval)"
             log(f"\nstopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
 
