@@ -993,7 +993,7 @@ TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPAS
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
     "the defaults": [],
-    "--no-fused-head (the logits, then torch's loss compiled in)": ["--no-fused-head"],
+    "--fused-head (off by default for a step compiled on a GPU: the logits, then torch's loss)": ["--fused-head"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
     "--cuda-graph": ["--cuda-graph"],
@@ -1004,12 +1004,13 @@ AUTOTUNE = {"the defaults, again beside max-autotune": [], "--max-autotune": ["-
 
 
 def levers_by_default():
-    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS)."""
-    on, off = ([config.FLAG_ROWS[k][0] for k in ("fused_head", "cuda_graph", "max_autotune")
-                if config.FLAG_DEFAULTS[k] is state] for state in (True, False))
-    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}; --sdpa-backend "
-            f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the GPU "
-            "(an H100 or H200)")
+    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's
+    default is decided by config.resolve_config: off for a step compiled on a GPU)."""
+    on, off = ([config.FLAG_ROWS[k][0] for k in ("cuda_graph", "max_autotune") if config.FLAG_DEFAULTS[k] is state]
+               for state in (True, False))
+    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled "
+            f"on a GPU (on otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A "
+            "lever stays on only if it wins on the GPU (an H100 or H200)")
 
 
 def cuda_host_syncs(call):

@@ -111,8 +111,9 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
     ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
-    ("--fused-head", bool, True, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
-     "context, vocab) logits held; --no-fused-head: the logits, then the loss"),
+    ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
+     "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
+     "on a GPU, where the compiled logits path measured faster and smaller: docs/results.md)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
@@ -391,14 +392,15 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # 3. resolve_config: flags -> one flat dict
 
 def flags_parser(prog, description, flags, presets):
-    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one that is on
-    by default also gets --no-...); default PRESET: None, filled in later, and --help lists each preset's value."""
+    """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one on by
+    default, or decided later (None), also gets --no-...); default PRESET: None, filled in later, and --help lists
+    each preset's value."""
     p = group = Parser(prog=prog, description=description)
     for row in flags:
         if isinstance(row, str):  # a section title
             group = p.add_argument_group(row)
-        elif row[1] is bool:  # --fast is on by default, so it also gets a --no-fast
-            group.add_argument(row[0], action=argparse.BooleanOptionalAction if row[2] else "store_true",
+        elif row[1] is bool:  # --fast is on by default (or None: decided later), so it also gets a --no-fast
+            group.add_argument(row[0], action="store_true" if row[2] is False else argparse.BooleanOptionalAction,
                                default=row[2], help=row[3] + (" (default: on)" if row[2] else ""))
         else:
             name, kind, default, text = row
@@ -458,6 +460,8 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
+    if cfg["fused_head"] is None:  # it won on CPUs and lost to the compiled logits path on the H200 (docs/results.md)
+        cfg["fused_head"] = not (cfg["compile"] and cfg["device"].startswith("cuda"))
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
     check_flags(cfg)  # refused before anything is read or written

@@ -28,12 +28,16 @@ The lessons it embodies:
      Inductor still holds two chunks at once (a chunk's logits, and their gradient written beside them), so a
      compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes their
      gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
+  8. Measure where it runs. On a CPU it wins, eager and compiled (faster, and less memory). On the H200, compiled,
+     it lost on both counts: inductor kept several chunks' float32 logits alive at once, so every chunk count held
+     more than the logits path, and the plain compiled loss, which never writes float32 logits, was 3% faster. So
+     train.py turns it off by default for a step compiled on a GPU (docs/results.md has the figures).
 """
 import torch
 
-CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, as
-# the step runs on a GPU, 4 is the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and
-# take longer. bench.py gpu times 2 to 16 chunks on the GPU, where the choice is still to be confirmed
+CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, 4 is
+# the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 no
+# count beat the logits path (lesson 8), so the count is the CPU's, where the fused head is on by default
 
 
 # ----------------------------------------------------------------------------

@@ -621,7 +621,7 @@ def _fused_head_step_memory(fused, monkeypatch):
 
 
 def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(monkeypatch):
-    # the eager fast step with the fused head (train.LMLoss's default) never allocates the (N, V) logits, and its
+    # the eager fast step with the fused head (the default on a CPU) never allocates the (N, V) logits, and its
     # peak is lower by more than their size; with --no-fused-head the logits and their gradient are both there
     logits = 4 * 128 * 4096 * 4  # N x V float32
     fused_peak, fused_largest = _fused_head_step_memory(True, monkeypatch)
@@ -632,6 +632,19 @@ def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(mon
     held = cfg["batch_size"] * cfg["context_length"] * cfg["vocab_size"] * 4
     assert config.training_bytes(dict(cfg, fused_head=False)) - config.training_bytes(cfg) == \
         held - held // fused_head.CHUNKS
+
+
+def test_fused_head_default_is_off_only_for_a_step_compiled_on_a_gpu(monkeypatch):
+    # the H200 measured the compiled logits path faster and smaller than the fused head (docs/results.md); on a
+    # CPU the fused head won, eager and compiled. A given --fused-head or --no-fused-head always stands
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark"]
+    assert train.resolve_config(base + ["--device", "cpu"])["fused_head"] is True
+    assert train.resolve_config(base + ["--device", "cpu", "--no-fused-head"])["fused_head"] is False
+    monkeypatch.setattr(config, "run_device", lambda device: "cuda")  # no GPU needed to decide the default
+    monkeypatch.setattr(config, "check_flags", lambda cfg: None)
+    assert train.resolve_config(base + ["--compile"])["fused_head"] is False
+    assert train.resolve_config(base + ["--compile", "--fused-head"])["fused_head"] is True
+    assert train.resolve_config(base)["fused_head"] is True  # eager on a GPU: unmeasured, the logits never held
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bf16"])
@@ -716,7 +729,7 @@ def test_fused_head_levers_equal_the_defaults_cuda():
     base = ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--device", "cuda", "--dtype", "bf16",
             "--compile", "--benchmark"]
     want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
-    for lever in (["--no-fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"]):
+    for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"]):
         torch.compiler.reset()
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
@@ -5362,7 +5375,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     # the upcast, the log-sum-exp and the gradient into passes over the bf16 logits, and no float32 (N, V) is
     # written. The loss left outside the graph (an eager upcast) fails the grad_fn check; cross_entropy's own
     # (plain or fused) inside it fails the float32 check: its gather's gradient scatters into a float32 (N, V).
-    # issue 49: with the fused head (the default) no (N, V) buffer is allocated at all, in any dtype: one chunk's
+    # issue 49: with the fused head (--fused-head) no (N, V) buffer is allocated at all, in any dtype: one chunk's
     # bf16 logits are the largest (undone, the bf16 logits come back and the first check fails)
     if why := machine.compile_error(device):
         pytest.skip(f"torch.compile cannot compile here: {why}")
@@ -5371,7 +5384,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
                     "--no-fused-head lever); 2.13 and 2.14 pass")
     cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
                                 "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark",
-                                *([] if fused else ["--no-fused-head"])])
+                                "--fused-head" if fused else "--no-fused-head"])
     N, V = cfg["batch_size"] * cfg["context_length"], cfg["vocab_size"]  # V above every other width: (N, V) is
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
     micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device),
@@ -9281,11 +9294,12 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
     assert list(rows) == ["what", by_default, *steps, *muon, *head, *levers, loop, *generation, looks, *hf, "kernels.py GELU",
                           "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
-    assert rows[by_default].startswith("on: --fused-head; off: --cuda-graph, --max-autotune; --sdpa-backend auto")
+    assert rows[by_default].startswith("on: none; off: --cuda-graph, --max-autotune, and --fused-head for a step "
+                                       "compiled on a GPU (on otherwise); --sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
-        ran = [f"lever, {s} shape: {lever}" for lever in ("--no-fused-head (the logits, then torch's loss compiled "
-                                                           "in)", "--sdpa-backend flash")]
+        fused = next(name for name, flags in bench.LEVERS.items() if flags == ["--fused-head"])
+        ran = [f"lever, {s} shape: {lever}" for lever in (fused, "--sdpa-backend flash")]
         assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults"]), rows
         assert all(re.fullmatch(_LEVER_ROW_VS_DEFAULTS, rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")

@@ -149,8 +149,9 @@ def use_activation_checkpointing(model):
 class LMLoss(torch.nn.Module):
     """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the
     loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap).
-    The fast path's loss applies the head itself (fused_head.py, tested equal; --no-fused-head: the logits, then the
-    loss). --sdpa-backend pins its attention kernel (auto: torch's choice), for forward and backward."""
+    The fast path's loss applies the head itself (fused_head.py, tested equal; --no-fused-head, the default for a step
+    compiled on a GPU: the logits, then the loss). --sdpa-backend pins its attention kernel (auto: torch's choice),
+    for forward and backward."""
 
     def __init__(self, lm, cfg):
         super().__init__()
