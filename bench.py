@@ -985,8 +985,8 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
 GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
-SECTIONS = ("step", "optimizers", "head", "levers", "autotune", "loop", "generation", "kernels", "accounting",
-            "tests")  # bench.py gpu's
+SECTIONS = ("step", "optimizers", "head", "levers", "profile", "autotune", "loop", "generation", "kernels",
+            "accounting", "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
 
@@ -1001,6 +1001,37 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
 # max-autotune's compile tunes kernels for minutes: a section of its own (GPT-2 small first), after both shapes' other
 # levers, so that a report stopped from outside in its tuning has every other lever's row; its defaults built again
 AUTOTUNE = {"the defaults, again beside max-autotune": [], "--max-autotune": ["--max-autotune"]}
+
+
+# A kernel's kind, from its name (the first match; torch's ops by their own names on a --cpu rehearsal): where
+# the step's time goes, for bench.py gpu's profile. The longest kernels are printed too, to name what is "other".
+KERNEL_KINDS = (("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "addmm", "::mm", "bmm", "triton_tem")),
+                ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
+                ("foreach: optimizer, clipping", ("triton_for", "multi_tensor", "foreach")),
+                ("inductor's fused elementwise and reductions", ("triton_",)),
+                ("copies and fills", ("memcpy", "memset", "copy", "fill")))
+PROFILED_STEPS = 5
+
+
+def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy DtoD" -> "copies and fills"
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in name.lower() for m in marks)), "other")
+
+
+def kernel_times(step, device, steps=PROFILED_STEPS):
+    """torch.profiler over `steps` calls of step -> {kernel name: its device seconds per step} (on a CPU, each
+    op's own CPU seconds: a rehearsal of the code, not a figure)."""
+    gpu = device.startswith("cuda")
+    activity = torch.profiler.ProfilerActivity.CUDA if gpu else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        train.synchronizer(device)()
+    kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
+    times = Counter()
+    for e in prof.key_averages():
+        if e.device_type == kind:
+            times[e.key] += (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e6 / steps
+    return times
 
 
 def levers_by_default():
@@ -1161,6 +1192,28 @@ class GpuReport:
             rows[f"step, {name} shape: Muon vs AdamW"] = line
         return rows
 
+    def profile(self, name):
+        """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
+        the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels."""
+        cfg, sync = self.benchmark_cfg(name), train.synchronizer(self.device)
+        with torch_settings(cfg):
+            step = train.random_step(cfg)[0]
+            take_turns({"step": step}, config.UNTIMED_STEPS, sync)
+            dt = statistics.median(take_turns({"step": step}, self.steps, sync)[0]["step"])
+            times = kernel_times(step, self.device)
+        kinds = Counter()
+        for kernel, t in times.items():
+            kinds[kernel_kind(kernel)] += t
+        kinds["the GPU idle (waiting for the host)" if self.device == "cuda" else "not in any op"] = \
+            max(dt - sum(times.values()), 0.0)
+        spent = ", ".join(f"{kind} {1000 * t:.1f} ms ({t / dt:.0%})" for kind, t in kinds.most_common())
+        longest = ", ".join(f"{kernel[:70]} {1000 * t:.2f} ms" for kernel, t in times.most_common(5))
+        rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent,
+                f"profile, {name} shape: the five longest kernels, per step": longest}
+        for what, line in rows.items():
+            print(f"  {what}: {line}", flush=True)
+        return rows
+
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""
         run, (shape, _) = LOOP[self.cpu], GPU_SHAPES["TinyStories"][self.cpu]
@@ -1250,6 +1303,8 @@ class GpuReport:
                     ("head", "the fused head alone"): self.head,
                     ("levers", "the levers, GPT-2-small shape"): lambda: self.levers("GPT-2 small"),  # issue 49's
                     ("levers", "the levers, TinyStories shape"): lambda: self.levers("TinyStories"),  # MFU target first
+                    ("profile", "where a step's time goes, GPT-2-small shape"): lambda: self.profile("GPT-2 small"),
+                    ("profile", "where a step's time goes, TinyStories shape"): lambda: self.profile("TinyStories"),
                     ("autotune", "max-autotune, GPT-2-small shape"): lambda: self.levers("GPT-2 small", AUTOTUNE),
                     ("autotune", "max-autotune, TinyStories shape"): lambda: self.levers("TinyStories", AUTOTUNE),
                     ("loop", "the real loop"): self.loop, ("generation", "generation"): self.generate,

@@ -9287,13 +9287,22 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
     head = [f"head and loss alone, GPT-2-small shape (128 rows): {v}" for v in (
         "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunks" for k in bench.HEAD_CHUNKS[1:]))]
-    levers = [f"lever, {s} shape: {lever}" for levers in (bench.LEVERS, bench.AUTOTUNE)  # GPT-2 small's first
-              for s in reversed(bench.GPU_SHAPES) for lever in levers]
+    levers, autotune = ([f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in levers]
+                        for levers in (bench.LEVERS, bench.AUTOTUNE))  # GPT-2 small's first
+    profile = [f"profile, {s} shape: {what}" for s in reversed(bench.GPU_SHAPES) for what in ("a step's", "the five")]
     by_default = "levers on by default (train.py's flags)"
     muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
-    assert list(rows) == ["what", by_default, *steps, *muon, *head, *levers, loop, *generation, looks, *hf, "kernels.py GELU",
-                          "accounting.py --verify", "tests touching CUDA (pytest -k 'cuda')"]
+    profiled = [r for r in rows if r.startswith("profile, ")]  # a row's name holds its step's time
+    assert [r[:len(p)] for r, p in zip(profiled, profile)] == profile, rows
+    assert list(rows) == ["what", by_default, *steps, *muon, *head, *levers, *profiled, *autotune, loop, *generation,
+                          looks, *hf, "kernels.py GELU", "accounting.py --verify",
+                          "tests touching CUDA (pytest -k 'cuda')"]
+    kinds = "|".join(regex.escape(k) for k in [*(k for k, _ in bench.KERNEL_KINDS), "other", "not in any op"])
+    for r in profiled[::2]:  # each kind once, with its time and share; the longest kernels with theirs
+        assert re.fullmatch(rf"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
+        assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
+    assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[1::2]), rows
     assert rows[by_default].startswith("on: none; off: --cuda-graph, --max-autotune, and --fused-head for a step "
                                        "compiled on a GPU (on otherwise); --sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
@@ -9318,6 +9327,22 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
     assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
+
+
+def test_bench_gpu_profile_names_each_kernels_kind():
+    # the profile's kinds from CUDA's, cuBLAS's, cuDNN's and inductor's kernel names (the first kind that matches)
+    for name, kind in (("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+                       ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN", "matmul"), ("triton_tem_fused_mm_0", "matmul"),
+                       ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+                       ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0", "attention"),
+                       ("triton_for_fused__foreach_addcdiv_0", "foreach: optimizer, clipping"),
+                       ("void at::native::multi_tensor_apply_kernel<...>", "foreach: optimizer, clipping"),
+                       ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0",
+                        "inductor's fused elementwise and reductions"),
+                       ("Memcpy DtoD (Device -> Device)", "copies and fills"),
+                       ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+                        "copies and fills"), ("void at::native::reduce_kernel<512, 1>", "other")):
+        assert bench.kernel_kind(name) == kind, name
 
 
 def _bench_lever_fails(monkeypatch, backend):
@@ -9430,7 +9455,8 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     (["--budget", "-5"], "--budget -5 must be positive and finite"),
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
-    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,autotune,loop,"),
+    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,"
+                                   "profile,autotune,loop,"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
