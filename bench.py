@@ -1044,16 +1044,20 @@ def levers_by_default():
             "lever stays on only if it wins on the GPU (an H100 or H200)")
 
 
-def cuda_host_syncs(call):
-    """The synchronizing CUDA calls (a host wait each) that one call makes, as torch.cuda.set_sync_debug_mode warns."""
+def cuda_host_syncs(call, calls=3):
+    """Where `calls` calls of call make a synchronizing CUDA call (a host wait each), as torch.cuda's sync debug mode
+    warns -> "0", or their number and the Python lines that made them: "2 (optim.py:199 x2)". More than one call,
+    so that a one-off (the caching allocator freeing its cache) is told from a wait in every step."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            call()
+            for _ in range(calls):
+                call()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchronizing" in str(w.message) for w in seen)
+    places = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in seen if "synchronizing" in str(w.message))
+    return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 
 def git_commit():  # a copy of the files without .git or git (a rented GPU's): the COMMIT its caller sets, if any
@@ -1187,7 +1191,7 @@ class GpuReport:
                 syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
             adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
             line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
-            line += f"; host syncs in a step: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
+            line += f"; host syncs in 3 steps: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
             print(f"{name}: {line}", flush=True)
             rows[f"step, {name} shape: Muon vs AdamW"] = line
         return rows

@@ -9345,6 +9345,21 @@ def test_bench_gpu_profile_names_each_kernels_kind():
         assert bench.kernel_kind(name) == kind, name
 
 
+def test_bench_gpu_host_syncs_say_where_they_are(monkeypatch):
+    # torch.cuda's sync debug mode warns at each host wait; the report counts them over 3 steps and names the
+    # Python lines that made them (here a stand-in warning: a CPU has no CUDA call to wait on)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    steps = iter(range(3))
+
+    def step():
+        if next(steps) < 2:  # two of the three steps wait
+            warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("something else")
+    line = inspect.getsourcelines(step)[1] + 2
+    assert bench.cuda_host_syncs(step) == f"2 (test_all.py:{line} x2)"
+    assert bench.cuda_host_syncs(lambda: None) == "0"
+
+
 def _bench_lever_fails(monkeypatch, backend):
     """train.random_step, saying what it builds, fails for one --sdpa-backend (a kernel the GPU lacks) -> the real one."""
     build = train.random_step
