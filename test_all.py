@@ -739,6 +739,33 @@ def test_fused_head_levers_equal_the_defaults_cuda():
             torch.testing.assert_close(got[name], w, rtol=0, atol=0.03 * float(w.abs().max()), msg=f"{lever} {name}")
 
 
+def _loop_records(tmp_path, name, *flags):
+    """train.py's real loop on a learnable id stream, 30 steps (logs every 5, evaluations every 10, a checkpoint at
+    the end), in this process -> its metrics.jsonl records."""
+    torch.compiler.reset()
+    ids = _train_toy_ids(tmp_path / "ids.npy")
+    argv = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "30", "--log-interval", "5", "--eval-interval", "10",
+            "--out-dir", str(tmp_path / name), *flags]
+    assert train.main(argv) == 0
+    return _train_metrics(tmp_path / name / "ids")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_train_loop_with_cuda_graph_equals_the_loop_without_cuda(tmp_path):
+    # bench.py gpu timed --cuda-graph on the step alone; the loop also reads losses back at log steps, evaluates in
+    # eval mode between steps (another graph) and saves a checkpoint. Its records match the loop's without graphs
+    # within bfloat16's rounding, and inductor skipped no graph
+    gpu = ["--device", "cuda", "--compile"]
+    want = _loop_records(tmp_path, "plain", *gpu)
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    got = _loop_records(tmp_path, "graph", *gpu, "--cuda-graph")
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips
+    for key in ("loss", "val_loss"):
+        a, b = ([(r["step"], r[key]) for r in records if key in r] for records in (want, got))
+        assert [s for s, _ in a] == [s for s, _ in b] and len(a) >= 3, (a, b)
+        assert [v for _, v in b] == pytest.approx([v for _, v in a], rel=2e-2), key
+
+
 def test_fused_head_levers_are_refused_where_they_cannot_run():
     base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark", "--device", "cpu"]
     for flags, said in ((["--sdpa-backend", "fast"], "--sdpa-backend fast: use auto, flash, cudnn, efficient, math."),
