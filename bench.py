@@ -769,8 +769,9 @@ def bench_step(argv):
 # 3b. The head and the loss alone: fused_head.py's chunks against the logits, then torch's loss
 #
 # The fused head (train.py's default on the fast path, but for a step compiled on a GPU) never holds the (rows,
-# vocab) logits; the logits path (--no-fused-head, compiled) writes them, then torch's loss reads them back. Here each runs forward and backward
-# on the same hidden state and head, taking turns: its time, its peak memory and its loss (the same in each).
+# vocab) logits; the logits path (--no-fused-head, compiled) writes them, then torch's loss reads them back. Here
+# each runs forward and backward on the same hidden state and head, taking turns: its time, its peak memory and its
+# loss (the same in each).
 
 HEAD_CHUNKS = (1, 2, 4, 8, 16)  # fused_head.CHUNKS is chosen among these by measurement (bench.py gpu: 2 to 16)
 
@@ -1125,8 +1126,8 @@ class GpuReport:
         timed taking turns with the defaults, its row printed at once, then freed, so that a report stopped from outside
         (a rented GPU's time limit, during max-autotune's long compile) keeps the rows before it. Each row has one
         step's peak memory beyond the weights and optimizer state (--fused-head's row against the defaults': what
-        the fused head saves, or costs) and the first step's seconds (the compile). A lever starts only while the budget lasts, and
-        one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        the fused head saves, or costs) and the first step's seconds (the compile). A lever starts only while the
+        budget lasts, and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
         sync, rows, defaults = train.synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")

@@ -29,9 +29,9 @@ The lessons it embodies:
      compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes their
      gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
   8. Measure where it runs. On a CPU it wins, eager and compiled (faster, and less memory). On the H200, compiled,
-     it lost on both counts: inductor kept several chunks' float32 logits alive at once, so every chunk count held
-     more than the logits path, and the plain compiled loss, which never writes float32 logits, was 3% faster. So
-     train.py turns it off by default for a step compiled on a GPU (docs/results.md has the figures).
+     it lost on both counts: every chunk count held more than the logits path (16 chunks more than 8: more than
+     two chunks were alive at once there), and the plain compiled loss, which never writes float32 logits, was 3%
+     faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the figures).
 """
 import torch
 
