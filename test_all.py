@@ -9327,7 +9327,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                           "tests touching CUDA (pytest -k 'cuda')"]
     kinds = "|".join(regex.escape(k) for k in [*(k for k, _ in bench.KERNEL_KINDS), "other", "not in any op"])
     for r in profiled[::2]:  # each kind once, with its time and share; the longest kernels with theirs
-        assert re.fullmatch(rf"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
+        assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[1::2]), rows
     assert rows[by_default].startswith("on: none; off: --cuda-graph, --max-autotune, and --fused-head for a step "
