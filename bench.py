@@ -1021,9 +1021,8 @@ def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy
 def kernel_times(step, device, steps=PROFILED_STEPS):
     """torch.profiler over `steps` calls of step -> {kernel name: its device seconds per step} (on a CPU, each
     op's own CPU seconds: a rehearsal of the code, not a figure)."""
-    gpu = device.startswith("cuda")
-    activity = torch.profiler.ProfilerActivity.CUDA if gpu else torch.profiler.ProfilerActivity.CPU
-    with torch.profiler.profile(activities=[activity]) as prof:
+    gpu, activity = device.startswith("cuda"), torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
         for _ in range(steps):
             step()
         train.synchronizer(device)()
