@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import unittest.mock
 import warnings
 from collections import Counter
@@ -994,7 +995,8 @@ TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPAS
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
     "the defaults": [],
-    "--fused-head (off by default for a step compiled on a GPU: the logits, then torch's loss)": ["--fused-head"],
+    "--fused-head (fused_head.py instead of the logits path, the default for a step compiled on a GPU)":
+        ["--fused-head"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
     "--cuda-graph": ["--cuda-graph"],
@@ -1004,18 +1006,22 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
 AUTOTUNE = {"the defaults, again beside max-autotune": [], "--max-autotune": ["--max-autotune"]}
 
 
-# A kernel's kind, from its name (the first match; torch's ops by their own names on a --cpu rehearsal): where
-# the step's time goes, for bench.py gpu's profile. The longest kernels are printed too, to name what is "other".
-KERNEL_KINDS = (("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "addmm", "::mm", "bmm", "triton_tem")),
-                ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
-                ("foreach: optimizer, clipping", ("triton_for", "multi_tensor", "foreach")),
-                ("inductor's fused elementwise and reductions", ("triton_",)),
-                ("copies and fills", ("memcpy", "memset", "copy", "fill")))
+# A kernel's kind, from its name: the first rule it matches (torch's ops by their own names on a --cpu rehearsal),
+# for bench.py gpu's profile. Inductor's names list the ops a kernel fused ("triton_poi_fused_addmm_0" is an
+# elementwise kernel beside a matmul), so they are read first. The five longest kernels are printed too, to name
+# what is "other".
+KERNEL_KINDS = ((("triton_tem",), "matmul"),  # inductor's matmul templates
+                (("triton_for",), "foreach: optimizer, clipping"),
+                (("triton_",), "inductor's fused elementwise and reductions"),
+                (("flash", "fmha", "sdpa", "attention", "cudnn"), "attention"),  # before "cutlass": fmha_cutlassF
+                (("gemm", "nvjet", "xmma", "cutlass", "cublas", "addmm", "::mm", "bmm"), "matmul"),
+                (("multi_tensor", "foreach"), "foreach: optimizer, clipping"),
+                (("memcpy", "memset", "copy", "fill"), "copies and fills"))
 PROFILED_STEPS = 5
 
 
 def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy DtoD" -> "copies and fills"
-    return next((kind for kind, marks in KERNEL_KINDS if any(m in name.lower() for m in marks)), "other")
+    return next((kind for marks, kind in KERNEL_KINDS if any(m in name.lower() for m in marks)), "other")
 
 
 def kernel_times(step, device, steps=PROFILED_STEPS):
@@ -1028,8 +1034,8 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
         train.synchronizer(device)()
     kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
     times = Counter()
-    for e in prof.key_averages():
-        if e.device_type == kind:
+    for e in prof.key_averages():  # a record_function range (Optimizer.step#AdamW.step) is a device event too,
+        if e.device_type == kind and not e.is_user_annotation:  # spanning its kernels: counted twice, it is left out
             times[e.key] += (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e6 / steps
     return times
 
@@ -1046,17 +1052,25 @@ def levers_by_default():
 
 def cuda_host_syncs(call, calls=3):
     """Where `calls` calls of call make a synchronizing CUDA call (a host wait each), as torch.cuda's sync debug mode
-    warns -> "0", or their number and the Python lines that made them: "2 (optim.py:199 x2)". More than one call,
-    so that a one-off (the caching allocator freeing its cache) is told from a wait in every step."""
-    with warnings.catch_warnings(record=True) as seen:
+    warns -> "0", or their number and the lines of this project's code that made them (the innermost; a warning
+    from C++ names torch's own frame): "2 (optim.py:199 x2)". More than one call, so that a one-off is told from a
+    wait in every step."""
+    places = Counter()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" in str(message):
+            ours = [f for f in traceback.extract_stack()[:-1] if Path(f.filename).resolve().parent == ROOT
+                    and Path(f.filename).name != "bench.py"] or [traceback.FrameSummary(filename, lineno, "")]
+            places[f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"] += 1
+    with warnings.catch_warnings():  # restores showwarning
         warnings.simplefilter("always")
+        warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
             for _ in range(calls):
                 call()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    places = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in seen if "synchronizing" in str(w.message))
     return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 

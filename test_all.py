@@ -739,27 +739,29 @@ def test_fused_head_levers_equal_the_defaults_cuda():
             torch.testing.assert_close(got[name], w, rtol=0, atol=0.03 * float(w.abs().max()), msg=f"{lever} {name}")
 
 
-def _loop_records(tmp_path, name, *flags):
-    """train.py's real loop on a learnable id stream, 30 steps (logs every 5, evaluations every 10, a checkpoint at
-    the end), in this process -> its metrics.jsonl records."""
+def _loop_records(ids, out, *flags):
+    """train.py's real loop on the id stream ids, 30 steps (logs every 5, evaluations every 10, a checkpoint at the
+    end), in this process -> its metrics.jsonl records."""
     torch.compiler.reset()
-    ids = _train_toy_ids(tmp_path / "ids.npy")
     argv = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "30", "--log-interval", "5", "--eval-interval", "10",
-            "--out-dir", str(tmp_path / name), *flags]
+            "--out-dir", str(out), *flags]
     assert train.main(argv) == 0
-    return _train_metrics(tmp_path / name / "ids")
+    return _train_metrics(out / Path(ids).stem)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_train_loop_with_cuda_graph_equals_the_loop_without_cuda(tmp_path):
     # bench.py gpu timed --cuda-graph on the step alone; the loop also reads losses back at log steps, evaluates in
     # eval mode between steps (another graph) and saves a checkpoint. Its records match the loop's without graphs
-    # within bfloat16's rounding, and inductor skipped no graph
-    gpu = ["--device", "cuda", "--compile"]
-    want = _loop_records(tmp_path, "plain", *gpu)
+    # within bfloat16's rounding; graphs were recorded, and inductor skipped none
+    from torch._inductor import cudagraph_trees
+    ids, gpu = _train_toy_ids(tmp_path / "ids.npy"), ["--device", "cuda", "--compile"]
+    want = _loop_records(ids, tmp_path / "plain", *gpu)
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    got = _loop_records(tmp_path, "graph", *gpu, "--cuda-graph")
+    got = _loop_records(ids, tmp_path / "graph", *gpu, "--cuda-graph")
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips
+    trees = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert trees is not None and any(trees.roots.values())  # the forward's and backward's recorded graphs
     for key in ("loss", "val_loss"):
         a, b = ([(r["step"], r[key]) for r in records if key in r] for records in (want, got))
         assert [s for s, _ in a] == [s for s, _ in b] and len(a) >= 3, (a, b)
@@ -9325,7 +9327,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert list(rows) == ["what", by_default, *steps, *muon, *head, *levers, *profiled, *autotune, loop, *generation,
                           looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
-    kinds = "|".join(regex.escape(k) for k in [*(k for k, _ in bench.KERNEL_KINDS), "other", "not in any op"])
+    kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
     for r in profiled[::2]:  # each kind once, with its time and share; the longest kernels with theirs
         assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
@@ -9368,7 +9370,12 @@ def test_bench_gpu_profile_names_each_kernels_kind():
                         "inductor's fused elementwise and reductions"),
                        ("Memcpy DtoD (Device -> Device)", "copies and fills"),
                        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
-                        "copies and fills"), ("void at::native::reduce_kernel<512, 1>", "other")):
+                        "copies and fills"), ("void at::native::reduce_kernel<512, 1>", "other"),
+                       # inductor's names list what they fused: an elementwise kernel beside a matmul or attention
+                       ("triton_poi_fused_addmm_0", "inductor's fused elementwise and reductions"),
+                       ("triton_poi_fused__scaled_dot_product_flash_attention_transpose_3",
+                        "inductor's fused elementwise and reductions"),
+                       ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention")):
         assert bench.kernel_kind(name) == kind, name
 
 
