@@ -113,7 +113,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
-     "on a GPU, where the compiled logits path measured faster and smaller: docs/results.md)"),
+     "on a GPU, where the compiled logits path measured smaller and no slower: docs/results.md)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "

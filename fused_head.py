@@ -25,13 +25,13 @@ The lessons it embodies:
   7. Compiled, an in-place op becomes a new buffer and a copy, and inductor does not always write back in place:
      dW += g^T h chained one (V, d) buffer into the next, and the backward's scaling made one more. The two
      in-place steps are therefore custom ops that declare what they mutate, and run in place in the graph.
-     Inductor still holds two chunks at once (a chunk's logits, and their gradient written beside them), so a
-     compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes their
-     gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
-  8. Measure where it runs. On a CPU it wins, eager and compiled (faster, and less memory). On the H200, compiled,
-     it lost on both counts: every chunk count held more than the logits path (16 chunks more than 8: more than
-     two chunks were alive at once there), and the plain compiled loss, which never writes float32 logits, was 3%
-     faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the figures).
+     On a CPU, inductor still holds two chunks at once (a chunk's logits, and their gradient written beside them),
+     so a compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes
+     their gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
+  8. Measure where it runs. On a CPU it wins, eager and compiled: less memory, and faster. On the H200, compiled,
+     every chunk count held more than the plain compiled path, which never writes float32 logits, and the step
+     was no faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the
+     figures, and what is not yet known about why).
 """
 import torch
 
