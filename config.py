@@ -95,7 +95,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
     ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run (a larger "
-     "--max-iters extends a run)"),
+     "--max-iters extends a run; where no checkpoint is saved yet, the run starts at step 0, with a note, so one "
+     "command serves a job that may be restarted)"),
     ("--init-from", str, None, "start a new run from the weights of the run in this folder (its shape and tokenizer "
      "unless given; a new optimizer and schedule): fine-tuning"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),

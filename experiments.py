@@ -72,7 +72,7 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "no_pos_emb: no position embedding (NoPE) against RoPE?",
                   "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
-    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
+    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on up to 10 documents?",
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
@@ -707,7 +707,8 @@ def parse(argv):
                    description="The handout's section 7 experiments: sets of train.py runs, their figures and\n"
                    "out/experiments/report.md. Other flags go to train.py.", epilog=help_text())
     p.add_argument("experiment", choices=EXPERIMENTS)
-    p.add_argument("--data", default="pydoc", help="as train.py's; tinystories and owt: the handout's (GPU) scale")
+    p.add_argument("--data", default="pydoc", help="as train.py's (default here: pydoc, the documentation alone); "
+                   "tinystories and owt: the handout's (GPU) scale")
     p.add_argument("--out-dir", default="out", help="runs go to OUT_DIR/experiments/<experiment>/<variant>/")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")

@@ -369,13 +369,15 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
         old = {**defaults, **old}
-        longer = extends(old, cfg)
-        keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if not (longer and k in ("max_iters", "warmup_iters"))]
+        longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
+        keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)  # a warm-up not given follows --max-iters: not the user's
+                if not (longer and k == "max_iters") and not ((longer or shorter) and k == "warmup_iters")]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
-                             f"{', '.join(diff)}.")
+                             f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
+                                                     f"{old['max_iters']:,} or more)." if shorter else "."))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)

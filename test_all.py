@@ -6652,7 +6652,9 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     state = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")
     assert state["iteration"] == 20 and state["config"]["max_iters"] == 20 and state["config"]["warmup_iters"] == 0
     assert train.main([*base, "--max-iters", "12", "--resume"]) == 2  # fewer steps than it has: refused
-    assert "max_iters (20 -> 12)" in capsys.readouterr().err
+    said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
+    assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
+    assert "warmup_iters" not in said
 
 
 def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
