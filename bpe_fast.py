@@ -336,7 +336,8 @@ def encoded_counts(counts):
     return [(w.encode("utf-8"), int(c)) for w, c in counts.items()]
 
 
-_MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks
+_MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks,
+SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = (getattr(signal, name, 0) for name in ("SIG_BLOCK", "SIG_UNBLOCK", "SIG_SETMASK"))
 
 
 def _worker_start(start):
@@ -346,7 +347,7 @@ def _worker_start(start):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(AttributeError, OSError, TypeError):    # no prctl outside Linux
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)                    # 1: PR_SET_PDEATHSIG
-    _MASK(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    _MASK(SIG_UNBLOCK, {signal.SIGTERM})
     if isinstance(start, str):
         with open(start, "rb") as f:
             start = pickle.load(f)
@@ -377,20 +378,20 @@ class _Pool(multiprocessing.pool.Pool):
 
     def __enter__(self):               # a stop held while the workers started is raised here: __exit__ ends them
         try:
-            _MASK(signal.SIG_SETMASK, self.mask)
+            _MASK(SIG_SETMASK, self.mask)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc):
-        old = _MASK(signal.SIG_BLOCK, STOPS)   # a stop now waits for the workers' end
+        old = _MASK(SIG_BLOCK, STOPS)   # a stop now waits for the workers' end
         try:
             self._state = multiprocessing.pool.TERMINATE
             _end_pool(*self.end)
             self._terminate.cancel()   # only now: cut short, it runs again at the exit
         finally:
-            _MASK(signal.SIG_SETMASK, old)
+            _MASK(SIG_SETMASK, old)
 
     def _repopulate_pool(self):      # called by __init__ only: the workers it starts, for imap_checked
         super()._repopulate_pool()
@@ -423,7 +424,7 @@ def _worker_pool(n, initializer=None, initargs=()):
     start, spawn = (initializer, *initargs), _MP.get_start_method() != "fork"
     if spawn and os.name == "posix":   # spawn's helper process unblocks Ctrl-C and SIGTERM as it starts: start it first
         multiprocessing.resource_tracker.ensure_running()
-    old = _MASK(signal.SIG_BLOCK, STOPS)
+    old = _MASK(SIG_BLOCK, STOPS)
     try:
         if spawn:
             # Spawn writes each worker's arguments (megabytes of tokenizer) into its pipe and waits there until that
@@ -433,7 +434,7 @@ def _worker_pool(n, initializer=None, initargs=()):
                 pickle.dump((initializer, *initargs), f)
         pool = _Pool(n, _worker_start, (start,), context=_MP)
     except BaseException:              # (a full disk while writing the file, say): no file and no mask left behind
-        _MASK(signal.SIG_SETMASK, old)
+        _MASK(SIG_SETMASK, old)
         if isinstance(start, str):
             os.remove(start)
         raise

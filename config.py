@@ -266,6 +266,9 @@ DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (rando
 ]
 
 
+COMPILER_HINT = {"darwin": "xcode-select --install", "win32": "Visual Studio's C++ build tools"}.get(
+    sys.platform, "e.g. apt install g++")  # what --compile's refusal suggests installing
+
 CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong row stops, so rows rely on those above
     (lambda c: bad_environment(), lambda c: bad_environment()),
     (lambda c: c["max_iters"] is not None and c["total_tokens"] is not None,
@@ -337,7 +340,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["compile"] and c["export"] is None  # last: it takes seconds (--sample's generate compiles too)
      and compile_error(c["device"]),
      lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
-               f"{compile_error(c['device'])}); install one (e.g. apt install g++) or drop --compile."),
+               f"{compile_error(c['device'])}); install one ({COMPILER_HINT}) or drop --compile."),
 ]
 
 

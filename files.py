@@ -185,7 +185,7 @@ def atomic_file(path, mode="wb"):
         return
     path, tmp = replace_target(path)
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:  # "\n" as is
             yield f
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" file
@@ -256,6 +256,8 @@ def atomic_files(paths):
 def lock_holder(path):
     """The PID holding an flock on path, read from /proc/locks (Linux) by the file's device and inode, or None.
     A line there reads "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146836 0 EOF" (PID, then major:minor:inode)."""
+    if not hasattr(os, "major"):  # Windows: no device numbers, and no /proc/locks to read them in
+        return None
     st = os.stat(path)
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     with contextlib.suppress(OSError), open("/proc/locks") as f:  # a waiter's line: "1: -> FLOCK ...", r[1] "->"

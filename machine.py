@@ -45,7 +45,11 @@ def memory_bytes(device, world_size):
     if device.startswith("cuda"):
         gpu = _torch().cuda.get_device_properties(_torch().device(device).index or 0)
         return gpu.total_memory, f"the {gpu.name}'s memory"
-    ram, limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), cgroup_memory_limit()
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf: no limit known, none checked
+        return float("inf"), "this machine's memory (unknown here)"
+    limit = cgroup_memory_limit()
     what = "this machine's memory" if limit is None or limit >= ram else "the memory limit of this job's cgroup"
     return min(ram, limit or ram) // world_size, what + (f" / {world_size} processes" if world_size > 1 else "")
 

@@ -5811,6 +5811,20 @@ def test_train_ddp_two_processes_match_one(tmp_path, optimizer):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc/self/task (Linux)")
+def test_machine_and_files_run_where_windows_lacks_sysconf_and_device_numbers(tmp_path, monkeypatch):
+    # native Windows has no os.sysconf (memory_bytes, asked by every run's checks) and no os.major (lock_holder,
+    # asked when the run folder holds a run): each was a traceback; now no memory limit is checked there, and the
+    # busy sentence says "another process"; bpe_fast's signal-mask names no longer read signal.SIG_BLOCK
+    monkeypatch.delattr(os, "sysconf")
+    have, what = machine.memory_bytes("cpu", 1)
+    assert have == float("inf") and what == "this machine's memory (unknown here)"
+    assert config.too_big(train.resolve_config(["--benchmark", "--device", "cpu"])) == ""
+    (tmp_path / "f").write_text("x")
+    monkeypatch.delattr(os, "major")
+    assert files.lock_holder(tmp_path / "f") is None
+    assert not re.search(r"signal\.SIG_(BLOCK|UNBLOCK|SETMASK)\b", inspect.getsource(bpe_fast))
+
+
 def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
     # DDP imports torch.distributed.nn, whose defaults held the group that existed then: destroy_process_group freed
     # nothing, and a gloo thread freeing the last collective's tensors as Python exited aborted the process ("terminate
