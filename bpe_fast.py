@@ -336,7 +336,7 @@ def encoded_counts(counts):
     return [(w.encode("utf-8"), int(c)) for w, c in counts.items()]
 
 
-_MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks,
+_MASK = getattr(signal, "pthread_sigmask", lambda how, signals: set())  # Windows has no signal masks, nor their names
 SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = (getattr(signal, name, 0) for name in ("SIG_BLOCK", "SIG_UNBLOCK", "SIG_SETMASK"))
 
 
