@@ -72,7 +72,7 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "no_pos_emb: no position embedding (NoPE) against RoPE?",
                   "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
-    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on up to 10 documents?",
+    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
                   "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],

@@ -7967,7 +7967,9 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
                       ("other_on_ours", other_tok, docs)):
         assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
     a, b, c, dd = tokenizer_experiments.answer_tokenizer(f)
-    assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents")
+    assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents, ")
+    few = tokenizer_experiments.answer_tokenizer(dict(f, documents=8))[0]  # a validation text of 8 documents
+    assert "8 validation documents (all the validation text has, of the 10 asked)," in few
     assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd

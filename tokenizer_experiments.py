@@ -99,7 +99,8 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
 def answer_tokenizer(f):
     seconds = accounting.PILE_BYTES / f["bytes_per_s"]
     ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
-    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents, {f['bytes']:,} bytes in "
+    some = "" if f["documents"] >= DOCUMENTS else f" (all the validation text has, of the {DOCUMENTS} asked)"
+    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents{some}, {f['bytes']:,} bytes in "
             f"{f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
             f"(b) on {f['other']} ({f['other_documents']} documents), the runs' BPE makes {f['ours_on_other']:.2f} "
             f"bytes/token and that text's own {f['other_vocab']:,}-token BPE {f['other_on_other']:.2f}: out of its "
