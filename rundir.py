@@ -385,11 +385,18 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
     if longer:  # its warm-up is the one it had; the cosine runs to the new end from where the run stands
         cfg["warmup_iters"] = old["warmup_iters"]
+    return state
+
+
+def note_extension(state, cfg):
+    """--resume with a larger --max-iters: what that changes, said once the run's data is checked too (a run
+    refused for other data is not told it would be extended)."""
+    old = state["config"]
+    if extends(old, cfg):
         log(f"note: --resume extends the run from {old['max_iters']:,} to {cfg['max_iters']:,} steps: from step "
             f"{state['iteration']:,} on, its cosine schedule is recomputed for the new end (its warm-up stays "
             f"{old['warmup_iters']}), so it is no longer bitwise the run one command of {cfg['max_iters']:,} steps "
             "would make")
-    return state
 
 
 def extends(old, cfg):  # does --resume ask a saved run config `old` for more steps (a larger --max-iters)?

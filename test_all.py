@@ -6794,6 +6794,9 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     capsys.readouterr()
     assert train.main(npy + ["--resume"]) == 2
     _train_one_line(capsys, "trained on other data")
+    assert train.main(npy + ["--resume", "--max-iters", "5"]) == 2  # longer too: refused, not told it would extend
+    said = capsys.readouterr()
+    assert "trained on other data" in said.err and "extends the run" not in said.out + said.err
 
 
 def test_train_resume_takes_the_same_file_spelled_another_way(tmp_path, capsys, monkeypatch):

@@ -510,6 +510,7 @@ def run(cfg):
     train_ids, valid_ids, tok, tok_files, cfg["data_fingerprint"] = machine.rank0_first(cfg, prepare)
     if resume_state is not None:  # the same config is not enough: the same token files and tokenizer too
         rundir.check_same_data(resume_state, cfg, ckpt_path)
+        rundir.note_extension(resume_state, cfg)
         if rundir.run_complete(resume_state, cfg, ckpt_path, tok):  # its end written: says so, writes nothing
             return 0
     top = check_data(cfg, train_ids, valid_ids, tok)  # ids in the vocabulary (and their tokenizer's), windows fit
