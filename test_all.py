@@ -7992,6 +7992,13 @@ def _exp_args(tmp_path, data="pydoc"):  # main's args, with the data's fingerpri
     return types.SimpleNamespace(data=data, out_dir=str(tmp_path / "out"), data_fingerprint=_EXP_FINGERPRINT)
 
 
+def _exp_toy_plans(tmp_path):  # a toy id stream -> (its path, train.py's flags, their config, experiments.plan's)
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    rest = [*_TRAIN_TINY, "--max-iters", "40"]
+    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    return ids, rest, cfg, experiments.plan(cfg)
+
+
 def _exp_config_json(run, args, rest=()):  # the config.json train.py writes in a run's folder
     (run.dir(args.out_dir) / "config.json").write_text(json.dumps(
         dict(experiments.resolved(run, args, list(rest)), data_fingerprint=args.data_fingerprint)))
@@ -8060,10 +8067,8 @@ def test_experiments_nan_and_infinite_losses_are_not_drawn_and_the_run_is_report
     # train.py writes "val_loss": NaN for the evaluation just before a divergence: the report ended in a traceback
     # (matplotlib's "Axis limits cannot be NaN or Inf") where one was a run's first point, and a diverged run's x
     # marked its NaN, which draws nothing
-    ids = _train_toy_ids(tmp_path / "toy.npy")
-    rest = [*_TRAIN_TINY, "--max-iters", "40"]
-    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
-    args, plans = _exp_args(tmp_path, data=str(ids)), experiments.plan(cfg)
+    ids, rest, cfg, plans = _exp_toy_plans(tmp_path)
+    args = _exp_args(tmp_path, data=str(ids))
     args.experiment = "lr"
     (_, low, low_run), (_, high, high_run) = plans["lr"][0], plans["lr"][-1]
     _exp_write_run(low_run, args, [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 20, "time": 0.3,
@@ -8359,11 +8364,8 @@ def test_experiments_result_json_records_each_flag_once(tmp_path):
 def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
     # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
     # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
-    ids = _train_toy_ids(tmp_path / "toy.npy")
-    rest = [*_TRAIN_TINY, "--max-iters", "40"]
-    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
+    ids, rest, cfg, plans = _exp_toy_plans(tmp_path)
     args = types.SimpleNamespace(experiment="batch", data=str(ids), out_dir=str(tmp_path / "out"), jobs=1)
-    plans = experiments.plan(cfg)
     (tmp_path / "out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
     experiments.report(args, rest, ["batch"], cfg, plans, 3.0, {})
     hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$",
@@ -8376,10 +8378,8 @@ def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path
 def test_experiments_report_has_a_section_only_for_an_experiment_that_ran(tmp_path):
     # `experiments.py ablations` wrote lr and batch sections of one variant each (the baseline, which they share):
     # "16,728 tokens/s at batch 32, 16,728 at batch 32 (1x)"; and the tokens/s column did not say what it was
-    ids = _train_toy_ids(tmp_path / "toy.npy")
-    rest = [*_TRAIN_TINY, "--max-iters", "40"]
-    cfg = train.resolve_config(["--data", str(ids), *rest, "--benchmark"])
-    args, plans = _exp_args(tmp_path, data=str(ids)), experiments.plan(cfg)
+    ids, rest, cfg, plans = _exp_toy_plans(tmp_path)
+    args = _exp_args(tmp_path, data=str(ids))
     args.experiment = "ablations"
     curve = [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 40, "time": 0.5, "loss": 3.0, "tokens_per_s": 9.0},
              {"step": 40, "time": 0.6, "val_loss": 3.5}]
