@@ -300,8 +300,8 @@ def finish(run, args, rest, code):
         raise (cli.UsageError if code == 2 else cli.DataError)(
             f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
     if code != 130:
-        files.write_json({"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]},
-                         run.dir(args.out_dir) / "result.json")
+        result = {"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]}
+        files.write_json(result, run.dir(args.out_dir) / "result.json")
         cli.say(f"{run.experiment}/{run.name}: " + (f"diverged at step {step}" if step else "done"))
 
 
