@@ -255,14 +255,18 @@ def newton_schulz(G, steps=NS_STEPS, dtype=torch.float32):
     X <- a X + b (X X^T) X + c (X X^T)^2 X maps s to a s + b s^3 + c s^5. These coefficients trade accuracy for
     speed (a = 3.4445: a small s grows fast): 5 steps leave s in about [0.7, 1.2], not at 1 (an s near 0 stays
     below). X X^T: (m, m), m <= n.
-    G may be a stack (k, m, n) of matrices of one shape: each is orthogonalized on its own, in batched matmuls."""
+    G may be a stack (k, m, n) of matrices of one shape: each is orthogonalized on its own, in batched matmuls.
+    Each sum is the matmul's own: baddbmm(C, A, B, beta, alpha) = beta C + alpha A B in one call (on a GPU, one
+    kernel instead of a matmul and a pass over its output)."""
     tall = G.shape[-2] > G.shape[-1]
-    X = (G.mT if tall else G).to(dtype)  # (..., m, n), m <= n
+    X = (G.mT if tall else G).to(dtype).reshape(-1, *sorted(G.shape[-2:]))  # (k, m, n), m <= n: baddbmm's 3-D
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # each matrix's own norm; + 1e-7: a zero update stays zero
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
-        A = X @ X.mT  # (m, m)
-        X = a * X + (b * A + c * A @ A) @ X
+        A = X @ X.mT  # (k, m, m)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A A
+        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
+    X = X.reshape(G.mT.shape if tall else G.shape)
     return X.mT if tall else X
 
 
@@ -272,14 +276,18 @@ NOT_HIDDEN = ("embed", "lm_head", "wte", "wpe")  # named so, a matrix takes Adam
 def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
     """Muon's update of each hidden matrix; lr and decay = 1 - lr * weight_decay are numbers, or 0-dim tensors
     when compiled (no host sync: nothing is read back). The matrices of one shape (a model's q, k, v and output
-    projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each."""
+    projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each. A tall
+    matrix joins the stack of its transpose's shape (W1 and W3 (d_ff, d) with W2 (d, d_ff)): newton_schulz turns
+    each tall one wide anyway, and NS(U^T) = NS(U)^T."""
     shapes = {}
     for i, (p, g, B) in enumerate(zip(params, grads, bufs)):
         B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
-        shapes.setdefault(p.shape, []).append(i)
+        shapes.setdefault(tuple(sorted(p.shape)), []).append(i)  # (m, n) with m <= n
     for shape, idx in shapes.items():
-        U = torch.stack([grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx])  # (k, m, n)
-        for i, O in zip(idx, newton_schulz(U, steps, dtype).unbind()):
+        U = [grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx]
+        wide = torch.stack([u.mT if u.shape[0] > u.shape[1] else u for u in U])  # (k, m, n)
+        for i, O in zip(idx, newton_schulz(wide, steps, dtype).unbind()):
+            O = O.mT if O.shape != params[i].shape else O
             params[i].sub_(O.to(params[i].dtype) * (lr * 0.2 * max(shape) ** 0.5)).mul_(decay)
 
 

@@ -1622,16 +1622,32 @@ def test_model_muon_update_traces_as_one_graph_without_a_host_sync():
 
 
 class _ModelMatmuls(TorchDispatchMode):
-    """The dtype of each matmul (aten.mm, or aten.bmm of a stack) that runs inside it."""
+    """The dtype, name and stack size of each matmul (aten.mm; aten.bmm or aten.baddbmm of a stack) run inside it."""
 
     def __init__(self):
         super().__init__()
-        self.dtypes = []
+        self.dtypes, self.calls = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default):
+        ops = torch.ops.aten
+        if func in (ops.mm.default, ops.bmm.default, ops.baddbmm.default):
             self.dtypes.append(args[0].dtype)
+            self.calls.append((func.__name__.split(".")[0], args[0].shape[0] if args[0].dim() == 3 else None))
         return func(*args, **(kwargs or {}))
+
+
+def test_model_muon_stacks_tall_matrices_with_wide_ones_and_sums_inside_the_matmuls():
+    # a model's hidden matrices in as few stacks as their shapes allow: the 8 (d, d) ones, and the FFN's W1, W3
+    # (d_ff, d) with W2 (d, d_ff) turned wide, 6 of them. Each of the 5 Newton-Schulz steps is one bmm and two
+    # baddbmm (b A + c A A, then a X + B X: the sums inside the matmuls). Undone, W2 is a third stack (15 more
+    # matmuls), or the sums are separate passes (no baddbmm). The values: test_model_muon_matches_its_formula_...
+    lm = TransformerLM(vocab_size=11, context_length=4, d_model=8, num_layers=2, num_heads=2, d_ff=12)
+    for p in lm.parameters():
+        p.grad = torch.ones_like(p)
+    with _ModelMatmuls() as mode:
+        optim.Muon(lm.named_parameters(), ns_dtype=torch.float32).step()
+    assert sorted(mode.calls) == sorted([("bmm", 8)] * 5 + [("baddbmm", 8)] * 10 + [("bmm", 6)] * 5
+                                        + [("baddbmm", 6)] * 10)
 
 
 def test_model_muon_newton_schulz_runs_in_its_dtype():
