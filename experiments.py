@@ -424,7 +424,7 @@ def prepare(cfg):
     token files at once) and checked (ids the baseline can count) -> its unigram baseline (data.unigram_loss),
     tokenizer (None for ids), train ids, and the fingerprint train.py saves in each run's config.json."""
     tr, va, tok, tok_files = data.prepare_data(*(cfg[k] for k in config.DATA_KEYS))  # as train.py prepares it
-    data.check_data(cfg, tr, va, tok)
+    config.check_samples(cfg, tok, tok_files, data.check_data(cfg, tr, va, tok), data.EOT)  # as each run would
     return data.unigram_loss(tr, va, cfg["vocab_size"]), tok, tr, data.fingerprint(tr, va, tok_files, cfg["data_dir"])
 
 

@@ -8272,6 +8272,21 @@ def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, ex
     assert not (tmp_path / "out").exists()
 
 
+def test_experiments_a_vocab_size_above_the_texts_tokenizer_stops_all_before_any_run(tmp_path, monkeypatch):
+    # --vocab-size above what BPE makes of a small text: the first run refused it (train.py's samples check) after
+    # the runs had started; it is now said once, before them, with train.py's sentence and its --num-samples 0 way out
+    story = _train_story(tmp_path / "story.txt")
+    monkeypatch.setattr(experiments, "run_all", lambda *a: pytest.fail("a run started"))
+    flags = ["lr", "--data", str(story), *_TRAIN_TINY, "--vocab-size", "2000", "--num-samples", "1",
+             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
+    with pytest.raises(cli.UsageError, match=r"^--vocab-size 2000 is above the \d+ tokens of .*; pass --vocab-size "
+                                             r"\d+, or --num-samples 0\.$"):
+        experiments.main(flags)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(experiments, "run_all", lambda *a: None)  # the way out named is one
+    assert experiments.main([*flags, "--num-samples", "0"]) == 0
+
+
 def test_experiments_generate_from_a_model_whose_ids_its_tokenizer_cannot_decode_says_so(tmp_path, capsys):
     # --vocab-size above what BPE made of a small text, with --num-samples 0 (train.py's advice): the sweep ran, then
     # generate ended in bpe's "cannot decode token id 1678" and a traceback
