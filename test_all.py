@@ -9370,7 +9370,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunks" for k in bench.HEAD_CHUNKS[1:]))]
     levers, autotune = ([f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in levers]
                         for levers in (bench.LEVERS, bench.AUTOTUNE))  # GPT-2 small's first
-    profile = [f"profile, {s} shape: {what}" for s in reversed(bench.GPU_SHAPES) for what in ("a step's", "the five")]
+    profile = [f"profile, {s} shape: {what}" for s in reversed(bench.GPU_SHAPES)
+               for what in ("a step's", "the weights' matmuls", "the five")]
     by_default = "levers on by default (train.py's flags)"
     muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
@@ -9380,10 +9381,11 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                           looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
-    for r in profiled[::2]:  # each kind once, with its time and share; the longest kernels with theirs
+    for r in profiled[::3]:  # each kind once, with its time and share; the matmuls' rate; the longest kernels
         assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
-    assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[1::2]), rows
+    assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
+    assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
     assert rows[by_default].startswith("on: none; off: --cuda-graph, --max-autotune, and --fused-head for a step "
                                        "compiled on a GPU (on otherwise); --sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
