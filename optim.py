@@ -259,14 +259,15 @@ def newton_schulz(G, steps=NS_STEPS, dtype=torch.float32):
     Each sum is the matmul's own: baddbmm(C, A, B, beta, alpha) = beta C + alpha A B in one call (on a GPU, one
     kernel instead of a matmul and a pass over its output)."""
     tall = G.shape[-2] > G.shape[-1]
-    X = (G.mT if tall else G).to(dtype).reshape(-1, *sorted(G.shape[-2:]))  # (k, m, n), m <= n: baddbmm's 3-D
+    W = G.mT if tall else G  # (..., m, n), m <= n
+    X = W.to(dtype).reshape(-1, *W.shape[-2:])  # (k, m, n): baddbmm takes a stack
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # each matrix's own norm; + 1e-7: a zero update stays zero
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
         A = X @ X.mT  # (k, m, m)
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A A
         X = torch.baddbmm(X, B, X, beta=a)  # a X + B X
-    X = X.reshape(G.mT.shape if tall else G.shape)
+    X = X.reshape(W.shape)
     return X.mT if tall else X
 
 
