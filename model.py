@@ -48,6 +48,8 @@ class Linear(nn.Module):
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
+        _check_count("in_features", in_features)  # Linear(-1, 3) failed in torch.empty ("negative dimension")
+        _check_count("out_features", out_features)
         std = math.sqrt(2.0 / (in_features + out_features))
         self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
 
@@ -60,6 +62,8 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
         super().__init__()
+        _check_count("num_embeddings", num_embeddings)
+        _check_count("embedding_dim", embedding_dim)
         self.weight = _trunc_normal((num_embeddings, embedding_dim), 1.0, device, dtype)
 
     def forward(self, token_ids):  # (...) int -> (..., embedding_dim)
@@ -75,6 +79,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
+        if not 0 <= eps < math.inf:  # eps < 0 gave NaN for a zero row (the root of a negative number)
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
@@ -149,6 +155,8 @@ class RotaryPositionalEmbedding(nn.Module):
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
         super().__init__()
+        _check_count("d_k", d_k)
+        _check_count("max_seq_len", max_seq_len)
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         _check_theta("theta", theta)
@@ -178,6 +186,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that may attend to nothing gets
     NaN (0/0), so callers must leave every row at least one key."""
+    if mask is not None and mask.dtype != torch.bool:  # an int one failed inside masked_fill, a float one at ~
+        raise ValueError(f"mask must be bool (True: may attend), got {mask.dtype}.")
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -208,6 +218,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, rope=None, device=None, dtype=None, fast=False):
         super().__init__()
+        _check_count("d_model", d_model)
         _check_count("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
@@ -267,6 +278,23 @@ def _as_token_ids(ids):
         got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"Token ids must be an integer tensor (int64 or int32), got {got}.")
     return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
+
+
+def _check_positions_and_mask(B, T, S, positions, mask):
+    """forward's checks of a caller's RoPE positions ((T,) or (B, T) integers) and mask (bool (..., T, S), S = T
+    keys without a cache; with one, its own count), by dtype and shape (no host sync). A float mask was added to the
+    scores by torch's fused attention (fast=True), and positions of another shape broadcast into logits of another
+    shape."""
+    def what(t):
+        return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
+    p, m = positions, mask
+    if p is not None and not (torch.is_tensor(p) and p.dtype in (torch.int64, torch.int32) and p.shape[-1:] == (T,)
+                              and (p.dim() == 1 or p.dim() == 2 and p.shape[0] in (1, B))):
+        raise ValueError(f"token_positions must be integers of shape ({T},) or ({B}, {T}), got {what(p)}.")
+    if m is not None and not (torch.is_tensor(m) and m.dtype == torch.bool and 2 <= m.dim() <= 4
+                              and m.shape[-2] == T and m.shape[-1] == (S or m.shape[-1])):
+        raise ValueError(f"attn_mask must be bool (True: may attend) of shape (..., {T}, {S or 'keys'}), got "
+                         f"{what(m)}.")
 
 
 class TransformerBlock(nn.Module):
@@ -335,6 +363,8 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
+        _check_positions_and_mask(token_ids.shape[0], T, None if kv_cache is not None else T, token_positions,
+                                  attn_mask)
         # Reading the ids (and a caller's RoPE positions and mask) back is a host sync (and a graph break:
         # torch.compile splits the model there); meta tensors (shape-only models, accounting.py's) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":

@@ -26,6 +26,8 @@ def cross_entropy(logits, targets, fused=False):
     logits: (..., V), targets: (...) int64 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
+    if targets.dtype not in (torch.int64, torch.int32):  # float, bool or uint8 ids failed in gather, in torch's words
+        raise ValueError(f"targets must be integer class ids (int64), got {targets.dtype}.")
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
     V = logits.shape[-1]
@@ -372,8 +374,9 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     Returns the norm before clipping, a 0-dim float32 tensor (float64 if a gradient is; zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
     fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py)."""
-    if not (_number(max_l2_norm) and max_l2_norm >= 0):  # M < 0 flipped every gradient (ascent), NaN never clipped
-        raise ValueError(f"max_l2_norm must be >= 0, got {max_l2_norm!r}.")
+    # M < 0 flipped every gradient (ascent), NaN never clipped; an eps < 0 could flip them too, a NaN one zero them
+    if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
+        raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")
     grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())

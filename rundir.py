@@ -283,6 +283,13 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
             # a float one in an integer entry (a BatchNorm's count, a bool mask) its fraction; of one kind, any loads
             want = "floating-point weights" if v.is_floating_point() else f"{v.dtype} as the model's"
             raise ValueError(f"{name} does not fit this model: {k} holds {saved[k].dtype}, not {want}")
+    shared = {}  # a tensor the model holds under several keys (tied weights): loading kept the last key's alone
+    for k, v in model.state_dict(keep_vars=True).items():
+        shared.setdefault(id(v), []).append(k)
+    for first, *rest in (keys for keys in shared.values() if len(keys) > 1):
+        if not all(torch.equal(saved[first], saved[k]) for k in rest):
+            raise ValueError(f"{name} holds two different {first} and {rest[0]}, which this model shares as one "
+                             "tensor; load it into a model that keeps them apart")
     if optimizer is None:
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -1757,6 +1757,9 @@ def test_model_cross_entropy_refuses_misfit_targets_and_a_fused_second_derivativ
     for fused in (False, True):
         with pytest.raises(ValueError, match=r"^targets of shape \(3, 2\) do not fit logits of shape \(2, 3, 5\)\.$"):
             optim.cross_entropy(logits, y.t(), fused)
+    for bad in (y.float(), y.bool(), y.to(torch.uint8)):  # ended in gather's words ("Expected dtype int32/int64")
+        with pytest.raises(ValueError, match=rf"^targets must be integer class ids \(int64\), got {bad.dtype}\.$"):
+            optim.cross_entropy(logits, bad)
     g, = torch.autograd.grad(optim.cross_entropy(logits, y), logits, create_graph=True)
     assert g.requires_grad  # the plain path has one
     with pytest.raises(ValueError, match="fused=True\\) has no second derivative"):
@@ -1844,13 +1847,15 @@ def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
 
 def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
     # M=-1 (a "clipping off" a caller might pass) scaled every gradient by a negative factor: the step climbed the
-    # loss; M=NaN never clipped. M=0 zeroes the gradients and M=inf never clips, as in torch
-    for bad in (-1.0, math.nan):
+    # loss; M=NaN never clipped. eps=-10 flipped them too (3 / (5.2 - 10) < 0), eps=NaN made them NaN. M=0 zeroes
+    # the gradients and M=inf never clips, as in torch
+    for bad, eps in ((-1.0, 1e-6), (math.nan, 1e-6), (1.0, -10.0), (1.0, math.nan), (1.0, math.inf)):
         p = torch.nn.Parameter(torch.zeros(3))
-        p.grad = torch.ones(3)
-        with pytest.raises(ValueError, match=f"max_l2_norm must be >= 0, got {bad}"):
-            optim.clip_grad_norm([p], bad)
-        assert torch.equal(p.grad, torch.ones(3))
+        p.grad = torch.full((3,), 3.0)
+        with pytest.raises(ValueError, match=f"max_l2_norm and eps must be numbers >= 0, got {bad} and {eps}"):
+            optim.clip_grad_norm([p], bad, eps)
+        assert torch.equal(p.grad, torch.full((3,), 3.0))
+    p.grad = torch.ones(3)
     for m, want in ((0.0, torch.zeros(3)), (math.inf, torch.ones(3))):
         p.grad = torch.ones(3)
         optim.clip_grad_norm([p], m)
@@ -2000,7 +2005,7 @@ def test_model_clip_grad_norm_and_cosine_lr_refuse_a_max_that_is_no_number_or_ne
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.ones(3)
     for bad in (None, "1", True):
-        with pytest.raises(ValueError, match=regex.escape(f"max_l2_norm must be >= 0, got {bad!r}.")):
+        with pytest.raises(ValueError, match=regex.escape(f"max_l2_norm and eps must be numbers >= 0, got {bad!r} ")):
             optim.clip_grad_norm([p], bad)
     assert torch.equal(p.grad, torch.ones(3))
     for mx, mn in ((-1.0, 0.0), (math.nan, 0.1), ("1", 0.1), (None, 0.1), (math.inf, 0.1), (1.0, -0.1), (1.0, None)):
@@ -2176,6 +2181,49 @@ def test_model_refuses_a_mask_row_with_no_key_where_fast_and_plain_would_differ(
     for m in (plain, fast):
         with pytest.raises(ValueError, match=r"^attn_mask has a query row that may attend to no key; leave each row "):
             m(ids, attn_mask=mask)
+
+
+def test_model_forward_refuses_positions_and_masks_of_another_shape_or_dtype():
+    # a sixth tester's review: positions (2, 1, 8) gave 4-D logits and (2, 1) put every token at 0, without a word;
+    # a float 0/1 mask was added to the scores by fast=True's torch SDPA (another function: 1.8 off the plain path,
+    # which failed at ~); int masks, floats, lists and 7 positions for 8 tokens ended in torch's words
+    plain = TransformerLM(50, 16, 16, 2, 4, 32)
+    fast = TransformerLM(50, 16, 16, 2, 4, 32, fast=True)
+    fast.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 50, (2, 8))
+    for pos in (torch.arange(8).reshape(1, 1, 8).expand(2, 1, 8), torch.zeros(2, 1, dtype=torch.long),
+                torch.arange(7), torch.arange(8.0), list(range(8)), torch.zeros(3, 8, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"^token_positions must be integers of shape \(8,\) or \(2, 8\), got "):
+            plain(ids, pos)
+    for mask in (torch.ones(8, 8).tril(), torch.ones(8, 8, dtype=torch.int).tril(), torch.ones(8, 7, dtype=torch.bool),
+                 torch.ones(8, dtype=torch.bool)):
+        for m in (plain, fast):
+            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\) of shape \(\.\.\., 8, 8\)"):
+                m(ids, None, mask)
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    for pos, mask in ((torch.arange(8), None), (torch.arange(8)[None].expand(2, 8), causal), (None, causal[None])):
+        torch.testing.assert_close(fast(ids, pos, mask), plain(ids))  # the forms that fit: the causal default's
+    Q = torch.randn(2, 4, 8)
+    for mask in (causal.int(), causal.float()):
+        with pytest.raises(ValueError, match=rf"^mask must be bool \(True: may attend\), got {mask.dtype}\.$"):
+            model.scaled_dot_product_attention(Q, Q, Q, mask)
+
+
+def test_model_parts_refuse_sizes_and_eps_that_cannot_work():
+    # Linear(-1, 3) and RoPE's max_seq_len -1 failed in torch's words, MultiHeadSelfAttention(0, 4) in a
+    # ZeroDivisionError, RoPE's d_k 0 was taken, and RMSNorm's eps -1 gave NaN for a zero row
+    for build, said in ((lambda: model.Linear(-1, 3), "in_features must be a whole number >= 1, got -1"),
+                        (lambda: model.Linear(4, 0), "out_features must be a whole number >= 1, got 0"),
+                        (lambda: model.Embedding(0, 4), "num_embeddings must be a whole number >= 1, got 0"),
+                        (lambda: model.Embedding(4, 2.5), "embedding_dim must be a whole number >= 1, got 2.5"),
+                        (lambda: model.MultiHeadSelfAttention(0, 4), "d_model must be a whole number >= 1, got 0"),
+                        (lambda: model.RotaryPositionalEmbedding(1e4, 0, 8), "d_k must be a whole number >= 1, got 0"),
+                        (lambda: model.RotaryPositionalEmbedding(1e4, 4, -1),
+                         "max_seq_len must be a whole number >= 1, got -1"),
+                        (lambda: model.RMSNorm(4, eps=-1.0), "eps must be a finite number >= 0, got -1.0"),
+                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number >= 0, got nan")):
+        with pytest.raises(ValueError, match=f"^{regex.escape(said)}\\.$"):
+            build()
 
 
 def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
@@ -5221,6 +5269,8 @@ def test_train_get_batch_refuses_bad_sizes_and_float_ids_and_takes_a_tensor(tmp_
                       (np.arange(20).reshape(10, 2), "2-D int64"), (list(range(10)), "list")):
         with pytest.raises(ValueError, match=f"^get_batch takes a 1-D array of integer token ids as data, got {what}"):
             train.get_batch(bad, 2, 4, "cpu")
+    with pytest.raises(ValueError, match=r"^get_batch cannot use device 'gpu': unknown device; use cpu, cuda"):
+        train.get_batch(ids, 2, 4, "gpu")  # torch's long list of device types
     np.save(tmp_path / "ids.npy", ids)
     monkeypatch.setattr(data.TokenIds, "__array__", lambda *a, **k: pytest.fail("a TokenIds read whole"))
     want = train.get_batch(ids, 4, 10, "cpu", torch.Generator().manual_seed(0))
@@ -5337,6 +5387,28 @@ def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
     state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
     with pytest.raises(ValueError, match=r"norm.num_batches_tracked holds torch.float32, not torch.int64 as the mod"):
         rundir.check_state(state, m2)
+
+
+def test_train_checkpoint_keeps_a_plain_models_keys_and_a_tied_model_refuses_two_matrices(tmp_path):
+    # a sixth tester's review: a user's model whose one child is named module was saved without "module." (CS336
+    # code's load_state_dict then missed every key); an untied checkpoint loaded into a tied model kept lm_head's
+    # matrix in both places, without a word
+    class Own(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(3, 3)
+    own = Own()
+    train.save_checkpoint(own, optim.SGD(own.parameters(), lr=0.1), 0, tmp_path / "own.pt")
+    assert list(torch.load(tmp_path / "own.pt", weights_only=True)["model"]) == ["module.weight", "module.bias"]
+    untied, tied = TransformerLM(50, 16, 16, 1, 4, 32), TransformerLM(50, 16, 16, 1, 4, 32, tie_embeddings=True)
+    train.save_checkpoint(untied, optim.SGD(untied.parameters(), lr=0.1), 0, tmp_path / "untied.pt")
+    before = {k: v.clone() for k, v in tied.state_dict().items()}
+    with pytest.raises(ValueError, match=r"holds two different token_embeddings.weight and lm_head.weight, which this "
+                                         r"model shares as one tensor; load it into a model that keeps them apart$"):
+        train.load_checkpoint(tmp_path / "untied.pt", tied)
+    assert all(torch.equal(v, before[k]) for k, v in tied.state_dict().items())  # nothing loaded
+    train.save_checkpoint(tied, optim.SGD(tied.parameters(), lr=0.1), 0, tmp_path / "tied.pt")
+    assert train.load_checkpoint(tmp_path / "tied.pt", TransformerLM(50, 16, 16, 1, 4, 32, tie_embeddings=True)) == 0
 
 
 def test_train_checkpoint_failed_save_keeps_old(tmp_path, monkeypatch):

@@ -68,6 +68,8 @@ def get_batch(data, batch_size, context_length, device, generator=None):
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
     _check_count("batch_size", batch_size)
     _check_count("context_length", context_length)
+    if problem := machine.device_error(device):  # "gpu", or cuda on a machine without one: torch's long words
+        raise ValueError(f"get_batch cannot use device {device!r}: {problem}")
     if getattr(data, "ndim", 1) != 1 or getattr(data, "dtype", np.dtype(float)).kind not in "iu":
         what = f"{getattr(data, 'ndim', 1)}-D {data.dtype}" if hasattr(data, "dtype") else type(data).__name__
         raise ValueError(f"get_batch takes a 1-D array of integer token ids as data, got {what}.")
@@ -86,10 +88,13 @@ def micro_batches(data, cfg, generator):
 # ----------------------------------------------------------------------------
 # 2. Checkpoints
 
-def _unwrap(model):  # the LM inside DDP (.module), torch.compile (._orig_mod) and LMLoss (.lm): keys without prefixes
-    inner = next((m for n, m in model.named_children() if n in ("module", "_orig_mod", "lm")), None)
-    # only a wrapper that holds nothing else: a user's model with weights beside its .lm (a value head) is kept whole
-    return model if inner is None or len(inner.state_dict()) != len(model.state_dict()) else _unwrap(inner)
+WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}  # type: inner
+
+
+def _unwrap(model):  # the LM inside DDP, torch.compile and LMLoss: its keys without the wrappers' prefixes. By type:
+    # a user's own model keeps its keys whole, with a child named module or lm, and with weights beside it
+    inner = WRAPPERS.get(type(model).__name__)
+    return model if inner is None else _unwrap(getattr(model, inner))
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
