@@ -720,6 +720,8 @@ def parse(argv):
         flag = next((f for f in NOT_PASSED if f.startswith(a)), None)  # train.py takes --run-n for --run-name
         if flag:
             raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
+        if args.experiment == "optimizers" and "--optimizer".startswith(a):  # the race's rates came from its lr
+            raise cli.UsageError(f"{a}: the optimizers race sets each run's optimizer itself; drop it.")
     if args.jobs < 1:
         raise cli.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
     if not args.out_dir:  # '' would be the current folder, unasked

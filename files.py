@@ -161,7 +161,7 @@ def unwritable(path, folders=True):
     # dangling link to one): a symlink in a read-only folder to a writable place is written through
     here = os.path.dirname(os.path.abspath(path))
     if folders and not all(map(writable, {os.path.dirname(real), *(() if os.path.isdir(here) else (here,))})):
-        return " is in a folder that cannot be made or written (read-only, or a dangling link)"
+        return " is in a folder that cannot be made or written (read-only, a file on its path, or a dangling link)"
     return ""
 
 

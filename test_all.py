@@ -3486,7 +3486,8 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              f"{tmp_path} is a directory, not a file": ["train", str(tmp_path), "--vocab-size", "300", "--out",
                                                         str(out)],
              "good.txt is a file, not a directory": ["train", str(good), "--vocab-size", "300", "--out", str(good)],
-             "sub cannot be made or written (read-only, or a file on its path)": [     # found after training before
+             "sub/vocab.json is in a folder that cannot be made or written (read-only, a file on its path": [  # found
+                 # after training before
                  "train", str(good), "--vocab-size", "300", "--out", str(good / "sub")],
              "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
                                                 str(tmp_path / "ids.npy")]}
@@ -3500,6 +3501,28 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(good), "--vocab-size", str(10**20),
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
+
+
+def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, capsys):
+    # a sixth tester's: bpe.py train --out out/<run> replaced a run's tokenizer without a word (its checkpoint's ids
+    # then meant other tokens), and --out into a token cache its ids' tokenizer. A folder of a tokenizer alone is
+    # trained over, as before
+    text = tmp_path / "a.txt"
+    text.write_text("hello world, " * 50, encoding="utf-8")
+    for made in ("ckpt.pt", "train.npy"):
+        d = tmp_path / made.split(".")[0]
+        d.mkdir()
+        bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(d))
+        (d / made).write_bytes(b"made with that tokenizer")
+        before = {p.name: p.read_bytes() for p in d.iterdir()}
+        with pytest.raises(SystemExit) as stop:
+            bpe.main(["train", str(text), "--vocab-size", "260", "--out", str(d)])
+        assert stop.value.code == 2 and capsys.readouterr().err == (
+            f"bpe.py train: error: --out {d} holds {made}, made with the tokenizer there; pass another --out\n")
+        assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+        (d / made).unlink()
+        bpe.main(["train", str(text), "--vocab-size", "260", "--out", str(d)])
+        assert len(bpe.Tokenizer.from_files(*bpe.tokenizer_files(d)).merges) == 4
 
 
 def test_bpe_tokenizer_files_with_a_byte_order_mark_load(tmp_path):
@@ -3582,8 +3605,8 @@ def test_bpe_cli_encode_into_a_read_only_place_names_the_path(tmp_path, tmpfs):
                         str(tok), "--out", str(ro / "a.npy")], capture_output=True, text=True, timeout=120)
     # refused before the work, exit 2, as the fault table says (it was exit 1, "Read-only file system", after it)
     assert r.returncode == 2 and r.stderr == (f"bpe.py encode: error: --out {ro / 'a.npy'} is in a folder that cannot "
-                                              "be made or written (read-only, or a dangling link); pass another "
-                                              "--out\n"), r.stderr
+                                              "be made or written (read-only, a file on its path, or a dangling "
+                                              "link); pass another --out\n"), r.stderr
 
 
 def test_bpe_cli_refuses_every_output_it_cannot_write_before_the_work(tmp_path, monkeypatch, capsys):
@@ -8302,6 +8325,12 @@ def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_pa
         with pytest.raises(cli.UsageError, match=re.escape(said)):
             experiments.parse(["lr", *flags])
     assert experiments.parse(["lr", "--no-fas", "--lr", "0.01"])[1] == ["--no-fas", "--lr", "0.01"]  # train.py's
+    # the race's --optimizer (a sixth tester's): each run's own replaced it, but its rates were scaled from its lr,
+    # 200 times AdamW's for sgd; every other experiment takes it (the lr sweep of Muon)
+    for flags in (["--optimizer", "sgd"], ["--optim=sgd"]):
+        with pytest.raises(cli.UsageError, match=r"^--optim(izer)?: the optimizers race sets each run's optimizer "):
+            experiments.parse(["optimizers", *flags])
+    assert experiments.parse(["lr", "--optimizer", "muon"])[1] == ["--optimizer", "muon"]
     for flag in ("--out-dir", "--data-dir"):
         with pytest.raises(cli.UsageError, match=f"^{flag} is empty; pass a folder"):
             train.resolve_config(["--data", "pydoc", flag, ""])
