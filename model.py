@@ -281,10 +281,8 @@ def _as_token_ids(ids):
 
 
 def _check_positions_and_mask(B, T, S, positions, mask):
-    """forward's checks of a caller's RoPE positions ((T,) or (B, T) integers) and mask (bool (..., T, S), S = T
-    keys without a cache; with one, its own count), by dtype and shape (no host sync). A float mask was added to the
-    scores by torch's fused attention (fast=True), and positions of another shape broadcast into logits of another
-    shape."""
+    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool (..., T, S); S: T, or with a
+    cache its own), by dtype and shape: no host sync. A float mask was added to the scores by fast=True's SDPA."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
