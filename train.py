@@ -68,8 +68,6 @@ def get_batch(data, batch_size, context_length, device, generator=None):
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
     _check_count("batch_size", batch_size)
     _check_count("context_length", context_length)
-    if problem := machine.device_error(device):  # "gpu", or cuda on a machine without one: torch's long words
-        raise ValueError(f"get_batch cannot use device {device!r}: {problem}")
     if getattr(data, "ndim", 1) != 1 or getattr(data, "dtype", np.dtype(float)).kind not in "iu":
         what = f"{getattr(data, 'ndim', 1)}-D {data.dtype}" if hasattr(data, "dtype") else type(data).__name__
         raise ValueError(f"get_batch takes a 1-D array of integer token ids as data, got {what}.")
