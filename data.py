@@ -14,6 +14,7 @@ import hashlib
 import http.client
 import operator
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -362,7 +363,9 @@ def bad_utf8_offset(text, block=READ):
 def local_corpus(path, out_dir):
     """Split a text file: with 10 documents or more, whole documents from the end go to validation
     (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
-    documents is cut after the last line break before that point. Read in pieces, never loaded whole."""
+    documents, or whose whole documents would give validation more than twice that share (one long last
+    document), is cut after the last line break before that point, or (none that near) at it. Read in pieces, never
+    loaded whole."""
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -374,18 +377,18 @@ def local_corpus(path, out_dir):
                              "pass token ids as a .npy file.")
         if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached
             raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
-        mark, gap = int(size * (1 - VALID_FRACTION)), 0  # gap: the separator between the parts, in neither
+        mark, gap, cut = int(size * (1 - VALID_FRACTION)), 0, -1  # gap: the separator between the parts, in neither
         if text.count(SEP, 9) == 9:  # 10 documents or more
             cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
             cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
-        else:
-            cut = text.rfind(b"\n", 0, mark) + 1
-            if cut <= 1:  # no line break before the mark: cut at the first byte of the character holding it
-                cut = mark
-                while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
-                    cut -= 1
-                if (at := text.rfind(SEP, max(0, cut - len(SEP) + 1), cut + len(SEP) - 1)) >= 0:  # one spans the cut
-                    cut = at  # before it: each part had a piece of it as text
+        if size - cut > 2 * VALID_FRACTION * size:  # fewer documents, or a long last one (validation: 96% of a book)
+            cut, gap = text.rfind(b"\n", 0, mark) + 1, 0
+        if size - cut > 2 * VALID_FRACTION * size:  # no line break near the mark: at the first byte of its character
+            cut = mark
+            while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
+                cut -= 1
+            if (at := text.rfind(SEP, max(0, cut - len(SEP) + 1), cut + len(SEP) - 1)) >= 0:  # one spans the cut
+                cut = at  # before it: each part had a piece of it as text
         parts = (0, cut), (cut + gap, size)
         if not all(has_text(text, *part) for part in parts):
             raise UsageError(f"--data {path} has too little text to split into training and validation parts; "
@@ -654,8 +657,8 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
 
 def cache_dir(source, data_dir):
     """The folder under data_dir that holds --data's text splits and, in bpe<vocab size>/, its tokens."""
-    if source in BUILTIN:  # the topics and the library change between Python versions
-        return Path(data_dir) / f"{source}-py{sys.version_info[0]}{sys.version_info[1]}"
+    if source in BUILTIN:  # the topics and the library change between Python versions, patch releases too
+        return Path(data_dir) / f"{source}-py{'.'.join(map(str, sys.version_info[:3]))}"
     if source in DATASETS:
         return Path(data_dir) / source
     p = Path(source).resolve()  # a changed file gets a fresh cache: the folder name hashes its path, size and time
@@ -691,8 +694,9 @@ def file_digest(path, memo_dir):
     """'size:sha256' of a file's bytes, hashed once: kept in memo_dir under the file's name and
     key, so a rerun reads one line instead of hashing gigabytes again."""
     memo = memo_dir / f"{path.name}-{file_key(path)}.sha256"
-    if memo.is_file():
-        return memo.read_text()
+    with contextlib.suppress(OSError, UnicodeDecodeError):  # none yet, or a damaged one: hashed again
+        if re.fullmatch(r"\d+:[0-9a-f]{64}", kept := memo.read_text()):
+            return kept
     h = hashlib.sha256()
     with open(path, "rb") as f:  # the bytes it held when opened: one cut short meanwhile is one sentence
         size = os.fstat(f.fileno()).st_size
