@@ -478,4 +478,5 @@ def resolve_config(argv=None):
         raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
+    cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
     return cfg

@@ -377,8 +377,9 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
         old = {**defaults, **old}
         longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
+        own_warmup = (longer or cfg.get("warmup_derived")) and type(old.get("warmup_iters")) is int
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)  # a warm-up not given follows --max-iters: not the user's
-                if not (longer and k == "max_iters") and not ((longer or shorter) and k == "warmup_iters")]
+                if not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
@@ -390,8 +391,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         dry_step(state, model, optimizer, ckpt_path)
     except (ValueError, OSError) as e:
         raise UsageError(f"--resume: {e}; restore it from a copy, or start a new run with --overwrite.") from None
-    if longer:  # its warm-up is the one it had; the cosine runs to the new end from where the run stands
-        cfg["warmup_iters"] = old["warmup_iters"]
+    if own_warmup:  # the warm-up it had (not one derived from a new --max-iters); an extension's cosine runs to the
+        cfg["warmup_iters"] = old["warmup_iters"]  # new end from where the run stands
     return state
 
 

@@ -6813,6 +6813,10 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     assert losses[:8] == first and [s for s, _ in losses] == list(range(1, 21))
     state = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")
     assert state["iteration"] == 20 and state["config"]["max_iters"] == 20 and state["config"]["warmup_iters"] == 0
+    # the same command again (a restartable job): a sixth tester's "keys that differ: warmup_iters (0 -> 2)", the
+    # warm-up derived anew from --max-iters 20; an extension stopped midway was refused so too
+    assert train.main([*base, "--max-iters", "20", "--resume"]) == 0
+    assert "already complete" in capsys.readouterr().out
     assert train.main([*base, "--max-iters", "12", "--resume"]) == 2  # fewer steps than it has: refused
     said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
     assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
