@@ -155,8 +155,8 @@ def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path 
             f"the system said: {e}; fix that")
 
 
-def os_error_sentence(e):  # the one sentence of an OSError that reaches exit_code (exit 1)
-    return f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then run the same command again."
+def os_error_sentence(e, then="run the same command again"):  # the one sentence of an OSError (exit 1)
+    return f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then {then}."
 
 
 def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
@@ -191,10 +191,11 @@ def fault(name, words):
     say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
 
 
-def exit_code(name, command, interrupted, less_memory=None):
+def exit_code(name, command, interrupted, less_memory=None, then="run the same command again"):
     """command()'s exit code; a fault is one sentence: 2 a usage mistake, 1 a machine's fault (memory running out
     too) or an unforeseen OSError, 130 a Ctrl-C. interrupted: what a stopped command left (the sentence's end);
-    less_memory: the command's own ways to ask for less memory, for an allocation that failed."""
+    less_memory: the command's own ways to ask for less memory, for an allocation that failed; then: what to do once
+    the path an OSError names is fixed."""
     try:
         code = command()
         if sys.stdout:  # what print left in its buffer fails here on a full disk, not as Python exits ("ignored")
@@ -206,7 +207,7 @@ def exit_code(name, command, interrupted, less_memory=None):
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1
-        fault(name, os_error_sentence(e))
+        fault(name, os_error_sentence(e, then))
         return 1
     except (KeyboardInterrupt, Exception) as e:
         # a Ctrl-C before the loop's own handler (data, model), a second one in it, or the error a library's clean-up
@@ -226,7 +227,7 @@ def exit_code(name, command, interrupted, less_memory=None):
             raise
         # a write that failed under a library's own error (torch.save's "unexpected pos" over EFBIG, a file-size
         # limit): the same sentence as the OSError itself
-        fault(name, os_error_sentence(cause))
+        fault(name, os_error_sentence(cause, then))
         return 1
 
 

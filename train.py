@@ -540,7 +540,9 @@ def main(argv=None):
         with machine.process_group(cfg), full, rundir.compile_failures(cfg):  # nothing: a full stdout is exit_code's)
             return run(cfg)
     return cli.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
-                         "ckpt.pt: with --resume, without --overwrite) to go on.", less_memory=LESS_MEMORY)
+                         "ckpt.pt: with --resume, without --overwrite) to go on.", less_memory=LESS_MEMORY,
+                         then="run the same command again (a run that was training: plus --resume, without "
+                         "--overwrite)")
 
 
 if __name__ == "__main__":
