@@ -696,4 +696,4 @@ def main(argv=None):
 if __name__ == "__main__":
     catch_ctrl_c()
     cli.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
-    sys.exit(cli.exit_code("bpe.py", main, "no partial file was left."))
+    cli.exit_quietly(cli.exit_code("bpe.py", main, "no partial file was left."))

@@ -49,6 +49,14 @@ def on_stops(handler):
     return {s: signal.signal(s, handler) for s in STOPS if s != SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
 
 
+def exit_quietly(code):
+    """sys.exit(code) once a command has said its last: a stop signal in the second Python then takes to shut down
+    (atexit's clean-up) is ignored, where it printed a traceback ("Exception ignored in atexit callback") or changed
+    the exit code of a command that had ended well."""
+    on_stops(signal.SIG_IGN)
+    sys.exit(code)
+
+
 _hung_up = []  # hang_up() was called
 
 

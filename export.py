@@ -23,7 +23,6 @@ import contextlib
 import inspect
 import json
 import os
-import sys
 from pathlib import Path
 
 import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
@@ -298,4 +297,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     catch_ctrl_c()  # Ctrl-C, SIGTERM, SIGHUP: KeyboardInterrupt, then one line (exit_code)
-    sys.exit(main())
+    cli.exit_quietly(main())

@@ -4021,6 +4021,19 @@ def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     assert not [f for f in tmp_path.rglob("*") if f.is_file()]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_a_stop_while_python_shuts_down_after_success_is_ignored(signum):
+    # a sixth tester's: a Ctrl-C or SIGTERM in the second after a run's last line (atexit's clean-up) printed
+    # "Exception ignored in atexit callback" and a traceback, or ended a finished run with 143 and no sentence.
+    # Here the clean-up sends the signal itself, as a command line's handlers stand (catch_ctrl_c)
+    code = ("import atexit, os, signal, time, bpe, cli\n"
+            "bpe.catch_ctrl_c()\n"
+            f"atexit.register(lambda: (os.kill(os.getpid(), {int(signum)}), time.sleep(0.2)))\n"
+            "cli.exit_quietly(cli.exit_code('x.py', lambda: 0, 'nothing was written.'))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stderr) == (0, ""), (r.returncode, r.stderr)
+
+
 @pytest.mark.skipif(not os.environ.get("CS336_SLOW_TESTS"), reason="a cold numba compile of 30-45 s: set "
                     "CS336_SLOW_TESTS=1 to run it (kept out of the 10-minute CI run)")
 def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):

@@ -548,4 +548,4 @@ def main(argv=None):
 if __name__ == "__main__":
     catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
     cli.escaping_stdout()  # a terminal that cannot show a sample's text; a closed stdout (>&-) as /dev/null
-    sys.exit(main())
+    cli.exit_quietly(main())
