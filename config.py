@@ -438,6 +438,12 @@ def init_from_defaults(cfg, given):
         raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained run.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
+    beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
+    if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
+            and any(a.read_bytes() != b.read_bytes() for a, b in zip(beside, tokenizer_files(run))):
+        raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by --init-from {run}'s, so "
+                         f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
+                         f"FILE --tokenizer {run} --out IDS.npy), or pass --tokenizer {run} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
         raise UsageError(f"--init-from {run} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")

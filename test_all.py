@@ -6837,6 +6837,27 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     assert "warmup_iters" not in said
 
 
+def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys):
+    # a sixth tester's: --data ids.npy --init-from RUN trained on the ids with RUN's tokenizer, not the one beside
+    # them that made them (both 300 tokens: no check fired): the model read other tokens, and the run saved RUN's
+    story, other = _train_story(tmp_path / "story.txt"), _train_story(tmp_path / "other.txt", seed=1)
+    flags = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu", "--max-iters", "2",
+             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
+    shape = ["--vocab-size", "300", "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
+             "--context-length", "16"]
+    assert train.main(["--data", str(story), *shape, *flags]) == 0
+    run, own = tmp_path / "out" / "story", tmp_path / "own"
+    bpe.main(["train", str(other), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(own)])
+    bpe.main(["encode", str(other), "--tokenizer", str(own), "--out", str(own / "ids.npy")])
+    capsys.readouterr()
+    assert train.main(["--data", str(own / "ids.npy"), "--init-from", str(run), *flags]) == 2
+    assert _train_one_line(capsys, f"--data {own / 'ids.npy'} was made by the tokenizer beside it, not by "
+                                   f"--init-from {run}'s").endswith(f"or pass --tokenizer {run} if these ids are its.")
+    assert not (tmp_path / "out" / "ids").exists()
+    bpe.main(["encode", str(other), "--tokenizer", str(run), "--out", str(tmp_path / "ids.npy")])  # its own ids
+    assert train.main(["--data", str(tmp_path / "ids.npy"), "--init-from", str(run), *flags]) == 0
+
+
 def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
     def warmup(*flags):
         return config.resolve_config(["--benchmark", "--device", "cpu", *flags])["warmup_iters"]
