@@ -24,7 +24,7 @@ from cli import RANK, Parser, UsageError, env_int, log
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import run_config, run_dir_problem
+from rundir import run_config, run_dir, run_dir_problem
 
 
 # ----------------------------------------------------------------------------
@@ -432,7 +432,10 @@ def init_from_defaults(cfg, given):
     """--init-from RUN_DIR: its config.json's shape for each shape flag not given (a switch off by default, too), and
     its tokenizer unless --tokenizer is. UsageError where it holds no run, or no tokenizer for text; train.py checks
     its checkpoint (rundir.verify_init)."""
-    run = Path(cfg["init_from"])
+    src = cfg["init_from"]
+    if cfg["resume"] and run_config(run_dir(cfg)) is not None:  # a run under way: its own shape and tokenizer (the one
+        src = str(run_dir(cfg))  # it started from may since be gone, or another run)
+    run = Path(src)
     old = run_config(run)
     if old is None:
         raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained run.")
@@ -447,7 +450,7 @@ def init_from_defaults(cfg, given):
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
         raise UsageError(f"--init-from {run} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")
-    return {**shape, "tokenizer": cfg["tokenizer"] or (cfg["init_from"] if has_tokenizer else None)}
+    return {**shape, "tokenizer": cfg["tokenizer"] or (src if has_tokenizer else None)}
 
 
 def resolve_config(argv=None):
@@ -455,6 +458,7 @@ def resolve_config(argv=None):
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
         cfg.update(init_from_defaults(cfg, given_flags(parser, argv)))
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
@@ -466,7 +470,6 @@ def resolve_config(argv=None):
     for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
-    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")

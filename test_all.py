@@ -6858,6 +6858,27 @@ def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys)
     assert train.main(["--data", str(tmp_path / "ids.npy"), "--init-from", str(run), *flags]) == 0
 
 
+def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
+    # a sixth tester's: --resume of an --init-from run read the run it started from for its shape and tokenizer: with
+    # that run deleted, "holds no run"; retrained with another shape, "keys that differ: d_model (32 -> 48)"
+    story, other = _train_story(tmp_path / "story.txt"), _train_story(tmp_path / "other.txt", seed=1)
+    flags = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu", "--log-interval", "1",
+             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
+    shape = ["--vocab-size", "300", "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
+             "--context-length", "16"]
+    assert train.main(["--data", str(story), *shape, *flags, "--max-iters", "2"]) == 0
+    tune = ["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags]
+    assert train.main([*tune, "--max-iters", "3"]) == 0
+    whole = _train_losses(tmp_path / "out" / "other")
+    shutil.rmtree(tmp_path / "out" / "story")
+    assert train.main([*tune, "--max-iters", "3", "--resume"]) == 0  # its own files: complete
+    assert "already complete" in capsys.readouterr().out
+    assert train.main(["--data", str(story), *shape[:2], "--d-model", "48", *shape[4:], *flags, "--max-iters", "2"]) == 0
+    assert train.main([*tune, "--max-iters", "5", "--resume"]) == 0  # the start retrained, wider: still its own
+    assert _train_losses(tmp_path / "out" / "other")[:3] == whole
+    assert rundir.read_checkpoint(tmp_path / "out" / "other" / "ckpt.pt")["config"]["d_model"] == 32
+
+
 def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
     def warmup(*flags):
         return config.resolve_config(["--benchmark", "--device", "cpu", *flags])["warmup_iters"]
