@@ -4925,8 +4925,8 @@ def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(tmp_pat
     for k, (code, err) in enumerate(runs[:-1], 1):
         ckpt = tmp_path / f"out{k}" / "toy" / "ckpt.pt"
         assert code == 1 and err.strip().splitlines()[-1] == (
-            f"train.py: error: {ckpt}: File too large; fix that path or pick another, then run the same command "
-            "again (a run that was training: plus --resume, without --overwrite).") and "Traceback" not in err, (k, err)
+            f"train.py: error: {ckpt}: File too large; fix that path or pick another, then rerun the same command "
+            "(once the run has a ckpt.pt: with --resume, without --overwrite).") and "Traceback" not in err, (k, err)
         assert not ckpt.exists() or rundir.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
     code, err = runs[-1]  # an export's files, the same
     assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
@@ -6369,8 +6369,8 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet
     with pytest.MonkeyPatch.context() as m:         # one with no path (torchrun's port taken): the system's words
         m.setattr(train, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "Address already in use")))
         assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
-    _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then run the same command "
-                             "again (a run that was training: plus --resume, without --overwrite).")
+    _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then rerun the same "
+                             "command (once the run has a ckpt.pt: with --resume, without --overwrite).")
     # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before. The run is too long to end
     # before that (it could have written all its lines into the pipe and ended well, the reader still there)
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),

@@ -526,6 +526,7 @@ def run(cfg):
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline, init_state)
 
 
+GO_ON = "rerun the same command (once the run has a ckpt.pt: with --resume, without --overwrite)"  # after a fault
 LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
                "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).")
 
@@ -539,10 +540,8 @@ def main(argv=None):
         full = contextlib.nullcontext() if cfg["sample"] else cli.disk_full(rundir.run_dir(cfg), resume)  # (writes
         with machine.process_group(cfg), full, rundir.compile_failures(cfg):  # nothing: a full stdout is exit_code's)
             return run(cfg)
-    return cli.exit_code("train.py", go, "every file written is whole: rerun the same command (once the run has a "
-                         "ckpt.pt: with --resume, without --overwrite) to go on.", less_memory=LESS_MEMORY,
-                         then="run the same command again (a run that was training: plus --resume, without "
-                         "--overwrite)")
+    return cli.exit_code("train.py", go, f"every file written is whole: {GO_ON} to go on.", less_memory=LESS_MEMORY,
+                         then=GO_ON)
 
 
 if __name__ == "__main__":
