@@ -236,7 +236,9 @@ def downloaded_corpus(name, out_dir):
     with new_folders(out_dir), dir_lock(out_dir, waiting=f"which fills {out_dir}/ with the same data"):
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
             fetched = out_dir / Path(rel).name
-            if not txt.exists():
+            newer = fetched != txt and fetched.exists() and txt.exists() \
+                and fetched.stat().st_mtime_ns > txt.stat().st_mtime_ns
+            if not txt.exists() or newer:  # newer: a .gz put there after the text was unpacked from the last one
                 if not fetched.exists():
                     url = hf_url(rel)  # HF_ENDPOINT is read only when there is something to fetch
                     try:
@@ -439,12 +441,23 @@ def from_cache(path, load, *args, **kwargs):
         raise damaged_cache(path, e) from None
 
 
+MADE_FROM = "made_from.txt"  # a token folder's record of the texts it was made from: "size:mtime_ns" of each
+
+
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, given=None):
     """BPE trained on the train split (or the tokenizer in the folder `given`, copied), both splits as .npy ids ->
-    (tokenizer, its 2 files, 2 .npy)."""
+    (tokenizer, its 2 files, 2 .npy). Made again where the texts are not those they were made from (MADE_FROM): a
+    dataset's file replaced by hand, or a new .gz unpacked over it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
+    texts, made_from = " ".join(f"{(st := os.stat(p)).st_size}:{st.st_mtime_ns}" for p in (train_txt, valid_txt)), None
+    with contextlib.suppress(OSError, UnicodeDecodeError):  # none: made before the record was kept, or not yet
+        made_from = (out_dir / MADE_FROM).read_text()
+    if made_from not in (None, texts):
+        say(f"{train_txt.parent} holds other text than {out_dir} was made from: tokenizing it again")
+        for p in paths:
+            p.unlink(missing_ok=True)
     for src, dst in zip(tokenizer_files(given) if given else (), files):  # kept beside the ids it made
         if not dst.exists():
             copy_file(src, dst)
@@ -459,6 +472,9 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
         if not npy.exists():
             say(f"tokenizing {txt} -> {npy}")
             from_cache(txt, encode_file, tok, str(txt), str(npy), num_workers=workers)
+    if made_from != texts:
+        with contextlib.suppress(OSError), atomic_file(out_dir / MADE_FROM, "w") as f:  # a read-only cache: next time
+            f.write(texts)
     return tok, files, npys
 
 

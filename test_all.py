@@ -4837,6 +4837,7 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
     toks = next(cache.rglob("train.npy")).parent
     corpus = toks.parent
     good = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file()}
+    times = {p: p.stat().st_mtime_ns for p in good}  # restored too: texts of other times are tokenized again (MADE_FROM)
     damage = [  # (what is done to the cache, the path the sentence names)
         (lambda: (toks / "train.npy").write_bytes(good[toks / "train.npy"][:100]), toks / "train.npy"),
         (lambda: (toks / "train.npy").write_bytes(b"garbage" * 20), toks / "train.npy"),
@@ -4855,6 +4856,7 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
         for p, b in good.items():
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b)
+            os.utime(p, ns=(times[p], times[p]))
     args = ["--data", str(story), "--data-dir", str(cache), "--out-dir", str(tmp_path / "out"), "--vocab-size", "300",
             "--workers", "1", "--device", "cpu"]
     ids = np.load(toks / "train.npy", mmap_mode="r+")  # a flipped bit that makes an id past the tokenizer's: it said
@@ -4962,6 +4964,40 @@ def test_data_damaged_download_is_one_sentence(tmp_path, monkeypatch, capsys):
         assert train.main(args) == 2
         assert why in _train_one_line(capsys, "owt_train.txt.gz in the data cache cannot be used (")  # the reason kept
         assert sorted(p.name for p in owt.iterdir()) == ["owt_train.txt.gz"]
+
+
+def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monkeypatch, capsys):
+    # a sixth tester's: owt's .gz (or TinyStories' .txt) put in data/<name>/ by hand, as the offline sentence says, then
+    # replaced by another: its tokens were reused without a word (the folder is named by the corpus, not its file),
+    # and a new .gz was never unpacked over the text of the last one. An untouched cache is reused, as before
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
+    owt, rng = tmp_path / "data" / "owt", random.Random(0)
+    owt.mkdir(parents=True)
+    words = "the cat sat on a mat and ran to the old park while a dog barked".split()
+
+    def put(seed):  # both splits, as owt's .gz
+        rng.seed(seed)
+        for split in ("train", "valid"):
+            docs = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(200 if split == "train" else 30)]
+            (owt / f"owt_{split}.txt.gz").write_bytes(gzip.compress("<|endoftext|>".join(docs).encode()))
+
+    def ids():
+        tr, va, _, _ = data.prepare_data("owt", tmp_path / "data", 300)
+        return np.asarray(tr).tolist(), np.asarray(va).tolist()
+    put(0)
+    first = ids()
+    monkeypatch.setattr(data, "train_bpe", lambda *a, **k: pytest.fail("tokenized again"))
+    assert ids() == first  # untouched: reused
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    capsys.readouterr()
+    later = time.time() + 5  # a copy made later: its modification time is the copy's
+    put(1)
+    for gz in owt.glob("*.gz"):
+        os.utime(gz, (later, later))
+    second = ids()
+    assert second != first and "holds other text than" in capsys.readouterr().out
+    assert (owt / "owt_train.txt").read_bytes() == gzip.decompress((owt / "owt_train.txt.gz").read_bytes())
 
 
 def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
