@@ -7717,7 +7717,9 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
     flags, run = sample_run
     out = tmp_path / "out"
     (out / "starting").mkdir(parents=True)  # a run that has not saved its first checkpoint
-    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: (ckpt.parent / "vocab.json").unlink())):
+    other = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])  # another run's, say
+    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: (ckpt.parent / "vocab.json").unlink()),
+                         ("mixed", lambda ckpt: other.save(*bpe.tokenizer_files(ckpt.parent)))):
         shutil.copytree(run, out / name)
         damage(out / name / "ckpt.pt")
     before = {d.name: _sample_files(d) for d in (run, *out.iterdir())}
@@ -7727,6 +7729,10 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             ([*at, "starting"], f"--sample: {out / 'starting' / 'ckpt.pt'} does not exist yet"),
             ([*at, "bad"], f"--sample: {out / 'bad' / 'ckpt.pt'} is damaged: its record"),
             ([*at, "ids"], f"--sample: {out / 'ids'} holds no tokenizer to encode prompts and decode samples"),
+            # a sixth tester's: an --overwrite killed between its first checkpoint and its run files left the old
+            # run's tokenizer beside the new weights, and --sample decoded them with it
+            ([*at, "mixed"], f"--sample: the tokenizer in {out / 'mixed'} is not the one {out / 'mixed' / 'ckpt.pt'} "
+                             "was trained with (an --overwrite stopped before it wrote its files?); run the command"),
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
