@@ -6873,14 +6873,21 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     assert "warmup_iters" not in said
 
 
-def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys):
-    # a sixth tester's: --data ids.npy --init-from RUN trained on the ids with RUN's tokenizer, not the one beside
-    # them that made them (both 300 tokens: no check fired): the model read other tokens, and the run saved RUN's
+def _train_two_stories(tmp_path):
+    """Two small texts, a tiny CPU run's flags on them (without the shape), and the shape of a first run."""
     story, other = _train_story(tmp_path / "story.txt"), _train_story(tmp_path / "other.txt", seed=1)
-    flags = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu", "--max-iters", "2",
+    flags = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu",
              "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
     shape = ["--vocab-size", "300", "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
              "--context-length", "16"]
+    return story, other, flags, shape
+
+
+def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys):
+    # a sixth tester's: --data ids.npy --init-from RUN trained on the ids with RUN's tokenizer, not the one beside
+    # them that made them (both 300 tokens: no check fired): the model read other tokens, and the run saved RUN's
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    flags += ["--max-iters", "2"]
     assert train.main(["--data", str(story), *shape, *flags]) == 0
     run, own = tmp_path / "out" / "story", tmp_path / "own"
     bpe.main(["train", str(other), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(own)])
@@ -6897,11 +6904,8 @@ def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys)
 def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
     # a sixth tester's: --resume of an --init-from run read the run it started from for its shape and tokenizer: with
     # that run deleted, "holds no run"; retrained with another shape, "keys that differ: d_model (32 -> 48)"
-    story, other = _train_story(tmp_path / "story.txt"), _train_story(tmp_path / "other.txt", seed=1)
-    flags = ["--batch-size", "8", "--eval-iters", "2", "--num-samples", "0", "--device", "cpu", "--log-interval", "1",
-             "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
-    shape = ["--vocab-size", "300", "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
-             "--context-length", "16"]
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    flags += ["--log-interval", "1"]
     assert train.main(["--data", str(story), *shape, *flags, "--max-iters", "2"]) == 0
     tune = ["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags]
     assert train.main([*tune, "--max-iters", "3"]) == 0
