@@ -612,7 +612,8 @@ def tokenizer_files(directory):  # where bpe.py train, a token cache and a run k
 def _cmd_train(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):  # refused before training, not after it
         raise ValueError(f"--out {args.out} is {files.not_a_file(args.out) or 'a file'}, not a directory; pass one")
-    if made := sorted(p.name for p in Path(args.out).glob("*") if p.suffix in (".npy", ".pt")):  # ids, a checkpoint
+    made = sorted(p.name for p in Path(args.out).glob("*") if p.suffix in (".npy", ".pt"))  # ids, a checkpoint
+    if made and all(f.exists() for f in tokenizer_files(args.out)):  # a run's folder, a token cache's
         raise ValueError(f"--out {args.out} holds {made[0]}, made with the tokenizer there; pass another --out")
     if any(files.same_file(args.input, f) for f in tokenizer_files(args.out)):
         raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "

@@ -441,7 +441,7 @@ def from_cache(path, load, *args, **kwargs):
         raise damaged_cache(path, e) from None
 
 
-MADE_FROM = "made_from.txt"  # a token folder's record of the texts it was made from: "size:mtime_ns" of each
+MADE_FROM = "made_from.txt"  # a token folder's record of the texts it was made from: file_digest's of each
 
 
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, given=None):
@@ -451,7 +451,8 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
-    texts, made_from = " ".join(f"{(st := os.stat(p)).st_size}:{st.st_mtime_ns}" for p in (train_txt, valid_txt)), None
+    # their bytes' digests (hashed once per file: a copied or touched text is hashed again, not tokenized again)
+    texts, made_from = " ".join(file_digest(Path(p), out_dir) for p in (train_txt, valid_txt)), None
     with contextlib.suppress(OSError, UnicodeDecodeError):  # none: made before the record was kept, or not yet
         made_from = (out_dir / MADE_FROM).read_text()
     if made_from not in (None, texts):

@@ -281,8 +281,8 @@ def _as_token_ids(ids):
 
 
 def _check_positions_and_mask(B, T, S, positions, mask):
-    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool (..., T, S); S: T, or with a
-    cache its own), by dtype and shape: no host sync. A float mask was added to the scores by fast=True's SDPA."""
+    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, broadcastable to (..., T, S);
+    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA added a float mask to scores."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
@@ -290,8 +290,8 @@ def _check_positions_and_mask(B, T, S, positions, mask):
                               and (p.dim() == 1 or p.dim() == 2 and p.shape[0] in (1, B))):
         raise ValueError(f"token_positions must be integers of shape ({T},) or ({B}, {T}), got {what(p)}.")
     if m is not None and not (torch.is_tensor(m) and m.dtype == torch.bool and 2 <= m.dim() <= 4
-                              and m.shape[-2] == T and m.shape[-1] == (S or m.shape[-1])):
-        raise ValueError(f"attn_mask must be bool (True: may attend) of shape (..., {T}, {S or 'keys'}), got "
+                              and m.shape[-2] in (1, T) and m.shape[-1] in (1, S or m.shape[-1])):
+        raise ValueError(f"attn_mask must be bool (True: may attend), broadcastable to (..., {T}, {S or 'keys'}), got "
                          f"{what(m)}.")
 
 

@@ -351,8 +351,8 @@ def read_run(d, like):
     fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in ("vocab.json", "merges.txt")]
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
             and [hashlib.sha256(f.read_bytes()).hexdigest() for f in kept] != fp["tokenizer"]:  # an --overwrite
-        raise ValueError(f"the tokenizer in {d} is not the one {ckpt} was trained with (an --overwrite stopped before "
-                         "it wrote its files?); run the command that made it again, with --resume")
+        raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
+                         "changed since, or an --overwrite stopped before writing it")
     return state
 
 

@@ -2198,11 +2198,15 @@ def test_model_forward_refuses_positions_and_masks_of_another_shape_or_dtype():
     for mask in (torch.ones(8, 8).tril(), torch.ones(8, 8, dtype=torch.int).tril(), torch.ones(8, 7, dtype=torch.bool),
                  torch.ones(8, dtype=torch.bool)):
         for m in (plain, fast):
-            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\) of shape \(\.\.\., 8, 8\)"):
+            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\), broadcastable to "
+                                                 r"\(\.\.\., 8, 8\), got "):
                 m(ids, None, mask)
     causal = torch.ones(8, 8, dtype=torch.bool).tril()
     for pos, mask in ((torch.arange(8), None), (torch.arange(8)[None].expand(2, 8), causal), (None, causal[None])):
         torch.testing.assert_close(fast(ids, pos, mask), plain(ids))  # the forms that fit: the causal default's
+    for shape in ((2, 1, 1, 8), (1, 8), (8, 1)):  # a bool mask that broadcasts (the reviewer's): as before
+        torch.testing.assert_close(fast(ids, None, torch.ones(shape, dtype=torch.bool)),
+                                   plain(ids, None, torch.ones(shape, dtype=torch.bool)))
     Q = torch.randn(2, 4, 8)
     for mask in (causal.int(), causal.float()):
         with pytest.raises(ValueError, match=rf"^mask must be bool \(True: may attend\), got {mask.dtype}\.$"):
@@ -3523,6 +3527,12 @@ def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, caps
         (d / made).unlink()
         bpe.main(["train", str(text), "--vocab-size", "260", "--out", str(d)])
         assert len(bpe.Tokenizer.from_files(*bpe.tokenizer_files(d)).merges) == 4
+    own = tmp_path / "own"  # a user's own .npy and model.pt, and no tokenizer yet (a reviewer's): trained into, as before
+    own.mkdir()
+    np.save(own / "mine.npy", np.arange(3))
+    torch.save({}, own / "model.pt")
+    bpe.main(["train", str(text), "--vocab-size", "260", "--out", str(own)])
+    assert all(f.exists() for f in bpe.tokenizer_files(own))
 
 
 def test_bpe_tokenizer_files_with_a_byte_order_mark_load(tmp_path):
@@ -4837,7 +4847,6 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
     toks = next(cache.rglob("train.npy")).parent
     corpus = toks.parent
     good = {p: p.read_bytes() for p in corpus.rglob("*") if p.is_file()}
-    times = {p: p.stat().st_mtime_ns for p in good}  # restored too: texts of other times are tokenized again (MADE_FROM)
     damage = [  # (what is done to the cache, the path the sentence names)
         (lambda: (toks / "train.npy").write_bytes(good[toks / "train.npy"][:100]), toks / "train.npy"),
         (lambda: (toks / "train.npy").write_bytes(b"garbage" * 20), toks / "train.npy"),
@@ -4856,7 +4865,6 @@ def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, caps
         for p, b in good.items():
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b)
-            os.utime(p, ns=(times[p], times[p]))
     args = ["--data", str(story), "--data-dir", str(cache), "--out-dir", str(tmp_path / "out"), "--vocab-size", "300",
             "--workers", "1", "--device", "cpu"]
     ids = np.load(toks / "train.npy", mmap_mode="r+")  # a flipped bit that makes an id past the tokenizer's: it said
@@ -4988,6 +4996,8 @@ def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monke
     first = ids()
     monkeypatch.setattr(data, "train_bpe", lambda *a, **k: pytest.fail("tokenized again"))
     assert ids() == first  # untouched: reused
+    shutil.copytree(tmp_path / "data", tmp_path / "copy")  # a copy (new times, the same bytes): reused too
+    assert str(data.prepare_data("owt", tmp_path / "copy", 300)[0].filename).startswith(str(tmp_path / "copy"))
     monkeypatch.undo()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     capsys.readouterr()
@@ -7735,8 +7745,9 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             ([*at, "ids"], f"--sample: {out / 'ids'} holds no tokenizer to encode prompts and decode samples"),
             # a sixth tester's: an --overwrite killed between its first checkpoint and its run files left the old
             # run's tokenizer beside the new weights, and --sample decoded them with it
-            ([*at, "mixed"], f"--sample: the tokenizer in {out / 'mixed'} is not the one {out / 'mixed' / 'ckpt.pt'} "
-                             "was trained with (an --overwrite stopped before it wrote its files?); run the command"),
+            ([*at, "mixed"], f"--sample: the tokenizer in {out / 'mixed'} (vocab.json, merges.txt) is not the one "
+                             f"{out / 'mixed' / 'ckpt.pt'} was trained with: changed since, or an --overwrite stopped "
+                             "before writing it; restore it from a copy"),
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
