@@ -1226,11 +1226,12 @@ class GpuReport:
             max(dt - sum(times.values()), 0.0)
         spent = ", ".join(f"{kind} {1000 * t:.1f} ms ({t / dt:.0%})" for kind, t in kinds.most_common())
         longest = ", ".join(f"{kernel[:70]} {1000 * t:.2f} ms" for kernel, t in times.most_common(5))
-        # the weights' matmuls (all but attention's two) at 3 x their forward FLOPs, over the matmul kernels' time:
-        # their rate inside the step, to hold against a lone matmul's (max-autotune's log) and the peak
+        # the weights' matmuls (all but attention's two), forward and backward, over the matmul kernels' time: their
+        # rate inside the step, to hold against a lone matmul's (max-autotune's log) and the peak
         per_seq = accounting.lm_forward_flops_by_component(
             *(cfg[k] for k in ("vocab_size", "context_length", "d_model", "num_layers", "d_ff")), cfg["silu_ffn"])
-        flops = 3 * cfg["batch_size"] * (sum(per_seq.values()) - per_seq["attn QK^T"] - per_seq["attn AV"])
+        weights = sum(per_seq.values()) - per_seq["attn QK^T"] - per_seq["attn AV"]
+        flops = accounting.training_step_flops(weights) * cfg["batch_size"]
         rate = f"{flops / kinds['matmul'] / 1e12:.3g} TFLOP/s" if kinds["matmul"] else "no matmul kernel seen"
         rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent,
                 f"profile, {name} shape: the weights' matmuls inside the step": f"{flops / 1e12:.3g} TFLOP in "

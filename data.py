@@ -29,8 +29,8 @@ import numpy as np
 from bpe import Tokenizer, encode_file, tokenizer_files, train_bpe
 from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
                  show_progress)
-from files import (atomic_file, changed_while_read, copy_file, dir_lock, is_ids, new_folders, read_exactly,
-                   read_into, rename_synced)
+from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders,
+                   read_exactly, read_into, rename_synced)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -295,7 +295,7 @@ def fetch_checked(url, dest, sha256):
     except NET_ERRORS as e:
         raise DataError(f"GPT-2's vocab/merges are not cached and the network is unreachable: could not download "
                         f"{url} ({getattr(e, 'reason', e)}); save it yourself as {dest}.") from None
-    if (digest := hashlib.sha256(got.read_bytes()).hexdigest()) != sha256:
+    if (digest := file_sha256(got)) != sha256:
         got.unlink()
         raise DataError(f"{url} sent other bytes than OpenAI's file (SHA-256 {digest[:12]}..., not {sha256[:12]}...: "
                         f"a captive portal's or a proxy's page?); nothing was kept: run again on an open network, "
@@ -734,7 +734,7 @@ def fingerprint(train, valid, tok_files, data_dir):
     files = dict.fromkeys(Path(ids.filename).resolve() for ids in (train, valid))  # one .npy split in two: once
     cache = Path(data_dir).resolve()
     tokens = [file_digest(f, f.parent if cache in f.parents else cache) for f in files]
-    tokenizer = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in tok_files or ()]
+    tokenizer = [file_sha256(f) for f in tok_files or ()]
     return {"tokens": tokens, "tokenizer": tokenizer}
 
 

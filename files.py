@@ -10,6 +10,7 @@ reading; the standard library only, below everything but cli.py.
 import collections
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -51,6 +52,10 @@ def writable(path):
 
 def same_file(a, b):  # do paths a and b name one existing file, by any spelling (a link, "../x")?
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def file_sha256(path):  # a small file's SHA-256 in hex: a tokenizer's file, a download against a published one
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def unreadable(path):  # why path cannot be read as a file, as words that follow it, or "" if it can

@@ -10,7 +10,6 @@ beside ckpt.pt, a checkpoint read and verified before --resume trusts it, and th
 4. Stops: Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a compile failure
 """
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -24,7 +23,7 @@ import torch
 
 from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, load_json, lock_holder,
-                   new_folders, not_a_file, temporary, unwritable, writable, write_json)
+                   file_sha256, new_folders, not_a_file, temporary, unwritable, writable, write_json)
 from machine import rank0_verdict
 
 
@@ -150,9 +149,9 @@ def write_run_files(cfg, tok_files, start, new):
     where = run_dir(cfg)
     for f, digest in zip(tok_files or (), cfg["data_fingerprint"]["tokenizer"]):
         copy = where / f.name
-        if not new and copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == digest:
+        if not new and copy.is_file() and file_sha256(copy) == digest:
             continue
-        if not new and hashlib.sha256(f.read_bytes()).hexdigest() != digest:  # changed while this run prepared
+        if not new and file_sha256(f) != digest:  # changed while this run prepared
             raise UsageError(f"{f} changed while the run started, so {copy} cannot be made to match the checkpoint's "
                              "tokenizer; run the same command again.")
         if not new and copy.exists():
@@ -350,7 +349,7 @@ def read_run(d, like):
     check_config(state["config"], like, ckpt)
     fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in ("vocab.json", "merges.txt")]
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
-            and [hashlib.sha256(f.read_bytes()).hexdigest() for f in kept] != fp["tokenizer"]:  # an --overwrite
+            and [file_sha256(f) for f in kept] != fp["tokenizer"]:  # an --overwrite
         raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
                          "changed since, or an --overwrite stopped before writing it")
     return state
