@@ -11,6 +11,7 @@ import collections
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import stat
@@ -186,6 +187,8 @@ def atomic_file(path, mode="wb"):
     """Write a whole file or nothing: a temporary file replaces path (replace_target's) by a rename only
     if the block ends cleanly. A file object already open (a buffer, stdout) is written as it is."""
     if not isinstance(path, (str, os.PathLike)):
+        if "b" in mode and isinstance(path, io.TextIOBase):  # torch.save said "write() argument must be str"
+            raise ValueError("the file object to write bytes to is open in text mode: open it with 'wb'")
         yield path
         return
     path, tmp = replace_target(path)

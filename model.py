@@ -79,8 +79,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
-        if not 0 <= eps < math.inf:  # eps < 0 gave NaN for a zero row (the root of a negative number)
-            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
+        if not 0 < eps < math.inf:  # a zero row gave NaN: 0/0 for eps 0, the root of a negative number for eps < 0
+            raise ValueError(f"eps must be a finite number > 0, got {eps!r}.")
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
@@ -145,6 +145,10 @@ def _check_theta(name, theta):
         raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
 
 
+def _tabulate_after_load(rope, incompatible_keys):  # a function, not a lambda: a hook is pickled with its module
+    rope.tabulate()
+
+
 class RotaryPositionalEmbedding(nn.Module):
     """Rotate each adjacent pair (x[2k], x[2k+1]) by the angle  pos * theta^(-2k / d_k).
     [x'_2k  ]   [cos  -sin] [x_2k  ]
@@ -160,11 +164,22 @@ class RotaryPositionalEmbedding(nn.Module):
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         _check_theta("theta", theta)
-        self.d_k = d_k
-        inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
-        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq  # (T, d_k/2)
-        self.register_buffer("cos", angles.cos().to(device, torch.float32), persistent=False)
-        self.register_buffer("sin", angles.sin().to(device, torch.float32), persistent=False)
+        self.theta, self.d_k = theta, d_k
+        for name in ("cos", "sin"):  # (max_seq_len, d_k/2)
+            table = torch.empty(max_seq_len, d_k // 2, device=device, dtype=torch.float32)
+            self.register_buffer(name, table, persistent=False)
+        self.tabulate()
+        # A model made on "meta", then filled by to_empty() and load_state_dict(), kept these uninitialized (NaN
+        # logits), since a state dict does not hold them: every load tabulates them again.
+        self.register_load_state_dict_post_hook(_tabulate_after_load)
+
+    @torch.no_grad()
+    def tabulate(self):
+        f64 = dict(dtype=torch.float64, device="cpu")
+        inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, **f64) / self.d_k)  # (d_k/2,)
+        angles = torch.arange(len(self.cos), **f64)[:, None] * inv_freq  # (T, d_k/2)
+        self.cos.copy_(angles.cos().float())
+        self.sin.copy_(angles.sin().float())
 
     def forward(self, x, token_positions, as_complex=False):
         # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len)
@@ -248,6 +263,8 @@ class MultiHeadSelfAttention(nn.Module):
         if self.rope is not None:
             if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0
+                if past + T > len(self.rope.cos):  # TransformerLM.forward checks a caller's; here, the module alone
+                    raise ValueError(f"{past + T} positions, but RoPE holds max_seq_len={len(self.rope.cos)}.")
                 token_positions = torch.arange(past, past + T, device=x.device)
             pos = token_positions.unsqueeze(-2)  # (..., 1, T): the same rotation for every head
             # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)

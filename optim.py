@@ -107,7 +107,7 @@ class _Optimizer(torch.optim.Optimizer):
                  "alpha": ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1),
                  "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1),
                  "nesterov": ("True or False", lambda m: type(m) is bool),
-                 "muon": ("True or False: model.named_parameters() chooses it", lambda m: type(m) is bool)}
+                 "muon": ("True or False", lambda m: type(m) is bool)}
         bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]
         if bad:
@@ -262,7 +262,7 @@ def newton_schulz(G, steps=NS_STEPS, dtype=torch.float32):
     kernel instead of a matmul and a pass over its output)."""
     tall = G.shape[-2] > G.shape[-1]
     W = G.mT if tall else G  # (..., m, n), m <= n
-    X = W.to(dtype).reshape(-1, *W.shape[-2:])  # (k, m, n): baddbmm takes a stack
+    X = W.to(dtype).reshape(math.prod(W.shape[:-2]), *W.shape[-2:])  # (k, m, n): baddbmm takes a stack
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # each matrix's own norm; + 1e-7: a zero update stays zero
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
@@ -326,6 +326,9 @@ class Muon(AdamW):
     def add_param_group(self, group):
         params = _param_list(group["params"])
         flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
+        if group.get("muon", self.defaults["muon"]) is None:  # model.parameters(), as torch.optim takes them
+            raise ValueError("Muon needs to know which matrices are hidden: pass model.named_parameters(), or groups "
+                             "with muon=True (2-D hidden matrices) and muon=False (the rest, stepped by AdamW).")
         if group.get("muon", self.defaults["muon"]) is True and flat:
             raise ValueError(f"Muon orthogonalizes 2-D matrices, and its muon=True group holds shapes {flat[:3]}.")
         super().add_param_group({**group, "params": params})

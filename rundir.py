@@ -216,12 +216,16 @@ def read_checkpoint(src):
     CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
     refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
     name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    if isinstance(src, io.TextIOBase):
+        raise ValueError("the checkpoint's file object is open in text mode: open it with 'rb'")
     try:  # a file object's checkpoint starts where it stands, as torch.load reads it; zipfile seeks in it
         start = None if name == src else src.tell()
     except OSError as e:  # a pipe
         raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
     if start:  # after bytes of the user's own: torch 2.5 reads a zip only from a file's first byte, so read a copy
-        src, start = io.BytesIO(src.read()), 0
+        if not (rest := src.read()):  # a buffer save_checkpoint just wrote, not rewound
+            raise ValueError(f"{name} is read from where its file object stands, its end (byte {start}): seek(0) first")
+        src, start = io.BytesIO(rest), 0
     if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:

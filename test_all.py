@@ -1554,7 +1554,9 @@ def test_model_muon_and_the_chain_check_their_hyperparameters():
                         (lambda: optim.Muon([p], muon=True, ns_steps=0), "ns_steps=0 (need an int >= 1)"),
                         (lambda: optim.Muon([p], muon=True, momentum=math.nan), "momentum=nan"),
                         (lambda: optim.Muon([p], muon=True, lr=-1), "lr=-1 (need a finite number >= 0)"),
-                        (lambda: optim.Muon([p]), "muon=None (need True or False: model.named_parameters() chooses it)"),
+                        (lambda: optim.Muon([p]), "Muon needs to know which matrices are hidden: pass "
+                                                  "model.named_parameters(), or groups with muon=True"),
+                        (lambda: optim.Muon([p], muon="yes"), "muon='yes' (need True or False)"),
                         (lambda: optim.Muon([v], muon=True), "its muon=True group holds shapes [(3,)]."),
                         (lambda: optim.Muon([{"params": [v], "muon": True}, {"params": [p], "muon": False}]),
                          "holds shapes [(3,)]")):
@@ -1648,6 +1650,14 @@ def test_model_muon_stacks_tall_matrices_with_wide_ones_and_sums_inside_the_matm
         optim.Muon(lm.named_parameters(), ns_dtype=torch.float32).step()
     assert sorted(mode.calls) == sorted([("bmm", 8)] * 5 + [("baddbmm", 8)] * 10 + [("bmm", 6)] * 5
                                         + [("baddbmm", 6)] * 10)
+
+
+def test_model_muon_steps_an_empty_matrix_as_the_chain_does():
+    # a (0, 4) matrix: "cannot reshape tensor of 0 elements into shape [-1, 0, 4]", where AdamW and SGD step it
+    z = torch.nn.Parameter(torch.randn(0, 4))
+    z.grad = torch.zeros(0, 4)
+    optim.Muon([z], muon=True).step()
+    assert z.shape == (0, 4)
 
 
 def test_model_muon_newton_schulz_runs_in_its_dtype():
@@ -2039,8 +2049,7 @@ def test_model_muon_refuses_pairs_that_are_not_named_parameters():
     # a list of (tensor, tensor) pairs was taken for model.named_parameters(): AttributeError 'Parameter' object has
     # no attribute 'lower'. Now the sentence Muon gives any input that does not say which matrices are hidden
     a, b = torch.nn.Parameter(torch.ones(3, 3)), torch.nn.Parameter(torch.ones(3, 3))
-    with pytest.raises(ValueError, match=regex.escape(
-            "muon=None (need True or False: model.named_parameters() chooses it).")):
+    with pytest.raises(ValueError, match=regex.escape("pass model.named_parameters(), or groups with muon=True")):
         optim.Muon([(a, b)])
     assert [g["muon"] for g in optim.Muon([("w", a), ("lm_head.weight", b)]).param_groups] == [True, False]
 
@@ -2215,7 +2224,7 @@ def test_model_forward_refuses_positions_and_masks_of_another_shape_or_dtype():
 
 def test_model_parts_refuse_sizes_and_eps_that_cannot_work():
     # Linear(-1, 3) and RoPE's max_seq_len -1 failed in torch's words, MultiHeadSelfAttention(0, 4) in a
-    # ZeroDivisionError, RoPE's d_k 0 was taken, and RMSNorm's eps -1 gave NaN for a zero row
+    # ZeroDivisionError, RoPE's d_k 0 was taken, and RMSNorm's eps -1 (or 0) gave NaN for a zero row
     for build, said in ((lambda: model.Linear(-1, 3), "in_features must be a whole number >= 1, got -1"),
                         (lambda: model.Linear(4, 0), "out_features must be a whole number >= 1, got 0"),
                         (lambda: model.Embedding(0, 4), "num_embeddings must be a whole number >= 1, got 0"),
@@ -2224,10 +2233,26 @@ def test_model_parts_refuse_sizes_and_eps_that_cannot_work():
                         (lambda: model.RotaryPositionalEmbedding(1e4, 0, 8), "d_k must be a whole number >= 1, got 0"),
                         (lambda: model.RotaryPositionalEmbedding(1e4, 4, -1),
                          "max_seq_len must be a whole number >= 1, got -1"),
-                        (lambda: model.RMSNorm(4, eps=-1.0), "eps must be a finite number >= 0, got -1.0"),
-                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number >= 0, got nan")):
+                        (lambda: model.RMSNorm(4, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+                        (lambda: model.RMSNorm(4, eps=0), "eps must be a finite number > 0, got 0"),  # 0/0 too
+                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number > 0, got nan")):
         with pytest.raises(ValueError, match=f"^{regex.escape(said)}\\.$"):
             build()
+
+
+def test_model_made_on_meta_then_loaded_tabulates_rope_again_and_attention_alone_checks_its_length():
+    # cos and sin are not in a state dict: a model made on "meta", filled by to_empty() and load_state_dict(), kept
+    # them uninitialized and gave NaN logits. And attention alone, longer than RoPE's table, was torch's IndexError
+    torch.manual_seed(0)
+    ref, ids = _model_small(), torch.randint(0, 61, (2, 8))
+    meta = _model_small(device="meta").to_empty(device="cpu")
+    meta.rope.cos.fill_(math.nan)  # what to_empty() may leave
+    meta.load_state_dict(ref.state_dict())
+    assert torch.equal(meta(ids), ref(ids))
+    assert copy.deepcopy(ref).rope.cos.equal(ref.rope.cos)  # the hook is a function, copied with its module
+    mha = model.MultiHeadSelfAttention(16, 2, rope=model.RotaryPositionalEmbedding(1e4, 8, 4))
+    with pytest.raises(ValueError, match=r"^5 positions, but RoPE holds max_seq_len=4\.$"):
+        mha(torch.randn(1, 5, 16))
 
 
 def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
@@ -7966,6 +7991,16 @@ def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
     r, w = os.pipe()
     os.close(w)
     with open(r, "rb") as f, pytest.raises(ValueError, match=r"^the checkpoint is a stream that cannot seek \("):
+        train.load_checkpoint(f, m2)
+    # a buffer just written and not rewound said "not a torch.save zip file"; a text-mode file, torch's TypeError
+    buf = io.BytesIO()
+    train.save_checkpoint(m, opt, 9, buf)
+    with pytest.raises(ValueError, match=r"^the checkpoint is read from where its file object stands, its end \(byte "
+                                         r"\d+\): seek\(0\) first$"):
+        train.load_checkpoint(buf, m2)
+    with open(tmp_path / "t.pt", "w") as f, pytest.raises(ValueError, match="open in text mode: open it with 'wb'$"):
+        train.save_checkpoint(m, opt, 9, f)
+    with open(tmp_path / "c.bin") as f, pytest.raises(ValueError, match="open in text mode: open it with 'rb'$"):
         train.load_checkpoint(f, m2)
 
 
