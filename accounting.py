@@ -153,14 +153,15 @@ def section_motivation():
     _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?",
        f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}",
        f"per day = 1024 x {H100_BF16:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs",
-       f"days = {flops:.3e} / {per_day:.3e} = {days:.1f} days")
+       f"days = {flops:.3e} / {per_day:.3e} = {days:.1f} days  (the lecture's 143.927 takes the peak as the",
+       f"rounded 1979e12 / 2 = 989.5e12, NVIDIA's whitepaper {H100_BF16 / 1e12:.1f}e12: 0.01% apart, both right)")
     _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
     for name, parts in ADAMW_BYTES_PER_PARAM.items():
         bytes_per_param = sum(parts.values())
         billions = largest_model(bytes_per_param) / 1e9
         _a(f"{name}: {_terms(parts)} = {bytes_per_param} B/param -> 8 x 80e9 / {bytes_per_param} = {billions:.1f}B params")
     _a("mixed precision saves no state memory: bf16 weights need an fp32 master copy, because an",
-       "update below about 2^-9 of a weight can round away in bf16. It saves activation memory and time.")
+       "update below 2^-9 of a weight rounds away in bf16 (up to 2^-8 can). It saves activation memory and time.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,7 +588,7 @@ def section_tokenizer():
 
 def notes_corrections():
     """[(question, published, verified, cause)], in the order of the sections above."""
-    _, per_day, days = lecture_70b_run()
+    per_day = lecture_70b_run()[1]
     bpp = sum(ADAMW_BYTES_PER_PARAM["bf16 weights + fp32 master copy"].values())
     billions = largest_model(bpp) / 1e9
     ff, square = tensor_bytes(GPT3_FF_SHAPE, torch.float32), tensor_bytes((12288, 12288), torch.float32)
@@ -601,8 +602,6 @@ def notes_corrections():
     return [
         (q70b, "4.4e19 FLOPs/day (notes 001)", f"{per_day:.3e}",
          "a factor-1000 slip in the notes' text; their 144 days is right"),
-        (q70b, "143.927 days (lecture)", f"{days:.3f}",
-         "the lecture uses 1979e12 / 2 = 989.5e12 as the dense peak; PEAK_FLOPS has NVIDIA's 989.4e12"),
         (q70b, "12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
          f"{bpp} B/param, {billions:.0f}B params",
          "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))"),
@@ -616,8 +615,14 @@ def notes_corrections():
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
          f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}",
          "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
+        (qadamw, "16BTd + 2BhT^2 per layer, summed as (2 + 3 + 1 + 1 + 4 + 4 + 1) BTd (notes 003)",
+         f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd + 2BhT^2 for the tensors the notes list",
+         "the notes add SwiGLU's W3 and gate product (4BTd each) to the handout's list, then leave both out of "
+         "the sum; 16BTd is the handout's list (W1, SiLU, W2), which the answers above follow"),
         (qadamw, "14.45 x batch + 31.70 GB, batch 3 (notes 003)", f"{a / GB:.2f} x batch + {b / GB:.2f} GB, batch "
-         f"{(80e9 - b) // a:.0f}", "GiB labelled GB: batch 3 fits 80 GiB (80 x 2^30 bytes), not 80 GB (8e10 bytes)"),
+         f"{(80e9 - b) // a:.0f} in 80 GB ({(80 * GiB - b) // a:.0f} in 80 GiB)",
+         "GiB labelled GB: the notes' batch 3 fits 80 GiB (80 x 2^30 bytes, what an '80GB' A100 holds), not the "
+         "handout's 80 GB (8e10 bytes)"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",
          "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
          "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),
