@@ -153,8 +153,7 @@ def section_motivation():
     _q("How long to train a 70B-parameter model on 15T tokens on 1024 H100s at 50% MFU?",
        f"FLOPs = 6 N D = 6 x 70e9 x 15e12 = {flops:.3e}",
        f"per day = 1024 x {H100_BF16:.4g} FLOP/s (bf16 dense) x 0.5 x 86400 s = {per_day:.3e} FLOPs",
-       f"days = {flops:.3e} / {per_day:.3e} = {days:.1f} days  (the lecture's 143.927 takes the peak as the",
-       f"rounded 1979e12 / 2 = 989.5e12, NVIDIA's whitepaper {H100_BF16 / 1e12:.1f}e12: 0.01% apart, both right)")
+       f"days = {flops:.3e} / {per_day:.3e} = {days:.1f} days (the lecture's 143.927 rounds the peak: 1979e12 / 2)")
     _q("What is the largest model 8 H100s (80 GB each) can train with AdamW, ignoring activations?")
     for name, parts in ADAMW_BYTES_PER_PARAM.items():
         bytes_per_param = sum(parts.values())
@@ -615,14 +614,10 @@ def notes_corrections():
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
          f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}",
          "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
-        (qadamw, "16BTd + 2BhT^2 per layer, summed as (2 + 3 + 1 + 1 + 4 + 4 + 1) BTd (notes 003)",
-         f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd + 2BhT^2 for the tensors the notes list",
-         "the notes add SwiGLU's W3 and gate product (4BTd each) to the handout's list, then leave both out of "
-         "the sum; 16BTd is the handout's list (W1, SiLU, W2), which the answers above follow"),
+        (qadamw, "(2 + 3 + 1 + 1 + 4 + 4 + 1)BTd = 16BTd a layer (notes 003)", f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd",
+         "the notes list SwiGLU's W3 and gate (4BTd each), then sum without them; 16BTd is the handout's list"),
         (qadamw, "14.45 x batch + 31.70 GB, batch 3 (notes 003)", f"{a / GB:.2f} x batch + {b / GB:.2f} GB, batch "
-         f"{(80e9 - b) // a:.0f} in 80 GB ({(80 * GiB - b) // a:.0f} in 80 GiB)",
-         "GiB labelled GB: the notes' batch 3 fits 80 GiB (80 x 2^30 bytes, what an '80GB' A100 holds), not the "
-         "handout's 80 GB (8e10 bytes)"),
+         f"{(80e9 - b) // a:.0f} ({(80 * GiB - b) // a:.0f} in 80 GiB)", "GiB labelled GB: batch 3 fits 80 GiB"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",
          "the notes count bias correction (2) as per-parameter work, though it is a per-step scalar, "
          "and leave out g^2, + eps, the (1 - beta) multiplies and weight decay"),

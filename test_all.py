@@ -9017,8 +9017,8 @@ def test_accounting_corrections_recompute_every_published_figure():
                 f"{4 * 12288 * 12288 * 4 / 1e9:.2f} GB", "batch 1024 in micro-batches of 256",
                 f"{f1 / 1e12:.3f} TFLOPs, {2 * 1024**2 * d * L / f1:.2%} each",
                 f"{f16 / 1e12:.1f} TFLOPs ({f16 / f1:.1f}x), attention {share16:.1%}",
-                f"{2 + 3 + 1 + 1 + 4 + 4 + 4 + 4 + 1}BTd + 2BhT^2",  # RMSNorms, QKV, AV, out, W1, SiLU, W3, gate, W2
-                f"{a / 1e9:.2f} x batch + {b / 1e9:.2f} GB, batch {math.floor((80e9 - b) / a)} in 80 GB "
+                f"{2 + 3 + 1 + 1 + 4 + 4 + 4 + 4 + 1}BTd",  # RMSNorms, QKV, AV, out, W1, SiLU, W3, gate, W2
+                f"{a / 1e9:.2f} x batch + {b / 1e9:.2f} GB, batch {math.floor((80e9 - b) / a)} "
                 f"({math.floor((80 * 2**30 - b) / a)} in 80 GiB)", "14 P",
                 f"{400_000 * 3 * 1024 * f1 / (19.5e12 * 0.5 * 86_400):,.0f}"]
     for want, got in zip(expected, verified):
