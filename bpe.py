@@ -404,7 +404,8 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     and left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
     tokens of lower id joined, not a declared special token) are what the merges make, in order. So train_bpe's files
     and GPT-2's (<|endoftext|> after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge
-    k's line in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's."""
+    k's line in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's.
+    Returns the special tokens not declared: the vocab's tokens of 2+ bytes that no merge makes."""
     where, vocab_name = in_file or (lambda k: f"merge #{k}"), "the vocab file" if in_file else "the vocab"
     made, disagree = [left + right for left, right in merges], "; vocab and merges disagree"
     for k, (left, right) in enumerate(merges):
@@ -418,7 +419,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     def made_of_two(t, i):           # t joins two tokens whose ids are below i
         return any(token_id.get(t[:n], i) < i and token_id.get(t[n:], i) < i for n in lengths if 0 < n < len(t))
 
-    k = 0
+    k, undeclared = 0, []
     for i, t in sorted(vocab.items()):
         if len(t) < 2 or token_id[t] != i:             # a byte, or a repeat of a token
             continue
@@ -428,7 +429,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
                                  f"token of higher id{disagree} (merges out of order)")
             k += 1
         elif t in specials or not made_of_two(t, i) or k == 0 and made and t not in operands:
-            continue                                   # a special token, declared or not (train_bpe's: before merges)
+            undeclared += [] if t in specials else [t]  # a special token, declared or not (train_bpe's: before merges)
         elif k < len(made):
             raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "
                              f"merged token in {vocab_name} is id {i} {_show(t)}{disagree} (a "
@@ -442,6 +443,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     if k < len(made):
         raise ValueError(f"{where(k)}: the merge makes {_show(made[k])}, id "
                          f"{token_id[made[k]]} in {vocab_name}, out of id order{disagree}")
+    return undeclared
 
 
 def _read_merges_file(path):
@@ -616,8 +618,7 @@ def _cmd_train(args):
     if made and all(f.exists() for f in tokenizer_files(args.out)):  # a run's folder, a token cache's
         raise ValueError(f"--out {args.out} holds {made[0]}, made with the tokenizer there; pass another --out")
     if any(files.same_file(args.input, f) for f in tokenizer_files(args.out)):
-        raise ValueError(f"the input {args.input} is one of the files training writes into --out {args.out}; "
-                         "pass another --out")
+        raise ValueError(f"the input {args.input} is one of the files training writes into --out; pass another")
     if why := next((f"{p}{w}" for p in tokenizer_files(args.out) if (w := files.unwritable(p))), None):
         raise ValueError(f"--out: {why}; pass another --out")
     t0 = time.perf_counter()
@@ -625,8 +626,7 @@ def _cmd_train(args):
     dt = time.perf_counter() - t0
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
-    longest = max(vocab.values(), key=len)
-    text = longest.decode("utf-8", errors="replace")
+    text = (longest := max(vocab.values(), key=len)).decode("utf-8", errors="replace")
     cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
             f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
             f"{args.out}/vocab.json and merges.txt")
@@ -635,20 +635,20 @@ def _cmd_train(args):
 def _cmd_encode(args):
     vocab_file, merges_file = tokenizer_files(args.tokenizer)
     if files.same_file(args.out, vocab_file) or files.same_file(args.out, merges_file):
-        raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; writing the ids there "
-                         "would destroy it, so pass another --out")
+        raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; pass another --out")
     if not files.is_ids(args.out):        # train.py --data goes by the name
         raise ValueError(f"--out {args.out} must end in .npy: train.py --data reads any other file as text")
     if why := files.unwritable(args.out):  # refused before the work, not after it
         raise ValueError(f"--out {args.out}{why}; pass another --out")
-    vocab = _load_vocab_file(vocab_file)
-    specials = _check_special_tokens(["<|endoftext|>"] if args.special_tokens is None else args.special_tokens)
-    missing = [s for s in specials if s.encode() not in vocab.values()]
-    if missing and args.special_tokens:     # the Tokenizer would append it: ids past the tokenizer files' vocabulary
+    vocab, (merges, in_file) = _load_vocab_file(vocab_file), _read_merges_file(merges_file)
+    if args.special_tokens is None:  # the vocab's own, as train's --special-tokens and GPT-2's <|endoftext|> made them
+        own = _check_merges(merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
+        args.special_tokens = [t.decode() for t in own if t.decode(errors="replace").encode() == t]  # text only
+    specials = _check_special_tokens(args.special_tokens)
+    if missing := [s for s in specials if s.encode() not in vocab.values()]:  # appended: ids past the files' vocab
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
                          "the tokenizer's; train a tokenizer with it (bpe.py train --special-tokens)")
-    merges, in_file = _read_merges_file(merges_file)
-    tok = Tokenizer(vocab, merges, [s for s in specials if s not in missing], _in_file=in_file)  # from_files, as read
+    tok = Tokenizer(vocab, merges, specials, _in_file=in_file)  # from_files, as read
     t0 = time.perf_counter()
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written atomically: encode's ids.
     with files.new_folders(os.path.dirname(os.path.abspath(args.out))):  # a missing folder made, as train's --out
@@ -668,7 +668,7 @@ def main(argv=None):
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
     en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
     for p, out, specials in [(tr, "directory for vocab.json and merges.txt", "default: none"),
-                             (en, "output .npy path", "default: <|endoftext|> when the vocab has it")]:
+                             (en, "output .npy path", "default: the vocab's own (no merge makes them); none: as text")]:
         p.add_argument("input")
         p.add_argument("--special-tokens", nargs="*", help=specials)
         p.add_argument("--out", required=True, help=out)

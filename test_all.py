@@ -4251,6 +4251,28 @@ def test_bpe_cli_encode_refuses_special_tokens_its_tokenizer_lacks(tmp_path, cap
         assert np.load(ids).tolist()[-2] == last               # <|endoftext|>: its id when special, else its >
 
 
+def test_bpe_cli_encode_takes_the_special_tokens_train_wrote(tmp_path, capsys):
+    # bpe.py train --special-tokens '<|eot|>', then encode without the flag: it declared only <|endoftext|>, so
+    # <|eot|> (id 256 in vocab.json) was split into its 7 bytes, exit 0. Its default is now the vocab's own tokens
+    # (no merge makes them; GPT-2's files: <|endoftext|> alone); --special-tokens with none encodes them as text
+    text, tok_dir, ids = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "ids.npy"
+    text.write_text("hello world<|eot|>the cat<|eot|>\n", encoding="utf-8")
+    bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "<|eot|>", "--out", str(tok_dir)])
+    encode = ["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(ids), "--workers", "1"]
+    bpe.main(encode)
+    tok = bpe.Tokenizer.from_files(*bpe.tokenizer_files(tok_dir), ["<|eot|>"])
+    assert np.load(ids).tolist() == tok.encode(text.read_text()) and np.load(ids).tolist().count(256) == 2
+    bpe.main(encode + ["--special-tokens"])
+    assert 256 not in np.load(ids).tolist() and bpe.Tokenizer.from_files(
+        *bpe.tokenizer_files(tok_dir)).decode(np.load(ids)) == text.read_text()
+
+
+def test_bpe_gpt2_files_hold_one_special_token():  # what bpe.py encode declares for OpenAI's files
+    vocab_file, merges_file = _bpe_gpt2_files()
+    vocab, (merges, in_file) = bpe._load_vocab_file(vocab_file), bpe._read_merges_file(merges_file)
+    assert bpe._check_merges(merges, vocab, {b: i for i, b in vocab.items()}, [], in_file) == [b"<|endoftext|>"]
+
+
 # --- session 12 tok items 1-4: special tokens of one byte, merges of str, --out without .npy, lone surrogates ---
 def _bpe_bytes_tokenizer(tmp_path):  # the 256 bytes and no merges, saved as bpe.py train's files; (text, its folder)
     text, tok_dir = tmp_path / "a.txt", tmp_path / "tok"
