@@ -594,8 +594,8 @@ class Tokenizer:
 
     def encode_iterable(self, iterable):
         """Lazily yield the ids of "".join(iterable), in constant memory: the engine cuts the
-        stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the
-        ids equal encode's (ValueError if 4M characters pass with no place to cut)."""
+        stream into pieces of about _STREAM_CHARS where the pre-tokens cannot change, so the ids
+        equal encode's (ValueError if 4M characters pass with no space and no end of a word or number)."""
         yield from bpe_fast.encode_stream(self.encode, iterable, self.special_tokens, _STREAM_CHARS)
 
     def decode(self, ids):

@@ -155,6 +155,11 @@ def _next_pretoken(data, i, n, classes):
 # byte of a range without Unicode whitespace. The standard library's re runs _STREAM_CUT faster than
 # regex; its \S is a subset of regex's (its \s adds \x1c-\x1f), so it finds no cut regex would not.
 _STREAM_CUT = re.compile(r"(?=[\t-\r ]\S)")
+# Text with no such cut in 4M characters (minified JSON, CSV) is cut where a run of letters or of digits ends. Only
+# ' ?\p{L}+' and the contractions hold letters, and both end at their last letter; only ' ?\p{N}+' holds digits. So a
+# pre-token ends there whatever follows, and the one after starts there whatever precedes (GPT2_PAT looks only ahead).
+_RUN_END = regex.compile(r"(?<=\p{L})(?!\p{L})|(?<=\p{N})(?!\p{N})")
+_STREAM_LIMIT = 1 << 22         # characters encode_iterable holds before it cuts at _RUN_END
 _SAFE_CUT = rb"(?=[\t-\r ][!-~\xc3-\xdf\xe4-\xef\xf0-\xf4])"
 _CHUNK_BYTES = 1 << 22          # 4 MiB of text per task at most: memory follows this, not the file
 _MIN_CHUNK = 1 << 18            # at least 256 KiB of text per task (at most _CHUNK_BYTES)
@@ -187,6 +192,17 @@ def check_text(what, text):
         raise TypeError(f"{what}, got {type(text).__name__}{hint}.")
 
 
+def _last_cut(cut_re, buf, lo, hi, special_tokens):
+    """The last cut_re match in buf[lo:hi] that splits no special token, or -1 (a match at hi is not taken: there
+    the end of the window stands for the next character). The last 4K first: most text has a cut there."""
+    tail = max(lo, hi - 4096)
+    for a, b in ((tail, hi), (lo, tail + 1)):
+        for p in reversed([m.start() for m in cut_re.finditer(buf, a, b)]):
+            if 0 < p < b and _cut_keeps_specials(buf, p, special_tokens):
+                return p
+    return -1
+
+
 def stream_pieces(iterable, special_tokens, piece_chars):
     """The text of iterable (of str) again, in pieces of piece_chars characters or more, each cut at
     the last _stream_cut_re match that splits no special token. Linear: each character is searched once,
@@ -201,18 +217,14 @@ def stream_pieces(iterable, special_tokens, piece_chars):
             continue
         buf, new, n_new = buf + "".join(new), [], 0
         hi = len(buf) - margin - 1        # leave room to see a special token across it
-        lo = max(scanned - margin - 2, 0)
-        tail = max(lo, hi - 4096)
-        for a, b in ((tail, hi), (lo, tail + 1)):      # the last 4K first: most text has a cut there
-            starts = [m.start() for m in cut_re.finditer(buf, a, b)]
-            found = next((p for p in reversed(starts) if p > 0 and _cut_keeps_specials(buf, p, special_tokens)), -1)
-            if found >= 0:
-                break
+        found = _last_cut(cut_re, buf, max(scanned - margin - 2, 0), hi, special_tokens)
+        if found < 0 and len(buf) > _STREAM_LIMIT:
+            found = _last_cut(_RUN_END, buf, max(hi - _STREAM_LIMIT, 0), hi, special_tokens)
+            if found < 0:
+                raise ValueError("encode_iterable found no place to cut 4M characters of text (no special token, "
+                                 "no space before a non-space, no end of a word or number); use encode()")
         scanned = max(scanned, hi)
         if found < 0:
-            if len(buf) > (1 << 22):
-                raise ValueError("encode_iterable found no place to cut 4M characters of text (no special "
-                                 "token, and no space, tab or newline before a non-space); use encode()")
             continue
         yield buf[:found]
         buf, scanned = buf[found:], scanned - found

@@ -2919,6 +2919,29 @@ def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch)
         assert searched[0] <= 2 * len(text)
 
 
+def test_bpe_encode_iterable_cuts_text_without_whitespace_where_a_word_or_number_ends(bpe_gpt2, monkeypatch):
+    # 4M characters of minified JSON (no space before a non-space, no special token) were refused: "found no place
+    # to cut; use encode()". Past that many, the stream is cut where a run of letters or digits ends. Checked here
+    # with the limit at 40 characters, on random text of letters (with contractions and combining marks), digits,
+    # marks and Unicode spaces other than ASCII's, and one special token; one run of marks alone is still refused
+    special, _ = bpe_gpt2
+    monkeypatch.setattr(bpe_fast, "_STREAM_LIMIT", 40)
+    monkeypatch.setattr(bpe, "_STREAM_CHARS", 16)
+    rng = random.Random(0)
+    parts = ["ab", "Zé", "e\u0301", "'s", "'ll", "'", "12", "٣", "3", ",", '":', "[{", "}]", "中文", "🙂", "\u3000",
+             "\x85", "<|endoftext|>", "<|end", "Ω"]
+    for _ in range(300):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(2, 120)))
+        at = sorted(rng.choices(range(len(text) + 1), k=3))
+        pieces = [text[a:b] for a, b in zip([0] + at, at + [len(text)])]
+        assert list(special.encode_iterable(iter(pieces))) == special.encode(text), repr(text)
+    json_like = '{"k":1,"v":[2,3]},' * 20
+    assert list(special.encode_iterable(json_like[i:i + 7] for i in range(0, len(json_like), 7))) == \
+        special.encode(json_like)
+    with pytest.raises(ValueError, match="found no place to cut 4M characters"):
+        list(special.encode_iterable(["!?" * 50]))
+
+
 def test_bpe_a_pre_token_too_long_for_memory_is_refused_before_merging(tmp_path, monkeypatch, capsys):
     # one "word" of 200,000 letters (no space, digit or punctuation): the merge loop needs about
     # LONG_WORD_BYTES per byte of it; with less memory than that it is refused in one sentence
