@@ -244,7 +244,8 @@ def atomic_files(paths):
     they renamed onto their files, in order, else removed. Only a stop between two renames mixes old and new."""
     real, tmps = zip(*map(replace_target, paths))  # every path refused or accepted before a byte is written
     if twice := next((p for p, r in zip(paths, real) if real.count(r) > 1), None):  # the last write would win
-        raise ValueError(f"{twice} and another of the files to write are one file (the same path, or a symlink); make them separate")
+        raise ValueError(f"{twice} and another of the files to write are one file (the same path, or a symlink); "
+                         "make them separate")
     try:
         yield list(tmps)
         for tmp, path in zip(tmps, real):
