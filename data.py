@@ -758,10 +758,12 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
             bad = lo if lo < 0 else hi  # a negative id too: np.save over the cache, not encode_file, made it
             raise damaged_cache(ids.filename, f"it holds token id {bad}, but its tokenizer has {made_by} tokens")
         if lo < 0:
-            raise UsageError(f"the {name} data holds a negative token id ({lo}); token ids start at 0.")
-        if hi >= vocab_size:
-            raise UsageError(f"the {name} data holds token id {hi}, at or above --vocab-size {vocab_size}; "
-                             "pass a --vocab-size above its largest id.")
+            raise UsageError(f"the {name} data ({ids.filename}) holds a negative token id ({lo}); token ids start "
+                             "at 0.")
+        if hi >= vocab_size:  # --vocab-size, or the size of a tokenizer given or beside the ids
+            raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the vocabulary's "
+                             f"{vocab_size} tokens; use the tokenizer that made the ids, or with none beside them a "
+                             f"--vocab-size above {hi}.")
         top = max(top, hi)
     return top
 

@@ -497,7 +497,8 @@ def parse_args(argv):
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
-    ap.add_argument("--threads", type=int, help="CPU threads for torch, at most the usable cores (default: torch's)")
+    ap.add_argument("--threads", type=int, help="CPU threads for the timed runs, at most the usable cores "
+                    "(default: 1, see one_thread_on_a_cpu)")
     ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
@@ -517,7 +518,9 @@ def parse_args(argv):
     if need > have:
         raise UsageError(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} "
                          f"GiB, more than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
-    if args.json is not None:  # --json '' too: the current directory's name, refused below
+    if args.json == "":  # abspath would make it the current directory
+        raise UsageError("--json is empty; give the path of a file to write, such as kernels.json")
+    if args.json is not None:
         d = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
             raise UsageError(f"--json: directory {d} does not exist or cannot be written; pick another path")

@@ -5242,14 +5242,15 @@ def test_data_download_of_a_range_reply_that_is_not_the_rest_refuses(tmp_path, m
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "the train data holds a negative token id (-1)"),
-                                       (np.arange(1000), "the train data holds token id 899, at or above "
-                                                         "--vocab-size 64")])
+@pytest.mark.parametrize("ids, said", [(np.arange(1000) % 50 - 1, "holds a negative token id (-1)"),
+                                       (np.arange(1000), "holds token id 899, at or above the vocabulary's 64 tokens; "
+                                                         "use the tokenizer that made the ids, or with none beside "
+                                                         "them a --vocab-size above 899.")])
 def test_data_experiments_checks_the_ids_before_its_baseline(tmp_path, ids, said):
     """experiments.py counted the ids for its unigram baseline before any check: a negative id or one past
     --vocab-size ended in numpy's ValueError traceback; it checks them as train.py does (data.check_data)."""
     np.save(tmp_path / "ids.npy", ids.astype(np.int64))
-    with pytest.raises(cli.UsageError, match=re.escape(said)):
+    with pytest.raises(cli.UsageError, match=re.escape(f"the train data ({tmp_path / 'ids.npy'}) {said}")):
         experiments.main(["lr", "--data", str(tmp_path / "ids.npy"), "--out-dir", str(tmp_path / "out"), "--variants",
                           "lr=1e-03", *_TRAIN_TINY, "--max-iters", "2"])
     assert not (tmp_path / "out").exists()
@@ -6852,6 +6853,12 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
         assert train.main(run + argv) == 2, argv
         _train_one_error(capsys, needle)
         assert not out.exists(), argv
+    # the tokenizer's size taken as --vocab-size: the sentence told to pass --vocab-size 350, which --tokenizer
+    # then refused ("disagrees with the 300 tokens"); it names the file and the way out
+    at = run.index("--vocab-size")
+    assert train.main(run[:at] + run[at + 2:] + ["--data", str(with_tok / "big.npy"), "--tokenizer", str(with_tok)]) == 2
+    _train_one_error(capsys, f"the train data ({with_tok / 'big.npy'}) holds token id 349, at or above the "
+                             "vocabulary's 300 tokens; use the tokenizer that made the ids")
     # the same data with settings that fit: the run ends with its sample
     assert train.main(run + ["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the"]) == 0
     assert (out / "ok" / "samples.txt").read_text().startswith("--- sample 1, prompt 'the' ---\nthe")
@@ -7793,7 +7800,8 @@ def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, cap
     monkeypatch.setattr(sys, "stdin", ctrl_c())
     assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 130
     said = "train.py: interrupted; --sample only reads the run, which is as it was.\n"
-    assert capsys.readouterr() == (alone[0], said)
+    step = rundir.read_checkpoint(run / "ckpt.pt")["iteration"]  # said first: a run still training samples its last
+    assert capsys.readouterr() == (alone[0], f"sampling the checkpoint of step {step:,} of {step:,}\n" + said)
     assert _sample_files(run) == before
 
 
@@ -7893,7 +7901,8 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
     ids = model.generate(lm, tokenizer.encode("the cat"), 8, temperature=0)
     assert isinstance(tokenizer.decode(ids), str) and 0 < len(ids) <= 8
     state = rundir.read_checkpoint(run / "ckpt.pt")
-    assert config == state["config"] and config["vocab_size"] == 300 and not lm.training
+    assert config == dict(state["config"], iteration=state["iteration"]) and config["vocab_size"] == 300
+    assert not lm.training
     assert all(torch.equal(v, state["model"][k]) for k, v in lm.state_dict().items())
     assert len(tokenizer.encode("<|endoftext|>")) == 1
     with pytest.raises(FileNotFoundError, match=f"^there is no run in {re.escape(str(tmp_path / 'none'))}$"):
@@ -9335,7 +9344,7 @@ def test_accounting_stopped_by_ctrl_c_says_one_line():
     (["--reps", "0"], "--reps"),
     (["--json", "/nonexistent-dir/x.json"], "does not exist or cannot be written"),
     (["--json", "/"], "is a directory"),
-    (["--json", ""], "--json: '' is a directory"),  # was ignored: measured for minutes, then nothing written
+    (["--json", ""], "--json is empty; give the path of a file to write"),  # was ignored: measured for minutes, then nothing written
     (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
 ])

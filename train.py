@@ -117,14 +117,14 @@ def load_checkpoint(src, model, optimizer=None, state=None):
 
 
 def load_run(path, device="cpu"):
-    """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer, which knows
-    <|endoftext|>, or None for ids without one; its config). FileNotFoundError: no checkpoint yet; ValueError."""
+    """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
+    <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
     if problem := machine.device_error(device):  # --device's check; torch's words came from deep inside model.py
         raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_checkpoint(None, model, state=state)
-    return model.eval(), read_tokenizer(path)[0], state["config"]
+    return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
 
 
 # ----------------------------------------------------------------------------
@@ -394,13 +394,12 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
 
 
 def print_samples(cfg):
-    """--sample: the run's last checkpoint continues --prompt, or with --prompt - each line of stdin as it comes (an
-    empty line: a new document); each sample ends at EOT. The run is only read."""
+    """--sample: the last checkpoint continues --prompt (-: each stdin line as it comes; '': a document) to EOT."""
     if cfg["prompt"] == "-" and sys.stdin is None:  # started with fd 0 closed (`<&-`, a job runner): Python's None
         raise cli.UsageError("--prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
                              "(< prompts.txt), or pass the prompt's text.")
     try:
-        model, tok, _ = load_run(rundir.run_dir(cfg), cfg["device"])
+        model, tok, saved = load_run(rundir.run_dir(cfg), cfg["device"])
     except FileNotFoundError as e:
         raise cli.UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
     except (ValueError, OSError) as e:
@@ -413,6 +412,7 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: the tokenizer in {rundir.run_dir(cfg)} ({n} tokens, {EOT} at id {stop}) does not fit its "
                          f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
                          "vocab.json and merges.txt that made its ids there.")
+    log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}", file=sys.stderr)
     try:
         for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
             prompt = line.removesuffix("\n").removesuffix("\r")  # a CRLF file's line: its text without the \r
