@@ -30,7 +30,6 @@ step boundary (each saves a checkpoint): the same command goes on from there.
 6. main()
 """
 import argparse
-import ctypes
 import datetime
 import math
 import os
@@ -270,10 +269,6 @@ def outcome(run, args, rest):
     return result
 
 
-def _die_with_parent():  # in the child, before train.py: experiments.py's end, even by SIGKILL, stops the run
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: train.py saves, then exits 130
-
-
 def log_path(run, args):  # all of a run's output, beside its folder (a new run's folder must be empty)
     return run.dir(args.out_dir).with_name(run.name + ".log")
 
@@ -287,7 +282,7 @@ def start(run, args, rest, env):
         run.log_from = log_file.tell()  # finish reads what this train.py said, not what the run's earlier ones did
         return subprocess.Popen(command(run, args, rest) + (["--resume"] if ckpt.exists() else []), stdout=log_file,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                preexec_fn=machine.die_with_parent if sys.platform == "linux" else None)  # it saves
 
 
 def finish(run, args, rest, code):
@@ -307,18 +302,6 @@ def finish(run, args, rest, code):
 
 # ----------------------------------------------------------------------------
 # 3. Many runs at once: one per GPU, or --jobs on the CPU's cores
-
-def slots(jobs):
-    """The environment of each run that may go at once: one GPU each (CUDA_VISIBLE_DEVICES) where there are
-    several, else --jobs runs with a fair share of the cores each (torch reads OMP_NUM_THREADS)."""
-    import torch
-    if torch.cuda.device_count() > 1:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
-    threads = max(1, machine.usable_cores() // jobs)  # one run alone: torch's own choice (or the user's)
-    return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
-
 
 class Progress:
     """One line for the whole experiment on stderr, as cli.show_progress shows one (a terminal redraws it, a log file
@@ -367,7 +350,7 @@ def run_all(runs, args, rest):
     todo, running = [r for r in runs if outcome(r, args, rest) is None], {}
     if not todo:
         return
-    free, progress = slots(min(args.jobs, len(todo))), Progress(runs, todo, args, rest)  # no more slots than runs
+    free, progress = machine.job_slots(min(args.jobs, len(todo))), Progress(runs, todo, args, rest)  # (<= runs)
     try:
         while todo or running:
             for proc in [p for p in running if p.poll() is not None]:
@@ -411,9 +394,10 @@ def measured(run, label, args, rest):
     # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
     rows = [r for _, r in rundir.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
     curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
-    if not rows or not (curve or result["step"]):  # every run evaluates at step 0 (NaN only in one that diverged)
-        raise cli.UsageError(f"{path} holds no validation loss of the run; delete {run.dir(args.out_dir)} to run "
-                                "it again.")
+    last = resolved(run, args, rest)["max_iters"]  # a finished run evaluates at its last step, one that diverged never
+    if not rows or not (result["step"] or curve and curve[-1][0] == last):  # an edited or cut last line: not final
+        raise cli.UsageError(f"{path} holds no validation loss of the run's last step ({last}); delete "
+                             f"{run.dir(args.out_dir)} to run it again.")
     speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
     return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
                 final=None if result["step"] else curve[-1][2], tokens_per_s=statistics.median(speeds) if speeds else 0)
@@ -565,10 +549,18 @@ def slug(name):  # a setting's name as a folder name
     return "".join(c if c.isalnum() or c in ".=-" else "_" for c in name)
 
 
+def sampled(path, best):  # a sample made from best's checkpoint as it is: none since (a run made again of that name)
+    ckpt = Path(best) / "ckpt.pt"
+    return path.is_file() and ckpt.is_file() and path.stat().st_mtime >= ckpt.stat().st_mtime
+
+
 def generate(best, where, device):
     """One sample of SAMPLE_TOKENS tokens per SAMPLING setting from the best run's checkpoint (train.load_run, as
     train.py --sample), written by train.write_samples to where/<setting>/samples.txt; a sample made before is kept."""
-    need = [(name, t, p) for name, t, p in SAMPLING if not (where / slug(name) / "samples.txt").is_file()]
+    if not (Path(best) / "ckpt.pt").is_file():  # load_run's "does not exist yet": the run has finished
+        raise cli.UsageError(f"{best} has finished, but its ckpt.pt, which generate samples, is gone; delete {best} "
+                             "to run it again.")
+    need = [(name, t, p) for name, t, p in SAMPLING if not sampled(where / slug(name) / "samples.txt", best)]
     if not need:
         return
     model, tok, cfg = train.load_run(best, device)
@@ -587,11 +579,12 @@ def best_run(plans, args, rest):  # the lr sweep's finished run of the lowest fi
     return min(done, key=lambda t: t[1]["final"]) if done else None
 
 
-def extra_sections(where, best):
-    """The report's generate and tokenizer parts, from the files those experiments wrote (when they have run)."""
+def extra_sections(where, best, args):
+    """The report's generate and tokenizer parts, from the files those experiments wrote (when they have run, on the
+    best run's checkpoint and the runs' data as they are)."""
     extra, tokens = {}, where / "tokenizer" / "tokenizer.json"
     samples = best and [(name, where / "generate" / best[0].name / slug(name) / "samples.txt") for name, *_ in SAMPLING]
-    if samples and all(path.is_file() for _, path in samples):
+    if samples and all(sampled(path, best[0].dir(args.out_dir)) for _, path in samples):
         texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].strip()) for name, path in samples]
         extra["generate"] = [f"From {best[0].name}, the best model of the lr sweep (final validation loss "
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
@@ -602,7 +595,7 @@ def extra_sections(where, best):
         extra["generate"].append("- the share of repeated 3-grams by setting: " + ", ".join(
             f"{name} {repeated(text):.0%}" for name, text in texts) + f"; the model's loss "
             f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
-    if figures := tokenizer_experiments.stored_figures(tokens):
+    if figures := tokenizer_experiments.stored_figures(tokens, args.data_fingerprint):
         extra["tokenizer"] = [f"- {a}" for a in tokenizer_experiments.answer_tokenizer(figures)]
     return extra
 
@@ -760,6 +753,10 @@ def check(runs, args, rest, where):
                                     "another --out-dir.")
     for run in runs:
         resolved(run, args, rest)
+        d = run.dir(args.out_dir)  # train.py would refuse it, advising flags experiments.py refuses
+        if not any((d / f).exists() for f in ("ckpt.pt", "result.json")) and \
+                any((d / f).exists() for f in rundir.RUN_MARKERS):
+            raise cli.UsageError(f"{d} holds a stopped run whose ckpt.pt is gone; delete {d} to run it again.")
 
 
 def main(argv=None):
@@ -788,8 +785,9 @@ def main(argv=None):
         if args.experiment in ("generate", "all") and tok is not None and best:
             generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
         if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
-            tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json")
-        report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best))
+            tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json",
+                                                    args.data_fingerprint)
+        report(args, rest, argv, cfg, plans, baseline, extra_sections(where, best, args))
     return 0
 
 

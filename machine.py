@@ -16,6 +16,7 @@ import datetime
 import functools
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -37,6 +38,18 @@ def _torch():  # imported here, not at the top: the tokenizer imports this file 
 
 def usable_cores():  # the cores this process may run on (taskset's, a Slurm job's share), not all the machine's
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def job_slots(jobs):
+    """The environment of each of `jobs` processes that run at once: one GPU each (CUDA_VISIBLE_DEVICES) where there
+    are several, else a fair share of the cores each (torch reads OMP_NUM_THREADS)."""
+    torch = _torch()
+    if torch.cuda.device_count() > 1:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
+    threads = max(1, usable_cores() // jobs)  # one process alone: torch's own choice (or the user's)
+    return [{"OMP_NUM_THREADS": str(threads)}] * jobs if jobs > 1 else [{}]
 
 
 def memory_bytes(device, world_size):
@@ -112,6 +125,10 @@ def _private_folder(path):
 # 2. A run's torch and C-library settings
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt options (malloc.h)
+
+
+def die_with_parent():  # a child's preexec_fn (Linux): its parent's end, even by SIGKILL, sends it SIGTERM
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def keep_freed_memory():

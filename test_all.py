@@ -8310,9 +8310,9 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     story = tmp_path / "story.txt"
     story.write_text("".join(f"Tom had {i} red ball{'s' * (i % 2)}. It was fun.{data.EOT}" for i in range(400)))
     cfg = train.resolve_config(["--data", str(story), "--vocab-size", "300", "--data-dir", str(tmp_path / "data")])
-    _, tok, ids, _ = experiments.prepare(cfg)
+    _, tok, ids, made_for = experiments.prepare(cfg)
     path = tmp_path / "tokenizer" / "tokenizer.json"  # where extra_sections reads it (tmp_path: the experiments')
-    f = tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path, limit=30_000)
+    f = tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path, made_for, limit=30_000)
     valid = (data.cache_dir(str(story), cfg["data_dir"]) / "valid.txt").read_text()
     docs = [d for d in valid.split(data.EOT) if d.strip()][:tokenizer_experiments.DOCUMENTS]
     assert (f["documents"], f["bytes"]) == (10, sum(len(d) for d in docs))
@@ -8331,10 +8331,16 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
     monkeypatch.setattr(tokenizer_experiments, "other_domain", None)  # measured once: the kept figures are read back
-    assert tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path) == f
-    path.write_text(json.dumps({k: v for k, v in f.items() if not k.startswith("other")}))  # an older version's
-    assert tokenizer_experiments.stored_figures(path) is None
-    assert "tokenizer" not in experiments.extra_sections(tmp_path, None)
+    assert tokenizer_experiments.tokenizer_figures(tok, ids, cfg, path, made_for) == f
+    args = types.SimpleNamespace(data_fingerprint=made_for, out_dir=tmp_path)
+    assert "tokenizer" in experiments.extra_sections(tmp_path, None, args)
+    # figures of other data or another tokenizer (another --vocab-size) were shown as this one's: measured again
+    other = dict(made_for, tokenizer=["0" * 64])
+    assert tokenizer_experiments.stored_figures(path, other) is None
+    assert "tokenizer" not in experiments.extra_sections(tmp_path, None, types.SimpleNamespace(
+        data_fingerprint=other, out_dir=tmp_path))
+    path.write_text(json.dumps({k: v for k, v in f.items() if k != "made_for"}))  # an older version's
+    assert tokenizer_experiments.stored_figures(path, made_for) is None
 
 
 # --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
@@ -8404,17 +8410,22 @@ def test_experiments_finished_run_without_its_metrics_is_one_sentence(tmp_path, 
     # metrics.jsonl deleted, emptied or edited under a finished run: no traceback (IndexError, KeyError, a format
     # error), the run's folder named to delete
     run, args = _exp_finished_run(tmp_path, metrics)
-    with pytest.raises(cli.UsageError, match=r"metrics.jsonl holds no validation loss of the run; delete .*1e-03"):
+    with pytest.raises(cli.UsageError, match=r"metrics.jsonl holds no validation loss of the run's last step \(400\); "
+                                             r"delete .*1e-03"):
         experiments.measured(run, "lr=1e-03", args, [])
 
 
 def test_experiments_edited_metrics_lines_are_not_read_as_numbers(tmp_path):
     good = [{"step": 0, "time": 0.1, "val_loss": 4.0}, {"step": 1, "time": 0.5, "loss": 3.0, "tokens_per_s": 100.0},
-            {"step": 2, "time": 0.9, "val_loss": 3.5}]
-    run, args = _exp_finished_run(tmp_path, good + [{"step": 3, "time": "x", "val_loss": "y"}, {"step": 4},
-                                                    {"step": 5, "time": 2.0, "tokens_per_s": "fast"}])
+            {"step": 400, "time": 0.9, "val_loss": 3.5}]  # the CPU preset's last step
+    run, args = _exp_finished_run(tmp_path, good + [{"step": 400, "time": "x", "val_loss": "y"}, {"step": 400},
+                                                    {"step": 400, "time": 2.0, "tokens_per_s": "fast"}])
     m = experiments.measured(run, "lr=1e-03", args, [])
-    assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (2, 0.9, 3.5)], 3.5, 100.0, 2.0)
+    assert (m["curve"], m["final"], m["tokens_per_s"], m["wall"]) == ([(0, 0.1, 4.0), (400, 0.9, 3.5)], 3.5, 100.0, 2.0)
+    # the last validation line edited or cut short: the step-0 loss was reported as the run's final one
+    run, args = _exp_finished_run(tmp_path / "cut", good[:2] + [{"step": 400, "time": 0.9, "val_loss": "y"}])
+    with pytest.raises(cli.UsageError, match=r"holds no validation loss of the run's last step \(400\); delete "):
+        experiments.measured(run, "lr=1e-03", args, [])
 
 
 def test_experiments_nan_and_infinite_losses_are_not_drawn_and_the_run_is_reported(tmp_path):
@@ -8644,6 +8655,37 @@ def test_experiments_generate_from_a_model_whose_ids_its_tokenizer_cannot_decode
     assert capsys.readouterr().out == (f"generate: no samples: {out / 'story'}'s model draws ids its tokenizer cannot "
                                        f"decode (its 2,000 ids, {n:,} tokens); pass --vocab-size {n}.\n")
     assert not (tmp_path / "gen").exists()
+
+
+def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_one_sentence(tmp_path, monkeypatch):
+    # a run made again under its name (other flags) kept the old model's samples, shown in the report as the new
+    # one's; a finished run's ckpt.pt deleted was "does not exist yet" (run the same command again: the same), and a
+    # stopped one's was train.py's advice of --resume or --overwrite, which experiments.py refuses
+    monkeypatch.setattr(experiments, "SAMPLE_TOKENS", 4)
+    story, out, gen = _train_story(tmp_path / "story.txt"), tmp_path / "out", tmp_path / "gen"
+    flags = ["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--device", "cpu",
+             "--out-dir", str(out), "--data-dir", str(tmp_path / "data")]
+    assert train.main(flags) == 0
+    experiments.generate(out / "story", gen, "cpu")
+    made = {p: p.stat().st_mtime_ns for p in gen.glob("*/samples.txt")}
+    assert len(made) == len(experiments.SAMPLING)
+    experiments.generate(out / "story", gen, "cpu")  # kept
+    assert {p: p.stat().st_mtime_ns for p in made} == made
+    assert train.main([*flags, "--overwrite", "--d-ff", "48"]) == 0  # the run made again: its samples too
+    experiments.generate(out / "story", gen, "cpu")
+    assert all(p.stat().st_mtime_ns > t for p, t in made.items())
+    (out / "story" / "ckpt.pt").unlink()
+    with pytest.raises(cli.UsageError, match=re.escape(f"{out / 'story'} has finished, but its ckpt.pt, which "
+                                                       f"generate samples, is gone; delete {out / 'story'} to run")):
+        experiments.generate(out / "story", gen, "cpu")
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    argv = ["lr", "--data", str(ids), "--out-dir", str(out), "--variants", "lr=1e-03", *_TRAIN_TINY, "--max-iters",
+            "2"]
+    run = out / "experiments" / "lr" / "lr=1e-03"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0, "time": 0.1, "val_loss": 4.0}\n')  # stopped, ckpt.pt deleted
+    with pytest.raises(cli.UsageError, match=re.escape(f"{run} holds a stopped run whose ckpt.pt is gone; delete")):
+        experiments.main(argv)
 
 
 def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypatch, capsys):

@@ -63,17 +63,17 @@ def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tok
     return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
 
 
-def stored_figures(path):  # tokenizer_figures' kept figures, or None (none yet, or an older version's, without (b))
+def stored_figures(path, made_for):  # tokenizer_figures' kept figures, or None: none yet, or of other data
     figures = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    return figures if "other" in figures else None
+    return figures if figures.get("made_for") == made_for else None
 
 
-def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
-    """The figures of tokenizer_experiments, measured once and kept in path: the runs' tokenizer on the first
-    DOCUMENTS validation documents (of the first `limit` characters) and on another domain's (other_domain), that
-    domain's tokenizer on both, and the runs' tokenizer's speed on the first `limit` characters of the training
-    text (one process)."""
-    if kept := stored_figures(path):
+def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
+    """The figures of tokenizer_experiments, measured once per data (made_for: data.fingerprint, its token files
+    and tokenizer) and kept in path: the runs' tokenizer on the first DOCUMENTS validation documents (of the first
+    `limit` characters) and on another domain's (other_domain), that domain's tokenizer on both, and the runs'
+    tokenizer's speed on the first `limit` characters of the training text (one process)."""
+    if kept := stored_figures(path, made_for):
         return kept
     folder, (train_name, valid_name) = data.cache_dir(cfg["data"], cfg["data_dir"]), data.text_names(cfg["data"])
     with open(folder / valid_name, encoding="utf-8") as f:
@@ -82,7 +82,7 @@ def tokenizer_figures(tok, ids, cfg, path, limit=1 << 22):
         text = f.read(limit)
     other, other_docs, other_tok = other_domain(cfg, limit)
     bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
-    figures = dict(documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
+    figures = dict(made_for=made_for, documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
                    tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
                    other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
                    ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
