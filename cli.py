@@ -227,8 +227,9 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
             less = less_memory or f"ask for less (a smaller input, batch or model); {interrupted}"
             fault(name, f"out of memory{asked}; {less}")
             return 1
-        if type(e).__name__ in ("DistBackendError", "DistNetworkError") or "closed by peer" in str(e):  # torchrun's
-            log(f"{name}: error: another process of the job ended, or lost its connection ({error_line(e)[:80]}); "
+        if type(e).__name__ in ("DistBackendError", "DistNetworkError") or re.search("(closed|reset) by peer", str(e)):
+            said = re.sub(r"\[[^\]]*/[^\]]*\] ", "", error_line(e))[:80]  # gloo's: "[/__w/.../pair.cc:537] Read error"
+            log(f"{name}: error: another process of the job ended, or lost its connection ({said}); "
                 f"its own sentence, if it had one, is above: fix that, then {interrupted}", file=sys.stderr)
             return 1
         if (cause := os_error_in(e)) is None:

@@ -167,12 +167,13 @@ FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is a
 FLOAT32_MAX = (2 - 2.0 ** -23) * 2.0 ** 127  # float32's largest number: AdamW's numbers are float32, where more is inf
 
 
-NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers (a seed also
-    # unsigned, and seed + 1 seeds evaluation); NaN passes every comparison, so finiteness comes first
+NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers, but its CPU
+    # generator keeps a seed's low 32 bits (seed + 1 seeds evaluation); NaN passes every comparison, so finiteness first
     ("be a finite number", lambda v: not math.isfinite(v), lambda k, v: type(v) is float),
     (f"not be a subnormal number (0 < |x| < {sys.float_info.min:.3g}: a CPU run flushes it to 0)",
      lambda v: 0 < abs(v) < sys.float_info.min, lambda k, v: type(v) is float),
-    ("lie in [-2**63, 2**64 - 1)", lambda v: not -2**63 <= v < 2**64 - 1, lambda k, v: k == "seed"),
+    ("lie in [0, 2**32 - 1) (torch's CPU generator keeps 32 bits: 2**32 ran as 0)", lambda v: not 0 <= v < 2**32 - 1,
+     lambda k, v: k == "seed"),
     ("be below 2**63", lambda v: v >= 2**63, lambda k, v: type(v) is int and k != "seed"),
     ("be positive", lambda v: v <= 0, lambda k, v: k in (
         "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "batch_size",

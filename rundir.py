@@ -595,7 +595,8 @@ def stop_non_finite(step, ckpt_path, loss=0.0, norm=None, model=None):
             bad and f"the weights are not finite ({len(bad)} tensors, e.g. {bad[0]}; not saved) after")
     if what:
         raise Diverged(f"{what} step {step}: the run diverged, and its last good checkpoint {ckpt_path} stays; run "
-                       "again with --overwrite and a lower --lr (or a lower --grad-clip).", step)
+                       "again with --overwrite and a lower --lr (or clip gradients: a lower --grad-clip, above 0).",
+                       step)
 
 
 @contextlib.contextmanager

@@ -4599,6 +4599,13 @@ def test_plumbing_under_torchrun_each_fault_is_one_sentence_where_it_happens(mon
     assert cli.exit_code("train.py", peer_lost, "rerun.") == 1
     assert capsys.readouterr().err.startswith("train.py: error: another process of the job ended, or lost its ")
 
+    def reset_in_backward():  # DDP's backward, the other process killed: a traceback, and the reason cut off by a path
+        raise RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                           "[127.0.0.1]:43398: Connection reset by peer")
+    assert cli.exit_code("train.py", reset_in_backward, "rerun.") == 1
+    assert capsys.readouterr().err.startswith("train.py: error: another process of the job ended, or lost its "
+                                              "connection (RuntimeError: Read error [127.0.0.1]:43398: Connection ")
+
     def too_big():
         raise OSError(errno.EFBIG, "File too large", str(tmp_path / "x"))
     with pytest.raises(cli.DataError, match=f"^{re.escape(str(tmp_path / 'x'))}: File too large; fix that path"):
@@ -6546,8 +6553,8 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
     cases = [(f"{flag}={v}", f"{flag} must be a finite number, got {v}") for flag in floats
              for v in ("nan", "inf", "-inf")]
     cases += [("--lr=1e999", "--lr must be a finite number, got inf"),
-              (f"--seed={2**64 - 1}", "--seed must lie in [-2**63, 2**64 - 1)"),
-              (f"--seed={-2**63 - 1}", "--seed must lie in"),
+              (f"--seed={2**32}", "--seed must lie in [0, 2**32 - 1) (torch's CPU generator keeps 32 bits"),
+              ("--seed=-1", "--seed must lie in [0, 2**32 - 1)"),  # the same run as 2**32 - 1
               (f"--batch-size={2**63}", "--batch-size must be below 2**63"),
               (f"--sample-tokens={2**63}", "--sample-tokens must be below 2**63"),
               ("--sample-tokens=-1", "--sample-tokens must be positive"),
@@ -6562,9 +6569,12 @@ def test_train_every_number_is_checked_before_anything_is_written(tmp_path, caps
         assert train.main(base + [arg]) == 2, arg
         _train_one_error(capsys, needle)
         assert not (tmp_path / "out").exists(), arg
-    # the extremes torch takes are taken (the evaluation seeds with seed + 1)
-    assert train.main(base + [f"--seed={2**64 - 2}"]) == 0
-    assert train.resolve_config(base + [f"--seed={-2**63}", "--overwrite"])["seed"] == -2**63
+    # the extremes are taken (the evaluation seeds with seed + 1); 2**32 and 0 ran bitwise the same run
+    assert train.main(base + [f"--seed={2**32 - 2}"]) == 0
+    assert train.resolve_config(base + ["--seed=0", "--overwrite"])["seed"] == 0
+    assert torch.Generator().manual_seed(2**32).initial_seed() != 0 and torch.equal(
+        torch.randn(3, generator=torch.Generator().manual_seed(2**32)),
+        torch.randn(3, generator=torch.Generator().manual_seed(0)))  # why: the low 32 bits
 
 
 def test_train_eps_is_refused_where_optim_refuses_it_or_float32_loses_it():
