@@ -145,8 +145,10 @@ def _check_theta(name, theta):
         raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
 
 
+@torch.no_grad()
 def _tabulate_after_load(rope, incompatible_keys):  # a function, not a lambda: a hook is pickled with its module
-    rope.tabulate()
+    for buffer, table in zip((rope.cos, rope.sin), rope.tables(len(rope.cos))):
+        buffer.copy_(table.float())  # float32 where the table is (an MPS device has no float64)
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -165,21 +167,17 @@ class RotaryPositionalEmbedding(nn.Module):
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         _check_theta("theta", theta)
         self.theta, self.d_k = theta, d_k
-        for name in ("cos", "sin"):  # (max_seq_len, d_k/2)
-            table = torch.empty(max_seq_len, d_k // 2, device=device, dtype=torch.float32)
-            self.register_buffer(name, table, persistent=False)
-        self.tabulate()
+        cos, sin = self.tables(max_seq_len)
+        self.register_buffer("cos", cos.to(device, torch.float32), persistent=False)
+        self.register_buffer("sin", sin.to(device, torch.float32), persistent=False)
         # A model made on "meta", then filled by to_empty() and load_state_dict(), kept these uninitialized (NaN
         # logits), since a state dict does not hold them: every load tabulates them again.
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
-    @torch.no_grad()
-    def tabulate(self):
-        f64 = dict(dtype=torch.float64, device="cpu")
-        inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, **f64) / self.d_k)  # (d_k/2,)
-        angles = torch.arange(len(self.cos), **f64)[:, None] * inv_freq  # (T, d_k/2)
-        self.cos.copy_(angles.cos().float())
-        self.sin.copy_(angles.sin().float())
+    def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
+        inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, dtype=torch.float64) / self.d_k)  # (d_k/2,)
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq  # (n, d_k/2)
+        return angles.cos(), angles.sin()
 
     def forward(self, x, token_positions, as_complex=False):
         # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len)
