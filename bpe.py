@@ -618,7 +618,7 @@ def _cmd_train(args):
     if made and all(f.exists() for f in tokenizer_files(args.out)):  # a run's folder, a token cache's
         raise ValueError(f"--out {args.out} holds {made[0]}, made with the tokenizer there; pass another --out")
     if any(files.same_file(args.input, f) for f in tokenizer_files(args.out)):
-        raise ValueError(f"the input {args.input} is one of the files training writes into --out; pass another")
+        raise ValueError(f"the input {args.input} is a file training writes into --out {args.out}; pass another --out")
     if why := next((f"{p}{w}" for p in tokenizer_files(args.out) if (w := files.unwritable(p))), None):
         raise ValueError(f"--out: {why}; pass another --out")
     t0 = time.perf_counter()

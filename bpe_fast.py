@@ -205,8 +205,9 @@ def _last_cut(cut_re, buf, lo, hi, special_tokens):
 
 def stream_pieces(iterable, special_tokens, piece_chars):
     """The text of iterable (of str) again, in pieces of piece_chars characters or more, each cut at
-    the last _stream_cut_re match that splits no special token. Linear: each character is searched once,
-    and new text joins the buffer only once it is as long, so the buffer is copied O(log n) times."""
+    the last _stream_cut_re match that splits no special token (past _STREAM_LIMIT characters with none, at the
+    last _RUN_END). Linear: each character is searched once (by _RUN_END once per _STREAM_LIMIT), and new text joins
+    the buffer only once it is as long, so the buffer is copied O(log n) times."""
     cut_re, margin = _stream_cut_re(tuple(special_tokens)), max((len(s) for s in special_tokens), default=1)
     buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
     for text in iterable:

@@ -549,20 +549,20 @@ def slug(name):  # a setting's name as a folder name
     return "".join(c if c.isalnum() or c in ".=-" else "_" for c in name)
 
 
-def sampled(path, best):  # a sample made from best's checkpoint as it is: none since (a run made again of that name)
-    ckpt = Path(best) / "ckpt.pt"
-    return path.is_file() and ckpt.is_file() and path.stat().st_mtime >= ckpt.stat().st_mtime
+def sampled(path, best):  # a sample of best's checkpoint: none made since (a run made again of that name)
+    ckpt = Path(best) / "ckpt.pt"  # (deleted since, to save disk: the samples are still its)
+    return path.is_file() and (not ckpt.is_file() or path.stat().st_mtime >= ckpt.stat().st_mtime)
 
 
 def generate(best, where, device):
     """One sample of SAMPLE_TOKENS tokens per SAMPLING setting from the best run's checkpoint (train.load_run, as
     train.py --sample), written by train.write_samples to where/<setting>/samples.txt; a sample made before is kept."""
-    if not (Path(best) / "ckpt.pt").is_file():  # load_run's "does not exist yet": the run has finished
-        raise cli.UsageError(f"{best} has finished, but its ckpt.pt, which generate samples, is gone; delete {best} "
-                             "to run it again.")
     need = [(name, t, p) for name, t, p in SAMPLING if not sampled(where / slug(name) / "samples.txt", best)]
     if not need:
         return
+    if not (Path(best) / "ckpt.pt").is_file():  # load_run's "does not exist yet": the run has finished
+        raise cli.UsageError(f"{best} has finished, but its ckpt.pt, which generate samples, is gone; delete {best} "
+                             "to run it again.")
     model, tok, cfg = train.load_run(best, device)
     if config.undecodable_ids(tok, model.vocab_size):  # --vocab-size above its tokenizer's, with --num-samples 0
         return cli.say(f"generate: no samples: {best}'s model draws ids its tokenizer cannot decode (its "

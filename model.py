@@ -147,8 +147,11 @@ def _check_theta(name, theta):
 
 @torch.no_grad()
 def _tabulate_after_load(rope, incompatible_keys):  # a function, not a lambda: a hook is pickled with its module
-    for buffer, table in zip((rope.cos, rope.sin), rope.tables(len(rope.cos))):
-        buffer.copy_(table.float())  # float32 where the table is (an MPS device has no float64)
+    for name, table in zip(("cos", "sin"), rope.tables(len(rope.cos))):
+        if getattr(rope, name).is_meta:  # load_state_dict(assign=True) of a model made on meta: made here
+            setattr(rope, name, table.float())
+        else:  # in place: a captured CUDA graph keeps reading the same memory
+            getattr(rope, name).copy_(table.float())  # float32 where the table is (an MPS device has no float64)
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -156,8 +159,8 @@ class RotaryPositionalEmbedding(nn.Module):
     [x'_2k  ]   [cos  -sin] [x_2k  ]
     [x'_2k+1] = [sin   cos] [x_2k+1]
 
-    cos and sin are tabulated once per position in float64 on the CPU (an MPS device has no float64), then kept in
-    float32 non-persistent buffers (derived from theta, so not in checkpoints). One module serves all layers."""
+    cos and sin are tabulated per position in float64 on the default device, then kept in float32 non-persistent
+    buffers (derived from theta, so not in checkpoints; tabulated again after a load). One module serves all layers."""
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
         super().__init__()

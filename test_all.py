@@ -2249,7 +2249,11 @@ def test_model_made_on_meta_then_loaded_tabulates_rope_again_and_attention_alone
     meta.rope.cos.fill_(math.nan)  # what to_empty() may leave
     meta.load_state_dict(ref.state_dict())
     assert torch.equal(meta(ids), ref(ids))
-    assert copy.deepcopy(ref).rope.cos.equal(ref.rope.cos)  # the hook is a function, copied with its module
+    import pickle  # the hook is a function, not a lambda: the whole model pickles (torch.save(model))
+    assert torch.equal(pickle.loads(pickle.dumps(ref))(ids), ref(ids))
+    assigned = _model_small(device="meta")  # load_state_dict(assign=True), the other way to fill a meta model
+    assigned.load_state_dict(ref.state_dict(), assign=True)
+    assert torch.equal(assigned(ids), ref(ids)) and "rope.cos" not in assigned.state_dict()
     mha = model.MultiHeadSelfAttention(16, 2, rope=model.RotaryPositionalEmbedding(1e4, 8, 4))
     with pytest.raises(ValueError, match=r"^5 positions, but RoPE holds max_seq_len=4\.$"):
         mha(torch.randn(1, 5, 16))
@@ -3607,7 +3611,7 @@ def test_bpe_never_writes_over_its_input(tmp_path):
                                    str(tmp_path / "link.npy")],
              "is a file of the tokenizer": ["encode", str(text), "--tokenizer", str(tok_dir), "--out",
                                             f"{tok_dir}/../tok/merges.txt"],
-             "is one of the files training writes": ["train", str(tok_dir / "merges.txt"), "--vocab-size", "300",
+             "is a file training writes into --out": ["train", str(tok_dir / "merges.txt"), "--vocab-size", "300",
                                                      "--out", str(tok_dir)]}
     for needle, args in cases.items():
         r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
@@ -8672,26 +8676,33 @@ def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_on
     # one's; a finished run's ckpt.pt deleted was "does not exist yet" (run the same command again: the same), and a
     # stopped one's was train.py's advice of --resume or --overwrite, which experiments.py refuses
     monkeypatch.setattr(experiments, "SAMPLE_TOKENS", 4)
-    story, out, gen = _train_story(tmp_path / "story.txt"), tmp_path / "out", tmp_path / "gen"
+    story, out = _train_story(tmp_path / "story.txt"), tmp_path / "out"
+    best = (experiments.Run("lr", "lr=1e-03", []), {"final": 3.0})  # as best_run gives it
+    args, where = types.SimpleNamespace(out_dir=out, data_fingerprint=None), out / "experiments"
+    run, gen = best[0].dir(out), where / "generate" / "lr=1e-03"
     flags = ["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--device", "cpu",
-             "--out-dir", str(out), "--data-dir", str(tmp_path / "data")]
+             "--out-dir", str(run.parent), "--run-name", run.name, "--data-dir", str(tmp_path / "data")]
     assert train.main(flags) == 0
-    experiments.generate(out / "story", gen, "cpu")
+    experiments.generate(run, gen, "cpu")
     made = {p: p.stat().st_mtime_ns for p in gen.glob("*/samples.txt")}
-    assert len(made) == len(experiments.SAMPLING)
-    experiments.generate(out / "story", gen, "cpu")  # kept
+    assert len(made) == len(experiments.SAMPLING) and "generate" in experiments.extra_sections(where, best, args)
+    experiments.generate(run, gen, "cpu")  # kept
     assert {p: p.stat().st_mtime_ns for p in made} == made
-    assert train.main([*flags, "--overwrite", "--d-ff", "48"]) == 0  # the run made again: its samples too
-    experiments.generate(out / "story", gen, "cpu")
+    assert train.main([*flags, "--overwrite", "--d-ff", "48"]) == 0  # the run made again: its samples are stale
+    assert "generate" not in experiments.extra_sections(where, best, args)
+    experiments.generate(run, gen, "cpu")
     assert all(p.stat().st_mtime_ns > t for p, t in made.items())
-    (out / "story" / "ckpt.pt").unlink()
-    with pytest.raises(cli.UsageError, match=re.escape(f"{out / 'story'} has finished, but its ckpt.pt, which "
-                                                       f"generate samples, is gone; delete {out / 'story'} to run")):
-        experiments.generate(out / "story", gen, "cpu")
+    (run / "ckpt.pt").unlink()  # deleted to save disk: its samples are kept and reported
+    experiments.generate(run, gen, "cpu")
+    assert "generate" in experiments.extra_sections(where, best, args)
+    (gen / experiments.slug(experiments.SAMPLING[0][0]) / "samples.txt").unlink()  # one needed: no checkpoint for it
+    with pytest.raises(cli.UsageError, match=re.escape(f"{run} has finished, but its ckpt.pt, which generate "
+                                                       f"samples, is gone; delete {run} to run it again.")):
+        experiments.generate(run, gen, "cpu")
     ids = _train_toy_ids(tmp_path / "toy.npy")
     argv = ["lr", "--data", str(ids), "--out-dir", str(out), "--variants", "lr=1e-03", *_TRAIN_TINY, "--max-iters",
             "2"]
-    run = out / "experiments" / "lr" / "lr=1e-03"
+    shutil.rmtree(run)
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 0, "time": 0.1, "val_loss": 4.0}\n')  # stopped, ckpt.pt deleted
     with pytest.raises(cli.UsageError, match=re.escape(f"{run} holds a stopped run whose ckpt.pt is gone; delete")):
