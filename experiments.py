@@ -422,7 +422,8 @@ SHOWS = {"lr": "the learning-rate sweep", "batch": "batch sizes at one token bud
 
 def figure_title(name, cfg):  # a figure's run, data and budget, for a reader who has only the picture
     where = cfg["data"] if cfg["data"] in config.CORPORA else Path(cfg["data"]).name
-    return (f"{name}: {SHOWS[name]}\n--data {where}, {cfg['num_layers']} layers of d_model {cfg['d_model']}, "
+    layers = f"{cfg['num_layers']} layer{'s' * (cfg['num_layers'] != 1)}"  # "1 layer", "4 layers"
+    return (f"{name}: {SHOWS[name]}\n--data {where}, {layers} of d_model {cfg['d_model']}, "
             f"{cli.fmt_count(cfg['total_tokens'])} tokens a run (the baseline: {cfg['max_iters']:,} steps of "
             f"{cfg['batch_size']} x {cfg['context_length']} tokens at lr {number_text(cfg['lr'])})")
 

@@ -8298,6 +8298,8 @@ def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_pa
             row("no-norm_lr=5e-04", 15.6, 4.2), row("nope", 7.7, 3.2)]
     ids = _train_toy_ids(tmp_path / "toy.npy")
     cfg = train.resolve_config(["--data", str(ids), *_TRAIN_TINY, "--max-iters", "40", "--benchmark"])
+    assert ", 2 layers of d_model 32, " in experiments.figure_title("lr", cfg)
+    assert ", 1 layer of d_model 32, " in experiments.figure_title("lr", dict(cfg, num_layers=1))  # was "1 layers"
     fig = figures.draw_runs(experiments.figure_title("ablations", cfg), rows, 6.3)
     try:
         assert fig.get_suptitle() == ("ablations: each ablation against the baseline\n--data toy.npy, 2 layers of "
