@@ -6972,6 +6972,10 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
     assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
     assert "warmup_iters" not in said
+    # --eval-iters may change on --resume (it shapes no step), but the validation losses after it average over
+    # another number of batches: it was taken without a word
+    assert train.main([*base, "--max-iters", "24", "--resume", "--eval-iters", "3"]) == 0
+    assert "note: --eval-iters changes from 2 to 3: validation losses from step 20 on average" in capsys.readouterr().out
 
 
 def _train_two_stories(tmp_path):
