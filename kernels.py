@@ -344,7 +344,7 @@ def run_correctness(variants, dtypes, device):
             rows.append({"variant": name, "dtype": dname, "max_abs_err": a, "max_rel_err": r})
     if "bfloat16" in dtypes and gelu_torch_ops in variants.values():
         print("torch ops in bfloat16 rounds each op's result: 1 + tanh(u), near 0 for x < -2, keeps tanh's rounding "
-              "error (2^-9 near -1), so its outputs are 4% off at 0.04 in size, and 100% near 0.003; the fused variants "
+              "error (2^-9 near -1), so its outputs are 4% off at 0.04 in size and 100% near 0.003; the fused variants "
               "compute in float32 and round once.")
     return rows
 

@@ -9295,7 +9295,7 @@ def test_kernels_correctness_table_says_what_its_errors_are(capsys):
     kernels.run_correctness({"torch ops": kernels.gelu_torch_ops}, ["bfloat16"], "cpu")
     out = capsys.readouterr().out
     assert f"max abs err  max rel err where |gelu(x)| >= {kernels.REL_FLOOR:g}" in out
-    assert "torch ops in bfloat16 rounds each op's result" in out and "4% off at 0.04 in size, and 100% near 0.003" in out
+    assert "torch ops in bfloat16 rounds each op's result" in out and "4% off at 0.04 in size and 100% near 0.003" in out
     x = kernels.random_input(1 << 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
     y, ref = kernels.gelu_torch_ops(x).double(), kernels.gelu_torch_ops(x.double())
     off = ((y - ref).abs() > 0.05 * ref.abs()) & (ref.abs() >= kernels.REL_FLOOR)  # 5% off or worse
