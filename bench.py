@@ -416,11 +416,11 @@ def train_table(path, vocab_size, repeats, hf_runs):
         for i in range(repeats):
             for name in [n for n in runs if i < hf_runs or not n.startswith("HF")]:
                 runs[name].append(train_run(name, path, vocab_size, d))
-        cli_merges = len(Path(d, "merges.txt").read_text(encoding="utf-8").splitlines())
+        cli_merges = len(bpe._read_merges_file(Path(d, "merges.txt"))[0])  # its merges (not the #version line)
     process_table(runs, "training call")
     last = runs["bpe.train_bpe"][-1]
     print(f"bpe.train_bpe: {last['merges']} merges, longest token {last['longest']} bytes; "
-          f"python bpe.py train: {cli_merges} lines in merges.txt")
+          f"python bpe.py train: {cli_merges} merges in merges.txt")
     if "rustbpe" in runs:
         ours, theirs = (statistics.median(r["process_s"] for r in runs[n]) for n in ("bpe.train_bpe", "rustbpe"))
         print(f"whole process, bpe.train_bpe / rustbpe: {ours / theirs:.2f} (medians)")
@@ -1196,6 +1196,9 @@ class GpuReport:
         with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
         rows, sync = {}, train.synchronizer(self.device)
         for name in GPU_SHAPES:
+            if self.left() <= 0:  # the budget bounds each shape here, not only the section's start
+                rows[f"step, {name} shape: Muon vs AdamW"] = "skipped: the budget is spent"
+                continue
             torch.compiler.reset()  # the second shape compiled afresh, not as dynamic shapes (see run())
             cfgs = {o: self.benchmark_cfg(name, f"--optimizer={o}") for o in ("adamw", "muon")}
             with torch_settings(cfgs["adamw"]):
@@ -1313,11 +1316,13 @@ class GpuReport:
             timer.cancel()
             p.kill()  # a no-op when it ended; the child never outlives the report
         rc = p.wait()
-        line = ", ".join(f"{n} {o.lower()}" for o, n in outcomes.items()) or f"no test matched -k {self.tests!r}"
+        counts = ", ".join(f"{n} {o.lower()}" for o, n in outcomes.items())
         if rc < 0 and self.left() <= 0:
-            line += ", cut short at the budget"
-        elif rc not in (0, 1, 5):  # 1: a test failed (named above); 5: none was selected
-            line += f", pytest exited {rc}"
+            line = f"{counts or 'no test finished'}, cut short at the budget"
+        elif rc == 5:  # pytest's "no tests collected"
+            line = f"no test matched -k {self.tests!r}"
+        else:  # 1: a test failed (named above); 2-4: pytest's own fault (a collection error)
+            line = (counts or "no test ran") + ("" if rc in (0, 1) else f", pytest exited {rc}")
         if rc != 0:
             self.failed.append("tests")
         return {f"tests touching CUDA (pytest -k {self.tests!r})": line}
@@ -1398,8 +1403,8 @@ def bench_gpu(argv):
     if not args.cpu and not torch.cuda.is_available():
         raise UsageError("bench.py gpu needs a CUDA GPU and torch sees none here; pass --cpu to rehearse it on "
                          "the CPU.")
-    if not 0 < args.budget < float("inf"):  # nan too; inf would overflow the timers that stop the processes
-        raise UsageError(f"--budget {args.budget:g} must be positive and finite: seconds, such as 480.")
+    if not 0 < args.budget <= 1e6:  # nan too; past 2.1e6 s, subprocess's and threading's timeouts overflow
+        raise UsageError(f"--budget {args.budget:g} must be positive and at most 1e6: seconds, such as 480.")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps} must be positive.")
     if not args.tests.strip():  # pytest -k '' selects every test, not none

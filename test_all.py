@@ -9915,6 +9915,10 @@ def test_bench_gpu_levers_compare_with_the_defaults_alone_and_start_only_if_thei
     report.sections, report.left = ["head", "optimizers"], lambda: 1e9
     report.run()
     assert ran == ["head", "optimizers"]
+    # the optimizers' second shape started with the budget spent (its compiles: minutes past it)
+    report.left = lambda: 0
+    assert bench.GpuReport.optimizers(report) == {f"step, {name} shape: Muon vs AdamW": "skipped: the budget is spent"
+                                                  for name in bench.GPU_SHAPES}
 
 
 def test_bench_head_step_peaks_say_which_holds_less(capsys):
@@ -9937,6 +9941,19 @@ def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeyp
     assert "test_some.py::test_cuda_skips SKIPPED (needs a CUDA GPU)" in out
     assert re.search(r"^FAILED \S+test_some.py::test_cuda_fails - assert 1 == 2$", out, re.M)  # why, in one line
     assert report.failed == ["tests"] and "test_other" not in out
+    # cut at the budget before any test ended (here: at the 1 s the timer waits at least), or a collection error:
+    # both read "no test matched", which was not so
+    (tmp_path / "test_some.py").write_text("import time\ntime.sleep(60)\ndef test_cuda_slow():\n    pass\n")
+    monkeypatch.setattr(report, "left", lambda: 0)
+    assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'cuda')": "no test finished, cut short at the "
+                                                                            "budget"}
+    monkeypatch.setattr(report, "left", lambda: 120)
+    (tmp_path / "test_some.py").write_text("def test_cuda_broken(:\n")
+    assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'cuda')": "no test ran, pytest exited 2"}
+    _bench_test_file(tmp_path / "test_some.py", body)
+    report.tests = "nothing_is_named_so"
+    assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'nothing_is_named_so')": "no test matched -k "
+                                                                                           "'nothing_is_named_so'"}
 
 
 def test_bench_gpu_report_leaves_out_compile_and_evaluations():
@@ -9969,8 +9986,9 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--budget", "inf"], "--budget inf must be positive and finite"),  # a traceback from the tests' timer, before
-    (["--budget", "-5"], "--budget -5 must be positive and finite"),
+    (["--budget", "inf"], "--budget inf must be positive and at most 1e6"),  # a traceback from the tests' timer,
+    (["--budget", "-5"], "--budget -5 must be positive and at most 1e6"),
+    (["--budget", "1e7"], "--budget 1e+07 must be positive and at most 1e6"),  # subprocess: "timeout is too large"
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
     (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,"
