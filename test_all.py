@@ -9721,6 +9721,18 @@ def test_bench_step_and_generate_run_without_peers(tmp_path, capsys, monkeypatch
     bench.main(["generate", "--new-tokens", "2", "--repeats", "1"])
     out = capsys.readouterr().out  # the plain path cached and not, the fast one
     assert out.count("the same tokens as the plain path with the KV cache") == 3 and "other tokens" not in out, out
+    # an HF Llama that fails (another transformers release) lost the whole table, this project's row with it; now
+    # it is its own row (bench.py gpu's GPU image has transformers, so the step section would have gone)
+
+    def broken(cfg, micro):
+        raise TypeError("LlamaConfig.__init__() got an unexpected keyword argument 'rope_theta'")
+    monkeypatch.setattr(bench, "peer", lambda module: module == "transformers" or None)
+    monkeypatch.setattr(bench, "llama_step", broken)
+    rows = bench.step_table(train.resolve_config([*_TRAIN_TINY, "--benchmark", "--benchmark-steps", "1",
+                                                  "--device", "cpu"]))
+    assert rows["HF LlamaForCausalLM"] == (None, "failed: TypeError: LlamaConfig.__init__() got an unexpected "
+                                                 "keyword argument 'rope_theta'")
+    assert rows["this project"][0] > 0 and "compact model (bench.py)" in rows
 
 
 @pytest.mark.parametrize("shape", [accounting.TINYSTORIES, bench.GPT2_SMALL], ids=["tinystories", "gpt2_small"])
