@@ -114,13 +114,13 @@ def resume_command(cfg, without=()):
 # ----------------------------------------------------------------------------
 # 2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
 
-# metrics.jsonl, one JSON record a line, each with "step", "tokens" (trained so far) and "time" (seconds since the
-# run began, across resumes), and then one of:
-#   a log step: "loss" (the training batch's, nats/token), "lr" (the rate of that step's update: 0 at step 1 of a
-#     warm-up), "grad_norm" (before clipping; null with --grad-clip 0), "tokens_per_s" (since the last log step),
-#     "mfu" (a fraction of the GPU's peak; null on a CPU, whose peak a run does not measure);
-#   an evaluation: "val_loss" (the mean over --eval-iters batches) and "val_ppl";
-#   a stop on a NaN or infinite number: "diverged" (the sentence), the last line.
+# metrics.jsonl, one JSON record a line, each with "step", then:
+#   a log step: "tokens" (trained so far), "time" (seconds since the run began, across resumes), "loss" (the
+#     training batch's, nats/token), "lr" (the rate of that step's update: 0 at step 1 of a warm-up), "grad_norm"
+#     (before clipping; null with --grad-clip 0), "tokens_per_s" (since the last log step), "mfu" (a fraction of
+#     the GPU's peak; null on a CPU, whose peak a run does not measure);
+#   an evaluation: "tokens", "time", "val_loss" (the mean over --eval-iters batches) and "val_ppl";
+#   a stop on a NaN or infinite number: "diverged" (the sentence) alone, the last line.
 
 def metrics_records(path):
     """metrics.jsonl as (line, its record or None): None for a line that is no record, one cut short by a kill, not
