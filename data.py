@@ -451,12 +451,14 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
+
     def texts():  # their bytes' digests, hashed once per file: a copied or touched text is hashed, not tokenized again
         return " ".join(file_digest(Path(p), out_dir) for p in (train_txt, valid_txt))
     made_from = None
     with contextlib.suppress(OSError, UnicodeDecodeError):  # none: made before the record was kept, or not yet
         made_from = (out_dir / MADE_FROM).read_text()
-    if made_from is not None and made_from != texts():
+    now = None if made_from is None else texts()  # hashed only to compare with a record
+    if now != made_from:
         say(f"{train_txt.parent} holds other text than {out_dir} was made from: tokenizing it again")
         for p in paths:
             p.unlink(missing_ok=True)
@@ -474,9 +476,9 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
         if not npy.exists():
             say(f"tokenizing {txt} -> {npy}")
             from_cache(txt, encode_file, tok, str(txt), str(npy), num_workers=workers)
-    if made_from != (now := texts()):  # recorded once all is made
+    if now is None or now != made_from:  # recorded once all is made
         with contextlib.suppress(OSError), atomic_file(out_dir / MADE_FROM, "w") as f:  # a read-only cache: next time
-            f.write(now)
+            f.write(now or texts())
     return tok, files, npys
 
 
