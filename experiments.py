@@ -755,8 +755,7 @@ def check(runs, args, rest, where):
     for run in runs:
         resolved(run, args, rest)
         d = run.dir(args.out_dir)  # train.py would refuse it, advising flags experiments.py refuses
-        if not any((d / f).exists() for f in ("ckpt.pt", "result.json")) and \
-                any((d / f).exists() for f in rundir.RUN_MARKERS):
+        if rundir.holds_run(d) and not any((d / f).exists() for f in ("ckpt.pt", "result.json")):
             raise cli.UsageError(f"{d} holds a stopped run whose ckpt.pt is gone; delete {d} to run it again.")
 
 

@@ -51,13 +51,17 @@ def in_use(where, pid):  # another process writes the run in where
     return Busy(where, pid, "or pick another --run-name")
 
 
+def holds_run(d):  # does directory d hold a run (one of RUN_MARKERS), finished or stopped
+    return any((Path(d) / f).exists() for f in RUN_MARKERS)
+
+
 def run_dir_problem(c):
     """Why the run directory cannot take this run, as a sentence, or "". --benchmark, --export and --sample
     write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
     if c["benchmark"] or c["export"] is not None or c["sample"]:
         return ""
     d = run_dir(c)
-    has_run = any((d / f).exists() for f in RUN_MARKERS)
+    has_run = holds_run(d)
     in_the_way = next((f"{d / name}{why}" for name in RUN_FILES if (why := unwritable(d / name))), "")  # (read-only)
     if not writable(d):
         return (f"--out-dir {c['out_dir']}: cannot write {c['out_dir']}/{c['run_name']}; pick a writable --out-dir "
