@@ -1102,6 +1102,8 @@ class GpuReport:
     def __init__(self, args):
         self.cpu, self.steps, self.budget, self.tests = args.cpu, args.steps, args.budget, args.tests
         self.sections = getattr(args, "sections", SECTIONS)
+        self.chosen = {lever: flags for lever, flags in LEVERS.items()  # --levers: the defaults and those it names
+                       if not flags or any(word in lever for word in getattr(args, "levers", None) or [lever])}
         self.device = "cpu" if args.cpu else "cuda"
         self.t0, self.rows, self.failed, self.benchmark_tps = time.perf_counter(), {}, [], None
 
@@ -1149,7 +1151,7 @@ class GpuReport:
         sync, rows, defaults = train.synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")
-        for lever, extra in (LEVERS if levers is None else levers).items():
+        for lever, extra in (self.chosen if levers is None else levers).items():
             row = f"lever, {name} shape: {lever}"
             # a compile must fit in what is left (max-autotune's tunes kernels: 3 of the defaults'), or a report
             # stopped from outside (a rented GPU's time limit) loses its table and the next command its time
@@ -1402,7 +1404,12 @@ def bench_gpu(argv):
     ap.add_argument("--sections", type=lambda text: text.split(","), default=list(SECTIONS),
                     help=f"the sections run, in the order given (default all: {','.join(SECTIONS)}); e.g. "
                     "head,levers for the fast path's levers alone")
+    ap.add_argument("--levers", type=lambda text: text.split(","), help="the levers section's levers beside the "
+                    "defaults, by a word of their row (default all); e.g. cuda-graph,cudnn")
     args = ap.parse_args(argv)
+    if unknown := [w for w in args.levers or [] if not any(w in lever for lever, flags in LEVERS.items() if flags)]:
+        raise UsageError(f"--levers {','.join(args.levers)}: {unknown[0]!r} names none of the levers "
+                         f"({', '.join(' '.join(flags) for flags in LEVERS.values() if flags)}).")
     if unknown := [x for x in args.sections if x not in SECTIONS]:
         raise UsageError(f"--sections {','.join(args.sections)}: {unknown[0]!r} is not one of {','.join(SECTIONS)}.")
     if not args.cpu and not torch.cuda.is_available():

@@ -9894,6 +9894,8 @@ def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, mo
     _bench_lever_fails(monkeypatch, "flash")
     monkeypatch.setattr(bench, "LEVERS", {"the defaults": [], "flash": ["--sdpa-backend=flash"],
                                           "math": ["--sdpa-backend=math"]})
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda", levers=["math"]))
+    assert list(report.chosen) == ["the defaults", "math"]  # --levers math: the defaults, and the lever it names
     report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
     rows = report.levers("TinyStories")
     out = capsys.readouterr().out
@@ -10005,6 +10007,7 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     (["--tests", "  "], "--tests is blank"),
     (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,"
                                    "profile,autotune,loop,"),
+    (["--levers", "cuda-graph,graphs"], "--levers cuda-graph,graphs: 'graphs' names none of the levers (--fused-head,"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2
