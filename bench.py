@@ -1002,6 +1002,7 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
     "the defaults": [],
     "--fused-head (fused_head.py instead of the logits path, the default for a step compiled on a GPU)":
         ["--fused-head"],
+    "--no-bf16-residual (the residual stream in float32, as without --fast)": ["--no-bf16-residual"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
     "--cuda-graph": ["--cuda-graph"],
@@ -1046,13 +1047,14 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
 
 
 def levers_by_default():
-    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's
-    default is decided by config.resolve_config: off for a step compiled on a GPU)."""
+    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's and
+    --bf16-residual's defaults are decided by config.resolve_config: off for a step compiled on a GPU, on in bf16)."""
     on, off = ([config.FLAG_ROWS[k][0] for k in ("cuda_graph", "max_autotune") if config.FLAG_DEFAULTS[k] is state]
                for state in (True, False))
-    return (f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled "
-            f"on a GPU (on otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A "
-            "lever stays on only if it wins on the GPU (an H100 or H200)")
+    on.append("--bf16-residual with --fast and --dtype bf16")  # decided by config.resolve_config too
+    return (f"on: {', '.join(on)}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled on a GPU (on "
+            f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only "
+            "if it wins on the GPU (an H100 or H200)")
 
 
 def cuda_host_syncs(call, calls=3):
@@ -1079,12 +1081,14 @@ def cuda_host_syncs(call, calls=3):
     return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 
-def git_commit():  # a copy of the files without .git or git (a rented GPU's): the COMMIT its caller sets, if any
+def git_commit():  # COMMIT, where its caller sets it (a rented GPU's copy of the files, whose .git may lag), or git's
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or os.environ.get("COMMIT", "unknown")
+        return out.stdout.strip() or "unknown"
     except OSError:
-        return os.environ.get("COMMIT", "unknown")
+        return "unknown"
 
 
 def steady_tokens_per_s(metrics, run):

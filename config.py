@@ -115,6 +115,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
      "on a GPU, where the compiled logits path measured smaller and no slower: docs/results.md)"),
+    ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
+     "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
@@ -323,6 +325,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--sdpa-backend {sdpa_backend} is a CUDA kernel; on {device} pass auto, flash or math."),
     (lambda c: c["sdpa_backend"] != "auto" and not c["fast"],
      "--sdpa-backend picks the fast path's attention kernel, and --no-fast runs model.py's own; drop one of them."),
+    (lambda c: c["bf16_residual"] and c["dtype"] != "bf16",
+     "--bf16-residual narrows the residual stream under bf16 autocast; with --dtype {dtype} drop it."),
     (lambda c: (c["cuda_graph"] or c["max_autotune"]) and not c["compile"],
      "--cuda-graph and --max-autotune change how torch.compile builds the step; pass --compile too."),
     (lambda c: c["cuda_graph"] and not c["device"].startswith("cuda"),
@@ -476,6 +480,8 @@ def resolve_config(argv=None):
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     if cfg["fused_head"] is None:  # it won on CPUs and lost to the compiled logits path on the H200 (docs/results.md)
         cfg["fused_head"] = not (cfg["compile"] and cfg["device"].startswith("cuda"))
+    if cfg["bf16_residual"] is None:  # it won 3-4% at both of bench.py gpu's shapes on the H200 (docs/results.md)
+        cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16"
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
     check_flags(cfg)  # refused before anything is read or written

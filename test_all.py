@@ -722,6 +722,29 @@ def test_fused_head_levers_compute_the_same_step(lever):
         torch.testing.assert_close(got[name], w, rtol=0, atol=1e-4 * float(w.abs().max()), msg=name)
 
 
+def test_bf16_residual_carries_bf16_between_blocks_and_computes_the_float32_step_within_rounding():
+    # --bf16-residual (the default with --fast and --dtype bf16) casts the embedding's output to autocast's dtype, so
+    # every block adds bf16 to bf16; without autocast (sampling a checkpoint) the stream stays float32
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark"]
+    cfg = train.resolve_config(base + ["--dtype", "bf16"])
+    assert cfg["bf16_residual"] and not train.resolve_config(base)["bf16_residual"]
+    assert not train.resolve_config(base + ["--dtype", "bf16", "--no-fast"])["bf16_residual"]
+    with pytest.raises(cli.UsageError, match=r"^--bf16-residual narrows the residual stream under bf16 autocast; "
+                                             r"with --dtype float32 drop it\.$"):
+        train.resolve_config(base + ["--bf16-residual"])
+    raw, dtypes = train.build(cfg)[0], []
+    raw.layers[1].register_forward_pre_hook(lambda block, args: dtypes.append(args[0].dtype))
+    ids = torch.randint(cfg["vocab_size"], (2, 8))
+    with train.autocast(cfg):
+        raw(ids)
+    assert raw(ids).dtype == torch.float32 and dtypes == [torch.bfloat16, torch.float32]
+    want_losses, want = _fused_head_first_steps(train.resolve_config(base + ["--dtype", "bf16", "--no-bf16-residual"]))
+    got_losses, got = _fused_head_first_steps(cfg)
+    assert got_losses == pytest.approx(want_losses, rel=1e-2)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=0.03 * float(w.abs().max()), msg=name)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_head_levers_equal_the_defaults_cuda():
     # on the GPU, as bench.py gpu runs them (bf16, compiled): the CUDA graphs replay (inductor skipped none), and
@@ -729,7 +752,8 @@ def test_fused_head_levers_equal_the_defaults_cuda():
     base = ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--device", "cuda", "--dtype", "bf16",
             "--compile", "--benchmark"]
     want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
-    for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"]):
+    for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"],
+                  ["--no-bf16-residual"]):
         torch.compiler.reset()
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
@@ -9813,8 +9837,9 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
-    assert rows[by_default].startswith("on: none; off: --cuda-graph, --max-autotune, and --fused-head for a step "
-                                       "compiled on a GPU (on otherwise); --sdpa-backend auto")
+    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16; off: --cuda-graph, "
+                                       "--max-autotune, and --fused-head for a step compiled on a GPU (on otherwise); "
+                                       "--sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
         fused = next(name for name, flags in bench.LEVERS.items() if flags == ["--fused-head"])

@@ -149,6 +149,11 @@ def use_activation_checkpointing(model):
         block.forward = fwd
 
 
+def _autocast_dtype(embeddings, ids, x):  # a forward hook: the embedding's float32 output in autocast's dtype
+    device = x.device.type
+    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
+
+
 class LMLoss(torch.nn.Module):
     """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the
     loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap).
@@ -202,6 +207,8 @@ def build(cfg):
     optimizer = make_optimizer(cfg, raw)
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
+    if cfg["bf16_residual"]:  # each block then adds bf16 to bf16; the weights and their gradients stay float32
+        raw.token_embeddings.register_forward_hook(_autocast_dtype)
     model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
     if cfg["world_size"] > 1:
         dev = torch.device(cfg["device"])
