@@ -1190,17 +1190,26 @@ class GpuReport:
             times = take_turns(calls, self.steps, sync)[0]
             # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
             held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
+            # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
+            # turns with another compiled model lengthened the defaults' step by 2-6% on the H200). A graph's lever
+            # changes the launches, not the kernels, so its row has none
+            kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device).values())
+            if baseline:
+                defaults["kernels"] = kernels
             peak = train.device_peak(cfg)
         del step, calls  # this lever's model and optimizer go, but the defaults' stay for the next
         gc.collect()
         dt, base = (statistics.median(times[k]) if k in times else None for k in (row, "defaults"))
         return (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
                 + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
+                + (f", kernels {1000 * kernels:.1f} ms/step" if kernels else "")
                 + (f", step's peak {held:,.0f} MiB" if held is not None else ", its memory: the graph's pool")
                 + (f", but {skips} graph(s) skipped by inductor: timed without" if cfg["cuda_graph"] and skips else "")
                 + f", first step {first:.0f} s"
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
-                   if base else ""))
+                   if base else "")
+                + (f", {defaults['kernels'] / kernels:.2f}x their kernels' time" if base and kernels
+                   and defaults.get("kernels") else ""))
 
     def optimizers(self):
         """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU

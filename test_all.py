@@ -9792,8 +9792,10 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
     return str(path)
 
 
-_LEVER_ROW = r"[\d.]+ ms/step, [\d,]+ tokens/s, step's peak [\d,]+ MiB, first step \d+ s"  # bench.py gpu, on a CPU
-_LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + r"; [\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\)"
+_LEVER_ROW = (r"[\d.]+ ms/step, [\d,]+ tokens/s, kernels [\d.]+ ms/step, step's peak [\d,]+ MiB, "
+              r"first step \d+ s")  # bench.py gpu, on a CPU
+_LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + (r"; [\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\), "
+                                       r"[\d.]+x their kernels' time")
 
 
 def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
