@@ -1191,8 +1191,8 @@ class GpuReport:
             # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
             held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
-            # turns with another compiled model lengthened the defaults' step by 2-6% on the H200). A graph's lever
-            # changes the launches, not the kernels, so its row has none
+            # turns with another compiled model lengthened the defaults' step by 2-6% on the H200; the cause is not
+            # established). A graph's lever changes the launches, not the kernels, so its row has none
             kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device).values())
             if baseline:
                 defaults["kernels"] = kernels
