@@ -32,8 +32,19 @@ The lessons it embodies:
      every chunk count held more than the plain compiled path, which never writes float32 logits, and the step
      was no faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the
      figures, and what is not yet known about why).
+  9. On the H200 the loss around the head's matmul took 4.4 ms of a 63 ms GPT-2-small step: inductor's log-sum-exp
+     read the bf16 logits at a third of the memory's speed, and its gradient read them again. On a GPU with Triton
+     a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the second time from
+     the L2 cache, a row being 100 KB) and writes the gradient over the logits, one pass of memory where the
+     compiled path made three. Its speed on a GPU is still to be measured (bench.py gpu's --fused-head rows).
 """
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch's CPU wheels come without it: the chunk's loss then runs as torch ops
+    triton = None
 
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, 4 is
 # the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 no
@@ -61,6 +72,48 @@ def _scale_(out: torch.Tensor, factor: torch.Tensor) -> None:
     out.mul_(factor)
 
 
+if triton is not None:
+    @triton.jit
+    def _loss_and_grad_kernel(z_ptr, targets_ptr, losses_ptr, row_stride, V, scale, BLOCK: tl.constexpr):
+        """One row of z per program: its loss, log-sum-exp minus the target's logit (float32), then its gradient,
+        (softmax - onehot) * scale, written over the row in z's dtype."""
+        row = z_ptr + tl.program_id(0).to(tl.int64) * row_stride
+        m = tl.zeros([], tl.float32) - float("inf")  # the running max, and the sum of exp(z - m)
+        s = tl.zeros([], tl.float32)
+        for start in range(0, V, BLOCK):  # pass 1: an online log-sum-exp, one exp per number
+            cols = start + tl.arange(0, BLOCK)
+            z = tl.load(row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(z, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+            m = m_new
+        lse = m + tl.log(s)
+        target = tl.load(targets_ptr + tl.program_id(0))
+        tl.store(losses_ptr + tl.program_id(0), lse - tl.load(row + target).to(tl.float32))
+        for start in range(0, V, BLOCK):  # pass 2: the gradient, over the logits
+            cols = start + tl.arange(0, BLOCK)
+            z = tl.load(row + cols, mask=cols < V, other=0.0).to(tl.float32)
+            g = tl.exp(z - lse) - (cols == target).to(tl.float32)
+            tl.store(row + cols, (g * scale).to(z_ptr.dtype.element_ty), mask=cols < V)
+
+
+@torch.library.custom_op("cs336_fused_head::loss_and_grad_", mutates_args=("z",))
+def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Tensor:
+    """z (C, V) a chunk's logits, contiguous rows -> each row's loss (C,) float32; z becomes the rows' gradient of
+    the mean loss over n rows, (softmax - onehot) / n, in place (lesson 9: Triton's kernel)."""
+    losses = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
+    _loss_and_grad_kernel[(z.shape[0],)](z, targets, losses, z.stride(0), z.shape[1], 1.0 / n, BLOCK=2048)
+    return losses
+
+
+@_loss_and_grad_.register_fake
+def _(z, targets, n):
+    return z.new_empty(z.shape[0], dtype=torch.float32)
+
+
+def _triton_chunks(z):  # lesson 9's kernel: on a GPU where Triton is installed
+    return triton is not None and z.is_cuda
+
+
 def _compute_dtype(h):
     """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
     device = h.device.type
@@ -69,8 +122,12 @@ def _compute_dtype(h):
 
 def _chunk(hc, wc, targets, n, want_grad):
     """One chunk: hc (C, d), wc (V, d) in the compute dtype, targets (C,) -> (the chunk's summed loss in float32,
-    its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). Eager, one
-    (C, V) float32 buffer: the logits become exp(z - max), then the softmax, then its gradient, in place."""
+    its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). On a GPU with
+    Triton, one kernel (lesson 9); otherwise, eager, one (C, V) float32 buffer: the logits become exp(z - max), then
+    the softmax, then its gradient, in place."""
+    if want_grad and _triton_chunks(hc):  # one kernel, over the compute dtype's logits (lesson 9)
+        z = hc @ wc.t()
+        return _loss_and_grad_(z, targets, n).sum(), z
     z = (hc @ wc.t()).to(torch.promote_types(hc.dtype, torch.float32))  # (C, V): this chunk's logits, float32
     target_logit = z.gather(-1, targets[:, None])  # (C, 1)
     m = z.amax(dim=-1, keepdim=True)  # (C, 1): subtracted, so exp stays finite

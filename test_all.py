@@ -559,6 +559,63 @@ def test_fused_head_equals_the_plain_loss_and_gradients(dtype, tie, compiled):
         assert err[0] <= 1.25 * err[1] + 1e-6 * scale, (name, err)
 
 
+_TRITON_HEAD = """
+import sys, torch, fused_head, optim
+from model import TransformerLM
+device, worse = sys.argv[1], float(sys.argv[2])  # worse: how much further from float64 than the plain path, at most
+fused_head._triton_chunks = lambda z: True  # lesson 9's kernel (on the CPU through Triton's interpreter)
+g = torch.Generator().manual_seed(1)
+x, y = (torch.randint(2500, (3, 16), generator=g).to(device) for _ in range(2))  # 2,500 columns: a block and a part
+
+
+def grads(m, loss):
+    loss.backward()
+    out = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad(set_to_none=True)
+    return loss.detach(), out
+
+
+for dtype in (torch.float32, torch.bfloat16):
+    for tie in (False, True):
+        torch.manual_seed(0)
+        m = TransformerLM(2500, 16, 32, 1, 2, 64, tie_embeddings=tie, fast=True, device=device)
+        with torch.autocast(device, dtype, enabled=dtype != torch.float32):
+            got, got_grads = grads(m, fused_head.linear_cross_entropy(m(x, head=False), m.lm_head.weight, y, chunks=5))
+            want, want_grads = grads(m, optim.cross_entropy(m(x), y))
+        exact = grads(m.double(), optim.cross_entropy(m(x), y))[1]  # float64: the truth both round
+        m.float()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+        for name, w in want_grads.items():  # as test_fused_head_equals_the_plain_loss_and_gradients checks
+            scale = float(w.abs().max())
+            torch.testing.assert_close(got_grads[name], w, rtol=0, msg=name,
+                                       atol=(1e-5 if dtype == torch.float32 else 2e-2) * scale)
+            err = [float((d[name] - exact[name].float()).abs().max()) for d in (got_grads, want_grads)]
+            assert err[0] <= (1.25 if dtype == torch.float32 else worse) * err[1] + 1e-6 * scale, (dtype, name, err)
+print("same")
+"""
+
+
+def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients():
+    # lesson 9's kernel (each row's loss, then its gradient written over its logits), run by Triton's interpreter on
+    # the CPU in a process of its own (TRITON_INTERPRET is read as kernels are defined): the fused head through it
+    # equals optim.cross_entropy on model.py's logits, float32 and bf16, tied and not. The interpreter truncates
+    # float32 to bfloat16 where a GPU rounds to nearest, so its bf16 gradients may be twice as far from float64's
+    pytest.importorskip("triton", reason="fused_head.py's kernel needs triton (pip install triton), which torch's "
+                                         "CPU wheels lack")
+    r = subprocess.run([sys.executable, "-c", _TRITON_HEAD, "cpu", "2.5"], cwd=_BPE_REPO, capture_output=True,
+                       text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients_cuda():
+    # the same on a GPU, where the kernel is compiled and rounds to nearest: as close as the torch chunk's (a quarter)
+    pytest.importorskip("triton", reason="fused_head.py's kernel needs triton, which this torch lacks")
+    r = subprocess.run([sys.executable, "-c", _TRITON_HEAD, "cuda", "1.25"], cwd=_BPE_REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+
+
 def test_fused_head_gradients_are_made_only_where_wanted():
     # evaluation (no gradient) computes the loss alone: no (V, d) gradient is allocated; a frozen body or head gets
     # none; a second derivative is refused (the gradients are numbers made in the forward); misfit shapes are refused
