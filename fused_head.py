@@ -74,12 +74,12 @@ def _scale_(out: torch.Tensor, factor: torch.Tensor) -> None:
 
 if triton is not None:
     @triton.jit
-    def _loss_and_grad_kernel(z_ptr, targets_ptr, losses_ptr, row_stride, V, scale, BLOCK: tl.constexpr):
+    def _loss_and_grad_kernel(z_ptr, targets_ptr, losses_ptr, row_stride, scale, V: tl.constexpr, BLOCK: tl.constexpr):
         """One row of z per program: its loss, log-sum-exp minus the target's logit (float32), then its gradient,
         (softmax - onehot) * scale, written over the row in z's dtype."""
         row = z_ptr + tl.program_id(0).to(tl.int64) * row_stride
-        m = tl.zeros([], tl.float32) - float("inf")  # the running max, and the sum of exp(z - m)
-        s = tl.zeros([], tl.float32)
+        m = float("-inf")  # the running max, and the sum of exp(z - m)
+        s = 0.0
         for start in range(0, V, BLOCK):  # pass 1: an online log-sum-exp, one exp per number
             cols = start + tl.arange(0, BLOCK)
             z = tl.load(row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
@@ -101,7 +101,7 @@ def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Ten
     """z (C, V) a chunk's logits, contiguous rows -> each row's loss (C,) float32; z becomes the rows' gradient of
     the mean loss over n rows, (softmax - onehot) / n, in place (lesson 9: Triton's kernel)."""
     losses = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
-    _loss_and_grad_kernel[(z.shape[0],)](z, targets, losses, z.stride(0), z.shape[1], 1.0 / n, BLOCK=2048)
+    _loss_and_grad_kernel[(z.shape[0],)](z, targets, losses, z.stride(0), 1.0 / n, V=z.shape[1], BLOCK=2048)
     return losses
 
 

@@ -560,9 +560,20 @@ def test_fused_head_equals_the_plain_loss_and_gradients(dtype, tie, compiled):
 
 
 _TRITON_HEAD = """
-import sys, torch, fused_head, optim
+import sys, torch, triton, triton.language as tl, fused_head, optim
 from model import TransformerLM
 device, worse = sys.argv[1], float(sys.argv[2])  # worse: how much further from float64 than the plain path, at most
+
+
+@triton.jit
+def copy(x_ptr, y_ptr, B: tl.constexpr):
+    tl.store(y_ptr + tl.arange(0, B), tl.load(x_ptr + tl.arange(0, B)))
+
+
+a, b = torch.arange(8.0, device=device), torch.zeros(8, device=device)
+copy[(1,)](a, b, B=8)
+if not torch.equal(a, b):  # Triton 3.1's interpreter, beside numpy 2, reads garbage
+    sys.exit(print("no copy"))
 fused_head._triton_chunks = lambda z: True  # lesson 9's kernel (on the CPU through Triton's interpreter)
 g = torch.Generator().manual_seed(1)
 x, y = (torch.randint(2500, (3, 16), generator=g).to(device) for _ in range(2))  # 2,500 columns: a block and a part
@@ -600,10 +611,13 @@ def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients():
     # the CPU in a process of its own (TRITON_INTERPRET is read as kernels are defined): the fused head through it
     # equals optim.cross_entropy on model.py's logits, float32 and bf16, tied and not. The interpreter truncates
     # float32 to bfloat16 where a GPU rounds to nearest, so its bf16 gradients may be twice as far from float64's
-    pytest.importorskip("triton", reason="fused_head.py's kernel needs triton (pip install triton), which torch's "
-                                         "CPU wheels lack")
+    triton = pytest.importorskip("triton", reason="fused_head.py's kernel needs triton (pip install triton), which "
+                                                  "torch's CPU wheels lack")
     r = subprocess.run([sys.executable, "-c", _TRITON_HEAD, "cpu", "2.5"], cwd=_BPE_REPO, capture_output=True,
                        text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    if r.stdout.strip() == "no copy":
+        pytest.skip(f"Triton {triton.__version__}'s interpreter copies numbers wrongly beside numpy "
+                    f"{np.__version__}: it cannot check the kernel here")
     assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
 
 
