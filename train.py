@@ -100,8 +100,7 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
         iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
     _check_count("iteration", iteration, least=0)  # -3 was saved, then refused by load_checkpoint; 2.9 saved as 2
-    state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-             "iteration": iteration, **extra}
+    state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration, **extra}
     with files.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
 
@@ -150,8 +149,7 @@ def use_activation_checkpointing(model):
 
 
 def _autocast_dtype(embeddings, ids, x):  # a forward hook: the embedding's float32 output in autocast's dtype
-    device = x.device.type
-    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
+    return x.to(torch.get_autocast_dtype(x.device.type)) if torch.is_autocast_enabled(x.device.type) else x
 
 
 class LMLoss(torch.nn.Module):
