@@ -1048,10 +1048,10 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
 
 def levers_by_default():
     """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's and
-    --bf16-residual's defaults are decided by config.resolve_config: off for a step compiled on a GPU, on in bf16)."""
+    --bf16-residual's are decided by config.resolve_config: off for a step compiled on a GPU; on in bf16 on a GPU)."""
     on, off = ([config.FLAG_ROWS[k][0] for k in ("cuda_graph", "max_autotune") if config.FLAG_DEFAULTS[k] is state]
                for state in (True, False))
-    on.append("--bf16-residual with --fast and --dtype bf16")  # decided by config.resolve_config too
+    on.append("--bf16-residual with --fast and --dtype bf16 on a GPU")  # decided by config.resolve_config too
     return (f"on: {', '.join(on)}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled on a GPU (on "
             f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only "
             "if it wins on the GPU (an H100 or H200)")
@@ -1081,9 +1081,9 @@ def cuda_host_syncs(call, calls=3):
     return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 
-def git_commit():  # COMMIT, where its caller sets it (a rented GPU's copy of the files, whose .git may lag), or git's
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
+def git_commit():  # BENCH_COMMIT, where its caller sets it (a rented GPU's copy of the files, whose .git may lag), or git's
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         return out.stdout.strip() or "unknown"
@@ -1208,7 +1208,7 @@ class GpuReport:
                 + f", first step {first:.0f} s"
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
                    if base else "")
-                + (f", {defaults['kernels'] / kernels:.2f}x their kernels' time" if base and kernels
+                + (f", {defaults['kernels'] / kernels:.2f}x their kernels' speed" if base and kernels
                    and defaults.get("kernels") else ""))
 
     def optimizers(self):
@@ -1420,6 +1420,9 @@ def bench_gpu(argv):
     ap.add_argument("--levers", type=lambda text: text.split(","), help="the levers section's levers beside the "
                     "defaults, by a word of their row (default all); e.g. cuda-graph,cudnn")
     args = ap.parse_args(argv)
+    if args.levers is not None and not any(args.levers):  # '' is in every row's name: it would choose them all
+        raise UsageError("--levers is blank; name the levers by a word of their rows, such as cuda-graph.")
+    args.levers = args.levers and [w for w in args.levers if w]  # a trailing comma adds no lever
     if unknown := [w for w in args.levers or [] if not any(w in lever for lever, flags in LEVERS.items() if flags)]:
         raise UsageError(f"--levers {','.join(args.levers)}: {unknown[0]!r} names none of the levers "
                          f"({', '.join(' '.join(flags) for flags in LEVERS.values() if flags)}).")

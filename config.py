@@ -116,7 +116,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
      "on a GPU, where the compiled logits path measured smaller and no slower: docs/results.md)"),
     ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
-     "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16)"),
+     "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16 on a GPU)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
@@ -326,7 +326,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["sdpa_backend"] != "auto" and not c["fast"],
      "--sdpa-backend picks the fast path's attention kernel, and --no-fast runs model.py's own; drop one of them."),
     (lambda c: c["bf16_residual"] and c["dtype"] != "bf16",
-     "--bf16-residual narrows the residual stream under bf16 autocast; with --dtype {dtype} drop it."),
+     "--bf16-residual narrows the residual stream under bf16 autocast; with --dtype {dtype} drop it, or pass --dtype "
+     "bf16."),
     (lambda c: (c["cuda_graph"] or c["max_autotune"]) and not c["compile"],
      "--cuda-graph and --max-autotune change how torch.compile builds the step; pass --compile too."),
     (lambda c: c["cuda_graph"] and not c["device"].startswith("cuda"),
@@ -480,8 +481,9 @@ def resolve_config(argv=None):
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     if cfg["fused_head"] is None:  # it won on CPUs and lost to the compiled logits path on the H200 (docs/results.md)
         cfg["fused_head"] = not (cfg["compile"] and cfg["device"].startswith("cuda"))
-    if cfg["bf16_residual"] is None:  # on the H200: 9-12% less time in the elementwise kernels, 7-8% less memory
-        cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16"
+    if cfg["bf16_residual"] is None:  # on the H200: 10-12% less time in the elementwise kernels, 7-8% less memory;
+        # on a CPU it was 3% slower (RMSNorm's float32 loop, fast_cpu.py, no longer applies)
+        cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
     check_flags(cfg)  # refused before anything is read or written

@@ -33,11 +33,14 @@ The lessons it embodies:
      was no faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the
      figures, and what is not yet known about why).
   9. On the H200 the loss around the head's matmul took 4.4 ms of a 63 ms GPT-2-small step: inductor's log-sum-exp
-     read the bf16 logits at a third of the memory's speed, and its gradient read them again. On a GPU with Triton
-     a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the second time from
-     the L2 cache, a row being 100 KB) and writes the gradient over the logits, one pass of memory where the
-     compiled path made three. Its speed on a GPU is still to be measured (bench.py gpu's --fused-head rows).
+     read the bf16 logits at a third of the memory's speed, then its gradient read them again and wrote them. On a
+     GPU with Triton a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the
+     log-sum-exp, then the gradient) and writes the gradient over the logits. The same bytes as inductor's two
+     kernels, all at the memory's speed, if the arithmetic holds: still to be measured (bench.py gpu's --fused-head
+     rows and its head section).
 """
+import contextlib
+
 import torch
 
 try:
@@ -88,7 +91,9 @@ if triton is not None:
             m = m_new
         lse = m + tl.log(s)
         target = tl.load(targets_ptr + tl.program_id(0))
-        tl.store(losses_ptr + tl.program_id(0), lse - tl.load(row + target).to(tl.float32))
+        inside = (target >= 0) & (target < V)  # an id past the vocabulary: a NaN loss, not another row's number
+        target_logit = tl.load(row + target, mask=inside, other=float("nan")).to(tl.float32)
+        tl.store(losses_ptr + tl.program_id(0), lse - target_logit)
         for start in range(0, V, BLOCK):  # pass 2: the gradient, over the logits
             cols = start + tl.arange(0, BLOCK)
             z = tl.load(row + cols, mask=cols < V, other=0.0).to(tl.float32)
@@ -101,7 +106,9 @@ def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Ten
     """z (C, V) a chunk's logits, contiguous rows -> each row's loss (C,) float32; z becomes the rows' gradient of
     the mean loss over n rows, (softmax - onehot) / n, in place (lesson 9: Triton's kernel)."""
     losses = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
-    _loss_and_grad_kernel[(z.shape[0],)](z, targets, losses, z.stride(0), 1.0 / n, V=z.shape[1], BLOCK=2048)
+    with torch.cuda.device(z.device) if z.is_cuda else contextlib.nullcontext():  # Triton launches on the current GPU
+        _loss_and_grad_kernel[(z.shape[0],)](z, targets.contiguous(), losses, z.stride(0), 1.0 / n, V=z.shape[1],
+                                             BLOCK=2048)
     return losses
 
 
@@ -110,8 +117,8 @@ def _(z, targets, n):
     return z.new_empty(z.shape[0], dtype=torch.float32)
 
 
-def _triton_chunks(z):  # lesson 9's kernel: on a GPU where Triton is installed
-    return triton is not None and z.is_cuda
+def _triton_chunks(z):  # lesson 9's kernel: on a GPU where Triton is installed, in 16 or 32 bits (float64 stays exact)
+    return triton is not None and z.is_cuda and z.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _compute_dtype(h):
@@ -126,7 +133,7 @@ def _chunk(hc, wc, targets, n, want_grad):
     Triton, one kernel (lesson 9); otherwise, eager, one (C, V) float32 buffer: the logits become exp(z - max), then
     the softmax, then its gradient, in place."""
     if want_grad and _triton_chunks(hc):  # one kernel, over the compute dtype's logits (lesson 9)
-        z = hc @ wc.t()
+        z = hc @ wc.t()  # (C, V), contiguous rows
         return _loss_and_grad_(z, targets, n).sum(), z
     z = (hc @ wc.t()).to(torch.promote_types(hc.dtype, torch.float32))  # (C, V): this chunk's logits, float32
     target_logit = z.gather(-1, targets[:, None])  # (C, 1)

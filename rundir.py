@@ -417,12 +417,17 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
 
 
 def note_extension(state, cfg):
-    """--resume with a larger --max-iters, or another --eval-iters: what that changes, said once the run's data is
-    checked too (a run refused for other data is not told it would be extended)."""
+    """--resume with a larger --max-iters, another --eval-iters or residual stream: what that changes, said once the
+    run's data is checked too (a run refused for other data is not told it would be extended)."""
     old = state["config"]
     if type(old.get("eval_iters")) is int and old["eval_iters"] != cfg["eval_iters"]:  # allowed: not the trajectory
         log(f"note: --eval-iters changes from {old['eval_iters']} to {cfg['eval_iters']}: validation losses from step "
             f"{state['iteration']:,} on average over another number of batches than those before")
+    before = old.get("bf16_residual", False)  # a run saved before --bf16-residual existed: a float32 stream
+    if before is not cfg["bf16_residual"] and cfg["dtype"] == "bf16":  # allowed, as a lever: the same step, rounded
+        log(f"note: the residual stream changes from {'bf16' if before else 'float32'} to "
+            f"{'float32' if before else 'bf16'} at step {state['iteration']:,}; pass "
+            f"--{'' if before else 'no-'}bf16-residual to keep the run's")
     if extends(old, cfg):
         log(f"note: --resume extends the run from {old['max_iters']:,} to {cfg['max_iters']:,} steps: from step "
             f"{state['iteration']:,} on, its cosine schedule is recomputed for the new end (its warm-up stays "

@@ -602,6 +602,12 @@ for dtype in (torch.float32, torch.bfloat16):
                                        atol=(1e-5 if dtype == torch.float32 else 2e-2) * scale)
             err = [float((d[name] - exact[name].float()).abs().max()) for d in (got_grads, want_grads)]
             assert err[0] <= (1.25 if dtype == torch.float32 else worse) * err[1] + 1e-6 * scale, (dtype, name, err)
+h, w = torch.randn(6, 32, requires_grad=True), torch.randn(2500, 32, requires_grad=True)
+pairs = torch.randint(2500, (6, 2), generator=g)  # a strided column of targets: the kernel read them as contiguous
+strided, whole = (fused_head.linear_cross_entropy(h, w, t, chunks=2) for t in (pairs[:, 0], pairs[:, 0].clone()))
+torch.testing.assert_close(strided, whole, rtol=0, atol=0)
+past = fused_head.linear_cross_entropy(h, w, torch.tensor([0, 1, 2, 3, 4, 2500]), chunks=2)
+assert past.isnan(), past  # an id past the vocabulary: NaN, not the next row's logit
 print("same")
 """
 
@@ -793,23 +799,29 @@ def test_fused_head_levers_compute_the_same_step(lever):
         torch.testing.assert_close(got[name], w, rtol=0, atol=1e-4 * float(w.abs().max()), msg=name)
 
 
-def test_bf16_residual_carries_bf16_between_blocks_and_computes_the_float32_step_within_rounding():
-    # --bf16-residual (the default with --fast and --dtype bf16) casts the embedding's output to autocast's dtype, so
-    # every block adds bf16 to bf16; without autocast (sampling a checkpoint) the stream stays float32
+def test_bf16_residual_carries_bf16_between_blocks_and_computes_the_float32_step_within_rounding(monkeypatch):
+    # --bf16-residual (the default with --fast and --dtype bf16 on a GPU) casts the embedding's output to autocast's
+    # dtype, so every block adds bf16 to bf16; without autocast the stream stays float32
     base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark"]
-    cfg = train.resolve_config(base + ["--dtype", "bf16"])
-    assert cfg["bf16_residual"] and not train.resolve_config(base)["bf16_residual"]
-    assert not train.resolve_config(base + ["--dtype", "bf16", "--no-fast"])["bf16_residual"]
+    cfg = train.resolve_config(base + ["--dtype", "bf16", "--bf16-residual"])
+    assert cfg["bf16_residual"] and not train.resolve_config(base + ["--dtype", "bf16"])["bf16_residual"]  # a CPU's
     with pytest.raises(cli.UsageError, match=r"^--bf16-residual narrows the residual stream under bf16 autocast; "
-                                             r"with --dtype float32 drop it\.$"):
+                                             r"with --dtype float32 drop it, or pass --dtype bf16\.$"):
         train.resolve_config(base + ["--bf16-residual"])
+    with monkeypatch.context() as m:  # no GPU needed to decide the default
+        m.setattr(config, "run_device", lambda device: "cuda")
+        m.setattr(config, "check_flags", lambda cfg: None)
+        gpu = base[:-3] + ["--benchmark"]
+        assert train.resolve_config(gpu)["bf16_residual"] is True  # bf16 on a GPU by default
+        assert train.resolve_config(gpu + ["--no-fast"])["bf16_residual"] is False  # the reference path
+        assert train.resolve_config(gpu + ["--dtype", "float32"])["bf16_residual"] is False
     raw, dtypes = train.build(cfg)[0], []
     raw.layers[1].register_forward_pre_hook(lambda block, args: dtypes.append(args[0].dtype))
     ids = torch.randint(cfg["vocab_size"], (2, 8))
     with train.autocast(cfg):
         raw(ids)
     assert raw(ids).dtype == torch.float32 and dtypes == [torch.bfloat16, torch.float32]
-    want_losses, want = _fused_head_first_steps(train.resolve_config(base + ["--dtype", "bf16", "--no-bf16-residual"]))
+    want_losses, want = _fused_head_first_steps(train.resolve_config(base + ["--dtype", "bf16"]))
     got_losses, got = _fused_head_first_steps(cfg)
     assert got_losses == pytest.approx(want_losses, rel=1e-2)
     for name, w in want.items():
@@ -7872,6 +7884,27 @@ def sample_run(tmp_path_factory):
     return flags, tmp / "out" / "story"
 
 
+def test_train_load_run_samples_with_the_runs_own_residual_stream(sample_run, tmp_path, capsys):
+    # a run trained with --bf16-residual wrote its samples with the bf16 stream, but load_run (and so --sample) made a
+    # model without it: --sample printed other text than samples.txt. The model a run loads narrows as it was trained
+    flags = ["--data", str(_train_story(tmp_path / "story.txt")), "--data-dir", str(tmp_path / "data"), "--out-dir",
+             str(tmp_path / "out"), "--device", "cpu", "--dtype", "bf16", "--bf16-residual"]
+    assert train.main([*flags, *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--workers", "1", *_SAMPLING,
+                       "--prompt", "the cat"]) == 0
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    for run, want in ((tmp_path / "out" / "story", torch.bfloat16), (sample_run[1], torch.float32)):
+        with torch.autocast("cpu", torch.bfloat16):
+            assert train.load_run(run)[0].token_embeddings(ids).dtype == want, run
+    capsys.readouterr()
+    assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "the cat"]) == 0
+    assert capsys.readouterr().out == (tmp_path / "out" / "story" / "samples.txt").read_text()
+    # --resume without the switch (a CPU's default: off) changes the stream: allowed, as a lever, and said
+    assert train.main([*flags[:-1], *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "3", "--workers", "1",
+                       "--num-samples", "0", "--resume"]) == 0
+    assert ("note: the residual stream changes from bf16 to float32 at step 2; pass --bf16-residual to keep the "
+            "run's") in capsys.readouterr().out
+
+
 def _sample_files(run):  # every file of a run, with its bytes and modification time
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
 
@@ -9866,7 +9899,7 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
 _LEVER_ROW = (r"[\d.]+ ms/step, [\d,]+ tokens/s, kernels [\d.]+ ms/step, step's peak [\d,]+ MiB, "
               r"first step \d+ s")  # bench.py gpu, on a CPU
 _LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + (r"; [\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\), "
-                                       r"[\d.]+x their kernels' time")
+                                       r"[\d.]+x their kernels' speed")
 
 
 def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
@@ -9910,7 +9943,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
-    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16; off: --cuda-graph, "
+    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16 on a GPU; off: --cuda-graph, "
                                        "--max-autotune, and --fused-head for a step compiled on a GPU (on otherwise); "
                                        "--sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
@@ -10106,6 +10139,8 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,"
                                    "profile,autotune,loop,"),
     (["--levers", "cuda-graph,graphs"], "--levers cuda-graph,graphs: 'graphs' names none of the levers (--fused-head,"),
+    (["--levers", ""], "--levers is blank; name the levers by a word of their rows"),  # '' chose every lever
+    (["--levers", ","], "--levers is blank; name the levers by a word of their rows"),
 ])
 def test_bench_gpu_report_refuses_an_endless_budget_and_blank_tests(flags, needle, capsys):
     assert _cli("bench", ["gpu", "--cpu", *flags]) == 2

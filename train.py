@@ -123,6 +123,7 @@ def load_run(path, device="cpu"):
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_checkpoint(None, model, state=state)
+    narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
     return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
 
 
@@ -150,6 +151,11 @@ def use_activation_checkpointing(model):
 
 def _autocast_dtype(embeddings, ids, x):  # a forward hook: the embedding's float32 output in autocast's dtype
     return x.to(torch.get_autocast_dtype(x.device.type)) if torch.is_autocast_enabled(x.device.type) else x
+
+
+def narrow_residual(lm, cfg):  # --bf16-residual, for training and for sampling a run alike: each block then adds
+    if cfg.get("bf16_residual"):  # bf16 to bf16 under autocast (the weights and their gradients stay float32)
+        lm.token_embeddings.register_forward_hook(_autocast_dtype)
 
 
 class LMLoss(torch.nn.Module):
@@ -205,8 +211,7 @@ def build(cfg):
     optimizer = make_optimizer(cfg, raw)
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
-    if cfg["bf16_residual"]:  # each block then adds bf16 to bf16; the weights and their gradients stay float32
-        raw.token_embeddings.register_forward_hook(_autocast_dtype)
+    narrow_residual(raw, cfg)
     model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
     if cfg["world_size"] > 1:
         dev = torch.device(cfg["device"])
