@@ -1000,7 +1000,7 @@ TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPAS
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
     "the defaults": [],
-    "--fused-head (fused_head.py instead of the logits path, the default for a step compiled on a GPU)":
+    "--fused-head (fused_head.py, where the logits path is the default for a step compiled on a GPU)":
         ["--fused-head"],
     "--no-bf16-residual (the residual stream in float32, as without --fast)": ["--no-bf16-residual"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
