@@ -1053,8 +1053,8 @@ def levers_by_default():
                for state in (True, False))
     on.append("--bf16-residual with --fast and --dtype bf16 on a GPU")  # decided by config.resolve_config too
     return (f"on: {', '.join(on)}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled on a GPU (on "
-            f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only "
-            "if it wins on the GPU (an H100 or H200)")
+            f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on "
+            "only if it wins on the GPU (an H100 or H200)")
 
 
 def cuda_host_syncs(call, calls=3):
@@ -1081,7 +1081,7 @@ def cuda_host_syncs(call, calls=3):
     return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 
-def git_commit():  # BENCH_COMMIT, where its caller sets it (a rented GPU's copy of the files, whose .git may lag), or git's
+def git_commit():  # BENCH_COMMIT where its caller sets it (a rented GPU's copy, whose .git may lag), else git's
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
@@ -1417,12 +1417,11 @@ def bench_gpu(argv):
     ap.add_argument("--sections", type=lambda text: text.split(","), default=list(SECTIONS),
                     help=f"the sections run, in the order given (default all: {','.join(SECTIONS)}); e.g. "
                     "head,levers for the fast path's levers alone")
-    ap.add_argument("--levers", type=lambda text: text.split(","), help="the levers section's levers beside the "
-                    "defaults, by a word of their row (default all); e.g. cuda-graph,cudnn")
+    ap.add_argument("--levers", type=lambda text: [w for w in text.split(",") if w], help="the levers section's "
+                    "levers beside the defaults, by a word of their row (default all); e.g. cuda-graph,cudnn")
     args = ap.parse_args(argv)
-    if args.levers is not None and not any(args.levers):  # '' is in every row's name: it would choose them all
+    if args.levers == []:  # '' is in every row's name: it would choose them all
         raise UsageError("--levers is blank; name the levers by a word of their rows, such as cuda-graph.")
-    args.levers = args.levers and [w for w in args.levers if w]  # a trailing comma adds no lever
     if unknown := [w for w in args.levers or [] if not any(w in lever for lever, flags in LEVERS.items() if flags)]:
         raise UsageError(f"--levers {','.join(args.levers)}: {unknown[0]!r} names none of the levers "
                          f"({', '.join(' '.join(flags) for flags in LEVERS.values() if flags)}).")

@@ -121,7 +121,7 @@ def _triton_chunks(z):  # lesson 9's kernel: on a GPU where Triton is installed,
     return triton is not None and z.is_cuda and z.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _compute_dtype(h):
+def compute_dtype(h):
     """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
     device = h.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
@@ -153,7 +153,7 @@ def _chunk(hc, wc, targets, n, want_grad):
 def _head_and_loss(h, weight, targets, chunks, want_h, want_w):
     """h (N, d), weight (V, d), targets (N,) -> (mean loss, dloss/dh (N, d) or None, dloss/dweight (V, d) or
     None), C rows at a time. The gradients are d(mean loss): backward scales them by the loss's gradient."""
-    n, dtype = h.shape[0], _compute_dtype(h)
+    n, dtype = h.shape[0], compute_dtype(h)
     rows = max(1, -(-n // chunks))  # rows per chunk: n in `chunks` nearly equal parts, at least one row each
     hc, wc = h.to(dtype), weight.to(dtype)  # one cast each (no copy without autocast)
     dh = torch.empty_like(h) if want_h else None

@@ -326,10 +326,11 @@ class Muon(AdamW):
     def add_param_group(self, group):
         params = _param_list(group["params"])
         flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
-        if group.get("muon", self.defaults["muon"]) is None:  # model.parameters(), as torch.optim takes them
+        muon = group.get("muon", self.defaults["muon"])
+        if muon is None:  # model.parameters(), as torch.optim takes them
             raise ValueError("Muon needs to know which matrices are hidden: pass model.named_parameters(), or groups "
                              "with muon=True (2-D hidden matrices) and muon=False (the rest, stepped by AdamW).")
-        if group.get("muon", self.defaults["muon"]) is True and flat:
+        if muon is True and flat:
             raise ValueError(f"Muon orthogonalizes 2-D matrices, and its muon=True group holds shapes {flat[:3]}.")
         super().add_param_group({**group, "params": params})
 

@@ -82,8 +82,9 @@ def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
         text = f.read(limit)
     other, other_docs, other_tok = other_domain(cfg, limit)
     bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
-    figures = dict(made_for=made_for, documents=len(docs), bytes=sum(len(d.encode()) for d in docs), vocab=len(tok.vocab),
-                   tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype), other=other,
+    figures = dict(made_for=made_for, documents=len(docs), bytes=sum(len(d.encode()) for d in docs),
+                   vocab=len(tok.vocab), tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype),
+                   other=other,
                    other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
                    ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
                    other_on_other=bytes_per_token(other_tok, other_docs),

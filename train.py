@@ -150,7 +150,7 @@ def use_activation_checkpointing(model):
 
 
 def _autocast_dtype(embeddings, ids, x):  # a forward hook: the embedding's float32 output in autocast's dtype
-    return x.to(torch.get_autocast_dtype(x.device.type)) if torch.is_autocast_enabled(x.device.type) else x
+    return x.to(fused_head.compute_dtype(x))
 
 
 def narrow_residual(lm, cfg):  # --bf16-residual, for training and for sampling a run alike: each block then adds
