@@ -24,6 +24,7 @@ import inspect
 import json
 import os
 import pickle
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1081,6 +1082,63 @@ def cuda_host_syncs(call, calls=3):
     return f"{sum(places.values())}" + (f" ({', '.join(f'{p} x{n}' for p, n in places.items())})" if places else "")
 
 
+# Why a step ran slower later in a run on the H200 (2026-11-30: 63.0 ms alone, 66.4 ms taking turns) is not known;
+# a GPU that lowers its clock (power, heat) is one candidate. nvidia-smi, sampled through the report, tells.
+GPU_WATCH = ("clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active",  # the name since driver 535
+             "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")  # the name before
+SLOWDOWNS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal (software)", 0x40: "thermal (hardware)",
+             0x80: "power brake"}  # NVML's clock-event bits that lower the clock under load (not idle's 0x1)
+
+
+class GpuWatch:
+    """nvidia-smi's SM clock, power, temperature and slowdowns every 200 ms in a thread -> window(t0, t1), a few
+    words on the GPU while a row was timed (perf_counter's seconds). Without nvidia-smi (a CPU, a container without
+    it), or if it refuses, each window is empty."""
+
+    def __init__(self, device):
+        self.samples, self.proc = [], None
+        exe = shutil.which("nvidia-smi") if device.startswith("cuda") else None
+        if not exe:
+            return
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")  # nvidia-smi counts every GPU; -i takes a UUID
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        gpu = visible[index].strip() if index < len(visible) and visible[index].strip() else str(index)
+        try:  # the first field list this nvidia-smi knows, then sampled until stop()
+            fields = next((f for f in GPU_WATCH if subprocess.run([exe, f"--query-gpu={f}", "--format=csv", "-i", gpu],
+                                                                  capture_output=True, timeout=30).returncode == 0), None)
+            if fields:
+                self.proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms",
+                                              "200", "-i", gpu], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             text=True)
+                threading.Thread(target=self._read, daemon=True).start()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                sm, watts, celsius, events = (x.strip() for x in line.split(","))
+                self.samples.append((time.perf_counter(), float(sm), float(watts), float(celsius), int(events, 16)))
+            except ValueError:  # "[N/A]", a message
+                continue
+
+    def window(self, t0, t1):
+        """e.g. ", GPU 1,980 MHz (1,755-1,980), 610 W, 58 C, slowed by: power cap" or "" without samples."""
+        seen = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not seen:
+            return ""
+        sm, watts, celsius, events = zip(*(s[1:] for s in seen))
+        slowed = [why for bit, why in SLOWDOWNS.items() if any(e & bit for e in events)]
+        return (f", GPU {statistics.median(sm):,.0f} MHz ({min(sm):,.0f}-{max(sm):,.0f}), "
+                f"{statistics.median(watts):.0f} W, {max(celsius):.0f} C" + (f", slowed by: {', '.join(slowed)}"
+                                                                             if slowed else ""))
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def git_commit():  # BENCH_COMMIT where its caller sets it (a rented GPU's copy, whose .git may lag), else git's
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
@@ -1110,9 +1168,13 @@ class GpuReport:
                        if not flags or any(word in lever for word in getattr(args, "levers", None) or [lever])}
         self.device = "cpu" if args.cpu else "cuda"
         self.t0, self.rows, self.failed, self.benchmark_tps = time.perf_counter(), {}, [], None
+        self.watch = None  # run()'s GpuWatch
 
     def left(self):  # seconds of the budget left
         return self.budget - (time.perf_counter() - self.t0)
+
+    def gpu_during(self, t0):  # the GPU's clock, power and heat from t0 until now ("" without nvidia-smi)
+        return self.watch.window(t0, time.perf_counter()) if self.watch else ""
 
     def shape_flags(self, name):
         """train.py's flags for one of GPU_SHAPES, without --data."""
@@ -1187,7 +1249,9 @@ class GpuReport:
             if baseline:
                 defaults.update(step=step, first=first)
             take_turns(calls, config.UNTIMED_STEPS - 1, sync)
+            timed = time.perf_counter()
             times = take_turns(calls, self.steps, sync)[0]
+            gpu = self.gpu_during(timed)
             # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
             held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
@@ -1209,7 +1273,7 @@ class GpuReport:
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
                    if base else "")
                 + (f", {defaults['kernels'] / kernels:.2f}x their kernels' speed" if base and kernels
-                   and defaults.get("kernels") else ""))
+                   and defaults.get("kernels") else "") + gpu)
 
     def optimizers(self):
         """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU
@@ -1224,11 +1288,14 @@ class GpuReport:
             with torch_settings(cfgs["adamw"]):
                 steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
                 take_turns(steps, config.UNTIMED_STEPS, sync)
+                timed = time.perf_counter()
                 times = take_turns(steps, self.steps, sync)[0]
+                gpu = self.gpu_during(timed)
                 syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
             adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
             line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
             line += f"; host syncs in 3 steps: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
+            line += gpu
             print(f"{name}: {line}", flush=True)
             rows[f"step, {name} shape: Muon vs AdamW"] = line
         return rows
@@ -1240,7 +1307,9 @@ class GpuReport:
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)
+            timed = time.perf_counter()
             dt = statistics.median(take_turns({"step": step}, self.steps, sync)[0]["step"])
+            gpu = self.gpu_during(timed)
             times = kernel_times(step, self.device)
         kinds = Counter()
         for kernel, t in times.items():
@@ -1256,7 +1325,7 @@ class GpuReport:
         weights = sum(per_seq.values()) - per_seq["attn QK^T"] - per_seq["attn AV"]
         flops = accounting.training_step_flops(weights) * cfg["batch_size"]
         rate = f"{flops / kinds['matmul'] / 1e12:.3g} TFLOP/s" if kinds["matmul"] else "no matmul kernel seen"
-        rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent,
+        rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent + gpu,
                 f"profile, {name} shape: the weights' matmuls inside the step": f"{flops / 1e12:.3g} TFLOP in "
                 f"{1000 * kinds['matmul']:.1f} ms, {rate}",
                 f"profile, {name} shape: the five longest kernels, per step": longest}
@@ -1364,6 +1433,13 @@ class GpuReport:
                     ("accounting", "accounting.py --verify"): self.verify_accounting,
                     ("tests", "tests touching CUDA"): self.cuda_tests}
         self.rows["levers on by default (train.py's flags)"] = levers_by_default()
+        self.watch = GpuWatch(self.device)
+        try:
+            return self.run_sections(sections)
+        finally:
+            self.watch.stop()
+
+    def run_sections(self, sections):  # {(key, title): section} -> exit code, after the table
         chosen = [((key, title), s) for (key, title), s in sections.items() if key in self.sections]  # --sections
         for (key, title), section in sorted(chosen, key=lambda c: list(self.sections).index(c[0][0])):  # its order
             print(f"\n## {title}", flush=True)
@@ -1386,7 +1462,7 @@ class GpuReport:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            print(f"({title}: {time.perf_counter() - start:.0f} s)", flush=True)
+            print(f"({title}: {time.perf_counter() - start:.0f} s{self.gpu_during(start)})", flush=True)
         return self.table()
 
     def table(self):

@@ -10066,6 +10066,33 @@ def test_bench_gpu_levers_compare_with_the_defaults_alone_and_start_only_if_thei
                                                   for name in bench.GPU_SHAPES}
 
 
+def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypatch):
+    # the H200 ran a step 2-6% slower later in a report (2026-11-30), cause unknown: each row now says the GPU's clock,
+    # power, heat and slowdowns while it was timed, from nvidia-smi (a fake one here), and nothing without it
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *event*) exit 2;; *lms*) ;; *) exit 0;; esac\n"  # an older driver
+                    "echo \"$@\" > \"$0.args\"\necho '[N/A], 1, 2, 0x0'\n"
+                    "for i in 1 2; do echo '1980, 612.5, 57, 0x0000000000000001'; echo '1755, 700.1, 61, 0x4'; done\n"
+                    "sleep 60\n")  # four samples, then none until stop() kills it
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")
+    t0 = time.perf_counter()
+    watch = bench.GpuWatch("cuda")
+    try:
+        for _ in range(200):
+            if len(watch.samples) == 4:
+                break
+            time.sleep(0.05)
+        line = watch.window(t0, time.perf_counter())
+    finally:
+        watch.stop()
+    assert line == ", GPU 1,868 MHz (1,755-1,980), 656 W, 61 C, slowed by: power cap", line
+    args = (tmp_path / "nvidia-smi.args").read_text().split()
+    assert args[-2:] == ["-i", "GPU-1234"] and f"--query-gpu={bench.GPU_WATCH[1]}" in args  # the GPU torch uses
+    assert watch.window(0, t0 - 1) == "" and bench.GpuWatch("cpu").window(0, 1e9) == ""
+
+
 def test_bench_head_step_peaks_say_which_holds_less(capsys):
     # bench.py head's last lines: one step's peak with the fused head and without, and the sentence comparing them
     peaks = bench.step_peak_table(["--data=tinystories", *_TRAIN_TINY, "--vocab-size=4096", "--device=cpu"],
