@@ -55,7 +55,7 @@ import train
 from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
 from config import MIN_TEXT_VOCAB
 from files import atomic_file, unreadable
-from machine import torch_settings, usable_cores
+from machine import synchronizer, torch_settings, usable_cores
 from model import TransformerLM, generate
 
 ROOT = Path(__file__).resolve().parent
@@ -731,7 +731,7 @@ def compact_step(cfg, micro, loss_inside=True):
 def step_table(cfg):
     """This project's --benchmark step, HF Llama's (when installed) and the compact model's on the same
     batches, taking turns after UNTIMED_STEPS untimed rounds: one line each -> {name: (tokens/s, that line)}."""
-    sync = train.synchronizer(cfg["device"])
+    sync = synchronizer(cfg["device"])
     with torch_settings(cfg):
         ours, micro = train.random_step(cfg)
         steps, failed = {"this project": ours}, {}
@@ -836,7 +836,7 @@ def head_calls(device, rows, shape, dtype, compile, chunk_counts):
 
 def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_CHUNKS):
     """The head and loss alone, each variant in turn after an untimed call (it compiles) -> {variant: its line}."""
-    sync = train.synchronizer(device)
+    sync = synchronizer(device)
     calls = head_calls(device, rows, shape, dtype, compile, chunk_counts)
     take_turns(calls, 1, sync)
     times, losses = take_turns(calls, repeats, sync)
@@ -930,7 +930,7 @@ def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINY
     torch.manual_seed(0)
     m = TransformerLM(**shape, device=device)  # model.py's from-scratch path
     compile = device.startswith("cuda") if compile is None else compile
-    sync = train.synchronizer(device)
+    sync = synchronizer(device)
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, device {device}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} taking turns")
     speed, hf = {}, peer("transformers")
@@ -957,7 +957,7 @@ def bench_stop_checks(args, device, shape, compile):
     (each look is a host sync), taking turns -> {k: tokens/s}. Chooses the constant by measurement."""
     torch.manual_seed(0)
     m, chosen = TransformerLM(**shape, device=device), model.STOP_CHECK_EVERY
-    sync = train.synchronizer(device)
+    sync = synchronizer(device)
     seen = set(generate(m, [1], args.new_tokens, temperature=0, fast=True, compile=compile))
     stop = next(i for i in range(shape["vocab_size"]) if i not in seen)  # greedy output never holds it
 
@@ -1038,7 +1038,7 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
     with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
         for _ in range(steps):
             step()
-        train.synchronizer(device)()
+        synchronizer(device)()
     kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
     times = Counter()
     for e in prof.key_averages():  # a record_function range (Optimizer.step#AdamW.step) is a device event too,
@@ -1214,7 +1214,7 @@ class GpuReport:
         step's peak memory beyond the weights and optimizer state (--fused-head's row against the defaults': what
         the fused head saves, or costs) and the first step's seconds (the compile). A lever starts only while the
         budget lasts, and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
-        sync, rows, defaults = train.synchronizer(self.device), {}, {}
+        sync, rows, defaults = synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")
         for lever, extra in (self.chosen if levers is None else levers).items():
@@ -1278,7 +1278,7 @@ class GpuReport:
     def optimizers(self):
         """train.py's --benchmark step with --optimizer muon against adamw at both shapes, taking turns; on a GPU
         with the synchronizing CUDA calls of one step of each (none is the aim: the host never waits)."""
-        rows, sync = {}, train.synchronizer(self.device)
+        rows, sync = {}, synchronizer(self.device)
         for name in GPU_SHAPES:
             if self.left() <= 0:  # the budget bounds each shape here, not only the section's start
                 rows[f"step, {name} shape: Muon vs AdamW"] = "skipped: the budget is spent"
@@ -1303,7 +1303,7 @@ class GpuReport:
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
         the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels."""
-        cfg, sync = self.benchmark_cfg(name), train.synchronizer(self.device)
+        cfg, sync = self.benchmark_cfg(name), synchronizer(self.device)
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)

@@ -313,6 +313,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--sample and --export read a run in one process; run them with python train.py, not torchrun."),
     (lambda c: c["prompt"] == "-" and not c["sample"],
      "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
+    (lambda c: c["prompt"] == "-" and sys.stdin is None,  # fd 0 closed (`<&-`, a job runner): Python's None
+     "--prompt - reads prompts from stdin, which is closed; give it a file or a pipe (< prompts.txt), or pass the "
+     "prompt's text."),
     (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
      "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
     (lambda c: device_error(c["device"]), lambda c: f"--device {c['device']}: {device_error(c['device'])}"),

@@ -189,6 +189,10 @@ def run_device(device):
     return device
 
 
+def synchronizer(device):  # drains a GPU's queue at a timing's edges; a CPU has none to wait for
+    return _torch().cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+
+
 def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3" of 2 GPUs
     torch = _torch()
     try:

@@ -149,21 +149,15 @@ def use_activation_checkpointing(model):
         block.forward = fwd
 
 
-def _autocast_dtype(embeddings, ids, x):  # a forward hook: the embedding's float32 output in autocast's dtype
-    return x.to(fused_head.compute_dtype(x))
-
-
-def narrow_residual(lm, cfg):  # --bf16-residual, for training and for sampling a run alike: each block then adds
-    if cfg.get("bf16_residual"):  # bf16 to bf16 under autocast (the weights and their gradients stay float32)
-        lm.token_embeddings.register_forward_hook(_autocast_dtype)
+def narrow_residual(lm, cfg):  # --bf16-residual, for training and for sampling a run alike: the embedding's output
+    if cfg.get("bf16_residual"):  # in autocast's dtype, so each block adds bf16 to bf16 (weights, gradients: float32)
+        lm.token_embeddings.register_forward_hook(lambda embedding, ids, x: x.to(fused_head.compute_dtype(x)))
 
 
 class LMLoss(torch.nn.Module):
-    """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the
-    loss as one graph, and DDP wraps both. Checkpoints and samples take the LM inside (.lm, _unwrap).
-    The fast path's loss applies the head itself (fused_head.py, tested equal; --no-fused-head, the default for a step
-    compiled on a GPU: the logits, then the loss). --sdpa-backend pins its attention kernel (auto: torch's choice),
-    for forward and backward."""
+    """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the loss as
+    one graph, and DDP wraps both; checkpoints and samples take the LM inside (.lm, _unwrap). --sdpa-backend pins the
+    attention kernel of forward and backward (auto: torch's choice)."""
 
     def __init__(self, lm, cfg):
         super().__init__()
@@ -173,7 +167,8 @@ class LMLoss(torch.nn.Module):
 
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
-            if self.fused_head:  # the head's matmul and the loss over chunks of rows: no (N, V) logits are held
+            if self.fused_head:  # fused_head.py (tested equal): the head's matmul and the loss over chunks of rows,
+                # no (N, V) logits held (--fused-head: off by default for a step compiled on a GPU, on otherwise)
                 return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
             if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
                 # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
@@ -276,14 +271,10 @@ def random_step(cfg):  # -> one optimizer step of this configuration on fixed ra
     return step, micro
 
 
-def synchronizer(device):  # drains a GPU's queue at a timing's edges; a CPU has none to wait for
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-
 def benchmark(cfg):
     """The median time of --benchmark-steps steps after UNTIMED_STEPS untimed ones (the GPU queue is
     drained around each, so a time is the step's own work), as tokens/s and MFU. Writes nothing."""
-    sync = synchronizer(cfg["device"])
+    sync = machine.synchronizer(cfg["device"])
     with machine.torch_settings(cfg):
         step, times = random_step(cfg)[0], []
         for _ in range(UNTIMED_STEPS + cfg["benchmark_steps"]):
@@ -405,23 +396,21 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
 
 def print_samples(cfg):
     """--sample: the last checkpoint continues --prompt (-: each stdin line as it comes; '': a document) to EOT."""
-    if cfg["prompt"] == "-" and sys.stdin is None:  # started with fd 0 closed (`<&-`, a job runner): Python's None
-        raise cli.UsageError("--prompt - reads prompts from stdin, which is closed; give it a file or a pipe "
-                             "(< prompts.txt), or pass the prompt's text.")
+    path = rundir.run_dir(cfg)
     try:
-        model, tok, saved = load_run(rundir.run_dir(cfg), cfg["device"])
+        model, tok, saved = load_run(path, cfg["device"])
     except FileNotFoundError as e:
         raise cli.UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
     except (ValueError, OSError) as e:
         raise cli.UsageError(f"--sample: {str(e).rstrip('.')}; restore it from a copy, or train the run again.") from None
     if tok is None:
-        raise cli.UsageError(f"--sample: {rundir.run_dir(cfg)} holds no tokenizer to encode prompts and decode samples (its ids "
-                         "came without one); put the vocab.json and merges.txt that made them there.")
+        raise cli.UsageError(f"--sample: {path} holds no tokenizer to encode prompts and decode samples (its ids came "
+                             "without one); put the vocab.json and merges.txt that made them there.")
     n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(EOT)[0]
     if stop >= V or config.undecodable_ids(tok, V):  # ids trained with --num-samples 0 may sit beside any tokenizer
-        raise cli.UsageError(f"--sample: the tokenizer in {rundir.run_dir(cfg)} ({n} tokens, {EOT} at id {stop}) does not fit its "
-                         f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
-                         "vocab.json and merges.txt that made its ids there.")
+        raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
+                             f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
+                             "vocab.json and merges.txt that made its ids there.")
     log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}", file=sys.stderr)
     try:
         for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
@@ -429,8 +418,8 @@ def print_samples(cfg):
             try:
                 write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
             except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
-                raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); pass "
-                                 "other text.") from None
+                raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
+                                     "pass other text.") from None
             sys.stdout.flush()  # each prompt's samples as they come, through a pipe too
     except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
         raise cli.UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
