@@ -18,6 +18,7 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
+import contextlib
 import functools
 import gc
 import inspect
@@ -854,6 +855,98 @@ def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_C
     return lines
 
 
+# ----------------------------------------------------------------------------
+# 3c. SwiGLU's gate alone: is inductor's backward at the memory's speed? (bench.py gpu --sections gate)
+#
+# On the H200 (2026-11-30) the gate silu(a) * b took 1.11 ms of a GPT-2-small step forward, reading a and b and
+# writing the product (4.8 GB: 4.3 TB/s), and 3.53 ms backward, reading a, b and the product's gradient and writing
+# the gradients of a and b (8.1 GB: 2.3 TB/s), half the forward's speed for the same kind of work. Before a kernel
+# of ours enters model.py's fast path, this measures the gate alone: inductor's kernels (compiled as the step's
+# graph has them: a and b as halves of W1 and W3's one matmul, their gradients written into one buffer) against one
+# Triton kernel each way, which computes the sigmoid once, and a copy of as many bytes (the memory's speed).
+
+if fused_head.triton is not None:
+    tl = fused_head.tl
+
+    @fused_head.triton.jit
+    def _gate_forward(ab_ptr, h_ptr, F, BLOCK: tl.constexpr):  # h[r, c] = silu(a) * b, a = ab[r, c], b = ab[r, F + c]
+        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < F
+        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(h_ptr + row * F + cols, (a * tl.sigmoid(a) * b).to(h_ptr.dtype.element_ty), mask=inside)
+
+    @fused_head.triton.jit
+    def _gate_backward(ab_ptr, dh_ptr, dab_ptr, F, BLOCK: tl.constexpr):
+        """d silu(a) / da = s (1 + a (1 - s)), s = sigmoid(a): da = dh b s (1 + a (1 - s)), db = dh a s."""
+        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < F
+        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
+        dh = tl.load(dh_ptr + row * F + cols, mask=inside, other=0.0).to(tl.float32)
+        s = tl.sigmoid(a)
+        out = dab_ptr.dtype.element_ty
+        tl.store(dab_ptr + row * 2 * F + cols, (dh * b * s * (1 + a * (1 - s))).to(out), mask=inside)
+        tl.store(dab_ptr + row * 2 * F + F + cols, (dh * a * s).to(out), mask=inside)
+
+GATE_BLOCK = 1024  # columns per Triton program
+
+
+def gate_forward(ab):  # (rows, 2 F) -> silu(a) * b (rows, F): model.py's fast SwiGLU, between its two matmuls
+    a, b = ab.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+def gate_backward(ab, dh):  # the gate's backward as the step's graph holds it: the two gradients in one buffer
+    a, b = ab.chunk(2, dim=-1)
+    return torch.cat([torch.ops.aten.silu_backward(dh * b, a), dh * F.silu(a)], dim=-1)
+
+
+def gate_triton(ab, dh=None):  # one Triton kernel: the forward, or (dh given) the backward
+    rows, F2 = ab.shape
+    out = torch.empty((rows, F2 // 2) if dh is None else (rows, F2), dtype=ab.dtype, device=ab.device)
+    grid = (rows, -(-F2 // 2 // GATE_BLOCK))
+    with torch.cuda.device(ab.device) if ab.is_cuda else contextlib.nullcontext():
+        if dh is None:
+            _gate_forward[grid](ab, out, F2 // 2, BLOCK=GATE_BLOCK)
+        else:
+            _gate_backward[grid](ab, dh.contiguous(), out, F2 // 2, BLOCK=GATE_BLOCK)
+    return out
+
+
+def gate_table(device, rows, d_ff, dtype, compile, repeats):
+    """SwiGLU's gate alone at rows x d_ff, forward and backward apart, each variant in turn after an untimed call
+    -> {variant: its line}: time, and bytes read and written per second; Triton's row also its largest difference
+    from inductor's (in units of inductor's largest value)."""
+    g = torch.Generator().manual_seed(0)
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    ab = torch.randn(rows, 2 * d_ff, generator=g).to(device, dt)
+    dh = torch.randn(rows, d_ff, generator=g).to(device, dt)
+    fwd, bwd = (torch.compile(f, dynamic=False) if compile else f for f in (gate_forward, gate_backward))
+    calls = {"inductor, forward": lambda: fwd(ab), "inductor, backward": lambda: bwd(ab, dh),
+             "a copy of (rows, 2 d_ff)": lambda: ab.clone()}
+    units = {"inductor, forward": 3, "inductor, backward": 5, "a copy of (rows, 2 d_ff)": 4}  # rows x d_ff numbers
+    if fused_head.triton is not None and device.startswith("cuda"):
+        calls.update({"Triton, forward": lambda: gate_triton(ab), "Triton, backward": lambda: gate_triton(ab, dh)})
+        units.update({"Triton, forward": 3, "Triton, backward": 5})
+    sync = synchronizer(device)
+    take_turns(calls, 1, sync)
+    times, outs = take_turns(calls, repeats, sync)
+    print(f"SwiGLU's gate alone: {rows:,} rows x d_ff {d_ff:,}, {dtype}, device {device}, "
+          f"{'compiled' if compile else 'eager'}, median of {repeats} taking turns")
+    lines = {}
+    for name in calls:
+        t = statistics.median(times[name])
+        lines[name] = f"{1000 * t:,.2f} ms, {units[name] * rows * d_ff * ab.element_size() / t / 1e9:,.0f} GB/s"
+        if name.startswith("Triton"):  # the same numbers as inductor's, to bf16's rounding
+            got, want = outs[name][-1].float(), outs[name.replace("Triton", "inductor")][-1].float()
+            lines[name] += f", differs from inductor's by {float((got - want).abs().max() / want.abs().max()):.1e}"
+        print(f"  {name}: {lines[name]}", flush=True)
+    if len(calls) == 3:
+        lines["Triton"] = "skipped: its kernels need a CUDA GPU and triton"
+    return lines
+
+
 def step_peak_table(argv, engine_loops=True):
     """One training step's peak memory (train.py's flags argv, --benchmark's random tokens), with the fused head and
     without, after one untimed step each -> {variant: MiB}. engine_loops=False: fast_cpu.py's loops off, as their
@@ -993,7 +1086,7 @@ GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's s
 LOOP = {False: dict(steps=300, log=10, evals=100, skip=20, ids=1_000_000),  # the real loop's run; True: --cpu's
         True: dict(steps=40, log=5, evals=20, skip=10, ids=20_000)}
 GEN_BATCHES = {False: (1, 64), True: (1, 4)}  # generation's batch sizes; True: --cpu's
-SECTIONS = ("step", "optimizers", "head", "levers", "profile", "autotune", "loop", "generation", "kernels",
+SECTIONS = ("step", "optimizers", "head", "gate", "levers", "profile", "autotune", "loop", "generation", "kernels",
             "accounting", "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
@@ -1206,6 +1299,14 @@ class GpuReport:
         lines = head_table(self.device, rows, shape, "float32" if self.cpu else "bf16", compile, self.steps,
                            HEAD_CHUNKS[1:])
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
+
+    def gate(self):
+        """SwiGLU's gate alone at the GPT-2-small shape's rows and d_ff: inductor's kernels against Triton's."""
+        (shape, batch), compile = GPU_SHAPES["GPT-2 small"][self.cpu], not self.cpu
+        rows = batch * shape["context_length"]
+        lines = gate_table(self.device, rows, shape["d_ff"], "float32" if self.cpu else "bf16", compile, self.steps)
+        return {f"SwiGLU's gate alone, GPT-2-small shape ({rows:,} x {shape['d_ff']:,}): {name}": line
+                for name, line in lines.items()}
 
     def levers(self, name, levers=None):
         """Each lever of the fast path at one shape (levers: LEVERS, or AUTOTUNE's), one at a time: built and compiled,
@@ -1422,6 +1523,7 @@ class GpuReport:
                     ("step", "the training step, GPT-2-small shape"): lambda: self.step("GPT-2 small"),
                     ("optimizers", "the training step with Muon against AdamW"): self.optimizers,
                     ("head", "the fused head alone"): self.head,
+                    ("gate", "SwiGLU's gate alone"): self.gate,
                     ("levers", "the levers, GPT-2-small shape"): lambda: self.levers("GPT-2 small"),  # issue 49's
                     ("levers", "the levers, TinyStories shape"): lambda: self.levers("TinyStories"),  # MFU target first
                     ("profile", "where a step's time goes, GPT-2-small shape"): lambda: self.profile("GPT-2 small"),

@@ -559,10 +559,9 @@ def test_fused_head_equals_the_plain_loss_and_gradients(dtype, tie, compiled):
         assert err[0] <= 1.25 * err[1] + 1e-6 * scale, (name, err)
 
 
-_TRITON_HEAD = """
-import sys, torch, triton, triton.language as tl, fused_head, optim
-from model import TransformerLM
-device, worse = sys.argv[1], float(sys.argv[2])  # worse: how much further from float64 than the plain path, at most
+_TRITON_COPIES = """
+import sys, torch, triton, triton.language as tl
+device = sys.argv[1]
 
 
 @triton.jit
@@ -574,6 +573,28 @@ a, b = torch.arange(8.0, device=device), torch.zeros(8, device=device)
 copy[(1,)](a, b, B=8)
 if not torch.equal(a, b):  # Triton 3.1's interpreter, beside numpy 2, reads garbage
     sys.exit(print("no copy"))
+"""
+
+
+def _triton_script(script, *args):
+    """A Triton check in a process of its own, on the CPU through Triton's interpreter (TRITON_INTERPRET is read as
+    kernels are defined) or compiled on a GPU (args[0] "cuda"): it prints "same", or the test fails with its error.
+    Skipped without triton, or where the interpreter cannot copy numbers."""
+    triton = pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's "
+                                                  "CPU wheels lack")
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if args[0] == "cpu" else os.environ
+    r = subprocess.run([sys.executable, "-c", _TRITON_COPIES + script, *args], cwd=_BPE_REPO, capture_output=True,
+                       text=True, env=env, timeout=600)
+    if r.stdout.strip() == "no copy":
+        pytest.skip(f"Triton {triton.__version__}'s interpreter copies numbers wrongly beside numpy "
+                    f"{np.__version__}: it cannot check the kernel here")
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+
+
+_TRITON_HEAD = """
+import fused_head, optim
+from model import TransformerLM
+worse = float(sys.argv[2])  # how much further from float64 than the plain path, at most
 fused_head._triton_chunks = lambda z: True  # lesson 9's kernel (on the CPU through Triton's interpreter)
 g = torch.Generator().manual_seed(1)
 x, y = (torch.randint(2500, (3, 16), generator=g).to(device) for _ in range(2))  # 2,500 columns: a block and a part
@@ -617,23 +638,13 @@ def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients():
     # the CPU in a process of its own (TRITON_INTERPRET is read as kernels are defined): the fused head through it
     # equals optim.cross_entropy on model.py's logits, float32 and bf16, tied and not. The interpreter truncates
     # float32 to bfloat16 where a GPU rounds to nearest, so its bf16 gradients may be twice as far from float64's
-    triton = pytest.importorskip("triton", reason="fused_head.py's kernel needs triton (pip install triton), which "
-                                                  "torch's CPU wheels lack")
-    r = subprocess.run([sys.executable, "-c", _TRITON_HEAD, "cpu", "2.5"], cwd=_BPE_REPO, capture_output=True,
-                       text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    if r.stdout.strip() == "no copy":
-        pytest.skip(f"Triton {triton.__version__}'s interpreter copies numbers wrongly beside numpy "
-                    f"{np.__version__}: it cannot check the kernel here")
-    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+    _triton_script(_TRITON_HEAD, "cpu", "2.5")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients_cuda():
     # the same on a GPU, where the kernel is compiled and rounds to nearest: as close as the torch chunk's (a quarter)
-    pytest.importorskip("triton", reason="fused_head.py's kernel needs triton, which this torch lacks")
-    r = subprocess.run([sys.executable, "-c", _TRITON_HEAD, "cuda", "1.25"], cwd=_BPE_REPO, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+    _triton_script(_TRITON_HEAD, "cuda", "1.25")
 
 
 def test_fused_head_gradients_are_made_only_where_wanted():
@@ -10091,6 +10102,42 @@ def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypa
     args = (tmp_path / "nvidia-smi.args").read_text().split()
     assert args[-2:] == ["-i", "GPU-1234"] and f"--query-gpu={bench.GPU_WATCH[1]}" in args  # the GPU torch uses
     assert watch.window(0, t0 - 1) == "" and bench.GpuWatch("cpu").window(0, 1e9) == ""
+
+
+_TRITON_GATE = """
+import bench
+g = torch.Generator().manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16):
+    for F in (1000, 2048):  # a block and a part of one, and whole blocks
+        ab, dh = (torch.randn(5, n, generator=g).to(device, dtype) for n in (2 * F, F))
+        for got, want in ((bench.gate_triton(ab), bench.gate_forward(ab)),
+                          (bench.gate_triton(ab, dh), bench.gate_backward(ab, dh))):
+            one_ulp = (2 ** -22 if dtype == torch.float32 else 2 ** -7) * float(want.abs().max())  # about 1 ulp at most
+            assert got.shape == want.shape and float((got.float() - want.float()).abs().max()) <= one_ulp, (dtype, F)
+print("same")
+"""
+
+
+def test_bench_gate_triton_kernels_equal_torchs():
+    # bench.py gpu's candidate kernels for SwiGLU's gate (one Triton kernel each way) compute what model.py's fast
+    # SwiGLU does, forward and backward, to about one unit in the last place, through Triton's interpreter
+    _triton_script(_TRITON_GATE, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bench_gate_triton_kernels_equal_torchs_cuda():
+    _triton_script(_TRITON_GATE, "cuda")
+
+
+def test_bench_gpu_gate_rehearses_inductors_rows_on_a_cpu(capsys):
+    # the gate section on a CPU: inductor's kernels and the copy timed, Triton's row saying why it is not
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
+    rows = report.gate()
+    name = "SwiGLU's gate alone, GPT-2-small shape (128 x 128): "
+    assert [k.removeprefix(name) for k in rows] == ["inductor, forward", "inductor, backward",
+                                                    "a copy of (rows, 2 d_ff)", "Triton"], rows
+    assert all(re.fullmatch(r"[\d.,]+ ms, [\d,]+ GB/s", rows[name + k]) for k in ("inductor, forward", "inductor, backward"))
+    assert rows[name + "Triton"] == "skipped: its kernels need a CUDA GPU and triton"
 
 
 def test_bench_head_step_peaks_say_which_holds_less(capsys):
