@@ -18,7 +18,6 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
-import contextlib
 import functools
 import gc
 import inspect
@@ -49,6 +48,7 @@ import config
 import data
 import export
 import fast_cpu
+import fast_gpu
 import fused_head
 import kernels
 import model
@@ -858,39 +858,10 @@ def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_C
 # ----------------------------------------------------------------------------
 # 3c. SwiGLU's gate alone: is inductor's backward at the memory's speed? (bench.py gpu --sections gate)
 #
-# On the H200 (2026-11-30) the gate silu(a) * b took 1.11 ms of a GPT-2-small step forward, reading a and b and
-# writing the product (4.8 GB: 4.3 TB/s), and 3.53 ms backward, reading a, b and the product's gradient and writing
-# the gradients of a and b (8.1 GB: 2.3 TB/s), half the forward's speed for the same kind of work. Before a kernel
-# of ours enters model.py's fast path, this measures the gate alone: inductor's kernels (compiled as the step's
-# graph has them: a and b as halves of W1 and W3's one matmul, their gradients written into one buffer) against one
-# Triton kernel each way, which computes the sigmoid once, and a copy of as many bytes (the memory's speed).
-
-if fused_head.triton is not None:
-    tl = fused_head.tl
-
-    @fused_head.triton.jit
-    def _gate_forward(ab_ptr, h_ptr, F, BLOCK: tl.constexpr):  # h[r, c] = silu(a) * b, a = ab[r, c], b = ab[r, F + c]
-        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = cols < F
-        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
-        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
-        tl.store(h_ptr + row * F + cols, (a * tl.sigmoid(a) * b).to(h_ptr.dtype.element_ty), mask=inside)
-
-    @fused_head.triton.jit
-    def _gate_backward(ab_ptr, dh_ptr, dab_ptr, F, BLOCK: tl.constexpr):
-        """d silu(a) / da = s (1 + a (1 - s)), s = sigmoid(a): da = dh b s (1 + a (1 - s)), db = dh a s."""
-        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = cols < F
-        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
-        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
-        dh = tl.load(dh_ptr + row * F + cols, mask=inside, other=0.0).to(tl.float32)
-        s = tl.sigmoid(a)
-        out = dab_ptr.dtype.element_ty
-        tl.store(dab_ptr + row * 2 * F + cols, (dh * b * s * (1 + a * (1 - s))).to(out), mask=inside)
-        tl.store(dab_ptr + row * 2 * F + F + cols, (dh * a * s).to(out), mask=inside)
-
-GATE_BLOCK = 1024  # columns per Triton program
-
+# On the H200 inductor's backward of the gate moved its bytes at half its forward's speed (fast_gpu.py's lesson 2).
+# This times the gate alone: inductor's kernels (compiled as the step's graph has them: a and b as halves of W1 and
+# W3's one matmul, their gradients written into one buffer) against fast_gpu.py's Triton kernel each way
+# (--triton-gate), and a copy of as many bytes (the memory's speed).
 
 def gate_forward(ab):  # (rows, 2 F) -> silu(a) * b (rows, F): model.py's fast SwiGLU, between its two matmuls
     a, b = ab.chunk(2, dim=-1)
@@ -900,18 +871,6 @@ def gate_forward(ab):  # (rows, 2 F) -> silu(a) * b (rows, F): model.py's fast S
 def gate_backward(ab, dh):  # the gate's backward as the step's graph holds it: the two gradients in one buffer
     a, b = ab.chunk(2, dim=-1)
     return torch.cat([torch.ops.aten.silu_backward(dh * b, a), dh * F.silu(a)], dim=-1)
-
-
-def gate_triton(ab, dh=None):  # one Triton kernel: the forward, or (dh given) the backward
-    rows, F2 = ab.shape
-    out = torch.empty((rows, F2 // 2) if dh is None else (rows, F2), dtype=ab.dtype, device=ab.device)
-    grid = (rows, -(-F2 // 2 // GATE_BLOCK))
-    with torch.cuda.device(ab.device) if ab.is_cuda else contextlib.nullcontext():
-        if dh is None:
-            _gate_forward[grid](ab, out, F2 // 2, BLOCK=GATE_BLOCK)
-        else:
-            _gate_backward[grid](ab, dh.contiguous(), out, F2 // 2, BLOCK=GATE_BLOCK)
-    return out
 
 
 def gate_table(device, rows, d_ff, dtype, compile, repeats):
@@ -926,8 +885,9 @@ def gate_table(device, rows, d_ff, dtype, compile, repeats):
     calls = {"inductor, forward": lambda: fwd(ab), "inductor, backward": lambda: bwd(ab, dh),
              "a copy of (rows, 2 d_ff)": lambda: ab.clone()}
     units = {"inductor, forward": 3, "inductor, backward": 5, "a copy of (rows, 2 d_ff)": 4}  # rows x d_ff numbers
-    if fused_head.triton is not None and device.startswith("cuda"):
-        calls.update({"Triton, forward": lambda: gate_triton(ab), "Triton, backward": lambda: gate_triton(ab, dh)})
+    if fast_gpu.usable(ab):  # fast_gpu.py's ops, as --triton-gate runs them in the step
+        calls.update({"Triton, forward": lambda: fast_gpu.silu_gate(ab),
+                      "Triton, backward": lambda: fast_gpu.silu_gate_backward(ab, dh)})
         units.update({"Triton, forward": 3, "Triton, backward": 5})
     sync = synchronizer(device)
     take_turns(calls, 1, sync)
@@ -1097,6 +1057,7 @@ LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py
     "--fused-head (fused_head.py, where the logits path is the default for a step compiled on a GPU)":
         ["--fused-head"],
     "--no-bf16-residual (the residual stream in float32, as without --fast)": ["--no-bf16-residual"],
+    "--triton-gate (fast_gpu.py: SwiGLU's gate, one Triton kernel each way)": ["--triton-gate"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
     "--cuda-graph": ["--cuda-graph"],
@@ -1143,8 +1104,8 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
 def levers_by_default():
     """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's and
     --bf16-residual's are decided by config.resolve_config: off for a step compiled on a GPU; on in bf16 on a GPU)."""
-    on, off = ([config.FLAG_ROWS[k][0] for k in ("cuda_graph", "max_autotune") if config.FLAG_DEFAULTS[k] is state]
-               for state in (True, False))
+    on, off = ([config.FLAG_ROWS[k][0] for k in ("triton_gate", "cuda_graph", "max_autotune")
+                if config.FLAG_DEFAULTS[k] is state] for state in (True, False))
     on.append("--bf16-residual with --fast and --dtype bf16 on a GPU")  # decided by config.resolve_config too
     return (f"on: {', '.join(on)}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled on a GPU (on "
             f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on "

@@ -18,6 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 import accounting
+import fast_gpu
 import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log
@@ -117,6 +118,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
      "on a GPU, where the compiled logits path measured smaller and no slower: docs/results.md)"),
     ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
      "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16 on a GPU)"),
+    ("--triton-gate", bool, False, "SwiGLU's gate as one Triton kernel each way (fast_gpu.py; on a GPU with triton): "
+     "off until bench.py gpu measures it faster"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
@@ -328,6 +331,10 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--sdpa-backend {sdpa_backend} is a CUDA kernel; on {device} pass auto, flash or math."),
     (lambda c: c["sdpa_backend"] != "auto" and not c["fast"],
      "--sdpa-backend picks the fast path's attention kernel, and --no-fast runs model.py's own; drop one of them."),
+    (lambda c: c["triton_gate"] and not (c["fast"] and c["device"].startswith("cuda")),
+     "--triton-gate runs the fast path's Triton kernels on a GPU; on {device}, or with --no-fast, drop it."),
+    (lambda c: c["triton_gate"] and fast_gpu.triton is None,
+     "--triton-gate needs triton, which this torch lacks: pip install triton (or drop --triton-gate)."),
     (lambda c: c["bf16_residual"] and c["dtype"] != "bf16",
      "--bf16-residual narrows the residual stream under bf16 autocast; with --dtype {dtype} drop it, or pass --dtype "
      "bf16."),

@@ -12,8 +12,9 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
 init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
 and one for W1, W3 (their weights concatenated in forward), in float32/64 without compile RoPE as one complex multiply,
-and on a CPU in float32 SwiGLU's gate and RMSNorm as the engine's one-pass loops (fast_cpu.py): same parameters
-and state-dict keys, and the tests check it computes the same function. Tests: python -m pytest -q test_all.py -k model
+and on a CPU in float32 SwiGLU's gate and RMSNorm as the engine's one-pass loops (fast_cpu.py; on a GPU, with
+train.py's --triton-gate, the gate as Triton kernels, fast_gpu.py): same parameters and state-dict keys, and the
+tests check it computes the same function. Tests: python -m pytest -q test_all.py -k model
 """
 import math
 import numbers
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fast=True)
+import fast_gpu  # and on a GPU, SwiGLU's gate as Triton kernels (fast=True, with train.py's --triton-gate)
 
 
 # ----------------------------------------------------------------------------
@@ -121,14 +123,17 @@ class SwiGLU(nn.Module):
         self.w1 = Linear(d_model, d_ff, device, dtype)
         self.w2 = Linear(d_ff, d_model, device, dtype)
         self.w3 = Linear(d_model, d_ff, device, dtype) if gated else None
-        self.fast = fast
+        self.fast, self.triton_gate = fast, False  # triton_gate: train.py's --triton-gate sets it
 
     def forward(self, x):  # (..., d_model)
         act = torch.nn.functional.silu if self.fast else silu  # torch's: one kernel forward and backward
         if self.w3 is None:  # the ungated ablation
             return self.w2(act(self.w1(x)))
         if self.fast and fused_projections(x):  # one matmul for W1 x and W3 x
-            a, b = (x @ torch.cat([self.w1.weight, self.w3.weight]).t()).chunk(2, dim=-1)
+            ab = x @ torch.cat([self.w1.weight, self.w3.weight]).t()
+            if self.triton_gate and fast_gpu.usable(ab):  # on a GPU: one Triton kernel each way (fast_gpu.py)
+                return self.w2(fast_gpu.silu_gate(ab))
+            a, b = ab.chunk(2, dim=-1)
         else:
             a, b = self.w1(x), self.w3(x)
             if self.fast and fast_cpu.usable(a, b):  # float32 on a CPU: silu(a) * b in one pass each way

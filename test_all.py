@@ -59,6 +59,7 @@ import bpe
 import bpe_fast
 import data
 import fast_cpu
+import fast_gpu
 import figures
 import fused_head
 import kernels
@@ -847,7 +848,7 @@ def test_fused_head_levers_equal_the_defaults_cuda():
             "--compile", "--benchmark"]
     want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
     for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"],
-                  ["--no-bf16-residual"]):
+                  ["--no-bf16-residual"], *[["--triton-gate"]] * (fast_gpu.triton is not None)):
         torch.compiler.reset()
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
@@ -9940,12 +9941,14 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                         for levers in (bench.LEVERS, bench.AUTOTUNE))  # GPT-2 small's first
     profile = [f"profile, {s} shape: {what}" for s in reversed(bench.GPU_SHAPES)
                for what in ("a step's", "the weights' matmuls", "the five")]
+    gate = [f"SwiGLU's gate alone, GPT-2-small shape (128 x 128): {v}" for v in (
+        "inductor, forward", "inductor, backward", "a copy of (rows, 2 d_ff)", "Triton")]
     by_default = "levers on by default (train.py's flags)"
     muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
     assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
     profiled = [r for r in rows if r.startswith("profile, ")]  # a row's name holds its step's time
     assert [r[:len(p)] for r, p in zip(profiled, profile)] == profile, rows
-    assert list(rows) == ["what", by_default, *steps, *muon, *head, *levers, *profiled, *autotune, loop, *generation,
+    assert list(rows) == ["what", by_default, *steps, *muon, *head, *gate, *levers, *profiled, *autotune, loop, *generation,
                           looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
@@ -9954,8 +9957,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
-    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16 on a GPU; off: --cuda-graph, "
-                                       "--max-autotune, and --fused-head for a step compiled on a GPU (on otherwise); "
+    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16 on a GPU; off: --triton-gate, "
+                                       "--cuda-graph, --max-autotune, and --fused-head for a step compiled on a GPU (on otherwise); "
                                        "--sdpa-backend auto")
     assert len({re.sub(r"[\d.,]+ ms, peak [\d.,]+ MiB, ", "", rows[h]) for h in head}) == 1  # the same loss in each
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
@@ -10105,27 +10108,77 @@ def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypa
 
 
 _TRITON_GATE = """
-import bench
+import bench, fast_gpu, model, optim
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
     for F in (1000, 2048):  # a block and a part of one, and whole blocks
-        ab, dh = (torch.randn(5, n, generator=g).to(device, dtype) for n in (2 * F, F))
-        for got, want in ((bench.gate_triton(ab), bench.gate_forward(ab)),
-                          (bench.gate_triton(ab, dh), bench.gate_backward(ab, dh))):
-            one_ulp = (2 ** -22 if dtype == torch.float32 else 2 ** -7) * float(want.abs().max())  # about 1 ulp at most
-            assert got.shape == want.shape and float((got.float() - want.float()).abs().max()) <= one_ulp, (dtype, F)
+        ab = torch.randn(2, 3, 2 * F, generator=g).to(device, dtype).requires_grad_()
+        dh = torch.randn(2, 3, F, generator=g).to(device, dtype)
+        a, b = ab.chunk(2, dim=-1)
+        want = model.silu(a) * b  # the definition, and its gradient by autograd
+        want_grad, = torch.autograd.grad(want, ab, dh)
+        got = fast_gpu.silu_gate(ab)
+        got_grad, = torch.autograd.grad(got, ab, dh)
+        for x, y in ((got, want), (got_grad, want_grad), (bench.gate_backward(ab.detach(), dh), want_grad)):
+            one_ulp = (2 ** -22 if dtype == torch.float32 else 2 ** -7) * float(y.abs().max())  # about 1 ulp
+            assert x.shape == y.shape and x.dtype == y.dtype and float((x - y).abs().max()) <= 2 * one_ulp, (dtype, F)
+# compiled: the ops stand in inductor's graph as they are, forward and backward
+ab = torch.randn(2, 3, 64, generator=g, device=device, requires_grad=True)
+a, b = ab.chunk(2, dim=-1)
+ones = torch.ones(2, 3, 32, device=device)
+got, = torch.autograd.grad(torch.compile(lambda ab: 2 * fast_gpu.silu_gate(ab))(ab), ab, ones)
+want, = torch.autograd.grad(2 * model.silu(a) * b, ab, ones)
+torch.testing.assert_close(got, want)
+# in a model: the fast SwiGLU with the gate's kernels computes the fast path's loss and gradients (the interpreter
+# on a CPU: W1 and W3 as one matmul, as on a GPU)
+model.fused_projections = lambda x: True
+fast_gpu.usable = lambda ab: True
+ran, kernels = [], fast_gpu.silu_gate
+fast_gpu.silu_gate = lambda ab: ran.append(ab.shape) or kernels(ab)  # each layer's gate through the kernels
+x = torch.randint(64, (2, 8), generator=g).to(device)
+for gate in (False, True):
+    torch.manual_seed(0)
+    m = model.TransformerLM(64, 8, 32, 2, 2, 48, fast=True, device=device)
+    for block in m.layers:
+        block.ffn.triton_gate = gate
+    loss = optim.cross_entropy(m(x[:, :-1]), x[:, 1:])
+    loss.backward()
+    grads = [p.grad for p in m.parameters()]
+    assert len(ran) == 2 * gate, ran
+    if gate:
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=0)
+        for x1, y1 in zip(grads, want_grads):
+            torch.testing.assert_close(x1, y1, rtol=1e-4, atol=1e-6)
+    want_loss, want_grads = loss, grads
 print("same")
 """
 
 
-def test_bench_gate_triton_kernels_equal_torchs():
-    # bench.py gpu's candidate kernels for SwiGLU's gate (one Triton kernel each way) compute what model.py's fast
-    # SwiGLU does, forward and backward, to about one unit in the last place, through Triton's interpreter
+def test_fast_gpu_gate_equals_models_gate():
+    # --triton-gate: fast_gpu.py's kernels compute model.py's gate silu(a) * b and its gradient (autograd's) to about
+    # one unit in the last place, in float32 and bf16, through Triton's interpreter on a CPU; in a model, the same
+    # loss and gradients as the fast path without them. bench.py's copy of inductor's backward graph is the gradient
     _triton_script(_TRITON_GATE, "cpu")
 
 
+def test_triton_gate_is_refused_where_it_cannot_run(monkeypatch):
+    # --triton-gate's kernels run on a GPU, on the fast path, with triton installed: elsewhere one sentence each
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark", "--triton-gate"]
+    for flags in (["--device", "cpu"], ["--device", "cpu", "--no-fast"]):
+        with pytest.raises(cli.UsageError, match=r"^--triton-gate runs the fast path's Triton kernels on a GPU; on cpu, "
+                                                 r"or with --no-fast, drop it\.$"):
+            train.resolve_config(base + flags)
+    cfg = train.resolve_config(base[:-1] + ["--device", "cpu"])
+    assert cfg["triton_gate"] is False  # off by default
+    monkeypatch.setattr(fast_gpu, "triton", None)  # a GPU without triton: its rows, checked where they apply
+    with pytest.raises(cli.UsageError, match=r"^--triton-gate needs triton, which this torch lacks: pip install triton "
+                                             r"\(or drop --triton-gate\)\.$"):
+        config.check_flags(dict(cfg, device="cuda", triton_gate=True),
+                           [r for r in config.CHECKS if "--triton-gate" in str(r[1])])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bench_gate_triton_kernels_equal_torchs_cuda():
+def test_fast_gpu_gate_equals_models_gate_cuda():
     _triton_script(_TRITON_GATE, "cuda")
 
 
@@ -10210,7 +10263,7 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     (["--budget", "1e7"], "--budget 1e+07 must be positive and at most 1e6"),  # subprocess: "timeout is too large"
     (["--tests", ""], "--tests is blank"),  # pytest -k '' ran the whole suite as the tests touching CUDA, before
     (["--tests", "  "], "--tests is blank"),
-    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,levers,"
+    (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,gate,levers,"
                                    "profile,autotune,loop,"),
     (["--levers", "cuda-graph,graphs"], "--levers cuda-graph,graphs: 'graphs' names none of the levers (--fused-head,"),
     (["--levers", ""], "--levers is blank; name the levers by a word of their rows"),  # '' chose every lever

@@ -164,6 +164,8 @@ class LMLoss(torch.nn.Module):
         self.lm, self.fast, self.in_graph = lm, cfg["fast"], cfg["fast"] and cfg["compile"]
         self.fused_head = cfg["fast"] and cfg["fused_head"]
         self.attention = SDPA_BACKENDS[cfg["sdpa_backend"]]  # None: torch's choice
+        for block in lm.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
+            block.ffn.triton_gate = cfg["fast"] and cfg["triton_gate"]
 
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):

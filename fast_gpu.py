@@ -1,0 +1,108 @@
+"""The fast path's engine on a GPU: SwiGLU's gate, silu(a) * b between the FFN's two matmuls, as one Triton kernel
+each way. model.py's SwiGLU calls it at one visible place (fast=True with train.py's --triton-gate, on a GPU where
+Triton is installed); test_all.py checks it against model.py's gate, forward and backward, through Triton's
+interpreter on a CPU, and bench.py gpu times it against inductor's kernels (--sections gate, and the step's lever).
+
+The lessons it embodies:
+  1. Between two matmuls, elementwise work is paid in memory traffic. The gate's forward reads a and b and writes
+     their product: 3 numbers per element. Its backward reads a, b and the product's gradient and writes the
+     gradients of a and b: 5. At the GPT-2-small shape (32,768 rows, d_ff 2,048, bf16, 12 layers) that is 4.8 GB
+     forward and 8.1 GB backward in each step.
+  2. On the H200 (2026-11-30, docs/results.md) inductor's forward moved its bytes at 4.3 TB/s, near the memory's
+     peak, and its backward at 2.3 TB/s: 3.53 ms of a 63 ms step. For the same graph on a CPU, inductor's code
+     computes exp(-a) twice and divides twice per element (silu's sigmoid, and its derivative's).
+  3. One kernel each way, and the backward computes s = sigmoid(a) once for both gradients:
+     da = dh b s (1 + a (1 - s)),  db = dh silu(a) = dh a s,
+     written into the one (rows, 2 d_ff) buffer that the fused W1/W3 matmul's backward reads. The arithmetic is
+     float32, the storage the input's dtype (bf16 under autocast), as inductor's.
+  4. The kernels run inside custom ops (torch.library) that autograd pairs, so torch.compile treats each as one
+     kernel and still fuses what is around it. On a CPU, and without Triton, model.py keeps torch's ops.
+  5. Whether it wins is for the GPU to say: off by default (--triton-gate turns it on) until bench.py gpu measures it
+     faster, alone and in the step.
+"""
+import contextlib
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch's CPU wheels come without it: model.py then keeps torch's ops
+    triton = None
+
+BLOCK = 1024  # columns of one row per program: a power of two, most of a GPT-2-small row of d_ff 2,048
+
+
+# ----------------------------------------------------------------------------
+# The kernels: program (row, block of columns); ab (rows, 2F) holds a = ab[:, :F] and b = ab[:, F:]
+
+if triton is not None:
+    @triton.jit
+    def _forward_kernel(ab_ptr, h_ptr, F, BLOCK: tl.constexpr):  # h = silu(a) * b
+        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < F
+        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(h_ptr + row * F + cols, (a * tl.sigmoid(a) * b).to(h_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _backward_kernel(ab_ptr, dh_ptr, dab_ptr, F, BLOCK: tl.constexpr):  # lesson 3's two gradients, into dab
+        row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < F
+        a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(ab_ptr + row * 2 * F + F + cols, mask=inside, other=0.0).to(tl.float32)
+        dh = tl.load(dh_ptr + row * F + cols, mask=inside, other=0.0).to(tl.float32)
+        s = tl.sigmoid(a)
+        out = dab_ptr.dtype.element_ty
+        tl.store(dab_ptr + row * 2 * F + cols, (dh * b * s * (1 + a * (1 - s))).to(out), mask=inside)
+        tl.store(dab_ptr + row * 2 * F + F + cols, (dh * a * s).to(out), mask=inside)
+
+
+def _launch(kernel, ab, *tensors, out_columns):
+    """kernel over ab's rows (ab and tensors contiguous, of any leading dims) -> its output (..., out_columns)."""
+    F = ab.shape[-1] // 2
+    out = ab.new_empty(*ab.shape[:-1], out_columns)
+    with torch.cuda.device(ab.device) if ab.is_cuda else contextlib.nullcontext():  # Triton launches on the current GPU
+        kernel[(ab.numel() // ab.shape[-1], triton.cdiv(F, BLOCK))](ab, *tensors, out, F, BLOCK=BLOCK)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# As ops that autograd and torch.compile know (lesson 4)
+
+@torch.library.custom_op("cs336_fast_gpu::silu_gate", mutates_args=())
+def _silu_gate(ab: torch.Tensor) -> torch.Tensor:
+    return _launch(_forward_kernel, ab, out_columns=ab.shape[-1] // 2)
+
+
+@_silu_gate.register_fake
+def _(ab):
+    return ab.new_empty(*ab.shape[:-1], ab.shape[-1] // 2)
+
+
+@torch.library.custom_op("cs336_fast_gpu::silu_gate_backward", mutates_args=())
+def silu_gate_backward(ab: torch.Tensor, dh: torch.Tensor) -> torch.Tensor:
+    """ab (..., 2F), the gradient dh (..., F) of silu(a) * b -> the gradients of a and b, side by side (..., 2F)."""
+    return _launch(_backward_kernel, ab, dh.contiguous(), out_columns=ab.shape[-1])
+
+
+@silu_gate_backward.register_fake
+def _(ab, dh):
+    return torch.empty_like(ab)
+
+
+def _keep_ab(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+_silu_gate.register_autograd(lambda ctx, dh: silu_gate_backward(ctx.saved_tensors[0], dh), setup_context=_keep_ab)
+
+
+def usable(ab):  # Triton's kernels: on a GPU where Triton is installed, in 16 or 32 bits (float64 stays torch's)
+    return triton is not None and ab.is_cuda and ab.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+def silu_gate(ab):
+    """ab (..., 2F) = [W1 x, W3 x], the fused matmul's output -> silu(W1 x) * W3 x (..., F): model.py's SwiGLU gate,
+    one Triton kernel forward and one backward."""
+    return _silu_gate(ab.contiguous())
