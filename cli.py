@@ -117,6 +117,21 @@ def end_quietly_on_closed_pipe():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """The C-level stderr (file descriptor 2) goes to /dev/null for a block: what a library prints there on its own
+    (torch's profiler's start/stop notices) does not break a table on the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def reader_left():  # the reader of stdout left (`| head`): exit code 1, quietly (no traceback, as `cat` ends)
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout as it exits
     return 1

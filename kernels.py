@@ -32,15 +32,14 @@ import statistics
 import sys
 import timeit
 from collections import Counter
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import accounting
-from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
+from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr
 from files import not_a_file, write_json
-from machine import memory_bytes, usable_cores
+from machine import cache_bytes, memory_bytes, usable_cores
 
 if not torch.cuda.is_available():  # torch's "No CUDA runtime is found" warning, on compiling, says nothing new here
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -371,15 +370,6 @@ def time_ms(fn, x, reps, flush):
     return statistics.median(times)
 
 
-def cache_bytes():  # the largest CPU cache, as Linux reports it (64 MB, more than most, where it does not)
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        with contextlib.suppress(OSError, ValueError):
-            text = f.read_text().strip()
-            sizes.append(int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text))
-    return max(sizes, default=64 << 20)
-
-
 def above_copy_note(pct):
     """A variant faster than the copy moves the same bytes faster than memory can: a figure that cannot be true
     unless the copy itself was slowed (another program's turn on the core), which the line then says."""
@@ -389,8 +379,7 @@ def above_copy_note(pct):
 def run_benchmark(variants, dtypes, log2_sizes, device, reps):
     """Time a plain copy and every variant at each size; returns one dict per (variant, dtype, n)."""
     # read more than the caches before each run: x starts in DRAM (and on a GPU, the GPU has work queued)
-    cache = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device == "cuda" else cache_bytes()
-    flush = torch.ones(max(256 << 20 if device == "cuda" else 0, 4 * cache) // 4, device=device).sum
+    flush = torch.ones(max(256 << 20 if device == "cuda" else 0, 4 * cache_bytes(device)) // 4, device=device).sum
     timer = "CUDA events" if device == "cuda" else f"time.perf_counter, {torch.get_num_threads()} thread(s)"
     print(f"\n== Benchmark: median of {reps} runs ({timer}), GB/s counts the fused traffic 2 x n x bytes "
           "(read x, write y); the copy is the bandwidth a kernel can reach")
@@ -444,25 +433,11 @@ def target_line(rows):
 # -----------------------------------------------------------------------------
 # 5. Profile: the kernels (GPU) or top-level operators (CPU) behind one call.
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    # torch's profiler prints start/stop notices on the C-level stderr; keep the table clean.
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def profile_launches(fn, x):
     """Counter of what one call of fn(x) runs: CUDA kernels on GPU, top-level ops on CPU."""
     from torch.profiler import profile
     fn(x)  # warm: compilation and lazy initialisation are not part of a call
-    with _quiet_stderr(), profile(acc_events=True) as prof:  # the CPU and any GPU; leaving it waits for the GPU
+    with quiet_stderr(), profile(acc_events=True) as prof:  # the CPU and any GPU; leaving it waits for the GPU
         fn(x)
     if x.is_cuda:
         return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -67,6 +67,19 @@ def memory_bytes(device, world_size):
     return min(ram, limit or ram) // world_size, what + (f" / {world_size} processes" if world_size > 1 else "")
 
 
+def cache_bytes(device="cpu"):
+    """The largest cache in front of memory: a GPU's L2 (50 MB where torch does not say), or the largest CPU cache,
+    as Linux reports it (64 MB, more than most, where it does not)."""
+    if device == "cuda":
+        return getattr(_torch().cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = f.read_text().strip()
+            sizes.append(int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text))
+    return max(sizes, default=64 << 20)
+
+
 def cgroup_memory_limit(proc="/proc/self/cgroup", root="/sys/fs/cgroup"):
     """The least memory limit of this process's control group and those above it, or None: a container or a
     Slurm job is held to it, whatever the machine has. proc's lines: "0::/job/step" (cgroup v2, memory.max)
