@@ -461,20 +461,6 @@ def _read_merges_file(path):
     return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
 
 
-def _checked_input(vocab, merges, special_tokens):
-    """A Tokenizer's arguments, checked: (a copy of vocab with int ids, merges, special tokens), or ValueError."""
-    vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}
-    return vocab, bpe_fast.checked_merges(vocab, merges), _check_special_tokens(special_tokens)
-
-
-def _check_fit(vocab, merges, token_id, special_tokens, in_file):
-    """ValueError unless the vocab has every byte and the merges make its merged tokens (_check_merges)."""
-    missing = next((b for b in range(256) if bytes([b]) not in token_id), None)
-    if missing is not None:
-        raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
-    _check_merges(merges, vocab, token_id, special_tokens, in_file)
-
-
 def _checked_ids(ids, vocab):
     """decode's ids as a list of ints in vocab: a list, numpy array, torch tensor or any iterable of integers. Arrays
     and tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are refused: True would
@@ -509,12 +495,16 @@ class Tokenizer:
     def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
-        self.vocab, self.merges, self.special_tokens = _checked_input(vocab, merges, special_tokens)
+        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}  # a copy
+        self.merges = bpe_fast.checked_merges(self.vocab, merges)
+        self.special_tokens = _check_special_tokens(special_tokens)
         for s in self.special_tokens:       # handout: append specials missing from vocab
             if s.encode("utf-8") not in self.vocab.values():
                 self.vocab[max(self.vocab, default=-1) + 1] = s.encode("utf-8")
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
-        _check_fit(self.vocab, self.merges, token_id, self.special_tokens, _in_file)  # all 256 bytes; merges fit
+        if (missing := next((b for b in range(256) if bytes([b]) not in token_id), None)) is not None:
+            raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
+        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
         self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)

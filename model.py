@@ -431,20 +431,16 @@ def _probs(logits, temperature, top_p):
     return probs
 
 
-def _sample(logits, temperature, top_p, generator):
-    """logits (B, V) -> next ids (B,). temperature 0 is greedy."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(_probs(logits, temperature, top_p), 1, generator=generator).squeeze(-1)
-
-
-def _sample_on_device(logits, temperature, top_p, generator):
-    """_sample without a host sync. torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1),
-    after reading p back to check it; written out, the draw takes the same numbers from the generator."""
+def _sample(logits, temperature, top_p, generator, on_device=False):
+    """logits (B, V) -> next ids (B,). temperature 0 is greedy. on_device: without a host sync. torch.multinomial
+    draws one sample as argmax(p / q), q ~ Exp(1), after reading p back to check it; written out, the draw takes the
+    same numbers from the generator."""
     if temperature == 0:
         return logits.argmax(-1)
     p = _probs(logits, temperature, top_p)
-    return (p / torch.empty_like(p).exponential_(1, generator=generator)).argmax(-1)
+    if on_device:
+        return (p / torch.empty_like(p).exponential_(1, generator=generator)).argmax(-1)
+    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
 
 
 def _positions(valid):
@@ -618,7 +614,7 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
                 logits = step(model, caches, tok, full, pad)
             except _graph_limit_hit():
                 step, graphs, logits = _decode_step, False, _decode_step(model, caches, tok, full, pad)
-        new[:, i] = _sample_on_device(logits, temperature, top_p, generator)
+        new[:, i] = _sample(logits, temperature, top_p, generator, on_device=True)
         if stop_id is not None:
             done |= new[:, i] == stop_id
             if (i + 1) % STOP_CHECK_EVERY == 0 and done.all():  # the one host sync in k tokens

@@ -1205,7 +1205,7 @@ def test_model_generate_fast_draw_is_the_plain_draw():
         g_plain, g_fast = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
         for _ in range(20):
             assert torch.equal(model._sample(logits, temperature, top_p, g_plain),
-                               model._sample_on_device(logits, temperature, top_p, g_fast))
+                               model._sample(logits, temperature, top_p, g_fast, on_device=True))
         assert torch.equal(g_plain.get_state(), g_fast.get_state())  # the same numbers used up
 
 
