@@ -668,17 +668,8 @@ def main(argv=None):
         raise cli.UsageError("--num-workers (--workers) must be at least 1")
 
     def command():
-        try:
-            {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-        except (ValueError, OSError) as e:  # the input's mistake (a missing input, a malformed tokenizer file): exit 2
-            if isinstance(e, OSError) and e.errno is not None:   # the system's (a read-only --out): cli.exit_code's
-                raise
-            raise cli.UsageError(str(e)) from None
-        except MemoryError as e:      # refused before allocating, with what to change: exit 1
-            if not str(e):
-                raise
-            raise cli.DataError(str(e)) from None
-        return 0
+        with cli.usage_errors():  # a missing input, a malformed tokenizer file: exit 2
+            return {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
     code = cli.exit_code(f"bpe.py {args.cmd}", command, "no partial file was left")  # files are written atomically
     if code:
         sys.exit(code)

@@ -256,6 +256,23 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
 
 
 @contextlib.contextmanager
+def usage_errors():
+    """A library's refusals as the command's mistakes: a ValueError, or an OSError the library raised itself (no
+    errno: a missing input), is a UsageError (exit 2); a MemoryError with a sentence (refused before allocating,
+    with what to change) a DataError (exit 1). The system's OSError (a read-only output) stays exit_code's."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        raise UsageError(str(e)) from None
+    except MemoryError as e:
+        if not str(e):
+            raise
+        raise DataError(str(e)) from None
+
+
+@contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence that says what to do then, exit code
     1; atomic_file leaves what was there whole, and names its file (as append_line does; a library's writer may name
