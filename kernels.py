@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr
 from files import not_a_file, write_json
-from machine import cache_bytes, memory_bytes, usable_cores
+from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, usable_cores
 
 if not torch.cuda.is_available():  # torch's "No CUDA runtime is found" warning, on compiling, says nothing new here
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -199,16 +199,6 @@ def gelu_cuda(x, out=None):
     # Variant 4. One launch; `out` may be given (the correctness check passes a NaN-filled one).
     out = torch.empty_like(x) if out is None else out
     return build_cuda_extension().gelu_out(x, out, torch.cuda.current_stream(x.device).cuda_stream)
-
-
-def cuda_unavailable_reason():
-    """On a CUDA machine: None if the CUDA variant can be built here, else one sentence why not."""
-    from torch.utils import cpp_extension
-    if cpp_extension.CUDA_HOME is None:
-        return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
-    if not cpp_extension.is_ninja_available():
-        return "ninja not found, which load_inline needs (pip install ninja)"
-    return None
 
 
 if triton is not None:

@@ -237,6 +237,16 @@ def compile_error(device):
     return ""
 
 
+def cuda_unavailable_reason():
+    """On a CUDA machine: None if load_inline can build a CUDA extension here, else one sentence why not."""
+    from torch.utils import cpp_extension
+    if cpp_extension.CUDA_HOME is None:
+        return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja not found, which load_inline needs (pip install ninja)"
+    return None
+
+
 # ----------------------------------------------------------------------------
 # 4. torchrun's processes
 
