@@ -4540,7 +4540,8 @@ def test_plumbing_imports_flow_one_way():
     below = {"cli": set(), "files": {"cli"}, "machine": {"cli", "files"}, "rundir": {"cli", "files", "machine"}}
     for name, allowed in below.items():
         assert graph[name] <= allowed, (name, graph[name] - allowed)
-    assert graph["model"] <= {"fast_cpu"} and graph["optim"] <= {"fast_cpu"} and "bpe" not in graph["bpe_fast"]
+    assert graph["model"] <= {"fast_cpu", "fast_gpu"} and graph["optim"] <= {"fast_cpu"} and not graph["fast_gpu"]
+    assert "bpe" not in graph["bpe_fast"]  # an engine never imports its lecture
     done, path = set(), []
 
     def visit(m):  # depth first: a module met again on the current path closes a cycle
@@ -5552,7 +5553,8 @@ def _train_cli(args, cwd, env=None, **kw):
 
 def _train_cfg(**over):
     cfg = {"device": "cpu", "dtype": "float32", "world_size": 1, "grad_clip": 0.0, "fast": True, "compile": False,
-           "fused_head": True, "sdpa_backend": "auto", "cuda_graph": False, "max_autotune": False}
+           "fused_head": True, "sdpa_backend": "auto", "cuda_graph": False, "max_autotune": False,
+           "triton_gate": False}
     cfg.update(over)
     return cfg
 

@@ -162,8 +162,7 @@ class LMLoss(torch.nn.Module):
     def __init__(self, lm, cfg):
         super().__init__()
         self.lm, self.fast, self.in_graph = lm, cfg["fast"], cfg["fast"] and cfg["compile"]
-        self.fused_head = cfg["fast"] and cfg["fused_head"]
-        self.attention = SDPA_BACKENDS[cfg["sdpa_backend"]]  # None: torch's choice
+        self.fused_head, self.attention = cfg["fast"] and cfg["fused_head"], SDPA_BACKENDS[cfg["sdpa_backend"]]
         for block in lm.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
             block.ffn.triton_gate = cfg["fast"] and cfg["triton_gate"]
 
