@@ -1071,7 +1071,9 @@ AUTOTUNE = {"the defaults, again beside max-autotune": [], "--max-autotune": ["-
 # for bench.py gpu's profile. Inductor's names list the ops a kernel fused ("triton_poi_fused_addmm_0" is an
 # elementwise kernel beside a matmul), so they are read first. The five longest kernels are printed too, to name
 # what is "other".
-KERNEL_KINDS = ((("triton_tem",), "matmul"),  # inductor's matmul templates
+KERNEL_KINDS = ((("_gate_forward_kernel", "_gate_backward_kernel", "_loss_and_grad_kernel"),
+                 "this project's Triton kernels (fast_gpu.py, fused_head.py)"),
+                (("triton_tem",), "matmul"),  # inductor's matmul templates
                 (("triton_for",), "foreach: optimizer, clipping"),
                 (("triton_",), "inductor's fused elementwise and reductions"),
                 (("flash", "fmha", "sdpa", "attention", "cudnn"), "attention"),  # before "cutlass": fmha_cutlassF

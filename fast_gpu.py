@@ -38,7 +38,7 @@ BLOCK = 1024  # columns of one row per program: a power of two, most of a GPT-2-
 
 if triton is not None:
     @triton.jit
-    def _forward_kernel(ab_ptr, h_ptr, F, BLOCK: tl.constexpr):  # h = silu(a) * b
+    def _gate_forward_kernel(ab_ptr, h_ptr, F, BLOCK: tl.constexpr):  # h = silu(a) * b
         row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < F
         a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
@@ -46,7 +46,7 @@ if triton is not None:
         tl.store(h_ptr + row * F + cols, (a * tl.sigmoid(a) * b).to(h_ptr.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _backward_kernel(ab_ptr, dh_ptr, dab_ptr, F, BLOCK: tl.constexpr):  # lesson 3's two gradients, into dab
+    def _gate_backward_kernel(ab_ptr, dh_ptr, dab_ptr, F, BLOCK: tl.constexpr):  # lesson 3's two gradients, into dab
         row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < F
         a = tl.load(ab_ptr + row * 2 * F + cols, mask=inside, other=0.0).to(tl.float32)
@@ -72,7 +72,7 @@ def _launch(kernel, ab, *tensors, out_columns):
 
 @torch.library.custom_op("cs336_fast_gpu::silu_gate", mutates_args=())
 def _silu_gate(ab: torch.Tensor) -> torch.Tensor:
-    return _launch(_forward_kernel, ab, out_columns=ab.shape[-1] // 2)
+    return _launch(_gate_forward_kernel, ab, out_columns=ab.shape[-1] // 2)
 
 
 @_silu_gate.register_fake
@@ -83,7 +83,7 @@ def _(ab):
 @torch.library.custom_op("cs336_fast_gpu::silu_gate_backward", mutates_args=())
 def silu_gate_backward(ab: torch.Tensor, dh: torch.Tensor) -> torch.Tensor:
     """ab (..., 2F), the gradient dh (..., F) of silu(a) * b -> the gradients of a and b, side by side (..., 2F)."""
-    return _launch(_backward_kernel, ab, dh.contiguous(), out_columns=ab.shape[-1])
+    return _launch(_gate_backward_kernel, ab, dh.contiguous(), out_columns=ab.shape[-1])
 
 
 @silu_gate_backward.register_fake

@@ -10003,8 +10003,12 @@ def test_bench_gpu_profile_names_each_kernels_kind():
                        ("triton_poi_fused_addmm_0", "inductor's fused elementwise and reductions"),
                        ("triton_poi_fused__scaled_dot_product_flash_attention_transpose_3",
                         "inductor's fused elementwise and reductions"),
-                       ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention")):
+                       ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+                       *[(k, "this project's Triton kernels (fast_gpu.py, fused_head.py)")  # their own line
+                         for k in ("_gate_forward_kernel", "_gate_backward_kernel", "_loss_and_grad_kernel")]):
         assert bench.kernel_kind(name) == kind, name
+    kernels = {n for m in (fast_gpu, fused_head) for n in dir(m) if n.endswith("_kernel")}
+    assert kernels <= {"_gate_forward_kernel", "_gate_backward_kernel", "_loss_and_grad_kernel"}  # none unnamed
 
 
 def test_bench_gpu_host_syncs_say_where_they_are(monkeypatch):
