@@ -18,6 +18,7 @@ reports medians, as a shared machine's load changes under a benchmark. Training,
 encode_file run as whole processes, measured from outside: wall time and peak memory (tree_pss_mb).
 """
 import argparse
+import datetime
 import functools
 import gc
 import inspect
@@ -873,6 +874,9 @@ def gate_backward(ab, dh):  # the gate's backward as the step's graph holds it: 
     return torch.cat([torch.ops.aten.silu_backward(dh * b, a), dh * F.silu(a)], dim=-1)
 
 
+GATE_CALLS = 10  # calls of a variant in one timing
+
+
 def gate_table(device, rows, d_ff, dtype, compile, repeats):
     """SwiGLU's gate alone at rows x d_ff, forward and backward apart, each variant in turn after an untimed call
     -> {variant: its line}: time, and bytes read and written per second; Triton's row also its largest difference
@@ -882,27 +886,32 @@ def gate_table(device, rows, d_ff, dtype, compile, repeats):
     ab = torch.randn(rows, 2 * d_ff, generator=g).to(device, dt)
     dh = torch.randn(rows, d_ff, generator=g).to(device, dt)
     fwd, bwd = (torch.compile(f, dynamic=False) if compile else f for f in (gate_forward, gate_backward))
-    calls = {"inductor, forward": lambda: fwd(ab), "inductor, backward": lambda: bwd(ab, dh),
-             "a copy of (rows, 2 d_ff)": lambda: ab.clone()}
+    fns = {"inductor, forward": lambda: fwd(ab), "inductor, backward": lambda: bwd(ab, dh),
+           "a copy of (rows, 2 d_ff)": lambda: ab.clone()}
     units = {"inductor, forward": 3, "inductor, backward": 5, "a copy of (rows, 2 d_ff)": 4}  # rows x d_ff numbers
     if fast_gpu.usable(ab):  # fast_gpu.py's ops, as --triton-gate runs them in the step
-        calls.update({"Triton, forward": lambda: fast_gpu.silu_gate(ab),
-                      "Triton, backward": lambda: fast_gpu.silu_gate_backward(ab, dh)})
+        fns.update({"Triton, forward": lambda: fast_gpu.silu_gate(ab),
+                    "Triton, backward": lambda: fast_gpu.silu_gate_backward(ab, dh)})
         units.update({"Triton, forward": 3, "Triton, backward": 5})
+
+    def back_to_back(fn):  # GATE_CALLS calls between two syncs: the launches overlap the kernels, and each output
+        def call():        # is freed as the next is made, so the allocator reuses its block (nothing is allocated
+            for _ in range(GATE_CALLS):  # from the GPU inside the timing)
+                fn()
+        return call
     sync = synchronizer(device)
-    take_turns(calls, 1, sync)
-    times, outs = take_turns(calls, repeats, sync)
+    times = take_turns({name: back_to_back(fn) for name, fn in fns.items()}, repeats + 1, sync)[0]
     print(f"SwiGLU's gate alone: {rows:,} rows x d_ff {d_ff:,}, {dtype}, device {device}, "
-          f"{'compiled' if compile else 'eager'}, median of {repeats} taking turns")
+          f"{'compiled' if compile else 'eager'}, {GATE_CALLS} calls a timing, median of {repeats} taking turns")
     lines = {}
-    for name in calls:
-        t = statistics.median(times[name])
+    for name, fn in fns.items():
+        t = statistics.median(times[name][1:]) / GATE_CALLS  # the first round compiles
         lines[name] = f"{1000 * t:,.2f} ms, {units[name] * rows * d_ff * ab.element_size() / t / 1e9:,.0f} GB/s"
         if name.startswith("Triton"):  # the same numbers as inductor's, to bf16's rounding
-            got, want = outs[name][-1].float(), outs[name.replace("Triton", "inductor")][-1].float()
+            got, want = fn().float(), fns[name.replace("Triton", "inductor")]().float()
             lines[name] += f", differs from inductor's by {float((got - want).abs().max() / want.abs().max()):.1e}"
         print(f"  {name}: {lines[name]}", flush=True)
-    if len(calls) == 3:
+    if len(fns) == 3:
         lines["Triton"] = "skipped: its kernels need a CUDA GPU and triton"
     return lines
 
@@ -1140,28 +1149,31 @@ def cuda_host_syncs(call, calls=3):
 
 # Why a step ran slower later in a run on the H200 (2026-11-30: 63.0 ms alone, 66.4 ms taking turns) is not known;
 # a GPU that lowers its clock (power, heat) is one candidate. nvidia-smi, sampled through the report, tells.
-GPU_WATCH = ("clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active",  # the name since driver 535
-             "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")  # the name before
+GPU_WATCH = ("timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active",  # the name since 535
+             "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")  # the name before
 SLOWDOWNS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal (software)", 0x40: "thermal (hardware)",
              0x80: "power brake"}  # NVML's clock-event bits that lower the clock under load (not idle's 0x1)
 
 
 class GpuWatch:
     """nvidia-smi's SM clock, power, temperature and slowdowns every 200 ms in a thread -> window(t0, t1), a few
-    words on the GPU while a row was timed (perf_counter's seconds). Without nvidia-smi (a CPU, a container without
-    it), or if it refuses, each window is empty."""
+    words on the GPU while a row was timed (perf_counter's seconds; each sample by nvidia-smi's own timestamp, not
+    when a buffered pipe hands it over). Without nvidia-smi (a CPU, a container without it), or if it refuses, each
+    window is empty."""
 
     def __init__(self, device):
-        self.samples, self.proc = [], None
+        self.samples, self.proc, self.offset = [], None, time.time() - time.perf_counter()
         exe = shutil.which("nvidia-smi") if device.startswith("cuda") else None
         if not exe:
             return
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")  # nvidia-smi counts every GPU; -i takes a UUID
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
-        gpu = visible[index].strip() if index < len(visible) and visible[index].strip() else str(index)
-        try:  # the first field list this nvidia-smi knows, then sampled until stop()
-            fields = next((f for f in GPU_WATCH if subprocess.run([exe, f"--query-gpu={f}", "--format=csv", "-i", gpu],
-                                                                  capture_output=True, timeout=30).returncode == 0), None)
+        # the GPU torch uses by its UUID: nvidia-smi's numbers follow the PCI bus, CUDA's may not
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None) \
+            if torch.cuda.is_available() else None
+        gpus = [f"GPU-{uuid}"] * (uuid is not None) + [str(torch.cuda.current_device() if uuid else 0)]
+        try:  # the first GPU name and field list this nvidia-smi takes, then sampled until stop()
+            gpu, fields = next(((g, f) for g in gpus for f in GPU_WATCH if subprocess.run(
+                [exe, f"--query-gpu={f}", "--format=csv", "-i", g], capture_output=True, timeout=30).returncode == 0),
+                (None, None))
             if fields:
                 self.proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms",
                                               "200", "-i", gpu], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -1173,10 +1185,15 @@ class GpuWatch:
     def _read(self):
         for line in self.proc.stdout:
             try:
-                sm, watts, celsius, events = (x.strip() for x in line.split(","))
-                self.samples.append((time.perf_counter(), float(sm), float(watts), float(celsius), int(events, 16)))
+                stamp, sm, watts, celsius, events = (x.strip() for x in line.split(","))
+                sample = (float(sm), float(watts), float(celsius), int(events, 16))
             except ValueError:  # "[N/A]", a message
                 continue
+            try:  # nvidia-smi's local time, e.g. 2026/11/30 04:10:12.345
+                at = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp() - self.offset
+            except ValueError:
+                at = time.perf_counter()
+            self.samples.append((at, *sample))
 
     def window(self, t0, t1):
         """e.g. ", GPU 1,980 MHz (1,755-1,980), 610 W, 58 C, slowed by: power cap" or "" without samples."""

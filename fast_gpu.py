@@ -59,8 +59,8 @@ if triton is not None:
 
 
 def _launch(kernel, ab, *tensors, out_columns):
-    """kernel over ab's rows (ab and tensors contiguous, of any leading dims) -> its output (..., out_columns)."""
-    F = ab.shape[-1] // 2
+    """kernel over ab's rows (of any leading dims, any strides) -> its output (..., out_columns), contiguous."""
+    ab, tensors, F = ab.contiguous(), [t.contiguous() for t in tensors], ab.shape[-1] // 2  # the kernels' layout
     out = ab.new_empty(*ab.shape[:-1], out_columns)
     with torch.cuda.device(ab.device) if ab.is_cuda else contextlib.nullcontext():  # Triton launches on the current GPU
         kernel[(ab.numel() // ab.shape[-1], triton.cdiv(F, BLOCK))](ab, *tensors, out, F, BLOCK=BLOCK)
@@ -83,12 +83,12 @@ def _(ab):
 @torch.library.custom_op("cs336_fast_gpu::silu_gate_backward", mutates_args=())
 def silu_gate_backward(ab: torch.Tensor, dh: torch.Tensor) -> torch.Tensor:
     """ab (..., 2F), the gradient dh (..., F) of silu(a) * b -> the gradients of a and b, side by side (..., 2F)."""
-    return _launch(_gate_backward_kernel, ab, dh.contiguous(), out_columns=ab.shape[-1])
+    return _launch(_gate_backward_kernel, ab, dh, out_columns=ab.shape[-1])
 
 
 @silu_gate_backward.register_fake
 def _(ab, dh):
-    return torch.empty_like(ab)
+    return ab.new_empty(ab.shape)
 
 
 def _keep_ab(ctx, inputs, output):
@@ -105,4 +105,4 @@ def usable(ab):  # Triton's kernels: on a GPU where Triton is installed, in 16 o
 def silu_gate(ab):
     """ab (..., 2F) = [W1 x, W3 x], the fused matmul's output -> silu(W1 x) * W3 x (..., F): model.py's SwiGLU gate,
     one Triton kernel forward and one backward."""
-    return _silu_gate(ab.contiguous())
+    return _silu_gate(ab)

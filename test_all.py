@@ -841,18 +841,21 @@ def test_bf16_residual_carries_bf16_between_blocks_and_computes_the_float32_step
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fused_head_levers_equal_the_defaults_cuda():
+def test_fused_head_levers_equal_the_defaults_cuda(monkeypatch):
     # on the GPU, as bench.py gpu runs them (bf16, compiled): the CUDA graphs replay (inductor skipped none), and
     # each lever's step equals the defaults' within bfloat16's rounding (different kernels sum in other orders)
     base = ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--device", "cuda", "--dtype", "bf16",
             "--compile", "--benchmark"]
     want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
+    launches, launch = [], fast_gpu._launch
+    monkeypatch.setattr(fast_gpu, "_launch", lambda *args, **kw: launches.append(args[0]) or launch(*args, **kw))
     for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"],
                   ["--no-bf16-residual"], *[["--triton-gate"]] * (fast_gpu.triton is not None)):
         torch.compiler.reset()
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
         assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips, lever
+        assert bool(launches) == (lever == ["--triton-gate"]), lever  # the gate's kernels ran, in its step only
         assert got_losses == pytest.approx(want_losses, rel=1e-2), lever
         for name, w in want.items():
             torch.testing.assert_close(got[name], w, rtol=0, atol=0.03 * float(w.abs().max()), msg=f"{lever} {name}")
@@ -10091,12 +10094,12 @@ def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypa
     # power, heat and slowdowns while it was timed, from nvidia-smi (a fake one here), and nothing without it
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\ncase \"$*\" in *event*) exit 2;; *lms*) ;; *) exit 0;; esac\n"  # an older driver
-                    "echo \"$@\" > \"$0.args\"\necho '[N/A], 1, 2, 0x0'\n"
-                    "for i in 1 2; do echo '1980, 612.5, 57, 0x0000000000000001'; echo '1755, 700.1, 61, 0x4'; done\n"
-                    "sleep 60\n")  # four samples, then none until stop() kills it
+                    "echo \"$@\" > \"$0.args\"\necho \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), [N/A], 1, 2, 0x0\"\n"
+                    "for i in 1 2; do echo \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), 1980, 612.5, 57, 0x0000000000000001\"\n"
+                    "echo \"never a date, 1755, 700.1, 61, 0x4\"; done\n"  # stamped as it is read
+                    "exec sleep 60\n")  # four samples, then none until stop() kills it
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")
     t0 = time.perf_counter()
     watch = bench.GpuWatch("cuda")
     try:
@@ -10109,7 +10112,7 @@ def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypa
         watch.stop()
     assert line == ", GPU 1,868 MHz (1,755-1,980), 656 W, 61 C, slowed by: power cap", line
     args = (tmp_path / "nvidia-smi.args").read_text().split()
-    assert args[-2:] == ["-i", "GPU-1234"] and f"--query-gpu={bench.GPU_WATCH[1]}" in args  # the GPU torch uses
+    assert args[-2:] == ["-i", "0"] and f"--query-gpu={bench.GPU_WATCH[1]}" in args  # without CUDA: the first GPU
     assert watch.window(0, t0 - 1) == "" and bench.GpuWatch("cpu").window(0, 1e9) == ""
 
 
@@ -10117,7 +10120,7 @@ _TRITON_GATE = """
 import bench, fast_gpu, model, optim
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
-    for F in (1000, 2048):  # a block and a part of one, and whole blocks
+    for F in (1500, 2048):  # a block and a part of one, and whole blocks
         ab = torch.randn(2, 3, 2 * F, generator=g).to(device, dtype).requires_grad_()
         dh = torch.randn(2, 3, F, generator=g).to(device, dtype)
         a, b = ab.chunk(2, dim=-1)
@@ -10128,6 +10131,11 @@ for dtype in (torch.float32, torch.bfloat16):
         for x, y in ((got, want), (got_grad, want_grad), (bench.gate_backward(ab.detach(), dh), want_grad)):
             one_ulp = (2 ** -22 if dtype == torch.float32 else 2 ** -7) * float(y.abs().max())  # about 1 ulp
             assert x.shape == y.shape and x.dtype == y.dtype and float((x - y).abs().max()) <= 2 * one_ulp, (dtype, F)
+# any strides: a transposed input, and a gradient that is one
+ab, dh = torch.randn(40, 6, generator=g).to(device).t(), torch.randn(20, 6, generator=g).to(device).t()
+a, b = ab.contiguous().chunk(2, dim=-1)
+torch.testing.assert_close(fast_gpu.silu_gate(ab), model.silu(a) * b)
+torch.testing.assert_close(fast_gpu.silu_gate_backward(ab, dh), bench.gate_backward(ab.contiguous(), dh.contiguous()))
 # compiled: the ops stand in inductor's graph as they are, forward and backward
 ab = torch.randn(2, 3, 64, generator=g, device=device, requires_grad=True)
 a, b = ab.chunk(2, dim=-1)
@@ -10170,17 +10178,39 @@ def test_fast_gpu_gate_equals_models_gate():
 def test_triton_gate_is_refused_where_it_cannot_run(monkeypatch):
     # --triton-gate's kernels run on a GPU, on the fast path, with triton installed: elsewhere one sentence each
     base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark", "--triton-gate"]
-    for flags in (["--device", "cpu"], ["--device", "cpu", "--no-fast"]):
-        with pytest.raises(cli.UsageError, match=r"^--triton-gate runs the fast path's Triton kernels on a GPU; on cpu, "
-                                                 r"or with --no-fast, drop it\.$"):
-            train.resolve_config(base + flags)
+    with pytest.raises(cli.UsageError, match=r"^--triton-gate runs Triton kernels on a GPU; on cpu drop it\.$"):
+        train.resolve_config(base + ["--device", "cpu"])
     cfg = train.resolve_config(base[:-1] + ["--device", "cpu"])
     assert cfg["triton_gate"] is False  # off by default
-    monkeypatch.setattr(fast_gpu, "triton", None)  # a GPU without triton: its rows, checked where they apply
+    rows = [r for r in config.CHECKS if "--triton-gate" in str(r[1])]  # a GPU's rules, checked where they apply
+    gpu = dict(cfg, device="cuda", triton_gate=True)
+    for over, said in (({"fast": False}, "--triton-gate is a kernel of the fast path, and --no-fast runs model.py's "
+                                         "own; drop one of them."),
+                       ({"silu_ffn": True}, "--triton-gate computes SwiGLU's gate, which --silu-ffn's ungated FFN "
+                                            "does not have; drop one of them.")):
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(said)}$"):
+            config.check_flags(dict(gpu, **over), rows)
+    monkeypatch.setattr(fast_gpu, "triton", None)  # a GPU without triton
     with pytest.raises(cli.UsageError, match=r"^--triton-gate needs triton, which this torch lacks: pip install triton "
                                              r"\(or drop --triton-gate\)\.$"):
-        config.check_flags(dict(cfg, device="cuda", triton_gate=True),
-                           [r for r in config.CHECKS if "--triton-gate" in str(r[1])])
+        config.check_flags(gpu, rows)
+
+
+def test_triton_gate_reaches_every_block_and_runs_in_the_step(monkeypatch):
+    # --triton-gate sets each SwiGLU's switch (LMLoss), and a step then runs the gate through fast_gpu.silu_gate in
+    # every layer: here its stand-in (torch's math, where the kernels need a GPU), under the fused W1/W3 matmul
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark"]
+    cfg = dict(train.resolve_config(base), triton_gate=True)  # past the GPU's check
+    ran = []
+    monkeypatch.setattr(model, "fused_projections", lambda x: True)
+    monkeypatch.setattr(fast_gpu, "usable", lambda ab: True)
+    monkeypatch.setattr(fast_gpu, "silu_gate", lambda ab: ran.append(ab.shape) or bench.gate_forward(ab))
+    raw, lm_loss, opt = train.build(cfg)
+    assert all(block.ffn.triton_gate for block in raw.layers)
+    micro = [tuple(torch.randint(cfg["vocab_size"], (2, cfg["context_length"])) for _ in range(2))]
+    train.train_step(lm_loss, opt, micro, 1e-3, cfg)
+    assert len(ran) == cfg["num_layers"]
+    assert not any(block.ffn.triton_gate for block in train.build(dict(cfg, triton_gate=False))[0].layers)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
