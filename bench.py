@@ -1183,28 +1183,33 @@ class GpuWatch:
             pass
 
     def _read(self):
-        for line in self.proc.stdout:
+        def number(text, parse=float):  # None where this GPU or driver has none ("[N/A]", "[Not Supported]")
             try:
-                stamp, sm, watts, celsius, events = (x.strip() for x in line.split(","))
-                sample = (float(sm), float(watts), float(celsius), int(events, 16))
-            except ValueError:  # "[N/A]", a message
+                return parse(text)
+            except ValueError:
+                return None
+        for line in self.proc.stdout:
+            fields = [x.strip() for x in line.split(",")]
+            if len(fields) != 5 or number(fields[1]) is None:  # a message, or no clock: no sample
                 continue
             try:  # nvidia-smi's local time, e.g. 2026/11/30 04:10:12.345
-                at = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp() - self.offset
+                at = datetime.datetime.strptime(fields[0], "%Y/%m/%d %H:%M:%S.%f").timestamp() - self.offset
             except ValueError:
                 at = time.perf_counter()
-            self.samples.append((at, *sample))
+            self.samples.append((at, number(fields[1]), number(fields[2]), number(fields[3]),
+                                 number(fields[4], lambda t: int(t, 16)) or 0))
 
     def window(self, t0, t1):
         """e.g. ", GPU 1,980 MHz (1,755-1,980), 610 W, 58 C, slowed by: power cap" or "" without samples."""
         seen = [s for s in self.samples if t0 <= s[0] <= t1]
         if not seen:
             return ""
-        sm, watts, celsius, events = zip(*(s[1:] for s in seen))
+        sm, watts, celsius, events = ([x for x in xs if x is not None] for xs in zip(*(s[1:] for s in seen)))
         slowed = [why for bit, why in SLOWDOWNS.items() if any(e & bit for e in events)]
-        return (f", GPU {statistics.median(sm):,.0f} MHz ({min(sm):,.0f}-{max(sm):,.0f}), "
-                f"{statistics.median(watts):.0f} W, {max(celsius):.0f} C" + (f", slowed by: {', '.join(slowed)}"
-                                                                             if slowed else ""))
+        return "".join([f", GPU {statistics.median(sm):,.0f} MHz ({min(sm):,.0f}-{max(sm):,.0f})",
+                        *[f", {statistics.median(watts):.0f} W"] * bool(watts),
+                        *[f", {max(celsius):.0f} C"] * bool(celsius),
+                        *[f", slowed by: {', '.join(slowed)}"] * bool(slowed)])
 
     def stop(self):
         if self.proc:

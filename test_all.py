@@ -10097,20 +10097,21 @@ def test_bench_gpu_watch_reads_the_clock_while_a_row_is_timed(tmp_path, monkeypa
                     "echo \"$@\" > \"$0.args\"\necho \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), [N/A], 1, 2, 0x0\"\n"
                     "for i in 1 2; do echo \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), 1980, 612.5, 57, 0x0000000000000001\"\n"
                     "echo \"never a date, 1755, 700.1, 61, 0x4\"; done\n"  # stamped as it is read
-                    "exec sleep 60\n")  # four samples, then none until stop() kills it
+                    "echo \"$(date '+%Y/%m/%d %H:%M:%S.%3N'), 1980, [N/A], 57, [N/A]\"\n"  # no power: still a clock
+                    "exec sleep 60\n")  # five samples, then none until stop() kills it
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     t0 = time.perf_counter()
     watch = bench.GpuWatch("cuda")
     try:
         for _ in range(200):
-            if len(watch.samples) == 4:
+            if len(watch.samples) == 5:
                 break
             time.sleep(0.05)
         line = watch.window(t0, time.perf_counter())
     finally:
         watch.stop()
-    assert line == ", GPU 1,868 MHz (1,755-1,980), 656 W, 61 C, slowed by: power cap", line
+    assert line == ", GPU 1,980 MHz (1,755-1,980), 656 W, 61 C, slowed by: power cap", line
     args = (tmp_path / "nvidia-smi.args").read_text().split()
     assert args[-2:] == ["-i", "0"] and f"--query-gpu={bench.GPU_WATCH[1]}" in args  # without CUDA: the first GPU
     assert watch.window(0, t0 - 1) == "" and bench.GpuWatch("cpu").window(0, 1e9) == ""
