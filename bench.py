@@ -878,8 +878,8 @@ GATE_CALLS = 10  # calls of a variant in one timing
 
 
 def gate_table(device, rows, d_ff, dtype, compile, repeats):
-    """SwiGLU's gate alone at rows x d_ff, forward and backward apart, each variant in turn after an untimed call
-    -> {variant: its line}: time, and bytes read and written per second; Triton's row also its largest difference
+    """SwiGLU's gate alone at rows x d_ff, forward and backward apart, each variant in turn after an untimed round
+    (the compile) -> {variant: its line}: time, and bytes read and written per second; Triton's row also its largest difference
     from inductor's (in units of inductor's largest value)."""
     g = torch.Generator().manual_seed(0)
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -1167,9 +1167,9 @@ class GpuWatch:
         if not exe:
             return
         # the GPU torch uses by its UUID: nvidia-smi's numbers follow the PCI bus, CUDA's may not
-        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None) \
-            if torch.cuda.is_available() else None
-        gpus = [f"GPU-{uuid}"] * (uuid is not None) + [str(torch.cuda.current_device() if uuid else 0)]
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None) if torch.cuda.is_available() else None
+        gpus = [f"GPU-{uuid}"] * (uuid is not None) + [str(index)]
         try:  # the first GPU name and field list this nvidia-smi takes, then sampled until stop()
             gpu, fields = next(((g, f) for g in gpus for f in GPU_WATCH if subprocess.run(
                 [exe, f"--query-gpu={f}", "--format=csv", "-i", g], capture_output=True, timeout=30).returncode == 0),
