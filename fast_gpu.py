@@ -27,8 +27,8 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # torch's CPU wheels come without it: model.py then keeps torch's ops
-    triton = None
+except ImportError:  # torch's CPU wheels come without it: model.py and fused_head.py then keep torch's ops
+    triton = tl = None
 
 BLOCK = 1024  # columns of one row per program: a power of two, most of a GPT-2-small row of d_ff 2,048
 
@@ -58,11 +58,19 @@ if triton is not None:
         tl.store(dab_ptr + row * 2 * F + F + cols, (dh * a * s).to(out), mask=inside)
 
 
+def usable(t):  # Triton's kernels, these and fused_head.py's: on a GPU with Triton, in 16 or 32 bits (float64: torch)
+    return triton is not None and t.is_cuda and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+def on_its_gpu(t):  # Triton launches on the current GPU: make t's current for the launch (--device cuda:1)
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def _launch(kernel, ab, *tensors, out_columns):
     """kernel over ab's rows (of any leading dims, any strides) -> its output (..., out_columns), contiguous."""
     ab, tensors, F = ab.contiguous(), [t.contiguous() for t in tensors], ab.shape[-1] // 2  # the kernels' layout
     out = ab.new_empty(*ab.shape[:-1], out_columns)
-    with torch.cuda.device(ab.device) if ab.is_cuda else contextlib.nullcontext():  # Triton launches on the current GPU
+    with on_its_gpu(ab):
         kernel[(ab.numel() // ab.shape[-1], triton.cdiv(F, BLOCK))](ab, *tensors, out, F, BLOCK=BLOCK)
     return out
 
@@ -96,10 +104,6 @@ def _keep_ab(ctx, inputs, output):
 
 
 _silu_gate.register_autograd(lambda ctx, dh: silu_gate_backward(ctx.saved_tensors[0], dh), setup_context=_keep_ab)
-
-
-def usable(ab):  # Triton's kernels: on a GPU where Triton is installed, in 16 or 32 bits (float64 stays torch's)
-    return triton is not None and ab.is_cuda and ab.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 def silu_gate(ab):

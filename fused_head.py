@@ -39,15 +39,9 @@ The lessons it embodies:
      kernels, all at the memory's speed, if the arithmetic holds: still to be measured (bench.py gpu's --fused-head
      rows and its head section).
 """
-import contextlib
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # torch's CPU wheels come without it: the chunk's loss then runs as torch ops
-    triton = None
+from fast_gpu import on_its_gpu, tl, triton, usable  # the GPU engine's Triton (None without it: torch ops then)
 
 CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, 4 is
 # the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 no
@@ -106,7 +100,7 @@ def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Ten
     """z (C, V) a chunk's logits, contiguous rows -> each row's loss (C,) float32; z becomes the rows' gradient of
     the mean loss over n rows, (softmax - onehot) / n, in place (lesson 9: Triton's kernel)."""
     losses = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
-    with torch.cuda.device(z.device) if z.is_cuda else contextlib.nullcontext():  # Triton launches on the current GPU
+    with on_its_gpu(z):
         _loss_and_grad_kernel[(z.shape[0],)](z, targets.contiguous(), losses, z.stride(0), 1.0 / n, V=z.shape[1],
                                              BLOCK=2048)
     return losses
@@ -115,10 +109,6 @@ def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Ten
 @_loss_and_grad_.register_fake
 def _(z, targets, n):
     return z.new_empty(z.shape[0], dtype=torch.float32)
-
-
-def _triton_chunks(z):  # lesson 9's kernel: on a GPU where Triton is installed, in 16 or 32 bits (float64 stays exact)
-    return triton is not None and z.is_cuda and z.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 def compute_dtype(h):
@@ -132,7 +122,7 @@ def _chunk(hc, wc, targets, n, want_grad):
     its gradient with respect to its logits, (softmax - onehot) / n, in the compute dtype, or None). On a GPU with
     Triton, one kernel (lesson 9); otherwise, eager, one (C, V) float32 buffer: the logits become exp(z - max), then
     the softmax, then its gradient, in place."""
-    if want_grad and _triton_chunks(hc):  # one kernel, over the compute dtype's logits (lesson 9)
+    if want_grad and usable(hc):  # one kernel, over the compute dtype's logits (lesson 9)
         z = hc @ wc.t()  # (C, V), contiguous rows
         return _loss_and_grad_(z, targets, n).sum(), z
     z = (hc @ wc.t()).to(torch.promote_types(hc.dtype, torch.float32))  # (C, V): this chunk's logits, float32
