@@ -163,8 +163,6 @@ class LMLoss(torch.nn.Module):
         super().__init__()
         self.lm, self.fast, self.in_graph = lm, cfg["fast"], cfg["fast"] and cfg["compile"]
         self.fused_head, self.attention = cfg["fast"] and cfg["fused_head"], SDPA_BACKENDS[cfg["sdpa_backend"]]
-        for block in lm.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
-            block.ffn.triton_gate = cfg["fast"] and cfg["triton_gate"]
 
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
@@ -200,14 +198,16 @@ def make_optimizer(cfg, lm):
 
 
 def build(cfg):
-    """The model, its optimizer, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing,
-    LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
+    """The model, its optimizer, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing and
+    the model's switches, LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
     raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
     optimizer = make_optimizer(cfg, raw)
     if cfg["activation_checkpointing"]:
         use_activation_checkpointing(raw)
     narrow_residual(raw, cfg)
+    for block in raw.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
+        block.ffn.triton_gate = cfg["triton_gate"]
     model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
     if cfg["world_size"] > 1:
         dev = torch.device(cfg["device"])
