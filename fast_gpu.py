@@ -16,7 +16,8 @@ The lessons it embodies:
      written into the one (rows, 2 d_ff) buffer that the fused W1/W3 matmul's backward reads. The arithmetic is
      float32, the storage the input's dtype (bf16 under autocast), as inductor's.
   4. The kernels run inside custom ops (torch.library) that autograd pairs, so torch.compile treats each as one
-     kernel and still fuses what is around it. On a CPU, and without Triton, model.py keeps torch's ops.
+     kernel and still fuses what is around it. On a CPU, and without Triton, model.py keeps torch's ops (usable();
+     fused_head.py's loss kernel asks the same).
   5. Whether it wins is for the GPU to say: off by default (--triton-gate turns it on) until bench.py gpu measures it
      faster, alone and in the step.
 """
