@@ -100,6 +100,8 @@ def silu(x):
 
 def softmax(x, dim):
     """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite."""
+    if x.shape[dim] == 0:  # no numbers to normalize (and no max to take): empty out, as torch.softmax gives
+        return x.clone()
     z = torch.exp(x - x.amax(dim=dim, keepdim=True))
     return z / z.sum(dim=dim, keepdim=True)
 
@@ -255,12 +257,14 @@ class MultiHeadSelfAttention(nn.Module):
 
     def _project(self, x):
         """x (..., T, d_model) -> q, k, v, each (..., H, T, d_head). fast (where fused_projections): one matmul,
-        the three weights concatenated here on every call, so the parameters and state-dict keys stay three Linears."""
+        the three weights concatenated here on every call, so the parameters and state-dict keys stay three Linears.
+        Its output is split along its last dim, so the backward's concatenation of the three gradients is laid out
+        as the matmul reads it: RoPE's backward writes into it directly, with no stacked copy to transpose."""
         H, dh = self.num_heads, self.d_head
         if not (self.fast and fused_projections(x)):
             return [p(x).unflatten(-1, (H, dh)).transpose(-3, -2) for p in (self.q_proj, self.k_proj, self.v_proj)]
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
-        return (x @ w.t()).unflatten(-1, (3, H, dh)).movedim(-3, 0).transpose(-3, -2)  # (3, ..., H, T, dh)
+        return [t.unflatten(-1, (H, dh)).transpose(-3, -2) for t in (x @ w.t()).split(H * dh, dim=-1)]
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
         # x: (..., T, d_model); token_positions: (T,) or (..., T); attn_mask: bool (B, 1, T, T_total) or None = causal
