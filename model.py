@@ -256,30 +256,33 @@ class MultiHeadSelfAttention(nn.Module):
         self.fast = fast
 
     def _project(self, x):
-        """x (..., T, d_model) -> q, k, v, each (..., H, T, d_head). fast (where fused_projections): one matmul,
+        """x (..., T, d_model) -> q, k, v, each (..., T, H, d_head). fast (where fused_projections): one matmul,
         the three weights concatenated here on every call, so the parameters and state-dict keys stay three Linears.
         Its output is split along its last dim, so the backward's concatenation of the three gradients is laid out
         as the matmul reads it: RoPE's backward writes into it directly, with no stacked copy to transpose."""
         H, dh = self.num_heads, self.d_head
         if not (self.fast and fused_projections(x)):
-            return [p(x).unflatten(-1, (H, dh)).transpose(-3, -2) for p in (self.q_proj, self.k_proj, self.v_proj)]
+            return [p(x).unflatten(-1, (H, dh)) for p in (self.q_proj, self.k_proj, self.v_proj)]
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
-        return [t.unflatten(-1, (H, dh)).transpose(-3, -2) for t in (x @ w.t()).split(H * dh, dim=-1)]
+        return [t.unflatten(-1, (H, dh)) for t in (x @ w.t()).split(H * dh, dim=-1)]
 
     def forward(self, x, token_positions=None, attn_mask=None, kv_cache=None):
         # x: (..., T, d_model); token_positions: (T,) or (..., T); attn_mask: bool (B, 1, T, T_total) or None = causal
         T = x.shape[-2]
-        q, k, v = self._project(x)  # each (..., H, T, dh)
+        q, k, v = self._project(x)  # each (..., T, H, dh)
         if self.rope is not None:
             if token_positions is None:
                 past = kv_cache.n if kv_cache is not None else 0
                 if past + T > len(self.rope.cos):  # TransformerLM.forward checks a caller's; here, the module alone
                     raise ValueError(f"{past + T} positions, but RoPE holds max_seq_len={len(self.rope.cos)}.")
                 token_positions = torch.arange(past, past + T, device=x.device)
-            pos = token_positions.unsqueeze(-2)  # (..., 1, T): the same rotation for every head
+            pos = token_positions.unsqueeze(-1)  # (..., T, 1): the same rotation for every head
             # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
             q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
+        # Heads become a batch dim only now: rotated before, q and k keep x's (T, H) order in memory, which cuDNN's
+        # attention gives its output too, so concatenating the heads below is a view, not a copy
+        q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, T, dh)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:

@@ -417,11 +417,15 @@ def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation, monkeypatch)
     assert len(attention) == 2 and set(attention.values()) == {3}, attention  # forward and backward, per layer
 
 
-def test_model_fused_qkv_backward_writes_the_gradients_where_the_matmul_reads_them():
-    # issue 49: the fused projection's output is split along its last dim, so the backward's concatenation of the q,
-    # k, v gradients is the (N, 3 d) buffer the matmul's backward reads, written by RoPE's backward and the copy of
-    # dv. Split as (3, ..., H, T, dh) (movedim), inductor first stacked them in that order, then copied them into
-    # (N, 3 d): on the H200 that copy took 0.91 ms of a GPT-2-small step. Here: one (N, 3 d) buffer, no stack
+def test_model_attention_copies_nothing_around_the_kernel_compiled():
+    # issue 49, attention's layouts, read in inductor's code for a compiled forward and backward on a CPU:
+    # - the fused projection's output is split along its last dim, so the backward's concatenation of the q, k, v
+    #   gradients is the (N, 3 d) buffer the matmul's backward reads, written by RoPE's backward and the copy of dv.
+    #   Split as (3, ..., H, T, dh) (movedim), inductor first stacked them in that order, then copied them into
+    #   (N, 3 d): on the H200 that copy took 0.91 ms of a GPT-2-small step;
+    # - RoPE rotates q and k before the heads become a batch dim, so they stay in x's (T, H) order in memory, and
+    #   the attention's output comes back in it: the heads' concatenation is a view. Rotated as (..., H, T, dh),
+    #   the output was copied into (T, H) order for output_proj (and cuDNN copies its gradient back, on a GPU)
     if why := machine.compile_error("cpu"):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     from torch._inductor.utils import run_and_get_code
@@ -433,9 +437,10 @@ def test_model_fused_qkv_backward_writes_the_gradients_where_the_matmul_reads_th
     def step():
         return torch.autograd.grad(torch.compile(attn)(x).square().sum(), (x, *attn.parameters()))
     got, code = run_and_get_code(step)
-    backward = re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", code[-1])
-    sizes = [math.prod(int(n) for n in shape.split(",") if n.strip()) for shape, _ in backward]
-    assert sizes.count(40 * 192) == 1, backward  # the (N, 3 d) gradient alone, written once
+    forward, backward = ([math.prod(int(n) for n in shape.split(",") if n.strip()) for shape in
+                          re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.\w+\)", c)] for c in code)
+    assert forward.count(40 * 64) == 3, forward  # rotated q and k, output_proj's result: no copy of the heads
+    assert backward.count(40 * 192) == 1, backward  # the (N, 3 d) gradient alone, written once
     ref = model.MultiHeadSelfAttention(64, 4, rope)
     ref.load_state_dict(attn.state_dict())
     want = torch.autograd.grad(ref(x).square().sum(), (x, *ref.parameters()))
