@@ -37,7 +37,9 @@ The lessons it embodies:
      GPU with Triton a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the
      log-sum-exp, then the gradient) and writes the gradient over the logits. The same bytes as inductor's two
      kernels, all at the memory's speed, if the arithmetic holds: still to be measured (bench.py gpu's --fused-head
-     rows and its head section).
+     rows and its head section). Compiled, one (C, V) buffer of the compute dtype then serves every chunk (inductor's
+     code, read on a CPU through Triton's interpreter): a step holds 1/CHUNKS of the bf16 logits, where lesson 7's
+     torch chunk held a float32 chunk and its gradient beside it.
 """
 import torch
 
