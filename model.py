@@ -100,7 +100,7 @@ def silu(x):
 
 def softmax(x, dim):
     """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite."""
-    if x.shape[dim] == 0:  # no numbers to normalize (and no max to take): empty out, as torch.softmax gives
+    if x.numel() == 0:  # no numbers to normalize (and no max to take): empty out, as torch.softmax gives
         return x.clone()
     z = torch.exp(x - x.amax(dim=dim, keepdim=True))
     return z / z.sum(dim=dim, keepdim=True)
@@ -191,7 +191,8 @@ class RotaryPositionalEmbedding(nn.Module):
 
     def forward(self, x, token_positions, as_complex=False):
         # x: (..., T, d_k); token_positions: (..., T) broadcastable against x's leading dims, each in [0, max_seq_len)
-        # (TransformerLM.forward checks a caller's)
+        # (TransformerLM.forward checks a caller's). Attention passes x (..., T, H, d_k) and positions (..., T, 1):
+        # the same angle for every head, by broadcasting
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, d_k/2)
         if as_complex:  # the same rotation as (x_2k + i x_2k+1) e^{i angle}: one kernel instead of a dozen
             z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., T, d_k/2) complex, no copy

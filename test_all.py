@@ -263,6 +263,7 @@ def test_model_silu_softmax_match_torch():
     torch.testing.assert_close(model.softmax(big, -1), torch.softmax(big, -1))
     empty = torch.zeros(3, 0)  # no numbers along the dim: empty out, as torch's (amax alone raises IndexError)
     assert model.softmax(empty, -1).shape == (3, 0) and model.softmax(empty, 0).shape == (3, 0)
+    assert model.softmax(torch.tensor(2.0), 0) == 1.0  # a 0-dim tensor: one number, softmax 1, as torch's
 
 
 def test_model_swiglu_and_silu_ffn_formulas():
@@ -422,7 +423,8 @@ def test_model_attention_copies_nothing_around_the_kernel_compiled():
     # - the fused projection's output is split along its last dim, so the backward's concatenation of the q, k, v
     #   gradients is the (N, 3 d) buffer the matmul's backward reads, written by RoPE's backward and the copy of dv.
     #   Split as (3, ..., H, T, dh) (movedim), inductor first stacked them in that order, then copied them into
-    #   (N, 3 d): on the H200 that copy took 0.91 ms of a GPT-2-small step;
+    #   (N, 3 d): on the H200 that copy took 0.91 ms of a GPT-2-small step (torch 2.5's inductor wrote one buffer
+    #   already; 2.13 and 2.14 wrote two);
     # - RoPE rotates q and k before the heads become a batch dim, so they stay in x's (T, H) order in memory, and
     #   the attention's output comes back in it: the heads' concatenation is a view. Rotated as (..., H, T, dh),
     #   the output was copied into (T, H) order for output_proj (and cuDNN copies its gradient back, on a GPU)
@@ -432,7 +434,7 @@ def test_model_attention_copies_nothing_around_the_kernel_compiled():
     torch.manual_seed(0)
     rope = model.RotaryPositionalEmbedding(10000.0, 16, 32)
     attn = model.MultiHeadSelfAttention(64, 4, rope, fast=True)
-    x = torch.randn(2, 20, 64, requires_grad=True)  # N = 40 rows, 3 d = 192: 7,680 numbers per q, k, v gradient
+    x = torch.randn(2, 20, 64, requires_grad=True)  # N = 40 rows, 3 d = 192: 7,680 numbers in the q, k, v gradients
 
     def step():
         return torch.autograd.grad(torch.compile(attn)(x).square().sum(), (x, *attn.parameters()))
@@ -682,7 +684,7 @@ def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients_cuda():
 
 
 _TRITON_HEAD_COMPILED = """
-import re, fused_head, optim
+import re, fused_head
 from torch._inductor.utils import run_and_get_code
 fused_head.usable = lambda z: True  # lesson 9's kernel (on the CPU through Triton's interpreter)
 g = torch.Generator().manual_seed(0)
