@@ -75,12 +75,33 @@ def hang_up():
     os.close(null)
 
 
+_may_leave, _reader_gone = [], []  # inside reader_may_leave(); the reader of the output left there
+
+
+@contextlib.contextmanager
+def reader_may_leave():
+    """Inside (a training loop), the reader of the output leaving (`| head`, `less` closed, a `tee` killed) is a
+    request to stop, not an error: say() sends the output to /dev/null, as for a SIGHUP, and reader_gone() turns
+    true, so that the loop stops at its step boundary and saves its checkpoint."""
+    _may_leave.append(True)
+    try:
+        yield
+    finally:
+        _may_leave.pop()
+
+
+def reader_gone():
+    return bool(_reader_gone)
+
+
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
         (file := file or sys.stdout).write(sep.join(map(str, args)) + end)
         file.flush()
     except OSError as e:
-        if e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
+        if e.errno == errno.EPIPE and _may_leave:
+            _reader_gone.append(True)
+        elif e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
             raise  # (`| head`), which exit_code ends quietly
         hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
 

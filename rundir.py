@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from cli import SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, short_repr
+from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
+                 short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, load_json, lock_holder,
                    file_sha256, new_folders, not_a_file, temporary, unwritable, writable, write_json)
 from machine import rank0_verdict
@@ -541,10 +542,10 @@ def check_same_data(state, cfg, ckpt_path):
 
 @contextlib.contextmanager
 def stop_requests(cfg):
-    """Ctrl-C, SIGTERM or SIGHUP stops the loop at the next step boundary, where model and optimizer agree,
-    so the checkpoint saved then is valid (under DDP on GPUs: the next log step); a second Ctrl-C aborts at once
-    (under torchrun, not one within a second of the first: torchrun passes on the signal a process got too).
-    Yields stopped(step)."""
+    """Ctrl-C, SIGTERM, SIGHUP or the output's reader leaving (`| head`) stops the loop at the next step boundary,
+    where model and optimizer agree, so the checkpoint saved then is valid (under DDP on GPUs: the next log step); a
+    second Ctrl-C aborts at once (under torchrun, not one within a second of the first: torchrun passes on the
+    signal a process got too). Yields stopped(step)."""
     asked = []  # when the first stop came
     every_step = cfg["world_size"] == 1 or cfg["device"] == "cpu"  # a CPU waits for each step anyway
 
@@ -560,15 +561,16 @@ def stop_requests(cfg):
 
     def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them is
         if cfg["world_size"] == 1:  # an all_reduce and a host wait: on GPUs only at log steps (torchrun kills a
-            return bool(asked)      # process 30 s after a signal: a CPU's slow steps could not wait that long)
+            return bool(asked) or reader_gone()  # process 30 s after a signal: a CPU's slow steps could not wait)
         if step % cfg["log_interval"] and not every_step:
             return False
-        s = torch.tensor([float(bool(asked))], device=cfg["device"])
+        s = torch.tensor([float(bool(asked) or reader_gone())], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
     old = on_stops(handler)
     try:
-        yield stopped
+        with reader_may_leave():  # the reader of the output leaving stops the loop too, as a SIGHUP does
+            yield stopped
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -6685,7 +6685,7 @@ def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
-def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet(tmp_path, capsys):
+def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_the_run(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
     npy = ["--data", str(ids), *_TRAIN_TINY]
     assert train.main(npy + ["--out-dir", "/proc/cs336-test"]) == 1    # every check passes; mkdir fails
@@ -6695,14 +6695,20 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_is_quiet
         assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
     _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then rerun the same "
                              "command (once the run has a ckpt.pt: with --resume, without --overwrite).")
-    # `| head -1`: the reader leaves after one line; a BrokenPipeError traceback before. The run is too long to end
-    # before that (it could have written all its lines into the pipe and ended well, the reader still there)
+    # `| head`: the reader leaves once the loop has printed a step; a BrokenPipeError traceback before, then a quiet
+    # exit 1 that lost the steps since the last checkpoint. Now a stop, as for a SIGHUP: the step's checkpoint is
+    # saved, and one sentence goes to stderr. The run is too long to end before that
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
-                          "--max-iters", "100000", "--log-interval", "1"],
+                          "--max-iters", "100000", "--log-interval", "1", "--checkpoint-interval", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.readline()
+    while not p.stdout.readline().startswith(b"step 3/"):
+        pass
     p.stdout.close()
-    assert p.wait(timeout=300) == 1 and p.stderr.read() == b""
+    assert p.wait(timeout=300) == 130
+    said = p.stderr.read().decode()
+    step = int(re.fullmatch(r"the output's reader left: stopped at step (\d+); checkpoint saved to \S+ckpt\.pt\. "
+                            r"Continue with the same command plus --resume\.\n", said.lstrip("\n"))[1])
+    assert step > 3 and rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == step, said
 
 
 def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys, monkeypatch):
