@@ -382,3 +382,7 @@ def end_progress():  # a terminal's progress line ends before what is printed ne
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
         raise UsageError(f"{message} (see python {self.prog} --help)")
+
+    def _print_message(self, message, file=None):  # --help to a full disk: argparse dropped the error (exit 0)
+        if message:
+            say(message, end="", file=file or sys.stderr)

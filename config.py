@@ -22,7 +22,7 @@ import fast_gpu
 import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log
-from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
+from data import BUILTIN, DATASETS, ids_tokenizer, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import run_config, run_dir, run_dir_problem
@@ -354,8 +354,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
     (lambda c: c["tensorboard"] and importlib.util.find_spec("tensorboard") is None,
      "--tensorboard needs the tensorboard package: pip install tensorboard (or drop --tensorboard)."),
-    (lambda c: c["run_name"] in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
-     "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..' or '.'); pick another."),
+    (lambda c: c["run_name"].strip() in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"],
+     "--run-name {run_name!r} must be one plain name inside --out-dir (no '/', not '..', '.' or blank); pick "
+     "another."),
     (run_dir_problem, run_dir_problem),
     (lambda c: c["compile"] and c["export"] is None  # last: it takes seconds (--sample's generate compiles too)
      and compile_error(c["device"]),
@@ -458,8 +459,15 @@ def init_from_defaults(cfg, given):
     run = Path(src)
     old = run_config(run)
     if old is None:
-        raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained run.")
+        inside = f" (the run is {run.parent})" if run.is_file() else ""  # its ckpt.pt, say
+        raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained "
+                         f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
+    if cfg["tokenizer"] and "vocab_size" in shape:  # the run's vocabulary, not a flag given: say which disagrees
+        n = len(ids_tokenizer(cfg["data"], cfg["tokenizer"])[0].vocab)
+        if n != shape["vocab_size"]:
+            raise UsageError(f"--tokenizer {cfg['tokenizer']} has {n} tokens, but --init-from {run}'s model reads "
+                             f"{shape['vocab_size']}: its weights fit its own tokenizer; drop --tokenizer.")
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
     beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \

@@ -612,6 +612,10 @@ def ids_vocab_size(source, tokenizer, vocab_size):
     (ids_tokenizer), if it has one. Given, it must equal --tokenizer's (UsageError); one found beside the ids is held
     only to what samples need (config.check_samples): a larger model vocabulary, say, when the run makes no samples."""
     tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) or tokenizer else None  # text: BPE trained on it
+    if tok is not None and tokenizer and not is_ids(source) and max(tok.vocab) >= len(tok.vocab):  # before encoding
+        raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens but numbers one {max(tok.vocab)}, so "
+                         f"the ids it makes of --data would not fit a model of its size; number its tokens 0 to "
+                         f"{len(tok.vocab) - 1}.")
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
                          f"{tokenizer} (with {EOT}, which train.py adds where vocab.json lacks it); drop --vocab-size "
@@ -649,7 +653,7 @@ def load_ids(source, val_data, tokenizer=None):
         except (ValueError, OSError) as e:
             raise UsageError(f"{flag} {path}: {e}; save ids with np.save.") from None
         if len(loaded[flag]) == 0:
-            raise UsageError(f"{flag}: the file holds no token ids; pass a .npy with some.")
+            raise UsageError(f"{flag} {path}: the file holds no token ids; pass a .npy with some.")
     train, valid = loaded["--data"], loaded["--val-data"]
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))

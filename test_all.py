@@ -5289,7 +5289,7 @@ def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monke
 def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
     assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
-    _train_one_line(capsys, "--data: the file holds no token ids")
+    _train_one_line(capsys, f"--data {tmp_path / 'e.npy'}: the file holds no token ids")  # the file named
     # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
@@ -6249,7 +6249,7 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys, m
     for name, text in mine.items():
         (victim / name).write_text(text)
     base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
-    for name in ("../victim", str(victim), "a/b", "..", ".", ""):
+    for name in ("../victim", str(victim), "a/b", "..", ".", "", " ", "\t"):  # blank: an out/ / folder before
         capsys.readouterr()
         assert train.main(base + ["--run-name", name]) == 2, name
         _train_one_error(capsys, "--run-name", "one plain name inside --out-dir")
@@ -7206,6 +7206,35 @@ def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys)
     assert not (tmp_path / "out" / "ids").exists()
     bpe.main(["encode", str(other), "--tokenizer", str(run), "--out", str(tmp_path / "ids.npy")])  # its own ids
     assert train.main(["--data", str(tmp_path / "ids.npy"), "--init-from", str(run), *flags]) == 0
+    # a seventh tester's: the run's size, not a flag given, disagreed with --tokenizer ("drop --vocab-size"); its
+    # ckpt.pt for the run "held no run"
+    small = tmp_path / "small"
+    bpe.main(["train", str(other), "--vocab-size", "290", "--special-tokens", "<|endoftext|>", "--out", str(small)])
+    capsys.readouterr()
+    assert train.main(["--data", str(other), "--init-from", str(run), "--tokenizer", str(small), *flags]) == 2
+    _train_one_error(capsys, f"--tokenizer {small} has 290 tokens, but --init-from {run}'s model reads 300: its "
+                             "weights fit its own tokenizer; drop --tokenizer.")
+    assert train.main(["--data", str(other), "--init-from", str(run / "ckpt.pt"), *flags]) == 2
+    _train_one_error(capsys, f"pass the folder of a trained run (the run is {run}).")
+
+
+def test_train_text_with_a_tokenizer_whose_ids_pass_its_size_is_refused_before_encoding(tmp_path, capsys):
+    # a seventh tester's: text --data, --tokenizer numbering its tokens past its size: the text was encoded, then
+    # the cache's ids were refused ("delete it and run again"), and the same again after each delete
+    story, tok, bad = _train_story(tmp_path / "story.txt"), tmp_path / "tok", tmp_path / "bad"
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok)])
+    bad.mkdir()
+    shutil.copy(tok / "merges.txt", bad)
+    vocab = json.loads((tok / "vocab.json").read_text())
+    (bad / "vocab.json").write_text(json.dumps({k: i * 1000 for k, i in vocab.items()}))
+    capsys.readouterr()
+    at = _TRAIN_TINY.index("--vocab-size")
+    flags = [*_TRAIN_TINY[:at], *_TRAIN_TINY[at + 2:], "--out-dir", str(tmp_path / "out"), "--data-dir",
+             str(tmp_path / "data"), "--max-iters", "2"]
+    assert train.main(["--data", str(story), "--tokenizer", str(bad), *flags]) == 2
+    _train_one_error(capsys, f"--tokenizer {bad} has 300 tokens but numbers one 299000, so the ids it makes of --data "
+                             "would not fit a model of its size; number its tokens 0 to 299.")
+    assert not list(tmp_path.glob("data/**/*.npy")) and not (tmp_path / "out").exists()
 
 
 def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
@@ -8447,6 +8476,17 @@ def test_experiments_every_variant_has_a_folder_of_its_own(lr):
     assert experiments.lr_name(1e-3) == "lr=1e-03" and experiments.lr_name(100.0) == "lr=1e+02"  # the sweep's names
 
 
+def test_experiments_runs_end_their_cosine_at_the_presets_share_of_their_rate():
+    # a seventh tester's: `experiments.py lr --lr 0.5` kept the preset's --min-lr (5e-4), so every run's cosine
+    # ended at 1/1000 of its rate, not the tenth the presets give; a --min-lr given sets the share
+    args = types.SimpleNamespace(data="pydoc", out_dir="out")
+    for rest, share in ((["--lr", "0.5"], 0.1), ([], 0.1), (["--lr", "0.5", "--min-lr", "0.005"], 0.01)):
+        plans = experiments.plan(experiments.baseline_config(args, rest))
+        for _, _, run in plans["lr"]:
+            cfg = train.resolve_config(experiments.command(run, args, rest)[2:])
+            assert cfg["min_lr"] == pytest.approx(cfg["lr"] * share), (rest, run.name)
+
+
 def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_path):
     run, args = experiments.Run("lr", "lr=1e+01", ["--lr", "10"]), _exp_args(tmp_path)
     run.dir(args.out_dir).mkdir(parents=True)
@@ -9405,6 +9445,20 @@ def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkey
     assert code == 1 and capsys.readouterr().err == (
         "accounting.py: error: the disk is full: could not write stdout; free some space and rerun.\n")
 
+
+
+@pytest.mark.parametrize("script", ["train.py", "bpe.py", "experiments.py", "accounting.py", "kernels.py", "export.py",
+                                    "bench.py"])
+def test_help_to_a_full_disk_says_so(script):
+    # a seventh tester's: `--help > /dev/full` ended with exit 0 and no word in every script: argparse drops a failed
+    # write of its help. cli.Parser prints through say(), so exit_code names the full stdout, as for any output
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, script, "--help"], cwd=_BPE_REPO, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr == (
+        f"{script}: error: the disk is full: could not write stdout; free some space and rerun.\n"), r.stderr
 
 # ============================================================================
 # kernels.py
