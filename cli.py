@@ -81,8 +81,8 @@ _may_leave, _reader_gone = [], []  # inside reader_may_leave(); the reader of th
 @contextlib.contextmanager
 def reader_may_leave():
     """Inside (a training loop), the reader of the output leaving (`| head`, `less` closed, a `tee` killed) is a
-    request to stop, not an error: say() sends the output to /dev/null, as for a SIGHUP, and reader_gone() turns
-    true, so that the loop stops at its step boundary and saves its checkpoint."""
+    request to stop, not an error: say() sends stdout to /dev/null, as for a SIGHUP, and what is still to say to
+    stderr; reader_gone() turns true, so that the loop stops at its step boundary and saves its checkpoint."""
     _may_leave.append(True)
     try:
         yield
@@ -95,8 +95,9 @@ def reader_gone():
 
 
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
+    file = file or (sys.stderr if _reader_gone else sys.stdout)  # stdout's reader gone: stderr may still be read
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
-        (file := file or sys.stdout).write(sep.join(map(str, args)) + end)
+        file.write(sep.join(map(str, args)) + end)
         file.flush()
     except OSError as e:
         if e.errno == errno.EPIPE and _may_leave:

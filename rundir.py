@@ -549,22 +549,27 @@ def stop_requests(cfg):
     asked = []  # when the first stop came
     every_step = cfg["world_size"] == 1 or cfg["device"] == "cpu"  # a CPU waits for each step anyway
 
+    def ask(why=""):
+        if not asked:
+            asked.append(time.monotonic())
+            when = "this step" if every_step else "the next log step (--log-interval)"
+            log(f"\n{why}stopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
+
     def handler(signum, frame):
         if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
             hang_up()
         elif asked and (cfg["world_size"] == 1 or time.monotonic() - asked[0] > 1.0):
             raise KeyboardInterrupt
-        if not asked:
-            asked.append(time.monotonic())
-            when = "this step" if every_step else "the next log step (--log-interval)"
-            log(f"\nstopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")
+        ask()
 
     def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them is
-        if cfg["world_size"] == 1:  # an all_reduce and a host wait: on GPUs only at log steps (torchrun kills a
-            return bool(asked) or reader_gone()  # process 30 s after a signal: a CPU's slow steps could not wait)
+        if reader_gone():  # an all_reduce and a host wait: on GPUs only at log steps (torchrun kills a process 30 s
+            ask("the output's reader left: ")  # after a signal: a CPU's slow steps could not wait that long)
+        if cfg["world_size"] == 1:
+            return bool(asked)
         if step % cfg["log_interval"] and not every_step:
             return False
-        s = torch.tensor([float(bool(asked) or reader_gone())], device=cfg["device"])
+        s = torch.tensor([float(bool(asked))], device=cfg["device"])
         torch.distributed.all_reduce(s)
         return bool(s.item())
     old = on_stops(handler)

@@ -6705,9 +6705,11 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_th
         pass
     p.stdout.close()
     assert p.wait(timeout=300) == 130
-    said = p.stderr.read().decode()
-    step = int(re.fullmatch(r"the output's reader left: stopped at step (\d+); checkpoint saved to \S+ckpt\.pt\. "
-                            r"Continue with the same command plus --resume\.\n", said.lstrip("\n"))[1])
+    said = p.stderr.read().decode().strip().splitlines()  # as for a Ctrl-C: the stop asked, the step's line, done
+    assert said[0] == "the output's reader left: stopping after this step; a checkpoint will be saved (Ctrl-C again " \
+                      "to abort now)", said
+    step = int(re.fullmatch(r"stopped at step (\d+); checkpoint saved to \S+ckpt\.pt\. Continue with the same "
+                            r"command plus --resume\.", said[-1])[1])
     assert step > 3 and rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == step, said
 
 

@@ -470,10 +470,9 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             progress.stepped(it + 1, loss, lr, norm, last=stop)  # a stop's step gets its line too
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
                 save(it + 1)
-            if stop:  # the output's reader gone (`| head`): the sentence goes to stderr, where it may still be read
-                why, to = ("the output's reader left: ", sys.stderr) if cli.reader_gone() else ("", None)
-                log(("\n" if progress.tty else "") + f"{why}stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
-                    f"Continue with {rundir.resume_command(cfg)}.", file=to)
+            if stop:
+                log(("\n" if progress.tty else "") + f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
+                    f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
     save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
