@@ -520,3 +520,13 @@ def resolve_config(argv=None):
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
     return cfg
+
+
+def resolve_sweep_config(argv):
+    """resolve_config for the baseline of runs at several rates (experiments.py): its --min-lr is the preset's share
+    of --lr unless given, the share each run's --min-lr keeps (a given --lr 0.5 alone kept the preset's 5e-4: 1/1000)."""
+    cfg = resolve_config(argv)
+    if "min_lr" not in given_flags(build_parser(), argv):
+        preset = PRESETS.get(cfg["data"], PRESETS["small"])
+        cfg["min_lr"] = cfg["lr"] * preset["min_lr"] / preset["lr"]
+    return cfg

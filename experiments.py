@@ -205,17 +205,6 @@ def base_flags(args, rest):  # every run's flags but its own: the data, the scal
     return train_flags(["--data", args.data, *SCALES[scale_of(args.data)]["flags"]], rest)
 
 
-def baseline_config(args, rest):
-    """The baseline's config as train.py resolves it (--benchmark: the user's token budget sets the steps). Its
-    --min-lr is the preset's share of --lr unless given: lr_flags gives every run that share, and a given --lr alone
-    kept the preset's --min-lr (--lr 0.5: 1/1000 of each run's rate, not a tenth)."""
-    cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])
-    if "min_lr" not in config.given_flags(config.build_parser(), base_flags(args, rest)):
-        preset = config.PRESETS.get(cfg["data"], config.PRESETS["small"])
-        cfg["min_lr"] = cfg["lr"] * preset["min_lr"] / preset["lr"]
-    return cfg
-
-
 def command(run, args, rest):
     """train.py's command line: the data, the scale's flags, the user's, then the variant's own, each flag once."""
     return [sys.executable, str(HERE / "train.py"), *train_flags(base_flags(args, rest), run.flags, [
@@ -722,8 +711,7 @@ def parse(argv):
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
         if mine := next((o for o in own if o.startswith(a)), None):  # --dat went to train.py as --data: other data
             raise cli.UsageError(f"{a}: experiments.py's own {mine}, spelled in full (it takes no abbreviation).")
-        flag = next((f for f in NOT_PASSED if f.startswith(a)), None)  # train.py takes --run-n for --run-name
-        if flag:
+        if flag := next((f for f in NOT_PASSED if f.startswith(a)), None):  # train.py takes --run-n for --run-name
             raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
         if args.experiment == "optimizers" and "--optimizer".startswith(a):  # the race's rates came from its lr
             raise cli.UsageError(f"{a}: the optimizers race sets each run's optimizer itself; drop it.")
@@ -773,7 +761,7 @@ def check(runs, args, rest, where):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
-    cfg = baseline_config(args, rest)
+    cfg = config.resolve_sweep_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here

@@ -8483,7 +8483,7 @@ def test_experiments_runs_end_their_cosine_at_the_presets_share_of_their_rate():
     # ended at 1/1000 of its rate, not the tenth the presets give; a --min-lr given sets the share
     args = types.SimpleNamespace(data="pydoc", out_dir="out")
     for rest, share in ((["--lr", "0.5"], 0.1), ([], 0.1), (["--lr", "0.5", "--min-lr", "0.005"], 0.01)):
-        plans = experiments.plan(experiments.baseline_config(args, rest))
+        plans = experiments.plan(config.resolve_sweep_config([*experiments.base_flags(args, rest), "--benchmark"]))
         for _, _, run in plans["lr"]:
             cfg = train.resolve_config(experiments.command(run, args, rest)[2:])
             assert cfg["min_lr"] == pytest.approx(cfg["lr"] * share), (rest, run.name)
