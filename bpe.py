@@ -658,7 +658,8 @@ def main(argv=None):
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
     en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
     for p, out, specials in [(tr, "directory for vocab.json and merges.txt", "default: none"),
-                             (en, "output .npy path", "default: the vocab's own (no merge makes them); the flag with no tokens: none, all text")]:
+                             (en, "output .npy path", "default: the vocab's own (no merge makes them); the flag with "
+                                                      "no tokens: none, all text")]:
         p.add_argument("input")
         p.add_argument("--special-tokens", nargs="*", help=specials)
         p.add_argument("--out", required=True, help=out)

@@ -524,7 +524,7 @@ def resolve_config(argv=None):
 
 def resolve_sweep_config(argv):
     """resolve_config for the baseline of runs at several rates (experiments.py): its --min-lr is the preset's share
-    of --lr unless given, the share each run's --min-lr keeps (a given --lr 0.5 alone kept the preset's 5e-4: 1/1000)."""
+    of --lr unless given, the share each run's --min-lr keeps (a --lr 0.5 given alone kept the preset's 5e-4)."""
     cfg = resolve_config(argv)
     if "min_lr" not in given_flags(build_parser(), argv):
         preset = PRESETS.get(cfg["data"], PRESETS["small"])

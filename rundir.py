@@ -562,11 +562,11 @@ def stop_requests(cfg):
             raise KeyboardInterrupt
         ask()
 
-    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all. Asking them is
-        if reader_gone():  # an all_reduce and a host wait: on GPUs only at log steps (torchrun kills a process 30 s
-            ask("the output's reader left: ")  # after a signal: a CPU's slow steps could not wait that long)
-        if cfg["world_size"] == 1:
-            return bool(asked)
+    def stopped(step):  # under DDP every process must stop at the same step: one's signal stops all
+        if reader_gone():  # (only rank 0 prints: its stop stops all)
+            ask("the output's reader left: ")
+        if cfg["world_size"] == 1:  # asking the processes is an all_reduce and a host wait: on GPUs only at log steps
+            return bool(asked)  # (torchrun kills a process 30 s after a signal: a CPU's slow steps could not wait)
         if step % cfg["log_interval"] and not every_step:
             return False
         s = torch.tensor([float(bool(asked))], device=cfg["device"])
