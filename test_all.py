@@ -6697,12 +6697,13 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_th
                              "command (once the run has a ckpt.pt: with --resume, without --overwrite).")
     # `| head`: the reader leaves once the loop has printed a step; a BrokenPipeError traceback before, then a quiet
     # exit 1 that lost the steps since the last checkpoint. Now a stop, as for a SIGHUP: the step's checkpoint is
-    # saved, and one sentence goes to stderr. The run is too long to end before that
+    # saved, and stderr says so. The run is too long to end before that
     p = subprocess.Popen([sys.executable, str(_BPE_REPO / "train.py"), *npy, "--out-dir", str(tmp_path / "out"),
                           "--max-iters", "100000", "--log-interval", "1", "--checkpoint-interval", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while not p.stdout.readline().startswith(b"step 3/"):
-        pass
+    for line in p.stdout:  # (an end before step 3 fails below, not here)
+        if line.startswith(b"step 3/"):
+            break
     p.stdout.close()
     assert p.wait(timeout=300) == 130
     said = p.stderr.read().decode().strip().splitlines()  # as for a Ctrl-C: the stop asked, the step's line, done
