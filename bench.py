@@ -1097,19 +1097,20 @@ def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy
 
 
 def kernel_times(step, device, steps=PROFILED_STEPS):
-    """torch.profiler over `steps` calls of step -> {kernel name: its device seconds per step} (on a CPU, each
-    op's own CPU seconds: a rehearsal of the code, not a figure)."""
+    """torch.profiler over `steps` calls of step -> ({kernel name: its device seconds per step}, the kernels launched
+    per step) (on a CPU, each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
     gpu, activity = device.startswith("cuda"), torch.profiler.ProfilerActivity
     with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
         for _ in range(steps):
             step()
         synchronizer(device)()
     kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
-    times = Counter()
+    times, launches = Counter(), 0
     for e in prof.key_averages():  # a record_function range (Optimizer.step#AdamW.step) is a device event too,
         if e.device_type == kind and not e.is_user_annotation:  # spanning its kernels: counted twice, it is left out
             times[e.key] += (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e6 / steps
-    return times
+            launches += e.count / steps
+    return times, launches
 
 
 def levers_by_default():
@@ -1343,7 +1344,7 @@ class GpuReport:
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
             # turns with another compiled model lengthened the defaults' step by 2-6% on the H200; the cause is not
             # established). A graph's lever changes the launches, not the kernels, so its row has none
-            kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device).values())
+            kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device)[0].values())
             if baseline:
                 defaults["kernels"] = kernels
             peak = train.device_peak(cfg)
@@ -1396,7 +1397,7 @@ class GpuReport:
             timed = time.perf_counter()
             dt = statistics.median(take_turns({"step": step}, self.steps, sync)[0]["step"])
             gpu = self.gpu_during(timed)
-            times = kernel_times(step, self.device)
+            times, launches = kernel_times(step, self.device)
         kinds = Counter()
         for kernel, t in times.items():
             kinds[kernel_kind(kernel)] += t
@@ -1411,6 +1412,7 @@ class GpuReport:
         weights = sum(per_seq.values()) - per_seq["attn QK^T"] - per_seq["attn AV"]
         flops = accounting.training_step_flops(weights) * cfg["batch_size"]
         rate = f"{flops / kinds['matmul'] / 1e12:.3g} TFLOP/s" if kinds["matmul"] else "no matmul kernel seen"
+        spent += f"; {launches:.0f} {'kernels' if self.device == 'cuda' else 'ops'} a step"  # each one's tail costs
         rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent + gpu,
                 f"profile, {name} shape: the weights' matmuls inside the step": f"{flops / 1e12:.3g} TFLOP in "
                 f"{1000 * kinds['matmul']:.1f} ms, {rate}",

@@ -10094,7 +10094,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
     for r in profiled[::3]:  # each kind once, with its time and share; the matmuls' rate; the longest kernels
         assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
-        assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |$))+", rows[r]), rows[r]
+        assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |; ))+\d+ ops a step", rows[r]), rows[r]  # GPU: kernels
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
     assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16 on a GPU; off: --triton-gate, "
