@@ -22,7 +22,7 @@ import fast_gpu
 import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log
-from data import BUILTIN, DATASETS, ids_tokenizer, ids_vocab_size, is_cached
+from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import run_config, run_dir, run_dir_problem
@@ -463,11 +463,6 @@ def init_from_defaults(cfg, given):
         raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained "
                          f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
-    if cfg["tokenizer"] and "vocab_size" in shape:  # the run's vocabulary, not a flag given: say which disagrees
-        n = len(ids_tokenizer(cfg["data"], cfg["tokenizer"])[0].vocab)
-        if n != shape["vocab_size"]:
-            raise UsageError(f"--tokenizer {cfg['tokenizer']} has {n} tokens, but --init-from {run}'s model reads "
-                             f"{shape['vocab_size']}: its weights fit its own tokenizer; drop --tokenizer.")
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
     beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
@@ -487,9 +482,12 @@ def resolve_config(argv=None):
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
+    sized_by = None  # the run whose vocabulary --vocab-size holds, where --init-from gave it
     if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
-        cfg.update(init_from_defaults(cfg, given_flags(parser, argv)))
-    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"])  # ids: their tokenizer's size
+        given = given_flags(parser, argv)
+        cfg.update(init_from_defaults(cfg, given))
+        sized_by = None if "vocab_size" in given else cfg["init_from"]
+    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
