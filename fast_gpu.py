@@ -80,11 +80,13 @@ def _launch(kernel, ab, *tensors, out_columns):
 # As ops that autograd and torch.compile know (lesson 4)
 
 @torch.library.custom_op("cs336_fast_gpu::silu_gate", mutates_args=())
-def _silu_gate(ab: torch.Tensor) -> torch.Tensor:
+def silu_gate(ab: torch.Tensor) -> torch.Tensor:
+    """ab (..., 2F) = [W1 x, W3 x], the fused matmul's output -> silu(W1 x) * W3 x (..., F): model.py's SwiGLU gate,
+    one Triton kernel forward and one backward."""
     return _launch(_gate_forward_kernel, ab, out_columns=ab.shape[-1] // 2)
 
 
-@_silu_gate.register_fake
+@silu_gate.register_fake
 def _(ab):
     return ab.new_empty(*ab.shape[:-1], ab.shape[-1] // 2)
 
@@ -104,10 +106,4 @@ def _keep_ab(ctx, inputs, output):
     ctx.save_for_backward(inputs[0])
 
 
-_silu_gate.register_autograd(lambda ctx, dh: silu_gate_backward(ctx.saved_tensors[0], dh), setup_context=_keep_ab)
-
-
-def silu_gate(ab):
-    """ab (..., 2F) = [W1 x, W3 x], the fused matmul's output -> silu(W1 x) * W3 x (..., F): model.py's SwiGLU gate,
-    one Triton kernel forward and one backward."""
-    return _silu_gate(ab)
+silu_gate.register_autograd(lambda ctx, dh: silu_gate_backward(ctx.saved_tensors[0], dh), setup_context=_keep_ab)
