@@ -1255,6 +1255,10 @@ class GpuReport:
     def gpu_during(self, t0):  # the GPU's clock, power and heat from t0 until now ("" without nvidia-smi)
         return self.watch.window(t0, time.perf_counter()) if self.watch else ""
 
+    def timed_turns(self, calls, sync):  # take_turns' times over self.steps rounds, and the GPU meanwhile (gpu_during)
+        t0 = time.perf_counter()
+        return take_turns(calls, self.steps, sync)[0], self.gpu_during(t0)
+
     def shape_flags(self, name):
         """train.py's flags for one of GPU_SHAPES, without --data."""
         shape, batch = GPU_SHAPES[name][self.cpu]
@@ -1336,9 +1340,7 @@ class GpuReport:
             if baseline:
                 defaults.update(step=step, first=first)
             take_turns(calls, config.UNTIMED_STEPS - 1, sync)
-            timed = time.perf_counter()
-            times = take_turns(calls, self.steps, sync)[0]
-            gpu = self.gpu_during(timed)
+            times, gpu = self.timed_turns(calls, sync)
             # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
             held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
@@ -1375,9 +1377,7 @@ class GpuReport:
             with torch_settings(cfgs["adamw"]):
                 steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
                 take_turns(steps, config.UNTIMED_STEPS, sync)
-                timed = time.perf_counter()
-                times = take_turns(steps, self.steps, sync)[0]
-                gpu = self.gpu_during(timed)
+                times, gpu = self.timed_turns(steps, sync)
                 syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
             adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
             line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
@@ -1394,9 +1394,8 @@ class GpuReport:
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)
-            timed = time.perf_counter()
-            dt = statistics.median(take_turns({"step": step}, self.steps, sync)[0]["step"])
-            gpu = self.gpu_during(timed)
+            turns, gpu = self.timed_turns({"step": step}, sync)
+            dt = statistics.median(turns["step"])
             times, launches = kernel_times(step, self.device)
         kinds = Counter()
         for kernel, t in times.items():
