@@ -418,6 +418,12 @@ def test_model_fast_step_runs_12_matmuls_per_layer_plus_3(ablation, monkeypatch)
     assert len(attention) == 2 and set(attention.values()) == {3}, attention  # forward and backward, per layer
 
 
+def _inductor_buffers(code):
+    """The buffers inductor's generated code allocates -> [(shape, dtype)], e.g. ((257, 16), "float32")."""
+    return [(tuple(int(n) for n in shape.split(",") if n.strip()), dtype) for shape, dtype in
+            re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", code)]
+
+
 def test_model_attention_copies_nothing_around_the_kernel_compiled():
     # issue 49, attention's layouts, read in inductor's code for a compiled forward and backward on a CPU:
     # - the fused projection's output is split along its last dim, so the backward's concatenation of the q, k, v
@@ -439,8 +445,7 @@ def test_model_attention_copies_nothing_around_the_kernel_compiled():
     def step():
         return torch.autograd.grad(torch.compile(attn)(x).square().sum(), (x, *attn.parameters()))
     got, code = run_and_get_code(step)
-    forward, backward = ([math.prod(int(n) for n in shape.split(",") if n.strip()) for shape in
-                          re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.\w+\)", c)] for c in code)
+    forward, backward = ([math.prod(shape) for shape, _ in _inductor_buffers(c)] for c in code)
     assert forward.count(40 * 64) == 3, forward  # rotated q and k, output_proj's result: no copy of the heads
     assert backward.count(40 * 192) == 1, backward  # the (N, 3 d) gradient alone, written once
     ref = model.MultiHeadSelfAttention(64, 4, rope)
@@ -826,10 +831,10 @@ def test_fused_head_compiled_holds_one_head_gradient(dtype):
             loss = torch.compile(fused_head.linear_cross_entropy)(h, w, t, chunks=2)
         return torch.autograd.grad(loss, (h, w))
     got, code = run_and_get_code(step)
-    buffers = re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", "\n".join(code))
-    assert len(code) == 2 and buffers.count(("257, 16", "float32")) == 1, buffers  # forward and backward
-    assert buffers.count(("257, 16", "bfloat16")) == (dtype == "bf16"), buffers  # the weight cast, no product
-    assert not [b for b in buffers if b[0] == "256, 257"]  # nor the logits
+    buffers = _inductor_buffers("\n".join(code))
+    assert len(code) == 2 and buffers.count(((257, 16), "float32")) == 1, buffers  # forward and backward
+    assert buffers.count(((257, 16), "bfloat16")) == (dtype == "bf16"), buffers  # the weight cast, no product
+    assert not [b for b in buffers if b[0] == (256, 257)]  # nor the logits
     with train.autocast({"dtype": dtype, "device": "cpu"}):
         want = torch.autograd.grad(fused_head.linear_cross_entropy(h, w, t, chunks=2), (h, w))
     for a, b in zip(got, want):
@@ -5910,8 +5915,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
             assert type(model(*micro[0]).grad_fn).__name__ == "CompiledFunctionBackward"  # the loss is the graph's
         from torch._inductor.utils import run_and_get_code
         (loss, _), code = run_and_get_code(train.train_step, model, opt, micro, 1e-3, cfg)  # forward and backward
-        buffers = [(math.prod(int(n) for n in shape.split(",") if n.strip()), dtype) for shape, dtype in
-                   re.findall(r"empty_strided\w*\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", "\n".join(code))]
+        buffers = [(math.prod(shape), dtype) for shape, dtype in _inductor_buffers("\n".join(code))]
         if fused:  # one chunk's bf16 logits: the generated code's allocations are all seen; nothing as large as (N, V)
             assert (N // fused_head.CHUNKS * V, "bfloat16") in buffers and not [b for b in buffers if b[0] >= N * V]
         else:
