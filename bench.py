@@ -782,7 +782,8 @@ def bench_step(argv):
 # each runs forward and backward on the same hidden state and head, taking turns: its time, its peak memory and its
 # loss (the same in each).
 
-HEAD_CHUNKS = (1, 2, 4, 8, 16)  # fused_head.CHUNKS is chosen among these by measurement (bench.py gpu: 2 to 16)
+HEAD_CHUNKS = (1, 2, 4, 8, 16)  # fused_head.CHUNKS is chosen among these by measurement. On a GPU with Triton, 1
+# chunk holds the logits once, as the logits path does, and replaces its loss by fused_head.py's one kernel
 
 
 def peak_bytes(call, device):
@@ -1286,8 +1287,7 @@ class GpuReport:
         each chunk count, against the logits, then torch's loss: how fused_head.CHUNKS is chosen."""
         (shape, batch), compile = GPU_SHAPES["GPT-2 small"][self.cpu], not self.cpu
         rows = batch * shape["context_length"]
-        lines = head_table(self.device, rows, shape, "float32" if self.cpu else "bf16", compile, self.steps,
-                           HEAD_CHUNKS[1:])
+        lines = head_table(self.device, rows, shape, "float32" if self.cpu else "bf16", compile, self.steps)
         return {f"head and loss alone, GPT-2-small shape ({rows:,} rows): {name}": line for name, line in lines.items()}
 
     def gate(self):
