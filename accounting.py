@@ -502,8 +502,7 @@ def section_tinystories():
     steps_of_128, steps_of_32 = seqs // 128, seqs // 32
     flops, six_nd = training_step_flops(seqs * fwd), training_flops(non_embedding, TINYSTORIES_TOKENS)
     lo, hi = 30, 40  # the handout's wall-clock minutes for this budget on one H100
-    ideal_seconds = flops / H100_BF16  # at 100% MFU
-    handout_mfu = ideal_seconds / (60 * (lo + hi) / 2)
+    ideal_seconds, handout_mfu = flops / H100_BF16, mfu(flops, 60 * (lo + hi) / 2, H100_BF16)  # ideal: at 100% MFU
     batch, steps = 32, 5_000  # the handout's CPU / MPS run
     cpu_tokens, cpu_flops = batch * steps * T, training_step_flops(batch * steps * fwd)
     _q(f"Token budget {TINYSTORIES_TOKENS:,} = batch x steps x context: what does it cost?",

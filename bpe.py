@@ -28,7 +28,6 @@ import machine  # noqa: E402
 machine.numba_cache_fallback(os.path.dirname(os.path.abspath(__file__)))     # before numba loads
 import numpy as np
 import regex
-from numba import njit
 from numba.extending import overload, register_jitable
 from numba.typed import List
 
@@ -261,10 +260,6 @@ def _merge_loop(ids, word_start, word_count, num_merges):
     return lefts[:m], rights[:m]
 
 
-# The same source compiled (once per machine, then loaded from numba's disk cache).
-_merge_loop_compiled = njit(cache=True)(_merge_loop)
-
-
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
@@ -307,7 +302,7 @@ def count_pretokens(input_path, special_tokens=()):
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
-    (_merge_loop, _merge_loop_compiled, bpe_fast.merge_loop; same merges); None picks one."""
+    (_merge_loop, as Python or compiled, or bpe_fast.merge_loop; same merges); None picks one."""
     special_tokens = _check_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     encoded = bpe_fast.encoded_counts(counts)
@@ -574,10 +569,8 @@ class Tokenizer:
         """Ids of text."""
         bpe_fast.check_text("Tokenizer.encode takes str", text)
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
-            # The engine encodes in one compiled pass over the UTF-8 bytes, with its own
-            # scanner, the merges in a hash table and a cache of pre-tokens in arrays; it gives
-            # the same ids. It takes over once loaded, or from 1M characters on this Tokenizer
-            # (bpe_fast.COMPILED_MIN_CHARS: then loading it pays), unless NUMBA_DISABLE_JIT=1.
+            # The engine encodes in one compiled pass over the UTF-8 bytes, with its own scanner, the merges in a
+            # hash table and a cache of pre-tokens in arrays: the same ids, once loading it pays (see the call).
             return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
         return self._encode_plain(text)

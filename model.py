@@ -10,11 +10,9 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
-init and the no-norm ablation's Identity). fast=True swaps in torch's fused attention and silu, one matmul for q, k, v
-and one for W1, W3 (their weights concatenated in forward), in float32/64 without compile RoPE as one complex multiply,
-and on a CPU in float32 SwiGLU's gate and RMSNorm as the engine's one-pass loops (fast_cpu.py; on a GPU, with
-train.py's --triton-gate, the gate as Triton kernels, fast_gpu.py): same parameters and state-dict keys, and the
-tests check it computes the same function. Tests: python -m pytest -q test_all.py -k model
+init and the no-norm ablation's Identity). fast=True swaps in fused versions where each piece is defined (torch's
+attention and silu, one matmul for q, k, v and one for W1, W3, complex RoPE, fast_cpu.py's and fast_gpu.py's loops):
+same parameters and state-dict keys, tested equal to the plain path. Tests: python -m pytest -q test_all.py -k model
 """
 import math
 import numbers

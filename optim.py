@@ -98,16 +98,13 @@ class _Optimizer(torch.optim.Optimizer):
     squares = True  # g * g: wrong for a complex g (|g|^2 is the square), and no torch op takes a sparse g there
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
-        rules = {"lr": ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf),  # inf: inf weights
+        finite = ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf)  # inf: inf weights
+        unit, flag = ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1), ("True or False", lambda m: type(m) is bool)
+        rules = {"lr": finite, "weight_decay": finite, "momentum": unit, "alpha": unit, "nesterov": flag, "muon": flag,
                  "eps": ("a finite number > 0", lambda x: _number(x) and 0 < x < math.inf),  # a NaN fails too
                  "betas": ("two, in [0, 1)", lambda b: isinstance(b, (tuple, list)) and len(b) == 2
                            and all(_number(x) and 0 <= x < 1 for x in b)),
-                 "weight_decay": ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf),
-                 "momentum": ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1),
-                 "alpha": ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1),
-                 "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1),
-                 "nesterov": ("True or False", lambda m: type(m) is bool),
-                 "muon": ("True or False", lambda m: type(m) is bool)}
+                 "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1)}
         bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]
         if bad:
@@ -381,7 +378,7 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     # M < 0 flipped every gradient (ascent), NaN never clipped; an eps < 0 could flip them too, a NaN one zero them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")
-    grads = [p.grad for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
+    grads = [p.grad for p in _param_list(parameters) if p.grad is not None]
     if not grads:
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):
