@@ -23,6 +23,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from cli import (TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, os_error_sentence,
                  short_repr)
 from files import writable
@@ -175,6 +177,10 @@ def torch_settings(cfg):
     # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
     # after it, as a training run's do: its first parallel work is the run's
+    # numpy before 2.0 measures its float types' limits at their first use, and warns (four lines on stderr) when
+    # subnormals are flushed by then: measured first, they are kept
+    for dtype in (np.float16, np.float32, np.float64) if cfg["device"] == "cpu" else ():
+        np.finfo(dtype)
     flush = cfg["device"] == "cpu" and torch.set_flush_denormal(True)  # False where the CPU cannot (not x86)
     if cfg["device"] == "cpu":  # not undone afterwards: it changes only when freed memory goes back to the kernel
         keep_freed_memory()
