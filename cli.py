@@ -94,6 +94,9 @@ def reader_gone():
     return bool(_reader_gone)
 
 
+STREAMS = ("stdout", "stderr")  # what a failed print names
+
+
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
     file = file or (sys.stderr if _reader_gone else sys.stdout)  # stdout's reader gone: stderr may still be read
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
@@ -102,8 +105,12 @@ def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that
     except OSError as e:
         if e.errno == errno.EPIPE and _may_leave:
             _reader_gone.append(True)
-        elif e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):  # EPIPE alone: the reader left
-            raise  # (`| head`), which exit_code ends quietly
+        elif e.errno != errno.EIO and not (e.errno == errno.EPIPE and _hung_up):
+            # EPIPE alone: the reader left (`| head`), which exit_code ends quietly. A full disk: the stream is
+            # named, so that disk_full does not blame a folder the command writes in
+            if disk_is_full(e):
+                e.filename = e.filename or STREAMS[file is sys.stderr]
+            raise
         hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
 
 
@@ -191,7 +198,7 @@ def os_error_in(e):
     return next((c for c in error_chain(e) if isinstance(c, OSError)), None)
 
 
-def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), stdout's none
+def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), say() stdout
     return f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun"
 
 
@@ -234,6 +241,18 @@ def fault(name, words):
     """A machine's fault, in each process it meets: under torchrun another process's own (one GPU out of memory) says
     its rank; a usage mistake, which rank 0 finds for all of them, is rank 0's alone (log)."""
     say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def ctrl_c_says(line):
+    """A Ctrl-C in the block (or an error raised while one was handled) ends it with `line` on stderr, for a command
+    that writes nothing: exit_code's words after a Ctrl-C say how to go on. The caller's exit code is then 130."""
+    try:
+        yield
+    except (KeyboardInterrupt, Exception) as e:
+        if not interrupted_by_ctrl_c(e):
+            raise
+        log(line, file=sys.stderr)
 
 
 def exit_code(name, command, interrupted, less_memory=None, then="run the same command again"):
@@ -302,8 +321,8 @@ def disk_full(where, then):
     try:
         yield
     except Exception as e:
-        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None:
-            raise  # another OSError, wrapped or not: exit_code's sentence
+        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None or cause.filename in STREAMS:
+            raise  # another OSError, wrapped or not, or a full stdout (say's): exit_code's sentence
         raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
                         f"then {then}.") from None
 

@@ -4376,21 +4376,25 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
 
 def test_train_sample_on_a_full_stdout_names_stdout_not_the_run(tmp_path, capsys, monkeypatch):
     # `train.py --sample > /dev/full`: "could not write into out/toy/; ... run the same command plus --resume", a
-    # flag --sample refuses; a full stdout is no file of the run
+    # flag --sample refuses; a full stdout is no file of the run. An eighth tester's: training (its run folder not
+    # made yet), --benchmark (which refuses --resume) and --export (its files written) said the same
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     story = _train_story(tmp_path / "story.txt")
     argv = ["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--out-dir", str(tmp_path / "out"), "--device",
             "cpu", "--data-dir", str(tmp_path / "data")]
     assert train.main([*argv, "--max-iters", "2"]) == 0
-    full = open("/dev/full", "w", buffering=1)
-    monkeypatch.setattr(sys, "stdout", full)
-    try:
-        assert train.main([*argv, "--sample", "--num-samples", "1"]) == 1
-    finally:
-        with contextlib.suppress(OSError):
-            full.close()
-    assert _train_one_error(capsys, "could not write stdout").endswith("free some space and rerun.")
+    capsys.readouterr()
+    for mode in (["--sample", "--num-samples", "1"], ["--max-iters", "2", "--run-name", "new"],
+                 ["--max-iters", "2", "--benchmark"], ["--export", str(tmp_path / "hf")]):
+        full = open("/dev/full", "w", buffering=1)
+        monkeypatch.setattr(sys, "stdout", full)
+        try:
+            assert train.main([*argv, *mode]) == 1, mode
+        finally:
+            with contextlib.suppress(OSError):
+                full.close()
+        assert _train_one_error(capsys, "could not write stdout").endswith("free some space and rerun."), mode
 
 
 def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
@@ -8086,6 +8090,21 @@ def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, cap
     said = "train.py: interrupted; --sample only reads the run, which is as it was.\n"
     step = rundir.read_checkpoint(run / "ckpt.pt")["iteration"]  # said first: a run still training samples its last
     assert capsys.readouterr() == (alone[0], f"sampling the checkpoint of step {step:,} of {step:,}\n" + said)
+    assert _sample_files(run) == before
+
+
+def test_train_ctrl_c_in_a_mode_that_writes_nothing_says_so(sample_run, capsys, monkeypatch):
+    # an eighth tester's: Ctrl-C in --benchmark, or in --sample while the run loads (compiles), was told to rerun
+    # "with --resume", which both refuse
+    flags, run = sample_run
+    before = _sample_files(run)
+    for mode, where, said in ((["--sample"], "load_run", "--sample only reads the run, which is as it was."),
+                              (["--benchmark", "--max-iters", "2"], "benchmark", "--benchmark writes nothing.")):
+        with monkeypatch.context() as m:
+            m.setattr(train, where, lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+            capsys.readouterr()
+            assert train.main([*flags, *mode]) == 130, mode
+        assert capsys.readouterr().err == f"train.py: interrupted; {said}\n", mode
     assert _sample_files(run) == before
 
 

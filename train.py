@@ -380,7 +380,7 @@ class Progress:
         self.noted = self.noted or note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
-def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (--sample: stdout)
+def write_samples(model, tok, cfg, path):  # to samples.txt, or sys.stdout (--sample)
     g = torch.Generator(device=cfg["device"]).manual_seed(cfg["seed"])
     eot = tok.encode(EOT)[0]
     prompt = tok.encode(cfg["prompt"]) if cfg["prompt"] else [eot]
@@ -389,9 +389,12 @@ def write_samples(model, tok, cfg, path):  # to samples.txt, or a file object (-
                temperature=cfg["temperature"], top_p=cfg["top_p"], stop_id=eot, generator=g,
                fast=None if cfg["compile"] else False))  # the fast path compiles: on a GPU with --compile only
                for _ in range(cfg["num_samples"])]
+    named = f", prompt {cli.short_repr(cfg['prompt'])}" if cfg["prompt"] else ""  # which of --prompt -'s lines
+    text = "".join(f"--- sample {i + 1}{named} ---\n{s}\n" for i, s in enumerate(out))
+    if path is sys.stdout:  # printed as each prompt's samples come, through a pipe too (a full disk names stdout)
+        return cli.say(text, end="") or out
     with files.atomic_file(path, "w") as f:
-        named = f", prompt {cli.short_repr(cfg['prompt'])}" if cfg["prompt"] else ""  # which of --prompt -'s lines
-        f.write("".join(f"--- sample {i + 1}{named} ---\n{s}\n" for i, s in enumerate(out)))
+        f.write(text)
     return out
 
 
@@ -421,12 +424,8 @@ def print_samples(cfg):
             except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
                 raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
                                      "pass other text.") from None
-            sys.stdout.flush()  # each prompt's samples as they come, through a pipe too
     except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
         raise cli.UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
-    except KeyboardInterrupt:  # Ctrl-C, a way to end --prompt - at a terminal: not train.py's advice to --resume
-        log("train.py: interrupted; --sample only reads the run, which is as it was.", file=sys.stderr)
-        return 130
     return 0
 
 
@@ -497,12 +496,13 @@ def run(cfg):
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
         tr, va, tok, files = prepare_data(*(cfg[k] for k in DATA_KEYS))
         return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
-    if cfg["benchmark"]:
-        return benchmark(cfg) or 0
+    if cfg["benchmark"] or cfg["sample"]:  # nothing written (--sample: the run's last checkpoint continues prompts)
+        said = "--sample only reads the run, which is as it was" if cfg["sample"] else "--benchmark writes nothing"
+        with cli.ctrl_c_says(f"train.py: interrupted; {said}."):  # (Ctrl-C ends --prompt - at a terminal), where
+            return print_samples(cfg) if cfg["sample"] else benchmark(cfg) or 0  # exit_code's would say --resume
+        return 130
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
         return export_run(rundir.run_dir(cfg), cfg["export"], cfg["overwrite"])
-    if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
-        return print_samples(cfg)
     ckpt_path, resume_state, init_state = rundir.run_dir(cfg) / "ckpt.pt", None, None
     meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only, no memory: what a checkpoint must fit
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
@@ -537,8 +537,8 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         resume = f"run {rundir.resume_command(cfg)} to continue from the last checkpoint"
-        full = contextlib.nullcontext() if cfg["sample"] else cli.disk_full(rundir.run_dir(cfg), resume)  # (writes
-        with machine.process_group(cfg), full, rundir.compile_failures(cfg):  # nothing: a full stdout is exit_code's)
+        full = cli.disk_full(rundir.run_dir(cfg), resume)  # a full stdout is exit_code's: it is no file of the run
+        with machine.process_group(cfg), full, rundir.compile_failures(cfg):
             return run(cfg)
     return cli.exit_code("train.py", go, f"every file written is whole: {GO_ON} to go on.", less_memory=LESS_MEMORY,
                          then=GO_ON)
