@@ -125,7 +125,7 @@ def quiet_while_starting(name):
     def stop(signum, frame):
         if signum == SIGHUP:
             hang_up()
-        say(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)
+        log(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)  # torchrun's: once
         os._exit(130)
     on_stops(stop)
 
@@ -284,7 +284,8 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
             fault(name, f"out of memory{asked}; {less}")
             return 1
         if type(e).__name__ in ("DistBackendError", "DistNetworkError") or re.search("(closed|reset) by peer", str(e)):
-            said = re.sub(r"\[[^\]]*/[^\]]*\] ", "", error_line(e))[:80]  # gloo's: "[/__w/.../pair.cc:537] Read error"
+            said = re.sub(r"\[[^\]]*/[^\]]*\] ", "", error_line(e))  # gloo's: "[/__w/.../pair.cc:537] Read error"
+            said = said.split(". ")[0].rstrip(".")[:120]  # its first sentence: torch's advice follows
             log(f"{name}: error: another process of the job ended, or lost its connection ({said}); "
                 f"its own sentence, if it had one, is above: fix that, then {interrupted}", file=sys.stderr)
             return 1

@@ -4285,6 +4285,17 @@ def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     assert not [f for f in tmp_path.rglob("*") if f.is_file()]
 
 
+def test_cli_stopped_while_starting_under_torchrun_says_it_once():
+    # an eighth tester's: torchrun passes a Ctrl-C (or its SIGTERM after one process failed) to every process, and
+    # each said "interrupted while starting": rank 0 says it, the others end with the same code in silence
+    code = ("import os, signal, time, cli; cli.quiet_while_starting('train.py'); os.kill(os.getpid(), signal.SIGTERM);"
+            " time.sleep(30)")
+    for rank, said in (("0", "train.py: interrupted while starting; nothing was written.\n"), ("1", "")):
+        p = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, RANK=rank, WORLD_SIZE="2"))
+        assert (p.returncode, p.stderr) == (130, said), rank
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cli_a_stop_while_python_shuts_down_after_success_is_ignored(signum):
     # a sixth tester's: a Ctrl-C or SIGTERM in the second after a run's last line (atexit's clean-up) printed
@@ -4812,10 +4823,11 @@ def test_plumbing_under_torchrun_each_fault_is_one_sentence_where_it_happens(mon
 
     def reset_in_backward():  # DDP's backward, the other process killed: a traceback, and the reason cut off by a path
         raise RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
-                           "[127.0.0.1]:43398: Connection reset by peer")
+                           "[127.0.0.1]:43398: Connection reset by peer. This is typically a sign of a lost process")
     assert cli.exit_code("train.py", reset_in_backward, "rerun.") == 1
     assert capsys.readouterr().err.startswith("train.py: error: another process of the job ended, or lost its "
-                                              "connection (RuntimeError: Read error [127.0.0.1]:43398: Connection ")
+                                              "connection (RuntimeError: Read error [127.0.0.1]:43398: Connection "
+                                              "reset by peer); ")  # its first sentence, not cut mid-word (a tester's)
 
     def too_big():
         raise OSError(errno.EFBIG, "File too large", str(tmp_path / "x"))
