@@ -769,6 +769,8 @@ def main(argv=None):
     check(runs, args, rest, where)
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
+        for run in (run for name, entries in plans.items() if ran(name, plans, args) for *_, run in entries):
+            outcome(run, args, rest)  # report() reads each experiment that ran: one of other flags refused before runs
         if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
             raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; "
                                  "pass its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")

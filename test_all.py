@@ -9032,6 +9032,17 @@ def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypa
         in capsys.readouterr().out
 
 
+def test_experiments_a_run_of_other_flags_in_another_experiment_is_refused_before_the_runs(tmp_path):
+    # an eighth tester's: `lr --max-iters 20`, then `batch --max-iters 30` trained all of batch's runs, then refused
+    # the lr run the report reads (a run of other flags): the compute spent, and no report
+    ids, out = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out"
+    flags = ["--data", str(ids), "--out-dir", str(out), *_TRAIN_TINY]
+    assert experiments.main(["lr", *flags, "--max-iters", "20", "--variants", "lr=1e-03"]) == 0
+    with pytest.raises(cli.UsageError, match=r"lr=1e-03 is a run of other flags \(max_iters 20 -> 30"):
+        experiments.main(["batch", *flags, "--max-iters", "30"])
+    assert sorted(p.name for p in (out / "experiments").iterdir() if p.is_dir()) == ["lr"]  # no batch run started
+
+
 def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
     # they sat), while a run of other flags is still refused
