@@ -7204,6 +7204,9 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
     assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
     assert "warmup_iters" not in said
+    # an eighth tester's: a warm-up given with an extension was dropped without a word (the note said the run's stays)
+    assert train.main([*base, "--max-iters", "24", "--resume", "--warmup-iters", "3"]) == 2
+    assert "keys that differ: warmup_iters (0 -> 3)." in capsys.readouterr().err
     # --eval-iters may change on --resume (it shapes no step), but the validation losses after it average over
     # another number of batches: it was taken without a word
     assert train.main([*base, "--max-iters", "24", "--resume", "--eval-iters", "3"]) == 0
