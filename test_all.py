@@ -4285,6 +4285,14 @@ def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     assert not [f for f in tmp_path.rglob("*") if f.is_file()]
 
 
+def test_tokenizer_experiments_run_by_name_says_where_to_go():
+    # an eighth tester's: `python tokenizer_experiments.py` (the handout's name for the section) ended at once, silent
+    p = subprocess.run([sys.executable, "tokenizer_experiments.py"], cwd=_BPE_REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert (p.returncode, p.stdout) == (2, "") and p.stderr == "tokenizer_experiments.py: error: it measures for " \
+        "experiments.py's report; run python experiments.py tokenizer\n"
+
+
 def test_cli_stopped_while_starting_under_torchrun_says_it_once():
     # an eighth tester's: torchrun passes a Ctrl-C (or its SIGTERM after one process failed) to every process, and
     # each said "interrupted while starting": rank 0 says it, the others end with the same code in silence

@@ -11,6 +11,7 @@ its throughput, and the hours it would take to tokenize the Pile; why its ids ar
 import collections
 import json
 import os
+import sys
 from pathlib import Path
 
 import accounting
@@ -113,3 +114,9 @@ def answer_tokenizer(f):
             "over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
             f"{f['dtype']}), half of int32's."]
+
+
+if __name__ == "__main__":  # a module of experiments.py's report, run by name: said, where it ended in silence
+    cli.say("tokenizer_experiments.py: error: it measures for experiments.py's report; run python experiments.py "
+            "tokenizer", file=sys.stderr)
+    raise SystemExit(2)
