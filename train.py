@@ -496,10 +496,10 @@ def run(cfg):
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
         tr, va, tok, files = prepare_data(*(cfg[k] for k in DATA_KEYS))
         return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
-    if cfg["benchmark"] or cfg["sample"]:  # nothing written (--sample: the run's last checkpoint continues prompts)
+    if cfg["benchmark"] or cfg["sample"]:  # --sample: the run's last checkpoint continues prompts. Both write
         said = "--sample only reads the run, which is as it was" if cfg["sample"] else "--benchmark writes nothing"
-        with cli.ctrl_c_says(f"train.py: interrupted; {said}."):  # (Ctrl-C ends --prompt - at a terminal), where
-            return print_samples(cfg) if cfg["sample"] else benchmark(cfg) or 0  # exit_code's would say --resume
+        with cli.ctrl_c_says(f"train.py: interrupted; {said}."):  # nothing: a Ctrl-C (which ends --prompt - at a
+            return print_samples(cfg) if cfg["sample"] else benchmark(cfg) or 0  # terminal) is not told to --resume
         return 130
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
         return export_run(rundir.run_dir(cfg), cfg["export"], cfg["overwrite"])
