@@ -47,8 +47,8 @@ from numba import config, njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from cli import (SIGHUP, STOPS, DataError, end_progress, error_chain, hang_up, on_stops, say, short_repr,
-                 show_progress)
+from cli import (SIGHUP, STOPS, DataError, command_ended, end_progress, error_chain, hang_up, on_stops, say,
+                 short_repr, show_progress)
 from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
 
@@ -537,6 +537,8 @@ def catch_ctrl_c():
         if signum == SIGHUP:  # the terminal is gone: the one line that follows must not fail to print
             hang_up()
             signal.signal(signum, signal.SIG_IGN)  # said once: the kernel and the shell may both send it
+        if command_ended():  # its sentence is said or on its way (cli.exit_code): a traceback would follow it
+            return
         if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
                for m in ("numba", "llvmlite")):
             _ctrl_c_held = True

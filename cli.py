@@ -243,6 +243,13 @@ def fault(name, words):
     say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
 
 
+_ended = []  # exit_code's command has returned or raised
+
+
+def command_ended():  # catch_ctrl_c's handler then ignores a stop, as exit_quietly does once the code is known
+    return bool(_ended)
+
+
 @contextlib.contextmanager
 def ctrl_c_says(line):
     """A Ctrl-C in the block (or an error raised while one was handled) ends it with `line` on stderr, for a command
@@ -260,8 +267,12 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
     too) or an unforeseen OSError, 130 a Ctrl-C. interrupted: what a stopped command left (the sentence's end);
     less_memory: the command's own ways to ask for less memory, for an allocation that failed; then: what to do once
     the path an OSError names is fixed."""
+    _ended.clear()
     try:
-        code = command()
+        try:
+            code = command()
+        finally:  # what is left is the sentence and the clean-up: the failed command's objects freed after it say
+            _ended.append(True)  # nothing of a stop signal (command_ended), where their finalizers printed a traceback
         if sys.stdout:  # what print left in its buffer fails here on a full disk, not as Python exits ("ignored")
             sys.stdout.flush()
         return code

@@ -4293,6 +4293,21 @@ def test_tokenizer_experiments_run_by_name_says_where_to_go():
         "experiments.py's report; run python experiments.py tokenizer\n"
 
 
+def test_cli_a_stop_during_the_clean_up_after_the_last_sentence_is_ignored():
+    # an eighth tester's: torchrun's SIGTERM, come after rank 0's sentence, while the failed command's objects were
+    # freed (a weakref.finalize), printed "Exception ignored in: <finalize object ...> Traceback ... KeyboardInterrupt"
+    code = ("import os, signal, weakref, bpe, cli\n"
+            "bpe.catch_ctrl_c()\n"
+            "class Held: pass\n"
+            "def command():\n"
+            "    held = Held()\n"
+            "    weakref.finalize(held, lambda: [os.kill(os.getpid(), signal.SIGTERM), sum(range(10 ** 6))])\n"
+            "    raise cli.DataError('the disk is gone')\n"
+            "cli.exit_quietly(cli.exit_code('x.py', command, 'rerun.'))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (1, "x.py: error: the disk is gone\n")
+
+
 def test_cli_stopped_while_starting_under_torchrun_says_it_once():
     # an eighth tester's: torchrun passes a Ctrl-C (or its SIGTERM after one process failed) to every process, and
     # each said "interrupted while starting": rank 0 says it, the others end with the same code in silence
