@@ -613,6 +613,8 @@ def _cmd_train(args):
     cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
             f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
             f"{args.out}/vocab.json and merges.txt")
+    if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
+        cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
 
 
 def _cmd_encode(args):

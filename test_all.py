@@ -4177,7 +4177,11 @@ def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsy
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "263", "--out", str(tmp_path / "tok")])
     out = capsys.readouterr().out
     assert f"; longest token 128 bytes (64 characters): '{e * 39}...{e * 11}'; wrote " in out, out
-    assert "chars)" not in out
+    assert "chars)" not in out and "note" not in out
+    # an eighth tester's: a vocabulary the text cannot fill stopped short without a word
+    bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "300", "--out", str(tmp_path / "big")])
+    assert capsys.readouterr().out.endswith("\nnote: 263 tokens, not --vocab-size 300: the text has no pair left to "
+                                            "merge\n")
 
 
 @pytest.fixture
