@@ -11,7 +11,7 @@ side by side and answered in out/experiments/report.md, where every number is re
     python experiments.py optimizers        # SGD, momentum, RMSProp, Adam, AdamW and Muon raced (not in `all`)
     python experiments.py all --jobs 2      # all of them, two runs at a time on the CPU's cores
     python experiments.py all --data tinystories   # the handout's shape and budget, one run per GPU
-    python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # some variants; train.py's flags
+    python experiments.py lr --variants lr=1e-02,lr=3e-02 --eval-iters 20   # train.py's flags after the name
 
 The scale follows --data: the built-in corpus (and any local file) gets a CPU preset, train.py's small model for
 400 steps, so that `all` ends within an hour on 2 cores; tinystories and owt get the handout's run (train.py's
