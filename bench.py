@@ -809,7 +809,7 @@ def peak_bytes(call, device):
     return peak
 
 
-def head_calls(device, rows, shape, dtype, compile, chunk_counts):
+def head_calls(device, rows, shape, dtype, compile):
     """{variant: call} for head_table: each call runs the head and the loss forward and backward on the same
     (rows, d_model) hidden state, head weight and targets -> the loss."""
     g = torch.Generator().manual_seed(0)
@@ -823,7 +823,7 @@ def head_calls(device, rows, shape, dtype, compile, chunk_counts):
         return F.cross_entropy((h @ w.t()).float(), t)
     fns = {"the logits, then torch's loss (--no-fused-head)": logits_then_loss}
     fns.update({f"fused, {k} chunk{'s' * (k > 1)}": functools.partial(fused_head.linear_cross_entropy, chunks=k)
-                for k in chunk_counts})
+                for k in HEAD_CHUNKS})
 
     def runner(fn):
         fn = torch.compile(fn, dynamic=False) if compile else fn  # each chunk count its own graph, none dynamic
@@ -837,10 +837,10 @@ def head_calls(device, rows, shape, dtype, compile, chunk_counts):
     return {name: runner(fn) for name, fn in fns.items()}
 
 
-def head_table(device, rows, shape, dtype, compile, repeats, chunk_counts=HEAD_CHUNKS):
+def head_table(device, rows, shape, dtype, compile, repeats):
     """The head and loss alone, each variant in turn after an untimed call (it compiles) -> {variant: its line}."""
     sync = synchronizer(device)
-    calls = head_calls(device, rows, shape, dtype, compile, chunk_counts)
+    calls = head_calls(device, rows, shape, dtype, compile)
     take_turns(calls, 1, sync)
     times, losses = take_turns(calls, repeats, sync)
     logits = rows * shape["vocab_size"] * (2 if dtype == "bf16" else 4)

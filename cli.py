@@ -94,9 +94,6 @@ def reader_gone():
     return bool(_reader_gone)
 
 
-STREAMS = ("stdout", "stderr")  # what a failed print names
-
-
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
     file = file or (sys.stderr if _reader_gone else sys.stdout)  # stdout's reader gone: stderr may still be read
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
@@ -109,7 +106,7 @@ def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that
             # EPIPE alone: the reader left (`| head`), which exit_code ends quietly. A full disk: the stream is
             # named, so that disk_full does not blame a folder the command writes in
             if disk_is_full(e):
-                e.filename = e.filename or STREAMS[file is sys.stderr]
+                e.filename = e.filename or ("stderr" if file is sys.stderr else "stdout")
             raise
         hang_up()  # EIO: a SIGHUP follows (or never comes: a job the shell let go on), and is handled there
 
@@ -253,11 +250,12 @@ def command_ended():  # catch_ctrl_c's handler then ignores a stop, as exit_quie
 @contextlib.contextmanager
 def ctrl_c_says(line):
     """A Ctrl-C in the block (or an error raised while one was handled) ends it with `line` on stderr, for a command
-    that writes nothing: exit_code's words after a Ctrl-C say how to go on. The caller's exit code is then 130."""
+    that writes nothing: exit_code's words after a Ctrl-C say how to go on. The caller's exit code is then 130.
+    line None: the Ctrl-C goes on to exit_code."""
     try:
         yield
     except (KeyboardInterrupt, Exception) as e:
-        if not interrupted_by_ctrl_c(e):
+        if line is None or not interrupted_by_ctrl_c(e):
             raise
         log(line, file=sys.stderr)
 
@@ -333,8 +331,8 @@ def disk_full(where, then):
     try:
         yield
     except Exception as e:
-        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None or cause.filename in STREAMS:
-            raise  # another OSError, wrapped or not, or a full stdout (say's): exit_code's sentence
+        if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None:
+            raise  # another OSError, wrapped or not: exit_code's sentence
         raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
                         f"then {then}.") from None
 

@@ -176,8 +176,9 @@ def torch_settings(cfg):
     torch.set_float32_matmul_precision("high" if cfg["device"].startswith("cuda") else was[1])
     # numpy before 2.0 measures its float types' limits at their first use, and warns (four lines on stderr) when
     # subnormals are flushed by then (below): measured first, they are kept
-    for dtype in (np.float16, np.float32, np.float64) if cfg["device"] == "cpu" else ():
-        np.finfo(dtype)
+    if cfg["device"] == "cpu":
+        for dtype in (np.float16, np.float32, np.float64):
+            np.finfo(dtype)
     # A CPU computes with subnormal floats (below 2^-126: the attention probabilities of a run at too high a rate)
     # many times slower, so they are flushed to zero. torch's worker threads inherit the switch when they start
     # after it, as a training run's do: its first parallel work is the run's

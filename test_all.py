@@ -4294,7 +4294,7 @@ def test_tokenizer_experiments_run_by_name_says_where_to_go():
     p = subprocess.run([sys.executable, "tokenizer_experiments.py"], cwd=_BPE_REPO, capture_output=True, text=True,
                        timeout=120)
     assert (p.returncode, p.stdout) == (2, "") and p.stderr == "tokenizer_experiments.py: error: it measures for " \
-        "experiments.py's report; run python experiments.py tokenizer\n"
+        "experiments.py's report; run python experiments.py tokenizer.\n"
 
 
 def test_cli_a_stop_during_the_clean_up_after_the_last_sentence_is_ignored():
@@ -4432,7 +4432,10 @@ def test_train_sample_on_a_full_stdout_names_stdout_not_the_run(tmp_path, capsys
         finally:
             with contextlib.suppress(OSError):
                 full.close()
-        assert _train_one_error(capsys, "could not write stdout").endswith("free some space and rerun."), mode
+        line = _train_one_error(capsys, "the disk is full: could not write stdout; free some space, then run ")
+        # a training run goes on with --resume (from step 0 where it saved nothing); the others write no run
+        assert line.endswith("--resume to continue from the last checkpoint." if "new" in mode else
+                             "run the same command again."), (mode, line)
 
 
 def test_bpe_cli_with_stdout_closed_trains_without_a_traceback(tmp_path):
@@ -8129,7 +8132,7 @@ def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, cap
         raise KeyboardInterrupt
     monkeypatch.setattr(sys, "stdin", ctrl_c())
     assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 130
-    said = "train.py: interrupted; --sample only reads the run, which is as it was.\n"
+    said = "train.py: interrupted; --sample writes nothing.\n"
     step = rundir.read_checkpoint(run / "ckpt.pt")["iteration"]  # said first: a run still training samples its last
     assert capsys.readouterr() == (alone[0], f"sampling the checkpoint of step {step:,} of {step:,}\n" + said)
     assert _sample_files(run) == before
@@ -8140,7 +8143,7 @@ def test_train_ctrl_c_in_a_mode_that_writes_nothing_says_so(sample_run, capsys, 
     # "with --resume", which both refuse
     flags, run = sample_run
     before = _sample_files(run)
-    for mode, where, said in ((["--sample"], "load_run", "--sample only reads the run, which is as it was."),
+    for mode, where, said in ((["--sample"], "load_run", "--sample writes nothing."),
                               (["--benchmark", "--max-iters", "2"], "benchmark", "--benchmark writes nothing.")):
         with monkeypatch.context() as m:
             m.setattr(train, where, lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
@@ -10193,7 +10196,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
         assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
         assert rows[f"lever, {s} shape: --max-autotune"].startswith("skipped: --cuda-graph and --max-autotune change")
-        assert rows[f"lever, {s} shape: together: --fused-head --triton-gate --cuda-graph"].startswith("skipped: ")
+        assert rows[f"lever, {s} shape: together: --fused-head --triton-gate --cuda-graph"].startswith(
+            "skipped: --triton-gate runs Triton kernels on a GPU; on cpu drop it.")
         assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults, again beside max-autotune"]), rows
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)

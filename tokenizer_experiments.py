@@ -118,5 +118,5 @@ def answer_tokenizer(f):
 
 if __name__ == "__main__":  # a module of experiments.py's report, run by name: said, where it ended in silence
     cli.say("tokenizer_experiments.py: error: it measures for experiments.py's report; run python experiments.py "
-            "tokenizer", file=sys.stderr)
+            "tokenizer.", file=sys.stderr)
     raise SystemExit(2)

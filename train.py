@@ -75,9 +75,8 @@ def get_batch(data, batch_size, context_length, device, generator=None):
 
 
 def micro_batches(data, cfg, generator):
-    """This process's share of one global batch: grad_accum (x, y) pairs of micro_batch rows.
-    Every process draws the same global batch of starts and reads only its own windows, so
-    --grad-accum and the number of processes change the order of the arithmetic, never the data."""
+    """This process's share of one global batch: grad_accum (x, y) pairs of micro_batch rows. Every process draws the
+    same starts and reads only its windows: --grad-accum and the processes change the arithmetic's order, not data."""
     starts = random_starts(data, cfg["batch_size"], cfg["context_length"], generator)
     mine = starts.reshape(cfg["grad_accum"], cfg["world_size"], cfg["micro_batch"])[:, cfg["rank"]]
     return [windows(data, s, cfg["context_length"], cfg["device"]) for s in mine]
@@ -142,10 +141,9 @@ def use_activation_checkpointing(model):
     memory drops to O(layers x d_model) per token, for the price of one more forward."""
     from torch.utils.checkpoint import checkpoint
     for block in _unwrap(model).layers:
-        def fwd(*args, _inner=block.forward, **kwargs):
-            if not torch.is_grad_enabled():  # evaluation / generation: nothing to save anyway
-                return _inner(*args, **kwargs)
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+        def fwd(*args, _inner=block.forward, **kwargs):  # evaluation, generation: nothing to save anyway
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs) if torch.is_grad_enabled() else \
+                _inner(*args, **kwargs)
         block.forward = fwd
 
 
@@ -496,13 +494,12 @@ def run(cfg):
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
         tr, va, tok, files = prepare_data(*(cfg[k] for k in DATA_KEYS))
         return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
-    if cfg["benchmark"] or cfg["sample"]:  # --sample: the run's last checkpoint continues prompts. Both write
-        said = "--sample only reads the run, which is as it was" if cfg["sample"] else "--benchmark writes nothing"
-        with cli.ctrl_c_says(f"train.py: interrupted; {said}."):  # nothing: a Ctrl-C (which ends --prompt - at a
-            return print_samples(cfg) if cfg["sample"] else benchmark(cfg) or 0  # terminal) is not told to --resume
-        return 130
+    if cfg["benchmark"]:
+        return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
         return export_run(rundir.run_dir(cfg), cfg["export"], cfg["overwrite"])
+    if cfg["sample"]:  # the run's checkpoint as it stands continues the prompts; nothing is written
+        return print_samples(cfg)
     ckpt_path, resume_state, init_state = rundir.run_dir(cfg) / "ckpt.pt", None, None
     meta = TransformerLM(**model_kwargs(cfg), device="meta")  # shapes only, no memory: what a checkpoint must fit
     if cfg["resume"]:  # the checkpoint is verified whole (config, shapes, RNG) before any data is read
@@ -536,10 +533,13 @@ def main(argv=None):
     130 stopped: cli.exit_code turns each mistake or fault into one sentence, without a traceback."""
     def go():
         cfg = resolve_config(argv)
-        resume = f"run {rundir.resume_command(cfg)} to continue from the last checkpoint"
-        full = cli.disk_full(rundir.run_dir(cfg), resume)  # a full stdout is exit_code's: it is no file of the run
-        with machine.process_group(cfg), full, rundir.compile_failures(cfg):
-            return run(cfg)
+        said = next((f"--{mode} writes nothing" for mode in ("sample", "benchmark") if cfg[mode]), None)  # not --resume
+        then = ("run the same command again" if said or cfg["export"] is not None else
+                f"run {rundir.resume_command(cfg)} to continue from the last checkpoint")
+        with cli.ctrl_c_says(said and f"train.py: interrupted; {said}."):  # Ctrl-C ends --prompt - at a terminal
+            with machine.process_group(cfg), cli.disk_full(rundir.run_dir(cfg), then), rundir.compile_failures(cfg):
+                return run(cfg)
+        return 130
     return cli.exit_code("train.py", go, f"every file written is whole: {GO_ON} to go on.", less_memory=LESS_MEMORY,
                          then=GO_ON)
 
