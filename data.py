@@ -617,10 +617,10 @@ def ids_vocab_size(source, tokenizer, vocab_size, sized_by=None):
         raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens but numbers one {max(tok.vocab)}, so "
                          f"the ids it makes of --data would not fit a model of its size; number its tokens 0 to "
                          f"{len(tok.vocab) - 1}.")
-    if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)) and sized_by:
-        raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens, but --init-from {sized_by}'s model "
-                         f"reads {vocab_size}: its weights fit its own tokenizer; drop --tokenizer.")
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
+        if sized_by:
+            raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens, but --init-from {sized_by}'s model "
+                             f"reads {vocab_size}: its weights fit its own tokenizer; drop --tokenizer.")
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
                          f"{tokenizer} (with {EOT}, which train.py adds where vocab.json lacks it); drop --vocab-size "
                          "(the tokenizer's size is taken).")

@@ -615,21 +615,22 @@ def section(name, found, cfg, baseline, where):
             table(rows), "", *(f"- {a}" for a in answers), ""], drawn
 
 
-def ran(name, plans, args):
-    """Has experiment `name` run: is it this command's, or has a run of its own (not the baseline, which the others
-    share) a result? An ablations command alone made lr's and batch's baseline, and no lr or batch experiment."""
-    shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
-    return name in experiments_of(args.experiment) or any((run.dir(args.out_dir) / "result.json").is_file()
-                                                          for *_, run in plans[name] if run not in shared)
+def reported(plans, args):
+    """{experiment: its entries} for each that has run, the report's sections: this command's, and each other with a
+    result of a run of its own (not the baseline, which the others share: an ablations command alone made lr's and
+    batch's baseline, and no lr or batch experiment)."""
+    def own_result(name):
+        shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
+        return any((run.dir(args.out_dir) / "result.json").is_file() for *_, run in plans[name] if run not in shared)
+    return {name: entries for name, entries in plans.items() if name in experiments_of(args.experiment)
+            or own_result(name)}
 
 
 def report(args, rest, argv, cfg, plans, baseline, extra):
     """out/experiments/report.md from every run that has finished, a section for each experiment that ran (a variant
     not run yet says its command)."""
     where, parts, drawn, base = Path(args.out_dir) / "experiments", [], True, baseline_run(plans)
-    for name, entries in plans.items():
-        if not ran(name, plans, args):
-            continue
+    for name, entries in reported(plans, args).items():
         found = [(value, dict(m, baseline=run is base)) for value, label, run in entries
                  if (m := measured(run, label, args, rest))]
         missing = [label for _, label, run in entries if not (run.dir(args.out_dir) / "result.json").is_file()]
@@ -769,8 +770,8 @@ def main(argv=None):
     check(runs, args, rest, where)
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
-        for run in (run for name, entries in plans.items() if ran(name, plans, args) for *_, run in entries):
-            outcome(run, args, rest)  # report() reads each experiment that ran: one of other flags refused before runs
+        for run in (run for entries in reported(plans, args).values() for *_, run in entries):
+            outcome(run, args, rest)  # what report() will read: a run of other flags refused before any run starts
         if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
             raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; "
                                  "pass its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")

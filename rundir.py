@@ -399,7 +399,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         old = {**defaults, **old}
         longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
         # a warm-up not given follows --max-iters: the run keeps its own. One given is the user's, compared
-        own_warmup = cfg.get("warmup_derived", longer) and type(old.get("warmup_iters")) is int
+        own_warmup = cfg["warmup_derived"] and type(old.get("warmup_iters")) is int
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)
                 if not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
