@@ -250,12 +250,11 @@ def command_ended():  # catch_ctrl_c's handler then ignores a stop, as exit_quie
 @contextlib.contextmanager
 def ctrl_c_says(line):
     """A Ctrl-C in the block (or an error raised while one was handled) ends it with `line` on stderr, for a command
-    that writes nothing: exit_code's words after a Ctrl-C say how to go on. The caller's exit code is then 130.
-    line None: the Ctrl-C goes on to exit_code."""
+    that writes nothing: exit_code's words after a Ctrl-C say how to go on. The caller's exit code is then 130."""
     try:
         yield
     except (KeyboardInterrupt, Exception) as e:
-        if line is None or not interrupted_by_ctrl_c(e):
+        if not interrupted_by_ctrl_c(e):
             raise
         log(line, file=sys.stderr)
 

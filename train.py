@@ -536,7 +536,7 @@ def main(argv=None):
         said = next((f"--{mode} writes nothing" for mode in ("sample", "benchmark") if cfg[mode]), None)  # not --resume
         then = ("run the same command again" if said or cfg["export"] is not None else
                 f"run {rundir.resume_command(cfg)} to continue from the last checkpoint")
-        with cli.ctrl_c_says(said and f"train.py: interrupted; {said}."):  # Ctrl-C ends --prompt - at a terminal
+        with cli.ctrl_c_says(f"train.py: interrupted; {said}.") if said else contextlib.nullcontext():
             with machine.process_group(cfg), cli.disk_full(rundir.run_dir(cfg), then), rundir.compile_failures(cfg):
                 return run(cfg)
         return 130
