@@ -443,10 +443,12 @@ def build_parser():  # FLAGS as argparse: a mistake is one sentence and exit cod
                                "small/tinystories/owt depend on --data: small for python, pydoc and local files.", FLAGS, PRESETS)
 
 
-def given_flags(parser, argv):  # the keys the command line sets: parsed again with every default a marker
-    unset = object()
+def given_flags(argv):
+    """{key: value} of the flags the command line sets, as train.py's parser reads them (abbreviated, as
+    --flag=value, the last one given winning): parsed again with every default a marker."""
+    unset, parser = object(), build_parser()
     parser.set_defaults(**dict.fromkeys(FLAG_ROWS, unset))
-    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
 
 
 def init_from_defaults(cfg, given):
@@ -484,7 +486,7 @@ def resolve_config(argv=None):
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     sized_by = None  # the run whose vocabulary --vocab-size holds, where --init-from gave it
     if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
-        given = given_flags(parser, argv)
+        given = given_flags(argv)
         cfg.update(init_from_defaults(cfg, given))
         sized_by = None if "vocab_size" in given else cfg["init_from"]
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
@@ -524,7 +526,7 @@ def resolve_sweep_config(argv):
     """resolve_config for the baseline of runs at several rates (experiments.py): its --min-lr is the preset's share
     of --lr unless given, the share each run's --min-lr keeps (a --lr 0.5 given alone kept the preset's 5e-4)."""
     cfg = resolve_config(argv)
-    if "min_lr" not in given_flags(build_parser(), argv):
+    if "min_lr" not in given_flags(argv):
         preset = PRESETS.get(cfg["data"], PRESETS["small"])
         cfg["min_lr"] = cfg["lr"] * preset["min_lr"] / preset["lr"]
     return cfg

@@ -174,22 +174,13 @@ def experiments_of(experiment):  # the experiments whose runs a command needs (g
 RUN_LENGTH = {"max_iters", "total_tokens"}  # one budget, in steps or in tokens: a later one replaces the other
 
 
-def given(flags):
-    """train.py flags -> {key: value} of those they set, as train.py's own parser reads them (abbreviated, as
-    --flag=value, the last one given winning)."""
-    unset = object()  # argparse gives a default only to a key the namespace lacks: a flag not given stays unset
-    unset_all = argparse.Namespace(**dict.fromkeys(config.FLAG_ROWS, unset))
-    values = vars(config.build_parser().parse_args(flags, unset_all))
-    return {k: v for k, v in values.items() if v is not unset}
-
-
 def train_flags(*parts):
     """train.py's flags from parts given in order (the scale's, the user's, a variant's), each flag once: a later
     part's value replaces an earlier one's, and a run length in tokens (--total-tokens) one in steps, or the other
     way round (the user's token budget sets the steps that the scale would have set)."""
     values = {}
     for part in parts:
-        got = given(part)
+        got = config.given_flags(part)
         if RUN_LENGTH & got.keys():
             values = {k: v for k, v in values.items() if k not in RUN_LENGTH}
         values.update(got)
@@ -707,7 +698,14 @@ def parse(argv):
     p.add_argument("--out-dir", default="out", help="runs go to OUT_DIR/experiments/<experiment>/<variant>/")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
-    args, rest = p.parse_known_args(argv)
+    try:
+        args, rest = p.parse_known_args(argv)
+    except cli.UsageError as e:  # `--max-iters 20 lr`: argparse took 20 for the experiment's name
+        if "invalid choice" in str(e) and (name := next((a for a in argv if a in EXPERIMENTS), None)):
+            i = argv.index(name)
+            raise cli.UsageError("name the experiment before the flags: python experiments.py "
+                                 + shlex.join([name, *argv[:i], *argv[i + 1:]]))
+        raise
     own = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
         if mine := next((o for o in own if o.startswith(a)), None):  # --dat went to train.py as --data: other data
@@ -786,6 +784,8 @@ def main(argv=None):
         best = best_run(plans, args, rest)
         if args.experiment in ("generate", "all") and tok is not None and best:
             generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
+        elif args.experiment in ("generate", "all") and tok is not None:  # said, not left for the report's silence
+            cli.say("generate: no samples: no run of the lr sweep finished without diverging, so none is the best.")
         if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
             tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json",
                                                     args.data_fingerprint)

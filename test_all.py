@@ -9065,6 +9065,26 @@ def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypa
         in capsys.readouterr().out
 
 
+def test_experiments_generate_without_a_finished_sweep_run_says_so(tmp_path, monkeypatch, capsys):
+    # a ninth session's: every lr run diverged, and generate ended with no samples and no word of why
+    story = _train_story(tmp_path / "story.txt")
+    monkeypatch.setattr(experiments, "run_all", lambda *a: None)  # no run finishes: as if each diverged
+    assert experiments.main(["generate", "--data", str(story), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                             "--vocab-size", "300", "--data-dir", str(tmp_path / "data")]) == 0
+    assert ("generate: no samples: no run of the lr sweep finished without diverging, so none is the best.\n"
+            in capsys.readouterr().out)
+
+
+def test_experiments_flags_before_the_name_are_told_the_order(tmp_path):
+    # `experiments.py --max-iters 20 lr` was argparse's "invalid choice: '20'", naming neither the cause nor the fix
+    with pytest.raises(cli.UsageError, match=r"^name the experiment before the flags: python experiments.py lr "
+                                             r"--max-iters 20 --out-dir 'a b'$"):
+        experiments.parse(["--max-iters", "20", "lr", "--out-dir", "a b"])
+    with pytest.raises(cli.UsageError, match=r"invalid choice: '20'"):  # no experiment named: argparse's own
+        experiments.parse(["--max-iters", "20", "lrr"])
+    assert experiments.parse(["--jobs", "2", "lr"])[0].jobs == 2  # experiments.py's own flags may come first
+
+
 def test_experiments_a_run_of_other_flags_in_another_experiment_is_refused_before_the_runs(tmp_path):
     # an eighth tester's: `lr --max-iters 20`, then `batch --max-iters 30` trained all of batch's runs, then refused
     # the lr run the report reads (a run of other flags): the compute spent, and no report
