@@ -5266,7 +5266,7 @@ def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(tmp_pat
         ckpt = tmp_path / f"out{k}" / "toy" / "ckpt.pt"
         assert code == 1 and err.strip().splitlines()[-1] == (
             f"train.py: error: {ckpt}: File too large; fix that path or pick another, then rerun the same command "
-            "(once the run has a ckpt.pt: with --resume, without --overwrite).") and "Traceback" not in err, (k, err)
+            "(a training run that has a ckpt.pt: with --resume, without --overwrite).") and "Traceback" not in err, (k, err)
         assert not ckpt.exists() or rundir.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
     code, err = runs[-1]  # an export's files, the same
     assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
@@ -6751,7 +6751,7 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_th
         m.setattr(train, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "Address already in use")))
         assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
     _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then rerun the same "
-                             "command (once the run has a ckpt.pt: with --resume, without --overwrite).")
+                             "command (a training run that has a ckpt.pt: with --resume, without --overwrite).")
     # `| head`: the reader leaves once the loop has printed a step; a BrokenPipeError traceback before, then a quiet
     # exit 1 that lost the steps since the last checkpoint. Now a stop, as for a SIGHUP: the step's checkpoint is
     # saved, and stderr says so. The run is too long to end before that
