@@ -752,10 +752,11 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-def check_ids(train, valid, context_length, vocab_size, made_by=None):
+def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None):
     """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
-    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage."""
+    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage.
+    init_from: the run whose model, of vocab_size tokens, reads the ids (--init-from)."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
@@ -771,6 +772,10 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None):
         if lo < 0:
             raise UsageError(f"the {name} data ({ids.filename}) holds a negative token id ({lo}); token ids start "
                              "at 0.")
+        if hi >= vocab_size and init_from:  # its model's size: a --vocab-size or another tokenizer is refused
+            raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the {vocab_size} "
+                             f"tokens of --init-from {init_from}'s model: another tokenizer made the ids; encode the "
+                             f"text with its tokenizer (bpe.py encode FILE --tokenizer {init_from} --out IDS.npy).")
         if hi >= vocab_size:  # --vocab-size, or the size of a tokenizer given or beside the ids
             raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the vocabulary's "
                              f"{vocab_size} tokens; use the tokenizer that made the ids, or with none beside them a "
@@ -783,7 +788,7 @@ def check_data(cfg, train, valid, tok):
     """check_ids for a run's flags (train.py's cfg) and prepare_data's result: text's token files hold only the ids
     of the tokenizer that made them."""
     made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
-    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by)
+    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by, cfg["init_from"])
 
 
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):

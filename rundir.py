@@ -405,9 +405,12 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
+            tuned = old.get("init_from") and not cfg["init_from"]  # its shape and tokenizer came from that flag
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
-                                                     f"{old['max_iters']:,} or more)." if shorter else "."))
+                                                     f"{old['max_iters']:,} or more)." if shorter else ".")
+                             + (f" It started from --init-from {old['init_from']}: pass that again, which takes the "
+                                "run's own shape and tokenizer." if tuned else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)
@@ -531,6 +534,12 @@ def check_same_data(state, cfg, ckpt_path):
     (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently).
     verify_resume checked the fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
+    saved = state["config"].get("tokenizer")
+    was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
+    if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
+        how, fix = (f"--tokenizer {saved}", f"pass --tokenizer {saved}") if was else (
+            "the tokenizer BPE made of its text", "drop --tokenizer")
+        raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix} to resume it.")
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
         what = "tokenizer's files" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
         raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "

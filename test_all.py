@@ -7267,6 +7267,18 @@ def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys)
     assert _train_one_line(capsys, f"--data {own / 'ids.npy'} was made by the tokenizer beside it, not by "
                                    f"--init-from {run}'s").endswith(f"or pass --tokenizer {run} if these ids are its.")
     assert not (tmp_path / "out" / "ids").exists()
+    # a ninth tester's: ids of a larger tokenizer not beside them were told to pass a --vocab-size above their top
+    # id, which --init-from's tokenizer then refused ("drop --vocab-size"): the advice went in a circle
+    big, far = tmp_path / "big", tmp_path / "far"
+    bpe.main(["train", str(other), "--vocab-size", "400", "--special-tokens", "<|endoftext|>", "--out", str(big)])
+    far.mkdir()
+    bpe.main(["encode", str(other), "--tokenizer", str(big), "--out", str(far / "ids.npy")])
+    capsys.readouterr()
+    assert train.main(["--data", str(far / "ids.npy"), "--init-from", str(run), *flags]) == 2
+    top = int(np.load(far / "ids.npy").max())
+    _train_one_error(capsys, f"the train data ({far / 'ids.npy'}) holds token id {top}, at or above the 300 tokens of "
+                             f"--init-from {run}'s model: another tokenizer made the ids; encode the text with its "
+                             f"tokenizer (bpe.py encode FILE --tokenizer {run} --out IDS.npy).")
     bpe.main(["encode", str(other), "--tokenizer", str(run), "--out", str(tmp_path / "ids.npy")])  # its own ids
     assert train.main(["--data", str(tmp_path / "ids.npy"), "--init-from", str(run), *flags]) == 0
     # a seventh tester's: the run's size, not a flag given, disagreed with --tokenizer ("drop --vocab-size"); its
@@ -7316,6 +7328,35 @@ def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, cap
     assert train.main([*tune, "--max-iters", "5", "--resume"]) == 0  # the start retrained, wider: still its own
     assert _train_losses(tmp_path / "out" / "other")[:3] == whole
     assert rundir.read_checkpoint(tmp_path / "out" / "other" / "ckpt.pt")["config"]["d_model"] == 32
+
+
+def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsys):
+    # a ninth tester's: a run trained with --tokenizer X, resumed without it, was told it had "other data" (the same
+    # text, other tokens); a fine-tune resumed without --init-from was told only its shape keys differ
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    tok, ckpt = tmp_path / "tok", tmp_path / "out" / "story" / "ckpt.pt"
+    bpe.main(["train", str(other), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok)])
+    assert train.main(["--data", str(story), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "2"]) == 0
+    capsys.readouterr()
+    assert train.main(["--data", str(story), *shape, *flags, "--max-iters", "3", "--resume"]) == 2
+    _train_one_error(capsys, f"--resume: {ckpt} was trained with --tokenizer {tok}, not this command's; pass "
+                             f"--tokenizer {tok} to resume it.")
+    assert train.main(["--data", str(other), *shape, *flags, "--max-iters", "2", "--run-name", "bpe"]) == 0
+    capsys.readouterr()  # and the other way round: BPE made of the text, then a --tokenizer
+    assert train.main(["--data", str(other), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "3",
+                       "--run-name", "bpe", "--resume"]) == 2
+    _train_one_error(capsys, "was trained with the tokenizer BPE made of its text, not this command's; drop "
+                             "--tokenizer to resume it.")
+    assert train.main(["--data", str(story), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "3",
+                       "--resume"]) == 0  # as advised
+    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags, "--max-iters",
+                       "2", "--run-name", "tuned"]) == 0
+    capsys.readouterr()
+    assert train.main(["--data", str(other), *flags, "--max-iters", "3", "--run-name", "tuned", "--resume"]) == 2
+    _train_one_error(capsys, f"It started from --init-from {tmp_path / 'out' / 'story'}: pass that again, which "
+                             "takes the run's own shape and tokenizer.")
+    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags, "--max-iters",
+                       "3", "--run-name", "tuned", "--resume"]) == 0  # as advised
 
 
 def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
