@@ -7,7 +7,7 @@ it imports only the standard library (a tokenizer's command starts without torch
 2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
    exit_code is the one map from a fault to an exit code, for every command
 3. Progress lines and the ETA
-4. The parser: argparse, whose mistakes are one sentence and exit code 2
+4. The parser: argparse, whose mistakes are one sentence and exit code 2; lines read from stdin
 """
 import argparse
 import contextlib
@@ -406,7 +406,7 @@ def end_progress():  # a terminal's progress line ends before what is printed ne
 
 
 # ----------------------------------------------------------------------------
-# 4. The parser: argparse, whose mistakes are one sentence and exit code 2
+# 4. The parser: argparse, whose mistakes are one sentence and exit code 2; lines read from stdin
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
@@ -415,3 +415,19 @@ class Parser(argparse.ArgumentParser):
     def _print_message(self, message, file=None):  # --help to a full disk: argparse dropped the error (exit 0)
         if message:
             say(message, end="", file=file or sys.stderr)
+
+
+def stdin_lines(flag):
+    """stdin's lines as they come, each without its line end (a CRLF file's too), read as UTF-8 on every locale. A
+    UsageError naming flag where its bytes are not UTF-8 (a C or UTF-8 locale would pass them on as lone
+    surrogates), or where it holds no line (the command would have done nothing, and said nothing)."""
+    if hasattr(sys.stdin, "reconfigure"):  # a file or pipe's TextIOWrapper, before anything is read from it
+        sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+    read = 0
+    try:
+        for read, line in enumerate(sys.stdin, 1):
+            yield line.removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag}: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
+    if not read:
+        raise UsageError(f"{flag}: stdin held no line, so nothing was done; give it one line or more.")

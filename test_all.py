@@ -8222,10 +8222,15 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
         assert train.main(argv) == 2, argv
         _train_one_error(capsys, needle)
         assert capsys.readouterr().out == ""
-    # stdin that is not UTF-8, read strictly (a UTF-8 locale's stdin; the C locale's escapes the bytes instead)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the \xff\n"), encoding="utf-8"))
+    # stdin that is not UTF-8, read strictly or (a ninth tester's: a C or UTF-8 locale's stdin, whose bytes came as
+    # lone surrogates, "cannot be sampled") by a locale that escapes them; and an empty stdin (it exited 0 in silence)
+    for errors in ("strict", "surrogateescape"):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the \xff\n"), "utf-8", errors=errors))
+        assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
+        _train_one_error(capsys, "--prompt -: stdin is not UTF-8 text ('utf-8' codec can't decode byte 0xff")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b""), "utf-8"))
     assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
-    _train_one_error(capsys, "--prompt -: stdin is not UTF-8 text ('utf-8' codec can't decode byte 0xff")
+    _train_one_error(capsys, "--prompt -: stdin held no line, so nothing was done; give it one line or more.")
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
 
 

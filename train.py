@@ -414,16 +414,12 @@ def print_samples(cfg):
                              f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
                              "vocab.json and merges.txt that made its ids there.")
     log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}", file=sys.stderr)
-    try:
-        for line in sys.stdin if cfg["prompt"] == "-" else [cfg["prompt"]]:
-            prompt = line.removesuffix("\n").removesuffix("\r")  # a CRLF file's line: its text without the \r
-            try:
-                write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
-            except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
-                raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
-                                     "pass other text.") from None
-    except UnicodeDecodeError as e:  # stdin's bytes, where the locale's decoding is strict
-        raise cli.UsageError(f"--prompt -: stdin is not UTF-8 text ({e}); pass UTF-8 text.") from None
+    for prompt in cli.stdin_lines("--prompt -") if cfg["prompt"] == "-" else [cfg["prompt"]]:
+        try:
+            write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
+        except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
+            raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
+                                 "pass other text.") from None
     return 0
 
 
