@@ -520,10 +520,10 @@ def answer_optimizers(found):
         f"{n} {best[n][1]['final']:.3f}" for n in chain) + " (each link's gain is its difference to the one before)."]
 
 
-def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it: how much it loops
+def repeated(text, n=3):  # the share of a text's word n-grams that occur earlier in it (how much it loops), as text
     words = text.split()
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+    return f"{1 - len(set(grams)) / len(grams):.0%}" if grams else f"n/a, under {n} words"  # not 0%
 
 
 def table(rows):
@@ -582,10 +582,10 @@ def extra_sections(where, best, args):
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
                              f"{data.EOT}.", ""]
         for name, text in texts:
-            extra["generate"] += [f"**{name}** ({repeated(text):.0%} of its word 3-grams repeat earlier ones):", "",
+            extra["generate"] += [f"**{name}** (repeated word 3-grams: {repeated(text)}):", "",
                                   "```", text, "```", ""]
-        extra["generate"].append("- the share of repeated 3-grams by setting: " + ", ".join(
-            f"{name} {repeated(text):.0%}" for name, text in texts) + f"; the model's loss "
+        extra["generate"].append("- the share of repeated 3-grams by setting: " + "; ".join(
+            f"{name} {repeated(text)}" for name, text in texts) + f". The model's loss "
             f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
     if figures := tokenizer_experiments.stored_figures(tokens, args.data_fingerprint):
         extra["tokenizer"] = [f"- {a}" for a in tokenizer_experiments.answer_tokenizer(figures)]
@@ -702,9 +702,8 @@ def parse(argv):
         args, rest = p.parse_known_args(argv)
     except cli.UsageError as e:  # `--max-iters 20 lr`: argparse took 20 for the experiment's name
         if "invalid choice" in str(e) and (name := next((a for a in argv if a in EXPERIMENTS), None)):
-            i = argv.index(name)
             raise cli.UsageError("name the experiment before the flags: python experiments.py "
-                                 + shlex.join([name, *argv[:i], *argv[i + 1:]]))
+                                 + shlex.join([name, *(a for a in argv if a != name)]))
         raise
     own = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):

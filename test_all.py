@@ -9121,6 +9121,12 @@ def test_experiments_generate_without_a_finished_sweep_run_says_so(tmp_path, mon
             in capsys.readouterr().out)
 
 
+def test_experiments_a_sample_of_few_words_has_no_repetition_share():
+    # a ninth tester's: a greedy sample of 250 r's, a loop, was said to repeat "0% of its word 3-grams"
+    assert experiments.repeated("r" * 250) == "n/a, under 3 words"
+    assert experiments.repeated("a b c a b c") == "25%" and experiments.repeated("the cat sat") == "0%"
+
+
 def test_experiments_flags_before_the_name_are_told_the_order(tmp_path):
     # `experiments.py --max-iters 20 lr` was argparse's "invalid choice: '20'", naming neither the cause nor the fix
     with pytest.raises(cli.UsageError, match=r"^name the experiment before the flags: python experiments.py lr "
