@@ -454,11 +454,14 @@ def verify_init(cfg, model_keys, like, model):
     except (FileNotFoundError, ValueError, OSError) as e:
         raise UsageError(f"--init-from {cfg['init_from']}: {str(e).rstrip('.')}; pass the folder of a trained "
                          "run.") from None
-    diff = [f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in model_keys
-            if state["config"][k] != cfg[k]]
-    if diff:
-        raise UsageError(f"--init-from {cfg['init_from']}: its model has another shape; keys that differ: "
-                         f"{', '.join(diff)}; drop those flags to take its shape, or start from another run.")
+    keys = [k for k in model_keys if state["config"][k] != cfg[k]]
+    if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
+        listed = run_config(Path(cfg["init_from"])) or {}
+        fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
+               "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
+        raise UsageError(f"--init-from {cfg['init_from']}: its model has another shape; keys that differ: " + ", ".join(
+            f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in keys) + f"; {fix}, or start "
+            "from another run.")
     try:  # its config says this shape, but its weights are what is loaded: a damaged file is refused here, not late
         check_state(state, model, name=Path(cfg["init_from"]) / "ckpt.pt")
     except ValueError as e:

@@ -7390,8 +7390,18 @@ def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
     first = _train_metrics(tuned)[0]["val_loss"]
     assert first < _train_metrics(base)[0]["val_loss"] - 0.5
     assert train.main(["--data", str(other), *small, "--d-model", "64", "--run-name", "wide"]) == 2
-    assert "its model has another shape; keys that differ: d_model (32 -> 64)" in _train_one_line(capsys, "--init-from")
+    assert "its model has another shape; keys that differ: d_model (32 -> 64); drop those flags to take its shape" \
+        in _train_one_line(capsys, "--init-from")
     assert not (tmp_path / "out" / "wide").exists()
+    # a ninth tester's: a config.json that disagrees with its ckpt.pt (an --overwrite cut short between the two) was
+    # told to "drop those flags", none given
+    shutil.copytree(base, tmp_path / "torn")
+    (tmp_path / "torn" / "config.json").write_text((base / "config.json").read_text().replace('"d_model": 32',
+                                                                                           '"d_model": 64'))
+    assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "torn"), "--run-name", "torn"]) == 2
+    assert _train_one_line(capsys, "--init-from").endswith(
+        "keys that differ: d_model (32 -> 64); its config.json disagrees with its ckpt.pt (a write cut short?): "
+        "restore the run from a copy, or start from another run.")
     assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "nothing"), "--run-name", "none"]) == 2
     assert "pass the folder of a trained run" in _train_one_line(capsys, "--init-from")
     assert train.main(["--data", str(other), *small, "--benchmark"]) == 2
