@@ -702,8 +702,9 @@ def parse(argv):
         args, rest = p.parse_known_args(argv)
     except cli.UsageError as e:  # `--max-iters 20 lr`: argparse took 20 for the experiment's name
         if "invalid choice" in str(e) and (name := next((a for a in argv if a in EXPERIMENTS), None)):
+            i = argv.index(name)
             raise cli.UsageError("name the experiment before the flags: python experiments.py "
-                                 + shlex.join([name, *(a for a in argv if a != name)]))
+                                 + shlex.join([name, *argv[:i], *argv[i + 1:]]))
         raise
     own = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
