@@ -24,7 +24,6 @@ import contextlib
 import datetime
 import functools
 import inspect
-import logging
 import math
 import os
 import platform
@@ -39,10 +38,9 @@ import torch.nn.functional as F
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr
 from files import not_a_file, write_json
-from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, usable_cores
+from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, quiet_cuda_home, usable_cores
 
-if not torch.cuda.is_available():  # torch's "No CUDA runtime is found" warning, on compiling, says nothing new here
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+quiet_cuda_home()  # the inline CUDA and torch.compile sections compile on every machine
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import datetime
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -230,11 +231,19 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     return ""
 
 
+def quiet_cuda_home():
+    """CUDA torch on a machine without a GPU but with nvcc warns, on its first compile, "No CUDA runtime is found,
+    using CUDA_HOME": nothing to act on. Its other warnings (a compiler torch was not built with) stay on a GPU."""
+    if not _torch().cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 @functools.cache
 def compile_error(device):
     """Why torch.compile (inductor, as --compile runs it) cannot compile on device, in one line, or "": a trivial
     function, once per process, before anything is written (no C++ compiler for a CPU, nor for Triton's launcher)."""
     torch = _torch()
+    quiet_cuda_home()
     on_it = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
     try:
         with on_it:  # that GPU only: a torchrun process touches no other one (cuda:0 would get a context from each)

@@ -6363,6 +6363,23 @@ def test_machine_and_files_run_where_windows_lacks_sysconf_and_device_numbers(tm
     assert not re.search(r"signal\.SIG_(BLOCK|UNBLOCK|SETMASK)\b", inspect.getsource(bpe_fast))
 
 
+def test_machine_cuda_torch_without_a_gpu_keeps_its_cuda_home_warning_quiet(tmp_path):
+    # a ninth tester's: pip's CUDA torch (2.14) on a machine with nvcc but no GPU printed torch's "No CUDA runtime is
+    # found, using CUDA_HOME=..." at --compile's first compile, the start-up check's (torch 2.13's CPU build is quiet)
+    if torch.cuda.is_available():
+        pytest.skip("the warning is for a machine without a CUDA GPU")
+    if why := machine.compile_error("cpu"):
+        pytest.skip(f"torch.compile cannot compile here: {why}")
+    nvcc = tmp_path / "nvcc"  # where torch looks for CUDA_HOME
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    code = ("import logging, machine; print(repr(machine.compile_error('cpu'))); "
+            "print(logging.getLogger('torch.utils.cpp_extension').level)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert r.stdout.split() == ["''", "40"] and "No CUDA runtime" not in r.stderr, r  # 40: logging.ERROR
+
+
 def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
     # DDP imports torch.distributed.nn, whose defaults held the group that existed then: destroy_process_group freed
     # nothing, and a gloo thread freeing the last collective's tensors as Python exited aborted the process ("terminate
