@@ -57,7 +57,7 @@ import train
 from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
 from config import MIN_TEXT_VOCAB
 from files import atomic_file, unreadable
-from machine import synchronizer, torch_settings, usable_cores
+from machine import allow_many_compiles, synchronizer, torch_settings, usable_cores
 from model import TransformerLM, generate
 
 ROOT = Path(__file__).resolve().parent
@@ -1620,6 +1620,7 @@ def megabytes(text):  # a flag's megabytes: a positive number (argparse's float 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    allow_many_compiles()  # each lever, shape and chunk count is a graph of one function: none may run eagerly
     if argv[:1] == ["step"]:  # the rest are train.py's flags
         return bench_step(argv[1:])
     if argv[:1] == ["gpu"]:  # its own flags

@@ -238,6 +238,16 @@ def quiet_cuda_home():
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
+def allow_many_compiles(limit=256):
+    """For a process that compiles many variants of one function (bench.py's levers, shapes and chunk counts; the
+    tests): past dynamo's limit of 8 graphs a function it runs the rest eagerly, with one warning, and a row named
+    compiled would time eager code. The limit raised, and where torch can (2.6 on), reaching it raises instead."""
+    import torch._dynamo.config as dynamo  # cache_size_limit: torch 2.5's name of recompile_limit, which later keep
+    dynamo.cache_size_limit = max(dynamo.cache_size_limit, limit)
+    if hasattr(dynamo, "fail_on_cache_limit_hit"):
+        dynamo.fail_on_cache_limit_hit = True
+
+
 @functools.cache
 def compile_error(device):
     """Why torch.compile (inductor, as --compile runs it) cannot compile on device, in one line, or "": a trivial

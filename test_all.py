@@ -98,6 +98,7 @@ def _inductor_loads_fast_math():
 
 
 _FAST_MATH_INDUCTOR = _inductor_loads_fast_math()
+machine.allow_many_compiles()  # a worker compiles many models: one run eagerly would pass an equality test unchecked
 
 
 def _torch_global_state():
@@ -6378,6 +6379,24 @@ def test_machine_cuda_torch_without_a_gpu_keeps_its_cuda_home_warning_quiet(tmp_
     r = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
     assert r.stdout.split() == ["''", "40"] and "No CUDA runtime" not in r.stderr, r  # 40: logging.ERROR
+
+
+def test_machine_allow_many_compiles_keeps_every_variant_compiled():
+    # a tenth tester's: bench.py compiles many variants of one function (each lever's LMLoss.forward, each chunk
+    # count): past dynamo's 8 graphs a function the rest ran eagerly under a compiled row's name, with one warning
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile (dynamo) does not run on this Python")
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    scaled = torch.compile(lambda x, k: x * k, backend=counter, dynamic=False)  # a graph for each int k
+    for k in range(12):
+        assert scaled(torch.ones(2), k).tolist() == [k, k]
+    assert counter.frame_count == 12  # machine.allow_many_compiles() ran at this file's import, as in bench.main
+    if hasattr(torch._dynamo.config, "fail_on_cache_limit_hit"):  # torch 2.6 on: the limit reached raises
+        few = torch.compile(lambda x, k: x + k, backend=counter, dynamic=False)
+        with torch._dynamo.config.patch(cache_size_limit=2), pytest.raises(Exception, match="recompile_limit"):
+            for k in range(3):
+                few(torch.ones(2), k)
 
 
 def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
