@@ -6303,7 +6303,9 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys, m
     for name, text in mine.items():
         (victim / name).write_text(text)
     base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
-    for name in ("../victim", str(victim), "a/b", "..", ".", "", " ", "\t"):  # blank: an out/ / folder before
+    # blank: an out/ / folder before; a line break or a control character: a folder whose name broke every line
+    # that named it (a tenth tester's)
+    for name in ("../victim", str(victim), "a/b", "..", ".", "", " ", "\t", "a\nb", "a\x1bb", "a\x85b"):
         capsys.readouterr()
         assert train.main(base + ["--run-name", name]) == 2, name
         _train_one_error(capsys, "--run-name", "one plain name inside --out-dir")
@@ -6593,6 +6595,17 @@ def test_train_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, monkeypat
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert train.main(base + ["--batch-size", "9"]) == 2
     assert "2 processes" in capsys.readouterr().err
+
+
+def test_train_long_folder_names_above_the_data_and_the_runs_are_accepted(tmp_path):
+    # a tenth tester's: a folder name of 230 bytes above --data, or in --out-dir, was refused as "too long for the
+    # file system"; only the names others are made from (the data's file, the run's) keep room for the suffixes
+    long = tmp_path / ("D" * 230)
+    long.mkdir()
+    story = _train_story(long / "story.txt")
+    assert train.main(["--data", str(story), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "1", "--device",
+                       "cpu", "--out-dir", str(long / ("o" * 230)), "--data-dir", str(long / "data")]) == 0
+    assert (long / ("o" * 230) / "story" / "ckpt.pt").is_file()
 
 
 # --- issue 11: a full disk, unusable paths, numbers, sample settings, IDS.NPY (each one sentence)
