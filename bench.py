@@ -54,7 +54,7 @@ import fused_head
 import kernels
 import model
 import train
-from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code
+from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, user_path
 from config import MIN_TEXT_VOCAB
 from files import atomic_file, unreadable
 from machine import allow_many_compiles, synchronizer, torch_settings, usable_cores
@@ -1635,7 +1635,8 @@ def main(argv=None):
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
                     "and peak memory; generate: generation; gpu: every GPU figure, "
                     "no section started after --budget seconds (its own --help)")
-    ap.add_argument("--input", help="a UTF-8 text file instead of the scale corpora (train) or shakespeare.txt")
+    ap.add_argument("--input", type=user_path, help="a UTF-8 text file instead of the scale corpora (train) or "
+                    "shakespeare.txt")
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
                     help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")

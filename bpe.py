@@ -15,6 +15,7 @@ import heapq
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections import Counter
@@ -641,8 +642,8 @@ def _cmd_encode(args):
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
     cli.say(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
-            f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): python train.py --data "
-            f"{args.out} --tokenizer {args.tokenizer}")
+            f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): "
+            + shlex.join(["python", "train.py", "--data", args.out, "--tokenizer", args.tokenizer]))
 
 
 def main(argv=None):
@@ -651,13 +652,13 @@ def main(argv=None):
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
     tr.add_argument("--vocab-size", type=int, required=True)
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
-    en.add_argument("--tokenizer", required=True, help="directory with vocab.json, merges.txt")
+    en.add_argument("--tokenizer", type=cli.user_path, required=True, help="directory with vocab.json, merges.txt")
     for p, out, specials in [(tr, "directory for vocab.json and merges.txt", "default: none"),
                              (en, "output .npy path", "default: the vocab's own (no merge makes them); the flag with "
                                                       "no tokens: none, all text")]:
-        p.add_argument("input")
+        p.add_argument("input", type=cli.user_path)
         p.add_argument("--special-tokens", nargs="*", help=specials)
-        p.add_argument("--out", required=True, help=out)
+        p.add_argument("--out", type=cli.user_path, required=True, help=out)
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:

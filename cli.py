@@ -408,6 +408,10 @@ def end_progress():  # a terminal's progress line ends before what is printed ne
 # ----------------------------------------------------------------------------
 # 4. The parser: argparse, whose mistakes are one sentence and exit code 2; lines read from stdin
 
+def user_path(text):  # argparse's type of a path: ~ and ~user expanded, which a shell leaves in --out-dir=~/runs
+    return os.path.expanduser(text)
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
         raise UsageError(f"{message} (see python {self.prog} --help)")

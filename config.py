@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, env_int, log
+from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
@@ -51,13 +52,14 @@ SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDP
 
 FLAGS = [  # (flag, type, default, help): the whole command line, by --help section; bool = a switch
     "data and output",
-    ("--data", str, "python", "python (built-in, offline: Python's docs and standard library), pydoc (its docs "
+    ("--data", user_path, "python", "python (built-in, offline: Python's docs and standard library), pydoc (its docs "
      "alone), tinystories, owt (downloaded), PATH.txt or PATH.npy (ids)"),
-    ("--val-data", str, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
-    ("--tokenizer", str, None, "folder of a vocab.json and merges.txt: the tokenizer of --data PATH.npy (default: "
-     "the .npy's), or the one to tokenize text with (default: BPE trained on it; with --init-from, its run's)"),
-    ("--data-dir", str, "data", "cache for downloads, tokenizers and token files"),
-    ("--out-dir", str, "out", "runs are written to OUT_DIR/RUN_NAME/"),
+    ("--val-data", user_path, None, "validation ids (.npy) for --data PATH.npy; default: its last 10%%"),
+    ("--tokenizer", user_path, None, "folder of a vocab.json and merges.txt: the tokenizer of --data PATH.npy "
+     "(default: the .npy's), or the one to tokenize text with (default: BPE trained on it; with --init-from, its "
+     "run's)"),
+    ("--data-dir", user_path, "data", "cache for downloads, tokenizers and token files"),
+    ("--out-dir", user_path, "out", "runs are written to OUT_DIR/RUN_NAME/"),
     ("--run-name", str, None, "default: the data source's name"),
     ("--workers", int, None, "processes for tokenizer training and tokenizing; default and most: the cores it may use"),
     "model shape",
@@ -98,12 +100,13 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run (a larger "
      "--max-iters extends a run; where no checkpoint is saved yet, the run starts at step 0, with a note, so one "
      "command serves a job that may be restarted)"),
-    ("--init-from", str, None, "start a new run from the weights of the run in this folder (its shape and tokenizer "
-     "unless given; a new optimizer and schedule): fine-tuning"),
+    ("--init-from", user_path, None, "start a new run from the weights of the run in this folder (its shape and "
+     "tokenizer unless given; a new optimizer and schedule): fine-tuning"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
     ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
-    ("--export", str, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then exit"),
+    ("--export", user_path, None, "write the run OUT_DIR/RUN_NAME to this directory in the Hugging Face format, then "
+     "exit"),
     "hardware",
     ("--device", str, None, "cpu, cuda, cuda:1, mps; default: cuda when available"),
     ("--dtype", str, None, "float32, or bf16 (bfloat16 autocast, float32 weights); default: bf16 on cuda"),
@@ -474,7 +477,8 @@ def init_from_defaults(cfg, given):
             and any(a.read_bytes() != b.read_bytes() for a, b in zip(beside, tokenizer_files(run))):
         raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by --init-from {run}'s, so "
                          f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
-                         f"FILE --tokenizer {run} --out IDS.npy), or pass --tokenizer {run} if these ids are its.")
+                         f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
+                         f"{shlex.quote(str(run))} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
         raise UsageError(f"--init-from {run} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")

@@ -15,6 +15,7 @@ import http.client
 import operator
 import os
 import re
+import shlex
 import shutil
 import sys
 import sysconfig
@@ -775,7 +776,8 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
         if hi >= vocab_size and init_from:  # its model's size: a --vocab-size or another tokenizer is refused
             raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the {vocab_size} "
                              f"tokens of --init-from {init_from}'s model: another tokenizer made the ids; encode the "
-                             f"text with its tokenizer (bpe.py encode FILE --tokenizer {init_from} --out IDS.npy).")
+                             f"text with its tokenizer (bpe.py encode FILE --tokenizer {shlex.quote(init_from)} --out "
+                             "IDS.npy).")
         if hi >= vocab_size:  # --vocab-size, or the size of a tokenizer given or beside the ids
             raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the vocabulary's "
                              f"{vocab_size} tokens; use the tokenizer that made the ids, or with none beside them a "

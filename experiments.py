@@ -693,9 +693,9 @@ def parse(argv):
                    description="The handout's section 7 experiments: sets of train.py runs, their figures and\n"
                    "out/experiments/report.md. Other flags go to train.py.", epilog=help_text())
     p.add_argument("experiment", choices=EXPERIMENTS)
-    p.add_argument("--data", default="pydoc", help="as train.py's (default here: pydoc, the documentation alone); "
-                   "tinystories and owt: the handout's (GPU) scale")
-    p.add_argument("--out-dir", default="out", help="runs go to OUT_DIR/experiments/<experiment>/<variant>/")
+    p.add_argument("--data", type=cli.user_path, default="pydoc", help="as train.py's (default here: pydoc, the "
+                   "documentation alone); tinystories and owt: the handout's (GPU) scale")
+    p.add_argument("--out-dir", type=cli.user_path, default="out", help="runs: OUT_DIR/experiments/<experiment>/<variant>/")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     try:

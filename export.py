@@ -283,10 +283,10 @@ def main(argv=None):
     def go():
         ap = Parser(prog="export.py", description="Write a training run as a Hugging Face Llama directory (what "
                     "train.py --export DIR does): config.json, model.safetensors and the tokenizer's files.")
-        ap.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory, with its ckpt.pt (train.py's "
-                        "--out-dir/--run-name, e.g. out/python)")
-        ap.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (made if missing; its other files "
-                        "stay)")
+        ap.add_argument("run_dir", metavar="RUN_DIR", type=cli.user_path, help="the run's directory, with its ckpt.pt "
+                        "(train.py's --out-dir/--run-name, e.g. out/python)")
+        ap.add_argument("out_dir", metavar="OUT_DIR", type=cli.user_path, help="the directory to write (made if "
+                        "missing; its other files stay)")
         ap.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT_DIR")
         args = ap.parse_args(argv)
         with disk_full(args.out_dir, "run the same command again"):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import accounting
-from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr
+from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr, user_path
 from files import not_a_file, write_json
 from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, quiet_cuda_home, usable_cores
 
@@ -462,7 +462,7 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
     ap.add_argument("--threads", type=int, help="CPU threads for the timed runs, at most the usable cores "
                     "(default: 1, see one_thread_on_a_cpu)")
-    ap.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
+    ap.add_argument("--json", metavar="PATH", type=user_path, help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
     args = ap.parse_args(argv)

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import shlex
 import signal
 import time
 import zipfile
@@ -409,8 +410,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
                                                      f"{old['max_iters']:,} or more)." if shorter else ".")
-                             + (f" It started from --init-from {old['init_from']}: pass that again, which takes the "
-                                "run's own shape and tokenizer." if tuned else ""))
+                             + (f" It started from --init-from {shlex.quote(str(old['init_from']))}: pass that "
+                                "again, which takes the run's own shape and tokenizer." if tuned else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)
@@ -540,7 +541,7 @@ def check_same_data(state, cfg, ckpt_path):
     saved = state["config"].get("tokenizer")
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        how, fix = (f"--tokenizer {saved}", f"pass --tokenizer {saved}") if was else (
+        how, fix = (f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}") if was else (
             "the tokenizer BPE made of its text", "drop --tokenizer")
         raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix} to resume it.")
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare

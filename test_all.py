@@ -4298,6 +4298,23 @@ def test_tokenizer_experiments_run_by_name_says_where_to_go():
         "experiments.py's report; run python experiments.py tokenizer.\n"
 
 
+def test_cli_paths_expand_the_home_folder_and_commands_to_copy_quote_them(tmp_path, monkeypatch, capsys):
+    # a tenth tester's: --out-dir=~/runs (bash leaves a ~ after '=' as it is) made a folder named ~ in the current
+    # one, and every message read as the home folder's; bpe.py encode's next command, a path with a space in it,
+    # ran as other arguments
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    cfg = config.resolve_config(["--benchmark", "--device", "cpu", "--out-dir=~/runs", "--data-dir=~/data"])
+    assert (cfg["out_dir"], cfg["data_dir"]) == (str(home / "runs"), str(home / "data"))
+    story, tok = _train_story(tmp_path / "story.txt"), tmp_path / "tok dir ü"
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok)])
+    bpe.main(["encode", str(story), "--tokenizer", str(tok), "--out=~/ids ü.npy"])
+    told = capsys.readouterr().out.splitlines()[-1]
+    assert told.startswith("train on them (samples decoded): ") and (home / "ids ü.npy").is_file()
+    assert shlex.split(told.split(": ", 1)[1]) == ["python", "train.py", "--data", str(home / "ids ü.npy"),
+                                                    "--tokenizer", str(tok)]
+
+
 def test_cli_a_stop_during_the_clean_up_after_the_last_sentence_is_ignored():
     # an eighth tester's: torchrun's SIGTERM, come after rank 0's sentence, while the failed command's objects were
     # freed (a weakref.finalize), printed "Exception ignored in: <finalize object ...> Traceback ... KeyboardInterrupt"
