@@ -535,7 +535,8 @@ def bench_encode(args):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast.load_compiled_encoder()
     print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, {args.repeats} runs "
-          f"taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's")
+          + ("taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's" if enc else
+             "(tiktoken is not installed: no comparison)"))
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
     for name, docs in rows.items():  # one call per document
@@ -958,6 +959,10 @@ def bench_head(args):
 # ----------------------------------------------------------------------------
 # 4. Generation: the plain paths (with and without the KV cache), the fast path, HF's static cache
 
+def hf_step(device):  # transformers compiles its static cache's forward on CUDA only
+    return "compiled step" if str(device).startswith("cuda") else "eager step"
+
+
 def hf_generator(m, shape, device, prompts):
     """HF's LlamaForCausalLM holding m's weights, generating greedily with its static cache, whose forward
     transformers compiles on CUDA -> a call (max_new_tokens) -> the new ids of each row."""
@@ -983,7 +988,7 @@ def generators(m, shape, device, batch, compile, hf):
     calls[f"fast, static cache, {'compiled' if compile else 'eager'} step"] = functools.partial(
         generate, m, prompts, temperature=0, fast=True, compile=compile)
     if hf:
-        calls["HF generate, static cache (compiled)"] = hf_generator(m, shape, device, prompts)
+        calls[f"HF generate, static cache, {hf_step(device)}"] = hf_generator(m, shape, device, prompts)
     return calls
 
 
@@ -1456,7 +1461,7 @@ class GpuReport:
         rows["generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"] = ", ".join(
             f"{k}: {tps:,.0f}" for k, tps in looks.items()) + f" tokens/s (now {model.STOP_CHECK_EVERY})"
         for batch in GEN_BATCHES[self.cpu]:
-            rows.setdefault(f"generation, batch {batch}, HF generate, static cache (compiled)",
+            rows.setdefault(f"generation, batch {batch}, HF generate, static cache, {hf_step(self.device)}",
                             "skipped: transformers is not installed")
         return rows
 

@@ -10201,6 +10201,7 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     assert "| Python source, the stdlib's first 5 MB | 0.00 | 1 |" in out
     assert "| 1 KB documents of the English, one call each |" in out and "| bpe.encode_file, 2 workers |" in out
     assert "pip install tiktoken" in out
+    assert "(tiktoken is not installed: no comparison)" in out and "taking turns with tiktoken" not in out  # 10th
     docs = bench.small_documents(text.read_text(encoding="utf-8"), size=100, total=1000)
     assert "".join(docs) == text.read_text(encoding="utf-8")[:len("".join(docs))] and 1000 <= len("".join(docs))
     assert all(100 <= len(d) < 200 for d in docs[:-1])
@@ -10308,7 +10309,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                                                                  (4, ("plain, KV cache",))) for who in
                   (*whos, "fast, static cache, eager step")]  # compiled on a GPU
     looks = "generation, batch 1, fast path, tokens between stop checks (model.STOP_CHECK_EVERY)"
-    hf = [f"generation, batch {b}, HF generate, static cache (compiled)" for b in (1, 4)]
+    hf = [f"generation, batch {b}, HF generate, static cache, eager step" for b in (1, 4)]  # compiled on a GPU
     head = [f"head and loss alone, GPT-2-small shape (128 rows): {v}" for v in (
         "the logits, then torch's loss (--no-fused-head)", *(f"fused, {k} chunk{'s' * (k > 1)}" for k in bench.HEAD_CHUNKS))]
     levers, autotune = ([f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in levers]
