@@ -1638,7 +1638,7 @@ def main(argv=None):
                     help="all: every table below but gpu (docs/results.md); train: BPE "
                     "training against HF tokenizers and rustbpe; cold: first runs, empty numba cache; encode: against "
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
-                    "and peak memory; generate: generation; gpu: every GPU figure, "
+                    "and peak memory, then a GPT-2-small step's peak (minutes on a CPU, whatever --rows); generate: generation; gpu: every GPU figure, "
                     "no section started after --budget seconds (its own --help)")
     ap.add_argument("--input", type=user_path, help="a UTF-8 text file instead of the scale corpora (train) or "
                     "shakespeare.txt")
