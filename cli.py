@@ -426,7 +426,7 @@ def stdin_lines(flag):
     UsageError naming flag where its bytes are not UTF-8 (a C or UTF-8 locale would pass them on as lone
     surrogates), or where it holds no line (the command would have done nothing, and said nothing)."""
     if hasattr(sys.stdin, "reconfigure"):  # a file or pipe's TextIOWrapper, before anything is read from it
-        sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+        sys.stdin.reconfigure(encoding="utf-8-sig", errors="strict")  # -sig: a BOM (Notepad's) is no text
     read = 0
     try:
         for read, line in enumerate(sys.stdin, 1):

@@ -227,8 +227,8 @@ NAME_ROOM = 33  # what the project adds to a name it derives: data.py's "-<key>.
 
 def too_long(c):
     """The first path flag the file system would refuse (ENAMETOOLONG) once the project adds its
-    suffixes, as a sentence, or "": a name over NAME_MAX bytes, the name the project derives names from (the data's
-    file, the run's) over NAME_MAX - NAME_ROOM, or a path near PATH_MAX. The folders above are only read."""
+    suffixes, as a sentence, or "": a name over NAME_MAX bytes, one the project derives names from (the data's file,
+    --val-data's, the run's) over NAME_MAX - NAME_ROOM, or a path near PATH_MAX. The folders above are only read."""
     for flag in ("data", "val_data", "data_dir", "out_dir", "run_name"):
         if not c[flag] or (flag == "data" and not c["data_is_file"]):  # --data python, tinystories, owt: no path
             continue
@@ -236,8 +236,8 @@ def too_long(c):
         longest = max(max(names), names[-1] + NAME_ROOM if flag in ("data", "val_data", "run_name") else 0)
         if longest > NAME_MAX or len(os.fsencode(os.path.abspath(c[flag]))) > PATH_MAX - 2 * NAME_MAX:
             return (f"--{flag.replace('_', '-')} is too long for the file system (with what the run adds: names of at "
-                    f"most {NAME_MAX - NAME_ROOM} bytes, paths of at most {PATH_MAX - 2 * NAME_MAX}); pass a shorter "
-                    "one.")
+                    f"most {NAME_MAX} bytes, {NAME_MAX - NAME_ROOM} for a data file's or a run's, paths of at most "
+                    f"{PATH_MAX - 2 * NAME_MAX}); pass a shorter one.")
     return ""
 
 
@@ -360,7 +360,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["tensorboard"] and importlib.util.find_spec("tensorboard") is None,
      "--tensorboard needs the tensorboard package: pip install tensorboard (or drop --tensorboard)."),
     (lambda c: c["run_name"].strip() in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"]
-     or any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in c["run_name"]),  # a line break, a tab: a log's lines
+     or any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in c["run_name"]),  # a log's lines
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/' or control character such as a line "
      "break, not '..', '.' or blank); pick another."),
     (run_dir_problem, run_dir_problem),

@@ -756,8 +756,8 @@ def fingerprint(train, valid, tok_files, data_dir):
 def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None):
     """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
-    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage.
-    init_from: the run whose model, of vocab_size tokens, reads the ids (--init-from)."""
+    files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage;
+    init_from: the run whose model (of vocab_size tokens) reads the ids."""
     top = 0
     for name, ids in (("train", train), ("validation", valid)):
         if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
@@ -773,15 +773,12 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
         if lo < 0:
             raise UsageError(f"the {name} data ({ids.filename}) holds a negative token id ({lo}); token ids start "
                              "at 0.")
-        if hi >= vocab_size and init_from:  # its model's size: a --vocab-size or another tokenizer is refused
+        if hi >= vocab_size:  # --vocab-size, a tokenizer's size (given or beside the ids), or --init-from's model's
+            fix = (f"--init-from {init_from}'s model; pass ids its tokenizer made (bpe.py encode FILE --tokenizer "
+                   f"{shlex.quote(init_from)} --out IDS.npy, where it has one)" if init_from else f"the vocabulary; use "
+                   f"the tokenizer that made the ids, or with none beside them a --vocab-size above {hi}")
             raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the {vocab_size} "
-                             f"tokens of --init-from {init_from}'s model: another tokenizer made the ids; encode the "
-                             f"text with its tokenizer (bpe.py encode FILE --tokenizer {shlex.quote(init_from)} --out "
-                             "IDS.npy).")
-        if hi >= vocab_size:  # --vocab-size, or the size of a tokenizer given or beside the ids
-            raise UsageError(f"the {name} data ({ids.filename}) holds token id {hi}, at or above the vocabulary's "
-                             f"{vocab_size} tokens; use the tokenizer that made the ids, or with none beside them a "
-                             f"--vocab-size above {hi}.")
+                             f"tokens of {fix}.")
         top = max(top, hi)
     return top
 

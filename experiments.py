@@ -695,16 +695,16 @@ def parse(argv):
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--data", type=cli.user_path, default="pydoc", help="as train.py's (default here: pydoc, the "
                    "documentation alone); tinystories and owt: the handout's (GPU) scale")
-    p.add_argument("--out-dir", type=cli.user_path, default="out", help="runs: OUT_DIR/experiments/<experiment>/<variant>/")
+    p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     try:
         args, rest = p.parse_known_args(argv)
     except cli.UsageError as e:  # `--max-iters 20 lr`: argparse took 20 for the experiment's name
-        if "invalid choice" in str(e) and (name := next((a for a in argv if a in EXPERIMENTS), None)):
-            i = argv.index(name)
+        if "invalid choice" in str(e) and (at := [i for i, a in enumerate(argv) if a in EXPERIMENTS]):
+            i = at[-1]  # the last: an earlier one may be a flag's value (--tokenizer tokenizer)
             raise cli.UsageError("name the experiment before the flags: python experiments.py "
-                                 + shlex.join([name, *argv[:i], *argv[i + 1:]]))
+                                 + shlex.join([argv[i], *argv[:i], *argv[i + 1:]]))
         raise
     own = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
     for a in (a.split("=")[0] for a in rest if a.startswith("--") and len(a) > 2):
@@ -785,7 +785,7 @@ def main(argv=None):
         if args.experiment in ("generate", "all") and tok is not None and best:
             generate(best[0].dir(args.out_dir), where / "generate" / best[0].name, cfg["device"])
         elif args.experiment in ("generate", "all") and tok is not None:  # said, not left for the report's silence
-            cli.say("generate: no samples: no run of the lr sweep finished without diverging, so none is the best.")
+            cli.say("generate: no samples: the lr sweep has no finished run that did not diverge (its best's).")
         if args.experiment in ("tokenizer", "all") and not data.is_ids(args.data):  # ids have no text to measure on
             tokenizer_experiments.tokenizer_figures(tok, ids, cfg, where / "tokenizer" / "tokenizer.json",
                                                     args.data_fingerprint)

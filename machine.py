@@ -239,9 +239,10 @@ def quiet_cuda_home():
 
 
 def allow_many_compiles(limit=256):
-    """For a process that compiles many variants of one function (bench.py's levers, shapes and chunk counts; the
-    tests): past dynamo's limit of 8 graphs a function it runs the rest eagerly, with one warning, and a row named
-    compiled would time eager code. The limit raised, and where torch can (2.6 on), reaching it raises instead."""
+    """For a process that compiles many variants of one function (models of several shapes or switches, a closure
+    over several constants): past dynamo's 8 graphs a function it runs the rest eagerly, with one warning, so what
+    was meant to be measured or checked compiled would be eager code. The limit raised, and where torch can (2.6
+    on), reaching it raises instead."""
     import torch._dynamo.config as dynamo  # cache_size_limit: torch 2.5's name of recompile_limit, which later keep
     dynamo.cache_size_limit = max(dynamo.cache_size_limit, limit)
     if hasattr(dynamo, "fail_on_cache_limit_hit"):

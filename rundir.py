@@ -24,8 +24,8 @@ import torch
 
 from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
                  short_repr)
-from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, load_json, lock_holder,
-                   file_sha256, new_folders, not_a_file, temporary, unwritable, writable, write_json)
+from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
+                   lock_holder, file_sha256, new_folders, not_a_file, temporary, unwritable, writable, write_json)
 from machine import rank0_verdict
 
 
@@ -538,12 +538,18 @@ def check_same_data(state, cfg, ckpt_path):
     (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently).
     verify_resume checked the fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    saved = state["config"].get("tokenizer")
+    saved, start = state["config"].get("tokenizer"), state["config"].get("init_from")
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        how, fix = (f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}") if was else (
-            "the tokenizer BPE made of its text", "drop --tokenizer")
-        raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix} to resume it.")
+        if start and not cfg["init_from"]:  # a fine-tune's tokenizer came with its --init-from
+            how, fix = f"--init-from {start}'s tokenizer", f"pass --init-from {shlex.quote(str(start))} again"
+        elif was:
+            how, fix = f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}"
+        else:
+            how = "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
+            fix = "drop --tokenizer"
+        raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix}, with the data it "
+                         "was trained on, to resume it.")
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare
         what = "tokenizer's files" if isinstance(old, dict) and old.get("tokens") == new["tokens"] else "tokens"
         raise UsageError(f"--resume: {ckpt_path} was trained on other data (its {what} differ from those of --data "

@@ -519,7 +519,7 @@ def run(cfg):
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline, init_state)
 
 
-GO_ON = "rerun the same command (a training run that has a ckpt.pt: with --resume, without --overwrite)"  # after a fault
+GO_ON = "rerun the same command (a training run that has a ckpt.pt: with --resume, without --overwrite)"  # a fault
 LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
                "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).")
 
