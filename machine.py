@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import datetime
 import functools
+import importlib
 import logging
 import os
 import shutil
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from cli import (TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, os_error_sentence,
-                 short_repr)
+                 quiet_stderr, short_repr)
 from files import writable
 
 
@@ -235,7 +236,9 @@ def quiet_cuda_home():
     """CUDA torch on a machine without a GPU but with nvcc warns, on its first compile, "No CUDA runtime is found,
     using CUDA_HOME": nothing to act on. Its other warnings (a compiler torch was not built with) stay on a GPU."""
     if not _torch().cuda.is_available():
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # torch 2.6 on: a logged warning
+        with quiet_stderr():  # torch 2.5: printed once, as the module is imported
+            importlib.import_module("torch.utils.cpp_extension")
 
 
 def allow_many_compiles(limit=256):
