@@ -535,8 +535,10 @@ def run_complete(state, cfg, ckpt_path, tok):
 
 def check_same_data(state, cfg, ckpt_path):
     """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
-    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently).
-    verify_resume checked the fingerprint's form, and left --data's spelling to this comparison."""
+    (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently). Where the
+    tokenizer differs because this command's flags chose another (--tokenizer, or a fine-tune's --init-from left
+    out), the sentence names the flag to pass. verify_resume checked the fingerprint's form, and left --data's
+    spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
     saved, start = state["config"].get("tokenizer"), state["config"].get("init_from")
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
