@@ -300,8 +300,6 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    (lambda c: c["init_from"] is not None and (c["benchmark"] or c["sample"] or c["export"] is not None),
-     "--init-from starts a training run from another run's weights; drop it with --benchmark, --sample and --export."),
     *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
@@ -316,6 +314,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--resume continues a run and --overwrite replaces it; pass one of them."),
     (lambda c: c["sample"] and (c["resume"] or c["overwrite"] or c["benchmark"] or c["export"] is not None),
      "--sample only reads a run and prints its samples; drop --resume, --overwrite, --benchmark and --export."),
+    (lambda c: c["init_from"] is not None and (c["benchmark"] or c["sample"] or c["export"] is not None),
+     "--init-from starts a training run from another run's weights; drop it with --benchmark, --sample and --export."),
     (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
     (lambda c: c["world_size"] > 1 and (c["sample"] or c["export"] is not None),  # each process would do it again
      "--sample and --export read a run in one process; run them with python train.py, not torchrun."),
@@ -492,6 +492,9 @@ def resolve_config(argv=None):
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     sized_by = None  # the run whose vocabulary --vocab-size holds, where --init-from gave it
+    if cfg["resume"] and cfg["init_from"] is None:  # a fine-tune resumed: the --init-from it began with, as if given
+        start = (run_config(run_dir(cfg)) or {}).get("init_from")
+        cfg["init_from"] = start if isinstance(start, str) and start else None
     if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
         given = given_flags(argv)
         cfg.update(init_from_defaults(cfg, given))

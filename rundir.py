@@ -406,12 +406,9 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
-            tuned = old.get("init_from") and not cfg["init_from"]  # its shape and tokenizer came from that flag
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
-                                                     f"{old['max_iters']:,} or more)." if shorter else ".")
-                             + (f" It started from --init-from {shlex.quote(str(old['init_from']))}: pass that "
-                                "again, which takes the run's own shape and tokenizer." if tuned else ""))
+                                                     f"{old['max_iters']:,} or more)." if shorter else "."))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)
@@ -536,16 +533,14 @@ def run_complete(state, cfg, ckpt_path, tok):
 def check_same_data(state, cfg, ckpt_path):
     """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
     (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently). Where the
-    tokenizer differs because this command's flags chose another (--tokenizer, or a fine-tune's --init-from left
-    out), the sentence names the flag to pass. verify_resume checked the fingerprint's form, and left --data's
+    tokenizer differs because this command's flags chose another (--tokenizer given or left out), the sentence names
+    the flag to pass. verify_resume checked the fingerprint's form, and left --data's
     spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    saved, start = state["config"].get("tokenizer"), state["config"].get("init_from")
+    saved = state["config"].get("tokenizer")
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        if start and not cfg["init_from"]:  # a fine-tune's tokenizer came with its --init-from
-            how, fix = f"--init-from {start}'s tokenizer", f"pass --init-from {shlex.quote(str(start))} again"
-        elif was:
+        if was:
             how, fix = f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}"
         else:
             how = "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
