@@ -104,7 +104,8 @@ machine.allow_many_compiles()  # a worker compiles many models: one run eagerly 
 def _torch_global_state():
     """torch's process-wide switches, which a test could leave changed for every test after it in the process: each
     compiler option (its value, and that it is still there: a ConfigModule hides an option that is deleted, as
-    pytest 9.2's monkeypatch.undo does, and every later compile then fails) and the numeric modes."""
+    pytest 9.2's monkeypatch.undo does, and every later compile then fails) and the numeric modes; and the
+    environment (a NUMBA_CACHE_DIR left set made every later command compile numba's loops again: 2 minutes)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reading a deprecated option warns
         options = {f"{m.__name__}.{k}": (getattr(m, k, "<deleted>"), v) for m in
@@ -117,7 +118,12 @@ def _torch_global_state():
              "float32 matmul precision": torch.get_float32_matmul_precision(),
              **({} if _FAST_MATH_INDUCTOR else {"flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0})}
     handlers = {f"handler of {s.name}": signal.getsignal(s) for s in cli.STOPS}  # a child inherits an ignored one
-    return options | modes | handlers
+    environment = {f"${k}": v for k, v in os.environ.items() if k not in _OWN_VARIABLES}  # every child's, too
+    return options | modes | handlers | environment
+
+
+# what pytest sets for each test, and torch's compiler for the process at its first compile
+_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
 
 
 @pytest.fixture(autouse=True)
@@ -128,8 +134,8 @@ def _torch_global_state_as_it_was(monkeypatch):
     yield
     monkeypatch.undo()  # the test's patches first: an autouse fixture set up monkeypatch before this one
     after = _torch_global_state()
-    assert after == before, ("left changed (was, now):", {k: (before[k], after.get(k)) for k in before
-                                                            if before[k] != after.get(k)})
+    assert after == before, ("left changed (was, now):", {k: (before.get(k), after.get(k)) for k in {*before, *after}
+                                                            if before.get(k) != after.get(k)})
 
 
 # A signal test must know what the program is doing when the signal comes, on a fast machine and on a loaded one
@@ -4927,7 +4933,8 @@ def test_plumbing_numba_cache_fallback_never_uses_a_folder_another_user_could_pl
     # folder was used whoever owned it and whatever its mode, so another user's code could run as this one (CWE-377)
     monkeypatch.setattr(machine, "writable", lambda path: False)  # a read-only checkout and no writable home
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    # unset as numba reads it; not delenv of an unset name, whose undo then restored the value set below
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
     usual = tmp_path / f"numba-cache-{os.getuid()}"
     machine.numba_cache_fallback(tmp_path)  # none there yet: made private, and used (and again next time)
     assert os.environ["NUMBA_CACHE_DIR"] == str(usual) and stat.S_IMODE(usual.stat().st_mode) == 0o700
