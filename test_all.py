@@ -122,8 +122,9 @@ def _torch_global_state():
     return options | modes | handlers | environment
 
 
-# what pytest sets for each test, and torch's compiler for the process at its first compile
-_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
+# what pytest sets for each test, torch's compiler for the process at its first compile, figures.py for matplotlib's
+_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+                  "MPLBACKEND")
 
 
 @pytest.fixture(autouse=True)
