@@ -1250,6 +1250,7 @@ class GpuReport:
 
     def __init__(self, args):
         self.cpu, self.steps, self.budget, self.tests = args.cpu, args.steps, args.budget, args.tests
+        self.profiled = min(PROFILED_STEPS, self.steps)  # a short --steps profiles as few (a profile's parse is slow)
         self.sections = getattr(args, "sections", SECTIONS)
         self.chosen = {lever: flags for lever, flags in LEVERS.items()  # --levers: the defaults and those it names
                        if not flags or any(word in lever for word in getattr(args, "levers", None) or [lever])}
@@ -1353,7 +1354,7 @@ class GpuReport:
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
             # turns with another compiled model lengthened the defaults' step by 2-6% on the H200; the cause is not
             # established). A graph's lever changes the launches, not the kernels, so its row has none
-            kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device)[0].values())
+            kernels = None if cfg["cuda_graph"] else sum(kernel_times(step, self.device, self.profiled)[0].values())
             if baseline:
                 defaults["kernels"] = kernels
             peak = train.device_peak(cfg)
@@ -1403,7 +1404,7 @@ class GpuReport:
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)
             turns, gpu = self.timed_turns({"step": step}, sync)
             dt = statistics.median(turns["step"])
-            times, launches = kernel_times(step, self.device)
+            times, launches = kernel_times(step, self.device, self.profiled)
         kinds = Counter()
         for kernel, t in times.items():
             kinds[kernel_kind(kernel)] += t
