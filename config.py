@@ -101,7 +101,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
      "--max-iters extends a run; where no checkpoint is saved yet, the run starts at step 0, with a note, so one "
      "command serves a job that may be restarted)"),
     ("--init-from", user_path, None, "start a new run from the weights of the run in this folder (its shape and "
-     "tokenizer unless given; a new optimizer and schedule): fine-tuning"),
+     "tokenizer unless given; a new optimizer and schedule): fine-tuning (its --resume reads it from config.json)"),
     ("--overwrite", bool, False, "start a new run where one exists (its files are replaced as the new run writes)"),
     ("--plot", bool, False, "draw loss.png (needs matplotlib)"),
     ("--tensorboard", bool, False, "also log the metrics to OUT_DIR/RUN_NAME/tensorboard/ (needs tensorboard)"),
