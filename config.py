@@ -457,32 +457,41 @@ def given_flags(argv):
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
 
 
-def init_from_defaults(cfg, given):
-    """--init-from RUN_DIR: its config.json's shape for each shape flag not given (a switch off by default, too), and
-    its tokenizer unless --tokenizer is. UsageError where it holds no run, or no tokenizer for text; train.py checks
-    its checkpoint (rundir.verify_init)."""
-    src = cfg["init_from"]
-    if cfg["resume"] and run_config(run_dir(cfg)) is not None:  # a run under way: its own shape and tokenizer (the one
-        src = str(run_dir(cfg))  # it started from may since be gone, or another run)
-    run = Path(src)
+def same_start(cfg, recorded):
+    """--resume: the --init-from a run began with (recorded, from its config.json; None if it was no fine-tune), which
+    need not be given again; UsageError for another."""
+    recorded = recorded if isinstance(recorded, str) and recorded else None
+    given = cfg["init_from"]
+    if given is not None and (recorded is None or Path(given).resolve() != Path(recorded).resolve()):
+        began = f"began from --init-from {recorded}" if recorded else "began without --init-from"
+        raise UsageError(f"--resume: {run_dir(cfg)} {began}, not {given}; drop --init-from (a run keeps "
+                         "its start).")
+    return recorded
+
+
+def init_from_defaults(cfg, given, run, who):
+    """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
+    start may since have left): its config.json's shape for each shape flag not given (a switch off by default,
+    too), and its tokenizer unless --tokenizer is. who names run in a sentence. UsageError where it holds no run, or
+    no tokenizer for text; train.py checks its checkpoint (rundir.verify_init)."""
     old = run_config(run)
     if old is None:
         inside = f" (the run is {run.parent})" if run.is_file() else ""  # its ckpt.pt, say
-        raise UsageError(f"--init-from {run} holds no run (no readable config.json); pass the folder of a trained "
+        raise UsageError(f"{who} holds no run (no readable config.json); pass the folder of a trained "
                          f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
     beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
             and any(a.read_bytes() != b.read_bytes() for a, b in zip(beside, tokenizer_files(run))):
-        raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by --init-from {run}'s, so "
+        raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by {who}'s, so "
                          f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
-        raise UsageError(f"--init-from {run} has no tokenizer (it trained on token ids alone), so it cannot read text; "
+        raise UsageError(f"{who} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")
-    return {**shape, "tokenizer": cfg["tokenizer"] or (src if has_tokenizer else None)}
+    return {**shape, "tokenizer": cfg["tokenizer"] or (str(run) if has_tokenizer else None)}
 
 
 def resolve_config(argv=None):
@@ -491,14 +500,15 @@ def resolve_config(argv=None):
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
-    sized_by = None  # the run whose vocabulary --vocab-size holds, where --init-from gave it
-    if cfg["resume"] and cfg["init_from"] is None:  # a fine-tune resumed: the --init-from it began with, as if given
-        start = (run_config(run_dir(cfg)) or {}).get("init_from")
-        cfg["init_from"] = start if isinstance(start, str) and start else None
-    if cfg["init_from"] is not None:  # the shape and tokenizer of the run it starts from, unless given
-        given = given_flags(argv)
-        cfg.update(init_from_defaults(cfg, given))
-        sized_by = None if "vocab_size" in given else cfg["init_from"]
+    sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
+    own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
+    if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
+        cfg["init_from"] = same_start(cfg, own.get("init_from"))
+    if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
+        given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
+        who = f"the run {run}" if own is not None else f"--init-from {run}"
+        cfg.update(init_from_defaults(cfg, given, run, who))
+        sized_by = None if "vocab_size" in given else who
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
     warmup_given = cfg["warmup_iters"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None

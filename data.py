@@ -610,7 +610,7 @@ def ids_tokenizer(source, tokenizer=None):
 
 def ids_vocab_size(source, tokenizer, vocab_size, sized_by=None):
     """--vocab-size for --data PATH.npy, or text with --tokenizer: unless given, the size of its tokenizer
-    (ids_tokenizer), if it has one. Given (or by sized_by, the --init-from run whose size it is), it must equal
+    (ids_tokenizer), if it has one. Given (or by sized_by, naming the run whose size it is), it must equal
     --tokenizer's (UsageError); one found beside the ids is held only to what samples need (config.check_samples): a
     larger model vocabulary, say, when the run makes no samples."""
     tok = ids_tokenizer(source, tokenizer)[0] if is_ids(source) or tokenizer else None  # text: BPE trained on it
@@ -620,7 +620,7 @@ def ids_vocab_size(source, tokenizer, vocab_size, sized_by=None):
                          f"{len(tok.vocab) - 1}.")
     if tok is not None and tokenizer and vocab_size not in (None, len(tok.vocab)):
         if sized_by:
-            raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens, but --init-from {sized_by}'s model "
+            raise UsageError(f"--tokenizer {tokenizer} has {len(tok.vocab)} tokens, but {sized_by}'s model "
                              f"reads {vocab_size}: its weights fit its own tokenizer; drop --tokenizer.")
         raise UsageError(f"--vocab-size {vocab_size} disagrees with the {len(tok.vocab)} tokens of --tokenizer "
                          f"{tokenizer} (with {EOT}, which train.py adds where vocab.json lacks it); drop --vocab-size "

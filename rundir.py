@@ -446,24 +446,28 @@ def extends(old, cfg):  # does --resume ask a saved run config `old` for more st
 def verify_init(cfg, model_keys, like, model):
     """--init-from RUN_DIR: that run's checkpoint, read and checked (read_run, like: the types of TransformerLM's
     arguments), whose shape must be this run's (model_keys) and whose weights must fit it (check_state; model: this
-    run's on the meta device); UsageError in one sentence otherwise."""
+    run's on the meta device); UsageError in one sentence otherwise. A resumed fine-tune without a checkpoint yet
+    starts from it again (its config.json names it: the flag may not have been given)."""
+    start = cfg["init_from"]
+    who = f"--resume: {run_dir(cfg)} has no checkpoint, and its --init-from {start}" if cfg["resume"] else \
+        f"--init-from {start}"
+    anew = "start the run anew with --overwrite" if cfg["resume"] else None
     try:
-        state = read_run(cfg["init_from"], like)
+        state = read_run(start, like)
     except (FileNotFoundError, ValueError, OSError) as e:
-        raise UsageError(f"--init-from {cfg['init_from']}: {str(e).rstrip('.')}; pass the folder of a trained "
-                         "run.") from None
+        raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or 'pass the folder of a trained run'}.") from None
     keys = [k for k in model_keys if state["config"][k] != cfg[k]]
     if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
-        listed = run_config(Path(cfg["init_from"])) or {}
+        listed = run_config(Path(start)) or {}
         fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
                "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
-        raise UsageError(f"--init-from {cfg['init_from']}: its model has another shape; keys that differ: " + ", ".join(
-            f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in keys) + f"; {fix}, or start "
-            "from another run.")
+        raise UsageError(f"{who}: its model has another shape; keys that differ: " + ", ".join(
+            f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in keys)
+            + f"; {anew or fix + ', or start from another run'}.")
     try:  # its config says this shape, but its weights are what is loaded: a damaged file is refused here, not late
-        check_state(state, model, name=Path(cfg["init_from"]) / "ckpt.pt")
+        check_state(state, model, name=Path(start) / "ckpt.pt")
     except ValueError as e:
-        raise UsageError(f"--init-from: {e}; restore it from a copy, or start from another run.") from None
+        raise UsageError(f"{who}: {e}; restore it from a copy, or {anew or 'start from another run'}.") from None
     return state
 
 
@@ -534,16 +538,18 @@ def check_same_data(state, cfg, ckpt_path):
     """Raises UsageError if the checkpoint was trained on other token files or another tokenizer
     (a changed text file gets a new cache and a new tokenizer: resuming on it would go on silently). Where the
     tokenizer differs because this command's flags chose another (--tokenizer given or left out), the sentence names
-    the flag to pass. verify_resume checked the fingerprint's form, and left --data's
-    spelling to this comparison."""
+    the flag to pass (none for a fine-tune's, which came with its --init-from). verify_resume checked the
+    fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    saved = state["config"].get("tokenizer")
-    was, now = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, cfg["tokenizer"]))
+    saved, start = state["config"].get("tokenizer"), state["config"].get("init_from")
+    was, now, start = (Path(t).resolve() if isinstance(t, str) and t else None
+                       for t in (saved, cfg["tokenizer"], start))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        if was:
+        if was and was not in (start, ckpt_path.parent.resolve()):  # a --tokenizer (a fine-tune's came with its start)
             how, fix = f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}"
         else:
-            how = "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
+            how = "its --init-from's tokenizer" if was else \
+                "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
             fix = "drop --tokenizer"
         raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix}, with the data it "
                          "was trained on, to resume it.")

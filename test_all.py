@@ -7396,7 +7396,7 @@ def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, cap
     assert train.main([*tune, "--max-iters", "3"]) == 0
     whole = _train_losses(tmp_path / "out" / "other")
     shutil.rmtree(tmp_path / "out" / "story")
-    assert train.main([*tune, "--max-iters", "3", "--resume"]) == 0  # its own files: complete
+    assert train.main(["--data", str(other), *flags, "--max-iters", "3", "--resume"]) == 0  # its own files: complete
     assert "already complete" in capsys.readouterr().out
     assert train.main(["--data", str(story), *shape[:2], "--d-model", "48", *shape[4:], *flags, "--max-iters", "2"]) == 0
     assert train.main([*tune, "--max-iters", "5", "--resume"]) == 0  # the start retrained, wider: still its own
@@ -7426,12 +7426,20 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
                        "--resume"]) == 0  # as advised
     assert train.main(["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags, "--max-iters",
                        "2", "--run-name", "tuned"]) == 0
-    capsys.readouterr()  # a fine-tune resumed without its --init-from: the one config.json names (it was told to
-    assert train.main(["--data", str(other), *flags, "--max-iters", "3", "--run-name", "tuned", "--resume"]) == 0
-    assert train.main(["--data", str(other), *shape, *flags, "--max-iters", "4", "--run-name", "tuned",  # pass it
-                       "--resume"]) == 0  # again, in two sentences: a fix at the wrong depth, a reviewer's)
-    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags, "--max-iters",
-                       "5", "--run-name", "tuned", "--resume"]) == 0
+    # a fine-tune resumed without its --init-from takes the one config.json names (it was told to pass it again, in
+    # two sentences: a fix at the wrong depth, a reviewer's); given, it must be that one
+    capsys.readouterr()
+    tuned, start = ["--data", str(other), *flags, "--run-name", "tuned", "--resume"], tmp_path / "out" / "story"
+    assert train.main([*tuned, "--max-iters", "3"]) == 0
+    assert train.main([*tuned, *shape, "--max-iters", "4"]) == 0
+    assert train.main([*tuned, "--init-from", str(start), "--max-iters", "5"]) == 0
+    capsys.readouterr()
+    assert train.main([*tuned, "--init-from", str(tmp_path / "out" / "bpe"), "--max-iters", "5"]) == 2
+    _train_one_error(capsys, f"--resume: {tmp_path / 'out' / 'tuned'} began from --init-from {start}, not "
+                             f"{tmp_path / 'out' / 'bpe'}; drop --init-from (a run keeps its start).")
+    assert train.main(["--data", str(other), *shape, *flags, "--run-name", "bpe", "--resume", "--init-from",
+                       str(start), "--max-iters", "3"]) == 2
+    _train_one_error(capsys, "bpe began without --init-from, not ")
     (tmp_path / "out" / "tuned" / "ckpt.pt").unlink()  # stopped before its first checkpoint: its start's weights
     capsys.readouterr()
     assert train.main(["--data", str(other), *flags, "--max-iters", "2", "--run-name", "tuned", "--resume"]) == 0
@@ -7444,6 +7452,12 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main(["--data", str(tok / "ids.npy"), "--tokenizer", str(own), *shape, *flags, "--max-iters", "3",
                        "--resume"]) == 2
     _train_one_error(capsys, "was trained with the tokenizer beside its --data, not this command's; drop --tokenizer")
+    assert train.main([*tuned, "--tokenizer", str(own), "--max-iters", "3"]) == 2  # a fine-tune's: no flag gave it
+    _train_one_error(capsys, "was trained with its --init-from's tokenizer, not this command's; drop --tokenizer")
+    (tmp_path / "out" / "tuned" / "ckpt.pt").unlink()  # no checkpoint, and its start moved away: it cannot start
+    start.rename(tmp_path / "moved")
+    assert train.main([*tuned, "--max-iters", "3"]) == 2
+    _train_one_error(capsys, f"--resume: {tmp_path / 'out' / 'tuned'} has no checkpoint, and its --init-from {start}: ")
 
 
 def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
