@@ -158,8 +158,9 @@ MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_head
 DATA_KEYS = ("data", "data_dir", "vocab_size", "val_data", "workers", "tokenizer")  # prepare_data's arguments
 
 
-def model_kwargs(cfg=None):  # TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the
-    cfg = {**FLAG_DEFAULTS, **PRESETS["small"]} if cfg is None else cfg  # the flags' defaults, no parser built
+def model_kwargs(cfg=None):
+    """TransformerLM's arguments from a cfg: this run's, a saved config.json, or (None) the flags' defaults."""
+    cfg = {**FLAG_DEFAULTS, **PRESETS["small"]} if cfg is None else cfg  # (no parser built)
     return {k: cfg[k] for k in (*MODEL_KEYS, "fast")}
 
 

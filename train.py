@@ -5,7 +5,7 @@ refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; th
 --resume's checks, Ctrl-C at a step boundary) in rundir.py.
 
     python train.py                          # offline: Python's docs and library, minutes on a laptop CPU
-    python train.py --data tinystories       # the handout's run (downloads into data/); also owt,
+    python train.py --data tinystories       # the handout's run (downloads into data/); owt likewise
     python train.py --data my.txt            # any text file, or my.npy for pre-tokenized ids
     torchrun --nproc_per_node=8 train.py --data tinystories   # DistributedDataParallel
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
@@ -165,7 +165,7 @@ class LMLoss(torch.nn.Module):
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
             if self.fused_head:  # fused_head.py (tested equal): the head's matmul and the loss over chunks of rows,
-                # no (N, V) logits held (--fused-head: off by default for a step compiled on a GPU, on otherwise)
+                # no (N, V) logits held
                 return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
             if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
                 # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
@@ -358,8 +358,9 @@ class Progress:
     def stepped(self, step, loss, lr, norm, last=False):  # loss, norm: device tensors, read back at log steps
         """last: the run stops after this step (Ctrl-C), which gets a console line too, not a metrics record."""
         self.unread.append((step, loss, norm))
-        logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]  # read before the clock: the
-        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs or last else (loss, norm)  # work is done
+        # read back before the clock is read: the device's work for this step is then done
+        logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]
+        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs or last else (loss, norm)
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.eta.stepped(dt)
@@ -435,7 +436,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
-        log(f"initialized from {cfg['init_from']} (its step {load_checkpoint(None, raw, state=init_state)})")
+        its_step = load_checkpoint(None, raw, state=init_state)
+        log(f"initialized from {cfg['init_from']} (its step {its_step})")
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
@@ -488,8 +490,8 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 def run(cfg):
     """Everything checked first (flags, resume, data); only then is the run directory written."""
     def prepare():  # -> train ids, valid ids, tokenizer, its files, and their fingerprint for --resume
-        tr, va, tok, files = prepare_data(*(cfg[k] for k in DATA_KEYS))
-        return tr, va, tok, files, fingerprint(tr, va, files, cfg["data_dir"])
+        tr, va, tok, tok_files = prepare_data(*(cfg[k] for k in DATA_KEYS))
+        return tr, va, tok, tok_files, fingerprint(tr, va, tok_files, cfg["data_dir"])
     if cfg["benchmark"]:
         return benchmark(cfg) or 0
     if cfg["export"] is not None:  # --export DIR (even ""): the run as a Hugging Face Llama, never a training run
