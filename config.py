@@ -524,8 +524,7 @@ def resolve_config(argv=None):
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
     if cfg["fused_head"] is None:  # it won on CPUs and lost to the compiled logits path on the H200 (docs/results.md)
         cfg["fused_head"] = not (cfg["compile"] and cfg["device"].startswith("cuda"))
-    if cfg["bf16_residual"] is None:  # on the H200: 10-12% less time in the elementwise kernels, 7-8% less memory;
-        # on a CPU it was 3% slower (RMSNorm's float32 loop, fast_cpu.py, no longer applies)
+    if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)
         cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
