@@ -240,8 +240,7 @@ def differences(saved, run, args, rest):
 
 def outcome(run, args, rest):
     """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A run
-    that is not this command's (differences, from its config.json) is refused: its numbers would be read as this
-    one's."""
+    that is not this command's (differences, from its config.json) is refused: its numbers would be read as ours."""
     folder = run.dir(args.out_dir)
     if not (path := folder / "result.json").is_file():
         return None
@@ -652,6 +651,7 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark"),
                              "experiments.py names, resumes and reuses its runs itself"),
               "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
+SET_BY = {"optimizers": ("--optimizer",), "ablations": ("--no-norm", "--post-norm", "--nope", "--silu-ffn")}  # variants'
 
 
 # One whole run of the CPU scale on one core, from which --help derives each experiment's time (docs/results.md)
@@ -712,8 +712,8 @@ def parse(argv):
             raise cli.UsageError(f"{a}: experiments.py's own {mine}, spelled in full (it takes no abbreviation).")
         if flag := next((f for f in NOT_PASSED if f.startswith(a)), None):  # train.py takes --run-n for --run-name
             raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
-        if args.experiment == "optimizers" and "--optimizer".startswith(a):  # the race's rates came from its lr
-            raise cli.UsageError(f"{a}: the optimizers race sets each run's optimizer itself; drop it.")
+        if flag := next((f for e in experiments_of(args.experiment) for f in SET_BY.get(e, ()) if f.startswith(a)), 0):
+            raise cli.UsageError(f"{a}: {args.experiment} sets each run's {flag} itself; drop it.")  # or every run had it
     if args.jobs < 1:
         raise cli.UsageError(f"--jobs {args.jobs}: pass 1 or more.")
     if not args.out_dir:  # '' would be the current folder, unasked

@@ -9103,8 +9103,11 @@ def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_pa
     # the race's --optimizer (a sixth tester's): each run's own replaced it, but its rates were scaled from its lr,
     # 200 times AdamW's for sgd; every other experiment takes it (the lr sweep of Muon)
     for flags in (["--optimizer", "sgd"], ["--optim=sgd"]):
-        with pytest.raises(cli.UsageError, match=r"^--optim(izer)?: the optimizers race sets each run's optimizer "):
+        with pytest.raises(cli.UsageError, match=r"^--optim(izer)?: optimizers sets each run's --optimizer itself; "):
             experiments.parse(["optimizers", *flags])
+    for experiment in ("ablations", "all"):  # an eleventh tester's: every ablation's run had --no-norm, the baseline too
+        with pytest.raises(cli.UsageError, match=rf"^--no-norm: {experiment} sets each run's --no-norm itself; drop"):
+            experiments.parse([experiment, "--no-norm"])
     assert experiments.parse(["lr", "--optimizer", "muon"])[1] == ["--optimizer", "muon"]
     for flag in ("--out-dir", "--data-dir"):
         with pytest.raises(cli.UsageError, match=f"^{flag} is empty; pass a folder"):
