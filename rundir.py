@@ -390,7 +390,10 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
     shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs); defaults: the value of each
     key that a config saved before it existed ran with."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
-        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0")
+        unnamed = not cfg["init_from"] and not (ckpt_path.parent / "config.json").exists()  # a fine-tune's start too?
+        log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0 with "
+            + (f"--init-from {cfg['init_from']}'s weights" if cfg["init_from"] else "new weights")
+            + (" (nothing names an --init-from yet: a fine-tune's must be given again)" if unnamed else ""))
         return None
     try:
         state = read_checkpoint(ckpt_path)
@@ -406,9 +409,12 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
                 if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
         if diff:
+            lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
-                                                     f"{old['max_iters']:,} or more)." if shorter else "."))
+                                                     f"{old['max_iters']:,} or more)." if shorter else ".")
+                             + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
+                                f"--init-from {shlex.quote(lost)}." if lost else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)
@@ -529,8 +535,9 @@ def run_complete(state, cfg, ckpt_path, tok):
     if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
         return False
     log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
-        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume; to "
-        "train longer, resume it with a larger --max-iters.")
+        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume"
+        + (" and without --init-from" if cfg["init_from"] else "") + "; to train longer, resume it with a larger "
+        "--max-iters.")
     return True
 
 

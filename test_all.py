@@ -7434,6 +7434,14 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main([*tuned, *shape, "--max-iters", "4"]) == 0
     assert train.main([*tuned, "--init-from", str(start), "--max-iters", "5"]) == 0
     capsys.readouterr()
+    assert train.main([*tuned, "--init-from", str(start), "--max-iters", "5"]) == 0  # complete: --sample's advice
+    assert "the same command with --sample instead of --resume and without --init-from;" in capsys.readouterr().out
+    listed = (tmp_path / "out" / "tuned" / "config.json").read_text()  # its config.json no longer names its start
+    (tmp_path / "out" / "tuned" / "config.json").write_text(json.dumps({**json.loads(listed), "init_from": None}))
+    assert train.main([*tuned, "--max-iters", "6"]) == 2
+    _train_one_error(capsys, f"It began from --init-from {start}, which its config.json no longer names: pass "
+                             f"--init-from {start}.")
+    (tmp_path / "out" / "tuned" / "config.json").write_text(listed)
     assert train.main([*tuned, "--init-from", str(tmp_path / "out" / "bpe"), "--max-iters", "5"]) == 2
     _train_one_error(capsys, f"--resume: {tmp_path / 'out' / 'tuned'} began from --init-from {start}, not "
                              f"{tmp_path / 'out' / 'bpe'}; drop --init-from (a run keeps its start).")
@@ -7443,7 +7451,11 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     (tmp_path / "out" / "tuned" / "ckpt.pt").unlink()  # stopped before its first checkpoint: its start's weights
     capsys.readouterr()
     assert train.main(["--data", str(other), *flags, "--max-iters", "2", "--run-name", "tuned", "--resume"]) == 0
-    assert f"initialized from {tmp_path / 'out' / 'story'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"starting from step 0 with --init-from {start}'s weights\n" in out and f"initialized from {start}" in out
+    assert train.main(["--data", str(other), *flags, "--max-iters", "1", "--run-name", "new", "--resume"]) == 0
+    assert "step 0 with new weights (nothing names an --init-from yet: a fine-tune's must be given again)\n" in \
+        capsys.readouterr().out  # killed before it wrote anything: a fine-tune's --resume cannot know its start
     bpe.main(["encode", str(story), "--tokenizer", str(tok), "--out", str(tok / "ids.npy")])  # ids, their tokenizer
     assert train.main(["--data", str(tok / "ids.npy"), *shape, *flags, "--max-iters", "2"]) == 0  # beside them
     own = tmp_path / "own"
