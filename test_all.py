@@ -8987,12 +8987,12 @@ def test_experiments_nan_and_infinite_losses_are_not_drawn_and_the_run_is_report
 
 
 def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_path):
-    # --post-norm suits the baseline, not the no-norm ablation (--warmup-iters 5 was the example, too long for
-    # batch=128's 2 steps, until the batch runs kept the baseline's warm-up in tokens): refused before any run starts
+    # --grad-accum 16 suits the baseline's batch of 32, not the batch=8 run: refused before any run starts (the
+    # example was --post-norm against the no-norm ablation, until ablations refused the flags its variants set)
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(cli.UsageError, match=r"^ablations/no-norm: --no-norm and --post-norm contradict each other"):
-        experiments.main(["ablations", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
-                          "--max-iters", "40", "--post-norm"])
+    with pytest.raises(cli.UsageError, match=r"^batch/batch=8: --batch-size 8 does not divide into 1 processes x --grad-accum 16"):
+        experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
+                          "--max-iters", "40", "--batch-size", "32", "--grad-accum", "16"])
     assert not (tmp_path / "out").exists()
 
 
