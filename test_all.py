@@ -118,13 +118,14 @@ def _torch_global_state():
              "float32 matmul precision": torch.get_float32_matmul_precision(),
              **({} if _FAST_MATH_INDUCTOR else {"flushed subnormal floats": (torch.tensor([1e-40]) * 1.0).item() == 0.0})}
     handlers = {f"handler of {s.name}": signal.getsignal(s) for s in cli.STOPS}  # a child inherits an ignored one
-    environment = {f"${k}": v for k, v in os.environ.items() if k not in _OWN_VARIABLES}  # every child's, too
+    environment = {f"${k}": v for k, v in os.environ.items()  # every child's, too
+                   if k not in _OWN_VARIABLES and not any(mark in k for mark in _TORCHS_VARIABLES)}
     return options | modes | handlers | environment
 
 
-# what pytest sets for each test, torch's compiler for the process at its first compile, figures.py for matplotlib's
-_OWN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
-                  "MPLBACKEND")
+# what pytest sets for each test and figures.py for matplotlib's import; and names torch sets for the process as it
+# first compiles, profiles or loads CUDA (TORCHINDUCTOR_CACHE_DIR; torch 2.5's CUDA_MODULE_LOADING, TEARDOWN_CUPTI)
+_OWN_VARIABLES, _TORCHS_VARIABLES = ("PYTEST_CURRENT_TEST", "MPLBACKEND"), ("TORCH", "CUDA", "CUPTI", "TRITON")
 
 
 @pytest.fixture(autouse=True)
