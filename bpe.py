@@ -33,7 +33,7 @@ from numba.extending import overload, register_jitable
 from numba.typed import List
 
 import bpe_fast
-from bpe_fast import catch_ctrl_c, encode_file  # noqa: F401 (train.py and data.py import them from here)
+from bpe_fast import catch_ctrl_c, encode_file
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization and special tokens
