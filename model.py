@@ -28,8 +28,8 @@ import fast_gpu  # and on a GPU, SwiGLU's gate as Triton kernels (fast=True, wit
 # ----------------------------------------------------------------------------
 # 1. Parameters: Linear and Embedding
 
-def _check_count(name, n, least=1, below=None):
-    """The boundary check of a size, count or id (constructor and generate): a whole number >= least (and < below)."""
+def check_count(name, n, least=1, below=None):
+    """The boundary check of a size, count or id, as an argument arrives: a whole number >= least (and < below)."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
         raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}.")
     if below is not None and n >= below:
@@ -48,8 +48,8 @@ class Linear(nn.Module):
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
-        _check_count("in_features", in_features)  # Linear(-1, 3) failed in torch.empty ("negative dimension")
-        _check_count("out_features", out_features)
+        check_count("in_features", in_features)  # Linear(-1, 3) failed in torch.empty ("negative dimension")
+        check_count("out_features", out_features)
         std = math.sqrt(2.0 / (in_features + out_features))
         self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
 
@@ -62,8 +62,8 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
         super().__init__()
-        _check_count("num_embeddings", num_embeddings)
-        _check_count("embedding_dim", embedding_dim)
+        check_count("num_embeddings", num_embeddings)
+        check_count("embedding_dim", embedding_dim)
         self.weight = _trunc_normal((num_embeddings, embedding_dim), 1.0, device, dtype)
 
     def forward(self, token_ids):  # (...) int -> (..., embedding_dim)
@@ -169,8 +169,8 @@ class RotaryPositionalEmbedding(nn.Module):
 
     def __init__(self, theta, d_k, max_seq_len, device=None):
         super().__init__()
-        _check_count("d_k", d_k)
-        _check_count("max_seq_len", max_seq_len)
+        check_count("d_k", d_k)
+        check_count("max_seq_len", max_seq_len)
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         _check_theta("theta", theta)
@@ -240,8 +240,8 @@ class MultiHeadSelfAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, rope=None, device=None, dtype=None, fast=False):
         super().__init__()
-        _check_count("d_model", d_model)
-        _check_count("num_heads", num_heads)
+        check_count("d_model", d_model)
+        check_count("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         self.num_heads, self.d_head = num_heads, d_model // num_heads
@@ -360,7 +360,7 @@ class TransformerLM(nn.Module):
         sizes = dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model,
                      num_layers=num_layers, num_heads=num_heads, d_ff=d_ff)
         for name, n in sizes.items():  # a 0 would build a model that fails far from here, or not at all
-            _check_count(name, n)
+            check_count(name, n)
         _check_theta("rope_theta", rope_theta)  # here too: nope builds no RoPE
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
@@ -496,11 +496,11 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     prompts, batched = _prompt_rows(prompt)
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
-    _check_count("max_new_tokens", max_new_tokens, least=0)
+    check_count("max_new_tokens", max_new_tokens, least=0)
     if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
-        _check_count("stop_id", stop_id, least=0, below=model.vocab_size)
+        check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))

@@ -39,7 +39,7 @@ from cli import log  # only rank 0 talks, so that torchrun's N processes print o
 from config import CORPORA, DATA_KEYS, MODEL_KEYS, SDPA_BACKENDS, UNTIMED_STEPS, model_kwargs, resolve_config
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
 from export import export_run
-from model import TransformerLM, _check_count, generate
+from model import TransformerLM, check_count, generate
 from optim import SGD, Adam, AdamW, Muon, RMSProp, clip_grad_norm, cosine_lr, cross_entropy, perplexity
 
 
@@ -66,8 +66,8 @@ def get_batch(data, batch_size, context_length, device, generator=None):
     """CS336 data loader: batch_size windows at random starts. data: 1-D token ids (a memmap, data.TokenIds, an array,
     a CPU tensor), checked in O(1): a context_length <= 0 gave empty tensors, and float ids were cut to ints."""
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
-    _check_count("batch_size", batch_size)
-    _check_count("context_length", context_length)
+    check_count("batch_size", batch_size)
+    check_count("context_length", context_length)
     if getattr(data, "ndim", 1) != 1 or getattr(data, "dtype", np.dtype(float)).kind not in "iu":
         what = f"{getattr(data, 'ndim', 1)}-D {data.dtype}" if hasattr(data, "dtype") else type(data).__name__
         raise ValueError(f"get_batch takes a 1-D array of integer token ids as data, got {what}.")
@@ -98,7 +98,7 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
         iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
-    _check_count("iteration", iteration, least=0)  # -3 was saved, then refused by load_checkpoint; 2.9 saved as 2
+    check_count("iteration", iteration, least=0)  # -3 was saved, then refused by load_checkpoint; 2.9 saved as 2
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration, **extra}
     with files.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
