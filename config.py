@@ -470,12 +470,11 @@ def same_start(cfg, recorded):
     return recorded
 
 
-def init_from_defaults(cfg, given, run, who):
+def init_from_defaults(cfg, given, run, old, who):
     """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
-    start may since have left): its config.json's shape for each shape flag not given (a switch off by default,
-    too), and its tokenizer unless --tokenizer is. who names run in a sentence. UsageError where it holds no run, or
-    no tokenizer for text; train.py checks its checkpoint (rundir.verify_init)."""
-    old = run_config(run)
+    start may since have left): old, its config.json's (None if unreadable), for each shape flag not given (a switch
+    off by default, too), and its tokenizer unless --tokenizer is. who names run in a sentence. UsageError where it
+    holds no run, or no tokenizer for text; train.py checks its checkpoint (rundir.verify_init)."""
     if old is None:
         inside = f" (the run is {run.parent})" if run.is_file() else ""  # its ckpt.pt, say
         raise UsageError(f"{who} holds no run (no readable config.json); pass the folder of a trained "
@@ -508,7 +507,7 @@ def resolve_config(argv=None):
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
-        cfg.update(init_from_defaults(cfg, given, run, who))
+        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else run_config(run), who))
         sized_by = None if "vocab_size" in given else who
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
     warmup_given = cfg["warmup_iters"] is not None
