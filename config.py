@@ -39,10 +39,10 @@ PRESET = "preset"  # a flag's default that depends on --data: filled in from PRE
 # run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
 PRESETS = {
     "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
-                  batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, min_lr=5e-4, warmup_iters=50,
+                  batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, warmup_iters=50,
                   eval_interval=100, eval_iters=10),
     "tinystories": dict(accounting.TINYSTORIES, total_tokens=accounting.TINYSTORIES_TOKENS, batch_size=128,
-                        max_iters=None, lr=3e-3, min_lr=3e-4, warmup_iters=200, eval_interval=500, eval_iters=50),
+                        max_iters=None, lr=3e-3, warmup_iters=200, eval_interval=500, eval_iters=50),
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
@@ -83,7 +83,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--max-iters", int, PRESET, "optimizer steps (tinystories/owt: from --total-tokens)"),
     ("--total-tokens", int, PRESET, "instead of --max-iters: steps = total / (batch size x context length)"),
     ("--lr", float, PRESET, "peak learning rate"),
-    ("--min-lr", float, PRESET, "final learning rate of the cosine (a preset one above --lr scales down with it)"),
+    ("--min-lr", float, None, "final learning rate of the cosine (default: --lr / 10)"),
     ("--warmup-iters", int, PRESET, "linear warm-up steps (unless given, at most 10%% of the run's steps)"),
     ("--grad-accum", int, 1, "micro-steps per optimizer step (same update, less memory)"),
     ("--beta1", float, 0.9, "AdamW beta1; momentum's mu"),
@@ -137,7 +137,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 ]
 
 
-# --optimizer's names -> the factor on the preset's --lr and --min-lr (AdamW's) it takes unless --lr is given. Muon's
+# --optimizer's names -> the factor on the preset's --lr (AdamW's) it takes unless --lr is given. Muon's
 # update has AdamW's RMS (optim.Muon) and Adam is AdamW: 1. RMSProp steps each coordinate by about lr (no momentum
 # averages the noise away): 0.3. SGD's step is lr times a gradient of norm <= --grad-clip 1 over 1.4M parameters:
 # 600 (lr 3, by short probes: docs/results.md); heavy-ball momentum moves 1 / (1 - 0.9) = 10 times as far: 60.
@@ -423,6 +423,10 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # ----------------------------------------------------------------------------
 # 3. resolve_config: flags -> one flat dict
 
+def tenth(x):  # x / 10 without float noise: 3e-3 / 10 is 3.0000000000000003e-04
+    return float(f"{x / 10:.15g}")
+
+
 def flags_parser(prog, description, flags, presets):
     """A table of (flag, type, default, help) rows and section titles -> its Parser. bool: a switch (one on by
     default, or decided later (None), also gets --no-...); default PRESET: None, filled in later, and --help lists
@@ -514,10 +518,10 @@ def resolve_config(argv=None):
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
     rate = OPTIMIZERS.get(cfg["optimizer"], 1.0)  # an unknown name is refused below (CHECKS)
-    preset = dict(preset, lr=preset["lr"] * rate, min_lr=preset["min_lr"] * rate)
-    for key, value in preset.items():  # a preset --min-lr above a given --lr scales down with it: lr / 10 stays
+    for key, value in dict(preset, lr=preset["lr"] * rate).items():
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
-            cfg[key] = value * cfg["lr"] / preset["lr"] if key == "min_lr" and value > cfg["lr"] else value
+            cfg[key] = value
+    cfg["min_lr"] = tenth(cfg["lr"]) if cfg["min_lr"] is None else cfg["min_lr"]  # the cosine ends at a tenth of its peak
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
@@ -540,12 +544,3 @@ def resolve_config(argv=None):
     cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
     return cfg
 
-
-def resolve_sweep_config(argv):
-    """resolve_config for the baseline of runs at several rates (experiments.py): its --min-lr is the preset's share
-    of --lr unless given, the share each run's --min-lr keeps (a --lr 0.5 given alone kept the preset's 5e-4)."""
-    cfg = resolve_config(argv)
-    if "min_lr" not in given_flags(argv):
-        preset = PRESETS.get(cfg["data"], PRESETS["small"])
-        cfg["min_lr"] = cfg["lr"] * preset["min_lr"] / preset["lr"]
-    return cfg

@@ -117,11 +117,7 @@ def lr_name(lr):  # a variant's rate in its name (a folder's): --lr 0.0012 is lr
     return f"lr={number_text(lr)}"
 
 
-def tenth(lr):  # the no-norm ablation's lower rate, without float noise: 3e-3 / 10 is 3.0000000000000003e-04
-    return float(f"{lr / 10:.15g}")
-
-
-def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion (the presets' cosine ends at lr / 10)
+def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion (lr / 10 unless --min-lr is given)
     return ["--lr", repr(lr), "--min-lr", f"{lr * cfg['min_lr'] / cfg['lr']:g}"]
 
 
@@ -136,9 +132,10 @@ def plan(cfg):
         steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
         return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps), "--eval-interval",
                                               str(every), "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
+    low = config.tenth(lr)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
-                 f"no-norm_{lr_name(tenth(lr))}": Run("ablations", f"no-norm_{lr_name(tenth(lr))}",
-                                                      ["--no-norm", *lr_flags(cfg, tenth(lr))]),
+                 f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}",
+                                                ["--no-norm", *lr_flags(cfg, low)]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
                  "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
@@ -465,8 +462,9 @@ def answer_ablations(found, cfg):
     ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff,
                                             silu_ffn=flag)["ffn"] for flag, d_ff in ((False, cfg["d_ff"]),
                                                                                     (True, 4 * cfg["d_model"]))}
+    low = config.tenth(cfg["lr"])
     said = {"no-norm": f"no RMSNorm at the baseline's rate {number_text(cfg['lr'])}",
-            f"no-norm_{lr_name(tenth(cfg['lr']))}": f"no RMSNorm at a 10x lower rate, {number_text(tenth(cfg['lr']))}",
+            f"no-norm_{lr_name(low)}": f"no RMSNorm at a 10x lower rate, {number_text(low)}",
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
             "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
     lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
@@ -760,7 +758,7 @@ def check(runs, args, rest, where):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parse(argv)
-    cfg = config.resolve_sweep_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
+    cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here

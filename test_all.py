@@ -6123,7 +6123,7 @@ def test_train_kill_and_resume_is_bitwise_identical(tmp_path):
 
 # --- issue 48: --optimizer, each with its default rate; a Muon run resumes bitwise, and refuses another optimizer ---
 def test_train_optimizer_flag_builds_each_with_its_default_rate(capsys):
-    # each --optimizer takes the preset's --lr and --min-lr times its factor (config.OPTIMIZERS) unless --lr is given;
+    # each --optimizer takes the preset's --lr times its factor (config.OPTIMIZERS) unless --lr is given, --min-lr a tenth;
     # momentum's mu is --beta1, RMSProp's alpha --beta2, Adam has no decay; Muon sorts the LM's matrices by name
     small = config.PRESETS["small"]
     kinds = {"adamw": optim.AdamW, "adam": optim.AdamW, "muon": optim.Muon, "rmsprop": optim.RMSProp,
@@ -6131,7 +6131,7 @@ def test_train_optimizer_flag_builds_each_with_its_default_rate(capsys):
     assert list(kinds) == sorted(config.OPTIMIZERS, key=list(kinds).index) and len(kinds) == len(config.OPTIMIZERS)
     for name, factor in config.OPTIMIZERS.items():
         cfg = train.resolve_config(["--optimizer", name, *_TRAIN_TINY, "--benchmark"])
-        assert (cfg["lr"], cfg["min_lr"]) == pytest.approx((small["lr"] * factor, small["min_lr"] * factor))
+        assert (cfg["lr"], cfg["min_lr"]) == pytest.approx((small["lr"] * factor, small["lr"] * factor / 10))
         assert train.resolve_config(["--optimizer", name, "--lr", "1e-3", "--benchmark"])["lr"] == 1e-3
         opt = train.make_optimizer(cfg, TransformerLM(**train.model_kwargs(cfg)))
         assert type(opt) is kinds[name] and all(g["lr"] == cfg["lr"] for g in opt.param_groups)
@@ -8732,7 +8732,7 @@ def test_experiments_runs_end_their_cosine_at_the_presets_share_of_their_rate():
     # ended at 1/1000 of its rate, not the tenth the presets give; a --min-lr given sets the share
     args = types.SimpleNamespace(data="pydoc", out_dir="out")
     for rest, share in ((["--lr", "0.5"], 0.1), ([], 0.1), (["--lr", "0.5", "--min-lr", "0.005"], 0.01)):
-        plans = experiments.plan(config.resolve_sweep_config([*experiments.base_flags(args, rest), "--benchmark"]))
+        plans = experiments.plan(config.resolve_config([*experiments.base_flags(args, rest), "--benchmark"]))
         for _, _, run in plans["lr"]:
             cfg = train.resolve_config(experiments.command(run, args, rest)[2:])
             assert cfg["min_lr"] == pytest.approx(cfg["lr"] * share), (rest, run.name)
@@ -9498,13 +9498,14 @@ def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()
 
 
-def test_train_preset_min_lr_scales_below_a_given_lr(tmp_path, capsys):
-    # `--lr 1e-4` was refused: "--min-lr 0.0005 is above --lr 0.0001", naming a flag the user never gave
+def test_train_min_lr_not_given_is_a_tenth_of_lr(tmp_path, capsys):
+    # `--lr 1e-4` was refused: "--min-lr 0.0005 is above --lr 0.0001", naming a flag the user never gave; then a
+    # preset --min-lr stood under a given --lr (--lr 1e-3: 5e-4, half), unlike experiments.py's runs (a tenth)
     base, small = _train_flags_run(tmp_path), config.PRESETS["small"]
-    cfg = train.resolve_config(base + ["--lr", "1e-4"])
-    assert cfg["min_lr"] == pytest.approx(1e-4 * small["min_lr"] / small["lr"])  # the preset's proportion
-    assert train.resolve_config(base + ["--lr", "1e-3"])["min_lr"] == small["min_lr"]  # one that fits stays
-    assert train.resolve_config(base + ["--lr", "0"])["min_lr"] == 0
+    assert train.resolve_config(base)["min_lr"] == small["lr"] / 10
+    for lr, tenth in (("1e-4", 1e-5), ("1e-3", 1e-4), ("3e-3", 3e-4), ("0", 0.0)):
+        assert train.resolve_config(base + ["--lr", lr])["min_lr"] == tenth, lr  # exactly: no 3.0000000000000003e-04
+    assert train.resolve_config(base + ["--lr", "1e-3", "--min-lr", "2e-4"])["min_lr"] == 2e-4
     assert train.main(base + ["--lr", "1e-4", "--min-lr", "2e-4"]) == 2  # a given one above --lr is still refused
     _train_one_error(capsys, "--min-lr 0.0002 is above --lr 0.0001.")
 
