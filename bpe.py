@@ -33,7 +33,7 @@ from numba.extending import overload, register_jitable
 from numba.typed import List
 
 import bpe_fast
-from bpe_fast import catch_ctrl_c, encode_file
+from bpe_fast import encode_file
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenization and special tokens
@@ -662,17 +662,17 @@ def main(argv=None):
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
     args = ap.parse_args(argv)
     if args.num_workers is not None and args.num_workers < 1:
-        raise cli.UsageError("--num-workers (--workers) must be at least 1")
+        raise cli.UsageError("--num-workers (--workers) must be at least 1.")
 
     def command():
         with cli.usage_errors():  # a missing input, a malformed tokenizer file: exit 2
             return {"train": _cmd_train, "encode": _cmd_encode}[args.cmd](args)
-    code = cli.exit_code(f"bpe.py {args.cmd}", command, "no partial file was left")  # files are written atomically
+    code = cli.exit_code(f"bpe.py {args.cmd}", command, "no partial file was left.")  # files are written atomically
     if code:
         sys.exit(code)
 
 
 if __name__ == "__main__":
-    catch_ctrl_c()
+    cli.catch_ctrl_c()
     cli.escaping_stdout()  # a terminal that cannot show the longest token (latin-1, ascii)
     cli.exit_quietly(cli.exit_code("bpe.py", main, "no partial file was left."))

@@ -37,7 +37,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from itertools import chain
 
 import numpy as np
@@ -47,7 +46,7 @@ from numba import config, njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from cli import (SIGHUP, STOPS, DataError, command_ended, end_progress, error_chain, hang_up, on_stops, say,
+from cli import (STOPS, DataError, ctrl_c_stays_keyboard_interrupt, end_progress, raise_held_ctrl_c, say,
                  short_repr, show_progress)
 from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
@@ -457,7 +456,6 @@ def _worker_pool(n, initializer=None, initargs=()):
     return pool
 
 
-_ctrl_c_held = False      # a Ctrl-C that came while numba's Python code ran (see catch_ctrl_c)
 _compile_noted = False    # the first-compile line was printed in this process
 
 
@@ -501,50 +499,6 @@ def _numba_cache_made_safe(cache_file):
 
 
 _numba_cache_made_safe(caching.IndexDataCacheFile)
-
-
-def raise_held_ctrl_c():
-    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back, if any: as a call returns, and before
-    waiting on workers, which a SIGTERM to the whole process group has ended (the wait would hang)."""
-    global _ctrl_c_held
-    if _ctrl_c_held:
-        _ctrl_c_held = False
-        raise KeyboardInterrupt
-
-
-def ctrl_c_stays_keyboard_interrupt(f):
-    """f, where a Ctrl-C is still a KeyboardInterrupt: not the SystemError that numba makes of one
-    that came while compiled code ran; one that catch_ctrl_c held back is raised as f returns."""
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            result = f(*args, **kwargs)
-        except SystemError as e:
-            if not any(isinstance(c, KeyboardInterrupt) for c in error_chain(e)):
-                raise
-            raise KeyboardInterrupt from None
-        raise_held_ctrl_c()
-        return result
-    return wrapper
-
-
-def catch_ctrl_c():
-    """For a command line: Ctrl-C, SIGTERM (`kill`, job schedulers) and SIGHUP (a closed terminal) raise
-    KeyboardInterrupt, except while numba's Python code (its compiler, its callbacks) runs, where it would be
-    swallowed or break a compile: there it is held, and raised as the call that ran numba returns."""
-    def interrupt(signum, frame):
-        global _ctrl_c_held
-        if signum == SIGHUP:  # the terminal is gone: the one line that follows must not fail to print
-            hang_up()
-            signal.signal(signum, signal.SIG_IGN)  # said once: the kernel and the shell may both send it
-        if command_ended():  # its sentence is said or on its way (cli.exit_code): a traceback would follow it
-            return
-        if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
-               for m in ("numba", "llvmlite")):
-            _ctrl_c_held = True
-            return
-        raise KeyboardInterrupt
-    on_stops(interrupt)
 
 
 def new_special_tokens(special_tokens):

@@ -5,6 +5,7 @@ it imports only the standard library (a tokenizer's command starts without torch
 1. Printing: say() is the one way to print; log() is say() for rank 0 only, so torchrun's N processes tell one
    story; a terminal that closes (SIGHUP), a pipe whose reader leaves, a Ctrl-C while torch loads
 2. Errors: a user's mistake (UsageError, exit 2) or the machine's fault (DataError, exit 1) is one sentence;
+   a stop (Ctrl-C, SIGTERM, SIGHUP) is a KeyboardInterrupt, held while numba's compiler runs (catch_ctrl_c);
    exit_code is the one map from a fault to an exit code, for every command
 3. Progress lines and the ETA
 4. The parser: argparse, whose mistakes are one sentence and exit code 2; lines read from stdin
@@ -12,6 +13,7 @@ it imports only the standard library (a tokenizer's command starts without torch
 import argparse
 import contextlib
 import errno
+import functools
 import os
 import re
 import reprlib
@@ -20,6 +22,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 
 
 # ----------------------------------------------------------------------------
@@ -245,6 +248,53 @@ _ended = []  # exit_code's command has returned or raised
 
 def command_ended():  # catch_ctrl_c's handler then ignores a stop, as exit_quietly does once the code is known
     return bool(_ended)
+
+
+_ctrl_c_held = False  # a stop that came while numba's Python code ran (see catch_ctrl_c)
+
+
+def raise_held_ctrl_c():
+    """Raise the Ctrl-C (or SIGTERM) that catch_ctrl_c held back, if any: as a call returns, and before
+    waiting on workers, which a SIGTERM to the whole process group has ended (the wait would hang)."""
+    global _ctrl_c_held
+    if _ctrl_c_held:
+        _ctrl_c_held = False
+        raise KeyboardInterrupt
+
+
+def ctrl_c_stays_keyboard_interrupt(f):
+    """f, where a Ctrl-C is still a KeyboardInterrupt: not the SystemError that numba makes of one
+    that came while compiled code ran; one that catch_ctrl_c held back is raised as f returns."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            result = f(*args, **kwargs)
+        except SystemError as e:
+            if not any(isinstance(c, KeyboardInterrupt) for c in error_chain(e)):
+                raise
+            raise KeyboardInterrupt from None
+        raise_held_ctrl_c()
+        return result
+    return wrapper
+
+
+def catch_ctrl_c():
+    """For a command line: Ctrl-C, SIGTERM (`kill`, job schedulers) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt, except while numba's Python code (its compiler, its callbacks) runs, where it would be
+    swallowed or break a compile: there it is held, and raised as the call that ran numba returns."""
+    def interrupt(signum, frame):
+        global _ctrl_c_held
+        if signum == SIGHUP:  # the terminal is gone: the one line that follows must not fail to print
+            hang_up()
+            signal.signal(signum, signal.SIG_IGN)  # said once: the kernel and the shell may both send it
+        if command_ended():  # its sentence is said or on its way (cli.exit_code): a traceback would follow it
+            return
+        if any(m in f.f_code.co_filename for f, _ in traceback.walk_stack(frame)
+               for m in ("numba", "llvmlite")):
+            _ctrl_c_held = True
+            return
+        raise KeyboardInterrupt
+    on_stops(interrupt)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from rundir import run_config, run_dir, run_dir_problem
 PRESET = "preset"  # a flag's default that depends on --data: filled in from PRESETS
 # The flags marked PRESET take their default from the data source: the built-in corpora and local files
 # get "small", sized to train in minutes on 2 CPU cores; tinystories and owt get the handout's section 7
-# run: its model shape (accounting.TINYSTORIES) and 327,680,000 tokens (batch 128 x 10,000 x context 256).
+# run: its model shape (accounting.TINYSTORIES) and token budget (accounting.TINYSTORIES_TOKENS).
 PRESETS = {
     "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
                   batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, warmup_iters=50,
@@ -274,7 +274,7 @@ DATA_CHECKS = [  # the rows of a run that tokenizes its text: --benchmark (rando
      "--data-dir {data_dir} is not a writable directory (a file, or read-only) for the token cache, and does not hold "
      "this data's tokens already; pick another."),
     (lambda c: not c["data_is_ids"] and c["vocab_size"] < MIN_TEXT_VOCAB,
-     "--vocab-size {vocab_size} is too small for BPE on text data: 256 bytes + 1 special token need 257."),
+     f"--vocab-size {{vocab_size}} is too small for BPE on text data: 256 bytes + 1 special token need {MIN_TEXT_VOCAB}."),
 ]
 
 
@@ -294,7 +294,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data_is_file"] and unreadable(c["data"]),
-     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass python, pydoc, tinystories, owt, a .txt file or a .npy file."),
+     lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass {', '.join(CORPORA)}, a .txt file or a .npy file."),
     (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
     (lambda c: c["val_data"] and not c["data_is_ids"],

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bpe import Tokenizer, encode_file, tokenizer_files, train_bpe
+from bpe import Tokenizer, tokenizer_files, train_bpe
+from bpe_fast import encode_file
 from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
                  show_progress)
 from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders,
@@ -232,8 +233,7 @@ def hf_url(rel):
 def downloaded_corpus(name, out_dir):
     """The CS336 train/valid text files, fetched once into data/<name>/ (gzip is unpacked)."""
     paths = tuple(out_dir / txt_name for txt_name in text_names(name))
-    # two runs started together: one downloads, the other waits and then finds the file (two appending to one .part
-    # made a corpus of both's bytes)
+    # two runs started together: one downloads, the other waits, then finds the file (not both appending to a .part)
     with new_folders(out_dir), dir_lock(out_dir, waiting=f"which fills {out_dir}/ with the same data"):
         for split, rel, txt in zip(("train", "valid"), DATASETS[name], paths):
             fetched = out_dir / Path(rel).name

@@ -47,7 +47,6 @@ import cli  # the standard library only: a Ctrl-C while torch loads is one line
 if __name__ == "__main__":
     cli.quiet_while_starting("experiments.py")
 import accounting
-import bpe
 import config
 import data
 import figures
@@ -792,7 +791,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    bpe.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
+    cli.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
     cli.escaping_stdout()  # a terminal that cannot show a sample's text
     cli.exit_quietly(cli.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes "
                                    "on."))

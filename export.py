@@ -30,8 +30,8 @@ if __name__ == "__main__":
     cli.quiet_while_starting("export.py")
 import torch
 
-from bpe import GPT2_PAT, Tokenizer, _token_to_str, catch_ctrl_c
-from cli import Parser, UsageError, disk_full, disk_is_full, exit_code, log
+from bpe import GPT2_PAT, Tokenizer, _token_to_str
+from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
 from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json

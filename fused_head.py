@@ -200,7 +200,7 @@ def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
         raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
                          f"{tuple(targets.shape)} do not fit: need (..., d) and (V, d) of floating point ({h.dtype} "
                          f"and {weight.dtype} here), and (...).")
-    h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+    h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1).long()  # gather wants int64 ids (torch before 2.8)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad
     if not (want_h or want_w):  # evaluation: the loss alone, chunk by chunk

@@ -27,7 +27,7 @@ def cross_entropy(logits, targets, fused=False):
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
     if targets.dtype not in (torch.int64, torch.int32):  # float, bool or uint8 ids failed in gather, in torch's words
-        raise ValueError(f"targets must be integer class ids (int64), got {targets.dtype}.")
+        raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
     V = logits.shape[-1]
@@ -37,7 +37,7 @@ def cross_entropy(logits, targets, fused=False):
             raise ValueError(f"target id {lo if lo < 0 else hi} is outside the {V} classes of the logits.")
     if logits.dtype != torch.float64:
         logits = logits.float()  # no copy when already float32
-    logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # (N, V), (N,)
+    logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long()  # (N, V), (N,): gather wants int64
     if fused:  # float32 on a CPU: the engine's row-by-row kernel
         return (fast_cpu.cross_entropy if fast_cpu.usable(logits) else _FusedCrossEntropy.apply)(logits, targets)
     m = logits.detach().amax(dim=-1, keepdim=True)  # (N, 1); lse does not depend on m: no gradient

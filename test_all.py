@@ -1978,8 +1978,13 @@ def test_model_cross_entropy_refuses_misfit_targets_and_a_fused_second_derivativ
         with pytest.raises(ValueError, match=r"^targets of shape \(3, 2\) do not fit logits of shape \(2, 3, 5\)\.$"):
             optim.cross_entropy(logits, y.t(), fused)
     for bad in (y.float(), y.bool(), y.to(torch.uint8)):  # ended in gather's words ("Expected dtype int32/int64")
-        with pytest.raises(ValueError, match=rf"^targets must be integer class ids \(int64\), got {bad.dtype}\.$"):
+        with pytest.raises(ValueError, match=rf"^targets must be integer class ids \(int64 or int32\), got {bad.dtype}\.$"):
             optim.cross_entropy(logits, bad)
+    # a reviewer's: int32 ids, accepted, ended in gather's "Expected dtype int64 for index" on torch 2.5 to 2.7
+    for lg, fused in ((logits, False), (logits, True), (logits.float(), True)):  # float64 fused: the autograd.Function
+        assert optim.cross_entropy(lg, y.int(), fused).item() == optim.cross_entropy(lg, y, fused).item()
+    h, w = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    assert fused_head.linear_cross_entropy(h, w, y.int()).item() == fused_head.linear_cross_entropy(h, w, y).item()
     g, = torch.autograd.grad(optim.cross_entropy(logits, y), logits, create_graph=True)
     assert g.requires_grad  # the plain path has one
     with pytest.raises(ValueError, match="fused=True\\) has no second derivative"):
@@ -4241,7 +4246,7 @@ def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
     os.killpg(p.pid, signal.SIGINT)    # a terminal's Ctrl-C reaches the workers too
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, out, err)
-    assert err.strip() == "bpe.py train: interrupted; no partial file was left", err
+    assert err.strip() == "bpe.py train: interrupted; no partial file was left.", err
     assert not list(tmp_path.glob("tok/*"))
 
 
@@ -4280,7 +4285,7 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
         assert err.strip().splitlines()[-1].startswith(f"bpe.py {cmd}: error: a worker process died (exit code -9"), err
         return
     assert p.returncode == 130, (p.returncode, out, err)
-    assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left", err
+    assert err.strip().splitlines()[-1] == f"bpe.py {cmd}: interrupted; no partial file was left.", err
     assert left == ["big.txt"], left
 
 
@@ -4327,7 +4332,7 @@ def test_cli_a_stop_during_the_clean_up_after_the_last_sentence_is_ignored():
     # an eighth tester's: torchrun's SIGTERM, come after rank 0's sentence, while the failed command's objects were
     # freed (a weakref.finalize), printed "Exception ignored in: <finalize object ...> Traceback ... KeyboardInterrupt"
     code = ("import os, signal, weakref, bpe, cli\n"
-            "bpe.catch_ctrl_c()\n"
+            "cli.catch_ctrl_c()\n"
             "class Held: pass\n"
             "def command():\n"
             "    held = Held()\n"
@@ -4355,7 +4360,7 @@ def test_cli_a_stop_while_python_shuts_down_after_success_is_ignored(signum):
     # "Exception ignored in atexit callback" and a traceback, or ended a finished run with 143 and no sentence.
     # Here the clean-up sends the signal itself, as a command line's handlers stand (catch_ctrl_c)
     code = ("import atexit, os, signal, time, bpe, cli\n"
-            "bpe.catch_ctrl_c()\n"
+            "cli.catch_ctrl_c()\n"
             f"atexit.register(lambda: (os.kill(os.getpid(), {int(signum)}), time.sleep(0.2)))\n"
             "cli.exit_quietly(cli.exit_code('x.py', lambda: 0, 'nothing was written.'))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
@@ -4378,7 +4383,7 @@ def test_bpe_cli_ctrl_c_during_the_first_compile_ends_cleanly(tmp_path):
     p.send_signal(signal.SIGINT)       # the main process only: the workers hold Ctrl-C blocked anyway
     rest, err = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, out + rest, err)
-    assert err == "bpe.py train: interrupted; no partial file was left\n", err
+    assert err == "bpe.py train: interrupted; no partial file was left.\n", err
     assert out + rest == "compiling the tokenizer's fast path once for this machine (up to half a minute)\n", rest
     assert not list(tmp_path.glob("tok/*"))
 

@@ -34,7 +34,6 @@ import files
 import fused_head
 import machine
 import rundir
-from bpe import catch_ctrl_c
 from cli import log  # only rank 0 talks, so that torchrun's N processes print one story
 from config import CORPORA, DATA_KEYS, MODEL_KEYS, SDPA_BACKENDS, UNTIMED_STEPS, model_kwargs, resolve_config
 from data import EOT, check_data, fingerprint, prepare_data, read_tokenizer, unigram_loss
@@ -64,7 +63,7 @@ def random_starts(data, n, context_length, generator=None):  # n window starts, 
 
 def get_batch(data, batch_size, context_length, device, generator=None):
     """CS336 data loader: batch_size windows at random starts. data: 1-D token ids (a memmap, data.TokenIds, an array,
-    a CPU tensor), checked in O(1): a context_length <= 0 gave empty tensors, and float ids were cut to ints."""
+    a CPU tensor), checked in O(1): its shape, its integer type and the lengths (their range: data.check_ids)."""
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
     check_count("batch_size", batch_size)
     check_count("context_length", context_length)
@@ -98,15 +97,14 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
     with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
         iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
-    check_count("iteration", iteration, least=0)  # -3 was saved, then refused by load_checkpoint; 2.9 saved as 2
+    check_count("iteration", iteration, least=0)  # what load_checkpoint reads back: a whole number >= 0
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration, **extra}
     with files.atomic_file(out) as f:  # a path, or a file object
         torch.save(state, f)
 
 
-def load_checkpoint(src, model, optimizer=None, state=None):
-    """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
-    state = rundir.read_checkpoint(src) if state is None else state  # CRC-32s checked; tensors only, no code
+def load_state(state, model, optimizer=None):
+    """Restore model (and optimizer) from a checkpoint's dict, or ValueError, loading nothing; returns its step."""
     rundir.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
@@ -114,14 +112,19 @@ def load_checkpoint(src, model, optimizer=None, state=None):
     return state["iteration"]
 
 
+def load_checkpoint(src, model, optimizer=None):
+    """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
+    return load_state(rundir.read_checkpoint(src), model, optimizer)  # CRC-32s checked; tensors only, no code
+
+
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
     <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
-    if problem := machine.device_error(device):  # --device's check; torch's words came from deep inside model.py
+    if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
         raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
-    load_checkpoint(None, model, state=state)
+    load_state(state, model)
     narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
     return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
 
@@ -300,16 +303,15 @@ def benchmark(cfg):
 @torch.no_grad()
 def evaluate(model, data, cfg):
     """Mean loss over eval_iters global batches, split as in training. Its own freshly seeded
-    generator: every evaluation scores the same text and the training batches' RNG is untouched."""
+    generator: every evaluation scores the same text and the training batches' RNG is untouched.
+    No model.eval(): without dropout the two modes compute the same (and a compiled model would compile twice)."""
     g, total = torch.Generator().manual_seed(cfg["seed"] + 1), torch.zeros((), device=cfg["device"])
-    model.eval()
     for _ in range(cfg["eval_iters"]):
         for x, y in micro_batches(data, cfg, g):
             with autocast(cfg):
                 total += model(x, y)
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(total)
-    model.train()
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
@@ -428,15 +430,15 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation, checkpoint, samples,
     the plot. resume_state: the checkpoint --resume goes on from; init_state: the one whose weights --init-from
     starts from. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
-    rank, last, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
+    rank, end, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     raw, model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
-    start = 0 if resume_state is None else load_checkpoint(None, raw, optimizer, state=resume_state)
+    start = 0 if resume_state is None else load_state(resume_state, raw, optimizer)
     if resume_state is not None:
         rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
-        its_step = load_checkpoint(None, raw, state=init_state)
+        its_step = load_state(init_state, raw)
         log(f"initialized from {cfg['init_from']} (its step {its_step})")
     n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
@@ -454,25 +456,25 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             save(0)  # a checkpoint exists from the first moment on, so --resume always has one
         if rank == 0:
             rundir.write_run_files(cfg, tok_files, start, new=resume_state is None)  # after the checkpoint
-        for it in range(start, last):
+        for it in range(start, end):
             if it % cfg["eval_interval"] == 0:
                 progress.evaluated(it, evaluate(model, valid_ids, cfg))
-            lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], last)
+            lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], end)
             loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             optimizer.step()  # even after a NaN loss (knowing would make the host wait): the next read stops the run
             optimizer.zero_grad(set_to_none=True)
             stop = stopped(it + 1)
             progress.stepped(it + 1, loss, lr, norm, last=stop)  # a stop's step gets its line too
-            if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < last):  # the end saves below
+            if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < end):  # the end saves below
                 save(it + 1)
             if stop:
                 log(("\n" if progress.tty else "") + f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
                     f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
-    save(last)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
+    save(end)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
     val_loss = evaluate(model, valid_ids, cfg)
-    progress.evaluated(last, val_loss)
-    log(f"done: {last} steps, {cli.fmt_count(cfg['total_tokens'])} tokens in {cli.fmt_time(progress.seconds())}; "
+    progress.evaluated(end, val_loss)
+    log(f"done: {end} steps, {cli.fmt_count(cfg['total_tokens'])} tokens in {cli.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
@@ -480,7 +482,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
         figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
-                         f"{last:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
+                         f"{end:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
     return 0
 
 
@@ -543,6 +545,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
+    cli.catch_ctrl_c()  # a KeyboardInterrupt (bpe.py's pool workers hold Ctrl-C blocked: this process ends them)
     cli.escaping_stdout()  # a terminal that cannot show a sample's text; a closed stdout (>&-) as /dev/null
     cli.exit_quietly(main())
