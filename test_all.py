@@ -785,14 +785,14 @@ def _fused_head_step_memory(fused, monkeypatch):
                                 "--batch-size", "4", "--device", "cpu", "--benchmark",
                                 *([] if fused else ["--no-fused-head"])])
     with machine.torch_settings(cfg):
-        raw, model, opt = train.build(cfg)
+        lm, loss_model, opt = train.build(cfg)
         x, y = (torch.randint(4096, (4, 128)) for _ in range(2))
-        train.train_step(model, opt, [(x, y)], 1e-3, cfg)  # .grad exists from here on: the peak is the step's own
+        train.train_step(loss_model, opt, [(x, y)], 1e-3, cfg)  # .grad exists from here on: the peak is the step's own
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                     acc_events=True) as prof:
-            train.train_step(model, opt, [(x, y)], 1e-3, cfg)
+            train.train_step(loss_model, opt, [(x, y)], 1e-3, cfg)
     sizes = [e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    return bench.peak_bytes(lambda: train.train_step(model, opt, [(x, y)], 1e-3, cfg), "cpu"), max(sizes)
+    return bench.peak_bytes(lambda: train.train_step(loss_model, opt, [(x, y)], 1e-3, cfg), "cpu"), max(sizes)
 
 
 def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(monkeypatch):
@@ -870,10 +870,10 @@ def _fused_head_first_steps(cfg, steps=2):
                for _ in range(steps)]
     losses, grads = [], None
     with machine.torch_settings(cfg):
-        raw, model, opt = train.build(cfg)
+        lm, loss_model, opt = train.build(cfg)
         for micro in batches:
-            losses.append(float(train.train_step(model, opt, micro, 1e-3, cfg)[0]))
-            grads = grads or {n: p.grad.clone() for n, p in raw.named_parameters()}
+            losses.append(float(train.train_step(loss_model, opt, micro, 1e-3, cfg)[0]))
+            grads = grads or {n: p.grad.clone() for n, p in lm.named_parameters()}
             opt.step()
             opt.zero_grad(set_to_none=True)
     return losses, grads
@@ -1997,8 +1997,8 @@ def test_model_cross_entropy_refuses_a_target_outside_the_classes_on_every_path(
     # only the float32 CPU kernel said so: the plain path, float64 and bfloat16 raised torch's "index 5 is out of
     # bounds" (a RuntimeError; on CUDA a device assert), and -100 (torch's "ignore" id) the same
     logits, F32 = torch.randn(2, 3, 5, requires_grad=True), torch.float32
-    for kernels in (True, False):  # fused float32: fast_cpu's kernel, or the hand-written backward
-        monkeypatch.setattr(fast_cpu, "usable", lambda *t, in_place=False, on=kernels: on and t[0].dtype == F32)
+    for use_kernel in (True, False):  # fused float32: fast_cpu's kernel, or the hand-written backward
+        monkeypatch.setattr(fast_cpu, "usable", lambda *t, in_place=False, on=use_kernel: on and t[0].dtype == F32)
         for bad in (5, -1, -100):
             y = torch.tensor([[0, 1, 2], [3, bad, 4]])
             for lg, fused in ((logits, False), (logits, True), (logits.double(), True), (logits.bfloat16(), True)):
@@ -11006,9 +11006,9 @@ def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tm
     exported = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
     shutil.copytree(hf_dir, clone)  # an earlier export, pushed to the hub, cloned, then trained again
     (clone / "model.safetensors").write_bytes(b"an older model")
-    for name, data in mine.items():
+    for name, content in mine.items():
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
-        (clone / name).write_bytes(data)
+        (clone / name).write_bytes(content)
 
     def files():
         return {p.relative_to(clone).as_posix(): p.read_bytes() for p in clone.rglob("*") if p.is_file()}

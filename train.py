@@ -199,25 +199,25 @@ def make_optimizer(cfg, lm):
 
 
 def build(cfg):
-    """The model, its optimizer, and the wrapped model the step calls, (x, y) -> loss: activation checkpointing and
-    the model's switches, LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
+    """-> (lm, the LM; loss_model, what a step calls, (x, y) -> loss; optimizer): activation checkpointing and the
+    LM's switches, then LMLoss, then torch.compile, then DDP (compile first, so DDP sees one module)."""
     torch.manual_seed(cfg["seed"])  # the same initial weights on every process
-    raw = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
-    optimizer = make_optimizer(cfg, raw)
+    lm = TransformerLM(**model_kwargs(cfg), device=cfg["device"])
+    optimizer = make_optimizer(cfg, lm)
     if cfg["activation_checkpointing"]:
-        use_activation_checkpointing(raw)
-    narrow_residual(raw, cfg)
-    for block in raw.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
+        use_activation_checkpointing(lm)
+    narrow_residual(lm, cfg)
+    for block in lm.layers:  # --triton-gate: SwiGLU's gate as fast_gpu.py's Triton kernels (on a GPU)
         block.ffn.triton_gate = cfg["triton_gate"]
-    model = torch.compile(LMLoss(raw, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(raw, cfg)
+    loss_model = torch.compile(LMLoss(lm, cfg), mode=compile_mode(cfg)) if cfg["compile"] else LMLoss(lm, cfg)
     if cfg["world_size"] > 1:
-        dev = torch.device(cfg["device"])
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    return raw, model, optimizer
+        ids = [torch.device(cfg["device"]).index] if cfg["device"].startswith("cuda") else None  # its one GPU
+        loss_model = torch.nn.parallel.DistributedDataParallel(loss_model, device_ids=ids)
+    return lm, loss_model, optimizer
 
 
-def train_step(model, optimizer, micro_batches, lr, cfg):
-    """One optimizer step's gradients (the caller steps) with build's model -> (mean loss over the global batch,
+def train_step(loss_model, optimizer, micro_batches, lr, cfg):
+    """One optimizer step's gradients (the caller steps) with build's loss_model -> (mean loss over the global batch,
     pre-clip gradient norm) on the device: no host wait. Each micro-batch loss is divided by their number, so the
     gradients sum to the batch mean's; under DDP, backward averages them, and no_sync() skips that but at the last."""
     for group in optimizer.param_groups:
@@ -226,16 +226,16 @@ def train_step(model, optimizer, micro_batches, lr, cfg):
     for i, (x, y) in enumerate(micro_batches):
         if cfg["cuda_graph"]:  # the graphs' outputs of the last micro-step are spent: their memory may be reused
             torch.compiler.cudagraph_mark_step_begin()
-        sync = i == n - 1 or not hasattr(model, "no_sync")
-        with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg):
-            loss = model(x, y)
+        sync = i == n - 1 or not hasattr(loss_model, "no_sync")
+        with (contextlib.nullcontext() if sync else loss_model.no_sync()), autocast(cfg):
+            loss = loss_model(x, y)
         (loss / n).backward()
         loss_sum += loss.detach()
     loss = loss_sum / n
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(loss)
         loss /= cfg["world_size"]
-    norm = clip_grad_norm(model.parameters(), cfg["grad_clip"], fused=cfg["fast"]) if cfg["grad_clip"] > 0 else None
+    norm = clip_grad_norm(loss_model.parameters(), cfg["grad_clip"], fused=cfg["fast"]) if cfg["grad_clip"] > 0 else None
     return loss, norm
 
 
@@ -262,12 +262,12 @@ def device_peak(cfg, probe=False):
 
 
 def random_step(cfg):  # -> one optimizer step of this configuration on fixed random tokens, and its micro-batches
-    _, model, optimizer = build(cfg)
+    _, loss_model, optimizer = build(cfg)
     shape = (cfg["grad_accum"], cfg["micro_batch"], cfg["context_length"] + 1)
     micro = [(d[:, :-1], d[:, 1:]) for d in torch.randint(cfg["vocab_size"], shape, device=cfg["device"])]
 
     def step():
-        train_step(model, optimizer, micro, cfg["lr"], cfg)
+        train_step(loss_model, optimizer, micro, cfg["lr"], cfg)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step, micro
@@ -301,7 +301,7 @@ def benchmark(cfg):
 # 4. The training loop
 
 @torch.no_grad()
-def evaluate(model, data, cfg):
+def evaluate(loss_model, data, cfg):
     """Mean loss over eval_iters global batches, split as in training. Its own freshly seeded
     generator: every evaluation scores the same text and the training batches' RNG is untouched.
     No model.eval(): without dropout the two modes compute the same (and a compiled model would compile twice)."""
@@ -309,7 +309,7 @@ def evaluate(model, data, cfg):
     for _ in range(cfg["eval_iters"]):
         for x, y in micro_batches(data, cfg, g):
             with autocast(cfg):
-                total += model(x, y)
+                total += loss_model(x, y)
     if cfg["world_size"] > 1:
         torch.distributed.all_reduce(total)
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
@@ -431,25 +431,25 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     the plot. resume_state: the checkpoint --resume goes on from; init_state: the one whose weights --init-from
     starts from. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
     rank, end, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
-    raw, model, optimizer = build(cfg)
+    lm, loss_model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
-    start = 0 if resume_state is None else load_state(resume_state, raw, optimizer)
+    start = 0 if resume_state is None else load_state(resume_state, lm, optimizer)
     if resume_state is not None:
         rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
-        its_step = load_state(init_state, raw)
+        its_step = load_state(init_state, lm)
         log(f"initialized from {cfg['init_from']} (its step {its_step})")
-    n_params, n_emb = sum(p.numel() for p in raw.parameters()), raw.token_embeddings.weight.numel()
+    n_params, n_emb = sum(p.numel() for p in lm.parameters()), lm.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0), ckpt_path)
 
     def save(step):
         rundir.read_back(progress.unread, ckpt_path)  # the steps since the last read first: a NaN or inf, exit 1
-        rundir.stop_non_finite(step, ckpt_path, model=raw)  # a NaN model is never saved, nor sampled (exit 1)
+        rundir.stop_non_finite(step, ckpt_path, model=lm)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
-            save_checkpoint(raw, optimizer, step, ckpt_path, config=cfg, rng=rundir.rng_state(batch_gen),
+            save_checkpoint(lm, optimizer, step, ckpt_path, config=cfg, rng=rundir.rng_state(batch_gen),
                             elapsed=progress.seconds())
     with rundir.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
         if resume_state is None:
@@ -458,9 +458,9 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             rundir.write_run_files(cfg, tok_files, start, new=resume_state is None)  # after the checkpoint
         for it in range(start, end):
             if it % cfg["eval_interval"] == 0:
-                progress.evaluated(it, evaluate(model, valid_ids, cfg))
+                progress.evaluated(it, evaluate(loss_model, valid_ids, cfg))
             lr = cosine_lr(it, cfg["lr"], cfg["min_lr"], cfg["warmup_iters"], end)
-            loss, norm = train_step(model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
+            loss, norm = train_step(loss_model, optimizer, micro_batches(train_ids, cfg, batch_gen), lr, cfg)
             optimizer.step()  # even after a NaN loss (knowing would make the host wait): the next read stops the run
             optimizer.zero_grad(set_to_none=True)
             stop = stopped(it + 1)
@@ -472,13 +472,13 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                     f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
     save(end)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
-    val_loss = evaluate(model, valid_ids, cfg)
+    val_loss = evaluate(loss_model, valid_ids, cfg)
     progress.evaluated(end, val_loss)
     log(f"done: {end} steps, {cli.fmt_count(cfg['total_tokens'])} tokens in {cli.fmt_time(progress.seconds())}; "
         f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
-        samples = write_samples(raw, tok, cfg, run_dir / "samples.txt")
+        samples = write_samples(lm, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
     if rank == 0 and cfg["plot"]:
         figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
