@@ -9625,11 +9625,11 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
     # issue 36 item 5: a CPU has no published peak, so no MFU (a start-up probe read 41%, 67%, 125% on one run);
     # --benchmark's figure on a CPU is against the probe, and says so
     assert accounting.peak_flops("cpu", torch.float32) is None and accounting.peak_flops("meta", torch.float32) is None
-    cpu, words = train.device_peak({"device": "cpu", "dtype": "float32"}, probe=True)
-    assert cpu > 0 and train.device_peak({"device": "cpu", "dtype": "float32"}, probe=True)[0] == cpu  # cached
+    cpu, words = train.benchmark_peak({"device": "cpu", "dtype": "float32"})
+    assert cpu > 0 and train.benchmark_peak({"device": "cpu", "dtype": "float32"})[0] == cpu  # cached
     assert words == f"vs a measured matmul peak of {cpu / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
     assert train.device_peak({"device": "meta", "dtype": "float32"}) is None
-    assert train.device_peak({"device": "meta", "dtype": "float32"}, probe=True) == (
+    assert train.benchmark_peak({"device": "meta", "dtype": "float32"}) == (
         None, "no published peak for this meta device in accounting.PEAK_FLOPS")
 
 

@@ -11,7 +11,7 @@ refuse a mistake; data preparation (corpora, BPE, token files) is in data.py; th
     python train.py --data tinystories --benchmark --device cuda  # tokens/s and MFU, random tokens
 
 Sections, in reading order: 1. batches (random windows of the token file), 2. checkpoints, 3. the model, the
-training step and its speed (--benchmark), 4. the training loop, 5. main(): processes, data, the run directory.
+training step and its speed (--benchmark), 4. the training loop and samples, 5. main(): processes, data, run folder.
 """
 import contextlib
 import json
@@ -50,7 +50,7 @@ def windows(data, starts, context_length, device):
     (len(starts), T) on device. Only the windows are read (data: data.TokenIds, a memmap or any 1-D array)."""
     w = torch.from_numpy(data[starts[:, None] + np.arange(context_length + 1)].astype(np.int64))  # (B, T+1)
     x, y = w[:, :-1], w[:, 1:]
-    if str(device).startswith("cuda"):  # pinned memory lets the copy overlap with compute
+    if torch.device(device).type == "cuda":  # pinned memory lets the copy overlap with compute
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.contiguous().to(device), y.contiguous().to(device)
 
@@ -84,7 +84,7 @@ def micro_batches(data, cfg, generator):
 # ----------------------------------------------------------------------------
 # 2. Checkpoints
 
-WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}  # type: inner
+WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}  # class -> its child
 
 
 def _unwrap(model):  # the LM inside DDP, torch.compile and LMLoss: its keys without the wrappers' prefixes. By type:
@@ -117,18 +117,6 @@ def load_checkpoint(src, model, optimizer=None):
     return load_state(rundir.read_checkpoint(src), model, optimizer)  # CRC-32s checked; tensors only, no code
 
 
-def load_run(path, device="cpu"):
-    """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
-    <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
-    if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
-        raise ValueError(f"load_run cannot use device {device!r}: {problem}")
-    state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
-    model = TransformerLM(**model_kwargs(state["config"]), device=device)
-    load_state(state, model)
-    narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
-    return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
-
-
 # ----------------------------------------------------------------------------
 # 3. The model, the training step, and its speed (--benchmark)
 
@@ -136,7 +124,7 @@ def autocast(cfg):
     """bf16 autocast: matmuls run in bfloat16 while weights, gradients and AdamW state stay float32 (the "master
     weights"), so small updates are not rounded away. float32: a no-op context (entered every micro-step)."""
     bf16 = cfg["dtype"] == "bf16"
-    return torch.autocast(cfg["device"].split(":")[0], torch.bfloat16) if bf16 else contextlib.nullcontext()
+    return torch.autocast(torch.device(cfg["device"]).type, torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def use_activation_checkpointing(model):
@@ -245,19 +233,18 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
 
 
-def device_peak(cfg, probe=False):
-    """MFU's denominator: accounting.py's published peak for the run's device and dtype, or None. probe (--benchmark):
-    (peak, the words that say what it is), a CPU's being the best rate of torch's own square matmul (a CPU has no
-    published peak). Called under the run's torch_settings: TF32 changes a float32 GPU's peak."""
-    device, dtype = torch.device(cfg["device"]), torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32
-    peak = accounting.peak_flops(device, dtype)
-    if not probe:
-        return peak
-    if peak:
+def device_peak(cfg):
+    """MFU's denominator: accounting.py's published peak for the run's device and dtype, or None. Called under the
+    run's torch_settings: TF32 changes a float32 GPU's peak."""
+    return accounting.peak_flops(torch.device(cfg["device"]), torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+
+
+def benchmark_peak(cfg):  # --benchmark's (peak, its words); a CPU has no published peak: its best square matmul's
+    if peak := device_peak(cfg):
         return peak, f"vs the published peak of {peak / 1e12:.1f} TFLOP/s per device"
-    if device.type != "cpu":
-        return None, f"no published peak for this {device.type} device in accounting.PEAK_FLOPS"
-    peak = accounting.measure_matmul_flops(dtype)
+    if (kind := torch.device(cfg["device"]).type) != "cpu":
+        return None, f"no published peak for this {kind} device in accounting.PEAK_FLOPS"
+    peak = accounting.measure_matmul_flops(torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
     return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
 
 
@@ -285,7 +272,7 @@ def benchmark(cfg):
             step()
             sync()
             times.append(time.perf_counter() - t0)
-        peak, basis = device_peak(cfg, probe=True)  # the matmuls' peak under the run's settings: TF32 on a GPU
+        peak, basis = benchmark_peak(cfg)  # the matmuls' peak under the run's settings: TF32 on a GPU
     dt, flops, tokens = median(times[UNTIMED_STEPS:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
         f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
@@ -298,7 +285,7 @@ def benchmark(cfg):
 
 
 # ----------------------------------------------------------------------------
-# 4. The training loop
+# 4. The training loop, and samples from a run
 
 @torch.no_grad()
 def evaluate(loss_model, data, cfg):
@@ -321,7 +308,7 @@ LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once
 def note_long_run(cfg, seconds_left, tty):
     """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
     in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
-    if seconds_left is not None and seconds_left > LONG_CPU_RUN and cfg["device"].startswith("cpu"):
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and torch.device(cfg["device"]).type == "cpu":
         log(("\n" if tty else "") + f"note: at this speed the run needs about {cli.fmt_time(seconds_left)} more on the "
             f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
             "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
@@ -379,6 +366,18 @@ class Progress:
                 + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
         self.noted = self.noted or note_long_run(cfg, left, self.tty)  # at the first ETA, once
+
+
+def load_run(path, device="cpu"):
+    """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
+    <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
+    if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
+        raise ValueError(f"load_run cannot use device {device!r}: {problem}")
+    state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
+    model = TransformerLM(**model_kwargs(state["config"]), device=device)
+    load_state(state, model)
+    narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
+    return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or sys.stdout (--sample)
