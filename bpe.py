@@ -264,13 +264,6 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 # -----------------------------------------------------------------------------
 # 4. train_bpe
 
-# Up to this much work the merge loop runs as plain Python: a 130 KB file and 1,000 merges never
-# wait for numba. Positions: the bytes of the distinct pre-tokens that have a pair.
-_INTERPRET_MAX_POSITIONS = 140_000
-_INTERPRET_MAX_MERGES = 1_000
-_INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
-
-
 def _read_text(path, what):
     """The file as str; a missing file or a decoding error (its byte offset) is named."""
     bpe_fast.check_readable(path, what)
@@ -278,7 +271,7 @@ def _read_text(path, what):
         return bpe_fast.check_utf8(f.read(), path, 0)
 
 
-@bpe_fast.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
+@cli.ctrl_c_stays_keyboard_interrupt      # numba holds a Ctrl-C back: raised on return
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens (from 1 MiB in num_workers
     processes, default one per core it may use). Returns vocab {id: bytes} (0-255 the bytes,
@@ -318,12 +311,10 @@ def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
 def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, loop=None):
     """train_from_counts from the merge loop's input arrays (see _merge_loop), special_tokens checked."""
     longest = bpe_fast.check_longest_word(word_start, "the training text")  # a huge word could exhaust memory
-    # each merge joins at least one pair of positions, so there can be no more merges than pairs
     specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
+    # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
-    small = (len(ids) <= _INTERPRET_MAX_POSITIONS and num_merges <= _INTERPRET_MAX_MERGES
-             and longest <= _INTERPRET_MAX_WORD)
-    if loop is None and bpe_fast.JIT and (bpe_fast.merge_loop_loaded() or not small):
+    if loop is None and bpe_fast.compiled_merge_pays(len(ids), num_merges, longest):
         # The engine runs this loop compiled, its data laid out for the processor's caches and
         # prefetched, changing only the pairs next to a merge; it learns the same merges.
         loop = bpe_fast.load_merge_loop()
@@ -564,7 +555,7 @@ class Tokenizer:
                 ids += self._cache[word]
         return ids
 
-    @bpe_fast.ctrl_c_stays_keyboard_interrupt
+    @cli.ctrl_c_stays_keyboard_interrupt
     @bpe_fast.names_lone_surrogates           # ValueError naming text[i], on either path
     def encode(self, text):
         """Ids of text."""

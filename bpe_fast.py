@@ -1233,6 +1233,20 @@ def merge_loop_loaded():
     return bool(merge_loop.signatures)
 
 
+# Up to this much work bpe.py's merge loop runs as plain Python: a 130 KB file and 1,000 merges never
+# wait for numba. Positions: the bytes of the distinct pre-tokens that have a pair.
+INTERPRET_MAX_POSITIONS = 140_000
+INTERPRET_MAX_MERGES = 1_000
+INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
+
+
+def compiled_merge_pays(positions, merges, longest):
+    """Run the merge loop compiled: it is loaded, or the job is too big for Python (never under
+    NUMBA_DISABLE_JIT=1: see JIT)."""
+    small = positions <= INTERPRET_MAX_POSITIONS and merges <= INTERPRET_MAX_MERGES and longest <= INTERPRET_MAX_WORD
+    return JIT and (merge_loop_loaded() or not small)
+
+
 def load_merge_loop():
     """merge_loop, loaded once from numba's disk cache or compiled (saying so) on a tiny job."""
     if not merge_loop_loaded():

@@ -2824,7 +2824,7 @@ def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
     monkeypatch.setattr(bpe_fast, "merge_loop_loaded", lambda: False)
     monkeypatch.setattr(bpe_fast, "load_merge_loop", lambda: lambda *a: calls.append("compiled") or bpe._merge_loop(*a))
     short = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
-    long = {**short, "ab" * (bpe._INTERPRET_MAX_WORD // 2 + 1): 1}
+    long = {**short, "ab" * (bpe_fast.INTERPRET_MAX_WORD // 2 + 1): 1}
     for counts, expected in ((short, []), (long, ["compiled"])):
         calls.clear()
         assert bpe.train_from_counts(counts, 300) == bpe.train_from_counts(counts, 300, loop=bpe._merge_loop)
