@@ -17,7 +17,7 @@ Sections: 1. the variants, 2. the bytes each moves, 3. correctness against float
 5. the profile, 6. the command line.
 
     python kernels.py                      # everything, on CUDA if there is a GPU
-    mkdir -p out && python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
+    python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
 """
 
 import contextlib
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr, user_path
-from files import not_a_file, write_json
+from files import new_folders, unwritable, write_json
 from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, quiet_cuda_home, usable_cores
 
 quiet_cuda_home()  # the inline CUDA and torch.compile sections compile on every machine
@@ -483,12 +483,8 @@ def parse_args(argv):
                          f"GiB, more than {what} ({have / 2**30:.1f} GiB); pass smaller --sizes")
     if args.json == "":  # abspath would make it the current directory
         raise UsageError("--json is empty; give the path of a file to write, such as kernels.json")
-    if args.json is not None:
-        d = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(d) or not os.access(d, os.W_OK):  # checked before minutes of measuring
-            raise UsageError(f"--json: directory {d} does not exist or cannot be written; pick another path")
-        if kind := not_a_file(os.path.abspath(args.json)):  # /dev/null must never be replaced
-            raise UsageError(f"--json: {args.json!r} is {kind}; give the path of a file to write, such as kernels.json")
+    if args.json is not None and (why := unwritable(args.json)):  # refused before minutes of measuring, not after
+        raise UsageError(f"--json {args.json}{why}; pick another path")
     return args
 
 
@@ -516,7 +512,8 @@ def main(argv=None):
     if "profile" not in args.skip:
         result["profile"] = run_profile(variants, args.device)
     if args.json is not None:
-        write_json(result, args.json)
+        with new_folders(os.path.dirname(os.path.abspath(args.json))):  # a missing folder is made
+            write_json(result, args.json)
         print(f"\nwrote {args.json}")
 
 

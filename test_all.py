@@ -9987,7 +9987,7 @@ def test_accounting_stopped_by_ctrl_c_says_one_line():
 @pytest.mark.parametrize("argv, needle", [
     (["--sizes", "40"], "--sizes"),
     (["--reps", "0"], "--reps"),
-    (["--json", "/nonexistent-dir/x.json"], "does not exist or cannot be written"),
+    (["--json", "FILE/x.json"], "is in a folder that cannot be made or written"),  # a file where its folder goes
     (["--json", "/"], "is a directory"),
     (["--json", ""], "--json is empty; give the path of a file to write"),  # was ignored: measured for minutes, then nothing written
     (["--json", "FIFO"], "is a FIFO"),
@@ -9997,6 +9997,8 @@ def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     if "FIFO" in argv:  # a FIFO made here stands in for /dev/null
         os.mkfifo(tmp_path / "fifo")
         argv = [str(tmp_path / "fifo") if a == "FIFO" else a for a in argv]
+    (tmp_path / "file").touch()
+    argv = [a.replace("FILE", str(tmp_path / "file")) for a in argv]
     assert _cli("kernels", ["--device", "cpu"] + argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
@@ -10018,7 +10020,15 @@ def test_kernels_cli_json_in_a_read_only_directory_is_refused_first(tmp_path, tm
         ro.mkdir(mode=0o500)
     # an OSError traceback after all the measuring, before
     assert _cli("kernels", ["--device", "cpu", "--json", str(ro / "k.json")]) == 2
-    assert "cannot be written; pick another path" in capsys.readouterr().err
+    assert "cannot be made or written (read-only" in capsys.readouterr().err
+
+
+def test_kernels_cli_json_makes_a_missing_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "get_variants", lambda device: {})  # its torch.compile check takes seconds
+    out = tmp_path / "new" / "sub" / "k.json"
+    skip = ["--skip", "correctness", "benchmark", "profile"]
+    assert _cli("kernels", ["--device", "cpu", *skip, "--json", str(out)]) is None
+    assert json.loads(out.read_text())["variants"] == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
