@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr, user_path
 from files import new_folders, unwritable, write_json
-from machine import cache_bytes, cuda_unavailable_reason, memory_bytes, quiet_cuda_home, usable_cores
+from machine import cache_bytes, cuda_unavailable_reason, device_error, memory_bytes, quiet_cuda_home, usable_cores
 
 quiet_cuda_home()  # the inline CUDA and torch.compile sections compile on every machine
 
@@ -469,9 +469,8 @@ def parse_args(argv):
     for flag, value in (("--reps", args.reps), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use "
-                         "--device cpu")
+    if args.device == "cuda" and (why := device_error("cuda")):
+        raise UsageError(f"--device cuda: {why}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
