@@ -9868,10 +9868,11 @@ def test_kernels_cpu_variants_float32_and_bfloat16(fn):
 def test_kernels_correctness_table_says_what_its_errors_are(capsys):
     # "torch ops bfloat16 max rel err 1.000e+00" came without a word: the column names where the relative error is
     # taken, and a line says why that row is 100% off, which is what this test checks on the numbers
-    kernels.run_correctness({"torch ops": kernels.gelu_torch_ops}, ["bfloat16"], "cpu")
+    [row] = kernels.run_correctness({"torch ops": kernels.gelu_torch_ops}, ["bfloat16"], "cpu")
     out = capsys.readouterr().out
     assert f"max abs err  max rel err where |gelu(x)| >= {kernels.REL_FLOOR:g}" in out
-    assert "torch ops in bfloat16 rounds each op's result" in out and "4% off at 0.04 in size and 100% near 0.003" in out
+    assert "torch ops in bfloat16 rounds each op's result" in out  # and names this run's figure, not a fixed one
+    assert f"hence its max rel err {row['max_rel_err']:.0%};" in out
     x = kernels.random_input(1 << 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
     y, ref = kernels.gelu_torch_ops(x).double(), kernels.gelu_torch_ops(x.double())
     off = ((y - ref).abs() > 0.05 * ref.abs()) & (ref.abs() >= kernels.REL_FLOOR)  # 5% off or worse
