@@ -284,7 +284,7 @@ def print_accounting():
 # -----------------------------------------------------------------------------
 # 3. Correctness: compare with float64 on fresh random inputs, outputs poisoned.
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KERNEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --dtypes: the two the CUDA kernel handles
 REL_FLOOR = 1e-3  # relative error is reported where |gelu(x)| >= this; near 0 it means nothing
 
 
@@ -326,7 +326,7 @@ def run_correctness(variants, dtypes, device):
     rows = []
     for dname in dtypes:
         for name, fn in variants.items():
-            a, r = check_variant(fn, DTYPES[dname], device)
+            a, r = check_variant(fn, KERNEL_DTYPES[dname], device)
             print(f"{name:<14} {dname:<9} {a:>12.3e}  {r:.3e}")
             rows.append({"variant": name, "dtype": dname, "max_abs_err": a, "max_rel_err": r})
     if worst := [r["max_rel_err"] for r in rows if (r["variant"], r["dtype"]) == ("torch ops", "bfloat16")]:
@@ -376,7 +376,7 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
     g = torch.Generator().manual_seed(1)
     for dname in dtypes:
         for p in log2_sizes:
-            x = random_input(1 << p, DTYPES[dname], device, g)
+            x = random_input(1 << p, KERNEL_DTYPES[dname], device, g)
             timed = {"copy_": torch.empty_like(x).copy_} | variants
             ms = {name: time_ms(fn, x, reps, flush) for name, fn in timed.items()}
             copy_gbs = 2 * x.nbytes / ms["copy_"] / 1e6
@@ -458,7 +458,7 @@ def parse_args(argv):
                     help="auto = cuda if a GPU is visible, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
-    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    ap.add_argument("--dtypes", nargs="+", choices=list(KERNEL_DTYPES), default=list(KERNEL_DTYPES))
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
     ap.add_argument("--threads", type=int, help="CPU threads for the timed runs, at most the usable cores "
                     "(default: 1, see one_thread_on_a_cpu)")
