@@ -6,9 +6,9 @@ against the real model in model.py.
     python accounting.py --section adamw    # one section
     python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
 
-Section 1 holds the FLOP and MFU definitions that train.py and kernels.py import; sections 2-12 state their formulas
-and print their answers (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13,
-run by --verify, proves every formula against model.TransformerLM.
+Section 1 holds the FLOP, peak and MFU definitions; sections 2-12 state their formulas and print their answers
+(lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13, run by --verify, proves
+every formula against model.TransformerLM. train.py imports sections 1 and 7, kernels.py 1 and 5, config.py 7-9.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
 count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as
@@ -104,15 +104,15 @@ def gpu_peak_key(device_name):
 
 
 @functools.cache  # measured once per process and dtype
-def measure_matmul_flops(dtype=torch.float32, n=1024, seconds=0.5):
-    """Best FLOP/s of an (n, n) @ (n, n) matmul on the CPU, over about `seconds` of repeats."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def measure_matmul_flops(dtype=torch.float32):
+    """Best FLOP/s of a (1024, 1024) @ (1024, 1024) matmul on the CPU, over about half a second of repeats."""
+    a, b = torch.randn(2, 1024, 1024, dtype=dtype)
     a @ b  # warm-up: thread pool, caches
     best, start = 0.0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < 0.5:
         t0 = time.perf_counter()
         a @ b
-        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+        best = max(best, 2 * 1024**3 / (time.perf_counter() - t0))
     return best
 
 
@@ -551,7 +551,7 @@ def encode_speed(tok, text, seconds=0.5):
     return passes * len(text.encode("utf-8")) / elapsed, passes
 
 
-def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
+def measure_tokenizer_throughput(seconds=0.5):
     """(bytes/s, note) of bpe.Tokenizer.encode on Python's documentation (pydoc_data, in every CPython): merges
     learnt from its first quarter (the interpreted loop: no numba compile), encode_speed over the rest."""
     try:  # some distributions leave pydoc_data out; then throughput is not measured
@@ -560,7 +560,7 @@ def measure_tokenizer_throughput(vocab_size=1000, seconds=0.5):
         return None, "pydoc_data (Python's documentation text) is not installed in this Python"
     text = "".join(topics[k] for k in sorted(topics))
     cut = len(text) // 4
-    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), vocab_size)
+    vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), 1000)  # vocab size
     bps, passes = encode_speed(bpe.Tokenizer(vocab, merges), text[cut:], seconds)
     return bps, (f"bpe.Tokenizer.encode, {len(merges)} merges learnt from {cut:,} characters of Python's pydoc_data, "
                  f"over the other {len(text[cut:].encode()):,} bytes, {passes} passes with an empty cache")
