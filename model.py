@@ -48,7 +48,7 @@ class Linear(nn.Module):
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
-        check_count("in_features", in_features)  # Linear(-1, 3) failed in torch.empty ("negative dimension")
+        check_count("in_features", in_features)
         check_count("out_features", out_features)
         std = math.sqrt(2.0 / (in_features + out_features))
         self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
@@ -79,7 +79,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
-        if not 0 < eps < math.inf:  # a zero row gave NaN: 0/0 for eps 0, the root of a negative number for eps < 0
+        if not 0 < eps < math.inf:  # else a zero row is NaN: 0/0 (eps 0), the root of a negative number (eps < 0)
             raise ValueError(f"eps must be a finite number > 0, got {eps!r}.")
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
@@ -178,8 +178,7 @@ class RotaryPositionalEmbedding(nn.Module):
         cos, sin = self.tables(max_seq_len)
         self.register_buffer("cos", cos.to(device, torch.float32), persistent=False)
         self.register_buffer("sin", sin.to(device, torch.float32), persistent=False)
-        # A model made on "meta", then filled by to_empty() and load_state_dict(), kept these uninitialized (NaN
-        # logits), since a state dict does not hold them: every load tabulates them again.
+        # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
     def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
@@ -208,7 +207,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that may attend to nothing gets
     NaN (0/0), so callers must leave every row at least one key."""
-    if mask is not None and mask.dtype != torch.bool:  # an int one failed inside masked_fill, a float one at ~
+    if mask is not None and mask.dtype != torch.bool:  # said here, not by masked_fill or ~ in their words
         raise ValueError(f"mask must be bool (True: may attend), got {mask.dtype}.")
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
@@ -311,7 +310,7 @@ def _as_token_ids(ids):
 
 def _check_positions_and_mask(B, T, S, positions, mask):
     """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, broadcastable to (..., T, S);
-    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA added a float mask to scores."""
+    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float mask to scores."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
