@@ -217,9 +217,9 @@ class AdamW(_Optimizer):
     float32 CPU tensors through fast_cpu.adamw instead, one pass compiled by numba: no C++ compiler, no wait."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
-                 fused=False):
+                 fused=False, more_defaults=None):  # more_defaults: a subclass's own hyperparameters (Muon's)
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **(more_defaults or {})))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math, dynamic=False) if compiled else _adamw_math  # shapes never change
 
@@ -314,11 +314,10 @@ class Muon(AdamW):
             for n, p in params:
                 split[p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)].append(p)
             params = [dict(params=ps, muon=hidden) for hidden, ps in split.items() if ps]
-        betas = tuple(betas) if isinstance(betas, list) else betas
-        _Optimizer.__init__(self, params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                               momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
-        self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
-        self._math, self._muon = (torch.compile(f, dynamic=False) if compiled else f for f in (_adamw_math, _muon_math))
+        super().__init__(params, lr, betas, eps, weight_decay, compiled, fused,
+                         dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
+        self.ns_dtype = ns_dtype
+        self._muon = torch.compile(_muon_math, dynamic=False) if compiled else _muon_math
 
     def add_param_group(self, group):
         params = _param_list(group["params"])
