@@ -7,7 +7,7 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
-  7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
+  7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path (KVCache).
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
 init and the no-norm ablation's Identity). fast=True swaps in fused versions where each piece is defined (torch's
@@ -215,23 +215,6 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     return softmax(scores, dim=-1) @ V
 
 
-class KVCache:
-    """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
-    first use and filled left to right; `n` counts the filled positions."""
-
-    def __init__(self, context_length):
-        self.context_length, self.n, self.k, self.v = context_length, 0, None, None
-
-    def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
-        B, H, T, d = k.shape
-        if self.k is None:
-            self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
-        self.k[:, :, self.n:self.n + T] = k
-        self.v[:, :, self.n:self.n + T] = v
-        self.n += T
-        return self.k[:, :, :self.n], self.v[:, :, :self.n]
-
-
 class MultiHeadSelfAttention(nn.Module):
     """Causal multi-head self-attention: out = W_O concat_h Attention(W_Q^h x, W_K^h x, W_V^h x).
     d_k = d_v = d_model / num_heads. RoPE (if given) rotates q and k, never v, and every head
@@ -282,7 +265,7 @@ class MultiHeadSelfAttention(nn.Module):
         # attention gives its output too, so concatenating the heads below is a view, not a copy
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, T, dh)
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
+            k, v = kv_cache.append(k, v)  # section 7's KVCache: all so far, (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
             raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
         if self.fast:
@@ -420,6 +403,23 @@ class TransformerLM(nn.Module):
 
 # ----------------------------------------------------------------------------
 # 7. Generation
+
+class KVCache:
+    """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
+    first use and filled left to right; `n` counts the filled positions."""
+
+    def __init__(self, context_length):
+        self.context_length, self.n, self.k, self.v = context_length, 0, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
+        B, H, T, d = k.shape
+        if self.k is None:
+            self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
+        self.k[:, :, self.n:self.n + T] = k
+        self.v[:, :, self.n:self.n + T] = v
+        self.n += T
+        return self.k[:, :, :self.n], self.v[:, :, :self.n]
+
 
 def _probs(logits, temperature, top_p):
     """logits (B, V) -> the probabilities sampled from (B, V): top-p keeps the smallest set of most
