@@ -506,7 +506,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     for b, p in enumerate(prompts):
         ids[b, L - len(p):] = _as_token_ids(p)  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
-    pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
+    pad_end = L - min(len(p) for p in prompts)  # columns [0, pad_end) hold padding in some row
     # no model.eval(): the model has no dropout, so its train and eval modes compute the same
     out, done, cache, n = [[] for _ in range(B)], [False] * B, None, 0
     if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
@@ -521,7 +521,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
         pos = _positions(w_valid)[:, -T:]
         # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
-        mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
+        mask = None if not cached and ids.shape[1] - T >= pad_end else _attention_mask(w_valid, T)
         logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
         nxt = _sample(logits, temperature, top_p, generator)  # (B,)
         # two host syncs per step, whatever B: this tolist() and forward's token-id check
