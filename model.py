@@ -7,7 +7,7 @@ Sections, in reading order (CS336 assignment 1, sections 3 and 6):
   4. Rotary position embeddings (RoPE): rotate adjacent pairs by position-dependent angles.
   5. Attention: scaled_dot_product_attention, then causal MultiHeadSelfAttention.
   6. TransformerBlock (pre-norm; post-norm / no-norm ablations) and TransformerLM.
-  7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path.
+  7. generate(): temperature, top-p, stop id; cache-free reference and a KV-cached path (KVCache).
   8. generate's fast path, the default on CUDA: a static cache, a compiled decode step, on-device sampling.
 The reference path uses plain tensor ops (no torch.nn.functional; of torch.nn only Module, ModuleList, Parameter,
 init and the no-norm ablation's Identity). fast=True swaps in fused versions where each piece is defined (torch's
@@ -48,7 +48,7 @@ class Linear(nn.Module):
 
     def __init__(self, in_features, out_features, device=None, dtype=None):
         super().__init__()
-        check_count("in_features", in_features)  # Linear(-1, 3) failed in torch.empty ("negative dimension")
+        check_count("in_features", in_features)
         check_count("out_features", out_features)
         std = math.sqrt(2.0 / (in_features + out_features))
         self.weight = _trunc_normal((out_features, in_features), std, device, dtype)
@@ -79,7 +79,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
-        if not 0 < eps < math.inf:  # a zero row gave NaN: 0/0 for eps 0, the root of a negative number for eps < 0
+        if not 0 < eps < math.inf:  # else a zero row is NaN: 0/0 (eps 0), the root of a negative number (eps < 0)
             raise ValueError(f"eps must be a finite number > 0, got {eps!r}.")
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
@@ -178,8 +178,7 @@ class RotaryPositionalEmbedding(nn.Module):
         cos, sin = self.tables(max_seq_len)
         self.register_buffer("cos", cos.to(device, torch.float32), persistent=False)
         self.register_buffer("sin", sin.to(device, torch.float32), persistent=False)
-        # A model made on "meta", then filled by to_empty() and load_state_dict(), kept these uninitialized (NaN
-        # logits), since a state dict does not hold them: every load tabulates them again.
+        # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
     def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
@@ -208,29 +207,12 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that may attend to nothing gets
     NaN (0/0), so callers must leave every row at least one key."""
-    if mask is not None and mask.dtype != torch.bool:  # an int one failed inside masked_fill, a float one at ~
+    if mask is not None and mask.dtype != torch.bool:  # said here, not by masked_fill or ~ in their words
         raise ValueError(f"mask must be bool (True: may attend), got {mask.dtype}.")
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return softmax(scores, dim=-1) @ V
-
-
-class KVCache:
-    """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
-    first use and filled left to right; `n` counts the filled positions."""
-
-    def __init__(self, context_length):
-        self.context_length, self.n, self.k, self.v = context_length, 0, None, None
-
-    def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
-        B, H, T, d = k.shape
-        if self.k is None:
-            self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
-        self.k[:, :, self.n:self.n + T] = k
-        self.v[:, :, self.n:self.n + T] = v
-        self.n += T
-        return self.k[:, :, :self.n], self.v[:, :, :self.n]
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -283,7 +265,7 @@ class MultiHeadSelfAttention(nn.Module):
         # attention gives its output too, so concatenating the heads below is a view, not a copy
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, T, dh)
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H, T_total, d_head)
+            k, v = kv_cache.append(k, v)  # section 7's KVCache: all so far, (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
             raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
         if self.fast:
@@ -311,7 +293,7 @@ def _as_token_ids(ids):
 
 def _check_positions_and_mask(B, T, S, positions, mask):
     """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, broadcastable to (..., T, S);
-    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA added a float mask to scores."""
+    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float mask to scores."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
@@ -422,6 +404,23 @@ class TransformerLM(nn.Module):
 # ----------------------------------------------------------------------------
 # 7. Generation
 
+class KVCache:
+    """One layer's keys and values so far: (B, H, context_length, d_k) buffers allocated on
+    first use and filled left to right; `n` counts the filled positions."""
+
+    def __init__(self, context_length):
+        self.context_length, self.n, self.k, self.v = context_length, 0, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, d_k) -> all keys / values so far (B, H, n, d_k)
+        B, H, T, d = k.shape
+        if self.k is None:
+            self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
+        self.k[:, :, self.n:self.n + T] = k
+        self.v[:, :, self.n:self.n + T] = v
+        self.n += T
+        return self.k[:, :, :self.n], self.v[:, :, :self.n]
+
+
 def _probs(logits, temperature, top_p):
     """logits (B, V) -> the probabilities sampled from (B, V): top-p keeps the smallest set of most
     likely tokens whose probabilities add up to at least top_p."""
@@ -507,7 +506,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     for b, p in enumerate(prompts):
         ids[b, L - len(p):] = _as_token_ids(p)  # floats or bools refused, not cast
         valid[b, L - len(p):] = True
-    pad = L - min(len(p) for p in prompts)  # columns [0, pad) hold padding in some row
+    pad_end = L - min(len(p) for p in prompts)  # columns [0, pad_end) hold padding in some row
     # no model.eval(): the model has no dropout, so its train and eval modes compute the same
     out, done, cache, n = [[] for _ in range(B)], [False] * B, None, 0
     if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
@@ -522,7 +521,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
         T, w_valid = (1 if cached else min(ids.shape[1], C)), valid[:, -C:]
         pos = _positions(w_valid)[:, -T:]
         # no mask once a re-run's window is past all padding (known on the host: no GPU sync)
-        mask = None if not cached and ids.shape[1] - T >= pad else _attention_mask(w_valid, T)
+        mask = None if not cached and ids.shape[1] - T >= pad_end else _attention_mask(w_valid, T)
         logits = model(ids[:, -T:], pos, mask, cache)[:, -1]
         nxt = _sample(logits, temperature, top_p, generator)  # (B,)
         # two host syncs per step, whatever B: this tolist() and forward's token-id check

@@ -26,7 +26,7 @@ def cross_entropy(logits, targets, fused=False):
     logits: (..., V), targets: (...) int64 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
-    if targets.dtype not in (torch.int64, torch.int32):  # float, bool or uint8 ids failed in gather, in torch's words
+    if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words
         raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
@@ -217,9 +217,9 @@ class AdamW(_Optimizer):
     float32 CPU tensors through fast_cpu.adamw instead, one pass compiled by numba: no C++ compiler, no wait."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
-                 fused=False):
+                 fused=False, more_defaults=None):  # more_defaults: a subclass's own hyperparameters (Muon's)
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **(more_defaults or {})))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math, dynamic=False) if compiled else _adamw_math  # shapes never change
 
@@ -314,11 +314,10 @@ class Muon(AdamW):
             for n, p in params:
                 split[p.ndim == 2 and not any(s in n.lower() for s in NOT_HIDDEN)].append(p)
             params = [dict(params=ps, muon=hidden) for hidden, ps in split.items() if ps]
-        betas = tuple(betas) if isinstance(betas, list) else betas
-        _Optimizer.__init__(self, params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                               momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
-        self.compiled, self.fused, self.ns_dtype = compiled, fused, ns_dtype
-        self._math, self._muon = (torch.compile(f, dynamic=False) if compiled else f for f in (_adamw_math, _muon_math))
+        super().__init__(params, lr, betas, eps, weight_decay, compiled, fused,
+                         dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, muon=muon))
+        self.ns_dtype = ns_dtype
+        self._muon = torch.compile(_muon_math, dynamic=False) if compiled else _muon_math
 
     def add_param_group(self, group):
         params = _param_list(group["params"])
@@ -354,7 +353,7 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr))  # max_lr=-1 gave lr < 0: ascent
+    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr))  # an lr < 0 is ascent
     if not (lrs_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 too; a NaN fails too
         raise ValueError(f"Need finite max_lr, min_lr >= 0, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
                          f"got {max_lr!r}, {min_lr!r}, {it}, {warmup_iters}, {cosine_cycle_iters}.")
@@ -375,7 +374,7 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     Returns the norm before clipping, a 0-dim float32 tensor (float64 if a gradient is; zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
     fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py)."""
-    # M < 0 flipped every gradient (ascent), NaN never clipped; an eps < 0 could flip them too, a NaN one zero them
+    # M or eps < 0 can flip every gradient (ascent); a NaN M never clips, a NaN eps zeroes them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")
     grads = [p.grad for p in _param_list(parameters) if p.grad is not None]
@@ -384,7 +383,7 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     if fused and fast_cpu.usable(*grads, in_place=True):
         return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
     norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    # float64 where a gradient is: a float64 norm past float32's 3.4e38 became inf, and every gradient 0
+    # float64 if any gradient is: its norm can pass float32's max (inf would zero every gradient)
     dtype = torch.float64 if torch.float64 in {g.dtype for g in grads} else torch.float32
     total = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
     scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
