@@ -542,5 +542,6 @@ def resolve_config(argv=None):
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
+    cfg["length_derived"] = not length_given  # --resume then keeps the run's own length: only one given extends it
     return cfg
 

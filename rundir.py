@@ -401,6 +401,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
         old = {**defaults, **old}
+        if cfg["length_derived"] and type(old.get("max_iters")) is int and type(old.get("total_tokens")) is int:
+            cfg["max_iters"], cfg["total_tokens"] = old["max_iters"], old["total_tokens"]  # no length given: its own
         longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
         # a warm-up not given follows --max-iters: the run keeps its own. One given is the user's, compared
         own_warmup = cfg["warmup_derived"] and type(old.get("warmup_iters")) is int

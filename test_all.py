@@ -7287,6 +7287,24 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     assert rundir.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
+def test_train_resume_without_a_length_keeps_the_runs_own(tmp_path, capsys, monkeypatch):
+    # a twelfth tester's: --resume without --max-iters took the preset's 700 steps: a finished 8-step run was extended
+    # to 700 (its checkpoint and samples replaced), and a 900-step run stopped midway was refused as "shortened"
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
+    assert train.main([*base, "--max-iters", "8"]) == 0
+    ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
+    before, _ = ckpt.read_bytes(), capsys.readouterr()
+    assert train.main([*base, "--resume"]) == 0
+    assert "already complete" in capsys.readouterr().out and ckpt.read_bytes() == before
+    long = [*base, "--run-name", "long"]
+    assert _train_stopped_at(3, monkeypatch, [*long, "--max-iters", "900"]) == 130
+    assert _train_stopped_at(5, monkeypatch, [*long, "--resume"]) == 130  # goes on toward its 900
+    state = rundir.read_checkpoint(tmp_path / "out" / "long" / "ckpt.pt")
+    assert (state["iteration"], state["config"]["max_iters"]) == (5, 900)
+    assert "extends" not in capsys.readouterr().out
+
+
 def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, capsys):
     """A finished run goes on to a larger --max-iters: its steps are kept, its warm-up stays, the cosine runs to the
     new end from where it stands, and the note says it is no longer one long run's bits. A smaller one is refused."""
@@ -8697,7 +8715,8 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "warmup_derived"}
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "warmup_derived",
+             "length_derived"}
     # micro_batch: the batch, by --grad-accum; optimizer: the race's; warmup_derived: the batch runs give theirs
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
