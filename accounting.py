@@ -11,9 +11,8 @@ Section 1 holds the FLOP, peak and MFU definitions; sections 2-12 state their fo
 every formula against model.TransformerLM. train.py imports sections 1 and 7, kernels.py 1 and 5, config.py 7-9.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
-count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as
-torch.utils.flop_counter.FlopCounterMode counts a masked matmul (the masked half is computed and then thrown away).
-GB = 1e9 bytes, GiB = 2**30 bytes.
+count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as FlopCounterMode counts
+a masked matmul (the masked half is computed and then thrown away). GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
 import collections
@@ -22,11 +21,13 @@ import itertools
 import math
 import time
 
+import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    cli.quiet_while_starting("accounting.py")
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import bpe
-import cli
 import model
 import optim
 
@@ -475,9 +476,8 @@ def section_adamw():
 
 
 def optimizer_state_bytes(optimizer, counts):
-    """Bytes of optim.py's fp32 state for lm_param_counts' counts: none for SGD, one buffer per parameter for
-    momentum, AdaGrad and RMSProp, two (m, v) for Adam and AdamW; Muon one on the hidden matrices (attention, FFN)
-    and AdamW's two on the rest."""
+    """Bytes of optim.py's fp32 state for lm_param_counts' counts: SGD none; momentum, AdaGrad, RMSProp one buffer
+    per parameter; Adam, AdamW two (m, v); Muon one on the hidden matrices (attention, FFN), AdamW's two elsewhere."""
     P, hidden = sum(counts.values()), counts["attn"] + counts["ffn"]
     buffers = dict(sgd=0, momentum=P, adagrad=P, rmsprop=P, adam=2 * P, adamw=2 * P, muon=hidden + 2 * (P - hidden))
     return FP32_BYTES * buffers[optimizer]
@@ -796,4 +796,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     cli.end_quietly_on_closed_pipe()
+    cli.catch_ctrl_c()  # a stop from here on: KeyboardInterrupt, then one line (exit_code)
     raise SystemExit(cli.exit_code("accounting.py", main, "nothing was written."))

@@ -38,6 +38,9 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    cli.quiet_while_starting("bench.py")
 import numpy as np
 import regex
 import torch
@@ -1667,4 +1670,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     end_quietly_on_closed_pipe()
+    cli.catch_ctrl_c()  # a stop from here on: KeyboardInterrupt, then one line (exit_code)
     sys.exit(exit_code("bench.py", main, "only whole files were left."))

@@ -32,6 +32,9 @@ import sys
 import timeit
 from collections import Counter
 
+import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
+if __name__ == "__main__":
+    cli.quiet_while_starting("kernels.py")
 import torch
 import torch.nn.functional as F
 
@@ -518,4 +521,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     end_quietly_on_closed_pipe()
+    cli.catch_ctrl_c()  # a stop from here on: KeyboardInterrupt, then one line (exit_code)
     sys.exit(exit_code("kernels.py", main, "nothing was left half-written."))

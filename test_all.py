@@ -4289,11 +4289,12 @@ def test_bpe_cli_sigterm_or_a_killed_worker_ends_in_one_line(tmp_path, cmd, stop
     assert left == ["big.txt"], left
 
 
-@pytest.mark.parametrize("script", ["bpe.py", "train.py"])
+@pytest.mark.parametrize("script", ["bpe.py", "train.py", "accounting.py", "kernels.py", "bench.py"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     # A stop while numpy, numba and torch load (the first second) printed an import's traceback from
-    # bpe.py. The signal comes while numpy's import is held: the handler is installed before that import.
+    # bpe.py (accounting.py, kernels.py and bench.py too: a twelfth tester's). The signal comes while numpy's
+    # import is held: the handler is installed before that import.
     argv = ["train", "missing.txt", "--vocab-size", "300", "--out", "tok"] if script == "bpe.py" else ["--device", "cpu"]
     p, _ = _held(script, argv, "import numpy", cwd=tmp_path)
     p.send_signal(signum)
