@@ -493,6 +493,8 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
+        if any(f.exists() for f in tokenizer_files(run)):  # half a tokenizer: damage, not a run of ids
+            raise UsageError(f"{who} lacks its vocab.json or merges.txt; restore the pair from a copy.")
         raise UsageError(f"{who} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")
     return {**shape, "tokenizer": cfg["tokenizer"] or (str(run) if has_tokenizer else None)}

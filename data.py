@@ -52,9 +52,7 @@ TEXT_SPLITS = ("train.txt", "valid.txt")  # a corpus's folder (but a downloaded 
 TOKEN_FILES = ("vocab.json", "merges.txt", "train.npy", "valid.npy")  # its bpe<vocab size>/ folder: tokenizer, ids
 VALID_FRACTION = 0.1  # the share of a text file, or of a --data .npy, that becomes validation data
 READ = 1 << 24  # bytes (or ids) per read: a corpus is split, unpacked and hashed, ids scanned, in pieces, never whole
-# a download that failed: urllib's URLError and a TimeoutError are OSErrors; a reply cut short mid-chunk (IncompleteRead)
-# or garbled is an HTTPException, which is not
-NET_ERRORS = (OSError, http.client.HTTPException)
+NET_ERRORS = (OSError, http.client.HTTPException)  # a failed download: a reply cut short or garbled is no OSError
 
 
 def text_names(source):  # a corpus folder's train and valid text files: a dataset's own names (unpacked), or ours
@@ -582,10 +580,12 @@ def pieces(ids):  # the ids READ at a time, as arrays
 
 def read_tokenizer(directory):
     """The tokenizer saved in directory (vocab.json, merges.txt), knowing <|endoftext|> (added if it lacks it), and
-    its two files; (None, None) where either file is missing. ValueError or OSError if it does not load."""
+    its two files; (None, None) where neither is. ValueError or OSError if it does not load, one file missing too."""
     files = tokenizer_files(directory)
-    if not all(f.exists() for f in files):
+    if not any(f.exists() for f in files):
         return None, None
+    if missing := [f.name for f in files if not f.exists()]:  # half a tokenizer is a damaged one, not none
+        raise ValueError(f"{directory} has {files[missing[0] == 'vocab.json'].name} but no {missing[0]}")
     try:
         return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
     except FileNotFoundError as e:  # bpe.py's: one is a directory or a FIFO, which a caller must not take for no run

@@ -20,6 +20,7 @@ It lives apart from train.py: optional (transformers is needed only to load the 
 same for both commands.
 """
 import contextlib
+import importlib.util
 import inspect
 import json
 import os
@@ -263,14 +264,21 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
         raise UsageError(f"{flag}the directory name is empty; pass the directory to write.")
     run_dir, out_dir = Path(run_dir), Path(out_dir)  # a str too: the line after the export read run_dir / "ckpt.pt"
     try:
-        state, tok = read_run(run_dir, model_kwargs()), read_tokenizer(run_dir)[0]  # what train.load_run reads
+        state = read_run(run_dir, model_kwargs())  # what train.load_run reads
+        try:
+            tok = read_tokenizer(run_dir)[0]
+        except ValueError as e:  # one of its two files missing, or damaged
+            raise ValueError(f"{e}; restore the run's vocab.json and merges.txt from a copy") from None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)
     except FileNotFoundError as e:  # read_run's: no checkpoint
         raise UsageError(f"{flag}{e}; pass {run} of a trained run.") from None
     except (ValueError, PermissionError) as e:  # a full disk is the caller's (exit 1)
         raise UsageError(f"{flag}{str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
+    step, steps = state["iteration"], state["config"].get("max_iters")  # a run stopped midway says so
     log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
-        "load it with transformers.AutoModelForCausalLM.from_pretrained")
+        + (f"step {step:,} of {steps:,} (the run is not finished); " if type(steps) is int and step < steps else "")
+        + "load it with transformers.AutoModelForCausalLM.from_pretrained"
+        + ("" if importlib.util.find_spec("transformers") else " (pip install transformers)"))
     return 0
 
 

@@ -11025,6 +11025,30 @@ def test_export_run_takes_a_str_run_directory(export_runs, tmp_path, capsys):
     assert export.export_run(str(run_dir), str(tmp_path / "hf"), True) == 0
 
 
+def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_tokenizer(export_runs, tmp_path, capsys,
+                                                                                       monkeypatch):
+    # a twelfth tester's: the export of a run stopped midway did not say which step it holds; without transformers the
+    # last words named it with no way to install it; a run missing merges.txt exported as "no tokenizer in the run"
+    run = tmp_path / "run"
+    shutil.copytree(export_runs["plain"][0], run)
+    state = rundir.read_checkpoint(run / "ckpt.pt")
+    torch.save(dict(state, iteration=4), run / "ckpt.pt")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    assert export.export_run(run, tmp_path / "hf", False) == 0
+    out = capsys.readouterr().out
+    assert "; step 4 of 10 (the run is not finished); load it with" in out and out.endswith(
+        "from_pretrained (pip install transformers)\n"), out
+    (run / "merges.txt").unlink()
+    with pytest.raises(cli.UsageError, match=f"^--export: {re.escape(str(run))} has vocab.json but no merges.txt; "
+                       "restore the run's vocab.json and merges.txt from a copy\\.$"):
+        export.export_run(run, tmp_path / "hf2", False)
+    assert not (tmp_path / "hf2").exists()
+    (run / "vocab.json").rename(run / "merges.txt")  # the other half alone
+    with pytest.raises(ValueError, match="has merges.txt but no vocab.json$"):
+        data.read_tokenizer(run)
+
+
 def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tmp_path, capsys):
     """`git clone` of a Hugging Face repo, then --export into it: its .git, README.md, .gitattributes and
     other files stay; --overwrite replaces only the files an export writes (it deleted the whole
