@@ -477,6 +477,7 @@ def parse_args(argv):
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
+    args.sizes, args.dtypes = (list(dict.fromkeys(x)) for x in (args.sizes, args.dtypes))  # each once, as given
     args.reps = args.reps or (100 if args.device == "cuda" else 10)
     # at the largest size, in float32: x, the copy's output and the temporaries of torch ops' eight kernels
     need, (have, what) = PEAK_TENSORS * 4 << max(args.sizes), memory_bytes(args.device, 1)
@@ -495,7 +496,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(min(args.threads, usable_cores()))  # thousands of threads: OpenMP fails or segfaults
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    device = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    device = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads; timed on {torch.get_num_threads() if args.threads else 1})"
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else device
     print(f"kernels.py on {device}, torch {torch.__version__}, {started}")
     variants = get_variants(args.device)

@@ -10068,7 +10068,13 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
         assert torch.get_num_threads() == min(100000, machine.usable_cores())
     finally:
         torch.set_num_threads(before)
-    assert f"({platform.machine()}, {machine.usable_cores()} threads)" in capsys.readouterr().out
+    cores = machine.usable_cores()
+    assert f"({platform.machine()}, {cores} threads; timed on {cores})" in capsys.readouterr().out
+    # a twelfth tester's: the line (and --json's "device") said 2 threads where the timed runs took the default 1
+    assert _cli("kernels", ["--device", "cpu", "--skip", "correctness", "benchmark", "profile"]) is None
+    assert f"({platform.machine()}, {torch.get_num_threads()} threads; timed on 1)" in capsys.readouterr().out
+    twice = kernels.parse_args(["--device", "cpu", "--dtypes", "float32", "float32", "--sizes", "10", "10", "12"])
+    assert (twice.sizes, twice.dtypes) == ([10, 12], ["float32"])  # each row once (it was printed twice, and saved)
 
 
 def _kernels_nvcc():
