@@ -587,6 +587,7 @@ def tokenizer_files(directory):  # where bpe.py train, a token cache and a run k
 
 
 def _cmd_train(args):
+    bpe_fast.check_vocab_size(args.vocab_size, _check_special_tokens(args.special_tokens or ()), "--vocab-size")
     if os.path.exists(args.out) and not os.path.isdir(args.out):  # refused before training, not after it
         raise ValueError(f"--out {args.out} is {files.not_a_file(args.out) or 'a file'}, not a directory; pass one")
     made = sorted(p.name for p in Path(args.out).glob("*") if p.suffix in (".npy", ".pt"))  # ids, a checkpoint
@@ -632,7 +633,7 @@ def _cmd_encode(args):
         n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
-    cli.say(f"wrote {n:,} tokens to {args.out}; {size / max(n, 1):.2f} bytes/token; "
+    cli.say(f"wrote {n:,} token{'' if n == 1 else 's'} to {args.out}; {size / max(n, 1):.2f} bytes/token; "
             f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): "
             + shlex.join(["python", "train.py", "--data", args.out, "--tokenizer", args.tokenizer]))
 

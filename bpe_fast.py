@@ -508,13 +508,14 @@ def new_special_tokens(special_tokens):
     return [b for b in (s.encode("utf-8") for s in special_tokens) if len(b) > 1]
 
 
-def check_vocab_size(vocab_size, special_tokens):
-    """ValueError unless vocab_size is an integer with room for the 256 bytes and the (checked) special tokens."""
+def check_vocab_size(vocab_size, special_tokens, name="vocab_size"):
+    """ValueError unless vocab_size is an integer with room for the 256 bytes and the (checked) special tokens.
+    name: how the sentence names it (a command line's flag)."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
+        raise ValueError(f"{name} must be an integer, got {vocab_size!r}")
     n_base = 256 + len(new_special_tokens(special_tokens))
     if vocab_size < n_base:
-        raise ValueError(f"vocab_size {vocab_size} is smaller than 256 bytes + "
+        raise ValueError(f"{name} {vocab_size} is smaller than 256 bytes + "
                          f"{n_base - 256} special tokens = {n_base}; raise it")
 
 

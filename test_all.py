@@ -3751,7 +3751,8 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
     out = tmp_path / "tok"
-    cases = {"smaller than 256": ["train", str(good), "--vocab-size", "100", "--out", str(out)],
+    cases = {"error: --vocab-size 100 is smaller than 256": ["train", str(good), "--vocab-size", "100", "--out",
+                                                              str(out)],  # the flag, not train_bpe's vocab_size
              "missing.txt: no such file": ["train", str(tmp_path / "missing.txt"), "--vocab-size", "300", "--out",
                                             str(out)],
              "/dev/zero is a device, not a file": ["train", "/dev/zero", "--vocab-size", "300", "--out", str(out)],
