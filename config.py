@@ -26,7 +26,7 @@ from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import run_config, run_dir, run_dir_problem
+from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem
 
 
 # ----------------------------------------------------------------------------
@@ -474,6 +474,17 @@ def same_start(cfg, recorded):
     return recorded
 
 
+def same_run(cfg, recorded, given, mode):
+    """--sample and --export take a run as it was trained: UsageError for a shape or training flag given with another
+    value than the run's config.json (recorded) holds; the training command with the mode added passes."""
+    for k in (*MODEL_KEYS, *TRAJECTORY_KEYS):
+        if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
+            flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
+                                             for v in (recorded[k], cfg[k])]
+            raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
+                             "(it reads the run as it was trained).")
+
+
 def init_from_defaults(cfg, given, run, old, who):
     """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
     start may since have left): old, its config.json's (None if unreadable), for each shape flag not given (a switch
@@ -508,6 +519,8 @@ def resolve_config(argv=None):
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
     own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
+    if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
+        same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given

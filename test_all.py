@@ -8343,12 +8343,30 @@ def test_train_ctrl_c_in_a_mode_that_writes_nothing_says_so(sample_run, capsys, 
     assert _sample_files(run) == before
 
 
+def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not_trained_with(sample_run, tmp_path,
+                                                                                                capsys):
+    # a twelfth tester's: --sample --d-model 64 (or --lr 1, --no-norm) sampled the run as it was trained without a
+    # word; a flag it was trained with passes, so the training command with --sample added works
+    flags, run = sample_run
+    before, training = _sample_files(run), [*flags, *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2"]
+    capsys.readouterr()
+    assert train.main([*training, "--sample", *_SAMPLING, "--prompt", "the cat", "--seed", "7"]) == 0  # seed: sampling's
+    for mode in (["--sample"], ["--export", str(tmp_path / "hf")]):
+        for more, said in ((["--d-model", "64"], "--d-model 32, not 64; drop --d-model"),
+                           (["--lr", "1"], "--lr 0.005, not 1.0; drop --lr"),
+                           (["--no-norm"], "--no-norm off, not on; drop --no-norm")):
+            capsys.readouterr()
+            assert train.main([*flags, *mode, *more]) == 2, (mode, more)
+            _train_one_error(capsys, f"{mode[0]}: {run} was trained with {said} (it reads the run as it was trained).")
+    assert _sample_files(run) == before and not (tmp_path / "hf").exists()
+
+
 def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_path, capsys, monkeypatch):
     flags, run = sample_run
     out = tmp_path / "out"
     (out / "starting").mkdir(parents=True)  # a run that has not saved its first checkpoint
     other = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])  # another run's, say
-    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: (ckpt.parent / "vocab.json").unlink()),
+    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: [f.unlink() for f in bpe.tokenizer_files(ckpt.parent)]),
                          ("mixed", lambda ckpt: other.save(*bpe.tokenizer_files(ckpt.parent)))):
         shutil.copytree(run, out / name)
         damage(out / name / "ckpt.pt")
