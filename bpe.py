@@ -652,7 +652,13 @@ def main(argv=None):
         p.add_argument("--special-tokens", nargs="*", help=specials)
         p.add_argument("--out", type=cli.user_path, required=True, help=out)
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except cli.UsageError as e:  # `--special-tokens A small.txt` took the input for a second special token
+        words = sys.argv[1:] if argv is None else argv
+        if "required: input" not in str(e) or "--special-tokens" not in words:
+            raise
+        raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
 

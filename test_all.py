@@ -3763,7 +3763,10 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
                  # after training before
                  "train", str(good), "--vocab-size", "300", "--out", str(good / "sub")],
              "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
-                                                str(tmp_path / "ids.npy")]}
+                                                str(tmp_path / "ids.npy")],
+             # a twelfth tester's: the input after --special-tokens is a special token; argparse said only "required"
+             "--special-tokens takes every word after it: put the input file before it": [
+                 "train", "--vocab-size", "300", "--out", str(out), "--special-tokens", "<|endoftext|>", str(good)]}
     for needle, args in cases.items():
         r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
                            capture_output=True, text=True, timeout=120)
