@@ -8588,7 +8588,8 @@ def test_train_run_file_that_is_no_file_is_one_sentence(sample_run, tmp_path, ca
     (tmp_path / "run" / "vocab.json").unlink()
     (tmp_path / "run" / "vocab.json").mkdir()
     for mode, end in ((["--sample"], "; restore it from a copy, or train the run again."),
-                      (["--export", str(tmp_path / "hf")], " is a directory, not a file.")):
+                      (["--export", str(tmp_path / "hf")], " is a directory, not a file; restore the run's vocab.json "
+                                                           "and merges.txt from a copy.")):
         assert train.main([*at, *mode]) == 2, mode
         assert _train_one_error(capsys, f"{mode[0]}: vocab file {tmp_path / 'run' / 'vocab.json'} is a directory, "
                                 "not a file").endswith(end)
