@@ -209,7 +209,9 @@ def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, a
 def adamw_overflow(c):
     """Why AdamW's float32 numbers could overflow with these flags (numpy warned, then the loss was NaN), or "": its
     step size a_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) is at most lr / (1 - beta1), its decay 1 - lr weight_decay."""
-    step, decay = c["lr"] / (1 - c["beta1"]), c["lr"] * c["weight_decay"]
+    if c["optimizer"] not in ("adamw", "adam", "muon"):  # the others have no bias correction and no decay
+        return ""
+    step, decay = c["lr"] / (1 - c["beta1"]), c["lr"] * c["weight_decay"] * (c["optimizer"] != "adam")
     if step > FLOAT32_MAX:
         return (f"--lr {c['lr']} is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
                 f"--beta1), to {step:.3g}, above float32's largest number {FLOAT32_MAX:.3g}, where the run computes; "
@@ -476,8 +478,9 @@ def same_start(cfg, recorded):
 
 def same_run(cfg, recorded, given, mode):
     """--sample and --export take a run as it was trained: UsageError for a shape or training flag given with another
-    value than the run's config.json (recorded) holds; the training command with the mode added passes."""
-    for k in (*MODEL_KEYS, *TRAJECTORY_KEYS):
+    value than the run's config.json (recorded) holds, each resolved (--total-tokens: what it trains, whole batches);
+    the training command with the mode added passes (a fine-tune's without --init-from)."""
+    for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens"):
         if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
             flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
                                              for v in (recorded[k], cfg[k])]
@@ -497,6 +500,10 @@ def init_from_defaults(cfg, given, run, old, who):
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
     beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
+    if is_ids(cfg["data"]) and not cfg["tokenizer"] and 0 < sum(f.exists() for f in beside) < 2:
+        raise UsageError(f"--data {cfg['data']} has half a tokenizer beside it (vocab.json or merges.txt alone), so "
+                         f"the one that made its ids cannot be told from {who}'s; restore the pair, or pass "
+                         f"--tokenizer {shlex.quote(str(run))} if these ids are its.")
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
             and any(a.read_bytes() != b.read_bytes() for a, b in zip(beside, tokenizer_files(run))):
         raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by {who}'s, so "
@@ -504,8 +511,10 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
-        if any(f.exists() for f in tokenizer_files(run)):  # half a tokenizer: damage, not a run of ids
-            raise UsageError(f"{who} lacks its vocab.json or merges.txt; restore the pair from a copy.")
+        text = not is_ids(str(old.get("data", "")))  # a text run's pair deleted, or half of any: damage
+        if text or any(f.exists() for f in tokenizer_files(run)):
+            raise UsageError(f"{who} lacks its vocab.json or merges.txt{' (it trained on text)' if text else ''}; "
+                             "restore the pair from a copy.")
         raise UsageError(f"{who} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")
     return {**shape, "tokenizer": cfg["tokenizer"] or (str(run) if has_tokenizer else None)}
@@ -519,8 +528,6 @@ def resolve_config(argv=None):
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
     own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
-    if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
-        same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
@@ -558,5 +565,7 @@ def resolve_config(argv=None):
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
     cfg["length_derived"] = not length_given  # --resume then keeps the run's own length: only one given extends it
+    if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
+        same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     return cfg
 

@@ -117,7 +117,8 @@ def lr_name(lr):  # a variant's rate in its name (a folder's): --lr 0.0012 is lr
 
 
 def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion (lr / 10 unless --min-lr is given)
-    return ["--lr", repr(lr), "--min-lr", f"{lr * cfg['min_lr'] / cfg['lr']:g}"]
+    share = cfg["min_lr"] / cfg["lr"] if cfg["lr"] else 0.1  # a baseline of --lr 0: the default tenth
+    return ["--lr", repr(lr), "--min-lr", repr(float(f"{lr * share:.15g}"))]  # exactly, without float noise
 
 
 def plan(cfg):

@@ -35,7 +35,7 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str
 from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
+from files import atomic_file, atomic_files, is_ids, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
 from rundir import RUN_MARKERS, check_state, read_run
 
@@ -267,6 +267,8 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
         state = read_run(run_dir, model_kwargs())  # what train.load_run reads
         try:
             tok = read_tokenizer(run_dir)[0]
+            if tok is None and not is_ids(str(state["config"].get("data", ""))):  # a text run's pair deleted
+                raise ValueError(f"{run_dir} holds no tokenizer, though it trained on text")
         except ValueError as e:  # one of its two files missing, or damaged
             raise ValueError(f"{e}; restore the run's vocab.json and merges.txt from a copy") from None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)

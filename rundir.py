@@ -414,7 +414,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
-                                                     f"{old['max_iters']:,} or more)." if shorter else ".")
+                                                     f"{old['max_iters']} or more)." if shorter else ".")  # no 2,000: not a number to type
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else ""))
         check_state(state, model, optimizer, name=ckpt_path)

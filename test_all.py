@@ -8361,6 +8361,8 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
             capsys.readouterr()
             assert train.main([*flags, *mode, *more]) == 2, (mode, more)
             _train_one_error(capsys, f"{mode[0]}: {run} was trained with {said} (it reads the run as it was trained).")
+    assert train.main([*flags, "--sample", "--total-tokens", "100000"]) == 2  # compared as it resolves: whole batches
+    _train_one_error(capsys, f"--sample: {run} was trained with --total-tokens ")
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
 
 
@@ -8784,6 +8786,23 @@ def test_experiments_runs_end_their_cosine_at_the_presets_share_of_their_rate():
         for _, _, run in plans["lr"]:
             cfg = train.resolve_config(experiments.command(run, args, rest)[2:])
             assert cfg["min_lr"] == pytest.approx(cfg["lr"] * share), (rest, run.name)
+
+
+def test_experiments_min_lr_is_exact_and_a_zero_lr_baseline_has_a_share():
+    # a thirteenth tester's: --min-lr was written with :g (0.000123457 for --lr 0.0012345678 / 10; 0.00123457, above
+    # its --lr, for a constant schedule), and `experiments.py lr --lr 0` ended in ZeroDivisionError
+    assert experiments.lr_flags({"lr": 0.0012345678, "min_lr": 0.00012345678}, 0.0012345678) == [
+        "--lr", "0.0012345678", "--min-lr", "0.00012345678"]
+    assert experiments.lr_flags({"lr": 0.0012345678, "min_lr": 0.0012345678}, 0.003)[3] == "0.003"
+    assert experiments.lr_flags({"lr": 0.0, "min_lr": 0.0}, 1e-3)[3] == "0.0001"
+
+
+def test_train_only_adams_overflow_checks_apply_to_adams():
+    # a thirteenth tester's: --optimizer sgd --lr 10 --weight-decay 1e38 was refused for "AdamW's decay", which SGD has not
+    for name in ("sgd", "momentum", "rmsprop"):
+        train.resolve_config(["--optimizer", name, "--lr", "10", "--weight-decay", "1e38", "--benchmark"])
+    with pytest.raises(cli.UsageError, match="AdamW's decay"):
+        train.resolve_config(["--optimizer", "adamw", "--lr", "10", "--weight-decay", "1e38", "--benchmark"])
 
 
 def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_path):
@@ -11076,6 +11095,20 @@ def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_token
     (run / "vocab.json").rename(run / "merges.txt")  # the other half alone
     with pytest.raises(ValueError, match="has merges.txt but no vocab.json$"):
         data.read_tokenizer(run)
+    # a thirteenth tester's: a text run with neither file was taken for a run of ids (exported as the model alone;
+    # --init-from said "it trained on token ids alone"), and ids beside half a tokenizer fine-tuned without a word
+    (run / "merges.txt").unlink()
+    with pytest.raises(cli.UsageError, match="holds no tokenizer, though it trained on text; restore the run's"):
+        export.export_run(run, tmp_path / "hf3", False)
+    with pytest.raises(cli.UsageError, match=r"lacks its vocab.json or merges.txt \(it trained on text\); restore"):
+        train.resolve_config(["--data", str(export_runs["plain"][0].parent.parent / "story.txt"), "--init-from",
+                              str(run), "--device", "cpu"])
+    ids = tmp_path / "ids" / "x.npy"
+    ids.parent.mkdir()
+    np.save(ids, np.arange(100, dtype=np.uint16))
+    shutil.copy(export_runs["plain"][0] / "vocab.json", ids.parent)  # half of the tokenizer that made them
+    with pytest.raises(cli.UsageError, match="has half a tokenizer beside it"):
+        train.resolve_config(["--data", str(ids), "--init-from", str(export_runs["plain"][0]), "--device", "cpu"])
 
 
 def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tmp_path, capsys):

@@ -407,9 +407,10 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
     except (ValueError, OSError) as e:
         raise cli.UsageError(f"--sample: {str(e).rstrip('.')}; restore it from a copy, or train the run again.") from None
-    if tok is None:
-        raise cli.UsageError(f"--sample: {path} holds no tokenizer to encode prompts and decode samples (its ids came "
-                             "without one); put the vocab.json and merges.txt that made them there.")
+    if tok is None:  # an ids run's came without one; a text run's own pair was deleted
+        made = "its ids came without one" if files.is_ids(str(saved.get("data", ""))) else "it trained on text"
+        raise cli.UsageError(f"--sample: {path} holds no tokenizer to encode prompts and decode samples ({made}); put "
+                             "the vocab.json and merges.txt that made its ids there.")
     n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(EOT)[0]
     if stop >= V or config.undecodable_ids(tok, V):  # ids trained with --num-samples 0 may sit beside any tokenizer
         raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
