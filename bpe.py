@@ -655,10 +655,11 @@ def main(argv=None):
     try:
         args = ap.parse_args(argv)
     except cli.UsageError as e:  # `--special-tokens A small.txt` took the input for a second special token
-        words = sys.argv[1:] if argv is None else argv
-        if "required: input" not in str(e) or "--special-tokens" not in words:
+        words = sys.argv[1:] if argv is None else list(argv)
+        after = words[words.index("--special-tokens") + 1:] if "--special-tokens" in words else []
+        if "required: input" not in str(e) or not after or after[0].startswith("-"):
             raise
-        raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it") from None
+        raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
 

@@ -511,9 +511,9 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
-        text = not is_ids(str(old.get("data", "")))  # a text run's pair deleted, or half of any: damage
-        if text or any(f.exists() for f in tokenizer_files(run)):
-            raise UsageError(f"{who} lacks its vocab.json or merges.txt{' (it trained on text)' if text else ''}; "
+        text, lack = not is_ids(str(old.get("data", ""))), [f.name for f in tokenizer_files(run) if not f.exists()]
+        if text or len(lack) == 1:  # a text run's pair deleted, or half of any: damage, not a run of ids
+            raise UsageError(f"{who} lacks its {' and '.join(lack)}{' (it trained on text)' if text else ''}; "
                              "restore the pair from a copy.")
         raise UsageError(f"{who} has no tokenizer (it trained on token ids alone), so it cannot read text; "
                          "pass --data as the token ids its tokenizer made (bpe.py encode).")
@@ -536,7 +536,7 @@ def resolve_config(argv=None):
         cfg.update(init_from_defaults(cfg, given, run, own if own is not None else run_config(run), who))
         sized_by = None if "vocab_size" in given else who
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
-    warmup_given = cfg["warmup_iters"] is not None
+    warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
     rate = OPTIMIZERS.get(cfg["optimizer"], 1.0)  # an unknown name is refused below (CHECKS)
@@ -559,12 +559,16 @@ def resolve_config(argv=None):
     if cfg["max_iters"] is None:
         cfg["max_iters"] = cfg["total_tokens"] // (cfg["batch_size"] * cfg["context_length"])
     cfg["total_tokens"] = cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]  # what is really trained on
-    if warmup_given and cfg["warmup_iters"] > cfg["max_iters"]:  # needs the run length, so not a CHECKS row
+    # a warm-up past the run's end needs its length, so it is no CHECKS row; a resumed run's length is its own, and
+    # verify_resume compares the warm-up against it
+    if warmup_given and cfg["warmup_iters"] > cfg["max_iters"] and (length_given or not cfg["resume"]):
         raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
-    cfg["warmup_derived"] = not warmup_given  # --resume then keeps the run's own (an extended run's follows its start)
-    cfg["length_derived"] = not length_given  # --resume then keeps the run's own length: only one given extends it
+    # what the command line left to the defaults, which --resume takes from the run instead: its own length (only one
+    # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
+    cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
+                                         ("min_lr", min_lr_given)) if not given]
     if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
         same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     return cfg

@@ -584,8 +584,9 @@ def read_tokenizer(directory):
     files = tokenizer_files(directory)
     if not any(f.exists() for f in files):
         return None, None
-    if missing := [f.name for f in files if not f.exists()]:  # half a tokenizer is a damaged one, not none
-        raise ValueError(f"{directory} has {files[missing[0] == 'vocab.json'].name} but no {missing[0]}")
+    if not all(f.exists() for f in files):  # half a tokenizer is a damaged one, not none
+        have, lack = sorted(files, key=lambda f: not f.exists())
+        raise ValueError(f"{directory} has {have.name} but no {lack.name}")
     try:
         return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
     except FileNotFoundError as e:  # bpe.py's: one is a directory or a FIFO, which a caller must not take for no run

@@ -200,6 +200,8 @@ def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
         raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
                          f"{tuple(targets.shape)} do not fit: need (..., d) and (V, d) of floating point ({h.dtype} "
                          f"and {weight.dtype} here), and (...).")
+    if targets.dtype not in (torch.int64, torch.int32):  # .long() below would cut 1.7 to class 1 without a word
+        raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
     h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1).long()  # gather wants int64 ids (torch before 2.8)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad

@@ -496,7 +496,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(min(args.threads, usable_cores()))  # thousands of threads: OpenMP fails or segfaults
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    device = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads; timed on {torch.get_num_threads() if args.threads else 1})"
+    threads = torch.get_num_threads()  # the timed runs take one unless --threads is given (one_thread_on_a_cpu)
+    device = f"CPU ({platform.machine()}, timed on {threads if args.threads else 1} of {threads} threads)"
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else device
     print(f"kernels.py on {device}, torch {torch.__version__}, {started}")
     variants = get_variants(args.device)

@@ -23,7 +23,7 @@ import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fused=True
 
 def cross_entropy(logits, targets, fused=False):
     """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
-    logits: (..., V), targets: (...) int64 -> scalar. Subtracting the max keeps exp finite;
+    logits: (..., V), targets: (...) int64 or int32 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
     if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words

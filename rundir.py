@@ -387,7 +387,8 @@ def differs(key, old, new, names, fingerprinted):
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
-    shape and ablations) or TRAJECTORY_KEYS. names: --data's corpus names (see differs); defaults: the value of each
+    shape and ablations) or TRAJECTORY_KEYS. What the command line left to the defaults (cfg["derived"]: the
+    length, the warm-up, --min-lr) is set to the run's own, in cfg. names: --data's corpus names (see differs); defaults: the value of each
     key that a config saved before it existed ran with."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         unnamed = not cfg["init_from"] and not (ckpt_path.parent / "config.json").exists()  # a fine-tune's start too?
@@ -401,11 +402,13 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         if not isinstance(old, dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
         old = {**defaults, **old}
-        if cfg["length_derived"] and type(old.get("max_iters")) is int and type(old.get("total_tokens")) is int:
+        if "max_iters" in cfg["derived"] and type(old.get("max_iters")) is int and type(old.get("total_tokens")) is int:
             cfg["max_iters"], cfg["total_tokens"] = old["max_iters"], old["total_tokens"]  # no length given: its own
+        if "min_lr" in cfg["derived"] and type(old.get("min_lr")) is float:
+            cfg["min_lr"] = old["min_lr"]
         longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
         # a warm-up not given follows --max-iters: the run keeps its own. One given is the user's, compared
-        own_warmup = cfg["warmup_derived"] and type(old.get("warmup_iters")) is int
+        own_warmup = "warmup_iters" in cfg["derived"] and type(old.get("warmup_iters")) is int
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)
                 if not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
         diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys

@@ -773,6 +773,9 @@ def test_fused_head_refuses_integer_inputs():
         with pytest.raises(ValueError, match=rf"\(V, d\) of floating point \(torch.{dtypes} here\), and \(\.\.\.\)\.$"):
             fused_head.linear_cross_entropy(hh, ww, t)
     torch.testing.assert_close(fused_head.linear_cross_entropy(h.float(), w, t), cross_entropy(h.float() @ w.t(), t))
+    for bad in (t.float() + 0.7, t.bool()):  # a reviewer's: cast to int64 (1.7 became class 1), where gather refused
+        with pytest.raises(ValueError, match=rf"^targets must be integer class ids \(int64 or int32\), got {bad.dtype}"):
+            fused_head.linear_cross_entropy(h.float(), w, bad)
 
 
 def _fused_head_step_memory(fused, monkeypatch):
@@ -7302,12 +7305,17 @@ def test_train_resume_without_a_length_keeps_the_runs_own(tmp_path, capsys, monk
     before, _ = ckpt.read_bytes(), capsys.readouterr()
     assert train.main([*base, "--resume"]) == 0
     assert "already complete" in capsys.readouterr().out and ckpt.read_bytes() == before
-    long = [*base, "--run-name", "long"]
+    long = [*base, "--run-name", "long", "--warmup-iters", "750"]  # a reviewer's: refused, past the preset's 700
     assert _train_stopped_at(3, monkeypatch, [*long, "--max-iters", "900"]) == 130
     assert _train_stopped_at(5, monkeypatch, [*long, "--resume"]) == 130  # goes on toward its 900
     state = rundir.read_checkpoint(tmp_path / "out" / "long" / "ckpt.pt")
     assert (state["iteration"], state["config"]["max_iters"]) == (5, 900)
     assert "extends" not in capsys.readouterr().out
+    # a run from before --min-lr's default was --lr / 10 (--lr given alone kept the preset's 5e-4) resumes with its own
+    old = [*base, "--run-name", "old", "--lr", "0.01"]
+    assert _train_stopped_at(2, monkeypatch, [*old, "--min-lr", "0.0005", "--max-iters", "6"]) == 130
+    assert train.main([*old, "--resume"]) == 0
+    assert rundir.read_checkpoint(tmp_path / "out" / "old" / "ckpt.pt")["config"]["min_lr"] == 0.0005
 
 
 def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, capsys):
@@ -8741,9 +8749,8 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "warmup_derived",
-             "length_derived"}
-    # micro_batch: the batch, by --grad-accum; optimizer: the race's; warmup_derived: the batch runs give theirs
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived"}
+    # micro_batch: the batch, by --grad-accum; optimizer: the race's; derived: the batch runs give their length
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
@@ -10111,10 +10118,10 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
     finally:
         torch.set_num_threads(before)
     cores = machine.usable_cores()
-    assert f"({platform.machine()}, {cores} threads; timed on {cores})" in capsys.readouterr().out
+    assert f"({platform.machine()}, timed on {cores} of {cores} threads)" in capsys.readouterr().out
     # a twelfth tester's: the line (and --json's "device") said 2 threads where the timed runs took the default 1
     assert _cli("kernels", ["--device", "cpu", "--skip", "correctness", "benchmark", "profile"]) is None
-    assert f"({platform.machine()}, {torch.get_num_threads()} threads; timed on 1)" in capsys.readouterr().out
+    assert f"({platform.machine()}, timed on 1 of {torch.get_num_threads()} threads)" in capsys.readouterr().out
     twice = kernels.parse_args(["--device", "cpu", "--dtypes", "float32", "float32", "--sizes", "10", "10", "12"])
     assert (twice.sizes, twice.dtypes) == ([10, 12], ["float32"])  # each row once (it was printed twice, and saved)
 
@@ -11100,7 +11107,7 @@ def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_token
     (run / "merges.txt").unlink()
     with pytest.raises(cli.UsageError, match="holds no tokenizer, though it trained on text; restore the run's"):
         export.export_run(run, tmp_path / "hf3", False)
-    with pytest.raises(cli.UsageError, match=r"lacks its vocab.json or merges.txt \(it trained on text\); restore"):
+    with pytest.raises(cli.UsageError, match=r"lacks its vocab.json and merges.txt \(it trained on text\); restore"):
         train.resolve_config(["--data", str(export_runs["plain"][0].parent.parent / "story.txt"), "--init-from",
                               str(run), "--device", "cpu"])
     ids = tmp_path / "ids" / "x.npy"
