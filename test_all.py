@@ -6967,7 +6967,7 @@ def test_train_float_flags_float32_cannot_hold_are_refused_without_a_numpy_warni
     assert not config.bad_number({"eps": float32_max, "lr": float32_max, "rope_theta": 1e308, "temperature": 1e308,
                                   "grad_clip": 1e308})
     assert config.bad_number({"eps": float32_max * (1 + 2**-52)})
-    assert not config.adamw_overflow({"lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
+    assert not config.adamw_overflow({"optimizer": "adamw", "lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
 
 
 def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
@@ -11026,6 +11026,8 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     at = ["--out-dir", str(tmp_path / "out"), "--run-name", "run", "--device", "cpu", "--export"]
     (tmp_path / "out" / "run").mkdir(parents=True)  # a run directory without a checkpoint
     _export_error(capsys, [*at, str(tmp_path / "hf")], "ckpt.pt does not exist")
+    for f in bpe.tokenizer_files(run_dir):  # a text run's, as its config says: without them the export is refused
+        shutil.copy(f, tmp_path / "out" / "run")
     state = rundir.read_checkpoint(run_dir / "ckpt.pt")
     for flag in ("no_norm", "post_norm", "nope", "silu_ffn"):  # refused before the weights are looked at
         torch.save({**state, "config": {**state["config"], flag: True}}, tmp_path / "out" / "run" / "ckpt.pt")
@@ -11044,7 +11046,8 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     shutil.copytree(hf_dir, tmp_path / "hf")
     before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     _export_error(capsys, [*at, str(tmp_path / "hf")], "holds an earlier export; pass --overwrite")
-    _export_error(capsys, [*at, str(tmp_path / "out" / "run"), "--overwrite"], "holds ckpt.pt but no model.safetensors")
+    _export_error(capsys, [*at, str(tmp_path / "out" / "run"), "--overwrite"], "but no model.safetensors, so it is "
+                  "not an earlier export")  # a run's own folder: its ckpt.pt or tokenizer named
     _export_error(capsys, [*at, str(run_dir), "--overwrite"], "holds config.json but no model.safetensors")
     _export_error(capsys, [*at, ""], "the directory name is empty")  # not the current directory
     (tmp_path / "file").write_text("mine")       # told to pass --overwrite before, which then refused it
