@@ -388,8 +388,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
     shape and ablations) or TRAJECTORY_KEYS. What the command line left to the defaults (cfg["derived"]: the
-    length, the warm-up, --min-lr) is set to the run's own, in cfg. names: --data's corpus names (see differs); defaults: the value of each
-    key that a config saved before it existed ran with."""
+    length, the warm-up, --min-lr) is set to the run's own, in cfg. names: --data's corpus names (see differs);
+    defaults: the value of each key that a config saved before it existed ran with."""
     if not ckpt_path.exists():  # killed before its first checkpoint: step 0 is where it stood
         unnamed = not cfg["init_from"] and not (ckpt_path.parent / "config.json").exists()  # a fine-tune's start too?
         log(f"note: --resume found no checkpoint {ckpt_path}; starting from step 0 with "
@@ -411,15 +411,20 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         own_warmup = "warmup_iters" in cfg["derived"] and type(old.get("warmup_iters")) is int
         keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)
                 if not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
-        diff = [f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in keys
-                if differs(k, old.get(k), cfg[k], set(names), old.get("data_fingerprint") is not None)]
-        if diff:
+        fingerprinted = old.get("data_fingerprint") is not None  # see differs
+        differ = [k for k in keys if differs(k, old.get(k), cfg[k], set(names), fingerprinted)]
+        if differ:
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
+            tok = old.get("tokenizer")  # a --tokenizer left out: the vocabulary differs first; the flag is named
+            tok = tok if "vocab_size" in differ and isinstance(tok, str) and not cfg["tokenizer"] and tok != \
+                old.get("init_from") and Path(tok).resolve() != ckpt_path.parent.resolve() else None
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
-                             f"{', '.join(diff)}" + (f" (a run cannot be shortened: pass --max-iters "
-                                                     f"{old['max_iters']} or more)." if shorter else ".")  # no 2,000: not a number to type
+                             + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
+                             + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."
+                                if shorter else ".")
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
-                                f"--init-from {shlex.quote(lost)}." if lost else ""))
+                                f"--init-from {shlex.quote(lost)}." if lost else "")
+                             + (f" It was trained with --tokenizer {tok}: pass it." if tok else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)

@@ -7453,6 +7453,10 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main(["--data", str(story), *shape, *flags, "--max-iters", "3", "--resume"]) == 2
     _train_one_error(capsys, f"--resume: {ckpt} was trained with --tokenizer {tok}, not this command's; pass "
                              f"--tokenizer {tok}, with the data it was trained on, to resume it.")
+    # a thirteenth tester's: without its --vocab-size too, only "keys that differ: vocab_size (300 -> 2048)" was said
+    assert train.main(["--data", str(story), *shape[2:], *flags, "--max-iters", "3", "--resume"]) == 2
+    assert _train_one_error(capsys, "keys that differ: vocab_size (300 -> 2048).").endswith(
+        f" It was trained with --tokenizer {tok}: pass it.")
     assert train.main(["--data", str(other), *shape, *flags, "--max-iters", "2", "--run-name", "bpe"]) == 0
     capsys.readouterr()  # and the other way round: BPE made of the text, then a --tokenizer
     assert train.main(["--data", str(other), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "3",
