@@ -456,8 +456,7 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
     made_from = None
     with contextlib.suppress(OSError, UnicodeDecodeError):  # none: made before the record was kept, or not yet
         made_from = (out_dir / MADE_FROM).read_text()
-    now = None if made_from is None else texts()  # hashed now only to compare with a record (else once all is made:
-    # a failed start leaves no digest files beside the texts)
+    now = None if made_from is None else texts()  # hashed now only beside a record: a failed start leaves no digests
     if now != made_from:
         say(f"{train_txt.parent} holds other text than {out_dir} was made from: tokenizing it again")
         for p in paths:
