@@ -384,6 +384,14 @@ def differs(key, old, new, names, fingerprinted):
     return not (fingerprinted and paths and not (key == "data" and names.intersection((old, new))))
 
 
+def given_tokenizer(config, run):
+    """The --tokenizer a saved run config was given, as typed, or None: not the one a fine-tune took from its
+    --init-from, nor a resumed fine-tune's own folder (run)."""
+    saved, start = config.get("tokenizer"), config.get("init_from")
+    was, start = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, start))
+    return saved if was and was not in (start, Path(run).resolve()) else None
+
+
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
@@ -415,9 +423,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         differ = [k for k in keys if differs(k, old.get(k), cfg[k], set(names), fingerprinted)]
         if differ:
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
-            tok = old.get("tokenizer")  # a --tokenizer left out: the vocabulary differs first; the flag is named
-            tok = tok if "vocab_size" in differ and isinstance(tok, str) and not cfg["tokenizer"] and tok != \
-                old.get("init_from") and Path(tok).resolve() != ckpt_path.parent.resolve() else None
+            # a --tokenizer left out changes the vocabulary first: the flag is named too
+            tok = given_tokenizer(old, ckpt_path.parent) if "vocab_size" in differ and not cfg["tokenizer"] else None
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
                              + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."
@@ -558,12 +565,11 @@ def check_same_data(state, cfg, ckpt_path):
     the flag to pass (none for a fine-tune's, which came with its --init-from). verify_resume checked the
     fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    saved, start = state["config"].get("tokenizer"), state["config"].get("init_from")
-    was, now, start = (Path(t).resolve() if isinstance(t, str) and t else None
-                       for t in (saved, cfg["tokenizer"], start))
+    was, now = (Path(t).resolve() if isinstance(t, str) and t else None
+                for t in (state["config"].get("tokenizer"), cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        if was and was not in (start, ckpt_path.parent.resolve()):  # a --tokenizer (a fine-tune's came with its start)
-            how, fix = f"--tokenizer {saved}", f"pass --tokenizer {shlex.quote(saved)}"
+        if given := given_tokenizer(state["config"], ckpt_path.parent):
+            how, fix = f"--tokenizer {given}", f"pass --tokenizer {shlex.quote(given)}"
         else:
             how = "its --init-from's tokenizer" if was else \
                 "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
