@@ -46,6 +46,7 @@ PRESETS = {
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
+MIN_LR_SHARE = 0.1  # a --min-lr not given: the cosine ends at a tenth of its peak --lr
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
 SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # --sdpa-backend: None, torch's
@@ -425,8 +426,8 @@ def check_samples(cfg, tok, tok_files, top, eot):
 # ----------------------------------------------------------------------------
 # 3. resolve_config: flags -> one flat dict
 
-def tenth(x):  # x / 10 without float noise: 3e-3 / 10 is 3.0000000000000003e-04
-    return float(f"{x / 10:.15g}")
+def rounded(x):  # x without float noise: 3e-3 / 10 is 3.0000000000000003e-04, rounded 3e-4
+    return float(f"{x:.15g}")
 
 
 def flags_parser(prog, description, flags, presets):
@@ -543,7 +544,7 @@ def resolve_config(argv=None):
     for key, value in dict(preset, lr=preset["lr"] * rate).items():
         if cfg[key] is None and not (length_given and key in ("max_iters", "total_tokens")):
             cfg[key] = value
-    cfg["min_lr"] = tenth(cfg["lr"]) if cfg["min_lr"] is None else cfg["min_lr"]  # the cosine ends at a tenth of its peak
+    cfg["min_lr"] = rounded(cfg["lr"] * MIN_LR_SHARE) if cfg["min_lr"] is None else cfg["min_lr"]
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")

@@ -117,8 +117,8 @@ def lr_name(lr):  # a variant's rate in its name (a folder's): --lr 0.0012 is lr
 
 
 def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion (lr / 10 unless --min-lr is given)
-    share = cfg["min_lr"] / cfg["lr"] if cfg["lr"] else 0.1  # a baseline of --lr 0: the default tenth
-    return ["--lr", repr(lr), "--min-lr", repr(float(f"{lr * share:.15g}"))]  # exactly, without float noise
+    share = cfg["min_lr"] / cfg["lr"] if cfg["lr"] else config.MIN_LR_SHARE  # a baseline of --lr 0: the default
+    return ["--lr", repr(lr), "--min-lr", repr(config.rounded(lr * share))]  # exactly
 
 
 def plan(cfg):
@@ -132,7 +132,7 @@ def plan(cfg):
         steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
         return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps), "--eval-interval",
                                               str(every), "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
-    low = config.tenth(lr)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
+    low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}",
                                                 ["--no-norm", *lr_flags(cfg, low)]),
@@ -462,7 +462,7 @@ def answer_ablations(found, cfg):
     ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff,
                                             silu_ffn=flag)["ffn"] for flag, d_ff in ((False, cfg["d_ff"]),
                                                                                     (True, 4 * cfg["d_model"]))}
-    low = config.tenth(cfg["lr"])
+    low = config.rounded(cfg["lr"] / 10)
     said = {"no-norm": f"no RMSNorm at the baseline's rate {number_text(cfg['lr'])}",
             f"no-norm_{lr_name(low)}": f"no RMSNorm at a 10x lower rate, {number_text(low)}",
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
