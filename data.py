@@ -362,11 +362,10 @@ def bad_utf8_offset(text, block=READ):
 
 
 def local_corpus(path, out_dir):
-    """Split a text file: with 10 documents or more, whole documents from the end go to validation
-    (the cut is the last separator at or before the last VALID_FRACTION of the bytes); a file of fewer
-    documents, or whose whole documents would give validation more than twice that share (one long last
-    document), is cut after the last line break before that point, or (none that near) at it. Read in pieces, never
-    loaded whole."""
+    """Split a text file: with 10 documents or more, whole documents from the end go to validation (the cut is the
+    last separator at or before the last VALID_FRACTION of the bytes); a file of fewer documents, or whose whole
+    documents would give validation more than twice that share (one long last document), is cut after the last line
+    break before that point, or (none that near) at it. Read in pieces, never loaded whole."""
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -577,15 +576,17 @@ def pieces(ids):  # the ids READ at a time, as arrays
     return (np.asarray(ids[i:i + READ]) for i in range(0, len(ids), READ))
 
 
-def read_tokenizer(directory):
+def read_tokenizer(directory, text=False):
     """The tokenizer saved in directory (vocab.json, merges.txt), knowing <|endoftext|> (added if it lacks it), and
-    its two files; (None, None) where neither is. ValueError or OSError if it does not load, one file missing too."""
+    its two files; (None, None) where neither is, unless text (a run of text had one). ValueError or OSError if it
+    does not load, one file missing too."""
     files = tokenizer_files(directory)
-    if not any(f.exists() for f in files):
+    if not (text or any(f.exists() for f in files)):
         return None, None
-    if not all(f.exists() for f in files):  # half a tokenizer is a damaged one, not none
+    if not all(f.exists() for f in files):  # half a tokenizer, or a text run's none: a damaged one
         have, lack = sorted(files, key=lambda f: not f.exists())
-        raise ValueError(f"{directory} has {have.name} but no {lack.name}")
+        raise ValueError(f"{directory} has {have.name} but no {lack.name}" if have.exists() else
+                         f"{directory} holds no tokenizer, though it trained on text")
     try:
         return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
     except FileNotFoundError as e:  # bpe.py's: one is a directory or a FIFO, which a caller must not take for no run
@@ -784,8 +785,7 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
 
 
 def check_data(cfg, train, valid, tok):
-    """check_ids for a run's flags (train.py's cfg) and prepare_data's result: text's token files hold only the ids
-    of the tokenizer that made them."""
+    """check_ids for a run's flags (cfg) and prepare_data's result: text's token ids are those its tokenizer made."""
     made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
     return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by, cfg["init_from"])
 

@@ -266,9 +266,7 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
     try:
         state = read_run(run_dir, model_kwargs())  # what train.load_run reads
         try:
-            tok = read_tokenizer(run_dir)[0]
-            if tok is None and not is_ids(str(state["config"].get("data", ""))):  # a text run's pair deleted
-                raise ValueError(f"{run_dir} holds no tokenizer, though it trained on text")
+            tok = read_tokenizer(run_dir, text=not is_ids(str(state["config"].get("data", ""))))[0]
         except ValueError as e:  # one of its two files missing, or damaged
             raise ValueError(f"{e}; restore the run's vocab.json and merges.txt from a copy") from None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)

@@ -8378,12 +8378,19 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
 
 
+def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
+    state = rundir.read_checkpoint(ckpt)
+    torch.save({**state, "config": {**state["config"], "data": "ids.npy"}}, ckpt)
+    for f in bpe.tokenizer_files(ckpt.parent):
+        f.unlink()
+
+
 def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_path, capsys, monkeypatch):
     flags, run = sample_run
     out = tmp_path / "out"
     (out / "starting").mkdir(parents=True)  # a run that has not saved its first checkpoint
     other = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])  # another run's, say
-    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", lambda ckpt: [f.unlink() for f in bpe.tokenizer_files(ckpt.parent)]),
+    for name, damage in (("bad", _train_flip_tensor_byte), ("ids", _sample_as_an_ids_run),
                          ("mixed", lambda ckpt: other.save(*bpe.tokenizer_files(ckpt.parent)))):
         shutil.copytree(run, out / name)
         damage(out / name / "ckpt.pt")
@@ -11114,6 +11121,8 @@ def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_token
     (run / "merges.txt").unlink()
     with pytest.raises(cli.UsageError, match="holds no tokenizer, though it trained on text; restore the run's"):
         export.export_run(run, tmp_path / "hf3", False)
+    with pytest.raises(ValueError, match="holds no tokenizer, though it trained on text$"):  # --sample's, too
+        train.load_run(run)
     with pytest.raises(cli.UsageError, match=r"lacks its vocab.json and merges.txt \(it trained on text\); restore"):
         train.resolve_config(["--data", str(export_runs["plain"][0].parent.parent / "story.txt"), "--init-from",
                               str(run), "--device", "cpu"])

@@ -370,14 +370,15 @@ class Progress:
 
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
-    <|endoftext|>, None where it holds neither file; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
+    <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
     if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
         raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_state(state, model)
     narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
-    return model.eval(), read_tokenizer(path)[0], dict(state["config"], iteration=state["iteration"])
+    tok = read_tokenizer(path, text=not files.is_ids(str(state["config"].get("data", ""))))[0]  # text's: damage if gone
+    return model.eval(), tok, dict(state["config"], iteration=state["iteration"])
 
 
 def write_samples(model, tok, cfg, path):  # to samples.txt, or sys.stdout (--sample)
@@ -407,10 +408,9 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: {e}; pass the --data (or --out-dir and --run-name) of a trained run.") from None
     except (ValueError, OSError) as e:
         raise cli.UsageError(f"--sample: {str(e).rstrip('.')}; restore it from a copy, or train the run again.") from None
-    if tok is None:  # an ids run's came without one; a text run's own pair was deleted
-        made = "its ids came without one" if files.is_ids(str(saved.get("data", ""))) else "it trained on text"
-        raise cli.UsageError(f"--sample: {path} holds no tokenizer to encode prompts and decode samples ({made}); put "
-                             "the vocab.json and merges.txt that made its ids there.")
+    if tok is None:  # a run of ids that came without one (a text run's is refused as damage by load_run)
+        raise cli.UsageError(f"--sample: {path} holds no tokenizer to encode prompts and decode samples (its ids came "
+                             "without one); put the vocab.json and merges.txt that made them there.")
     n, V, stop = len(tok.vocab), model.vocab_size, tok.encode(EOT)[0]
     if stop >= V or config.undecodable_ids(tok, V):  # ids trained with --num-samples 0 may sit beside any tokenizer
         raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
