@@ -633,8 +633,12 @@ def _triton_script(script, *args):
     triton = pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's "
                                                   "CPU wheels lack")
     env = {**os.environ, "TRITON_INTERPRET": "1"} if args[0] == "cpu" else os.environ
-    r = subprocess.run([sys.executable, "-c", _TRITON_COPIES + script, *args], cwd=_BPE_REPO, capture_output=True,
-                       text=True, env=env, timeout=600)
+    with tempfile.TemporaryDirectory() as folder:  # a file, not -c: compiled Triton reads a kernel's source from it
+        path = os.path.join(folder, "check.py")
+        with open(path, "w") as f:
+            f.write(_TRITON_COPIES + script)
+        r = subprocess.run([sys.executable, path, *args], cwd=_BPE_REPO, capture_output=True, text=True,
+                           env={**env, "PYTHONPATH": str(_BPE_REPO)}, timeout=600)
     if r.stdout.strip() == "no copy":
         pytest.skip(f"Triton {triton.__version__}'s interpreter copies numbers wrongly beside numpy "
                     f"{np.__version__}: it cannot check the kernel here")
