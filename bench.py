@@ -1072,15 +1072,13 @@ TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPAS
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
     "the defaults": [],
-    "--fused-head (fused_head.py, where the logits path is the default for a step compiled on a GPU)":
-        ["--fused-head"],
+    # without graphs the fused head and the Triton gate default to off too: the step of the defaults before 11-30
+    "--no-cuda-graph (kernels launched one at a time: the logits path and inductor's gate)": ["--no-cuda-graph"],
+    "--no-fused-head (the logits, then torch's loss)": ["--no-fused-head"],
+    "--no-triton-gate (inductor's gate)": ["--no-triton-gate"],
     "--no-bf16-residual (the residual stream in float32, as without --fast)": ["--no-bf16-residual"],
-    "--triton-gate (fast_gpu.py: SwiGLU's gate, one Triton kernel each way)": ["--triton-gate"],
     "--sdpa-backend flash": ["--sdpa-backend=flash"],
     "--sdpa-backend cudnn": ["--sdpa-backend=cudnn"],
-    "--cuda-graph": ["--cuda-graph"],
-    # the issue's targets are for the step with every lever that wins: the candidates built without a GPU, at once
-    "together: --fused-head --triton-gate --cuda-graph": ["--fused-head", "--triton-gate", "--cuda-graph"],
 }
 # max-autotune's compile tunes kernels for minutes: a section of its own (GPT-2 small first), after both shapes' other
 # levers, so that a report stopped from outside in its tuning has every other lever's row; its defaults built again
@@ -1125,14 +1123,14 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
 
 
 def levers_by_default():
-    """Which of the levers' switches are on by default, from train.py's own flags (config.FLAGS; --fused-head's and
-    --bf16-residual's are decided by config.resolve_config: off for a step compiled on a GPU; on in bf16 on a GPU)."""
-    on, off = ([config.FLAG_ROWS[k][0] for k in ("triton_gate", "cuda_graph", "max_autotune")
-                if config.FLAG_DEFAULTS[k] is state] for state in (True, False))
-    on.append("--bf16-residual with --fast and --dtype bf16 on a GPU")  # decided by config.resolve_config too
-    return (f"on: {', '.join(on)}; off: {', '.join(off) or 'none'}, and --fused-head for a step compiled on a GPU (on "
-            f"otherwise); --sdpa-backend {config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on "
-            "only if it wins on the GPU (an H100 or H200)")
+    """Which of the levers' switches are on by default: config.resolve_config decides them (its rule in words), and
+    --max-autotune's and --sdpa-backend's are train.py's flags' defaults (config.FLAGS)."""
+    autotune = "on" if config.FLAG_DEFAULTS["max_autotune"] else "off"
+    return ("on for a step compiled on one GPU (--compile on CUDA, no --grad-accum): --cuda-graph, --fused-head, "
+            "--triton-gate (the two kernels off without the graphs); on with --fast and --dtype bf16 on a GPU: "
+            f"--bf16-residual; on elsewhere: --fused-head; {autotune}: --max-autotune; --sdpa-backend "
+            f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the GPU (an "
+            "H100 or H200)")
 
 
 def cuda_host_syncs(call, calls=3):
@@ -1400,8 +1398,9 @@ class GpuReport:
 
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
-        the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels."""
-        cfg, sync = self.benchmark_cfg(name), synchronizer(self.device)
+        the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels. The
+        defaults' kernels are launched one at a time, without CUDA graphs, so that the profiler times each."""
+        cfg, sync = dict(self.benchmark_cfg(name), cuda_graph=False), synchronizer(self.device)
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)

@@ -119,13 +119,14 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
-     "on a GPU, where the compiled logits path measured smaller and no slower: docs/results.md)"),
+     "on a GPU without --cuda-graph, where its launches cost more than it saves: docs/results.md)"),
     ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
      "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16 on a GPU)"),
-    ("--triton-gate", bool, False, "SwiGLU's gate as one Triton kernel each way (fast_gpu.py; on a GPU with triton): "
-     "off until bench.py gpu measures it faster"),
+    ("--triton-gate", bool, None, "SwiGLU's gate as one Triton kernel each way (fast_gpu.py; on a GPU with triton; "
+     "default: on with --cuda-graph, which hides its launches)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
-    ("--cuda-graph", bool, False, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA)"),
+    ("--cuda-graph", bool, None, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA; "
+     "default: on there, for one GPU without --grad-accum)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
      "more compiling)"),
     "samples at the end, or of a trained run",
@@ -548,8 +549,16 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    if cfg["fused_head"] is None:  # it won on CPUs and lost to the compiled logits path on the H200 (docs/results.md)
-        cfg["fused_head"] = not (cfg["compile"] and cfg["device"].startswith("cuda"))
+    # the levers a GPU decided (docs/results.md, H200): CUDA graphs with the fused head and the Triton gate won at both
+    # shapes; without graphs those two kernels' launches cost the host more time than they save the GPU
+    compiled_gpu = cfg["compile"] and cfg["device"].startswith("cuda")
+    if cfg["cuda_graph"] is None:
+        cfg["cuda_graph"] = compiled_gpu and cfg["grad_accum"] == 1 and cfg["world_size"] == 1
+    if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path
+        cfg["fused_head"] = not compiled_gpu or cfg["cuda_graph"]
+    if cfg["triton_gate"] is None:
+        cfg["triton_gate"] = (compiled_gpu and cfg["cuda_graph"] and cfg["fast"] and not cfg["silu_ffn"]
+                              and fast_gpu.triton is not None)  # a --cuda-graph on a CPU is refused for itself
     if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)
         cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)

@@ -18,8 +18,10 @@ The lessons it embodies:
   4. The kernels run inside custom ops (torch.library) that autograd pairs, so torch.compile treats each as one
      kernel and still fuses what is around it. On a CPU, and without Triton, model.py keeps torch's ops (usable();
      fused_head.py's loss kernel asks the same).
-  5. Whether it wins is for the GPU to say: off by default (--triton-gate turns it on) until bench.py gpu measures it
-     faster, alone and in the step.
+  5. Whether it wins is for the GPU to say. On the H200 (docs/results.md) the backward alone moved its bytes at the
+     memory's speed, where inductor's did not; in a step whose kernels are launched one at a time the custom ops'
+     launches cost the host more than that at the TinyStories shape, and under CUDA graphs the step won. So it is
+     on by default where the compiled step replays as CUDA graphs (config.resolve_config), off elsewhere.
 """
 import contextlib
 

@@ -29,25 +29,26 @@ The lessons it embodies:
      so a compiled step holds (2/CHUNKS) of the logits where the plain compiled path holds them once (it writes
      their gradient over them): it saves (1 - 2/CHUNKS) of their size, not all of it.
   8. Measure where it runs. On a CPU it wins, eager and compiled: less memory, and faster. On the H200, compiled,
-     every chunk count held more than the plain compiled path, which never writes float32 logits, and the step
-     was no faster. So train.py turns it off by default for a step compiled on a GPU (docs/results.md has the
-     figures, and what is not yet known about why).
+     this torch chunk held more than the plain compiled path, which never writes float32 logits, and the step was
+     no faster: a GPU takes lesson 9's kernel instead.
   9. On the H200 the loss around the head's matmul took 4.4 ms of a 63 ms GPT-2-small step: inductor's log-sum-exp
      read the bf16 logits at a third of the memory's speed, then its gradient read them again and wrote them. On a
      GPU with Triton a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the
-     log-sum-exp, then the gradient) and writes the gradient over the logits. The same bytes as inductor's two
-     kernels, all at the memory's speed, if the arithmetic holds: still to be measured (bench.py gpu's --fused-head
-     rows and its head section). Compiled, one (C, V) buffer of the compute dtype then serves every chunk (inductor's
-     code, read on a CPU through Triton's interpreter): a step holds 1/CHUNKS of the bf16 logits, where lesson 7's
-     torch chunk held a float32 chunk and its gradient beside it.
+     log-sum-exp, then the gradient) and writes the gradient over the logits: the same bytes as inductor's two
+     kernels, all at the memory's speed. Compiled, a step holds one (C, V) chunk of the compute dtype at a time
+     (on a CPU inductor's code reuses one buffer; on a GPU each chunk's is freed before the next), where lesson
+     7's torch chunk held a float32 chunk and its gradient beside it. On the H200 (docs/results.md), the head
+     and loss alone were faster than the logits path and held a third of its memory; in a step whose kernels are
+     launched one at a time the chunks' extra launches cost the host that much again, so train.py turns it on by
+     default for a step compiled on a GPU only where CUDA graphs replay it (--cuda-graph, on by default there).
 """
 import torch
 
 from fast_gpu import on_its_gpu, tl, triton, usable  # the GPU engine's Triton (None without it: torch ops then)
 
-CHUNKS = 4  # by measurement (bench.py head: GPT-2 small's head, 2,048 rows, on a CPU; docs/results.md): compiled, 4 is
-# the fastest count that holds less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 no
-# count beat the logits path (lesson 8), so the count is the CPU's, where the fused head is on by default
+CHUNKS = 4  # by measurement (bench.py head; docs/results.md): on a CPU, compiled, 4 is the fastest count that holds
+# less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 with lesson 9's kernel, fewer
+# chunks were a little faster and more held less: 4 kept, a third of the logits path's peak, the count its step won
 
 
 # ----------------------------------------------------------------------------

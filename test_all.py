@@ -677,11 +677,11 @@ for dtype in (torch.float32, torch.bfloat16):
                                        atol=(1e-5 if dtype == torch.float32 else 2e-2) * scale)
             err = [float((d[name] - exact[name].float()).abs().max()) for d in (got_grads, want_grads)]
             assert err[0] <= (1.25 if dtype == torch.float32 else worse) * err[1] + 1e-6 * scale, (dtype, name, err)
-h, w = torch.randn(6, 32, requires_grad=True), torch.randn(2500, 32, requires_grad=True)
-pairs = torch.randint(2500, (6, 2), generator=g)  # a strided column of targets: the kernel read them as contiguous
+h, w = (torch.randn(*shape, generator=g).to(device).requires_grad_() for shape in ((6, 32), (2500, 32)))
+pairs = torch.randint(2500, (6, 2), generator=g).to(device)  # a strided column of targets: the kernel read them
 strided, whole = (fused_head.linear_cross_entropy(h, w, t, chunks=2) for t in (pairs[:, 0], pairs[:, 0].clone()))
-torch.testing.assert_close(strided, whole, rtol=0, atol=0)
-past = fused_head.linear_cross_entropy(h, w, torch.tensor([0, 1, 2, 3, 4, 2500]), chunks=2)
+torch.testing.assert_close(strided, whole, rtol=0, atol=0)  # as contiguous
+past = fused_head.linear_cross_entropy(h, w, torch.tensor([0, 1, 2, 3, 4, 2500], device=device), chunks=2)
 assert past.isnan(), past  # an id past the vocabulary: NaN, not the next row's logit
 print("same")
 """
@@ -716,9 +716,18 @@ def step(f):
     return [loss] + list(torch.autograd.grad(loss, (h, w)))
 
 
-got, code = run_and_get_code(step, torch.compile(fused_head.linear_cross_entropy))
-chunks = [re.findall(r"empty_strided\\w*\\(\\(128, 2500\\)", c) for c in code]  # (C, V): 512 rows in 4 chunks
-assert [len(c) for c in chunks] == [1, 0], chunks  # one buffer, reused by every chunk; none in the backward
+compiled = torch.compile(fused_head.linear_cross_entropy)
+got, code = run_and_get_code(step, compiled)
+if device == "cpu":  # inductor's code: one (C, V) buffer (512 rows in 4 chunks), reused by every chunk, none in the
+    chunks = [re.findall(r"empty_strided\\w*\\(\\(128, 2500\\)", c) for c in code]  # backward
+    assert [len(c) for c in chunks] == [1, 0], chunks
+else:  # a GPU's code allocates each chunk's buffer and frees it before the next: the memory holds one, never all
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step(compiled)
+    logits = 512 * 2500 * 2  # the whole bf16 logits, in bytes
+    assert torch.cuda.max_memory_allocated() - before < logits, (torch.cuda.max_memory_allocated() - before, logits)
 for a, b in zip(got, step(fused_head.linear_cross_entropy)):
     torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 print("same")
@@ -816,17 +825,36 @@ def test_fused_head_step_holds_no_logits_and_its_peak_is_lower_by_their_size(mon
         held - held // fused_head.CHUNKS
 
 
-def test_fused_head_default_is_off_only_for_a_step_compiled_on_a_gpu(monkeypatch):
-    # the H200 measured the compiled logits path faster and smaller than the fused head (docs/results.md); on a
-    # CPU the fused head won, eager and compiled. A given --fused-head or --no-fused-head always stands
+def test_gpu_levers_default_to_the_graphed_step_with_both_kernels(monkeypatch):
+    # the H200 (docs/results.md, 2026-11-30): a step compiled on one GPU won with CUDA graphs, the fused head and the
+    # Triton gate together; without graphs the two kernels' launches lost, so they follow --cuda-graph there. On a
+    # CPU the fused head won, eager and compiled. A lever given always stands
     base = ["--data", "tinystories", *_TRAIN_TINY, "--benchmark"]
-    assert train.resolve_config(base + ["--device", "cpu"])["fused_head"] is True
+    levers = ("cuda_graph", "fused_head", "triton_gate")
+    cpu = train.resolve_config(base + ["--device", "cpu", "--compile"])
+    assert [cpu[k] for k in levers] == [False, True, False]
     assert train.resolve_config(base + ["--device", "cpu", "--no-fused-head"])["fused_head"] is False
-    monkeypatch.setattr(config, "run_device", lambda device: "cuda")  # no GPU needed to decide the default
+    monkeypatch.setattr(config, "run_device", lambda device: "cuda")  # no GPU needed to decide the defaults
     monkeypatch.setattr(config, "check_flags", lambda cfg: None)
-    assert train.resolve_config(base + ["--compile"])["fused_head"] is False
-    assert train.resolve_config(base + ["--compile", "--fused-head"])["fused_head"] is True
-    assert train.resolve_config(base)["fused_head"] is True  # eager on a GPU: unmeasured, the logits never held
+    monkeypatch.setattr(fast_gpu, "triton", object())  # a GPU's torch has triton
+
+    def on(*flags):
+        cfg = train.resolve_config(base + list(flags))
+        return [cfg[k] for k in levers]
+    assert on("--compile") == [True, True, True]
+    assert on("--compile", "--no-cuda-graph") == [False, False, False]  # the two kernels' launches lost
+    assert on("--compile", "--no-cuda-graph", "--fused-head") == [False, True, False]
+    assert on("--compile", "--no-triton-gate") == [True, True, False]
+    assert on("--compile", "--grad-accum", "2") == [False, False, False]  # a graph's replay would overwrite
+    assert on("--compile", "--silu-ffn") == [True, True, False]  # no gate
+    assert on("--compile", "--no-fast")[2] is False  # the reference path's own gate
+    assert on() == [False, True, False]  # eager on a GPU: unmeasured, the logits never held
+    with monkeypatch.context() as m:  # torchrun: one graph per process is untested, so none by default
+        m.setenv("WORLD_SIZE", "2")
+        m.setattr(config, "env_int", lambda name: {"WORLD_SIZE": 2, "LOCAL_RANK": 0}.get(name, 0))
+        assert train.resolve_config(base + ["--compile"])["cuda_graph"] is False
+    monkeypatch.setattr(fast_gpu, "triton", None)  # a GPU without triton: the gate stays inductor's, unrefused
+    assert on("--compile") == [True, True, False]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bf16"])
@@ -936,20 +964,24 @@ def test_bf16_residual_carries_bf16_between_blocks_and_computes_the_float32_step
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_head_levers_equal_the_defaults_cuda(monkeypatch):
     # on the GPU, as bench.py gpu runs them (bf16, compiled): the CUDA graphs replay (inductor skipped none), and
-    # each lever's step equals the defaults' within bfloat16's rounding (different kernels sum in other orders)
+    # the defaults' step and each lever's equal the step of kernels launched one at a time, within bfloat16's
+    # rounding (different kernels sum in other orders)
     base = ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--device", "cuda", "--dtype", "bf16",
             "--compile", "--benchmark"]
-    want_losses, want = _fused_head_first_steps(train.resolve_config(base), steps=3)
+    plain = base + ["--no-cuda-graph"]  # kernels launched one at a time, the logits path and inductor's gate
+    want_losses, want = _fused_head_first_steps(train.resolve_config(plain), steps=3)
     launches, launch = [], fast_gpu._launch
     monkeypatch.setattr(fast_gpu, "_launch", lambda *args, **kw: launches.append(args[0]) or launch(*args, **kw))
-    triton = [["--triton-gate"], ["--fused-head", "--triton-gate", "--cuda-graph"]] * (fast_gpu.triton is not None)
-    for lever in (["--fused-head"], ["--cuda-graph"], ["--sdpa-backend", "flash"], ["--sdpa-backend", "cudnn"],
-                  ["--no-bf16-residual"], *triton):
+    for flags in ([], ["--no-fused-head"], ["--no-triton-gate"], ["--sdpa-backend", "flash"],
+                  ["--sdpa-backend", "cudnn"], ["--no-bf16-residual"], ["--no-cuda-graph", "--fused-head"],
+                  ["--no-cuda-graph", "--triton-gate"]):
+        lever = base + flags  # the defaults (graphs, the fused head, Triton's gate) and each switch from them
         torch.compiler.reset()
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-        got_losses, got = _fused_head_first_steps(train.resolve_config(base + lever), steps=3)
+        cfg = train.resolve_config(lever)
+        got_losses, got = _fused_head_first_steps(cfg, steps=3)
         assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips, lever
-        assert bool(launches) == ("--triton-gate" in lever), lever  # the gate's kernels ran, in its steps only
+        assert bool(launches) == cfg["triton_gate"], lever  # the gate's kernels ran, in its steps only
         launches.clear()
         assert got_losses == pytest.approx(want_losses, rel=1e-2), lever
         for name, w in want.items():
@@ -973,9 +1005,9 @@ def test_train_loop_with_cuda_graph_equals_the_loop_without_cuda(tmp_path):
     # within bfloat16's rounding; graphs were recorded, and inductor skipped none
     from torch._inductor import cudagraph_trees
     ids, gpu = _train_toy_ids(tmp_path / "ids.npy"), ["--device", "cuda", "--compile"]
-    want = _loop_records(ids, tmp_path / "plain", *gpu)
+    want = _loop_records(ids, tmp_path / "plain", *gpu, "--no-cuda-graph")
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    got = _loop_records(ids, tmp_path / "graph", *gpu, "--cuda-graph")
+    got = _loop_records(ids, tmp_path / "graph", *gpu)  # the default there: graphs, the fused head, Triton's gate
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips
     trees = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
     assert trees is not None and any(trees.roots.values())  # the forward's and backward's recorded graphs
@@ -10495,21 +10527,19 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |; ))+\d+ ops a step", rows[r]), rows[r]  # GPU: kernels
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
-    assert rows[by_default].startswith("on: --bf16-residual with --fast and --dtype bf16 on a GPU; off: --triton-gate, "
-                                       "--cuda-graph, --max-autotune, and --fused-head for a step compiled on a GPU (on otherwise); "
-                                       "--sdpa-backend auto")
+    assert rows[by_default].startswith("on for a step compiled on one GPU (--compile on CUDA, no --grad-accum): "
+                                       "--cuda-graph, --fused-head, --triton-gate (the two kernels off without the "
+                                       "graphs); on with --fast and --dtype bf16 on a GPU: --bf16-residual; on "
+                                       "elsewhere: --fused-head; off: --max-autotune; --sdpa-backend auto")
     losses = [float(re.fullmatch(r"[\d.,]+ ms, peak [\d.,]+ MiB, loss ([\d.]+)", rows[h])[1]) for h in head]
     assert max(losses) - min(losses) < 1e-5 * losses[0]  # the same loss in each, summed in its own order
     for s in bench.GPU_SHAPES:  # what a CPU cannot run says why in one sentence; the rest ran, against the defaults
-        fused = next(name for name, flags in bench.LEVERS.items() if flags == ["--fused-head"])
-        ran = [f"lever, {s} shape: {lever}" for lever in (fused, "--sdpa-backend flash")]
-        assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults"]), rows
+        ran = [f"lever, {s} shape: {lever}" for lever, flags in bench.LEVERS.items()  # each --no- runs on a CPU
+               if flags and flags != ["--sdpa-backend=cudnn"]]
+        assert len(ran) == 5 and re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults"]), rows
         assert all(re.fullmatch(_LEVER_ROW_VS_DEFAULTS, rows[r]) for r in ran), rows
         assert rows[f"lever, {s} shape: --sdpa-backend cudnn"].startswith("skipped: --sdpa-backend cudnn is a CUDA")
-        assert rows[f"lever, {s} shape: --cuda-graph"].startswith("skipped: --cuda-graph and --max-autotune change")
         assert rows[f"lever, {s} shape: --max-autotune"].startswith("skipped: --cuda-graph and --max-autotune change")
-        assert rows[f"lever, {s} shape: together: --fused-head --triton-gate --cuda-graph"].startswith(
-            "skipped: --triton-gate runs Triton kernels on a GPU; on cpu drop it.")
         assert re.fullmatch(_LEVER_ROW, rows[f"lever, {s} shape: the defaults, again beside max-autotune"]), rows
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
@@ -10674,7 +10704,7 @@ a, b = ab.contiguous().chunk(2, dim=-1)
 torch.testing.assert_close(fast_gpu.silu_gate(ab), model.silu(a) * b)
 torch.testing.assert_close(fast_gpu.silu_gate_backward(ab, dh), bench.gate_backward(ab.contiguous(), dh.contiguous()))
 # compiled: the ops stand in inductor's graph as they are, forward and backward
-ab = torch.randn(2, 3, 64, generator=g, device=device, requires_grad=True)
+ab = torch.randn(2, 3, 64, generator=g).to(device).requires_grad_()
 a, b = ab.chunk(2, dim=-1)
 ones = torch.ones(2, 3, 32, device=device)
 got, = torch.autograd.grad(torch.compile(lambda ab: 2 * fast_gpu.silu_gate(ab))(ab), ab, ones)
@@ -10838,7 +10868,7 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     (["--tests", "  "], "--tests is blank"),
     (["--sections", "head,lever"], "--sections head,lever: 'lever' is not one of step,optimizers,head,gate,levers,"
                                    "profile,autotune,loop,"),
-    (["--levers", "cuda-graph,graphs"], "--levers cuda-graph,graphs: 'graphs' names none of the levers (--fused-head,"),
+    (["--levers", "cuda-graph,graphs"], "--levers cuda-graph,graphs: 'graphs' names none of the levers (--no-cuda-graph,"),
     (["--levers", ""], "--levers is blank; name the levers by a word of their rows"),  # '' chose every lever
     (["--levers", ","], "--levers is blank; name the levers by a word of their rows"),
 ])
