@@ -692,17 +692,23 @@ def torch_update(params, cfg):
     return update
 
 
+def compiled(model, cfg):  # a peer compiled as train.py compiles ours (CUDA graphs too, where they are on)
+    return torch.compile(model, mode=train.compile_mode(cfg)) if cfg["compile"] else model
+
+
 def llama_step(cfg, micro):
     """A standard implementation of the same shape: HF's LlamaForCausalLM (pre-norm RMSNorm, RoPE, SwiGLU,
     no biases, untied head, torch's fused attention), compiled and autocast as ours is, torch's loss outside."""
     from transformers import LlamaConfig, LlamaForCausalLM
     shape = export.llama_config({**cfg, "tie_embeddings": False}, None)  # the mapping lives there, once
     hf = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa")).to(cfg["device"])
-    model, update = torch.compile(hf) if cfg["compile"] else hf, torch_update(hf.parameters(), cfg)
+    model, update = compiled(hf, cfg), torch_update(hf.parameters(), cfg)
 
     def step():  # -> the mean loss (a tensor: no host sync)
         total = 0
         for x, y in micro:
+            if cfg["cuda_graph"]:  # as train_step: the last replay's outputs are spent
+                torch.compiler.cudagraph_mark_step_begin()
             with train.autocast(cfg):
                 logits = model(input_ids=x).logits
             loss = torch_loss(logits, y)
@@ -719,11 +725,13 @@ def compact_step(cfg, micro, loss_inside=True):
     torch.manual_seed(cfg["seed"])
     with torch.device(cfg["device"]):
         raw = CompactLM(**{k: cfg[k] for k in config.MODEL_KEYS[:7]})  # the shape and rope_theta
-    model, update = torch.compile(raw) if cfg["compile"] else raw, torch_update(raw.parameters(), cfg)
+    model, update = compiled(raw, cfg), torch_update(raw.parameters(), cfg)
 
     def step():  # -> the mean loss (a tensor: no host sync)
         total = 0
         for x, y in micro:
+            if cfg["cuda_graph"]:  # as train_step: the last replay's outputs are spent
+                torch.compiler.cudagraph_mark_step_begin()
             with train.autocast(cfg):
                 out = model(x, y) if loss_inside else model(x)  # the loss, or the logits
             loss = out if loss_inside else torch_loss(out, y)
@@ -1072,7 +1080,7 @@ TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPAS
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
     "the defaults": [],
-    # without graphs the fused head and the Triton gate default to off too: the step of the defaults before 11-30
+    # without graphs the fused head and the Triton gate default to off too: the defaults' step before commit 47eb48d
     "--no-cuda-graph (kernels launched one at a time: the logits path and inductor's gate)": ["--no-cuda-graph"],
     "--no-fused-head (the logits, then torch's loss)": ["--no-fused-head"],
     "--no-triton-gate (inductor's gate)": ["--no-triton-gate"],
@@ -1126,8 +1134,9 @@ def levers_by_default():
     """Which of the levers' switches are on by default: config.resolve_config decides them (its rule in words), and
     --max-autotune's and --sdpa-backend's are train.py's flags' defaults (config.FLAGS)."""
     autotune = "on" if config.FLAG_DEFAULTS["max_autotune"] else "off"
-    return ("on for a step compiled on one GPU (--compile on CUDA, no --grad-accum): --cuda-graph, --fused-head, "
-            "--triton-gate (the two kernels off without the graphs); on with --fast and --dtype bf16 on a GPU: "
+    return ("on for a step compiled on one GPU (--compile on CUDA, one process, --grad-accum 1): --cuda-graph, "
+            "--fused-head, --triton-gate (the two kernels off without the graphs; the gate needs --fast, SwiGLU and "
+            "triton); on with --fast and --dtype bf16 on a GPU: "
             f"--bf16-residual; on elsewhere: --fused-head; {autotune}: --max-autotune; --sdpa-backend "
             f"{config.FLAG_DEFAULTS['sdpa_backend']} (torch's choice). A lever stays on only if it wins on the GPU (an "
             "H100 or H200)")
@@ -1311,9 +1320,10 @@ class GpuReport:
         """Each lever of the fast path at one shape (levers: LEVERS, or AUTOTUNE's), one at a time: built and compiled,
         timed taking turns with the defaults, its row printed at once, then freed, so that a report stopped from outside
         (a rented GPU's time limit, during max-autotune's long compile) keeps the rows before it. Each row has one
-        step's peak memory beyond the weights and optimizer state (--fused-head's row against the defaults': what
-        the fused head saves, or costs) and the first step's seconds (the compile). A lever starts only while the
-        budget lasts, and one train.py refuses here (a CUDA kernel on --cpu) says why in its row."""
+        step's peak memory beyond the weights and optimizer state (--no-fused-head's row against the defaults': what
+        the fused head saves, or costs; with graphs, the peak of their recording) and the first step's seconds (the
+        compile). A lever starts only while the budget lasts, and one train.py refuses here (a CUDA kernel on --cpu)
+        says why in its row."""
         sync, rows, defaults = synchronizer(self.device), {}, {}
         print(f"python train.py --benchmark {' '.join(self.shape_flags(name))}, with each lever's flags, taking turns "
               "with the defaults")
@@ -1341,7 +1351,9 @@ class GpuReport:
         with torch_settings(cfg):
             t0, skips = time.perf_counter(), torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
             step = train.random_step(cfg)[0]
-            step()  # compiles
+            # compiles; with graphs, the calls that warm up and record them too: their pool is the step's memory (a
+            # replay allocates nothing), so its peak is taken over those calls
+            graphs = peak_bytes(lambda: [step() for _ in range(3)], self.device) if cfg["cuda_graph"] else step()
             first = time.perf_counter() - t0
             # inductor may decline a graph (a CPU tensor in it, a mutated input) and run the step without one
             skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
@@ -1350,8 +1362,7 @@ class GpuReport:
                 defaults.update(step=step, first=first)
             take_turns(calls, config.UNTIMED_STEPS - 1, sync)
             times, gpu = self.timed_turns(calls, sync)
-            # a CUDA graph's replay allocates nothing (its pool stays allocated between steps)
-            held = None if cfg["cuda_graph"] else peak_bytes(step, self.device) / 2**20
+            held = (graphs if cfg["cuda_graph"] else peak_bytes(step, self.device)) / 2**20
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
             # turns with another compiled model lengthened the defaults' step by 2-6% on the H200; the cause is not
             # established). A graph's lever changes the launches, not the kernels, so its row has none
@@ -1365,7 +1376,7 @@ class GpuReport:
         return (f"{1000 * dt:.1f} ms/step, {cfg['batch_size'] * cfg['context_length'] / dt:,.0f} tokens/s"
                 + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
                 + (f", kernels {1000 * kernels:.1f} ms/step" if kernels else "")
-                + (f", step's peak {held:,.0f} MiB" if held is not None else ", its memory: the graph's pool")
+                + f", step's peak {held:,.0f} MiB" + (" (its graphs' recording)" if cfg["cuda_graph"] else "")
                 + (f", but {skips} graph(s) skipped by inductor: timed without" if cfg["cuda_graph"] and skips else "")
                 + f", first step {first:.0f} s"
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
@@ -1399,7 +1410,8 @@ class GpuReport:
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
         the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels. The
-        defaults' kernels are launched one at a time, without CUDA graphs, so that the profiler times each."""
+        defaults' kernels are launched one at a time, without CUDA graphs, so that the profiler times each: the
+        step's time and its idle share are then those of a step no default runs (graphs replay the launches)."""
         cfg, sync = dict(self.benchmark_cfg(name), cuda_graph=False), synchronizer(self.device)
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]

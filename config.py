@@ -119,14 +119,14 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
-     "on a GPU without --cuda-graph, where its launches cost more than it saves: docs/results.md)"),
+     "on a GPU without CUDA graphs, where its launches cost more than it saves: docs/results.md)"),
     ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
      "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16 on a GPU)"),
     ("--triton-gate", bool, None, "SwiGLU's gate as one Triton kernel each way (fast_gpu.py; on a GPU with triton; "
-     "default: on with --cuda-graph, which hides its launches)"),
+     "default: on where the compiled step replays as CUDA graphs, which hide its launches)"),
     ("--sdpa-backend", str, "auto", "attention kernel: auto (torch's choice), flash, cudnn, efficient (CUDA), math"),
     ("--cuda-graph", bool, None, "replay the compiled forward and backward as CUDA graphs (with --compile on CUDA; "
-     "default: on there, for one GPU without --grad-accum)"),
+     "default: on there, for one process and --grad-accum 1)"),
     ("--max-autotune", bool, False, "torch.compile times several kernels per matmul and keeps the fastest (minutes "
      "more compiling)"),
     "samples at the end, or of a trained run",
@@ -261,6 +261,15 @@ def training_bytes(c):
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
     logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head: one chunk at least
     return state + logits + saved // (2 if half else 1)
+
+
+def gate_runs(c):  # --triton-gate's kernels can run here (CHECKS names each condition a given --triton-gate fails)
+    return c["device"].startswith("cuda") and c["fast"] and not c["silu_ffn"] and fast_gpu.triton is not None
+
+
+def levers_on(cfg):  # the fast path's switches a run has on, as flags: "--fused-head --bf16-residual", or "none"
+    keys = ("cuda_graph", "fused_head", "triton_gate", "bf16_residual", "max_autotune")
+    return " ".join(FLAG_ROWS[k][0] for k in keys if cfg[k] and (cfg["fast"] or k != "fused_head")) or "none"
 
 
 def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""
@@ -556,9 +565,8 @@ def resolve_config(argv=None):
         cfg["cuda_graph"] = compiled_gpu and cfg["grad_accum"] == 1 and cfg["world_size"] == 1
     if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path
         cfg["fused_head"] = not compiled_gpu or cfg["cuda_graph"]
-    if cfg["triton_gate"] is None:
-        cfg["triton_gate"] = (compiled_gpu and cfg["cuda_graph"] and cfg["fast"] and not cfg["silu_ffn"]
-                              and fast_gpu.triton is not None)  # a --cuda-graph on a CPU is refused for itself
+    if cfg["triton_gate"] is None:  # compiled_gpu first: a --cuda-graph given on a CPU gets its own refusal
+        cfg["triton_gate"] = compiled_gpu and cfg["cuda_graph"] and gate_runs(cfg)
     if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)
         cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)

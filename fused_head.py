@@ -39,8 +39,9 @@ The lessons it embodies:
      (on a CPU inductor's code reuses one buffer; on a GPU each chunk's is freed before the next), where lesson
      7's torch chunk held a float32 chunk and its gradient beside it. On the H200 (docs/results.md), the head
      and loss alone were faster than the logits path and held a third of its memory; in a step whose kernels are
-     launched one at a time the chunks' extra launches cost the host that much again, so train.py turns it on by
-     default for a step compiled on a GPU only where CUDA graphs replay it (--cuda-graph, on by default there).
+     launched one at a time it was no faster (its chunks' launches cost the host), and under CUDA graphs the step
+     with it and the Triton gate was the fastest measured. So train.py turns it on by default for a step compiled
+     on a GPU only where CUDA graphs replay it (--cuda-graph, on by default there).
 """
 import torch
 

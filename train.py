@@ -275,8 +275,8 @@ def benchmark(cfg):
         peak, basis = benchmark_peak(cfg)  # the matmuls' peak under the run's settings: TF32 on a GPU
     dt, flops, tokens = median(times[UNTIMED_STEPS:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
-        f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']}, "
-        f"{torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
+        f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']} "
+        f"({config.levers_on(cfg)}), {torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
     log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.3g} TFLOP/s achieved")
     log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
