@@ -1353,7 +1353,7 @@ class GpuReport:
             step = train.random_step(cfg)[0]
             # compiles; with graphs, the calls that warm up and record them too: their pool is the step's memory (a
             # replay allocates nothing), so its peak is taken over those calls
-            graphs = peak_bytes(lambda: [step() for _ in range(3)], self.device) if cfg["cuda_graph"] else step()
+            graphs = peak_bytes(lambda s=step: [s() for _ in range(3)], self.device) if cfg["cuda_graph"] else step()
             first = time.perf_counter() - t0
             # inductor may decline a graph (a CPU tensor in it, a mutated input) and run the step without one
             skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
