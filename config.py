@@ -8,6 +8,7 @@ from them (resolve_config). `python train.py --help` prints FLAGS.
 3. resolve_config: flags -> one flat dict
 """
 import argparse
+import contextlib
 import importlib.util
 import math
 import os
@@ -24,9 +25,9 @@ import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import is_ids, unreadable, writable
+from files import file_sha256, is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem
+from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -488,6 +489,20 @@ def same_run(cfg, recorded, given, mode):
                                              for v in (recorded[k], cfg[k])]
             raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
                              "(it reads the run as it was trained).")
+    same_tokenizer(cfg, recorded, mode)
+
+
+def same_tokenizer(cfg, recorded, mode):
+    """same_run's --tokenizer: the run is read with the tokenizer it was trained with (its copy beside ckpt.pt), so
+    UsageError for another: neither the folder it was given (however spelled) nor files equal to its own."""
+    given, saved, fp = cfg["tokenizer"], recorded.get("tokenizer"), recorded.get("data_fingerprint")
+    if given is None or (isinstance(saved, str) and saved and Path(given).resolve() == Path(saved).resolve()):
+        return
+    with contextlib.suppress(OSError):  # no pair there: another tokenizer
+        if isinstance(fp, dict) and fp.get("tokenizer") == [file_sha256(f) for f in tokenizer_files(given)]:
+            return  # the same files (its own copy, the folder beside its ids): the same tokenizer
+    raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {tokenizer_origin(recorded, run_dir(cfg))[0]}, not "
+                     f"--tokenizer {given}; drop --tokenizer (it reads the run as it was trained).")
 
 
 def init_from_defaults(cfg, given, run, old, who):

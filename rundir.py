@@ -392,6 +392,21 @@ def given_tokenizer(config, run):
     return saved if was and was not in (start, Path(run).resolve()) else None
 
 
+def tokenizer_origin(config, run):
+    """(Where a saved run config's tokenizer came from, in words for a sentence; the --tokenizer it was given, as
+    typed, or None): check_same_data's and config.same_tokenizer's one answer."""
+    if given := given_tokenizer(config, run):
+        return f"--tokenizer {given}", given
+    saved, fp = config.get("tokenizer"), config.get("data_fingerprint")
+    if isinstance(saved, str) and saved:  # given by no flag: a fine-tune's (or a resumed fine-tune's own folder)
+        return "its --init-from's tokenizer", None
+    if not is_ids(str(config.get("data", ""))):
+        return "the tokenizer BPE made of its text", None
+    if isinstance(fp, dict) and fp.get("tokenizer") == []:  # ids that came without one (checkpoints before
+        return "no tokenizer (its ids came without one)", None  # fingerprints cannot tell)
+    return "the tokenizer beside its --data", None
+
+
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
@@ -568,12 +583,8 @@ def check_same_data(state, cfg, ckpt_path):
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None
                 for t in (state["config"].get("tokenizer"), cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        if given := given_tokenizer(state["config"], ckpt_path.parent):
-            how, fix = f"--tokenizer {given}", f"pass --tokenizer {shlex.quote(given)}"
-        else:
-            how = "its --init-from's tokenizer" if was else \
-                "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
-            fix = "drop --tokenizer"
+        how, given = tokenizer_origin(state["config"], ckpt_path.parent)
+        fix = f"pass --tokenizer {shlex.quote(given)}" if given else "drop --tokenizer"
         raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix}, with the data it "
                          "was trained on, to resume it.")
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare

@@ -8414,6 +8414,38 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
 
 
+def test_train_sample_and_export_refuse_another_tokenizer(sample_run, tmp_path, capsys, monkeypatch):
+    # a tester's: --sample (and --export) --tokenizer OTHER read the run with its own tokenizer without a word; now
+    # another one is refused, naming the run's, and the same one passes however it is spelled
+    flags, run = sample_run
+    story, other = flags[1], tmp_path / "other"
+    bpe.main(["train", str(_train_story(tmp_path / "o.txt", seed=1)), "--vocab-size", "300", "--special-tokens",
+              "<|endoftext|>", "--out", str(other)])
+    bpe.main(["train", story, "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tmp_path / "tok")])
+    bpe.main(["encode", story, "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "ids" / "ids.npy")])
+    monkeypatch.chdir(tmp_path)  # an ids run given --tokenizer tok, relative
+    at = ["--out-dir", "out", "--device", "cpu"]
+    assert train.main(["--data", "ids/ids.npy", "--tokenizer", "tok", *_TRAIN_TINY, "--vocab-size", "300", *at,
+                       "--max-iters", "1"]) == 0
+    ids_run = ["--data", "ids/ids.npy", *at, *_SAMPLING]
+    for mode in (["--sample"], ["--export", str(tmp_path / "hf")]):
+        for argv, said in (([*flags, *mode], f"{run} was trained with the tokenizer BPE made of its text"),
+                           (ids_run + mode, f"{Path('out') / 'ids'} was trained with --tokenizer tok")):
+            capsys.readouterr()
+            assert train.main([*argv, "--tokenizer", str(other)]) == 2, argv
+            _train_one_error(capsys, f"{mode[0]}: {said}, not --tokenizer {other}; drop --tokenizer (it reads the run "
+                                     "as it was trained).")
+    assert train.main(["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, *at, "--max-iters", "1"]) == 0
+    capsys.readouterr()  # ids without a tokenizer
+    assert train.main(["--data", "toy.npy", *at, "--export", "hf", "--tokenizer", str(other)]) == 2
+    _train_one_error(capsys, f"--export: {Path('out') / 'toy'} was trained with no tokenizer (its ids came without "
+                             f"one), not --tokenizer {other}; drop --tokenizer")
+    assert not (tmp_path / "hf").exists()
+    for argv, same in (([*flags, "--sample", *_SAMPLING], f"{run}/../{run.name}/"), (ids_run + ["--sample"], "./tok/"),
+                       (ids_run + ["--sample"], "out/ids")):  # its folder spelled otherwise, its copy
+        assert train.main([*argv, "--tokenizer", same]) == 0, same
+
+
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
     state = rundir.read_checkpoint(ckpt)
     torch.save({**state, "config": {**state["config"], "data": "ids.npy"}}, ckpt)
