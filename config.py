@@ -27,7 +27,7 @@ from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import file_sha256, is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem, tokenizer_origin
+from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -594,7 +594,7 @@ def resolve_config(argv=None):
     # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
     cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
                                          ("min_lr", min_lr_given)) if not given]
-    if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
+    if (cfg["sample"] or cfg["export"] is not None) and (recorded := saved_config(run_dir(cfg))) is not None:
         same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     return cfg
 

@@ -373,6 +373,15 @@ def read_run(d, like):
     return state
 
 
+def saved_config(d):
+    """The run config of the run in directory d: its config.json's (run_config), else (deleted, or cut short) the
+    one its ckpt.pt holds, saved from the same flags with the weights; None where neither can be read."""
+    if (config := run_config(Path(d))) is None:
+        with contextlib.suppress(OSError, ValueError):  # what reads the run then refuses it in its own words
+            config = read_checkpoint(Path(d) / "ckpt.pt").get("config")
+    return config if isinstance(config, dict) else None
+
+
 def differs(key, old, new, names, fingerprinted):
     """Does a saved config's value old of key differ from this run's new? A value of another type does (a tensor,
     "5"). Two spellings of one --data or --val-data file (x.txt, ./x.txt, ../x.txt from a subfolder) do not: when the

@@ -8414,6 +8414,27 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
 
 
+def test_train_sample_and_export_without_config_json_check_the_checkpoints_config(sample_run, tmp_path, capsys):
+    # a tester's: with its config.json deleted, --sample --d-model 64 (and --export) checked nothing; ckpt.pt holds
+    # the config its weights were trained with, so it is read instead. Neither readable: the damage is named
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "out" / "story")
+    (tmp_path / "out" / "story" / "config.json").unlink()
+    at, hf = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"], str(tmp_path / "hf")
+    for mode, more, said in ((["--sample"], ["--d-model", "64"], "--d-model 32, not 64; drop --d-model"),
+                             (["--export", hf], ["--lr", "1"], "--lr 0.005, not 1.0; drop --lr")):
+        capsys.readouterr()
+        assert train.main([*at, *mode, *more]) == 2
+        _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'out' / 'story'} was trained with {said} (it reads the run "
+                                 "as it was trained).")
+    assert not (tmp_path / "hf").exists()
+    assert train.main([*at, *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--sample", *_SAMPLING]) == 0
+    _train_flip_tensor_byte(tmp_path / "out" / "story" / "ckpt.pt")
+    capsys.readouterr()
+    assert train.main([*at, "--sample", "--d-model", "64"]) == 2
+    _train_one_error(capsys, f"--sample: {tmp_path / 'out' / 'story' / 'ckpt.pt'} is damaged: its record")
+
+
 def test_train_sample_and_export_refuse_another_tokenizer(sample_run, tmp_path, capsys, monkeypatch):
     # a tester's: --sample (and --export) --tokenizer OTHER read the run with its own tokenizer without a word; now
     # another one is refused, naming the run's, and the same one passes however it is spelled
