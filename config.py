@@ -403,12 +403,15 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if tok is None or cfg["num_samples"] == 0:
         return
     n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
+    # a run's model (resumed, or --init-from's) keeps its vocabulary: another --vocab-size is refused (verify_resume,
+    # verify_init), so only fewer samples goes on
+    kept = "pass --num-samples 0 (the model's vocabulary is its run's)" if cfg["resume"] or cfg["init_from"] else ""
     if top >= n:
         raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
                          "use the tokenizer that made the ids, or --num-samples 0.")
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
-                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
+                         f"decode; {kept or f'pass --vocab-size {n}, or --num-samples 0'}.")
     missing = undecodable_ids(tok, V)
     if missing:
         raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
@@ -422,7 +425,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
             raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
         if highest >= V:
             raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
-                             "read it; pass a larger --vocab-size, or --num-samples 0.")
+                             f"read it; {kept or 'pass a larger --vocab-size, or --num-samples 0'}.")
 
 
 # ----------------------------------------------------------------------------
@@ -537,12 +540,11 @@ def init_from_defaults(cfg, given, run, old, who):
     return {**shape, "tokenizer": cfg["tokenizer"] or (str(run) if has_tokenizer else None)}
 
 
-def resolve_config(argv=None):
-    """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
-    device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
-    parser = build_parser()
-    cfg = vars(parser.parse_args(argv))
-    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
+def start_from(cfg, argv):
+    """In cfg: the run this one starts from (a resumed fine-tune's --init-from is its own, given or not: same_start),
+    its shape and tokenizer unless given (init_from_defaults), and --vocab-size: a tokenizer's size (ids_vocab_size),
+    except where model and tokenizer are both a run's own, which came together (its vocabulary may be padded past its
+    tokenizer's): verify_init checks the shape, check_samples what samples need."""
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
     own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
@@ -551,8 +553,19 @@ def resolve_config(argv=None):
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
         cfg.update(init_from_defaults(cfg, given, run, own if own is not None else run_config(run), who))
+        if "tokenizer" not in given and cfg["vocab_size"] is not None:  # the run's own pair
+            return
         sized_by = None if "vocab_size" in given else who
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
+
+
+def resolve_config(argv=None):
+    """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
+    device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
+    parser = build_parser()
+    cfg = vars(parser.parse_args(argv))
+    cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
+    start_from(cfg, argv)
     warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])

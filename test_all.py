@@ -7459,6 +7459,28 @@ def test_train_text_with_a_tokenizer_whose_ids_pass_its_size_is_refused_before_e
     assert not list(tmp_path.glob("data/**/*.npy")) and not (tmp_path / "out").exists()
 
 
+def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, capsys):
+    # a tester's: a run on ids with --vocab-size 320 above its tokenizer's 300 (--num-samples 0) as --init-from was
+    # told to "drop --tokenizer" (none given), then, given its --vocab-size, to "drop --vocab-size": a circle. Its
+    # model and tokenizer came together: the fine-tune starts, and its samples' advice is one that works
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    tok, run = tmp_path / "tok", tmp_path / "out" / "ids"
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok)])
+    bpe.main(["encode", str(other), "--tokenizer", str(tok), "--out", str(tok / "ids.npy")])
+    tiny = [*flags[:4], *flags[6:], "--max-iters", "2"]  # without --num-samples 0: samples at the end
+    assert train.main(["--data", str(tok / "ids.npy"), *shape[2:], "--vocab-size", "320", *flags, "--max-iters",
+                       "2"]) == 0
+    capsys.readouterr()
+    tune = ["--data", str(other), "--init-from", str(run), *tiny, "--run-name", "tuned"]
+    assert train.main(tune) == 2
+    _train_one_error(capsys, "error: --vocab-size 320 is above the 300 tokens of ", "vocab.json, so samples could hold "
+                             "ids it cannot decode; pass --num-samples 0 (the model's vocabulary is its run's).")
+    assert train.main([*tune, "--num-samples", "0"]) == 0  # as advised
+    assert train.main([*tune, "--num-samples", "0", "--vocab-size", "320", "--run-name", "sized"]) == 0  # its own
+    assert rundir.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
+    assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
+
+
 def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
     # a sixth tester's: --resume of an --init-from run read the run it started from for its shape and tokenizer: with
     # that run deleted, "holds no run"; retrained with another shape, "keys that differ: d_model (32 -> 48)"
