@@ -549,6 +549,8 @@ def start_from(cfg, argv):
     own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
+    elif cfg["init_from"] is not None:  # recorded so that --resume finds it from any folder (an old run's, relative,
+        cfg["init_from"] = os.path.abspath(cfg["init_from"])  # from where it began); symlinks kept as named
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"

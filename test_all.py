@@ -7481,6 +7481,34 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
 
 
+def test_train_init_from_a_relative_path_resumes_from_any_folder(tmp_path, capsys, monkeypatch):
+    # a tester's: --init-from r/out/src was recorded as typed, so --resume from another folder (--init-from
+    # ../r/out/src) was refused, "began from --init-from r/out/src, not ../r/out/src"; it is recorded resolved. An old
+    # run's relative one still resumes from the folder it began in
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    rel = [*flags[:-4], "--data-dir", str(tmp_path / "data")]  # --out-dir relative: given per folder
+    assert train.main(["--data", str(story), *shape, *rel, "--out-dir", "out", "--max-iters", "2"]) == 0
+    assert train.main(["--data", str(other), *rel, "--out-dir", "out", "--init-from", "out/story", "--max-iters",
+                       "2"]) == 0
+    saved = tmp_path / "out" / "other" / "config.json"
+    assert json.loads(saved.read_text())["init_from"] == str(tmp_path / "out" / "story")
+    monkeypatch.chdir(tmp_path / "sub")
+    tune = ["--data", str(other), *rel, "--out-dir", "../out", "--init-from", "../out/story", "--resume"]
+    assert train.main([*tune, "--max-iters", "3"]) == 0
+    (tmp_path / "out" / "other" / "ckpt.pt").unlink()  # no checkpoint: its start's weights, found from here
+    assert train.main([*tune[:-3], "--resume", "--max-iters", "2"]) == 0
+    saved.write_text(saved.read_text().replace(json.dumps(str(tmp_path / "out" / "story")), '"out/story"'))
+    capsys.readouterr()  # a run from before: relative, as typed
+    assert train.main([*tune, "--max-iters", "3"]) == 2
+    _train_one_error(capsys, f"--resume: ../out/other began from --init-from out/story, not ../out/story; drop "
+                             "--init-from (a run keeps its start).")
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--data", str(other), *rel, "--out-dir", "out", "--init-from", "out/story", "--resume",
+                       "--max-iters", "3"]) == 0
+
+
 def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
     # a sixth tester's: --resume of an --init-from run read the run it started from for its shape and tokenizer: with
     # that run deleted, "holds no run"; retrained with another shape, "keys that differ: d_model (32 -> 48)"
