@@ -510,12 +510,16 @@ def same_tokenizer(cfg, recorded, mode):
 
 def init_from_defaults(cfg, given, run, old, who):
     """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
-    start may since have left): old, its config.json's (None if unreadable), for each shape flag not given (a switch
-    off by default, too), and its tokenizer unless --tokenizer is. who names run in a sentence. UsageError where it
-    holds no run, or no tokenizer for text; train.py checks its checkpoint (rundir.verify_init)."""
+    start may since have left): old, its run config (rundir.saved_config: config.json's, else ckpt.pt's; None if
+    neither reads), for each shape flag not given (a switch off by default, too), and its tokenizer unless --tokenizer
+    is. who names run in a sentence. UsageError where it holds no run, or no tokenizer for text; train.py checks its
+    checkpoint (rundir.verify_init)."""
+    if old is None and (run / "ckpt.pt").exists():  # config.json gone too: nothing else tells its shape
+        raise UsageError(f"{who} has no readable config.json, and its ckpt.pt cannot be read either; restore the run "
+                         "from a copy, or start from another run.")
     if old is None:
         inside = f" (the run is {run.parent})" if run.is_file() else ""  # its ckpt.pt, say
-        raise UsageError(f"{who} holds no run (no readable config.json); pass the folder of a trained "
+        raise UsageError(f"{who} holds no run (no readable config.json or ckpt.pt); pass the folder of a trained "
                          f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
@@ -554,7 +558,7 @@ def start_from(cfg, argv):
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
-        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else run_config(run), who))
+        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
         if "tokenizer" not in given and cfg["vocab_size"] is not None:  # the run's own pair
             return
         sized_by = None if "vocab_size" in given else who

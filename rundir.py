@@ -505,7 +505,7 @@ def verify_init(cfg, model_keys, like, model):
         raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or 'pass the folder of a trained run'}.") from None
     keys = [k for k in model_keys if state["config"][k] != cfg[k]]
     if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
-        listed = run_config(Path(start)) or {}
+        listed = saved_config(start) or {}
         fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
                "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
         raise UsageError(f"{who}: its model has another shape; keys that differ: " + ", ".join(

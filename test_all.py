@@ -7481,6 +7481,29 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
 
 
+def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
+    # a tester's: --init-from a run whose config.json is gone "held no run", with no way forward; its ckpt.pt holds
+    # the config its weights were trained with, so the fine-tune takes its shape from there. Neither readable: say so
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    flags += ["--max-iters", "2"]
+    assert train.main(["--data", str(story), *shape[:2], "--d-model", "48", *shape[4:], *flags]) == 0
+    gone = tmp_path / "gone"
+    shutil.copytree(tmp_path / "out" / "story", gone)
+    (gone / "config.json").unlink()
+    assert train.main(["--data", str(other), "--init-from", str(gone), *flags]) == 0
+    tuned = json.loads((tmp_path / "out" / "other" / "config.json").read_text())
+    assert (tuned["d_model"], tuned["vocab_size"], tuned["tokenizer"]) == (48, 300, str(gone))
+    _train_flip_tensor_byte(gone / "ckpt.pt")
+    capsys.readouterr()
+    assert train.main(["--data", str(other), "--init-from", str(gone), *flags, "--run-name", "x"]) == 2
+    _train_one_error(capsys, f"--init-from {gone} has no readable config.json, and its ckpt.pt cannot be read either; "
+                             "restore the run from a copy, or start from another run.")
+    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "none"), *flags, "--run-name", "x"]) == 2
+    _train_one_error(capsys, f"--init-from {tmp_path / 'none'} holds no run (no readable config.json or ckpt.pt); pass "
+                             "the folder of a trained run.")
+    assert not (tmp_path / "out" / "x").exists()
+
+
 def test_train_init_from_a_relative_path_resumes_from_any_folder(tmp_path, capsys, monkeypatch):
     # a tester's: --init-from r/out/src was recorded as typed, so --resume from another folder (--init-from
     # ../r/out/src) was refused, "began from --init-from r/out/src, not ../r/out/src"; it is recorded resolved. An old
