@@ -8,6 +8,7 @@ from them (resolve_config). `python train.py --help` prints FLAGS.
 3. resolve_config: flags -> one flat dict
 """
 import argparse
+import contextlib
 import importlib.util
 import math
 import os
@@ -24,9 +25,9 @@ import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import is_ids, unreadable, writable
+from files import file_sha256, is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem
+from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -411,12 +412,15 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if tok is None or cfg["num_samples"] == 0:
         return
     n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
+    # a run's model (resumed, or --init-from's) keeps its vocabulary: another --vocab-size is refused (verify_resume,
+    # verify_init), so only fewer samples goes on
+    kept = "pass --num-samples 0 (the model's vocabulary is its run's)" if cfg["resume"] or cfg["init_from"] else ""
     if top >= n:
         raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
                          "use the tokenizer that made the ids, or --num-samples 0.")
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
-                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
+                         f"decode; {kept or f'pass --vocab-size {n}, or --num-samples 0'}.")
     missing = undecodable_ids(tok, V)
     if missing:
         raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
@@ -430,7 +434,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
             raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
         if highest >= V:
             raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
-                             "read it; pass a larger --vocab-size, or --num-samples 0.")
+                             f"read it; {kept or 'pass a larger --vocab-size, or --num-samples 0'}.")
 
 
 # ----------------------------------------------------------------------------
@@ -497,16 +501,34 @@ def same_run(cfg, recorded, given, mode):
                                              for v in (recorded[k], cfg[k])]
             raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
                              "(it reads the run as it was trained).")
+    same_tokenizer(cfg, recorded, mode)
+
+
+def same_tokenizer(cfg, recorded, mode):
+    """same_run's --tokenizer: the run is read with the tokenizer it was trained with (its copy beside ckpt.pt), so
+    UsageError for another: neither the folder it was given (however spelled) nor files equal to its own."""
+    given, saved, fp = cfg["tokenizer"], recorded.get("tokenizer"), recorded.get("data_fingerprint")
+    if given is None or (isinstance(saved, str) and saved and Path(given).resolve() == Path(saved).resolve()):
+        return
+    with contextlib.suppress(OSError):  # no pair there: another tokenizer
+        if isinstance(fp, dict) and fp.get("tokenizer") == [file_sha256(f) for f in tokenizer_files(given)]:
+            return  # the same files (its own copy, the folder beside its ids): the same tokenizer
+    raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {tokenizer_origin(recorded, run_dir(cfg))[0]}, not "
+                     f"--tokenizer {given}; drop --tokenizer (it reads the run as it was trained).")
 
 
 def init_from_defaults(cfg, given, run, old, who):
     """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
-    start may since have left): old, its config.json's (None if unreadable), for each shape flag not given (a switch
-    off by default, too), and its tokenizer unless --tokenizer is. who names run in a sentence. UsageError where it
-    holds no run, or no tokenizer for text; train.py checks its checkpoint (rundir.verify_init)."""
+    start may since have left): old, its run config (rundir.saved_config: config.json's, else ckpt.pt's; None if
+    neither reads), for each shape flag not given (a switch off by default, too), and its tokenizer unless --tokenizer
+    is. who names run in a sentence. UsageError where it holds no run, or no tokenizer for text; train.py checks its
+    checkpoint (rundir.verify_init)."""
+    if old is None and (run / "ckpt.pt").exists():  # config.json gone too: nothing else tells its shape
+        raise UsageError(f"{who} has no readable config.json, and its ckpt.pt cannot be read either; restore the run "
+                         "from a copy, or start from another run.")
     if old is None:
         inside = f" (the run is {run.parent})" if run.is_file() else ""  # its ckpt.pt, say
-        raise UsageError(f"{who} holds no run (no readable config.json); pass the folder of a trained "
+        raise UsageError(f"{who} holds no run (no readable config.json or ckpt.pt); pass the folder of a trained "
                          f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
@@ -531,22 +553,34 @@ def init_from_defaults(cfg, given, run, old, who):
     return {**shape, "tokenizer": cfg["tokenizer"] or (str(run) if has_tokenizer else None)}
 
 
+def start_from(cfg, argv):
+    """In cfg: the run this one starts from (a resumed fine-tune's --init-from is its own, given or not: same_start),
+    its shape and tokenizer unless given (init_from_defaults), and --vocab-size: a tokenizer's size (ids_vocab_size),
+    except where model and tokenizer are both a run's own, which came together (its vocabulary may be padded past its
+    tokenizer's): verify_init checks the shape, check_samples what samples need."""
+    sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
+    own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
+    if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
+        cfg["init_from"] = same_start(cfg, own.get("init_from"))
+    elif cfg["init_from"] is not None:  # recorded so that --resume finds it from any folder (an old run's, relative,
+        cfg["init_from"] = os.path.abspath(cfg["init_from"])  # from where it began); symlinks kept as named
+    if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
+        given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
+        who = f"the run {run}" if own is not None else f"--init-from {run}"
+        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
+        if "tokenizer" not in given and cfg["vocab_size"] is not None:  # the run's own pair
+            return
+        sized_by = None if "vocab_size" in given else who
+    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
+
+
 def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
-    sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
-    own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
-    if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
-        cfg["init_from"] = same_start(cfg, own.get("init_from"))
-    if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
-        given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
-        who = f"the run {run}" if own is not None else f"--init-from {run}"
-        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else run_config(run), who))
-        sized_by = None if "vocab_size" in given else who
-    cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
+    start_from(cfg, argv)
     warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
@@ -587,7 +621,7 @@ def resolve_config(argv=None):
     # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
     cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
                                          ("min_lr", min_lr_given)) if not given]
-    if (cfg["sample"] or cfg["export"] is not None) and (recorded := run_config(run_dir(cfg))) is not None:
+    if (cfg["sample"] or cfg["export"] is not None) and (recorded := saved_config(run_dir(cfg))) is not None:
         same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
     return cfg
 

@@ -373,6 +373,15 @@ def read_run(d, like):
     return state
 
 
+def saved_config(d):
+    """The run config of the run in directory d: its config.json's (run_config), else (deleted, or cut short) the
+    one its ckpt.pt holds, saved from the same flags with the weights; None where neither can be read."""
+    if (config := run_config(Path(d))) is None:
+        with contextlib.suppress(OSError, ValueError):  # what reads the run then refuses it in its own words
+            config = read_checkpoint(Path(d) / "ckpt.pt").get("config")
+    return config if isinstance(config, dict) else None
+
+
 def differs(key, old, new, names, fingerprinted):
     """Does a saved config's value old of key differ from this run's new? A value of another type does (a tensor,
     "5"). Two spellings of one --data or --val-data file (x.txt, ./x.txt, ../x.txt from a subfolder) do not: when the
@@ -390,6 +399,21 @@ def given_tokenizer(config, run):
     saved, start = config.get("tokenizer"), config.get("init_from")
     was, start = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, start))
     return saved if was and was not in (start, Path(run).resolve()) else None
+
+
+def tokenizer_origin(config, run):
+    """(Where a saved run config's tokenizer came from, in words for a sentence; the --tokenizer it was given, as
+    typed, or None): check_same_data's and config.same_tokenizer's one answer."""
+    if given := given_tokenizer(config, run):
+        return f"--tokenizer {given}", given
+    saved, fp = config.get("tokenizer"), config.get("data_fingerprint")
+    if isinstance(saved, str) and saved:  # given by no flag: a fine-tune's (or a resumed fine-tune's own folder)
+        return "its --init-from's tokenizer", None
+    if not is_ids(str(config.get("data", ""))):
+        return "the tokenizer BPE made of its text", None
+    if isinstance(fp, dict) and fp.get("tokenizer") == []:  # ids that came without one (checkpoints before
+        return "no tokenizer (its ids came without one)", None  # fingerprints cannot tell)
+    return "the tokenizer beside its --data", None
 
 
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
@@ -481,7 +505,7 @@ def verify_init(cfg, model_keys, like, model):
         raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or 'pass the folder of a trained run'}.") from None
     keys = [k for k in model_keys if state["config"][k] != cfg[k]]
     if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
-        listed = run_config(Path(start)) or {}
+        listed = saved_config(start) or {}
         fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
                "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
         raise UsageError(f"{who}: its model has another shape; keys that differ: " + ", ".join(
@@ -568,12 +592,8 @@ def check_same_data(state, cfg, ckpt_path):
     was, now = (Path(t).resolve() if isinstance(t, str) and t else None
                 for t in (state["config"].get("tokenizer"), cfg["tokenizer"]))
     if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
-        if given := given_tokenizer(state["config"], ckpt_path.parent):
-            how, fix = f"--tokenizer {given}", f"pass --tokenizer {shlex.quote(given)}"
-        else:
-            how = "its --init-from's tokenizer" if was else \
-                "the tokenizer beside its --data" if is_ids(cfg["data"]) else "the tokenizer BPE made of its text"
-            fix = "drop --tokenizer"
+        how, given = tokenizer_origin(state["config"], ckpt_path.parent)
+        fix = f"pass --tokenizer {shlex.quote(given)}" if given else "drop --tokenizer"
         raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix}, with the data it "
                          "was trained on, to resume it.")
     if old is not None and old != new:  # a checkpoint from before fingerprints has none: nothing to compare

@@ -7461,6 +7461,79 @@ def test_train_text_with_a_tokenizer_whose_ids_pass_its_size_is_refused_before_e
     assert not list(tmp_path.glob("data/**/*.npy")) and not (tmp_path / "out").exists()
 
 
+def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, capsys):
+    # a tester's: a run on ids with --vocab-size 320 above its tokenizer's 300 (--num-samples 0) as --init-from was
+    # told to "drop --tokenizer" (none given), then, given its --vocab-size, to "drop --vocab-size": a circle. Its
+    # model and tokenizer came together: the fine-tune starts, and its samples' advice is one that works
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    tok, run = tmp_path / "tok", tmp_path / "out" / "ids"
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tok)])
+    bpe.main(["encode", str(other), "--tokenizer", str(tok), "--out", str(tok / "ids.npy")])
+    tiny = [*flags[:4], *flags[6:], "--max-iters", "2"]  # without --num-samples 0: samples at the end
+    assert train.main(["--data", str(tok / "ids.npy"), *shape[2:], "--vocab-size", "320", *flags, "--max-iters",
+                       "2"]) == 0
+    capsys.readouterr()
+    tune = ["--data", str(other), "--init-from", str(run), *tiny, "--run-name", "tuned"]
+    assert train.main(tune) == 2
+    _train_one_error(capsys, "error: --vocab-size 320 is above the 300 tokens of ", "vocab.json, so samples could hold "
+                             "ids it cannot decode; pass --num-samples 0 (the model's vocabulary is its run's).")
+    assert train.main([*tune, "--num-samples", "0"]) == 0  # as advised
+    assert train.main([*tune, "--num-samples", "0", "--vocab-size", "320", "--run-name", "sized"]) == 0  # its own
+    assert rundir.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
+    assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
+
+
+def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
+    # a tester's: --init-from a run whose config.json is gone "held no run", with no way forward; its ckpt.pt holds
+    # the config its weights were trained with, so the fine-tune takes its shape from there. Neither readable: say so
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    flags += ["--max-iters", "2"]
+    assert train.main(["--data", str(story), *shape[:2], "--d-model", "48", *shape[4:], *flags]) == 0
+    gone = tmp_path / "gone"
+    shutil.copytree(tmp_path / "out" / "story", gone)
+    (gone / "config.json").unlink()
+    assert train.main(["--data", str(other), "--init-from", str(gone), *flags]) == 0
+    tuned = json.loads((tmp_path / "out" / "other" / "config.json").read_text())
+    assert (tuned["d_model"], tuned["vocab_size"], tuned["tokenizer"]) == (48, 300, str(gone))
+    _train_flip_tensor_byte(gone / "ckpt.pt")
+    capsys.readouterr()
+    assert train.main(["--data", str(other), "--init-from", str(gone), *flags, "--run-name", "x"]) == 2
+    _train_one_error(capsys, f"--init-from {gone} has no readable config.json, and its ckpt.pt cannot be read either; "
+                             "restore the run from a copy, or start from another run.")
+    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "none"), *flags, "--run-name", "x"]) == 2
+    _train_one_error(capsys, f"--init-from {tmp_path / 'none'} holds no run (no readable config.json or ckpt.pt); pass "
+                             "the folder of a trained run.")
+    assert not (tmp_path / "out" / "x").exists()
+
+
+def test_train_init_from_a_relative_path_resumes_from_any_folder(tmp_path, capsys, monkeypatch):
+    # a tester's: --init-from r/out/src was recorded as typed, so --resume from another folder (--init-from
+    # ../r/out/src) was refused, "began from --init-from r/out/src, not ../r/out/src"; it is recorded resolved. An old
+    # run's relative one still resumes from the folder it began in
+    story, other, flags, shape = _train_two_stories(tmp_path)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    rel = [*flags[:-4], "--data-dir", str(tmp_path / "data")]  # --out-dir relative: given per folder
+    assert train.main(["--data", str(story), *shape, *rel, "--out-dir", "out", "--max-iters", "2"]) == 0
+    assert train.main(["--data", str(other), *rel, "--out-dir", "out", "--init-from", "out/story", "--max-iters",
+                       "2"]) == 0
+    saved = tmp_path / "out" / "other" / "config.json"
+    assert json.loads(saved.read_text())["init_from"] == str(tmp_path / "out" / "story")
+    monkeypatch.chdir(tmp_path / "sub")
+    tune = ["--data", str(other), *rel, "--out-dir", "../out", "--init-from", "../out/story", "--resume"]
+    assert train.main([*tune, "--max-iters", "3"]) == 0
+    (tmp_path / "out" / "other" / "ckpt.pt").unlink()  # no checkpoint: its start's weights, found from here
+    assert train.main([*tune[:-3], "--resume", "--max-iters", "2"]) == 0
+    saved.write_text(saved.read_text().replace(json.dumps(str(tmp_path / "out" / "story")), '"out/story"'))
+    capsys.readouterr()  # a run from before: relative, as typed
+    assert train.main([*tune, "--max-iters", "3"]) == 2
+    _train_one_error(capsys, f"--resume: ../out/other began from --init-from out/story, not ../out/story; drop "
+                             "--init-from (a run keeps its start).")
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--data", str(other), *rel, "--out-dir", "out", "--init-from", "out/story", "--resume",
+                       "--max-iters", "3"]) == 0
+
+
 def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, capsys):
     # a sixth tester's: --resume of an --init-from run read the run it started from for its shape and tokenizer: with
     # that run deleted, "holds no run"; retrained with another shape, "keys that differ: d_model (32 -> 48)"
@@ -8414,6 +8487,59 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert train.main([*flags, "--sample", "--total-tokens", "100000"]) == 2  # compared as it resolves: whole batches
     _train_one_error(capsys, f"--sample: {run} was trained with --total-tokens ")
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
+
+
+def test_train_sample_and_export_without_config_json_check_the_checkpoints_config(sample_run, tmp_path, capsys):
+    # a tester's: with its config.json deleted, --sample --d-model 64 (and --export) checked nothing; ckpt.pt holds
+    # the config its weights were trained with, so it is read instead. Neither readable: the damage is named
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "out" / "story")
+    (tmp_path / "out" / "story" / "config.json").unlink()
+    at, hf = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"], str(tmp_path / "hf")
+    for mode, more, said in ((["--sample"], ["--d-model", "64"], "--d-model 32, not 64; drop --d-model"),
+                             (["--export", hf], ["--lr", "1"], "--lr 0.005, not 1.0; drop --lr")):
+        capsys.readouterr()
+        assert train.main([*at, *mode, *more]) == 2
+        _train_one_error(capsys, f"{mode[0]}: {tmp_path / 'out' / 'story'} was trained with {said} (it reads the run "
+                                 "as it was trained).")
+    assert not (tmp_path / "hf").exists()
+    assert train.main([*at, *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--sample", *_SAMPLING]) == 0
+    _train_flip_tensor_byte(tmp_path / "out" / "story" / "ckpt.pt")
+    capsys.readouterr()
+    assert train.main([*at, "--sample", "--d-model", "64"]) == 2
+    _train_one_error(capsys, f"--sample: {tmp_path / 'out' / 'story' / 'ckpt.pt'} is damaged: its record")
+
+
+def test_train_sample_and_export_refuse_another_tokenizer(sample_run, tmp_path, capsys, monkeypatch):
+    # a tester's: --sample (and --export) --tokenizer OTHER read the run with its own tokenizer without a word; now
+    # another one is refused, naming the run's, and the same one passes however it is spelled
+    flags, run = sample_run
+    story, other = flags[1], tmp_path / "other"
+    bpe.main(["train", str(_train_story(tmp_path / "o.txt", seed=1)), "--vocab-size", "300", "--special-tokens",
+              "<|endoftext|>", "--out", str(other)])
+    bpe.main(["train", story, "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", str(tmp_path / "tok")])
+    bpe.main(["encode", story, "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "ids" / "ids.npy")])
+    monkeypatch.chdir(tmp_path)  # an ids run given --tokenizer tok, relative
+    at = ["--out-dir", "out", "--device", "cpu"]
+    assert train.main(["--data", "ids/ids.npy", "--tokenizer", "tok", *_TRAIN_TINY, "--vocab-size", "300", *at,
+                       "--max-iters", "1"]) == 0
+    ids_run = ["--data", "ids/ids.npy", *at, *_SAMPLING]
+    for mode in (["--sample"], ["--export", str(tmp_path / "hf")]):
+        for argv, said in (([*flags, *mode], f"{run} was trained with the tokenizer BPE made of its text"),
+                           (ids_run + mode, f"{Path('out') / 'ids'} was trained with --tokenizer tok")):
+            capsys.readouterr()
+            assert train.main([*argv, "--tokenizer", str(other)]) == 2, argv
+            _train_one_error(capsys, f"{mode[0]}: {said}, not --tokenizer {other}; drop --tokenizer (it reads the run "
+                                     "as it was trained).")
+    assert train.main(["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, *at, "--max-iters", "1"]) == 0
+    capsys.readouterr()  # ids without a tokenizer
+    assert train.main(["--data", "toy.npy", *at, "--export", "hf", "--tokenizer", str(other)]) == 2
+    _train_one_error(capsys, f"--export: {Path('out') / 'toy'} was trained with no tokenizer (its ids came without "
+                             f"one), not --tokenizer {other}; drop --tokenizer")
+    assert not (tmp_path / "hf").exists()
+    for argv, same in (([*flags, "--sample", *_SAMPLING], f"{run}/../{run.name}/"), (ids_run + ["--sample"], "./tok/"),
+                       (ids_run + ["--sample"], "out/ids")):  # its folder spelled otherwise, its copy
+        assert train.main([*argv, "--tokenizer", same]) == 0, same
 
 
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
