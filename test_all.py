@@ -7527,7 +7527,7 @@ def test_train_init_from_a_relative_path_resumes_from_any_folder(tmp_path, capsy
     saved.write_text(saved.read_text().replace(json.dumps(str(tmp_path / "out" / "story")), '"out/story"'))
     capsys.readouterr()  # a run from before: relative, as typed
     assert train.main([*tune, "--max-iters", "3"]) == 2
-    _train_one_error(capsys, f"--resume: ../out/other began from --init-from out/story, not ../out/story; drop "
+    _train_one_error(capsys, "--resume: ../out/other began from --init-from out/story, not ../out/story; drop "
                              "--init-from (a run keeps its start).")
     monkeypatch.chdir(tmp_path)
     assert train.main(["--data", str(other), *rel, "--out-dir", "out", "--init-from", "out/story", "--resume",
