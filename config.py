@@ -417,7 +417,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
     kept = "pass --num-samples 0 (the model's vocabulary is its run's)" if cfg["resume"] or cfg["init_from"] else ""
     if top >= n:
         raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
-                         "use the tokenizer that made the ids, or --num-samples 0.")
+                         f"{kept or 'use the tokenizer that made the ids, or --num-samples 0'}.")
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
                          f"decode; {kept or f'pass --vocab-size {n}, or --num-samples 0'}.")
@@ -501,12 +501,12 @@ def same_run(cfg, recorded, given, mode):
                                              for v in (recorded[k], cfg[k])]
             raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
                              "(it reads the run as it was trained).")
-    same_tokenizer(cfg, recorded, mode)
 
 
 def same_tokenizer(cfg, recorded, mode):
-    """same_run's --tokenizer: the run is read with the tokenizer it was trained with (its copy beside ckpt.pt), so
-    UsageError for another: neither the folder it was given (however spelled) nor files equal to its own."""
+    """same_run's --tokenizer, checked before --vocab-size is (a tokenizer's size would be blamed on it): the run is
+    read with the tokenizer it was trained with (its copy beside ckpt.pt), so UsageError for another: neither the
+    folder it was given (however spelled) nor files equal to its own."""
     given, saved, fp = cfg["tokenizer"], recorded.get("tokenizer"), recorded.get("data_fingerprint")
     if given is None or (isinstance(saved, str) and saved and Path(given).resolve() == Path(saved).resolve()):
         return
@@ -568,7 +568,8 @@ def start_from(cfg, argv):
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
         cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
-        if "tokenizer" not in given and cfg["vocab_size"] is not None:  # the run's own pair
+        its_own = "tokenizer" not in given or Path(cfg["tokenizer"]).resolve() == run.resolve()  # however spelled
+        if its_own and cfg["vocab_size"] is not None:  # the run's own pair
             return
         sized_by = None if "vocab_size" in given else who
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
@@ -580,6 +581,10 @@ def resolve_config(argv=None):
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
+    mode = "--sample" if cfg["sample"] else "--export" if cfg["export"] is not None else None
+    recorded = saved_config(run_dir(cfg)) if mode else None  # a trained run, read as it was trained (same_run)
+    if recorded is not None:
+        same_tokenizer(cfg, recorded, mode)
     start_from(cfg, argv)
     warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
@@ -621,7 +626,7 @@ def resolve_config(argv=None):
     # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
     cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
                                          ("min_lr", min_lr_given)) if not given]
-    if (cfg["sample"] or cfg["export"] is not None) and (recorded := saved_config(run_dir(cfg))) is not None:
-        same_run(cfg, recorded, given_flags(argv), "--sample" if cfg["sample"] else "--export")
+    if recorded is not None:
+        same_run(cfg, recorded, given_flags(argv), mode)
     return cfg
 

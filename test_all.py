@@ -7481,6 +7481,15 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert train.main([*tune, "--num-samples", "0", "--vocab-size", "320", "--run-name", "sized"]) == 0  # its own
     assert rundir.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
     assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
+    # a reviewer's: the run's own tokenizer named (--tokenizer RUN) was refused as another one ("drop --tokenizer")
+    assert train.main([*tune, "--num-samples", "0", "--tokenizer", str(run), "--run-name", "named"]) == 0
+    # ids past the run's tokenizer (300 tokens; its model reads 320): the advice was "use the tokenizer that made the
+    # ids", which a model of 320 refuses; only fewer samples goes on
+    np.save(tmp_path / "wide.npy", np.arange(2000, dtype=np.uint16) % 310)
+    capsys.readouterr()
+    assert train.main(["--data", str(tmp_path / "wide.npy"), "--init-from", str(run), *tiny, "--run-name", "wide"]) == 2
+    _train_one_error(capsys, "the data holds token id 309, but ", "has 300 tokens; pass --num-samples 0 (the model's "
+                             "vocabulary is its run's).")
 
 
 def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
@@ -8540,6 +8549,12 @@ def test_train_sample_and_export_refuse_another_tokenizer(sample_run, tmp_path, 
     for argv, same in (([*flags, "--sample", *_SAMPLING], f"{run}/../{run.name}/"), (ids_run + ["--sample"], "./tok/"),
                        (ids_run + ["--sample"], "out/ids")):  # its folder spelled otherwise, its copy
         assert train.main([*argv, "--tokenizer", same]) == 0, same
+    # a reviewer's: a tokenizer of another size was first blamed on the run's own --vocab-size ("drop --vocab-size")
+    bpe.main(["train", story, "--vocab-size", "301", "--special-tokens", "<|endoftext|>", "--out", "wider"])
+    capsys.readouterr()
+    assert train.main([*ids_run, "--vocab-size", "300", "--sample", "--tokenizer", "wider"]) == 2
+    _train_one_error(capsys, f"--sample: {Path('out') / 'ids'} was trained with --tokenizer tok, not --tokenizer wider; "
+                             "drop --tokenizer")
 
 
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
