@@ -416,6 +416,19 @@ def tokenizer_origin(config, run):
     return "the tokenizer beside its --data", None
 
 
+def own_flags(config, keys):
+    """The flags that give back a saved run config's values of keys, for a sentence: own_flags({"vocab_size": 320,
+    "tie_embeddings": False}, ["vocab_size", "tie_embeddings"]) -> "--vocab-size 320 --no-tie-embeddings"."""
+    words = []
+    for k in keys:
+        flag, value = "--" + k.replace("_", "-"), config.get(k)
+        if type(value) is bool:
+            words.append(flag if value else f"--no-{k.replace('_', '-')}")
+        elif type(value) in (int, float, str):  # a value that no flag gives (None: a flag left out) is not said
+            words += [flag, shlex.quote(str(value))]
+    return " ".join(words)
+
+
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
     """The saved checkpoint, or None to start from step 0; UsageError if it is damaged, does not fit model and
     optimizer (both on the meta device: dry_step steps them), or its config differs on model_keys (TransformerLM's
@@ -449,13 +462,16 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             # a --tokenizer left out changes the vocabulary first: the flag is named too
             tok = given_tokenizer(old, ckpt_path.parent) if "vocab_size" in differ and not cfg["tokenizer"] else None
+            own = "" if shorter or lost or tok else own_flags(old, differ)  # else the flags that give its values back
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
                              + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."
                                 if shorter else ".")
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else "")
-                             + (f" It was trained with --tokenizer {tok}: pass it." if tok else ""))
+                             + (f" It was trained with --tokenizer {tok}: pass it." if tok else "")
+                             + (f" Pass its own ({own}) to resume it, or start a new run with --overwrite." if own
+                                else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
         dry_step(state, model, optimizer, ckpt_path)

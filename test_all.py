@@ -7472,6 +7472,12 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     tiny = [*flags[:4], *flags[6:], "--max-iters", "2"]  # without --num-samples 0: samples at the end
     assert train.main(["--data", str(tok / "ids.npy"), *shape[2:], "--vocab-size", "320", *flags, "--max-iters",
                        "2"]) == 0
+    capsys.readouterr()  # a reviewer's: --resume without its --vocab-size said which key differed, and no fix
+    again = ["--data", str(tok / "ids.npy"), *shape[2:], *flags, "--max-iters", "2", "--resume"]
+    assert train.main(again) == 2
+    _train_one_error(capsys, "keys that differ: vocab_size (320 -> 300). Pass its own (--vocab-size 320) to resume it, "
+                             "or start a new run with --overwrite.")
+    assert train.main([*again, "--vocab-size", "320"]) == 0  # as advised
     capsys.readouterr()
     tune = ["--data", str(other), "--init-from", str(run), *tiny, "--run-name", "tuned"]
     assert train.main(tune) == 2
@@ -7490,6 +7496,14 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert train.main(["--data", str(tmp_path / "wide.npy"), "--init-from", str(run), *tiny, "--run-name", "wide"]) == 2
     _train_one_error(capsys, "the data holds token id 309, but ", "has 300 tokens; pass --num-samples 0 (the model's "
                              "vocabulary is its run's).")
+
+
+def test_rundir_own_flags_give_back_a_saved_runs_values():
+    # --resume's advice after "keys that differ": flags to type (a switch as itself or --no-, a path quoted), and
+    # nothing for a value no flag gives (None: the flag was left out)
+    saved = {"vocab_size": 320, "tie_embeddings": False, "no_norm": True, "val_data": None, "data": "a b.txt"}
+    assert rundir.own_flags(saved, list(saved)) == "--vocab-size 320 --no-tie-embeddings --no-norm --data 'a b.txt'"
+    assert rundir.own_flags(saved, ["val_data"]) == ""
 
 
 def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
