@@ -493,8 +493,8 @@ def same_start(cfg, recorded):
 
 def same_run(cfg, recorded, given, mode):
     """--sample and --export take a run as it was trained: UsageError for a shape or training flag given with another
-    value than the run's config (recorded: config.json's, else ckpt.pt's) holds, each resolved (--total-tokens: what it trains, whole batches);
-    the training command with the mode added passes (a fine-tune's without --init-from)."""
+    value than the run's config (recorded: config.json's, else ckpt.pt's) holds, each resolved (--total-tokens: what
+    it trains, whole batches); the training command with the mode added passes (a fine-tune's without --init-from)."""
     for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens"):
         if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
             flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
