@@ -27,7 +27,7 @@ from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import file_sha256, is_ids, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, run_config, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import TRAJECTORY_KEYS, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -559,7 +559,7 @@ def start_from(cfg, argv):
     except where model and tokenizer are both a run's own, which came together (its vocabulary may be padded past its
     tokenizer's): verify_init checks the shape, check_samples what samples need."""
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
-    own = run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way, as its config.json says
+    own = saved_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way: config.json, else ckpt.pt
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
     elif cfg["init_from"] is not None:  # recorded so that --resume finds it from any folder (an old run's, relative,

@@ -7518,6 +7518,9 @@ def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(
     assert train.main(["--data", str(other), "--init-from", str(gone), *flags]) == 0
     tuned = json.loads((tmp_path / "out" / "other" / "config.json").read_text())
     assert (tuned["d_model"], tuned["vocab_size"], tuned["tokenizer"]) == (48, 300, str(gone))
+    (tmp_path / "out" / "other" / "config.json").unlink()  # the fine-tune's own gone too: its --resume reads its
+    assert train.main(["--data", str(other), *flags[:-1], "3", "--resume"]) == 0  # ckpt.pt (its start, its shape)
+    assert json.loads((tmp_path / "out" / "other" / "config.json").read_text())["init_from"] == str(gone)
     _train_flip_tensor_byte(gone / "ckpt.pt")
     capsys.readouterr()
     assert train.main(["--data", str(other), "--init-from", str(gone), *flags, "--run-name", "x"]) == 2
