@@ -1353,7 +1353,7 @@ class GpuReport:
             step = train.random_step(cfg)[0]
             # compiles; with graphs, the calls that warm up and record them too: their pool is the step's memory (a
             # replay allocates nothing), so its peak is taken over those calls
-            graphs = peak_bytes(lambda s=step: [s() for _ in range(3)], self.device) if cfg["cuda_graph"] else step()
+            recorded = peak_bytes(lambda s=step: [s() for _ in range(3)], self.device) if cfg["cuda_graph"] else step()
             first = time.perf_counter() - t0
             # inductor may decline a graph (a CPU tensor in it, a mutated input) and run the step without one
             skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
@@ -1362,7 +1362,7 @@ class GpuReport:
                 defaults.update(step=step, first=first)
             take_turns(calls, config.UNTIMED_STEPS - 1, sync)
             times, gpu = self.timed_turns(calls, sync)
-            held = (graphs if cfg["cuda_graph"] else peak_bytes(step, self.device)) / 2**20
+            held = (recorded if cfg["cuda_graph"] else peak_bytes(step, self.device)) / 2**20
             # the kernels' own time (the profiler's): the GPU's work alone, which host delays cannot lengthen (taking
             # turns with another compiled model lengthened the defaults' step by 2-6% on the H200; the cause is not
             # established). A graph's lever changes the launches, not the kernels, so its row has none

@@ -25,7 +25,7 @@ import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import file_sha256, is_ids, unreadable, writable
+from files import file_sha256, is_ids, same_file, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import TRAJECTORY_KEYS, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
@@ -508,7 +508,7 @@ def same_tokenizer(cfg, recorded, mode):
     read with the tokenizer it was trained with (its copy beside ckpt.pt), so UsageError for another: neither the
     folder it was given (however spelled) nor files equal to its own."""
     given, saved, fp = cfg["tokenizer"], recorded.get("tokenizer"), recorded.get("data_fingerprint")
-    if given is None or (isinstance(saved, str) and saved and Path(given).resolve() == Path(saved).resolve()):
+    if given is None or (isinstance(saved, str) and saved and same_file(given, saved)):
         return
     with contextlib.suppress(OSError):  # no pair there: another tokenizer
         if isinstance(fp, dict) and fp.get("tokenizer") == [file_sha256(f) for f in tokenizer_files(given)]:
@@ -568,7 +568,7 @@ def start_from(cfg, argv):
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
         cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
-        its_own = "tokenizer" not in given or Path(cfg["tokenizer"]).resolve() == run.resolve()  # however spelled
+        its_own = "tokenizer" not in given or same_file(cfg["tokenizer"], run)  # however spelled
         if its_own and cfg["vocab_size"] is not None:  # the run's own pair
             return
         sized_by = None if "vocab_size" in given else who

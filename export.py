@@ -35,9 +35,9 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str
 from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, is_ids, new_folders, unwritable, writable, write_json
+from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
-from rundir import RUN_MARKERS, check_state, read_run
+from rundir import RUN_MARKERS, check_state, on_text, read_run
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -266,7 +266,7 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
     try:
         state = read_run(run_dir, model_kwargs())  # what train.load_run reads
         try:
-            tok = read_tokenizer(run_dir, text=not is_ids(str(state["config"].get("data", ""))))[0]
+            tok = read_tokenizer(run_dir, text=on_text(state["config"]))[0]
         except ValueError as e:  # one of its two files missing, or damaged
             raise ValueError(f"{e}; restore the run's vocab.json and merges.txt from a copy") from None
         out = export_hf(out_dir, state["model"], model_kwargs(state["config"]), tok, overwrite)

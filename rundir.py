@@ -401,6 +401,10 @@ def given_tokenizer(config, run):
     return saved if was and was not in (start, Path(run).resolve()) else None
 
 
+def on_text(config):  # did the run of this saved config train on text (so it must have a tokenizer), not on ids?
+    return not is_ids(str(config.get("data", "")))
+
+
 def tokenizer_origin(config, run):
     """(Where a saved run config's tokenizer came from, in words for a sentence; the --tokenizer it was given, as
     typed, or None): check_same_data's and config.same_tokenizer's one answer."""
@@ -409,7 +413,7 @@ def tokenizer_origin(config, run):
     saved, fp = config.get("tokenizer"), config.get("data_fingerprint")
     if isinstance(saved, str) and saved:  # given by no flag: a fine-tune's (or a resumed fine-tune's own folder)
         return "its --init-from's tokenizer", None
-    if not is_ids(str(config.get("data", ""))):
+    if on_text(config):
         return "the tokenizer BPE made of its text", None
     if isinstance(fp, dict) and fp.get("tokenizer") == []:  # ids that came without one (checkpoints before
         return "no tokenizer (its ids came without one)", None  # fingerprints cannot tell)
@@ -521,7 +525,7 @@ def verify_init(cfg, model_keys, like, model):
         raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or 'pass the folder of a trained run'}.") from None
     keys = [k for k in model_keys if state["config"][k] != cfg[k]]
     if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
-        listed = saved_config(start) or {}
+        listed = run_config(Path(start)) or state["config"]  # config.json gone: its config is ckpt.pt's
         fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
                "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
         raise UsageError(f"{who}: its model has another shape; keys that differ: " + ", ".join(

@@ -377,7 +377,7 @@ def load_run(path, device="cpu"):
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_state(state, model)
     narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
-    tok = read_tokenizer(path, text=not files.is_ids(str(state["config"].get("data", ""))))[0]  # text's: damage if gone
+    tok = read_tokenizer(path, text=rundir.on_text(state["config"]))[0]  # a text run's gone: damage
     return model.eval(), tok, dict(state["config"], iteration=state["iteration"])
 
 
