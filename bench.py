@@ -1076,6 +1076,7 @@ SECTIONS = ("step", "optimizers", "head", "gate", "levers", "profile", "autotune
             "accounting", "tests")  # bench.py gpu's
 TESTS, CUDA_TESTS = "test_all.py", "cuda"  # pytest -k: the tests that touch CUDA have it in their names (a test checks)
 TEST_LINE = regex.compile(r"\S+\.py::\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|(FAILED|ERROR) ")
+SLOW_LINE = regex.compile(r"\d+\.\d+s (setup|call|teardown) ")  # pytest --durations: where a GPU's minutes went
 
 
 LEVERS = {  # bench.py gpu's levers of the fast path: the row's name -> train.py's flags that turn it on (or off)
@@ -1497,7 +1498,8 @@ class GpuReport:
     def cuda_tests(self):
         """pytest -k --tests as a process, its line for each test printed as it comes (a run cut at the
         budget still names its failures) -> the count of each outcome."""
-        argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", TESTS, "-k", self.tests]
+        argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "--durations=5", "-p", "no:cacheprovider", TESTS, "-k",
+                self.tests]
         print(" ".join(argv[1:]), flush=True)
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "COLUMNS": "200"})  # skip reasons in full, not cut at 80 columns
@@ -1510,6 +1512,8 @@ class GpuReport:
                     print(line.rstrip(), flush=True)
                     if m[1]:  # not the summary's FAILED lines, which repeat a test with its error
                         outcomes[m[1]] += 1
+                elif SLOW_LINE.match(line):
+                    print("  " + line.rstrip(), flush=True)
         finally:
             timer.cancel()
             p.kill()  # a no-op when it ended; the child never outlives the report
