@@ -8574,6 +8574,42 @@ def test_train_sample_and_export_refuse_another_tokenizer(sample_run, tmp_path, 
                              "drop --tokenizer")
 
 
+def test_files_same_folder_takes_any_spelling_and_a_recorded_folder_gone_since(tmp_path, monkeypatch):
+    # the one "do these name one folder" of --tokenizer and --init-from (config.same_tokenizer, same_start, start_from;
+    # rundir.given_tokenizer, check_same_data): two of them used samefile, which needs both there, three resolve()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "tok")
+    for spelling in ("tok", "./tok/", tmp_path / "tok", "link", "other/../tok"):
+        assert files.same_folder(spelling, "tok") and files.same_folder("tok", spelling), spelling
+    assert files.same_folder("gone", "./gone") and files.same_folder("gone", tmp_path / "gone")  # still itself
+    for a, b in (("tok", "other"), ("tok", "gone"), ("gone", "went"), ("tok", None), (None, None), ("", ""),
+                 ("tok", 5)):  # a recorded value of no path's type names no folder
+        assert not files.same_folder(a, b), (a, b)
+
+
+def test_train_sample_and_export_take_the_tokenizer_a_run_recorded_after_it_moved(tmp_path, capsys, monkeypatch):
+    # a reviewer's: --sample --tokenizer tok, for a run trained with --tokenizer tok whose folder has since moved, said
+    # "out/story was trained with --tokenizer tok, not --tokenizer tok": the flag was compared with samefile (both
+    # must exist), the sentence's "given" with resolve(). Now one comparison (files.same_folder); what is left to
+    # say is that tok holds no tokenizer now
+    monkeypatch.chdir(tmp_path)
+    story = _train_story(tmp_path / "story.txt")
+    bpe.main(["train", str(story), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", "tok"])
+    at = ["--data", "story.txt", "--out-dir", "out", "--data-dir", "data", "--device", "cpu"]
+    assert train.main([*at, "--tokenizer", "tok", *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "1"]) == 0
+    (tmp_path / "tok").rename(tmp_path / "moved")
+    for mode in (["--sample"], ["--export", "hf"]):
+        capsys.readouterr()
+        assert train.main([*at, *mode, "--tokenizer", "./tok"]) == 2
+        _train_one_error(capsys, "--tokenizer ./tok holds no vocab.json and merges.txt; pass the directory that bpe.py "
+                                 "train wrote them to (its --out).")
+    assert train.main([*at, "--sample", *_SAMPLING, "--tokenizer", "moved"]) == 0  # its files, elsewhere
+    assert train.main([*at, "--sample", *_SAMPLING]) == 0
+    assert not (tmp_path / "hf").exists()
+
+
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
     state = rundir.read_checkpoint(ckpt)
     torch.save({**state, "config": {**state["config"], "data": "ids.npy"}}, ckpt)
