@@ -418,9 +418,15 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if top >= n:
         raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
                          f"{kept or 'use the tokenizer that made the ids, or --num-samples 0'}.")
+    if V > n and kept:  # the size came with the run's model, often from no flag: the sentence names the run, and its
+        run = run_dir(cfg) if cfg["resume"] else cfg["init_from"]  # tokenizer as its, not as the token cache's copy
+        model = f"the model of the run in {run}" if cfg["resume"] else f"--init-from {run}'s model"
+        its = "its tokenizer" if same_folder(cfg["tokenizer"], run) else where
+        raise UsageError(f"{model} reads {V} token ids, but {its} has {n} tokens, so samples could hold ids that no "
+                         "token decodes; pass --num-samples 0.")
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
-                         f"decode; {kept or f'pass --vocab-size {n}, or --num-samples 0'}.")
+                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
     missing = undecodable_ids(tok, V)
     if missing:
         raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"

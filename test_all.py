@@ -7480,13 +7480,20 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert train.main([*again, "--vocab-size", "320"]) == 0  # as advised
     capsys.readouterr()
     tune = ["--data", str(other), "--init-from", str(run), *tiny, "--run-name", "tuned"]
-    assert train.main(tune) == 2
-    _train_one_error(capsys, "error: --vocab-size 320 is above the 300 tokens of ", "vocab.json, so samples could hold "
-                             "ids it cannot decode; pass --num-samples 0 (the model's vocabulary is its run's).")
+    assert train.main(tune) == 2  # a reviewer's: it named a --vocab-size 320 never typed and the token cache's
+    padded = "reads 320 token ids, but its tokenizer has 300 tokens, so samples could hold ids that no token decodes; "
+    assert "vocab.json" not in _train_one_error(capsys, f"error: --init-from {run}'s model {padded}pass --num-samples 0.")
+    assert not (tmp_path / "out" / "tuned").exists()
     assert train.main([*tune, "--num-samples", "0"]) == 0  # as advised
     assert train.main([*tune, "--num-samples", "0", "--vocab-size", "320", "--run-name", "sized"]) == 0  # its own
     assert rundir.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
     assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
+    capsys.readouterr()  # resumed with samples: the model is the fine-tune's own, and so is its tokenizer
+    assert train.main([*tune, "--max-iters", "4", "--resume"]) == 2
+    _train_one_error(capsys, f"error: the model of the run in {tmp_path / 'out' / 'tuned'} {padded}pass --num-samples 0.")
+    assert train.main([*again, "--vocab-size", "320", "--num-samples", "1", "--max-iters", "3"]) == 2  # the ids' run
+    _train_one_error(capsys, f"error: the model of the run in {run} reads 320 token ids, but {tok / 'vocab.json'} has "
+                             "300 tokens, so samples could hold ids that no token decodes; pass --num-samples 0.")
     # a reviewer's: the run's own tokenizer named (--tokenizer RUN) was refused as another one ("drop --tokenizer")
     assert train.main([*tune, "--num-samples", "0", "--tokenizer", str(run), "--run-name", "named"]) == 0
     # ids past the run's tokenizer (300 tokens; its model reads 320): the advice was "use the tokenizer that made the
