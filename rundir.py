@@ -281,13 +281,22 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
     for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")
-    it, own, saved = state["iteration"], model.state_dict(), state["model"]
-    if isinstance(saved, dict) and saved.keys() != own.keys():  # saved from inside torch.compile or DDP (common in
+    it, saved, own = state["iteration"], state["model"], model.state_dict().keys()
+    if isinstance(saved, dict) and saved.keys() != own:  # saved from inside torch.compile or DDP (common in
         # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
         state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
-                                  for k, v in saved.items()}  # a key that is no str: named below
+                                  for k, v in saved.items()}  # a key that is no str: named below (check_weights)
     if isinstance(it, bool) or not isinstance(it, int) or it < 0:
         raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    check_weights(saved, model, name)
+    if optimizer is not None:
+        check_optimizer_state(state["optimizer"], optimizer, name)
+
+
+def check_weights(saved, model, name):
+    """check_state's model entry (saved): ValueError unless it holds model's keys, each a tensor of its shape and kind,
+    and one value for each tensor that model keeps under several keys."""
+    own = model.state_dict()
     keys = set(saved) if isinstance(saved, dict) else set()
     if keys != own.keys():
         raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
@@ -308,8 +317,11 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         if not all(torch.equal(saved[first], saved[k]) for k in rest):
             raise ValueError(f"{name} holds two different {first} and {rest[0]}, which this model shares as one "
                              "tensor; load it into a model that keeps them apart")
-    if optimizer is None:
-        return
+
+
+def check_optimizer_state(saved, optimizer, name):
+    """check_state's optimizer entry (saved): ValueError unless this kind of optimizer saved it (the same names of
+    hyperparameters and state entries) for these parameters (the same groups, each moment of its parameter's shape)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def usable(v, p):  # a number, or a real tensor (loading casts a complex one) of p's shape or a scalar
@@ -319,7 +331,6 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         return ", ".join(sorted(str(k) for k in d if k not in ("params", "param_names", "initial_lr")))
     pairs = []  # (what, the checkpoint's names, this optimizer's): another optimizer's loaded, and trained with its lr
     try:  # the same groups of parameters, and every moment of its parameter's shape
-        saved = state["optimizer"]
         pairs = [("hyperparameters", names(a), names(b)) for a, b in zip(saved["param_groups"], optimizer.param_groups)]
         pairs += [("state entries", names(s), names(optimizer.state[params[i]])) for i, s in saved["state"].items()
                   if 0 <= i < len(params) and s and optimizer.state.get(params[i])]  # where both have stepped
