@@ -25,9 +25,9 @@ import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import file_sha256, is_ids, same_file, unreadable, writable
+from files import is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -418,9 +418,15 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if top >= n:
         raise UsageError(f"the data holds token id {top}, but {where}, which decodes the samples, has {n} tokens; "
                          f"{kept or 'use the tokenizer that made the ids, or --num-samples 0'}.")
+    if V > n and kept:  # the size came with the run's model, often from no flag: the sentence names the run, and its
+        run = run_dir(cfg) if cfg["resume"] else cfg["init_from"]  # tokenizer as its, not as the token cache's copy
+        model = f"the model of the run in {run}" if cfg["resume"] else f"--init-from {run}'s model"
+        its = "its tokenizer" if same_folder(cfg["tokenizer"], run) else where
+        raise UsageError(f"{model} reads {V} token ids, but {its} has {n} tokens, so samples could hold ids that no "
+                         "token decodes; pass --num-samples 0.")
     if V > n:
         raise UsageError(f"--vocab-size {V} is above the {n} tokens of {where}, so samples could hold ids it cannot "
-                         f"decode; {kept or f'pass --vocab-size {n}, or --num-samples 0'}.")
+                         f"decode; pass --vocab-size {n}, or --num-samples 0.")
     missing = undecodable_ids(tok, V)
     if missing:
         raise UsageError(f"{where} has no token with id {', '.join(map(str, missing[:3]))}"
@@ -484,7 +490,7 @@ def same_start(cfg, recorded):
     need not be given again; UsageError for another."""
     recorded = recorded if isinstance(recorded, str) and recorded else None
     given = cfg["init_from"]
-    if given is not None and (recorded is None or Path(given).resolve() != Path(recorded).resolve()):
+    if given is not None and not same_folder(given, recorded):
         began = f"began from --init-from {recorded}" if recorded else "began without --init-from"
         raise UsageError(f"--resume: {run_dir(cfg)} {began}, not {given}; drop --init-from (a run keeps "
                          "its start).")
@@ -507,11 +513,11 @@ def same_tokenizer(cfg, recorded, mode):
     """same_run's --tokenizer, checked before --vocab-size is (a tokenizer's size would be blamed on it): the run is
     read with the tokenizer it was trained with (its copy beside ckpt.pt), so UsageError for another: neither the
     folder it was given (however spelled) nor files equal to its own."""
-    given, saved, fp = cfg["tokenizer"], recorded.get("tokenizer"), recorded.get("data_fingerprint")
-    if given is None or (isinstance(saved, str) and saved and same_file(given, saved)):
+    given = cfg["tokenizer"]
+    if given is None or same_folder(given, recorded.get("tokenizer")):
         return
     with contextlib.suppress(OSError):  # no pair there: another tokenizer
-        if isinstance(fp, dict) and fp.get("tokenizer") == [file_sha256(f) for f in tokenizer_files(given)]:
+        if holds_tokenizer(given, recorded.get("data_fingerprint")):
             return  # the same files (its own copy, the folder beside its ids): the same tokenizer
     raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {tokenizer_origin(recorded, run_dir(cfg))[0]}, not "
                      f"--tokenizer {given}; drop --tokenizer (it reads the run as it was trained).")
@@ -568,7 +574,7 @@ def start_from(cfg, argv):
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
         cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
-        its_own = "tokenizer" not in given or same_file(cfg["tokenizer"], run)  # however spelled
+        its_own = "tokenizer" not in given or same_folder(cfg["tokenizer"], run)  # however spelled
         if its_own and cfg["vocab_size"] is not None:  # the run's own pair
             return
         sized_by = None if "vocab_size" in given else who

@@ -55,6 +55,14 @@ def same_file(a, b):  # do paths a and b name one existing file, by any spelling
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
+def same_folder(a, b):
+    """Do a and b, folders as typed or as a run's config recorded them (--tokenizer, --init-from), name one, by any
+    spelling (a link, "../x")? One gone since (moved, deleted) is compared by its resolved path: a recorded path still
+    names itself, where samefile would need it there. None or "" names no folder: False."""
+    a, b = (os.fspath(p) if isinstance(p, (str, os.PathLike)) else "" for p in (a, b))
+    return bool(a and b) and (same_file(a, b) or Path(a).resolve() == Path(b).resolve())
+
+
 def file_sha256(path):  # a small file's SHA-256 in hex: a tokenizer's file, a download against a published one
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

@@ -25,7 +25,8 @@ import torch
 from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
                  short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
-                   lock_holder, file_sha256, new_folders, not_a_file, temporary, unwritable, writable, write_json)
+                   lock_holder, file_sha256, new_folders, not_a_file, same_folder, temporary, unwritable, writable,
+                   write_json)
 from machine import rank0_verdict
 
 
@@ -280,13 +281,22 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
     for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")
-    it, own, saved = state["iteration"], model.state_dict(), state["model"]
-    if isinstance(saved, dict) and saved.keys() != own.keys():  # saved from inside torch.compile or DDP (common in
+    it, saved, own = state["iteration"], state["model"], model.state_dict().keys()
+    if isinstance(saved, dict) and saved.keys() != own:  # saved from inside torch.compile or DDP (common in
         # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
         state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
-                                  for k, v in saved.items()}  # a key that is no str: named below
+                                  for k, v in saved.items()}  # a key that is no str: named below (check_weights)
     if isinstance(it, bool) or not isinstance(it, int) or it < 0:
         raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    check_weights(saved, model, name)
+    if optimizer is not None:
+        check_optimizer_state(state["optimizer"], optimizer, name)
+
+
+def check_weights(saved, model, name):
+    """check_state's model entry (saved): ValueError unless it holds model's keys, each a tensor of its shape and kind,
+    and one value for each tensor that model keeps under several keys."""
+    own = model.state_dict()
     keys = set(saved) if isinstance(saved, dict) else set()
     if keys != own.keys():
         raise ValueError(f"{name} does not fit this model: it lacks {sorted(own.keys() - keys)[:3]} and has "
@@ -307,8 +317,11 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         if not all(torch.equal(saved[first], saved[k]) for k in rest):
             raise ValueError(f"{name} holds two different {first} and {rest[0]}, which this model shares as one "
                              "tensor; load it into a model that keeps them apart")
-    if optimizer is None:
-        return
+
+
+def check_optimizer_state(saved, optimizer, name):
+    """check_state's optimizer entry (saved): ValueError unless this kind of optimizer saved it (the same names of
+    hyperparameters and state entries) for these parameters (the same groups, each moment of its parameter's shape)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def usable(v, p):  # a number, or a real tensor (loading casts a complex one) of p's shape or a scalar
@@ -318,7 +331,6 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
         return ", ".join(sorted(str(k) for k in d if k not in ("params", "param_names", "initial_lr")))
     pairs = []  # (what, the checkpoint's names, this optimizer's): another optimizer's loaded, and trained with its lr
     try:  # the same groups of parameters, and every moment of its parameter's shape
-        saved = state["optimizer"]
         pairs = [("hyperparameters", names(a), names(b)) for a, b in zip(saved["param_groups"], optimizer.param_groups)]
         pairs += [("state entries", names(s), names(optimizer.state[params[i]])) for i, s in saved["state"].items()
                   if 0 <= i < len(params) and s and optimizer.state.get(params[i])]  # where both have stepped
@@ -350,6 +362,13 @@ def check_config(config, like, name):
             raise ValueError(f"{name} {got} in its run config")
 
 
+def holds_tokenizer(folder, fp):
+    """Are the vocab.json and merges.txt in folder the tokenizer whose SHA-256s a run's data fingerprint fp records?
+    OSError where they cannot be read."""
+    digests = [file_sha256(Path(folder) / name) for name in ("vocab.json", "merges.txt")]
+    return isinstance(fp, dict) and fp.get("tokenizer") == digests
+
+
 def read_run(d, like):
     """A run directory's checkpoint dict, its config checked against like (check_config). A run still training
     may be read: it replaces ckpt.pt whole (atomic_file), so this reads one checkpoint or the next, never half of
@@ -367,7 +386,7 @@ def read_run(d, like):
     check_config(state["config"], like, ckpt)
     fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in ("vocab.json", "merges.txt")]
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
-            and [file_sha256(f) for f in kept] != fp["tokenizer"]:  # an --overwrite
+            and not holds_tokenizer(d, fp):  # an --overwrite
         raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
                          "changed since, or an --overwrite stopped before writing it")
     return state
@@ -396,9 +415,9 @@ def differs(key, old, new, names, fingerprinted):
 def given_tokenizer(config, run):
     """The --tokenizer a saved run config was given, as typed, or None: not the one a fine-tune took from its
     --init-from, nor a resumed fine-tune's own folder (run)."""
-    saved, start = config.get("tokenizer"), config.get("init_from")
-    was, start = (Path(t).resolve() if isinstance(t, str) and t else None for t in (saved, start))
-    return saved if was and was not in (start, Path(run).resolve()) else None
+    saved = config.get("tokenizer")
+    named = isinstance(saved, str) and saved and not same_folder(saved, run)
+    return saved if named and not same_folder(saved, config.get("init_from")) else None
 
 
 def on_text(config):  # did the run of this saved config train on text (so it must have a tokenizer), not on ids?
@@ -609,9 +628,9 @@ def check_same_data(state, cfg, ckpt_path):
     the flag to pass (none for a fine-tune's, which came with its --init-from). verify_resume checked the
     fingerprint's form, and left --data's spelling to this comparison."""
     old, new = state["config"].get("data_fingerprint"), cfg["data_fingerprint"]
-    was, now = (Path(t).resolve() if isinstance(t, str) and t else None
-                for t in (state["config"].get("tokenizer"), cfg["tokenizer"]))
-    if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and was != now:  # the flag, not the text
+    was, now = (t if isinstance(t, str) and t else None for t in (state["config"].get("tokenizer"), cfg["tokenizer"]))
+    flag = was != now and not same_folder(was, now)  # another --tokenizer, or one given or left out
+    if isinstance(old, dict) and old.get("tokenizer") != new["tokenizer"] and flag:  # the flag, not the text
         how, given = tokenizer_origin(state["config"], ckpt_path.parent)
         fix = f"pass --tokenizer {shlex.quote(given)}" if given else "drop --tokenizer"
         raise UsageError(f"--resume: {ckpt_path} was trained with {how}, not this command's; {fix}, with the data it "
