@@ -452,7 +452,7 @@ def run_profile(variants, device):
 # -----------------------------------------------------------------------------
 # 6. Command line.
 
-PEAK_TENSORS = 5  # float32 tensors of n elements alive at once while the benchmark runs
+PEAK_TENSORS = 5  # float32 tensors of n elements alive while timing: x, the copy's output, torch ops' temporaries
 
 
 def parse_args(argv):
@@ -479,7 +479,6 @@ def parse_args(argv):
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
     args.sizes, args.dtypes = (list(dict.fromkeys(x)) for x in (args.sizes, args.dtypes))  # each once, as given
     args.reps = args.reps or (100 if args.device == "cuda" else 10)
-    # at the largest size, in float32: x, the copy's output and the temporaries of torch ops' eight kernels
     need, (have, what) = PEAK_TENSORS * 4 << max(args.sizes), memory_bytes(args.device, 1)
     if need > have:
         raise UsageError(f"--sizes {max(args.sizes)}: 2^{max(args.sizes)} elements need about {need / 2**30:.1f} "

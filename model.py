@@ -175,9 +175,8 @@ class RotaryPositionalEmbedding(nn.Module):
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
         _check_theta("theta", theta)
         self.theta, self.d_k = theta, d_k
-        cos, sin = self.tables(max_seq_len)
-        self.register_buffer("cos", cos.to(device, torch.float32), persistent=False)
-        self.register_buffer("sin", sin.to(device, torch.float32), persistent=False)
+        for name, table in zip(("cos", "sin"), self.tables(max_seq_len)):
+            self.register_buffer(name, table.to(device, torch.float32), persistent=False)
         # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 

@@ -129,6 +129,11 @@ class _Optimizer(torch.optim.Optimizer):
                 self._update(group, params)
         return loss
 
+    def _zeros(self, p, name):  # p's state tensor `name`, zeros before its first step
+        if name not in self.state[p]:
+            self.state[p][name] = torch.zeros_like(p)
+        return self.state[p][name]
+
 
 class SGD(_Optimizer):
     """theta <- theta - lr * g.  momentum mu > 0: Polyak's heavy ball,  v <- mu v + g;  theta <- theta - lr * v.
@@ -144,9 +149,7 @@ class SGD(_Optimizer):
         for p in params:
             v = p.grad
             if group["momentum"] > 0:
-                if not self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-                v = self.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+                v = self._zeros(p, "momentum_buffer").mul_(group["momentum"]).add_(p.grad)
             p.add_(v, alpha=-group["lr"])
 
 
@@ -159,10 +162,7 @@ class AdaGrad(_Optimizer):
 
     def _update(self, group, params):
         for p in params:
-            if "sum_sq" not in self.state[p]:
-                self.state[p]["sum_sq"] = torch.zeros_like(p)
-            G = self.state[p]["sum_sq"]
-            G.addcmul_(p.grad, p.grad)
+            G = self._zeros(p, "sum_sq").addcmul_(p.grad, p.grad)
             p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
 
 
@@ -176,9 +176,7 @@ class RMSProp(_Optimizer):
 
     def _update(self, group, params):
         for p in params:
-            if not self.state[p]:
-                self.state[p]["square_avg"] = torch.zeros_like(p)
-            G = self.state[p]["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+            G = self._zeros(p, "square_avg").mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
             p.addcdiv_(p.grad, (G + group["eps"]).sqrt(), value=-group["lr"])
 
 
@@ -333,15 +331,12 @@ class Muon(AdamW):
     def _update(self, group, params):
         if not group["muon"]:
             return super()._update(group, params)
-        for p in params:
-            if not self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
         dtype = self.ns_dtype or (torch.bfloat16 if params[0].is_cuda else torch.promote_types(params[0].dtype,
                                                                                                 torch.float32))
         lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
         if self.compiled:
             lr, decay = _on_device(params[0], lr, decay)
-        self._muon(params, [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params], lr, decay,
+        self._muon(params, [p.grad for p in params], [self._zeros(p, "momentum_buffer") for p in params], lr, decay,
                    group["momentum"], group["nesterov"], group["ns_steps"], dtype)
 
 

@@ -236,7 +236,7 @@ def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequ
 def device_peak(cfg):
     """MFU's denominator: accounting.py's published peak for the run's device and dtype, or None. Called under the
     run's torch_settings: TF32 changes a float32 GPU's peak."""
-    return accounting.peak_flops(torch.device(cfg["device"]), torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+    return accounting.peak_flops(cfg["device"], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
 
 
 def benchmark_peak(cfg):  # --benchmark's (peak, its words); a CPU has no published peak: its best square matmul's
