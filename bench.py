@@ -1408,18 +1408,25 @@ class GpuReport:
             rows[f"step, {name} shape: Muon vs AdamW"] = line
         return rows
 
+    def profiled_step(self, cfg):
+        """One compiled step of cfg: (its median time, {kernel: device seconds per step}, kernels per step, the GPU
+        meanwhile)."""
+        sync = synchronizer(self.device)
+        with torch_settings(cfg):
+            step = train.random_step(cfg)[0]
+            take_turns({"step": step}, config.UNTIMED_STEPS, sync)  # graphs, if any, are recorded here: not profiled
+            turns, gpu = self.timed_turns({"step": step}, sync)
+            times, launches = kernel_times(step, self.device, self.profiled)
+        return statistics.median(turns["step"]), times, launches, gpu
+
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
         the step's own median time; what is left is the GPU waiting for the host. Then the five longest kernels. The
         defaults' kernels are launched one at a time, without CUDA graphs, so that the profiler times each: the
-        step's time and its idle share are then those of a step no default runs (graphs replay the launches)."""
-        cfg, sync = dict(self.benchmark_cfg(name), cuda_graph=False), synchronizer(self.device)
-        with torch_settings(cfg):
-            step = train.random_step(cfg)[0]
-            take_turns({"step": step}, config.UNTIMED_STEPS, sync)
-            turns, gpu = self.timed_turns({"step": step}, sync)
-            dt = statistics.median(turns["step"])
-            times, launches = kernel_times(step, self.device, self.profiled)
+        step's time and its idle share are then those of a step no default runs (graphs replay the launches). Last,
+        the defaults' own step, with its graphs: how long the GPU still waits for the host in it."""
+        cfg = dict(self.benchmark_cfg(name), cuda_graph=False)
+        dt, times, launches, gpu = self.profiled_step(cfg)
         kinds = Counter()
         for kernel, t in times.items():
             kinds[kernel_kind(kernel)] += t
@@ -1438,10 +1445,23 @@ class GpuReport:
         rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent + gpu,
                 f"profile, {name} shape: the weights' matmuls inside the step": f"{flops / 1e12:.3g} TFLOP in "
                 f"{1000 * kinds['matmul']:.1f} ms, {rate}",
-                f"profile, {name} shape: the five longest kernels, per step": longest}
+                f"profile, {name} shape: the five longest kernels, per step": longest,
+                f"profile, {name} shape: the defaults' step, with its CUDA graphs": self.profile_graphs(name)}
         for what, line in rows.items():
             print(f"  {what}: {line}", flush=True)
         return rows
+
+    def profile_graphs(self, name):  # the GPU's idle time left in the defaults' step, which replays CUDA graphs
+        cfg = self.benchmark_cfg(name)
+        if not cfg["cuda_graph"]:
+            return "skipped: CUDA graphs need a compiled step on a GPU"
+        dt, times, launches, gpu = self.profiled_step(cfg)
+        if not times:
+            return f"{1000 * dt:.1f} ms a step; the profiler saw no kernel of the graphs' replays" + gpu
+        busy = sum(times.values())
+        return (f"{1000 * dt:.1f} ms a step, kernels {1000 * busy:.1f} ms, the GPU idle (waiting for the host) "
+                f"{1000 * max(dt - busy, 0.0):.1f} ms ({max(dt - busy, 0.0) / dt:.0%}); {launches:.0f} kernels seen"
+                + gpu)
 
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""

@@ -10743,7 +10743,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     levers, autotune = ([f"lever, {s} shape: {lever}" for s in reversed(bench.GPU_SHAPES) for lever in levers]
                         for levers in (bench.LEVERS, bench.AUTOTUNE))  # GPT-2 small's first
     profile = [f"profile, {s} shape: {what}" for s in reversed(bench.GPU_SHAPES)
-               for what in ("a step's", "the weights' matmuls", "the five")]
+               for what in ("a step's", "the weights' matmuls", "the five", "the defaults' step, with its CUDA")]
     gate = [f"SwiGLU's gate alone, GPT-2-small shape (128 x 128): {v}" for v in (
         "inductor, forward", "inductor, backward", "a copy of (rows, 2 d_ff)", "Triton")]
     by_default = "levers on by default (train.py's flags)"
@@ -10755,11 +10755,12 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                           looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
-    for r in profiled[::3]:  # each kind once, with its time and share; the matmuls' rate; the longest kernels
+    for r in profiled[::4]:  # each kind once, with its time and share; the matmuls' rate; the longest kernels
         assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
         assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |; ))+\d+ ops a step", rows[r]), rows[r]  # GPU: kernels
-    assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::3]), rows
-    assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::3]), rows
+    assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::4]), rows
+    assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::4]), rows
+    assert all(rows[r] == "skipped: CUDA graphs need a compiled step on a GPU" for r in profiled[3::4]), rows
     assert rows[by_default].startswith("on for a step compiled on one GPU (--compile on CUDA, one process, --grad-accum "
                                        "1): --cuda-graph, --fused-head, --triton-gate (the two kernels off without "
                                        "the graphs; the gate needs --fast, SwiGLU and triton); on with --fast and "
@@ -10859,6 +10860,22 @@ def test_bench_gpu_levers_print_each_row_before_the_next_lever_builds(capsys, mo
     order = [out.index(text) for text in ("building auto", f"  {names[0]}: ", "building flash", f"  {names[1]}: ",
                                           "building math", f"  {names[2]}: ")]
     assert order == sorted(order), out
+
+
+def test_bench_gpu_profile_of_the_graphs_step_says_what_the_gpu_waits(monkeypatch):
+    # the defaults' step replays CUDA graphs: its row is the step's time, the kernels' sum and the difference, the
+    # GPU waiting for the host (on a CPU, where no graph is recorded, a sentence says so)
+    report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=600, tests="cuda"))
+    assert report.profile_graphs("TinyStories") == "skipped: CUDA graphs need a compiled step on a GPU"
+    cfg = dict(report.benchmark_cfg("TinyStories"), cuda_graph=True)
+    monkeypatch.setattr(report, "benchmark_cfg", lambda name: cfg)
+    seen = {"kernel a": 0.004, "kernel b": 0.005}
+    monkeypatch.setattr(report, "profiled_step", lambda c: (0.010, seen if c is cfg else {}, 12, ", GPU x"))
+    assert report.profile_graphs("TinyStories") == ("10.0 ms a step, kernels 9.0 ms, the GPU idle (waiting for the "
+                                                    "host) 1.0 ms (10%); 12 kernels seen, GPU x")
+    seen.clear()  # a profiler that sees no kernel inside a replay says so, not "all idle"
+    assert report.profile_graphs("TinyStories") == ("10.0 ms a step; the profiler saw no kernel of the graphs' "
+                                                    "replays, GPU x")
 
 
 def test_bench_gpu_levers_compare_with_the_defaults_alone_and_start_only_if_their_compile_fits(capsys, monkeypatch):
