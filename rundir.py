@@ -540,8 +540,10 @@ def verify_init(cfg, model_keys, like, model):
     anew = "start the run anew with --overwrite" if cfg["resume"] else None
     try:
         state = read_run(start, like)
-    except (FileNotFoundError, ValueError, OSError) as e:
-        raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or 'pass the folder of a trained run'}.") from None
+    except (FileNotFoundError, ValueError, OSError) as e:  # no run there, or one damaged (a ValueError)
+        fix = "restore it from a copy, or start from another run" if isinstance(e, ValueError) else \
+            "pass the folder of a trained run"
+        raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or fix}.") from None
     keys = [k for k in model_keys if state["config"][k] != cfg[k]]
     if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
         listed = run_config(Path(start)) or state["config"]  # config.json gone: its config is ckpt.pt's

@@ -7566,6 +7566,11 @@ def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(
     assert train.main(["--data", str(other), "--init-from", str(tmp_path / "none"), *flags, "--run-name", "x"]) == 2
     _train_one_error(capsys, f"--init-from {tmp_path / 'none'} holds no run (no readable config.json or ckpt.pt); pass "
                              "the folder of a trained run.")
+    _train_flip_tensor_byte(tmp_path / "out" / "story" / "ckpt.pt")  # damaged, its config.json whole: it was told
+    assert train.main(["--data", str(other), "--init-from", str(tmp_path / "out" / "story"), *flags,  # to "pass the
+                       "--run-name", "x"]) == 2  # folder of a trained run", the one it passed
+    assert _train_one_line(capsys, "--init-from").endswith("fails its CRC-32 check; restore it from a copy, or start "
+                                                           "from another run.")
     assert not (tmp_path / "out" / "x").exists()
 
 
