@@ -1459,9 +1459,9 @@ class GpuReport:
         if not times:
             return f"{1000 * dt:.1f} ms a step; the profiler saw no kernel of the graphs' replays" + gpu
         busy = sum(times.values())
+        idle = max(dt - busy, 0.0)
         return (f"{1000 * dt:.1f} ms a step, kernels {1000 * busy:.1f} ms, the GPU idle (waiting for the host) "
-                f"{1000 * max(dt - busy, 0.0):.1f} ms ({max(dt - busy, 0.0) / dt:.0%}); {launches:.0f} kernels seen"
-                + gpu)
+                f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen" + gpu)
 
     def loop(self):
         """train.py's real loop, a short run on random ids (no download) in its own process."""

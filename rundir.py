@@ -34,6 +34,7 @@ from machine import rank0_verdict
 # 1. The run directory: one writer, an old run replaced only on --overwrite
 
 RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
+TOKENIZER = RUN_FILES[4:6]  # the run's copy of its tokenizer (bpe.tokenizer_files names the same pair in a folder)
 
 
 RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
@@ -175,7 +176,7 @@ def write_run_files(cfg, tok_files, start, new):
     write_json(cfg, where / "config.json")
     truncate_metrics(where / "metrics.jsonl", start)
     if new:  # what an old run here left that this one does not make (yet)
-        for name in {"vocab.json", "merges.txt", "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
+        for name in {*TOKENIZER, "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
             (where / name).unlink(missing_ok=True)
 
 
@@ -365,7 +366,7 @@ def check_config(config, like, name):
 def holds_tokenizer(folder, fp):
     """Are the vocab.json and merges.txt in folder the tokenizer whose SHA-256s a run's data fingerprint fp records?
     OSError where they cannot be read."""
-    digests = [file_sha256(Path(folder) / name) for name in ("vocab.json", "merges.txt")]
+    digests = [file_sha256(Path(folder) / name) for name in TOKENIZER]
     return isinstance(fp, dict) and fp.get("tokenizer") == digests
 
 
@@ -384,7 +385,7 @@ def read_run(d, like):
     if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
         raise ValueError(f"{ckpt} holds no run config or no model")
     check_config(state["config"], like, ckpt)
-    fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in ("vocab.json", "merges.txt")]
+    fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in TOKENIZER]
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
             and not holds_tokenizer(d, fp):  # an --overwrite
         raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
