@@ -692,8 +692,19 @@ def torch_update(params, cfg):
     return update
 
 
-def compiled(model, cfg):  # a peer compiled as train.py compiles ours (CUDA graphs too, where they are on)
-    return torch.compile(model, mode=train.compile_mode(cfg)) if cfg["compile"] else model
+def compiled(model, cfg):
+    """A peer compiled as train.py compiles ours (CUDA graphs too, where they are on; then each call begins a step, as
+    in train.train_step: the last replay's outputs are spent)."""
+    if not cfg["compile"]:
+        return model
+    fast = torch.compile(model, mode=train.compile_mode(cfg))
+    if not cfg["cuda_graph"]:
+        return fast
+
+    def call(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fast(*args, **kwargs)
+    return call
 
 
 def llama_step(cfg, micro):
@@ -707,8 +718,6 @@ def llama_step(cfg, micro):
     def step():  # -> the mean loss (a tensor: no host sync)
         total = 0
         for x, y in micro:
-            if cfg["cuda_graph"]:  # as train_step: the last replay's outputs are spent
-                torch.compiler.cudagraph_mark_step_begin()
             with train.autocast(cfg):
                 logits = model(input_ids=x).logits
             loss = torch_loss(logits, y)
@@ -730,8 +739,6 @@ def compact_step(cfg, micro, loss_inside=True):
     def step():  # -> the mean loss (a tensor: no host sync)
         total = 0
         for x, y in micro:
-            if cfg["cuda_graph"]:  # as train_step: the last replay's outputs are spent
-                torch.compiler.cudagraph_mark_step_begin()
             with train.autocast(cfg):
                 out = model(x, y) if loss_inside else model(x)  # the loss, or the logits
             loss = out if loss_inside else torch_loss(out, y)
