@@ -1254,13 +1254,14 @@ def git_commit():  # BENCH_COMMIT where its caller sets it (a rented GPU's copy,
         return "unknown"
 
 
-def steady_tokens_per_s(metrics, run):
-    """The median tokens/s of metrics.jsonl's windows after the first run["skip"] steps, leaving out each
-    window that holds the first step after an evaluation (the compiler may retrace there)."""
+def steady(metrics, run, key="tokens_per_s"):
+    """The median of metrics.jsonl's `key` (tokens_per_s, mfu) over its windows after the first run["skip"] steps,
+    leaving out each window that holds the first step after an evaluation (the compiler may retrace there); None
+    where no window has it (mfu on a CPU, which has no published peak)."""
     rows = [json.loads(line) for line in Path(metrics).read_text().splitlines()]
-    return statistics.median(r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > run["skip"]
-                             and not any((n - 1) % run["evals"] == 0 for n in range(r["step"] - run["log"] + 1,
-                                                                                     r["step"] + 1)))
+    values = [r[key] for r in rows if r.get(key) is not None and r["step"] > run["skip"]
+              and not any((n - 1) % run["evals"] == 0 for n in range(r["step"] - run["log"] + 1, r["step"] + 1))]
+    return statistics.median(values) if values else None
 
 
 class GpuReport:
@@ -1273,7 +1274,8 @@ class GpuReport:
         self.chosen = {lever: flags for lever, flags in LEVERS.items()  # --levers: the defaults and those it names
                        if not flags or any(word in lever for word in getattr(args, "levers", None) or [lever])}
         self.device = "cpu" if args.cpu else "cuda"
-        self.t0, self.rows, self.failed, self.benchmark_tps = time.perf_counter(), {}, [], None
+        self.t0, self.rows, self.failed = time.perf_counter(), {}, []
+        self.benchmark_tps = {}  # shape -> the step section's --benchmark tokens/s: the real loop's yardstick
         self.watch = None  # run()'s GpuWatch
 
     def left(self):  # seconds of the budget left
@@ -1302,8 +1304,7 @@ class GpuReport:
               "taking turns")
         cfg = self.benchmark_cfg(name)
         results = step_table(cfg)
-        if name == "TinyStories":
-            self.benchmark_tps = results["this project"][0]  # what --benchmark measures: the loop's yardstick
+        self.benchmark_tps[name] = results["this project"][0]
         results.setdefault("HF LlamaForCausalLM", (None, "skipped: transformers is not installed"))
         return {f"step, {name} shape: {who}": results[who][1] for who in (
             "this project", "HF LlamaForCausalLM", "compact model (bench.py)", "compact model, loss outside compile")}
@@ -1413,7 +1414,28 @@ class GpuReport:
             line += gpu
             print(f"{name}: {line}", flush=True)
             rows[f"step, {name} shape: Muon vs AdamW"] = line
+            rows[f"step, {name} shape: the optimizer's step alone"] = self.optimizer_alone(steps, cfgs["muon"])
         return rows
+
+    def optimizer_alone(self, steps, cfg):
+        """Each optimizer's step alone, over random gradients (its work is the same for any): its kernels' time, and
+        Muon's matmuls' rate on Newton-Schulz's FLOPs (accounting.muon_flops), against the whole step's."""
+        spent = {}
+        for name, step in steps.items():
+            for p in (p for group in step.optimizer.param_groups for p in group["params"]):
+                p.grad = torch.randn_like(p)
+            times, _ = kernel_times(step.optimizer.step, self.device, self.profiled)
+            matmuls = sum(t for kernel, t in times.items() if kernel_kind(kernel) == "matmul")
+            spent[name] = sum(times.values()), matmuls
+            step.optimizer.zero_grad(set_to_none=True)
+        (muon, matmuls), (adamw, _) = spent["muon"], spent["adamw"]
+        ns = accounting.muon_flops(**cfg)
+        rate = f"{ns / matmuls / 1e12:.3g} TFLOP/s" if matmuls else "no matmul kernel seen"
+        line = (f"Muon {1000 * muon:.2f} ms of kernels (Newton-Schulz's {ns / 1e12:.3g} TFLOP in "
+                f"{1000 * matmuls:.2f} ms of matmuls, {rate}; the rest {1000 * (muon - matmuls):.2f} ms), AdamW "
+                f"{1000 * adamw:.2f} ms")
+        print(f"  the optimizer's step alone: {line}", flush=True)
+        return line
 
     def profiled_step(self, cfg):
         """One compiled step of cfg: (its median time, {kernel: device seconds per step}, kernels per step, the GPU
@@ -1470,13 +1492,14 @@ class GpuReport:
         return (f"{1000 * dt:.1f} ms a step, kernels {1000 * busy:.1f} ms, the GPU idle (waiting for the host) "
                 f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen" + gpu)
 
-    def loop(self):
-        """train.py's real loop, a short run on random ids (no download) in its own process."""
-        run, (shape, _) = LOOP[self.cpu], GPU_SHAPES["TinyStories"][self.cpu]
+    def loop(self, name):
+        """train.py's real loop at one of GPU_SHAPES, a short run on random ids (no download) in its own process:
+        unlike --benchmark, which drains the GPU's queue around each step, the host runs ahead of the GPU here."""
+        run, (shape, _) = LOOP[self.cpu], GPU_SHAPES[name][self.cpu]
         with tempfile.TemporaryDirectory() as tmp:
             ids = Path(tmp) / "ids.npy"
             np.save(ids, np.random.default_rng(0).integers(0, shape["vocab_size"], run["ids"], dtype=np.uint16))
-            argv = [f"--data={ids}", *self.shape_flags("TinyStories"), f"--max-iters={run['steps']}",
+            argv = [f"--data={ids}", *self.shape_flags(name), f"--max-iters={run['steps']}",
                     f"--log-interval={run['log']}", f"--eval-interval={run['evals']}", "--eval-iters=5",
                     "--num-samples=0", f"--out-dir={tmp}"]
             print("python train.py " + " ".join(argv), flush=True)
@@ -1487,12 +1510,15 @@ class GpuReport:
                 raise RuntimeError(f"train.py was stopped at the {self.budget:.0f} s budget") from None
             if p.returncode != 0:
                 raise RuntimeError(f"train.py exited {p.returncode}: " + (p.stderr or p.stdout).strip()[-300:])
-            tps = steady_tokens_per_s(Path(tmp) / "ids" / "metrics.jsonl", run)
-        line = f"{tps:,.0f} tokens/s over steps {run['skip'] + 1}-{run['steps']}, evaluations' windows left out; "
-        line += (f"{tps / self.benchmark_tps:.2f}x --benchmark's {self.benchmark_tps:,.0f}" if self.benchmark_tps
-                 else "--benchmark's figure is missing (the TinyStories step did not run)")
+            metrics = Path(tmp) / "ids" / "metrics.jsonl"
+            tps, mfu = steady(metrics, run), steady(metrics, run, "mfu")
+        line = f"{tps:,.0f} tokens/s{f', MFU {mfu:.1%}' if mfu else ''} over steps {run['skip'] + 1}-{run['steps']}, "
+        line += "evaluations' windows left out; "
+        yardstick = self.benchmark_tps.get(name)
+        line += (f"{tps / yardstick:.2f}x --benchmark's {yardstick:,.0f}" if yardstick
+                 else "--benchmark's figure is missing (its step section did not run)")
         print(line)
-        return {"real loop (train.py), steady, vs --benchmark, TinyStories shape": line}
+        return {f"real loop (train.py), steady, vs --benchmark, {name} shape": line}
 
     def generate(self):
         args = argparse.Namespace(new_tokens=8 if self.cpu else 256, repeats=1 if self.cpu else 3)
@@ -1569,7 +1595,9 @@ class GpuReport:
                     ("profile", "where a step's time goes, TinyStories shape"): lambda: self.profile("TinyStories"),
                     ("autotune", "max-autotune, GPT-2-small shape"): lambda: self.levers("GPT-2 small", AUTOTUNE),
                     ("autotune", "max-autotune, TinyStories shape"): lambda: self.levers("TinyStories", AUTOTUNE),
-                    ("loop", "the real loop"): self.loop, ("generation", "generation"): self.generate,
+                    ("loop", "the real loop, GPT-2-small shape"): lambda: self.loop("GPT-2 small"),
+                    ("loop", "the real loop, TinyStories shape"): lambda: self.loop("TinyStories"),
+                    ("generation", "generation"): self.generate,
                     ("kernels", "kernels.py"): self.kernels_table,
                     ("accounting", "accounting.py --verify"): self.verify_accounting,
                     ("tests", "tests touching CUDA"): self.cuda_tests}

@@ -10737,7 +10737,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
              for who in ("this project", "HF LlamaForCausalLM", "compact model (bench.py)",
                          "compact model, loss outside compile")]
-    loop = "real loop (train.py), steady, vs --benchmark, TinyStories shape"
+    loops = [f"real loop (train.py), steady, vs --benchmark, {s} shape" for s in reversed(bench.GPU_SHAPES)]
     generation = [f"generation, batch {b}, {who}" for b, whos in ((1, ("plain, KV cache", "plain, no cache")),
                                                                  (4, ("plain, KV cache",))) for who in
                   (*whos, "fast, static cache, eager step")]  # compiled on a GPU
@@ -10752,11 +10752,14 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     gate = [f"SwiGLU's gate alone, GPT-2-small shape (128 x 128): {v}" for v in (
         "inductor, forward", "inductor, backward", "a copy of (rows, 2 d_ff)", "Triton")]
     by_default = "levers on by default (train.py's flags)"
-    muon = [f"step, {s} shape: Muon vs AdamW" for s in bench.GPU_SHAPES]
-    assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon), rows
+    muon = [f"step, {s} shape: {what}" for s in bench.GPU_SHAPES for what in ("Muon vs AdamW",
+                                                                            "the optimizer's step alone")]
+    assert all(re.fullmatch(r"[\d.]+ vs [\d.]+ ms/step: Muon's step is [\d.]+x AdamW's", rows[m]) for m in muon[::2])
+    assert all(re.fullmatch(r"Muon [\d.]+ ms of kernels \(Newton-Schulz's [\d.e-]+ TFLOP in [\d.]+ ms of matmuls, "
+                            r"[\d.e-]+ TFLOP/s; the rest [\d.]+ ms\), AdamW [\d.]+ ms", rows[m]) for m in muon[1::2]), rows
     profiled = [r for r in rows if r.startswith("profile, ")]  # a row's name holds its step's time
     assert [r[:len(p)] for r, p in zip(profiled, profile)] == profile, rows
-    assert list(rows) == ["what", by_default, *steps, *muon, *head, *gate, *levers, *profiled, *autotune, loop, *generation,
+    assert list(rows) == ["what", by_default, *steps, *muon, *head, *gate, *levers, *profiled, *autotune, *loops, *generation,
                           looks, *hf, "kernels.py GELU", "accounting.py --verify",
                           "tests touching CUDA (pytest -k 'cuda')"]
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
@@ -10784,8 +10787,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert all(re.fullmatch(r"[\d.]+ ms/step, [\d,]+ tokens/s(; this project is [\d.]+x its speed)?",  # a CPU: no
                             rows[s]) for s in steps if "HF" not in s), rows  # published peak, so no MFU (issue 36)
     assert rows[steps[1]] == rows[steps[5]] == "skipped: transformers is not installed"
-    assert re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x --benchmark's "
-                        r"[\d,]+", rows[loop])
+    assert all(re.fullmatch(r"[\d,]+ tokens/s over steps 11-40, evaluations' windows left out; [\d.]+x "
+                            r"--benchmark's [\d,]+", rows[loop]) for loop in loops), rows
     assert all(re.fullmatch(r"[\d,.]+ tokens/s", rows[g]) for g in generation), rows
     assert re.fullmatch(", ".join(rf"{k}: [\d,]+" for k in bench.STOP_CHECKS) + rf" tokens/s \(now "
                         rf"{model.STOP_CHECK_EVERY}\)", rows[looks]), rows[looks]
@@ -11091,9 +11094,11 @@ def test_bench_gpu_report_leaves_out_compile_and_evaluations():
     run = dict(steps=40, log=5, evals=20, skip=10)
     # steps 5 and 10: compiling; 25: the window after step 20's evaluation
     tps = {5: 1, 10: 2, 15: 100, 20: 102, 25: 3, 30: 104, 35: 106, 40: 108}
-    rows = [{"step": s, "tokens_per_s": v} for s, v in tps.items()] + [{"step": 20, "val_loss": 1.0}]
-    Path("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert bench.steady_tokens_per_s("metrics.jsonl", run) == 104
+    rows = [{"step": s, "tokens_per_s": v, "mfu": v / 1000 if s > 10 else None} for s, v in tps.items()]
+    Path("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"step": 20, "val_loss": 1.0}]))
+    assert bench.steady("metrics.jsonl", run) == 104 and bench.steady("metrics.jsonl", run, "mfu") == 0.104
+    Path("metrics.jsonl").write_text("".join(json.dumps({**r, "mfu": None}) + "\n" for r in rows))
+    assert bench.steady("metrics.jsonl", run, "mfu") is None  # a CPU: no published peak, no MFU
 
 
 def test_bench_gpu_report_without_a_gpu_asks_for_the_rehearsal(capsys, monkeypatch):
