@@ -754,7 +754,7 @@ def step_table(cfg):
     batches, taking turns after UNTIMED_STEPS untimed rounds: one line each -> {name: (tokens/s, that line)}."""
     sync = synchronizer(cfg["device"])
     with torch_settings(cfg):
-        ours, micro = train.random_step(cfg)
+        ours, micro, _ = train.random_step(cfg)
         steps, failed = {"this project": ours}, {}
         if peer("transformers"):
             try:  # built and run once here: a failure (another transformers release) is its row, not the table's
@@ -1404,37 +1404,38 @@ class GpuReport:
             torch.compiler.reset()  # the second shape compiled afresh, not as dynamic shapes (see run())
             cfgs = {o: self.benchmark_cfg(name, f"--optimizer={o}") for o in ("adamw", "muon")}
             with torch_settings(cfgs["adamw"]):
-                steps = {o: train.random_step(cfg)[0] for o, cfg in cfgs.items()}
+                built = {o: train.random_step(cfg) for o, cfg in cfgs.items()}
+                steps = {o: step for o, (step, _, _) in built.items()}
                 take_turns(steps, config.UNTIMED_STEPS, sync)
                 times, gpu = self.timed_turns(steps, sync)
                 syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
+                alone = self.optimizer_alone({o: optimizer for o, (_, _, optimizer) in built.items()}, cfgs["muon"])
             adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
             line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
             line += f"; host syncs in 3 steps: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
             line += gpu
-            print(f"{name}: {line}", flush=True)
+            print(f"{name}: {line}\n{name}, the optimizer's step alone: {alone}", flush=True)
             rows[f"step, {name} shape: Muon vs AdamW"] = line
-            rows[f"step, {name} shape: the optimizer's step alone"] = self.optimizer_alone(steps, cfgs["muon"])
+            rows[f"step, {name} shape: the optimizer's step alone"] = alone
         return rows
 
-    def optimizer_alone(self, steps, cfg):
+    def optimizer_alone(self, optimizers, cfg):
         """Each optimizer's step alone, over random gradients (its work is the same for any): its kernels' time, and
         Muon's matmuls' rate on Newton-Schulz's FLOPs (accounting.muon_flops), against the whole step's."""
         spent = {}
-        for name, step in steps.items():
-            for p in (p for group in step.optimizer.param_groups for p in group["params"]):
+        for name, optimizer in optimizers.items():
+            for p in (p for group in optimizer.param_groups for p in group["params"]):
                 p.grad = torch.randn_like(p)
-            times, _ = kernel_times(step.optimizer.step, self.device, self.profiled)
+            times, _ = kernel_times(optimizer.step, self.device, self.profiled)
             matmuls = sum(t for kernel, t in times.items() if kernel_kind(kernel) == "matmul")
             spent[name] = sum(times.values()), matmuls
-            step.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
         (muon, matmuls), (adamw, _) = spent["muon"], spent["adamw"]
         ns = accounting.muon_flops(**cfg)
         rate = f"{ns / matmuls / 1e12:.3g} TFLOP/s" if matmuls else "no matmul kernel seen"
         line = (f"Muon {1000 * muon:.2f} ms of kernels (Newton-Schulz's {ns / 1e12:.3g} TFLOP in "
                 f"{1000 * matmuls:.2f} ms of matmuls, {rate}; the rest {1000 * (muon - matmuls):.2f} ms), AdamW "
                 f"{1000 * adamw:.2f} ms")
-        print(f"  the optimizer's step alone: {line}", flush=True)
         return line
 
     def profiled_step(self, cfg):

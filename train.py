@@ -248,9 +248,7 @@ def benchmark_peak(cfg):  # --benchmark's (peak, its words); a CPU has no publis
     return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s (a probe, not a published peak)"
 
 
-def random_step(cfg):
-    """-> one optimizer step of this configuration on fixed random tokens, and its micro-batches; step.optimizer is
-    what it steps (bench.py times that alone)."""
+def random_step(cfg):  # -> (a step of this configuration on fixed random tokens, its micro-batches, its optimizer)
     _, loss_model, optimizer = build(cfg)
     shape = (cfg["grad_accum"], cfg["micro_batch"], cfg["context_length"] + 1)
     micro = [(d[:, :-1], d[:, 1:]) for d in torch.randint(cfg["vocab_size"], shape, device=cfg["device"])]
@@ -259,8 +257,7 @@ def random_step(cfg):
         train_step(loss_model, optimizer, micro, cfg["lr"], cfg)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    step.optimizer = optimizer
-    return step, micro
+    return step, micro, optimizer
 
 
 def benchmark(cfg):
