@@ -1122,8 +1122,9 @@ def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy
 
 
 def kernel_times(step, device, steps=PROFILED_STEPS):
-    """torch.profiler over `steps` calls of step -> ({kernel name: its device seconds per step}, the kernels launched
-    per step) (on a CPU, each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
+    """torch.profiler over `steps` calls of step, one after another (the host may run ahead, as in train.py's loop)
+    -> ({kernel name: its device seconds per step}, the kernels launched per step, device_waits' line) (on a CPU,
+    each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
     gpu, activity = device.startswith("cuda"), torch.profiler.ProfilerActivity
     with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
         for _ in range(steps):
@@ -1135,7 +1136,33 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
         if e.device_type == kind and not e.is_user_annotation:  # spanning its kernels: counted twice, it is left out
             times[e.key] += (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e6 / steps
             launches += e.count / steps
-    return times, launches
+    return times, launches, device_waits(prof.events(), kind, steps)
+
+
+def device_waits(events, kind, steps, longest=3):
+    """Where the device waited between its kernels (nothing ran): the total per step, and the longest waits, each
+    with the kernel that ended it and the op whose launch it waited for (the host's side: on a GPU, the CPU op
+    linked to the kernel's launch). On a CPU the "kernels" are the ops, as kernel_times times them."""
+    cpu = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    kernels = sorted((e for e in events if e.device_type == kind and not e.is_user_annotation),
+                     key=lambda e: e.time_range.start)
+    waits, end = [], kernels[0].time_range.end if kernels else 0
+    for k in kernels[1:]:
+        if k.time_range.start > end:
+            waits.append(((k.time_range.start - end) / 1e6, k))
+        end = max(end, k.time_range.end)
+    if not waits:
+        return "no wait between kernels"
+
+    def launcher(k):  # the innermost op above the CUDA runtime's launch call (cudaLaunchKernel, cudaGraphLaunch)
+        e = k.cpu_parent if kind == torch.autograd.DeviceType.CPU else cpu.get(getattr(k, "linked_correlation_id", 0))
+        while e is not None and e.name.startswith("cuda"):
+            e = e.cpu_parent
+        return e.name[:60] if e is not None else "?"
+    waits.sort(key=lambda w: w[0], reverse=True)
+    return (f"waits between kernels {1000 * sum(t for t, _ in waits) / steps:.2f} ms a step; the longest: "
+            + ", ".join(f"{1000 * t:.2f} ms before {k.name[:50]} (launched by {launcher(k)})"
+                        for t, k in waits[:longest]))
 
 
 def levers_by_default():
@@ -1426,7 +1453,7 @@ class GpuReport:
         for name, optimizer in optimizers.items():
             for p in (p for group in optimizer.param_groups for p in group["params"]):
                 p.grad = torch.randn_like(p)
-            times, _ = kernel_times(optimizer.step, self.device, self.profiled)
+            times, *_ = kernel_times(optimizer.step, self.device, self.profiled)
             matmuls = sum(t for kernel, t in times.items() if kernel_kind(kernel) == "matmul")
             spent[name] = sum(times.values()), matmuls
             optimizer.zero_grad(set_to_none=True)
@@ -1439,15 +1466,15 @@ class GpuReport:
         return line
 
     def profiled_step(self, cfg):
-        """One compiled step of cfg: (its median time, {kernel: device seconds per step}, kernels per step, the GPU
-        meanwhile)."""
+        """One compiled step of cfg: (its median time, {kernel: device seconds per step}, kernels per step, where the
+        device waited (device_waits), the GPU meanwhile)."""
         sync = synchronizer(self.device)
         with torch_settings(cfg):
             step = train.random_step(cfg)[0]
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)  # graphs, if any, are recorded here: not profiled
             turns, gpu = self.timed_turns({"step": step}, sync)
-            times, launches = kernel_times(step, self.device, self.profiled)
-        return statistics.median(turns["step"]), times, launches, gpu
+            times, launches, waits = kernel_times(step, self.device, self.profiled)
+        return statistics.median(turns["step"]), times, launches, waits, gpu
 
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
@@ -1456,7 +1483,7 @@ class GpuReport:
         step's time and its idle share are then those of a step no default runs (graphs replay the launches). Last,
         the defaults' own step, with its graphs: how long the GPU still waits for the host in it."""
         cfg = dict(self.benchmark_cfg(name), cuda_graph=False)
-        dt, times, launches, gpu = self.profiled_step(cfg)
+        dt, times, launches, waits, gpu = self.profiled_step(cfg)
         kinds = Counter()
         for kernel, t in times.items():
             kinds[kernel_kind(kernel)] += t
@@ -1472,6 +1499,7 @@ class GpuReport:
         flops = accounting.training_step_flops(weights) * cfg["batch_size"]
         rate = f"{flops / kinds['matmul'] / 1e12:.3g} TFLOP/s" if kinds["matmul"] else "no matmul kernel seen"
         spent += f"; {launches:.0f} {'kernels' if self.device == 'cuda' else 'ops'} a step"  # each one's tail costs
+        spent += f"; steps back to back (the host ahead, as in train.py's loop): {waits}"
         rows = {f"profile, {name} shape: a step's {1000 * dt:.1f} ms by kind of kernel": spent + gpu,
                 f"profile, {name} shape: the weights' matmuls inside the step": f"{flops / 1e12:.3g} TFLOP in "
                 f"{1000 * kinds['matmul']:.1f} ms, {rate}",
@@ -1485,13 +1513,13 @@ class GpuReport:
         cfg = self.benchmark_cfg(name)
         if not cfg["cuda_graph"]:
             return "skipped: CUDA graphs need a compiled step on a GPU"
-        dt, times, launches, gpu = self.profiled_step(cfg)
+        dt, times, launches, waits, gpu = self.profiled_step(cfg)
         if not times:
             return f"{1000 * dt:.1f} ms a step; the profiler saw no kernel of the graphs' replays" + gpu
         busy = sum(times.values())
         idle = max(dt - busy, 0.0)
         return (f"{1000 * dt:.1f} ms a step, kernels {1000 * busy:.1f} ms, the GPU idle (waiting for the host) "
-                f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen" + gpu)
+                f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen; steps back to back: {waits}" + gpu)
 
     def loop(self, name):
         """train.py's real loop at one of GPU_SHAPES, a short run on random ids (no download) in its own process:

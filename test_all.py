@@ -10765,7 +10765,9 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     kinds = "|".join(regex.escape(k) for k in [*{k for _, k in bench.KERNEL_KINDS}, "other", "not in any op"])
     for r in profiled[::4]:  # each kind once, with its time and share; the matmuls' rate; the longest kernels
         assert re.fullmatch(r"profile, .* shape: a step's [\d.]+ ms by kind of kernel", r), r
-        assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |; ))+\d+ ops a step", rows[r]), rows[r]  # GPU: kernels
+        assert re.fullmatch(rf"(({kinds}) [\d.]+ ms \(\d+%\)(, |; ))+\d+ ops a step; steps back to back \(the host "
+                            rf"ahead, as in train.py's loop\): waits between kernels [\d.]+ ms a step; the longest: "
+                            rf"(.+ \(launched by .+\)(, |$)){{3}}", rows[r]), rows[r]  # GPU: kernels
     assert all(re.fullmatch(r"[\d.e-]+ TFLOP in [\d.]+ ms, [\d.e-]+ TFLOP/s", rows[r]) for r in profiled[1::4]), rows
     assert all(re.fullmatch(r"(.+ [\d.]+ ms(, |$)){5}", rows[r]) for r in profiled[2::4]), rows
     assert all(rows[r] == "skipped: CUDA graphs need a compiled step on a GPU" for r in profiled[3::4]), rows
@@ -11088,6 +11090,23 @@ def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeyp
     report.tests = "nothing_is_named_so"
     assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'nothing_is_named_so')": "no test matched -k "
                                                                                            "'nothing_is_named_so'"}
+
+
+def test_bench_device_waits_are_the_gaps_no_kernel_covers():
+    # kernels of one step as the profiler lists them (microseconds): B overlaps A; C starts 5 after B ends; D 2 after C
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, start, end, kind=gpu, link=0, parent=None, id=0):
+        return types.SimpleNamespace(name=name, time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=kind, is_user_annotation=False, linked_correlation_id=link,
+                                     cpu_parent=parent, id=id)
+    op = event("aten::mm", 0, 1, cpu, id=1)
+    launch = event("cudaLaunchKernel", 0, 1, cpu, parent=op, id=2)
+    events = [op, launch, event("C", 15, 20, link=2), event("A", 0, 8), event("B", 4, 10), event("D", 22, 23)]
+    assert bench.device_waits(events, gpu, steps=1) == ("waits between kernels 0.01 ms a step; the longest: 0.01 ms "
+                                                        "before C (launched by aten::mm), 0.00 ms before D (launched "
+                                                        "by ?)")
+    assert bench.device_waits(events[4:2:-1], gpu, steps=1) == "no wait between kernels"  # B, A: sorted by start
 
 
 def test_bench_gpu_report_leaves_out_compile_and_evaluations():
