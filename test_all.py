@@ -11649,3 +11649,19 @@ def test_export_cli_writes_what_train_export_writes(export_runs, tmp_path, capsy
     assert export.main([str(run_dir), str(out), "--overwrite"]) == 1
     _train_one_error(capsys, f"the disk is full: could not write {out / 'model.safetensors'}", prog="export.py")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+
+
+def test_export_cli_given_an_export_for_its_run_says_so(tmp_path, capsys):
+    # python export.py hf/python out/python (the two swapped), --sample or --init-from an export: its config.json,
+    # vocab.json and merges.txt are a run's file names, and the sentence was "hf/python/ckpt.pt does not exist yet
+    # (its run has saved no checkpoint)", of a folder that holds no run
+    hf, out = tmp_path / "hf", tmp_path / "out"
+    hf.mkdir()
+    for name in export.EXPORT_FILES:
+        (hf / name).write_text("{}")
+    said = f"{hf} holds a Hugging Face export (model.safetensors), not a run"
+    assert export.main([str(hf), str(out)]) == 2
+    _train_one_error(capsys, f"{said}; pass the directory of a trained run.", prog="export.py")
+    assert not out.exists() and sorted(p.name for p in hf.iterdir()) == sorted(export.EXPORT_FILES)
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(said)}$"):
+        train.load_run(hf)
