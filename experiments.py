@@ -632,7 +632,7 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
         parts += [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", *lines, ""]
     device = train.torch.cuda.get_device_name() if cfg["device"].startswith("cuda") else cfg["device"]
     head = ["# What each knob does to training (handout section 7)", "",
-            f"Written by `python experiments.py {' '.join(argv)}` on {datetime.date.today()}: --data {cfg['data']}, "
+            f"Written by `python experiments.py {shlex.join(argv)}` on {datetime.date.today()}: --data {cfg['data']}, "
             f"{device} ({platform.processor() or platform.machine()}, {machine.usable_cores()} cores), torch "
             f"{train.torch.__version__}. Every number is read from its run's metrics.jsonl under {where}/; the unigram "
             f"baseline is {baseline:.4f} nats/token.", ""]

@@ -378,9 +378,11 @@ def read_run(d, like):
     if not ckpt.exists():
         d = Path(d)  # a run starting (its folder empty, or a run's files), not any folder (out/, the data's)
         started = d.is_dir() and (not any(d.iterdir()) or any((d / f).exists() for f in RUN_FILES))
-        raise FileNotFoundError(f"{ckpt} does not exist yet (its run has saved no checkpoint)" if started
-                                else f"{d} is a file, not a run directory (the run is {d.parent})"
-                                if d.is_file() else f"there is no run in {d}")
+        raise FileNotFoundError(  # an export has a config.json, vocab.json and merges.txt too: given for its run
+            f"{d} holds a Hugging Face export (model.safetensors), not a run" if (d / "model.safetensors").exists()
+            else f"{ckpt} does not exist yet (its run has saved no checkpoint)" if started
+            else f"{d} is a file, not a run directory (the run is {d.parent})" if d.is_file()
+            else f"there is no run in {d}")
     state = read_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
         raise ValueError(f"{ckpt} holds no run config or no model")

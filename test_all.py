@@ -9723,15 +9723,20 @@ def test_experiments_result_json_records_each_flag_once(tmp_path):
 def test_experiments_report_says_the_command_that_runs_the_missing_runs(tmp_path):
     # "Not run yet" named `python experiments.py batch`, without this report's --data and train.py flags: that command
     # makes other runs (or refuses these as runs of other flags); it must be one that makes the very runs missing
+    # The "Written by" command was the words joined by spaces: --out-dir 'my runs' read back as two words
     ids, rest, cfg, plans = _exp_toy_plans(tmp_path)
-    args = types.SimpleNamespace(experiment="batch", data=str(ids), out_dir=str(tmp_path / "out"), jobs=1)
-    (tmp_path / "out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
-    experiments.report(args, rest, ["batch"], cfg, plans, 3.0, {})
-    hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$",
-                     (tmp_path / "out/experiments/report.md").read_text(), re.M)[1]
-    again, again_rest = experiments.parse(shlex.split(hint)[2:])
-    for _, _, run in plans["batch"]:
-        assert experiments.command(run, again, again_rest) == experiments.command(run, args, rest)
+    args = types.SimpleNamespace(experiment="batch", data=str(ids), out_dir=str(tmp_path / "my out"), jobs=1)
+    (tmp_path / "my out/experiments").mkdir(parents=True)  # where the runs go (no run has finished)
+    argv = ["batch", "--data", args.data, "--out-dir", args.out_dir, *rest]
+    experiments.report(args, rest, argv, cfg, plans, 3.0, {})
+    said = (tmp_path / "my out/experiments/report.md").read_text()
+    written = re.search(r"^Written by `(python experiments.py .*)` on ", said, re.M)[1]
+    hint = re.search(r"^Not run yet: batch=8.* \(`(python experiments.py batch .*)`\)\.$", said, re.M)[1]
+    assert shlex.split(written)[2:] == argv
+    for command in (written, hint):
+        again, again_rest = experiments.parse(shlex.split(command)[2:])
+        for _, _, run in plans["batch"]:
+            assert experiments.command(run, again, again_rest) == experiments.command(run, args, rest)
 
 
 def test_experiments_report_has_a_section_only_for_an_experiment_that_ran(tmp_path):
@@ -11668,3 +11673,19 @@ def test_export_cli_writes_what_train_export_writes(export_runs, tmp_path, capsy
     assert export.main([str(run_dir), str(out), "--overwrite"]) == 1
     _train_one_error(capsys, f"the disk is full: could not write {out / 'model.safetensors'}", prog="export.py")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+
+
+def test_export_cli_given_an_export_for_its_run_says_so(tmp_path, capsys):
+    # python export.py hf/python out/python (the two swapped), --sample or --init-from an export: its config.json,
+    # vocab.json and merges.txt are a run's file names, and the sentence was "hf/python/ckpt.pt does not exist yet
+    # (its run has saved no checkpoint)", of a folder that holds no run
+    hf, out = tmp_path / "hf", tmp_path / "out"
+    hf.mkdir()
+    for name in export.EXPORT_FILES:
+        (hf / name).write_text("{}")
+    said = f"{hf} holds a Hugging Face export (model.safetensors), not a run"
+    assert export.main([str(hf), str(out)]) == 2
+    _train_one_error(capsys, f"{said}; pass the directory of a trained run.", prog="export.py")
+    assert not out.exists() and sorted(p.name for p in hf.iterdir()) == sorted(export.EXPORT_FILES)
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(said)}$"):
+        train.load_run(hf)
