@@ -619,6 +619,10 @@ def _cmd_encode(args):
     if why := files.unwritable(args.out):  # refused before the work, not after it
         raise ValueError(f"--out {args.out}{why}; pass another --out")
     vocab, (merges, in_file) = _load_vocab_file(vocab_file), _read_merges_file(merges_file)
+    beside = [f.read_bytes() for f in tokenizer_files(Path(args.out).absolute().parent) if f.is_file()]
+    if len(beside) == 2 and beside != [vocab_file.read_bytes(), merges_file.read_bytes()]:  # a token cache, a run
+        raise ValueError(f"--out {args.out} is beside another tokenizer's vocab.json and merges.txt, which train.py "
+                         f"would take its ids for; pass another --out, or --tokenizer {Path(args.out).parent}")
     if args.special_tokens is None:  # the vocab's own, as train's --special-tokens and GPT-2's <|endoftext|> made them
         own = _check_merges(merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
         args.special_tokens = [t.decode() for t in own if t.decode(errors="replace").encode() == t]  # text only

@@ -4646,6 +4646,27 @@ def test_bpe_cli_encode_refuses_an_out_that_train_would_read_as_text(tmp_path, c
     assert not (tmp_path / "ids").exists() and data.is_ids(tmp_path / "IDS.NPY")
 
 
+def test_bpe_cli_encode_refuses_an_out_beside_another_tokenizer(tmp_path, capsys):
+    # `bpe.py encode a.txt --tokenizer tok300 --out data/.../bpe2048/valid.npy` replaced a token cache's ids with
+    # another tokenizer's; train.py --data then read them with the cache's vocab.json and merges.txt, without a word
+    # (the ids were below its vocabulary). Beside the same tokenizer's files (its own folder, a copy) it encodes
+    text, tok_dir = _bpe_bytes_tokenizer(tmp_path)
+    cache = tmp_path / "cache"
+    bpe.main(["train", str(text), "--vocab-size", "260", "--out", str(cache)])
+    (cache / "valid.npy").write_bytes(b"the cache's ids")
+    encode = ["encode", str(text), "--tokenizer", str(tok_dir), "--workers", "1", "--out"]
+    with pytest.raises(SystemExit) as stop:
+        bpe.main([*encode, str(cache / "valid.npy")])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"bpe.py encode: error: --out {cache / 'valid.npy'} is beside another tokenizer's vocab.json and merges.txt, "
+        f"which train.py would take its ids for; pass another --out, or --tokenizer {cache}\n")
+    assert (cache / "valid.npy").read_bytes() == b"the cache's ids"
+    shutil.copytree(tok_dir, tmp_path / "copy")
+    for out in (tok_dir / "ids.npy", tmp_path / "copy" / "ids.npy", tmp_path / "ids.npy"):
+        bpe.main([*encode, str(out)])
+        assert np.load(out).tolist() == list(b"hello world\n")
+
+
 def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merge():
     # Tokenizer(vocab, [("a", "b")]): "merge #0: token 'a' is not in the vocab; vocab and merges disagree", as if the
     # merge were missing, and (b"a", "b") a TypeError "can't concat str to bytes"; a vocab of str: "lacks the byte 0x00"
