@@ -374,19 +374,19 @@ def number(r, key):  # a metrics record's figure: not an edited one ("x", null, 
 def measured(run, label, args, rest):
     """A finished run's figures (None before it has finished): its validation curve (step, seconds, loss), final
     validation loss (None when it diverged), median tokens/s of its log lines, wall-clock seconds (since its first
-    start, across resumes)."""
+    start, across resumes), the tokens of its budget."""
     result, path = outcome(run, args, rest), run.dir(args.out_dir) / "metrics.jsonl"
     if result is None:
         return None
     # a line cut short by a kill is no record, nor is an edited one ({"step": 3, "time": "x"})
     rows = [r for _, r in rundir.metrics_records(path) if r and number(r, "time")] if path.is_file() else []
     curve = [(r["step"], r["time"], r["val_loss"]) for r in rows if number(r, "val_loss")]
-    last = resolved(run, args, rest)["max_iters"]  # a finished run evaluates at its last step, one that diverged never
-    if not rows or not (result["step"] or curve and curve[-1][0] == last):  # an edited or cut last line: not final
+    last, tokens = (resolved(run, args, rest)[k] for k in ("max_iters", "total_tokens"))  # its budget
+    if not rows or not (result["step"] or curve and curve[-1][0] == last):  # else a cut or edited last line
         raise cli.UsageError(f"{path} holds no validation loss of the run's last step ({last}); delete "
                              f"{run.dir(args.out_dir)} to run it again.")
     speeds = [r["tokens_per_s"] for r in rows if number(r, "tokens_per_s") and r["tokens_per_s"]]
-    return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"],
+    return dict(name=label, curve=curve, diverged=result["step"], wall=rows[-1]["time"], tokens=tokens,
                 final=None if result["step"] else curve[-1][2], tokens_per_s=statistics.median(speeds) if speeds else 0)
 
 
@@ -441,13 +441,15 @@ def answer_lr(rows, base, unigram):
     return [a, b + "."]
 
 
-def answer_batch(rows, tokens):
+def answer_batch(rows):  # each run's budget in whole steps of its batch size (plan's batch_run rounds them)
     done = [(b, r) for b, r in rows if r["final"] is not None]
     if not done:
         return ["every batch size diverged."]
     best_b, best = min(done, key=lambda t: t[1]["final"])
     (b0, r0), (b1, r1) = rows[0], rows[-1]
-    return [f"at one budget of {tokens:,} tokens the lowest validation loss came with batch {best_b} "
+    budget = (f"one budget of {r0['tokens']:,} tokens" if len({r["tokens"] for _, r in rows}) == 1 else "budgets of "
+              + ", ".join(f"{r['tokens']:,} tokens (batch {b})" for b, r in rows) + " in whole steps")
+    return [f"at {budget}, the lowest validation loss came with batch {best_b} "
             f"({best['final']:.3f}); " + ", ".join(f"batch {b}: {loss_text(r)}" for b, r in rows) + ".",
             f"throughput: {r0['tokens_per_s']:,.0f} tokens/s at batch {b0}, {r1['tokens_per_s']:,.0f} at batch {b1} "
             f"({r1['tokens_per_s'] / max(r0['tokens_per_s'], 1e-9):.2g}x); wall time {cli.fmt_time(r0['wall'])} "
@@ -597,7 +599,7 @@ def section(name, found, cfg, baseline, where):
         if name == "optimizers" else rows
     drawn = figures.runs_figure(figure_title(name, cfg), drawn_rows or rows, baseline, where / f"{name}.png")
     answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
-               answer_batch(found, cfg["max_iters"] * cfg["batch_size"] * cfg["context_length"]) if name == "batch"
+               answer_batch(found) if name == "batch"
                else answer_optimizers(found) if name == "optimizers" else answer_ablations(dict(found), cfg))
     return [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", f"![{name}]({name}.png)\n" if drawn else "",
             table(rows), "", *(f"- {a}" for a in answers), ""], drawn

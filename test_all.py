@@ -9175,6 +9175,19 @@ def test_experiments_lr_answers_are_computed_from_the_runs():
         "(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
 
 
+def test_experiments_batch_answer_says_each_budget_when_whole_steps_make_them_differ():
+    # `experiments.py batch --max-iters 50`: batch 128 ran round(50 x 32 / 128) = 12 steps, 196,608 tokens, and the
+    # report said "at one budget of 204,800 tokens" (the baseline's) for every run
+    def run(final, tokens):
+        return dict(final=final, diverged=None, tokens=tokens, tokens_per_s=1000.0, wall=60.0)
+    rows = [(8, run(3.5, 204_800)), (32, run(3.0, 204_800)), (128, run(3.25, 196_608))]
+    assert experiments.answer_batch(rows)[0] == (
+        "at budgets of 204,800 tokens (batch 8), 204,800 tokens (batch 32), 196,608 tokens (batch 128) in whole "
+        "steps, the lowest validation loss came with batch 32 (3.000); batch 8: 3.500, batch 32: 3.000, batch 128: "
+        "3.250.")
+    assert experiments.answer_batch(rows[:2])[0].startswith("at one budget of 204,800 tokens, the lowest")
+
+
 def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
     rows = [dict(name="lr=1e-03", curve=[(0, 0.0, 7.0), (10, 1.0, 5.0)], diverged=None, final=5.0),
