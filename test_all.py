@@ -7537,10 +7537,20 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
 
 def test_rundir_own_flags_give_back_a_saved_runs_values():
     # --resume's advice after "keys that differ": flags to type (a switch as itself or --no-, a path quoted), and
-    # nothing for a value no flag gives (None: the flag was left out)
-    saved = {"vocab_size": 320, "tie_embeddings": False, "no_norm": True, "val_data": None, "data": "a b.txt"}
-    assert rundir.own_flags(saved, list(saved)) == "--vocab-size 320 --no-tie-embeddings --no-norm --data 'a b.txt'"
-    assert rundir.own_flags(saved, ["val_data"]) == ""
+    # nothing for a value no flag gives (None: the flag was left out). A tester's: an ablation's switch off was
+    # "--no-tie-embeddings", a flag train.py does not have (a store_true switch is off when left out): dropped now
+    saved = {"vocab_size": 320, "tie_embeddings": False, "no_norm": True, "val_data": None, "data": "a b.txt",
+             "fast": False}
+    said = rundir.own_flags(saved, list(saved), config.FLAG_DEFAULTS)
+    assert said == "pass its own (--vocab-size 320 --no-norm --data 'a b.txt' --no-fast) and drop --tie-embeddings"
+    assert rundir.own_flags(saved, ["val_data"], config.FLAG_DEFAULTS) == ""
+    assert rundir.own_flags(saved, ["tie_embeddings"], config.FLAG_DEFAULTS) == "drop --tie-embeddings"
+    switches = [k for k in config.MODEL_KEYS if type(config.FLAG_DEFAULTS.get(k)) is bool]  # the ablations'
+    flags = [config.FLAG_ROWS[k][0] for k in switches]
+    on = rundir.own_flags(dict.fromkeys(switches, True), switches, config.FLAG_DEFAULTS)
+    assert on == f"pass its own ({' '.join(flags)})" and config.given_flags(flags) == dict.fromkeys(switches, True)
+    assert rundir.own_flags(dict.fromkeys(switches, False), switches, config.FLAG_DEFAULTS) == \
+        f"drop {' and '.join(flags)}"
 
 
 def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
