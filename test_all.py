@@ -8379,6 +8379,22 @@ def test_train_progress_line_fits_80_columns(tmp_path, monkeypatch, capsys):
     assert "\r" in out and max(len(line) for line in re.split("[\r\n]", out)) < 80
 
 
+def test_train_an_error_on_a_terminal_starts_below_the_progress_line(tmp_path, monkeypatch, capsys):
+    # a tester's: on a terminal the progress line is left open (redrawn with "\r"), and a run's error (--lr 1e20: the
+    # gradient norm is nan) was written after its 79 columns, the terminal wrapping "train.py: error" mid-word
+    progress, clock = _train_progress(tmp_path, monkeypatch, 100, log_interval=1)
+    progress.tty = True
+    clock[0] += 1.0
+    progress.stepped(1, torch.tensor(2.0), 1e-3, None)
+    fails = lambda: rundir.stop_non_finite(2, tmp_path / "ckpt.pt", float("nan"))
+    assert cli.exit_code("train.py", fails, "") == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("\rstep 1/100: loss 2.0000") and out.endswith(" \n") and out.count("\n") == 1, out
+    assert err.startswith("train.py: error: the loss is nan at step 2: the run diverged"), err
+    cli.say("done", file=sys.stderr)  # a line that ended (or a pipe's, a log file's lines) gets no empty line
+    assert capsys.readouterr() == ("", "done\n")
+
+
 def test_train_resume_of_a_complete_run_writes_nothing(tmp_path, capsys):
     # --resume on a finished run evaluated again and rewrote ckpt.pt and samples.txt, without a word
     base = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
