@@ -113,10 +113,11 @@ def run_lock(cfg):
 
 
 def resume_command(cfg, without=()):
-    """The advice that goes on from a run's checkpoint, as words: plus --resume, and without --overwrite (it would
-    start over, and --resume refuses it) and the flags in `without`."""
+    """The advice that goes on from a run's checkpoint, as words: plus --resume (a command that has it: the same one),
+    and without --overwrite (it would start over, and --resume refuses it) and the flags in `without`."""
     drop = [*without, *(["--overwrite"] if cfg["overwrite"] else [])]
-    return "the same command" + (f" without {' and '.join(drop)}," if drop else "") + " plus --resume"
+    said = "the same command" + (f" without {' and '.join(drop)}" if drop else "")
+    return said if cfg["resume"] else said + ("," if drop else "") + " plus --resume"
 
 
 # ----------------------------------------------------------------------------

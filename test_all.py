@@ -6266,6 +6266,17 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert train.resolve_config([*args, "--resume"])["resume"]
 
 
+def test_rundir_resume_command_of_a_resumed_run_is_the_same_command():
+    # a tester's: a resumed run stopped by Ctrl-C said "Continue with the same command plus --resume", which has it
+    # already; a second --resume is not what going on takes
+    assert rundir.resume_command({"resume": True, "overwrite": False}) == "the same command"
+    assert rundir.resume_command({"resume": True, "overwrite": False}, ["--compile"]) == \
+        "the same command without --compile"
+    assert rundir.resume_command({"resume": False, "overwrite": True}, ["--compile"]) == \
+        "the same command without --compile and --overwrite, plus --resume"
+    assert rundir.resume_command({"resume": False, "overwrite": False}) == "the same command plus --resume"
+
+
 def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     # a terminal or ssh session closing (SIGHUP) killed the run, with no checkpoint since step 0 (item 10).
     # Its terminal is a pty here: closed, it fails every print (EIO), then SIGHUP comes, as the shell sends it
