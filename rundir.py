@@ -501,7 +501,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else "")
                              + (f" It was trained with --tokenizer {tok}: pass it." if tok else "")
-                             + (f" {own[:1].upper() + own[1:]} to resume it, or start a new run with --overwrite." if own
+                             + (f" {own[0].upper()}{own[1:]} to resume it, or start a new run with --overwrite." if own
                                 else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)
