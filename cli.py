@@ -97,11 +97,22 @@ def reader_gone():
     return bool(_reader_gone)
 
 
+_line_open = []  # the stdout whose last words left their line open: a terminal's progress line, redrawn with "\r"
+
+
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
     file = file or (sys.stderr if _reader_gone else sys.stdout)  # stdout's reader gone: stderr may still be read
+    text = sep.join(map(str, args)) + end
+    if _line_open and _line_open[0] is sys.stdout and file is not sys.stdout:  # an error (stderr) starts below the
+        _line_open.clear()  # progress line, not after its 79 columns, where the terminal wrapped it mid-word
+        with contextlib.suppress(OSError):  # a terminal gone: the words below meet that themselves
+            sys.stdout.write("\n")
+            sys.stdout.flush()
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
-        file.write(sep.join(map(str, args)) + end)
+        file.write(text)
         file.flush()
+        if file is sys.stdout and text:
+            _line_open[:] = [] if text.endswith("\n") else [file]
     except OSError as e:
         if e.errno == errno.EPIPE and _may_leave:
             _reader_gone.append(True)

@@ -113,10 +113,11 @@ def run_lock(cfg):
 
 
 def resume_command(cfg, without=()):
-    """The advice that goes on from a run's checkpoint, as words: plus --resume, and without --overwrite (it would
-    start over, and --resume refuses it) and the flags in `without`."""
+    """The advice that goes on from a run's checkpoint, as words: plus --resume (a command that has it: the same one),
+    and without --overwrite (it would start over, and --resume refuses it) and the flags in `without`."""
     drop = [*without, *(["--overwrite"] if cfg["overwrite"] else [])]
-    return "the same command" + (f" without {' and '.join(drop)}," if drop else "") + " plus --resume"
+    said = "the same command" + (f" without {' and '.join(drop)}" if drop else "")
+    return said if cfg["resume"] else said + ("," if drop else "") + " plus --resume"
 
 
 # ----------------------------------------------------------------------------
@@ -442,17 +443,23 @@ def tokenizer_origin(config, run):
     return "the tokenizer beside its --data", None
 
 
-def own_flags(config, keys):
-    """The flags that give back a saved run config's values of keys, for a sentence: own_flags({"vocab_size": 320,
-    "tie_embeddings": False}, ["vocab_size", "tie_embeddings"]) -> "--vocab-size 320 --no-tie-embeddings"."""
-    words = []
+def own_flags(config, keys, defaults):
+    """The advice that gives back a saved run config's values of keys, as words for a sentence, or "": the flags to
+    pass (a path quoted; nothing for a value no flag gives, None: a flag left out), and the switches to drop: one off
+    by default (defaults: each flag's) has no --no- form, so off is the flag left out. own_flags({"vocab_size": 320,
+    "tie_embeddings": False}, ["vocab_size", "tie_embeddings"], defaults) -> "pass its own (--vocab-size 320) and drop
+    --tie-embeddings"."""
+    give, drop = [], []
     for k in keys:
         flag, value = "--" + k.replace("_", "-"), config.get(k)
-        if type(value) is bool:
-            words.append(flag if value else f"--no-{k.replace('_', '-')}")
-        elif type(value) in (int, float, str):  # a value that no flag gives (None: a flag left out) is not said
-            words += [flag, shlex.quote(str(value))]
-    return " ".join(words)
+        if type(value) is bool and not value and defaults.get(k) is False:
+            drop.append(flag)
+        elif type(value) is bool:
+            give.append(flag if value else f"--no-{k.replace('_', '-')}")
+        elif type(value) in (int, float, str):
+            give += [flag, shlex.quote(str(value))]
+    said = [f"pass its own ({' '.join(give)})"] if give else []
+    return " and ".join(said + ([f"drop {' and '.join(drop)}"] if drop else []))
 
 
 def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults):
@@ -488,7 +495,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             # a --tokenizer left out changes the vocabulary first: the flag is named too
             tok = given_tokenizer(old, ckpt_path.parent) if "vocab_size" in differ and not cfg["tokenizer"] else None
-            own = "" if shorter or lost or tok else own_flags(old, differ)  # else the flags that give its values back
+            own = "" if shorter or lost or tok else own_flags(old, differ, defaults)  # else the flags that give it back
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
                              + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."
@@ -496,7 +503,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else "")
                              + (f" It was trained with --tokenizer {tok}: pass it." if tok else "")
-                             + (f" Pass its own ({own}) to resume it, or start a new run with --overwrite." if own
+                             + (f" {own[0].upper()}{own[1:]} to resume it, or start a new run with --overwrite." if own
                                 else ""))
         check_state(state, model, optimizer, name=ckpt_path)
         check_run_entries(state, cfg["max_iters"], ckpt_path)

@@ -6287,6 +6287,17 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert train.resolve_config([*args, "--resume"])["resume"]
 
 
+def test_rundir_resume_command_of_a_resumed_run_is_the_same_command():
+    # a tester's: a resumed run stopped by Ctrl-C said "Continue with the same command plus --resume", which has it
+    # already; a second --resume is not what going on takes
+    assert rundir.resume_command({"resume": True, "overwrite": False}) == "the same command"
+    assert rundir.resume_command({"resume": True, "overwrite": False}, ["--compile"]) == \
+        "the same command without --compile"
+    assert rundir.resume_command({"resume": False, "overwrite": True}, ["--compile"]) == \
+        "the same command without --compile and --overwrite, plus --resume"
+    assert rundir.resume_command({"resume": False, "overwrite": False}) == "the same command plus --resume"
+
+
 def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     # a terminal or ssh session closing (SIGHUP) killed the run, with no checkpoint since step 0 (item 10).
     # Its terminal is a pty here: closed, it fails every print (EIO), then SIGHUP comes, as the shell sends it
@@ -7558,10 +7569,20 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
 
 def test_rundir_own_flags_give_back_a_saved_runs_values():
     # --resume's advice after "keys that differ": flags to type (a switch as itself or --no-, a path quoted), and
-    # nothing for a value no flag gives (None: the flag was left out)
-    saved = {"vocab_size": 320, "tie_embeddings": False, "no_norm": True, "val_data": None, "data": "a b.txt"}
-    assert rundir.own_flags(saved, list(saved)) == "--vocab-size 320 --no-tie-embeddings --no-norm --data 'a b.txt'"
-    assert rundir.own_flags(saved, ["val_data"]) == ""
+    # nothing for a value no flag gives (None: the flag was left out). A tester's: an ablation's switch off was
+    # "--no-tie-embeddings", a flag train.py does not have (a store_true switch is off when left out): dropped now
+    saved = {"vocab_size": 320, "tie_embeddings": False, "no_norm": True, "val_data": None, "data": "a b.txt",
+             "fast": False}
+    said = rundir.own_flags(saved, list(saved), config.FLAG_DEFAULTS)
+    assert said == "pass its own (--vocab-size 320 --no-norm --data 'a b.txt' --no-fast) and drop --tie-embeddings"
+    assert rundir.own_flags(saved, ["val_data"], config.FLAG_DEFAULTS) == ""
+    assert rundir.own_flags(saved, ["tie_embeddings"], config.FLAG_DEFAULTS) == "drop --tie-embeddings"
+    switches = [k for k in config.MODEL_KEYS if type(config.FLAG_DEFAULTS.get(k)) is bool]  # the ablations'
+    flags = [config.FLAG_ROWS[k][0] for k in switches]
+    on = rundir.own_flags(dict.fromkeys(switches, True), switches, config.FLAG_DEFAULTS)
+    assert on == f"pass its own ({' '.join(flags)})" and config.given_flags(flags) == dict.fromkeys(switches, True)
+    assert rundir.own_flags(dict.fromkeys(switches, False), switches, config.FLAG_DEFAULTS) == \
+        f"drop {' and '.join(flags)}"
 
 
 def test_train_init_from_a_run_without_config_json_reads_its_checkpoints_config(tmp_path, capsys):
@@ -8388,6 +8409,22 @@ def test_train_progress_line_fits_80_columns(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "step 100000/999999: loss 10.3734, lr 2.9e-03, 99.9M tok/s, MFU 45%, ETA 999h59m" in out, out
     assert "\r" in out and max(len(line) for line in re.split("[\r\n]", out)) < 80
+
+
+def test_train_an_error_on_a_terminal_starts_below_the_progress_line(tmp_path, monkeypatch, capsys):
+    # a tester's: on a terminal the progress line is left open (redrawn with "\r"), and a run's error (--lr 1e20: the
+    # gradient norm is nan) was written after its 79 columns, the terminal wrapping "train.py: error" mid-word
+    progress, clock = _train_progress(tmp_path, monkeypatch, 100, log_interval=1)
+    progress.tty = True
+    clock[0] += 1.0
+    progress.stepped(1, torch.tensor(2.0), 1e-3, None)
+    fails = lambda: rundir.stop_non_finite(2, tmp_path / "ckpt.pt", float("nan"))
+    assert cli.exit_code("train.py", fails, "") == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("\rstep 1/100: loss 2.0000") and out.endswith(" \n") and out.count("\n") == 1, out
+    assert err.startswith("train.py: error: the loss is nan at step 2: the run diverged"), err
+    cli.say("done", file=sys.stderr)  # a line that ended (or a pipe's, a log file's lines) gets no empty line
+    assert capsys.readouterr() == ("", "done\n")
 
 
 def test_train_resume_of_a_complete_run_writes_nothing(tmp_path, capsys):
