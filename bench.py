@@ -1460,10 +1460,9 @@ class GpuReport:
         (muon, matmuls), (adamw, _) = spent["muon"], spent["adamw"]
         ns = accounting.muon_flops(**cfg)
         rate = f"{ns / matmuls / 1e12:.3g} TFLOP/s" if matmuls else "no matmul kernel seen"
-        line = (f"Muon {1000 * muon:.2f} ms of kernels (Newton-Schulz's {ns / 1e12:.3g} TFLOP in "
+        return (f"Muon {1000 * muon:.2f} ms of kernels (Newton-Schulz's {ns / 1e12:.3g} TFLOP in "
                 f"{1000 * matmuls:.2f} ms of matmuls, {rate}; the rest {1000 * (muon - matmuls):.2f} ms), AdamW "
                 f"{1000 * adamw:.2f} ms")
-        return line
 
     def profiled_step(self, cfg):
         """One compiled step of cfg: (its median time, {kernel: device seconds per step}, kernels per step, where the
