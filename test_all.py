@@ -10956,9 +10956,11 @@ def test_bench_gpu_profile_of_the_graphs_step_says_what_the_gpu_waits(monkeypatc
     cfg = dict(report.benchmark_cfg("TinyStories"), cuda_graph=True)
     monkeypatch.setattr(report, "benchmark_cfg", lambda name: cfg)
     seen = {"kernel a": 0.004, "kernel b": 0.005}
-    monkeypatch.setattr(report, "profiled_step", lambda c: (0.010, seen if c is cfg else {}, 12, ", GPU x"))
+    monkeypatch.setattr(report, "profiled_step", lambda c: (0.010, seen if c is cfg else {}, 12, "waits w",
+                                                            ", GPU x"))
     assert report.profile_graphs("TinyStories") == ("10.0 ms a step, kernels 9.0 ms, the GPU idle (waiting for the "
-                                                    "host) 1.0 ms (10%); 12 kernels seen, GPU x")
+                                                    "host) 1.0 ms (10%); 12 kernels seen; steps back to back: waits "
+                                                    "w, GPU x")
     seen.clear()  # a profiler that sees no kernel inside a replay says so, not "all idle"
     assert report.profile_graphs("TinyStories") == ("10.0 ms a step; the profiler saw no kernel of the graphs' "
                                                     "replays, GPU x")
