@@ -219,7 +219,7 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     torch = _torch()
     try:
         d = torch.device(device)
-    except RuntimeError:
+    except (RuntimeError, TypeError):  # TypeError: None or a float, which load_run(path, device) may be given
         d = torch.device("meta")  # not one of ours either
     if d.type not in ("cpu", "cuda", "mps"):
         return "unknown device; use cpu, cuda, cuda:N or mps."

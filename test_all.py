@@ -8838,6 +8838,9 @@ def test_train_load_run_names_a_device_it_cannot_use(sample_run):
     n = torch.cuda.device_count()  # one past this machine's GPUs (none: cuda:0)
     with pytest.raises(ValueError, match=f"^load_run cannot use device 'cuda:{n}': this "):
         train.load_run(run, device=f"cuda:{n}")
+    for bad in (None, 1.5):  # torch.device's TypeError, "received an invalid combination of arguments", before
+        with pytest.raises(ValueError, match=f"^load_run cannot use device {bad}: unknown device; use cpu, "):
+            train.load_run(run, device=bad)
     assert train.load_run(run, device=torch.device("cpu"))[2]["vocab_size"] == 300
 
 
