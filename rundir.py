@@ -242,18 +242,19 @@ def read_checkpoint(src):
     if start:  # after bytes of the user's own: torch 2.5 reads a zip only from a file's first byte, so read a copy
         if not (rest := src.read()):  # a buffer save_checkpoint just wrote, not rewound
             raise ValueError(f"{name} is read from where its file object stands, its end (byte {start}): seek(0) first")
-        src, start = io.BytesIO(rest), 0
+        src = io.BytesIO(rest)
     if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
         with zipfile.ZipFile(src) as z:
             bad = z.testzip()
-    except (zipfile.BadZipFile, EOFError, ValueError) as e:
-        raise ValueError(f"{name} is not a torch.save zip file ({e})") from None
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:  # mid-file: where an earlier load_checkpoint left it
+        where = f" from byte {start}, where its file object stands; seek(0) first if it starts at 0" if start else ""
+        raise ValueError(f"{name} is not a torch.save zip file{where} ({e})") from None
     if bad is not None:
         raise ValueError(f"{name} is damaged: its record {bad} fails its CRC-32 check")
-    if start is not None:
-        src.seek(start)
+    if start is not None:  # a file object's checkpoint, or its copy, from its first byte
+        src.seek(0)
     try:
         state = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only

@@ -8976,6 +8976,11 @@ def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
     with pytest.raises(ValueError, match=r"^the checkpoint is read from where its file object stands, its end \(byte "
                                          r"\d+\): seek\(0\) first$"):
         train.load_checkpoint(buf, m2)
+    buf.seek(0)  # loaded twice: the first load leaves it mid-file, and it said "(negative seek value -841)" alone
+    assert train.load_checkpoint(buf, m2) == 9 and 0 < buf.tell() < len(buf.getvalue())
+    with pytest.raises(ValueError, match=r"^the checkpoint is not a torch.save zip file from byte \d+, where its file "
+                                         r"object stands; seek\(0\) first if it starts at 0 \("):
+        train.load_checkpoint(buf, m2)
     with open(tmp_path / "t.pt", "w") as f, pytest.raises(ValueError, match="open in text mode: open it with 'wb'$"):
         train.save_checkpoint(m, opt, 9, f)
     with open(tmp_path / "c.bin") as f, pytest.raises(ValueError, match="open in text mode: open it with 'rb'$"):
