@@ -1725,6 +1725,12 @@ def megabytes(text):  # a flag's megabytes: a positive number (argparse's float 
     return float(text)
 
 
+# the tables that read each flag: one given to a table that does not read it is refused, not ignored (`bench.py cold
+# --sizes 1` ran on its 5 MB corpus; `generate --input x` did not look at x)
+READ_BY = {"input": ("train", "cold", "encode"), "sizes": ("train",), "vocab_size": ("train",), "encode_mb": ("encode",),
+           "repeats": ("train", "encode", "generate", "head"), "new_tokens": ("generate",), "rows": ("head",)}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     allow_many_compiles()  # each lever, shape and chunk count is a graph of one function: none may run eagerly
@@ -1748,10 +1754,14 @@ def main(argv=None):
                     help="train: scale corpora in MB, e.g. 50,200,2000")
     ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
     ap.add_argument("--encode-mb", type=megabytes, default=50, help="encode: size of the scale corpus for encode_file")
-    ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate: runs per tool, alternating")
+    ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate, head: runs per tool, alternating")
     ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
     ap.add_argument("--rows", type=int, default=2048, help="head: rows of the hidden state (batch x context)")
-    args = ap.parse_args(argv)
+    args, defaults = ap.parse_args(argv), ap.parse_args([])
+    for flag, readers in READ_BY.items():
+        if args.what not in ("all", *readers) and getattr(args, flag) != getattr(defaults, flag):
+            raise UsageError(f"--{flag.replace('_', '-')} is read by {'/'.join(readers)} only, not by bench.py "
+                             f"{args.what}; drop it.")
     if args.input == "":  # read as no --input: the tables ran on the full-size corpora instead
         raise UsageError("--input is blank; name a UTF-8 text file, or drop --input for the scale corpora.")
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1, "rows": 1}.items():

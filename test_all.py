@@ -11268,18 +11268,31 @@ def test_bench_blank_input_is_refused_not_read_as_none(capsys):
         "scale corpora.\n"
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["cold", "--sizes", "1,2"], "--sizes is read by train only, not by bench.py cold; drop it."),  # ran its 5 MB
+    (["generate", "--input", "missing.txt"], "--input is read by train/cold/encode only, not by bench.py generate;"),
+    (["head", "--vocab-size", "1000"], "--vocab-size is read by train only, not by bench.py head; drop it."),
+])
+def test_bench_refuses_a_flag_its_table_does_not_read(argv, needle, capsys):
+    # each was ignored: the table ran for minutes on what the flag meant to replace
+    assert _cli("bench", argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"bench.py: error: {needle}" + ("" if needle.endswith(".") else " drop it.") + "\n"
+
+
 def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys):
     # a traceback before: encode's read_text raised UnicodeDecodeError; train's and cold's child processes failed
     bad = tmp_path / "bad.txt"
     bad.write_bytes("héllo wörld ".encode() * 3 + b"\xff tail")
+    flags = {"train": ["--repeats", "1", "--vocab-size", "300"], "cold": [], "encode": ["--repeats", "1"]}  # theirs
     for table in ("train", "cold", "encode"):
-        assert _cli("bench", [table, "--input", str(bad), "--repeats", "1", "--vocab-size", "300"]) == 2
+        assert _cli("bench", [table, "--input", str(bad), *flags[table]]) == 2
         err = capsys.readouterr().err
         assert err.endswith(f"{bad} is not valid UTF-8: bad byte 0xff at byte offset 42; re-save the file as "
                             "UTF-8.\n") and len(err.splitlines()) == 1, err
     (tmp_path / "empty.txt").touch()  # train_bpe refused it in a child process, cold naming its temporary copy
     for table in ("train", "cold"):
-        assert _cli("bench", [table, "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300"]) == 2
+        assert _cli("bench", [table, "--input", str(tmp_path / "empty.txt"), *flags[table]]) == 2
         assert capsys.readouterr().err.endswith(f"corpus {tmp_path / 'empty.txt'} is empty; give it some text.\n")
     good = tmp_path / "good.txt"  # 2- and 3-byte characters cut by every block's end
     good.write_text("é€x" * 7, encoding="utf-8")
