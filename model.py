@@ -495,8 +495,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
-    if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every comparison
-        raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}.")
+    numeric = all(isinstance(x, (numbers.Real, torch.Tensor)) for x in (temperature, top_p))  # not None, not "0.8"
+    if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
+        raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
+                         f"top_p={top_p!r}.")
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
         check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)

@@ -2406,6 +2406,9 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
                dict(temperature=-1)):
         with pytest.raises(ValueError, match="Need a finite temperature >= 0 and 0 < top_p <= 1"):
             model.generate(m, [1, 2], 3, **kw)
+    for kw in (dict(top_p=None), dict(temperature="0.8")):  # Python's "'<' not supported between ...", before
+        with pytest.raises(ValueError, match=r"^Need a finite .*, got temperature=(1.0|'0.8'), top_p=(None|1.0)\.$"):
+            model.generate(m, [1, 2], 3, **kw)
     for n in (-1, 2.5, True):
         with pytest.raises(ValueError, match=f"max_new_tokens must be a whole number >= 0, got {n!r}"):
             model.generate(m, [1, 2], n)
