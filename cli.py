@@ -97,21 +97,18 @@ def reader_gone():
     return bool(_reader_gone)
 
 
-_line_open = []  # the stdout whose last words left their line open: a terminal's progress line, redrawn with "\r"
+_line_open = []  # the stream whose last words left their line open: a terminal's progress line, redrawn with "\r"
 
 
 def say(*args, sep=" ", end="\n", file=None):  # print, at once; a terminal that is gone (EIO) is not an error
     file = file or (sys.stderr if _reader_gone else sys.stdout)  # stdout's reader gone: stderr may still be read
     text = sep.join(map(str, args)) + end
-    if _line_open and _line_open[0] is sys.stdout and file is not sys.stdout:  # an error (stderr) starts below the
-        _line_open.clear()  # progress line, not after its 79 columns, where the terminal wrapped it mid-word
-        with contextlib.suppress(OSError):  # a terminal gone: the words below meet that themselves
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+    if _line_open and not (_line_open[0] is file and text.startswith("\r")):  # not the progress line redrawn: the
+        end_progress()  # words start below it, not after its 79 columns (a terminal wrapped an error mid-word)
     try:  # one write: print writes the text and its end apart, and a Ctrl-C between them joined the next line to it
         file.write(text)
         file.flush()
-        if file is sys.stdout and text:
+        if text:
             _line_open[:] = [] if text.endswith("\n") else [file]
     except OSError as e:
         if e.errno == errno.EPIPE and _may_leave:
@@ -461,9 +458,12 @@ def show_progress(text, shown, last=False):
     return shown
 
 
-def end_progress():  # a terminal's progress line ends before what is printed next (an error, say)
-    if sys.stderr.isatty():
-        say(file=sys.stderr)
+def end_progress():  # a terminal's progress line (stdout's or stderr's) ends; say ends it before other words too
+    stream = _line_open.pop() if _line_open else None
+    if stream in (sys.stdout, sys.stderr):  # not a stream since replaced (a test's capture, a closed pipe's)
+        with contextlib.suppress(OSError):  # a terminal gone: the words that follow meet that themselves
+            stream.write("\n")
+            stream.flush()
 
 
 # ----------------------------------------------------------------------------

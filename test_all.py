@@ -4361,6 +4361,20 @@ def test_tokenizer_experiments_run_by_name_says_where_to_go():
         "experiments.py's report; run python experiments.py tokenizer.\n"
 
 
+def test_cli_an_open_progress_line_is_ended_once_before_other_words(capsys):
+    # a terminal's progress line is redrawn with "\r" and left open: other words (a stop, an error, on either stream)
+    # start below it, once; a log file's lines are whole, and the stop's sentence there had a blank line before it
+    cli.say("\rstep 1", end="")
+    cli.say("\rstep 2", end="")  # redrawn in place
+    cli.say("stopping after this step")
+    cli.say("\rdownload 1%", end="", file=sys.stderr)
+    cli.say("the words of a run", end="")  # stdout's words end stderr's line; then stdout's own line is open
+    cli.end_progress()
+    cli.end_progress()  # nothing open: nothing written
+    assert capsys.readouterr() == ("\rstep 1\rstep 2\nstopping after this step\nthe words of a run\n",
+                                   "\rdownload 1%\n")
+
+
 def test_cli_paths_expand_the_home_folder_and_commands_to_copy_quote_them(tmp_path, monkeypatch, capsys):
     # a tenth tester's: --out-dir=~/runs (bash leaves a ~ after '=' as it is) made a folder named ~ in the current
     # one, and every message read as the home folder's; bpe.py encode's next command, a path with a space in it,
