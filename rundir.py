@@ -670,9 +670,8 @@ def stop_requests(cfg):
     def ask(why=""):
         if not asked:
             asked.append(time.monotonic())
-            when = "this step" if every_step else "the next log step (--log-interval)"
-            log(f"{why}stopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")  # a terminal's
-            # progress line is ended first (cli.say), and a log file gets no blank line
+            when = "this step" if every_step else "the next log step (--log-interval)"  # below a terminal's
+            log(f"{why}stopping after {when}; a checkpoint will be saved (Ctrl-C again to abort now)")  # progress line
 
     def handler(signum, frame):
         if signum == SIGHUP:  # the terminal is gone: never an abort (the kernel and the shell may both send one)
