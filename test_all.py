@@ -7346,6 +7346,22 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
     assert train.main(run + ["--data", str(with_tok / "big.npy"), "--vocab-size", "400", "--num-samples", "0"]) == 0
 
 
+def test_train_says_when_bpe_makes_fewer_tokens_than_the_vocab_size(tmp_path, capsys):
+    # a repetitive text has two pairs to merge: train.py said "training a 300-token BPE tokenizer" and, with
+    # --num-samples 0, trained a 300-id model on its 259 tokens without a word (bpe.py train notes it)
+    text = tmp_path / "ab.txt"
+    text.write_text("ab " * 2000)
+    run = [*_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "1", "--data", str(text), "--out-dir",
+           str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--workers", "1", "--device", "cpu"]
+    assert train.main(run) == 0
+    assert (f"note: the BPE tokenizer of --data {text} has 259 tokens, not --vocab-size 300 (the text has no pair "
+            "left to merge): ids 259 and up are never seen.\n") in capsys.readouterr().out
+    assert train.main([*run, "--vocab-size", "259", "--overwrite"]) == 0  # a size it fills: no note
+    assert "note: the BPE" not in capsys.readouterr().out
+    assert train.main([*run, "--num-samples", "1", "--overwrite"]) == 2  # with samples: the refusal alone
+    _train_one_line(capsys, "--vocab-size 300 is above the 259 tokens of ")
+
+
 def test_train_a_tokenizer_beside_npy_ids_that_cannot_decode_every_id_is_refused_first(tmp_path, capsys):
     # the vocab.json beside --data ids.npy with ids not 0..n-1 (a gap; a token written twice, whose other id JSON
     # dropped) trained to the end, saved, then its samples' decode was a traceback; JSON nested 100,000 deep was a
