@@ -1123,8 +1123,8 @@ def kernel_kind(name):  # e.g. "sm90_xmma_gemm_bf16bf16..." -> "matmul"; "Memcpy
 
 def kernel_times(step, device, steps=PROFILED_STEPS):
     """torch.profiler over `steps` calls of step, one after another (the host may run ahead, as in train.py's loop)
-    -> ({kernel name: its device seconds per step}, the kernels launched per step, device_waits' line) (on a CPU,
-    each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
+    -> ({kernel name: its device seconds per step}, the kernels launched per step, a call that gives device_waits'
+    line) (on a CPU, each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
     gpu, activity = device.startswith("cuda"), torch.profiler.ProfilerActivity
     with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
         for _ in range(steps):
@@ -1136,7 +1136,7 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
         if e.device_type == kind and not e.is_user_annotation:  # spanning its kernels: counted twice, it is left out
             times[e.key] += (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e6 / steps
             launches += e.count / steps
-    return times, launches, device_waits(prof.events(), kind, steps)
+    return times, launches, functools.partial(device_waits, prof.events(), kind, steps)  # read where it is said
 
 
 def device_waits(events, kind, steps, longest=3):
@@ -1473,7 +1473,7 @@ class GpuReport:
             take_turns({"step": step}, config.UNTIMED_STEPS, sync)  # graphs, if any, are recorded here: not profiled
             turns, gpu = self.timed_turns({"step": step}, sync)
             times, launches, waits = kernel_times(step, self.device, self.profiled)
-        return statistics.median(turns["step"]), times, launches, waits, gpu
+        return statistics.median(turns["step"]), times, launches, waits(), gpu
 
     def profile(self, name):
         """Where one compiled step's time goes at one shape: each kind of kernel's device time (KERNEL_KINDS) against
@@ -1731,6 +1731,10 @@ READ_BY = {"input": ("train", "cold", "encode"), "sizes": ("train",), "vocab_siz
            "repeats": ("train", "encode", "generate", "head"), "new_tokens": ("generate",), "rows": ("head",)}
 
 
+def reads(flag, text):  # a flag's --help: the tables that read it (READ_BY), then what it is
+    return f"{', '.join(READ_BY[flag])}: {text}"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     allow_many_compiles()  # each lever, shape and chunk count is a graph of one function: none may run eagerly
@@ -1748,15 +1752,15 @@ def main(argv=None):
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
                     "and peak memory, then a GPT-2-small step's peak (minutes on a CPU, whatever --rows); generate: generation; gpu: every GPU figure, "
                     "no section started after --budget seconds (its own --help)")
-    ap.add_argument("--input", type=user_path, help="a UTF-8 text file instead of the scale corpora (train) or "
-                    "shakespeare.txt")
+    ap.add_argument("--input", type=user_path, help=reads("input", "a UTF-8 text file instead of the scale corpora (train) or "
+                    "shakespeare.txt"))
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
-                    help="train: scale corpora in MB, e.g. 50,200,2000")
-    ap.add_argument("--vocab-size", type=int, default=32_000, help="train: vocabulary size")
-    ap.add_argument("--encode-mb", type=megabytes, default=50, help="encode: size of the scale corpus for encode_file")
-    ap.add_argument("--repeats", type=int, default=3, help="train, encode, generate, head: runs per tool, alternating")
-    ap.add_argument("--new-tokens", type=int, default=256, help="generate: tokens to generate")
-    ap.add_argument("--rows", type=int, default=2048, help="head: rows of the hidden state (batch x context)")
+                    help=reads("sizes", "scale corpora in MB, e.g. 50,200,2000"))
+    ap.add_argument("--vocab-size", type=int, default=32_000, help=reads("vocab_size", "vocabulary size"))
+    ap.add_argument("--encode-mb", type=megabytes, default=50, help=reads("encode_mb", "size of the scale corpus for encode_file"))
+    ap.add_argument("--repeats", type=int, default=3, help=reads("repeats", "runs per tool, alternating"))
+    ap.add_argument("--new-tokens", type=int, default=256, help=reads("new_tokens", "tokens to generate"))
+    ap.add_argument("--rows", type=int, default=2048, help=reads("rows", "rows of the hidden state (batch x context)"))
     args, defaults = ap.parse_args(argv), ap.parse_args([])
     for flag, readers in READ_BY.items():
         if args.what not in ("all", *readers) and getattr(args, flag) != getattr(defaults, flag):

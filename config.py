@@ -409,12 +409,12 @@ def check_samples(cfg, tok, tok_files, top, eot):
     if tok is None and cfg["num_samples"]:
         log(f"note: no samples at the end: --data {cfg['data']} has no tokenizer beside it; pass --tokenizer DIR "
             "(bpe.py train's --out) for samples, or --num-samples 0.")
-    if tok is None or cfg["num_samples"] == 0:  # with samples, a vocabulary past the tokenizer's is refused below
-        if tok is not None and cfg["tokenizer"] is None and not is_ids(cfg["data"]) \
-                and len(tok.vocab) < cfg["vocab_size"]:
-            log(f"note: the BPE tokenizer of --data {cfg['data']} has {len(tok.vocab):,} tokens, not --vocab-size "
-                f"{cfg['vocab_size']:,} (the text has no pair left to merge): ids {len(tok.vocab):,} and up are never "
-                "seen.")  # BPE trained on a small or repetitive text: "training a 300-token BPE tokenizer" fell short
+    made = tok is not None and cfg["tokenizer"] is None and not is_ids(cfg["data"])  # BPE trained on --data's text
+    if made and cfg["num_samples"] == 0 and len(tok.vocab) < cfg["vocab_size"]:  # with samples: refused below
+        log(f"note: the BPE tokenizer of --data {cfg['data']} has {len(tok.vocab):,} tokens, not --vocab-size "
+            f"{cfg['vocab_size']:,} (the text has no pair left to merge): ids {len(tok.vocab):,} and up are never "
+            "seen.")
+    if tok is None or cfg["num_samples"] == 0:
         return
     n, V, where = len(tok.vocab), cfg["vocab_size"], tok_files[0]
     # a run's model (resumed, or --init-from's) keeps its vocabulary: another --vocab-size is refused (verify_resume,
