@@ -276,17 +276,20 @@ def _muon_math(params, grads, bufs, lr, decay, mu, nesterov, steps, dtype):
     when compiled (no host sync: nothing is read back). The matrices of one shape (a model's q, k, v and output
     projections) are orthogonalized as one stack: a few batched matmuls, not a dozen small ones a step each. A tall
     matrix joins the stack of its transpose's shape (W1 and W3 (d_ff, d) with W2 (d, d_ff)): newton_schulz turns
-    each tall one wide anyway, and NS(U^T) = NS(U)^T."""
-    shapes = {}
-    for i, (p, g, B) in enumerate(zip(params, grads, bufs)):
-        B.lerp_(g, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
-        shapes.setdefault(tuple(sorted(p.shape)), []).append(i)  # (m, n) with m <= n
-    for shape, idx in shapes.items():
-        U = [grads[i].lerp(bufs[i], mu) if nesterov else bufs[i] for i in idx]
-        wide = torch.stack([u.mT if u.shape[0] > u.shape[1] else u for u in U])  # (k, m, n)
-        for i, O in zip(idx, newton_schulz(wide, steps, dtype).unbind()):
-            O = O.mT if O.shape != params[i].shape else O
-            params[i].sub_(O.to(params[i].dtype) * (lr * 0.2 * max(shape) ** 0.5)).mul_(decay)
+    each tall one wide anyway, and NS(U^T) = NS(U)^T. The per-matrix arithmetic around it is _foreach ops, as in
+    _adamw_math: compiled, each is one kernel over all the matrices, where a loop of ops made two kernels a matrix."""
+    torch._foreach_lerp_(bufs, grads, 1 - mu)  # B + (1 - mu)(g - B) = mu B + (1 - mu) g
+    U = torch._foreach_lerp(grads, bufs, mu) if nesterov else bufs
+    stacks, updates = {}, [None] * len(params)
+    for i, p in enumerate(params):  # (m, n) with m <= n, and the dtype the update is scaled in
+        stacks.setdefault((tuple(sorted(p.shape)), p.dtype), []).append(i)
+    for (shape, p_dtype), idx in stacks.items():
+        wide = torch.stack([U[i].mT if U[i].shape[0] > U[i].shape[1] else U[i] for i in idx])  # (k, m, n)
+        O = newton_schulz(wide, steps, dtype).to(p_dtype) * (lr * 0.2 * max(shape) ** 0.5)
+        for i, O_i in zip(idx, O.unbind()):
+            updates[i] = O_i.mT if O_i.shape != params[i].shape else O_i
+    torch._foreach_sub_(params, updates)
+    torch._foreach_mul_(params, [decay] * len(params))  # a list, as in _adamw_math
 
 
 class Muon(AdamW):
