@@ -10153,6 +10153,12 @@ def test_accounting_cli_prints_every_section_and_rejects_bad_flags():
     assert bad.returncode == 2 and "--section" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_accounting_section_repeated_prints_each_named(capsys):
+    # --section twice printed only the last; now each named, in that order, a repeat once
+    assert accounting.main(["--section", "muon", "--section", "motivation", "--section", "muon"]) == 0
+    assert re.findall(r"^=== (\w+) ", capsys.readouterr().out, re.M) == ["muon", "motivation"]
+
+
 def test_accounting_corrections_recompute_every_published_figure():
     # one section holds every correction of the course notes; each names its source and cause
     rows = accounting.notes_corrections()
