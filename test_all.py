@@ -9626,13 +9626,14 @@ def test_experiments_text_flags_are_train_pys_sentences_before_the_data(tmp_path
                                                ("generate", "generate writes text, and --data")])
 def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, experiment, words):
     # token ids have no text: tokenizer ended in "report.md: No such file or directory", generate ran the whole lr
-    # sweep and then wrote no sample without a word
+    # sweep and then wrote no sample without a word; both, refused, left the ids' digest in --data-dir
     ids = _train_toy_ids(tmp_path / "toy.npy")
+    where = ["--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
     with pytest.raises(cli.UsageError, match=rf"^{words}.* is token ids"):
-        experiments.main([experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+        experiments.main([experiment, "--data", str(ids), *where, "--variants", "lr=1e-03",
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
-                         [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
-    assert not (tmp_path / "out").exists()
+                         [experiment, "--data", str(ids), *where, *_TRAIN_TINY])
+    assert os.listdir(tmp_path) == ["toy.npy"]
 
 
 def test_experiments_a_vocab_size_above_the_texts_tokenizer_stops_all_before_any_run(tmp_path, monkeypatch):
