@@ -603,9 +603,10 @@ def _cmd_train(args):
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
     text = (longest := max(vocab.values(), key=len)).decode("utf-8", errors="replace")
-    cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
-            f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
-            f"{args.out}/vocab.json and merges.txt")
+    n, b, c = len(merges), len(longest), len(text)
+    cli.say(f"trained {n:,} merge{'' if n == 1 else 's'} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {b:,} "
+            f"byte{'' if b == 1 else 's'} ({c:,} character{'' if c == 1 else 's'}): {_short(repr(text), count=False)}; "
+            f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
 

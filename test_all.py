@@ -4227,7 +4227,7 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
                         "--vocab-size", "271", "--out", str(tmp_path / "tok")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "longest token 32768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+    assert "longest token 32,768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
 
 
 # --- issue 36 item 8e: the longest token's line says what it counts ---
@@ -4245,6 +4245,17 @@ def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsy
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "300", "--out", str(tmp_path / "big")])
     assert capsys.readouterr().out.endswith("\nnote: 263 tokens, not --vocab-size 300: the text has no pair left to "
                                             "merge\n")
+    # one of each in the singular ("trained 1 merges", "longest token 1 bytes (1 characters)", "1 special tokens")
+    (tmp_path / "one.txt").write_text(e, encoding="utf-8")
+    for size, said in ((257, "trained 1 merge in "), (256, "; longest token 1 byte (1 character): ")):
+        bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", str(size), "--out", str(tmp_path / str(size))])
+        assert said in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", "256", "--special-tokens", "<|x|>", "--out",
+                  str(tmp_path / "x")])
+    assert "256 bytes + 1 special token = 257; raise it" in capsys.readouterr().err
+    bpe.main(["encode", str(tmp_path / "one.txt"), "--tokenizer", str(tmp_path / "257"), "--out", str(tmp_path / "i.npy")])
+    assert ", 1 token, " in capsys.readouterr().err  # the progress line
 
 
 @pytest.fixture
