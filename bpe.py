@@ -613,6 +613,9 @@ def _cmd_train(args):
 
 def _cmd_encode(args):
     vocab_file, merges_file = tokenizer_files(args.tokenizer)
+    if not (vocab_file.exists() or merges_file.exists()):  # a wrong folder, or a file: "vocab file ...: no such file"
+        raise ValueError(f"--tokenizer {args.tokenizer} holds no vocab.json and merges.txt; pass the directory bpe.py "
+                         "train wrote them to (its --out)")
     if files.same_file(args.out, vocab_file) or files.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; pass another --out")
     if not files.is_ids(args.out):        # train.py --data goes by the name

@@ -3807,8 +3807,9 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              "sub/vocab.json is in a folder that cannot be made or written (read-only, a file on its path": [  # found
                  # after training before
                  "train", str(good), "--vocab-size", "300", "--out", str(good / "sub")],
-             "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
-                                                str(tmp_path / "ids.npy")],
+             # "vocab file .../none/vocab.json: no such file" named neither the flag nor what to pass
+             "none holds no vocab.json and merges.txt; pass the directory bpe.py train wrote them to (its --out)": [
+                 "encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out", str(tmp_path / "ids.npy")],
              # a twelfth tester's: the input after --special-tokens is a special token; argparse said only "required"
              "--special-tokens takes every word after it: put the input file before it": [
                  "train", "--vocab-size", "300", "--out", str(out), "--special-tokens", "<|endoftext|>", str(good)]}
