@@ -10388,11 +10388,12 @@ def test_kernels_nan_poison_is_never_hidden():
 
 def test_kernels_cli_cpu_writes_json(tmp_path, capsys):
     out = tmp_path / "k.json"
-    kernels.main(["--device", "cpu", "--sizes", "12", "--reps", "2", "--dtypes", "float32",
+    kernels.main(["--device", "cpu", "--sizes", "12", "--reps", "1", "--dtypes", "float32",
                   "--json", str(out)])
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "CUDA kernel: skipped" in printed
+    assert "median of 1 run (time.perf_counter, 1 thread), " in printed  # "1 runs", "1 thread(s)"
     names = res["variants"]
     assert names[:2] == ["torch ops", "F.gelu"]
     assert len(res["benchmark"]) == len(names)
