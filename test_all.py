@@ -9344,6 +9344,8 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents, ")
     few = tokenizer_experiments.answer_tokenizer(dict(f, documents=8))[0]  # a validation text of 8 documents
     assert "8 validation documents (all the validation text has, of the 10 asked)," in few
+    one = tokenizer_experiments.answer_tokenizer(dict(f, documents=1, other_documents=1))  # not "1 ... documents"
+    assert "1 validation document (all the validation" in one[0] and "(1 document), the runs'" in one[1]
     assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
