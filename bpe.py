@@ -670,6 +670,11 @@ def main(argv=None):
         raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
+    here = "a folder (. for this one)"
+    for flag, path, what in (("the input", args.input, "a text file"), ("--tokenizer", vars(args).get("tokenizer"), here),
+                             ("--out", args.out, here if args.cmd == "train" else "a .npy file")):
+        if path == "":  # no path, but Path('') is this folder: train wrote its files here unasked
+            raise cli.UsageError(f"{flag} is an empty path; pass {what}.")
 
     def command():
         with cli.usage_errors():  # a missing input, a malformed tokenizer file: exit 2

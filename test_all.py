@@ -3825,6 +3825,21 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
+def test_bpe_cli_an_empty_path_is_refused_not_taken_for_this_folder(tmp_path, monkeypatch):
+    # `bpe.py train t.txt --out ''` wrote vocab.json and merges.txt into the current folder, saying "wrote
+    # /vocab.json"; encode's --tokenizer '' read them there and advised `train.py --tokenizer ''`
+    monkeypatch.chdir(tmp_path)
+    Path("t.txt").write_text("hello hello", encoding="utf-8")
+    for argv, said in ((["train", "t.txt", "--vocab-size", "260", "--out", ""], "--out is an empty path; pass a folder"),
+                       (["train", "", "--vocab-size", "260", "--out", "tok"], "the input is an empty path; pass a text"),
+                       (["encode", "t.txt", "--tokenizer", "", "--out", "i.npy"], "--tokenizer is an empty path; pass a "
+                                                                                  "folder (. for this one)."),
+                       (["encode", "t.txt", "--tokenizer", ".", "--out", ""], "--out is an empty path; pass a .npy")):
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(said)}"):
+            bpe.main(argv)
+    assert os.listdir() == ["t.txt"]
+
+
 def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, capsys):
     # a sixth tester's: bpe.py train --out out/<run> replaced a run's tokenizer without a word (its checkpoint's ids
     # then meant other tokens), and --out into a token cache its ids' tokenizer. A folder of a tokenizer alone is
