@@ -10789,6 +10789,8 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     assert "| 1 KB documents of the English, one call each |" in out and "| bpe.encode_file, 2 workers |" in out
     assert "pip install tiktoken" in out
     assert "(tiktoken is not installed: no comparison)" in out and "taking turns with tiktoken" not in out  # 10th
+    assert "each run, 1 run (tiktoken" in out and "process, 1 run taking turns;" in out  # "1 runs"
+    assert "the 0.0" in out and "the 0 MB scale corpus" not in out  # --encode-mb 0.2 said "the 0 MB"
     docs = bench.small_documents(text.read_text(encoding="utf-8"), size=100, total=1000)
     assert "".join(docs) == text.read_text(encoding="utf-8")[:len("".join(docs))] and 1000 <= len("".join(docs))
     assert all(100 <= len(d) < 200 for d in docs[:-1])
