@@ -603,15 +603,19 @@ def _cmd_train(args):
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
     text = (longest := max(vocab.values(), key=len)).decode("utf-8", errors="replace")
-    cli.say(f"trained {len(merges)} merges in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {len(longest)} bytes "
-            f"({len(text):,} characters): {_short(repr(text), count=False)}; wrote "  # its middle cut: it can be a MB
-            f"{args.out}/vocab.json and merges.txt")
+    n, b, c = len(merges), len(longest), len(text)
+    cli.say(f"trained {n:,} merge{'' if n == 1 else 's'} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {b:,} "
+            f"byte{'' if b == 1 else 's'} ({c:,} character{'' if c == 1 else 's'}): {_short(repr(text), count=False)}; "
+            f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
 
 
 def _cmd_encode(args):
     vocab_file, merges_file = tokenizer_files(args.tokenizer)
+    if not (vocab_file.exists() or merges_file.exists()):  # a wrong folder, or a file: "vocab file ...: no such file"
+        raise ValueError(f"--tokenizer {args.tokenizer} holds no vocab.json and merges.txt; pass the directory bpe.py "
+                         "train wrote them to (its --out)")
     if files.same_file(args.out, vocab_file) or files.same_file(args.out, merges_file):
         raise ValueError(f"--out {args.out} is a file of the tokenizer {args.tokenizer}; pass another --out")
     if not files.is_ids(args.out):        # train.py --data goes by the name
@@ -666,6 +670,11 @@ def main(argv=None):
         raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
+    here = "a folder (. for this one)"
+    for flag, path, what in (("the input", args.input, "a text file"), ("--tokenizer", vars(args).get("tokenizer"), here),
+                             ("--out", args.out, here if args.cmd == "train" else "a .npy file")):
+        if path == "":  # no path, but Path('') is this folder: train wrote its files here unasked
+            raise cli.UsageError(f"{flag} is an empty path; pass {what}.")
 
     def command():
         with cli.usage_errors():  # a missing input, a malformed tokenizer file: exit 2

@@ -515,8 +515,8 @@ def check_vocab_size(vocab_size, special_tokens, name="vocab_size"):
         raise ValueError(f"{name} must be an integer, got {vocab_size!r}")
     n_base = 256 + len(new_special_tokens(special_tokens))
     if vocab_size < n_base:
-        raise ValueError(f"{name} {vocab_size} is smaller than 256 bytes + "
-                         f"{n_base - 256} special tokens = {n_base}; raise it")
+        raise ValueError(f"{name} {vocab_size} is smaller than 256 bytes + {n_base - 256} special "
+                         f"token{'' if n_base == 257 else 's'} = {n_base}; raise it")
 
 
 def checked_merges(vocab, merges):
@@ -1652,7 +1652,8 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                     if progress:
                         mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
                         shown = show_progress(f"encoded {n_bytes / scale:.1f}/{size / scale:.1f} {unit}, "
-                                              f"{n_tokens:,} tokens, {mb_s:.1f} MB/s", shown, last=n_bytes == size)
+                                              f"{n_tokens:,} token{'' if n_tokens == 1 else 's'}, {mb_s:.1f} MB/s",
+                                              shown, last=n_bytes == size)
             finally:
                 if progress and n_bytes:
                     end_progress()

@@ -766,16 +766,16 @@ def main(argv=None):
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs, where = chosen_runs(args, plans), Path(args.out_dir) / "experiments"
     check(runs, args, rest, where)
+    if args.experiment == "generate" and data.is_ids(args.data) and not data.ids_tokenizer(args.data, cfg["tokenizer"])[0]:
+        raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; "
+                             "pass its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
+    if args.experiment == "tokenizer" and data.is_ids(args.data):  # both before prepare() writes the ids' digest
+        raise cli.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
+                             "pass text data (pydoc, tinystories, owt, a .txt file).")
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
         for run in (run for entries in reported(plans, args).values() for *_, run in entries):
             outcome(run, args, rest)  # what report() will read: a run of other flags refused before any run starts
-        if args.experiment == "generate" and tok is None:  # checked before the sweep: its samples are the point
-            raise cli.UsageError(f"generate writes text, and --data {args.data} is token ids without a tokenizer; "
-                                 "pass its --tokenizer DIR, or text data (pydoc, tinystories, owt, a .txt file).")
-        if args.experiment == "tokenizer" and data.is_ids(args.data):
-            raise cli.UsageError(f"tokenizer measures a tokenizer on its text, and --data {args.data} is token ids; "
-                                 "pass text data (pydoc, tinystories, owt, a .txt file).")
         if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
             cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
                     "(its --tokenizer DIR would give them)."))

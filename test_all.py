@@ -3812,8 +3812,9 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              "sub/vocab.json is in a folder that cannot be made or written (read-only, a file on its path": [  # found
                  # after training before
                  "train", str(good), "--vocab-size", "300", "--out", str(good / "sub")],
-             "none/vocab.json: no such file": ["encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out",
-                                                str(tmp_path / "ids.npy")],
+             # "vocab file .../none/vocab.json: no such file" named neither the flag nor what to pass
+             "none holds no vocab.json and merges.txt; pass the directory bpe.py train wrote them to (its --out)": [
+                 "encode", str(good), "--tokenizer", str(tmp_path / "none"), "--out", str(tmp_path / "ids.npy")],
              # a twelfth tester's: the input after --special-tokens is a special token; argparse said only "required"
              "--special-tokens takes every word after it: put the input file before it": [
                  "train", "--vocab-size", "300", "--out", str(out), "--special-tokens", "<|endoftext|>", str(good)]}
@@ -3827,6 +3828,21 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(good), "--vocab-size", str(10**20),
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
+
+
+def test_bpe_cli_an_empty_path_is_refused_not_taken_for_this_folder(tmp_path, monkeypatch):
+    # `bpe.py train t.txt --out ''` wrote vocab.json and merges.txt into the current folder, saying "wrote
+    # /vocab.json"; encode's --tokenizer '' read them there and advised `train.py --tokenizer ''`
+    monkeypatch.chdir(tmp_path)
+    Path("t.txt").write_text("hello hello", encoding="utf-8")
+    for argv, said in ((["train", "t.txt", "--vocab-size", "260", "--out", ""], "--out is an empty path; pass a folder"),
+                       (["train", "", "--vocab-size", "260", "--out", "tok"], "the input is an empty path; pass a text"),
+                       (["encode", "t.txt", "--tokenizer", "", "--out", "i.npy"], "--tokenizer is an empty path; pass a "
+                                                                                  "folder (. for this one)."),
+                       (["encode", "t.txt", "--tokenizer", ".", "--out", ""], "--out is an empty path; pass a .npy")):
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(said)}"):
+            bpe.main(argv)
+    assert os.listdir() == ["t.txt"]
 
 
 def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, capsys):
@@ -4232,7 +4248,7 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
                         "--vocab-size", "271", "--out", str(tmp_path / "tok")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "longest token 32768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+    assert "longest token 32,768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
 
 
 # --- issue 36 item 8e: the longest token's line says what it counts ---
@@ -4250,6 +4266,17 @@ def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsy
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "300", "--out", str(tmp_path / "big")])
     assert capsys.readouterr().out.endswith("\nnote: 263 tokens, not --vocab-size 300: the text has no pair left to "
                                             "merge\n")
+    # one of each in the singular ("trained 1 merges", "longest token 1 bytes (1 characters)", "1 special tokens")
+    (tmp_path / "one.txt").write_text(e, encoding="utf-8")
+    for size, said in ((257, "trained 1 merge in "), (256, "; longest token 1 byte (1 character): ")):
+        bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", str(size), "--out", str(tmp_path / str(size))])
+        assert said in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", "256", "--special-tokens", "<|x|>", "--out",
+                  str(tmp_path / "x")])
+    assert "256 bytes + 1 special token = 257; raise it" in capsys.readouterr().err
+    bpe.main(["encode", str(tmp_path / "one.txt"), "--tokenizer", str(tmp_path / "257"), "--out", str(tmp_path / "i.npy")])
+    assert ", 1 token, " in capsys.readouterr().err  # the progress line
 
 
 @pytest.fixture
@@ -9337,6 +9364,8 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert a.startswith(f"(a) {f['bytes'] / f['tokens']:.2f} bytes/token: 10 validation documents, ")
     few = tokenizer_experiments.answer_tokenizer(dict(f, documents=8))[0]  # a validation text of 8 documents
     assert "8 validation documents (all the validation text has, of the 10 asked)," in few
+    one = tokenizer_experiments.answer_tokenizer(dict(f, documents=1, other_documents=1))  # not "1 ... documents"
+    assert "1 validation document (all the validation" in one[0] and "(1 document), the runs'" in one[1]
     assert f"the runs' BPE makes {f['ours_on_other']:.2f} bytes/token" in b and f"BPE {f['other_on_other']:.2f}:" in b
     assert f"{f['other_on_other'] / f['ours_on_other'] - 1:.0%} more tokens" in b
     assert c.startswith(f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s") and f["bytes_per_s"] > 0 and "uint16" in dd
@@ -9631,13 +9660,14 @@ def test_experiments_text_flags_are_train_pys_sentences_before_the_data(tmp_path
                                                ("generate", "generate writes text, and --data")])
 def test_experiments_text_experiments_on_token_ids_are_one_sentence(tmp_path, experiment, words):
     # token ids have no text: tokenizer ended in "report.md: No such file or directory", generate ran the whole lr
-    # sweep and then wrote no sample without a word
+    # sweep and then wrote no sample without a word; both, refused, left the ids' digest in --data-dir
     ids = _train_toy_ids(tmp_path / "toy.npy")
+    where = ["--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")]
     with pytest.raises(cli.UsageError, match=rf"^{words}.* is token ids"):
-        experiments.main([experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), "--variants", "lr=1e-03",
+        experiments.main([experiment, "--data", str(ids), *where, "--variants", "lr=1e-03",
                           *_TRAIN_TINY, "--max-iters", "2"] if experiment == "generate" else
-                         [experiment, "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY])
-    assert not (tmp_path / "out").exists()
+                         [experiment, "--data", str(ids), *where, *_TRAIN_TINY])
+    assert os.listdir(tmp_path) == ["toy.npy"]
 
 
 def test_experiments_a_vocab_size_above_the_texts_tokenizer_stops_all_before_any_run(tmp_path, monkeypatch):
@@ -10158,6 +10188,12 @@ def test_accounting_cli_prints_every_section_and_rejects_bad_flags():
     assert bad.returncode == 2 and "--section" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_accounting_section_repeated_prints_each_named(capsys):
+    # --section twice printed only the last; now each named, in that order, a repeat once
+    assert accounting.main(["--section", "muon", "--section", "motivation", "--section", "muon"]) == 0
+    assert re.findall(r"^=== (\w+) ", capsys.readouterr().out, re.M) == ["muon", "motivation"]
+
+
 def test_accounting_corrections_recompute_every_published_figure():
     # one section holds every correction of the course notes; each names its source and cause
     rows = accounting.notes_corrections()
@@ -10374,11 +10410,12 @@ def test_kernels_nan_poison_is_never_hidden():
 
 def test_kernels_cli_cpu_writes_json(tmp_path, capsys):
     out = tmp_path / "k.json"
-    kernels.main(["--device", "cpu", "--sizes", "12", "--reps", "2", "--dtypes", "float32",
+    kernels.main(["--device", "cpu", "--sizes", "12", "--reps", "1", "--dtypes", "float32",
                   "--json", str(out)])
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "CUDA kernel: skipped" in printed
+    assert "median of 1 run (time.perf_counter, 1 thread), " in printed  # "1 runs", "1 thread(s)"
     names = res["variants"]
     assert names[:2] == ["torch ops", "F.gelu"]
     assert len(res["benchmark"]) == len(names)
@@ -10757,6 +10794,8 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     assert "| 1 KB documents of the English, one call each |" in out and "| bpe.encode_file, 2 workers |" in out
     assert "pip install tiktoken" in out
     assert "(tiktoken is not installed: no comparison)" in out and "taking turns with tiktoken" not in out  # 10th
+    assert "each run, 1 run (tiktoken" in out and "process, 1 run taking turns;" in out  # "1 runs"
+    assert "the 0.0" in out and "the 0 MB scale corpus" not in out  # --encode-mb 0.2 said "the 0 MB"
     docs = bench.small_documents(text.read_text(encoding="utf-8"), size=100, total=1000)
     assert "".join(docs) == text.read_text(encoding="utf-8")[:len("".join(docs))] and 1000 <= len("".join(docs))
     assert all(100 <= len(d) < 200 for d in docs[:-1])

@@ -102,12 +102,12 @@ def answer_tokenizer(f):
     seconds = accounting.PILE_BYTES / f["bytes_per_s"]
     ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
     some = "" if f["documents"] >= DOCUMENTS else f" (all the validation text has, of the {DOCUMENTS} asked)"
-    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation documents{some}, {f['bytes']:,} bytes in "
-            f"{f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
-            f"(b) on {f['other']} ({f['other_documents']} documents), the runs' BPE makes {f['ours_on_other']:.2f} "
-            f"bytes/token and that text's own {f['other_vocab']:,}-token BPE {f['other_on_other']:.2f}: out of its "
-            f"domain it needs {cost:.0%} more tokens; the other BPE on the runs' documents makes "
-            f"{f['other_on_ours']:.2f} (against {ours:.2f}).",
+    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation document{'' if f['documents'] == 1 else 's'}"
+            f"{some}, {f['bytes']:,} bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
+            f"(b) on {f['other']} ({f['other_documents']} document{'' if f['other_documents'] == 1 else 's'}), the "
+            f"runs' BPE makes {f['ours_on_other']:.2f} bytes/token and that text's own {f['other_vocab']:,}-token BPE "
+            f"{f['other_on_other']:.2f}: out of its domain it needs {cost:.0%} more tokens; the other BPE on the runs' "
+            f"documents makes {f['other_on_ours']:.2f} (against {ours:.2f}).",
             f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
             f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / accounting.GiB:.0f} GiB: "
             f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
