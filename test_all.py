@@ -5890,6 +5890,11 @@ def test_train_checkpoint_roundtrip_path_and_file_object(tmp_path):
         for p, q in zip(m2.parameters(), ref_m.parameters()):
             assert torch.equal(p, q)
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary left behind
+    train.save_checkpoint(m, None, 3, buf := io.BytesIO())  # no optimizer: AttributeError on None.state_dict()
+    m2, opt2 = _train_model_opt(seed=5)
+    assert train.load_checkpoint(io.BytesIO(buf.getvalue()), m2) == 3 and torch.equal(m2.lm_head.weight, m.lm_head.weight)
+    with pytest.raises(ValueError, match="^the checkpoint has no 'optimizer' entry$"):
+        train.load_checkpoint(io.BytesIO(buf.getvalue()), m2, opt2)
 
 
 def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_give_back(tmp_path):

@@ -15,7 +15,6 @@ training step and its speed (--benchmark), 4. the training loop and samples, 5. 
 """
 import contextlib
 import json
-import operator
 import sys
 import time
 from statistics import median
@@ -94,12 +93,10 @@ def _unwrap(model):  # the LM inside DDP, torch.compile and LMLoss: its keys wit
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
-    with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
-        iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
-    check_count("iteration", iteration, least=0)  # what load_checkpoint reads back: a whole number >= 0
-    state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration, **extra}
-    with files.atomic_file(out) as f:  # a path, or a file object
+    """Model, optimizer (or None), iteration and `extra` entries (config, RNG states) to a binary file or a path."""
+    opt = {} if optimizer is None else {"optimizer": optimizer.state_dict()}  # None: weights alone, as load_run reads
+    state = {"model": _unwrap(model).state_dict(), **opt, "iteration": rundir.step_count(iteration), **extra}
+    with files.atomic_file(out) as f:  # a path (replaced whole, atomically), or a file object
         torch.save(state, f)
 
 
