@@ -5839,6 +5839,8 @@ def test_train_get_batch_refuses_bad_sizes_and_float_ids_and_takes_a_tensor(tmp_
             train.get_batch(bad, 2, 4, "cpu")
     with pytest.raises(RuntimeError):  # the course's test_get_batch wants torch's own error (or an AssertionError)
         train.get_batch(ids, 2, 4, "cuda:99")  # for a device that is not there: a ValueError would fail it
+    with pytest.raises(ValueError, match="^get_batch reads windows on the CPU, got data on meta: pass data.cpu"):
+        train.get_batch(torch.arange(100, device="meta"), 2, 4, "cpu")  # as a GPU's: "can't convert ... to numpy"
     np.save(tmp_path / "ids.npy", ids)
     monkeypatch.setattr(data.TokenIds, "__array__", lambda *a, **k: pytest.fail("a TokenIds read whole"))
     want = train.get_batch(ids, 4, 10, "cpu", torch.Generator().manual_seed(0))

@@ -63,6 +63,9 @@ def random_starts(data, n, context_length, generator=None):  # n window starts, 
 def get_batch(data, batch_size, context_length, device, generator=None):
     """CS336 data loader: batch_size windows at random starts. data: 1-D token ids (a memmap, data.TokenIds, an array,
     a CPU tensor), checked in O(1): its shape, its integer type and the lengths (their range: data.check_ids)."""
+    if isinstance(data, torch.Tensor) and not data.is_cpu:  # .numpy() refuses it, .cpu() in here would copy it whole
+        raise ValueError(f"get_batch reads windows on the CPU, got data on {data.device}: pass data.cpu(), once "
+                         f"(each batch still goes to device {device!r}).")
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
     check_count("batch_size", batch_size)
     check_count("context_length", context_length)
