@@ -348,10 +348,12 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr))  # an lr < 0 is ascent
-    if not (lrs_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 too; a NaN fails too
-        raise ValueError(f"Need finite max_lr, min_lr >= 0, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
-                         f"got {max_lr!r}, {min_lr!r}, {it}, {warmup_iters}, {cosine_cycle_iters}.")
+    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr)) and min_lr <= max_lr  # < 0: ascent;
+    # min_lr > max_lr (the two swapped) would climb from max_lr to min_lr
+    steps_ok = all(_number(x) for x in (it, warmup_iters, cosine_cycle_iters))  # "1" or None: no comparison
+    if not (lrs_ok and steps_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # a NaN fails too
+        raise ValueError(f"Need finite 0 <= min_lr <= max_lr, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
+                         f"got {max_lr!r}, {min_lr!r}, {it!r}, {warmup_iters!r}, {cosine_cycle_iters!r}.")
     if it < warmup_iters:
         return it / warmup_iters * max_lr
     if it >= cosine_cycle_iters:  # equal to the cosine's end value at t = Tc, and avoids 0/0 when Tc = Tw

@@ -2098,6 +2098,12 @@ def test_model_cosine_lr_refuses_a_negative_or_nan_iteration_and_nan_lengths():
         with pytest.raises(ValueError, match=regex.escape(f"got 1.0, 0.1, {args[0]}, {args[1]}, {args[2]}.")):
             optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
     assert optim.cosine_lr(2.5, 1.0, 0.1, 5, 10) == 0.5 and optim.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
+    # "1" and None were Python's TypeError of a comparison; min_lr above max_lr (the two swapped) climbed silently
+    for args in (("1", 5, 10), (3, None, 10), (3, 5, "10"), (True, 5, 10)):
+        with pytest.raises(ValueError, match=regex.escape(f"got 1.0, 0.1, {args[0]!r}, {args[1]!r}, {args[2]!r}.")):
+            optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
+    with pytest.raises(ValueError, match=r"^Need finite 0 <= min_lr <= max_lr, .* got 0\.1, 1\.0, 7, 5, 10\.$"):
+        optim.cosine_lr(7, 0.1, 1.0, 5, 10)
 
 
 def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
