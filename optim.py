@@ -217,6 +217,8 @@ class AdamW(_Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False, more_defaults=None):  # more_defaults: a subclass's own hyperparameters (Muon's)
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
+        if type(compiled) is not bool or type(fused) is not bool:  # compiled="no" is true: it compiled
+            raise ValueError(f"compiled and fused must be True or False, got compiled={compiled!r}, fused={fused!r}.")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **(more_defaults or {})))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math, dynamic=False) if compiled else _adamw_math  # shapes never change
@@ -305,6 +307,8 @@ class Muon(AdamW):
 
     def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=NS_STEPS, betas=(0.9, 0.95), eps=1e-8,
                  weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
+        if ns_dtype is not None and not (isinstance(ns_dtype, torch.dtype) and ns_dtype.is_floating_point):
+            raise ValueError(f"ns_dtype must be None or a floating-point torch.dtype, got {ns_dtype!r}.")  # not "bf16"
         params = list(params)
         if muon is None and params and all(type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
                                            for x in params):  # model.named_parameters()

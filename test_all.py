@@ -2267,6 +2267,15 @@ def test_model_optimizers_refuse_hyperparameters_of_the_wrong_type():
                         (lambda: optim.Muon([p], muon=True, ns_steps=True), "ns_steps=True (need an int >= 1)")):
         with pytest.raises(ValueError, match="^Hyperparameter out of range: " + regex.escape(words)):
             make()
+    # compiled="no" was taken, and true: torch.compile; ns_dtype="bf16" failed at the first step in torch's words
+    for make, words in ((lambda: optim.AdamW([p], compiled="no"), "compiled and fused must be True or False, got "
+                                                                  "compiled='no', fused=False."),
+                        (lambda: optim.Muon([p], muon=True, fused=1), "got compiled=False, fused=1."),
+                        (lambda: optim.Muon([p], muon=True, ns_dtype="bf16"), "ns_dtype must be None or a "
+                                                                              "floating-point torch.dtype, got 'bf16'."),
+                        (lambda: optim.Muon([p], muon=True, ns_dtype=torch.int32), "got torch.int32.")):
+        with pytest.raises(ValueError, match=regex.escape(words) + "$"):
+            make()
     # numbers of any kind are numbers: an int, numpy's float64; a list of betas is kept as a tuple
     opt = optim.AdamW([p], lr=np.float64(0.5), betas=[0.5, 0.75], eps=1, weight_decay=0)
     assert opt.param_groups[0]["betas"] == (0.5, 0.75) and opt.param_groups[0]["lr"] == 0.5
