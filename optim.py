@@ -26,6 +26,9 @@ def cross_entropy(logits, targets, fused=False):
     logits: (..., V), targets: (...) int64 or int32 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
+    if not (torch.is_tensor(logits) and torch.is_tensor(targets)):  # a list has no .dtype, a numpy array no .float()
+        raise TypeError(f"cross_entropy takes tensors, got logits of type {type(logits).__name__} and targets of type "
+                        f"{type(targets).__name__}: make them with torch.tensor or torch.from_numpy.")
     if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words
         raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
@@ -75,6 +78,9 @@ class _FusedCrossEntropy(torch.autograd.Function):
 def perplexity(mean_loss):
     """perplexity = exp(mean cross-entropy in nats), as a float: inf past a float's range (a loss above 709.78,
     which a diverging run can reach while the loss itself is still finite)."""
+    if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # "2" gave e^2
+        what = f"a tensor of shape {tuple(mean_loss.shape)}" if torch.is_tensor(mean_loss) else repr(mean_loss)
+        raise TypeError(f"perplexity takes a mean loss, a number or a one-element tensor, got {what}.")
     try:
         return math.exp(float(mean_loss))
     except OverflowError:

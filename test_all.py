@@ -1463,6 +1463,14 @@ def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     loss = 2.5
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
     assert optim.perplexity(1000.0) == math.inf  # past a float's range: math.exp raised OverflowError
+    assert optim.perplexity(np.float32(0.0)) == 1.0
+    for bad, what in (("2", "'2'"), (None, "None"), (x, f"a tensor of shape {tuple(x.shape)}")):  # "2" gave e^2
+        with pytest.raises(TypeError, match=f"^perplexity takes a mean loss, a number or a one-element tensor, got "
+                                            f"{re.escape(what)}\\.$"):
+            optim.perplexity(bad)
+    for lg, tg in ((x.tolist(), y), (x.detach().numpy(), y.numpy())):  # "'list' object has no attribute 'dtype'"
+        with pytest.raises(TypeError, match=f"^cross_entropy takes tensors, got logits of type {type(lg).__name__} "):
+            optim.cross_entropy(lg, tg, fused)
 
 
 def _model_adamw_oracle(params, grads_fn, steps, lr, betas, eps, wd):
