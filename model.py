@@ -502,6 +502,12 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
         check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
+    if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}: torch.Generator({device.type!r})"
+                        ".manual_seed(seed) makes one.")
+    if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
+        raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
+                         f"torch.Generator({device.type!r}).")
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):

@@ -2553,6 +2553,13 @@ def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
     rows = model.generate(m, [[3, 1], [4, 1]], 3, temperature=0)  # what a prompt may be, as before
     assert model.generate(m, torch.tensor([[3, 1], [4, 1]]), 3, temperature=0) == rows
     assert model.generate(m, (3, 1), 3, temperature=0) == rows[0]
+    # a seed as generator was multinomial's "argument 'generator' must be torch.Generator, not int" (at the first
+    # draw, not for greedy); a CPU generator for a GPU's model torch's "Expected a 'cuda' device type for generator"
+    with pytest.raises(TypeError, match=r"^generator must be a torch.Generator, got 0: torch.Generator\('cpu'\)"):
+        model.generate(m, [3, 1], 2, generator=0)
+    meta = TransformerLM(8, 8, 8, 1, 2, 16, device="meta")  # as a GPU's: the model's device is not the generator's
+    with pytest.raises(ValueError, match=r"^generator is on cpu, the model on meta: make it with torch.Generator\('meta'"):
+        model.generate(meta, [3, 1], 2, generator=torch.Generator())
 
 
 # ============================================================================
