@@ -522,8 +522,14 @@ def check_vocab_size(vocab_size, special_tokens, name="vocab_size"):
 def checked_merges(vocab, merges):
     """merges as a list, once the vocab's tokens are bytes and each merge a pair of them: str there (text, not a
     token's bytes) failed later as "token 'a' is not in the vocab", which is not what is wrong. ValueError names
-    the first that is not."""
-    merges = list(merges)
+    the first that is not; a TypeError, a vocab that is no dict (a path: from_files reads files) or merges no list."""
+    if not hasattr(vocab, "items"):  # the dict's .items() read in Tokenizer: an AttributeError of None or a path
+        hint = ": Tokenizer.from_files reads vocab and merges files" if isinstance(vocab, (str, os.PathLike)) else ""
+        raise TypeError(f"vocab must be a dict {{id: bytes}}, got {short_repr(vocab)}{hint}")
+    try:
+        merges = list(merges)
+    except TypeError:  # None: "'NoneType' object is not iterable"
+        raise TypeError(f"merges must be a list of (bytes, bytes) pairs, got {short_repr(merges)}") from None
     if (set(map(type, vocab.values())) <= {bytes} and set(map(type, merges)) <= {tuple} and  # the usual: at C speed
             set(map(len, merges)) <= {2} and set(map(type, chain.from_iterable(merges))) <= {bytes}):
         return merges

@@ -4726,6 +4726,12 @@ def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merg
     with pytest.raises(ValueError, match=r"^vocab tokens must be bytes such as b'a'; id 97 is 'a'$"):
         bpe.Tokenizer(vocab | {97: "a"}, [])
     assert bpe.Tokenizer(vocab, iter([[b"a", b"b"], (b"ab", b"c")])).encode("abc ab") == [257, 32, 256]  # lists too
+    # None or a path as the vocab was "'NoneType' object has no attribute 'items'", None as merges Python's own words
+    for v, m, said in ((None, [], "vocab must be a dict {id: bytes}, got None"), (vocab, None, "merges must be a list "
+                       "of (bytes, bytes) pairs, got None"), ("vocab.json", "merges.txt", "vocab must be a dict {id: "
+                       "bytes}, got 'vocab.json': Tokenizer.from_files reads vocab and merges files")):
+        with pytest.raises(TypeError, match=f"^{re.escape(said)}$"):
+            bpe.Tokenizer(v, m)
 
 
 def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
