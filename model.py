@@ -145,8 +145,9 @@ class SwiGLU(nn.Module):
 # 4. Rotary position embeddings
 
 def _check_theta(name, theta):
-    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables."""
-    if not math.isfinite(theta) or theta <= 0:
+    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables;
+    "1e4" (a config file's string): Python's "must be real number, not str"."""
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
 
 

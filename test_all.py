@@ -2449,9 +2449,11 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 def test_model_refuses_a_position_outside_the_context_a_bad_theta_and_no_heads():
     # a caller's negative RoPE position wrapped around to the table's end, one past it was torch's IndexError (on
     # CUDA a device assert); theta -1 built NaN tables; MultiHeadSelfAttention(6, 0) was a ZeroDivisionError
-    for theta in (-1.0, 0.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {theta!r}\.$"):
+    for theta in (-1.0, 0.0, float("nan"), float("inf"), "1e4", None):  # "1e4": "must be real number, not str"
+        with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {re.escape(repr(theta))}\.$"):
             model.RotaryPositionalEmbedding(theta, 4, 8)
+    with pytest.raises(ValueError, match=r"^rope_theta must be a finite number > 0, got '1e4'\.$"):
+        TransformerLM(8, 8, 8, 1, 2, 16, rope_theta="1e4", device="meta")
     with pytest.raises(ValueError, match=r"^num_heads must be a whole number >= 1, got 0\.$"):
         model.MultiHeadSelfAttention(6, 0)
     m, ids = _model_small(), torch.randint(0, 61, (2, 5))
