@@ -209,6 +209,8 @@ def stream_pieces(iterable, special_tokens, piece_chars):
     the buffer only once it is as long, so the buffer is copied O(log n) times."""
     cut_re, margin = _stream_cut_re(tuple(special_tokens)), max((len(s) for s in special_tokens), default=1)
     buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
+    if isinstance(iterable, (bytes, bytearray)) or not hasattr(iterable, "__iter__"):  # bytes' items: "got int"
+        check_text("Tokenizer.encode_iterable takes an iterable of str", iterable)
     for text in iterable:
         check_text("Tokenizer.encode_iterable takes an iterable of str", text)   # a file opened "rb": bytes
         new.append(text)

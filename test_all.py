@@ -4791,7 +4791,8 @@ def test_bpe_encode_refuses_what_is_not_text_in_one_sentence_on_both_paths(monke
             with pytest.raises(TypeError, match=f"^Tokenizer.encode takes str, got {got}\\.$"):
                 tok.encode(text)
         assert tok.encode("hi") == [104, 105]
-    for items, got in (([b"abc"], "bytes: decode it first"), (["a", None], "NoneType"), (["a", 5], "int")):
+    for items, got in (([b"abc"], "bytes: decode it first"), (["a", None], "NoneType"), (["a", 5], "int"),
+                       (b"abc", "bytes: decode it first"), (None, "NoneType")):  # "got int"; "is not iterable"
         with pytest.raises(TypeError, match=f"^Tokenizer.encode_iterable takes an iterable of str, got {got}\\.$"):
             list(tok.encode_iterable(items))
     assert list(tok.encode_iterable(["h", "i"])) == [104, 105]
