@@ -384,7 +384,11 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     # M or eps < 0 can flip every gradient (ascent); a NaN M never clips, a NaN eps zeroes them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")
-    grads = [p.grad for p in _param_list(parameters) if p.grad is not None]
+    params = _param_list(parameters)
+    if not all(map(torch.is_tensor, params)):  # model.named_parameters(): "'tuple' object has no attribute 'grad'"
+        what = type(next(p for p in params if not torch.is_tensor(p))).__name__
+        raise TypeError(f"clip_grad_norm takes tensors (model.parameters()), got a {what} among them.")
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):

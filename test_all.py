@@ -2124,6 +2124,8 @@ def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
     torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(ref, 1.0))
     torch.testing.assert_close(mine.grad, ref.grad)
     assert total > 1
+    with pytest.raises(TypeError, match=r"^clip_grad_norm takes tensors \(model.parameters\(\)\), got a tuple among"):
+        optim.clip_grad_norm([("w", mine)], 1.0)  # named_parameters(): "'tuple' object has no attribute 'grad'"
 
 
 def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
