@@ -2522,8 +2522,18 @@ def test_model_parts_refuse_sizes_and_eps_that_cannot_work():
                          "max_seq_len must be a whole number >= 1, got -1"),
                         (lambda: model.RMSNorm(4, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
                         (lambda: model.RMSNorm(4, eps=0), "eps must be a finite number > 0, got 0"),  # 0/0 too
-                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number > 0, got nan")):
-        with pytest.raises(ValueError, match=f"^{regex.escape(said)}\\.$"):
+                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number > 0, got nan"),
+                        # RMSNorm(0) was taken (NaN rows), RMSNorm(-1) and eps="1e-5" torch's and Python's words,
+                        # SwiGLU's d_ff=0 named out_features, an integer dtype torch's "not implemented for 'Long'"
+                        (lambda: model.RMSNorm(0), "d_model must be a whole number >= 1, got 0"),
+                        (lambda: model.RMSNorm(-1), "d_model must be a whole number >= 1, got -1"),
+                        (lambda: model.RMSNorm(4, eps="1e-5"), "eps must be a finite number > 0, got '1e-5'"),
+                        (lambda: model.SwiGLU(8, 0), "d_ff must be a whole number >= 1, got 0"),
+                        (lambda: model.RMSNorm(4, dtype=torch.int64), "dtype must be None or a floating-point "
+                                                                       "torch.dtype, got torch.int64"),
+                        (lambda: model.Linear(4, 3, dtype="float32"), "got 'float32'"),
+                        (lambda: TransformerLM(8, 8, 8, 1, 2, 16, dtype=torch.int32), "got torch.int32")):
+        with pytest.raises(ValueError, match=f"{regex.escape(said)}\\.$"):
             build()
 
 
