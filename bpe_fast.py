@@ -324,6 +324,8 @@ def check_readable(path, what):
 
 def check_input_file(path):
     """The size of the input file, which must be a file and hold something."""
+    if not isinstance(path, (str, bytes, os.PathLike)):  # an open file, None: os.stat's words (an int: a descriptor)
+        raise TypeError(f"input_path must be the path of a text file (a str or pathlib.Path), got {short_repr(path)}")
     check_readable(path, "input file")
     size = os.path.getsize(path)
     if size == 0:

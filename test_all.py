@@ -3764,6 +3764,10 @@ def test_bpe_errors_training(tmp_path):
         bpe.train_bpe(str(good), 256, [_BPE_EOT])
     with pytest.raises(FileNotFoundError, match="no such file"):
         bpe.train_bpe(str(tmp_path / "missing.txt"), 300)
+    with open(good, encoding="utf-8") as f:  # an open file, None: os.stat's "path should be string, bytes, ..."
+        for bad in (f, None):
+            with pytest.raises(TypeError, match=r"^input_path must be the path of a text file \(a str or pathlib"):
+                bpe.train_bpe(bad, 300)
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="is empty"):
