@@ -482,8 +482,8 @@ class Tokenizer:
     def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
+        self.merges = bpe_fast.checked_merges(vocab, merges)  # their types, before vocab.items()
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}  # a copy
-        self.merges = bpe_fast.checked_merges(self.vocab, merges)
         self.special_tokens = _check_special_tokens(special_tokens)
         for s in self.special_tokens:       # handout: append specials missing from vocab
             if s.encode("utf-8") not in self.vocab.values():

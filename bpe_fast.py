@@ -209,6 +209,8 @@ def stream_pieces(iterable, special_tokens, piece_chars):
     the buffer only once it is as long, so the buffer is copied O(log n) times."""
     cut_re, margin = _stream_cut_re(tuple(special_tokens)), max((len(s) for s in special_tokens), default=1)
     buf, scanned, new, n_new = "", 0, [], 0   # buf[:scanned] searched
+    if isinstance(iterable, (bytes, bytearray)) or not hasattr(iterable, "__iter__"):  # bytes' items: "got int"
+        check_text("Tokenizer.encode_iterable takes an iterable of str", iterable)
     for text in iterable:
         check_text("Tokenizer.encode_iterable takes an iterable of str", text)   # a file opened "rb": bytes
         new.append(text)
@@ -322,6 +324,8 @@ def check_readable(path, what):
 
 def check_input_file(path):
     """The size of the input file, which must be a file and hold something."""
+    if not isinstance(path, (str, bytes, os.PathLike)):  # an open file, None: os.stat's words (an int: a descriptor)
+        raise TypeError(f"input_path must be the path of a text file (a str or pathlib.Path), got {short_repr(path)}")
     check_readable(path, "input file")
     size = os.path.getsize(path)
     if size == 0:
@@ -522,8 +526,14 @@ def check_vocab_size(vocab_size, special_tokens, name="vocab_size"):
 def checked_merges(vocab, merges):
     """merges as a list, once the vocab's tokens are bytes and each merge a pair of them: str there (text, not a
     token's bytes) failed later as "token 'a' is not in the vocab", which is not what is wrong. ValueError names
-    the first that is not."""
-    merges = list(merges)
+    the first that is not; a TypeError, a vocab that is no dict (a path: from_files reads files) or merges no list."""
+    if not hasattr(vocab, "items"):  # the dict's .items() read in Tokenizer: an AttributeError of None or a path
+        hint = ": Tokenizer.from_files reads vocab and merges files" if isinstance(vocab, (str, os.PathLike)) else ""
+        raise TypeError(f"vocab must be a dict {{id: bytes}}, got {short_repr(vocab)}{hint}")
+    try:
+        merges = list(merges)
+    except TypeError:  # None: "'NoneType' object is not iterable"
+        raise TypeError(f"merges must be a list of (bytes, bytes) pairs, got {short_repr(merges)}") from None
     if (set(map(type, vocab.values())) <= {bytes} and set(map(type, merges)) <= {tuple} and  # the usual: at C speed
             set(map(len, merges)) <= {2} and set(map(type, chain.from_iterable(merges))) <= {bytes}):
         return merges

@@ -36,8 +36,14 @@ def check_count(name, n, least=1, below=None):
         raise ValueError(f"{name} {n} is outside [{least}, {below}).")
 
 
+def _check_dtype(dtype):  # a part's weights: an integer dtype's init was torch's "not implemented for 'Long'"
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be None or a floating-point torch.dtype, got {dtype!r}.")
+
+
 def _trunc_normal(shape, std, device, dtype):
     # handout 3.4.1: N(0, std^2) truncated at +-3 std
+    _check_dtype(dtype)
     w = torch.empty(shape, device=device, dtype=dtype)
     nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
     return nn.Parameter(w)
@@ -79,7 +85,10 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
-        if not 0 < eps < math.inf:  # else a zero row is NaN: 0/0 (eps 0), the root of a negative number (eps < 0)
+        check_count("d_model", d_model)  # 0: the mean over no element, NaN
+        _check_dtype(dtype)
+        # else a zero row is NaN: 0/0 (eps 0), the root of a negative number (eps < 0); "1e-5": Python's TypeError
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
             raise ValueError(f"eps must be a finite number > 0, got {eps!r}.")
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
@@ -120,6 +129,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model, d_ff, device=None, dtype=None, fast=False, gated=True):
         super().__init__()
+        check_count("d_ff", d_ff)  # named here: Linear's words would be out_features
         self.w1 = Linear(d_model, d_ff, device, dtype)
         self.w2 = Linear(d_ff, d_model, device, dtype)
         self.w3 = Linear(d_model, d_ff, device, dtype) if gated else None
@@ -145,8 +155,9 @@ class SwiGLU(nn.Module):
 # 4. Rotary position embeddings
 
 def _check_theta(name, theta):
-    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables."""
-    if not math.isfinite(theta) or theta <= 0:
+    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables;
+    "1e4" (a config file's string): Python's "must be real number, not str"."""
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
 
 
@@ -502,6 +513,12 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
         check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
+    if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}: torch.Generator({device.type!r})"
+                        ".manual_seed(seed) makes one.")
+    if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
+        raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
+                         f"torch.Generator({device.type!r}).")
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):

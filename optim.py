@@ -26,6 +26,9 @@ def cross_entropy(logits, targets, fused=False):
     logits: (..., V), targets: (...) int64 or int32 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
     fused=True: the same loss with the hand-written backward below."""
+    if not (torch.is_tensor(logits) and torch.is_tensor(targets)):  # a list has no .dtype, a numpy array no .float()
+        raise TypeError(f"cross_entropy takes tensors, got logits of type {type(logits).__name__} and targets of type "
+                        f"{type(targets).__name__}: make them with torch.tensor or torch.from_numpy.")
     if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words
         raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
     if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
@@ -75,6 +78,9 @@ class _FusedCrossEntropy(torch.autograd.Function):
 def perplexity(mean_loss):
     """perplexity = exp(mean cross-entropy in nats), as a float: inf past a float's range (a loss above 709.78,
     which a diverging run can reach while the loss itself is still finite)."""
+    if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # "2" gave e^2
+        what = f"a tensor of shape {tuple(mean_loss.shape)}" if torch.is_tensor(mean_loss) else repr(mean_loss)
+        raise TypeError(f"perplexity takes a mean loss, a number or a one-element tensor, got {what}.")
     try:
         return math.exp(float(mean_loss))
     except OverflowError:
@@ -217,6 +223,8 @@ class AdamW(_Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False, more_defaults=None):  # more_defaults: a subclass's own hyperparameters (Muon's)
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
+        if type(compiled) is not bool or type(fused) is not bool:  # compiled="no" is true: it compiled
+            raise ValueError(f"compiled and fused must be True or False, got compiled={compiled!r}, fused={fused!r}.")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **(more_defaults or {})))
         self.compiled, self.fused = compiled, fused
         self._math = torch.compile(_adamw_math, dynamic=False) if compiled else _adamw_math  # shapes never change
@@ -308,6 +316,8 @@ class Muon(AdamW):
 
     def __init__(self, params, lr=1e-3, momentum=0.95, nesterov=True, ns_steps=NS_STEPS, betas=(0.9, 0.95), eps=1e-8,
                  weight_decay=0.01, compiled=False, fused=False, muon=None, ns_dtype=None):
+        if ns_dtype is not None and not (isinstance(ns_dtype, torch.dtype) and ns_dtype.is_floating_point):
+            raise ValueError(f"ns_dtype must be None or a floating-point torch.dtype, got {ns_dtype!r}.")  # not "bf16"
         params = list(params)
         if muon is None and params and all(type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
                                            for x in params):  # model.named_parameters()
@@ -351,10 +361,12 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr))  # an lr < 0 is ascent
-    if not (lrs_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # it < 0 too; a NaN fails too
-        raise ValueError(f"Need finite max_lr, min_lr >= 0, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
-                         f"got {max_lr!r}, {min_lr!r}, {it}, {warmup_iters}, {cosine_cycle_iters}.")
+    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr)) and min_lr <= max_lr  # < 0: ascent;
+    # min_lr > max_lr (the two swapped) would climb from max_lr to min_lr
+    steps_ok = all(_number(x) for x in (it, warmup_iters, cosine_cycle_iters))  # "1" or None: no comparison
+    if not (lrs_ok and steps_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # a NaN fails too
+        raise ValueError(f"Need finite 0 <= min_lr <= max_lr, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "
+                         f"got {max_lr!r}, {min_lr!r}, {it!r}, {warmup_iters!r}, {cosine_cycle_iters!r}.")
     if it < warmup_iters:
         return it / warmup_iters * max_lr
     if it >= cosine_cycle_iters:  # equal to the cosine's end value at t = Tc, and avoids 0/0 when Tc = Tw
@@ -375,7 +387,11 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     # M or eps < 0 can flip every gradient (ascent); a NaN M never clips, a NaN eps zeroes them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")
-    grads = [p.grad for p in _param_list(parameters) if p.grad is not None]
+    params = _param_list(parameters)
+    if not all(map(torch.is_tensor, params)):  # model.named_parameters(): "'tuple' object has no attribute 'grad'"
+        what = type(next(p for p in params if not torch.is_tensor(p))).__name__
+        raise TypeError(f"clip_grad_norm takes tensors (model.parameters()), got a {what} among them.")
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import operator
 import os
 import shlex
 import signal
@@ -276,6 +277,16 @@ def restore_rng(state, batch_gen):
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def step_count(iteration):
+    """save_checkpoint's iteration as the int load_checkpoint gives back: a whole number >= 0 (numpy's and torch's
+    integers too; a bool is refused, though Python counts it as one)."""
+    with contextlib.suppress(TypeError):
+        iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"iteration must be a whole number >= 0, got {iteration!r}.")
+    return iteration
 
 
 def check_state(state, model, optimizer=None, name="the checkpoint"):

@@ -1463,6 +1463,14 @@ def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     loss = 2.5
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
     assert optim.perplexity(1000.0) == math.inf  # past a float's range: math.exp raised OverflowError
+    assert optim.perplexity(np.float32(0.0)) == 1.0
+    for bad, what in (("2", "'2'"), (None, "None"), (x, f"a tensor of shape {tuple(x.shape)}")):  # "2" gave e^2
+        with pytest.raises(TypeError, match=f"^perplexity takes a mean loss, a number or a one-element tensor, got "
+                                            f"{re.escape(what)}\\.$"):
+            optim.perplexity(bad)
+    for lg, tg in ((x.tolist(), y), (x.detach().numpy(), y.numpy())):  # "'list' object has no attribute 'dtype'"
+        with pytest.raises(TypeError, match=f"^cross_entropy takes tensors, got logits of type {type(lg).__name__} "):
+            optim.cross_entropy(lg, tg, fused)
 
 
 def _model_adamw_oracle(params, grads_fn, steps, lr, betas, eps, wd):
@@ -2103,6 +2111,12 @@ def test_model_cosine_lr_refuses_a_negative_or_nan_iteration_and_nan_lengths():
         with pytest.raises(ValueError, match=regex.escape(f"got 1.0, 0.1, {args[0]}, {args[1]}, {args[2]}.")):
             optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
     assert optim.cosine_lr(2.5, 1.0, 0.1, 5, 10) == 0.5 and optim.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
+    # "1" and None were Python's TypeError of a comparison; min_lr above max_lr (the two swapped) climbed silently
+    for args in (("1", 5, 10), (3, None, 10), (3, 5, "10"), (True, 5, 10)):
+        with pytest.raises(ValueError, match=regex.escape(f"got 1.0, 0.1, {args[0]!r}, {args[1]!r}, {args[2]!r}.")):
+            optim.cosine_lr(args[0], 1.0, 0.1, args[1], args[2])
+    with pytest.raises(ValueError, match=r"^Need finite 0 <= min_lr <= max_lr, .* got 0\.1, 1\.0, 7, 5, 10\.$"):
+        optim.cosine_lr(7, 0.1, 1.0, 5, 10)
 
 
 def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
@@ -2115,6 +2129,8 @@ def test_model_clip_grad_norm_takes_a_single_tensor_as_torch_does():
     torch.testing.assert_close(total, torch.nn.utils.clip_grad_norm_(ref, 1.0))
     torch.testing.assert_close(mine.grad, ref.grad)
     assert total > 1
+    with pytest.raises(TypeError, match=r"^clip_grad_norm takes tensors \(model.parameters\(\)\), got a tuple among"):
+        optim.clip_grad_norm([("w", mine)], 1.0)  # named_parameters(): "'tuple' object has no attribute 'grad'"
 
 
 def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
@@ -2265,6 +2281,15 @@ def test_model_optimizers_refuse_hyperparameters_of_the_wrong_type():
                         (lambda: optim.Muon([p], muon=True, nesterov="no"), "nesterov='no' (need True or False)"),
                         (lambda: optim.Muon([p], muon=True, ns_steps=True), "ns_steps=True (need an int >= 1)")):
         with pytest.raises(ValueError, match="^Hyperparameter out of range: " + regex.escape(words)):
+            make()
+    # compiled="no" was taken, and true: torch.compile; ns_dtype="bf16" failed at the first step in torch's words
+    for make, words in ((lambda: optim.AdamW([p], compiled="no"), "compiled and fused must be True or False, got "
+                                                                  "compiled='no', fused=False."),
+                        (lambda: optim.Muon([p], muon=True, fused=1), "got compiled=False, fused=1."),
+                        (lambda: optim.Muon([p], muon=True, ns_dtype="bf16"), "ns_dtype must be None or a "
+                                                                              "floating-point torch.dtype, got 'bf16'."),
+                        (lambda: optim.Muon([p], muon=True, ns_dtype=torch.int32), "got torch.int32.")):
+        with pytest.raises(ValueError, match=regex.escape(words) + "$"):
             make()
     # numbers of any kind are numbers: an int, numpy's float64; a list of betas is kept as a tuple
     opt = optim.AdamW([p], lr=np.float64(0.5), betas=[0.5, 0.75], eps=1, weight_decay=0)
@@ -2431,9 +2456,11 @@ def test_model_boundary_refuses_bad_ids_sizes_and_sampling_settings():
 def test_model_refuses_a_position_outside_the_context_a_bad_theta_and_no_heads():
     # a caller's negative RoPE position wrapped around to the table's end, one past it was torch's IndexError (on
     # CUDA a device assert); theta -1 built NaN tables; MultiHeadSelfAttention(6, 0) was a ZeroDivisionError
-    for theta in (-1.0, 0.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {theta!r}\.$"):
+    for theta in (-1.0, 0.0, float("nan"), float("inf"), "1e4", None):  # "1e4": "must be real number, not str"
+        with pytest.raises(ValueError, match=rf"^theta must be a finite number > 0, got {re.escape(repr(theta))}\.$"):
             model.RotaryPositionalEmbedding(theta, 4, 8)
+    with pytest.raises(ValueError, match=r"^rope_theta must be a finite number > 0, got '1e4'\.$"):
+        TransformerLM(8, 8, 8, 1, 2, 16, rope_theta="1e4", device="meta")
     with pytest.raises(ValueError, match=r"^num_heads must be a whole number >= 1, got 0\.$"):
         model.MultiHeadSelfAttention(6, 0)
     m, ids = _model_small(), torch.randint(0, 61, (2, 5))
@@ -2500,8 +2527,18 @@ def test_model_parts_refuse_sizes_and_eps_that_cannot_work():
                          "max_seq_len must be a whole number >= 1, got -1"),
                         (lambda: model.RMSNorm(4, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
                         (lambda: model.RMSNorm(4, eps=0), "eps must be a finite number > 0, got 0"),  # 0/0 too
-                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number > 0, got nan")):
-        with pytest.raises(ValueError, match=f"^{regex.escape(said)}\\.$"):
+                        (lambda: model.RMSNorm(4, eps=math.nan), "eps must be a finite number > 0, got nan"),
+                        # RMSNorm(0) was taken (NaN rows), RMSNorm(-1) and eps="1e-5" torch's and Python's words,
+                        # SwiGLU's d_ff=0 named out_features, an integer dtype torch's "not implemented for 'Long'"
+                        (lambda: model.RMSNorm(0), "d_model must be a whole number >= 1, got 0"),
+                        (lambda: model.RMSNorm(-1), "d_model must be a whole number >= 1, got -1"),
+                        (lambda: model.RMSNorm(4, eps="1e-5"), "eps must be a finite number > 0, got '1e-5'"),
+                        (lambda: model.SwiGLU(8, 0), "d_ff must be a whole number >= 1, got 0"),
+                        (lambda: model.RMSNorm(4, dtype=torch.int64), "dtype must be None or a floating-point "
+                                                                       "torch.dtype, got torch.int64"),
+                        (lambda: model.Linear(4, 3, dtype="float32"), "got 'float32'"),
+                        (lambda: TransformerLM(8, 8, 8, 1, 2, 16, dtype=torch.int32), "got torch.int32")):
+        with pytest.raises(ValueError, match=f"{regex.escape(said)}\\.$"):
             build()
 
 
@@ -2535,6 +2572,13 @@ def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
     rows = model.generate(m, [[3, 1], [4, 1]], 3, temperature=0)  # what a prompt may be, as before
     assert model.generate(m, torch.tensor([[3, 1], [4, 1]]), 3, temperature=0) == rows
     assert model.generate(m, (3, 1), 3, temperature=0) == rows[0]
+    # a seed as generator was multinomial's "argument 'generator' must be torch.Generator, not int" (at the first
+    # draw, not for greedy); a CPU generator for a GPU's model torch's "Expected a 'cuda' device type for generator"
+    with pytest.raises(TypeError, match=r"^generator must be a torch.Generator, got 0: torch.Generator\('cpu'\)"):
+        model.generate(m, [3, 1], 2, generator=0)
+    meta = TransformerLM(8, 8, 8, 1, 2, 16, device="meta")  # as a GPU's: the model's device is not the generator's
+    with pytest.raises(ValueError, match=r"^generator is on cpu, the model on meta: make it with torch.Generator\('meta'"):
+        model.generate(meta, [3, 1], 2, generator=torch.Generator())
 
 
 # ============================================================================
@@ -3725,6 +3769,10 @@ def test_bpe_errors_training(tmp_path):
         bpe.train_bpe(str(good), 256, [_BPE_EOT])
     with pytest.raises(FileNotFoundError, match="no such file"):
         bpe.train_bpe(str(tmp_path / "missing.txt"), 300)
+    with open(good, encoding="utf-8") as f:  # an open file, None: os.stat's "path should be string, bytes, ..."
+        for bad in (f, None):
+            with pytest.raises(TypeError, match=r"^input_path must be the path of a text file \(a str or pathlib"):
+                bpe.train_bpe(bad, 300)
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="is empty"):
@@ -4728,6 +4776,12 @@ def test_bpe_tokenizer_given_str_for_bytes_names_the_type_and_the_first_bad_merg
     with pytest.raises(ValueError, match=r"^vocab tokens must be bytes such as b'a'; id 97 is 'a'$"):
         bpe.Tokenizer(vocab | {97: "a"}, [])
     assert bpe.Tokenizer(vocab, iter([[b"a", b"b"], (b"ab", b"c")])).encode("abc ab") == [257, 32, 256]  # lists too
+    # None or a path as the vocab was "'NoneType' object has no attribute 'items'", None as merges Python's own words
+    for v, m, said in ((None, [], "vocab must be a dict {id: bytes}, got None"), (vocab, None, "merges must be a list "
+                       "of (bytes, bytes) pairs, got None"), ("vocab.json", "merges.txt", "vocab must be a dict {id: "
+                       "bytes}, got 'vocab.json': Tokenizer.from_files reads vocab and merges files")):
+        with pytest.raises(TypeError, match=f"^{re.escape(said)}$"):
+            bpe.Tokenizer(v, m)
 
 
 def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
@@ -4785,7 +4839,8 @@ def test_bpe_encode_refuses_what_is_not_text_in_one_sentence_on_both_paths(monke
             with pytest.raises(TypeError, match=f"^Tokenizer.encode takes str, got {got}\\.$"):
                 tok.encode(text)
         assert tok.encode("hi") == [104, 105]
-    for items, got in (([b"abc"], "bytes: decode it first"), (["a", None], "NoneType"), (["a", 5], "int")):
+    for items, got in (([b"abc"], "bytes: decode it first"), (["a", None], "NoneType"), (["a", 5], "int"),
+                       (b"abc", "bytes: decode it first"), (None, "NoneType")):  # "got int"; "is not iterable"
         with pytest.raises(TypeError, match=f"^Tokenizer.encode_iterable takes an iterable of str, got {got}\\.$"):
             list(tok.encode_iterable(items))
     assert list(tok.encode_iterable(["h", "i"])) == [104, 105]
@@ -5871,6 +5926,8 @@ def test_train_get_batch_refuses_bad_sizes_and_float_ids_and_takes_a_tensor(tmp_
             train.get_batch(bad, 2, 4, "cpu")
     with pytest.raises(RuntimeError):  # the course's test_get_batch wants torch's own error (or an AssertionError)
         train.get_batch(ids, 2, 4, "cuda:99")  # for a device that is not there: a ValueError would fail it
+    with pytest.raises(ValueError, match="^get_batch reads windows on the CPU, got data on meta: pass data.cpu"):
+        train.get_batch(torch.arange(100, device="meta"), 2, 4, "cpu")  # as a GPU's: "can't convert ... to numpy"
     np.save(tmp_path / "ids.npy", ids)
     monkeypatch.setattr(data.TokenIds, "__array__", lambda *a, **k: pytest.fail("a TokenIds read whole"))
     want = train.get_batch(ids, 4, 10, "cpu", torch.Generator().manual_seed(0))
@@ -5922,6 +5979,11 @@ def test_train_checkpoint_roundtrip_path_and_file_object(tmp_path):
         for p, q in zip(m2.parameters(), ref_m.parameters()):
             assert torch.equal(p, q)
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary left behind
+    train.save_checkpoint(m, None, 3, buf := io.BytesIO())  # no optimizer: AttributeError on None.state_dict()
+    m2, opt2 = _train_model_opt(seed=5)
+    assert train.load_checkpoint(io.BytesIO(buf.getvalue()), m2) == 3 and torch.equal(m2.lm_head.weight, m.lm_head.weight)
+    with pytest.raises(ValueError, match="^the checkpoint has no 'optimizer' entry$"):
+        train.load_checkpoint(io.BytesIO(buf.getvalue()), m2, opt2)
 
 
 def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_give_back(tmp_path):

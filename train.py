@@ -15,7 +15,6 @@ training step and its speed (--benchmark), 4. the training loop and samples, 5. 
 """
 import contextlib
 import json
-import operator
 import sys
 import time
 from statistics import median
@@ -64,6 +63,9 @@ def random_starts(data, n, context_length, generator=None):  # n window starts, 
 def get_batch(data, batch_size, context_length, device, generator=None):
     """CS336 data loader: batch_size windows at random starts. data: 1-D token ids (a memmap, data.TokenIds, an array,
     a CPU tensor), checked in O(1): its shape, its integer type and the lengths (their range: data.check_ids)."""
+    if isinstance(data, torch.Tensor) and not data.is_cpu:  # .numpy() refuses it, .cpu() in here would copy it whole
+        raise ValueError(f"get_batch reads windows on the CPU, got data on {data.device}: pass data.cpu(), once "
+                         f"(each batch still goes to device {device!r}).")
     data = data.numpy() if isinstance(data, torch.Tensor) else data  # no copy (np.asarray: a TokenIds read whole)
     check_count("batch_size", batch_size)
     check_count("context_length", context_length)
@@ -94,12 +96,10 @@ def _unwrap(model):  # the LM inside DDP, torch.compile and LMLoss: its keys wit
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """Model, optimizer, iteration and `extra` entries (config, RNG states) to a binary file or a path (atomically)."""
-    with contextlib.suppress(TypeError):  # numpy's and torch's integers as an int (a bool stays one, to be refused)
-        iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
-    check_count("iteration", iteration, least=0)  # what load_checkpoint reads back: a whole number >= 0
-    state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration, **extra}
-    with files.atomic_file(out) as f:  # a path, or a file object
+    """Model, optimizer (or None), iteration and `extra` entries (config, RNG states) to a binary file or a path."""
+    opt = {} if optimizer is None else {"optimizer": optimizer.state_dict()}  # None: weights alone, as load_run reads
+    state = {"model": _unwrap(model).state_dict(), **opt, "iteration": rundir.step_count(iteration), **extra}
+    with files.atomic_file(out) as f:  # a path (replaced whole, atomically), or a file object
         torch.save(state, f)
 
 
