@@ -27,7 +27,7 @@ from cli import RANK, Parser, UsageError, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -597,6 +597,10 @@ def resolve_config(argv=None):
     if recorded is not None:
         same_tokenizer(cfg, recorded, mode)
     start_from(cfg, argv)
+    # the paths as typed (the run's messages name them so) and resolved: a command in another folder, reading this
+    # run's config, names them from where it runs (rundir.from_here)
+    cfg["abs_paths"] = {k: os.path.abspath(cfg[k]) for k in PATH_KEYS
+                        if cfg[k] and not (k == "data" and cfg[k] in CORPORA)}  # a corpus name is no path
     warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])

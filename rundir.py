@@ -25,8 +25,8 @@ import torch
 from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
                  short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
-                   lock_holder, file_sha256, new_folders, not_a_file, same_folder, temporary, unwritable, writable,
-                   write_json)
+                   lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
+                   writable, write_json)
 from machine import rank0_verdict
 
 
@@ -44,11 +44,27 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
-def run_config(d):  # the flags that made the run in directory d, as its config.json says, or None
+def run_config(d):  # the flags that made the run in directory d, as its config.json says (from_here), or None
     with contextlib.suppress(OSError, ValueError):  # (load_json: a key twice or a JSON nested too deep is one too)
         config = load_json((d / "config.json").read_text(encoding="utf-8"), d / "config.json")
-        return config if isinstance(config, dict) else None
+        return from_here(config) if isinstance(config, dict) else None
     return None
+
+
+PATH_KEYS = ("data", "val_data", "tokenizer")  # path flags a run config records as typed, and in "abs_paths" resolved
+
+
+def from_here(config):
+    """A saved run config with its paths (PATH_KEYS) as they are typed from this folder: each was typed in the folder
+    its command ran in, so advice that names it, and a comparison with this command's, take it from "abs_paths" (the
+    shorter of the path relative to here and the absolute one). As typed where it resolves to the same path from
+    here, or where the config has no "abs_paths" (saved before 2026-12-01)."""
+    resolved, here = config.get("abs_paths"), dict(config)
+    for k in PATH_KEYS:
+        typed, full = config.get(k), resolved.get(k) if isinstance(resolved, dict) else None
+        if isinstance(typed, str) and isinstance(full, str) and os.path.isabs(full) and os.path.abspath(typed) != full:
+            here[k] = min(os.path.relpath(full), full, key=len)
+    return here
 
 
 def in_use(where, pid):  # another process writes the run in where
@@ -76,8 +92,8 @@ def run_dir_problem(c):
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
         return str(in_use(d, pid))
     if has_run and not (c["resume"] or c["overwrite"]):
-        old = (run_config(d) or {}).get("data")
-        other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
+        old = (run_config(d) or {}).get("data")  # another file of the same name: x.txt and x.py both go to out/x
+        other = isinstance(old, str) and old != c["data"] and not same_file(old, c["data"])  # not ./x.txt, ../x.txt
         return (f"{d} already holds a run{f' of --data {old}' if other else ''}; pass --resume to continue it, "
                 "--overwrite to replace it, or another --run-name"
                 + (f" (--run-name {Path(c['data']).name.replace('.', '_')}, say)" if other else "") + ".")
@@ -403,7 +419,7 @@ def saved_config(d):
     if (config := run_config(Path(d))) is None:
         with contextlib.suppress(OSError, ValueError):  # what reads the run then refuses it in its own words
             config = read_checkpoint(Path(d) / "ckpt.pt").get("config")
-    return config if isinstance(config, dict) else None
+    return from_here(config) if isinstance(config, dict) else None
 
 
 def differs(key, old, new, names, fingerprinted):
@@ -477,10 +493,10 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         return None
     try:
         state = read_checkpoint(ckpt_path)
-        old = state.get("config")
-        if not isinstance(old, dict):
+        if not isinstance(state.get("config"), dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
-        old = {**defaults, **old}
+        state["config"] = from_here(state["config"])  # its paths as typed from here, for check_same_data too
+        old = {**defaults, **state["config"]}
         if "max_iters" in cfg["derived"] and type(old.get("max_iters")) is int and type(old.get("total_tokens")) is int:
             cfg["max_iters"], cfg["total_tokens"] = old["max_iters"], old["total_tokens"]  # no length given: its own
         if "min_lr" in cfg["derived"] and type(old.get("min_lr")) is float:
@@ -503,7 +519,7 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
                                 if shorter else ".")
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else "")
-                             + (f" It was trained with --tokenizer {tok}: pass it." if tok else "")
+                             + (f" It was trained with --tokenizer {shlex.quote(tok)}: pass it." if tok else "")
                              + (f" {own[0].upper()}{own[1:]} to resume it, or start a new run with --overwrite." if own
                                 else ""))
         check_state(state, model, optimizer, name=ckpt_path)

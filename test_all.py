@@ -7918,6 +7918,23 @@ def test_train_resume_takes_the_same_file_spelled_another_way(tmp_path, capsys, 
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data", "--resume"]) == 0
+    # a tester's: from another folder, the advice named the run's --data (and --tokenizer) as typed where it began
+    # ("pass its own (--data x.txt)", which does not exist here), and the same file was "a run of --data x.txt"
+    capsys.readouterr()
+    assert train.main([*tiny, "--out-dir", "../out", "--run-name", "x", "--resume"]) == 2
+    _train_one_error(capsys, "keys that differ: data ('../x.txt' -> 'python'). Pass its own (--data ../x.txt) to resume")
+    assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data"]) == 2
+    _train_one_error(capsys, f"{Path('../out/x')} already holds a run; pass --resume to continue it, --overwrite")
+    monkeypatch.chdir(tmp_path)
+    bpe.main(["train", "x.txt", "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", "my tok"])
+    assert train.main(["--data", "x.txt", *tiny, "--tokenizer", "my tok", "--run-name", "t"]) == 0
+    monkeypatch.chdir(tmp_path / "sub")
+    capsys.readouterr()
+    at = ["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data", "--run-name", "t", "--resume"]
+    assert train.main([*at, "--vocab-size", "400"]) == 2
+    _train_one_error(capsys, "It was trained with --tokenizer '../my tok': pass it.")
+    assert train.main(at) == 2
+    _train_one_error(capsys, "pass --tokenizer '../my tok', with the data it was trained on, to resume it.")
     monkeypatch.chdir(tmp_path)
     _train_story(tmp_path / "y.txt", seed=1)  # another text, or a corpus name, under the run's name: refused
     capsys.readouterr()
