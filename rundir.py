@@ -512,7 +512,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             # a --tokenizer left out changes the vocabulary first: the flag is named too
             tok = given_tokenizer(old, ckpt_path.parent) if "vocab_size" in differ and not cfg["tokenizer"] else None
-            own = "" if shorter or lost or tok else own_flags(old, differ, defaults)  # else the flags that give it back
+            rest = [k for k in differ if not (shorter and k == "max_iters" or tok and k == "vocab_size")]  # said
+            own = "" if lost else own_flags(old, rest, defaults)  # the flags that give the rest back
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
                              + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."

@@ -7478,6 +7478,9 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
     assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
     assert "warmup_iters" not in said
+    # a tester's: another key beside the length (or beside a --tokenizer left out) got no advice of its own flag
+    assert train.main([*base, "--max-iters", "12", "--resume", "--seed", "5"]) == 2
+    assert "or more). Pass its own (--seed 1337) to resume it, or start a new run" in capsys.readouterr().err
     # an eighth tester's: a warm-up given with an extension was dropped without a word (the note said the run's stays)
     assert train.main([*base, "--max-iters", "24", "--resume", "--warmup-iters", "3"]) == 2
     assert "keys that differ: warmup_iters (0 -> 3)." in capsys.readouterr().err
@@ -7711,6 +7714,10 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main(["--data", str(story), *shape[2:], *flags, "--max-iters", "3", "--resume"]) == 2
     assert _train_one_error(capsys, "keys that differ: vocab_size (300 -> 2048).").endswith(
         f" It was trained with --tokenizer {tok}: pass it.")
+    assert train.main([*shape[2:], *flags, "--max-iters", "3", "--resume", "--run-name", "story"]) == 2
+    assert _train_one_error(capsys, "keys that differ: vocab_size (300 -> 2048), data (").endswith(
+        f" It was trained with --tokenizer {tok}: pass it. Pass its own (--data {story}) to resume it, or start a new "
+        "run with --overwrite.")
     assert train.main(["--data", str(other), *shape, *flags, "--max-iters", "2", "--run-name", "bpe"]) == 0
     capsys.readouterr()  # and the other way round: BPE made of the text, then a --tokenizer
     assert train.main(["--data", str(other), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "3",
