@@ -23,7 +23,7 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, env_int, log, user_path
+from cli import RANK, Parser, UsageError, counted, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
@@ -634,7 +634,7 @@ def resolve_config(argv=None):
     # a warm-up past the run's end needs its length, so it is no CHECKS row; a resumed run's length is its own, and
     # verify_resume compares the warm-up against it
     if warmup_given and cfg["warmup_iters"] > cfg["max_iters"] and (length_given or not cfg["resume"]):
-        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
+        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({counted(cfg['max_iters'], 'step')}).")
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     # what the command line left to the defaults, which --resume takes from the run instead: its own length (only one

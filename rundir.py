@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
+from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
                  short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
                    lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
@@ -592,7 +592,7 @@ def check_run_entries(state, max_iters, name):
     iteration within the run's max_iters steps, the RNG states (spare generators try them), the seconds trained so
     far (elapsed: a real number, at least 0 and not more than the seconds since 1970) and the data's fingerprint."""
     if state["iteration"] > max_iters:
-        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {max_iters} steps")
+        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {counted(max_iters, 'step')}")
     try:  # both are CPU generator states; the GPUs' are used (restore_rng) only where as many GPUs are
         for key in ("batch_rng", "torch_rng"):
             torch.Generator().set_state(state["rng"][key])

@@ -9938,6 +9938,15 @@ def _train_flags_run(tmp_path, *more):
             "--out-dir", str(tmp_path / "out"), *more]
 
 
+def test_train_says_one_step_not_one_steps(tmp_path, capsys):
+    # a tester's: a one-step run ended "done: 1 steps", and its warm-up "is longer than the run (1 steps)"
+    assert train.main(_train_flags_run(tmp_path, "--max-iters", "1")) == 0
+    assert "done: 1 step, 128 tokens in " in capsys.readouterr().out
+    assert train.main(_train_flags_run(tmp_path, "--max-iters", "1", "--warmup-iters", "2", "--run-name", "w")) == 2
+    _train_one_error(capsys, "--warmup-iters 2 is longer than the run (1 step).")
+    assert cli.counted(1, "token") == "1 token" and cli.counted(1400, "step") == "1,400 steps"
+
+
 def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
     # a Ctrl-C at the last step saved it and said "continue with --resume", which then said "already complete" and
     # never evaluated; one during the final evaluation lost every step since the last checkpoint (here all of them)
