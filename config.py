@@ -568,11 +568,16 @@ def start_from(cfg, argv):
     """In cfg: the run this one starts from (a resumed fine-tune's --init-from is its own, given or not: same_start),
     its shape and tokenizer unless given (init_from_defaults), and --vocab-size: a tokenizer's size (ids_vocab_size),
     except where model and tokenizer are both a run's own, which came together (its vocabulary may be padded past its
-    tokenizer's): verify_init checks the shape, check_samples what samples need."""
+    tokenizer's): verify_init checks the shape, check_samples what samples need. A resumed run's --data-dir not given
+    is its own, where that folder is still there."""
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
     own = saved_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way: config.json, else ckpt.pt
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
+        mine = own.get("data_dir")
+        if "data_dir" not in given_flags(argv) and isinstance(mine, str) and os.path.isdir(mine):
+            cfg["data_dir"] = mine  # (as typed from here: from_here) from another folder, the default
+            # ./data would make its tokens again, or download its corpus again
     elif cfg["init_from"] is not None:  # recorded so that --resume finds it from any folder (an old run's, relative,
         cfg["init_from"] = os.path.abspath(cfg["init_from"])  # from where it began); symlinks kept as named
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
@@ -634,7 +639,8 @@ def resolve_config(argv=None):
     # a warm-up past the run's end needs its length, so it is no CHECKS row; a resumed run's length is its own, and
     # verify_resume compares the warm-up against it
     if warmup_given and cfg["warmup_iters"] > cfg["max_iters"] and (length_given or not cfg["resume"]):
-        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({counted(cfg['max_iters'], 'step')}).")
+        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
+                         f"({counted(cfg['max_iters'], 'step')}).")
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     # what the command line left to the defaults, which --resume takes from the run instead: its own length (only one

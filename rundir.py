@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
-                 short_repr)
+from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, log, on_stops, reader_gone,
+                 reader_may_leave, short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
                    lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
                    writable, write_json)
@@ -51,7 +51,7 @@ def run_config(d):  # the flags that made the run in directory d, as its config.
     return None
 
 
-PATH_KEYS = ("data", "val_data", "tokenizer")  # path flags a run config records as typed, and in "abs_paths" resolved
+PATH_KEYS = ("data", "val_data", "tokenizer", "data_dir")  # path flags a run config records as typed, and resolved
 
 
 def from_here(config):

@@ -7932,6 +7932,9 @@ def test_train_resume_takes_the_same_file_spelled_another_way(tmp_path, capsys, 
     _train_one_error(capsys, "keys that differ: data ('../x.txt' -> 'python'). Pass its own (--data ../x.txt) to resume")
     assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data"]) == 2
     _train_one_error(capsys, f"{Path('../out/x')} already holds a run; pass --resume to continue it, --overwrite")
+    # and without --data-dir, its tokens were made again in ./data (a corpus downloaded again): its own cache now
+    assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--resume"]) == 0
+    assert not (tmp_path / "sub" / "data").exists() and "already complete" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)
     bpe.main(["train", "x.txt", "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", "my tok"])
     assert train.main(["--data", "x.txt", *tiny, "--tokenizer", "my tok", "--run-name", "t"]) == 0
