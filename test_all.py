@@ -8902,6 +8902,10 @@ def test_train_load_run_names_a_device_it_cannot_use(sample_run):
         with pytest.raises(ValueError, match=f"^load_run cannot use device {bad}: unknown device; use cpu, "):
             train.load_run(run, device=bad)
     assert train.load_run(run, device=torch.device("cpu"))[2]["vocab_size"] == 300
+    if not torch.backends.mps.is_available():  # a tester's: in Python, it advised "use --device cpu", a flag
+        with pytest.raises(ValueError, match=r"^load_run cannot use device 'mps': MPS is not available here; use "
+                                             r'device="cpu"\.$'):
+            train.load_run(run, device="mps")
 
 
 def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):

@@ -371,7 +371,7 @@ class Progress:
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
     <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
-    if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
+    if problem := machine.device_error(device, cpu='device="cpu"'):  # not torch's words from deep inside model.py
         raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
