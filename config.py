@@ -307,15 +307,16 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      lambda c: f"--{'out' if c['out_dir'] == '' else 'data'}-dir is empty; pass a folder (. for this one)."),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
-    (lambda c: c["data_is_file"] and unreadable(c["data"]),
+    (lambda c: c["data_is_file"] and c["reads_data"] and unreadable(c["data"]),
      lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass {', '.join(CORPORA)}, a .txt file or a .npy file."),
-    (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
+    (lambda c: c["data_is_file"] and c["reads_data"] and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
     (lambda c: c["val_data"] and not c["data_is_ids"],
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
-    (lambda c: c["val_data"] and unreadable(c["val_data"]),
+    (lambda c: c["val_data"] and c["reads_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
+    *[(lambda c, wrong=wrong: c["reads_data"] and not c["benchmark"] and wrong(c), message) for wrong, message in
+      DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
      "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
@@ -388,8 +389,10 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
 
 def check_flags(cfg, rows=CHECKS):
     """UsageError at the first of rows (CHECKS) cfg fails. What the rows ask of the data: is --data a file (not a
-    corpus name), does it hold ids, and does --data-dir hold its tokens already (a read-only one will do)?"""
-    c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),
+    corpus name), does it hold ids, is it read (not by --sample, --export: it names their run), and does --data-dir
+    hold its tokens already (a read-only one will do)?"""
+    c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),  # --sample and --export
+             reads_data=not (cfg["sample"] or cfg["export"] is not None),  # read the run alone: its data may be gone
              cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["tokenizer"]))
     for is_wrong, message in rows:
         if is_wrong(c):

@@ -8768,6 +8768,9 @@ def test_train_sample_and_export_take_the_tokenizer_a_run_recorded_after_it_move
     assert train.main([*at, "--sample", *_SAMPLING, "--tokenizer", "moved"]) == 0  # its files, elsewhere
     assert train.main([*at, "--sample", *_SAMPLING]) == 0
     assert not (tmp_path / "hf").exists()
+    story.rename(tmp_path / "story.bak")  # a tester's: its text gone, "--data story.txt: no such file", though --data
+    assert train.main([*at, "--sample", *_SAMPLING]) == 0  # only names the run these modes read
+    assert train.main([*at, "--export", "hf"]) == 0 and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
