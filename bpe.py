@@ -641,7 +641,7 @@ def _cmd_encode(args):
         n = encode_file(tok, args.input, args.out, args.num_workers)
     dt = time.perf_counter() - t0
     size = os.path.getsize(args.input)
-    cli.say(f"wrote {n:,} token{'' if n == 1 else 's'} to {args.out}; {size / max(n, 1):.2f} bytes/token; "
+    cli.say(f"wrote {cli.counted(n, 'token')} to {args.out}; {size / max(n, 1):.2f} bytes/token; "
             f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): "
             + shlex.join(["python", "train.py", "--data", args.out, "--tokenizer", args.tokenizer]))
 

@@ -23,11 +23,11 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, env_int, log, user_path
+from cli import RANK, Parser, UsageError, counted, env_int, log, user_path
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -307,15 +307,16 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      lambda c: f"--{'out' if c['out_dir'] == '' else 'data'}-dir is empty; pass a folder (. for this one)."),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
-    (lambda c: c["data_is_file"] and unreadable(c["data"]),
+    (lambda c: c["data_is_file"] and c["reads_data"] and unreadable(c["data"]),
      lambda c: f"--data {c['data']}{unreadable(c['data'])}; pass {', '.join(CORPORA)}, a .txt file or a .npy file."),
-    (lambda c: c["data_is_file"] and Path(c["data"]).stat().st_size == 0,
+    (lambda c: c["data_is_file"] and c["reads_data"] and Path(c["data"]).stat().st_size == 0,
      "--data {data} is empty; pass a file with text or token ids."),
     (lambda c: c["val_data"] and not c["data_is_ids"],
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
-    (lambda c: c["val_data"] and unreadable(c["val_data"]),
+    (lambda c: c["val_data"] and c["reads_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    *[(lambda c, wrong=wrong: not c["benchmark"] and wrong(c), message) for wrong, message in DATA_CHECKS],
+    *[(lambda c, wrong=wrong: c["reads_data"] and not c["benchmark"] and wrong(c), message) for wrong, message in
+      DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
      "RoPE needs an even head size, but --d-model {d_model} / --num-heads {num_heads} is odd; change one or pass "
@@ -388,8 +389,10 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
 
 def check_flags(cfg, rows=CHECKS):
     """UsageError at the first of rows (CHECKS) cfg fails. What the rows ask of the data: is --data a file (not a
-    corpus name), does it hold ids, and does --data-dir hold its tokens already (a read-only one will do)?"""
-    c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),
+    corpus name), does it hold ids, is it read (not by --sample, --export: it names their run), and does --data-dir
+    hold its tokens already (a read-only one will do)?"""
+    c = dict(cfg, data_is_file=cfg["data"] not in CORPORA, data_is_ids=is_ids(cfg["data"]),  # --sample and --export
+             reads_data=not (cfg["sample"] or cfg["export"] is not None),  # read the run alone: its data may be gone
              cached=lambda: is_cached(cfg["data"], cfg["data_dir"], cfg["vocab_size"], cfg["tokenizer"]))
     for is_wrong, message in rows:
         if is_wrong(c):
@@ -568,11 +571,16 @@ def start_from(cfg, argv):
     """In cfg: the run this one starts from (a resumed fine-tune's --init-from is its own, given or not: same_start),
     its shape and tokenizer unless given (init_from_defaults), and --vocab-size: a tokenizer's size (ids_vocab_size),
     except where model and tokenizer are both a run's own, which came together (its vocabulary may be padded past its
-    tokenizer's): verify_init checks the shape, check_samples what samples need."""
+    tokenizer's): verify_init checks the shape, check_samples what samples need. A resumed run's --data-dir not given
+    is its own, where that folder is still there."""
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
     own = saved_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way: config.json, else ckpt.pt
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
+        mine = own.get("data_dir")
+        if "data_dir" not in given_flags(argv) and isinstance(mine, str) and os.path.isdir(mine):
+            cfg["data_dir"] = mine  # (as typed from here: from_here) from another folder, the default
+            # ./data would make its tokens again, or download its corpus again
     elif cfg["init_from"] is not None:  # recorded so that --resume finds it from any folder (an old run's, relative,
         cfg["init_from"] = os.path.abspath(cfg["init_from"])  # from where it began); symlinks kept as named
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
@@ -597,6 +605,10 @@ def resolve_config(argv=None):
     if recorded is not None:
         same_tokenizer(cfg, recorded, mode)
     start_from(cfg, argv)
+    # the paths as typed (the run's messages name them so) and resolved: a command in another folder, reading this
+    # run's config, names them from where it runs (rundir.from_here)
+    cfg["abs_paths"] = {k: os.path.abspath(cfg[k]) for k in PATH_KEYS
+                        if cfg[k] and not (k == "data" and cfg[k] in CORPORA)}  # a corpus name is no path
     warmup_given, min_lr_given = cfg["warmup_iters"] is not None, cfg["min_lr"] is not None
     length_given = cfg["max_iters"] is not None or cfg["total_tokens"] is not None
     preset = PRESETS.get(cfg["data"], PRESETS["small"])
@@ -630,7 +642,8 @@ def resolve_config(argv=None):
     # a warm-up past the run's end needs its length, so it is no CHECKS row; a resumed run's length is its own, and
     # verify_resume compares the warm-up against it
     if warmup_given and cfg["warmup_iters"] > cfg["max_iters"] and (length_given or not cfg["resume"]):
-        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run ({cfg['max_iters']} steps).")
+        raise UsageError(f"--warmup-iters {cfg['warmup_iters']} is longer than the run "
+                         f"({counted(cfg['max_iters'], 'step')}).")
     if not warmup_given:  # the preset's warm-up, scaled down to at most a tenth of a short run
         cfg["warmup_iters"] = min(cfg["warmup_iters"], cfg["max_iters"] // 10)
     # what the command line left to the defaults, which --resume takes from the run instead: its own length (only one

@@ -215,7 +215,8 @@ def synchronizer(device):  # drains a GPU's queue at a timing's edges; a CPU has
     return _torch().cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
 
 
-def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3" of 2 GPUs
+def device_error(device, cpu="--device cpu"):  # why torch cannot use --device, or "": "cpu:abc" does not parse, "cuda:3"
+    # of 2 GPUs; cpu: how the caller asks for the CPU (train.load_run: device="cpu")
     torch = _torch()
     try:
         d = torch.device(device)
@@ -224,11 +225,11 @@ def device_error(device):  # why torch cannot use --device, or "": "cpu:abc" doe
     if d.type not in ("cpu", "cuda", "mps"):
         return "unknown device; use cpu, cuda, cuda:N or mps."
     if d.type == "cuda" and not torch.cuda.is_available():
-        return "this PyTorch sees no CUDA GPU; use --device cpu."
+        return f"this PyTorch sees no CUDA GPU; use {cpu}."
     if d.type == "cuda" and (d.index or 0) >= torch.cuda.device_count():
         return f"this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}."
     if d.type == "mps" and not torch.backends.mps.is_available():
-        return "MPS is not available here; use --device cpu."
+        return f"MPS is not available here; use {cpu}."
     return ""
 
 

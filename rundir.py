@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from cli import (SIGHUP, DataError, UsageError, error_line, hang_up, log, on_stops, reader_gone, reader_may_leave,
-                 short_repr)
+from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, log, on_stops, reader_gone,
+                 reader_may_leave, short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
-                   lock_holder, file_sha256, new_folders, not_a_file, same_folder, temporary, unwritable, writable,
-                   write_json)
+                   lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
+                   writable, write_json)
 from machine import rank0_verdict
 
 
@@ -45,11 +45,27 @@ def run_dir(c):
     return Path(c["out_dir"]) / c["run_name"]
 
 
-def run_config(d):  # the flags that made the run in directory d, as its config.json says, or None
+def run_config(d):  # the flags that made the run in directory d, as its config.json says (from_here), or None
     with contextlib.suppress(OSError, ValueError):  # (load_json: a key twice or a JSON nested too deep is one too)
         config = load_json((d / "config.json").read_text(encoding="utf-8"), d / "config.json")
-        return config if isinstance(config, dict) else None
+        return from_here(config) if isinstance(config, dict) else None
     return None
+
+
+PATH_KEYS = ("data", "val_data", "tokenizer", "data_dir")  # path flags a run config records as typed, and resolved
+
+
+def from_here(config):
+    """A saved run config with its paths (PATH_KEYS) as they are typed from this folder: each was typed in the folder
+    its command ran in, so advice that names it, and a comparison with this command's, take it from "abs_paths" (the
+    shorter of the path relative to here and the absolute one). As typed where it resolves to the same path from
+    here, or where the config has no "abs_paths" (saved before 2026-12-01)."""
+    resolved, here = config.get("abs_paths"), dict(config)
+    for k in PATH_KEYS:
+        typed, full = config.get(k), resolved.get(k) if isinstance(resolved, dict) else None
+        if isinstance(typed, str) and isinstance(full, str) and os.path.isabs(full) and os.path.abspath(typed) != full:
+            here[k] = min(os.path.relpath(full), full, key=len)
+    return here
 
 
 def in_use(where, pid):  # another process writes the run in where
@@ -77,8 +93,8 @@ def run_dir_problem(c):
     if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
         return str(in_use(d, pid))
     if has_run and not (c["resume"] or c["overwrite"]):
-        old = (run_config(d) or {}).get("data")
-        other = old is not None and old != c["data"]  # another file of the same name: x.txt and x.py both go to out/x
+        old = (run_config(d) or {}).get("data")  # another file of the same name: x.txt and x.py both go to out/x
+        other = isinstance(old, str) and old != c["data"] and not same_file(old, c["data"])  # not ./x.txt, ../x.txt
         return (f"{d} already holds a run{f' of --data {old}' if other else ''}; pass --resume to continue it, "
                 "--overwrite to replace it, or another --run-name"
                 + (f" (--run-name {Path(c['data']).name.replace('.', '_')}, say)" if other else "") + ".")
@@ -414,7 +430,7 @@ def saved_config(d):
     if (config := run_config(Path(d))) is None:
         with contextlib.suppress(OSError, ValueError):  # what reads the run then refuses it in its own words
             config = read_checkpoint(Path(d) / "ckpt.pt").get("config")
-    return config if isinstance(config, dict) else None
+    return from_here(config) if isinstance(config, dict) else None
 
 
 def differs(key, old, new, names, fingerprinted):
@@ -488,10 +504,10 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         return None
     try:
         state = read_checkpoint(ckpt_path)
-        old = state.get("config")
-        if not isinstance(old, dict):
+        if not isinstance(state.get("config"), dict):
             raise ValueError(f"{ckpt_path} holds no run config (a dict), so it was not saved by train.py")
-        old = {**defaults, **old}
+        state["config"] = from_here(state["config"])  # its paths as typed from here, for check_same_data too
+        old = {**defaults, **state["config"]}
         if "max_iters" in cfg["derived"] and type(old.get("max_iters")) is int and type(old.get("total_tokens")) is int:
             cfg["max_iters"], cfg["total_tokens"] = old["max_iters"], old["total_tokens"]  # no length given: its own
         if "min_lr" in cfg["derived"] and type(old.get("min_lr")) is float:
@@ -507,14 +523,15 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
             lost = old.get("init_from") if isinstance(old.get("init_from"), str) and not cfg["init_from"] else None
             # a --tokenizer left out changes the vocabulary first: the flag is named too
             tok = given_tokenizer(old, ckpt_path.parent) if "vocab_size" in differ and not cfg["tokenizer"] else None
-            own = "" if shorter or lost or tok else own_flags(old, differ, defaults)  # else the flags that give it back
+            rest = [k for k in differ if not (shorter and k == "max_iters" or tok and k == "vocab_size")]  # said
+            own = "" if lost else own_flags(old, rest, defaults)  # the flags that give the rest back
             raise UsageError(f"--resume: {ckpt_path} was trained with a different config; keys that differ: "
                              + ", ".join(f"{k} ({short_repr(old.get(k))} -> {short_repr(cfg[k])})" for k in differ)
                              + (f" (a run cannot be shortened: pass --max-iters {old['max_iters']} or more)."
                                 if shorter else ".")
                              + (f" It began from --init-from {lost}, which its config.json no longer names: pass "
                                 f"--init-from {shlex.quote(lost)}." if lost else "")
-                             + (f" It was trained with --tokenizer {tok}: pass it." if tok else "")
+                             + (f" It was trained with --tokenizer {shlex.quote(tok)}: pass it." if tok else "")
                              + (f" {own[0].upper()}{own[1:]} to resume it, or start a new run with --overwrite." if own
                                 else ""))
         check_state(state, model, optimizer, name=ckpt_path)
@@ -586,7 +603,7 @@ def check_run_entries(state, max_iters, name):
     iteration within the run's max_iters steps, the RNG states (spare generators try them), the seconds trained so
     far (elapsed: a real number, at least 0 and not more than the seconds since 1970) and the data's fingerprint."""
     if state["iteration"] > max_iters:
-        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {max_iters} steps")
+        raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {counted(max_iters, 'step')}")
     try:  # both are CPU generator states; the GPUs' are used (restore_rng) only where as many GPUs are
         for key in ("batch_rng", "torch_rng"):
             torch.Generator().set_state(state["rng"][key])

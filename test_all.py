@@ -7572,6 +7572,9 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     said = capsys.readouterr().err  # the warm-up that follows --max-iters is not named: the user did not give it
     assert "max_iters (20 -> 12) (a run cannot be shortened: pass --max-iters 20 or more)." in said
     assert "warmup_iters" not in said
+    # a tester's: another key beside the length (or beside a --tokenizer left out) got no advice of its own flag
+    assert train.main([*base, "--max-iters", "12", "--resume", "--seed", "5"]) == 2
+    assert "or more). Pass its own (--seed 1337) to resume it, or start a new run" in capsys.readouterr().err
     # an eighth tester's: a warm-up given with an extension was dropped without a word (the note said the run's stays)
     assert train.main([*base, "--max-iters", "24", "--resume", "--warmup-iters", "3"]) == 2
     assert "keys that differ: warmup_iters (0 -> 3)." in capsys.readouterr().err
@@ -7805,6 +7808,10 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main(["--data", str(story), *shape[2:], *flags, "--max-iters", "3", "--resume"]) == 2
     assert _train_one_error(capsys, "keys that differ: vocab_size (300 -> 2048).").endswith(
         f" It was trained with --tokenizer {tok}: pass it.")
+    assert train.main([*shape[2:], *flags, "--max-iters", "3", "--resume", "--run-name", "story"]) == 2
+    assert _train_one_error(capsys, "keys that differ: vocab_size (300 -> 2048), data (").endswith(
+        f" It was trained with --tokenizer {tok}: pass it. Pass its own (--data {story}) to resume it, or start a new "
+        "run with --overwrite.")
     assert train.main(["--data", str(other), *shape, *flags, "--max-iters", "2", "--run-name", "bpe"]) == 0
     capsys.readouterr()  # and the other way round: BPE made of the text, then a --tokenizer
     assert train.main(["--data", str(other), "--tokenizer", str(tok), *shape, *flags, "--max-iters", "3",
@@ -8012,6 +8019,26 @@ def test_train_resume_takes_the_same_file_spelled_another_way(tmp_path, capsys, 
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data", "--resume"]) == 0
+    # a tester's: from another folder, the advice named the run's --data (and --tokenizer) as typed where it began
+    # ("pass its own (--data x.txt)", which does not exist here), and the same file was "a run of --data x.txt"
+    capsys.readouterr()
+    assert train.main([*tiny, "--out-dir", "../out", "--run-name", "x", "--resume"]) == 2
+    _train_one_error(capsys, "keys that differ: data ('../x.txt' -> 'python'). Pass its own (--data ../x.txt) to resume")
+    assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data"]) == 2
+    _train_one_error(capsys, f"{Path('../out/x')} already holds a run; pass --resume to continue it, --overwrite")
+    # and without --data-dir, its tokens were made again in ./data (a corpus downloaded again): its own cache now
+    assert train.main(["--data", "../x.txt", *tiny, "--out-dir", "../out", "--resume"]) == 0
+    assert not (tmp_path / "sub" / "data").exists() and "already complete" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    bpe.main(["train", "x.txt", "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out", "my tok"])
+    assert train.main(["--data", "x.txt", *tiny, "--tokenizer", "my tok", "--run-name", "t"]) == 0
+    monkeypatch.chdir(tmp_path / "sub")
+    capsys.readouterr()
+    at = ["--data", "../x.txt", *tiny, "--out-dir", "../out", "--data-dir", "../data", "--run-name", "t", "--resume"]
+    assert train.main([*at, "--vocab-size", "400"]) == 2
+    _train_one_error(capsys, "It was trained with --tokenizer '../my tok': pass it.")
+    assert train.main(at) == 2
+    _train_one_error(capsys, "pass --tokenizer '../my tok', with the data it was trained on, to resume it.")
     monkeypatch.chdir(tmp_path)
     _train_story(tmp_path / "y.txt", seed=1)  # another text, or a corpus name, under the run's name: refused
     capsys.readouterr()
@@ -8835,6 +8862,9 @@ def test_train_sample_and_export_take_the_tokenizer_a_run_recorded_after_it_move
     assert train.main([*at, "--sample", *_SAMPLING, "--tokenizer", "moved"]) == 0  # its files, elsewhere
     assert train.main([*at, "--sample", *_SAMPLING]) == 0
     assert not (tmp_path / "hf").exists()
+    story.rename(tmp_path / "story.bak")  # a tester's: its text gone, "--data story.txt: no such file", though --data
+    assert train.main([*at, "--sample", *_SAMPLING]) == 0  # only names the run these modes read
+    assert train.main([*at, "--export", "hf"]) == 0 and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
@@ -8969,6 +8999,10 @@ def test_train_load_run_names_a_device_it_cannot_use(sample_run):
         with pytest.raises(ValueError, match=f"^load_run cannot use device {bad}: unknown device; use cpu, "):
             train.load_run(run, device=bad)
     assert train.load_run(run, device=torch.device("cpu"))[2]["vocab_size"] == 300
+    if not torch.backends.mps.is_available():  # a tester's: in Python, it advised "use --device cpu", a flag
+        with pytest.raises(ValueError, match=r"^load_run cannot use device 'mps': MPS is not available here; use "
+                                             r'device="cpu"\.$'):
+            train.load_run(run, device="mps")
 
 
 def test_train_load_run_of_the_checkpoint_file_names_its_directory(sample_run):
@@ -10009,6 +10043,15 @@ def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path,
 def _train_flags_run(tmp_path, *more):
     return ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
             "--out-dir", str(tmp_path / "out"), *more]
+
+
+def test_train_says_one_step_not_one_steps(tmp_path, capsys):
+    # a tester's: a one-step run ended "done: 1 steps", and its warm-up "is longer than the run (1 steps)"
+    assert train.main(_train_flags_run(tmp_path, "--max-iters", "1")) == 0
+    assert "done: 1 step, 128 tokens in " in capsys.readouterr().out
+    assert train.main(_train_flags_run(tmp_path, "--max-iters", "1", "--warmup-iters", "2", "--run-name", "w")) == 2
+    _train_one_error(capsys, "--warmup-iters 2 is longer than the run (1 step).")
+    assert cli.counted(1, "token") == "1 token" and cli.counted(1400, "step") == "1,400 steps"
 
 
 def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):

@@ -155,8 +155,7 @@ class LMLoss(torch.nn.Module):
 
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
-            if self.fused_head:  # fused_head.py (tested equal): the head's matmul and the loss over chunks of rows,
-                # no (N, V) logits held
+            if self.fused_head:  # fused_head.py (tested equal): head matmul and loss by row chunks, no (N, V) logits held
                 return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
             if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
                 # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
@@ -276,11 +275,12 @@ def benchmark(cfg):
     dt, flops, tokens = median(times[UNTIMED_STEPS:]), step_flops(cfg), cfg["batch_size"] * cfg["context_length"]
     log(f"benchmark: {', '.join(f'{k}={cfg[k]}' for k in (*MODEL_KEYS[:6], 'batch_size'))}, device {cfg['device']} "
         f"x{cfg['world_size']}, dtype {cfg['dtype']}, compile {cfg['compile']}, fast {cfg['fast']} "
-        f"({config.levers_on(cfg)}), {torch.get_num_threads()} CPU threads, median of {cfg['benchmark_steps']} steps")
+        f"({config.levers_on(cfg)}), {torch.get_num_threads()} CPU threads, median of "
+        f"{cli.counted(cfg['benchmark_steps'], 'step')}")
     log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.3g} TFLOP/s achieved")
     log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
     log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
-    log(f"  {cfg['total_tokens']:,} tokens ({cfg['max_iters']} steps) would take "
+    log(f"  {cfg['total_tokens']:,} tokens ({cli.counted(cfg['max_iters'], 'step')}) would take "
         f"{cli.fmt_time(cfg['total_tokens'] * dt / tokens)}")
 
 
@@ -371,7 +371,7 @@ class Progress:
 def load_run(path, device="cpu"):
     """A run directory, finished or still training -> (its model on device, in eval mode; its tokenizer with
     <|endoftext|>, None for ids without one; its config and "iteration"). No checkpoint yet: FileNotFoundError."""
-    if problem := machine.device_error(device):  # --device's sentence, not torch's from deep inside model.py
+    if problem := machine.device_error(device, cpu='device="cpu"'):  # not torch's words from deep inside model.py
         raise ValueError(f"load_run cannot use device {device!r}: {problem}")
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
@@ -472,10 +472,10 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                     f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
     save(end)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
-    val_loss = evaluate(loss_model, valid_ids, cfg)
-    progress.evaluated(end, val_loss)
-    log(f"done: {end} steps, {cli.fmt_count(cfg['total_tokens'])} tokens in {cli.fmt_time(progress.seconds())}; "
-        f"final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram baseline {baseline:.4f}")
+    progress.evaluated(end, val_loss := evaluate(loss_model, valid_ids, cfg))
+    log(f"done: {cli.counted(end, 'step')}, {cli.fmt_count(cfg['total_tokens'])} tokens in "
+        f"{cli.fmt_time(progress.seconds())}; final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram "
+        f"baseline {baseline:.4f}")
     log(f"checkpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
         samples = write_samples(lm, tok, cfg, run_dir / "samples.txt")
