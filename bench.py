@@ -57,7 +57,7 @@ import fused_head
 import kernels
 import model
 import train
-from cli import DataError, Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, user_path
+from cli import DataError, Parser, UsageError, counted, end_quietly_on_closed_pipe, error_line, exit_code, user_path
 from config import MIN_TEXT_VOCAB
 from files import atomic_file, unreadable
 from machine import allow_many_compiles, synchronizer, torch_settings, usable_cores
@@ -110,10 +110,6 @@ def seed_files():  # the course notes in Chinese: the scale corpus's CJK runs an
 def med(xs, unit="s"):
     """'a / b / c s (median m)'."""
     return " / ".join(f"{x:.2f}" for x in xs) + f" {unit} (median {statistics.median(xs):.2f})"
-
-
-def n_runs(n):  # a table's header: "1 run", never "1 runs"
-    return f"{n} run{'' if n == 1 else 's'}"
 
 
 def take_turns(calls, rounds, sync=lambda: None):
@@ -419,7 +415,7 @@ def train_run(name, path, vocab_size, out_dir):
 def train_table(path, vocab_size, repeats, hf_runs):
     """One table: every tool on one corpus, whole processes taking turns, HF in the first hf_runs rounds."""
     print(f"## BPE training: {Path(path).name} ({os.path.getsize(path) / 1e6:.1f} MB), vocab {vocab_size:,}, "
-          f"{EOT} special; each tool a fresh process, {n_runs(repeats)} taking turns (HF tokenizers "
+          f"{EOT} special; each tool a fresh process, {counted(repeats, 'run')} taking turns (HF tokenizers "
           f"{min(hf_runs, repeats)})", flush=True)
     runs = {n: [] for n in TRAINERS if (hf_runs or not n.startswith("HF")) and (n not in PEERS or peer(PEERS[n]))}
     with tempfile.TemporaryDirectory() as d:
@@ -541,9 +537,9 @@ def bench_encode(args):
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast.load_compiled_encoder()
-    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, {n_runs(args.repeats)}"
-          + (" taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's" if enc else
-             " (tiktoken is not installed: no comparison)"))
+    print("## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, "
+          + counted(args.repeats, "run") + (" taking turns with tiktoken; ids identical (per document); ratio: our "
+                                            "MB/s over tiktoken's" if enc else " (tiktoken is not installed: no comparison)"))
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
     for name, docs in rows.items():  # one call per document
@@ -598,8 +594,9 @@ def bench_encode_file(args, files, enc):
     """encode_file with 2 workers vs tiktoken's batch encode with 2 threads (given its Encoding), whole processes."""
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.3g} MB scale corpus ({path.name}), GPT-2's files, "
-          f"each tool a fresh process, {n_runs(args.repeats)} taking turns; the call includes reading the file, not "
-          f"building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training table")
+          f"each tool a fresh process, {counted(args.repeats, 'run')} taking turns; the call includes reading the "
+          f"file, not building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training "
+          f"table")
     with tempfile.TemporaryDirectory() as d:
         out, enc_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.pickle")
         Path(enc_file).write_bytes(pickle.dumps(enc))  # so that tiktoken's process needs no bpe.py
@@ -869,7 +866,7 @@ def head_table(device, rows, shape, dtype, compile, repeats):
     logits = rows * shape["vocab_size"] * (2 if dtype == "bf16" else 4)
     print(f"head and loss alone, forward and backward: {rows:,} rows x vocab {shape['vocab_size']:,} (the logits: "
           f"{logits / 2**20:,.0f} MiB in {dtype}), d_model {shape['d_model']}, {dtype}, device {device}, "
-          f"{'compiled' if compile else 'eager'}, median of {n_runs(repeats)} taking turns; fused_head.CHUNKS is "
+          f"{'compiled' if compile else 'eager'}, median of {counted(repeats, 'run')} taking turns; fused_head.CHUNKS is "
           f"{fused_head.CHUNKS}")
     lines = {}
     for name, call in calls.items():
@@ -1022,7 +1019,7 @@ def bench_generate(args, device="cpu", name="TinyStories", shape=accounting.TINY
     compile = device.startswith("cuda") if compile is None else compile
     sync = synchronizer(device)
     print(f"## Generation: {args.new_tokens} tokens after a 1-token prompt, {name} shape, greedy, device {device}, "
-          f"{torch.get_num_threads()} threads, median of {n_runs(args.repeats)} taking turns")
+          f"{torch.get_num_threads()} threads, median of {counted(args.repeats, 'run')} taking turns")
     speed, hf = {}, peer("transformers")
     for batch in batches or GEN_BATCHES[False]:
         calls = generators(m, shape, device, batch, compile, hf)

@@ -604,8 +604,8 @@ def _cmd_train(args):
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
     text = (longest := max(vocab.values(), key=len)).decode("utf-8", errors="replace")
     n, b, c = len(merges), len(longest), len(text)
-    cli.say(f"trained {n:,} merge{'' if n == 1 else 's'} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token {b:,} "
-            f"byte{'' if b == 1 else 's'} ({c:,} character{'' if c == 1 else 's'}): {_short(repr(text), count=False)}; "
+    cli.say(f"trained {cli.counted(n, 'merge')} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token "
+            f"{cli.counted(b, 'byte')} ({cli.counted(c, 'character')}): {_short(repr(text), count=False)}; "
             f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")

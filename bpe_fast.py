@@ -46,7 +46,7 @@ from numba import config, njit, types
 from numba.core import caching, cgutils
 from numba.extending import intrinsic, register_jitable
 
-from cli import (STOPS, DataError, ctrl_c_stays_keyboard_interrupt, end_progress, raise_held_ctrl_c, say,
+from cli import (STOPS, DataError, counted, ctrl_c_stays_keyboard_interrupt, end_progress, raise_held_ctrl_c, say,
                  short_repr, show_progress)
 from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
@@ -1662,7 +1662,7 @@ def encode_file(tokenizer, input_path, out_path, num_workers=None, progress=True
                     if progress:
                         mb_s = n_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9)
                         shown = show_progress(f"encoded {n_bytes / scale:.1f}/{size / scale:.1f} {unit}, "
-                                              f"{n_tokens:,} token{'' if n_tokens == 1 else 's'}, {mb_s:.1f} MB/s",
+                                              f"{counted(n_tokens, 'token')}, {mb_s:.1f} MB/s",
                                               shown, last=n_bytes == size)
             finally:
                 if progress and n_bytes:

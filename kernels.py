@@ -372,8 +372,8 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
     # read more than the caches before each run: x starts in DRAM (and on a GPU, the GPU has work queued)
     flush = torch.ones(max(256 << 20 if device == "cuda" else 0, 4 * cache_bytes(device)) // 4, device=device).sum
     k = torch.get_num_threads()
-    timer = "CUDA events" if device == "cuda" else f"time.perf_counter, {k} thread{'' if k == 1 else 's'}"
-    print(f"\n== Benchmark: median of {reps} run{'' if reps == 1 else 's'} ({timer}), GB/s counts the fused traffic "
+    timer = "CUDA events" if device == "cuda" else f"time.perf_counter, {cli.counted(k, 'thread')}"
+    print(f"\n== Benchmark: median of {cli.counted(reps, 'run')} ({timer}), GB/s counts the fused traffic "
           "2 x n x bytes (read x, write y); the copy is the bandwidth a kernel can reach")
     print(f"{'dtype':<9} {'n':>5} {'variant':<14} {'time ms':>10} {'GB/s':>9} {'% copy':>7} {'vs ops':>7}")
     rows = []

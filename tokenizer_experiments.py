@@ -102,9 +102,9 @@ def answer_tokenizer(f):
     seconds = accounting.PILE_BYTES / f["bytes_per_s"]
     ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
     some = "" if f["documents"] >= DOCUMENTS else f" (all the validation text has, of the {DOCUMENTS} asked)"
-    return [f"(a) {ours:.2f} bytes/token: {f['documents']} validation document{'' if f['documents'] == 1 else 's'}"
+    return [f"(a) {ours:.2f} bytes/token: {cli.counted(f['documents'], 'validation document')}"
             f"{some}, {f['bytes']:,} bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
-            f"(b) on {f['other']} ({f['other_documents']} document{'' if f['other_documents'] == 1 else 's'}), the "
+            f"(b) on {f['other']} ({cli.counted(f['other_documents'], 'document')}), the "
             f"runs' BPE makes {f['ours_on_other']:.2f} bytes/token and that text's own {f['other_vocab']:,}-token BPE "
             f"{f['other_on_other']:.2f}: out of its domain it needs {cost:.0%} more tokens; the other BPE on the runs' "
             f"documents makes {f['other_on_ours']:.2f} (against {ours:.2f}).",
