@@ -492,6 +492,25 @@ def _prompt_rows(prompt):
 
 
 @torch.no_grad()
+def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
+    """generate's arguments, each refused in one sentence before any work."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("Each prompt needs at least one token.")
+    check_count("max_new_tokens", max_new_tokens, least=0)
+    numeric = all(isinstance(x, (numbers.Real, torch.Tensor)) for x in (temperature, top_p))  # not None, not "0.8"
+    if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
+        raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
+                         f"top_p={top_p!r}.")
+    if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
+        check_count("stop_id", stop_id, least=0, below=model.vocab_size)
+    if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}: torch.Generator({device.type!r})"
+                        ".manual_seed(seed) makes one.")
+    if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
+        raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
+                         f"torch.Generator({device.type!r}).")
+
+
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None, fast=None, compile=True):
     """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).
@@ -503,22 +522,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     fast (default: on CUDA, with the cache) runs the cached part as section 8 does: the same tokens;
     compile=False runs its decode step eagerly."""
     prompts, batched = _prompt_rows(prompt)
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("Each prompt needs at least one token.")
-    check_count("max_new_tokens", max_new_tokens, least=0)
-    numeric = all(isinstance(x, (numbers.Real, torch.Tensor)) for x in (temperature, top_p))  # not None, not "0.8"
-    if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
-        raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
-                         f"top_p={top_p!r}.")
-    if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
-        check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
-    if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
-        raise TypeError(f"generator must be a torch.Generator, got {generator!r}: torch.Generator({device.type!r})"
-                        ".manual_seed(seed) makes one.")
-    if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
-        raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
-                         f"torch.Generator({device.type!r}).")
+    _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):
