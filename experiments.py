@@ -237,23 +237,23 @@ def differences(saved, run, args, rest):
 
 def outcome(run, args, rest):
     """The run's result.json ({"status": "done" or "diverged", "step", "command"}), or None while it has none. A run
-    that is not this command's (differences, from its config.json) is refused: its numbers would be read as ours."""
+    that is not this command's (differences, from its config.json) is refused, a stopped one too: its numbers would be
+    read as ours, or train.py would resume it with this command's flags (a longer --max-iters: another schedule)."""
     folder = run.dir(args.out_dir)
-    if not (path := folder / "result.json").is_file():
-        return None
-    try:
-        result = files.load_json(path.read_text(encoding="utf-8"), path)
-        if not is_result(result):  # edited, or not finish's
-            raise ValueError(f"not a result of experiments.py: {cli.short_repr(result)}")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
-    if (saved := rundir.run_config(folder)) is None:  # deleted, or edited: no run config to compare
+    if done := (path := folder / "result.json").is_file():
+        try:
+            result = files.load_json(path.read_text(encoding="utf-8"), path)
+            if not is_result(result):  # edited, or not finish's
+                raise ValueError(f"not a result of experiments.py: {cli.short_repr(result)}")
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
+    if (saved := rundir.run_config(folder)) is None and done:  # deleted, or edited: no run config to compare
         raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} and rerun to run that "
                              "run again.")
-    if diff := differences(saved, run, args, rest):
-        raise cli.UsageError(f"{folder} is a run of other flags ({'; '.join(diff)}); delete it, or pass another "
-                             "--out-dir.")
-    return result
+    if saved is not None and (diff := differences(saved, run, args, rest)):
+        raise cli.UsageError(f"{folder} is a {'' if done else 'stopped '}run of other flags ({'; '.join(diff)}); "
+                             "delete it, or pass another --out-dir.")
+    return result if done else None
 
 
 def log_path(run, args):  # all of a run's output, beside its folder (a new run's folder must be empty)

@@ -9891,6 +9891,12 @@ def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     assert experiments.outcome(run, args, [])["status"] == "done"
     with pytest.raises(cli.UsageError, match="is a run of other flags"):
         experiments.outcome(run, args, ["--seed", "7"])
+    # a stopped run (no result.json yet) is compared too: `--seed 7` went to train.py --resume, whose advice, pass
+    # --overwrite, experiments.py refuses (a longer --max-iters was resumed into another schedule without a word)
+    (run.dir(args.out_dir) / "result.json").unlink()
+    assert experiments.outcome(run, args, []) is None
+    with pytest.raises(cli.UsageError, match=r"is a stopped run of other flags \(seed 1337 -> 7\); delete it"):
+        experiments.outcome(run, args, ["--seed", "7"])
 
 
 def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, monkeypatch):
