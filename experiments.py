@@ -421,7 +421,7 @@ def loss_text(r):  # a run's final validation loss, or where it diverged
 
 def answer_lr(rows, base, unigram):
     """rows: [(rate, figures)] of the finished runs, by rate. Unstable: a NaN or infinite loss (train.py stopped it),
-    or a final loss no better than the unigram baseline (it learnt nothing token frequencies do not tell)."""
+    or, above the best rate, a loss no better than the unigram baseline (below it, a rate is slow, not unstable)."""
     done = [(lr, r) for lr, r in rows if r["final"] is not None]
     if not done:
         return ["(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
@@ -429,7 +429,7 @@ def answer_lr(rows, base, unigram):
     a = (f"(a) the best rate was {number_text(best_lr)} (final validation loss {best['final']:.3f}; the baseline's "
          f"{number_text(base)}); " + ", ".join(f"{number_text(lr)}: {loss_text(r)}" for lr, r in rows) + ".")
     gone = [(lr, r) for lr, r in rows if r["diverged"]]
-    flat = [lr for lr, r in done if r["final"] >= unigram]
+    flat = [lr for lr, r in done if lr > best_lr and r["final"] >= unigram]
     b = (f"(b) the smallest rate that diverged was {number_text(gone[0][0])}, {gone[0][0] / best_lr:.3g}x the best "
          f"(train.py stopped it at step {gone[0][1]['diverged']})" if gone else
          f"(b) no rate up to {number_text(rows[-1][0])} diverged (a NaN or infinite loss, which train.py stops)")

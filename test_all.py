@@ -9379,6 +9379,10 @@ def test_experiments_lr_answers_are_computed_from_the_runs():
                  "unigram baseline (2.000): the runs learnt no more than token frequencies.")
     assert experiments.answer_lr([(1.0, run(None, 3))], 1.0, 6.0) == [
         "(a) every rate diverged; try lower ones (a lower --lr moves the sweep's baseline)."]
+    # a rate below the best that is no better than the unigram baseline learnt slowly: it was named as the edge of
+    # stability ("the smallest that ended no better ... was 1e-03, 0.1x the best")
+    b = experiments.answer_lr([(1e-3, run(6.2)), *rows], 1e-2, 6.0)[1]
+    assert b.endswith("the smallest that ended no better than the unigram baseline (6.000) was 1e-01, 10x the best.")
 
 
 def test_experiments_batch_answer_says_each_budget_when_whole_steps_make_them_differ():
