@@ -402,17 +402,16 @@ def prepare(cfg):
 # ----------------------------------------------------------------------------
 # 5. Figures (figures.py draws them), the answers computed from the numbers, and the report
 
-SHOWS = {"lr": "the learning-rate sweep", "batch": "batch sizes at one token budget",
-         "ablations": "each ablation against the baseline",
-         "optimizers": "each optimizer at the best rate of its sweep"}  # an experiment's figure, in words
+SHOWS = {"lr": "the learning-rate sweep", "batch": "batch sizes at one token budget",  # a figure, in words
+         "ablations": "each ablation against the baseline", "optimizers": "each optimizer at its sweep's best rate"}
 
 
 def figure_title(name, cfg):  # a figure's run, data and budget, for a reader who has only the picture
     where = cfg["data"] if cfg["data"] in config.CORPORA else Path(cfg["data"]).name
-    layers = f"{cfg['num_layers']} layer{'s' * (cfg['num_layers'] != 1)}"  # "1 layer", "4 layers"
-    return (f"{name}: {SHOWS[name]}\n--data {where}, {layers} of d_model {cfg['d_model']}, "
-            f"{cli.fmt_count(cfg['total_tokens'])} tokens a run (the baseline: {cfg['max_iters']:,} steps of "
-            f"{cfg['batch_size']} x {cfg['context_length']} tokens at lr {number_text(cfg['lr'])})")
+    return (f"{name}: {SHOWS[name]}\n--data {where}, {cli.counted(cfg['num_layers'], 'layer')} of d_model "
+            f"{cfg['d_model']}, {cli.fmt_count(cfg['total_tokens'])} tokens a run (the baseline: "
+            f"{cfg['max_iters']:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens at lr "
+            f"{number_text(cfg['lr'])})")
 
 
 def loss_text(r):  # a run's final validation loss, or where it diverged
@@ -446,14 +445,16 @@ def answer_batch(rows):  # each run's budget in whole steps of its batch size (p
     if not done:
         return ["every batch size diverged."]
     best_b, best = min(done, key=lambda t: t[1]["final"])
-    (b0, r0), (b1, r1) = rows[0], rows[-1]
-    budget = (f"one budget of {r0['tokens']:,} tokens" if len({r["tokens"] for _, r in rows}) == 1 else "budgets of "
+    budget = (f"one budget of {best['tokens']:,} tokens" if len({r["tokens"] for _, r in rows}) == 1 else "budgets of "
               + ", ".join(f"{r['tokens']:,} tokens (batch {b})" for b, r in rows) + " in whole steps")
-    return [f"at {budget}, the lowest validation loss came with batch {best_b} "
-            f"({best['final']:.3f}); " + ", ".join(f"batch {b}: {loss_text(r)}" for b, r in rows) + ".",
-            f"throughput: {r0['tokens_per_s']:,.0f} tokens/s at batch {b0}, {r1['tokens_per_s']:,.0f} at batch {b1} "
-            f"({r1['tokens_per_s'] / max(r0['tokens_per_s'], 1e-9):.2g}x); wall time {cli.fmt_time(r0['wall'])} "
-            f"against {cli.fmt_time(r1['wall'])} (the rate was not tuned again per batch size)."]
+    lines = [f"at {budget}, the lowest validation loss came with batch {best_b} ({best['final']:.3f}); "
+             + ", ".join(f"batch {b}: {loss_text(r)}" for b, r in rows) + "."]
+    if len(timed := [(b, r) for b, r in done if r["tokens_per_s"]]) > 1:  # whole runs: a diverged one stopped early
+        (b0, r0), (b1, r1) = timed[0], timed[-1]  # (before its first log line it has no speed at all)
+        lines.append(f"throughput: {r0['tokens_per_s']:,.0f} tokens/s at batch {b0}, {r1['tokens_per_s']:,.0f} at "
+                     f"batch {b1} ({r1['tokens_per_s'] / r0['tokens_per_s']:.2g}x); wall time {cli.fmt_time(r0['wall'])}"
+                     f" against {cli.fmt_time(r1['wall'])} (the rate was not tuned again per batch size).")
+    return lines
 
 
 def answer_ablations(found, cfg):
@@ -501,10 +502,9 @@ def answer_optimizers(found):
     best, edges = race_best(found)
     if not best:
         return ["every run diverged."]
-    a = ("(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {number_text(lr)})" for n, (lr, r) in
-                            sorted(best.items(), key=lambda kv: kv[1][1]["final"]))
-         + (f"; best at an end of the sweep: {', '.join(edges)} (a wider one might do better)" if edges else "") + ".")
-    lines = [a]
+    lines = ["(a) " + ", ".join(f"{n} {r['final']:.3f} (lr {number_text(lr)})" for n, (lr, r) in
+                                sorted(best.items(), key=lambda kv: kv[1][1]["final"]))
+             + (f"; best at an end of the sweep: {', '.join(edges)} (a wider one might do better)." if edges else ".")]
     if "muon" in best and "adamw" in best:
         (_, mu), (_, ad) = best["muon"], best["adamw"]
         steps, secs = reached(mu["curve"], ad["final"]), reached(mu["curve"], ad["final"], 1)
@@ -779,7 +779,7 @@ def main(argv=None):
         if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
             cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
                     "(its --tokenizer DIR would give them)."))
-        cli.say(f"{len(runs)} run(s) under {where}; unigram baseline {baseline:.4f}")
+        cli.say(f"{cli.counted(len(runs), 'run')} under {where}; unigram baseline {baseline:.4f}")
         run_all(runs, args, rest)
         best = best_run(plans, args, rest)
         if args.experiment in ("generate", "all") and tok is not None and best:

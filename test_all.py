@@ -9396,6 +9396,13 @@ def test_experiments_batch_answer_says_each_budget_when_whole_steps_make_them_di
         "steps, the lowest validation loss came with batch 32 (3.000); batch 8: 3.500, batch 32: 3.000, batch 128: "
         "3.250.")
     assert experiments.answer_batch(rows[:2])[0].startswith("at one budget of 204,800 tokens, the lowest")
+    # throughput and wall time of whole runs: a diverged run before its first log line has no speed, which read as
+    # "0 tokens/s at batch 8, ... (6.5e+13x)"; one batch size alone was compared with itself ("71 at batch 4 (1x)")
+    rows[0] = (8, dict(rows[0][1], final=None, diverged=3, tokens_per_s=0, wall=0.4))
+    assert experiments.answer_batch(rows)[1] == ("throughput: 1,000 tokens/s at batch 32, 1,000 at batch 128 (1x); "
+                                                 "wall time 1m00s against 1m00s (the rate was not tuned again per "
+                                                 "batch size).")
+    assert experiments.answer_batch(rows[:2])[1:] == []
 
 
 def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
