@@ -796,5 +796,5 @@ def main(argv=None):
 if __name__ == "__main__":
     cli.catch_ctrl_c()  # Ctrl-C, SIGTERM and SIGHUP: KeyboardInterrupt, after which the runs stop at a step boundary
     cli.escaping_stdout()  # a terminal that cannot show a sample's text
-    cli.exit_quietly(cli.exit_code("experiments.py", main, "the runs saved their checkpoints: the same command goes "
-                                   "on."))
+    cli.exit_quietly(cli.exit_code("experiments.py", main, "run the same command to go on (finished runs are reused, "
+                                   "stopped ones resume from their checkpoints)."))  # said while data is prepared too

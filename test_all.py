@@ -9222,7 +9222,9 @@ def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbe
     finally:
         p.send_signal(signal.SIGTERM)  # as Ctrl-C does: the running run saves a checkpoint and stops
         out, err = p.communicate(timeout=120)
-    assert p.returncode == 130 and "experiments.py: interrupted; the runs saved their checkpoints" in err, (out, err)
+    # the sentence is true of a stop while the data is prepared too ("the runs saved their checkpoints", before)
+    assert p.returncode == 130 and ("experiments.py: interrupted; run the same command to go on (finished runs are "
+                                    "reused, stopped ones resume from their checkpoints).") in err, (out, err)
     assert (first / "result.json").is_file() and not (second / "result.json").exists()
     stopped_at = torch.load(second / "ckpt.pt", weights_only=True)["iteration"]
     assert 0 < stopped_at < 100
