@@ -37,7 +37,7 @@ from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
 from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
-from rundir import RUN_MARKERS, check_state, on_text, read_run
+from rundir import RUN_MARKERS, check_state, diverged_step, on_text, read_run
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json
@@ -275,8 +275,10 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
     except (ValueError, PermissionError) as e:  # a full disk is the caller's (exit 1)
         raise UsageError(f"{flag}{str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
     step, steps = state["iteration"], state["config"].get("max_iters")  # a run stopped midway says so
+    gone = diverged_step(run_dir / "metrics.jsonl")  # stopped on a NaN: it never finishes (step 0: untrained)
+    why = f"the run diverged at step {gone:,}: its last good checkpoint" if gone else "the run is not finished"
     log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
-        + (f"step {step:,} of {steps:,} (the run is not finished); " if type(steps) is int and step < steps else "")
+        + (f"step {step:,} of {steps:,} ({why}); " if type(steps) is int and step < steps else "")
         + "load it with transformers.AutoModelForCausalLM.from_pretrained"
         + ("" if importlib.util.find_spec("transformers") else " (pip install transformers)"))
     return 0
