@@ -362,10 +362,9 @@ def bad_utf8_offset(text, block=READ):
 
 
 def local_corpus(path, out_dir):
-    """Split a text file: with 10 documents or more, whole documents from the end go to validation (the cut is the
-    last separator at or before the last VALID_FRACTION of the bytes); a file of fewer documents, or whose whole
-    documents would give validation more than twice that share (one long last document), is cut after the last line
-    break before that point, or (none that near) at it. Read in pieces, never loaded whole."""
+    """Split a text file: whole documents from the end go to validation, cut at the last separator by the last
+    VALID_FRACTION of the bytes, where there are 10 documents or more and that gives validation between half and twice
+    that share; else after the last line break before that point, or (none that near) at it. Read in pieces."""
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -381,7 +380,8 @@ def local_corpus(path, out_dir):
         if text.count(SEP, 9) == 9:  # 10 documents or more
             cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
             cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
-        if size - cut > 2 * VALID_FRACTION * size:  # fewer documents, or a long last one (validation: 96% of a book)
+        # fewer documents, or a long one at the end (validation: 96% of a book) or across the mark (0.3%: a few notes)
+        if not VALID_FRACTION / 2 <= (size - cut) / size <= 2 * VALID_FRACTION:
             cut, gap = text.rfind(b"\n", 0, mark) + 1, 0
         if size - cut > 2 * VALID_FRACTION * size:  # no line break near the mark: at the first byte of its character
             cut = mark
