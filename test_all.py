@@ -5550,7 +5550,15 @@ def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monke
 def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
     assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
-    _train_one_line(capsys, f"--data {tmp_path / 'e.npy'}: the file holds no token ids")  # the file named
+    _train_one_line(capsys, f"--data {tmp_path / 'e.npy'}: it holds no token ids")  # the file named
+    # too few ids for a window: "--context-length 16 is not shorter than the train data (1 tokens); lower it", where
+    # no --context-length would fit, or the validation part was shorter still; before 2026-12-01
+    for n_train, n_valid, fix in ((1, 900, "use more data."), (27, 3, "lower --context-length to 2 or less, or use")):
+        with pytest.raises(cli.UsageError, match=re.escape(f"the {'train' if n_train < n_valid else 'validation'} data "
+                                                           f"has {cli.counted(min(n_train, n_valid), 'token id')}, too "
+                                                           f"few for a window of --context-length 16 and its next "
+                                                           f"token; {fix}")):
+            data.check_ids(np.arange(n_train), np.arange(n_valid), 16, 1000)
     # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
