@@ -6978,6 +6978,8 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         (["--data", str(tmp_path / "adir"), "--out-dir", str(out), "--data-dir", str(cache)], "adir is a directory"),
         (npy[:1] + [str(tmp_path / "adir.npy")] + npy[2:], "adir.npy is a directory"),
         (npy + ["--val-data", str(tmp_path / "adir")], f"--val-data {tmp_path / 'adir'} is a directory"),
+        # the same file, spelled another way: it validated on the ids it trained on, before 2026-12-01
+        (npy + ["--val-data", os.path.relpath(ids)], "is the --data file: validation would measure the ids"),
         (text + ["--data-dir", str(tmp_path / "afile")], f"--data-dir {tmp_path / 'afile'} is not a writable directory"),
         (text + ["--data-dir", str(tmp_path / "afile" / "sub")], "sub is not a writable directory (a file, or read-only)"),
     ]
