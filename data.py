@@ -29,8 +29,8 @@ import numpy as np
 
 from bpe import Tokenizer, tokenizer_files, train_bpe
 from bpe_fast import encode_file
-from cli import (DataError, UsageError, disk_is_full, end_progress, fmt_count, os_error_sentence, say, short_repr,
-                 show_progress)
+from cli import (DataError, UsageError, counted, disk_is_full, end_progress, fmt_count, os_error_sentence, say,
+                 short_repr, show_progress)
 from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders,
                    read_exactly, read_into, rename_synced)
 
@@ -362,10 +362,9 @@ def bad_utf8_offset(text, block=READ):
 
 
 def local_corpus(path, out_dir):
-    """Split a text file: with 10 documents or more, whole documents from the end go to validation (the cut is the
-    last separator at or before the last VALID_FRACTION of the bytes); a file of fewer documents, or whose whole
-    documents would give validation more than twice that share (one long last document), is cut after the last line
-    break before that point, or (none that near) at it. Read in pieces, never loaded whole."""
+    """Split a text file: whole documents from the end go to validation, cut at the last separator by the last
+    VALID_FRACTION of the bytes, where there are 10 documents or more and that gives validation between half and twice
+    that share; else after the last line break before that point, or (none that near) at it. Read in pieces."""
     paths = tuple(out_dir / name for name in TEXT_SPLITS)
     if all(p.exists() for p in paths):  # split before: the file is not read again
         return paths
@@ -381,7 +380,8 @@ def local_corpus(path, out_dir):
         if text.count(SEP, 9) == 9:  # 10 documents or more
             cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
             cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
-        if size - cut > 2 * VALID_FRACTION * size:  # fewer documents, or a long last one (validation: 96% of a book)
+        # fewer documents, or a long one at the end (validation: 96% of a book) or across the mark (0.3%: a few notes)
+        if not VALID_FRACTION / 2 <= (size - cut) / size <= 2 * VALID_FRACTION:
             cut, gap = text.rfind(b"\n", 0, mark) + 1, 0
         if size - cut > 2 * VALID_FRACTION * size:  # no line break near the mark: at the first byte of its character
             cut = mark
@@ -631,7 +631,7 @@ def ids_vocab_size(source, tokenizer, vocab_size, sized_by=None):
 
 def open_ids(path):
     """A .npy of token ids as TokenIds: a user's (--data, --val-data) and the cache's alike. ValueError, saying what
-    the file holds instead, unless np.save wrote it from a 1-D integer array."""
+    the file holds instead, unless np.save wrote it from a non-empty 1-D integer array."""
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic.startswith(b"PK"):  # np.load would return a zip's NpzFile
@@ -644,6 +644,8 @@ def open_ids(path):
         raise ValueError(f"it cannot be read as a .npy file ({e})") from None
     if ids.ndim != 1 or ids.dtype.kind not in "ui":  # text's ids: uint16 or uint32
         raise ValueError(f"it holds {ids.dtype} of shape {ids.shape}, not the 1-D integer array of token ids")
+    if len(ids) == 0:  # nothing to train on or measure; a token file of the cache is never empty: damage
+        raise ValueError("it holds no token ids")
     return TokenIds(ids)
 
 
@@ -657,9 +659,7 @@ def load_ids(source, val_data, tokenizer=None):
         try:
             loaded[flag] = open_ids(path)
         except (ValueError, OSError) as e:
-            raise UsageError(f"{flag} {path}: {e}; save ids with np.save.") from None
-        if len(loaded[flag]) == 0:
-            raise UsageError(f"{flag} {path}: the file holds no token ids; pass a .npy with some.")
+            raise UsageError(f"{flag} {path}: {e}; pass a non-empty 1-D array of token ids saved by np.save.") from None
     train, valid = loaded["--data"], loaded["--val-data"]
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
@@ -747,8 +747,7 @@ def fingerprint(train, valid, tok_files, data_dir):
     files = dict.fromkeys(Path(ids.filename).resolve() for ids in (train, valid))  # one .npy split in two: once
     cache = Path(data_dir).resolve()
     tokens = [file_digest(f, f.parent if cache in f.parents else cache) for f in files]
-    tokenizer = [file_sha256(f) for f in tok_files or ()]
-    return {"tokens": tokens, "tokenizer": tokenizer}
+    return {"tokens": tokens, "tokenizer": [file_sha256(f) for f in tok_files or ()]}
 
 
 # ----------------------------------------------------------------------------
@@ -759,13 +758,14 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
     files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage;
     init_from: the run whose model (of vocab_size tokens) reads the ids."""
+    splits = ("train", train), ("validation", valid)
+    n, name = min((len(ids), name) for name, ids in splits)  # the shorter split bounds the window
+    if n <= context_length:  # a window is context_length ids and the one after, the last one's target
+        fix = f"lower --context-length to {n - 1} or less, or use more data" if n > 1 else "use more data"
+        raise UsageError(f"the {name} data has {counted(n, 'token id')}, too few for a window of --context-length "
+                         f"{context_length} and its next token; {fix}.")
     top = 0
-    for name, ids in (("train", train), ("validation", valid)):
-        if made_by is not None and len(ids) == 0:  # a whole token file of the cache is never empty
-            raise damaged_cache(ids.filename, "it holds no token ids")
-        if len(ids) <= context_length:
-            raise UsageError(f"--context-length {context_length} is not shorter than the {name} data "
-                             f"({len(ids)} tokens); lower it or use more data.")
+    for name, ids in splits:
         ranges = [(int(piece.min()), int(piece.max())) for piece in pieces(ids)]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if made_by is not None and (lo < 0 or hi >= made_by):

@@ -5156,7 +5156,7 @@ def test_data_streamed_split_matches_the_split_of_the_whole_text(tmp_path, monke
         a, b = train_txt.read_text(encoding="utf-8"), valid_txt.read_text(encoding="utf-8")
         raw, mark = text.encode(), int(len(text.encode()) * 0.9)
         whole = raw.rfind(b"<|endoftext|>", 0, mark + 13)  # the last separator at or before 90% of the bytes
-        if n_docs >= 10 and len(raw) - whole <= 0.2 * len(raw):  # whole documents, cut there
+        if n_docs >= 10 and 0.05 * len(raw) <= len(raw) - whole <= 0.2 * len(raw):  # whole documents, cut there
             assert a + "<|endoftext|>" + b == text and b.split("<|endoftext|>")[0] in docs
             assert len(a.encode()) == whole
         else:  # cut after a line break, or (none leaves validation 20% or less) at the mark's character
@@ -5167,11 +5167,14 @@ def test_data_streamed_split_matches_the_split_of_the_whole_text(tmp_path, monke
 def test_data_split_of_a_long_last_document_is_still_about_90_10(tmp_path):
     # a sixth tester's: 9 short documents, then a book of 2,000 lines: whole documents put the book in validation
     # (234 train / 56,896 validation tokens, and BPE learned from 873 bytes). Now at a line break by 90% of the
-    # bytes, or at that byte where the book is one line
-    for book in ("".join(f"line {i} of the book\n" for i in range(2000)), "word " * 8000):
-        text = "<|endoftext|>".join(["a short document"] * 9 + [book])
+    # bytes, or at that byte where the book is one line. The book first, then ten notes: validation was the notes,
+    # 0.3% of the text (147 bytes of "Hi."), before 2026-12-01
+    for book, notes in itertools.product(("".join(f"line {i} of the book\n" for i in range(2000)), "word " * 8000),
+                                         ("last", "first")):
+        docs = ["a short document"] * 9 + [book] if notes == "first" else [book] + ["Hi."] * 10
+        text = "<|endoftext|>".join(docs)
         (tmp_path / "t.txt").write_text(text, encoding="utf-8")
-        folder = tmp_path / f"c{len(book)}"
+        folder = tmp_path / f"c{len(book)}{notes}"
         tr, va = (p.read_text(encoding="utf-8") for p in data.local_corpus(tmp_path / "t.txt", folder))
         assert tr + va == text and 0.09 < len(va) / len(text) < 0.11 and (tr.endswith("\n") or "\n" not in book)
 
@@ -5547,7 +5550,15 @@ def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monke
 def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
     assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
-    _train_one_line(capsys, f"--data {tmp_path / 'e.npy'}: the file holds no token ids")  # the file named
+    _train_one_line(capsys, f"--data {tmp_path / 'e.npy'}: it holds no token ids")  # the file named
+    # too few ids for a window: "--context-length 16 is not shorter than the train data (1 tokens); lower it", where
+    # no --context-length would fit, or the validation part was shorter still; before 2026-12-01
+    for n_train, n_valid, fix in ((1, 900, "use more data."), (27, 3, "lower --context-length to 2 or less, or use")):
+        with pytest.raises(cli.UsageError, match=re.escape(f"the {'train' if n_train < n_valid else 'validation'} data "
+                                                           f"has {cli.counted(min(n_train, n_valid), 'token id')}, too "
+                                                           f"few for a window of --context-length 16 and its next "
+                                                           f"token; {fix}")):
+            data.check_ids(np.arange(n_train), np.arange(n_valid), 16, 1000)
     # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
@@ -6967,6 +6978,8 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         (["--data", str(tmp_path / "adir"), "--out-dir", str(out), "--data-dir", str(cache)], "adir is a directory"),
         (npy[:1] + [str(tmp_path / "adir.npy")] + npy[2:], "adir.npy is a directory"),
         (npy + ["--val-data", str(tmp_path / "adir")], f"--val-data {tmp_path / 'adir'} is a directory"),
+        # the same file, spelled another way: it validated on the ids it trained on, before 2026-12-01
+        (npy + ["--val-data", os.path.relpath(ids)], "is the --data file: validation would measure the ids"),
         (text + ["--data-dir", str(tmp_path / "afile")], f"--data-dir {tmp_path / 'afile'} is not a writable directory"),
         (text + ["--data-dir", str(tmp_path / "afile" / "sub")], "sub is not a writable directory (a file, or read-only)"),
     ]
