@@ -695,8 +695,10 @@ def parse(argv):
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--data", type=cli.user_path, default="pydoc", help="as train.py's (default here: pydoc, the "
                    "documentation alone); tinystories and owt: the handout's (GPU) scale")
-    p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/")
-    p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
+    p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/ "
+                   "and one report.md, so its runs share --data and train.py's flags (default: out)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (default: 1; several GPUs: one run "
+                   "each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     try:
         args, rest = p.parse_known_args(argv)

@@ -9940,6 +9940,10 @@ def test_experiments_help_lists_each_experiments_variants_and_their_time(capsys)
     assert e.value.code == 0 and experiments.CPU_RUN_SECONDS > 0
     assert f"about {cli.fmt_time(experiments.CPU_RUN_SECONDS)} on one core ({experiments.MEASURED_RUN})" in \
         " ".join(out.split())
+    # --out-dir and --jobs showed no default, and nothing said one --out-dir's runs share --data (README's race on
+    # --data python, run after `all` in the same out/, was refused as a run of other flags)
+    assert "one report.md, so its runs share --data and train.py's flags (default: out)" in " ".join(out.split())
+    assert "runs at once on a CPU (default: 1;" in " ".join(out.split())
     plans = experiments.plan(train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"],
                                                    "--device", "cpu", "--benchmark"]))
     for name, entries in plans.items():
