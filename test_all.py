@@ -11410,6 +11410,13 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "{all,train,cold,encode,step,head,generate,gpu}" in text and "all: every table below but gpu" in text
     assert "no section started after --budget seconds" in text and "head: the fused head's" in text
+    # `bench.py step --help` printed train.py's own help ("usage: train.py", "With no flags: a small model on
+    # Python's own documentation"), though bench.py step with no flags times the TinyStories shape
+    with pytest.raises(SystemExit) as e:
+        bench.main(["step", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and text.startswith("usage: bench.py step [-h]") and "--max-iters MAX_ITERS" in text and "train.py [" not in text
+    assert "no flags: --data tinystories --device cpu --batch-size 4." in text and "With no flags" not in text
 
 
 @pytest.mark.parametrize("flags, needle", [
