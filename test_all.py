@@ -4301,6 +4301,17 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
 
 # --- issue 36 item 8e: the longest token's line says what it counts ---
 
+def test_bpe_cli_help_says_what_the_input_and_vocab_size_are(capsys):
+    # `bpe.py train --help` gave the input and --vocab-size no words: merges alone, or with the bytes and specials?
+    texts = []
+    for command in ("train", "encode"):
+        with pytest.raises(SystemExit) as e:
+            bpe.main([command, "--help"])
+        texts.append(" ".join(capsys.readouterr().out.split()))
+        assert e.value.code == 0 and "input a UTF-8 text file" in texts[-1]
+    assert "--vocab-size VOCAB_SIZE tokens: the 256 bytes, the special tokens, merges" in texts[0]
+
+
 def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsys):
     # "longest token 70 bytes ... (72 chars)" puzzled: the 72 counted the quoted, cut text shown. Now the line
     # gives the token's bytes and its characters, then the text with its middle cut; 2-byte characters tell them apart
