@@ -10688,6 +10688,12 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
     assert f"({platform.machine()}, timed on 1 of {torch.get_num_threads()} threads)" in capsys.readouterr().out
     twice = kernels.parse_args(["--device", "cpu", "--dtypes", "float32", "float32", "--sizes", "10", "10", "12"])
     assert (twice.sizes, twice.dtypes) == ([10, 12], ["float32"])  # each row once (it was printed twice, and saved)
+    # --help named a function (see one_thread_on_a_cpu) for --threads' default, and gave --dtypes no words
+    with pytest.raises(SystemExit):
+        kernels.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "element types measured (default: all)" in text and "one_thread_on_a_cpu" not in text
+    assert "(default: 1: on a busy machine a parallel op times its wait for a core, not the memory)" in text
 
 
 def _kernels_nvcc():
