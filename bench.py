@@ -786,7 +786,12 @@ def step_table(cfg):
 
 def bench_step(argv):
     """train.py's --benchmark step (argv: train.py's flags), HF Llama's and the compact model's, taking turns."""
-    argv = argv or ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
+    default = ["--data", "tinystories", "--device", "cpu", "--batch-size", "4"]
+    if {"-h", "--help"} & set(argv):  # train.py's help, but named and described as this command, with its default
+        config.flags_parser("bench.py step", "The training step of train.py --benchmark (its flags below) against HF "
+                            f"Llama's and a compact model's, taking turns; no flags: {' '.join(default)}.",
+                            config.FLAGS, config.PRESETS).parse_args(["--help"])
+    argv = argv or default
     cfg = config.resolve_config(["--benchmark", *argv])  # a mistake in them: one sentence (see __main__)
     print(f"## Training step: python train.py --benchmark {' '.join(argv)}, with HF Llama and a compact model "
           "taking turns")

@@ -650,13 +650,13 @@ def main(argv=None):
     ap = cli.Parser(prog="bpe.py", description="Byte-level BPE: train a tokenizer or encode a text file.")
     sub = ap.add_subparsers(dest="cmd", metavar="{train,encode}", required=True)
     tr = sub.add_parser("train", help="learn merges from a UTF-8 text file")
-    tr.add_argument("--vocab-size", type=int, required=True)
+    tr.add_argument("--vocab-size", type=int, required=True, help="tokens: the 256 bytes, the special tokens, merges")
     en = sub.add_parser("encode", help="tokenize a text file into a .npy of ids")
     en.add_argument("--tokenizer", type=cli.user_path, required=True, help="directory with vocab.json, merges.txt")
     for p, out, specials in [(tr, "directory for vocab.json and merges.txt", "default: none"),
                              (en, "output .npy path", "default: the vocab's own (no merge makes them); the flag with "
                                                       "no tokens: none, all text")]:
-        p.add_argument("input", type=cli.user_path)
+        p.add_argument("input", type=cli.user_path, help="a UTF-8 text file")
         p.add_argument("--special-tokens", nargs="*", help=specials)
         p.add_argument("--out", type=cli.user_path, required=True, help=out)
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")

@@ -668,10 +668,9 @@ def help_text():
     def about(n):  # n runs, one after another on one core
         return f"{n} runs, about {round(n * CPU_RUN_SECONDS / 60)} min"
     lines = textwrap.wrap(f"Experiments and their variants (the names --variants takes). On a CPU (--data python, pydoc or "
-                          f"a file) a run is train.py's small model for {cfg['max_iters']} steps of "
-                          f"{cfg['batch_size']} x {cfg['context_length']} tokens, about "
-                          f"{cli.fmt_time(CPU_RUN_SECONDS)} on one core ({MEASURED_RUN}); the times below are one "
-                          "core's, and 2 cores take about half as long:", 100)
+                          f"a file) a run is train.py's small model for {cfg['max_iters']} steps of {cfg['batch_size']} x "
+                          f"{cfg['context_length']} tokens, about {cli.fmt_time(CPU_RUN_SECONDS)} on one core "
+                          f"({MEASURED_RUN}); the times below are one core's, and 2 cores take about half as long:", 100)
     for name in ("lr", "batch", "ablations", "optimizers"):
         runs = [label + (" (baseline)" if run is base and name != "ablations" else "")
                 for *_, label, run in plans[name]]
@@ -695,8 +694,9 @@ def parse(argv):
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--data", type=cli.user_path, default="pydoc", help="as train.py's (default here: pydoc, the "
                    "documentation alone); tinystories and owt: the handout's (GPU) scale")
-    p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/")
-    p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (several GPUs: one run each)")
+    p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/ "
+                   "and one report.md, so its runs share --data and train.py's flags (default: out)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (default: 1; several GPUs: one each)")
     p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
     try:
         args, rest = p.parse_known_args(argv)

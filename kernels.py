@@ -462,10 +462,11 @@ def parse_args(argv):
                     help="auto = cuda if a GPU is visible, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
-    ap.add_argument("--dtypes", nargs="+", choices=list(KERNEL_DTYPES), default=list(KERNEL_DTYPES))
+    ap.add_argument("--dtypes", nargs="+", choices=list(KERNEL_DTYPES), default=list(KERNEL_DTYPES),
+                    help="element types measured (default: all)")
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
     ap.add_argument("--threads", type=int, help="CPU threads for the timed runs, at most the usable cores "
-                    "(default: 1, see one_thread_on_a_cpu)")
+                    "(default: 1: on a busy machine a parallel op times its wait for a core, not the memory)")
     ap.add_argument("--json", metavar="PATH", type=user_path, help="also write all results to this JSON file")
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")

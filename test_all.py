@@ -4301,6 +4301,17 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
 
 # --- issue 36 item 8e: the longest token's line says what it counts ---
 
+def test_bpe_cli_help_says_what_the_input_and_vocab_size_are(capsys):
+    # `bpe.py train --help` gave the input and --vocab-size no words: merges alone, or with the bytes and specials?
+    texts = []
+    for command in ("train", "encode"):
+        with pytest.raises(SystemExit) as e:
+            bpe.main([command, "--help"])
+        texts.append(" ".join(capsys.readouterr().out.split()))
+        assert e.value.code == 0 and "input a UTF-8 text file" in texts[-1]
+    assert "--vocab-size VOCAB_SIZE tokens: the 256 bytes, the special tokens, merges" in texts[0]
+
+
 def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsys):
     # "longest token 70 bytes ... (72 chars)" puzzled: the 72 counted the quoted, cut text shown. Now the line
     # gives the token's bytes and its characters, then the text with its middle cut; 2-byte characters tell them apart
@@ -9972,6 +9983,10 @@ def test_experiments_help_lists_each_experiments_variants_and_their_time(capsys)
     assert e.value.code == 0 and experiments.CPU_RUN_SECONDS > 0
     assert f"about {cli.fmt_time(experiments.CPU_RUN_SECONDS)} on one core ({experiments.MEASURED_RUN})" in \
         " ".join(out.split())
+    # --out-dir and --jobs showed no default, and nothing said one --out-dir's runs share --data (README's race on
+    # --data python, run after `all` in the same out/, was refused as a run of other flags)
+    assert "one report.md, so its runs share --data and train.py's flags (default: out)" in " ".join(out.split())
+    assert "runs at once on a CPU (default: 1;" in " ".join(out.split())
     plans = experiments.plan(train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"],
                                                    "--device", "cpu", "--benchmark"]))
     for name, entries in plans.items():
@@ -10705,6 +10720,12 @@ def test_kernels_cli_threads_are_capped_at_the_usable_cores(capsys, monkeypatch)
     assert f"({platform.machine()}, timed on 1 of {torch.get_num_threads()} threads)" in capsys.readouterr().out
     twice = kernels.parse_args(["--device", "cpu", "--dtypes", "float32", "float32", "--sizes", "10", "10", "12"])
     assert (twice.sizes, twice.dtypes) == ([10, 12], ["float32"])  # each row once (it was printed twice, and saved)
+    # --help named a function (see one_thread_on_a_cpu) for --threads' default, and gave --dtypes no words
+    with pytest.raises(SystemExit):
+        kernels.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "element types measured (default: all)" in text and "one_thread_on_a_cpu" not in text
+    assert "(default: 1: on a busy machine a parallel op times its wait for a core, not the memory)" in text
 
 
 def _kernels_nvcc():
@@ -11438,6 +11459,13 @@ def test_bench_help_lists_every_table_with_gpu(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "{all,train,cold,encode,step,head,generate,gpu}" in text and "all: every table below but gpu" in text
     assert "no section started after --budget seconds" in text and "head: the fused head's" in text
+    # `bench.py step --help` printed train.py's own help ("usage: train.py", "With no flags: a small model on
+    # Python's own documentation"), though bench.py step with no flags times the TinyStories shape
+    with pytest.raises(SystemExit) as e:
+        bench.main(["step", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and text.startswith("usage: bench.py step [-h]") and "--max-iters MAX_ITERS" in text and "train.py [" not in text
+    assert "no flags: --data tinystories --device cpu --batch-size 4." in text and "With no flags" not in text
 
 
 @pytest.mark.parametrize("flags, needle", [
