@@ -276,7 +276,7 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
         raise UsageError(f"{flag}{str(e).rstrip('.')}.") from None  # model.py's sentences end in a period
     step, steps = state["iteration"], state["config"].get("max_iters")  # a run stopped midway says so
     gone = diverged_step(run_dir / "metrics.jsonl")  # stopped on a NaN: it never finishes (step 0: untrained)
-    why = f"the run diverged at step {gone:,}: its last good checkpoint" if gone else "the run is not finished"
+    why = "the run is not finished" if gone is None else f"the run diverged at step {gone:,}: its last good checkpoint"
     log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
         + (f"step {step:,} of {steps:,} ({why}); " if type(steps) is int and step < steps else "")
         + "load it with transformers.AutoModelForCausalLM.from_pretrained"
