@@ -537,9 +537,10 @@ def bench_encode(args):
     # bpe.py loads its compiled encoder once per process (small jobs alone would not load it):
     # done here, untimed, as tiktoken's import loads its compiled extension.
     bpe.bpe_fast.load_compiled_encoder()
-    print("## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, "
-          + counted(args.repeats, "run") + (" taking turns with tiktoken; ids identical (per document); ratio: our "
-                                            "MB/s over tiktoken's" if enc else " (tiktoken is not installed: no comparison)"))
+    compared = (" taking turns with tiktoken; ids identical (per document); ratio: our MB/s over tiktoken's" if enc
+                else " (tiktoken is not installed: no comparison)")
+    print(f"## Encoding with GPT-2's vocab and merges, one thread, a fresh Tokenizer each run, "
+          f"{counted(args.repeats, 'run')}{compared}")
     print("| text | MB | calls | Tokenizer.encode | tiktoken.encode | ratio of medians |")
     print("|---|---|---|---|---|---|")
     for name, docs in rows.items():  # one call per document
@@ -595,8 +596,8 @@ def bench_encode_file(args, files, enc):
     path = scale_corpus(args.encode_mb)
     print(f"## Encoding a file: the {os.path.getsize(path) / 1e6:.3g} MB scale corpus ({path.name}), GPT-2's files, "
           f"each tool a fresh process, {counted(args.repeats, 'run')} taking turns; the call includes reading the "
-          f"file, not building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the training "
-          f"table")
+          f"file, not building the tokenizer; our ids go to a .npy, tiktoken's stay in lists; memory as in the "
+          f"training table")
     with tempfile.TemporaryDirectory() as d:
         out, enc_file = os.path.join(d, "ids.npy"), os.path.join(d, "gpt2.pickle")
         Path(enc_file).write_bytes(pickle.dumps(enc))  # so that tiktoken's process needs no bpe.py
@@ -871,8 +872,8 @@ def head_table(device, rows, shape, dtype, compile, repeats):
     logits = rows * shape["vocab_size"] * (2 if dtype == "bf16" else 4)
     print(f"head and loss alone, forward and backward: {rows:,} rows x vocab {shape['vocab_size']:,} (the logits: "
           f"{logits / 2**20:,.0f} MiB in {dtype}), d_model {shape['d_model']}, {dtype}, device {device}, "
-          f"{'compiled' if compile else 'eager'}, median of {counted(repeats, 'run')} taking turns; fused_head.CHUNKS is "
-          f"{fused_head.CHUNKS}")
+          f"{'compiled' if compile else 'eager'}, median of {counted(repeats, 'run')} taking turns; fused_head.CHUNKS "
+          f"is {fused_head.CHUNKS}")
     lines = {}
     for name, call in calls.items():
         peak = peak_bytes(call, device)
@@ -1524,7 +1525,8 @@ class GpuReport:
         busy = sum(times.values())
         idle = max(dt - busy, 0.0)
         return (f"{1000 * dt:.1f} ms a step, kernels {1000 * busy:.1f} ms, the GPU idle (waiting for the host) "
-                f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen; steps back to back: {waits}" + gpu)
+                f"{1000 * idle:.1f} ms ({idle / dt:.0%}); {launches:.0f} kernels seen; steps back to back: {waits}"
+                + gpu)
 
     def loop(self, name):
         """train.py's real loop at one of GPU_SHAPES, a short run on random ids (no download) in its own process:
@@ -1733,8 +1735,8 @@ def megabytes(text):  # a flag's megabytes: a positive number (argparse's float 
 
 # the tables that read each flag: one given to a table that does not read it is refused, not ignored (`bench.py cold
 # --sizes 1` ran on its 5 MB corpus; `generate --input x` did not look at x)
-READ_BY = {"input": ("train", "cold", "encode"), "sizes": ("train",), "vocab_size": ("train",), "encode_mb": ("encode",),
-           "repeats": ("train", "encode", "generate", "head"), "new_tokens": ("generate",), "rows": ("head",)}
+READ_BY = {"input": ("train", "cold", "encode"), "sizes": ("train",), "vocab_size": ("train",),
+           "encode_mb": ("encode",), "repeats": ("train", "encode", "generate", "head"), "new_tokens": ("generate",), "rows": ("head",)}
 
 
 def reads(flag, text):  # a flag's --help: the tables that read it (READ_BY), then what it is
@@ -1758,12 +1760,13 @@ def main(argv=None):
                     "tiktoken; step: the training step against HF Llama; head: the fused head's chunk counts, time "
                     "and peak memory, then a GPT-2-small step's peak (minutes on a CPU, whatever --rows); generate: generation; gpu: every GPU figure, "
                     "no section started after --budget seconds (its own --help)")
-    ap.add_argument("--input", type=user_path, help=reads("input", "a UTF-8 text file instead of the scale corpora (train) or "
-                    "shakespeare.txt"))
+    ap.add_argument("--input", type=user_path, help=reads("input", "a UTF-8 text file instead of the scale corpora "
+                                                          "(train) or shakespeare.txt"))
     ap.add_argument("--sizes", type=lambda text: [megabytes(s) for s in text.split(",")], default="50,200",
                     help=reads("sizes", "scale corpora in MB, e.g. 50,200,2000"))
     ap.add_argument("--vocab-size", type=int, default=32_000, help=reads("vocab_size", "vocabulary size"))
-    ap.add_argument("--encode-mb", type=megabytes, default=50, help=reads("encode_mb", "size of the scale corpus for encode_file"))
+    ap.add_argument("--encode-mb", type=megabytes, default=50,
+                    help=reads("encode_mb", "size of the scale corpus for encode_file"))
     ap.add_argument("--repeats", type=int, default=3, help=reads("repeats", "runs per tool, alternating"))
     ap.add_argument("--new-tokens", type=int, default=256, help=reads("new_tokens", "tokens to generate"))
     ap.add_argument("--rows", type=int, default=2048, help=reads("rows", "rows of the hidden state (batch x context)"))

@@ -519,8 +519,8 @@ def check_vocab_size(vocab_size, special_tokens, name="vocab_size"):
         raise ValueError(f"{name} must be an integer, got {vocab_size!r}")
     n_base = 256 + len(new_special_tokens(special_tokens))
     if vocab_size < n_base:
-        raise ValueError(f"{name} {vocab_size} is smaller than 256 bytes + {n_base - 256} special "
-                         f"token{'' if n_base == 257 else 's'} = {n_base}; raise it")
+        raise ValueError(f"{name} {vocab_size} is smaller than 256 bytes + {counted(n_base - 256, 'special token')}"
+                         f" = {n_base}; raise it")
 
 
 def checked_merges(vocab, merges):

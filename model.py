@@ -36,6 +36,14 @@ def check_count(name, n, least=1, below=None):
         raise ValueError(f"{name} {n} is outside [{least}, {below}).")
 
 
+def check_positive(name, x):
+    """The boundary check of a scale (RMSNorm's eps, RoPE's base): a finite number > 0. An eps of 0 or less makes a
+    zero row NaN (0/0, the root of a negative number), a base of 0 or less NaN tables; "1e4" (a config file's
+    string) was Python's "must be real number, not str"."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {x!r}.")
+
+
 def _check_dtype(dtype):  # a part's weights: an integer dtype's init was torch's "not implemented for 'Long'"
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be None or a floating-point torch.dtype, got {dtype!r}.")
@@ -87,9 +95,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         check_count("d_model", d_model)  # 0: the mean over no element, NaN
         _check_dtype(dtype)
-        # else a zero row is NaN: 0/0 (eps 0), the root of a negative number (eps < 0); "1e-5": Python's TypeError
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
-            raise ValueError(f"eps must be a finite number > 0, got {eps!r}.")
+        check_positive("eps", eps)
         self.eps, self.fast = eps, fast
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
@@ -154,13 +160,6 @@ class SwiGLU(nn.Module):
 # ----------------------------------------------------------------------------
 # 4. Rotary position embeddings
 
-def _check_theta(name, theta):
-    """The boundary check of RoPE's base (RotaryPositionalEmbedding, TransformerLM): NaN, 0 or less: NaN tables;
-    "1e4" (a config file's string): Python's "must be real number, not str"."""
-    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not math.isfinite(theta) or theta <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {theta!r}.")
-
-
 @torch.no_grad()
 def _tabulate_after_load(rope, incompatible_keys):  # a function, not a lambda: a hook is pickled with its module
     for name, table in zip(("cos", "sin"), rope.tables(len(rope.cos))):
@@ -184,7 +183,7 @@ class RotaryPositionalEmbedding(nn.Module):
         check_count("max_seq_len", max_seq_len)
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so the head dimension must be even, got d_k={d_k}.")
-        _check_theta("theta", theta)
+        check_positive("theta", theta)
         self.theta, self.d_k = theta, d_k
         for name, table in zip(("cos", "sin"), self.tables(max_seq_len)):
             self.register_buffer(name, table.to(device, torch.float32), persistent=False)
@@ -353,7 +352,7 @@ class TransformerLM(nn.Module):
                      num_layers=num_layers, num_heads=num_heads, d_ff=d_ff)
         for name, n in sizes.items():  # a 0 would build a model that fails far from here, or not at all
             check_count(name, n)
-        _check_theta("rope_theta", rope_theta)  # here too: nope builds no RoPE
+        check_positive("rope_theta", rope_theta)  # here too: nope builds no RoPE
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         d_head = d_model // num_heads  # RoPE refuses an odd one

@@ -75,6 +75,10 @@ class _FusedCrossEntropy(torch.autograd.Function):
         return g, None
 
 
+def _number(x):  # an int or a float (numpy's too), not a bool, a str, None or a tensor
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def perplexity(mean_loss):
     """perplexity = exp(mean cross-entropy in nats), as a float: inf past a float's range (a loss above 709.78,
     which a diverging run can reach while the loss itself is still finite)."""
@@ -89,10 +93,6 @@ def perplexity(mean_loss):
 
 # ----------------------------------------------------------------------------
 # 2. Optimizers
-
-def _number(x):  # an int or a float (numpy's too), not a bool, a str, None or a tensor
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
 
 def _param_list(params):  # a group's params as a list (one tensor, a generator); a set stays, for torch's own refusal
     return [params] if torch.is_tensor(params) else params if isinstance(params, set) else list(params)

@@ -427,10 +427,11 @@ def read_run(d, like):
 def saved_config(d):
     """The run config of the run in directory d: its config.json's (run_config), else (deleted, or cut short) the
     one its ckpt.pt holds, saved from the same flags with the weights; None where neither can be read."""
-    if (config := run_config(Path(d))) is None:
+    if (config := run_config(Path(d))) is None:  # (from_here already)
         with contextlib.suppress(OSError, ValueError):  # what reads the run then refuses it in its own words
             config = read_checkpoint(Path(d) / "ckpt.pt").get("config")
-    return from_here(config) if isinstance(config, dict) else None
+        config = from_here(config) if isinstance(config, dict) else None
+    return config
 
 
 def differs(key, old, new, names, fingerprinted):
