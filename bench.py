@@ -1420,7 +1420,8 @@ class GpuReport:
                 + (f", MFU {100 * accounting.mfu(train.step_flops(cfg), dt, peak):.1f}%" if peak else "")
                 + (f", kernels {1000 * kernels:.1f} ms/step" if kernels else "")
                 + f", step's peak {held:,.0f} MiB" + (" (its graphs' recording)" if cfg["cuda_graph"] else "")
-                + (f", but {skips} graph(s) skipped by inductor: timed without" if cfg["cuda_graph"] and skips else "")
+                + (f", but {counted(skips, 'graph')} skipped by inductor: timed without"
+                   if cfg["cuda_graph"] and skips else "")
                 + f", first step {first:.0f} s"
                 + (f"; {base / dt:.2f}x the defaults' speed (their {1000 * base:.1f} ms/step, taking turns)"
                    if base else "")
@@ -1581,7 +1582,7 @@ class GpuReport:
         bad = accounting.run_verify()  # its GPU memory check runs wherever CUDA is
         if bad:
             self.failed.append("accounting.py --verify")
-        return {"accounting.py --verify": f"{bad} mismatch(es), "
+        return {"accounting.py --verify": f"{counted(bad, 'mismatch')}, "
                 f"{'with' if torch.cuda.is_available() else 'without'} the GPU memory check"}
 
     def cuda_tests(self):

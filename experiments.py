@@ -72,7 +72,7 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
     "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
                   "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
-                  "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GB)?",
+                  "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GiB)?",
                   "tokenizer_experiments (d): why are the token ids stored as uint16?"],
     "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
                    "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",

@@ -10099,6 +10099,18 @@ def test_train_says_one_step_not_one_steps(tmp_path, capsys):
     assert train.main(_train_flags_run(tmp_path, "--max-iters", "1", "--warmup-iters", "2", "--run-name", "w")) == 2
     _train_one_error(capsys, "--warmup-iters 2 is longer than the run (1 step).")
     assert cli.counted(1, "token") == "1 token" and cli.counted(1400, "step") == "1,400 steps"
+    assert cli.counted(2, "process") == "2 processes" and cli.counted(1, "process") == "1 process"  # not "processs"
+    assert cli.counted(0, "mismatch") == "0 mismatches"
+
+
+def test_checkpoint_of_no_model_is_one_sentence(tmp_path):
+    # a tester's: save_checkpoint(None, ...) and load_checkpoint(src, None) were AttributeErrors from deep inside
+    with pytest.raises(TypeError, match="^model must be a torch.nn.Module, got NoneType$"):
+        train.save_checkpoint(None, None, 0, tmp_path / "c.pt")
+    assert not list(tmp_path.iterdir())  # nothing half-written
+    train.save_checkpoint(torch.nn.Linear(2, 2), None, 0, tmp_path / "c.pt")
+    with pytest.raises(TypeError, match="^model must be a torch.nn.Module, got str$"):
+        train.load_checkpoint(tmp_path / "c.pt", "model")
 
 
 def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
@@ -11115,7 +11127,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                         rf"{model.STOP_CHECK_EVERY}\)", rows[looks]), rows[looks]
     assert all(rows[h] == "skipped: transformers is not installed" for h in hf)
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
-    assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
+    assert rows["accounting.py --verify"] == "0 mismatches, without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
 
 

@@ -89,8 +89,9 @@ def micro_batches(data, cfg, generator):
 WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}  # class -> its child
 
 
-def _unwrap(model):  # the LM inside DDP, torch.compile and LMLoss: its keys without the wrappers' prefixes. By type:
-    # a user's own model keeps its keys whole, with a child named module or lm, and with weights beside it
+def _unwrap(model):  # the LM inside DDP, torch.compile, LMLoss: by type, so a user's model with a child lm keeps its keys
+    if not isinstance(model, torch.nn.Module):  # save_checkpoint(None, ...), load_checkpoint(src, None)
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inner = WRAPPERS.get(type(model).__name__)
     return model if inner is None else _unwrap(getattr(model, inner))
 
@@ -442,7 +443,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         log(f"initialized from {cfg['init_from']} (its step {its_step})")
     n_params, n_emb = sum(p.numel() for p in lm.parameters()), lm.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
-        f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
+        f"device {cfg['device']}, dtype {cfg['dtype']}, {cli.counted(cfg['world_size'], 'process')}")
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0), ckpt_path)
 
     def save(step):
@@ -475,8 +476,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     progress.evaluated(end, val_loss := evaluate(loss_model, valid_ids, cfg))
     log(f"done: {cli.counted(end, 'step')}, {cli.fmt_count(cfg['total_tokens'])} tokens in "
         f"{cli.fmt_time(progress.seconds())}; final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram "
-        f"baseline {baseline:.4f}")
-    log(f"checkpoint: {ckpt_path}")
+        f"baseline {baseline:.4f}\ncheckpoint: {ckpt_path}")
     if rank == 0 and tok is not None and cfg["num_samples"] > 0:
         samples = write_samples(lm, tok, cfg, run_dir / "samples.txt")
         log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
