@@ -462,9 +462,8 @@ def answer_ablations(found, cfg):
     base = found.get("baseline")
     if base is None:
         return []
-    ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff,
-                                            silu_ffn=flag)["ffn"] for flag, d_ff in ((False, cfg["d_ff"]),
-                                                                                    (True, 4 * cfg["d_model"]))}
+    ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff, silu_ffn=flag)
+           ["ffn"] for flag, d_ff in ((False, cfg["d_ff"]), (True, 4 * cfg["d_model"]))}
     low = config.rounded(cfg["lr"] / 10)
     said = {"no-norm": f"no RMSNorm at the baseline's rate {number_text(cfg['lr'])}",
             f"no-norm_{lr_name(low)}": f"no RMSNorm at a 10x lower rate, {number_text(low)}",
@@ -525,6 +524,11 @@ def repeated(text, n=3):  # the share of a text's word n-grams that occur earlie
     return f"{1 - len(set(grams)) / len(grams):.0%}" if grams else f"n/a, under {n} words"  # not 0%
 
 
+def fenced(text):  # a sample as a markdown code block: control characters escaped, a fence none of its backticks close
+    shown = "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+    return [fence := "`" * next(n for n in range(3, len(shown) + 4) if "`" * n not in shown), shown, fence]
+
+
 def table(rows):
     lines = ["| variant | final val loss | tokens/s (median over log intervals) | wall time | diverged |",
              "|---|---|---|---|---|"]
@@ -581,8 +585,7 @@ def extra_sections(where, best, args):
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
                              f"{data.EOT}.", ""]
         for name, text in texts:
-            extra["generate"] += [f"**{name}** (repeated word 3-grams: {repeated(text)}):", "",
-                                  "```", text, "```", ""]
+            extra["generate"] += [f"**{name}** (repeated word 3-grams: {repeated(text)}):", "", *fenced(text), ""]
         extra["generate"].append("- the share of repeated 3-grams by setting: " + "; ".join(
             f"{name} {repeated(text)}" for name, text in texts) + f". The model's loss "
             f"{best[1]['final']:.3f} against the unigram baseline bounds how fluent any setting can be.")
@@ -606,9 +609,8 @@ def section(name, found, cfg, baseline, where):
 
 
 def reported(plans, args):
-    """{experiment: its entries} for each that has run, the report's sections: this command's, and each other with a
-    result of a run of its own (not the baseline, which the others share: an ablations command alone made lr's and
-    batch's baseline, and no lr or batch experiment)."""
+    """{experiment: its entries}, the report's sections: this command's, and each other with a result of a run of its
+    own (not the shared baseline: an ablations command alone ran lr's and batch's baseline, not their experiments)."""
     def own_result(name):
         shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
         return any((run.dir(args.out_dir) / "result.json").is_file() for *_, run in plans[name] if run not in shared)
@@ -652,7 +654,6 @@ NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwri
                              "experiments.py names, resumes and reuses its runs itself"),
               "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
 SET_BY = {"optimizers": ("--optimizer",), "ablations": ("--no-norm", "--post-norm", "--nope", "--silu-ffn")}  # variants'
-
 
 # One whole run of the CPU scale on one core, from which --help derives each experiment's time (docs/results.md)
 CPU_RUN_SECONDS, MEASURED_RUN = 167, "measured: one whole run, one thread, an AMD EPYC, 2026-11-29"
@@ -748,8 +749,7 @@ def check(runs, args, rest, where):
                  *(where / "generate" / run.name / slug(s) / "samples.txt" for run in runs if run.experiment == "lr"
                    for s, *_ in SAMPLING)):  # samples: of the sweep's best run, not known yet
         if kind := files.not_a_file(path):
-            raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it away, or pass "
-                                    "another --out-dir.")
+            raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it or use another --out-dir.")
     for run in runs:
         resolved(run, args, rest)
         d = run.dir(args.out_dir)  # train.py would refuse it, advising flags experiments.py refuses

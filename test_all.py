@@ -9833,6 +9833,20 @@ def test_experiments_generate_from_a_model_whose_ids_its_tokenizer_cannot_decode
     assert not (tmp_path / "gen").exists()
 
 
+def test_experiments_report_shows_a_sample_with_backticks_and_control_characters_in_one_code_block(tmp_path):
+    # a tester's: a sample was copied between ``` fences as it was: a model of markdown that wrote ``` closed the block
+    # early (the rest of the report became a code block), and an escape (\x1b[2J) reached the report raw
+    best = (experiments.Run("lr", "lr=1e-03", []), {"final": 3.0})
+    args, where = types.SimpleNamespace(out_dir=tmp_path, data_fingerprint=None), tmp_path / "experiments"
+    for name, *_ in experiments.SAMPLING:
+        path = where / "generate" / "lr=1e-03" / experiments.slug(name) / "samples.txt"
+        path.parent.mkdir(parents=True)
+        path.write_text("--- sample 1 ---\nsee ```py\nx\t= 1\x1b[2J\x00\n```` end\n", encoding="utf-8")
+    lines = experiments.extra_sections(where, best, args)["generate"]
+    at = lines.index("`````")  # longer than the sample's longest run of backticks (4)
+    assert lines[at:at + 3] == ["`````", "see ```py\nx\t= 1\\x1b[2J\\x00\n```` end", "`````"]
+
+
 def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_one_sentence(tmp_path, monkeypatch):
     # a run made again under its name (other flags) kept the old model's samples, shown in the report as the new
     # one's; a finished run's ckpt.pt deleted was "does not exist yet" (run the same command again: the same), and a
