@@ -9708,7 +9708,7 @@ def test_experiments_a_directory_where_the_report_goes_stops_all_before_any_run(
     (where / name).mkdir(parents=True)
     variants = [] if experiment == "tokenizer" else ["--variants", "lr=1e-03"]  # it has none
     with pytest.raises(cli.UsageError, match=rf"experiments/{re.escape(name)} is a directory, where experiments.py "
-                                                r"writes a file; move it away, or pass another --out-dir"):
+                                                r"writes a file; move it or use another --out-dir"):
         experiments.main([experiment, "--data", str(text), "--out-dir", str(tmp_path / "out"), *variants, *_TRAIN_TINY,
                           "--vocab-size", "300", "--data-dir", str(tmp_path / "data"), "--max-iters", "2"])
     made = [name.rsplit("/", n)[0] for n in range(name.count("/") + 1)]
