@@ -9515,6 +9515,20 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     assert tokenizer_experiments.stored_figures(path, made_for) is None
 
 
+
+def test_experiments_tokenizer_measures_a_first_document_longer_than_the_limit_and_a_vocab_past_uint16():
+    # a validation text without <|endoftext|> (enwik8) past the 4M characters read held no whole document: its
+    # bytes/token were 0 / 0, a ZeroDivisionError with a traceback; and (d) said 70,000 ids fit uint16
+    assert tokenizer_experiments.documents("a b c " * 10, 60) == ["a b c " * 10]
+    cut = f"one{data.EOT}two{data.EOT}thr"  # the first `limit` characters: the last document is cut, left out
+    assert tokenizer_experiments.documents(cut, len(cut)) == ["one", "two"]
+    f = dict(bytes_per_s=1e6, bytes=10, tokens=5, documents=10, vocab=70_000, other="x", other_documents=10,
+             ours_on_other=2.0, other_on_other=2.5, other_vocab=300, other_on_ours=1.5, text_bytes=100, dtype="uint32")
+    assert tokenizer_experiments.answer_tokenizer(f)[3] == (
+        "(d) 70,000 ids pass 2^16 = 65,536, uint16's range, so these token files hold uint32: a vocabulary of up to "
+        "65,536 halves them.")
+    assert "below 2^16" in tokenizer_experiments.answer_tokenizer(dict(f, vocab=1 << 16, dtype="uint16"))[3]
+
 # --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
 
 _EXP_FINGERPRINT = {"tokens": ["1:ab"], "tokenizer": []}  # a run's data, as data.fingerprint writes it
