@@ -670,6 +670,7 @@ def main(argv=None):
         raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
+    args.num_workers = args.num_workers and min(args.num_workers, machine.usable_cores())  # more: no faster (train.py)
     here = "a folder (. for this one)"
     for flag, path, what in (("the input", args.input, "a text file"), ("--tokenizer", vars(args).get("tokenizer"), here),
                              ("--out", args.out, here if args.cmd == "train" else "a .npy file")):

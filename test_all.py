@@ -3893,6 +3893,22 @@ def test_bpe_cli_an_empty_path_is_refused_not_taken_for_this_folder(tmp_path, mo
     assert os.listdir() == ["t.txt"]
 
 
+
+def test_bpe_cli_caps_num_workers_at_the_cores_it_may_use(tmp_path, monkeypatch, capsys):
+    # `bpe.py train big.txt --num-workers 1000` forked a worker per 256 KiB chunk, up to 1,000, each counting into a
+    # table of its own, on a machine of any size; train.py's --workers (the same flag's other name) was capped
+    monkeypatch.chdir(tmp_path)
+    Path("t.txt").write_text("hello hello", encoding="utf-8")
+    asked, train_bpe, encode_file = [], bpe.train_bpe, bpe.encode_file
+    monkeypatch.setattr(bpe, "train_bpe", lambda *a: asked.append(a[3]) or train_bpe(*a))
+    monkeypatch.setattr(bpe, "encode_file", lambda *a: asked.append(a[3]) or encode_file(*a))
+    monkeypatch.setattr(machine, "usable_cores", lambda: 3)
+    for workers in ("1000", "2"):
+        bpe.main(["train", "t.txt", "--vocab-size", "260", "--out", "tok", "--num-workers", workers])
+        bpe.main(["encode", "t.txt", "--tokenizer", "tok", "--out", "i.npy", "--workers", workers])
+    bpe.main(["encode", "t.txt", "--tokenizer", "tok", "--out", "i.npy"])
+    assert asked == [3, 3, 2, 2, None] and np.load("i.npy").size == 3
+
 def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, capsys):
     # a sixth tester's: bpe.py train --out out/<run> replaced a run's tokenizer without a word (its checkpoint's ids
     # then meant other tokens), and --out into a token cache its ids' tokenizer. A folder of a tokenizer alone is
