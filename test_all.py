@@ -4832,6 +4832,25 @@ def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
     assert ids == tok.encode(text.read_text(encoding="utf-8")) and ids.count(ord("a")) == 80 and ids.count(10) == 40
 
 
+
+def test_bpe_cli_train_says_how_to_encode_with_its_one_byte_special_tokens(tmp_path, capsys):
+    # vocab.json cannot mark a one-byte special token, so `bpe.py encode` without --special-tokens took 'x' for text:
+    # " \nx" gave the merge ' ' + '\n' no chance (the ids of another text than the one trained on), without a word
+    text, tok_dir, ids = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "ids.npy"
+    text.write_text("a \nxb a \nxb  \nx \n", encoding="utf-8")
+    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "x", "<|e t|>", "--out", str(tok_dir)])
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == ("note: vocab.json cannot mark a one-byte special token ('x') as special: encode with "
+                    "--special-tokens x '<|e t|>' to split there")
+    encode = ["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(ids)]
+    bpe.main(encode)
+    as_text = np.load(ids).tolist()
+    bpe.main(encode + ["--special-tokens", "x", "<|e t|>"])  # as the note says
+    tok = bpe.Tokenizer.from_files(*bpe.tokenizer_files(tok_dir), ["x", "<|e t|>"])
+    assert np.load(ids).tolist() == tok.encode(text.read_text(encoding="utf-8")) != as_text
+    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "<|e t|>", "--out", str(tok_dir)])
+    assert "special token" not in capsys.readouterr().out  # none of one byte: nothing to say
+
 def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatch):
     # "a\ud800b": UnicodeEncodeError "'utf-8' codec can't encode character '\ud800' in position 0" from the plain
     # path (a pre-token's place), position 1 from the compiled one (the text's); encode_iterable gave its piece's
