@@ -34,7 +34,7 @@ def documents(text, limit):
     """The first DOCUMENTS non-empty documents of text (its first `limit` characters). A first document longer than
     the limit (a text without <|endoftext|>: enwik8) is measured as the piece read: none would divide 0 by 0."""
     docs = [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
-    return docs or [d for d in text.split(data.EOT)[:1] if d.strip()]
+    return docs or [d for d in text.split(data.EOT) if d.strip()][:1]
 
 
 def other_domain(cfg, limit):
