@@ -9555,7 +9555,7 @@ def test_experiments_tokenizer_measures_a_first_document_longer_than_the_limit_a
     # a validation text without <|endoftext|> (enwik8) past the 4M characters read held no whole document: its
     # bytes/token were 0 / 0, a ZeroDivisionError with a traceback; and (d) said 70,000 ids fit uint16
     assert tokenizer_experiments.documents("a b c " * 10, 60) == ["a b c " * 10]
-    assert tokenizer_experiments.documents(f"\n{data.EOT}a b c", 17) == ["a b c"]  # after a blank one, cut too
+    assert tokenizer_experiments.documents(f"\n{data.EOT}a b c", 19) == ["a b c"]  # after a blank one, cut too
     cut = f"one{data.EOT}two{data.EOT}thr"  # the first `limit` characters: the last document is cut, left out
     assert tokenizer_experiments.documents(cut, len(cut)) == ["one", "two"]
     f = dict(bytes_per_s=1e6, bytes=10, tokens=5, documents=10, vocab=70_000, other="x", other_documents=10,
