@@ -609,9 +609,10 @@ def _cmd_train(args):
             f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
-    if one := [s for s in args.special_tokens or () if len(s.encode()) == 1]:  # encode's default finds the others
+    specials = _check_special_tokens(args.special_tokens)
+    if one := [s for s in specials if len(s.encode()) == 1]:
         cli.say(f"note: vocab.json cannot mark a one-byte special token ({', '.join(map(repr, one))}) as special: "
-                f"encode with --special-tokens {shlex.join(_check_special_tokens(args.special_tokens))} to split there")
+                f"encode with --special-tokens {shlex.join(specials)} to split there")  # its default finds the others
 
 
 def _cmd_encode(args):
