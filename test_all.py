@@ -4851,7 +4851,8 @@ def test_bpe_cli_train_says_how_to_encode_with_its_one_byte_special_tokens(tmp_p
     # " \nx" gave the merge ' ' + '\n' no chance (the ids of another text than the one trained on), without a word
     text, tok_dir, ids = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "ids.npy"
     text.write_text("a \nxb a \nxb  \nx \n", encoding="utf-8")
-    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "x", "<|e t|>", "x", "--out", str(tok_dir)])
+    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "x", "<|e t|>", "x", "--out",
+              str(tok_dir)])
     note = capsys.readouterr().out.splitlines()[-1]  # each token once
     assert note == ("note: vocab.json cannot mark a one-byte special token ('x') as special: encode with "
                     "--special-tokens x '<|e t|>' to split there")

@@ -117,7 +117,8 @@ def answer_tokenizer(f):
             "over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
             f"{f['dtype']}), half of int32's." if f["vocab"] <= 1 << 16 else f"(d) {f['vocab']:,} ids pass 2^16 = "
-            f"65,536, uint16's range, so these token files hold {f['dtype']}: a vocabulary of up to 65,536 halves them."]
+            f"65,536, uint16's range, so these token files hold {f['dtype']}: a vocabulary of up to 65,536 halves "
+            "them."]
 
 
 if __name__ == "__main__":  # a module of experiments.py's report, run by name: said, where it ended in silence
