@@ -609,6 +609,10 @@ def _cmd_train(args):
             f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
+    specials = _check_special_tokens(args.special_tokens)
+    if one := [s for s in specials if len(s.encode()) == 1]:
+        cli.say(f"note: vocab.json cannot mark a one-byte special token ({', '.join(map(repr, one))}) as special: "
+                f"encode with --special-tokens {shlex.join(specials)} to split there")  # its default finds the others
 
 
 def _cmd_encode(args):
@@ -670,6 +674,7 @@ def main(argv=None):
         raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
+    args.num_workers = args.num_workers and min(args.num_workers, machine.usable_cores())  # more: no faster (train.py)
     here = "a folder (. for this one)"
     for flag, path, what in (("the input", args.input, "a text file"), ("--tokenizer", vars(args).get("tokenizer"), here),
                              ("--out", args.out, here if args.cmd == "train" else "a .npy file")):

@@ -180,7 +180,9 @@ def _stream_cut_re(special_tokens):
     them), or at _STREAM_CUT, as _file_cut_re for bytes (CJK documents joined by <|endoftext|> have no other)."""
     if not special_tokens:
         return _STREAM_CUT
-    return re.compile("|".join([f"(?={re.escape(s)})" for s in special_tokens] + [_STREAM_CUT.pattern]))
+    # One lookahead of all of them, which re tries at once: a lookahead each was tried one by one at every character
+    # (256 tokens, Llama 3's count: encode_iterable at a twentieth of encode's speed).
+    return re.compile(f"(?={'|'.join(map(re.escape, special_tokens))})|{_STREAM_CUT.pattern}")
 
 
 def check_text(what, text):

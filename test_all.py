@@ -3233,6 +3233,19 @@ def test_bpe_encode_iterable_searches_each_character_once(bpe_gpt2, monkeypatch)
         assert searched[0] <= 2 * len(text)
 
 
+
+def test_bpe_encode_iterable_looks_for_many_special_tokens_in_one_lookahead():
+    # 256 special tokens (Llama 3's reserved ones) made the cut pattern 256 lookaheads, which re tried one by one at
+    # every character: encode_iterable ran at 1 MB/s, a twentieth of encode's speed. One lookahead of them all finds
+    # the same places (a special token's start, or whitespace before a non-space)
+    specials = tuple(f"<|reserved_{i}|>" for i in range(256)) + ("a|b", "(", " x")
+    text = "".join(random.Random(0).choice(["word ", "\n", "  ", "(", "a|b", " x", "<|reserved_7|>", "<|res"])
+                   for _ in range(3000))
+    cut_re = bpe_fast._stream_cut_re(specials)
+    each = [m.start() for m in re.finditer("|".join([f"(?={re.escape(t)})" for t in specials] + [r"(?=[\t-\r ]\S)"]),
+                                           text)]
+    assert [m.start() for m in cut_re.finditer(text)] == each and cut_re.pattern.count("(?=") == 2
+
 def test_bpe_encode_iterable_cuts_text_without_whitespace_where_a_word_or_number_ends(bpe_gpt2, monkeypatch):
     # 4M characters of minified JSON (no space before a non-space, no special token) were refused: "found no place
     # to cut; use encode()". Past that many, the stream is cut where a run of letters or digits ends. Checked here
@@ -3892,6 +3905,22 @@ def test_bpe_cli_an_empty_path_is_refused_not_taken_for_this_folder(tmp_path, mo
             bpe.main(argv)
     assert os.listdir() == ["t.txt"]
 
+
+
+def test_bpe_cli_caps_num_workers_at_the_cores_it_may_use(tmp_path, monkeypatch, capsys):
+    # `bpe.py train big.txt --num-workers 1000` forked a worker per 256 KiB chunk, up to 1,000, each counting into a
+    # table of its own, on a machine of any size; train.py's --workers (the same flag's other name) was capped
+    monkeypatch.chdir(tmp_path)
+    Path("t.txt").write_text("hello hello", encoding="utf-8")
+    asked, train_bpe, encode_file = [], bpe.train_bpe, bpe.encode_file
+    monkeypatch.setattr(bpe, "train_bpe", lambda *a: asked.append(a[3]) or train_bpe(*a))
+    monkeypatch.setattr(bpe, "encode_file", lambda *a: asked.append(a[3]) or encode_file(*a))
+    monkeypatch.setattr(machine, "usable_cores", lambda: 3)
+    for workers in ("1000", "2"):
+        bpe.main(["train", "t.txt", "--vocab-size", "260", "--out", "tok", "--num-workers", workers])
+        bpe.main(["encode", "t.txt", "--tokenizer", "tok", "--out", "i.npy", "--workers", workers])
+    bpe.main(["encode", "t.txt", "--tokenizer", "tok", "--out", "i.npy"])
+    assert asked == [3, 3, 2, 2, None] and np.load("i.npy").size == 3
 
 def test_bpe_train_refuses_an_out_holding_what_its_tokenizer_made(tmp_path, capsys):
     # a sixth tester's: bpe.py train --out out/<run> replaced a run's tokenizer without a word (its checkpoint's ids
@@ -4815,6 +4844,26 @@ def test_bpe_train_and_encode_agree_on_a_one_byte_special_token(tmp_path):
     ids = np.load(tmp_path / "ids.npy").tolist()
     assert ids == tok.encode(text.read_text(encoding="utf-8")) and ids.count(ord("a")) == 80 and ids.count(10) == 40
 
+
+
+def test_bpe_cli_train_says_how_to_encode_with_its_one_byte_special_tokens(tmp_path, capsys):
+    # vocab.json cannot mark a one-byte special token, so `bpe.py encode` without --special-tokens took 'x' for text:
+    # " \nx" gave the merge ' ' + '\n' no chance (the ids of another text than the one trained on), without a word
+    text, tok_dir, ids = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "ids.npy"
+    text.write_text("a \nxb a \nxb  \nx \n", encoding="utf-8")
+    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "x", "<|e t|>", "x", "--out",
+              str(tok_dir)])
+    note = capsys.readouterr().out.splitlines()[-1]  # each token once
+    assert note == ("note: vocab.json cannot mark a one-byte special token ('x') as special: encode with "
+                    "--special-tokens x '<|e t|>' to split there")
+    encode = ["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(ids)]
+    bpe.main(encode)
+    as_text = np.load(ids).tolist()
+    bpe.main(encode + ["--special-tokens", "x", "<|e t|>"])  # as the note says
+    tok = bpe.Tokenizer.from_files(*bpe.tokenizer_files(tok_dir), ["x", "<|e t|>"])
+    assert np.load(ids).tolist() == tok.encode(text.read_text(encoding="utf-8")) != as_text
+    bpe.main(["train", str(text), "--vocab-size", "259", "--special-tokens", "<|e t|>", "--out", str(tok_dir)])
+    assert "special token" not in capsys.readouterr().out  # none of one byte: nothing to say
 
 def test_bpe_encode_names_a_lone_surrogate_at_its_place_on_both_paths(monkeypatch):
     # "a\ud800b": UnicodeEncodeError "'utf-8' codec can't encode character '\ud800' in position 0" from the plain
@@ -9514,6 +9563,21 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     path.write_text(json.dumps({k: v for k, v in f.items() if k != "made_for"}))  # an older version's
     assert tokenizer_experiments.stored_figures(path, made_for) is None
 
+
+
+def test_experiments_tokenizer_measures_a_first_document_longer_than_the_limit_and_a_vocab_past_uint16():
+    # a validation text without <|endoftext|> (enwik8) past the 4M characters read held no whole document: its
+    # bytes/token were 0 / 0, a ZeroDivisionError with a traceback; and (d) said 70,000 ids fit uint16
+    assert tokenizer_experiments.documents("a b c " * 10, 60) == ["a b c " * 10]
+    assert tokenizer_experiments.documents(f"\n{data.EOT}a b c", 19) == ["a b c"]  # after a blank one, cut too
+    cut = f"one{data.EOT}two{data.EOT}thr"  # the first `limit` characters: the last document is cut, left out
+    assert tokenizer_experiments.documents(cut, len(cut)) == ["one", "two"]
+    f = dict(bytes_per_s=1e6, bytes=10, tokens=5, documents=10, vocab=70_000, other="x", other_documents=10,
+             ours_on_other=2.0, other_on_other=2.5, other_vocab=300, other_on_ours=1.5, text_bytes=100, dtype="uint32")
+    assert tokenizer_experiments.answer_tokenizer(f)[3] == (
+        "(d) 70,000 ids pass 2^16 = 65,536, uint16's range, so these token files hold uint32: a vocabulary of up to "
+        "65,536 halves them.")
+    assert "below 2^16" in tokenizer_experiments.answer_tokenizer(dict(f, vocab=1 << 16, dtype="uint16"))[3]
 
 # --- issue 37, hostile review: experiments.py with damaged runs, bad flags and a diverged baseline ---
 

@@ -30,8 +30,11 @@ DOCUMENTS = 10  # tokenizer_experiments (a): documents sampled for the compressi
 OTHER = {"tinystories": "owt", "owt": "tinystories"}  # tokenizer_experiments (b): the handout's pairing
 
 
-def documents(text, limit):  # the first DOCUMENTS non-empty documents of text (its first `limit` characters)
-    return [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
+def documents(text, limit):
+    """The first DOCUMENTS non-empty documents of text (its first `limit` characters). A first document longer than
+    the limit (a text without <|endoftext|>: enwik8) is measured as the piece read: none would divide 0 by 0."""
+    docs = [d for d in text.split(data.EOT)[:-1 if len(text) == limit else None] if d.strip()][:DOCUMENTS]
+    return docs or [d for d in text.split(data.EOT) if d.strip()][:1]
 
 
 def other_domain(cfg, limit):
@@ -113,7 +116,9 @@ def answer_tokenizer(f):
             f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
             "over the CPU's cores).",
             f"(d) the {f['vocab']:,} ids are below 2^16 = 65,536, so each fits uint16's 2 bytes (these token files: "
-            f"{f['dtype']}), half of int32's."]
+            f"{f['dtype']}), half of int32's." if f["vocab"] <= 1 << 16 else f"(d) {f['vocab']:,} ids pass 2^16 = "
+            f"65,536, uint16's range, so these token files hold {f['dtype']}: a vocabulary of up to 65,536 halves "
+            "them."]
 
 
 if __name__ == "__main__":  # a module of experiments.py's report, run by name: said, where it ended in silence
