@@ -490,7 +490,6 @@ def _prompt_rows(prompt):
     return rows, batched
 
 
-@torch.no_grad()
 def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
     """generate's arguments, each refused in one sentence before any work."""
     if any(len(p) == 0 for p in prompts):
@@ -510,6 +509,7 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
                          f"torch.Generator({device.type!r}).")
 
 
+@torch.no_grad()  # no autograd graph: the KV cache would keep every step's activations alive
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None, fast=None, compile=True):
     """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).

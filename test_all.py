@@ -1213,6 +1213,17 @@ def test_model_generate_cache_matches_reference_greedy():
             assert ids[len(p):] == o
 
 
+def test_model_generate_builds_no_autograd_graph():
+    # 971b3df put @torch.no_grad() on _check_generate, not generate: every step's logits required grad and the KV
+    # cache held the graph of all steps (1016 MB against 437 MB of RSS for 500 tokens of a small model)
+    m, seen = _model_small(), []
+    m.register_forward_hook(lambda mod, args, out: seen.append((torch.is_grad_enabled(), out.requires_grad)))
+    for fast in (False, True):
+        model.generate(m, [[1, 2, 3], [4]], 3, temperature=0, fast=fast, compile=False)
+    assert seen and not any(g or r for g, r in seen)
+    assert torch.is_grad_enabled()
+
+
 def test_model_generate_stop_topp_temperature():
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64)
