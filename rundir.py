@@ -274,7 +274,10 @@ def read_checkpoint(src):
         src.seek(0)
     try:
         state = torch.load(src, map_location="cpu", weights_only=True)
-    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only, which names its class
+        if cls := str(e).partition("Unsupported global: GLOBAL ")[2].split(" ")[0]:  # a CS336 loop's args, np.int64
+            raise ValueError(f"{name} holds a {cls}, and only tensors and plain values (numbers, str, lists, dicts) "
+                             "load without running code; save it with plain values (int(it), vars(args))") from None
         raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")

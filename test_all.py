@@ -9148,6 +9148,19 @@ def test_train_run_file_that_is_no_file_is_one_sentence(sample_run, tmp_path, ca
     assert not (tmp_path / "hf").exists()
 
 
+def test_train_checkpoint_of_plain_code_holding_an_object_names_its_class(tmp_path):
+    # a CS336 loop's torch.save({"model": ..., "config": args, "iteration": np.int64(9)}): load_checkpoint said
+    # "cannot be loaded (UnpicklingError)" alone, and which entry torch's weights_only refused was anyone's guess
+    m, opt = _train_model_opt()
+    for value, cls in ((types.SimpleNamespace(lr=1e-3), "types.SimpleNamespace"), (np.int64(9), "numpy")):
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": 9, "x": value},
+                   tmp_path / "c.pt")
+        with pytest.raises(ValueError, match=rf"^{tmp_path / 'c.pt'} holds a {cls}\S*, and only tensors and plain "
+                                             r"values \(numbers, str, lists, dicts\) load without running code; save "
+                                             r"it with plain values \(int\(it\), vars\(args\)\)$"):
+            train.load_checkpoint(tmp_path / "c.pt", m, opt)
+
+
 def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
     # save_checkpoint into an open file after a header of the user's, then load_checkpoint from there (torch.save and
     # torch.load's own convention): read_checkpoint sought to byte 0 and said "cannot be loaded (UnpicklingError)";
