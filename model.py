@@ -621,6 +621,8 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
     caches = _STATIC_CACHES.setdefault(model, [StaticKVCache(C) for _ in model.layers])
     for c in caches:
         c.slots = torch.arange(L, device=ids.device)
+        if c.k is not None and c.k.is_inference() != torch.is_inference_mode_enabled():  # torch.inference_mode's
+            c.k = None  # tensors, which only that mode may write (the next generate outside it failed): made again
     prompt_mask = _attention_mask(valid, L)  # (B, 1, L, L): the prefill, at the prompt's length, eager
     mask = torch.cat([prompt_mask, prompt_mask.new_zeros(B, 1, L, C - L)], -1)
     logits = model(ids, _positions(valid), mask, caches)[:, -1]

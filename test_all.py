@@ -1341,6 +1341,17 @@ def test_model_generate_fast_equals_plain_on_every_case():
     assert model.generate(fused, prompts, 20, temperature=0, fast=True, compile=False) == greedy
 
 
+def test_model_generate_fast_in_and_out_of_inference_mode():
+    # the static cache, kept per model, made under torch.inference_mode(): the next generate outside it failed with
+    # torch's "Inplace update to inference tensor outside InferenceMode is not allowed" (the default path on CUDA)
+    m = _model_small()
+    greedy = model.generate(m, [3, 1, 4], 5, temperature=0, fast=False)
+    for inference in (True, False, True):
+        with torch.inference_mode(inference):
+            assert model.generate(m, [3, 1, 4], 5, temperature=0, fast=True, compile=False) == greedy
+            assert model._STATIC_CACHES[m][0].k.is_inference() == inference
+
+
 def test_model_generate_fast_draw_is_the_plain_draw():
     # identical, not only the same distribution: torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1),
     # so the fast path's sync-free draw takes the same numbers from the same generator and picks the same ids
