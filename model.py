@@ -16,6 +16,7 @@ same parameters and state-dict keys, tested equal to the plain path. Tests: pyth
 """
 import math
 import numbers
+import threading
 import weakref
 
 import torch
@@ -533,7 +534,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     out, done, cache, n = [[] for _ in range(B)], [False] * B, None, 0
     if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
         n = min(max_new_tokens, C - L + 1)  # the tokens while the context has room; then the loop's re-runs
-        ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
+        with _STATIC_LOCK:
+            ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
     for _ in range(0 if all(done) else max_new_tokens - n):
         # cached: one new position attends to everything cached so far; else the reference forward
         # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
@@ -570,6 +572,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
 STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync): bench.py gpu tries 1-32
 _STATIC_CACHES = weakref.WeakKeyDictionary()  # model -> its StaticKVCaches, reused: a CUDA graph keeps their addresses
 _COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
+_STATIC_LOCK = threading.Lock()  # one generate at a time in the caches and the graph: a server's threads share them
 
 
 class StaticKVCache:

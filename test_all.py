@@ -1352,6 +1352,28 @@ def test_model_generate_fast_in_and_out_of_inference_mode():
             assert model._STATIC_CACHES[m][0].k.is_inference() == inference
 
 
+def test_model_generate_fast_from_two_threads_gives_each_its_own_tokens():
+    # a server's threads generating with one model shared its static cache: torch's IndexError from index_copy_ (a
+    # batch of 1 beside one of 2), or another prompt's keys read as this one's; now one fast generate at a time
+    m = _model_small()
+    prompts = [[3, 1, 4], [[1, 5], [9, 2, 6, 5]]]
+    plain = [model.generate(m, p, 12, temperature=0, fast=False) for p in prompts]
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            for k in range(4):
+                got[i, k] = model.generate(m, prompts[i], 12, temperature=0, fast=True, compile=False)
+        except Exception as e:  # a thread's error would be lost
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(got[i, k] == plain[i] for i in (0, 1) for k in range(4))
+
+
 def test_model_generate_fast_draw_is_the_plain_draw():
     # identical, not only the same distribution: torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1),
     # so the fast path's sync-free draw takes the same numbers from the same generator and picks the same ids
