@@ -659,10 +659,11 @@ def run_complete(state, cfg, ckpt_path, tok):
     loss = final_val_loss(run / "metrics.jsonl", cfg["max_iters"])
     if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
         return False
-    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
-        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume"
-        + (" and without --init-from" if cfg["init_from"] else "") + "; to train longer, resume it with a larger "
-        "--max-iters.")
+    without = "".join(f" and without {flag}" for flag, on in (("--init-from", cfg["init_from"]),  # --sample refuses
+                                                              ("--num-samples 0", not cfg["num_samples"])) if on)
+    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss {loss:.4f}): "
+        "nothing to train." + (f" For text from it, run the same command with --sample instead of --resume{without}."
+                               if tok is not None else "") + " To train longer, resume it with a larger --max-iters.")
     return True
 
 

@@ -7899,7 +7899,10 @@ def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsy
     assert train.main([*tuned, "--init-from", str(start), "--max-iters", "5"]) == 0
     capsys.readouterr()
     assert train.main([*tuned, "--init-from", str(start), "--max-iters", "5"]) == 0  # complete: --sample's advice
-    assert "the same command with --sample instead of --resume and without --init-from;" in capsys.readouterr().out
+    assert ("the same command with --sample instead of --resume and without --init-from and without --num-samples 0."
+            in capsys.readouterr().out)  # each refused by --sample, which said so once it was followed
+    assert train.main(["--data", str(other), *flags[:4], *flags[6:], "--max-iters", "5", "--run-name", "tuned",
+                       "--sample", "--sample-tokens", "2"]) == 0  # as advised
     listed = (tmp_path / "out" / "tuned" / "config.json").read_text()  # its config.json no longer names its start
     (tmp_path / "out" / "tuned" / "config.json").write_text(json.dumps({**json.loads(listed), "init_from": None}))
     assert train.main([*tuned, "--max-iters", "6"]) == 2
@@ -8660,9 +8663,8 @@ def test_train_resume_of_a_complete_run_writes_nothing(tmp_path, capsys):
     capsys.readouterr()
     assert train.main(base + ["--resume"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == (f"{run} is already complete (step 2 of 2, final val loss {val:.4f}): nothing to train. For text "
-                       "from it, run the same command with --sample instead of --resume; to train longer, resume it "
-                       "with a larger --max-iters.")
+    assert out[-1] == (f"{run} is already complete (step 2 of 2, final val loss {val:.4f}): nothing to train. To train "
+                       "longer, resume it with a larger --max-iters.")  # ids without a tokenizer: no text (--sample)
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before
 
 
