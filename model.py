@@ -16,6 +16,7 @@ same parameters and state-dict keys, tested equal to the plain path. Tests: pyth
 """
 import math
 import numbers
+import threading
 import weakref
 
 import torch
@@ -490,7 +491,6 @@ def _prompt_rows(prompt):
     return rows, batched
 
 
-@torch.no_grad()
 def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
     """generate's arguments, each refused in one sentence before any work."""
     if any(len(p) == 0 for p in prompts):
@@ -510,6 +510,7 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
                          f"torch.Generator({device.type!r}).")
 
 
+@torch.no_grad()  # no autograd graph: the KV cache would keep every step's activations alive
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=None,
              use_cache=True, generator=None, fast=None, compile=True):
     """Complete `prompt` with up to max_new_tokens sampled tokens (temperature=0: greedy).
@@ -533,7 +534,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     out, done, cache, n = [[] for _ in range(B)], [False] * B, None, 0
     if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
         n = min(max_new_tokens, C - L + 1)  # the tokens while the context has room; then the loop's re-runs
-        ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
+        with _STATIC_LOCK:
+            ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
     for _ in range(0 if all(done) else max_new_tokens - n):
         # cached: one new position attends to everything cached so far; else the reference forward
         # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
@@ -570,6 +572,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
 STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync): bench.py gpu tries 1-32
 _STATIC_CACHES = weakref.WeakKeyDictionary()  # model -> its StaticKVCaches, reused: a CUDA graph keeps their addresses
 _COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
+_STATIC_LOCK = threading.Lock()  # one generate at a time in the caches and the graph: a server's threads share them
 
 
 class StaticKVCache:
@@ -621,6 +624,8 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
     caches = _STATIC_CACHES.setdefault(model, [StaticKVCache(C) for _ in model.layers])
     for c in caches:
         c.slots = torch.arange(L, device=ids.device)
+        if c.k is not None and c.k.is_inference() != torch.is_inference_mode_enabled():  # torch.inference_mode's
+            c.k = None  # tensors, which only that mode may write (the next generate outside it failed): made again
     prompt_mask = _attention_mask(valid, L)  # (B, 1, L, L): the prefill, at the prompt's length, eager
     mask = torch.cat([prompt_mask, prompt_mask.new_zeros(B, 1, L, C - L)], -1)
     logits = model(ids, _positions(valid), mask, caches)[:, -1]

@@ -274,7 +274,10 @@ def read_checkpoint(src):
         src.seek(0)
     try:
         state = torch.load(src, map_location="cpu", weights_only=True)
-    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only
+    except Exception as e:  # e.g. a pickle that asks for code: refused by weights_only, which names its class
+        if cls := str(e).partition("Unsupported global: GLOBAL ")[2].split(" ")[0]:  # a CS336 loop's args, np.int64
+            raise ValueError(f"{name} holds a {cls}, and only tensors and plain values (numbers, str, lists, dicts) "
+                             "load without running code; save it with plain values (int(it), vars(args))") from None
         raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
@@ -656,10 +659,11 @@ def run_complete(state, cfg, ckpt_path, tok):
     loss = final_val_loss(run / "metrics.jsonl", cfg["max_iters"])
     if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
         return False
-    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss "
-        f"{loss:.4f}): nothing to train. For text from it, run the same command with --sample instead of --resume"
-        + (" and without --init-from" if cfg["init_from"] else "") + "; to train longer, resume it with a larger "
-        "--max-iters.")
+    without = "".join(f" and without {flag}" for flag, on in (("--init-from", cfg["init_from"]),  # --sample refuses
+                                                              ("--num-samples 0", not cfg["num_samples"])) if on)
+    log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss {loss:.4f}): "
+        "nothing to train." + (f" For text from it, run the same command with --sample instead of --resume{without}."
+                               if tok is not None else "") + " To train longer, resume it with a larger --max-iters.")
     return True
 
 
