@@ -535,7 +535,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     if (device.type == "cuda" if fast is None else fast) and use_cache and L < C and max_new_tokens:
         n = min(max_new_tokens, C - L + 1)  # the tokens while the context has room; then the loop's re-runs
         with _STATIC_LOCK:
-            ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile)
+            ids, valid, out, done = _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator,
+                                                     compile)
     for _ in range(0 if all(done) else max_new_tokens - n):
         # cached: one new position attends to everything cached so far; else the reference forward
         # on the last C columns (the prefill, or, with the context full, a plain re-run of the window)
