@@ -59,6 +59,7 @@ import bench
 import bpe
 import bpe_fast
 import data
+import download
 import fast_cpu
 import fast_gpu
 import figures
@@ -8540,7 +8541,7 @@ def test_train_download_resumes_only_the_version_its_part_holds(tmp_path, _train
     old, dest = _TrainRangeHandler.payload, tmp_path / "f.txt"
     part, version = tmp_path / "f.txt.part", tmp_path / "f.txt.part.version"
     _TrainRangeHandler.etag, seen_version = '"v1"', []
-    monkeypatch.setattr(data, "show_progress", lambda *a, **k: seen_version.append(version.read_text()))
+    monkeypatch.setattr(download, "show_progress", lambda *a, **k: seen_version.append(version.read_text()))
     data.download(f"{_train_server}/f.txt", dest)
     assert seen_version and set(seen_version) == {'"v1"'} and not part.exists() and not version.exists()
     for now, etag in ((old, '"v1"'), (bytes(reversed(old)) + b"a longer new version", '"v2"')):
