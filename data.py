@@ -373,6 +373,7 @@ class TokenIds:
     windows, or for np.asarray) but read with plain reads when numpy asks for the values, only those it asks for: a
     file cut short while a run reads it (np.save over it, say) is one sentence, where a memory map's read past its
     new end kills the process (SIGBUS, which Python cannot catch). Booleans, None, ... and tuples are refused."""
+    ndim = 1  # numpy's array's words: ids.ndim, ids.shape, ids.size, ids.nbytes (and ids.dtype)
 
     def __init__(self, ids, start=0, length=None, step=1):  # ids: a memmap np.load made, or a TokenIds to view
         self.filename, self.dtype = ids.filename, ids.dtype
@@ -387,6 +388,10 @@ class TokenIds:
 
     def __len__(self):
         return self.length
+
+    shape = property(lambda self: (self.length,))
+    size = property(lambda self: self.length)
+    nbytes = property(lambda self: self.length * self.dtype.itemsize)
 
     def __getitem__(self, where):
         if isinstance(where, slice):  # a view: nothing is read

@@ -5424,6 +5424,10 @@ def test_data_token_ids_index_as_numpy_does(tmp_path):
     for got, want in zip(results, (whole[100:][at], whole[5], whole[::4096], whole[10:20])):
         assert np.array_equal(got, want)
     assert reads.bytes == 2 * (8 * 17 + 1 + 25 + 10)  # get_batch's windows, an id, ids 8 KiB apart, a slice: no more
+    for got, want in ((big, whole), (big[10:-3:7], whole[10:-3:7])):  # a tester's: ids.shape was an AttributeError
+        assert (got.ndim, got.shape, got.size, got.nbytes, got.dtype) == (1, want.shape, want.size, want.nbytes,
+                                                                        want.dtype)
+    assert reads.bytes == 2 * (8 * 17 + 1 + 25 + 10)  # none of them reads an id
 
 
 def test_data_token_ids_take_numpys_small_integers(tmp_path):
