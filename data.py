@@ -323,7 +323,6 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
     """BPE trained on the train split (or the tokenizer in the folder `given`, copied), both splits as .npy ids ->
     (tokenizer, its 2 files, 2 .npy). Made again where the texts are not those they were made from (MADE_FROM): a
     dataset's file replaced by hand, or a new .gz unpacked over it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in TOKEN_FILES]
     files, npys = paths[:2], paths[2:]
 
@@ -563,7 +562,9 @@ def prepare_data(source, data_dir, vocab_size, val_data=None, workers=None, toke
     else:
         texts = local_corpus(Path(source).resolve(), where)
     # (a failure may leave an empty cache folder: removing it could pull it from under another run filling it)
-    tok, files, npys = tokenize_corpus(*texts, vocab_size, token_dir(where, vocab_size, tokenizer), workers, tokenizer)
+    (out := token_dir(where, vocab_size, tokenizer)).mkdir(parents=True, exist_ok=True)
+    with dir_lock(out, waiting=f"which makes the same token files in {out}/"):  # two runs of one text: one BPE
+        tok, files, npys = tokenize_corpus(*texts, vocab_size, out, workers, tokenizer)
     train, valid = (from_cache(npy, open_ids, npy) for npy in npys)
     return train, valid, tok, files
 

@@ -5656,6 +5656,37 @@ def test_data_a_dataset_file_replaced_by_hand_is_tokenized_again(tmp_path, monke
     assert (owt / "owt_train.txt").read_bytes() == gzip.decompress((owt / "owt_train.txt.gz").read_bytes())
 
 
+def test_data_two_runs_preparing_one_text_at_once_train_one_tokenizer(tmp_path, monkeypatch, capsys):
+    # a tester's: two train.py runs started together on one new text each trained the BPE (the same files, written
+    # atomically: correct, but the work twice); now the second waits on the token folder's lock and finds them made
+    text, real, trained = tmp_path / "t.txt", data.train_bpe, []
+    text.write_text("<|endoftext|>".join(f"doc {i} the cat sat on the mat" for i in range(300)), encoding="utf-8")
+    started, go = threading.Event(), threading.Event()
+
+    def slow_bpe(*args, **kwargs):  # the first run's BPE, held until the second one waits
+        trained.append(1)
+        started.set()
+        assert go.wait(30)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(data, "train_bpe", slow_bpe)
+    got = []
+    runs = [threading.Thread(target=lambda: got.append(np.asarray(data.prepare_data(str(text), tmp_path / "d", 280)[0])))
+            for _ in range(2)]
+    runs[0].start()
+    assert started.wait(30)
+    runs[1].start()
+    for _ in range(300):  # until the second says it waits
+        if "waiting for process" in capsys.readouterr().out:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the second run did not wait for the first")
+    go.set()
+    for t in runs:
+        t.join(30)
+    assert len(trained) == 1 and len(got) == 2 and np.array_equal(*got)
+
+
 def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     np.save(tmp_path / "e.npy", np.zeros(0, np.uint16))
     assert train.main(["--data", str(tmp_path / "e.npy"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 2
