@@ -433,6 +433,12 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     return undeclared
 
 
+def special_tokens_of(vocab, merges, in_file=None):  # those bpe.py train --special-tokens (or GPT-2) put in the vocab:
+    # its tokens of 2+ bytes that no merge makes, as text; bpe.py encode's default, and train.py's (data.py)
+    own = _check_merges(merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
+    return [t.decode() for t in own if t.decode(errors="replace").encode() == t]
+
+
 def _read_merges_file(path):
     """A GPT-2 merges.txt as ([(left, right)], in_file): in_file(k) names merge k's line (None: the
     file) for the errors of _check_merges, which Tokenizer runs once."""
@@ -632,8 +638,7 @@ def _cmd_encode(args):
         raise ValueError(f"--out {args.out} is beside another tokenizer's vocab.json and merges.txt, which train.py "
                          f"would take its ids for; pass another --out, or --tokenizer {Path(args.out).parent}")
     if args.special_tokens is None:  # the vocab's own, as train's --special-tokens and GPT-2's <|endoftext|> made them
-        own = _check_merges(merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
-        args.special_tokens = [t.decode() for t in own if t.decode(errors="replace").encode() == t]  # text only
+        args.special_tokens = special_tokens_of(vocab, merges, in_file)
     specials = _check_special_tokens(args.special_tokens)
     if missing := [s for s in specials if s.encode() not in vocab.values()]:  # appended: ids past the files' vocab
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bpe import Tokenizer, tokenizer_files, train_bpe
+from bpe import Tokenizer, special_tokens_of, tokenizer_files, train_bpe
 from bpe_fast import encode_file
 from cli import DataError, UsageError, counted, disk_is_full, os_error_sentence, say, short_repr
 from download import NET_ERRORS, download
@@ -319,6 +319,14 @@ def from_cache(path, load, *args, **kwargs):
 MADE_FROM = "made_from.txt"  # a token folder's record of the texts it was made from: file_digest's of each
 
 
+def load_tokenizer(vocab_file, merges_file):
+    """A tokenizer's files -> its Tokenizer, knowing <|endoftext|> and every special token its vocab holds (bpe.py
+    train --special-tokens'), as bpe.py encode reads them: a text's ids are the same made either way."""
+    tok = Tokenizer.from_files(str(vocab_file), str(merges_file), [EOT])
+    more = [s for s in special_tokens_of(tok.vocab, tok.merges) if s != EOT]
+    return Tokenizer(tok.vocab, tok.merges, [EOT, *more]) if more else tok
+
+
 def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, given=None):
     """BPE trained on the train split (or the tokenizer in the folder `given`, copied), both splits as .npy ids ->
     (tokenizer, its 2 files, 2 .npy). Made again where the texts are not those they were made from (MADE_FROM): a
@@ -345,7 +353,7 @@ def tokenize_corpus(train_txt, valid_txt, vocab_size, out_dir, workers=None, giv
         vocab, merges = from_cache(train_txt, train_bpe, str(train_txt), vocab_size, [EOT], workers)
         from_cache(out_dir, Tokenizer(vocab, merges, [EOT]).save, str(files[0]), str(files[1]))
         say(f"  done in {time.time() - t0:.1f}s")
-    tok = from_cache(out_dir, Tokenizer.from_files, str(files[0]), str(files[1]), [EOT])
+    tok = from_cache(out_dir, load_tokenizer, *files)
     for txt, npy in zip((train_txt, valid_txt), npys):
         if not npy.exists():
             say(f"tokenizing {txt} -> {npy}")
@@ -469,7 +477,7 @@ def read_tokenizer(directory, text=False):
         raise ValueError(f"{directory} has {have.name} but no {lack.name}" if have.exists() else
                          f"{directory} holds no tokenizer, though it trained on text")
     try:
-        return Tokenizer.from_files(str(files[0]), str(files[1]), [EOT]), files
+        return load_tokenizer(*files), files
     except FileNotFoundError as e:  # bpe.py's: one is a directory or a FIFO, which a caller must not take for no run
         raise ValueError(str(e)) from None
 

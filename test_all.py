@@ -4801,6 +4801,22 @@ def test_bpe_cli_encode_takes_the_special_tokens_train_wrote(tmp_path, capsys):
         *bpe.tokenizer_files(tok_dir)).decode(np.load(ids)) == text.read_text()
 
 
+def test_data_text_with_a_tokenizer_takes_its_special_tokens_as_bpe_encode_does(tmp_path):
+    # a tester's: train.py --data t.txt --tokenizer DIR declared <|endoftext|> alone, so a tokenizer trained with
+    # --special-tokens '<|eot|>' split <|eot|> into bytes there, while bpe.py encode gave its id: the same text and
+    # tokenizer, other ids. Both now read the vocab's own special tokens (bpe.special_tokens_of)
+    text, tok_dir = tmp_path / "t.txt", tmp_path / "tok"
+    text.write_text("<|endoftext|>".join(f"hello world<|eot|>the cat {i}<|eot|>\n" for i in range(40)), encoding="utf-8")
+    bpe.main(["train", str(text), "--vocab-size", "280", "--special-tokens", "<|endoftext|>", "<|eot|>", "--out",
+              str(tok_dir)])
+    train_ids, _, tok, _ = data.prepare_data(str(text), tmp_path / "data", 280, tokenizer=str(tok_dir))
+    assert tok.special_tokens == ["<|endoftext|>", "<|eot|>"] and data.read_tokenizer(tok_dir)[0].special_tokens == [
+        "<|endoftext|>", "<|eot|>"]
+    split = next((tmp_path / "data").rglob("train.txt"))  # the 90% train.py's ids are of
+    bpe.main(["encode", str(split), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
+    assert np.asarray(train_ids).tolist() == np.load(tmp_path / "ids.npy").tolist() and 257 in train_ids[:20]
+
+
 def test_bpe_gpt2_files_hold_one_special_token():  # what bpe.py encode declares for OpenAI's files
     vocab_file, merges_file = _bpe_gpt2_files()
     vocab, (merges, in_file) = bpe._load_vocab_file(vocab_file), bpe._read_merges_file(merges_file)
