@@ -644,15 +644,17 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None):
+def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None, bpe_here=False):
     """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
     files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage;
-    init_from: the run whose model (of vocab_size tokens) reads the ids."""
+    init_from: the run whose model (of vocab_size tokens) reads the ids; bpe_here: a BPE trained on the text made
+    them (a text of few, long words becomes few ids: a smaller --vocab-size makes more)."""
     splits = ("train", train), ("validation", valid)
     n, name = min((len(ids), name) for name, ids in splits)  # the shorter split bounds the window
     if n <= context_length:  # a window is context_length ids and the one after, the last one's target
-        fix = f"lower --context-length to {n - 1} or less, or use more data" if n > 1 else "use more data"
+        fix = (f"lower --context-length to {n - 1} or less, or " if n > 1 else "") + "use more data" + (
+            f" or a smaller --vocab-size than {vocab_size:,} (shorter tokens, more of them)" if bpe_here else "")
         raise UsageError(f"the {name} data has {counted(n, 'token id')}, too few for a window of --context-length "
                          f"{context_length} and its next token; {fix}.")
     top = 0
@@ -678,7 +680,8 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
 def check_data(cfg, train, valid, tok):
     """check_ids for a run's flags (cfg) and prepare_data's result: text's token ids are those its tokenizer made."""
     made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
-    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by, cfg["init_from"])
+    return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by, cfg["init_from"],
+                     bpe_here=made_by is not None and cfg["tokenizer"] is None)  # not --tokenizer's, --init-from's
 
 
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):

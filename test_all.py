@@ -5715,6 +5715,11 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
                                                            f"few for a window of --context-length 16 and its next "
                                                            f"token; {fix}")):
             data.check_ids(np.arange(n_train), np.arange(n_valid), 16, 1000)
+    # a text of few long words (a minified file) becomes few ids under a BPE trained on it: "use more data" alone
+    # missed the other cure, a smaller --vocab-size (not offered for --tokenizer's or --init-from's ids)
+    with pytest.raises(cli.UsageError, match=re.escape("lower --context-length to 8 or less, or use more data or a "
+                                                       "smaller --vocab-size than 1,000 (shorter tokens, more of them).")):
+        data.check_ids(np.arange(9), np.arange(900), 16, 1000, made_by=1000, bpe_here=True)
     # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
