@@ -183,6 +183,8 @@ def replace_target(path):
     """(the file a write to path replaces, its temporary beside it): a symlink is written through (its target is
     replaced, the link stays). What unwritable names is refused: a ValueError, or the PermissionError a write in
     place would meet for a read-only file; a folder's fault is left to the system's own error, which says why."""
+    if not os.fspath(path):  # '' is the current folder to the system: its whole write failed at the rename
+        raise ValueError("the path of the file to write is empty: give one")
     if why := unwritable(path, folders=False):
         raise (PermissionError(errno.EACCES, f"Permission denied (it{why})", path) if "not writable" in why else
                ValueError(f"{path}{why}, not a regular file: give the path of a file to write"))

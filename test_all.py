@@ -10305,6 +10305,10 @@ def test_checkpoint_of_no_model_is_one_sentence(tmp_path):
     train.save_checkpoint(torch.nn.Linear(2, 2), None, 0, tmp_path / "c.pt")
     with pytest.raises(TypeError, match="^model must be a torch.nn.Module, got str$"):
         train.load_checkpoint(tmp_path / "c.pt", "model")
+    # a tester's: out="" wrote the whole checkpoint beside, then failed renaming it onto "."
+    with pytest.raises(ValueError, match="^the path of the file to write is empty: give one$"):
+        train.save_checkpoint(torch.nn.Linear(2, 2), None, 0, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
 
 
 def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
