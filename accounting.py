@@ -267,7 +267,7 @@ def section_intensity():
 # ---------------------------------------------------------------------------------------------
 # 6. Lecture 2, memory of a training step
 
-GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
+GRAD_ACCUMULATION = dict(batch=64, micro_batch=16, D=1024, L=16)  # the lecture's sizes (micro-batch B / 4), bf16
 
 
 def checkpointing(L, every):
@@ -283,19 +283,19 @@ def checkpointing(L, every):
 
 
 def section_memory():
-    B, D, L = 2, 4, 3  # the lecture's DeepNetwork: L blocks of D x D Linear + ReLU, float32
-    params = FP32_BYTES * D * D * L
-    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
+    B, D, L = 2, 4, 3  # the lecture's DeepNetwork (L blocks of D x D Linear + ReLU) and its dtypes
+    params = BF16_BYTES * D * D * L
+    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}; bf16, fp32 optimizer state) with AdaGrad, AdamW?")
     for opt, states in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
-        parts = {"parameters": params, "activations": FP32_BYTES * B * D * L, "gradients": params,
-                 "optimizer state": states * params}
+        parts = {"parameters": params, "activations": BF16_BYTES * B * D * L, "gradients": params,
+                 "optimizer state": states * FP32_BYTES * D * D * L}
         _a(f"{opt}: {_terms(parts)} = {sum(parts.values())} bytes")
-    _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    _a("2 bytes x (params D^2 L, activations B D L, gradients D^2 L); state 4 bytes x 1 (AdaGrad) or 2 (AdamW) x D^2 L")
     # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
     steps, full_mib, micro_mib = batch // micro, BF16_BYTES * batch * D * L / MiB, BF16_BYTES * micro * D * L / MiB
     _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?",
-       f"activations 2 B D L = {full_mib:.0f} MiB -> 2 x {micro} x D x L = {micro_mib:.0f} MiB, "
+       f"activations 2 B D L = {full_mib:g} MiB -> 2 x {micro} x D x L = {micro_mib:g} MiB, "
        f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
     for L in (9, 16):
         root = math.isqrt(L)
@@ -606,8 +606,8 @@ def notes_corrections():
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
-        ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)",
-         f"batch {batch} in micro-batches of {micro}", "a micro-batch cannot exceed the batch"),
+        ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)", f"batch {batch} in "
+         f"micro-batches of {micro}", f"the lecture's micro-batch is B / 4 = {micro}: 256 exceeds the batch"),
         (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{tflops:.3f} TFLOPs, {each:.2%} each",
          f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {heads} times too small)"),
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",

@@ -10569,7 +10569,7 @@ def test_accounting_corrections_recompute_every_published_figure():
     (f1, _), (f16, share16) = xl_forward(1024), xl_forward(16_384)
     per_day = 1024 * 989.4e12 * 0.5 * 86_400  # 1024 H100s at 50% MFU
     expected = [f"{per_day:.3e}", f"{8 * 80e9 / 16 / 1e9:.0f}B params",
-                f"{4 * 12288 * 12288 * 4 / 1e9:.2f} GB", "batch 1024 in micro-batches of 256",
+                f"{4 * 12288 * 12288 * 4 / 1e9:.2f} GB", "batch 64 in micro-batches of 16",
                 f"{f1 / 1e12:.3f} TFLOPs, {2 * 1024**2 * d * L / f1:.2%} each",
                 f"{f16 / 1e12:.1f} TFLOPs ({f16 / f1:.1f}x), attention {share16:.1%}",
                 f"{2 + 3 + 1 + 1 + 4 + 4 + 4 + 4 + 1}BTd",  # RMSNorms, QKV, AV, out, W1, SiLU, W3, gate, W2
@@ -10578,6 +10578,17 @@ def test_accounting_corrections_recompute_every_published_figure():
                 f"{400_000 * 3 * 1024 * f1 / (19.5e12 * 0.5 * 86_400):,.0f}"]
     for want, got in zip(expected, verified):
         assert want in got, (want, got)
+
+
+def test_accounting_lecture_memory_answers_are_the_lectures(capsys):
+    # the lecture's DeepNetwork (B=2, D=4, L=3) keeps params, grads and activations in bf16 and the optimizer state
+    # in fp32 (432 bytes with AdaGrad; fp32 everywhere printed 672), and its gradient accumulation splits B = 64 into
+    # micro-batches of B / 4 = 16 (1024 into 256 printed, sizes of no lecture)
+    accounting.section_memory()
+    out, n = capsys.readouterr().out, 4 * 4 * 3
+    assert f"= {2 * n + 2 * 2 * 4 * 3 + 2 * n + 4 * n} bytes" in out and f"= {2 * n + 24 * 2 + 2 * n + 8 * n} bytes" in out
+    assert "batch 64 in micro-batches of 16" in out and f"= {2 * 64 * 1024 * 16 / 2**20:g} MiB -> " in out
+    assert f"= {2 * 16 * 1024 * 16 / 2**20:g} MiB, 4 forward/backward" in out
 
 
 def test_accounting_tokenizer_throughput_needs_only_python():
