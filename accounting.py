@@ -600,9 +600,9 @@ def notes_corrections():
     return [
         (q70b, "4.4e19 FLOPs/day (notes 001)", f"{per_day:.3e}",
          "a factor-1000 slip in the notes' text; their 144 days is right"),
-        (q70b, "12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
+        (q70b, "12 B/param, 53B params (notes 000, as the 2026 lecture: '2 + 2 + (4 + 4)')",
          f"{bpp} B/param, {billions:.0f}B params",
-         "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))"),
+         "bf16 weights need an fp32 master copy (+4) that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4))"),
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),

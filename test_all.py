@@ -10578,6 +10578,8 @@ def test_accounting_corrections_recompute_every_published_figure():
                 f"{400_000 * 3 * 1024 * f1 / (19.5e12 * 0.5 * 86_400):,.0f}"]
     for want, got in zip(expected, verified):
         assert want in got, (want, got)
+    # the notes' 12 B/param is the 2026 lecture's own '2 + 2 + (4 + 4)' (2025's counted fp32), not the notes' slip
+    assert "2026 lecture" in rows[1][1] and "2025's lecture: 4 + 4 + (4 + 4)" in rows[1][3]
 
 
 def test_accounting_lecture_memory_answers_are_the_lectures(capsys):
