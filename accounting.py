@@ -212,7 +212,7 @@ def two_layer_flops(B, D, K):
 def section_compute():
     B, D, K = 16384, 32768, 8192
     linear, (fwd, bwd) = 2 * B * D * K, two_layer_flops(B, D, K)
-    step, gpt3, week = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 7
+    step, gpt3, weeks = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 14
     peaks = {card: ", ".join(f"{k} {v:.4g}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
        f"2 B D K = 2 x {B} x {D} x {K} = {linear:.4e} FLOPs")
@@ -222,8 +222,8 @@ def section_compute():
        f"step = forward + backward = training_step_flops(forward) = {step:.4e} = 6 x tokens x params")
     _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?",
        f"6 x 175e9 x 300e9 = {gpt3:.3e} FLOPs (published: 3.14e23)")
-    _q("FLOPs of 8 H100s for a week?",
-       f"8 x 7 x 86400 s x {H100_BF16:.4g} FLOP/s = {week:.4e} FLOPs (bf16 dense, 100% MFU)",
+    _q("FLOPs of 8 H100s for 2 weeks? (the 2025 lecture's code, under that heading, multiplies by one week: half)",
+       f"8 x 14 x 86400 s x {H100_BF16:.4g} FLOP/s = {weeks:.4e} FLOPs (bf16 dense, 100% MFU)",
        "MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:",
        *(f"  {card:<10} {row}" for card, row in peaks.items()))
 

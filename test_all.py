@@ -10593,6 +10593,13 @@ def test_accounting_lecture_memory_answers_are_the_lectures(capsys):
     assert f"= {2 * 16 * 1024 * 16 / 2**20:g} MiB, 4 forward/backward" in out
 
 
+def test_accounting_eight_h100s_answers_the_lectures_two_weeks(capsys):
+    # the lecture asks "8 H100s for 2 weeks"; the answer was one week's 4.787e21, the 2025 lecture's code's slip
+    accounting.section_compute()
+    flops = 8 * 14 * 86_400 * 989.4e12  # the lecture's 8 * 2 * (60 * 60 * 24 * 7) * 1979e12 / 2 = 9.575e21
+    assert f"= {flops:.4e} FLOPs" in capsys.readouterr().out and abs(flops / 9.575e21 - 1) < 1e-3
+
+
 def test_accounting_tokenizer_throughput_needs_only_python():
     # trained and measured on pydoc_data, which ships with CPython: no file of ../shared needed
     bps, note = accounting.measure_tokenizer_throughput(seconds=0.05)
