@@ -562,14 +562,13 @@ def measure_tokenizer_throughput(seconds=0.5):
     cut = len(text) // 4
     vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), 1000)  # vocab size
     bps, passes = encode_speed(bpe.Tokenizer(vocab, merges), text[cut:], seconds)
-    return bps, (f"bpe.Tokenizer.encode, {len(merges)} merges learnt from {cut:,} characters of Python's pydoc_data, "
-                 f"over the other {len(text[cut:].encode()):,} bytes, {passes} passes with an empty cache")
+    return bps, (f"bpe.Tokenizer.encode's plain path, {len(merges)} merges learnt from {cut:,} characters of "
+                 f"Python's pydoc_data, over the other {len(text[cut:].encode()):,} bytes, {passes} passes, empty cache")
 
 
 def section_tokenizer():
-    top_id = GPT2_VOCAB - 1  # the largest vocabulary here; TinyStories' 10,000 and a 32,000 fit too
-    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{top_id:,} <= 65,535 = 2^16 - 1: uint16 holds every id in "
-       "2 bytes per token (half of int32, a quarter of torch's int64)")
+    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{GPT2_VOCAB - 1:,} <= 65,535 = 2^16 - 1 (TinyStories' 10,000 "
+       "and OWT's 32,000 too): uint16 holds every id in 2 bytes per token (half of int32, a quarter of torch's int64)")
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GiB: the handout's '825GB')?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
@@ -577,7 +576,8 @@ def section_tokenizer():
         return
     mb_per_sec, pile_hours, pile_days = bps / 1e6, PILE_BYTES / bps / 3600, PILE_BYTES / bps / DAY
     _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
-       f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days")
+       f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days at most: encode gives "
+       f"a text of {bpe.bpe_fast.COMPILED_MIN_CHARS:,}+ characters to its compiled engine (python bench.py encode)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10617,6 +10617,15 @@ def test_accounting_pile_is_825_gib_as_its_paper_says(monkeypatch, capsys):
     assert not [row for row in accounting.notes_corrections() if "Pile" in row[0]]
 
 
+def test_accounting_pile_time_says_it_is_the_plain_paths(monkeypatch, capsys):
+    # the live rate is bpe.py's plain encode (no numba compile in accounting.py); a text the Pile's size goes to the
+    # compiled engine, so the Pile's days printed from that rate are an upper bound, and the line says so
+    monkeypatch.setattr(accounting, "measure_tokenizer_throughput", lambda: (1e6, "a rate"))
+    accounting.section_tokenizer()
+    out = capsys.readouterr().out
+    assert f"{825 * 2**30 / 1e6 / 86_400:.2f} days at most" in out and f"{bpe_fast.COMPILED_MIN_CHARS:,}+ characters" in out
+
+
 # --- session 12 tok item 5: stdout on a full disk is named, as bpe.py names it (cli.exit_code, every printing CLI) ---
 @pytest.mark.parametrize("buffering", [1, -1])  # a print fails, or only the flush of what it buffered
 def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkeypatch):
