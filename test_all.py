@@ -10497,6 +10497,16 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
         None, "no published peak for this meta device in accounting.PEAK_FLOPS")
 
 
+def test_accounting_peaks_are_the_datasheets_dense_figures():
+    # the datasheets' tensor-core figures (2:4 sparse) are twice PEAK_FLOPS'; their fp32 (CUDA cores) has no sparse
+    # figure and is PEAK_FLOPS' own. H100 SXM: 1,979 bf16, 989 tf32, 67 fp32; PCIe: 1,513, 756, 51; A100: 624, 312, 19.5
+    sheets = {"H100 SXM": (1979e12, 989e12, 67e12), "H100 PCIe": (1513e12, 756e12, 51e12), "A100": (624e12, 312e12, 19.5e12)}
+    for card, (bf16, tf32, fp32) in sheets.items():
+        row = accounting.PEAK_FLOPS[card]
+        assert row["bf16"] == row["fp16"] and abs(2 * row["bf16"] / bf16 - 1) < 2e-3 and abs(2 * row["tf32"] / tf32 - 1) < 2e-3
+        assert abs(row["fp32"] / fp32 - 1) < 2e-2, card
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_accounting_cuda_memory_matches_saved_tensors():
     # in a fresh process, as a user runs --verify: there the first matmul still makes cuBLAS's
