@@ -509,7 +509,7 @@ def section_tinystories():
        f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {steps_of_128:,} steps or 32 x {steps_of_32:,}",
        f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: {six_nd:.3e})",
        f"on one H100 (bf16) that is {ideal_seconds:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
-       f"MFU ~ {handout_mfu:.1%} (small models are overhead-bound)",
+       f"MFU ~ {handout_mfu:.1%} (a plain loop's budget: a compiled step at this shape does far better)",
        f"CPU budget: {batch} x {steps} x {T} = {cpu_tokens:,} tokens = {cpu_flops:.3e} FLOPs")
 
 

@@ -10610,6 +10610,14 @@ def test_accounting_eight_h100s_answers_the_lectures_two_weeks(capsys):
     assert f"= {flops:.4e} FLOPs" in capsys.readouterr().out and abs(flops / 9.575e21 - 1) < 1e-3
 
 
+def test_accounting_tinystories_mfu_is_not_blamed_on_model_size(capsys):
+    # the handout's 30-40 minutes on an H100 is ~1.8% MFU; the line blamed "small models are overhead-bound", while
+    # this project's compiled step runs this shape at about a third of the peak (docs/results.md)
+    accounting.section_tinystories()
+    out = capsys.readouterr().out
+    assert "MFU ~ 1.8%" in out and "overhead-bound" not in out and "compiled step" in out
+
+
 def test_accounting_tokenizer_throughput_needs_only_python():
     # trained and measured on pydoc_data, which ships with CPython: no file of ../shared needed
     bps, note = accounting.measure_tokenizer_throughput(seconds=0.05)
