@@ -55,7 +55,7 @@ def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a s
 # 1. FLOPs, hardware and MFU
 
 # Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and kernels.py's roofline
-# import them); the datasheets' headline figures assume 2:4 sparsity (two of every four weights zero, skipped by the
+# import them); the datasheets' tensor-core figures assume 2:4 sparsity (two of every four weights zero, skipped by the
 # hardware) and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12
 # (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on
 # tensor cores, as torch runs them at torch.get_float32_matmul_precision() "high" or "medium".
@@ -212,7 +212,7 @@ def two_layer_flops(B, D, K):
 def section_compute():
     B, D, K = 16384, 32768, 8192
     linear, (fwd, bwd) = 2 * B * D * K, two_layer_flops(B, D, K)
-    step, gpt3, week = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 7
+    step, gpt3, weeks = training_step_flops(fwd), training_flops(175e9, 300e9), flops_per_day(8, H100_BF16, 1) * 14
     peaks = {card: ", ".join(f"{k} {v:.4g}" for k, v in row.items()) for card, row in PEAK_FLOPS.items()}
     _q("FLOPs of the linear model y = x w, x (B, D), w (D, K), with the lecture's GPU sizes?",
        f"2 B D K = 2 x {B} x {D} x {K} = {linear:.4e} FLOPs")
@@ -222,8 +222,8 @@ def section_compute():
        f"step = forward + backward = training_step_flops(forward) = {step:.4e} = 6 x tokens x params")
     _q("FLOPs to train GPT-3 (175B parameters, 300B tokens)?",
        f"6 x 175e9 x 300e9 = {gpt3:.3e} FLOPs (published: 3.14e23)")
-    _q("FLOPs of 8 H100s for a week?",
-       f"8 x 7 x 86400 s x {H100_BF16:.4g} FLOP/s = {week:.4e} FLOPs (bf16 dense, 100% MFU)",
+    _q("FLOPs of 8 H100s for 2 weeks? (the 2025 lecture's code, under that heading, multiplies by one week: half)",
+       f"8 x 14 x 86400 s x {H100_BF16:.4g} FLOP/s = {weeks:.4e} FLOPs (bf16 dense, 100% MFU)",
        "MFU = achieved FLOP/s / peak FLOP/s; >= 0.5 is good. Peaks (dense) used here:",
        *(f"  {card:<10} {row}" for card, row in peaks.items()))
 
@@ -267,7 +267,7 @@ def section_intensity():
 # ---------------------------------------------------------------------------------------------
 # 6. Lecture 2, memory of a training step
 
-GRAD_ACCUMULATION = dict(batch=1024, micro_batch=256, D=1024, L=16)  # the lecture's sizes, bf16
+GRAD_ACCUMULATION = dict(batch=64, micro_batch=16, D=1024, L=16)  # the lecture's sizes (micro-batch B / 4), bf16
 
 
 def checkpointing(L, every):
@@ -283,19 +283,19 @@ def checkpointing(L, every):
 
 
 def section_memory():
-    B, D, L = 2, 4, 3  # the lecture's DeepNetwork: L blocks of D x D Linear + ReLU, float32
-    params = FP32_BYTES * D * D * L
-    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}, float32) with AdaGrad and AdamW?")
+    B, D, L = 2, 4, 3  # the lecture's DeepNetwork (L blocks of D x D Linear + ReLU) and its dtypes
+    params = BF16_BYTES * D * D * L
+    _q(f"Memory of the lecture's DeepNetwork (B={B}, D={D}, L={L}; bf16, fp32 optimizer state) with AdaGrad, AdamW?")
     for opt, states in (("AdaGrad", 1), ("AdamW", 2)):  # optimizer state: AdaGrad's sum of g^2; AdamW's m, v
-        parts = {"parameters": params, "activations": FP32_BYTES * B * D * L, "gradients": params,
-                 "optimizer state": states * params}
+        parts = {"parameters": params, "activations": BF16_BYTES * B * D * L, "gradients": params,
+                 "optimizer state": states * FP32_BYTES * D * D * L}
         _a(f"{opt}: {_terms(parts)} = {sum(parts.values())} bytes")
-    _a("params D^2 L; activations B D L; gradients = params; state 1 x (AdaGrad) or 2 x (AdamW) params")
+    _a("2 bytes x (params D^2 L, activations B D L, gradients D^2 L); state 4 bytes x 1 (AdaGrad) or 2 (AdamW) x D^2 L")
     # gradient accumulation: activations scale with the micro-batch, the gradient with nothing
     batch, micro, D, L = GRAD_ACCUMULATION.values()
     steps, full_mib, micro_mib = batch // micro, BF16_BYTES * batch * D * L / MiB, BF16_BYTES * micro * D * L / MiB
     _q(f"Gradient accumulation: batch {batch} in micro-batches of {micro} (D={D}, L={L}, bf16)?",
-       f"activations 2 B D L = {full_mib:.0f} MiB -> 2 x {micro} x D x L = {micro_mib:.0f} MiB, "
+       f"activations 2 B D L = {full_mib:g} MiB -> 2 x {micro} x D x L = {micro_mib:g} MiB, "
        f"{steps} forward/backward passes per optimizer step, same gradient (sum of micro-batch grads / {steps})")
     for L in (9, 16):
         root = math.isqrt(L)
@@ -509,7 +509,7 @@ def section_tinystories():
        f"{TINYSTORIES_TOKENS:,} / {T} = {seqs:,} sequences, e.g. batch 128 x {steps_of_128:,} steps or 32 x {steps_of_32:,}",
        f"FLOPs = 3 x {seqs:,} x {fwd:.4e} = {flops:.3e} (6 N D with N = blocks + lm_head: {six_nd:.3e})",
        f"on one H100 (bf16) that is {ideal_seconds:.0f} s at 100% MFU: the handout's {lo}-{hi} minutes means "
-       f"MFU ~ {handout_mfu:.1%} (small models are overhead-bound)",
+       f"MFU ~ {handout_mfu:.1%} (a plain loop's budget: a compiled step at this shape does far better)",
        f"CPU budget: {batch} x {steps} x {T} = {cpu_tokens:,} tokens = {cpu_flops:.3e} FLOPs")
 
 
@@ -562,14 +562,13 @@ def measure_tokenizer_throughput(seconds=0.5):
     cut = len(text) // 4
     vocab, merges = bpe.train_from_counts(collections.Counter(bpe.pretokenize(text[:cut])), 1000)  # vocab size
     bps, passes = encode_speed(bpe.Tokenizer(vocab, merges), text[cut:], seconds)
-    return bps, (f"bpe.Tokenizer.encode, {len(merges)} merges learnt from {cut:,} characters of Python's pydoc_data, "
-                 f"over the other {len(text[cut:].encode()):,} bytes, {passes} passes with an empty cache")
+    return bps, (f"bpe.Tokenizer.encode's plain path, {len(merges)} merges learnt from {cut:,} characters of "
+                 f"Python's pydoc_data, over the other {len(text[cut:].encode()):,} bytes, {passes} passes, empty cache")
 
 
 def section_tokenizer():
-    top_id = GPT2_VOCAB - 1  # the largest vocabulary here; TinyStories' 10,000 and a 32,000 fit too
-    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{top_id:,} <= 65,535 = 2^16 - 1: uint16 holds every id in "
-       "2 bytes per token (half of int32, a quarter of torch's int64)")
+    _q("Why store token ids as uint16?", f"GPT-2's ids 0..{GPT2_VOCAB - 1:,} <= 65,535 = 2^16 - 1 (TinyStories' 10,000 "
+       "and OWT's 32,000 too): uint16 holds every id in 2 bytes per token (half of int32, a quarter of torch's int64)")
     _q("Tokenizer throughput, and the time to tokenize the Pile (825 GiB: the handout's '825GB')?")
     bps, note = measure_tokenizer_throughput()
     if bps is None:
@@ -577,7 +576,8 @@ def section_tokenizer():
         return
     mb_per_sec, pile_hours, pile_days = bps / 1e6, PILE_BYTES / bps / 3600, PILE_BYTES / bps / DAY
     _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
-       f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days")
+       f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days at most: encode gives "
+       f"a text of {bpe.bpe_fast.COMPILED_MIN_CHARS:,}+ characters to its compiled engine (python bench.py encode)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,14 +600,14 @@ def notes_corrections():
     return [
         (q70b, "4.4e19 FLOPs/day (notes 001)", f"{per_day:.3e}",
          "a factor-1000 slip in the notes' text; their 144 days is right"),
-        (q70b, "12 B/param, 53B params (notes 000, '2 + 2 + (4 + 4)' as mixed precision)",
+        (q70b, "12 B/param, 53B params (notes 000, as the 2026 lecture: '2 + 2 + (4 + 4)')",
          f"{bpp} B/param, {billions:.0f}B params",
-         "that sum leaves out the fp32 master weights (the lecture's own count is fp32: 4 + 4 + (4 + 4))"),
+         "bf16 weights need an fp32 master copy (+4) that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4))"),
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
-        ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)",
-         f"batch {batch} in micro-batches of {micro}", "a micro-batch cannot exceed the batch"),
+        ("memory: gradient accumulation", "batch 64 with micro-batch 256 (notes 000)", f"batch {batch} in "
+         f"micro-batches of {micro}", f"the lecture's micro-batch is B / 4 = {micro}: 256 exceeds the batch"),
         (qxl, "4.20 TFLOPs, QK^T and AV 0.15% each (notes 003)", f"{tflops:.3f} TFLOPs, {each:.2%} each",
          f"QK^T counted for one head: 2 T^2 d_k L instead of 2 T^2 d L (h = {heads} times too small)"),
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
