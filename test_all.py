@@ -8622,6 +8622,23 @@ def test_train_resume_of_a_complete_run_writes_nothing(tmp_path, capsys):
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before
 
 
+def test_train_resume_of_a_complete_run_copies_its_tokenizer_again(sample_run, tmp_path, capsys):
+    # a finished run whose vocab.json had changed: --resume said "already complete ... run --sample", and --sample
+    # refused the tokenizer ("restore it from a copy, or train the run again"). --resume copies it, as for a stopped run
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "out" / "story")
+    vocab = tmp_path / "out" / "story" / "vocab.json"
+    good = vocab.read_bytes()
+    vocab.write_text("{}")
+    argv = [*flags[:-3], str(tmp_path / "out"), "--device", "cpu", *_TRAIN_TINY, "--vocab-size", "300",
+            "--max-iters", "2", "--workers", "1", *_SAMPLING, "--prompt", "the cat"]
+    assert train.main([*argv, "--sample"]) == 2
+    assert "(the command that trained it, with --resume, copies it again)" in capsys.readouterr().err
+    assert train.main([*argv, "--resume"]) == 0
+    assert f"note: --resume: {vocab} is not the tokenizer" in capsys.readouterr().out
+    assert vocab.read_bytes() == good and train.main([*argv, "--sample"]) == 0
+
+
 def test_train_download_names_its_size(tmp_path, _train_server, capsys):
     # `--data tinystories` downloads about 2 GB: the line that announces a download says how much
     data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
@@ -8918,7 +8935,8 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             # run's tokenizer beside the new weights, and --sample decoded them with it
             ([*at, "mixed"], f"--sample: the tokenizer in {out / 'mixed'} (vocab.json, merges.txt) is not the one "
                              f"{out / 'mixed' / 'ckpt.pt'} was trained with: changed since, or an --overwrite stopped "
-                             "before writing it; restore it from a copy"),
+                             "before writing it (the command that trained it, with --resume, copies it again); "
+                             "restore it from a copy"),
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
