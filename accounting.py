@@ -768,7 +768,7 @@ def run_verify():  # returns the number of mismatches
               f"(rule: within {slack:,} B of {CUDA_BLOCK_ROUNDING}-byte rounding) {verdict}; "
               f"peak during forward {peak:,} B; held before it, by the warm-up forward: {warmup:,} B "
               "(a process's first matmul makes cuBLAS's workspace)")
-    print(f"{bad} mismatch(es)")
+    print(cli.counted(bad, "mismatch"))
     return bad
 
 

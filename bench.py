@@ -1581,7 +1581,7 @@ class GpuReport:
         bad = accounting.run_verify()  # its GPU memory check runs wherever CUDA is
         if bad:
             self.failed.append("accounting.py --verify")
-        return {"accounting.py --verify": f"{bad} mismatch(es), "
+        return {"accounting.py --verify": f"{cli.counted(bad, 'mismatch')}, "
                 f"{'with' if torch.cuda.is_available() else 'without'} the GPU memory check"}
 
     def cuda_tests(self):

@@ -412,8 +412,8 @@ def fmt_time(s):  # seconds -> "12m05s", "3h07m"; None (not known yet) -> "-"
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def counted(n, noun):  # "1 step", "2 steps", "1,400 steps": a count and its noun, which one of them takes alone
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def counted(n, noun):  # "1 step", "2 steps", "1,400 steps", "2 processes": a count and its noun, as it takes it
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
 
 
 def fmt_count(x):  # 3 significant digits and a unit: 950, 12.3k, 172k, 1.72M (a progress line has 80 columns)

@@ -171,7 +171,8 @@ def truncate_metrics(path, last_step):
         elif e["step"] < last_step or (e["step"] == last_step and "loss" in e):
             keep.append(line)
     if dropped:
-        log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
+        log(f"note: dropped {counted(dropped, 'line')} of {path} that are not metrics records (cut short by a kill, or "
+            "edited)")
     with atomic_file(path, "w") as f:
         f.write("".join(line + "\n" for line in keep))
 

@@ -7438,7 +7438,7 @@ def test_train_resume_drops_metrics_lines_that_are_not_records(tmp_path, capsys,
                         + b"[" * 100_000 + b'\n{"step": tru')  # nested 100,000 deep: a RecursionError before
     capsys.readouterr()
     assert train.main(base + ["--resume"]) == 0
-    assert "note: dropped 9 line(s) of" in capsys.readouterr().out
+    assert "note: dropped 9 lines of" in capsys.readouterr().out
     # the run's records kept, step 2's evaluation run again (its checkpoint came first), nothing added twice
     assert [(r["step"], "loss" in r) for r in _train_metrics(tmp_path / "out" / "toy")] == [
         (0, False), (2, True), (2, False), (4, True), (4, False)]
@@ -9667,7 +9667,7 @@ def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_p
     # --grad-accum 16 suits the baseline's batch of 32, not the batch=8 run: refused before any run starts (the
     # example was --post-norm against the no-norm ablation, until ablations refused the flags its variants set)
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(cli.UsageError, match=r"^batch/batch=8: --batch-size 8 does not divide into 1 processes x --grad-accum 16"):
+    with pytest.raises(cli.UsageError, match=r"^batch/batch=8: --batch-size 8 does not divide into 1 process x --grad-accum 16"):
         experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
                           "--max-iters", "40", "--batch-size", "32", "--grad-accum", "16"])
     assert not (tmp_path / "out").exists()
@@ -10137,6 +10137,7 @@ def test_train_says_one_step_not_one_steps(tmp_path, capsys):
     assert train.main(_train_flags_run(tmp_path, "--max-iters", "1", "--warmup-iters", "2", "--run-name", "w")) == 2
     _train_one_error(capsys, "--warmup-iters 2 is longer than the run (1 step).")
     assert cli.counted(1, "token") == "1 token" and cli.counted(1400, "step") == "1,400 steps"
+    assert cli.counted(2, "process") == "2 processes" and cli.counted(0, "mismatch") == "0 mismatches"  # not "(es)"
 
 
 def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_end(tmp_path, monkeypatch, capsys):
@@ -11153,7 +11154,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
                         rf"{model.STOP_CHECK_EVERY}\)", rows[looks]), rows[looks]
     assert all(rows[h] == "skipped: transformers is not installed" for h in hf)
     assert rows["kernels.py GELU"].startswith("ran torch ops, F.gelu")
-    assert rows["accounting.py --verify"] == "0 mismatch(es), without the GPU memory check"
+    assert rows["accounting.py --verify"] == "0 mismatches, without the GPU memory check"
     assert rows["tests touching CUDA (pytest -k 'cuda')"] == "1 passed"
 
 

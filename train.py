@@ -442,7 +442,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         log(f"initialized from {cfg['init_from']} (its step {its_step})")
     n_params, n_emb = sum(p.numel() for p in lm.parameters()), lm.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
-        f"device {cfg['device']}, dtype {cfg['dtype']}, {cfg['world_size']} process(es)")
+        f"device {cfg['device']}, dtype {cfg['dtype']}, {cli.counted(cfg['world_size'], 'process')}")
     progress = Progress(cfg, run_dir / "metrics.jsonl", (resume_state or {}).get("elapsed", 0.0), ckpt_path)
 
     def save(step):
