@@ -129,7 +129,15 @@ def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes p
 
 def quiet_while_starting(name):
     """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
-    not an import's traceback."""
+    not an import's traceback. So is a NUMBA_NUM_THREADS numba cannot take (0 raised a ValueError in its import, a
+    word printed its parse's traceback as a warning): one sentence, exit code 2."""
+    threads = os.environ.get("NUMBA_NUM_THREADS", "1").strip()
+    if not (threads.isascii() and threads.isdigit() and 0 < int(threads[:18])):
+        def refuse():
+            raise UsageError(f"the environment's NUMBA_NUM_THREADS={short_repr(os.environ['NUMBA_NUM_THREADS'])} is "
+                             "not a number of threads 1, 2, ...; unset it, or set it to the cores numba may use.")
+        exit_quietly(exit_code(name, refuse, "nothing was written."))
+
     def stop(signum, frame):
         if signum == SIGHUP:
             hang_up()

@@ -343,8 +343,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["prompt"] == "-" and sys.stdin is None,  # fd 0 closed (`<&-`, a job runner): Python's None
      "--prompt - reads prompts from stdin, which is closed; give it a file or a pipe (< prompts.txt), or pass the "
      "prompt's text."),
-    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), "--batch-size {batch_size} does not divide "
-     "into {world_size} processes x --grad-accum {grad_accum}; make it a multiple of their product."),
+    (lambda c: c["batch_size"] % (c["world_size"] * c["grad_accum"]), lambda c: f"--batch-size {c['batch_size']} does "
+     f"not divide into {counted(c['world_size'], 'process')} x --grad-accum {c['grad_accum']}; make it a multiple of "
+     "their product."),
     (lambda c: device_error(c["device"]), lambda c: f"--device {c['device']}: {device_error(c['device'])}"),
     (lambda c: c["dtype"] not in ("float32", "bf16"), "--dtype {dtype}: use float32 or bf16."),
     (lambda c: c["dtype"] == "bf16" and c["device"].startswith("cuda") and not torch.cuda.is_bf16_supported(),

@@ -171,7 +171,7 @@ def truncate_metrics(path, last_step):
         elif e["step"] < last_step or (e["step"] == last_step and "loss" in e):
             keep.append(line)
     if dropped:
-        log(f"note: dropped {dropped} line(s) of {path} that are not metrics records (cut short by a kill, or edited)")
+        log(f"note: dropped {counted(dropped, 'line')} of {path}, not metrics records (cut short by a kill, or edited)")
     with atomic_file(path, "w") as f:
         f.write("".join(line + "\n" for line in keep))
 
@@ -396,10 +396,15 @@ def check_config(config, like, name):
 
 
 def holds_tokenizer(folder, fp):
-    """Are the vocab.json and merges.txt in folder the tokenizer whose SHA-256s a run's data fingerprint fp records?
-    OSError where they cannot be read."""
+    """Are folder's vocab.json and merges.txt those whose SHA-256s a run's data fingerprint fp records? (OSError)"""
     digests = [file_sha256(Path(folder) / name) for name in TOKENIZER]
     return isinstance(fp, dict) and fp.get("tokenizer") == digests
+
+
+def holds_own_tokenizer(run, fp):  # does a run's folder hold the tokenizer of its fingerprint fp (none there: yes)?
+    with contextlib.suppress(OSError):  # one deleted, or a directory in its place: copied again
+        return not fp["tokenizer"] or holds_tokenizer(run, fp)
+    return False
 
 
 def read_run(d, like):
@@ -423,7 +428,8 @@ def read_run(d, like):
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
             and not holds_tokenizer(d, fp):  # an --overwrite
         raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
-                         "changed since, or an --overwrite stopped before writing it")
+                         "changed since, or an --overwrite stopped before writing it (the command that trained it, "
+                         "with --resume, copies it again)")
     return state
 
 
@@ -648,16 +654,17 @@ def dry_step(state, model, optimizer, name):
 
 
 def run_complete(state, cfg, ckpt_path, tok):
-    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl and the files
+    """Is the resumed checkpoint at the run's last step, with its final evaluation in metrics.jsonl, the files
     the end of train() writes after it (samples.txt where the run samples: tok, the run's tokenizer, is not None;
-    loss.png with --plot)? Then one line says so, and nothing is evaluated, sampled or written again (the end did
-    that once). Without them (stopped at the last step, during the evaluation, the sampling or the plot) the run
-    goes on to its end. A larger --max-iters extends it instead (verify_resume)."""
+    loss.png with --plot) and the tokenizer it was trained with? Then one line says so, and nothing is written again.
+    Without them (stopped at the last step, during the evaluation, the sampling or the plot; a vocab.json changed
+    since, which --sample refuses) the run goes on to its end, which writes them. A larger --max-iters extends it."""
     run = ckpt_path.parent
     ends = [name for name, made in (("samples.txt", tok is not None and cfg["num_samples"] > 0),
                                     ("loss.png", cfg["plot"])) if made]
     loss = final_val_loss(run / "metrics.jsonl", cfg["max_iters"])
-    if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends):
+    if state["iteration"] < cfg["max_iters"] or loss is None or not all((run / name).is_file() for name in ends) \
+            or not holds_own_tokenizer(run, cfg["data_fingerprint"]):
         return False
     without = "".join(f" and without {flag}" for flag, on in (("--init-from", cfg["init_from"]),  # --sample refuses
                                                               ("--num-samples 0", not cfg["num_samples"])) if on)

@@ -4583,6 +4583,26 @@ def test_cli_stopped_while_starting_under_torchrun_says_it_once():
         assert (p.returncode, p.stderr) == (130, said), rank
 
 
+def test_cli_a_numba_thread_count_numba_refuses_is_one_sentence(monkeypatch, capsys):
+    # NUMBA_NUM_THREADS=0 ended every command in the traceback of numba's import ("Number of threads specified must be
+    # > 0"); a word printed its parse's traceback as a warning. Refused before numba loads, in one sentence, exit 2
+    saved = {s: signal.getsignal(s) for s in cli.STOPS}
+    try:
+        for value in ("0", "-2", "abc", ""):
+            monkeypatch.setenv("NUMBA_NUM_THREADS", value)
+            with pytest.raises(SystemExit) as stop:
+                cli.quiet_while_starting("train.py")
+            assert stop.value.code == 2 and capsys.readouterr().err == (
+                f"train.py: error: the environment's NUMBA_NUM_THREADS={value!r} is not a number of threads 1, 2, ...; "
+                "unset it, or set it to the cores numba may use.\n"), value
+        monkeypatch.setenv("NUMBA_NUM_THREADS", " 3 ")  # numba's int() takes it
+        cli.quiet_while_starting("train.py")
+        assert capsys.readouterr().err == ""
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cli_a_stop_while_python_shuts_down_after_success_is_ignored(signum):
     # a sixth tester's: a Ctrl-C or SIGTERM in the second after a run's last line (atexit's clean-up) printed
@@ -7568,7 +7588,7 @@ def test_train_resume_drops_metrics_lines_that_are_not_records(tmp_path, capsys,
                         + b"[" * 100_000 + b'\n{"step": tru')  # nested 100,000 deep: a RecursionError before
     capsys.readouterr()
     assert train.main(base + ["--resume"]) == 0
-    assert "note: dropped 9 line(s) of" in capsys.readouterr().out
+    assert "note: dropped 9 lines of" in capsys.readouterr().out
     # the run's records kept, step 2's evaluation run again (its checkpoint came first), nothing added twice
     assert [(r["step"], "loss" in r) for r in _train_metrics(tmp_path / "out" / "toy")] == [
         (0, False), (2, True), (2, False), (4, True), (4, False)]
@@ -8774,6 +8794,23 @@ def test_train_resume_of_a_complete_run_writes_nothing(tmp_path, capsys):
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before
 
 
+def test_train_resume_of_a_complete_run_copies_its_tokenizer_again(sample_run, tmp_path, capsys):
+    # a finished run whose vocab.json had changed: --resume said "already complete ... run --sample", and --sample
+    # refused the tokenizer ("restore it from a copy, or train the run again"). --resume copies it, as for a stopped run
+    flags, run = sample_run
+    shutil.copytree(run, tmp_path / "out" / "story")
+    vocab = tmp_path / "out" / "story" / "vocab.json"
+    good = vocab.read_bytes()
+    vocab.write_text("{}")
+    argv = [*flags[:-3], str(tmp_path / "out"), "--device", "cpu", *_TRAIN_TINY, "--vocab-size", "300",
+            "--max-iters", "2", "--workers", "1", *_SAMPLING, "--prompt", "the cat"]
+    assert train.main([*argv, "--sample"]) == 2
+    assert "(the command that trained it, with --resume, copies it again)" in capsys.readouterr().err
+    assert train.main([*argv, "--resume"]) == 0
+    assert f"note: --resume: {vocab} is not the tokenizer" in capsys.readouterr().out
+    assert vocab.read_bytes() == good and train.main([*argv, "--sample"]) == 0
+
+
 def test_train_download_names_its_size(tmp_path, _train_server, capsys):
     # `--data tinystories` downloads about 2 GB: the line that announces a download says how much
     data.download(f"{_train_server}/f.txt", tmp_path / "f.txt")
@@ -9070,7 +9107,8 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             # run's tokenizer beside the new weights, and --sample decoded them with it
             ([*at, "mixed"], f"--sample: the tokenizer in {out / 'mixed'} (vocab.json, merges.txt) is not the one "
                              f"{out / 'mixed' / 'ckpt.pt'} was trained with: changed since, or an --overwrite stopped "
-                             "before writing it; restore it from a copy"),
+                             "before writing it (the command that trained it, with --resume, copies it again); "
+                             "restore it from a copy"),
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
@@ -9809,7 +9847,7 @@ def test_experiments_a_flag_only_a_variant_breaks_stops_all_before_any_run(tmp_p
     # --grad-accum 16 suits the baseline's batch of 32, not the batch=8 run: refused before any run starts (the
     # example was --post-norm against the no-norm ablation, until ablations refused the flags its variants set)
     ids = _train_toy_ids(tmp_path / "toy.npy")
-    with pytest.raises(cli.UsageError, match=r"^batch/batch=8: --batch-size 8 does not divide into 1 processes x --grad-accum 16"):
+    with pytest.raises(cli.UsageError, match=r"^batch/batch=8: --batch-size 8 does not divide into 1 process x --grad-accum 16"):
         experiments.main(["batch", "--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY,
                           "--max-iters", "40", "--batch-size", "32", "--grad-accum", "16"])
     assert not (tmp_path / "out").exists()
