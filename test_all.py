@@ -1031,9 +1031,15 @@ def test_fused_head_levers_are_refused_where_they_cannot_run():
                         (["--max-autotune"], "--cuda-graph and --max-autotune change how torch.compile builds the "
                                              "step; pass --compile too."),
                         (["--cuda-graph", "--compile"], "--cuda-graph replays the compiled step on a GPU; on cpu "
-                                                        "drop it.")):
+                                                        "drop it."),
+                        # a tester's: LMLoss ran model.py's logits and loss, the flag dropped without a word
+                        (["--fused-head", "--no-fast"], "--fused-head is a kernel of the fast path, and --no-fast runs "
+                                                        "model.py's logits and loss; drop one of them.")):
         with pytest.raises(cli.UsageError, match=re.escape(said)):
             train.resolve_config(base + flags)
+    assert train.resolve_config(base + ["--no-fast"])["fused_head"] is False  # its default there: off, as it runs
+    assert train.resolve_config(base + ["--no-fast", "--no-fused-head"])["fused_head"] is False
+    assert train.resolve_config(base)["fused_head"] is True
     cfg = train.resolve_config(base + ["--compile", "--grad-accum", "2"])  # a GPU's rule, checked where it applies
     with pytest.raises(cli.UsageError, match=r"^--cuda-graph with --grad-accum 2: each micro-step's replay would "):
         config.check_flags(dict(cfg, device="cuda", cuda_graph=True), [r for r in config.CHECKS if "--cuda-graph with"
