@@ -356,6 +356,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--sdpa-backend {sdpa_backend} is a CUDA kernel; on {device} pass auto, flash or math."),
     (lambda c: c["sdpa_backend"] != "auto" and not c["fast"],
      "--sdpa-backend picks the fast path's attention kernel, and --no-fast runs model.py's own; drop one of them."),
+    (lambda c: c["fused_head"] and not c["fast"],  # given (off by default there): it was dropped without a word
+     "--fused-head is a kernel of the fast path, and --no-fast runs model.py's logits and loss; drop one of them."),
     (lambda c: c["triton_gate"] and not c["device"].startswith("cuda"),
      "--triton-gate runs Triton kernels on a GPU; on {device} drop it."),
     (lambda c: c["triton_gate"] and not c["fast"],
@@ -629,8 +631,8 @@ def resolve_config(argv=None):
     compiled_gpu = cfg["compile"] and cfg["device"].startswith("cuda")
     if cfg["cuda_graph"] is None:
         cfg["cuda_graph"] = compiled_gpu and cfg["grad_accum"] == 1 and cfg["world_size"] == 1
-    if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path
-        cfg["fused_head"] = not compiled_gpu or cfg["cuda_graph"]
+    if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path; --no-fast: model.py's own
+        cfg["fused_head"] = cfg["fast"] and (not compiled_gpu or cfg["cuda_graph"])
     if cfg["triton_gate"] is None:  # compiled_gpu first: a --cuda-graph given on a CPU gets its own refusal
         cfg["triton_gate"] = compiled_gpu and cfg["cuda_graph"] and gate_runs(cfg)
     if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)

@@ -1031,9 +1031,15 @@ def test_fused_head_levers_are_refused_where_they_cannot_run():
                         (["--max-autotune"], "--cuda-graph and --max-autotune change how torch.compile builds the "
                                              "step; pass --compile too."),
                         (["--cuda-graph", "--compile"], "--cuda-graph replays the compiled step on a GPU; on cpu "
-                                                        "drop it.")):
+                                                        "drop it."),
+                        # a tester's: LMLoss ran model.py's logits and loss, the flag dropped without a word
+                        (["--fused-head", "--no-fast"], "--fused-head is a kernel of the fast path, and --no-fast runs "
+                                                        "model.py's logits and loss; drop one of them.")):
         with pytest.raises(cli.UsageError, match=re.escape(said)):
             train.resolve_config(base + flags)
+    assert train.resolve_config(base + ["--no-fast"])["fused_head"] is False  # its default there: off, as it runs
+    assert train.resolve_config(base + ["--no-fast", "--no-fused-head"])["fused_head"] is False
+    assert train.resolve_config(base)["fused_head"] is True
     cfg = train.resolve_config(base + ["--compile", "--grad-accum", "2"])  # a GPU's rule, checked where it applies
     with pytest.raises(cli.UsageError, match=r"^--cuda-graph with --grad-accum 2: each micro-step's replay would "):
         config.check_flags(dict(cfg, device="cuda", cuda_graph=True), [r for r in config.CHECKS if "--cuda-graph with"
@@ -8684,6 +8690,29 @@ def test_train_cpu_run_has_no_mfu_and_benchmark_names_its_probe(tmp_path, capsys
     mfu = [line for line in capsys.readouterr().out.splitlines() if "MFU" in line]
     assert len(mfu) == 1 and re.fullmatch(r"  MFU [\d.]+% vs a measured matmul peak of [\d.]+ TFLOP/s \(a probe, not a "
                                           r"published peak\)", mfu[0]), mfu
+
+
+def test_train_tokens_per_s_leaves_a_checkpoints_write_out(tmp_path, monkeypatch):
+    # a tester's: the seconds a checkpoint took to write went into the next step's, so the window after each save
+    # reported a fraction of the speed (a 0.5 s save: 1.2k tok/s beside 25k), as its MFU on a GPU would; they are
+    # left out now, as an evaluation's are. The clock moves 1 ms a reading, and 1000 s in a save
+    clock = [0.0]
+
+    def tick():
+        clock[0] += 1e-3
+        return clock[0]
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=tick))
+    real_save = train.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        clock[0] += 1000.0
+        return real_save(*args, **kwargs)
+    monkeypatch.setattr(train, "save_checkpoint", slow_save)
+    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--out-dir",
+            str(tmp_path / "out"), "--max-iters", "6", "--log-interval", "2", "--checkpoint-interval", "3"]
+    assert train.main(argv) == 0  # saves at steps 0, 3 (inside the window of steps 3-4) and 6
+    speeds = [r["tokens_per_s"] for r in _train_metrics(tmp_path / "out" / "toy") if "loss" in r]
+    assert len(speeds) == 3 and min(speeds) > max(speeds) / 3, speeds
 
 
 def _train_progress(tmp_path, monkeypatch, max_iters, log_interval=10):  # a Progress on a clock the test moves

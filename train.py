@@ -210,7 +210,7 @@ def train_step(loss_model, optimizer, micro_batches, lr, cfg):
     gradients sum to the batch mean's; under DDP, backward averages them, and no_sync() skips that but at the last."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    n, loss_sum = len(micro_batches), torch.zeros((), device=cfg["device"])
+    n, mean = len(micro_batches), torch.zeros((), device=cfg["device"])
     for i, (x, y) in enumerate(micro_batches):
         if cfg["cuda_graph"]:  # the graphs' outputs of the last micro-step are spent: their memory may be reused
             torch.compiler.cudagraph_mark_step_begin()
@@ -218,13 +218,11 @@ def train_step(loss_model, optimizer, micro_batches, lr, cfg):
         with (contextlib.nullcontext() if sync else loss_model.no_sync()), autocast(cfg):
             loss = loss_model(x, y)
         (loss / n).backward()
-        loss_sum += loss.detach()
-    loss = loss_sum / n
+        mean += loss.detach() / (n * cfg["world_size"])  # the global batch's mean once all_reduce adds the processes'
     if cfg["world_size"] > 1:
-        torch.distributed.all_reduce(loss)
-        loss /= cfg["world_size"]
+        torch.distributed.all_reduce(mean)
     norm = clip_grad_norm(loss_model.parameters(), cfg["grad_clip"], fused=cfg["fast"]) if cfg["grad_clip"] > 0 else None
-    return loss, norm
+    return mean, norm
 
 
 def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequences, per optimizer step
@@ -319,7 +317,7 @@ def note_long_run(cfg, seconds_left, tty):
 
 class Progress:
     """Console lines and metrics.jsonl (rank 0). tokens/s and MFU: the steps since the last metrics line, evaluations
-    excluded; times from the first start, across resumes. Losses stay on the device until a log step reads them."""
+    and checkpoints excluded; times from the first start, across resumes. Losses stay on the device until read."""
 
     def __init__(self, cfg, path, elapsed, ckpt_path):
         self.cfg, self.path, self.tty, self.ckpt_path, self.unread = cfg, path, sys.stdout.isatty(), ckpt_path, []
@@ -448,10 +446,12 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
 
     def save(step):
         rundir.read_back(progress.unread, ckpt_path)  # the steps since the last read first: a NaN or inf, exit 1
+        t = time.time()  # from here the checkpoint's seconds: no step's, so tokens/s and MFU leave them out
         rundir.stop_non_finite(step, ckpt_path, model=lm)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
             save_checkpoint(lm, optimizer, step, ckpt_path, config=cfg, rng=rundir.rng_state(batch_gen),
                             elapsed=progress.seconds())
+        progress.t_last += time.time() - t
     with rundir.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
         if resume_state is None:
             save(0)  # a checkpoint exists from the first moment on, so --resume always has one
