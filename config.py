@@ -260,7 +260,7 @@ def training_bytes(c):
     layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
     saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
-    logits //= fused_head.CHUNKS if c["fast"] and c["fused_head"] else 1  # the fused head: one chunk at least
+    logits //= fused_head.CHUNKS if c["fused_head"] else 1  # the fused head: one chunk at least
     return state + logits + saved // (2 if half else 1)
 
 
@@ -270,7 +270,7 @@ def gate_runs(c):  # --triton-gate's kernels can run here (CHECKS names each con
 
 def levers_on(cfg):  # the fast path's switches a run has on, as flags: "--fused-head --bf16-residual", or "none"
     keys = ("cuda_graph", "fused_head", "triton_gate", "bf16_residual", "max_autotune")
-    return " ".join(FLAG_ROWS[k][0] for k in keys if cfg[k] and (cfg["fast"] or k != "fused_head")) or "none"
+    return " ".join(FLAG_ROWS[k][0] for k in keys if cfg[k]) or "none"
 
 
 def too_big(c):  # the run would not fit in memory: a sentence with the estimate, or ""
