@@ -128,14 +128,14 @@ def plan(cfg):
     sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
     base = sweep[lr]
 
-    def batch_run(size):  # the baseline's tokens, its tokens between evaluations and those of its warm-up
-        steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
-        return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps), "--eval-interval",
-                                              str(every), "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
+    def batch_run(size):  # the baseline's tokens in all, between evaluations, in each one, and in its warm-up
+        scaled = {k: max(int(k != "warmup_iters"), round(cfg[k] * b / size))  # an evaluation's seconds and noise
+                  for k in ("max_iters", "eval_interval", "eval_iters", "warmup_iters")}
+        return Run("batch", f"batch={size}", ["--batch-size", str(size), *(a for k, n in scaled.items() for a in (
+            config.FLAG_ROWS[k][0], str(n)))])
     low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
-                 f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}",
-                                                ["--no-norm", *lr_flags(cfg, low)]),
+                 f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
                  "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff

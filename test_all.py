@@ -9519,13 +9519,16 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived"}
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived", "eval_iters"}
     # micro_batch: the batch, by --grad-accum; optimizer: the race's; derived: the batch runs give their length
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
         for k in ("max_iters", "warmup_iters"):  # the baseline's tokens, and those of its warm-up
             assert cfg["batch_size"] * cfg[k] == base["batch_size"] * base[k], (label, k)
+        # and those of each evaluation, in whole batches: batch 128's evaluated 16 times batch 8's tokens, which made
+        # its wall time 57 s against 24 s at a higher tokens/s (`batch --max-iters 30`), and its loss less noisy
+        assert cfg["eval_iters"] == max(1, round(base["eval_iters"] * base["batch_size"] / cfg["batch_size"])), label
         assert cfg["compile"] == (data_source == "tinystories")
     assert sorted(cfg["lr"] for (name, _), cfg in cfgs.items() if name == "lr") == sorted({*scale["lrs"], base["lr"]})
     assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
