@@ -580,7 +580,7 @@ def extra_sections(where, best, args):
     extra, tokens = {}, where / "tokenizer" / "tokenizer.json"
     samples = best and [(name, where / "generate" / best[0].name / slug(name) / "samples.txt") for name, *_ in SAMPLING]
     if samples and all(sampled(path, best[0].dir(args.out_dir)) for _, path in samples):
-        texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].strip()) for name, path in samples]
+        texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].removesuffix("\n")) for name, path in samples]
         extra["generate"] = [f"From {best[0].name}, the best model of the lr sweep (final validation loss "
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
                              f"{data.EOT}.", ""]

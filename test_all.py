@@ -10091,10 +10091,11 @@ def test_experiments_report_shows_a_sample_with_backticks_and_control_characters
     for name, *_ in experiments.SAMPLING:
         path = where / "generate" / "lr=1e-03" / experiments.slug(name) / "samples.txt"
         path.parent.mkdir(parents=True)
-        path.write_text("--- sample 1 ---\nsee ```py\nx\t= 1\x1b[2J\x00\n```` end\n", encoding="utf-8")
+        path.write_text("--- sample 1 ---\n  see ```py\nx\t= 1\x1b[2J\x00\n```` end\n\n", encoding="utf-8")
     lines = experiments.extra_sections(where, best, args)["generate"]
-    at = lines.index("`````")  # longer than the sample's longest run of backticks (4)
-    assert lines[at:at + 3] == ["`````", "see ```py\nx\t= 1\\x1b[2J\\x00\n```` end", "`````"]
+    at = lines.index("`````")  # longer than the sample's longest run of backticks (4); the sample whole (its first
+    # line's indent was stripped, a code sample's `\n    return x` shown as `return x`), but for write_samples' "\n"
+    assert lines[at:at + 3] == ["`````", "  see ```py\nx\t= 1\\x1b[2J\\x00\n```` end\n", "`````"]
 
 
 def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_one_sentence(tmp_path, monkeypatch):
