@@ -9748,6 +9748,14 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
         data_fingerprint=other, out_dir=tmp_path))
     path.write_text(json.dumps({k: v for k, v in f.items() if k != "made_for"}))  # an older version's
     assert tokenizer_experiments.stored_figures(path, made_for) is None
+    # a file cut or edited was a traceback of every later command (json's, a list's .get, a KeyError or a division
+    # by 0 in the answers): measured again, and no section until then
+    for text in ('{"made_for": ', "[1]", json.dumps(dict(f, tokens=0)), json.dumps(dict(f, bytes=None)),
+                 json.dumps({k: v for k, v in f.items() if k != "bytes_per_s"}), json.dumps(dict(f, dtype=1))):
+        path.write_text(text)
+        assert tokenizer_experiments.stored_figures(path, made_for) is None, text
+    path.write_bytes(b"\xff")
+    assert "tokenizer" not in experiments.extra_sections(tmp_path, None, args)
 
 
 
