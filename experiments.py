@@ -136,8 +136,7 @@ def plan(cfg):
     low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
-                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
-                 "nope": Run("ablations", "nope", ["--nope"]),
+                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
@@ -580,7 +579,8 @@ def extra_sections(where, best, args):
     extra, tokens = {}, where / "tokenizer" / "tokenizer.json"
     samples = best and [(name, where / "generate" / best[0].name / slug(name) / "samples.txt") for name, *_ in SAMPLING]
     if samples and all(sampled(path, best[0].dir(args.out_dir)) for _, path in samples):
-        texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].removesuffix("\n")) for name, path in samples]
+        texts = [(name, path.read_text(encoding="utf-8", errors="replace").partition("\n")[2].removesuffix("\n"))
+                 for name, path in samples]  # write_samples' text; one edited by hand as it is, not a traceback
         extra["generate"] = [f"From {best[0].name}, the best model of the lr sweep (final validation loss "
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
                              f"{data.EOT}.", ""]

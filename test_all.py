@@ -10104,6 +10104,10 @@ def test_experiments_report_shows_a_sample_with_backticks_and_control_characters
     at = lines.index("`````")  # longer than the sample's longest run of backticks (4); the sample whole (its first
     # line's indent was stripped, a code sample's `\n    return x` shown as `return x`), but for write_samples' "\n"
     assert lines[at:at + 3] == ["`````", "  see ```py\nx\t= 1\\x1b[2J\\x00\n```` end\n", "`````"]
+    path.write_bytes(b"cut")  # edited by hand, or cut: an IndexError, and a UnicodeDecodeError for other bytes
+    assert experiments.extra_sections(where, best, args)["generate"][-5:-2] == ["```", "", "```"]
+    path.write_bytes(b"--- sample 1 ---\n\xff\n")
+    assert experiments.extra_sections(where, best, args)["generate"][-5:-2] == ["```", "\ufffd", "```"]
 
 
 def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_one_sentence(tmp_path, monkeypatch):
