@@ -128,16 +128,15 @@ def plan(cfg):
     sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
     base = sweep[lr]
 
-    def batch_run(size):  # the baseline's tokens, its tokens between evaluations and those of its warm-up
-        steps, every = (max(1, round(cfg[k] * b / size)) for k in ("max_iters", "eval_interval"))
-        return Run("batch", f"batch={size}", ["--batch-size", str(size), "--max-iters", str(steps), "--eval-interval",
-                                              str(every), "--warmup-iters", str(round(cfg["warmup_iters"] * b / size))])
+    def batch_run(size):  # the baseline's tokens in all, between evaluations, in each one, and in its warm-up
+        scaled = {k: max(int(k != "warmup_iters"), round(cfg[k] * b / size))  # an evaluation's seconds and noise
+                  for k in ("max_iters", "eval_interval", "eval_iters", "warmup_iters")}
+        return Run("batch", f"batch={size}", ["--batch-size", str(size), *(a for k, n in scaled.items() for a in (
+            config.FLAG_ROWS[k][0], str(n)))])
     low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
     ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
-                 f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}",
-                                                ["--no-norm", *lr_flags(cfg, low)]),
-                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]),
-                 "nope": Run("ablations", "nope", ["--nope"]),
+                 f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
+                 "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
@@ -580,7 +579,8 @@ def extra_sections(where, best, args):
     extra, tokens = {}, where / "tokenizer" / "tokenizer.json"
     samples = best and [(name, where / "generate" / best[0].name / slug(name) / "samples.txt") for name, *_ in SAMPLING]
     if samples and all(sampled(path, best[0].dir(args.out_dir)) for _, path in samples):
-        texts = [(name, path.read_text(encoding="utf-8").split("\n", 1)[1].strip()) for name, path in samples]
+        texts = [(name, path.read_text(encoding="utf-8", errors="replace").partition("\n")[2].removesuffix("\n"))
+                 for name, path in samples]  # write_samples' text; one edited by hand as it is, not a traceback
         extra["generate"] = [f"From {best[0].name}, the best model of the lr sweep (final validation loss "
                              f"{best[1]['final']:.3f}); up to {SAMPLE_TOKENS} tokens each, or to the first "
                              f"{data.EOT}.", ""]

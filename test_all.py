@@ -9519,13 +9519,16 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived"}
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived", "eval_iters"}
     # micro_batch: the batch, by --grad-accum; optimizer: the race's; derived: the batch runs give their length
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
         for k in ("max_iters", "warmup_iters"):  # the baseline's tokens, and those of its warm-up
             assert cfg["batch_size"] * cfg[k] == base["batch_size"] * base[k], (label, k)
+        # and those of each evaluation, in whole batches: batch 128's evaluated 16 times batch 8's tokens, which made
+        # its wall time 57 s against 24 s at a higher tokens/s (`batch --max-iters 30`), and its loss less noisy
+        assert cfg["eval_iters"] == max(1, round(base["eval_iters"] * base["batch_size"] / cfg["batch_size"])), label
         assert cfg["compile"] == (data_source == "tinystories")
     assert sorted(cfg["lr"] for (name, _), cfg in cfgs.items() if name == "lr") == sorted({*scale["lrs"], base["lr"]})
     assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
@@ -9745,6 +9748,14 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
         data_fingerprint=other, out_dir=tmp_path))
     path.write_text(json.dumps({k: v for k, v in f.items() if k != "made_for"}))  # an older version's
     assert tokenizer_experiments.stored_figures(path, made_for) is None
+    # a file cut or edited was a traceback of every later command (json's, a list's .get, a KeyError or a division
+    # by 0 in the answers): measured again, and no section until then
+    for text in ('{"made_for": ', "[1]", json.dumps(dict(f, tokens=0)), json.dumps(dict(f, bytes=None)),
+                 json.dumps({k: v for k, v in f.items() if k != "bytes_per_s"}), json.dumps(dict(f, dtype=1))):
+        path.write_text(text)
+        assert tokenizer_experiments.stored_figures(path, made_for) is None, text
+    path.write_bytes(b"\xff")
+    assert "tokenizer" not in experiments.extra_sections(tmp_path, None, args)
 
 
 
@@ -10088,10 +10099,15 @@ def test_experiments_report_shows_a_sample_with_backticks_and_control_characters
     for name, *_ in experiments.SAMPLING:
         path = where / "generate" / "lr=1e-03" / experiments.slug(name) / "samples.txt"
         path.parent.mkdir(parents=True)
-        path.write_text("--- sample 1 ---\nsee ```py\nx\t= 1\x1b[2J\x00\n```` end\n", encoding="utf-8")
+        path.write_text("--- sample 1 ---\n  see ```py\nx\t= 1\x1b[2J\x00\n```` end\n\n", encoding="utf-8")
     lines = experiments.extra_sections(where, best, args)["generate"]
-    at = lines.index("`````")  # longer than the sample's longest run of backticks (4)
-    assert lines[at:at + 3] == ["`````", "see ```py\nx\t= 1\\x1b[2J\\x00\n```` end", "`````"]
+    at = lines.index("`````")  # longer than the sample's longest run of backticks (4); the sample whole (its first
+    # line's indent was stripped, a code sample's `\n    return x` shown as `return x`), but for write_samples' "\n"
+    assert lines[at:at + 3] == ["`````", "  see ```py\nx\t= 1\\x1b[2J\\x00\n```` end\n", "`````"]
+    path.write_bytes(b"cut")  # edited by hand, or cut: an IndexError, and a UnicodeDecodeError for other bytes
+    assert experiments.extra_sections(where, best, args)["generate"][-5:-2] == ["```", "", "```"]
+    path.write_bytes(b"--- sample 1 ---\n\xff\n")
+    assert experiments.extra_sections(where, best, args)["generate"][-5:-2] == ["```", "\ufffd", "```"]
 
 
 def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_one_sentence(tmp_path, monkeypatch):

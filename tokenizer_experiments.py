@@ -9,7 +9,7 @@ its throughput, and the hours it would take to tokenize the Pile; why its ids ar
 3. The answers
 """
 import collections
-import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -67,9 +67,19 @@ def bytes_per_token(tok, docs):  # ["ab c", ...] -> bytes of the documents / tok
     return sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
 
 
-def stored_figures(path, made_for):  # tokenizer_figures' kept figures, or None: none yet, or of other data
-    figures = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    return figures if figures.get("made_for") == made_for else None
+NUMBERS = ("documents", "bytes", "vocab", "tokens", "other_documents", "other_vocab", "text_bytes", "ours_on_other",
+           "other_on_ours", "other_on_other", "bytes_per_s")  # tokenizer_figures' figures, each above 0
+
+
+def stored_figures(path, made_for):
+    """tokenizer_figures' kept figures, or None: none yet, of other data, or a file cut or edited (measured again; a
+    traceback of json's, or answer_tokenizer's KeyError or division by 0, before 2026-12-01)."""
+    try:
+        f = files.load_json(path.read_text(encoding="utf-8"), path) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    ok = isinstance(f, dict) and f.get("made_for") == made_for and all(type(f.get(k)) is str for k in ("dtype", "other"))
+    return f if ok and all(type(f.get(k)) in (int, float) and 0 < f[k] < math.inf for k in NUMBERS) else None
 
 
 def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
