@@ -11197,6 +11197,16 @@ def test_bench_missing_peer_is_one_line_saying_how_to_install(capsys):
     assert out == "(no_such_module_xyz is not installed, so it is left out: pip install no_such_module_xyz)"
 
 
+def test_bench_profiler_probes_print_nothing_on_the_c_level_stderr(capfd):
+    # torch 2.13's profiler prints "USDT: ... profiler_start" and "profiler_stop" on file descriptor 2: bench.py head's
+    # table had two such lines between its rows
+    step = lambda: torch.randn(64, 64) @ torch.randn(64, 64)  # noqa: E731
+    assert bench.peak_bytes(step, "cpu") > 0
+    times, launches, _ = bench.kernel_times(step, "cpu", steps=1)
+    assert times and launches > 0
+    assert capfd.readouterr().err == ""
+
+
 def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
     _bench_no_peers(monkeypatch)
     corpus = tmp_path / "c.txt"
