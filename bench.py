@@ -823,9 +823,10 @@ def peak_bytes(call, device):
         call()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    # acc_events: one profiling cycle here either way; without it torch 2.11 prints a warning about cycles
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                acc_events=True) as prof:
+    # acc_events: one profiling cycle here either way; without it torch 2.11 prints a warning about cycles. Quiet:
+    # torch 2.13's profiler prints its start and stop on the C-level stderr, which broke bench.py head's table
+    with cli.quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True, acc_events=True) as prof:
         call()
     live = peak = 0
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -1133,7 +1134,7 @@ def kernel_times(step, device, steps=PROFILED_STEPS):
     -> ({kernel name: its device seconds per step}, the kernels launched per step, a call that gives device_waits'
     line) (on a CPU, each op's own CPU seconds and the ops: a rehearsal of the code, not a figure)."""
     gpu, activity = device.startswith("cuda"), torch.profiler.ProfilerActivity
-    with torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:  # the usual pair on a GPU
+    with cli.quiet_stderr(), torch.profiler.profile(activities=[activity.CPU, *[activity.CUDA] * gpu]) as prof:
         for _ in range(steps):
             step()
         synchronizer(device)()

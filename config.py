@@ -119,8 +119,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
-     "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on, except a step compiled "
-     "on a GPU without CUDA graphs, where its launches cost more than it saves: docs/results.md)"),
+     "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on with --fast, except a step "
+     "compiled on a GPU without CUDA graphs, where its launches cost more than it saves: docs/results.md)"),
     ("--bf16-residual", bool, None, "under bf16 autocast, the residual stream between blocks in bfloat16, not float32 "
      "(half the bytes the norms and adds move; default: on with --fast and --dtype bf16 on a GPU)"),
     ("--triton-gate", bool, None, "SwiGLU's gate as one Triton kernel each way (fast_gpu.py; on a GPU with triton; "

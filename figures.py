@@ -36,7 +36,8 @@ def plot_run(metrics_path, png, title=""):
     tr, va = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time", "wall-clock seconds")):
-        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], label="train")
+        style = "o" if len(tr) == 1 else "-"  # a line through one point draws nothing: a short run's one loss
+        ax.plot([r[key] for r in tr], [r["loss"] for r in tr], style, label="train")
         ax.plot([r[key] for r in va], [r["val_loss"] for r in va], "o-", label="validation")
         ax.set(xlabel=label, ylabel="loss (nats/token)")
         ax.legend()

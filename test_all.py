@@ -8883,6 +8883,20 @@ def test_train_plot_draws_png(tmp_path):
     assert run.returncode == 0 and (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG", run.stderr[-2000:]
 
 
+def test_train_plot_shows_a_lone_training_point(tmp_path, monkeypatch):
+    # a run of --log-interval steps logs one training loss: drawn as a line, it was invisible beside its legend entry
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
+    rows = [{"step": 0, "time": 0.0, "val_loss": 5.0}, {"step": 10, "time": 1.0, "loss": 4.0},
+            {"step": 10, "time": 1.1, "val_loss": 4.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda plt, fig, png, title: drawn.append(fig))
+    figures.plot_run(tmp_path / "metrics.jsonl", tmp_path / "loss.png")
+    for ax in drawn[0].axes:
+        train = next(line for line in ax.get_lines() if line.get_label() == "train")
+        assert train.get_marker() == "o" and len(train.get_xdata()) == 1
+
+
 def test_train_local_text_split_keeps_whole_documents(tmp_path):
     docs = [f"document {i} " * (i % 7 + 1) for i in range(100)]
     (tmp_path / "t.txt").write_text("<|endoftext|>".join(docs))
@@ -11211,6 +11225,16 @@ def test_bench_missing_peer_is_one_line_saying_how_to_install(capsys):
     assert bench.peer("no_such_module_xyz") is None
     out = capsys.readouterr().out.strip()
     assert out == "(no_such_module_xyz is not installed, so it is left out: pip install no_such_module_xyz)"
+
+
+def test_bench_profiler_probes_print_nothing_on_the_c_level_stderr(capfd):
+    # torch 2.13's profiler prints "USDT: ... profiler_start" and "profiler_stop" on file descriptor 2: bench.py head's
+    # table had two such lines between its rows
+    step = lambda: torch.randn(64, 64) @ torch.randn(64, 64)  # noqa: E731
+    assert bench.peak_bytes(step, "cpu") > 0
+    times, launches, _ = bench.kernel_times(step, "cpu", steps=1)
+    assert times and launches > 0
+    assert capfd.readouterr().err == ""
 
 
 def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
