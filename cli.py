@@ -31,8 +31,9 @@ import traceback
 TORCHRUN_VARS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}  # torchrun sets them (with MASTER_ADDR, MASTER_PORT)
 
 
-def env_int(name):  # a torchrun variable as a whole number, its default when unset, None when it is not one
-    text = os.environ.get(name, str(TORCHRUN_VARS[name])).strip()  # at most 18 digits: int() refuses 4,300 and more
+def env_int(name, default=None):  # an environment variable as a whole number, default (a torchrun variable's own)
+    # when unset, None when it is not one; at most 18 digits: int() refuses 4,300 and more
+    text = os.environ.get(name, str(TORCHRUN_VARS[name] if default is None else default)).strip()
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
@@ -131,8 +132,7 @@ def quiet_while_starting(name):
     """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
     not an import's traceback. So is a NUMBA_NUM_THREADS numba cannot take (0 raised a ValueError in its import, a
     word printed its parse's traceback as a warning): one sentence, exit code 2."""
-    threads = os.environ.get("NUMBA_NUM_THREADS", "1").strip()
-    if not (threads.isascii() and threads.isdigit() and 0 < int(threads[:18])):
+    if not env_int("NUMBA_NUM_THREADS", 1):  # None (a word, "", 20 digits) or 0
         def refuse():
             raise UsageError(f"the environment's NUMBA_NUM_THREADS={short_repr(os.environ['NUMBA_NUM_THREADS'])} is "
                              "not a number of threads 1, 2, ...; unset it, or set it to the cores numba may use.")
