@@ -400,7 +400,8 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
             if tok not in token_id:
                 raise ValueError(f"{where(k)}: token {_show(tok)} is not in {vocab_name}{disagree}")
     specials = {s.encode("utf-8") for s in special_tokens}
-    operands = {t for pair in merges for t in pair}  # a special token never takes part in a merge
+    # a special token never takes part in a merge (with none: is no token's start, which most merged tokens are)
+    operands = {t for pair in merges for t in pair} or {u[:n] for u in token_id for n in range(1, len(u))}
     lengths = sorted({len(b) for b in token_id})
 
     def made_of_two(t, i):           # t joins two tokens whose ids are below i
@@ -415,7 +416,7 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
                 raise ValueError(f"{where(k)}: the merge makes {_show(t)} (id {i}) from a "
                                  f"token of higher id{disagree} (merges out of order)")
             k += 1
-        elif t in specials or not made_of_two(t, i) or k == 0 and made and t not in operands:
+        elif t in specials or not made_of_two(t, i) or k == 0 and t not in operands:
             undeclared += [] if t in specials else [t]  # a special token, declared or not (train_bpe's: before merges)
         elif k < len(made):
             raise ValueError(f"{where(k)}: the merge makes {_show(made[k])} but the next "
@@ -648,8 +649,7 @@ def _cmd_encode(args):
     # The engine encodes the file in worker processes, chunk by chunk, into a .npy written atomically: encode's ids.
     with files.new_folders(os.path.dirname(os.path.abspath(args.out))):  # a missing folder made, as train's --out
         n = encode_file(tok, args.input, args.out, args.num_workers)
-    dt = time.perf_counter() - t0
-    size = os.path.getsize(args.input)
+    dt, size = time.perf_counter() - t0, os.path.getsize(args.input)
     cli.say(f"wrote {cli.counted(n, 'token')} to {args.out}; {size / max(n, 1):.2f} bytes/token; "
             f"{size / 1e6 / dt:.2f} MB/s over {dt:.2f} s\ntrain on them (samples decoded): "
             + shlex.join(["python", "train.py", "--data", args.out, "--tokenizer", args.tokenizer]))

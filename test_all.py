@@ -4791,6 +4791,25 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
     assert (back.vocab, back.merges, back.encode("hello")) == (tok.vocab, tok.merges, [258, 111])
 
 
+def test_bpe_zero_merge_tokenizer_with_a_two_byte_special_token_loads_back(tmp_path, capsys):
+    """bpe.py train --vocab-size 258 --special-tokens é '<|endoftext|>' (no merge: the vocab full) saved files that
+    from_files refused unless told the specials ("ends after 0 merges": 'é' is two bytes, so it read as a merge
+    missing), and so did bpe.py encode's default and train.py --tokenizer. With no merges, a token that is no longer
+    token's start is a special token; an emptied merges.txt of a real tokenizer ('lo' starts 'low') is still refused."""
+    text, tok_dir, v, m = tmp_path / "a.txt", tmp_path / "tok", tmp_path / "vocab.json", tmp_path / "merges.txt"
+    text.write_text("a b é<|endoftext|>c\n", encoding="utf-8")
+    bpe.main(["train", str(text), "--vocab-size", "258", "--special-tokens", "é", _BPE_EOT, "--out", str(tok_dir)])
+    back = bpe.Tokenizer.from_files(*bpe.tokenizer_files(tok_dir))
+    assert back.vocab == {i: bytes([i]) for i in range(256)} | {256: "é".encode(), 257: _BPE_EOT.encode()}
+    assert bpe.special_tokens_of(back.vocab, back.merges) == ["é", _BPE_EOT]
+    bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ids.npy"), "--workers", "1"])
+    assert np.load(tmp_path / "ids.npy").tolist() == [97, 32, 98, 32, 256, 257, 99, 10]
+    assert data.load_tokenizer(*bpe.tokenizer_files(tok_dir)).special_tokens == [_BPE_EOT, "é"]
+    vocab, merges = bpe.train_from_counts(Counter({"low": 5, "lower": 2}), 262, ["ab"])
+    bpe.Tokenizer(vocab, merges, ["ab"]).save(v, m)
+    assert _bpe_load_error(v, [], tmp_path).startswith(f"{m} ends after 0 merges")
+
+
 def test_bpe_cli_encode_refuses_special_tokens_its_tokenizer_lacks(tmp_path, capsys):
     """The Tokenizer appends a special token its vocab lacks (the handout's rule): bpe.py encode wrote its id, past
     the vocabulary of the tokenizer files it names, so train.py --tokenizer refused the ids and decode failed."""
