@@ -434,9 +434,10 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     return undeclared
 
 
-def special_tokens_of(vocab, merges, in_file=None):  # those bpe.py train --special-tokens (or GPT-2) put in the vocab:
-    # its tokens of 2+ bytes that no merge makes, as text; bpe.py encode's default, and train.py's (data.py)
-    own = _check_merges(merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
+def special_tokens_of(vocab, merges=(), in_file=None):  # the special tokens bpe.py train (or GPT-2) put in the vocab:
+    # its tokens of 2+ bytes no merge makes, as text; of a Tokenizer (data.py's), those not given it, its check's answer
+    own = vocab._undeclared if isinstance(vocab, Tokenizer) else _check_merges(
+        merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
     return [t.decode() for t in own if t.decode(errors="replace").encode() == t]
 
 
@@ -447,8 +448,7 @@ def _read_merges_file(path):
     for lineno, line in enumerate(_read_text(path, "merges file").removeprefix(_BOM).splitlines(), 1):
         if (lineno == 1 and line.startswith("#version")) or line == "":
             continue
-        parts = line.split(" ")
-        if len(parts) != 2 or not parts[0] or not parts[1]:
+        if len(parts := line.split(" ")) != 2 or not all(parts):
             raise ValueError(f"{path} line {lineno}: expected 'left right', got {line!r}")
         merges.append(tuple(_str_to_token(p, f"{path} line {lineno}") for p in parts))
         linenos.append(lineno)
@@ -498,7 +498,7 @@ class Tokenizer:
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         if (missing := next((b for b in range(256) if bytes([b]) not in token_id), None)) is not None:
             raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
-        _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
+        self._undeclared = _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
         self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)

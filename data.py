@@ -323,7 +323,7 @@ def load_tokenizer(vocab_file, merges_file):
     """A tokenizer's files -> its Tokenizer, knowing <|endoftext|> and every special token its vocab holds (bpe.py
     train --special-tokens'), as bpe.py encode reads them: a text's ids are the same made either way."""
     tok = Tokenizer.from_files(str(vocab_file), str(merges_file), [EOT])
-    more = [s for s in special_tokens_of(tok.vocab, tok.merges) if s != EOT]
+    more = special_tokens_of(tok)  # the others its check of the merges found: they are not checked a second time
     return Tokenizer(tok.vocab, tok.merges, [EOT, *more]) if more else tok
 
 

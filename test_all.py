@@ -4862,6 +4862,22 @@ def test_data_text_with_a_tokenizer_takes_its_special_tokens_as_bpe_encode_does(
     assert np.asarray(train_ids).tolist() == np.load(tmp_path / "ids.npy").tolist() and 257 in train_ids[:20]
 
 
+def test_data_load_tokenizer_checks_the_merges_once(tmp_path, monkeypatch):
+    # data.load_tokenizer checked a tokenizer's merges twice, in from_files and again in special_tokens_of (about 60 ms
+    # at GPT-2's vocabulary); special_tokens_of(tok) now reads what the Tokenizer's own check found
+    calls, check = [], bpe._check_merges
+    monkeypatch.setattr(bpe, "_check_merges", lambda *args: calls.append(1) or check(*args))
+    v, m = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    for specials, checks in (([_BPE_EOT], 1), ([_BPE_EOT, "<|eot|>"], 2), (["<|eot|>"], 2)):  # 2: built again with it
+        vocab, merges = bpe.train_from_counts(Counter({"low": 5, "lower": 2, "newest": 6}), 266, specials)
+        bpe.Tokenizer(vocab, merges, specials).save(v, m)
+        calls.clear()
+        tok = data.load_tokenizer(v, m)
+        assert len(calls) == checks and tok.special_tokens == list(dict.fromkeys([_BPE_EOT, *specials]))
+        assert bpe.special_tokens_of(tok) == [] and sorted(bpe.special_tokens_of(tok.vocab, tok.merges)) == sorted(
+            tok.special_tokens)  # the same as a second check's
+
+
 def test_bpe_gpt2_files_hold_one_special_token():  # what bpe.py encode declares for OpenAI's files
     vocab_file, merges_file = _bpe_gpt2_files()
     vocab, (merges, in_file) = bpe._load_vocab_file(vocab_file), bpe._read_merges_file(merges_file)
