@@ -492,7 +492,7 @@ def _prompt_rows(prompt):
 
 
 def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
-    """generate's arguments, each refused in one sentence before any work."""
+    """generate's arguments, each refused in one sentence before any work -> stop_id (a 0-d tensor's as an int)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
@@ -500,6 +500,9 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
                          f"top_p={top_p!r}.")
+    if torch.is_tensor(stop_id) and stop_id.dim() == 0 and stop_id.dtype != torch.bool \
+            and not (stop_id.dtype.is_floating_point or stop_id.dtype.is_complex):
+        stop_id = stop_id.item()  # a 0-d integer tensor (ids[-1], logits.argmax()) is an id, compared as an int
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
         check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
@@ -508,6 +511,7 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
         raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
                          f"torch.Generator({device.type!r}).")
+    return stop_id
 
 
 @torch.no_grad()  # no autograd graph: the KV cache would keep every step's activations alive
@@ -523,7 +527,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     compile=False runs its decode step eagerly."""
     prompts, batched = _prompt_rows(prompt)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
-    _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
+    stop_id = _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):

@@ -1309,6 +1309,23 @@ def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
 
 
+def test_model_generate_takes_a_stop_id_as_a_0d_integer_tensor():
+    # stop_id=ids[-1] or logits.argmax() is a 0-d tensor: it was refused as no whole number; a float or bool one still is
+    m = _model_small(dtype=torch.float64)
+    greedy = model.generate(m, [[3, 1, 4], [5]], 8, temperature=0)
+    stop = greedy[0][2]
+    want = [row[:row.index(stop)] if stop in row else row for row in greedy]
+    for kw in (dict(fast=False), dict(use_cache=False), dict(fast=True, compile=False)):
+        for dtype in (torch.int64, torch.int32, torch.uint8):
+            got = model.generate(m, [[3, 1, 4], [5]], 8, temperature=0, stop_id=torch.tensor(stop, dtype=dtype), **kw)
+            assert got == want, (kw, dtype)
+    for bad in (torch.tensor(float(stop)), torch.tensor(True), torch.tensor([stop])):
+        with pytest.raises(ValueError, match=r"^stop_id must be a whole number >= 0, got tensor"):
+            model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=bad)
+    with pytest.raises(ValueError, match=r"^stop_id 61 is outside \[0, 61\)\.$"):
+        model.generate(m, [3, 1, 4], 8, stop_id=torch.tensor(61))
+
+
 def test_model_generate_takes_a_batch_as_a_tensor_or_an_array():
     # a (B, T) tensor, the shape forward takes, or an array, or a list of 1-D ones, was read as one prompt of B
     # tokens: "only integer tensors of a single element can be converted to an index", or an expand error
