@@ -7636,7 +7636,7 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
          f"the data holds token id 349, but {with_tok / 'vocab.json'}, which decodes the samples, has 300 tokens"),
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "400"], "--vocab-size 400 is above the 300 tokens"),
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the \udcff"],
-         "--prompt cannot be encoded"),
+         "argument --prompt: its bytes are not UTF-8 text"),
         (["--data", str(no_eot / "ok.npy"), "--vocab-size", "299"],
          "<|endoftext|>, which ends each sample, encodes to token id 299, at or above --vocab-size 299"),
         (["--data", str(_train_toy_ids(tmp_path / "toy.npy")), "--prompt", "the"], "--prompt needs a tokenizer"),
@@ -9172,7 +9172,8 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
-            ([*flags, "--sample", "--prompt", "the \udcff"], "--prompt 'the \\udcff' cannot be sampled")):
+            ([*flags, "--sample", "--prompt", "the \udcff"],  # $'\xff': bytes that are not UTF-8, named as such
+             "argument --prompt: its bytes are not UTF-8 text ('utf-8' codec can't decode byte 0xff in position 4")):
         assert train.main(argv) == 2, argv
         _train_one_error(capsys, needle)
         assert capsys.readouterr().out == ""
@@ -9186,6 +9187,16 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
     assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
     _train_one_error(capsys, "--prompt -: stdin held no line, so nothing was done; give it one line or more.")
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
+
+
+def test_train_prompt_typed_under_a_c_locale_is_read_as_utf8(sample_run, capsys):
+    # LC_ALL=C PYTHONUTF8=0 train.py --sample --prompt 'é': Python got the two UTF-8 bytes of é as lone surrogates, and
+    # the prompt "cannot be sampled" (a training run's "cannot be encoded"); its bytes are read as UTF-8, as stdin's are
+    flags, _ = sample_run
+    assert cli.user_text("caf\udcc3\udca9") == "café" and cli.user_text("café") == "café"  # a UTF-8 locale's: as it is
+    argv = [*flags, "--sample", "--num-samples", "1", "--sample-tokens", "3", "--prompt", "caf\udcc3\udca9"]
+    assert train.resolve_config(argv)["prompt"] == "café" and train.main(argv) == 0
+    assert capsys.readouterr().out.startswith("--- sample 1, prompt 'café' ---\ncafé")
 
 
 def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_path, capsys):
