@@ -301,9 +301,10 @@ def _as_token_ids(ids):
     return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
 
 
-def _check_positions_and_mask(B, T, S, positions, mask):
-    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, broadcastable to (..., T, S);
-    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float mask to scores."""
+def _check_positions_and_mask(B, H, T, S, positions, mask):
+    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, 2-D to 4-D, broadcastable to
+    (B, H, T, S); S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float
+    mask to the scores; a batch or head count of another size failed deep in attention, in torch's words."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
@@ -311,9 +312,10 @@ def _check_positions_and_mask(B, T, S, positions, mask):
                               and (p.dim() == 1 or p.dim() == 2 and p.shape[0] in (1, B))):
         raise ValueError(f"token_positions must be integers of shape ({T},) or ({B}, {T}), got {what(p)}.")
     if m is not None and not (torch.is_tensor(m) and m.dtype == torch.bool and 2 <= m.dim() <= 4
-                              and m.shape[-2] in (1, T) and m.shape[-1] in (1, S or m.shape[-1])):
-        raise ValueError(f"attn_mask must be bool (True: may attend), broadcastable to (..., {T}, {S or 'keys'}), got "
-                         f"{what(m)}.")
+                              and m.shape[-2] in (1, T) and m.shape[-1] in (1, S or m.shape[-1])
+                              and all(n in (1, want) for n, want in zip(m.shape[:-2][::-1], (H, B)))):
+        raise ValueError(f"attn_mask must be bool (True: may attend), of 2 to 4 dims broadcastable to ({B}, {H}, {T}, "
+                         f"{S or 'keys'}), got {what(m)}.")
 
 
 class TransformerBlock(nn.Module):
@@ -382,8 +384,8 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        _check_positions_and_mask(token_ids.shape[0], T, None if kv_cache is not None else T, token_positions,
-                                  attn_mask)
+        _check_positions_and_mask(token_ids.shape[0], self.layers[0].attn.num_heads, T,
+                                  None if kv_cache is not None else T, token_positions, attn_mask)
         # Reading the ids (and a caller's RoPE positions and mask) back is a host sync (and a graph break:
         # torch.compile splits the model there); meta tensors (shape-only models, accounting.py's) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":

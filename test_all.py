@@ -2564,16 +2564,18 @@ def test_model_forward_refuses_positions_and_masks_of_another_shape_or_dtype():
                 torch.arange(7), torch.arange(8.0), list(range(8)), torch.zeros(3, 8, dtype=torch.long)):
         with pytest.raises(ValueError, match=r"^token_positions must be integers of shape \(8,\) or \(2, 8\), got "):
             plain(ids, pos)
+    # a mask of another batch or head count (3, 1, 8, 8), (2, 3, 8, 8), (3, 8, 8) failed in attention, in torch's words
     for mask in (torch.ones(8, 8).tril(), torch.ones(8, 8, dtype=torch.int).tril(), torch.ones(8, 7, dtype=torch.bool),
-                 torch.ones(8, dtype=torch.bool)):
+                 torch.ones(8, dtype=torch.bool), *(torch.ones(s, dtype=torch.bool) for s in
+                                                    ((3, 1, 8, 8), (2, 3, 8, 8), (3, 8, 8), (1, 2, 4, 8, 8)))):
         for m in (plain, fast):
-            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\), broadcastable to "
-                                                 r"\(\.\.\., 8, 8\), got "):
+            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\), of 2 to 4 dims "
+                                                 r"broadcastable to \(2, 4, 8, 8\), got "):
                 m(ids, None, mask)
     causal = torch.ones(8, 8, dtype=torch.bool).tril()
     for pos, mask in ((torch.arange(8), None), (torch.arange(8)[None].expand(2, 8), causal), (None, causal[None])):
         torch.testing.assert_close(fast(ids, pos, mask), plain(ids))  # the forms that fit: the causal default's
-    for shape in ((2, 1, 1, 8), (1, 8), (8, 1)):  # a bool mask that broadcasts (the reviewer's): as before
+    for shape in ((2, 1, 1, 8), (1, 8), (8, 1), (4, 8, 8), (1, 4, 1, 8)):  # a bool mask that broadcasts: as before
         torch.testing.assert_close(fast(ids, None, torch.ones(shape, dtype=torch.bool)),
                                    plain(ids, None, torch.ones(shape, dtype=torch.bool)))
     Q = torch.randn(2, 4, 8)
