@@ -1338,6 +1338,14 @@ def test_model_generate_takes_a_batch_as_a_tensor_or_an_array():
     ragged = [torch.tensor(rows[0]), torch.tensor(rows[1][1:])]  # rows of two lengths: left-padded as lists are
     assert model.generate(m, ragged, 5, temperature=0) == model.generate(m, [rows[0], rows[1][1:]], 5, temperature=0)
     assert model.generate(m, torch.tensor(rows[0]), 5, temperature=0) == want[0]  # a 1-D tensor: one prompt
+    # uint8 ids (a byte-level model's np.frombuffer(text.encode(), np.uint8)) were refused, int8 and uint16 taken
+    for batch in (np.array(rows, dtype=np.uint8), torch.tensor(rows, dtype=torch.uint8)):
+        assert model.generate(m, batch, 5, temperature=0) == want
+        assert model.generate(m, batch[0], 5, temperature=0) == want[0]
+    assert model.generate(m, [np.uint8(3), np.uint8(1), np.uint8(4)], 5, temperature=0) == want[0]
+    for prompt in ([True, False], torch.tensor(rows, dtype=torch.bool)):  # a bool row is no ids: still refused
+        with pytest.raises(ValueError, match=r"^Token ids must be an integer tensor \(int64 or int32\), got torch\.bool"):
+            model.generate(m, prompt, 5)
 
 
 # --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
