@@ -666,7 +666,7 @@ def main(argv=None):
                              (en, "output .npy path", "default: the vocab's own (no merge makes them); the flag with "
                                                       "no tokens: none, all text")]:
         p.add_argument("input", type=cli.user_path, help="a UTF-8 text file")
-        p.add_argument("--special-tokens", nargs="*", help=specials)
+        p.add_argument("--special-tokens", nargs="*", type=cli.user_text, help=specials)  # UTF-8 on every locale
         p.add_argument("--out", type=cli.user_path, required=True, help=out)
         p.add_argument("--num-workers", "--workers", type=int, metavar="N", help="processes; default: one per core")
     try:

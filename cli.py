@@ -485,6 +485,17 @@ def user_path(text):  # argparse's type of a path: ~ and ~user expanded, which a
     return os.path.expanduser(text)
 
 
+def user_text(text):
+    """argparse's type of a flag's text (--prompt): UTF-8 on every locale, as stdin_lines reads. A C locale hands Python
+    the bytes of 'é' as two lone surrogates, which no tokenizer encodes: those bytes are read again as UTF-8."""
+    if not re.search("[\ud800-\udfff]", text):  # the locale decoded it all (a latin-1 terminal's é too): as it is
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError as e:  # a shell's $'\xff'
+        raise argparse.ArgumentTypeError(f"its bytes are not UTF-8 text ({e}); pass UTF-8 text") from None
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
         raise UsageError(f"{message} (see python {self.prog} --help)")

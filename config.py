@@ -23,7 +23,7 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, counted, env_int, log, user_path
+from cli import RANK, Parser, UsageError, counted, env_int, log, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_file, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
@@ -136,7 +136,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--sample-tokens", int, 200, "new tokens per sample"),
     ("--temperature", float, 0.8, "0 = greedy"),
     ("--top-p", float, 0.95, "nucleus sampling threshold"),
-    ("--prompt", str, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
+    ("--prompt", user_text, "", "text the samples continue; default: a new document; -: each line of stdin (--sample)"),
 ]
 
 
@@ -448,10 +448,7 @@ def check_samples(cfg, tok, tok_files, top, eot):
                          f"missing), so samples could hold ids it cannot decode; number its tokens 0 to {n - 1}, or "
                          "pass --num-samples 0.")
     for what, text in (("--prompt", cfg["prompt"]), (f"{eot}, which ends each sample,", eot)):  # a prompt's too
-        try:
-            highest = max(tok.encode(text), default=-1)
-        except ValueError as e:  # UnicodeEncodeError: a lone surrogate, from command-line bytes that are not UTF-8
-            raise UsageError(f"--prompt cannot be encoded ({e}); pass UTF-8 text.") from None
+        highest = max(tok.encode(text), default=-1)  # --prompt's bytes are UTF-8 (cli.user_text): it encodes
         if highest >= V:
             raise UsageError(f"{what} encodes to token id {highest}, at or above --vocab-size {V}, so the model cannot "
                              f"read it; {kept or 'pass a larger --vocab-size, or --num-samples 0'}.")

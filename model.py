@@ -301,9 +301,10 @@ def _as_token_ids(ids):
     return ids if ids.dtype in (torch.int64, torch.int32) else ids.long()
 
 
-def _check_positions_and_mask(B, T, S, positions, mask):
-    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, broadcastable to (..., T, S);
-    S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float mask to scores."""
+def _check_positions_and_mask(B, H, T, S, positions, mask):
+    """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, 2-D to 4-D, broadcastable to
+    (B, H, T, S); S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float
+    mask to the scores; a batch or head count of another size failed deep in attention, in torch's words."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
@@ -311,9 +312,10 @@ def _check_positions_and_mask(B, T, S, positions, mask):
                               and (p.dim() == 1 or p.dim() == 2 and p.shape[0] in (1, B))):
         raise ValueError(f"token_positions must be integers of shape ({T},) or ({B}, {T}), got {what(p)}.")
     if m is not None and not (torch.is_tensor(m) and m.dtype == torch.bool and 2 <= m.dim() <= 4
-                              and m.shape[-2] in (1, T) and m.shape[-1] in (1, S or m.shape[-1])):
-        raise ValueError(f"attn_mask must be bool (True: may attend), broadcastable to (..., {T}, {S or 'keys'}), got "
-                         f"{what(m)}.")
+                              and m.shape[-2] in (1, T) and m.shape[-1] in (1, S or m.shape[-1])
+                              and all(n in (1, want) for n, want in zip(m.shape[:-2][::-1], (H, B)))):
+        raise ValueError(f"attn_mask must be bool (True: may attend), of 2 to 4 dims broadcastable to ({B}, {H}, {T}, "
+                         f"{S or 'keys'}), got {what(m)}.")
 
 
 class TransformerBlock(nn.Module):
@@ -382,8 +384,8 @@ class TransformerLM(nn.Module):
         past = kv_cache[0].n if kv_cache is not None else 0
         if past + T > self.context_length:
             raise ValueError(f"Sequence of {past + T} tokens is longer than context_length={self.context_length}.")
-        _check_positions_and_mask(token_ids.shape[0], T, None if kv_cache is not None else T, token_positions,
-                                  attn_mask)
+        _check_positions_and_mask(token_ids.shape[0], self.layers[0].attn.num_heads, T,
+                                  None if kv_cache is not None else T, token_positions, attn_mask)
         # Reading the ids (and a caller's RoPE positions and mask) back is a host sync (and a graph break:
         # torch.compile splits the model there); meta tensors (shape-only models, accounting.py's) have no values.
         if not torch.compiler.is_compiling() and token_ids.device.type != "meta":
@@ -485,6 +487,9 @@ def _prompt_rows(prompt):
         rows = [torch.tensor(list(p)) for p in prompt] if batched else [torch.tensor(list(prompt))]
         if any(row.dim() != 1 for row in rows):  # rows of rows
             raise TypeError
+        # uint8 rows (a byte-level model's np.frombuffer(b"...", np.uint8)) are ids here, where forward's uint8 would
+        # index as a mask: they were refused as not an integer tensor, while int8 and uint16 rows were taken
+        rows = [row.long() if row.dtype == torch.uint8 else row for row in rows]
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"generate's prompt must be a list of ints, a list of such lists, or a 1-D or 2-D integer "
                         f"tensor, got {prompt!r:.80}.") from None
@@ -492,7 +497,7 @@ def _prompt_rows(prompt):
 
 
 def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
-    """generate's arguments, each refused in one sentence before any work."""
+    """generate's arguments, each refused in one sentence before any work -> stop_id (a 0-d tensor's as an int)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
@@ -500,6 +505,9 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
                          f"top_p={top_p!r}.")
+    if torch.is_tensor(stop_id) and stop_id.dim() == 0 and stop_id.dtype != torch.bool \
+            and not (stop_id.dtype.is_floating_point or stop_id.dtype.is_complex):
+        stop_id = stop_id.item()  # a 0-d integer tensor (ids[-1], logits.argmax()) is an id, compared as an int
     if stop_id is not None:  # a list (what tokenizer.encode returns) or an id past the vocabulary would stop no row
         check_count("stop_id", stop_id, least=0, below=model.vocab_size)
     if generator is not None and not isinstance(generator, torch.Generator):  # a seed: multinomial's TypeError
@@ -508,6 +516,7 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
         raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
                          f"torch.Generator({device.type!r}).")
+    return stop_id
 
 
 @torch.no_grad()  # no autograd graph: the KV cache would keep every step's activations alive
@@ -523,7 +532,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     compile=False runs its decode step eagerly."""
     prompts, batched = _prompt_rows(prompt)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
-    _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
+    stop_id = _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):

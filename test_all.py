@@ -1309,6 +1309,23 @@ def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
 
 
+def test_model_generate_takes_a_stop_id_as_a_0d_integer_tensor():
+    # stop_id=ids[-1] or logits.argmax() is a 0-d tensor: it was refused as no whole number; a float or bool one still is
+    m = _model_small(dtype=torch.float64)
+    greedy = model.generate(m, [[3, 1, 4], [5]], 8, temperature=0)
+    stop = greedy[0][2]
+    want = [row[:row.index(stop)] if stop in row else row for row in greedy]
+    for kw in (dict(fast=False), dict(use_cache=False), dict(fast=True, compile=False)):
+        for dtype in (torch.int64, torch.int32, torch.uint8):
+            got = model.generate(m, [[3, 1, 4], [5]], 8, temperature=0, stop_id=torch.tensor(stop, dtype=dtype), **kw)
+            assert got == want, (kw, dtype)
+    for bad in (torch.tensor(float(stop)), torch.tensor(True), torch.tensor([stop])):
+        with pytest.raises(ValueError, match=r"^stop_id must be a whole number >= 0, got tensor"):
+            model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=bad)
+    with pytest.raises(ValueError, match=r"^stop_id 61 is outside \[0, 61\)\.$"):
+        model.generate(m, [3, 1, 4], 8, stop_id=torch.tensor(61))
+
+
 def test_model_generate_takes_a_batch_as_a_tensor_or_an_array():
     # a (B, T) tensor, the shape forward takes, or an array, or a list of 1-D ones, was read as one prompt of B
     # tokens: "only integer tensors of a single element can be converted to an index", or an expand error
@@ -1321,6 +1338,14 @@ def test_model_generate_takes_a_batch_as_a_tensor_or_an_array():
     ragged = [torch.tensor(rows[0]), torch.tensor(rows[1][1:])]  # rows of two lengths: left-padded as lists are
     assert model.generate(m, ragged, 5, temperature=0) == model.generate(m, [rows[0], rows[1][1:]], 5, temperature=0)
     assert model.generate(m, torch.tensor(rows[0]), 5, temperature=0) == want[0]  # a 1-D tensor: one prompt
+    # uint8 ids (a byte-level model's np.frombuffer(text.encode(), np.uint8)) were refused, int8 and uint16 taken
+    for batch in (np.array(rows, dtype=np.uint8), torch.tensor(rows, dtype=torch.uint8)):
+        assert model.generate(m, batch, 5, temperature=0) == want
+        assert model.generate(m, batch[0], 5, temperature=0) == want[0]
+    assert model.generate(m, [np.uint8(3), np.uint8(1), np.uint8(4)], 5, temperature=0) == want[0]
+    for prompt in ([True, False], torch.tensor(rows, dtype=torch.bool)):  # a bool row is no ids: still refused
+        with pytest.raises(ValueError, match=r"^Token ids must be an integer tensor \(int64 or int32\), got torch\.bool"):
+            model.generate(m, prompt, 5)
 
 
 # --- issue 38: generate's fast path (a static cache, a compiled decode step, sampling on the device) ---
@@ -2547,16 +2572,18 @@ def test_model_forward_refuses_positions_and_masks_of_another_shape_or_dtype():
                 torch.arange(7), torch.arange(8.0), list(range(8)), torch.zeros(3, 8, dtype=torch.long)):
         with pytest.raises(ValueError, match=r"^token_positions must be integers of shape \(8,\) or \(2, 8\), got "):
             plain(ids, pos)
+    # a mask of another batch or head count (3, 1, 8, 8), (2, 3, 8, 8), (3, 8, 8) failed in attention, in torch's words
     for mask in (torch.ones(8, 8).tril(), torch.ones(8, 8, dtype=torch.int).tril(), torch.ones(8, 7, dtype=torch.bool),
-                 torch.ones(8, dtype=torch.bool)):
+                 torch.ones(8, dtype=torch.bool), *(torch.ones(s, dtype=torch.bool) for s in
+                                                    ((3, 1, 8, 8), (2, 3, 8, 8), (3, 8, 8), (1, 2, 4, 8, 8)))):
         for m in (plain, fast):
-            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\), broadcastable to "
-                                                 r"\(\.\.\., 8, 8\), got "):
+            with pytest.raises(ValueError, match=r"^attn_mask must be bool \(True: may attend\), of 2 to 4 dims "
+                                                 r"broadcastable to \(2, 4, 8, 8\), got "):
                 m(ids, None, mask)
     causal = torch.ones(8, 8, dtype=torch.bool).tril()
     for pos, mask in ((torch.arange(8), None), (torch.arange(8)[None].expand(2, 8), causal), (None, causal[None])):
         torch.testing.assert_close(fast(ids, pos, mask), plain(ids))  # the forms that fit: the causal default's
-    for shape in ((2, 1, 1, 8), (1, 8), (8, 1)):  # a bool mask that broadcasts (the reviewer's): as before
+    for shape in ((2, 1, 1, 8), (1, 8), (8, 1), (4, 8, 8), (1, 4, 1, 8)):  # a bool mask that broadcasts: as before
         torch.testing.assert_close(fast(ids, None, torch.ones(shape, dtype=torch.bool)),
                                    plain(ids, None, torch.ones(shape, dtype=torch.bool)))
     Q = torch.randn(2, 4, 8)
@@ -4749,12 +4776,17 @@ def test_bpe_cli_encode_special_token_not_utf8_is_the_trainers_sentence(tmp_path
     (tmp_path / "tok").mkdir()
     bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save(*bpe.tokenizer_files(tmp_path / "tok"))
     (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(cli.UsageError, match=re.escape(  # the parser's: nothing read
+            "argument --special-tokens: its bytes are not UTF-8 text ('utf-8' codec can't decode byte 0xff in position "
+            "2: invalid start byte); pass UTF-8 text (see python bpe.py encode --help)")):
         bpe.main(["encode", str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok"), "--out",
                   str(tmp_path / "ids.npy"), "--special-tokens", "<|\udcff|>"])
-    assert stop.value.code == 2 and capsys.readouterr().err == (
-        "bpe.py encode: error: special token '<|\\udcff|>' is not valid UTF-8 (a lone surrogate); fix or remove it\n")
     assert not (tmp_path / "ids.npy").exists()
+    # LC_ALL=C PYTHONUTF8=0: the UTF-8 bytes of '<|é|>' came as lone surrogates, "not valid UTF-8"; read as UTF-8 now
+    for cmd, out in (("train", ["--vocab-size", "258", "--out", str(tmp_path / "tok2")]), ("encode", [
+            "--tokenizer", str(tmp_path / "tok2"), "--out", str(tmp_path / "ids.npy")])):
+        bpe.main([cmd, str(tmp_path / "a.txt"), *out, "--special-tokens", "<|\udcc3\udca9|>"])  # exit 0: no SystemExit
+    assert bpe.Tokenizer.from_files(*bpe.tokenizer_files(tmp_path / "tok2")).vocab[256] == "<|é|>".encode()
 
 
 # --- hostile bpe.py review: files that would not load back as the tokenizer saved, specials the files lack ---
@@ -4769,10 +4801,8 @@ def test_bpe_save_refuses_files_that_would_load_as_another_tokenizer(tmp_path, c
     text.write_text("a cat sat, a cat ate\n" * 20, encoding="utf-8")
     # a special token with a lone surrogate (bytes not UTF-8 from a shell, $'\\xff', arrive as '\\udcff') said only
     # "'utf-8' codec can't encode characters ...", naming neither the token nor that it is not UTF-8
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(cli.UsageError, match=r"^argument --special-tokens: its bytes are not UTF-8 text \('utf-8' codec"):
         bpe.main(["train", str(text), "--vocab-size", "270", "--special-tokens", "<|\udcff|>", "--out", str(v.parent)])
-    assert stop.value.code == 2 and capsys.readouterr().err == ("bpe.py train: error: special token '<|\\udcff|>' is "
-                                                               "not valid UTF-8 (a lone surrogate); fix or remove it\n")
     with pytest.raises(ValueError, match=r"^special token '\\ud800' is not valid UTF-8 \(a lone surrogate\)"):
         bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["\ud800"])
     byte = {i: bytes([i]) for i in range(256)}
@@ -7654,7 +7684,7 @@ def test_train_sample_settings_are_checked_before_the_run(tmp_path, capsys):
          f"the data holds token id 349, but {with_tok / 'vocab.json'}, which decodes the samples, has 300 tokens"),
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "400"], "--vocab-size 400 is above the 300 tokens"),
         (["--data", str(with_tok / "ok.npy"), "--vocab-size", "300", "--prompt", "the \udcff"],
-         "--prompt cannot be encoded"),
+         "argument --prompt: its bytes are not UTF-8 text"),
         (["--data", str(no_eot / "ok.npy"), "--vocab-size", "299"],
          "<|endoftext|>, which ends each sample, encodes to token id 299, at or above --vocab-size 299"),
         (["--data", str(_train_toy_ids(tmp_path / "toy.npy")), "--prompt", "the"], "--prompt needs a tokenizer"),
@@ -9190,7 +9220,8 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
             ([*flags, "--sample", "--device", "cuda:99"], "--device cuda:99: "),  # no CUDA, or fewer GPUs
             ([*flags, "--sample", "--resume"], "--sample only reads a run and prints its samples; drop --resume"),
             ([*flags, "--prompt", "-"], "--prompt - reads prompts from stdin for --sample only"),
-            ([*flags, "--sample", "--prompt", "the \udcff"], "--prompt 'the \\udcff' cannot be sampled")):
+            ([*flags, "--sample", "--prompt", "the \udcff"],  # $'\xff': bytes that are not UTF-8, named as such
+             "argument --prompt: its bytes are not UTF-8 text ('utf-8' codec can't decode byte 0xff in position 4")):
         assert train.main(argv) == 2, argv
         _train_one_error(capsys, needle)
         assert capsys.readouterr().out == ""
@@ -9204,6 +9235,16 @@ def test_train_sample_faults_are_one_sentence_and_touch_nothing(sample_run, tmp_
     assert train.main([*flags, "--sample", "--prompt", "-"]) == 2
     _train_one_error(capsys, "--prompt -: stdin held no line, so nothing was done; give it one line or more.")
     assert {d.name: _sample_files(d) for d in (run, *out.iterdir())} == before
+
+
+def test_train_prompt_typed_under_a_c_locale_is_read_as_utf8(sample_run, capsys):
+    # LC_ALL=C PYTHONUTF8=0 train.py --sample --prompt 'é': Python got the two UTF-8 bytes of é as lone surrogates, and
+    # the prompt "cannot be sampled" (a training run's "cannot be encoded"); its bytes are read as UTF-8, as stdin's are
+    flags, _ = sample_run
+    assert cli.user_text("caf\udcc3\udca9") == "café" and cli.user_text("café") == "café"  # a UTF-8 locale's: as it is
+    argv = [*flags, "--sample", "--num-samples", "1", "--sample-tokens", "3", "--prompt", "caf\udcc3\udca9"]
+    assert train.resolve_config(argv)["prompt"] == "café" and train.main(argv) == 0
+    assert capsys.readouterr().out.startswith("--- sample 1, prompt 'café' ---\ncafé")
 
 
 def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_path, capsys):

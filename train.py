@@ -419,7 +419,7 @@ def print_samples(cfg):
     for prompt in cli.stdin_lines("--prompt -") if cfg["prompt"] == "-" else [cfg["prompt"]]:
         try:
             write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
-        except ValueError as e:  # text that is not UTF-8 (a lone surrogate), an id past the model's vocabulary
+        except ValueError as e:  # an id past the model's vocabulary (cli.user_text and stdin_lines read UTF-8 alone)
             raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
                                  "pass other text.") from None
     return 0
