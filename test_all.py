@@ -10210,6 +10210,28 @@ def test_experiments_a_run_of_other_flags_in_another_experiment_is_refused_befor
     assert sorted(p.name for p in (out / "experiments").iterdir() if p.is_dir()) == ["lr"]  # no batch run started
 
 
+def test_experiments_names_every_refused_run_at_once(tmp_path):
+    # a tester's: three finished runs of --max-iters 20, then the command with 30: refused one run at a time, so the
+    # user deleted one and met the next. Each is named in one sentence, the baseline (shared by lr and batch) once
+    ids, out = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out"
+    args = types.SimpleNamespace(data=str(ids), out_dir=str(out), data_fingerprint=None)  # no data to compare
+    rest = [*_TRAIN_TINY, "--max-iters", "20"]
+    plans = experiments.plan(config.resolve_config([*experiments.base_flags(args, rest), "--benchmark"]))
+    base, other = experiments.baseline_run(plans), next(run for *_, run in plans["lr"] if run.name == "lr=1e-03")
+    for run in (base, other):
+        _exp_write_run(run, args, [{"step": 0, "time": 0.1, "val_loss": 4.0}], rest)
+    flags = ["--data", str(ids), "--out-dir", str(out), *_TRAIN_TINY, "--max-iters", "30"]
+    with pytest.raises(cli.UsageError) as e:
+        experiments.main(["batch", *flags])
+    said = str(e.value)
+    assert said.startswith("2 runs refused: (1) ") and said.count("is a run of other flags (max_iters 20 -> 30") == 2
+    assert f"(2) {out}/experiments/lr/lr=1e-03 is" in said or f"(1) {out}/experiments/lr/lr=1e-03 is" in said
+    assert sorted(p.name for p in (out / "experiments").iterdir() if p.is_dir()) == ["lr"]  # no batch run started
+    shutil.rmtree(other.dir(args.out_dir))  # one left: its own sentence, as before
+    with pytest.raises(cli.UsageError, match=rf"^\S+/{base.name} is a run of other flags \(max_iters 20 -> 30"):
+        experiments.main(["lr", *flags])
+
+
 def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
     # they sat), while a run of other flags is still refused
