@@ -216,17 +216,18 @@ def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "
             and (r.get("status"), type(r["step"])) in (("done", type(None)), ("diverged", int)))
 
 
-# What makes a run this one, for the report: what --resume compares (the model, the trajectory), and where and how
-# its validation loss was measured. How the flags were typed is not: ./t.txt or /home/me/t.txt, in any order.
-SAME_RUN_KEYS = (*config.MODEL_KEYS, *rundir.TRAJECTORY_KEYS, "eval_interval", "eval_iters")
+# What makes a run this one, for the report: what --resume compares (the model, the trajectory), where and how its
+# validation loss was measured, and the device's kind (a GPU draws other initial weights, and multiplies in TF32). Not
+# how the flags were typed (./t.txt, /home/me/t.txt, any order), nor what only makes it faster (--compile, --grad-accum).
+SAME_RUN_KEYS = (*config.MODEL_KEYS, *rundir.TRAJECTORY_KEYS, "eval_interval", "eval_iters", "device")
 
 
 def differences(saved, run, args, rest):
     """What makes the run that saved config.json `saved` another run than this command's, as --resume sees it
     (rundir.differs): the SAME_RUN_KEYS that differ, and its data (the fingerprint of its token files and
-    tokenizer, against args.data_fingerprint), where a path's spelling is no difference. [] for this run."""
-    cfg, fingerprint = resolved(run, args, rest), saved.get("data_fingerprint")
-    saved = {**config.FLAG_DEFAULTS, **saved}  # a run from before a flag existed ran with its default
+    tokenizer, against args.data_fingerprint), where a path's spelling, or a device's index, is no difference."""
+    fingerprint, now = saved.get("data_fingerprint"), resolved(run, args, rest)  # an older run: a flag's default
+    saved, cfg = ({**config.FLAG_DEFAULTS, **c, "device": str(c.get("device")).split(":")[0]} for c in (saved, now))
     diff = [f"{k} {cli.short_repr(saved.get(k))} -> {cli.short_repr(cfg[k])}" for k in SAME_RUN_KEYS
             if rundir.differs(k, saved.get(k), cfg[k], set(config.CORPORA), fingerprint is not None)]
     if fingerprint is not None and fingerprint != args.data_fingerprint:
@@ -614,8 +615,7 @@ def reported(plans, args):
     def own_result(name):
         shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
         return any((run.dir(args.out_dir) / "result.json").is_file() for *_, run in plans[name] if run not in shared)
-    return {name: entries for name, entries in plans.items() if name in experiments_of(args.experiment)
-            or own_result(name)}
+    return {name: entries for name, entries in plans.items() if name in experiments_of(args.experiment) or own_result(name)}
 
 
 def report(args, rest, argv, cfg, plans, baseline, extra):

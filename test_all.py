@@ -10279,6 +10279,19 @@ def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, m
         experiments.outcome(run, args, again)
 
 
+def test_experiments_reuses_a_run_across_speed_flags_not_across_a_kind_of_device(tmp_path):
+    # --compile, --no-fast, --grad-accum, --activation-checkpointing compute the same steps (tested equal): the run is
+    # reused. A run made on a GPU was reused by a CPU command, though its weights came from the GPU's generator and its
+    # matmuls were TF32: other losses, and another device's speed, in a report that names this command's device
+    run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
+    for speed in (["--no-fast"], ["--grad-accum", "2"], ["--activation-checkpointing"]):  # (--compile: a compiler's check)
+        assert experiments.outcome(run, args, speed)["status"] == "done", speed
+    saved = run.dir(args.out_dir) / "config.json"
+    saved.write_text(json.dumps(dict(json.loads(saved.read_text()), device="cuda:1")))  # its index is no difference
+    with pytest.raises(cli.UsageError, match=r"is a run of other flags \(device 'cuda' -> 'cpu'\); delete it"):
+        experiments.outcome(run, args, ["--device", "cpu"])
+
+
 @pytest.mark.parametrize("experiment, variants, said", [("lr", "", "no variant '' in lr; pick from "),
                                                        ("tokenizer", "x", "no variant 'x' in tokenizer; it has no runs")])
 def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, variants, said):
