@@ -9686,6 +9686,11 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
             dict(name="lr=1e+01", curve=[(0, 0.0, 7.0)], diverged=4, final=None)]
     assert figures.runs_figure("lr", rows, 6.0, tmp_path / "lr.png")
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = figures.draw_runs("lr", rows[1:], 6.0)  # a sweep whose runs all stayed above the unigram baseline (they
+    try:  # diverged): its dotted line, in the legend, was below the y-axis' range, out of sight
+        assert fig.axes[0].get_ylim()[0] < 6.0 < fig.axes[0].get_ylim()[1]
+    finally:
+        figures._pyplot().close(fig)
 
 
 def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_path):
