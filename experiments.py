@@ -273,14 +273,15 @@ def start(run, args, rest, env):
 
 
 def finish(run, args, rest, code):
-    """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
-    for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
+    """A run's exit code as its result.json (done, or diverged at a step), or its fault: train.py's sentence (exit 2 a
+    usage mistake, else 1), or the signal that killed it (the out-of-memory killer). 130: stopped, no result yet."""
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
         said = log_path(run, args).read_bytes()[run.log_from:].decode("utf-8", errors="replace")
         last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
-        raise (cli.UsageError if code == 2 else cli.DataError)(
-            f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
+        raise (cli.UsageError if code == 2 else cli.DataError)(f"the run {run.dir(args.out_dir)} failed: " + (
+            f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same command resumes "
+            "it. Its last line: " if code < 0 else "") + f"{last.strip()} (all of its output: {log_path(run, args)})")
     if code != 130:
         result = {"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]}
         files.write_json(result, run.dir(args.out_dir) / "result.json")
@@ -758,8 +759,7 @@ def check(runs, args, rest, where):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    args, rest = parse(argv)
+    args, rest = parse(argv := sys.argv[1:] if argv is None else argv)
     cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)

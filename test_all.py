@@ -9623,6 +9623,11 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
     with pytest.raises(cli.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
         experiments.finish(run, args, [], 2)
+    # killed (the out-of-memory killer, kill -9): its last line is only where it stood; it was given as the fault
+    log.write_text("step 40/400: loss 3.6157, lr 7.8e-04, 3.24k tok/s, ETA 1m58s\n")
+    with pytest.raises(cli.DataError, match=r"failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped it; the "
+                                            r"same command resumes it. Its last line: step 40/400: loss 3.6157, "):
+        experiments.finish(run, args, [], -signal.SIGKILL)
 
 
 def test_experiments_tokenizer_other_domain_is_the_other_handout_dataset_when_cached(tmp_path):
