@@ -125,8 +125,7 @@ def plan(cfg):
     """experiment -> [(value, label, Run)]. cfg: the baseline's resolved config (train.py's preset, the scale's and
     the user's flags). The baseline is one run, the lr sweep's at its rate, which the others compare against."""
     scale, lr, b, d = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"], cfg["d_model"]
-    sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
-    base = sweep[lr]
+    sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}  # sweep[lr]: the baseline
 
     def batch_run(size):  # the baseline's tokens in all, between evaluations, in each one, and in its warm-up
         scaled = {k: max(int(k != "warmup_iters"), round(cfg[k] * b / size))  # an evaluation's seconds and noise
@@ -134,12 +133,12 @@ def plan(cfg):
         return Run("batch", f"batch={size}", ["--batch-size", str(size), *(a for k, n in scaled.items() for a in (
             config.FLAG_ROWS[k][0], str(n)))])
     low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
-    ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
+    ablations = {"baseline": sweep[lr], "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
-            "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
+            "batch": [(x, f"batch={x}", sweep[lr] if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
             "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
 
 
@@ -248,8 +247,7 @@ def outcome(run, args, rest):
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
     if (saved := rundir.run_config(folder)) is None and done:  # deleted, or edited: no run config to compare
-        raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} and rerun to run that "
-                             "run again.")
+        raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} to run it again.")
     if saved is not None and (diff := differences(saved, run, args, rest)):
         raise cli.UsageError(f"{folder} is a {'' if done else 'stopped '}run of other flags ({'; '.join(diff)}); "
                              "delete it, or pass another --out-dir.")
@@ -277,11 +275,13 @@ def finish(run, args, rest, code):
     usage mistake, else 1), or the signal that killed it (the out-of-memory killer). 130: stopped, no result yet."""
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
-        said = log_path(run, args).read_bytes()[run.log_from:].decode("utf-8", errors="replace")
-        last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
-        raise (cli.UsageError if code == 2 else cli.DataError)(f"the run {run.dir(args.out_dir)} failed: " + (
-            f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same command resumes "
-            "it. Its last line: " if code < 0 else "") + f"{last.strip()} (all of its output: {log_path(run, args)})")
+        last = (log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").strip() or "\n").splitlines()[-1]
+        if code < 0:  # train.py said nothing of it: its last line only says where it stood
+            last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same command " \
+                   f"resumes it{last and '. Its last line: '}{last}"
+        raise (cli.UsageError if code == 2 else cli.DataError)(f"the run {run.dir(args.out_dir)} failed: "
+                                                                f"{last.strip() or f'exit code {code}'} (all of its "
+                                                                f"output: {log_path(run, args)})")
     if code != 130:
         result = {"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]}
         files.write_json(result, run.dir(args.out_dir) / "result.json")
@@ -774,8 +774,8 @@ def main(argv=None):
                              "pass text data (pydoc, tinystories, owt, a .txt file).")
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
-        cli.every_refusal(lambda run: outcome(run, args, rest), dict.fromkeys(  # the baseline once, not per experiment
-            run for entries in reported(plans, args).values() for *_, run in entries), "run")  # what report() reads
+        cli.every_refusal(lambda run: outcome(run, args, rest), dict.fromkeys(  # what report() reads,
+            run for entries in reported(plans, args).values() for *_, run in entries), "run")  # before any run starts
         if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
             cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
                     "(its --tokenizer DIR would give them)."))

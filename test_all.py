@@ -10015,7 +10015,8 @@ def test_experiments_a_second_one_on_the_same_out_dir_is_refused_before_the_data
     log.write_text("step 615/5000: loss 2.6056\n")  # an earlier start's
     proc = experiments.start(run, args, [], {})
     proc.kill()
-    with pytest.raises(cli.DataError, match=r"lr=1e-03 failed: exit code -9 \(all of its output: "):
+    with pytest.raises(cli.DataError, match=r"lr=1e-03 failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped "
+                                            r"it; the same command resumes it \(all of its output: "):
         experiments.finish(run, args, [], proc.wait())
 
 
@@ -10284,8 +10285,7 @@ def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, m
         experiments.outcome(run, args, again)
     (made.dir(args.out_dir) / "config.json").unlink()  # what the run was cannot be told: the folder is named
     folder = re.escape(str(made.dir(args.out_dir)))
-    with pytest.raises(cli.UsageError, match=rf"config.json holds no run config; delete {folder} and rerun to run that "
-                                             r"run again.$"):
+    with pytest.raises(cli.UsageError, match=rf"config.json holds no run config; delete {folder} to run it again.$"):
         experiments.outcome(run, args, again)
 
 
