@@ -774,7 +774,7 @@ def main(argv=None):
                              "pass text data (pydoc, tinystories, owt, a .txt file).")
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
-        cli.every_refusal(lambda run: outcome(run, args, rest), dict.fromkeys(  # what report() reads,
+        cli.every_refusal(lambda run: measured(run, "", args, rest), dict.fromkeys(  # what report() reads,
             run for entries in reported(plans, args).values() for *_, run in entries), "run")  # before any run starts
         if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
             cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "

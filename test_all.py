@@ -10243,6 +10243,22 @@ def test_experiments_names_every_refused_run_at_once(tmp_path):
         experiments.main(["lr", *flags])
 
 
+def test_experiments_a_finished_runs_damaged_metrics_stop_all_before_any_run(tmp_path):
+    # a tester's: one finished run's metrics.jsonl deleted; `lr --variants lr=1e-02` trained lr=1e-02 (on a GPU, an
+    # hour), then refused the damaged run as the report read it: the compute spent, and no report
+    ids, out = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out"
+    args = types.SimpleNamespace(data=str(ids), out_dir=str(out), data_fingerprint=None)  # no data to compare
+    rest = [*_TRAIN_TINY, "--max-iters", "20"]
+    plans = experiments.plan(config.resolve_config([*experiments.base_flags(args, rest), "--benchmark"]))
+    runs = {run.name: run for *_, run in plans["lr"]}
+    _exp_write_run(runs["lr=1e-03"], args, [{"step": 20, "time": 0.5, "val_loss": 4.0}], rest)  # whole: reused
+    _exp_write_run(runs["lr=3e-03"], args, None, rest)  # its metrics.jsonl deleted
+    with pytest.raises(cli.UsageError, match=r"lr=3e-03/metrics.jsonl holds no validation loss of the run's last step "
+                                             r"\(20\); delete \S+lr=3e-03 to run it again.$"):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(out), *rest, "--variants", "lr=1e-02"])
+    assert sorted(p.name for p in (out / "experiments/lr").iterdir()) == ["lr=1e-03", "lr=3e-03"]  # none started
+
+
 def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
     # they sat), while a run of other flags is still refused
