@@ -388,6 +388,21 @@ def usage_errors():
         raise DataError(str(e)) from None
 
 
+def every_refusal(call, items, noun):
+    """call(item) for each item, then their UsageErrors as one that counts and numbers them (noun: what each item
+    is): a user who meets several fixes them all at once, not one per attempt. One alone is raised as it was."""
+    said = []
+    for item in items:
+        try:
+            call(item)
+        except UsageError as e:
+            said.append(str(e))
+    if len(said) > 1:
+        raise UsageError(f"{counted(len(said), noun)} refused: " + " ".join(f"({i}) {s}" for i, s in enumerate(said, 1)))
+    if said:
+        raise UsageError(said[0])
+
+
 @contextlib.contextmanager
 def disk_full(where, then):
     """A full disk (or quota) while writing under `where` ends in one sentence that says what to do then, exit code

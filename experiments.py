@@ -125,8 +125,7 @@ def plan(cfg):
     """experiment -> [(value, label, Run)]. cfg: the baseline's resolved config (train.py's preset, the scale's and
     the user's flags). The baseline is one run, the lr sweep's at its rate, which the others compare against."""
     scale, lr, b, d = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"], cfg["d_model"]
-    sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}
-    base = sweep[lr]
+    sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}  # sweep[lr]: the baseline
 
     def batch_run(size):  # the baseline's tokens in all, between evaluations, in each one, and in its warm-up
         scaled = {k: max(int(k != "warmup_iters"), round(cfg[k] * b / size))  # an evaluation's seconds and noise
@@ -134,12 +133,12 @@ def plan(cfg):
         return Run("batch", f"batch={size}", ["--batch-size", str(size), *(a for k, n in scaled.items() for a in (
             config.FLAG_ROWS[k][0], str(n)))])
     low = config.rounded(lr / 10)  # no RMSNorm at a 10x lower rate too: it may diverge at the baseline's
-    ablations = {"baseline": base, "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
+    ablations = {"baseline": sweep[lr], "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
                  "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
-            "batch": [(x, f"batch={x}", base if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
+            "batch": [(x, f"batch={x}", sweep[lr] if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
             "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
 
 
@@ -216,17 +215,18 @@ def is_result(r):  # finish's result.json: {"status": "done", "step": None} or "
             and (r.get("status"), type(r["step"])) in (("done", type(None)), ("diverged", int)))
 
 
-# What makes a run this one, for the report: what --resume compares (the model, the trajectory), and where and how
-# its validation loss was measured. How the flags were typed is not: ./t.txt or /home/me/t.txt, in any order.
-SAME_RUN_KEYS = (*config.MODEL_KEYS, *rundir.TRAJECTORY_KEYS, "eval_interval", "eval_iters")
+# What makes a run this one, for the report: what --resume compares (the model, the trajectory), where and how its
+# validation loss was measured, and the device's kind (a GPU draws other initial weights, and multiplies in TF32). Not
+# how the flags were typed (./t.txt, /home/me/t.txt, any order), nor what only makes it faster (--compile, --grad-accum).
+SAME_RUN_KEYS = (*config.MODEL_KEYS, *rundir.TRAJECTORY_KEYS, "eval_interval", "eval_iters", "device")
 
 
 def differences(saved, run, args, rest):
     """What makes the run that saved config.json `saved` another run than this command's, as --resume sees it
     (rundir.differs): the SAME_RUN_KEYS that differ, and its data (the fingerprint of its token files and
-    tokenizer, against args.data_fingerprint), where a path's spelling is no difference. [] for this run."""
-    cfg, fingerprint = resolved(run, args, rest), saved.get("data_fingerprint")
-    saved = {**config.FLAG_DEFAULTS, **saved}  # a run from before a flag existed ran with its default
+    tokenizer, against args.data_fingerprint), where a path's spelling, or a device's index, is no difference."""
+    fingerprint, now = saved.get("data_fingerprint"), resolved(run, args, rest)  # an older run: a flag's default
+    saved, cfg = ({**config.FLAG_DEFAULTS, **c, "device": str(c.get("device")).split(":")[0]} for c in (saved, now))
     diff = [f"{k} {cli.short_repr(saved.get(k))} -> {cli.short_repr(cfg[k])}" for k in SAME_RUN_KEYS
             if rundir.differs(k, saved.get(k), cfg[k], set(config.CORPORA), fingerprint is not None)]
     if fingerprint is not None and fingerprint != args.data_fingerprint:
@@ -247,8 +247,7 @@ def outcome(run, args, rest):
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise cli.UsageError(f"{path} cannot be read ({e}); delete it and rerun to run that run again.") from None
     if (saved := rundir.run_config(folder)) is None and done:  # deleted, or edited: no run config to compare
-        raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} and rerun to run that "
-                             "run again.")
+        raise cli.UsageError(f"{folder / 'config.json'} holds no run config; delete {folder} to run it again.")
     if saved is not None and (diff := differences(saved, run, args, rest)):
         raise cli.UsageError(f"{folder} is a {'' if done else 'stopped '}run of other flags ({'; '.join(diff)}); "
                              "delete it, or pass another --out-dir.")
@@ -272,14 +271,17 @@ def start(run, args, rest, env):
 
 
 def finish(run, args, rest, code):
-    """A run's exit code as its result.json (done, or diverged at a step), or its fault as train.py said it (exit 2
-    for a usage mistake, else 1). 130: stopped (its checkpoint saved), no result yet."""
+    """A run's exit code as its result.json (done, or diverged at a step), or its fault: train.py's sentence (exit 2 a
+    usage mistake, else 1), or the signal that killed it (the out-of-memory killer). 130: stopped, no result yet."""
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
-        said = log_path(run, args).read_bytes()[run.log_from:].decode("utf-8", errors="replace")
-        last = next((line for line in reversed(said.splitlines()) if line.strip()), f"exit code {code}")
-        raise (cli.UsageError if code == 2 else cli.DataError)(
-            f"the run {run.dir(args.out_dir)} failed: {last.strip()} (all of its output: {log_path(run, args)})")
+        last = (log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").strip() or "\n").splitlines()[-1]
+        if code < 0:  # train.py said nothing of it: its last line only says where it stood
+            last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same command " \
+                   f"resumes it{last and '. Its last line: '}{last}"
+        raise (cli.UsageError if code == 2 else cli.DataError)(f"the run {run.dir(args.out_dir)} failed: "
+                                                                f"{last.strip() or f'exit code {code}'} (all of its "
+                                                                f"output: {log_path(run, args)})")
     if code != 130:
         result = {"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]}
         files.write_json(result, run.dir(args.out_dir) / "result.json")
@@ -614,8 +616,7 @@ def reported(plans, args):
     def own_result(name):
         shared = {run for other, entries in plans.items() if other != name for *_, run in entries}
         return any((run.dir(args.out_dir) / "result.json").is_file() for *_, run in plans[name] if run not in shared)
-    return {name: entries for name, entries in plans.items() if name in experiments_of(args.experiment)
-            or own_result(name)}
+    return {name: entries for name, entries in plans.items() if name in experiments_of(args.experiment) or own_result(name)}
 
 
 def report(args, rest, argv, cfg, plans, baseline, extra):
@@ -758,8 +759,7 @@ def check(runs, args, rest, where):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    args, rest = parse(argv)
+    args, rest = parse(argv := sys.argv[1:] if argv is None else argv)
     cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
     # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
     config.check_flags(cfg, config.DATA_CHECKS)
@@ -774,8 +774,8 @@ def main(argv=None):
                              "pass text data (pydoc, tinystories, owt, a .txt file).")
     with files.new_folders(where), files.dir_lock(where):  # a second one here is refused now, not by its runs' locks
         baseline, tok, ids, args.data_fingerprint = prepare(cfg)  # the runs' data, as outcome() compares it
-        for run in (run for entries in reported(plans, args).values() for *_, run in entries):
-            outcome(run, args, rest)  # what report() will read: a run of other flags refused before any run starts
+        cli.every_refusal(lambda run: measured(run, "", args, rest), dict.fromkeys(  # what report() reads,
+            run for entries in reported(plans, args).values() for *_, run in entries), "run")  # before any run starts
         if args.experiment == "all" and data.is_ids(args.data):  # said now, not found missing from the report's end
             cli.say(f"--data {args.data} is token ids: no tokenizer figures" + ("." if tok else ", and no samples "
                     "(its --tokenizer DIR would give them)."))

@@ -70,7 +70,8 @@ def draw_runs(title, results, unigram):
         ax.set(xlabel=label, ylabel="validation loss (nats/token)")
     top = max(statistics.median([r["curve"][0][2] for r in results] or [unigram]), unigram) * 1.05
     cut = [f"{r['name']} (up to {high:.1f})" for r in results if (high := max(c[2] for c in r["curve"])) > top]
-    axes[0].set_ylim(min((c[2] for r in results for c in r["curve"]), default=unigram) * 0.95, top)
+    # the unigram baseline is in the legend, so in sight too: runs that all stayed above it (diverged, or short)
+    axes[0].set_ylim(min(unigram, *(c[2] for r in results for c in r["curve"])) * 0.95, top)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     if cut:

@@ -9699,6 +9699,11 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
     with pytest.raises(cli.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
         experiments.finish(run, args, [], 2)
+    # killed (the out-of-memory killer, kill -9): its last line is only where it stood; it was given as the fault
+    log.write_text("step 40/400: loss 3.6157, lr 7.8e-04, 3.24k tok/s, ETA 1m58s\n")
+    with pytest.raises(cli.DataError, match=r"failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped it; the "
+                                            r"same command resumes it. Its last line: step 40/400: loss 3.6157, "):
+        experiments.finish(run, args, [], -signal.SIGKILL)
 
 
 def test_experiments_tokenizer_other_domain_is_the_other_handout_dataset_when_cached(tmp_path):
@@ -9762,6 +9767,11 @@ def test_experiments_figure_marks_divergence_and_the_baseline(tmp_path):
             dict(name="lr=1e+01", curve=[(0, 0.0, 7.0)], diverged=4, final=None)]
     assert figures.runs_figure("lr", rows, 6.0, tmp_path / "lr.png")
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = figures.draw_runs("lr", rows[1:], 6.0)  # a sweep whose runs all stayed above the unigram baseline (they
+    try:  # diverged): its dotted line, in the legend, was below the y-axis' range, out of sight
+        assert fig.axes[0].get_ylim()[0] < 6.0 < fig.axes[0].get_ylim()[1]
+    finally:
+        figures._pyplot().close(fig)
 
 
 def test_experiments_figures_name_their_runs_and_keep_the_curves_readable(tmp_path):
@@ -10081,7 +10091,8 @@ def test_experiments_a_second_one_on_the_same_out_dir_is_refused_before_the_data
     log.write_text("step 615/5000: loss 2.6056\n")  # an earlier start's
     proc = experiments.start(run, args, [], {})
     proc.kill()
-    with pytest.raises(cli.DataError, match=r"lr=1e-03 failed: exit code -9 \(all of its output: "):
+    with pytest.raises(cli.DataError, match=r"lr=1e-03 failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped "
+                                            r"it; the same command resumes it \(all of its output: "):
         experiments.finish(run, args, [], proc.wait())
 
 
@@ -10286,6 +10297,44 @@ def test_experiments_a_run_of_other_flags_in_another_experiment_is_refused_befor
     assert sorted(p.name for p in (out / "experiments").iterdir() if p.is_dir()) == ["lr"]  # no batch run started
 
 
+def test_experiments_names_every_refused_run_at_once(tmp_path):
+    # a tester's: three finished runs of --max-iters 20, then the command with 30: refused one run at a time, so the
+    # user deleted one and met the next. Each is named in one sentence, the baseline (shared by lr and batch) once
+    ids, out = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out"
+    args = types.SimpleNamespace(data=str(ids), out_dir=str(out), data_fingerprint=None)  # no data to compare
+    rest = [*_TRAIN_TINY, "--max-iters", "20"]
+    plans = experiments.plan(config.resolve_config([*experiments.base_flags(args, rest), "--benchmark"]))
+    base, other = experiments.baseline_run(plans), next(run for *_, run in plans["lr"] if run.name == "lr=1e-03")
+    for run in (base, other):
+        _exp_write_run(run, args, [{"step": 0, "time": 0.1, "val_loss": 4.0}], rest)
+    flags = ["--data", str(ids), "--out-dir", str(out), *_TRAIN_TINY, "--max-iters", "30"]
+    with pytest.raises(cli.UsageError) as e:
+        experiments.main(["batch", *flags])
+    said = str(e.value)
+    assert said.startswith("2 runs refused: (1) ") and said.count("is a run of other flags (max_iters 20 -> 30") == 2
+    assert f"(2) {out}/experiments/lr/lr=1e-03 is" in said or f"(1) {out}/experiments/lr/lr=1e-03 is" in said
+    assert sorted(p.name for p in (out / "experiments").iterdir() if p.is_dir()) == ["lr"]  # no batch run started
+    shutil.rmtree(other.dir(args.out_dir))  # one left: its own sentence, as before
+    with pytest.raises(cli.UsageError, match=rf"^\S+/{base.name} is a run of other flags \(max_iters 20 -> 30"):
+        experiments.main(["lr", *flags])
+
+
+def test_experiments_a_finished_runs_damaged_metrics_stop_all_before_any_run(tmp_path):
+    # a tester's: one finished run's metrics.jsonl deleted; `lr --variants lr=1e-02` trained lr=1e-02 (on a GPU, an
+    # hour), then refused the damaged run as the report read it: the compute spent, and no report
+    ids, out = _train_toy_ids(tmp_path / "toy.npy"), tmp_path / "out"
+    args = types.SimpleNamespace(data=str(ids), out_dir=str(out), data_fingerprint=None)  # no data to compare
+    rest = [*_TRAIN_TINY, "--max-iters", "20"]
+    plans = experiments.plan(config.resolve_config([*experiments.base_flags(args, rest), "--benchmark"]))
+    runs = {run.name: run for *_, run in plans["lr"]}
+    _exp_write_run(runs["lr=1e-03"], args, [{"step": 20, "time": 0.5, "val_loss": 4.0}], rest)  # whole: reused
+    _exp_write_run(runs["lr=3e-03"], args, None, rest)  # its metrics.jsonl deleted
+    with pytest.raises(cli.UsageError, match=r"lr=3e-03/metrics.jsonl holds no validation loss of the run's last step "
+                                             r"\(20\); delete \S+lr=3e-03 to run it again.$"):
+        experiments.main(["lr", "--data", str(ids), "--out-dir", str(out), *rest, "--variants", "lr=1e-02"])
+    assert sorted(p.name for p in (out / "experiments/lr").iterdir()) == ["lr=1e-03", "lr=3e-03"]  # none started
+
+
 def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
     # mv out old; experiments.py ... --out-dir old: its runs are the same runs (result.json's command ends in where
     # they sat), while a run of other flags is still refused
@@ -10328,9 +10377,21 @@ def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, m
         experiments.outcome(run, args, again)
     (made.dir(args.out_dir) / "config.json").unlink()  # what the run was cannot be told: the folder is named
     folder = re.escape(str(made.dir(args.out_dir)))
-    with pytest.raises(cli.UsageError, match=rf"config.json holds no run config; delete {folder} and rerun to run that "
-                                             r"run again.$"):
+    with pytest.raises(cli.UsageError, match=rf"config.json holds no run config; delete {folder} to run it again.$"):
         experiments.outcome(run, args, again)
+
+
+def test_experiments_reuses_a_run_across_speed_flags_not_across_a_kind_of_device(tmp_path):
+    # --compile, --no-fast, --grad-accum, --activation-checkpointing compute the same steps (tested equal): the run is
+    # reused. A run made on a GPU was reused by a CPU command, though its weights came from the GPU's generator and its
+    # matmuls were TF32: other losses, and another device's speed, in a report that names this command's device
+    run, args = _exp_finished_run(tmp_path, [{"step": 0, "time": 0.1, "val_loss": 4.0}])
+    for speed in (["--no-fast"], ["--grad-accum", "2"], ["--activation-checkpointing"]):  # (--compile: a compiler's check)
+        assert experiments.outcome(run, args, speed)["status"] == "done", speed
+    saved = run.dir(args.out_dir) / "config.json"
+    saved.write_text(json.dumps(dict(json.loads(saved.read_text()), device="cuda:1")))  # its index is no difference
+    with pytest.raises(cli.UsageError, match=r"is a run of other flags \(device 'cuda' -> 'cpu'\); delete it"):
+        experiments.outcome(run, args, ["--device", "cpu"])
 
 
 @pytest.mark.parametrize("experiment, variants, said", [("lr", "", "no variant '' in lr; pick from "),
