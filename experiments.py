@@ -275,13 +275,13 @@ def finish(run, args, rest, code):
     usage mistake, else 1), or the signal that killed it (the out-of-memory killer). 130: stopped, no result yet."""
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
-        last = (log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").strip() or "\n").splitlines()[-1]
-        if code < 0:  # train.py said nothing of it: its last line only says where it stood
-            last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same command " \
-                   f"resumes it{last and '. Its last line: '}{last}"
-        raise (cli.UsageError if code == 2 else cli.DataError)(f"the run {run.dir(args.out_dir)} failed: "
-                                                                f"{last.strip() or f'exit code {code}'} (all of its "
-                                                                f"output: {log_path(run, args)})")
+        said = log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").splitlines()
+        last = next((line.strip() for line in reversed(said) if line.strip()), "")
+        if code < 0:  # a signal: train.py said nothing of it, and its last line only says where it stood
+            last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same " \
+                   f"command resumes it" + (f". Its last line: {last}" if last else "")
+        raise (cli.UsageError if code == 2 else cli.DataError)(
+            f"the run {run.dir(args.out_dir)} failed: {last or f'exit code {code}'} (all of its output: {log_path(run, args)})")
     if code != 130:
         result = {"status": "diverged" if step else "done", "step": step, "command": command(run, args, rest)[2:]}
         files.write_json(result, run.dir(args.out_dir) / "result.json")
