@@ -396,10 +396,11 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):
         return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
-    norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    # float64 if any gradient is: its norm can pass float32's max (inf would zero every gradient)
+    # float64 if any gradient is: its norm can pass float32's max (inf would zero every gradient); float16's norm
+    # would pass 65504 as soon as a gradient is large, so each tensor's norm is computed in this dtype, not its own
     dtype = torch.float64 if torch.float64 in {g.dtype for g in grads} else torch.float32
-    total = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
+    norms = torch._foreach_norm(grads, 2, dtype=dtype)  # one L2 norm per tensor
+    total = torch.linalg.vector_norm(torch.stack(norms))
     scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
     torch._foreach_mul_(grads, scale)
     return total

@@ -2383,6 +2383,18 @@ def test_model_clip_grad_norm_keeps_a_float64_norm_past_float32s_range(fused):
     torch.testing.assert_close(p.grad, torch.full((3,), 3.0) / (27 ** 0.5 + 1e-6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_model_clip_grad_norm_of_half_gradients_past_float16s_range(dtype):
+    # each tensor's norm was computed in its own dtype: float16 gradients of 6e4 each (finite) had the norm 1.04e5,
+    # past float16's 65504, so the norm read inf and every gradient was zeroed (bf16's norm was rounded to 1736)
+    p = torch.nn.Parameter(torch.zeros(3, dtype=dtype))
+    p.grad = torch.full((3,), 6e4, dtype=dtype)
+    exact = 3 ** 0.5 * p.grad[0].item()
+    total = optim.clip_grad_norm([p], 1.0)
+    assert total.dtype == torch.float32 and total.item() == pytest.approx(exact, rel=1e-6)
+    torch.testing.assert_close(p.grad, torch.full((3,), 3 ** -0.5, dtype=dtype))
+
+
 def test_model_muon_refuses_pairs_that_are_not_named_parameters():
     # a list of (tensor, tensor) pairs was taken for model.named_parameters(): AttributeError 'Parameter' object has
     # no attribute 'lower'. Now the sentence Muon gives any input that does not say which matrices are hidden
