@@ -332,7 +332,8 @@ class Muon(AdamW):
 
     def add_param_group(self, group):
         params = _param_list(group["params"])
-        flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
+        tensors = [p[1] if type(p) is tuple and len(p) == 2 else p for p in params]  # a named group's (name, p) too
+        flat = [tuple(p.shape) for p in tensors if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
         muon = group.get("muon", self.defaults["muon"])
         if muon is None:  # model.parameters(), as torch.optim takes them
             raise ValueError("Muon needs to know which matrices are hidden: pass model.named_parameters(), or groups "

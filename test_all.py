@@ -2404,6 +2404,16 @@ def test_model_muon_refuses_pairs_that_are_not_named_parameters():
     assert [g["muon"] for g in optim.Muon([("w", a), ("lm_head.weight", b)]).param_groups] == [True, False]
 
 
+def test_model_muon_checks_the_shapes_of_named_parameters_in_a_muon_group():
+    # a muon=True group of model.named_parameters() (muon=True given, or named pairs in a group) skipped the 2-D check:
+    # step() then failed inside newton_schulz's stacking with "IndexError: tuple index out of range"
+    gain = torch.nn.Parameter(torch.ones(3))
+    for make in (lambda: optim.Muon([("ln.weight", gain)], muon=True),
+                 lambda: optim.Muon([{"params": [("ln.weight", gain)], "muon": True}])):
+        with pytest.raises(ValueError, match=regex.escape("its muon=True group holds shapes [(3,)].")):
+            make()
+
+
 # --- hostile API review: model.py as the CS336 adapters call it (any leading dims, float64, an MPS device) ---
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])  # fused: fast=True as on a GPU or compiled
 def test_model_attention_and_block_take_any_leading_dims(fused, monkeypatch):
