@@ -85,8 +85,8 @@ def perplexity(mean_loss):
     if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # "2" gave e^2
         what = f"a tensor of shape {tuple(mean_loss.shape)}" if torch.is_tensor(mean_loss) else repr(mean_loss)
         raise TypeError(f"perplexity takes a mean loss, a number or a one-element tensor, got {what}.")
-    try:
-        return math.exp(float(mean_loss))
+    try:  # detach: the loss straight from the forward holds a graph, and float() of it warns of one
+        return math.exp(float(mean_loss.detach() if torch.is_tensor(mean_loss) else mean_loss))
     except OverflowError:
         return math.inf
 

@@ -1515,6 +1515,10 @@ def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
     assert optim.perplexity(1000.0) == math.inf  # past a float's range: math.exp raised OverflowError
     assert optim.perplexity(np.float32(0.0)) == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the loss as the forward returns it: float() of it warned of its graph
+        assert optim.perplexity(optim.cross_entropy(x, y, fused)) == pytest.approx(math.exp(optim.cross_entropy(
+            x, y).item()))
     for bad, what in (("2", "'2'"), (None, "None"), (x, f"a tensor of shape {tuple(x.shape)}")):  # "2" gave e^2
         with pytest.raises(TypeError, match=f"^perplexity takes a mean loss, a number or a one-element tensor, got "
                                             f"{re.escape(what)}\\.$"):
