@@ -1791,6 +1791,11 @@ def test_model_optimizer_chain_matches_float64_loops():
         if name == "sgd":
             assert not opt.state
     assert isinstance(optim.Adam([torch.nn.Parameter(init[0])]), optim.AdamW)
+    # torch.optim.Adam's weight_decay (an L2 term) was Python's "AdamW() got multiple values for keyword argument"
+    assert optim.Adam([torch.nn.Parameter(init[0])], weight_decay=0).param_groups[0]["weight_decay"] == 0
+    with pytest.raises(ValueError, match=regex.escape("Adam has no weight decay (it is AdamW with weight_decay=0): "
+                                                      "use AdamW(params, lr, weight_decay=...)")):
+        optim.Adam([torch.nn.Parameter(init[0])], weight_decay=0.01)
 
 
 def _model_muon_reference(W, grads, lr, wd, mu=0.95):
