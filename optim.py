@@ -104,6 +104,8 @@ class _Optimizer(torch.optim.Optimizer):
     squares = True  # g * g: wrong for a complex g (|g|^2 is the square), and no torch op takes a sparse g there
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
+        if not isinstance(group, dict):  # add_param_group([p]): "'list' object is not a mapping" below; torch's words
+            raise TypeError(f"param_group must be a dict, but got {type(group).__name__}: pass {{'params': [...]}}.")
         finite = ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf)  # inf: inf weights
         unit, flag = ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1), ("True or False", lambda m: type(m) is bool)
         rules = {"lr": finite, "weight_decay": finite, "momentum": unit, "alpha": unit, "nesterov": flag, "muon": flag,
@@ -334,6 +336,8 @@ class Muon(AdamW):
         self._muon = torch.compile(_muon_math, dynamic=False) if compiled else _muon_math
 
     def add_param_group(self, group):
+        if not isinstance(group, dict):  # said once, in _Optimizer's
+            return super().add_param_group(group)
         params = _param_list(group["params"])
         tensors = [p[1] if type(p) is tuple and len(p) == 2 else p for p in params]  # a named group's (name, p) too
         flat = [tuple(p.shape) for p in tensors if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None

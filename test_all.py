@@ -1884,6 +1884,12 @@ def test_model_muon_and_the_chain_check_their_hyperparameters():
             make()
     opt = optim.Muon([{"params": [p], "muon": True}, {"params": [v], "muon": False, "lr": 0.5}], lr=0.1)
     assert [(g["muon"], g["lr"]) for g in opt.param_groups] == [(True, 0.1), (False, 0.5)]
+    # add_param_group([w]) (a list, not a group): "list indices must be integers or slices, not str" (Muon), or
+    # "'list' object is not a mapping"; now torch.optim's own sentence
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    for o in (opt, optim.AdamW([v]), optim.SGD([v])):
+        with pytest.raises(TypeError, match=regex.escape("param_group must be a dict, but got list: pass {'params':")):
+            o.add_param_group([w])
 
 
 def test_model_muon_state_round_trips_through_a_checkpoint(tmp_path):
