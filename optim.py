@@ -85,8 +85,8 @@ def perplexity(mean_loss):
     if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # "2" gave e^2
         what = f"a tensor of shape {tuple(mean_loss.shape)}" if torch.is_tensor(mean_loss) else repr(mean_loss)
         raise TypeError(f"perplexity takes a mean loss, a number or a one-element tensor, got {what}.")
-    try:
-        return math.exp(float(mean_loss))
+    try:  # detach: the loss straight from the forward holds a graph, and float() of it warns of one
+        return math.exp(float(mean_loss.detach() if torch.is_tensor(mean_loss) else mean_loss))
     except OverflowError:
         return math.inf
 
@@ -104,6 +104,8 @@ class _Optimizer(torch.optim.Optimizer):
     squares = True  # g * g: wrong for a complex g (|g|^2 is the square), and no torch op takes a sparse g there
 
     def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
+        if not isinstance(group, dict):  # add_param_group([p]): "'list' object is not a mapping" below; torch's words
+            raise TypeError(f"param_group must be a dict, but got {type(group).__name__}: pass {{'params': [...]}}.")
         finite = ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf)  # inf: inf weights
         unit, flag = ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1), ("True or False", lambda m: type(m) is bool)
         rules = {"lr": finite, "weight_decay": finite, "momentum": unit, "alpha": unit, "nesterov": flag, "muon": flag,
@@ -247,6 +249,9 @@ class AdamW(_Optimizer):
 
 
 def Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kwargs):  # AdamW without the decay, as defined above
+    if kwargs.pop("weight_decay", 0) != 0:  # torch.optim.Adam's: "AdamW() got multiple values for 'weight_decay'"
+        raise ValueError("Adam has no weight decay (it is AdamW with weight_decay=0): use AdamW(params, lr, "
+                         "weight_decay=...), whose decay is decoupled from the gradient.")
     return AdamW(params, lr, betas, eps, weight_decay=0.0, **kwargs)
 
 
@@ -331,8 +336,11 @@ class Muon(AdamW):
         self._muon = torch.compile(_muon_math, dynamic=False) if compiled else _muon_math
 
     def add_param_group(self, group):
+        if not isinstance(group, dict):  # said once, in _Optimizer's
+            return super().add_param_group(group)
         params = _param_list(group["params"])
-        flat = [tuple(p.shape) for p in params if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
+        tensors = [p[1] if type(p) is tuple and len(p) == 2 else p for p in params]  # a named group's (name, p) too
+        flat = [tuple(p.shape) for p in tensors if torch.is_tensor(p) and p.ndim != 2]  # (tensor, tensor): muon=None
         muon = group.get("muon", self.defaults["muon"])
         if muon is None:  # model.parameters(), as torch.optim takes them
             raise ValueError("Muon needs to know which matrices are hidden: pass model.named_parameters(), or groups "
@@ -396,10 +404,11 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
         return torch.zeros(())
     if fused and fast_cpu.usable(*grads, in_place=True):
         return fast_cpu.clip_grad_norm(grads, max_l2_norm, eps)
-    norms = torch._foreach_norm(grads)  # one L2 norm per tensor
-    # float64 if any gradient is: its norm can pass float32's max (inf would zero every gradient)
+    # float64 if any gradient is: its norm can pass float32's max (inf would zero every gradient); float16's norm
+    # would pass 65504 as soon as a gradient is large, so each tensor's norm is computed in this dtype, not its own
     dtype = torch.float64 if torch.float64 in {g.dtype for g in grads} else torch.float32
-    total = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
+    norms = torch._foreach_norm(grads, 2, dtype=dtype)  # one L2 norm per tensor
+    total = torch.linalg.vector_norm(torch.stack(norms))
     scale = torch.where(total >= max_l2_norm, max_l2_norm / (total + eps), 1.0)  # below M: g times 1, as it is
     torch._foreach_mul_(grads, scale)
     return total

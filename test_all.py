@@ -1540,6 +1540,10 @@ def test_model_cross_entropy_matches_torch_and_is_stable(fused):
     assert optim.perplexity(torch.tensor(loss)) == pytest.approx(math.exp(loss))
     assert optim.perplexity(1000.0) == math.inf  # past a float's range: math.exp raised OverflowError
     assert optim.perplexity(np.float32(0.0)) == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the loss as the forward returns it: float() of it warned of its graph
+        assert optim.perplexity(optim.cross_entropy(x, y, fused)) == pytest.approx(math.exp(optim.cross_entropy(
+            x, y).item()))
     for bad, what in (("2", "'2'"), (None, "None"), (x, f"a tensor of shape {tuple(x.shape)}")):  # "2" gave e^2
         with pytest.raises(TypeError, match=f"^perplexity takes a mean loss, a number or a one-element tensor, got "
                                             f"{re.escape(what)}\\.$"):
@@ -1812,6 +1816,11 @@ def test_model_optimizer_chain_matches_float64_loops():
         if name == "sgd":
             assert not opt.state
     assert isinstance(optim.Adam([torch.nn.Parameter(init[0])]), optim.AdamW)
+    # torch.optim.Adam's weight_decay (an L2 term) was Python's "AdamW() got multiple values for keyword argument"
+    assert optim.Adam([torch.nn.Parameter(init[0])], weight_decay=0).param_groups[0]["weight_decay"] == 0
+    with pytest.raises(ValueError, match=regex.escape("Adam has no weight decay (it is AdamW with weight_decay=0): "
+                                                      "use AdamW(params, lr, weight_decay=...)")):
+        optim.Adam([torch.nn.Parameter(init[0])], weight_decay=0.01)
 
 
 def _model_muon_reference(W, grads, lr, wd, mu=0.95):
@@ -1900,6 +1909,12 @@ def test_model_muon_and_the_chain_check_their_hyperparameters():
             make()
     opt = optim.Muon([{"params": [p], "muon": True}, {"params": [v], "muon": False, "lr": 0.5}], lr=0.1)
     assert [(g["muon"], g["lr"]) for g in opt.param_groups] == [(True, 0.1), (False, 0.5)]
+    # add_param_group([w]) (a list, not a group): "list indices must be integers or slices, not str" (Muon), or
+    # "'list' object is not a mapping"; now torch.optim's own sentence
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    for o in (opt, optim.AdamW([v]), optim.SGD([v])):
+        with pytest.raises(TypeError, match=regex.escape("param_group must be a dict, but got list: pass {'params':")):
+            o.add_param_group([w])
 
 
 def test_model_muon_state_round_trips_through_a_checkpoint(tmp_path):
@@ -2408,6 +2423,18 @@ def test_model_clip_grad_norm_keeps_a_float64_norm_past_float32s_range(fused):
     torch.testing.assert_close(p.grad, torch.full((3,), 3.0) / (27 ** 0.5 + 1e-6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_model_clip_grad_norm_of_half_gradients_past_float16s_range(dtype):
+    # each tensor's norm was computed in its own dtype: float16 gradients of 6e4 each (finite) had the norm 1.04e5,
+    # past float16's 65504, so the norm read inf and every gradient was zeroed (bf16's norm was rounded to 1736)
+    p = torch.nn.Parameter(torch.zeros(3, dtype=dtype))
+    p.grad = torch.full((3,), 6e4, dtype=dtype)
+    exact = 3 ** 0.5 * p.grad[0].item()
+    total = optim.clip_grad_norm([p], 1.0)
+    assert total.dtype == torch.float32 and total.item() == pytest.approx(exact, rel=1e-6)
+    torch.testing.assert_close(p.grad, torch.full((3,), 3 ** -0.5, dtype=dtype))
+
+
 def test_model_muon_refuses_pairs_that_are_not_named_parameters():
     # a list of (tensor, tensor) pairs was taken for model.named_parameters(): AttributeError 'Parameter' object has
     # no attribute 'lower'. Now the sentence Muon gives any input that does not say which matrices are hidden
@@ -2415,6 +2442,16 @@ def test_model_muon_refuses_pairs_that_are_not_named_parameters():
     with pytest.raises(ValueError, match=regex.escape("pass model.named_parameters(), or groups with muon=True")):
         optim.Muon([(a, b)])
     assert [g["muon"] for g in optim.Muon([("w", a), ("lm_head.weight", b)]).param_groups] == [True, False]
+
+
+def test_model_muon_checks_the_shapes_of_named_parameters_in_a_muon_group():
+    # a muon=True group of model.named_parameters() (muon=True given, or named pairs in a group) skipped the 2-D check:
+    # step() then failed inside newton_schulz's stacking with "IndexError: tuple index out of range"
+    gain = torch.nn.Parameter(torch.ones(3))
+    for make in (lambda: optim.Muon([("ln.weight", gain)], muon=True),
+                 lambda: optim.Muon([{"params": [("ln.weight", gain)], "muon": True}])):
+        with pytest.raises(ValueError, match=regex.escape("its muon=True group holds shapes [(3,)].")):
+            make()
 
 
 # --- hostile API review: model.py as the CS336 adapters call it (any leading dims, float64, an MPS device) ---
