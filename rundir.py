@@ -298,13 +298,14 @@ def restore_rng(state, batch_gen):
         torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
-def step_count(iteration):
-    """save_checkpoint's iteration as the int load_checkpoint gives back: a whole number >= 0 (numpy's and torch's
-    integers too; a bool is refused, though Python counts it as one)."""
+def step_count(iteration, name=None):
+    """save_checkpoint's iteration as the int load_checkpoint gives back (name: the checkpoint read, which other code
+    may have saved as a 0-d tensor): a whole number >= 0, numpy's and torch's too; a bool is refused."""
     with contextlib.suppress(TypeError):
         iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-        raise ValueError(f"iteration must be a whole number >= 0, got {iteration!r}.")
+        raise ValueError(f"{name} holds iteration {iteration!r}, not a step count" if name else
+                         f"iteration must be a whole number >= 0, got {iteration!r}.")
     return iteration
 
 
@@ -314,13 +315,12 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
     for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")
-    it, saved, own = state["iteration"], state["model"], model.state_dict().keys()
+    saved, own = state["model"], model.state_dict().keys()
     if isinstance(saved, dict) and saved.keys() != own:  # saved from inside torch.compile or DDP (common in
         # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
         state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
                                   for k, v in saved.items()}  # a key that is no str: named below (check_weights)
-    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
-        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    state["iteration"] = step_count(state["iteration"], name)
     check_weights(saved, model, name)
     if optimizer is not None:
         check_optimizer_state(state["optimizer"], optimizer, name)

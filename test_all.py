@@ -6198,6 +6198,20 @@ def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_gi
         assert train.load_checkpoint(buf, m, opt) == it
 
 
+def test_train_load_checkpoint_gives_back_a_tensor_iteration_of_other_code_as_its_int():
+    # a CS336 loop's torch.save({..., "iteration": torch.tensor(it)}): save_checkpoint took a 0-d integer tensor, but
+    # load_checkpoint refused the same in a file ("holds iteration tensor(7), not a step count")
+    m, opt = _train_model_opt()
+    for it in (torch.tensor(7), torch.tensor(7, dtype=torch.int32), torch.tensor([7])):
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
+        got = train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
+        assert got == 7 and type(got) is int
+    for it, said in ((torch.tensor(7.5), "tensor(7.5000)"), (torch.tensor(-1), "-1")):  # no step count: refused
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
+        with pytest.raises(ValueError, match=rf"^the checkpoint holds iteration {re.escape(said)}, not a step count$"):
+            train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
+
+
 def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
     """CS336 code often saves model.state_dict() of the torch.compile (or DDP) wrapper, whose keys
     carry "_orig_mod." (or "module."): such a checkpoint loads into the plain model."""
