@@ -9039,6 +9039,27 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
 
 
+def test_train_a_config_json_edited_into_another_type_is_named_by_its_key(sample_run, tmp_path, capsys):
+    # a tester's: a config.json edited by hand ("d_model": "32") was compared as it was, "--sample: out/story was
+    # trained with --d-model 32, not 32; drop --d-model", and --init-from built with it: a TypeError's traceback
+    flags, run = sample_run
+    story = tmp_path / "out" / "story"
+    shutil.copytree(run, story)
+    at, saved = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"], json.loads(
+        (run / "config.json").read_text())
+    (story / "config.json").write_text(json.dumps({**saved, "d_model": "32"}))
+    for argv in ([*at, "--sample", "--d-model", "32"], [*at, "--export", str(tmp_path / "hf")],
+                 [*at, "--init-from", str(story), "--run-name", "tuned", "--max-iters", "1"]):
+        capsys.readouterr()
+        assert train.main(argv) == 2, argv
+        _train_one_error(capsys, f"{story / 'config.json'} holds d_model = '32', where --d-model takes an int; put back "
+                                 "the value the run was trained with, or delete config.json")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["story"] and not (tmp_path / "hf").exists()
+    # harmless edits: JSON's 10000 for 10000.0, a key --sample does not compare
+    (story / "config.json").write_text(json.dumps({**saved, "rope_theta": 10000, "num_samples": "5"}))
+    assert train.main([*at, "--sample", "--rope-theta", "10000", "--d-model", "32", *_SAMPLING]) == 0
+
+
 def test_train_sample_and_export_without_config_json_check_the_checkpoints_config(sample_run, tmp_path, capsys):
     # a tester's: with its config.json deleted, --sample --d-model 64 (and --export) checked nothing; ckpt.pt holds
     # the config its weights were trained with, so it is read instead. Neither readable: the damage is named
