@@ -27,7 +27,8 @@ from cli import RANK, Parser, UsageError, counted, env_int, log, short_repr, use
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_file, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import (PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, read_checkpoint, run_dir, run_dir_problem,
+                    saved_config, tokenizer_origin)
 
 
 # ----------------------------------------------------------------------------
@@ -500,7 +501,8 @@ def given_flags(argv):
 
 
 # each shape and trajectory key of a saved run config, with its flag's type (--data's paths aside: a str or None)
-SAVED_TYPES = {k: FLAG_ROWS[k][1] for k in (*MODEL_KEYS, *TRAJECTORY_KEYS) if FLAG_ROWS[k][1] in (int, float, bool, str)}
+SAVED_TYPES = {k: FLAG_ROWS[k][1] for k in (*MODEL_KEYS, *TRAJECTORY_KEYS)
+               if FLAG_ROWS[k][1] in (int, float, bool, str)}
 
 
 def checked_run_config(run):
@@ -512,9 +514,10 @@ def checked_run_config(run):
         if k in config and type(config[k]) is int and kind is float:
             config[k] = float(config[k])
         elif k in config and type(config[k]) is not kind:
-            raise UsageError(f"{Path(run) / 'config.json'} holds {k} = {short_repr(config[k])}, where {FLAG_ROWS[k][0]} "
-                             f"takes {'an' if kind is int else 'a'} {kind.__name__}; put back the value the run was "
-                             "trained with, or delete config.json (its ckpt.pt holds the run's config too).")
+            raise UsageError(f"{Path(run) / 'config.json'} holds {k} = {short_repr(config[k])}, where "
+                             f"{FLAG_ROWS[k][0]} takes {'an' if kind is int else 'a'} {kind.__name__}; put back the "
+                             "value the run was trained with, or delete config.json (its ckpt.pt holds the run's "
+                             "config too).")
     return config
 
 
@@ -536,6 +539,9 @@ def same_run(cfg, recorded, given, mode):
     it trains, whole batches); the training command with the mode added passes (a fine-tune's without --init-from)."""
     for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens"):
         if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # recorded: a config.json beside another
+                if read_checkpoint(run_dir(cfg) / "ckpt.pt").get("config", {}).get(k) == cfg[k]:  # run's ckpt.pt, which
+                    continue  # was trained with this flag: read_run names the two files, not the flag
             flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
                                              for v in (recorded[k], cfg[k])]
             raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "

@@ -8126,8 +8126,9 @@ def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
                                                                                            '"d_model": 64'))
     assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "torn"), "--run-name", "torn"]) == 2
     assert _train_one_line(capsys, "--init-from").endswith(
-        "keys that differ: d_model (32 -> 64); its config.json disagrees with its ckpt.pt (a write cut short?): "
-        "restore the run from a copy, or start from another run.")
+        f"{tmp_path / 'torn' / 'config.json'} says d_model 64, but {tmp_path / 'torn' / 'ckpt.pt'} was trained with 32: "
+        "one is another run's, or an --overwrite stopped between them (the command that trained ckpt.pt, with --resume, "
+        "writes config.json again); restore it from a copy, or start from another run.")
     assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "nothing"), "--run-name", "none"]) == 2
     assert "pass the folder of a trained run" in _train_one_line(capsys, "--init-from")
     assert train.main(["--data", str(other), *small, "--benchmark"]) == 2
@@ -9058,6 +9059,29 @@ def test_train_a_config_json_edited_into_another_type_is_named_by_its_key(sample
     # harmless edits: JSON's 10000 for 10000.0, a key --sample does not compare
     (story / "config.json").write_text(json.dumps({**saved, "rope_theta": 10000, "num_samples": "5"}))
     assert train.main([*at, "--sample", "--rope-theta", "10000", "--d-model", "32", *_SAMPLING]) == 0
+
+
+def test_train_sample_and_export_refuse_a_ckpt_pt_of_another_shape_than_its_config_json(sample_run, tmp_path, capsys):
+    # a tester's: another run's ckpt.pt copied into a run (or an --overwrite of another shape stopped between its first
+    # checkpoint and config.json) was sampled and exported as the run without a word; the flags of the model it holds
+    # were told "trained with --d-model 32, not 64; drop --d-model", from the config.json that was not its
+    flags, run = sample_run
+    story = tmp_path / "out" / "story"
+    shutil.copytree(run, story)
+    state = rundir.read_checkpoint(run / "ckpt.pt")
+    wide = TransformerLM(**train.model_kwargs({**state["config"], "d_model": 64}))
+    torch.save({**state, "model": wide.state_dict(), "config": {**state["config"], "d_model": 64}}, story / "ckpt.pt")
+    at = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
+    said = (f"{story / 'config.json'} says d_model 32, but {story / 'ckpt.pt'} was trained with 64: one is another "
+            "run's, or an --overwrite stopped between them (the command that trained ckpt.pt, with --resume, writes "
+            "config.json again)")
+    for argv in ([*at, "--sample"], [*at, "--sample", "--d-model", "64"], [*at, "--export", str(tmp_path / "hf")]):
+        capsys.readouterr()
+        assert train.main(argv) == 2, argv
+        _train_one_error(capsys, f"{argv[6]}: {said}")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        train.load_run(story)
+    assert not (tmp_path / "hf").exists()
 
 
 def test_train_sample_and_export_without_config_json_check_the_checkpoints_config(sample_run, tmp_path, capsys):
