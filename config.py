@@ -23,11 +23,12 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, counted, env_int, log, user_path, user_text
+from cli import RANK, Parser, UsageError, counted, env_int, log, short_repr, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_file, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import (PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, read_checkpoint, run_dir, run_dir_problem,
+                    saved_config, tokenizer_origin)
 
 
 # ----------------------------------------------------------------------------
@@ -496,6 +497,27 @@ def given_flags(argv):
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
 
 
+# each shape and trajectory key of a saved run config, with its flag's type (--data's paths aside: a str or None)
+SAVED_TYPES = {k: FLAG_ROWS[k][1] for k in (*MODEL_KEYS, *TRAJECTORY_KEYS)
+               if FLAG_ROWS[k][1] in (int, float, bool, str)}
+
+
+def checked_run_config(run):
+    """rundir.saved_config, its values checked: a config.json edited by hand into another type than the flag's (d_model
+    "32", null) was compared as it is ("trained with --d-model 32, not 32") or built with (a traceback); UsageError
+    naming the key. An int for a float (JSON's 10000 for 10000.0) is that float."""
+    config = saved_config(run)
+    for k, kind in SAVED_TYPES.items() if config is not None else ():
+        if k in config and type(config[k]) is int and kind is float:
+            config[k] = float(config[k])
+        elif k in config and type(config[k]) is not kind:
+            raise UsageError(f"{Path(run) / 'config.json'} holds {k} = {short_repr(config[k])}, where "
+                             f"{FLAG_ROWS[k][0]} takes {'an' if kind is int else 'a'} {kind.__name__}; put back the "
+                             "value the run was trained with, or delete config.json (its ckpt.pt holds the run's "
+                             "config too).")
+    return config
+
+
 def same_start(cfg, recorded):
     """--resume: the --init-from a run began with (recorded, from its config.json; None if it was no fine-tune), which
     need not be given again; UsageError for another."""
@@ -514,6 +536,9 @@ def same_run(cfg, recorded, given, mode):
     it trains, whole batches); the training command with the mode added passes (a fine-tune's without --init-from)."""
     for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens"):
         if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # recorded: a config.json beside another
+                if read_checkpoint(run_dir(cfg) / "ckpt.pt").get("config", {}).get(k) == cfg[k]:  # run's ckpt.pt, which
+                    continue  # was trained with this flag: read_run names the two files, not the flag
             flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
                                              for v in (recorded[k], cfg[k])]
             raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
@@ -577,7 +602,7 @@ def start_from(cfg, argv):
     tokenizer's): verify_init checks the shape, check_samples what samples need. A resumed run's --data-dir not given
     is its own, where that folder is still there."""
     sized_by = None  # names the run whose vocabulary --vocab-size holds, where its shape came from one
-    own = saved_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way: config.json, else ckpt.pt
+    own = checked_run_config(run_dir(cfg)) if cfg["resume"] else None  # a run under way: config.json, else ckpt.pt
     if own is not None:  # a fine-tune's --init-from is its own, given or not (None: not a fine-tune)
         cfg["init_from"] = same_start(cfg, own.get("init_from"))
         mine = own.get("data_dir")
@@ -589,7 +614,7 @@ def start_from(cfg, argv):
     if cfg["init_from"] is not None:  # the shape and tokenizer it starts from (a resumed run's: its own), unless given
         given, run = given_flags(argv), run_dir(cfg) if own is not None else Path(cfg["init_from"])
         who = f"the run {run}" if own is not None else f"--init-from {run}"
-        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else saved_config(run), who))
+        cfg.update(init_from_defaults(cfg, given, run, own if own is not None else checked_run_config(run), who))
         its_own = "tokenizer" not in given or same_folder(cfg["tokenizer"], run)  # however spelled
         if its_own and cfg["vocab_size"] is not None:  # the run's own pair
             return
@@ -604,7 +629,7 @@ def resolve_config(argv=None):
     cfg = vars(parser.parse_args(argv))
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     mode = "--sample" if cfg["sample"] else "--export" if cfg["export"] is not None else None
-    recorded = saved_config(run_dir(cfg)) if mode else None  # a trained run, read as it was trained (same_run)
+    recorded = checked_run_config(run_dir(cfg)) if mode else None  # a trained run, read as it was trained (same_run)
     if recorded is not None:
         same_tokenizer(cfg, recorded, mode)
     start_from(cfg, argv)

@@ -298,13 +298,14 @@ def restore_rng(state, batch_gen):
         torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
-def step_count(iteration):
-    """save_checkpoint's iteration as the int load_checkpoint gives back: a whole number >= 0 (numpy's and torch's
-    integers too; a bool is refused, though Python counts it as one)."""
+def step_count(iteration, name=None):
+    """save_checkpoint's iteration as the int load_checkpoint gives back (name: the checkpoint read, which other code
+    may have saved as a 0-d tensor): a whole number >= 0, numpy's and torch's too; a bool is refused."""
     with contextlib.suppress(TypeError):
         iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-        raise ValueError(f"iteration must be a whole number >= 0, got {iteration!r}.")
+        raise ValueError(f"{name} holds iteration {iteration!r}, not a step count" if name else
+                         f"iteration must be a whole number >= 0, got {iteration!r}.")
     return iteration
 
 
@@ -314,13 +315,12 @@ def check_state(state, model, optimizer=None, name="the checkpoint"):
     for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")
-    it, saved, own = state["iteration"], state["model"], model.state_dict().keys()
+    saved, own = state["model"], model.state_dict().keys()
     if isinstance(saved, dict) and saved.keys() != own:  # saved from inside torch.compile or DDP (common in
         # CS336 code): without the wrappers' prefixes, where the model's own keys have none (its own compiled part)
         state["model"] = saved = {k.replace("_orig_mod.", "").removeprefix("module.") if isinstance(k, str) else k: v
                                   for k, v in saved.items()}  # a key that is no str: named below (check_weights)
-    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
-        raise ValueError(f"{name} holds iteration {it!r}, not a step count")
+    state["iteration"] = step_count(state["iteration"], name)
     check_weights(saved, model, name)
     if optimizer is not None:
         check_optimizer_state(state["optimizer"], optimizer, name)
@@ -411,9 +411,8 @@ def read_run(d, like):
     """A run directory's checkpoint dict, its config checked against like (check_config). A run still training
     may be read: it replaces ckpt.pt whole (atomic_file), so this reads one checkpoint or the next, never half of
     one, and takes no lock. FileNotFoundError where there is no checkpoint (yet); ValueError where it is damaged."""
-    ckpt = Path(d) / "ckpt.pt"
-    if not ckpt.exists():
-        d = Path(d)  # a run starting (its folder empty, or a run's files), not any folder (out/, the data's)
+    ckpt = (d := Path(d)) / "ckpt.pt"
+    if not ckpt.exists():  # a run starting (its folder empty, or a run's files), not any folder (out/, the data's)
         started = d.is_dir() and (not any(d.iterdir()) or any((d / f).exists() for f in RUN_FILES))
         raise FileNotFoundError(  # an export has a config.json, vocab.json and merges.txt too: given for its run
             f"{d} holds a Hugging Face export (model.safetensors), not a run" if (d / "model.safetensors").exists()
@@ -424,7 +423,12 @@ def read_run(d, like):
     if not isinstance(state.get("config"), dict) or not isinstance(state.get("model"), dict):
         raise ValueError(f"{ckpt} holds no run config or no model")
     check_config(state["config"], like, ckpt)
-    fp, kept = state["config"].get("data_fingerprint"), [Path(d) / name for name in TOKENIZER]
+    listed = run_config(d) or {}  # its config.json: another run's ckpt.pt put beside it says another shape
+    if k := next((k for k in like if k in listed and listed[k] != state["config"][k]), None):
+        raise ValueError(f"{d / 'config.json'} says {k} {short_repr(listed[k])}, but {ckpt} was trained with "
+                         f"{short_repr(state['config'][k])}: one is another run's, or an --overwrite stopped between "
+                         "them (the command that trained ckpt.pt, with --resume, writes config.json again)")
+    fp, kept = state["config"].get("data_fingerprint"), [d / name for name in TOKENIZER]
     if isinstance(fp, dict) and fp.get("tokenizer") and all(f.is_file() for f in kept) \
             and not holds_tokenizer(d, fp):  # an --overwrite
         raise ValueError(f"the tokenizer in {d} (vocab.json, merges.txt) is not the one {ckpt} was trained with: "
@@ -593,14 +597,10 @@ def verify_init(cfg, model_keys, like, model):
         fix = "restore it from a copy, or start from another run" if isinstance(e, ValueError) else \
             "pass the folder of a trained run"
         raise UsageError(f"{who}: {str(e).rstrip('.')}; {anew or fix}.") from None
-    keys = [k for k in model_keys if state["config"][k] != cfg[k]]
-    if keys:  # a flag given, or its config.json's value (config.init_from_defaults) where its ckpt.pt says another
-        listed = run_config(Path(start)) or state["config"]  # config.json gone: its config is ckpt.pt's
-        fix = ("drop those flags to take its shape" if any(listed.get(k) != cfg[k] for k in keys) else
-               "its config.json disagrees with its ckpt.pt (a write cut short?): restore the run from a copy")
+    if keys := [k for k in model_keys if state["config"][k] != cfg[k]]:  # flags given (a stale config.json: read_run)
         raise UsageError(f"{who}: its model has another shape; keys that differ: " + ", ".join(
             f"{k} ({short_repr(state['config'][k])} -> {short_repr(cfg[k])})" for k in keys)
-            + f"; {anew or fix + ', or start from another run'}.")
+            + f"; {anew or 'drop those flags to take its shape, or start from another run'}.")
     try:  # its config says this shape, but its weights are what is loaded: a damaged file is refused here, not late
         check_state(state, model, name=Path(start) / "ckpt.pt")
     except ValueError as e:

@@ -6300,6 +6300,20 @@ def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_gi
         assert train.load_checkpoint(buf, m, opt) == it
 
 
+def test_train_load_checkpoint_gives_back_a_tensor_iteration_of_other_code_as_its_int():
+    # a CS336 loop's torch.save({..., "iteration": torch.tensor(it)}): save_checkpoint took a 0-d integer tensor, but
+    # load_checkpoint refused the same in a file ("holds iteration tensor(7), not a step count")
+    m, opt = _train_model_opt()
+    for it in (torch.tensor(7), torch.tensor(7, dtype=torch.int32), torch.tensor([7])):
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
+        got = train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
+        assert got == 7 and type(got) is int
+    for it, said in ((torch.tensor(7.5), "tensor(7.5000)"), (torch.tensor(-1), "-1")):  # no step count: refused
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
+        with pytest.raises(ValueError, match=rf"^the checkpoint holds iteration {re.escape(said)}, not a step count$"):
+            train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
+
+
 def test_train_checkpoint_saved_from_a_compiled_or_ddp_model_loads(tmp_path):
     """CS336 code often saves model.state_dict() of the torch.compile (or DDP) wrapper, whose keys
     carry "_orig_mod." (or "module."): such a checkpoint loads into the plain model."""
@@ -8214,8 +8228,9 @@ def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
                                                                                            '"d_model": 64'))
     assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "torn"), "--run-name", "torn"]) == 2
     assert _train_one_line(capsys, "--init-from").endswith(
-        "keys that differ: d_model (32 -> 64); its config.json disagrees with its ckpt.pt (a write cut short?): "
-        "restore the run from a copy, or start from another run.")
+        f"{tmp_path / 'torn' / 'config.json'} says d_model 64, but {tmp_path / 'torn' / 'ckpt.pt'} was trained with 32: "
+        "one is another run's, or an --overwrite stopped between them (the command that trained ckpt.pt, with --resume, "
+        "writes config.json again); restore it from a copy, or start from another run.")
     assert train.main(["--data", str(other), *small[:-1], str(tmp_path / "nothing"), "--run-name", "none"]) == 2
     assert "pass the folder of a trained run" in _train_one_line(capsys, "--init-from")
     assert train.main(["--data", str(other), *small, "--benchmark"]) == 2
@@ -9125,6 +9140,50 @@ def test_train_sample_and_export_refuse_a_shape_or_training_flag_the_run_was_not
     assert train.main([*flags, "--sample", "--total-tokens", "100000"]) == 2  # compared as it resolves: whole batches
     _train_one_error(capsys, f"--sample: {run} was trained with --total-tokens ")
     assert _sample_files(run) == before and not (tmp_path / "hf").exists()
+
+
+def test_train_a_config_json_edited_into_another_type_is_named_by_its_key(sample_run, tmp_path, capsys):
+    # a tester's: a config.json edited by hand ("d_model": "32") was compared as it was, "--sample: out/story was
+    # trained with --d-model 32, not 32; drop --d-model", and --init-from built with it: a TypeError's traceback
+    flags, run = sample_run
+    story = tmp_path / "out" / "story"
+    shutil.copytree(run, story)
+    at, saved = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"], json.loads(
+        (run / "config.json").read_text())
+    (story / "config.json").write_text(json.dumps({**saved, "d_model": "32"}))
+    for argv in ([*at, "--sample", "--d-model", "32"], [*at, "--export", str(tmp_path / "hf")],
+                 [*at, "--init-from", str(story), "--run-name", "tuned", "--max-iters", "1"]):
+        capsys.readouterr()
+        assert train.main(argv) == 2, argv
+        _train_one_error(capsys, f"{story / 'config.json'} holds d_model = '32', where --d-model takes an int; put back "
+                                 "the value the run was trained with, or delete config.json")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["story"] and not (tmp_path / "hf").exists()
+    # harmless edits: JSON's 10000 for 10000.0, a key --sample does not compare
+    (story / "config.json").write_text(json.dumps({**saved, "rope_theta": 10000, "num_samples": "5"}))
+    assert train.main([*at, "--sample", "--rope-theta", "10000", "--d-model", "32", *_SAMPLING]) == 0
+
+
+def test_train_sample_and_export_refuse_a_ckpt_pt_of_another_shape_than_its_config_json(sample_run, tmp_path, capsys):
+    # a tester's: another run's ckpt.pt copied into a run (or an --overwrite of another shape stopped between its first
+    # checkpoint and config.json) was sampled and exported as the run without a word; the flags of the model it holds
+    # were told "trained with --d-model 32, not 64; drop --d-model", from the config.json that was not its
+    flags, run = sample_run
+    story = tmp_path / "out" / "story"
+    shutil.copytree(run, story)
+    state = rundir.read_checkpoint(run / "ckpt.pt")
+    wide = TransformerLM(**train.model_kwargs({**state["config"], "d_model": 64}))
+    torch.save({**state, "model": wide.state_dict(), "config": {**state["config"], "d_model": 64}}, story / "ckpt.pt")
+    at = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
+    said = (f"{story / 'config.json'} says d_model 32, but {story / 'ckpt.pt'} was trained with 64: one is another "
+            "run's, or an --overwrite stopped between them (the command that trained ckpt.pt, with --resume, writes "
+            "config.json again)")
+    for argv in ([*at, "--sample"], [*at, "--sample", "--d-model", "64"], [*at, "--export", str(tmp_path / "hf")]):
+        capsys.readouterr()
+        assert train.main(argv) == 2, argv
+        _train_one_error(capsys, f"{argv[6]}: {said}")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        train.load_run(story)
+    assert not (tmp_path / "hf").exists()
 
 
 def test_train_sample_and_export_without_config_json_check_the_checkpoints_config(sample_run, tmp_path, capsys):
