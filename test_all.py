@@ -12298,6 +12298,24 @@ def test_export_refuses_special_tokens_that_transformers_renumbers(tmp_path):
     assert {i: t["content"] for i, t in added.items()} == {"256": _BPE_EOT, "257": "<|pad|>"}
 
 
+def test_export_names_every_special_token_so_the_slow_tokenizer_decodes_them_as_ours(tmp_path):
+    # transformers 4's GPT2Tokenizer (use_fast=False) knew only bos/eos/unk as special: it decoded "a<|pad|>b" as
+    # "a <|pad|> b" and kept <|pad|> under skip_special_tokens; the others are now additional_special_tokens
+    specials = [_BPE_EOT, "<|pad|>", "[SEP]"]
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    export.export_hf(tmp_path / "hf", *_export_tiny(259), tok)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == _BPE_EOT and config["additional_special_tokens"] == specials[1:]
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed (pip install transformers); the config alone was checked")
+    from transformers import AutoTokenizer
+    text = "a<|pad|>b [SEP] c<|endoftext|>"
+    for fast in (True, False):  # transformers 5 has one tokenizer class for both
+        hf = AutoTokenizer.from_pretrained(tmp_path / "hf", use_fast=fast)
+        assert hf(text)["input_ids"] == tok.encode(text) and hf.decode(tok.encode(text)) == text, fast
+        assert hf.decode(tok.encode(text), skip_special_tokens=True) == "ab  c", fast
+
+
 # --- export helper (session 12): tokenizer.json, ids the tokenizer cannot decode, python export.py RUN_DIR OUT_DIR ---
 
 def test_export_writes_the_tokenizer_as_tokenizer_json(tmp_path):
