@@ -35,7 +35,7 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str
 from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
+from files import atomic_file, atomic_files, dir_lock, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
 from rundir import RUN_MARKERS, check_state, diverged_step, on_text, read_run
 
@@ -243,6 +243,9 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
             if disk_is_full(e):
                 raise
             raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
+        made.enter_context(dir_lock(out_dir))  # a second export here at once: refused (Busy), not renamed over this one
+        if problem := export_dir_problem(out_dir, overwrite):  # again, locked: one that ended since is an earlier export
+            raise ValueError(problem)
         with atomic_files([os.path.join(out_dir, n) for n in names]) as tmp:
             path = dict(zip(names, tmp))
             eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])

@@ -12259,6 +12259,30 @@ def test_export_keeps_a_read_only_file_and_leaves_no_folder_it_made(export_runs,
     assert "the disk is full" in capsys.readouterr().err and not (tmp_path / "M").exists()
 
 
+def test_export_into_a_folder_another_export_is_writing_is_refused(tmp_path, monkeypatch):
+    # two exports into one new folder at once, neither with --overwrite: both said "exported", and the one that ended
+    # last had renamed its files over the other's (or the two mixed); now the folder is locked while one writes
+    (sd, kw), (sd2, kw2) = _export_tiny(256), _export_tiny(300)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with files.dir_lock(hf):  # another process's export, writing
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(str(hf))} is in use by process {os.getpid()}; wait"):
+            export.export_hf(hf, sd, kw)
+    assert not any(hf.iterdir())
+    real = files.dir_lock
+
+    @contextlib.contextmanager
+    def other_ends_first(path):  # the other export ended while this one checked the folder: it is an earlier export
+        monkeypatch.setattr(export, "dir_lock", real)
+        export.export_hf(hf, sd2, kw2)
+        with real(path):
+            yield
+    monkeypatch.setattr(export, "dir_lock", other_ends_first)
+    with pytest.raises(ValueError, match="holds an earlier export; pass --overwrite"):
+        export.export_hf(hf, sd, kw)
+    assert json.loads((hf / "config.json").read_text())["vocab_size"] == 300
+
+
 # --- export fuzz: tokenizers that --export refused or that transformers renumbered ---
 
 def _export_tiny(vocab_size):  # TransformerLM's arguments and weights, as small as they come
