@@ -35,7 +35,7 @@ from bpe import GPT2_PAT, Tokenizer, _token_to_str
 from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
-from files import atomic_file, atomic_files, new_folders, unwritable, writable, write_json
+from files import atomic_file, atomic_files, dir_lock, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
 from rundir import RUN_MARKERS, check_state, diverged_step, on_text, read_run
 
@@ -147,12 +147,15 @@ def save_tokenizer(tok, paths, context_length):
     """bpe.Tokenizer -> GPT-2's files (bpe.py's writer) and what AutoTokenizer needs to load them
     as GPT2Tokenizer, whose BPE takes the ids from vocab.json and the merge ranks from the order of
     merges.txt, and PreTrainedTokenizerFast (tokenizer.json); paths: where TOKENIZER_FILES go. The first special token
-    (train.py's <|endoftext|>) is bos, eos and unk: its id."""
+    (train.py's <|endoftext|>) is bos, eos and unk: its id. The others are additional_special_tokens: transformers 4's
+    GPT2Tokenizer (use_fast=False) decoded an added token that is none of its special tokens with spaces around it
+    ("a <|pad|> b" for "a<|pad|>b"), and kept it under skip_special_tokens."""
     vocab, merges, config, fast = paths
     tok.save(vocab, merges)
     ids = {s: tok.encode(s)[0] for s in tok.special_tokens}  # a special token encodes to its own id
     first = tok.special_tokens[0] if tok.special_tokens else None
-    names = {"bos_token": first, "eos_token": first, "unk_token": first}
+    names = {"bos_token": first, "eos_token": first, "unk_token": first,
+             "additional_special_tokens": [s for s in ids if s != first]}
     added = {str(i): added_token(s) for s, i in ids.items()}
     write_json({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                 "model_max_length": context_length, "clean_up_tokenization_spaces": False, **names,
@@ -240,6 +243,9 @@ def export_hf(out_dir, state_dict, model_kwargs, tokenizer=None, overwrite=False
             if disk_is_full(e):
                 raise
             raise ValueError(f"cannot create {out_dir} ({e.strerror}); pick a directory you can write") from None
+        made.enter_context(dir_lock(out_dir))  # a second export here at once: refused (Busy), not renamed over this one
+        if problem := export_dir_problem(out_dir, overwrite):  # again, locked: one that ended since is an earlier export
+            raise ValueError(problem)
         with atomic_files([os.path.join(out_dir, n) for n in names]) as tmp:
             path = dict(zip(names, tmp))
             eot_id = (save_tokenizer(tokenizer, [path[n] for n in TOKENIZER_FILES], a["context_length"])

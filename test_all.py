@@ -12492,6 +12492,30 @@ def test_export_keeps_a_read_only_file_and_leaves_no_folder_it_made(export_runs,
     assert "the disk is full" in capsys.readouterr().err and not (tmp_path / "M").exists()
 
 
+def test_export_into_a_folder_another_export_is_writing_is_refused(tmp_path, monkeypatch):
+    # two exports into one new folder at once, neither with --overwrite: both said "exported", and the one that ended
+    # last had renamed its files over the other's (or the two mixed); now the folder is locked while one writes
+    (sd, kw), (sd2, kw2) = _export_tiny(256), _export_tiny(300)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with files.dir_lock(hf):  # another process's export, writing
+        with pytest.raises(cli.UsageError, match=f"^{re.escape(str(hf))} is in use by process {os.getpid()}; wait"):
+            export.export_hf(hf, sd, kw)
+    assert not any(hf.iterdir())
+    real = files.dir_lock
+
+    @contextlib.contextmanager
+    def other_ends_first(path):  # the other export ended while this one checked the folder: it is an earlier export
+        monkeypatch.setattr(export, "dir_lock", real)
+        export.export_hf(hf, sd2, kw2)
+        with real(path):
+            yield
+    monkeypatch.setattr(export, "dir_lock", other_ends_first)
+    with pytest.raises(ValueError, match="holds an earlier export; pass --overwrite"):
+        export.export_hf(hf, sd, kw)
+    assert json.loads((hf / "config.json").read_text())["vocab_size"] == 300
+
+
 # --- export fuzz: tokenizers that --export refused or that transformers renumbered ---
 
 def _export_tiny(vocab_size):  # TransformerLM's arguments and weights, as small as they come
@@ -12529,6 +12553,24 @@ def test_export_refuses_special_tokens_that_transformers_renumbers(tmp_path):
     export.export_hf(tmp_path / "hf", *_export_tiny(258), bpe.Tokenizer(bytes_vocab, [], [_BPE_EOT, "<|pad|>"]))
     added = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["added_tokens_decoder"]
     assert {i: t["content"] for i, t in added.items()} == {"256": _BPE_EOT, "257": "<|pad|>"}
+
+
+def test_export_names_every_special_token_so_the_slow_tokenizer_decodes_them_as_ours(tmp_path):
+    # transformers 4's GPT2Tokenizer (use_fast=False) knew only bos/eos/unk as special: it decoded "a<|pad|>b" as
+    # "a <|pad|> b" and kept <|pad|> under skip_special_tokens; the others are now additional_special_tokens
+    specials = [_BPE_EOT, "<|pad|>", "[SEP]"]
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    export.export_hf(tmp_path / "hf", *_export_tiny(259), tok)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == _BPE_EOT and config["additional_special_tokens"] == specials[1:]
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed (pip install transformers); the config alone was checked")
+    from transformers import AutoTokenizer
+    text = "a<|pad|>b [SEP] c<|endoftext|>"
+    for fast in (True, False):  # transformers 5 has one tokenizer class for both
+        hf = AutoTokenizer.from_pretrained(tmp_path / "hf", use_fast=fast)
+        assert hf(text)["input_ids"] == tok.encode(text) and hf.decode(tok.encode(text)) == text, fast
+        assert hf.decode(tok.encode(text), skip_special_tokens=True) == "ab  c", fast
 
 
 # --- export helper (session 12): tokenizer.json, ids the tokenizer cannot decode, python export.py RUN_DIR OUT_DIR ---
