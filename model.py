@@ -191,6 +191,13 @@ class RotaryPositionalEmbedding(nn.Module):
         # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
+    def _apply(self, fn, recurse=True):  # model.to(torch.bfloat16) casts buffers too: the tables stay float32, or
+        super()._apply(fn, recurse)  # .to(torch.float32) after it would keep bf16's rounding (logits 0.01 off)
+        if self.cos.dtype not in (torch.float32, torch.float64) and not self.cos.is_meta:
+            device = self.cos.device
+            self.cos, self.sin = (table.to(device, torch.float32) for table in self.tables(len(self.cos)))
+        return self
+
     def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
         inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, dtype=torch.float64) / self.d_k)  # (d_k/2,)
         angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq  # (n, d_k/2)

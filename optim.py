@@ -31,7 +31,7 @@ def cross_entropy(logits, targets, fused=False):
                         f"{type(targets).__name__}: make them with torch.tensor or torch.from_numpy.")
     if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words
         raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
-    if targets.shape != logits.shape[:-1]:  # a (T, B) target of (B, T, V) logits has as many ids, each misplaced
+    if logits.dim() == 0 or targets.shape != logits.shape[:-1]:  # (T, B) targets of (B, T, V) logits: each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
     V = logits.shape[-1]
     if not torch.compiler.is_compiling() and targets.device.type != "meta" and targets.numel():  # eager: a host sync

@@ -2123,6 +2123,8 @@ def test_model_cross_entropy_refuses_misfit_targets_and_a_fused_second_derivativ
     for fused in (False, True):
         with pytest.raises(ValueError, match=r"^targets of shape \(3, 2\) do not fit logits of shape \(2, 3, 5\)\.$"):
             optim.cross_entropy(logits, y.t(), fused)
+    with pytest.raises(ValueError, match=r"^targets of shape \(\) do not fit logits of shape \(\)\.$"):  # 0-d: an IndexError
+        optim.cross_entropy(torch.tensor(1.0), torch.tensor(0))
     for bad in (y.float(), y.bool(), y.to(torch.uint8)):  # ended in gather's words ("Expected dtype int32/int64")
         with pytest.raises(ValueError, match=rf"^targets must be integer class ids \(int64 or int32\), got {bad.dtype}\.$"):
             optim.cross_entropy(logits, bad)
@@ -2483,6 +2485,19 @@ def test_model_float64_input_is_computed_in_float64():
     assert torch.autograd.gradcheck(norm, (x.detach().requires_grad_(),))
     block = model.TransformerBlock(8, 2, 16, model.RotaryPositionalEmbedding(1e4, 4, 8), dtype=torch.float64)
     assert torch.autograd.gradcheck(block, (torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True),))
+
+
+def test_model_rope_tables_stay_float32_through_a_cast_to_bf16_and_back():
+    # a tester's (2026-12-01): model.to(torch.bfloat16) cast RoPE's tables too, and .to(torch.float32) after it kept
+    # bf16's rounding (0.002 in cos, 0.014 in the logits) until a load_state_dict tabulated them again
+    m = _model_small()
+    cos, sin = m.rope.cos.clone(), m.rope.sin.clone()
+    m.to(torch.bfloat16)
+    assert m.rope.cos.dtype == m.rope.sin.dtype == torch.float32 and next(m.parameters()).dtype == torch.bfloat16
+    assert torch.equal(m.rope.cos, cos) and torch.equal(m.rope.sin, sin)
+    m.to(torch.float32)
+    assert torch.equal(m.rope.cos, cos) and torch.equal(m.rope.sin, sin)
+    assert m.double().rope.cos.dtype == torch.float64 and torch.equal(m.rope.cos.float(), cos)  # float64 stays
 
 
 def test_model_rope_makes_no_float64_tensor_on_the_models_device():
