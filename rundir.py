@@ -299,10 +299,11 @@ def restore_rng(state, batch_gen):
 
 
 def step_count(iteration, name=None):
-    """save_checkpoint's iteration as the int load_checkpoint gives back (name: the checkpoint read, which other code
-    may have saved as a 0-d tensor): a whole number >= 0, numpy's and torch's too; a bool is refused."""
+    """save_checkpoint's iteration as the int load_checkpoint gives back (name: the checkpoint read): a whole number
+    >= 0, numpy's and torch's too (another program's 0-d tensor); a bool is refused, a bool tensor (index: 1) too."""
     with contextlib.suppress(TypeError):
-        iteration = iteration if isinstance(iteration, bool) else operator.index(iteration)
+        iteration = iteration if isinstance(iteration, bool) or getattr(iteration, "dtype", None) == torch.bool \
+            else operator.index(iteration)
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"{name} holds iteration {iteration!r}, not a step count" if name else
                          f"iteration must be a whole number >= 0, got {iteration!r}.")

@@ -6323,7 +6323,7 @@ def test_train_load_checkpoint_gives_back_a_tensor_iteration_of_other_code_as_it
         torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
         got = train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
         assert got == 7 and type(got) is int
-    for it, said in ((torch.tensor(7.5), "tensor(7.5000)"), (torch.tensor(-1), "-1")):  # no step count: refused
+    for it, said in ((torch.tensor(7.5), "tensor(7.5000)"), (torch.tensor(-1), "-1"), (torch.tensor(True), "tensor(True)")):  # none a step count (True was 1)
         torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "iteration": it}, buf := io.BytesIO())
         with pytest.raises(ValueError, match=rf"^the checkpoint holds iteration {re.escape(said)}, not a step count$"):
             train.load_checkpoint(io.BytesIO(buf.getvalue()), m, opt)
