@@ -226,6 +226,23 @@ def adamw_overflow(c):
     return ""
 
 
+EMPTY_PATHS = {  # a path flag given as '' (an unset shell variable: --tokenizer "$TOK") -> what to pass instead
+    "data": f"{', '.join(CORPORA)}, a .txt file or a .npy file",
+    "val_data": "a .npy file of held-out ids, or drop it",
+    "tokenizer": "the folder of a vocab.json and merges.txt, or drop it",
+    "init_from": "a trained run's folder, or drop it",
+    "out_dir": "a folder (. for this one)",
+    "data_dir": "a folder (. for this one)",
+}
+
+
+def refuse_empty_paths(cfg):
+    """UsageError for the first path flag given as '': the system reads it as the current folder, unasked (--out-dir
+    '' wrote there, --init-from '' read it), and train.py took --tokenizer '' and --val-data '' for flags not given."""
+    if flag := next((k for k in EMPTY_PATHS if cfg[k] == ""), None):
+        raise UsageError(f"--{flag.replace('_', '-')} is empty; pass {EMPTY_PATHS[flag]}.")
+
+
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
 
 
@@ -304,8 +321,6 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["optimizer"] not in OPTIMIZERS, f"--optimizer {{optimizer}}: use one of {', '.join(OPTIMIZERS)}."),
     (adamw_overflow, adamw_overflow),
     (too_long, too_long),
-    (lambda c: "" in (c["out_dir"], c["data_dir"]),  # '' would be the current folder, unasked
-     lambda c: f"--{'out' if c['out_dir'] == '' else 'data'}-dir is empty; pass a folder (. for this one)."),
     (lambda c: c["max_iters"] is None and c["total_tokens"] < c["batch_size"] * c["context_length"],
      "--total-tokens {total_tokens} is smaller than one batch (batch size x context length); raise it."),
     (lambda c: c["data_is_file"] and c["reads_data"] and unreadable(c["data"]),
@@ -627,6 +642,7 @@ def resolve_config(argv=None):
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
     parser = build_parser()
     cfg = vars(parser.parse_args(argv))
+    refuse_empty_paths(cfg)  # before any is read: run_dir, --init-from's run
     cfg["run_name"] = Path(cfg["data"]).stem if cfg["run_name"] is None else cfg["run_name"]  # python, a file's name
     mode = "--sample" if cfg["sample"] else "--export" if cfg["export"] is not None else None
     recorded = checked_run_config(run_dir(cfg)) if mode else None  # a trained run, read as it was trained (same_run)

@@ -10233,6 +10233,12 @@ def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_pa
     for flag in ("--out-dir", "--data-dir"):
         with pytest.raises(cli.UsageError, match=f"^{flag} is empty; pass a folder"):
             train.resolve_config(["--data", "pydoc", flag, ""])
+    # an empty --tokenizer or --val-data (an unset "$TOK") was taken for none given: a BPE of its own trained, the
+    # last 10% of --data validated; --init-from '' read the current folder, --data '' was "--data : no such file"
+    for flag, said in (("--tokenizer", "the folder of a vocab.json"), ("--val-data", "a .npy file of held-out ids"),
+                       ("--init-from", "a trained run's folder"), ("--data", "python, pydoc, tinystories, owt, a")):
+        with pytest.raises(cli.UsageError, match=f"^{flag} is empty; pass {re.escape(said)}"):
+            train.resolve_config(["--data", "ids.npy", flag, ""])
 
 
 def test_experiments_an_out_dir_that_cannot_be_written_stops_all_before_the_data(tmp_path):
