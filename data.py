@@ -238,6 +238,15 @@ def bad_utf8_offset(text, block=READ):
     return None
 
 
+PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it is, the command that unpacks it
+    b"\x1f\x8b": ("gzip-compressed", "gunzip -k"),  # owt's owt_train.txt.gz, as the course hands it out
+    b"BZh": ("bzip2-compressed", "bunzip2 -k"),
+    b"\xfd7zXZ\x00": ("xz-compressed", "unxz -k"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd"),
+    b"PK\x03\x04": ("a zip archive", "unzip"),
+}
+
+
 def local_corpus(path, out_dir):
     """Split a text file: whole documents from the end go to validation, cut at the last separator by the last
     VALID_FRACTION of the bytes, where there are 10 documents or more and that gives validation between half and twice
@@ -249,6 +258,9 @@ def local_corpus(path, out_dir):
         key, text = file_key(path), FileText(f, path)
         size = len(text)
         if (bad := bad_utf8_offset(text)) is not None:
+            if packed := next((how for magic, how in PACKED.items() if text[:len(magic)] == magic), None):
+                raise UsageError(f"--data {path} is {packed[0]}, not text; unpack it ({packed[1]} "
+                                 f"{shlex.quote(str(path))}) and pass the text file it holds.")
             raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {bad}); re-save it as UTF-8, or "
                              "pass token ids as a .npy file.")
         if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached

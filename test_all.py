@@ -5446,10 +5446,15 @@ def test_data_split_of_a_long_last_document_is_still_about_90_10(tmp_path):
 def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
     (tmp_path / "u16.txt").write_bytes("hello world\n".encode("utf-16"))  # a BOM, then UTF-16
     (tmp_path / "rand.bin").write_bytes(b"ok text " + random.Random(0).randbytes(4000))
-    for name, offset in (("u16.txt", 0), ("rand.bin", None)):
+    # a compressed text (owt_train.txt.gz, as the course hands it out) was "not UTF-8 text; re-save it as UTF-8"
+    (tmp_path / "owt.txt.gz").write_bytes(gzip.compress(b"hello world\n" * 50))
+    for name, offset in (("u16.txt", 0), ("rand.bin", None), ("owt.txt.gz", "gz")):
         args = ["--data", str(tmp_path / name), "--data-dir", str(tmp_path / "data"), "--out-dir",
                 str(tmp_path / "out"), "--device", "cpu"]
         assert train.main(args) == 2
+        if offset == "gz":
+            _train_one_line(capsys, f"gz is gzip-compressed, not text; unpack it (gunzip -k {tmp_path / name}) and")
+            continue
         line = _train_one_line(capsys, "is not UTF-8 text (bad byte at offset")
         assert offset is None or f"offset {offset})" in line
     assert not list((tmp_path / "data").rglob("*.*")) and not (tmp_path / "out").exists()
