@@ -25,11 +25,15 @@ from cli import DataError, UsageError, os_error_in, say, short_repr
 
 def not_a_file(path):
     """What path is if not a file: "a directory", "a FIFO", "a socket", "a device" (/dev/null), "a symlink loop",
-    "a dangling link" (a write through it would make a file where it points, unasked); "" for a file or nothing."""
+    "a dangling link" (a write through it would make a file where it points, unasked), a kernel's pseudo-file (of
+    /proc or /sys: its stated size, 0 or 4096, is not its length, and every reader here reads the size the system
+    states); "" for a file or nothing."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
         return "a symlink loop" if e.errno == errno.ELOOP else "a dangling link" if os.path.islink(path) else ""
+    if stat.S_ISREG(mode) and (top := os.path.realpath(path).split(os.sep)[1:2]) in (["proc"], ["sys"]):
+        return f"a pseudo-file of /{top[0]}"
     kinds = [(stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 

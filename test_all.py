@@ -7416,6 +7416,12 @@ def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys, monkeypatc
     assert train.main(["--data", str(story), "--out-dir", str(tmp_path / "out")]) == 2
     _train_one_error(capsys, "not readable (permission denied)")
     assert not (tmp_path / "out").exists()
+    # the kernel's files state a size of 0 (/proc) or 4096 (/sys) whatever they hold: "--data /proc/cpuinfo is
+    # empty", and a /sys file "changed while it was read", exit 1
+    sysfs = [str(p) for p in sorted(Path("/sys/class").glob("*/*/uevent"))[:1]]  # (Linux's: none elsewhere)
+    for kernels in filter(os.path.isfile, ("/proc/self/status", *sysfs)):
+        with pytest.raises(cli.UsageError, match=rf"^--data {re.escape(kernels)} is a pseudo-file of /(proc|sys), "):
+            train.resolve_config(["--data", kernels])
 
 
 def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
