@@ -243,8 +243,7 @@ PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it i
     b"BZh": ("bzip2-compressed", "bunzip2 -k"),
     b"\xfd7zXZ\x00": ("xz-compressed", "unxz -k"),
     b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd"),
-    b"PK\x03\x04": ("a zip archive", "unzip"),
-}
+}  # (not zip's: np.savez's .npz and torch.save's .pt are zips of ids, for which "pass a .npy" is the advice)
 
 
 def local_corpus(path, out_dir):
