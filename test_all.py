@@ -7419,9 +7419,9 @@ def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys, monkeypatc
     # the kernel's files state a size of 0 (/proc) or 4096 (/sys) whatever they hold: "--data /proc/cpuinfo is
     # empty", and a /sys file "changed while it was read", exit 1
     sysfs = [str(p) for p in sorted(Path("/sys/class").glob("*/*/uevent"))[:1]]  # (Linux's: none elsewhere)
-    for kernels in filter(os.path.isfile, ("/proc/self/status", *sysfs)):
-        with pytest.raises(cli.UsageError, match=rf"^--data {re.escape(kernels)} is a pseudo-file of /(proc|sys), "):
-            train.resolve_config(["--data", kernels])
+    for pseudo in filter(os.path.isfile, ("/proc/self/status", *sysfs)):
+        with pytest.raises(cli.UsageError, match=rf"^--data {re.escape(pseudo)} is a pseudo-file of /(proc|sys), "):
+            train.resolve_config(["--data", pseudo])
 
 
 def test_train_read_only_data_dir_is_one_sentence(tmp_path, tmpfs, capsys):
