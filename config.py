@@ -637,6 +637,21 @@ def start_from(cfg, argv):
     cfg["vocab_size"] = ids_vocab_size(cfg["data"], cfg["tokenizer"], cfg["vocab_size"], sized_by)  # a tokenizer's
 
 
+def lever_defaults(cfg):
+    """The fast path's switches not given, in place. The levers a GPU decided (docs/results.md, H200): CUDA graphs with
+    the fused head and the Triton gate won at both shapes; without graphs those two kernels' launches cost the host
+    more time than they save the GPU."""
+    compiled_gpu = cfg["compile"] and cfg["device"].startswith("cuda")
+    if cfg["cuda_graph"] is None:
+        cfg["cuda_graph"] = compiled_gpu and cfg["grad_accum"] == 1 and cfg["world_size"] == 1
+    if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path; --no-fast: model.py's own
+        cfg["fused_head"] = cfg["fast"] and (not compiled_gpu or cfg["cuda_graph"])
+    if cfg["triton_gate"] is None:  # compiled_gpu first: a --cuda-graph given on a CPU gets its own refusal
+        cfg["triton_gate"] = compiled_gpu and cfg["cuda_graph"] and gate_runs(cfg)
+    if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)
+        cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
+
+
 def resolve_config(argv=None):
     """Flags -> one flat dict: the preset of --data fills what was not given, the environment decides
     device and processes, check_flags refuses mistakes, then the derived values. Raises UsageError."""
@@ -664,17 +679,7 @@ def resolve_config(argv=None):
     cfg["world_size"], cfg["rank"] = env_int("WORLD_SIZE") or 1, RANK  # torchrun's (checked)
     cfg["device"] = run_device(cfg["device"])  # cpu:0 is cpu (a CPU run's settings)
     cfg["dtype"] = cfg["dtype"] or ("bf16" if cfg["device"].startswith("cuda") else "float32")
-    # the levers a GPU decided (docs/results.md, H200): CUDA graphs with the fused head and the Triton gate won at both
-    # shapes; without graphs those two kernels' launches cost the host more time than they save the GPU
-    compiled_gpu = cfg["compile"] and cfg["device"].startswith("cuda")
-    if cfg["cuda_graph"] is None:
-        cfg["cuda_graph"] = compiled_gpu and cfg["grad_accum"] == 1 and cfg["world_size"] == 1
-    if cfg["fused_head"] is None:  # on a CPU it is faster and smaller than the logits path; --no-fast: model.py's own
-        cfg["fused_head"] = cfg["fast"] and (not compiled_gpu or cfg["cuda_graph"])
-    if cfg["triton_gate"] is None:  # compiled_gpu first: a --cuda-graph given on a CPU gets its own refusal
-        cfg["triton_gate"] = compiled_gpu and cfg["cuda_graph"] and gate_runs(cfg)
-    if cfg["bf16_residual"] is None:  # less time and memory on the H200; slower on a CPU (docs/results.md)
-        cfg["bf16_residual"] = cfg["fast"] and cfg["dtype"] == "bf16" and cfg["device"].startswith("cuda")
+    lever_defaults(cfg)
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
     check_flags(cfg)  # refused before anything is read or written
