@@ -10835,6 +10835,8 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
     assert key("NVIDIA H200") == "H100 SXM"
     assert key("NVIDIA A100-SXM4-80GB") == "A100"
     assert key("NVIDIA H100 NVL") is None and key("NVIDIA H200 NVL") is None and key("Tesla T4") is None
+    # a model number counts whole: an RTX A1000 (a small card) took the A100's 312 TFLOP/s, its MFU read far too low
+    assert key("NVIDIA RTX A1000 6GB Laptop GPU") is None and key("NVIDIA GH200 480GB") == "H100 SXM"
     # issue 36 item 5: a CPU has no published peak, so no MFU (a start-up probe read 41%, 67%, 125% on one run);
     # --benchmark's figure on a CPU is against the probe, and says so
     assert accounting.peak_flops("cpu", torch.float32) is None and accounting.peak_flops("meta", torch.float32) is None
