@@ -11262,6 +11262,9 @@ def test_accounting_stopped_by_ctrl_c_says_one_line():
     (["--json", ""], "--json is empty; give the path of a file to write"),  # was ignored: measured for minutes, then nothing written
     (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
+    # a flag only skipped sections read was dropped without a word (--sizes 28 --skip benchmark measured nothing)
+    (["--skip", "benchmark", "--sizes", "20"], "--sizes is read by benchmark only, which --skip leaves out"),
+    (["--skip", "correctness", "benchmark", "--dtypes", "float32"], "--dtypes is read by correctness and benchmark"),
 ])
 def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     if "FIFO" in argv:  # a FIFO made here stands in for /dev/null
