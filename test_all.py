@@ -11556,6 +11556,12 @@ report(time.perf_counter() - t0)
     assert r["process_s"] > r["call_s"], r  # the whole process, around the call that waited for the child
 
 
+def test_bench_cold_compile_cost_is_none_within_the_warm_calls_spread():
+    # a small job compiles nothing: its empty-cache call 1.37 s against warm 1.10 / 1.84 s printed "-0.10 s" of cost
+    assert bench.compile_cost(1.37, [1.10, 1.84]) == "none measurable (-0.10 s; warm calls differ by 0.74 s)"
+    assert bench.compile_cost(70.0, [3.0, 4.0]) == "66.50 s"  # the 5 MB training job's numba compile
+
+
 def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     _bpe_gpt2_files()  # the table encodes with GPT-2's files
     _bench_no_peers(monkeypatch)
