@@ -19,6 +19,7 @@ import collections
 import functools
 import itertools
 import math
+import re
 import time
 
 import cli  # the standard library only, so it loads first: a Ctrl-C while torch loads is one line
@@ -95,13 +96,12 @@ def mfu(flops, seconds, peak):
 
 def gpu_peak_key(device_name):
     """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200 has the H100 SXM's
-    compute (with more, faster memory); the H100 and H200 NVL are other cards (other clocks): no row, no guess."""
+    compute (more, faster memory; its only PCIe card is the NVL); the H100 and H200 NVL are other cards (other
+    clocks): no row, no guess. A model number counts whole: an RTX A1000 is no A100 (read as one until 2026-12-01)."""
     name = device_name.upper()
-    if "H100" in name and "NVL" not in name:
+    if re.search(r"H[12]00(?!\d)", name) and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
-    if "H200" in name and "NVL" not in name:
-        return "H100 SXM"
-    return "A100" if "A100" in name else None
+    return "A100" if re.search(r"A100(?!\d)", name) else None
 
 
 @functools.cache  # measured once per process and dtype

@@ -453,6 +453,7 @@ def run_profile(variants, device):
 # -----------------------------------------------------------------------------
 # 6. Command line.
 
+READ_BY = {"--sizes": ("benchmark",), "--reps": ("benchmark",), "--dtypes": ("correctness", "benchmark")}
 PEAK_TENSORS = 5  # float32 tensors of n elements alive while timing: x, the copy's output, torch ops' temporaries
 
 
@@ -462,7 +463,7 @@ def parse_args(argv):
                     help="auto = cuda if a GPU is visible, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", metavar="LOG2N", choices=range(10, 31),
                     help="log2 of the element counts, 10..30 (default 20 22 24 26 28 on CUDA, 20 22 24 on CPU)")
-    ap.add_argument("--dtypes", nargs="+", choices=list(KERNEL_DTYPES), default=list(KERNEL_DTYPES),
+    ap.add_argument("--dtypes", nargs="+", choices=list(KERNEL_DTYPES),
                     help="element types measured (default: all)")
     ap.add_argument("--reps", type=int, help="timed runs per measurement (default 100 on CUDA, 10 on CPU)")
     ap.add_argument("--threads", type=int, help="CPU threads for the timed runs, at most the usable cores "
@@ -471,6 +472,10 @@ def parse_args(argv):
     ap.add_argument("--skip", nargs="+", default=[], choices=["correctness", "benchmark", "profile"],
                     help="sections to leave out")
     args = ap.parse_args(argv)
+    for flag, readers in READ_BY.items():  # a flag no section left to run reads was dropped without a word
+        if getattr(args, flag.removeprefix("--")) is not None and set(readers) <= set(args.skip):
+            raise UsageError(f"{flag} is read by {' and '.join(readers)} only, which --skip leaves out; "
+                             "drop one of them")
     for flag, value in (("--reps", args.reps), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
@@ -479,6 +484,7 @@ def parse_args(argv):
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.sizes = args.sizes or ([20, 22, 24, 26, 28] if args.device == "cuda" else [20, 22, 24])
+    args.dtypes = args.dtypes or list(KERNEL_DTYPES)
     args.sizes, args.dtypes = (list(dict.fromkeys(x)) for x in (args.sizes, args.dtypes))  # each once, as given
     args.reps = args.reps or (100 if args.device == "cuda" else 10)
     need, (have, what) = PEAK_TENSORS * 4 << max(args.sizes), memory_bytes(args.device, 1)

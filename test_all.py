@@ -10852,6 +10852,8 @@ def test_accounting_peak_flops_table_and_cpu_measurement():
     assert key("NVIDIA H200") == "H100 SXM"
     assert key("NVIDIA A100-SXM4-80GB") == "A100"
     assert key("NVIDIA H100 NVL") is None and key("NVIDIA H200 NVL") is None and key("Tesla T4") is None
+    # a model number counts whole: an RTX A1000 (a small card) took the A100's 312 TFLOP/s, its MFU read far too low
+    assert key("NVIDIA RTX A1000 6GB Laptop GPU") is None and key("NVIDIA GH200 480GB") == "H100 SXM"
     # issue 36 item 5: a CPU has no published peak, so no MFU (a start-up probe read 41%, 67%, 125% on one run);
     # --benchmark's figure on a CPU is against the probe, and says so
     assert accounting.peak_flops("cpu", torch.float32) is None and accounting.peak_flops("meta", torch.float32) is None
@@ -11277,6 +11279,9 @@ def test_accounting_stopped_by_ctrl_c_says_one_line():
     (["--json", ""], "--json is empty; give the path of a file to write"),  # was ignored: measured for minutes, then nothing written
     (["--json", "FIFO"], "is a FIFO"),
     (["--dtypes", "float16"], "--dtypes"),
+    # a flag only skipped sections read was dropped without a word (--sizes 28 --skip benchmark measured nothing)
+    (["--skip", "benchmark", "--sizes", "20"], "--sizes is read by benchmark only, which --skip leaves out"),
+    (["--skip", "correctness", "benchmark", "--dtypes", "float32"], "--dtypes is read by correctness and benchmark"),
 ])
 def test_kernels_cli_usage_errors(argv, needle, capsys, tmp_path):
     if "FIFO" in argv:  # a FIFO made here stands in for /dev/null
@@ -11568,6 +11573,12 @@ report(time.perf_counter() - t0)
     assert r["process_s"] > r["call_s"], r  # the whole process, around the call that waited for the child
 
 
+def test_bench_cold_compile_cost_is_none_within_the_warm_calls_spread():
+    # a small job compiles nothing: its empty-cache call 1.37 s against warm 1.10 / 1.84 s printed "-0.10 s" of cost
+    assert bench.compile_cost(1.37, [1.10, 1.84]) == "none measurable (-0.10 s; warm calls differ by 0.74 s)"
+    assert bench.compile_cost(70.0, [3.0, 4.0]) == "66.50 s"  # the 5 MB training job's numba compile
+
+
 def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     _bpe_gpt2_files()  # the table encodes with GPT-2's files
     _bench_no_peers(monkeypatch)
@@ -11577,7 +11588,9 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "scale_corpus", lambda mb: text)
     assert bench.main(["encode", "--input", str(text), "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "| Python source, the stdlib's first 5 MB | 0.00 | 1 |" in out
+    # a text's size as it is: 0.0027 MB of Python printed "0.00", and 0.015 MB of --input "encode_iterable on 1 MB"
+    assert "| Python source, the stdlib's first 5 MB | 0.0027 | 1 |" in out
+    assert f"encode_iterable on {len(text.read_bytes()) / 1e6:.3g} MB of the English's lines: " in out
     assert "| 1 KB documents of the English, one call each |" in out and "| bpe.encode_file, 2 workers |" in out
     assert "pip install tiktoken" in out
     assert "(tiktoken is not installed: no comparison)" in out and "taking turns with tiktoken" not in out  # 10th
