@@ -10732,9 +10732,12 @@ def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_p
 
 def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
     # --benchmark --export timed steps and exported nothing (exit 0); --export --resume, --benchmark --overwrite and
-    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples
+    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples; --benchmark-steps 3
+    # without --benchmark trained a run (a tester's)
     base = _train_flags_run(tmp_path)
-    for more, needle in ((["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
+    for more, needle in ((["--benchmark-steps", "3"], "--benchmark-steps counts the steps --benchmark times; pass "
+                          "--benchmark too, or drop --benchmark-steps."),
+                         (["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
                           "writes no run; drop --resume, --overwrite and --export."),
                          (["--benchmark", "--overwrite"], "--benchmark times steps"),
                          (["--export", "x", "--resume"], "--export writes a run as it stands; drop --resume."),
