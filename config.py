@@ -50,6 +50,7 @@ PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
 MIN_LR_SHARE = 0.1  # a --min-lr not given: the cosine ends at a tenth of its peak --lr
 UNTIMED_STEPS = 5  # not timed (torch.compile compiles, allocators fill their caches): --benchmark, the ETA
+BENCHMARK_STEPS = 20  # --benchmark-steps not given (None until the checks, so that one given alone is refused)
 SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # --sdpa-backend: None, torch's
 
@@ -117,7 +118,7 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--fast", bool, True, "model.py's fused kernels; --no-fast runs the from-scratch reference path"),
     ("--activation-checkpointing", bool, False, "recompute each block's insides in backward: less memory"),
     ("--benchmark", bool, False, "time steps on random tokens (tokens/s; MFU: achieved / peak FLOP/s); writes nothing"),
-    ("--benchmark-steps", int, 20, f"timed steps after {UNTIMED_STEPS} untimed ones"),
+    ("--benchmark-steps", int, None, f"timed steps after {UNTIMED_STEPS} untimed ones (default: {BENCHMARK_STEPS})"),
     "the fast path's levers (each tested to compute the same step; bench.py gpu measures each)",
     ("--fused-head", bool, None, "the head's matmul and the loss over chunks of rows (fused_head.py): no (batch x "
      "context, vocab) logits held; --no-fused-head: the logits, then the loss (default: on with --fast, except a step "
@@ -354,6 +355,8 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["sample"] and c["num_samples"] == 0, "--sample with --num-samples 0 prints nothing; pass 1 or more."),
     (lambda c: c["world_size"] > 1 and (c["sample"] or c["export"] is not None),  # each process would do it again
      "--sample and --export read a run in one process; run them with python train.py, not torchrun."),
+    (lambda c: c["benchmark_steps"] is not None and not c["benchmark"],  # a training run started in its place
+     "--benchmark-steps counts the steps --benchmark times; pass --benchmark too, or drop --benchmark-steps."),
     (lambda c: c["prompt"] == "-" and not c["sample"],
      "--prompt - reads prompts from stdin for --sample only; pass the prompt's text."),
     (lambda c: c["prompt"] == "-" and sys.stdin is None,  # fd 0 closed (`<&-`, a job runner): Python's None
@@ -683,6 +686,7 @@ def resolve_config(argv=None):
     if cfg["device"].startswith("cuda") and cfg["world_size"] > 1:  # one GPU per process (checked: its memory, compile)
         cfg["device"] = f"cuda:{env_int('LOCAL_RANK')}"
     check_flags(cfg)  # refused before anything is read or written
+    cfg["benchmark_steps"] = BENCHMARK_STEPS if cfg["benchmark_steps"] is None else cfg["benchmark_steps"]
     cfg["workers"] = cfg["workers"] and min(cfg["workers"], usable_cores())  # more than the cores: no faster
     cfg["micro_batch"] = cfg["batch_size"] // (cfg["world_size"] * cfg["grad_accum"])  # rows per forward pass
     if cfg["max_iters"] is None:

@@ -8898,6 +8898,35 @@ def test_train_eta_counts_the_evaluations_left(tmp_path, monkeypatch, capsys):
     assert etas[2:] == ["1m30s", "1m20s", "1m05s", "0m55s"], etas
 
 
+def test_train_tokens_per_s_keeps_the_steps_an_evaluation_waits_for(tmp_path, monkeypatch, capsys):
+    # a tester's: a GPU runs behind the host, which reads the device back only at log steps; an evaluation off a log
+    # step (--eval-interval 5, --log-interval 10) first waited for the steps queued before it, so their seconds were
+    # the evaluation's: steps 1-10 were timed at 5 s, "twice" the speed, and the ETA's evaluations cost 5 s more.
+    # Here the host queues a step in 1 ms and the device runs each in 1 s; an evaluation takes 3 s
+    progress, clock = _train_progress(tmp_path, monkeypatch, 20)
+    progress.cfg = {**progress.cfg, "eval_interval": 5}
+    queued, read_back = [0], train.rundir.read_back
+
+    def wait():  # the host waits for the steps still queued on the device
+        clock[0] += queued[0]
+        queued[0] = 0
+    monkeypatch.setattr(train.rundir, "read_back", lambda steps, path: wait() or read_back(steps, path))
+    for step in range(1, 21):
+        if step in (6, 11, 16):  # the loop evaluates before these steps: on the device, after the steps queued
+            wait()
+            clock[0] += 3.0
+            progress.evaluated(step - 1, 3.0)
+        queued[0] += 1
+        clock[0] += 1e-3
+        progress.stepped(step, torch.tensor(2.0), 1e-3, None)
+    per_step = progress.cfg["batch_size"] * progress.cfg["context_length"]  # tokens a second at 1 s a step
+    speeds = [r["tokens_per_s"] for r in _train_metrics(tmp_path) if "loss" in r]
+    assert speeds == [pytest.approx(per_step, rel=0.01)] * 2, (speeds, per_step)
+    etas = [line.rsplit("ETA ", 1)[1] for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    # steps 6-10 at 1 s: 10 s left (no evaluation timed yet: the first is not); at step 20 the final evaluation's 3 s
+    assert etas == ["0m10s", "0m03s"], etas
+
+
 def test_train_a_cpu_run_of_hours_is_told_so_once(tmp_path, monkeypatch, capsys):
     # `--data tinystories` on a CPU is about 71 hours: at the first ETA, one line says so and what a CPU does instead
     progress, clock = _train_progress(tmp_path, monkeypatch, 100_000)
@@ -10720,9 +10749,12 @@ def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_p
 
 def test_train_modes_refuse_the_flags_they_would_ignore(tmp_path, capsys):
     # --benchmark --export timed steps and exported nothing (exit 0); --export --resume, --benchmark --overwrite and
-    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples
+    # --sample --num-samples 0 went on without a word; --sample-tokens 0 wrote empty samples; --benchmark-steps 3
+    # without --benchmark trained a run (a tester's)
     base = _train_flags_run(tmp_path)
-    for more, needle in ((["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
+    for more, needle in ((["--benchmark-steps", "3"], "--benchmark-steps counts the steps --benchmark times; pass "
+                          "--benchmark too, or drop --benchmark-steps."),
+                         (["--benchmark", "--export", "x"], "--benchmark times steps on random tokens, and reads and "
                           "writes no run; drop --resume, --overwrite and --export."),
                          (["--benchmark", "--overwrite"], "--benchmark times steps"),
                          (["--export", "x", "--resume"], "--export writes a run as it stands; drop --resume."),

@@ -335,20 +335,20 @@ class Progress:
                                                      **entry}))
             rundir.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
 
-    def evaluated(self, step, val_loss):
-        rundir.read_back(self.unread, self.ckpt_path)  # a NaN or inf in the steps before it stops the run first
+    def evaluated(self, step, val_loss):  # the steps before it were read back (stepped): a NaN stopped the run there
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
         line = f"step {step}: val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g})"
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line)  # over all of a progress line
         self.eta.evaluated(time.time() - self.t_last)  # the ETA counts the evaluations left at this one's seconds
         self.t_last = time.time()  # evaluation time does not count toward tokens/s
 
-    def stepped(self, step, loss, lr, norm, last=False):  # loss, norm: device tensors, read back at log steps
+    def stepped(self, step, loss, lr, norm, last=False):  # loss, norm: device tensors, read back at log steps (below)
         """last: the run stops after this step (Ctrl-C), which gets a console line too, not a metrics record."""
         self.unread.append((step, loss, norm))
-        # read back before the clock is read: the device's work for this step is then done
         logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]
-        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if logs or last else (loss, norm)
+        # read back before the clock is read, and before an evaluation (it would wait for these steps): their seconds
+        reads = logs or last or step % self.cfg["eval_interval"] == 0  # are theirs; a NaN stops the run before it
+        loss, norm = rundir.read_back(self.unread, self.ckpt_path) if reads else (loss, norm)
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
         self.eta.stepped(dt)
