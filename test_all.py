@@ -8538,7 +8538,8 @@ def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
                     ({k: v for k, v in config.items() if k != "fast"}, f"{ckpt} lacks 'fast' in its run config"),
                     ({**config, "tie_embeddings": "no"}, f"{ckpt} holds tie_embeddings = 'no', not a bool"),
                     ({**config, "rope_theta": "x"}, f"{ckpt} holds rope_theta = 'x', not a float"),
-                    ({**config, "vocab_size": -5}, "vocab_size must be a whole number >= 1, got -5.")]
+                    ({**config, "vocab_size": -5}, f"config.json says vocab_size {config['vocab_size']}, but {ckpt} was "
+                                                   "trained with -5: one is another run's")]  # (rundir.read_run)
     for change, needle in export_cases:
         torch.save({**good, "config": change}, ckpt)
         _export_error(capsys, at, needle)
@@ -9408,6 +9409,7 @@ def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_
     state = torch.load(edited / "ckpt.pt", weights_only=False)
     state["config"]["context_length"] = 2**58
     torch.save(state, edited / "ckpt.pt")
+    files.write_json(state["config"], edited / "config.json")  # the two agree (rundir.read_run compares them)
     before = _sample_files(edited)
     assert train.main(["--out-dir", str(tmp_path / "out"), "--device", "cpu", "--sample", "--run-name", "edited"]) == 1
     _train_one_error(capsys, "train.py: error: out of memory (an allocation of 2,147,483,648.00 GiB); ask for less: "
