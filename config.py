@@ -244,6 +244,10 @@ def refuse_empty_paths(cfg):
         raise UsageError(f"--{flag.replace('_', '-')} is empty; pass {EMPTY_PATHS[flag]}.")
 
 
+def trains(c):  # a training run, not a mode that reads a run (--sample, --export) or times steps (--benchmark)
+    return c["reads_data"] and not c["benchmark"]
+
+
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
 
 
@@ -396,9 +400,9 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--cuda-graph with --grad-accum {grad_accum}: each micro-step's replay would overwrite the gradients the last one "
      "left in the graphs' memory; drop one of them."),
     (lambda c: c["export"] is None and not c["sample"] and too_big(c), too_big),  # before anything is allocated
-    (lambda c: c["plot"] and importlib.util.find_spec("matplotlib") is None,
+    (lambda c: c["plot"] and trains(c) and importlib.util.find_spec("matplotlib") is None,  # others draw nothing
      "--plot needs matplotlib: pip install matplotlib (or drop --plot)."),
-    (lambda c: c["tensorboard"] and importlib.util.find_spec("tensorboard") is None,
+    (lambda c: c["tensorboard"] and trains(c) and importlib.util.find_spec("tensorboard") is None,
      "--tensorboard needs the tensorboard package: pip install tensorboard (or drop --tensorboard)."),
     (lambda c: c["run_name"].strip() in ("", ".", "..") or "/" in c["run_name"] or os.sep in c["run_name"]
      or any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in c["run_name"]),  # a log's lines

@@ -8700,6 +8700,13 @@ def test_train_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, mon
     assert train.main(["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--plot"]) == 2
     assert "pip install matplotlib" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    # a tester's (2026-12-01): the modes that draw nothing took it too, so a training command with --sample added
+    # was refused for a package that sampling never imports
+    for mode in (["--benchmark"], ["--sample"]):  # (--sample: no run here, refused for that, not for matplotlib)
+        try:
+            train.resolve_config(["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--plot", *mode])
+        except cli.UsageError as e:
+            assert mode == ["--sample"] and "matplotlib" not in str(e), e
 
 
 class _TrainRangeHandler(http.server.BaseHTTPRequestHandler):
