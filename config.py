@@ -556,15 +556,18 @@ def same_run(cfg, recorded, given, mode):
     """--sample and --export take a run as it was trained: UsageError for a shape or training flag given with another
     value than the run's config (recorded: config.json's, else ckpt.pt's) holds, each resolved (--total-tokens: what
     it trains, whole batches); the training command with the mode added passes (a fine-tune's without --init-from)."""
-    for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens"):
-        if k in given and k in recorded and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]:
-            with contextlib.suppress(OSError, ValueError, AttributeError):  # recorded: a config.json beside another
-                if read_checkpoint(run_dir(cfg) / "ckpt.pt").get("config", {}).get(k) == cfg[k]:  # run's ckpt.pt, which
-                    continue  # was trained with this flag: read_run names the two files, not the flag
-            flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v
-                                             for v in (recorded[k], cfg[k])]
-            raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
-                             "(it reads the run as it was trained).")
+    keys = [k for k in (*MODEL_KEYS, *TRAJECTORY_KEYS, "total_tokens") if k in given and k in recorded
+            and k not in ("data", "val_data", "seed", "dtype") and recorded[k] != cfg[k]]
+    trained = {}  # ckpt.pt's config, read once and only where a flag differs (a checkpoint is read whole)
+    if keys:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            trained = read_checkpoint(run_dir(cfg) / "ckpt.pt").get("config")
+    # a flag ckpt.pt was trained with: config.json is another run's beside it, which read_run names, not the flag
+    k = next((k for k in keys if not (isinstance(trained, dict) and trained.get(k) == cfg[k])), None)
+    if k is not None:
+        flag, shown = FLAG_ROWS[k][0], [("on" if v else "off") if type(v) is bool else v for v in (recorded[k], cfg[k])]
+        raise UsageError(f"{mode}: {run_dir(cfg)} was trained with {flag} {shown[0]}, not {shown[1]}; drop {flag} "
+                         "(it reads the run as it was trained).")
 
 
 def same_tokenizer(cfg, recorded, mode):
