@@ -339,7 +339,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
     (lambda c: c["val_data"] and c["reads_data"] and same_file(c["data"], c["val_data"]),  # a slip: validation is train
      "--val-data {val_data} is the --data file: validation would measure the ids the model trains on; pass held-out "
      "ids, or drop --val-data (the last 10% of --data is held out)."),
-    *[(lambda c, wrong=wrong: c["reads_data"] and not c["benchmark"] and wrong(c), message) for wrong, message in
+    *[(lambda c, wrong=wrong: trains(c) and wrong(c), message) for wrong, message in
       DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),
     (lambda c: not c["nope"] and (c["d_model"] // c["num_heads"]) % 2,
