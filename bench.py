@@ -516,7 +516,8 @@ def stdlib_source(limit=5_000_000):
 
 
 def small_documents(text, size=1000, total=1_400_000):
-    """The first `total` bytes of text cut at whitespace into documents of about `size` bytes."""
+    """The first `total` characters of text cut at spaces into documents of about `size` characters (bytes, for the
+    English text this is given: count bytes of another script with len(doc.encode()))."""
     docs, start = [], 0
     while start < min(len(text), total):
         cut = text.find(" ", start + size)

@@ -150,7 +150,10 @@ def resume_command(cfg, without=()):
 
 def metrics_records(path):
     """metrics.jsonl as (line, its record or None): None for a line that is no record, one cut short by a kill, not
-    UTF-8 (its bytes decode to U+FFFD, which is no JSON), or edited (5, [1, 2], null, {"foo": 1}, {"step": "x"})."""
+    UTF-8 (its bytes decode to U+FFFD, which is no JSON), or edited (5, [1, 2], null, {"foo": 1}, {"step": "x"}).
+    An OSError where it is no file: a FIFO would be read forever (an export waited for a writer that never came)."""
+    if kind := not_a_file(path):
+        raise OSError(f"{path} is {kind}, not a file")
     for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             e = load_json(line, path)
@@ -213,6 +216,8 @@ def diverged_step(path):  # the step where train.py stopped a run on a NaN or in
 
 
 def last_step(path):  # the (step, tokens) of the last record of a run's metrics.jsonl, read from its end; (0, 0): none
+    if not_a_file(path):  # a FIFO: open() would wait for a writer
+        return 0, 0
     with contextlib.suppress(OSError), open(path, "rb") as f:
         f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # a record is a line of some 200 bytes
         for line in reversed(f.read().splitlines()):

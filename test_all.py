@@ -12450,6 +12450,10 @@ def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_token
         f.write(json.dumps({"step": 6, "diverged": "the loss is nan at step 6"}) + "\n")
     assert export.export_run(run, tmp_path / "hf", True) == 0
     assert "; step 4 of 10 (the run diverged at step 6: its last good checkpoint); load" in capsys.readouterr().out
+    (run / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")  # a FIFO in its place: the export waited forever
+    os.mkfifo(run / "metrics.jsonl")
+    assert export.export_run(run, tmp_path / "hf", True) == 0 and rundir.last_step(run / "metrics.jsonl") == (0, 0)
+    assert "; step 4 of 10 (the run is not finished); load" in capsys.readouterr().out
     (run / "merges.txt").unlink()
     with pytest.raises(cli.UsageError, match=f"^--export: {re.escape(str(run))} has vocab.json but no merges.txt; "
                        "restore the run's vocab.json and merges.txt from a copy\\.$"):
