@@ -32,7 +32,7 @@ if __name__ == "__main__":
 import torch
 
 from bpe import GPT2_PAT, Tokenizer, _token_to_str
-from cli import Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
+from cli import DataError, Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
 from files import atomic_file, atomic_files, dir_lock, new_folders, unwritable, writable, write_json
@@ -283,10 +283,15 @@ def export_run(run_dir, out_dir, overwrite, named=("--export: ", "the --out-dir 
     step, steps = state["iteration"], state["config"].get("max_iters")  # a run stopped midway says so
     gone = diverged_step(run_dir / "metrics.jsonl")  # stopped on a NaN: it never finishes (step 0: untrained)
     why = "the run is not finished" if gone is None else f"the run diverged at step {gone:,}: its last good checkpoint"
-    log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
-        + (f"step {step:,} of {steps:,} ({why}); " if type(steps) is int and step < steps else "")
-        + "load it with transformers.AutoModelForCausalLM.from_pretrained"
-        + ("" if importlib.util.find_spec("transformers") else " (pip install transformers)"))
+    try:
+        log(f"exported {run_dir / 'ckpt.pt'} to {out}{'' if tok else ' (no tokenizer in the run: the model only)'}; "
+            + (f"step {step:,} of {steps:,} ({why}); " if type(steps) is int and step < steps else "")
+            + "load it with transformers.AutoModelForCausalLM.from_pretrained"
+            + ("" if importlib.util.find_spec("transformers") else " (pip install transformers)"))
+    except OSError as e:  # stdout on a full disk: the export stands, and running it again would be refused
+        if not disk_is_full(e):
+            raise
+        raise DataError(f"{out} is exported, but the disk is full: could not write {e.filename} to say so.") from None
     return 0
 
 
