@@ -512,7 +512,17 @@ def user_text(text):
 
 
 class Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args=None, namespace=None):  # kept for error(): the words argparse complains of
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # argparse's complaints end like ours: one sentence, exit code 2
+        words = getattr(self, "_words", [])
+        for flag, value in zip(words, words[1:]):  # `--prompt -x`: argparse takes -x for a flag, the flag for empty
+            if flag.startswith("--") and value.startswith("-") and not value.startswith("--") and (
+                    f"argument {flag}" in message or f"unrecognized arguments: {value}" in message):
+                message += f"; a value that starts with '-' is written with '=': {flag}={value}"
+                break
         raise UsageError(f"{message} (see python {self.prog} --help)")
 
     def _print_message(self, message, file=None):  # --help to a full disk: argparse dropped the error (exit 0)

@@ -9408,6 +9408,16 @@ def test_train_prompt_typed_under_a_c_locale_is_read_as_utf8(sample_run, capsys)
     argv = [*flags, "--sample", "--num-samples", "1", "--sample-tokens", "3", "--prompt", "caf\udcc3\udca9"]
     assert train.resolve_config(argv)["prompt"] == "café" and train.main(argv) == 0
     assert capsys.readouterr().out.startswith("--- sample 1, prompt 'café' ---\ncafé")
+    # a value that starts with '-' (a tester's `--special-tokens -x-`): argparse takes it for a flag; the sentence
+    # now says how to pass it
+    with pytest.raises(cli.UsageError, match="expected one argument; a value that starts with '-' is written with "
+                       "'=': --prompt=-x \\(see"):
+        train.resolve_config([*flags, "--sample", "--prompt", "-x"])
+    with pytest.raises(cli.UsageError, match="arguments: -x-; a value that starts with '-' is written with '=': "
+                       "--special-tokens=-x- \\(see"):
+        bpe.main(["train", "a.txt", "--vocab-size", "300", "--out", "tok", "--special-tokens", "-x-"])
+    with pytest.raises(cli.UsageError, match=r"^argument --lr: expected one argument \(see"):  # nothing to add
+        train.resolve_config([*flags, "--lr"])
 
 
 def test_running_out_of_memory_is_one_sentence_in_every_command(sample_run, tmp_path, capsys):
