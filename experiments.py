@@ -740,9 +740,9 @@ def chosen_runs(args, plans):
 
 
 def check(runs, args, rest, where):
-    """Each run's flags as train.py will check them, before any run starts: a flag that only a variant breaks
-    (--warmup-iters longer than the largest batch's few steps) stops all here, not after the runs before it; so does
-    a directory where it writes a file (the report, a figure, a run's result.json or log, a sample, tokenizer.json)."""
+    """What would stop a run midway, refused before any starts: each run's flags as train.py checks them (one only a
+    variant breaks: --warmup-iters past a large batch's few steps), a file in the way of one it writes (report, figure,
+    result.json, log, sample, tokenizer.json), a stopped run whose ckpt.pt is gone (train.py advises flags we refuse)."""
     if not files.writable(where):  # a file, /dev/null: refused here, not once the data is prepared (minutes)
         raise cli.UsageError(f"--out-dir {args.out_dir}: cannot write {where}; pick a writable --out-dir.")
     for path in (where / "report.md", where / "tokenizer" / "tokenizer.json", *(where / f"{n}.png" for n in QUESTIONS),
@@ -751,11 +751,11 @@ def check(runs, args, rest, where):
                    for s, *_ in SAMPLING)):  # samples: of the sweep's best run, not known yet
         if kind := files.not_a_file(path):
             raise cli.UsageError(f"{path} is {kind}, where experiments.py writes a file; move it or use another --out-dir.")
-    for run in runs:
-        resolved(run, args, rest)
-        d = run.dir(args.out_dir)  # train.py would refuse it, advising flags experiments.py refuses
-        if rundir.holds_run(d) and not any((d / f).exists() for f in ("ckpt.pt", "result.json")):
-            raise cli.UsageError(f"{d} holds a stopped run whose ckpt.pt is gone; delete {d} to run it again.")
+    cli.every_refusal(lambda run: resolved(run, args, rest), runs, "run")  # all at once, as the folders below
+    if gone := [str(d) for d in (run.dir(args.out_dir) for run in runs)  # train.py would refuse each, advising flags
+                if rundir.holds_run(d) and not any((d / f).exists() for f in ("ckpt.pt", "result.json"))]:
+        raise cli.UsageError(f"{' and '.join(gone)} hold{'s a stopped run' if len(gone) == 1 else ' stopped runs'} whose "
+                             f"ckpt.pt is gone; delete {'it' if len(gone) == 1 else 'them'} to run again.")
 
 
 def main(argv=None):

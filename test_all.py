@@ -10423,10 +10423,16 @@ def test_experiments_samples_follow_their_checkpoint_and_a_run_without_one_is_on
     argv = ["lr", "--data", str(ids), "--out-dir", str(out), "--variants", "lr=1e-03", *_TRAIN_TINY, "--max-iters",
             "2"]
     shutil.rmtree(run)
-    run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"step": 0, "time": 0.1, "val_loss": 4.0}\n')  # stopped, ckpt.pt deleted
-    with pytest.raises(cli.UsageError, match=re.escape(f"{run} holds a stopped run whose ckpt.pt is gone; delete")):
+    other = run.parent / "lr=3e-03"
+    for d in (run, other):
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text('{"step": 0, "time": 0.1, "val_loss": 4.0}\n')  # stopped, ckpt.pt deleted
+    with pytest.raises(cli.UsageError, match=re.escape(f"{run} holds a stopped run whose ckpt.pt is gone; delete it "
+                                                       "to run again.")):
         experiments.main(argv)
+    with pytest.raises(cli.UsageError, match=re.escape(f"{run} and {other} hold stopped runs whose ckpt.pt is gone; "
+                                                       "delete them")):  # both at once (one a time, until 12-01)
+        experiments.main([*argv[:5], "--variants", "lr=1e-03,lr=3e-03", *argv[7:]])
 
 
 def test_experiments_all_on_token_ids_says_what_it_leaves_out(tmp_path, monkeypatch, capsys):
