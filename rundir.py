@@ -17,6 +17,7 @@ import operator
 import os
 import shlex
 import signal
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -797,8 +798,8 @@ def compile_failures(cfg):
     try:
         yield
     except Exception as e:
-        if not isinstance(e, torch._dynamo.exc.TorchDynamoException):
-            raise
+        if "torch._dynamo" not in sys.modules or not isinstance(e, torch._dynamo.exc.TorchDynamoException):
+            raise  # (nothing was compiled where the compiler is not loaded: it takes a second or two to import)
         then = ("drop --compile" if cfg["benchmark"] or cfg["sample"] else  # --sample: nothing to resume
                 f"the checkpoint {run_dir(cfg) / 'ckpt.pt'} is whole: go on from it with "
                 f"{resume_command(cfg, ['--compile'])}")
