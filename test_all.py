@@ -628,23 +628,73 @@ if not torch.equal(a, b):  # Triton 3.1's interpreter, beside numpy 2, reads gar
 """
 
 
-def _triton_script(script, *args):
-    """A Triton check in a process of its own, on the CPU through Triton's interpreter (TRITON_INTERPRET is read as
-    kernels are defined) or compiled on a GPU (args[0] "cuda"): it prints "same", or the test fails with its error.
-    Skipped without triton, or where the interpreter cannot copy numbers."""
-    triton = pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's "
-                                                  "CPU wheels lack")
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if args[0] == "cpu" else os.environ
-    with tempfile.TemporaryDirectory() as folder:  # a file, not -c: compiled Triton reads a kernel's source from it
-        path = os.path.join(folder, "check.py")
-        with open(path, "w") as f:
-            f.write(_TRITON_COPIES + script)
-        r = subprocess.run([sys.executable, path, *args], cwd=_BPE_REPO, capture_output=True, text=True,
-                           env={**env, "PYTHONPATH": str(_BPE_REPO)}, timeout=600)
-    if r.stdout.strip() == "no copy":
+_TRITON_RUNNER = """
+import contextlib, io, json, runpy, sys, traceback
+outcomes = []
+for path, argv in json.loads(sys.argv[1]):  # in turn: a check's patches of the modules stay for the next
+    sys.argv, out = [path, *argv], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(path, run_name="__main__")
+        error = ""
+    except BaseException:  # its traceback, as its own process printed it; the next check still runs
+        error = traceback.format_exc()
+    outcomes.append((out.getvalue(), error))
+print(json.dumps(outcomes))
+"""
+
+
+def _triton_scripts(checks, device):
+    """Triton checks [(script, args)] in turn in a process of their own, on the CPU through Triton's interpreter
+    (TRITON_INTERPRET is read as kernels are defined) or compiled on a GPU (device "cuda"), each run from its own file
+    as a script -> [(what it printed, its traceback or "")]. Skipped without triton."""
+    pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's CPU "
+                                         "wheels lack")
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else os.environ
+    with tempfile.TemporaryDirectory() as folder:  # files, not -c: compiled Triton reads a kernel's source from one
+        runs = []
+        for i, (script, args) in enumerate(checks):
+            runs.append((os.path.join(folder, f"check{i}.py"), [device, *args]))
+            with open(runs[-1][0], "w") as f:
+                f.write(_TRITON_COPIES + script)
+        r = subprocess.run([sys.executable, "-c", _TRITON_RUNNER, json.dumps(runs)], cwd=_BPE_REPO, capture_output=True,
+                           text=True, env={**env, "PYTHONPATH": str(_BPE_REPO)}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]  # the process itself ended: a crash names no check
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def _triton_outcome(outcome):
+    """A check printed "same", or the test fails with its error. Skipped where the interpreter cannot copy numbers."""
+    out, error = outcome
+    if out.strip() == "no copy":
+        triton = pytest.importorskip("triton")
         pytest.skip(f"Triton {triton.__version__}'s interpreter copies numbers wrongly beside numpy "
                     f"{np.__version__}: it cannot check the kernel here")
-    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-3000:]
+    assert not error and out.strip() == "same", error[-3000:]
+
+
+def _triton_script(script, *args):
+    """A Triton check (args: the device, then the script's own) alone in a process of its own."""
+    _triton_outcome(_triton_scripts([(script, args[1:])], args[0])[0])
+
+
+_TRITON_CPU_CHECKS = {  # test -> its Triton check on the CPU (script, args); the gate's last: it patches model.py
+    "test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients": lambda: (_TRITON_HEAD, ["2.5"]),
+    "test_fused_head_triton_path_compiled_holds_one_chunk_of_logits": lambda: (_TRITON_HEAD_COMPILED, []),
+    "test_fast_gpu_gate_equals_models_gate": lambda: (_TRITON_GATE, []),
+}
+_TRITON_ON_CPU = {}  # test -> its check's outcome (_triton_scripts)
+
+
+def _triton_on_cpu(request):
+    """This test's check of _TRITON_CPU_CHECKS, run the first time one is asked for in one process with those of the
+    other selected tests (each check's own process spent seconds importing torch and triton)."""
+    test = request.node.originalname
+    if test not in _TRITON_ON_CPU:
+        selected = {item.originalname for item in request.session.items} | {test}
+        tests = [t for t in _TRITON_CPU_CHECKS if t in selected and t not in _TRITON_ON_CPU]
+        _TRITON_ON_CPU.update(zip(tests, _triton_scripts([_TRITON_CPU_CHECKS[t]() for t in tests], "cpu")))
+    _triton_outcome(_TRITON_ON_CPU[test])
 
 
 _TRITON_HEAD = """
@@ -689,12 +739,12 @@ print("same")
 """
 
 
-def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients():
+def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients(request):
     # lesson 9's kernel (each row's loss, then its gradient written over its logits), run by Triton's interpreter on
     # the CPU in a process of its own (TRITON_INTERPRET is read as kernels are defined): the fused head through it
     # equals optim.cross_entropy on model.py's logits, float32 and bf16, tied and not. The interpreter truncates
     # float32 to bfloat16 where a GPU rounds to nearest, so its bf16 gradients may be twice as far from float64's
-    _triton_script(_TRITON_HEAD, "cpu", "2.5")
+    _triton_on_cpu(request)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -738,12 +788,12 @@ print("same")
 """
 
 
-def test_fused_head_triton_path_compiled_holds_one_chunk_of_logits():
+def test_fused_head_triton_path_compiled_holds_one_chunk_of_logits(request):
     # compiled with lesson 9's kernel, inductor allocates one (C, V) buffer of bf16 logits and every chunk reuses it
     # (the kernel writes the gradient over it, in place, a mutation the custom op declares): a step holds 1/CHUNKS
     # of the logits, where the compiled torch chunk (float32, and a gradient beside it) held more than the logits
     # path on the H200. Checked in inductor's code on the CPU, through Triton's interpreter
-    _triton_script(_TRITON_HEAD_COMPILED, "cpu")
+    _triton_on_cpu(request)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -918,6 +968,9 @@ def _fused_head_first_steps(cfg, steps=2):
     return losses, grads
 
 
+_LEVER_DEFAULTS = {}  # train.py's flags -> _fused_head_first_steps of their defaults (compiled or not)
+
+
 @pytest.mark.parametrize("lever", [["--sdpa-backend", "flash"], ["--sdpa-backend", "math"], ["--max-autotune"],
                                    ["--cuda-graph"], ["--no-fused-head"]], ids=lambda flags: flags[-1].lstrip("-"))
 def test_fused_head_levers_compute_the_same_step(lever):
@@ -928,7 +981,9 @@ def test_fused_head_levers_compute_the_same_step(lever):
     if compiled and (why := machine.compile_error("cpu")):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark", *(["--compile"] * compiled)]
-    want_losses, want = _fused_head_first_steps(train.resolve_config(base))
+    if tuple(base) not in _LEVER_DEFAULTS:  # the defaults' steps are the same for each lever: built and run once
+        _LEVER_DEFAULTS[tuple(base)] = _fused_head_first_steps(train.resolve_config(base))
+    want_losses, want = _LEVER_DEFAULTS[tuple(base)]
     cfg = train.resolve_config(base + (lever if lever != ["--cuda-graph"] else []))
     got_losses, got = _fused_head_first_steps(dict(cfg, cuda_graph=lever == ["--cuda-graph"]))
     assert got_losses == pytest.approx(want_losses, rel=1e-5)
@@ -10976,17 +11031,19 @@ def test_accounting_adamw_line_and_max_batch():
     assert b == 16 * P
 
 
-def test_accounting_cli_prints_every_section_and_rejects_bad_flags():
-    run = lambda *a: subprocess.run([sys.executable, "accounting.py", *a], cwd=_ACC_ROOT,
-                                    capture_output=True, text=True, timeout=120)
-    full = run()
+def test_accounting_cli_prints_every_section_and_rejects_bad_flags(capsys):
+    full = subprocess.run([sys.executable, "accounting.py"], cwd=_ACC_ROOT, capture_output=True, text=True, timeout=120)
     assert full.returncode == 0, full.stderr
     for name in accounting.SECTIONS:
         assert f"=== {name} " in full.stdout
-    one = run("--section", "adamw")
-    assert one.returncode == 0 and "=== adamw" in one.stdout and "=== tensors" not in one.stdout
-    bad = run("--section", "nope")
-    assert bad.returncode == 2 and "--section" in bad.stderr and "Traceback" not in bad.stderr
+    # the flags in this process, under the exit codes its command line maps (a process each took seconds of imports;
+    # test_every_command_line_says_a_flag_mistake_in_one_sentence runs --section nope as a process)
+    assert _cli("accounting", ["--section", "adamw"]) == 0
+    one = capsys.readouterr()
+    assert "=== adamw" in one.out and "=== tensors" not in one.out
+    assert _cli("accounting", ["--section", "nope"]) == 2
+    bad = capsys.readouterr()
+    assert "--section" in bad.err and "Traceback" not in bad.err
 
 
 def test_accounting_section_repeated_prints_each_named(capsys):
@@ -11308,7 +11365,8 @@ def test_kernels_target_line_reads_the_largest_fp32_size():
 
 def _cli(name, argv):
     """The exit code of `python NAME.py ARGV`'s main under cli.exit_code, as its command line runs it."""
-    return cli.exit_code(f"{name}.py", lambda: {"kernels": kernels, "bench": bench}[name].main(argv), "")
+    mains = {"kernels": kernels, "bench": bench, "accounting": accounting}
+    return cli.exit_code(f"{name}.py", lambda: mains[name].main(argv), "")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -11651,6 +11709,8 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
     text.write_text("Hello world, it's 2025! Les élèves 学习 <|endoftext|> again\n" * 200, encoding="utf-8")
     monkeypatch.setattr(bench, "stdlib_source", lambda: "def f(x):\n    return x + 1\n" * 100)
     monkeypatch.setattr(bench, "scale_corpus", lambda mb: text)
+    # the streams' rows read as before at a 100th of their length (encoded six times each, they took seconds)
+    monkeypatch.setattr(bench, "STREAMS", {name: text[:len(text) // 100] for name, text in bench.STREAMS.items()})
     assert bench.main(["encode", "--input", str(text), "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     # a text's size as it is: 0.0027 MB of Python printed "0.00", and 0.015 MB of --input "encode_iterable on 1 MB"
@@ -11742,6 +11802,12 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
     return str(path)
 
 
+def _bench_pytest_without_plugins(monkeypatch):
+    # the report's pytest on _bench_test_file needs none of the installed plugins (hypothesis, xdist, benchmark), whose
+    # loading took most of each run's seconds
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
 _LEVER_ROW = (r"[\d.]+ ms/step, [\d,]+ tokens/s, kernels [\d.]+ ms/step, step's peak [\d,]+ MiB, "
               r"first step \d+ s")  # bench.py gpu, on a CPU
 _LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + (r"; [\d.]+x the defaults' speed \(their [\d.]+ ms/step, taking turns\), "
@@ -11754,6 +11820,8 @@ def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(accounting, "VERIFY_CONFIGS", {"TinyStories": accounting.VERIFY_CONFIGS["TinyStories"]})
     monkeypatch.setattr(accounting, "ACTIVATION_SHAPES", accounting.ACTIVATION_SHAPES[:1])
     monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_one.py"))
+    _bench_pytest_without_plugins(monkeypatch)
+    monkeypatch.setattr(config, "UNTIMED_STEPS", 2)  # one untimed round before the timed ones, not four: tiny steps
     assert bench.main(["gpu", "--cpu", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     table = out[out.index("## The table"):]
@@ -12024,11 +12092,11 @@ print("same")
 """
 
 
-def test_fast_gpu_gate_equals_models_gate():
+def test_fast_gpu_gate_equals_models_gate(request):
     # --triton-gate: fast_gpu.py's kernels compute model.py's gate silu(a) * b and its gradient (autograd's) to about
     # one unit in the last place, in float32 and bf16, through Triton's interpreter on a CPU; in a model, the same
     # loss and gradients as the fast path without them. bench.py's copy of inductor's backward graph is the gradient
-    _triton_script(_TRITON_GATE, "cpu")
+    _triton_on_cpu(request)
 
 
 def test_triton_gate_is_refused_where_it_cannot_run(monkeypatch):
@@ -12098,6 +12166,7 @@ def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeyp
             "@pytest.mark.skipif(True, reason='needs a CUDA GPU')\ndef test_cuda_skips():\n    pass\n"
             "def test_other():\n    assert False\n")
     monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_some.py", body))
+    _bench_pytest_without_plugins(monkeypatch)
     report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=120, tests="cuda"))
     assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'cuda')": "1 passed, 1 failed, 1 skipped"}
     out = capsys.readouterr().out
