@@ -207,6 +207,61 @@ def _held(script, argv, target, when="True", count=1, **popen):
     return p, pids
 
 
+# Many command lines for one interpreter's start (torch's import alone takes seconds): the driver imports the
+# third-party modules every program imports, then forks a process per command line, which runs it as `python ARGV`
+# does from there on (a script as __main__ by runpy, as _HELD does; -c's code) and ends as that program ends, so that
+# its exit status is the one a shell sees (a signal's too) and what it writes to stdout and stderr is all there is.
+_FORKED = r"""
+import json, os, runpy, sys
+cases, preload = json.loads(sys.argv[1]), sys.argv[2:]
+for name in preload:  # before the forks: each child finds them imported
+    __import__(name)
+statuses = []
+for argv, stdout, stderr in cases:
+    sys.stdout.flush()  # a child inherits the driver's buffers: empty, so that it writes nothing of the driver's
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        break
+    statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+else:
+    print(json.dumps(statuses), flush=True)
+    os._exit(0)  # the driver's own end: without the seconds of tearing torch down
+if stdout == "closed pipe":  # a pipe whose reader left before the program began
+    reader, out = os.pipe()
+    os.close(reader)
+else:
+    out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.dup2(out, 1)
+os.dup2(err, 2)
+os.close(out)
+os.close(err)
+if argv[0] == "-c":
+    sys.argv = ["-c", *argv[2:]]
+    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+else:
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # the script's folder, where `python SCRIPT` looks first
+    runpy.run_path(argv[0], run_name="__main__")
+"""
+
+
+def _forked_runs(tmp, runs, preload=("torch", "numba", "regex"), text=True, **popen):
+    """[subprocess.CompletedProcess of `python ARGV`] for each (argv, stdout) of runs, each in a process of its own
+    forked from one driver (_FORKED; here: cwd, env of subprocess.run): stdout None is captured (as text, or bytes),
+    else a path (/dev/full) or "closed pipe". The driver itself says nothing: no import's warning goes unseen."""
+    tmp = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may call it twice
+    cases = [(argv, str(tmp / f"{i}.out") if stdout is None else stdout, str(tmp / f"{i}.err"))
+             for i, (argv, stdout) in enumerate(runs)]
+    r = subprocess.run([sys.executable, "-c", _FORKED, json.dumps(cases), *preload], capture_output=True, text=True,
+                       timeout=600, **popen)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    read = Path.read_text if text else Path.read_bytes
+    return [subprocess.CompletedProcess(argv, code, read(Path(out)) if stdout is None else None, read(Path(err)))
+            for (argv, out, err), (_, stdout), code in zip(cases, runs, json.loads(r.stdout))]
+
+
 def _wait_until(ready, what, seconds=60):
     """Poll until ready(): a state, not a moment; the seconds only bound a failure, which `what` names."""
     deadline = time.monotonic() + seconds
@@ -10842,14 +10897,16 @@ def _acc_mismatches(checks):
     return [f"{what}: formula {f:,} != measured {m:,}" for what, f, m in checks if f != m]
 
 
-@pytest.mark.parametrize("script", [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]])
-def test_a_printing_script_piped_into_head_ends_quietly(script):
+_PIPED_INTO_HEAD = [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]]
+
+
+@pytest.mark.parametrize("script", _PIPED_INTO_HEAD)
+def test_a_printing_script_piped_into_head_ends_quietly(command_runs, script):
     """`python accounting.py | head -0`: ended by SIGPIPE like cat (a BrokenPipeError traceback before)."""
-    r, w = os.pipe()
-    os.close(r)               # before the script prints anything (it may print all before a test closes its end)
-    p = subprocess.Popen([sys.executable, *script], cwd=_BPE_REPO, stdout=w, stderr=subprocess.PIPE)
-    os.close(w)
-    assert p.wait(timeout=300) == -signal.SIGPIPE and p.stderr.read() == b""
+    # its stdout: a pipe whose reader left before the script printed anything (it may print all before a test
+    # could close its end)
+    p = command_runs[tuple(script), "closed pipe"]
+    assert p.returncode == -signal.SIGPIPE and p.stderr == ""
 
 
 def test_accounting_verify_checks_pass():
@@ -11092,16 +11149,16 @@ def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkey
 
 
 
-@pytest.mark.parametrize("script", ["train.py", "bpe.py", "experiments.py", "accounting.py", "kernels.py", "export.py",
-                                    "bench.py"])
-def test_help_to_a_full_disk_says_so(script):
+_HELP_SCRIPTS = ["train.py", "bpe.py", "experiments.py", "accounting.py", "kernels.py", "export.py", "bench.py"]
+
+
+@pytest.mark.parametrize("script", _HELP_SCRIPTS)
+def test_help_to_a_full_disk_says_so(command_runs, script):
     # a seventh tester's: `--help > /dev/full` ended with exit 0 and no word in every script: argparse drops a failed
     # write of its help. cli.Parser prints through say(), so exit_code names the full stdout, as for any output
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, script, "--help"], cwd=_BPE_REPO, stdout=full, stderr=subprocess.PIPE,
-                           text=True, timeout=120)
+    r = command_runs[(script, "--help"), "/dev/full"]
     assert r.returncode == 1 and r.stderr == (
         f"{script}: error: the disk is full: could not write stdout; free some space and rerun.\n"), r.stderr
 
@@ -11307,7 +11364,7 @@ def _cli(name, argv):
     return cli.exit_code(f"{name}.py", lambda: {"kernels": kernels, "bench": bench}[name].main(argv), "")
 
 
-@pytest.mark.parametrize("argv, needle", [
+_FLAG_MISTAKES = [
     (["bpe.py"], "the following arguments are required: {train,encode} (see python bpe.py --help)"),
     (["bpe.py", "train", "a.txt", "--vocab-size", "300"], "required: --out (see python bpe.py train --help)"),
     (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
@@ -11316,10 +11373,29 @@ def _cli(name, argv):
     (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
     (["bench.py", "step", "--d-model", "7"], "--d-model 7 is not divisible by --num-heads"),
     (["train.py", "--bogus"], "unrecognized arguments: --bogus"),
-])
-def test_every_command_line_says_a_flag_mistake_in_one_sentence(argv, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def command_runs(tmp_path_factory):
+    """{(argv, stdout): its run} for three tests' command lines (a script piped into head, --help to a full disk, a
+    flag mistake), each in a process of its own as `python ARGV` (stdout: a pipe whose reader left, /dev/full,
+    captured): forked from one driver, which imports torch for all 14 of the other scripts. bpe.py imports no torch:
+    its 3 come from a driver without it (a process's end tears down what it imported: a second for torch)."""
+    runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
+            *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
+    tmp, done = tmp_path_factory.mktemp("command_runs"), {}
+    for preload in (("numba", "regex"), ("torch", "numba", "regex")):
+        mine = [(argv, stdout) for argv, stdout in runs if (argv[0] == "bpe.py") == ("torch" not in preload)]
+        for (argv, stdout), r in zip(mine, _forked_runs(tmp, mine, preload=preload, cwd=_BPE_REPO)):
+            done[tuple(argv), stdout] = r
+    return done
+
+
+@pytest.mark.parametrize("argv, needle", _FLAG_MISTAKES)
+def test_every_command_line_says_a_flag_mistake_in_one_sentence(command_runs, argv, needle):
     """Not argparse's usage block and its error: one line naming the mistake and where the help is, exit 2."""
-    r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    r = command_runs[tuple(argv), None]
     assert r.returncode == 2 and r.stderr.startswith(f"{argv[0]}: error: ") and needle in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and r.stdout == "", r.stderr
 
