@@ -4043,7 +4043,7 @@ def test_bpe_vocab_json_that_json_would_mangle_is_one_sentence(tmp_path, capsys)
     assert bpe.Tokenizer.from_files(v, m).encode("ab ba") == [256, 32, 257]
 
 
-def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
+def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path, tmp_path_factory):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
     out = tmp_path / "tok"
@@ -4064,15 +4064,15 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              # a twelfth tester's: the input after --special-tokens is a special token; argparse said only "required"
              "--special-tokens takes every word after it: put the input file before it": [
                  "train", "--vocab-size", "300", "--out", str(out), "--special-tokens", "<|endoftext|>", str(good)]}
-    for needle, args in cases.items():
-        r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and needle in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a vocab size past what the text allows: every pair merged, not an allocation of 10^20 merges (its --out apart
+    # from tmp_path, which the failed runs leave as it was)
+    big = ["train", str(good), "--vocab-size", str(10**20), "--out", str(tmp_path_factory.mktemp("bpe_big") / "tok")]
+    *failed, r = _forked_runs(tmp_path_factory.mktemp("bpe_cli_errors"), [
+        ([str(_BPE_REPO / "bpe.py"), *args], None) for args in [*cases.values(), big]], preload=("numba", "regex"))
+    for needle, error in zip(cases, failed):
+        assert error.returncode == 2 and needle in error.stderr, error.stderr
+        assert "Traceback" not in error.stderr and len(error.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.txt"]
-    # a vocab size past what the text allows: every pair merged, not an allocation of 10^20 merges
-    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(good), "--vocab-size", str(10**20),
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
