@@ -5563,21 +5563,44 @@ sys.exit(train.main(argv))
 """
 
 
+def _data_changed_argv(tmp_path, path, when, how, *argv):  # python's argv: train.py's run while path changes
+    return ["-c", _DATA_CHANGED_WHILE_READ, str(path), when, how, "--data", str(path), "--data-dir",
+            str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--device", "cpu", *argv]
+
+
+def _data_left(tmp_path):  # the files left under data/ and out/
+    return sorted(str(p.relative_to(tmp_path)) for d in ("data", "out") for p in (tmp_path / d).rglob("*")
+                  if p.is_file())
+
+
 def _data_changed_while_read(tmp_path, path, when, how, *argv):  # (exit code, stderr, files left under data/, out/)
-    r = subprocess.run([sys.executable, "-c", _DATA_CHANGED_WHILE_READ, str(path), when, how, "--data", str(path),
-                        "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",
-                        *argv],
+    r = subprocess.run([sys.executable, *_data_changed_argv(tmp_path, path, when, how, *argv)],
                        cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
-    left = [p.relative_to(tmp_path) for d in ("data", "out") for p in (tmp_path / d).rglob("*") if p.is_file()]
-    return r.returncode, r.stderr, sorted(map(str, left))
+    return r.returncode, r.stderr, _data_left(tmp_path)
 
 
-@pytest.mark.parametrize("when, how", [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")])
-def test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing(tmp_path, when, how):
+_DATA_TEXT_CHANGES = [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")]
+
+
+@pytest.fixture(scope="module")
+def data_text_changed_runs(tmp_path_factory):
+    """{(when, how): (story, exit code, stderr, files left)}: each change's run in a process of its own (a SIGBUS
+    would end it alone), forked from one driver that imports torch once (and torch._dynamo, which each run's end
+    imports: seconds)."""
+    folders = {change: tmp_path_factory.mktemp("_".join(change)) for change in _DATA_TEXT_CHANGES}
+    stories = {change: _train_story(tmp / "story.txt") for change, tmp in folders.items()}
+    runs = _forked_runs(tmp_path_factory.mktemp("data_text_changed"), [
+        (_data_changed_argv(folders[change], stories[change], *change, *_TRAIN_TINY, "--vocab-size", "300"), None)
+        for change in _DATA_TEXT_CHANGES], preload=("torch", "torch._dynamo", "numba", "regex"), cwd=_BPE_REPO)
+    return {change: (stories[change], r.returncode, r.stderr, _data_left(folders[change]))
+            for change, r in zip(_DATA_TEXT_CHANGES, runs)}
+
+
+@pytest.mark.parametrize("when, how", _DATA_TEXT_CHANGES)
+def test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing(data_text_changed_runs, when, how):
     """--data's text rewritten in place while the run split it (memory-mapped then) ended in SIGBUS (exit -7), an
     empty stderr and a temporary left; rewritten with its size kept, the split silently mixed old and new text."""
-    story = _train_story(tmp_path / "story.txt")
-    code, err, left = _data_changed_while_read(tmp_path, story, when, how, *_TRAIN_TINY, "--vocab-size", "300")
+    story, code, err, left = data_text_changed_runs[when, how]
     assert code == 1, err
     assert err.strip().splitlines() == [f"train.py: error: {story} changed while it was read; let whatever writes it "
                                         "finish, then run the same command again."]
@@ -11380,13 +11403,15 @@ _FLAG_MISTAKES = [
 def command_runs(tmp_path_factory):
     """{(argv, stdout): its run} for three tests' command lines (a script piped into head, --help to a full disk, a
     flag mistake), each in a process of its own as `python ARGV` (stdout: a pipe whose reader left, /dev/full,
-    captured): forked from one driver, which imports torch for all 14 of the other scripts. bpe.py imports no torch:
-    its 3 come from a driver without it (a process's end tears down what it imported: a second for torch)."""
+    captured): forked from a driver that imports torch once for them all. A process's end tears down all that its
+    driver imported (a second for torch), so bpe.py's (no torch) and bench.py's (torch._dynamo too, seconds to
+    import in each) come from drivers of their own."""
     runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
             *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
+    imports = {"bpe.py": ("numba", "regex"), "bench.py": ("torch", "torch._dynamo", "numba", "regex")}
     tmp, done = tmp_path_factory.mktemp("command_runs"), {}
-    for preload in (("numba", "regex"), ("torch", "numba", "regex")):
-        mine = [(argv, stdout) for argv, stdout in runs if (argv[0] == "bpe.py") == ("torch" not in preload)]
+    for preload in {imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs}:
+        mine = [run for run in runs if imports.get(run[0][0], ("torch", "numba", "regex")) == preload]
         for (argv, stdout), r in zip(mine, _forked_runs(tmp, mine, preload=preload, cwd=_BPE_REPO)):
             done[tuple(argv), stdout] = r
     return done
