@@ -211,20 +211,33 @@ def _held(script, argv, target, when="True", count=1, **popen):
 # third-party modules every program imports, then forks a process per command line, which runs it as `python ARGV`
 # does from there on (a script as __main__ by runpy, as _HELD does; -c's code) and ends as that program ends, so that
 # its exit status is the one a shell sees (a signal's too) and what it writes to stdout and stderr is all there is.
+# As many run at once as there are cores: each has files of its own, and a process's end (torch torn down) takes a
+# second of one core.
 _FORKED = r"""
 import json, os, runpy, sys
 cases, preload = json.loads(sys.argv[1]), sys.argv[2:]
 for name in preload:  # before the forks: each child finds them imported
     __import__(name)
-statuses = []
-for argv, stdout, stderr in cases:
+statuses, running = [None] * len(cases), {}
+
+
+def reap():  # a child's end: its exit status as a shell sees it (a signal's as -signum, as subprocess gives it)
+    pid, status = os.wait()
+    statuses[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+
+
+for i, (argv, stdout, stderr) in enumerate(cases):
+    if len(running) >= (os.cpu_count() or 1):
+        reap()
     sys.stdout.flush()  # a child inherits the driver's buffers: empty, so that it writes nothing of the driver's
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         break
-    statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    running[pid] = i
 else:
+    while running:
+        reap()
     print(json.dumps(statuses), flush=True)
     os._exit(0)  # the driver's own end: without the seconds of tearing torch down
 if stdout == "closed pipe":  # a pipe whose reader left before the program began
