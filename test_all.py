@@ -3096,17 +3096,21 @@ def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
             "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
             "    print(merges, tok.encode(open(path, encoding='utf-8').read()))\n")
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    r = subprocess.run([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stderr == "", r.stderr  # no numpy warning of the hashes' wrap either
+    # both programs run while this process computes the engine's answer: three jobs at once, none waiting on another
+    plain = subprocess.Popen([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli_run = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300",
+                                "--out", str(tmp_path / "tok")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     want = []
     for path in (big, small):
         vocab, merges = bpe.train_bpe(path, 300, ["<|endoftext|>"], num_workers=2)
         want.append(f"{merges} {bpe.Tokenizer(vocab, merges, ['<|endoftext|>']).encode(path.read_text('utf-8'))}")
-    assert r.stdout.splitlines() == want
-    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300", "--out",
-                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.startswith("trained ") and r.stderr == "", r.stderr
+    out, err = plain.communicate(timeout=300)
+    assert plain.returncode == 0 and err == "", err  # no numpy warning of the hashes' wrap either
+    assert out.splitlines() == want
+    out, err = cli_run.communicate(timeout=300)
+    assert cli_run.returncode == 0 and out.startswith("trained ") and err == "", err
 
 
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
@@ -7465,10 +7469,11 @@ def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
     runs = [["bpe.py", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok")],
             ["train.py", "--data", str(text), *_TRAIN_TINY, "--vocab-size", "300", "--num-samples", "1", "--max-iters",
              "2", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--device", "cpu"]]
-    for argv in runs:
-        r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
-                           capture_output=True, timeout=300)
-        assert r.returncode == 0 and b"\\u" in r.stdout, r.stderr[-500:]
+    procs = [subprocess.Popen([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for argv in runs]  # both at once
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and b"\\u" in out, err[-500:]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
