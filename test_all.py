@@ -11,6 +11,7 @@ import contextlib
 import copy
 import ctypes
 import errno
+import functools
 import gzip
 import http.server
 import inspect
@@ -264,15 +265,24 @@ def _forked_runs(tmp, runs, preload=("torch", "numba", "regex"), text=True, **po
     """[subprocess.CompletedProcess of `python ARGV`] for each (argv, stdout) of runs, each in a process of its own
     forked from one driver (_FORKED; here: cwd, env of subprocess.run): stdout None is captured (as text, or bytes),
     else a path (/dev/full) or "closed pipe". The driver itself says nothing: no import's warning goes unseen."""
-    tmp = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may call it twice
+    return _forked_results(_forked_start(tmp, runs, preload, **popen), text)
+
+
+def _forked_start(tmp, runs, preload, **popen):  # _forked_runs's driver, started: other drivers may start meanwhile
+    tmp = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may start several
     cases = [(argv, str(tmp / f"{i}.out") if stdout is None else stdout, str(tmp / f"{i}.err"))
              for i, (argv, stdout) in enumerate(runs)]
-    r = subprocess.run([sys.executable, "-c", _FORKED, json.dumps(cases), *preload], capture_output=True, text=True,
-                       timeout=600, **popen)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    return subprocess.Popen([sys.executable, "-c", _FORKED, json.dumps(cases), *preload], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen), cases, runs
+
+
+def _forked_results(started, text=True):  # what _forked_runs returns, once the driver started ends
+    driver, cases, runs = started
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0 and err == "", err
     read = Path.read_text if text else Path.read_bytes
     return [subprocess.CompletedProcess(argv, code, read(Path(out)) if stdout is None else None, read(Path(err)))
-            for (argv, out, err), (_, stdout), code in zip(cases, runs, json.loads(r.stdout))]
+            for (argv, out, err), (_, stdout), code in zip(cases, runs, json.loads(out))]
 
 
 def _wait_until(ready, what, seconds=60):
@@ -4604,10 +4614,15 @@ def _fill_disk(disk, free):
 def _bpe_random_words_text(path, seed):
     """~2 MB of random words: a chunk for each of two workers to count (in train.py too: its train split is over
     bpe_fast.COMPILED_COUNT_MIN), several to encode."""
+    path.write_text(_bpe_random_words(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _bpe_random_words(seed):  # made once for each seed: six signal tests write the same text
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
              for _ in range(20_000)]
-    path.write_text(" ".join(rng.choice(words) for _ in range(200_000)))
+    return " ".join(rng.choice(words) for _ in range(200_000))
 
 
 def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
@@ -11423,16 +11438,16 @@ def command_runs(tmp_path_factory):
     flag mistake), each in a process of its own as `python ARGV` (stdout: a pipe whose reader left, /dev/full,
     captured): forked from a driver that imports torch once for them all. A process's end tears down all that its
     driver imported (a second for torch), so bpe.py's (no torch) and bench.py's (torch._dynamo too, seconds to
-    import in each) come from drivers of their own."""
+    import in each) come from drivers of their own, which run at the same time (an import takes one core)."""
     runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
             *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
     imports = {"bpe.py": ("numba", "regex"), "bench.py": ("torch", "torch._dynamo", "numba", "regex")}
-    tmp, done = tmp_path_factory.mktemp("command_runs"), {}
+    tmp, started = tmp_path_factory.mktemp("command_runs"), []
     for preload in {imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs}:
         mine = [run for run in runs if imports.get(run[0][0], ("torch", "numba", "regex")) == preload]
-        for (argv, stdout), r in zip(mine, _forked_runs(tmp, mine, preload=preload, cwd=_BPE_REPO)):
-            done[tuple(argv), stdout] = r
-    return done
+        started.append(_forked_start(tmp, mine, preload, cwd=_BPE_REPO))
+    return {(tuple(argv), stdout): r for driver in started
+            for (argv, stdout), r in zip(driver[2], _forked_results(driver))}
 
 
 @pytest.mark.parametrize("argv, needle", _FLAG_MISTAKES)
