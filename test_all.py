@@ -11,6 +11,7 @@ import contextlib
 import copy
 import ctypes
 import errno
+import functools
 import gzip
 import http.server
 import inspect
@@ -205,6 +206,83 @@ def _held(script, argv, target, when="True", count=1, **popen):
             assert line, f"{script} ended before it reached {target}: {p.communicate(timeout=60)[1]} ({p.returncode})"
             pids.append(int(line.split()[1]))
     return p, pids
+
+
+# Many command lines for one interpreter's start (torch's import alone takes seconds): the driver imports the
+# third-party modules every program imports, then forks a process per command line, which runs it as `python ARGV`
+# does from there on (a script as __main__ by runpy, as _HELD does; -c's code) and ends as that program ends, so that
+# its exit status is the one a shell sees (a signal's too) and what it writes to stdout and stderr is all there is.
+# As many run at once as there are cores: each has files of its own, and a process's end (torch torn down) takes a
+# second of one core.
+_FORKED = r"""
+import json, os, runpy, sys
+cases, preload = json.loads(sys.argv[1]), sys.argv[2:]
+for name in preload:  # before the forks: each child finds them imported
+    __import__(name)
+statuses, running = [None] * len(cases), {}
+
+
+def reap():  # a child's end: its exit status as a shell sees it (a signal's as -signum, as subprocess gives it)
+    pid, status = os.wait()
+    statuses[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+
+
+for i, (argv, stdout, stderr) in enumerate(cases):
+    if len(running) >= (os.cpu_count() or 1):
+        reap()
+    sys.stdout.flush()  # a child inherits the driver's buffers: empty, so that it writes nothing of the driver's
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        break
+    running[pid] = i
+else:
+    while running:
+        reap()
+    print(json.dumps(statuses), flush=True)
+    os._exit(0)  # the driver's own end: without the seconds of tearing torch down
+if stdout == "closed pipe":  # a pipe whose reader left before the program began
+    reader, out = os.pipe()
+    os.close(reader)
+else:
+    out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.dup2(out, 1)
+os.dup2(err, 2)
+os.close(out)
+os.close(err)
+if argv[0] == "-c":
+    sys.argv = ["-c", *argv[2:]]
+    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+else:
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # the script's folder, where `python SCRIPT` looks first
+    runpy.run_path(argv[0], run_name="__main__")
+"""
+
+
+def _forked_runs(tmp, runs, preload=("torch", "numba", "regex"), text=True, **popen):
+    """[subprocess.CompletedProcess of `python ARGV`] for each (argv, stdout) of runs, each in a process of its own
+    forked from one driver (_FORKED; here: cwd, env of subprocess.run): stdout None is captured (as text, or bytes),
+    else a path (/dev/full) or "closed pipe". The driver itself says nothing: no import's warning goes unseen."""
+    return _forked_results(_forked_start(tmp, runs, preload, **popen), text)
+
+
+def _forked_start(tmp, runs, preload, **popen):  # _forked_runs's driver, started: other drivers may start meanwhile
+    tmp = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may start several
+    cases = [(argv, str(tmp / f"{i}.out") if stdout is None else stdout, str(tmp / f"{i}.err"))
+             for i, (argv, stdout) in enumerate(runs)]
+    return subprocess.Popen([sys.executable, "-c", _FORKED, json.dumps(cases), *preload], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen), cases, runs
+
+
+def _forked_results(started, text=True):  # what _forked_runs returns, once the driver started ends
+    driver, cases, runs = started
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0 and err == "", err
+    read = Path.read_text if text else Path.read_bytes
+    return [subprocess.CompletedProcess(argv, code, read(Path(out)) if stdout is None else None, read(Path(err)))
+            for (argv, out, err), (_, stdout), code in zip(cases, runs, json.loads(out))]
 
 
 def _wait_until(ready, what, seconds=60):
@@ -3085,17 +3163,21 @@ def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
             "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
             "    print(merges, tok.encode(open(path, encoding='utf-8').read()))\n")
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    r = subprocess.run([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stderr == "", r.stderr  # no numpy warning of the hashes' wrap either
+    # both programs run while this process computes the engine's answer: three jobs at once, none waiting on another
+    plain = subprocess.Popen([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli_run = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300",
+                                "--out", str(tmp_path / "tok")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     want = []
     for path in (big, small):
         vocab, merges = bpe.train_bpe(path, 300, ["<|endoftext|>"], num_workers=2)
         want.append(f"{merges} {bpe.Tokenizer(vocab, merges, ['<|endoftext|>']).encode(path.read_text('utf-8'))}")
-    assert r.stdout.splitlines() == want
-    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300", "--out",
-                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.startswith("trained ") and r.stderr == "", r.stderr
+    out, err = plain.communicate(timeout=300)
+    assert plain.returncode == 0 and err == "", err  # no numpy warning of the hashes' wrap either
+    assert out.splitlines() == want
+    out, err = cli_run.communicate(timeout=300)
+    assert cli_run.returncode == 0 and out.startswith("trained ") and err == "", err
 
 
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
@@ -4045,7 +4127,7 @@ def test_bpe_vocab_json_that_json_would_mangle_is_one_sentence(tmp_path, capsys)
     assert bpe.Tokenizer.from_files(v, m).encode("ab ba") == [256, 32, 257]
 
 
-def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
+def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path, tmp_path_factory):
     good = tmp_path / "good.txt"
     good.write_text("hello world", encoding="utf-8")
     out = tmp_path / "tok"
@@ -4066,15 +4148,15 @@ def test_bpe_cli_errors_exit_2_without_traceback_or_files(tmp_path):
              # a twelfth tester's: the input after --special-tokens is a special token; argparse said only "required"
              "--special-tokens takes every word after it: put the input file before it": [
                  "train", "--vocab-size", "300", "--out", str(out), "--special-tokens", "<|endoftext|>", str(good)]}
-    for needle, args in cases.items():
-        r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py")] + args,
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and needle in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a vocab size past what the text allows: every pair merged, not an allocation of 10^20 merges (its --out apart
+    # from tmp_path, which the failed runs leave as it was)
+    big = ["train", str(good), "--vocab-size", str(10**20), "--out", str(tmp_path_factory.mktemp("bpe_big") / "tok")]
+    *failed, r = _forked_runs(tmp_path_factory.mktemp("bpe_cli_errors"), [
+        ([str(_BPE_REPO / "bpe.py"), *args], None) for args in [*cases.values(), big]], preload=("numba", "regex"))
+    for needle, error in zip(cases, failed):
+        assert error.returncode == 2 and needle in error.stderr, error.stderr
+        assert "Traceback" not in error.stderr and len(error.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.txt"]
-    # a vocab size past what the text allows: every pair merged, not an allocation of 10^20 merges
-    r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(good), "--vocab-size", str(10**20),
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("trained 9 merges"), r.stderr
 
 
@@ -4589,10 +4671,15 @@ def _fill_disk(disk, free):
 def _bpe_random_words_text(path, seed):
     """~2 MB of random words: a chunk for each of two workers to count (in train.py too: its train split is over
     bpe_fast.COMPILED_COUNT_MIN), several to encode."""
+    path.write_text(_bpe_random_words(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def _bpe_random_words(seed):  # made once for each seed: six signal tests write the same text
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 14)))
              for _ in range(20_000)]
-    path.write_text(" ".join(rng.choice(words) for _ in range(200_000)))
+    return " ".join(rng.choice(words) for _ in range(200_000))
 
 
 def test_bpe_cli_ctrl_c_ends_in_one_line_and_130_without_files(tmp_path):
@@ -5565,21 +5652,44 @@ sys.exit(train.main(argv))
 """
 
 
+def _data_changed_argv(tmp_path, path, when, how, *argv):  # python's argv: train.py's run while path changes
+    return ["-c", _DATA_CHANGED_WHILE_READ, str(path), when, how, "--data", str(path), "--data-dir",
+            str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--device", "cpu", *argv]
+
+
+def _data_left(tmp_path):  # the files left under data/ and out/
+    return sorted(str(p.relative_to(tmp_path)) for d in ("data", "out") for p in (tmp_path / d).rglob("*")
+                  if p.is_file())
+
+
 def _data_changed_while_read(tmp_path, path, when, how, *argv):  # (exit code, stderr, files left under data/, out/)
-    r = subprocess.run([sys.executable, "-c", _DATA_CHANGED_WHILE_READ, str(path), when, how, "--data", str(path),
-                        "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",
-                        *argv],
+    r = subprocess.run([sys.executable, *_data_changed_argv(tmp_path, path, when, how, *argv)],
                        cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
-    left = [p.relative_to(tmp_path) for d in ("data", "out") for p in (tmp_path / d).rglob("*") if p.is_file()]
-    return r.returncode, r.stderr, sorted(map(str, left))
+    return r.returncode, r.stderr, _data_left(tmp_path)
 
 
-@pytest.mark.parametrize("when, how", [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")])
-def test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing(tmp_path, when, how):
+_DATA_TEXT_CHANGES = [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")]
+
+
+@pytest.fixture(scope="module")
+def data_text_changed_runs(tmp_path_factory):
+    """{(when, how): (story, exit code, stderr, files left)}: each change's run in a process of its own (a SIGBUS
+    would end it alone), forked from one driver that imports torch once (and torch._dynamo, which each run's end
+    imports: seconds)."""
+    folders = {change: tmp_path_factory.mktemp("_".join(change)) for change in _DATA_TEXT_CHANGES}
+    stories = {change: _train_story(tmp / "story.txt") for change, tmp in folders.items()}
+    runs = _forked_runs(tmp_path_factory.mktemp("data_text_changed"), [
+        (_data_changed_argv(folders[change], stories[change], *change, *_TRAIN_TINY, "--vocab-size", "300"), None)
+        for change in _DATA_TEXT_CHANGES], preload=("torch", "torch._dynamo", "numba", "regex"), cwd=_BPE_REPO)
+    return {change: (stories[change], r.returncode, r.stderr, _data_left(folders[change]))
+            for change, r in zip(_DATA_TEXT_CHANGES, runs)}
+
+
+@pytest.mark.parametrize("when, how", _DATA_TEXT_CHANGES)
+def test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing(data_text_changed_runs, when, how):
     """--data's text rewritten in place while the run split it (memory-mapped then) ended in SIGBUS (exit -7), an
     empty stderr and a temporary left; rewritten with its size kept, the split silently mixed old and new text."""
-    story = _train_story(tmp_path / "story.txt")
-    code, err, left = _data_changed_while_read(tmp_path, story, when, how, *_TRAIN_TINY, "--vocab-size", "300")
+    story, code, err, left = data_text_changed_runs[when, how]
     assert code == 1, err
     assert err.strip().splitlines() == [f"train.py: error: {story} changed while it was read; let whatever writes it "
                                         "finish, then run the same command again."]
@@ -7433,10 +7543,11 @@ def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
     runs = [["bpe.py", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok")],
             ["train.py", "--data", str(text), *_TRAIN_TINY, "--vocab-size", "300", "--num-samples", "1", "--max-iters",
              "2", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--device", "cpu"]]
-    for argv in runs:
-        r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
-                           capture_output=True, timeout=300)
-        assert r.returncode == 0 and b"\\u" in r.stdout, r.stderr[-500:]
+    procs = [subprocess.Popen([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for argv in runs]  # both at once
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and b"\\u" in out, err[-500:]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
@@ -10901,14 +11012,16 @@ def _acc_mismatches(checks):
     return [f"{what}: formula {f:,} != measured {m:,}" for what, f, m in checks if f != m]
 
 
-@pytest.mark.parametrize("script", [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]])
-def test_a_printing_script_piped_into_head_ends_quietly(script):
+_PIPED_INTO_HEAD = [["accounting.py"], ["bench.py", "generate", "--new-tokens", "4"]]
+
+
+@pytest.mark.parametrize("script", _PIPED_INTO_HEAD)
+def test_a_printing_script_piped_into_head_ends_quietly(command_runs, script):
     """`python accounting.py | head -0`: ended by SIGPIPE like cat (a BrokenPipeError traceback before)."""
-    r, w = os.pipe()
-    os.close(r)               # before the script prints anything (it may print all before a test closes its end)
-    p = subprocess.Popen([sys.executable, *script], cwd=_BPE_REPO, stdout=w, stderr=subprocess.PIPE)
-    os.close(w)
-    assert p.wait(timeout=300) == -signal.SIGPIPE and p.stderr.read() == b""
+    # its stdout: a pipe whose reader left before the script printed anything (it may print all before a test
+    # could close its end)
+    p = command_runs[tuple(script), "closed pipe"]
+    assert p.returncode == -signal.SIGPIPE and p.stderr == ""
 
 
 def test_accounting_verify_checks_pass():
@@ -11153,16 +11266,16 @@ def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkey
 
 
 
-@pytest.mark.parametrize("script", ["train.py", "bpe.py", "experiments.py", "accounting.py", "kernels.py", "export.py",
-                                    "bench.py"])
-def test_help_to_a_full_disk_says_so(script):
+_HELP_SCRIPTS = ["train.py", "bpe.py", "experiments.py", "accounting.py", "kernels.py", "export.py", "bench.py"]
+
+
+@pytest.mark.parametrize("script", _HELP_SCRIPTS)
+def test_help_to_a_full_disk_says_so(command_runs, script):
     # a seventh tester's: `--help > /dev/full` ended with exit 0 and no word in every script: argparse drops a failed
     # write of its help. cli.Parser prints through say(), so exit_code names the full stdout, as for any output
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, script, "--help"], cwd=_BPE_REPO, stdout=full, stderr=subprocess.PIPE,
-                           text=True, timeout=120)
+    r = command_runs[(script, "--help"), "/dev/full"]
     assert r.returncode == 1 and r.stderr == (
         f"{script}: error: the disk is full: could not write stdout; free some space and rerun.\n"), r.stderr
 
@@ -11369,7 +11482,7 @@ def _cli(name, argv):
     return cli.exit_code(f"{name}.py", lambda: mains[name].main(argv), "")
 
 
-@pytest.mark.parametrize("argv, needle", [
+_FLAG_MISTAKES = [
     (["bpe.py"], "the following arguments are required: {train,encode} (see python bpe.py --help)"),
     (["bpe.py", "train", "a.txt", "--vocab-size", "300"], "required: --out (see python bpe.py train --help)"),
     (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
@@ -11378,10 +11491,31 @@ def _cli(name, argv):
     (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
     (["bench.py", "step", "--d-model", "7"], "--d-model 7 is not divisible by --num-heads"),
     (["train.py", "--bogus"], "unrecognized arguments: --bogus"),
-])
-def test_every_command_line_says_a_flag_mistake_in_one_sentence(argv, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def command_runs(tmp_path_factory):
+    """{(argv, stdout): its run} for three tests' command lines (a script piped into head, --help to a full disk, a
+    flag mistake), each in a process of its own as `python ARGV` (stdout: a pipe whose reader left, /dev/full,
+    captured): forked from a driver that imports torch once for them all. A process's end tears down all that its
+    driver imported (a second for torch), so bpe.py's (no torch) and bench.py's (torch._dynamo too, seconds to
+    import in each) come from drivers of their own, which run at the same time (an import takes one core)."""
+    runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
+            *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
+    imports = {"bpe.py": ("numba", "regex"), "bench.py": ("torch", "torch._dynamo", "numba", "regex")}
+    tmp, started = tmp_path_factory.mktemp("command_runs"), []
+    for preload in {imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs}:
+        mine = [run for run in runs if imports.get(run[0][0], ("torch", "numba", "regex")) == preload]
+        started.append(_forked_start(tmp, mine, preload, cwd=_BPE_REPO))
+    return {(tuple(argv), stdout): r for driver in started
+            for (argv, stdout), r in zip(driver[2], _forked_results(driver))}
+
+
+@pytest.mark.parametrize("argv, needle", _FLAG_MISTAKES)
+def test_every_command_line_says_a_flag_mistake_in_one_sentence(command_runs, argv, needle):
     """Not argparse's usage block and its error: one line naming the mistake and where the help is, exit 2."""
-    r = subprocess.run([sys.executable, *argv], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    r = command_runs[tuple(argv), None]
     assert r.returncode == 2 and r.stderr.startswith(f"{argv[0]}: error: ") and needle in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and r.stdout == "", r.stderr
 
