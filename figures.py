@@ -1,8 +1,8 @@
 """
 Figures: loss against steps and against wall-clock seconds, side by side, saved as a PNG. plot_run draws one run's
-training and validation loss from its metrics.jsonl; runs_figure draws many runs' validation loss in one figure.
-matplotlib is optional: _pyplot() is None without it, and a caller that needs a figure checks that first.
-Optional reading.
+training and validation loss from its metrics.jsonl; runs_figure draws many runs' validation loss in one figure;
+tensorboard gives a running run's records to TensorBoard (--tensorboard). matplotlib and tensorboard are optional:
+_pyplot() is None without matplotlib, and a caller that needs a figure checks that first. Optional reading.
 """
 import os
 import statistics
@@ -87,3 +87,22 @@ def runs_figure(title, results, unigram, png):
         return False
     _save(plt, draw_runs(title, results, unigram), png, title)
     return True
+
+
+_writers = {}  # run directory -> its TensorBoard SummaryWriter, made at the run's first record
+
+
+def tensorboard(cfg, run_dir, entry):
+    """--tensorboard: one metrics.jsonl record as scalars in RUN_DIR/tensorboard/ (tensorboard --logdir OUT_DIR).
+    A resumed run's first record purges the events a stopped run wrote from that step on, as metrics.jsonl drops
+    its lines; flushed at each record (log steps only), so a killed run's curve is there up to its last line."""
+    if not cfg["tensorboard"]:
+        return
+    if run_dir not in _writers:  # CHECKS made sure the package is there
+        from torch.utils.tensorboard import SummaryWriter
+        _writers[run_dir] = SummaryWriter(run_dir / "tensorboard", purge_step=entry["step"])
+    writer = _writers[run_dir]
+    for key, value in entry.items():
+        if key != "step" and isinstance(value, (int, float)):
+            writer.add_scalar(key, value, entry["step"])
+    writer.flush()

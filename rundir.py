@@ -4,7 +4,7 @@ beside ckpt.pt, a checkpoint read and verified before --resume trusts it, and th
 (Ctrl-C at a step boundary, a NaN, a compile failure). Optional reading: a training loop's boundaries call it.
 
 1. The run directory: one writer (its lock), an old run replaced only on --overwrite
-2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
+2. Its files: config.json, the tokenizer, metrics.jsonl
 3. Checkpoints read and verified; --resume: the checkpoint must fit the model, config and data (its RNG states
    make it exact)
 4. Stops: Ctrl-C, SIGTERM or SIGHUP at a step boundary, a NaN, a compile failure
@@ -139,7 +139,7 @@ def resume_command(cfg, without=()):
 
 
 # ----------------------------------------------------------------------------
-# 2. Its files: config.json, the tokenizer, metrics.jsonl, TensorBoard
+# 2. Its files: config.json, the tokenizer, metrics.jsonl
 
 # metrics.jsonl, one JSON record a line, each with "step", then:
 #   a log step: "tokens" (trained so far), "time" (seconds since the run began, across resumes), "loss" (the
@@ -227,25 +227,6 @@ def last_step(path):  # the (step, tokens) of the last record of a run's metrics
                 if isinstance(e, dict) and type(e.get("step")) is int and type(e.get("tokens")) is int:
                     return e["step"], e["tokens"]
     return 0, 0
-
-
-_writers = {}  # run directory -> its TensorBoard SummaryWriter, made at the run's first record
-
-
-def tensorboard(cfg, run_dir, entry):
-    """--tensorboard: one metrics.jsonl record as scalars in RUN_DIR/tensorboard/ (tensorboard --logdir OUT_DIR).
-    A resumed run's first record purges the events a stopped run wrote from that step on, as metrics.jsonl drops
-    its lines; flushed at each record (log steps only), so a killed run's curve is there up to its last line."""
-    if not cfg["tensorboard"]:
-        return
-    if run_dir not in _writers:  # CHECKS made sure the package is there
-        from torch.utils.tensorboard import SummaryWriter
-        _writers[run_dir] = SummaryWriter(run_dir / "tensorboard", purge_step=entry["step"])
-    writer = _writers[run_dir]
-    for key, value in entry.items():
-        if key != "step" and isinstance(value, (int, float)):
-            writer.add_scalar(key, value, entry["step"])
-    writer.flush()
 
 
 # ----------------------------------------------------------------------------

@@ -10848,7 +10848,7 @@ def test_train_tensorboard_without_the_package_says_how_to_install(tmp_path, cap
 def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path, monkeypatch):
     made = []
 
-    class Writer:  # torch's SummaryWriter, as far as rundir.tensorboard uses it
+    class Writer:  # torch's SummaryWriter, as far as figures.tensorboard uses it
         def __init__(self, log_dir, purge_step):
             made.append(self)
             self.log_dir, self.purge_step, self.scalars, self.flushed = log_dir, purge_step, [], 0
@@ -10859,11 +10859,11 @@ def test_train_tensorboard_writes_each_record_and_purges_from_a_resume(tmp_path,
         def flush(self):
             self.flushed += 1
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    monkeypatch.setattr(rundir, "_writers", {})
-    rundir.tensorboard({"tensorboard": False}, tmp_path, {"step": 3, "loss": 1.0})
+    monkeypatch.setattr(figures, "_writers", {})
+    figures.tensorboard({"tensorboard": False}, tmp_path, {"step": 3, "loss": 1.0})
     assert not made
-    rundir.tensorboard({"tensorboard": True}, tmp_path, {"step": 40, "val_loss": 2.5, "val_ppl": 12.2})
-    rundir.tensorboard({"tensorboard": True}, tmp_path, {"step": 50, "loss": 2.0, "lr": 1e-3, "mfu": None})
+    figures.tensorboard({"tensorboard": True}, tmp_path, {"step": 40, "val_loss": 2.5, "val_ppl": 12.2})
+    figures.tensorboard({"tensorboard": True}, tmp_path, {"step": 50, "loss": 2.0, "lr": 1e-3, "mfu": None})
     (w,) = made  # one writer per run, created at a resumed run's first record: later events of a stopped run go
     assert w.log_dir == tmp_path / "tensorboard" and w.purge_step == 40 and w.flushed == 2
     assert w.scalars == [("val_loss", 2.5, 40), ("val_ppl", 12.2, 40), ("loss", 2.0, 50), ("lr", 1e-3, 50)]

@@ -333,7 +333,7 @@ class Progress:
             tokens = step * self.cfg["batch_size"] * self.cfg["context_length"]
             files.append_line(self.path, json.dumps({"step": step, "tokens": tokens, "time": round(self.seconds(), 3),
                                                      **entry}))
-            rundir.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
+            figures.tensorboard(self.cfg, self.path.parent, {"step": step, **entry})  # --tensorboard: the same scalars
 
     def evaluated(self, step, val_loss):  # the steps before it were read back (stepped): a NaN stopped the run there
         self.record(step, val_loss=val_loss, val_ppl=perplexity(val_loss))
