@@ -143,25 +143,6 @@ def _torch_global_state_as_it_was(monkeypatch):
                                                             if before.get(k) != after.get(k)})
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _numba_compiled_meanwhile(tmp_path_factory):
-    """A fresh clone's numba cache is empty: the first process that counts a large text with bpe.py's workers
-    compiles their loops (half a minute of CI's two cores), a test's process some way into the suite. One process
-    compiles them into the clone's cache from the start, on the core that the serial tests mostly leave idle (numba's
-    saves take turns: bpe_fast); a test that needs a cold cache has a NUMBA_CACHE_DIR of its own."""
-    warm = list((_BPE_REPO / "__pycache__").glob("bpe_fast._count_segments-*.nbi"))
-    if warm or os.environ.get("NUMBA_DISABLE_JIT") or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
-        yield
-        return
-    text = tmp_path_factory.mktemp("numba_warm") / "a.txt"
-    text.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN: the workers
-    p = subprocess.Popen([sys.executable, "-c", "import sys, bpe; bpe.train_bpe(sys.argv[1], 300, num_workers=2)",
-                          str(text)], cwd=_BPE_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield
-    p.kill()  # long done by now; its only product is the cache
-    p.wait()
-
-
 # A signal test must know what the program is doing when the signal comes, on a fast machine and on a loaded one
 # alike: a program that is simply left to run may have finished, or not yet installed its handler. So the program
 # runs held: where it reaches the phase under test it says so on a pipe of its own and stays there until signalled.
