@@ -162,14 +162,14 @@ def keep_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
-def deterministic_mode(torch, on, compiles):
+def deterministic_mode(on, compiles):
     """torch.use_deterministic_algorithms(on). Since torch 2.6 that also sets the compiler's switch of the name, and
     imports the compiler to set it (torch._dynamo, sympy: a second or two of each command's start); a run that does
     not compile has nothing that reads it, so there the switch is set alone, unless the compiler is loaded anyway."""
     if compiles or "torch._inductor.config" in sys.modules:
-        torch.use_deterministic_algorithms(on)
+        _torch().use_deterministic_algorithms(on)
     else:
-        torch._C._set_deterministic_algorithms(on)
+        _torch()._C._set_deterministic_algorithms(on)
 
 
 @contextlib.contextmanager
@@ -182,7 +182,7 @@ def torch_settings(cfg):
     # bitwise-reproducible CPU runs (what makes a resumed run identical): the embedding's backward (an index_put
     # with accumulate) otherwise adds rows in a thread-dependent order. A GPU's float32 matmuls run TF32
     compiles = cfg.get("compile", True)  # a test's settings of a device alone: as if it compiled
-    deterministic_mode(torch, cfg["device"] == "cpu" or was[0], compiles)
+    deterministic_mode(cfg["device"] == "cpu" or was[0], compiles)
     # The NaN fill guards against a kernel that reads memory it never wrote; none here does (the resume tests
     # compare bits), and it is one more pass over every new tensor: a CPU step's matmul outputs, attention's buffers
     filling.fill_uninitialized_memory = was[2] and cfg["device"] != "cpu"
@@ -201,7 +201,7 @@ def torch_settings(cfg):
     try:
         yield
     finally:
-        deterministic_mode(torch, was[0], compiles)
+        deterministic_mode(was[0], compiles)
         torch.set_float32_matmul_precision(was[1])
         filling.fill_uninitialized_memory = was[2]
         if flush:
