@@ -14,6 +14,7 @@ import errno
 import functools
 import gzip
 import http.server
+import importlib.util
 import inspect
 import io
 import itertools
@@ -265,24 +266,27 @@ def _forked_runs(tmp, runs, preload=("torch", "numba", "regex"), text=True, **po
     """[subprocess.CompletedProcess of `python ARGV`] for each (argv, stdout) of runs, each in a process of its own
     forked from one driver (_FORKED; here: cwd, env of subprocess.run): stdout None is captured (as text, or bytes),
     else a path (/dev/full) or "closed pipe". The driver itself says nothing: no import's warning goes unseen."""
-    return _forked_results(_forked_start(tmp, runs, preload, **popen), text)
+    folder = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may start several
+    spec = _forked_job(folder, runs, preload, **popen)
+    driver = subprocess.run(spec.pop("argv"), capture_output=True, text=True, timeout=600, **spec)
+    return _forked_results(driver, folder, runs, text)
 
 
-def _forked_start(tmp, runs, preload, **popen):  # _forked_runs's driver, started: other drivers may start meanwhile
-    tmp = Path(tempfile.mkdtemp(dir=tmp))  # its own: a test may start several
-    cases = [(argv, str(tmp / f"{i}.out") if stdout is None else stdout, str(tmp / f"{i}.err"))
-             for i, (argv, stdout) in enumerate(runs)]
-    return subprocess.Popen([sys.executable, "-c", _FORKED, json.dumps(cases), *preload], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen), cases, runs
+def _forked_cases(folder, runs):  # the driver's cases: each run's argv, where its stdout and stderr go
+    return [(argv, str(folder / f"{i}.out") if stdout is None else stdout, str(folder / f"{i}.err"))
+            for i, (argv, stdout) in enumerate(runs)]
 
 
-def _forked_results(started, text=True):  # what _forked_runs returns, once the driver started ends
-    driver, cases, runs = started
-    out, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0 and err == "", err
+def _forked_job(folder, runs, preload, **popen):  # the driver's command, writing into folder (also a job of _EARLY)
+    folder.mkdir(exist_ok=True)
+    return dict(argv=[sys.executable, "-c", _FORKED, json.dumps(_forked_cases(folder, runs)), *preload], **popen)
+
+
+def _forked_results(driver, folder, runs, text=True):  # what _forked_runs returns, from the driver's CompletedProcess
+    assert driver.returncode == 0 and driver.stderr == "", driver.stderr
     read = Path.read_text if text else Path.read_bytes
     return [subprocess.CompletedProcess(argv, code, read(Path(out)) if stdout is None else None, read(Path(err)))
-            for (argv, out, err), (_, stdout), code in zip(cases, runs, json.loads(out))]
+            for (argv, out, err), (_, stdout), code in zip(_forked_cases(folder, runs), runs, json.loads(driver.stdout))]
 
 
 def _wait_until(ready, what, seconds=60):
@@ -299,6 +303,92 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# Jobs started early. CI has two cores and the suite keeps about one busy (its CPU time is 1.1x its wall time), so a
+# test whose work is a command of its own, which reads nothing the tests before it write and gives the same result
+# under load, declares that command in _EARLY. As the session starts, one runner process runs the selected tests'
+# jobs one after another at a low priority, beside the tests before them; each test then reads its jobs' results. A
+# job the runner has not begun when its test asks is run by the test itself (a claim file: never twice), so that
+# `pytest -k TEST` runs as it always did.
+_EARLY_RUNNER = r"""
+import json, os, subprocess, sys
+niceness, *jobs = sys.argv[1:]
+os.nice(int(niceness))  # the tests in the foreground first
+parent = os.getppid()
+for job in jobs:
+    if os.getppid() != parent:  # pytest is gone (killed: the session's end kills the runner itself)
+        break
+    try:
+        os.close(os.open(os.path.join(job, "claimed"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:  # its test runs it (or the runner did)
+        continue
+    with open(os.path.join(job, "job.json")) as f:
+        spec = json.load(f)
+    with open(os.path.join(job, "stdout"), "wb") as out, open(os.path.join(job, "stderr"), "wb") as err:
+        try:
+            code = subprocess.run(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdout=out, stderr=err,
+                                  timeout=spec["timeout"]).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    with open(os.path.join(job, "code.tmp"), "w") as f:
+        json.dump(code, f)
+    os.replace(os.path.join(job, "code.tmp"), os.path.join(job, "code"))  # whole, or not there
+"""
+_EARLY = {}  # a test's node name -> a function of a new folder: the test's commands, [dict(argv, cwd, env, timeout)]
+_EARLY_MADE = {}  # a test's node name -> (its folder, the folders of its jobs)
+
+
+def _early_make(name, folder):
+    """The jobs of test `name`, written into folder: one folder each, holding job.json."""
+    jobs = []
+    for i, spec in enumerate(_EARLY[name](folder)):
+        jobs.append(folder / f"job{i}")
+        jobs[-1].mkdir()
+        spec = {"cwd": folder, "env": dict(os.environ), "timeout": 300, **spec}
+        (jobs[-1] / "job.json").write_text(json.dumps({**spec, "cwd": str(spec["cwd"]),
+                                                       "argv": [str(a) for a in spec["argv"]]}))
+    _EARLY_MADE[name] = folder, jobs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _early_runner(request, tmp_path_factory):
+    """Makes the selected tests' jobs and starts the runner on them, in the order the tests run. Not under pytest-xdist,
+    whose workers keep the cores busy already (and each would run every job)."""
+    names = list(dict.fromkeys(n for item in request.session.items for n in (item.name, item.originalname)
+                               if n in _EARLY))
+    if os.environ.get("PYTEST_XDIST_WORKER") or not names:
+        yield
+        return
+    for name in names:
+        _early_make(name, tmp_path_factory.mktemp("early"))
+    runner = subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "10",
+                               *(str(job) for name in names for job in _EARLY_MADE[name][1])], start_new_session=True)
+    yield
+    with contextlib.suppress(ProcessLookupError):  # a job it still runs: the test that would read it has failed
+        os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait()
+
+
+def _early(name, tmp_path, text=True):
+    """(the folder of test `name`'s jobs, [subprocess.CompletedProcess of each]): the runner's results, or the jobs
+    run now (when the runner has not begun one; or no runner, then in tmp_path). A job past its timeout fails."""
+    if name not in _EARLY_MADE:
+        _early_make(name, tmp_path)
+    folder, jobs = _EARLY_MADE[name]
+    results = []
+    for run in [subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "0", str(job)]) for job in jobs]:
+        assert run.wait() == 0  # those the runner has not claimed, here and at once (a claimed one: at once)
+    for job in jobs:
+        spec = json.loads((job / "job.json").read_text())
+        _wait_until((job / "code").exists, f"{name}'s job {spec['argv']} has no result", seconds=spec["timeout"] + 600)
+        code = json.loads((job / "code").read_text())
+        out, err = ((job / f).read_bytes() for f in ("stdout", "stderr"))
+        assert code is not None, f"{spec['argv']} ran past its {spec['timeout']} s: {err.decode()[-3000:]}"
+        if text:
+            out, err = (b.decode(errors="replace").replace("\r\n", "\n") for b in (out, err))
+        results.append(subprocess.CompletedProcess(spec["argv"], code, out, err))
+    return folder, results
 
 
 # ============================================================================
@@ -722,23 +812,27 @@ print(json.dumps(outcomes))
 """
 
 
-def _triton_scripts(checks, device):
-    """Triton checks [(script, args)] in turn in a process of their own, on the CPU through Triton's interpreter
-    (TRITON_INTERPRET is read as kernels are defined) or compiled on a GPU (device "cuda"), each run from its own file
-    as a script -> [(what it printed, its traceback or "")]. Skipped without triton."""
-    pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's CPU "
-                                         "wheels lack")
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else os.environ
-    with tempfile.TemporaryDirectory() as folder:  # files, not -c: compiled Triton reads a kernel's source from one
-        runs = []
-        for i, (script, args) in enumerate(checks):
-            runs.append((os.path.join(folder, f"check{i}.py"), [device, *args]))
-            with open(runs[-1][0], "w") as f:
-                f.write(_TRITON_COPIES + script)
-        r = subprocess.run([sys.executable, "-c", _TRITON_RUNNER, json.dumps(runs)], cwd=_BPE_REPO, capture_output=True,
-                           text=True, env={**env, "PYTHONPATH": str(_BPE_REPO)}, timeout=600)
+def _triton_job(folder, checks, device):
+    """The command that runs Triton checks [(script, args)] in turn in a process of its own, on the CPU through
+    Triton's interpreter (TRITON_INTERPRET is read as kernels are defined) or compiled on a GPU (device "cuda"), each
+    from its own file in folder as a script; it prints [(what each printed, its traceback or "")] (_triton_outcomes)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
+    runs = []
+    for i, (script, args) in enumerate(checks):  # files, not -c: compiled Triton reads a kernel's source from one
+        runs.append((str(folder / f"check{i}.py"), [device, *args]))
+        Path(runs[-1][0]).write_text(_TRITON_COPIES + script)
+    return dict(argv=[sys.executable, "-c", _TRITON_RUNNER, json.dumps(runs)], cwd=_BPE_REPO, timeout=600,
+                env={**env, "PYTHONPATH": str(_BPE_REPO)})
+
+
+def _triton_outcomes(r):  # the checks' outcomes, from the process _triton_job's command ran
     assert r.returncode == 0, r.stderr[-3000:]  # the process itself ended: a crash names no check
     return json.loads(r.stdout.splitlines()[-1])
+
+
+def _triton_needed():
+    pytest.importorskip("triton", reason="the Triton kernels need triton (pip install triton), which torch's CPU "
+                                         "wheels lack")
 
 
 def _triton_outcome(outcome):
@@ -753,7 +847,11 @@ def _triton_outcome(outcome):
 
 def _triton_script(script, *args):
     """A Triton check (args: the device, then the script's own) alone in a process of its own."""
-    _triton_outcome(_triton_scripts([(script, args[1:])], args[0])[0])
+    _triton_needed()
+    with tempfile.TemporaryDirectory() as folder:
+        spec = _triton_job(Path(folder), [(script, args[1:])], args[0])
+        r = subprocess.run(spec.pop("argv"), capture_output=True, text=True, **spec)
+    _triton_outcome(_triton_outcomes(r)[0])
 
 
 _TRITON_CPU_CHECKS = {  # test -> its Triton check on the CPU (script, args); the gate's last: it patches model.py
@@ -761,18 +859,16 @@ _TRITON_CPU_CHECKS = {  # test -> its Triton check on the CPU (script, args); th
     "test_fused_head_triton_path_compiled_holds_one_chunk_of_logits": lambda: (_TRITON_HEAD_COMPILED, []),
     "test_fast_gpu_gate_equals_models_gate": lambda: (_TRITON_GATE, []),
 }
-_TRITON_ON_CPU = {}  # test -> its check's outcome (_triton_scripts)
+# the three in one process, started early under the first's name (each alone spent seconds importing torch and triton)
+_EARLY[next(iter(_TRITON_CPU_CHECKS))] = lambda folder: [_triton_job(folder, [c() for c in _TRITON_CPU_CHECKS.values()],
+                                                                     "cpu")] if importlib.util.find_spec("triton") else []
 
 
-def _triton_on_cpu(request):
-    """This test's check of _TRITON_CPU_CHECKS, run the first time one is asked for in one process with those of the
-    other selected tests (each check's own process spent seconds importing torch and triton)."""
-    test = request.node.originalname
-    if test not in _TRITON_ON_CPU:
-        selected = {item.originalname for item in request.session.items} | {test}
-        tests = [t for t in _TRITON_CPU_CHECKS if t in selected and t not in _TRITON_ON_CPU]
-        _TRITON_ON_CPU.update(zip(tests, _triton_scripts([_TRITON_CPU_CHECKS[t]() for t in tests], "cpu")))
-    _triton_outcome(_TRITON_ON_CPU[test])
+def _triton_on_cpu(request, tmp_path):
+    """This test's check of _TRITON_CPU_CHECKS, from the process the three share."""
+    _triton_needed()
+    [r] = _early(next(iter(_TRITON_CPU_CHECKS)), tmp_path)[1]
+    _triton_outcome(dict(zip(_TRITON_CPU_CHECKS, _triton_outcomes(r)))[request.node.originalname])
 
 
 _TRITON_HEAD = """
@@ -817,12 +913,12 @@ print("same")
 """
 
 
-def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients(request):
+def test_fused_head_triton_kernel_equals_the_plain_loss_and_gradients(request, tmp_path):
     # lesson 9's kernel (each row's loss, then its gradient written over its logits), run by Triton's interpreter on
     # the CPU in a process of its own (TRITON_INTERPRET is read as kernels are defined): the fused head through it
     # equals optim.cross_entropy on model.py's logits, float32 and bf16, tied and not. The interpreter truncates
     # float32 to bfloat16 where a GPU rounds to nearest, so its bf16 gradients may be twice as far from float64's
-    _triton_on_cpu(request)
+    _triton_on_cpu(request, tmp_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -866,12 +962,12 @@ print("same")
 """
 
 
-def test_fused_head_triton_path_compiled_holds_one_chunk_of_logits(request):
+def test_fused_head_triton_path_compiled_holds_one_chunk_of_logits(request, tmp_path):
     # compiled with lesson 9's kernel, inductor allocates one (C, V) buffer of bf16 logits and every chunk reuses it
     # (the kernel writes the gradient over it, in place, a mutation the custom op declares): a step holds 1/CHUNKS
     # of the logits, where the compiled torch chunk (float32, and a gradient beside it) held more than the logits
     # path on the H200. Checked in inductor's code on the CPU, through Triton's interpreter
-    _triton_on_cpu(request)
+    _triton_on_cpu(request, tmp_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -1192,12 +1288,11 @@ _FAST_CPU_STEP = ("import torch, model, optim\n"
                   "optim.AdamW(m.parameters(), fused=True).step()\n")
 
 
-@pytest.mark.parametrize("given", ["OMP_NUM_THREADS=1", "torch.set_num_threads(1)"])
-def test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave(tmp_path, given):
-    # numba's OpenMP layer starts by setting the OpenMP runtime it shares with torch to all the cores: under
-    # OMP_NUM_THREADS=1 (torchrun's, experiments.py --jobs 2's) a fast step left torch and numba on 2 threads each,
-    # so --jobs 2 ran 4 busy threads on 2 cores, 9x slower than --jobs 1. (A machine of one core cannot show it.)
-    text = tmp_path / "a.txt"
+_FAST_CPU_GIVEN = ["OMP_NUM_THREADS=1", "torch.set_num_threads(1)"]
+
+
+def _fast_cpu_thread_count_job(folder, given):  # the thread counts of a process given one thread so, as it works
+    text = folder / "a.txt"
     text.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN: the workers
     code = ("import torch\n" + (given + "\n" if given.startswith("torch") else "") +
             "import sys, numba, bpe\n"
@@ -1210,24 +1305,43 @@ def test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave(tmp_path, given
             "print(counts)")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
     env.update([given.split("=")] if given.startswith("OMP") else [])
-    r = subprocess.run([sys.executable, "-c", code, str(text)], cwd=_BPE_REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
+    return [dict(argv=[sys.executable, "-c", code, text], cwd=_BPE_REPO, env=env)]
+
+
+_EARLY.update({f"test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave[{given}]":
+               functools.partial(_fast_cpu_thread_count_job, given=given) for given in _FAST_CPU_GIVEN})
+
+
+@pytest.mark.parametrize("given", _FAST_CPU_GIVEN)
+def test_fast_cpu_keeps_the_thread_count_a_user_or_launcher_gave(request, tmp_path, given):
+    # numba's OpenMP layer starts by setting the OpenMP runtime it shares with torch to all the cores: under
+    # OMP_NUM_THREADS=1 (torchrun's, experiments.py --jobs 2's) a fast step left torch and numba on 2 threads each,
+    # so --jobs 2 ran 4 busy threads on 2 cores, 9x slower than --jobs 1. (A machine of one core cannot show it.)
+    # (A job started early: _fast_cpu_thread_count_job.)
+    [r] = _early(request.node.name, tmp_path)[1]
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "[1, 1, 1, 1, 1, 1]", (r.stdout, r.stderr)
 
 
-def test_fast_cpu_steps_aside_under_numba_disable_jit(tmp_path):
+def _fast_cpu_no_jit_job(folder):
+    # One process (numba reads the switch as it is imported) takes the step, then runs train.py as
+    # `python train.py ARGS` does (runpy, as _held does)
+    args = ["--data", _train_toy_ids(folder / "toy.npy"), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
+            "--out", folder / "out"]
+    return [dict(argv=[sys.executable, "-c", _FAST_CPU_STEP + "import fast_cpu, runpy, sys\n"
+                       "print(fast_cpu.usable(loss), loss.item(), flush=True)\n"
+                       "sys.argv = sys.argv[1:]\n"
+                       "runpy.run_path(sys.argv[0], run_name='__main__')\n", _TRAIN_ROOT / "train.py", *args],
+                 cwd=_BPE_REPO, env={**os.environ, "NUMBA_DISABLE_JIT": "1"})]
+
+
+_EARLY["test_fast_cpu_steps_aside_under_numba_disable_jit"] = _fast_cpu_no_jit_job
+
+
+def test_fast_cpu_steps_aside_under_numba_disable_jit(request, tmp_path):
     # NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the kernels plain Python,
     # where an intrinsic cannot run: a fast=True step ended in _bits_as_float32's traceback, train.py too. Now the
-    # plain code computes the step, the same loss as with numba. One process (numba reads the switch as it is
-    # imported) takes the step, then runs train.py as `python train.py ARGS` does (runpy, as _held does)
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    args = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
-            "--out", str(tmp_path / "out")]
-    r = subprocess.run([sys.executable, "-c", _FAST_CPU_STEP + "import fast_cpu, runpy, sys\n"
-                        "print(fast_cpu.usable(loss), loss.item(), flush=True)\n"
-                        "sys.argv = sys.argv[1:]\n"
-                        "runpy.run_path(sys.argv[0], run_name='__main__')\n", str(_TRAIN_ROOT / "train.py"), *args],
-                       cwd=_BPE_REPO, env=env, capture_output=True, text=True, timeout=300)
+    # plain code computes the step, the same loss as with numba. (A job started early: _fast_cpu_no_jit_job.)
+    [r] = _early(request.node.name, tmp_path)[1]
     assert r.returncode == 0 and r.stdout.split()[0] == "False", r.stderr
     want = {}
     with torch.random.fork_rng():  # (the step seeds torch's generator)
@@ -3149,11 +3263,8 @@ def test_bpe_numba_cache_saves_take_turns(tmp_path, monkeypatch):
     os.close(fd)
 
 
-def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
-    """NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the engine's loops plain
-    Python: `bpe.py train` and train_bpe ended in "'function' object has no attribute 'signatures'". Now bpe.py's
-    plain counting, merge loop and encoder take every job, big ones too, with the engine's merges and ids."""
-    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+def _bpe_plain_jobs(folder):  # train_bpe and `bpe.py train` under NUMBA_DISABLE_JIT, on a big and a small text
+    big, small = folder / "big.txt", folder / "small.txt"
     big.write_text("the cat sat on the mat.<|endoftext|> " * 40_000, encoding="utf-8")  # over COMPILED_COUNT_MIN
     # a pre-token over bpe.py's _PLAIN_WORD_CHARS (1,000 outside these tests) is the engine's to encode: as Python
     small.write_text("hello world, " * 50 + "x" * 2_000, encoding="utf-8")
@@ -3163,21 +3274,27 @@ def test_bpe_runs_its_plain_code_under_numba_disable_jit(tmp_path):
             "    tok = bpe.Tokenizer(vocab, merges, ['<|endoftext|>'])\n"
             "    print(merges, tok.encode(open(path, encoding='utf-8').read()))\n")
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    # both programs run while this process computes the engine's answer: three jobs at once, none waiting on another
-    plain = subprocess.Popen([sys.executable, "-c", code, str(big), str(small)], cwd=_BPE_REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cli_run = subprocess.Popen([sys.executable, str(_BPE_REPO / "bpe.py"), "train", str(big), "--vocab-size", "300",
-                                "--out", str(tmp_path / "tok")], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    return [dict(argv=[sys.executable, "-c", code, big, small], cwd=_BPE_REPO, env=env),
+            dict(argv=[sys.executable, _BPE_REPO / "bpe.py", "train", big, "--vocab-size", "300", "--out",
+                       folder / "tok"], env=env)]
+
+
+_EARLY["test_bpe_runs_its_plain_code_under_numba_disable_jit"] = _bpe_plain_jobs
+
+
+def test_bpe_runs_its_plain_code_under_numba_disable_jit(request, tmp_path):
+    """NUMBA_DISABLE_JIT=1, numba's switch for stepping through its loops in pdb, leaves the engine's loops plain
+    Python: `bpe.py train` and train_bpe ended in "'function' object has no attribute 'signatures'". Now bpe.py's
+    plain counting, merge loop and encoder take every job, big ones too, with the engine's merges and ids. (Jobs
+    started early: _bpe_plain_jobs.)"""
+    folder, (plain, cli_run) = _early(request.node.name, tmp_path)
     want = []
-    for path in (big, small):
+    for path in (folder / "big.txt", folder / "small.txt"):
         vocab, merges = bpe.train_bpe(path, 300, ["<|endoftext|>"], num_workers=2)
         want.append(f"{merges} {bpe.Tokenizer(vocab, merges, ['<|endoftext|>']).encode(path.read_text('utf-8'))}")
-    out, err = plain.communicate(timeout=300)
-    assert plain.returncode == 0 and err == "", err  # no numpy warning of the hashes' wrap either
-    assert out.splitlines() == want
-    out, err = cli_run.communicate(timeout=300)
-    assert cli_run.returncode == 0 and out.startswith("trained ") and err == "", err
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr  # no numpy warning of the hashes' wrap either
+    assert plain.stdout.splitlines() == want
+    assert cli_run.returncode == 0 and cli_run.stdout.startswith("trained ") and cli_run.stderr == "", cli_run.stderr
 
 
 def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
@@ -4347,14 +4464,22 @@ def test_bpe_cli_refuses_every_output_it_cannot_write_before_the_work(tmp_path, 
     assert stop.value.code == 1 and "the disk is full" in capsys.readouterr().err and not (tmp_path / "M").exists()
 
 
-def test_the_library_loads_without_unix_only_modules(tmp_path):
-    """Windows has no resource, fcntl, termios, pwd or grp: `import bpe` failed on `resource`, which only
-    `bpe.py train`'s memory report uses. Now every file imports, and the report leaves the memory out."""
-    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+def _library_without_unix_modules_job(folder):  # bpe.py train where the Unix-only modules cannot be imported
+    (folder / "a.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")
     code = ("import sys; sys.modules.update(dict.fromkeys(['resource', 'fcntl', 'termios', 'pwd', 'grp']))\n"
             "import bpe, data, model, optim, export, accounting, train, kernels\n"
-            f"bpe.main(['train', {str(tmp_path / 'a.txt')!r}, '--vocab-size', '300', '--out', {str(tmp_path / 'tok')!r}])")
-    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=300)
+            f"bpe.main(['train', {str(folder / 'a.txt')!r}, '--vocab-size', '300', '--out', {str(folder / 'tok')!r}])")
+    return [dict(argv=[sys.executable, "-c", code], cwd=_BPE_REPO)]
+
+
+_EARLY["test_the_library_loads_without_unix_only_modules"] = _library_without_unix_modules_job
+
+
+def test_the_library_loads_without_unix_only_modules(request, tmp_path):
+    """Windows has no resource, fcntl, termios, pwd or grp: `import bpe` failed on `resource`, which only
+    `bpe.py train`'s memory report uses. Now every file imports, and the report leaves the memory out. (A job
+    started early: _library_without_unix_modules_job.)"""
+    [r] = _early(request.node.name, tmp_path)[1]
     assert r.returncode == 0 and r.stdout.startswith("trained ") and "peak RSS" not in r.stdout, r.stderr
 
 
@@ -5671,18 +5796,32 @@ def _data_changed_while_read(tmp_path, path, when, how, *argv):  # (exit code, s
 _DATA_TEXT_CHANGES = [("scan", "shrink"), ("copy", "shrink"), ("copy", "rewrite")]
 
 
+def _data_text_changed_runs(folder):  # (the folder of each change, _forked_job's runs)
+    folders = {change: folder / "_".join(change) for change in _DATA_TEXT_CHANGES}
+    return folders, [(_data_changed_argv(tmp, tmp / "story.txt", *change, *_TRAIN_TINY, "--vocab-size", "300"), None)
+                     for change, tmp in folders.items()]
+
+
+def _data_text_changed_job(folder):  # each change's run in a process of its own, forked from one driver
+    folders, runs = _data_text_changed_runs(folder)
+    for tmp in folders.values():
+        tmp.mkdir()
+        _train_story(tmp / "story.txt")
+    # (a SIGBUS would end one run alone; the driver imports torch once, and torch._dynamo, which each run's end imports)
+    return [_forked_job(folder / "forked", runs, ("torch", "torch._dynamo", "numba", "regex"), cwd=_BPE_REPO)]
+
+
+_EARLY["test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing"] = _data_text_changed_job
+
+
 @pytest.fixture(scope="module")
 def data_text_changed_runs(tmp_path_factory):
-    """{(when, how): (story, exit code, stderr, files left)}: each change's run in a process of its own (a SIGBUS
-    would end it alone), forked from one driver that imports torch once (and torch._dynamo, which each run's end
-    imports: seconds)."""
-    folders = {change: tmp_path_factory.mktemp("_".join(change)) for change in _DATA_TEXT_CHANGES}
-    stories = {change: _train_story(tmp / "story.txt") for change, tmp in folders.items()}
-    runs = _forked_runs(tmp_path_factory.mktemp("data_text_changed"), [
-        (_data_changed_argv(folders[change], stories[change], *change, *_TRAIN_TINY, "--vocab-size", "300"), None)
-        for change in _DATA_TEXT_CHANGES], preload=("torch", "torch._dynamo", "numba", "regex"), cwd=_BPE_REPO)
-    return {change: (stories[change], r.returncode, r.stderr, _data_left(folders[change]))
-            for change, r in zip(_DATA_TEXT_CHANGES, runs)}
+    """{(when, how): (story, exit code, stderr, files left)}, from a job started early (_data_text_changed_job)."""
+    folder, [driver] = _early("test_data_text_changed_while_split_is_one_sentence_and_leaves_nothing",
+                              tmp_path_factory.mktemp("data_text_changed"))
+    folders, runs = _data_text_changed_runs(folder)
+    return {change: (folders[change] / "story.txt", r.returncode, r.stderr, _data_left(folders[change]))
+            for change, r in zip(_DATA_TEXT_CHANGES, _forked_results(driver, folder / "forked", runs))}
 
 
 @pytest.mark.parametrize("when, how", _DATA_TEXT_CHANGES)
@@ -5809,16 +5948,25 @@ def test_data_digest_hashes_again_past_a_damaged_memo(tmp_path):
         assert data.file_digest(ids, tmp_path / "memo") == want and memo.read_text() == want  # and written again
 
 
+def _data_latin1_name_job(folder):  # train.py on a text file whose name is Latin-1
+    _train_story(folder / os.fsdecode(b"caf\xe9.txt"))
+    return [dict(argv=[sys.executable, _BPE_REPO / "train.py", "--data", os.fsdecode(b"caf\xe9.txt"), "--data-dir",
+                       os.fsdecode(b"data\xff"), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--workers",
+                       "1", "--device", "cpu"])]
+
+
+if sys.platform.startswith("linux"):
+    _EARLY["test_data_text_file_whose_name_is_not_utf8"] = _data_latin1_name_job
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file names that are not UTF-8: Linux's are bytes")
-def test_data_text_file_whose_name_is_not_utf8(tmp_path):
+def test_data_text_file_whose_name_is_not_utf8(request, tmp_path):
     """A Latin-1 name (b"caf\\xe9.txt", in Python a str with a surrogate) made the cache key's hash raise
-    UnicodeEncodeError: a traceback, found by running train.py on such a file."""
-    _train_story(tmp_path / os.fsdecode(b"caf\xe9.txt"))
-    r = subprocess.run([sys.executable, str(_BPE_REPO / "train.py"), "--data", os.fsdecode(b"caf\xe9.txt"), "--data-dir",
-                        os.fsdecode(b"data\xff"), *_TRAIN_TINY, "--vocab-size", "300", "--max-iters", "2", "--workers", "1",
-                        "--device", "cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    UnicodeEncodeError: a traceback, found by running train.py on such a file. (A job started early:
+    _data_latin1_name_job.)"""
+    folder, [r] = _early(request.node.name, tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert (tmp_path / "out" / os.fsdecode(b"caf\xe9") / "ckpt.pt").is_file()
+    assert (folder / "out" / os.fsdecode(b"caf\xe9") / "ckpt.pt").is_file()
 
 
 def test_data_damaged_cache_is_one_sentence_naming_what_to_delete(tmp_path, capsys):
@@ -5900,17 +6048,26 @@ print(json.dumps(runs))
 """
 
 
+def _data_file_size_limit_job(folder):  # _DATA_FILE_SIZE_LIMIT's runs
+    _train_toy_ids(folder / "toy.npy")
+    argv = ["--data", "toy.npy", *_TRAIN_TINY, "--d-model", "64", "--d-ff", "256", "--max-iters", "2", "--device",
+            "cpu"]  # records past the writer's 8 KiB buffer: torch's own write fails first, under its RuntimeError
+    return [dict(argv=[sys.executable, "-c", _DATA_FILE_SIZE_LIMIT, *argv],
+                 env={**os.environ, "PYTHONPATH": str(_BPE_REPO)})]
+
+
+if hasattr(signal, "SIGXFSZ"):
+    _EARLY["test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path"] = _data_file_size_limit_job
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="a file-size limit (ulimit -f) is POSIX's")
-def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(tmp_path):
+def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(request, tmp_path):
     """A checkpoint's write past a file-size limit (ulimit -f, FAT32's 4 GiB, an HPC job's: EFBIG) ended in a
     traceback where torch.save wraps the OSError in a RuntimeError ("unexpected pos"): only a full disk was looked
     for under it. Now any OSError under any error is the path and the system's reason, exit 1, nothing half-written.
-    The limit cuts the checkpoint at each eighth of its size (torch's records fall differently each time)."""
-    _train_toy_ids(tmp_path / "toy.npy")
-    argv = ["--data", "toy.npy", *_TRAIN_TINY, "--d-model", "64", "--d-ff", "256", "--max-iters", "2", "--device",
-            "cpu"]  # records past the writer's 8 KiB buffer: torch's own write fails first, under its RuntimeError
-    r = subprocess.run([sys.executable, "-c", _DATA_FILE_SIZE_LIMIT, *argv], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(_BPE_REPO)})
+    The limit cuts the checkpoint at each eighth of its size (torch's records fall differently each time). (A job
+    started early: _data_file_size_limit_job.)"""
+    tmp_path, [r] = _early(request.node.name, tmp_path)  # the job's folder, where it ran
     assert r.returncode == 0, r.stderr[-3000:]
     runs = json.loads(r.stdout.splitlines()[-1])
     for k, (code, err) in enumerate(runs[:-1], 1):
@@ -7083,27 +7240,42 @@ def test_train_never_deletes_files_that_are_not_the_projects(tmp_path, capsys, m
             os.path.basename(f.name))
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_train_ddp_two_processes_match_one(tmp_path, optimizer):
-    # Muon: each process orthogonalizes the same all-reduced gradients, so the runs agree as AdamW's do
-    ids = _train_toy_ids(tmp_path / "toy.npy")
-    args = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "4", "--log-interval", "1", "--device", "cpu",
-            "--eval-interval", "2", "--optimizer", optimizer]  # 3 updates after the first loss, 2 evaluations too
-    assert train.main([*args, "--run-name", "one"]) == 0  # in this process: one interpreter less to start
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(_TRAIN_ROOT / "train.py"), *args, "--run-name", "two"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+_TRAIN_DDP_OPTIMIZERS = ["adamw", "muon"]
+
+
+def _train_ddp_args(folder, optimizer):  # 3 updates after the first loss, 2 evaluations too
+    return ["--data", str(folder / "toy.npy"), *_TRAIN_TINY, "--max-iters", "4", "--log-interval", "1", "--device",
+            "cpu", "--eval-interval", "2", "--optimizer", optimizer, "--out-dir", str(folder / "out")]
+
+
+def _train_ddp_job(folder, optimizer):  # the run on two processes (torchrun)
+    _train_toy_ids(folder / "toy.npy")
     # (TMPDIR: torchrun's torchelastic_* directories go there, not into the system's temporary directory)
+    return [dict(argv=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       _TRAIN_ROOT / "train.py", *_train_ddp_args(folder, optimizer), "--run-name", "two"],
+                 env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(folder)})]
+
+
+_EARLY.update({f"test_train_ddp_two_processes_match_one[{o}]": functools.partial(_train_ddp_job, optimizer=o)
+               for o in _TRAIN_DDP_OPTIMIZERS})
+
+
+@pytest.mark.parametrize("optimizer", _TRAIN_DDP_OPTIMIZERS)
+def test_train_ddp_two_processes_match_one(request, tmp_path, optimizer):
+    # Muon: each process orthogonalizes the same all-reduced gradients, so the runs agree as AdamW's do. The run on
+    # two processes is a job started early (_train_ddp_job); the one on one process runs here, beside it
+    folder, [two] = _early(request.node.name, tmp_path)
+    assert train.main([*_train_ddp_args(folder, optimizer), "--run-name", "one"]) == 0
     assert two.returncode == 0, two.stderr[-3000:]
-    assert list(tmp_path.glob("torchelastic_*")), "torchrun's log folder was left in the system's temporary directory"
-    a, b = _train_metrics(tmp_path / "out" / "one"), _train_metrics(tmp_path / "out" / "two")
+    assert list(folder.glob("torchelastic_*")), "torchrun's log folder was left in the system's temporary directory"
+    a, b = _train_metrics(folder / "out" / "one"), _train_metrics(folder / "out" / "two")
     la, lb = [r["loss"] for r in a if "loss" in r], [r["loss"] for r in b if "loss" in r]
     assert len(la) == len(lb) == 4
     # the same global batch, split over two processes: only the summation order differs
     np.testing.assert_allclose(lb, la, rtol=1e-5)
     np.testing.assert_allclose([r["val_loss"] for r in b if "val_loss" in r],
                                [r["val_loss"] for r in a if "val_loss" in r], rtol=1e-5)
-    assert json.loads((tmp_path / "out" / "two" / "config.json").read_text())["world_size"] == 2
+    assert json.loads((folder / "out" / "two" / "config.json").read_text())["world_size"] == 2
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc/self/task (Linux)")
@@ -7121,20 +7293,27 @@ def test_machine_and_files_run_where_windows_lacks_sysconf_and_device_numbers(tm
     assert not re.search(r"signal\.SIG_(BLOCK|UNBLOCK|SETMASK)\b", inspect.getsource(bpe_fast))
 
 
-def test_machine_cuda_torch_without_a_gpu_keeps_its_cuda_home_warning_quiet(tmp_path):
+def _machine_cuda_home_job(folder):  # the start-up compile check, with an nvcc on the PATH
+    nvcc = folder / "nvcc"  # where torch looks for CUDA_HOME
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    code = ("import logging, machine; print(repr(machine.compile_error('cpu'))); "
+            "print(logging.getLogger('torch.utils.cpp_extension').level)")
+    return [dict(argv=[sys.executable, "-c", code], cwd=_TRAIN_ROOT, timeout=600,
+                 env={**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"})]
+
+
+_EARLY["test_machine_cuda_torch_without_a_gpu_keeps_its_cuda_home_warning_quiet"] = _machine_cuda_home_job
+
+
+def test_machine_cuda_torch_without_a_gpu_keeps_its_cuda_home_warning_quiet(request, tmp_path):
     # a ninth tester's: pip's CUDA torch (2.14) on a machine with nvcc but no GPU printed torch's "No CUDA runtime is
     # found, using CUDA_HOME=..." at --compile's first compile, the start-up check's (torch 2.13's CPU build is quiet)
     if torch.cuda.is_available():
         pytest.skip("the warning is for a machine without a CUDA GPU")
     if why := machine.compile_error("cpu"):
         pytest.skip(f"torch.compile cannot compile here: {why}")
-    nvcc = tmp_path / "nvcc"  # where torch looks for CUDA_HOME
-    nvcc.write_text("#!/bin/sh\n")
-    nvcc.chmod(0o755)
-    code = ("import logging, machine; print(repr(machine.compile_error('cpu'))); "
-            "print(logging.getLogger('torch.utils.cpp_extension').level)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    [r] = _early(request.node.name, tmp_path)[1]  # (a job started early: _machine_cuda_home_job)
     assert r.stdout.split() == ["''", "40"] and "No CUDA runtime" not in r.stderr, r  # 40: logging.ERROR
 
 
@@ -7157,11 +7336,8 @@ def test_machine_allow_many_compiles_keeps_every_variant_compiled():
         assert type(raised.value).__name__.endswith("LimitHit")  # FailOnRecompileLimitHit; 2.6's older name
 
 
-def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
-    # DDP imports torch.distributed.nn, whose defaults held the group that existed then: destroy_process_group freed
-    # nothing, and a gloo thread freeing the last collective's tensors as Python exited aborted the process ("terminate
-    # called without an active exception", about 1 torchrun run in 30 on a busy machine). Left, a group runs no thread.
-    script = tmp_path / "group.py"
+def _machine_gloo_job(folder):  # a process group of two, with DDP in it, counting its threads
+    script = folder / "group.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(_TRAIN_ROOT)!r})
@@ -7177,9 +7353,18 @@ def test_machine_process_group_leaves_no_gloo_thread_behind(tmp_path):
             del model  # as train.py's model is gone when its run returns
         os.write(1, f"threads: {{before}} before, {{inside}} in the group, {{threads()}} after\\n".encode())  # one write
     """))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    return [dict(argv=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
+                 timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(folder)})]
+
+
+_EARLY["test_machine_process_group_leaves_no_gloo_thread_behind"] = _machine_gloo_job
+
+
+def test_machine_process_group_leaves_no_gloo_thread_behind(request, tmp_path):
+    # DDP imports torch.distributed.nn, whose defaults held the group that existed then: destroy_process_group freed
+    # nothing, and a gloo thread freeing the last collective's tensors as Python exited aborted the process ("terminate
+    # called without an active exception", about 1 torchrun run in 30 on a busy machine). Left, a group runs no thread.
+    [p] = _early(request.node.name, tmp_path)[1]  # (a job started early: _machine_gloo_job)
     assert p.returncode == 0, p.stderr[-3000:]
     counts = [tuple(map(int, re.findall(r"\d+", line))) for line in p.stdout.splitlines() if line.startswith("threads")]
     assert len(counts) == 2 and all(inside > before == after for before, inside, after in counts), p.stdout
@@ -7533,21 +7718,27 @@ def test_train_resume_refuses_run_files_it_cannot_replace_before_writing(tmp_pat
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before and not (tmp_path / "nowhere").exists()
 
 
-def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(tmp_path):
-    """Under an ascii or latin-1 terminal, printing the samples (train.py) or the longest token (bpe.py) of Chinese
-    text raised UnicodeEncodeError at the end of the run; they print as escapes now."""
-    text = tmp_path / "zh.txt"
+def _cli_ascii_terminal_jobs(folder):  # bpe.py train and train.py on Chinese text, printing to an ascii terminal
+    text = folder / "zh.txt"
     rng = random.Random(0)
     text.write_text("".join(chr(0x4E00 + rng.randrange(300)) + ("。\n" if rng.random() < 0.05 else "")
                             for _ in range(30_000)), encoding="utf-8")
-    runs = [["bpe.py", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok")],
+    runs = [["bpe.py", "train", str(text), "--vocab-size", "300", "--out", str(folder / "tok")],
             ["train.py", "--data", str(text), *_TRAIN_TINY, "--vocab-size", "300", "--num-samples", "1", "--max-iters",
-             "2", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--device", "cpu"]]
-    procs = [subprocess.Popen([sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for argv in runs]  # both at once
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0 and b"\\u" in out, err[-500:]
+             "2", "--out-dir", str(folder / "out"), "--data-dir", str(folder / "data"), "--device", "cpu"]]
+    return [dict(argv=[sys.executable, *argv], cwd=_BPE_REPO, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+            for argv in runs]
+
+
+_EARLY["test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash"] = _cli_ascii_terminal_jobs
+
+
+def test_cli_output_a_terminal_cannot_show_is_escaped_not_a_crash(request, tmp_path):
+    """Under an ascii or latin-1 terminal, printing the samples (train.py) or the longest token (bpe.py) of Chinese
+    text raised UnicodeEncodeError at the end of the run; they print as escapes now. (Jobs started early:
+    _cli_ascii_terminal_jobs.)"""
+    for p in _early(request.node.name, tmp_path, text=False)[1]:
+        assert p.returncode == 0 and b"\\u" in p.stdout, p.stderr[-500:]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one can make a directory")
@@ -7740,17 +7931,25 @@ def test_train_torchrun_variable_of_thousands_of_digits_is_refused(monkeypatch):
         monkeypatch.delenv(name)
 
 
-def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written(tmp_path):
+def _train_no_compiler_job(folder):  # --compile where $CXX names no compiler
+    # Inductor takes its compiler from $CXX: one that does not exist is none (its cache here: none to reuse)
+    argv = ["--data", _train_toy_ids(folder / "toy.npy"), *_TRAIN_TINY, "--device", "cpu", "--compile"]
+    return [dict(argv=[sys.executable, _TRAIN_ROOT / "train.py", *argv],
+                 env={**os.environ, "CXX": str(folder / "no-c++"), "TORCHINDUCTOR_CACHE_DIR": str(folder)})]
+
+
+_EARLY["test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written"] = _train_no_compiler_job
+
+
+def test_train_compile_without_a_cpp_compiler_is_refused_before_anything_is_written(request, tmp_path):
     # --compile with no working C++ compiler was an InductorError traceback at the first step, after ckpt.pt and
     # config.json were written, so a rerun without --compile was refused as "already holds a run" (item 8).
-    # Inductor takes its compiler from $CXX: one that does not exist is none (its cache here: none to reuse)
-    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--device", "cpu", "--compile"]
-    r = _train_cli(argv, tmp_path, env={"CXX": str(tmp_path / "no-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)},
-                   timeout=300)
+    # (A job started early: _train_no_compiler_job.)
+    folder, [r] = _early(request.node.name, tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("train.py: error: --compile needs a working C++ compiler (torch inductor failed on cpu:")
     assert "no-c++" in r.stderr and r.stderr.endswith("install one (e.g. apt install g++) or drop --compile.\n")
-    assert not (tmp_path / "out").exists()
+    assert not (folder / "out").exists()
 
 
 def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_path, capsys, monkeypatch):
@@ -11500,16 +11699,24 @@ def command_runs(tmp_path_factory):
     flag mistake), each in a process of its own as `python ARGV` (stdout: a pipe whose reader left, /dev/full,
     captured): forked from a driver that imports torch once for them all. A process's end tears down all that its
     driver imported (a second for torch), so bpe.py's (no torch) and bench.py's (torch._dynamo too, seconds to
-    import in each) come from drivers of their own, which run at the same time (an import takes one core)."""
+    import in each) come from drivers of their own (_command_runs_drivers), which are jobs started early."""
+    folder, drivers = _early("test_a_printing_script_piped_into_head_ends_quietly",
+                             tmp_path_factory.mktemp("command_runs"))
+    return {(tuple(argv), stdout): r for k, ((_, mine), driver) in enumerate(zip(_command_runs_drivers(), drivers))
+            for (argv, stdout), r in zip(mine, _forked_results(driver, folder / str(k), mine))}
+
+
+def _command_runs_drivers():  # [(what a driver imports, its runs)]
     runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
             *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
     imports = {"bpe.py": ("numba", "regex"), "bench.py": ("torch", "torch._dynamo", "numba", "regex")}
-    tmp, started = tmp_path_factory.mktemp("command_runs"), []
-    for preload in {imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs}:
-        mine = [run for run in runs if imports.get(run[0][0], ("torch", "numba", "regex")) == preload]
-        started.append(_forked_start(tmp, mine, preload, cwd=_BPE_REPO))
-    return {(tuple(argv), stdout): r for driver in started
-            for (argv, stdout), r in zip(driver[2], _forked_results(driver))}
+    preloads = dict.fromkeys(imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs)  # in order
+    return [(preload, [run for run in runs if imports.get(run[0][0], ("torch", "numba", "regex")) == preload])
+            for preload in preloads]
+
+
+_EARLY["test_a_printing_script_piped_into_head_ends_quietly"] = lambda folder: [
+    _forked_job(folder / str(k), runs, preload, cwd=_BPE_REPO) for k, (preload, runs) in enumerate(_command_runs_drivers())]
 
 
 @pytest.mark.parametrize("argv, needle", _FLAG_MISTAKES)
@@ -12226,11 +12433,11 @@ print("same")
 """
 
 
-def test_fast_gpu_gate_equals_models_gate(request):
+def test_fast_gpu_gate_equals_models_gate(request, tmp_path):
     # --triton-gate: fast_gpu.py's kernels compute model.py's gate silu(a) * b and its gradient (autograd's) to about
     # one unit in the last place, in float32 and bf16, through Triton's interpreter on a CPU; in a model, the same
     # loss and gradients as the fast path without them. bench.py's copy of inductor's backward graph is the gradient
-    _triton_on_cpu(request)
+    _triton_on_cpu(request, tmp_path)
 
 
 def test_triton_gate_is_refused_where_it_cannot_run(monkeypatch):
@@ -12476,8 +12683,6 @@ def test_bench_gpu_report_selects_every_test_that_needs_the_device():
 # ============================================================================
 # export.py (python train.py --export DIR; the checks load the export with transformers, when installed)
 # ============================================================================
-
-import importlib.util  # noqa: E402
 
 import export  # noqa: E402
 
