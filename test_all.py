@@ -284,9 +284,9 @@ def _forked_job(folder, runs, preload, **popen):  # the driver's command, writin
 
 def _forked_results(driver, folder, runs, text=True):  # what _forked_runs returns, from the driver's CompletedProcess
     assert driver.returncode == 0 and driver.stderr == "", driver.stderr
-    read = Path.read_text if text else Path.read_bytes
+    read, codes = Path.read_text if text else Path.read_bytes, json.loads(driver.stdout)
     return [subprocess.CompletedProcess(argv, code, read(Path(out)) if stdout is None else None, read(Path(err)))
-            for (argv, out, err), (_, stdout), code in zip(_forked_cases(folder, runs), runs, json.loads(driver.stdout))]
+            for (argv, out, err), (_, stdout), code in zip(_forked_cases(folder, runs), runs, codes)]
 
 
 def _wait_until(ready, what, seconds=60):
@@ -308,13 +308,16 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
 # Jobs started early. CI has two cores and the suite keeps about one busy (its CPU time is 1.1x its wall time), so a
 # test whose work is a command of its own, which reads nothing the tests before it write and gives the same result
 # under load, declares that command in _EARLY. As the session starts, one runner process runs the selected tests'
-# jobs one after another at a low priority, beside the tests before them; each test then reads its jobs' results. A
-# job the runner has not begun when its test asks is run by the test itself (a claim file: never twice), so that
-# `pytest -k TEST` runs as it always did.
+# jobs one after another on what the tests leave idle, beside the tests before them; each test then reads its jobs'
+# results. A job the runner has not begun when its test asks is run by the test itself (a claim file: never twice),
+# so that `pytest -k TEST` runs as it always did.
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
-niceness, *jobs = sys.argv[1:]
-os.nice(int(niceness))  # the tests in the foreground first
+idle, *jobs = sys.argv[1:]
+if idle == "idle" and hasattr(os, "SCHED_IDLE"):  # a core the tests leave idle, and no other (Linux; children too):
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # a lower niceness still slowed a test's two
+elif idle == "idle":  # threads of torch a third, each waiting for the other at the end of each op
+    os.nice(19)
 parent = os.getppid()
 for job in jobs:
     if os.getppid() != parent:  # pytest is gone (killed: the session's end kills the runner itself)
@@ -362,7 +365,7 @@ def _early_runner(request, tmp_path_factory):
         return
     for name in names:
         _early_make(name, tmp_path_factory.mktemp("early"))
-    runner = subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "10",
+    runner = subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "idle",
                                *(str(job) for name in names for job in _EARLY_MADE[name][1])], start_new_session=True)
     yield
     with contextlib.suppress(ProcessLookupError):  # a job it still runs: the test that would read it has failed
@@ -377,7 +380,7 @@ def _early(name, tmp_path, text=True):
         _early_make(name, tmp_path)
     folder, jobs = _EARLY_MADE[name]
     results = []
-    for run in [subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "0", str(job)]) for job in jobs]:
+    for run in [subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "now", str(job)]) for job in jobs]:
         assert run.wait() == 0  # those the runner has not claimed, here and at once (a claimed one: at once)
     for job in jobs:
         spec = json.loads((job / "job.json").read_text())
@@ -859,9 +862,15 @@ _TRITON_CPU_CHECKS = {  # test -> its Triton check on the CPU (script, args); th
     "test_fused_head_triton_path_compiled_holds_one_chunk_of_logits": lambda: (_TRITON_HEAD_COMPILED, []),
     "test_fast_gpu_gate_equals_models_gate": lambda: (_TRITON_GATE, []),
 }
-# the three in one process, started early under the first's name (each alone spent seconds importing torch and triton)
-_EARLY[next(iter(_TRITON_CPU_CHECKS))] = lambda folder: [_triton_job(folder, [c() for c in _TRITON_CPU_CHECKS.values()],
-                                                                     "cpu")] if importlib.util.find_spec("triton") else []
+
+
+def _triton_cpu_job(folder):  # the three in one process (each alone spent seconds importing torch and triton)
+    if not importlib.util.find_spec("triton"):
+        return []
+    return [_triton_job(folder, [check() for check in _TRITON_CPU_CHECKS.values()], "cpu")]
+
+
+_EARLY[next(iter(_TRITON_CPU_CHECKS))] = _triton_cpu_job  # started early under the first's name
 
 
 def _triton_on_cpu(request, tmp_path):
@@ -11716,7 +11725,8 @@ def _command_runs_drivers():  # [(what a driver imports, its runs)]
 
 
 _EARLY["test_a_printing_script_piped_into_head_ends_quietly"] = lambda folder: [
-    _forked_job(folder / str(k), runs, preload, cwd=_BPE_REPO) for k, (preload, runs) in enumerate(_command_runs_drivers())]
+    _forked_job(folder / str(k), runs, preload, cwd=_BPE_REPO)
+    for k, (preload, runs) in enumerate(_command_runs_drivers())]
 
 
 @pytest.mark.parametrize("argv, needle", _FLAG_MISTAKES)
