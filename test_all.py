@@ -4502,11 +4502,9 @@ def test_bpe_train_reports_peak_memory_in_megabytes_on_macos(tmp_path):
     assert r.returncode == 0 and "peak RSS 1024 MB (largest worker 1024 MB)" in r.stdout, (r.stdout, r.stderr)
 
 
-def test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results(tmp_path):
-    """macOS and Windows start workers by spawn (a fresh Python that imports bpe_fast and loads the compiled code
-    itself), Linux by fork: counting and encode_file ran only forked here. Now both ways, on 1.5 MB of pydoc text."""
+def _bpe_spawn_job(folder):  # train_bpe and encode_file with forked workers, then with spawned ones
     from pydoc_data.topics import topics
-    path = tmp_path / "a.txt"
+    path = folder / "a.txt"
     path.write_text(_BPE_EOT.join(topics.values()) * -(-1_500_000 // len("".join(topics.values()))), encoding="utf-8")
     code = ("import multiprocessing, sys, numpy as np, bpe, bpe_fast\n"
             "def run():\n"
@@ -4517,8 +4515,17 @@ def test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results(tmp_path
             "forked = run()\n"
             "bpe_fast._MP = multiprocessing.get_context('spawn')\n"
             "print(run() == forked, len(forked[0]))")
-    r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "ids.npy")], cwd=_BPE_REPO,
-                       capture_output=True, text=True, timeout=300)
+    return [dict(argv=[sys.executable, "-c", code, path, folder / "ids.npy"], cwd=_BPE_REPO)]
+
+
+_EARLY["test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results"] = _bpe_spawn_job
+
+
+def test_bpe_workers_started_by_spawn_as_on_macos_give_the_same_results(request, tmp_path):
+    """macOS and Windows start workers by spawn (a fresh Python that imports bpe_fast and loads the compiled code
+    itself), Linux by fork: counting and encode_file ran only forked here. Now both ways, on 1.5 MB of pydoc text.
+    (A job started early: _bpe_spawn_job.)"""
+    [r] = _early(request.node.name, tmp_path)[1]
     assert r.stdout.splitlines()[-1].split() == ["True", "343"], (r.stdout, r.stderr)  # last: a compile's note first
 
 
@@ -4561,12 +4568,21 @@ def test_bpe_worker_pool_left_halfway_by_a_ctrl_c_ends_at_the_exit(method):
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
-def test_workers_default_to_the_cores_the_process_may_use():
-    """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
-    worker per core of the node, and train.py capped --workers there."""
+def _workers_on_one_core_job(folder):  # the workers' counts of a process that may use one core
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); import bpe_fast, train; "
             "print(bpe_fast.worker_count(None), train.resolve_config(['--workers', '64', '--benchmark'])['workers'])")
-    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
+    return [dict(argv=[sys.executable, "-c", code], cwd=_BPE_REPO, timeout=120)]
+
+
+if hasattr(os, "sched_setaffinity"):
+    _EARLY["test_workers_default_to_the_cores_the_process_may_use"] = _workers_on_one_core_job
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this system")
+def test_workers_default_to_the_cores_the_process_may_use(request, tmp_path):
+    """Under taskset or a Slurm job's share of a big node os.cpu_count() counts the whole machine: bpe forked a
+    worker per core of the node, and train.py capped --workers there. (A job started early.)"""
+    [r] = _early(request.node.name, tmp_path)[1]
     assert r.stdout.split() == ["1", "1"], r.stderr
 
 
@@ -7417,15 +7433,7 @@ def test_train_cpu_runs_skip_the_nan_fill_of_deterministic_mode():
         torch.use_deterministic_algorithms(False)
 
 
-def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
-    # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
-    # time (a fifth of the default run's time here). How much glibc's own adaptive threshold keeps varies by machine
-    # and run (CI's gave 2k faults in three steps, this box 5-18k), so the baseline is glibc's fixed 128 KB
-    # thresholds, what it does before it adapts (about 130k faults at --batch-size 8; 4 halves them and the steps'
-    # time, its buffers still over 128 KB). The same steps then run under a CPU run's settings; in a process of its
-    # own, as the switch is process-wide and kept
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
+def _train_freed_memory_job(folder):  # page faults of three steps, under glibc's fixed thresholds then a CPU run's
     code = """if True:
         import ctypes, machine, resource, train
         cfg = train.resolve_config(["--benchmark", "--data", "pydoc", "--device", "cpu", "--batch-size", "4"])
@@ -7442,8 +7450,26 @@ def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
                     step()
                 faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         print(*faults)"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=_TRAIN_ROOT, capture_output=True, text=True, check=True)
-    fixed, kept = map(int, out.stdout.split())
+    return [dict(argv=[sys.executable, "-c", code], cwd=_TRAIN_ROOT)]
+
+
+_GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+if _GLIBC:
+    _EARLY["test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again"] = _train_freed_memory_job
+
+
+def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again(request, tmp_path):
+    # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
+    # time (a fifth of the default run's time here). How much glibc's own adaptive threshold keeps varies by machine
+    # and run (CI's gave 2k faults in three steps, this box 5-18k), so the baseline is glibc's fixed 128 KB
+    # thresholds, what it does before it adapts (about 130k faults at --batch-size 8; 4 halves them and the steps'
+    # time, its buffers still over 128 KB). The same steps then run under a CPU run's settings; in a process of its
+    # own, as the switch is process-wide and kept (a job started early: _train_freed_memory_job)
+    if not _GLIBC:
+        pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
+    [r] = _early(request.node.name, tmp_path)[1]
+    assert r.returncode == 0, r.stderr[-3000:]
+    fixed, kept = map(int, r.stdout.split())
     assert kept < fixed / 20, (fixed, kept)
 
 
