@@ -4897,10 +4897,13 @@ def test_cli_stopped_while_importing_says_one_line(tmp_path, script, signum):
     assert not [f for f in tmp_path.rglob("*") if f.is_file()]
 
 
-def test_tokenizer_experiments_run_by_name_says_where_to_go():
+_EARLY["test_tokenizer_experiments_run_by_name_says_where_to_go"] = lambda folder: [
+    dict(argv=[sys.executable, "tokenizer_experiments.py"], cwd=_BPE_REPO, timeout=120)]
+
+
+def test_tokenizer_experiments_run_by_name_says_where_to_go(request, tmp_path):
     # an eighth tester's: `python tokenizer_experiments.py` (the handout's name for the section) ended at once, silent
-    p = subprocess.run([sys.executable, "tokenizer_experiments.py"], cwd=_BPE_REPO, capture_output=True, text=True,
-                       timeout=120)
+    [p] = _early(request.node.name, tmp_path)[1]  # (a job started early)
     assert (p.returncode, p.stdout) == (2, "") and p.stderr == "tokenizer_experiments.py: error: it measures for " \
         "experiments.py's report; run python experiments.py tokenizer.\n"
 
@@ -11378,8 +11381,12 @@ def test_accounting_adamw_line_and_max_batch():
     assert b == 16 * P
 
 
-def test_accounting_cli_prints_every_section_and_rejects_bad_flags(capsys):
-    full = subprocess.run([sys.executable, "accounting.py"], cwd=_ACC_ROOT, capture_output=True, text=True, timeout=120)
+_EARLY["test_accounting_cli_prints_every_section_and_rejects_bad_flags"] = lambda folder: [
+    dict(argv=[sys.executable, "accounting.py"], cwd=_ACC_ROOT, timeout=120)]
+
+
+def test_accounting_cli_prints_every_section_and_rejects_bad_flags(request, tmp_path, capsys):
+    [full] = _early(request.node.name, tmp_path)[1]  # `python accounting.py`, a job started early
     assert full.returncode == 0, full.stderr
     for name in accounting.SECTIONS:
         assert f"=== {name} " in full.stdout
