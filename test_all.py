@@ -314,9 +314,11 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
 idle, *jobs = sys.argv[1:]
-if idle == "idle" and hasattr(os, "SCHED_IDLE"):  # a core the tests leave idle, and no other (Linux; children too):
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # a lower niceness still slowed a test's two
-elif idle == "idle":  # threads of torch a third, each waiting for the other at the end of each op
+# "idle": only a core the tests leave idle (Linux's SCHED_IDLE, inherited by the jobs). A niceness was not enough: a
+# test's two torch threads wait for each other at the end of each op, and one of them waited for the runner's core.
+if idle == "idle" and hasattr(os, "SCHED_IDLE"):
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+elif idle == "idle":
     os.nice(19)
 parent = os.getppid()
 for job in jobs:
