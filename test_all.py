@@ -7940,23 +7940,32 @@ def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
     assert machine.run_device("cuda:1") == "cuda:1" and machine.run_device("cpu:abc") == "cpu:abc"  # refused later
 
 
-def test_train_torchrun_environment_is_checked(tmp_path, capsys, monkeypatch):
+_TRAIN_TORCHRUN_CASES = [({"RANK": "abc"}, "the environment's RANK='abc' is not a number"),
+                         ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x'"),
+                         ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 asks for no processes"),
+                         ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
+                         ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"},
+                          "RANK=2 is not below WORLD_SIZE=2")]
+
+
+def _train_torchrun_jobs(folder):  # train.py under each environment of _TRAIN_TORCHRUN_CASES (cli reads it on import)
+    argv = [sys.executable, _TRAIN_ROOT / "train.py", "--data", _train_toy_ids(folder / "toy.npy"), *_TRAIN_TINY,
+            "--out-dir", folder / "out"]
+    return [dict(argv=argv, env={**os.environ, **env}) for env, _ in _TRAIN_TORCHRUN_CASES]
+
+
+_EARLY["test_train_torchrun_environment_is_checked"] = _train_torchrun_jobs
+
+
+def test_train_torchrun_environment_is_checked(request, tmp_path):
     # issue 19 item 9: RANK=abc was a ValueError traceback at import, WORLD_SIZE=0 a ZeroDivisionError, and
-    # WORLD_SIZE=2 without torchrun a traceback (or a wait for peers that never come)
-    argv = ["--data", str(_train_toy_ids(tmp_path / "toy.npy")), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out")]
-    cases = [({"RANK": "abc"}, "the environment's RANK='abc' is not a number"),
-             ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x'"),
-             ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 asks for no processes"),
-             ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
-             ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"},
-              "RANK=2 is not below WORLD_SIZE=2")]
-    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:  # subprocesses (cli reads RANK when it is
-        runs = list(pool.map(lambda case: _train_cli(argv, cwd=tmp_path, env=case[0]), cases))  # imported), together
-    for (env, needle), r in zip(cases, runs):
+    # WORLD_SIZE=2 without torchrun a traceback (or a wait for peers that never come). (Jobs started early.)
+    folder, runs = _early(request.node.name, tmp_path)
+    for (env, needle), r in zip(_TRAIN_TORCHRUN_CASES, runs):
         assert r.returncode == 2, (env, r.stderr)
         last = r.stderr.splitlines()[-1]
         assert needle in last and "launch with torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK" in last, r.stderr
-        assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), env
+        assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and not (folder / "out").exists(), env
 
 
 def test_train_torchrun_variable_of_thousands_of_digits_is_refused(monkeypatch):
