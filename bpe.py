@@ -282,7 +282,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN and bpe_fast.JIT:
         # The engine counts with a compiled scanner in worker processes, into hash tables
         # keyed by the pre-tokens' bytes; it gives the same counts, as the loop's arrays.
-        words = bpe_fast.count_words(input_path, special_tokens, num_workers)
+        words = bpe_fast.count_words(input_path, special_tokens, num_workers, vocab_size)
         return _train_from_words(*words, vocab_size, special_tokens)
     return train_from_counts(count_pretokens(input_path, special_tokens), vocab_size, special_tokens)
 

@@ -465,11 +465,14 @@ def _worker_pool(n, initializer=None, initargs=()):
 _compile_noted = False    # the first-compile line was printed in this process
 
 
+def _cache_index(dispatcher):  # the path of dispatcher's index in numba's disk cache (None: it has no disk cache)
+    return getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None), "_index_path", None)
+
+
 def _note_first_compile(dispatcher):
     """Say in one line that numba compiles dispatcher now, when its disk cache has nothing for it."""
     global _compile_noted
-    index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
-                    "_index_path", None)
+    index = _cache_index(dispatcher)
     if JIT and not _compile_noted and not dispatcher.signatures and index and not os.path.exists(index):
         say("compiling the tokenizer's fast path once for this machine (up to half a minute)")
         _compile_noted = True
@@ -743,10 +746,12 @@ def _count_range(args):
     return _trimmed(table, n)
 
 
-def count_words(input_path, special_tokens, num_workers=None):
+def count_words(input_path, special_tokens, num_workers=None, vocab_size=None):
     """bpe.count_pretokens (special tokens checked) in compiled code, as the merge loop's arrays
     (_words_of_table). One contiguous run of chunks per worker; the compiled merge loop loads in
-    this process while the workers count."""
+    this process while the workers count, if numba's disk cache holds it or vocab_size needs more
+    merges than Python runs. Otherwise bpe.py decides from the counts: a small job on a new machine
+    never waits for the merge loop's compile (the longest of the engine's) to run it as Python."""
     _, num_workers, bounds = _plan_chunks(input_path, special_tokens, num_workers, 1)
     n_runs = min(num_workers, len(bounds) - 1)
     cut = [round(k * (len(bounds) - 1) / n_runs) for k in range(n_runs + 1)]
@@ -759,7 +764,9 @@ def count_words(input_path, special_tokens, num_workers=None):
         results = workers.imap_checked(_count_range, tasks, False) if parallel else map(_count_range, tasks)
         if parallel:                       # the workers have started counting: load the parent's half
             _word_tables_merge(table, 0, *_trimmed(table, 0))
-        load_merge_loop()
+        merges = (vocab_size or 0) - 256 - len(new_special_tokens(special_tokens))
+        if merges > INTERPRET_MAX_MERGES or os.path.exists(_cache_index(merge_loop) or ""):
+            load_merge_loop()
         raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)
     # The biggest table, with room for the words of all (fewer if they share words), takes

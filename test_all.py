@@ -3323,6 +3323,24 @@ def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
         assert calls == expected
 
 
+def test_bpe_counting_loads_the_merge_loop_beside_it_only_where_it_is_a_load_or_surely_needed(tmp_path, monkeypatch):
+    """The counting loaded the compiled merge loop beside the workers always: on a new machine a 300-token job over
+    a 1 MiB file waited 25 s for its compile, then merged as fast in Python. Now it loads there when numba's disk
+    cache holds it or the vocabulary needs more merges than Python runs; else bpe.py decides from the counts."""
+    path = tmp_path / "a.txt"
+    path.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN
+    loads, on_disk = [], tmp_path / "index.nbi"
+    monkeypatch.setattr(bpe_fast, "load_merge_loop", lambda: loads.append(1))
+    monkeypatch.setattr(bpe_fast, "_cache_index", lambda dispatcher: str(on_disk))
+    python_merges = 256 + bpe_fast.INTERPRET_MAX_MERGES
+    for vocab_size, cached, want in ((300, False, 0), (300, True, 1), (python_merges, False, 0),
+                                     (python_merges + 1, False, 1), (None, False, 0)):
+        on_disk.write_bytes(b"") if cached else on_disk.unlink(missing_ok=True)
+        loads.clear()
+        bpe_fast.count_words(str(path), [], 1, vocab_size)
+        assert len(loads) == want, (vocab_size, cached)
+
+
 def test_bpe_cjk_text_without_spaces_is_cut_into_chunks(tmp_path, monkeypatch):
     """Chinese paragraphs have no spaces: such a file was one chunk (one worker, all of it in memory at once),
     and finding that out scanned it to the end once per planned cut."""
