@@ -764,8 +764,9 @@ def count_words(input_path, special_tokens, num_workers=None, vocab_size=None):
         results = workers.imap_checked(_count_range, tasks, False) if parallel else map(_count_range, tasks)
         if parallel:                       # the workers have started counting: load the parent's half
             _word_tables_merge(table, 0, *_trimmed(table, 0))
-        merges = (vocab_size or 0) - 256 - len(new_special_tokens(special_tokens))
-        if merges > INTERPRET_MAX_MERGES or os.path.exists(_cache_index(merge_loop) or ""):
+        # (before the counting only the merges are known: 0 positions and 0 bytes ask about them alone)
+        merges, index = (vocab_size or 0) - 256 - len(new_special_tokens(special_tokens)), _cache_index(merge_loop)
+        if compiled_merge_pays(0, merges, 0) or index and os.path.exists(index):
             load_merge_loop()
         raise_held_ctrl_c()                # a stop held while those loaded: the workers may be gone
         tables = list(results)

@@ -3333,6 +3333,7 @@ def test_bpe_counting_loads_the_merge_loop_beside_it_only_where_it_is_a_load_or_
     path = tmp_path / "a.txt"
     path.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN
     loads, on_disk = [], tmp_path / "index.nbi"
+    monkeypatch.setattr(bpe_fast, "merge_loop_loaded", lambda: False)  # as in a fresh process
     monkeypatch.setattr(bpe_fast, "load_merge_loop", lambda: loads.append(1))
     monkeypatch.setattr(bpe_fast, "_cache_index", lambda dispatcher: str(on_disk))
     python_merges = 256 + bpe_fast.INTERPRET_MAX_MERGES
@@ -7487,6 +7488,7 @@ if _GLIBC:
     _EARLY["test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again"] = _train_freed_memory_job
 
 
+@pytest.mark.skipif(not _GLIBC, reason="glibc's mallopt only (macOS, musl and Windows allocators differ)")
 def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again(request, tmp_path):
     # glibc gave a CPU step's freed buffers back to the kernel, and the next step faulted them in again, a page at a
     # time (a fifth of the default run's time here). How much glibc's own adaptive threshold keeps varies by machine
@@ -7494,8 +7496,6 @@ def test_train_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again(reques
     # thresholds, what it does before it adapts (about 130k faults at --batch-size 8; 4 halves them and the steps'
     # time, its buffers still over 128 KB). The same steps then run under a CPU run's settings; in a process of its
     # own, as the switch is process-wide and kept (a job started early: _train_freed_memory_job)
-    if not _GLIBC:
-        pytest.skip("glibc's mallopt only (macOS, musl and Windows allocators differ)")
     [r] = _early(request.node.name, tmp_path)[1]
     assert r.returncode == 0, r.stderr[-3000:]
     fixed, kept = map(int, r.stdout.split())
