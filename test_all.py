@@ -10170,36 +10170,63 @@ def test_experiments_optimizers_race_plan_and_answers(tmp_path):
             "20 s (90%).") in text
 
 
-def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbers(tmp_path):
-    ids = _train_toy_ids(tmp_path / "toy.npy")
+# experiments.py stopped as Ctrl-C would stop it (SIGTERM) while its second run steps, its first finished; what the
+# stop left is written to stopped.json (the stopped run's checkpoint copied to stopped.pt), then the same command runs
+# again in this process's place: the job's output is the resumed run's
+_EXP_STOPPED = r"""
+import json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+cmd, first, second = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+deadline, metrics = time.monotonic() + 300, second / "metrics.jsonl"
+while not (stepping := metrics.exists() and '"loss"' in metrics.read_text()) and p.poll() is None:
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+p.send_signal(signal.SIGTERM)
+out, err = p.communicate(timeout=120)
+if (second / "ckpt.pt").exists():
+    shutil.copy(second / "ckpt.pt", "stopped.pt")
+Path("stopped.json").write_text(json.dumps(dict(
+    stepping=stepping, code=p.returncode, out=out, err=err, first_done=(first / "result.json").is_file(),
+    second_done=(second / "result.json").exists(), first_ckpt=(first / "ckpt.pt").stat().st_mtime_ns)))
+os.execv(cmd[0], cmd)
+"""
+
+
+def _experiments_killed_job(folder):  # the stop and the resume above
+    ids = _train_toy_ids(folder / "toy.npy")
     cmd = [sys.executable, str(_TRAIN_ROOT / "experiments.py"), "lr", "--data", str(ids), "--variants",
            "lr=1e-03,lr=5e-03", *_TRAIN_TINY, "--num-layers", "1", "--max-iters", "100", "--eval-interval", "50",
            "--log-interval", "1"]
-    first, second = (tmp_path / "out/experiments/lr" / name for name in ("lr=1e-03", "lr=5e-03"))
+    runs = [folder / "out/experiments/lr" / name for name in ("lr=1e-03", "lr=5e-03")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny steps: a second thread would only spin
-    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:  # the state under test: the first run finished, the second one stepping
-        _wait_until(lambda: (second / "metrics.jsonl").exists() and '"loss"' in (second / "metrics.jsonl").read_text(),
-                    f"the second run never logged a step: {p.poll()}", seconds=300)
-    finally:
-        p.send_signal(signal.SIGTERM)  # as Ctrl-C does: the running run saves a checkpoint and stops
-        out, err = p.communicate(timeout=120)
+    return [dict(argv=[sys.executable, "-c", _EXP_STOPPED, json.dumps(cmd), *runs], env=env, timeout=600)]
+
+
+_EARLY["test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbers"] = _experiments_killed_job
+
+
+def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbers(request, tmp_path):
+    folder, [done] = _early(request.node.name, tmp_path)  # a job started early: the stop, then the resume
+    first, second = (folder / "out/experiments/lr" / name for name in ("lr=1e-03", "lr=5e-03"))
+    assert (folder / "stopped.json").exists(), done.stderr
+    seen = json.loads((folder / "stopped.json").read_text())
+    assert seen["stepping"], f"the second run never logged a step (or experiments.py ended first): {seen}"
     # the sentence is true of a stop while the data is prepared too ("the runs saved their checkpoints", before)
-    assert p.returncode == 130 and ("experiments.py: interrupted; run the same command to go on (finished runs are "
-                                    "reused, stopped ones resume from their checkpoints).") in err, (out, err)
-    assert (first / "result.json").is_file() and not (second / "result.json").exists()
-    stopped_at = torch.load(second / "ckpt.pt", weights_only=True)["iteration"]
+    assert seen["code"] == 130 and ("experiments.py: interrupted; run the same command to go on (finished runs are "
+                                    "reused, stopped ones resume from their checkpoints).") in seen["err"], seen
+    assert seen["first_done"] and not seen["second_done"]
+    stopped_at = torch.load(folder / "stopped.pt", weights_only=True)["iteration"]
     assert 0 < stopped_at < 100
-    kept = (first / "ckpt.pt").stat().st_mtime_ns
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "lr/lr=5e-03: resuming" in done.stdout and "lr=1e-03" not in done.stdout  # reused: not started again
-    assert (first / "ckpt.pt").stat().st_mtime_ns == kept  # the finished run was reused, not run again
-    said = (tmp_path / "out/experiments/lr/lr=5e-03.log").read_text()
+    assert (first / "ckpt.pt").stat().st_mtime_ns == seen["first_ckpt"]  # the finished run was reused, not run again
+    said = (folder / "out/experiments/lr/lr=5e-03.log").read_text()
     assert f"resumed from {Path('out/experiments/lr/lr=5e-03/ckpt.pt')} at step {stopped_at}" in said
     steps = [r["step"] for r in _train_metrics(second) if "loss" in r]
     assert steps == list(range(1, 101))  # continued where it stopped: each step logged once
-    report = (tmp_path / "out/experiments/report.md").read_text()
+    report = (folder / "out/experiments/report.md").read_text()
     rows = _exp_report_rows(report)
     for name, run in (("lr=1e-03", first), ("lr=5e-03", second)):
         metrics = _train_metrics(run)
@@ -10211,7 +10238,7 @@ def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbe
     if importlib.util.find_spec("matplotlib") is None:
         assert "`pip install matplotlib`" in report and "pip install matplotlib for figures" in done.stdout
     else:
-        assert (tmp_path / "out/experiments/lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (folder / "out/experiments/lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("data_source", ["pydoc", "tinystories"])
