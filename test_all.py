@@ -12260,16 +12260,28 @@ _LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + (r"; [\d.]+x the defaults' speed \(their [
                                        r"[\d.]+x their kernels' speed")
 
 
-def test_bench_gpu_report_rehearses_on_the_cpu(tmp_path, capsys, monkeypatch):
-    # every section end to end at tiny sizes; cut short: one accounting shape, one test for pytest to run
-    _bench_no_peers(monkeypatch)
-    monkeypatch.setattr(accounting, "VERIFY_CONFIGS", {"TinyStories": accounting.VERIFY_CONFIGS["TinyStories"]})
-    monkeypatch.setattr(accounting, "ACTIVATION_SHAPES", accounting.ACTIVATION_SHAPES[:1])
-    monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_one.py"))
-    _bench_pytest_without_plugins(monkeypatch)
-    monkeypatch.setattr(config, "UNTIMED_STEPS", 2)  # one untimed round before the timed ones, not four: tiny steps
-    assert bench.main(["gpu", "--cpu", "--steps", "1"]) == 0
-    out = capsys.readouterr().out
+def _bench_gpu_rehearsal_job(folder):
+    # every section end to end at tiny sizes, the peers absent; cut short: one accounting shape, one test for pytest to
+    # run (its plugins not loaded: _bench_pytest_without_plugins), one untimed round before the timed ones, not four
+    code = ("import sys\n"
+            "sys.modules.update(dict.fromkeys(['tiktoken', 'tokenizers', 'rustbpe', 'transformers']))  # not installed\n"
+            "import accounting, bench, config\n"
+            "accounting.VERIFY_CONFIGS = {'TinyStories': accounting.VERIFY_CONFIGS['TinyStories']}\n"
+            "accounting.ACTIVATION_SHAPES = accounting.ACTIVATION_SHAPES[:1]\n"
+            "bench.TESTS, config.UNTIMED_STEPS = sys.argv[1], 2\n"
+            "sys.exit(bench.main(['gpu', '--cpu', '--steps', '1']))")
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return [dict(argv=[sys.executable, "-c", code, _bench_test_file(folder / "test_one.py")], cwd=_BPE_REPO, env=env,
+                 timeout=900)]
+
+
+_EARLY["test_bench_gpu_report_rehearses_on_the_cpu"] = _bench_gpu_rehearsal_job
+
+
+def test_bench_gpu_report_rehearses_on_the_cpu(request, tmp_path):
+    [report] = _early(request.node.name, tmp_path)[1]  # bench.py gpu --cpu, a job started early
+    assert report.returncode == 0, report.stderr[-3000:]
+    out = report.stdout
     table = out[out.index("## The table"):]
     assert f"commit {bench.git_commit()}, CPU (" in table
     assert "\n| lever, GPT-2 small shape: the defaults | " in out[:out.index("## The table")]  # as its section ended
