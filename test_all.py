@@ -1102,25 +1102,26 @@ def test_fused_head_compiled_holds_one_head_gradient(dtype):
     # compiled, the head's gradient (V, d) is one float32 buffer: summed into in place chunk by chunk and scaled in
     # place in the backward (fused_head's custom ops). Undone, inductor chains each chunk's addmm into a new
     # buffer (two alive at once) or keeps every chunk's bf16 product until one sum at the end, and the backward's
-    # scaling allocates one more. Rows well above the width, as in training: the (V, d) gradient is saved, not g
+    # scaling allocates one more. Rows above the width, as in training: the (V, d) gradient is saved, not g. The
+    # shapes and chunks of test_fused_head_equals_the_plain_loss_and_gradients' compiled case: one graph for both
     if why := machine.compile_error("cpu"):
         pytest.skip(f"torch.compile cannot compile here: {why}")
     from torch._inductor.utils import run_and_get_code
     g = torch.Generator().manual_seed(0)
-    h, w = torch.randn(256, 16, generator=g).requires_grad_(), torch.randn(257, 16, generator=g).requires_grad_()
-    t = torch.randint(257, (256,), generator=g)
+    h, w = torch.randn(3, 16, 32, generator=g).requires_grad_(), torch.randn(257, 32, generator=g).requires_grad_()
+    t = torch.randint(257, (3, 16), generator=g)
 
     def step():
         with train.autocast({"dtype": dtype, "device": "cpu"}):
-            loss = torch.compile(fused_head.linear_cross_entropy)(h, w, t, chunks=2)
+            loss = torch.compile(fused_head.linear_cross_entropy)(h, w, t, chunks=5)
         return torch.autograd.grad(loss, (h, w))
     got, code = run_and_get_code(step)
     buffers = _inductor_buffers("\n".join(code))
-    assert len(code) == 2 and buffers.count(((257, 16), "float32")) == 1, buffers  # forward and backward
-    assert buffers.count(((257, 16), "bfloat16")) == (dtype == "bf16"), buffers  # the weight cast, no product
-    assert not [b for b in buffers if b[0] == (256, 257)]  # nor the logits
+    assert len(code) == 2 and buffers.count(((257, 32), "float32")) == 1, buffers  # forward and backward
+    assert buffers.count(((257, 32), "bfloat16")) == (dtype == "bf16"), buffers  # the weight cast, no product
+    assert not [b for b in buffers if b[0] in ((48, 257), (3, 16, 257))]  # nor the logits
     with train.autocast({"dtype": dtype, "device": "cpu"}):
-        want = torch.autograd.grad(fused_head.linear_cross_entropy(h, w, t, chunks=2), (h, w))
+        want = torch.autograd.grad(fused_head.linear_cross_entropy(h, w, t, chunks=5), (h, w))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -1163,11 +1164,13 @@ def test_fused_head_levers_compute_the_same_step(lever, monkeypatch):
     # each lever behind its switch computes the defaults' step: the same losses of two steps, the same gradients.
     # On a CPU train.py refuses --cuda-graph, so it is set past the check, and its compile mode is the defaults':
     # inductor skips the graphs here, so that mode only compiled the same code again (its cache keys the mode; 21 s
-    # of g++ with an empty cache). test_fused_head_levers_equal_the_defaults_cuda checks the graphs where they run
+    # of g++ with an empty cache). test_fused_head_levers_equal_the_defaults_cuda checks the graphs where they run.
+    # Compiled, the defaults are the step the other compiled tests build: one compile for them all
     compiled = lever[0] in ("--max-autotune", "--cuda-graph")
     if compiled and (why := machine.compile_error("cpu")):
         pytest.skip(f"torch.compile cannot compile here: {why}")
-    base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark", *(["--compile"] * compiled)]
+    base = (_train_compiled("cpu") if compiled
+            else ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark"])
     if tuple(base) not in _LEVER_DEFAULTS:  # the defaults' steps are the same for each lever: built and run once
         _LEVER_DEFAULTS[tuple(base)] = _fused_head_first_steps(train.resolve_config(base))
     want_losses, want = _LEVER_DEFAULTS[tuple(base)]
@@ -6565,6 +6568,14 @@ _TRAIN_TINY = ["--vocab-size", "64", "--d-model", "32", "--num-heads", "2", "--n
                "--context-length", "16", "--batch-size", "8", "--eval-iters", "2", "--num-samples", "0"]
 
 
+def _train_compiled(device):
+    """A compiled bf16 step the tests share: a vocabulary above every other width, so that (N, V) is the largest
+    buffer. Built the same, its graphs come from inductor's cache after the first test (a new one's C++ takes
+    30-50 s on a CPU)."""
+    return ["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1", "--device", device,
+            "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark"]
+
+
 def _train_toy_ids(path, n=20_000, seed=0):
     """A learnable id stream: a repeating 0..49 ramp with 10% of positions replaced by id 7."""
     rng = np.random.default_rng(seed)
@@ -6907,9 +6918,7 @@ def test_train_fast_compiled_step_writes_no_float32_logits_and_equals_the_plain_
     if not fused and device == "cpu" and torch.__version__ < "2.6":
         pytest.skip("torch 2.5's inductor crashes (SIGSEGV) compiling the bf16 logits and loss on a CPU (the "
                     "--no-fused-head lever); 2.13 and 2.14 pass")
-    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--vocab-size", "257", "--num-layers", "1",
-                                "--device", device, "--dtype", "bf16", "--compile", "--grad-clip", "0", "--benchmark",
-                                "--fused-head" if fused else "--no-fused-head"])
+    cfg = train.resolve_config(_train_compiled(device) + ["--fused-head" if fused else "--no-fused-head"])
     N, V = cfg["batch_size"] * cfg["context_length"], cfg["vocab_size"]  # V above every other width: (N, V) is
     g = torch.Generator().manual_seed(0)  # the largest buffer a step has
     micro = [(torch.randint(V, (cfg["batch_size"], cfg["context_length"]), generator=g).to(device),
