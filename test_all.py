@@ -369,7 +369,12 @@ def _early_runner(request, tmp_path_factory):
         _early_make(name, tmp_path_factory.mktemp("early"))
     runner = subprocess.Popen([sys.executable, "-c", _EARLY_RUNNER, "idle",
                                *(str(job) for name in names for job in _EARLY_MADE[name][1])], start_new_session=True)
+    # the tests' own torch computes on one thread, and the runner has the other core: the tests' small steps on two
+    # threads waited for the runner's core at each op's end (a tiny training in this process took 7x as long)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     with contextlib.suppress(ProcessLookupError):  # a job it still runs: the test that would read it has failed
         os.killpg(runner.pid, signal.SIGKILL)
     runner.wait()
