@@ -1314,15 +1314,13 @@ _FAST_CPU_STEP = ("import torch, model, optim\n"
 _FAST_CPU_GIVEN = ["OMP_NUM_THREADS=1", "torch.set_num_threads(1)"]
 
 
-def _fast_cpu_thread_count_job(folder, given):  # the thread counts of a process given one thread so, as it works.
-    # Its tokenizer work compiles bpe_fast's merge loop and encoder on the idle core, before the tests that need them
+def _fast_cpu_thread_count_job(folder, given):  # the thread counts of a process given one thread so, as it works
     text = folder / "a.txt"
     text.write_text("the cat sat on the mat. " * 50_000, encoding="utf-8")  # over COMPILED_COUNT_MIN: the workers
     code = ("import torch\n" + (given + "\n" if given.startswith("torch") else "") +
             "import sys, numba, bpe\n"
             "counts = [torch.get_num_threads()]\n"
-            "vocab, merges = bpe.train_bpe(sys.argv[1], 2000, num_workers=2)  # past Python's merges: the merge loop\n"
-            "bpe.Tokenizer(vocab, merges).encode(open(sys.argv[1]).read())  # and the encoder, loaded or compiled here\n"
+            "bpe.train_bpe(sys.argv[1], 2000, num_workers=2)  # past Python's merges: the merge loop loads too\n"
             "counts.append(torch.get_num_threads())\n"
             "for _ in range(2):  # a second step: numba follows torch's count from the first on\n" +
             textwrap.indent(_FAST_CPU_STEP, "    ") +
