@@ -11337,12 +11337,19 @@ def test_a_printing_script_piped_into_head_ends_quietly(command_runs, script):
     assert p.returncode == -signal.SIGPIPE and p.stderr == ""
 
 
-def test_accounting_verify_checks_pass():
+_EARLY["test_accounting_verify_checks_pass"] = lambda folder: [dict(argv=[
+    sys.executable, "-c", "import accounting, json; print(json.dumps(list(accounting.verification_checks())))"],
+    cwd=_BPE_REPO)]
+
+
+def test_accounting_verify_checks_pass(request, tmp_path):
     # the same table `python accounting.py --verify` prints: meta-device parameter counts and
     # FlopCounterMode FLOPs per component (GPT-2 small..XL, XL at T=16384, the fused fast=True path,
     # TinyStories and its ablations), the two-layer model's 2x / 4x, and on small real models
-    # forward+backward = 3x forward and the saved-for-backward bytes
-    checks = list(accounting.verification_checks())
+    # forward+backward = 3x forward and the saved-for-backward bytes. (A job started early.)
+    [r] = _early(request.node.name, tmp_path)[1]
+    assert r.returncode == 0, r.stderr
+    checks = json.loads(r.stdout)
     assert len(checks) > 100 and any("16384" in what for what, _, _ in checks)
     assert any("fast=True: total" in what for what, _, _ in checks)
     assert _acc_mismatches(checks) == []
@@ -12102,14 +12109,27 @@ def test_bench_train_table_times_a_fresh_process(tmp_path, capsys, monkeypatch):
     assert f"bpe.train_bpe: {len(merges)} merges" in out
 
 
-def test_bench_scale_corpus_is_seeded_web_like_text(tmp_path):
+def _bench_scale_corpus_job(folder):  # the corpora (two of the same seed, in two caches) and their pre-token counts
+    code = ("import sys, bench\n"
+            "a, b = sys.argv[1] + '/a', sys.argv[1] + '/b'\n"
+            "for megabytes, seed, cache in ((0.2, 0, a), (0.2, 0, b), (0.2, 1, a), (1, 0, a)):\n"
+            "    bench.distinct_pretokens(bench.scale_corpus(megabytes, seed=seed, cache=cache))  # kept beside it\n")
+    return [dict(argv=[sys.executable, "-c", code, folder], cwd=_BPE_REPO)]
+
+
+_EARLY["test_bench_scale_corpus_is_seeded_web_like_text"] = _bench_scale_corpus_job
+
+
+def test_bench_scale_corpus_is_seeded_web_like_text(request, tmp_path):
     for source in (*bench.ENGLISH_SOURCES, bench.SEEDS):  # what the corpus is built from
         _bpe_need(source)
-    small = bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a")
-    assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=tmp_path / "b").read_bytes()
-    assert small.read_bytes() != bench.scale_corpus(0.2, seed=1, cache=tmp_path / "a").read_bytes()
-    assert bench.scale_corpus(0.2, seed=0, cache=tmp_path / "a") == small  # cached: the same file
-    big = bench.scale_corpus(1, seed=0, cache=tmp_path / "a")
+    folder, [made] = _early(request.node.name, tmp_path)  # built in a job started early: found here, in its caches
+    assert made.returncode == 0, made.stderr
+    small = bench.scale_corpus(0.2, seed=0, cache=folder / "a")
+    assert small.read_bytes() == bench.scale_corpus(0.2, seed=0, cache=folder / "b").read_bytes()
+    assert small.read_bytes() != bench.scale_corpus(0.2, seed=1, cache=folder / "a").read_bytes()
+    assert bench.scale_corpus(0.2, seed=0, cache=folder / "a") == small  # cached: the same file
+    big = bench.scale_corpus(1, seed=0, cache=folder / "a")
     data = big.read_bytes()
     assert 999_000 < len(data) <= 1_000_000 and len(small.read_bytes()) <= 200_000
     text = data.decode("utf-8")  # valid UTF-8, or this raises
