@@ -305,12 +305,12 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
         return False
 
 
-# Jobs started early. CI has two cores and the suite keeps about one busy (its CPU time is 1.1x its wall time), so a
-# test whose work is a command of its own, which reads nothing the tests before it write and gives the same result
-# under load, declares that command in _EARLY. As the session starts, one runner process runs the selected tests'
-# jobs one after another on what the tests leave idle, beside the tests before them; each test then reads its jobs'
-# results. A job the runner has not begun when its test asks is run by the test itself (a claim file: never twice),
-# so that `pytest -k TEST` runs as it always did.
+# Jobs started early. CI has two cores and the tests alone kept about one busy (their CPU time was 1.1x their wall
+# time), so a test whose work is a command of its own, which reads nothing the tests before it write and gives the
+# same result under load, declares that command in _EARLY. As the session starts, one runner process runs the
+# selected tests' jobs one after another on what the tests leave idle, beside the tests before them; each test then
+# reads its jobs' results. A job the runner has not begun when its test asks is run by the test itself (a claim file:
+# never twice), so that `pytest -k TEST` runs as it always did.
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
 idle, *jobs = sys.argv[1:]
