@@ -12076,8 +12076,11 @@ def test_kernels_cuda_kernel_matches_reference():
 # bench.py (the peers are optional: each table runs without them, saying how to install them)
 # ============================================================================
 
+_BENCH_PEERS = ("tiktoken", "tokenizers", "rustbpe", "transformers")  # bench.py's comparisons, imported lazily
+
+
 def _bench_no_peers(monkeypatch):
-    for module in ("tiktoken", "tokenizers", "rustbpe", "transformers"):
+    for module in _BENCH_PEERS:
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
 
 
@@ -12282,10 +12285,14 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
     return str(path)
 
 
+# the report's pytest on _bench_test_file needs none of the installed plugins (hypothesis, xdist, benchmark), whose
+# loading took most of each run's seconds
+_BENCH_NO_PLUGINS = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def _bench_pytest_without_plugins(monkeypatch):
-    # the report's pytest on _bench_test_file needs none of the installed plugins (hypothesis, xdist, benchmark), whose
-    # loading took most of each run's seconds
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for name, value in _BENCH_NO_PLUGINS.items():
+        monkeypatch.setenv(name, value)
 
 
 _LEVER_ROW = (r"[\d.]+ ms/step, [\d,]+ tokens/s, kernels [\d.]+ ms/step, step's peak [\d,]+ MiB, "
@@ -12296,15 +12303,15 @@ _LEVER_ROW_VS_DEFAULTS = _LEVER_ROW + (r"; [\d.]+x the defaults' speed \(their [
 
 def _bench_gpu_rehearsal_job(folder):
     # every section end to end at tiny sizes, the peers absent; cut short: one accounting shape, one test for pytest to
-    # run (its plugins not loaded: _bench_pytest_without_plugins), one untimed round before the timed ones, not four
+    # run (its plugins not loaded: _BENCH_NO_PLUGINS), one untimed round before the timed ones, not four
     code = ("import sys\n"
-            "sys.modules.update(dict.fromkeys(['tiktoken', 'tokenizers', 'rustbpe', 'transformers']))  # not installed\n"
+            f"sys.modules.update(dict.fromkeys({list(_BENCH_PEERS)!r}))  # import raises ImportError\n"
             "import accounting, bench, config\n"
             "accounting.VERIFY_CONFIGS = {'TinyStories': accounting.VERIFY_CONFIGS['TinyStories']}\n"
             "accounting.ACTIVATION_SHAPES = accounting.ACTIVATION_SHAPES[:1]\n"
             "bench.TESTS, config.UNTIMED_STEPS = sys.argv[1], 2\n"
             "sys.exit(bench.main(['gpu', '--cpu', '--steps', '1']))")
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**os.environ, **_BENCH_NO_PLUGINS}
     return [dict(argv=[sys.executable, "-c", code, _bench_test_file(folder / "test_one.py")], cwd=_BPE_REPO, env=env,
                  timeout=900)]
 
