@@ -1174,7 +1174,7 @@ def test_fused_head_levers_compute_the_same_step(lever, monkeypatch):
     # each lever behind its switch computes the defaults' step: the same losses of two steps, the same gradients.
     # On a CPU train.py refuses --cuda-graph, so it is set past the check. The two compiled levers change only the
     # mode build() asks torch.compile for, and inductor's CPU modes are not a GPU's (no graphs here; max-autotune
-    # times C++ matmul templates, not Triton's, a minute of g++): so here build() must ask for the lever's mode, and
+    # times C++ matmul templates, each built by g++, not Triton's): so here build() must ask for the lever's mode, and
     # the step is compiled in the defaults' mode, the step the other compiled tests build (one compile for them all).
     # test_fused_head_levers_equal_the_defaults_cuda checks both modes where they run
     compiled = lever[0] in ("--max-autotune", "--cuda-graph")
