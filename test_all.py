@@ -310,7 +310,9 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
 # same result under load, declares that command in _EARLY. As the session starts, one runner process runs the
 # selected tests' jobs one after another on what the tests leave idle, beside the tests before them; each test then
 # reads its jobs' results. A job the runner has not begun when its test asks is run by the test itself (a claim file:
-# never twice), so that `pytest -k TEST` runs as it always did.
+# never twice), so that `pytest -k TEST` runs as it always did. The tests' order is the runner's: the last job (the
+# rehearsal's) tried ahead of the rest left their tests to run them in pytest's process, which then ended long after
+# the runner, later than the last test's wait for it.
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
 idle, *jobs = sys.argv[1:]
@@ -341,9 +343,6 @@ for job in jobs:
     os.replace(os.path.join(job, "code.tmp"), os.path.join(job, "code"))  # whole, or not there
 """
 _EARLY = {}  # a test's node name -> a function of a new folder: the test's commands, [dict(argv, cwd, env, timeout)]
-# A long job whose test is among the last: in the tests' order the suite's end waited for it. It runs third,
-# after the two that compile the Triton check and numba's loops (which it then finds in the cache).
-_EARLY_SOON = ["test_bench_gpu_report_rehearses_on_the_cpu"]
 _EARLY_MADE = {}  # a test's node name -> (its folder, the folders of its jobs)
 
 
@@ -365,7 +364,6 @@ def _early_runner(request, tmp_path_factory):
     whose workers keep the cores busy already (and each would run every job)."""
     names = list(dict.fromkeys(n for item in request.session.items for n in (item.name, item.originalname)
                                if n in _EARLY))
-    names = names[:2] + [n for n in names[2:] if n in _EARLY_SOON] + [n for n in names[2:] if n not in _EARLY_SOON]
     if os.environ.get("PYTEST_XDIST_WORKER") or not names:
         yield
         return
