@@ -310,9 +310,9 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
 # same result under load, declares that command in _EARLY. As the session starts, one runner process runs the
 # selected tests' jobs one after another on what the tests leave idle, beside the tests before them; each test then
 # reads its jobs' results. A job the runner has not begun when its test asks is run by the test itself (a claim file:
-# never twice), so that `pytest -k TEST` runs as it always did. The tests' order is the runner's: the last job (the
-# rehearsal's) tried ahead of the rest left their tests to run them in pytest's process, which then ended long after
-# the runner, later than the last test's wait for it.
+# never twice), so that `pytest -k TEST` runs as it always did. The runner keeps the tests' order: with the last job
+# (the rehearsal's) moved ahead, the tests whose jobs it delayed ran them in pytest's own process, which then ended
+# long after the runner, later than the last test's wait for that job at the end.
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
 idle, *jobs = sys.argv[1:]
