@@ -310,9 +310,8 @@ def _alive(pid):  # is process pid running (neither gone nor a zombie waiting to
 # same result under load, declares that command in _EARLY. As the session starts, one runner process runs the
 # selected tests' jobs one after another on what the tests leave idle, beside the tests before them; each test then
 # reads its jobs' results. A job the runner has not begun when its test asks is run by the test itself (a claim file:
-# never twice), so that `pytest -k TEST` runs as it always did. The runner keeps the tests' order: with the last job
-# (the rehearsal's) moved ahead, the tests whose jobs it delayed ran them in pytest's own process, which then ended
-# long after the runner, later than the last test's wait for that job at the end.
+# never twice), so that `pytest -k TEST` runs as it always did. The runner keeps the tests' order: a long job moved
+# ahead left the tests it delayed to run their own jobs in pytest's process, which then ended long after the runner.
 _EARLY_RUNNER = r"""
 import json, os, subprocess, sys
 idle, *jobs = sys.argv[1:]
@@ -12293,14 +12292,9 @@ def _bench_test_file(path, body="def test_cuda_passes():\n    pass\n"):
     return str(path)
 
 
-# the report's pytest on _bench_test_file needs none of the installed plugins (hypothesis, xdist, benchmark), whose
-# loading took most of each run's seconds
-_BENCH_NO_PLUGINS = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-
-
-def _bench_pytest_without_plugins(monkeypatch):
-    for name, value in _BENCH_NO_PLUGINS.items():
-        monkeypatch.setenv(name, value)
+# set to "1": the report's pytest on _bench_test_file needs none of the installed plugins (hypothesis, xdist,
+# benchmark), whose loading took most of each run's seconds
+_BENCH_NO_PLUGINS = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 
 _LEVER_ROW = (r"[\d.]+ ms/step, [\d,]+ tokens/s, kernels [\d.]+ ms/step, step's peak [\d,]+ MiB, "
@@ -12319,7 +12313,7 @@ def _bench_gpu_rehearsal_job(folder):
             "accounting.ACTIVATION_SHAPES = accounting.ACTIVATION_SHAPES[:1]\n"
             "bench.TESTS, config.UNTIMED_STEPS = sys.argv[1], 2\n"
             "sys.exit(bench.main(['gpu', '--cpu', '--steps', '1']))")
-    env = {**os.environ, **_BENCH_NO_PLUGINS}
+    env = {**os.environ, _BENCH_NO_PLUGINS: "1"}
     return [dict(argv=[sys.executable, "-c", code, _bench_test_file(folder / "test_one.py")], cwd=_BPE_REPO, env=env,
                  timeout=900)]
 
@@ -12673,7 +12667,7 @@ def test_bench_gpu_report_prints_each_test_as_it_comes(tmp_path, capsys, monkeyp
             "@pytest.mark.skipif(True, reason='needs a CUDA GPU')\ndef test_cuda_skips():\n    pass\n"
             "def test_other():\n    assert False\n")
     monkeypatch.setattr(bench, "TESTS", _bench_test_file(tmp_path / "test_some.py", body))
-    _bench_pytest_without_plugins(monkeypatch)
+    monkeypatch.setenv(_BENCH_NO_PLUGINS, "1")
     report = bench.GpuReport(types.SimpleNamespace(cpu=True, steps=1, budget=120, tests="cuda"))
     assert report.cuda_tests() == {"tests touching CUDA (pytest -k 'cuda')": "1 passed, 1 failed, 1 skipped"}
     out = capsys.readouterr().out
