@@ -20,6 +20,11 @@ numba's lessons, learned here once and followed everywhere below:
   place and write with arithmetic where a branch would do (`x += flag * (new - x)`).
 - Prefetch. Late merges spend their time waiting for words scattered over memory; asking
   the processor for the next words ahead of need (an LLVM intrinsic) overlaps those waits.
+- Compile time, paid once on each machine, is part of the product. An assignment of one array
+  slice to another (`a[i:j] = b[k:l]`) compiles numba's shape-mismatch error, which formats
+  the shapes as text: seconds of each first compile. Those copies are loops (_copy). And a
+  constant passed to a compiled function (`f(x, 1)`, or a counter that starts at 0) is typed
+  as its literal value, for which numba compiles the callee once more: so it is np.int64(1).
 """
 
 import codecs
@@ -591,6 +596,13 @@ def _plan_chunks(input_path, special_tokens, num_workers, tasks_per_worker):
 COMPILED_COUNT_MIN = 1 << 20   # smaller files are counted by bpe.py: no scanner to compile or load
 
 
+@register_jitable
+def _copy(dst, at, src):
+    """dst[at:at + len(src)] = src, as a loop: the slice assignment would compile its shape check (see the top)."""
+    for k in range(src.shape[0]):
+        dst[at + k] = src[k]
+
+
 @njit(cache=True, inline="always")
 def _hash_bytes(data, i, j):
     """64-bit FNV-1a of data[i:j], mixed so that the low bits (the slot) depend on every byte."""
@@ -658,7 +670,7 @@ def _word_table_put(slots, rec, word_bytes, s, n, src, i, j, h, c):
     """Put src[i:j] (hash h) in the empty slot s as word n, seen c times (the table has room)."""
     a = rec[2 * n]
     slots[s] = ((h >> 33) & 0x7FFFFFFF) << 32 | n
-    word_bytes[a:a + j - i] = src[i:j]
+    _copy(word_bytes, a, src[i:j])
     rec[2 * n + 1], rec[2 * n + 2] = c, a + j - i
 
 
@@ -677,7 +689,7 @@ def _count_while_room(data, i, e, classes, slots, rec, word_bytes, n):
             room = (2 * (n + 1) <= slots.shape[0] and 2 * n + 3 <= rec.shape[0]
                     and rec[2 * n] + j - i <= word_bytes.shape[0])
             if room:
-                _word_table_put(slots, rec, word_bytes, s, n, data, i, j, h, 1)
+                _word_table_put(slots, rec, word_bytes, s, n, data, i, j, h, np.int64(1))
                 n += 1
         i = j if room else i
     return i, n
@@ -873,7 +885,7 @@ def _pair_table_room(tab, n_keys, more):
     for i in range(tab.shape[0]):
         if tab[i, 0] != _EMPTY and tab[i, 1] > 0:
             s = _hash_slot(new, tab[i, 0])
-            new[s] = tab[i]
+            _copy(new[s], 0, tab[i])
     return new, live
 
 
@@ -883,7 +895,7 @@ def _grow(a, need):
     if need <= a.shape[0]:
         return a
     b = np.empty((max(need, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
-    b[:a.shape[0]] = a
+    _copy(b.reshape(-1), 0, a.reshape(-1))
     return b
 
 
@@ -939,7 +951,7 @@ def _start_pairs(words):
                 last[p], n_words[p] = w, n_words[p] + 1
         w += 4 + words[w]
     run = np.zeros(65537, np.int64)            # pair p's run: run[p] to run[p + 1]
-    run[1:] = np.cumsum(n_words)
+    _copy(run, 1, np.cumsum(n_words))
     lists = np.empty((max(1024, 2 * run[65536]), 2), np.int32)
     fill = run[:65536].copy()
     last[:] = -1
@@ -1033,7 +1045,7 @@ def _bigger_changes(rows, used, n_used):
     new_rows, new_used = _pair_table_new(2 * rows.shape[0]), np.empty(rows.shape[0], np.int64)
     for k in range(n_used):
         s = _hash_slot(new_rows, rows[used[k], 0])
-        new_rows[s] = rows[used[k]]
+        _copy(new_rows[s], 0, rows[used[k]])
         new_used[k] = s
     return new_rows, new_used
 
@@ -1117,7 +1129,7 @@ def _apply_changes(rows, used, n_used, t, tab, n_keys, heap, n_heap, tok_bytes, 
         s = _hash_slot(tab, key)
         if key >> 32 == t or key & 0xFFFFFFFF == t:
             if d > 0:
-                tab[s] = rows[used[k]]
+                _copy(tab[s], 0, rows[used[k]])
                 n_keys += 1
                 _heap_push(heap, n_heap, d, key, tok_bytes, start, length)
                 n_heap += 1
@@ -1146,8 +1158,8 @@ def _add_token_bytes(tok_bytes, n_tok_bytes, start, length, a, b, t):
     """Append the bytes of token t = ab to tok_bytes; returns (tok_bytes, n_tok_bytes)."""
     la, lb = length[a], length[b]
     tok_bytes = _grow(tok_bytes, n_tok_bytes + la + lb)
-    tok_bytes[n_tok_bytes:n_tok_bytes + la] = tok_bytes[start[a]:start[a] + la]
-    tok_bytes[n_tok_bytes + la:n_tok_bytes + la + lb] = tok_bytes[start[b]:start[b] + lb]
+    _copy(tok_bytes, n_tok_bytes, tok_bytes[start[a]:start[a] + la])
+    _copy(tok_bytes, n_tok_bytes + la, tok_bytes[start[b]:start[b] + lb])
     start[t], length[t] = n_tok_bytes, la + lb
     return tok_bytes, n_tok_bytes + la + lb
 
@@ -1163,7 +1175,7 @@ def _word_records(ids, word_start, word_count):
         w, n = word_start[k] + 4 * k, word_start[k + 1] - word_start[k]
         words[w], words[w + 1] = n, -1
         words[w + 2], words[w + 3] = word_count[k] & 0x7FFFFFFF, word_count[k] >> 31
-        words[w + 4:w + 4 + n] = ids[word_start[k]:word_start[k + 1]]
+        _copy(words, w + 4, ids[word_start[k]:word_start[k + 1]])
     return words
 
 
@@ -1218,7 +1230,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         # merge walking one streams it in instead of waiting for memory at each entry.
         packed = np.empty((n_entries - first, 2), np.int32)
         _copy_lists(rows, used[:n_used], lists, packed, first)
-        lists[first:n_entries] = packed
+        _copy(lists.reshape(-1), 2 * first, packed.reshape(-1))
         tab, n_keys, heap, n_heap = _apply_changes(rows, used, n_used, t, tab, n_keys, heap,
                                                    n_heap, tok_bytes, start, length)
         s = _hash_slot(tab, key)             # (tab may have been rebuilt)
@@ -1496,8 +1508,8 @@ def _encode_new(data, i, j, pairs, byte_pairs, state, cache_bytes, cache_ids, ou
         state[_N_SLOTS] = state[_FIRST_SLOTS]
     b, c = state[_N_BYTES], state[_N_IDS]
     cache_bytes[b], cache_bytes[b + 1] = n, m                        # m <= n <= _CACHED_WORD: a byte each
-    cache_bytes[b + 2:b + 2 + n] = data[i:j]
-    cache_ids[c:c + m] = out[k:end]
+    _copy(cache_bytes, b + 2, data[i:j])
+    _copy(cache_ids, c, out[k:end])
     _cache_put(state, h, b + 2, n, c, m)
     state[_N_ENTRIES] += 1
     state[_N_BYTES] += 2 + n
@@ -1512,7 +1524,7 @@ def _encode_kernel(data, specials, pairs, byte_pairs, state, cache_bytes, cache_
     out = np.empty(data.shape[0] + specials.shape[0], np.uint32)  # one id per byte at most
     work = np.empty(8 * _CACHED_WORD, np.int64)
     mask = state[_N_SLOTS] - 1
-    k, i = 0, 0
+    k, i = np.int64(0), np.int64(0)
     for r in range(specials.shape[0] + 1):
         end = specials[r, 0] if r < specials.shape[0] else data.shape[0]
         while i < end:
