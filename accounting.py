@@ -26,7 +26,6 @@ import cli  # the standard library only, so it loads first: a Ctrl-C while torch
 if __name__ == "__main__":
     cli.quiet_while_starting("accounting.py")
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import bpe
 import model
@@ -641,9 +640,16 @@ _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_pr
                  "w3": "ffn w3", "w2": "ffn w2", "ffn": "ffn w1 + w3", "lm_head": "lm_head"}
 
 
+def _flop_counter():
+    """torch's FlopCounterMode, silent. Imported here, not at the top: it imports Triton, which every process that
+    imports this file (train.py's) would otherwise load as it starts."""
+    from torch.utils.flop_counter import FlopCounterMode
+    return FlopCounterMode(display=False)
+
+
 def measured_forward_flops(lm, T):
     """FlopCounterMode's matmul FLOPs per component of one sequence's forward on the meta device (shapes, no data)."""
-    with FlopCounterMode(display=False) as counter:
+    with _flop_counter() as counter:
         lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
     parts = dict.fromkeys(_COMPONENT_OF.values(), 0)
     for path, ops in counter.get_flop_counts().items():  # the root, "Global", a block, an ffn:
@@ -708,16 +714,16 @@ def verification_checks():
         yield f"FLOPs   {name}: total", sum(form.values()), total
     B, D, K = 8, 32, 16
     x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((B, D), (D, D), (D, K)))
-    with FlopCounterMode(display=False) as fwd:
+    with _flop_counter() as fwd:
         loss = (x @ w1 @ w2).sum()
-    with FlopCounterMode(display=False) as bwd:
+    with _flop_counter() as bwd:
         loss.backward()
     f, b = two_layer_flops(B, D, K)
     yield "FLOPs   two-layer linear model: forward (2x)", f, fwd.get_total_flops()
     yield "FLOPs   two-layer linear model: backward (4x)", b, bwd.get_total_flops()
     for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # small real models on the CPU
         torch.manual_seed(0)
-        with FlopCounterMode(display=False) as counter:
+        with _flop_counter() as counter:
             saved, _, out = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
             out.sum().backward()
         step = training_step_flops(B * lm_forward_flops(V, T, d, L, d_ff))

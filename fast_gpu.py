@@ -25,14 +25,18 @@ The lessons it embodies:
      where the compiled step replays as CUDA graphs (config.resolve_config), off elsewhere.
 """
 import contextlib
+import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # torch's CPU wheels come without it: model.py and fused_head.py then keep torch's ops
-    triton = tl = None
+# Triton is imported where its kernels can run: by a torch built for GPUs, or for Triton's interpreter on a CPU
+# (TRITON_INTERPRET=1, as the tests check the kernels). A CPU build's processes never launch one and would pay its
+# import at every start. Without it model.py and fused_head.py keep torch's ops.
+triton = tl = None
+if torch.backends.cuda.is_built() or os.environ.get("TRITON_INTERPRET") == "1":
+    with contextlib.suppress(ImportError):  # torch's CPU wheels come without it
+        import triton
+        import triton.language as tl
 
 BLOCK = 1024  # columns of one row per program: a power of two, most of a GPT-2-small row of d_ff 2,048
 

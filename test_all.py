@@ -11344,6 +11344,14 @@ def test_a_printing_script_piped_into_head_ends_quietly(command_runs, script):
     assert p.returncode == -signal.SIGPIPE and p.stderr == ""
 
 
+def test_train_imports_triton_only_where_its_kernels_can_run(command_runs):
+    # On a CPU build of torch no Triton kernel ever launches, yet fast_gpu.py's import of triton and accounting.py's
+    # of FlopCounterMode (which imports it too) were part of every train.py start, and of every test's process.
+    r = command_runs[tuple(_TRAIN_STARTS), None]
+    gpu = torch.backends.cuda.is_built() and importlib.util.find_spec("triton") is not None
+    assert r.returncode == 0 and r.stdout == f"{['triton'] if gpu else []}\n", (r.stdout, r.stderr)
+
+
 _EARLY["test_accounting_verify_checks_pass"] = lambda folder: [dict(argv=[
     sys.executable, "-c", "import accounting, json; print(json.dumps(list(accounting.verification_checks())))"],
     cwd=_BPE_REPO)]
@@ -11838,8 +11846,14 @@ def command_runs(tmp_path_factory):
             for (argv, stdout), r in zip(mine, _forked_results(driver, folder / str(k), mine))}
 
 
+# what train.py's start loads that it need not: Triton (only where its kernels can run) and FlopCounterMode (which
+# imports Triton; accounting.py's checks alone use it)
+_TRAIN_STARTS = ["-c", "import sys, train; print(sorted({'triton', 'torch.utils.flop_counter'} & set(sys.modules)))"]
+
+
 def _command_runs_drivers():  # [(what a driver imports, its runs)]
     runs = [*((argv, "closed pipe") for argv in _PIPED_INTO_HEAD), *((argv, None) for argv, _ in _FLAG_MISTAKES),
+            (_TRAIN_STARTS, None),
             *(([script, "--help"], "/dev/full") for script in _HELP_SCRIPTS if os.path.exists("/dev/full"))]
     imports = {"bpe.py": ("numba", "regex"), "bench.py": ("torch", "torch._dynamo", "numba", "regex")}
     preloads = dict.fromkeys(imports.get(argv[0], ("torch", "numba", "regex")) for argv, _ in runs)  # in order
