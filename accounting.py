@@ -803,4 +803,4 @@ def main(argv=None):
 if __name__ == "__main__":
     cli.end_quietly_on_closed_pipe()
     cli.catch_ctrl_c()  # a stop from here on: KeyboardInterrupt, then one line (exit_code)
-    raise SystemExit(cli.exit_code("accounting.py", main, "nothing was written."))
+    cli.exit_quietly(cli.exit_code("accounting.py", main, "nothing was written."))

@@ -1803,4 +1803,4 @@ def main(argv=None):
 if __name__ == "__main__":
     end_quietly_on_closed_pipe()
     cli.catch_ctrl_c()  # a stop from here on: KeyboardInterrupt, then one line (exit_code)
-    sys.exit(exit_code("bench.py", main, "only whole files were left."))
+    cli.exit_quietly(exit_code("bench.py", main, "only whole files were left."))
