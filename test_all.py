@@ -5023,12 +5023,22 @@ def test_cli_a_stop_while_python_shuts_down_after_success_is_ignored(signum):
     # a sixth tester's: a Ctrl-C or SIGTERM in the second after a run's last line (atexit's clean-up) printed
     # "Exception ignored in atexit callback" and a traceback, or ended a finished run with 143 and no sentence.
     # Here the clean-up sends the signal itself, as a command line's handlers stand (catch_ctrl_c)
+    # (what the clean-up prints is there: exit_quietly runs it, then flushes stdout, before it ends the process)
     code = ("import atexit, os, signal, time, bpe, cli\n"
             "cli.catch_ctrl_c()\n"
-            f"atexit.register(lambda: (os.kill(os.getpid(), {int(signum)}), time.sleep(0.2)))\n"
+            f"atexit.register(lambda: (os.kill(os.getpid(), {int(signum)}), time.sleep(0.2), print('cleaned up')))\n"
             "cli.exit_quietly(cli.exit_code('x.py', lambda: 0, 'nothing was written.'))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stderr) == (0, ""), (r.returncode, r.stderr)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "cleaned up\n", ""), (r.returncode, r.stderr)
+
+
+def test_cli_exit_quietly_waits_for_a_thread_that_is_not_a_daemon():
+    # exit_quietly skips Python's tear-down, but not a thread's work that Python's end would wait for
+    code = ("import threading, time, cli\n"
+            "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done', flush=True))).start()\n"
+            "cli.exit_quietly(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "thread done\n", "")
 
 
 @pytest.mark.skipif(not os.environ.get("CS336_SLOW_TESTS"), reason="a cold numba compile of 30-45 s: set "
