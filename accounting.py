@@ -640,16 +640,10 @@ _COMPONENT_OF = {"q_proj": "attn q,k,v proj", "k_proj": "attn q,k,v proj", "v_pr
                  "w3": "ffn w3", "w2": "ffn w2", "ffn": "ffn w1 + w3", "lm_head": "lm_head"}
 
 
-def _flop_counter():
-    """torch's FlopCounterMode, silent. Imported here, not at the top: it imports Triton, which every process that
-    imports this file (train.py's) would otherwise load as it starts."""
-    from torch.utils.flop_counter import FlopCounterMode
-    return FlopCounterMode(display=False)
-
-
 def measured_forward_flops(lm, T):
     """FlopCounterMode's matmul FLOPs per component of one sequence's forward on the meta device (shapes, no data)."""
-    with _flop_counter() as counter:
+    from torch.utils.flop_counter import FlopCounterMode  # here: it imports Triton, which train.py's start never needs
+    with FlopCounterMode(display=False) as counter:
         lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
     parts = dict.fromkeys(_COMPONENT_OF.values(), 0)
     for path, ops in counter.get_flop_counts().items():  # the root, "Global", a block, an ffn:
@@ -694,6 +688,7 @@ CUDA_BLOCK_ROUNDING = 512  # bytes: PyTorch's CUDA caching allocator rounds ever
 
 def verification_checks():
     """Yield (what, formula, measured) triples."""
+    from torch.utils.flop_counter import FlopCounterMode  # (as in measured_forward_flops)
     for name, (cfg, abl) in VERIFY_CONFIGS.items():
         lm, form = model.TransformerLM(**cfg, device="meta", **abl), lm_param_counts(**cfg, **abl)
         meas = dict.fromkeys(form, 0)  # parameters by state-dict name (a tied tensor counts once)
@@ -714,16 +709,16 @@ def verification_checks():
         yield f"FLOPs   {name}: total", sum(form.values()), total
     B, D, K = 8, 32, 16
     x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((B, D), (D, D), (D, K)))
-    with _flop_counter() as fwd:
+    with FlopCounterMode(display=False) as fwd:
         loss = (x @ w1 @ w2).sum()
-    with _flop_counter() as bwd:
+    with FlopCounterMode(display=False) as bwd:
         loss.backward()
     f, b = two_layer_flops(B, D, K)
     yield "FLOPs   two-layer linear model: forward (2x)", f, fwd.get_total_flops()
     yield "FLOPs   two-layer linear model: backward (4x)", b, bwd.get_total_flops()
     for B, T, d, h, d_ff, L, V in ACTIVATION_SHAPES:  # small real models on the CPU
         torch.manual_seed(0)
-        with _flop_counter() as counter:
+        with FlopCounterMode(display=False) as counter:
             saved, _, out = measured_saved_bytes(model.TransformerLM(V, T, d, L, h, d_ff), torch.randint(0, V, (B, T)))
             out.sum().backward()
         step = training_step_flops(B * lm_forward_flops(V, T, d, L, d_ff))
@@ -779,9 +774,8 @@ def run_verify():  # returns the number of mismatches
 
 
 # ---------------------------------------------------------------------------------------------
-# 14. Command line
+# 14. Command line (SECTIONS: every section_* function above, by its name without the prefix, in reading order)
 
-# every section_* function above, by its name without the prefix, in reading order
 SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().items()) if name.startswith("section_")}
 
 
