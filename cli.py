@@ -60,8 +60,9 @@ def exit_quietly(code):
     printed a traceback ("Exception ignored in atexit callback") or changed the exit code of a command that had ended
     well. The clean-up registered with atexit runs and stdout and stderr are flushed, as Python's own end does; the
     rest of that end, freeing every object of every module one by one, is skipped: nothing is left to write by then,
-    and for torch's modules it took a second of CPU after each command. Where Python still has work to do (a thread
-    that is not a daemon, a stream that cannot be flushed, a code that is not a number) it ends as it always did."""
+    and for torch's many modules it is a long wait after each command (docs/results.md). Where Python still has work
+    to do (a thread that is not a daemon, a stream that cannot be flushed, a code that is not a number) it ends as it
+    always did."""
     on_stops(signal.SIG_IGN)
     if not isinstance(code, int) or any(t.is_alive() and not t.daemon for t in threading.enumerate()
                                         if t is not threading.main_thread()):

@@ -110,8 +110,8 @@ def _torch_global_state():
     compiler option (its value, and that it is still there: a ConfigModule hides an option that is deleted, as
     pytest 9.2's monkeypatch.undo does, and every later compile then fails) and the numeric modes; and the
     environment (a NUMBA_CACHE_DIR left set made every later command compile numba's loops again: 2 minutes).
-    A deleted option is read from its entry (hide), not by getattr, whose checks cost 5 ms here before and after each
-    of the suite's tests."""
+    A deleted option is read from its entry (hide), not by getattr, whose checks on every option made this guard,
+    run before and after each test, the slowest part of the small tests."""
     options = {f"{m.__name__}.{k}": (v, getattr(m._config.get(k), "hide", False))
                for m in (torch._dynamo.config, torch._functorch.config, torch._inductor.config)
                for k, v in m.get_config_copy().items()}
