@@ -188,6 +188,25 @@ def has_text(text, start, end):  # do bytes [start, end) of text hold anything b
     return any(piece.count(SEP) * len(SEP) < len(piece) for piece in pieces)
 
 
+SEP_RUNS = re.compile(b"(?:%s)*" % re.escape(SEP)), re.compile(b"(?:%s)*" % re.escape(SEP[::-1]))
+
+
+def text_span(text):
+    """(start, end): text's bytes less the runs of separators that open and close it, which hold no text (a corpus
+    that ends with thousands of them left its last 10%, the validation part, nothing to learn from). Read in pieces
+    of whole separators; the closing run is matched on the reversed bytes."""
+    step, start, end = len(SEP) * max(1, READ // len(SEP)), 0, len(text)
+    while start < end and (run := SEP_RUNS[0].match(piece := text[start:min(start + step, end)]).end()):
+        start += run
+        if run < len(piece):
+            break
+    while end > start and (run := SEP_RUNS[1].match(piece := text[max(start, end - step):end][::-1]).end()):
+        end -= run
+        if run < len(piece):
+            break
+    return start, end
+
+
 class FileText:
     """A file's bytes as local_corpus reads them, like a read-only memory map (len, slices, find, rfind, count) but
     through plain reads of a piece at a time (read_exactly): a file cut short meanwhile (rewritten in place) is one
@@ -262,16 +281,18 @@ def local_corpus(path, out_dir):
                                  f"{shlex.quote(str(path))}) and pass the text file it holds.")
             raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {bad}); re-save it as UTF-8, or "
                              "pass token ids as a .npy file.")
-        if not has_text(text, 0, size):  # checked before writing: a split with nothing to learn would stay cached
+        start, end = text_span(text)  # the shares below are of the text between them
+        if start == end:  # checked before writing: a split with nothing to learn would stay cached
             raise UsageError(f"--data {path} holds only {EOT} separators and no text; pass a file with text.")
-        mark, gap, cut = int(size * (1 - VALID_FRACTION)), 0, -1  # gap: the separator between the parts, in neither
+        length = end - start
+        mark, gap, cut = start + int(length * (1 - VALID_FRACTION)), 0, -1  # gap: the separator between the parts
         if text.count(SEP, 9) == 9:  # 10 documents or more
             cut, gap = text.rfind(SEP, 0, mark + len(SEP)), len(SEP)  # the last separator starting by the mark
-            cut = cut if cut >= 0 else text.find(SEP)  # none: the first document trains
+            cut = cut if cut >= 0 else text.find(SEP, start)  # none: the first document trains
         # fewer documents, or a long one at the end (validation: 96% of a book) or across the mark (0.3%: a few notes)
-        if not VALID_FRACTION / 2 <= (size - cut) / size <= 2 * VALID_FRACTION:
+        if not VALID_FRACTION / 2 <= (end - cut) / length <= 2 * VALID_FRACTION:
             cut, gap = text.rfind(b"\n", 0, mark) + 1, 0
-        if size - cut > 2 * VALID_FRACTION * size:  # no line break near the mark: at the first byte of its character
+        if end - cut > 2 * VALID_FRACTION * length:  # no line break near the mark: at the first byte of its character
             cut = mark
             while cut > 0 and text[cut] & 0xC0 == 0x80:  # 10xxxxxx continues a character
                 cut -= 1

@@ -5787,6 +5787,18 @@ def test_data_split_of_a_long_last_document_is_still_about_90_10(tmp_path):
         assert tr + va == text and 0.09 < len(va) / len(text) < 0.11 and (tr.endswith("\n") or "\n" not in book)
 
 
+def test_data_split_leaves_out_the_separators_that_open_and_close_a_text(tmp_path):
+    # a corpus ending with 3,000 separators was refused as "too little text to split" (its last 10% held no text);
+    # the shares are now of the text between such runs, which stay in the files (nothing lost)
+    docs = [f"document {i} " * 20 for i in range(50)]
+    for head, tail in ((0, 3000), (3000, 0), (3000, 3000)):
+        text = "<|endoftext|>" * head + "<|endoftext|>".join(docs) + "<|endoftext|>" * tail
+        (tmp_path / "t.txt").write_text(text)
+        tr, va = (p.read_text() for p in data.local_corpus(tmp_path / "t.txt", tmp_path / f"c{head}-{tail}"))
+        assert tr + "<|endoftext|>" + va == text and va.split("<|endoftext|>")[0] in docs
+        assert 0.05 < len(va.replace("<|endoftext|>", "")) / len("".join(docs)) < 0.2
+
+
 def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
     (tmp_path / "u16.txt").write_bytes("hello world\n".encode("utf-16"))  # a BOM, then UTF-16
     (tmp_path / "rand.bin").write_bytes(b"ok text " + random.Random(0).randbytes(4000))
