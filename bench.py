@@ -321,11 +321,15 @@ def _chunk(rng, sample, sample_cyr, runs, n):
     return "".join(out.tolist())
 
 
+def corpus_path(megabytes, seed=0, cache=CACHE):  # where scale_corpus keeps a corpus
+    return Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
+
+
 def scale_corpus(megabytes, seed=0, cache=CACHE):
     """A web-like UTF-8 corpus of `megabytes` MB (10^6 bytes, cut after a space or newline; documents end with
     <|endoftext|>), built once per (size, seed), the same bytes for the same seed, and kept in `cache`:
     scale_corpus(50) -> ~/.cache/cs336-bench/web-v1-50MB-seed0.txt"""
-    path = Path(cache) / f"web-v{CORPUS_VERSION}-{megabytes:g}MB-seed{seed}.txt"
+    path = corpus_path(megabytes, seed, cache)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1750,6 +1754,18 @@ READ_BY = {"input": ("train", "cold", "encode"), "sizes": ("train",), "vocab_siz
            "encode_mb": ("encode",), "repeats": ("train", "encode", "generate", "head"), "new_tokens": ("generate",), "rows": ("head",)}
 
 
+def check_room(args):
+    """Refuse scale corpora that do not fit the disk before a byte is written: a full disk stops every program that
+    writes to it, not this one alone."""
+    flags = {"--sizes": args.sizes if args.what in ("train", "all") and not args.input else [],
+             "--encode-mb": [args.encode_mb] if args.what in ("encode", "all") else []}
+    new = {mb for mbs in flags.values() for mb in mbs if not corpus_path(mb).is_file()}
+    free = shutil.disk_usage(next(p for p in (CACHE, *CACHE.parents) if p.exists())).free
+    if sum(new) * 1e6 > free:
+        raise UsageError(f"{'/'.join(f for f, mbs in flags.items() if mbs)}: the scale corpora to build need "
+                         f"{sum(new):,.0f} MB in {CACHE}, and its disk has {free / 1e6:,.0f} MB free; ask for less.")
+
+
 def reads(flag, text):  # a flag's --help: the tables that read it (READ_BY), then what it is
     return f"{', '.join(READ_BY[flag])}: {text}"
 
@@ -1792,6 +1808,11 @@ def main(argv=None):
         if getattr(args, flag) < least:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is below {least}"
                              + (f": the 256 byte values and {EOT} come first" if least > 1 else ""))
+    if args.new_tokens > (room := accounting.TINYSTORIES["context_length"]):  # then each token re-runs the window
+        raise UsageError(f"--new-tokens {args.new_tokens} is past the {room} tokens the TinyStories shape's context "
+                         "holds after the prompt, where the table times generation from the cache; ask for at most "
+                         f"{room}.")
+    check_room(args)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{usable_cores()} CPUs, Python {sys.version.split()[0]}", flush=True)
     for what in tables if args.what == "all" else [args.what]:

@@ -12252,6 +12252,20 @@ def test_bench_megabyte_flags_are_checked(capsys):
         assert f"{flag}: wants positive megabytes" in capsys.readouterr().err
 
 
+def test_bench_refuses_corpora_past_the_free_disk_and_tokens_past_the_context(tmp_path, monkeypatch, capsys):
+    # --sizes 10000000 began writing a 10 TB corpus (a full disk, for every program on it); --new-tokens past the
+    # context timed the window's re-runs under a row that says the cache
+    monkeypatch.setattr(bench, "CACHE", tmp_path / "cache")
+    free = shutil.disk_usage(tmp_path).free / 1e6
+    for argv, needle in [(["train", "--sizes", f"1,{free * 2:.0f}"], "--sizes: the scale corpora to build need"),
+                         (["encode", "--encode-mb", f"{free * 2:.0f}"], "--encode-mb: the scale corpora to build"),
+                         (["generate", "--new-tokens", "257"], "--new-tokens 257 is past the 256 tokens")]:
+        assert _cli("bench", argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"bench.py: error: {needle}") and err.count("\n") == 1
+    assert not (tmp_path / "cache").exists()
+
+
 def test_bench_vocab_below_the_bytes_is_one_sentence(capsys):
     assert _cli("bench", ["train", "--vocab-size", "10"]) == 2
     err = capsys.readouterr().err
