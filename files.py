@@ -12,9 +12,12 @@ import contextlib
 import errno
 import hashlib
 import io
+import itertools
 import json
 import os
+import re
 import stat
+import struct
 from pathlib import Path
 
 from cli import DataError, UsageError, os_error_in, say, short_repr
@@ -97,6 +100,33 @@ def read_into(f, at, buf, path):
 
 def read_exactly(f, at, n, path):  # n bytes from byte at, as read_into reads them
     return read_into(f, at, bytearray(n), path)
+
+
+def zip_end(f, start, piece=1 << 20):
+    """Where the zip file that begins at byte `start` of the binary file object f ends, or None: after its first end
+    record (PK 5 6) whose central directory (a zip64 one's, as torch.save writes it) ends where that directory's own
+    end record begins. zipfile reads the last zip in f instead: another checkpoint's, where two were saved in turn.
+    The directory's offsets are from the zip's first byte, so a match by chance in a tensor's bytes is all but nil."""
+    def read_at(at, n):
+        f.seek(start + at)
+        return f.read(n)
+
+    for at in itertools.count(0, piece):
+        if len(chunk := read_at(at, piece + 21)) < 22:
+            return None
+        for found in re.finditer(rb"PK\x05\x06", chunk[:piece + 3]):
+            end, record = at + found.start(), chunk[found.start():found.start() + 22]  # the end record, in the zip
+            if len(record) < 22:  # cut short
+                continue
+            size, offset, comment = struct.unpack("<2LH", record[12:])
+            end_of_dir = end
+            if end >= 20 and read_at(end - 20, 4) == b"PK\x06\x07":  # zip64's locator, naming zip64's end record
+                end_of_dir = struct.unpack("<Q", read_at(end - 12, 8))[0]
+                zip64 = read_at(end_of_dir, 56)
+                size, offset = struct.unpack("<2Q", zip64[40:]) if len(zip64) == 56 and zip64[:4] == b"PK\x06\x06" \
+                    else (-1, 0)
+            if offset + size == end_of_dir:
+                return start + end + 22 + comment
 
 
 def load_json(text, where, key="key"):

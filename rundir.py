@@ -28,7 +28,7 @@ from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, lo
                  reader_may_leave, short_repr)
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
                    lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
-                   writable, write_json)
+                   writable, write_json, zip_end)
 from machine import rank0_verdict
 
 
@@ -243,10 +243,15 @@ def read_checkpoint(src):
         start = None if name == src else src.tell()
     except OSError as e:  # a pipe
         raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
-    if start:  # after bytes of the user's own: torch 2.5 reads a zip only from a file's first byte, so read a copy
-        if not (rest := src.read()):  # a buffer save_checkpoint just wrote, not rewound
-            raise ValueError(f"{name} is read from where its file object stands, its end (byte {start}): seek(0) first")
-        src = io.BytesIO(rest)
+    if start is not None:  # it ends where its zip does (zipfile would check the last of two saved in turn)
+        f, end = src, zip_end(src, start)
+        size = src.seek(0, io.SEEK_END)
+        if start or end not in (None, size):  # torch 2.5 reads a zip only from a file's first byte: read a copy
+            f.seek(start)
+            if not (data := f.read(end - start if end else -1)):  # a buffer save_checkpoint just wrote, not rewound
+                raise ValueError(f"{name} is read from where its file object stands, its end (byte {start}): "
+                                 "seek(0) first")
+            src = io.BytesIO(data)
     if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
@@ -268,6 +273,8 @@ def read_checkpoint(src):
         raise ValueError(f"{name} cannot be loaded ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} holds a {type(state).__name__}, not a checkpoint's dict")
+    if start is not None and end:
+        f.seek(end)  # past it, as pickle.load leaves a file: where the next checkpoint saved after it starts
     return state
 
 

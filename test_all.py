@@ -10135,15 +10135,39 @@ def test_train_checkpoint_in_a_file_object_loads_from_where_it_stands(tmp_path):
     with pytest.raises(ValueError, match=r"^the checkpoint is read from where its file object stands, its end \(byte "
                                          r"\d+\): seek\(0\) first$"):
         train.load_checkpoint(buf, m2)
-    buf.seek(0)  # loaded twice: the first load leaves it mid-file, and it said "(negative seek value -841)" alone
-    assert train.load_checkpoint(buf, m2) == 9 and 0 < buf.tell() < len(buf.getvalue())
-    with pytest.raises(ValueError, match=r"^the checkpoint is not a torch.save zip file from byte \d+, where its file "
+    buf.seek(0)  # loaded twice: it said "(negative seek value -841)" alone, then "not a torch.save zip file from byte
+    # 841", the first load leaving it mid-file; now after the checkpoint, as pickle.load leaves a file
+    assert train.load_checkpoint(buf, m2) == 9 and buf.tell() == len(buf.getvalue())
+    buf.seek(3)
+    with pytest.raises(ValueError, match=r"^the checkpoint is not a torch.save zip file from byte 3, where its file "
                                          r"object stands; seek\(0\) first if it starts at 0 \("):
         train.load_checkpoint(buf, m2)
     with open(tmp_path / "t.pt", "w") as f, pytest.raises(ValueError, match="open in text mode: open it with 'wb'$"):
         train.save_checkpoint(m, opt, 9, f)
     with open(tmp_path / "c.bin") as f, pytest.raises(ValueError, match="open in text mode: open it with 'rb'$"):
         train.load_checkpoint(f, m2)
+
+
+def test_train_checkpoints_saved_in_turn_into_one_file_load_in_turn(tmp_path):
+    # two save_checkpoint calls into one file, then two loads: the first load left the file mid-checkpoint (the second
+    # "cannot be loaded (UnpicklingError)"), and zipfile checked the CRC-32s of the last zip in it, not the first
+    m, opt = _train_model_opt()
+    ends = []
+    with open(tmp_path / "c.bin", "wb") as f:
+        for it in (3, 4):
+            _train_one_step(m, opt, 1)
+            train.save_checkpoint(m, opt, it, f)
+            ends.append(f.tell())
+    m2, opt2 = _train_model_opt()
+    with open(tmp_path / "c.bin", "rb") as f:
+        assert [train.load_checkpoint(f, m2, opt2) for _ in range(2)] == [3, 4] and f.tell() == ends[1]
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    raw = bytearray((tmp_path / "c.bin").read_bytes())
+    weights = raw.index(b"data/0") + 200  # inside the first checkpoint's first tensor
+    raw[weights] ^= 0xFF
+    with pytest.raises(ValueError, match=r"^the checkpoint is damaged: its record \S+ fails its CRC-32 check$"):
+        train.load_checkpoint(io.BytesIO(bytes(raw)), m2)
+    assert files.zip_end(io.BytesIO(bytes(raw)), 0) == ends[0] and files.zip_end(io.BytesIO(b"PK\5\6" * 9), 0) is None
 
 
 def test_train_a_tokenizer_that_does_not_fit_the_models_vocabulary_is_one_sentence(tmp_path, capsys):
