@@ -1273,11 +1273,17 @@ INTERPRET_MAX_MERGES = 1_000
 INTERPRET_MAX_WORD = 1_000     # bytes: each merge may walk the longest word, at Python's speed
 
 
-def compiled_merge_pays(positions, merges, longest):
-    """Run the merge loop compiled: it is loaded, or the job is too big for Python (never under
-    NUMBA_DISABLE_JIT=1: see JIT)."""
-    small = positions <= INTERPRET_MAX_POSITIONS and merges <= INTERPRET_MAX_MERGES and longest <= INTERPRET_MAX_WORD
-    return JIT and (merge_loop_loaded() or not small)
+def interpreted_merges(positions, merges, longest):
+    """How many of a job's merges bpe.py's loop learns as plain Python first (if pairs are left after them, the
+    compiled loop learns all from the start): every one without numba's JIT (see JIT); on a small job up to
+    INTERPRET_MAX_MERGES, so that a small text that runs out of pairs by then, whatever its vocabulary's size, never
+    waits for the compile; none once the compiled loop is loaded, or where the job is too big for Python."""
+    small = positions <= INTERPRET_MAX_POSITIONS and longest <= INTERPRET_MAX_WORD
+    return merges if not JIT else 0 if merge_loop_loaded() or not small else min(merges, INTERPRET_MAX_MERGES)
+
+
+def compiled_merge_pays(positions, merges, longest):  # will the compiled loop learn any of these merges?
+    return interpreted_merges(positions, merges, longest) < merges
 
 
 def load_merge_loop():

@@ -515,13 +515,15 @@ def read_tokenizer(directory, text=False):
 
 
 def ids_tokenizer(source, tokenizer=None):
-    """The tokenizer that decodes --data PATH.npy's ids, and its files: --tokenizer DIR's (bpe.py train's --out),
-    else the one beside the ids, else (None, None). UsageError if it does not load, or DIR holds none."""
+    """The tokenizer that decodes --data PATH.npy's ids (or encodes a text --data), and its files: --tokenizer DIR's
+    (bpe.py train's --out), else the one beside the ids, else (None, None). UsageError if it does not load, or DIR
+    holds none."""
     where = f"in --tokenizer {tokenizer}" if tokenizer else f"beside --data {source}"
+    role = "decodes the samples" if is_ids(source) else "encodes the text and decodes the samples"
     try:
         tok, files = read_tokenizer(tokenizer or Path(source).parent)
     except (ValueError, OSError) as e:
-        raise UsageError(f"the tokenizer {where} (which decodes the samples) does not load: {e}; fix "
+        raise UsageError(f"the tokenizer {where} (which {role}) does not load: {e}; fix "
                          + ("its files, or pass another --tokenizer." if tokenizer else
                             "or remove its vocab.json and merges.txt.")) from None
     if tokenizer and tok is None:
@@ -676,17 +678,20 @@ def fingerprint(train, valid, tok_files, data_dir):
 # ----------------------------------------------------------------------------
 # 4. Do the ids fit the model? And the baseline to beat
 
-def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None, bpe_here=False):
+def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=None, bpe_here=None):
     """Raises UsageError unless the ids (1-D integers: open_ids) are below the vocab size and longer than a
     window; returns the largest id (the tokenizer that decodes samples must know it). made_by: for the token
     files of text (prepare_data's cache), the size of the tokenizer that made them: an id outside it is damage;
-    init_from: the run whose model (of vocab_size tokens) reads the ids; bpe_here: a BPE trained on the text made
-    them (a text of few, long words becomes few ids: a smaller --vocab-size makes more)."""
+    init_from: the run whose model (of vocab_size tokens) reads the ids; bpe_here: the Tokenizer of a BPE trained
+    on the text, which made them (a text of few, long words becomes few ids: a smaller --vocab-size makes more)."""
     splits = ("train", train), ("validation", valid)
     n, name = min((len(ids), name) for name, ids in splits)  # the shorter split bounds the window
     if n <= context_length:  # a window is context_length ids and the one after, the last one's target
+        # the most ids any vocabulary makes of the split: one a byte (a special token's bytes count as one each too)
+        most = sum(len(bpe_here.vocab[i]) for i in np.asarray(dict(splits)[name][:n]).tolist()) if bpe_here else 0
         fix = (f"lower --context-length to {n - 1} or less, or " if n > 1 else "") + "use more data" + (
-            f" or a smaller --vocab-size than {vocab_size:,} (shorter tokens, more of them)" if bpe_here else "")
+            f" or a smaller --vocab-size than {vocab_size:,} (shorter tokens, more of them)"
+            if most > context_length else "")
         raise UsageError(f"the {name} data has {counted(n, 'token id')}, too few for a window of --context-length "
                          f"{context_length} and its next token; {fix}.")
     top = 0
@@ -713,7 +718,7 @@ def check_data(cfg, train, valid, tok):
     """check_ids for a run's flags (cfg) and prepare_data's result: text's token ids are those its tokenizer made."""
     made_by = None if is_ids(cfg["data"]) else len(tok.vocab)
     return check_ids(train, valid, cfg["context_length"], cfg["vocab_size"], made_by, cfg["init_from"],
-                     bpe_here=made_by is not None and cfg["tokenizer"] is None)  # not --tokenizer's, --init-from's
+                     bpe_here=tok if made_by is not None and cfg["tokenizer"] is None else None)  # not --tokenizer's
 
 
 def unigram_loss(train, valid, vocab_size, limit=100_000_000):

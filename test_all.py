@@ -3341,6 +3341,24 @@ def test_bpe_small_jobs_merge_as_python_unless_a_word_is_long(monkeypatch):
         assert calls == expected
 
 
+def test_bpe_a_small_text_that_runs_out_of_pairs_never_waits_for_the_compile(monkeypatch):
+    """A fifth tester's (2026-12-02): 3.8 kB of TinyStories at --vocab-size 70000 waited a minute for the merge loop's
+    compile, as its pairs allowed 1,179 merges (over INTERPRET_MAX_MERGES), and learned 590. Python now learns up to
+    INTERPRET_MAX_MERGES first; only where pairs are left after them does the compiled loop start again."""
+    calls = []
+    monkeypatch.setattr(bpe_fast, "JIT", True)
+    monkeypatch.setattr(bpe_fast, "merge_loop_loaded", lambda: False)
+    monkeypatch.setattr(bpe_fast, "load_merge_loop", lambda: lambda *a: calls.append("compiled") or bpe._merge_loop(*a))
+    runs_out = {"low": 5, "lower": 2, "newest": 6, "widest": 3, "hello": 1, "world": 2}  # 19 merges, 24 pairs' bound
+    monkeypatch.setattr(bpe_fast, "INTERPRET_MAX_MERGES", 18)  # the bound is over it, the merges too: compiled
+    more = bpe.train_from_counts(runs_out, 1000)
+    assert calls == ["compiled"] and more == bpe.train_from_counts(runs_out, 1000, loop=bpe._merge_loop)
+    monkeypatch.setattr(bpe_fast, "INTERPRET_MAX_MERGES", 20)  # the bound (24) is over it, the merges (19) not
+    calls.clear()
+    assert bpe.train_from_counts(runs_out, 1000) == more and calls == [] and len(more[1]) == 19
+    assert bpe.train_from_counts(runs_out, 256) == ({i: bytes([i]) for i in range(256)}, []) and calls == []
+
+
 def test_bpe_counting_loads_the_merge_loop_beside_it_only_where_it_is_a_load_or_surely_needed(tmp_path, monkeypatch):
     """The counting loaded the compiled merge loop beside the workers always: on a new machine a 300-token job over
     a 1 MiB file waited 25 s for its compile, then merged as fast in Python. Now it loads there when numba's disk
@@ -4809,6 +4827,11 @@ def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsy
     out = capsys.readouterr().out
     assert f"; longest token 128 bytes (64 characters): '{e * 39}...{e * 11}'; wrote " in out, out
     assert "chars)" not in out and "note" not in out
+    # a fifth tester's (2026-12-02): the longest token named was the special token, not one BPE learned
+    (tmp_path / "s.txt").write_text("friends of a friend<|endoftext|>friend", encoding="utf-8")
+    bpe.main(["train", str(tmp_path / "s.txt"), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out",
+              str(tmp_path / "s")])
+    assert "; longest token 7 bytes (7 characters): 'friends'; wrote " in capsys.readouterr().out
     # an eighth tester's: a vocabulary the text cannot fill stopped short without a word
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "300", "--out", str(tmp_path / "big")])
     assert capsys.readouterr().out.endswith("\nnote: 263 tokens, not --vocab-size 300: the text has no pair left to "
@@ -6280,7 +6303,13 @@ def test_data_empty_npy_is_one_sentence(tmp_path, capsys):
     # missed the other cure, a smaller --vocab-size (not offered for --tokenizer's or --init-from's ids)
     with pytest.raises(cli.UsageError, match=re.escape("lower --context-length to 8 or less, or use more data or a "
                                                        "smaller --vocab-size than 1,000 (shorter tokens, more of them).")):
-        data.check_ids(np.arange(9), np.arange(900), 16, 1000, made_by=1000, bpe_here=True)
+        data.check_ids(np.arange(9), np.arange(900), 16, 1000, made_by=1000, bpe_here=types.SimpleNamespace(
+            vocab={i: b"ab" for i in range(1000)}))  # 9 ids of 2 bytes: 18 ids of bytes, one over the window
+    # a fifth tester's (2026-12-02): 7 bytes of whitespace were told to try a smaller --vocab-size, which no
+    # vocabulary could make into 17 ids
+    with pytest.raises(cli.UsageError, match=re.escape("lower --context-length to 8 or less, or use more data.")):
+        data.check_ids(np.arange(9), np.arange(900), 16, 1000, made_by=1000, bpe_here=types.SimpleNamespace(
+            vocab={i: b"a" for i in range(1000)}))
     # not an np.save file: a zip (np.savez, torch.save) or garbage; each names its flag and file
     np.save(tmp_path / "ok.npy", np.arange(1000, dtype=np.uint16))
     torch.save(torch.arange(1000), tmp_path / "t.npy")
@@ -10046,7 +10075,10 @@ def test_train_tokenizer_flag_gives_npy_ids_their_vocabulary_and_samples(tmp_pat
              f"--vocab-size 400 disagrees with the 300 tokens of --tokenizer {tok} (with <|endoftext|>, which"),
             (["--data", str(ids), "--tokenizer", str(tmp_path)], f"--tokenizer {tmp_path} holds no vocab.json and "),
             (["--data", str(ids), "--tokenizer", str(tmp_path / "broken")],
-             f"the tokenizer in --tokenizer {tmp_path / 'broken'} (which decodes the samples) does not load: ")):
+             f"the tokenizer in --tokenizer {tmp_path / 'broken'} (which decodes the samples) does not load: "),
+            (["--data", str(story), "--tokenizer", str(tmp_path / "broken")],  # text: it encodes it too
+             f"the tokenizer in --tokenizer {tmp_path / 'broken'} (which encodes the text and decodes the samples) "
+             "does not load: ")):
         assert train.main(run + argv) == 2, argv
         _train_one_error(capsys, needle)
     assert not out.exists()
