@@ -148,6 +148,9 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
 # 600 (lr 3, by short probes: docs/results.md); heavy-ball momentum moves 1 / (1 - 0.9) = 10 times as far: 60.
 # experiments.py optimizers sweeps 1/3, 1, 3 and 9 times each (docs/results.md).
 OPTIMIZERS = {"adamw": 1.0, "muon": 1.0, "adam": 1.0, "rmsprop": 0.3, "momentum": 60.0, "sgd": 600.0}
+# the flags an --optimizer does not read (train.make_optimizer: momentum's mu is --beta1, RMSProp's alpha --beta2)
+UNREAD_BY = {"sgd": ("beta1", "beta2", "eps", "weight_decay"), "momentum": ("beta2", "eps", "weight_decay"),
+             "rmsprop": ("beta1", "weight_decay"), "adam": ("weight_decay",)}
 
 
 # Each flag's own default (not a preset's): what a run config saved before that flag existed ran with, so that
@@ -710,6 +713,13 @@ def resolve_config(argv=None):
     # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
     cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
                                          ("min_lr", min_lr_given)) if not given]
+    # what this run's optimizer and model do not read: --resume does not compare them, and one given gets a note (a
+    # race of experiments.py passes its flags to every optimizer; --resume asked for SGD's --eps back, before 2026-12-02)
+    unread = {f"--optimizer {cfg['optimizer']}": UNREAD_BY.get(cfg["optimizer"], ()), "--nope": ["rope_theta"] * cfg["nope"]}
+    cfg["unread"], given = [k for keys in unread.values() for k in keys], given_flags(argv)
+    for who, keys in unread.items() if not (cfg["sample"] or cfg["export"] is not None or cfg["benchmark"]) else ():
+        if flags := [FLAG_ROWS[k][0] for k in keys if k in given]:
+            log(f"note: {who} does not read {', '.join(flags)}: this run ignores {'them' if flags[1:] else 'it'}.")
     if recorded is not None:
         same_run(cfg, recorded, given_flags(argv), mode)
     return cfg

@@ -524,8 +524,8 @@ def verify_resume(cfg, ckpt_path, model_keys, model, optimizer, names, defaults)
         longer, shorter = extends(old, cfg), type(old.get("max_iters")) is int and cfg["max_iters"] < old["max_iters"]
         # a warm-up not given follows --max-iters: the run keeps its own. One given is the user's, compared
         own_warmup = "warmup_iters" in cfg["derived"] and type(old.get("warmup_iters")) is int
-        keys = [k for k in (*model_keys, *TRAJECTORY_KEYS)
-                if not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
+        keys = [k for k in (*model_keys, *TRAJECTORY_KEYS) if k not in cfg["unread"]  # SGD's --eps: any
+                and not (longer and k == "max_iters") and not ((own_warmup or shorter) and k == "warmup_iters")]
         fingerprinted = old.get("data_fingerprint") is not None  # see differs
         differ = [k for k in keys if differs(k, old.get(k), cfg[k], set(names), fingerprinted)]
         if differ:

@@ -8827,6 +8827,25 @@ def _train_one_line(capsys, needle):  # the error is one sentence, stderr's last
     return lines[-1]
 
 
+def test_train_flags_an_optimizer_does_not_read_get_a_note_and_resume_ignores_them(tmp_path, capsys):
+    # a fifth tester's (2026-12-02): --optimizer sgd --eps 1e-3 trained without a word, then --resume refused the run
+    # for an --eps it never read ("keys that differ: eps (0.001 -> 1e-08)"); --nope --rope-theta the same
+    ids = _train_toy_ids(tmp_path / "ids.npy")
+    base = ["--data", str(ids), "--out-dir", str(tmp_path / "out"), *_TRAIN_TINY, "--device", "cpu", "--max-iters", "2"]
+    assert train.main(base + ["--optimizer", "sgd", "--eps", "1e-3", "--beta2", "0.5", "--lr", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("note: --optimizer sgd does not read --beta2, --eps: this run ignores them.\n"), out
+    assert train.main(base + ["--optimizer", "sgd", "--lr", "1", "--resume", "--max-iters", "3"]) == 0
+    assert [r["step"] for r in _train_metrics(tmp_path / "out" / "ids") if "loss" in r][-1] == 3
+    assert "does not read" not in capsys.readouterr().out
+    assert train.main(base + ["--nope", "--rope-theta", "500", "--run-name", "n"]) == 0
+    assert capsys.readouterr().out.startswith("note: --nope does not read --rope-theta: this run ignores it.\n")
+    # what a run reads is compared still: AdamW's --eps
+    assert train.main(base + ["--run-name", "a"]) == 0
+    assert train.main(base + ["--run-name", "a", "--eps", "1e-3", "--resume", "--max-iters", "3"]) == 2
+    assert "keys that differ: eps (1e-08 -> 0.001)" in capsys.readouterr().err
+
+
 def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsys):
     story = _train_story(tmp_path / "x.txt")
     args = ["--data", str(story), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
