@@ -10579,6 +10579,7 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
     name, other_docs, other_tok = tokenizer_experiments.other_domain(cfg, 30_000)  # the standard library's modules
     assert name == f["other"] and len(other_docs) == f["other_documents"] == 10 and len(other_tok.vocab) == 300
     assert other_docs[0] == sorted(Path(os.__file__).parent.glob("*.py"))[0].read_text(encoding="utf-8")
+    assert tokenizer_experiments.other_domain(dict(cfg, data="python"), 30_000) is None  # see the end
     for key, t, d in (("ours_on_other", tok, other_docs), ("other_on_other", other_tok, other_docs),
                       ("other_on_ours", other_tok, docs)):
         assert f[key] == sum(len(x.encode()) for x in d) / sum(len(t.encode(x)) for x in d), key
@@ -10610,6 +10611,14 @@ def test_experiments_tokenizer_figures_are_the_tokenizers_own_and_kept(tmp_path,
         assert tokenizer_experiments.stored_figures(path, made_for) is None, text
     path.write_bytes(b"\xff")
     assert "tokenizer" not in experiments.extra_sections(tmp_path, None, args)
+    # a fifth tester's (2026-12-02): --data python's other text was the standard library's modules, which its runs
+    # trained on ("needs -2% more tokens"); now (b) says why it is not measured, and figures without it are kept
+    alone = {k: v for k, v in f.items() if not k.startswith(("other_", "ours_on"))} | {"other": ""}
+    path.write_text(json.dumps(alone))
+    assert tokenizer_experiments.stored_figures(path, made_for) == alone
+    assert tokenizer_experiments.answer_tokenizer(alone)[1].startswith("(b) not measured: --data python holds both")
+    fewer = tokenizer_experiments.answer_tokenizer(dict(f, other_on_other=f["ours_on_other"] * 0.98))[1]
+    assert "out of its domain it needs 2% fewer tokens;" in fewer
 
 
 

@@ -41,7 +41,10 @@ def other_domain(cfg, limit):
     """tokenizer_experiments (b)'s other text and its own tokenizer -> (name, documents, tokenizer). The handout's
     other dataset (TinyStories <-> OpenWebText) where its tokenizer is in the data cache; else Python's standard
     library source, code against the runs' prose, in every Python: a module is a document, the first DOCUMENTS are
-    measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters."""
+    measured and a BPE of the runs' vocabulary size is trained on the next `limit` characters. None for --data
+    python, which holds both of the texts every Python carries (a tester found (b) measured on the runs' own modules)."""
+    if cfg["data"] == "python":
+        return None
     if other := OTHER.get(cfg["data"]):
         folder = data.cache_dir(other, cfg["data_dir"])
         found, valid = sorted(folder.glob("bpe*/vocab.json")), folder / data.text_names(other)[1]
@@ -79,7 +82,8 @@ def stored_figures(path, made_for):
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     ok = isinstance(f, dict) and f.get("made_for") == made_for and all(type(f.get(k)) is str for k in ("dtype", "other"))
-    return f if ok and all(type(f.get(k)) in (int, float) and 0 < f[k] < math.inf for k in NUMBERS) else None
+    numbers = [k for k in NUMBERS if f.get("other") or not k.startswith(("other_", "ours_on"))] if ok else []
+    return f if ok and all(type(f.get(k)) in (int, float) and 0 < f[k] < math.inf for k in numbers) else None
 
 
 def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
@@ -94,15 +98,15 @@ def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
         docs = documents(f.read(limit), limit)
     with open(folder / train_name, encoding="utf-8") as f:
         text = f.read(limit)
-    other, other_docs, other_tok = other_domain(cfg, limit)
+    other, other_docs, other_tok = other_domain(cfg, limit) or ("", None, None)
     bpe_fast.load_compiled_encoder()  # the engine, which encode takes once loaded: its speed, not numba's compile
     figures = dict(made_for=made_for, documents=len(docs), bytes=sum(len(d.encode()) for d in docs),
                    vocab=len(tok.vocab), tokens=sum(len(tok.encode(d)) for d in docs), dtype=str(ids.dtype),
-                   other=other,
-                   other_documents=len(other_docs), other_vocab=len(other_tok.vocab), text_bytes=len(text.encode()),
-                   ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
-                   other_on_other=bytes_per_token(other_tok, other_docs),
-                   bytes_per_s=accounting.encode_speed(tok, text, seconds=1.0)[0])
+                   other=other, text_bytes=len(text.encode()), bytes_per_s=accounting.encode_speed(tok, text, 1.0)[0])
+    if other:
+        figures.update(other_documents=len(other_docs), other_vocab=len(other_tok.vocab),
+                       ours_on_other=bytes_per_token(tok, other_docs), other_on_ours=bytes_per_token(other_tok, docs),
+                       other_on_other=bytes_per_token(other_tok, other_docs))
     path.parent.mkdir(parents=True, exist_ok=True)
     files.write_json(figures, path)
     return figures
@@ -113,14 +117,17 @@ def tokenizer_figures(tok, ids, cfg, path, made_for, limit=1 << 22):
 
 def answer_tokenizer(f):
     seconds = accounting.PILE_BYTES / f["bytes_per_s"]
-    ours, cost = f["bytes"] / f["tokens"], f["other_on_other"] / f["ours_on_other"] - 1
+    ours, cost = f["bytes"] / f["tokens"], f["other"] and f["other_on_other"] / f["ours_on_other"] - 1
     some = "" if f["documents"] >= DOCUMENTS else f" (all the validation text has, of the {DOCUMENTS} asked)"
     return [f"(a) {ours:.2f} bytes/token: {cli.counted(f['documents'], 'validation document')}"
             f"{some}, {f['bytes']:,} bytes in {f['tokens']:,} tokens of the runs' {f['vocab']:,}-token BPE.",
             f"(b) on {f['other']} ({cli.counted(f['other_documents'], 'document')}), the "
             f"runs' BPE makes {f['ours_on_other']:.2f} bytes/token and that text's own {f['other_vocab']:,}-token BPE "
-            f"{f['other_on_other']:.2f}: out of its domain it needs {cost:.0%} more tokens; the other BPE on the runs' "
-            f"documents makes {f['other_on_ours']:.2f} (against {ours:.2f}).",
+            f"{f['other_on_other']:.2f}: out of its domain it needs {abs(cost):.0%} {'more' if cost >= 0 else 'fewer'} "
+            f"tokens; the other BPE on the runs' documents makes {f['other_on_ours']:.2f} (against {ours:.2f})."
+            if f["other"] else "(b) not measured: --data python holds both of the texts every Python carries, its "
+            "documentation and its standard library's source, so neither is out of the runs' domain (--data pydoc "
+            "measures the source against the documentation; tinystories and owt each other, once both are cached).",
             f"(c) {f['bytes_per_s'] / 1e6:.2f} MB/s (Tokenizer.encode, one process, {f['text_bytes'] / 1e6:.2f} MB of "
             f"training text, the compiled engine); the Pile's {accounting.PILE_BYTES / accounting.GiB:.0f} GiB: "
             f"{seconds / 3600:,.1f} hours ({seconds / 86400:.2f} days) in one process (`bpe.py encode` splits a file "
