@@ -713,9 +713,10 @@ def resolve_config(argv=None):
     # given extends it), warm-up (an extended run's follows its start) and --min-lr (a run's from before lr / 10)
     cfg["derived"] = [k for k, given in (("max_iters", length_given), ("warmup_iters", warmup_given),
                                          ("min_lr", min_lr_given)) if not given]
-    # what this run's optimizer and model do not read: --resume does not compare them, and one given gets a note (a
-    # race of experiments.py passes its flags to every optimizer; --resume asked for SGD's --eps back, before 2026-12-02)
-    unread = {f"--optimizer {cfg['optimizer']}": UNREAD_BY.get(cfg["optimizer"], ()), "--nope": ["rope_theta"] * cfg["nope"]}
+    # what this run's optimizer and model do not read: --resume does not compare them, and one given gets a note
+    # (experiments.py's race gives every optimizer its flags; --resume asked for SGD's --eps back, before 2026-12-02)
+    unread = {f"--optimizer {cfg['optimizer']}": UNREAD_BY.get(cfg["optimizer"], ()),
+              "--nope": ["rope_theta"] * cfg["nope"]}
     cfg["unread"], given = [k for keys in unread.values() for k in keys], given_flags(argv)
     for who, keys in unread.items() if not (cfg["sample"] or cfg["export"] is not None or cfg["benchmark"]) else ():
         if flags := [FLAG_ROWS[k][0] for k in keys if k in given]:

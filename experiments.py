@@ -70,10 +70,7 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "no_pos_emb: no position embedding (NoPE) against RoPE?",
                   "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
-    "tokenizer": ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",
-                  "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
-                  "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GiB)?",
-                  "tokenizer_experiments (d): why are the token ids stored as uint16?"],
+    "tokenizer": tokenizer_experiments.QUESTIONS,
     "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
                    "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",
                    "optimizers (b): in what share of the steps, and of the seconds, does Muon reach AdamW's final "
@@ -124,7 +121,7 @@ def lr_flags(cfg, lr):  # --lr as it is, a --min-lr in the baseline's proportion
 def plan(cfg):
     """experiment -> [(value, label, Run)]. cfg: the baseline's resolved config (train.py's preset, the scale's and
     the user's flags). The baseline is one run, the lr sweep's at its rate, which the others compare against."""
-    scale, lr, b, d = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"], cfg["d_model"]
+    scale, lr, b = SCALES[scale_of(cfg["data"])], cfg["lr"], cfg["batch_size"]
     sweep = {x: Run("lr", lr_name(x), lr_flags(cfg, x)) for x in sorted({*scale["lrs"], lr})}  # sweep[lr]: the baseline
 
     def batch_run(size):  # the baseline's tokens in all, between evaluations, in each one, and in its warm-up
@@ -136,7 +133,7 @@ def plan(cfg):
     ablations = {"baseline": sweep[lr], "no-norm": Run("ablations", "no-norm", ["--no-norm"]),
                  f"no-norm_{lr_name(low)}": Run("ablations", f"no-norm_{lr_name(low)}", ["--no-norm", *lr_flags(cfg, low)]),
                  "post-norm": Run("ablations", "post-norm", ["--post-norm"]), "nope": Run("ablations", "nope", ["--nope"]),
-                 "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(4 * d)])}  # the handout's d_ff
+                 "silu-ffn": Run("ablations", "silu-ffn", ["--silu-ffn", "--d-ff", str(silu_d_ff(cfg))])}
     return {"lr": [(x, run.name, run) for x, run in sweep.items()],
             "batch": [(x, f"batch={x}", sweep[lr] if x == b else batch_run(x)) for x in sorted({*scale["batch_sizes"], b})],
             "ablations": [(name, name, run) for name, run in ablations.items()], "optimizers": race_plan(cfg)}
@@ -458,18 +455,22 @@ def answer_batch(rows):  # each run's budget in whole steps of its batch size (p
     return lines
 
 
+def silu_d_ff(cfg):  # a SiLU FFN's width: 2 matrices of 1.5 d_ff match SwiGLU's 3 of d_ff; near 8/3 d: handout's 4 d
+    return 4 * cfg["d_model"] if abs(1.5 * cfg["d_ff"] / (4 * cfg["d_model"]) - 1) < 0.05 else round(1.5 * cfg["d_ff"])
+
+
 def answer_ablations(found, cfg):
     """found: {variant name: figures}; each ablation against the baseline (the first run), as far as both ran."""
     base = found.get("baseline")
     if base is None:
         return []
     ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff, silu_ffn=flag)
-           ["ffn"] for flag, d_ff in ((False, cfg["d_ff"]), (True, 4 * cfg["d_model"]))}
+           ["ffn"] for flag, d_ff in ((False, cfg["d_ff"]), (True, silu_d_ff(cfg)))}
     low = config.rounded(cfg["lr"] / 10)
     said = {"no-norm": f"no RMSNorm at the baseline's rate {number_text(cfg['lr'])}",
             f"no-norm_{lr_name(low)}": f"no RMSNorm at a 10x lower rate, {number_text(low)}",
             "post-norm": "post-norm", "nope": "NoPE (no position embedding)",
-            "silu-ffn": f"a SiLU FFN, d_ff {4 * cfg['d_model']} ({ffn[True]:,} FFN parameters)"}
+            "silu-ffn": f"a SiLU FFN, d_ff {silu_d_ff(cfg)} ({ffn[True]:,} FFN parameters)"}
     lines = [f"{what}: {loss_text(found[name])}" + (f" ({found[name]['final'] - base['final']:+.3f})."
                                                     if None not in (found[name]["final"], base["final"]) else ".")
              for name, what in said.items() if name in found]  # a diverged one has no loss to subtract
@@ -478,8 +479,7 @@ def answer_ablations(found, cfg):
 
 
 def reached(curve, target, x=0):
-    """The step (x=0) or second (x=1) where a validation curve [(step, seconds, loss)] first reaches target, linear
-    between evaluations; None if it never does."""
+    """The step (x=0) or second (x=1) a curve [(step, seconds, loss)] first reaches target (linear between), or None."""
     if curve[0][2] <= target:
         return curve[0][x]
     return next((a[x] + (b[x] - a[x]) * (a[2] - target) / (a[2] - b[2]) for a, b in zip(curve, curve[1:])

@@ -10355,7 +10355,7 @@ def test_experiments_killed_then_resumed_reuses_runs_and_reports_their_own_numbe
 @pytest.mark.parametrize("data_source", ["pydoc", "tinystories"])
 def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data_source):
     # each variant's command line resolves as train.py would resolve it; the batch sizes keep the baseline's tokens,
-    # the SiLU FFN takes the handout's d_ff = 4 d_model, and the handout's scale (a GPU's) compiles
+    # the SiLU FFN matches SwiGLU's parameters (the handout's d_ff = 4 d_model), and the handout's scale compiles
     scale = experiments.SCALES[experiments.scale_of(data_source)]
     base = train.resolve_config(["--data", data_source, "--device", "cpu", *scale["flags"], "--benchmark"])
     args = types.SimpleNamespace(data=data_source, out_dir="out")
@@ -10363,8 +10363,10 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     cfgs = {(name, label): train.resolve_config(experiments.command(run, args, ["--device", "cpu"])[2:])
             for name, entries in plans.items() for _, label, run in entries}
     knobs = {"lr", "min_lr", "batch_size", "micro_batch", "max_iters", "eval_interval", "warmup_iters", "no_norm",
-             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived", "eval_iters"}
-    # micro_batch: the batch, by --grad-accum; optimizer: the race's; derived: the batch runs give their length
+             "post_norm", "nope", "silu_ffn", "d_ff", "run_name", "out_dir", "optimizer", "derived", "eval_iters",
+             "unread"}
+    # micro_batch: the batch, by --grad-accum; optimizer: the race's; derived: the batch runs give their length;
+    # unread: what the race's optimizer, or NoPE, does not read
     for (name, label), cfg in cfgs.items():
         assert {k: v for k, v in cfg.items() if k not in knobs} == {k: v for k, v in base.items() if k not in knobs
                                                                     and k != "benchmark"} | {"benchmark": False}, label
@@ -10378,7 +10380,12 @@ def test_experiments_plans_are_train_py_runs_that_differ_only_in_their_knob(data
     assert all(cfg["min_lr"] == pytest.approx(cfg["lr"] / 10) for cfg in cfgs.values())  # the presets' proportion
     assert [cfg["batch_size"] for (name, _), cfg in cfgs.items() if name == "batch"] == sorted(
         {*scale["batch_sizes"], base["batch_size"]})
-    assert cfgs["ablations", "silu-ffn"]["d_ff"] == 4 * base["d_model"] and cfgs["ablations", "silu-ffn"]["silu_ffn"]
+    silu = cfgs["ablations", "silu-ffn"]  # the FFN parameters of the baseline's SwiGLU (3 matrices) within 5%
+    assert silu["silu_ffn"] and abs(2 * silu["d_ff"] / (3 * base["d_ff"]) - 1) < 0.05
+    assert silu["d_ff"] == (4 * base["d_model"] if data_source == "tinystories" else 576)  # small's d_ff is 3 d_model
+    # another --d-ff: a SiLU FFN of as many parameters, 1.5 d_ff (a fifth tester's --d-ff 64, d_model 32 took 128)
+    assert experiments.silu_d_ff(dict(base, d_model=32, d_ff=64)) == 96
+    assert experiments.silu_d_ff(dict(base, d_model=512, d_ff=1344)) == 2048  # the handout's SwiGLU: its 4 d_model
     assert cfgs["ablations", "no-norm_lr=" + f"{base['lr'] / 10:.0e}"]["lr"] == pytest.approx(base["lr"] / 10)
     assert plans["ablations"][0][2] is dict((label, run) for _, label, run in plans["lr"])[f"lr={base['lr']:.0e}"]
 

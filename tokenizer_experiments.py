@@ -22,6 +22,10 @@ import data
 import files
 
 DOCUMENTS = 10  # tokenizer_experiments (a): documents sampled for the compression ratio
+QUESTIONS = ["tokenizer_experiments (a): the tokenizer's compression ratio (bytes/token) on 10 documents?",  # report's
+             "tokenizer_experiments (b): the tokenizer on another domain's text, against that text's own?",
+             "tokenizer_experiments (c): its throughput, and the time to tokenize the Pile (825 GiB)?",
+             "tokenizer_experiments (d): why are the token ids stored as uint16?"]
 
 
 # ----------------------------------------------------------------------------
