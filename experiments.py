@@ -651,9 +651,9 @@ def report(args, rest, argv, cfg, plans, baseline, extra):
 # ----------------------------------------------------------------------------
 # 6. main()
 
-NOT_PASSED = {**dict.fromkeys(("--run-name", "--out-dir", "--resume", "--overwrite", "--export", "--benchmark"),
-                             "experiments.py names, resumes and reuses its runs itself"),
-              "--init-from": "experiments.py's runs start from scratch", "--sample": "experiments.py samples its runs"}
+NOT_PASSED = {"--init-from": "starts its runs from scratch", "--sample": "samples its runs", **dict.fromkeys(
+    ("--export", "--benchmark"), "trains runs (train.py exports or times one)"), **dict.fromkeys(  # experiments.py ...
+    ("--run-name", "--out-dir", "--resume", "--overwrite"), "names, resumes and reuses its runs itself")}
 SET_BY = {"optimizers": ("--optimizer",), "ablations": ("--no-norm", "--post-norm", "--nope", "--silu-ffn")}  # variants'
 
 # One whole run of the CPU scale on one core, from which --help derives each experiment's time (docs/results.md)
@@ -713,7 +713,7 @@ def parse(argv):
         if mine := next((o for o in own if o.startswith(a)), None):  # --dat went to train.py as --data: other data
             raise cli.UsageError(f"{a}: experiments.py's own {mine}, spelled in full (it takes no abbreviation).")
         if flag := next((f for f in NOT_PASSED if f.startswith(a)), None):  # train.py takes --run-n for --run-name
-            raise cli.UsageError(f"{a}: {NOT_PASSED[flag]}; drop it.")
+            raise cli.UsageError(f"{a}: experiments.py {NOT_PASSED[flag]}; drop it.")
         if flag := next((f for e in experiments_of(args.experiment) for f in SET_BY.get(e, ()) if f.startswith(a)), 0):
             raise cli.UsageError(f"{a}: {args.experiment} sets each run's {flag} itself; drop it.")  # or every run had it
     if args.jobs < 1:

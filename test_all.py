@@ -10874,8 +10874,11 @@ def test_experiments_flags_it_sets_itself_are_refused_however_abbreviated(tmp_pa
     for flags, said in ((["--out-d", "x"], "--out-d: experiments.py's own --out-dir, spelled in full"),
                         (["--dat", "x.txt"], "--dat: experiments.py's own --data, spelled in full"),
                         (["--run-n=x"], "--run-n: experiments.py names"), (["--overw"], "--overw: experiments.py"),
-                        (["--init-from", "x"], "--init-from: experiments.py's runs start from scratch; drop it."),
+                        (["--init-from", "x"], "--init-from: experiments.py starts its runs from scratch; drop it."),
                         (["--sample"], "--sample: experiments.py samples its runs; drop it."),
+                        # a fifth tester's (2026-12-02): these were told experiments.py resumes its runs itself
+                        (["--bench"], "--bench: experiments.py trains runs (train.py exports or times one); drop it."),
+                        (["--export", "x"], "--export: experiments.py trains runs (train.py exports or times one)"),
                         (["--out-dir", ""], "--out-dir is empty; pass a folder (. for this one).")):
         with pytest.raises(cli.UsageError, match=re.escape(said)):
             experiments.parse(["lr", *flags])
