@@ -722,6 +722,6 @@ def resolve_config(argv=None):
         if flags := [FLAG_ROWS[k][0] for k in keys if k in given]:
             log(f"note: {who} does not read {', '.join(flags)}: this run ignores {'them' if flags[1:] else 'it'}.")
     if recorded is not None:
-        same_run(cfg, recorded, given_flags(argv), mode)
+        same_run(cfg, recorded, given, mode)
     return cfg
 

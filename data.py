@@ -688,7 +688,8 @@ def check_ids(train, valid, context_length, vocab_size, made_by=None, init_from=
     n, name = min((len(ids), name) for name, ids in splits)  # the shorter split bounds the window
     if n <= context_length:  # a window is context_length ids and the one after, the last one's target
         # the most ids any vocabulary makes of the split: one a byte (a special token's bytes count as one each too)
-        most = sum(len(bpe_here.vocab[i]) for i in np.asarray(dict(splits)[name][:n]).tolist()) if bpe_here else 0
+        ids = np.asarray(dict(splits)[name][:n]).tolist() if bpe_here else []
+        most = sum(len(bpe_here.vocab.get(i, b"")) for i in ids)
         fix = (f"lower --context-length to {n - 1} or less, or " if n > 1 else "") + "use more data" + (
             f" or a smaller --vocab-size than {vocab_size:,} (shorter tokens, more of them)"
             if most > context_length else "")

@@ -122,9 +122,9 @@ def zip_end(f, start, piece=1 << 20):
             end_of_dir = end
             if end >= 20 and read_at(end - 20, 4) == b"PK\x06\x07":  # zip64's locator, naming zip64's end record
                 end_of_dir = struct.unpack("<Q", read_at(end - 12, 8))[0]
-                zip64 = read_at(end_of_dir, 56)
-                size, offset = struct.unpack("<2Q", zip64[40:]) if len(zip64) == 56 and zip64[:4] == b"PK\x06\x06" \
-                    else (-1, 0)
+                if len(zip64 := read_at(end_of_dir, 56)) < 56 or zip64[:4] != b"PK\x06\x06":
+                    continue
+                size, offset = struct.unpack("<2Q", zip64[40:])
             if offset + size == end_of_dir:
                 return start + end + 22 + comment
 
