@@ -11368,7 +11368,9 @@ def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_p
         assert train.main(base) == 130
     run = tmp_path / "out" / "story"
     assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
-    capsys.readouterr()
+    # a fifth tester's (2026-12-02): the stop said the general "a training run that has a ckpt.pt: with --resume"
+    assert capsys.readouterr().err.endswith("train.py: stopped after the last step (saved): the same command plus "
+                                            "--resume finishes it.\n")
     assert train.main(base + ["--resume"]) == 0
     assert "done: 2 steps" in capsys.readouterr().out and (run / "samples.txt").read_text().count("--- sample") == 1
     assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]

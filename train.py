@@ -172,8 +172,7 @@ def compile_mode(cfg):
 
 
 def make_optimizer(cfg, lm):
-    """--optimizer (optim.py's) for the LM's parameters: momentum's mu is --beta1, RMSProp's alpha --beta2; Muon
-    sorts the matrices by name (the embedding and the head take its AdamW group, as the gains do)."""
+    """--optimizer (optim.py's) for the LM's parameters (config.UNREAD_BY: what each ignores); Muon sorts by name."""
     name, lr, params = cfg["optimizer"], cfg["lr"], lm.parameters()
     adam = dict(betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"], compiled=cfg["fast"] and cfg["compile"],
                 fused=cfg["fast"])
@@ -473,18 +472,20 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
                 log(("\n" if progress.tty else "") + f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
                     f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
-    save(end)  # before the final evaluation: a stop during it loses no step, and --resume does the rest
-    progress.evaluated(end, val_loss := evaluate(loss_model, valid_ids, cfg))
-    log(f"done: {cli.counted(end, 'step')}, {cli.fmt_count(cfg['total_tokens'])} tokens in "
-        f"{cli.fmt_time(progress.seconds())}; final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), unigram "
-        f"baseline {baseline:.4f}\ncheckpoint: {ckpt_path}")
-    if rank == 0 and tok is not None and cfg["num_samples"] > 0:
-        samples = write_samples(lm, tok, cfg, run_dir / "samples.txt")
-        log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
-    if rank == 0 and cfg["plot"]:
-        figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
-                         f"{end:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
-    return 0
+    save(end)  # before the final evaluation: a stop in what follows loses no step, and --resume does the rest
+    with cli.ctrl_c_says(f"train.py: stopped after the last step (saved): {rundir.resume_command(cfg)} finishes it."):
+        progress.evaluated(end, val_loss := evaluate(loss_model, valid_ids, cfg))
+        log(f"done: {cli.counted(end, 'step')}, {cli.fmt_count(cfg['total_tokens'])} tokens in "
+            f"{cli.fmt_time(progress.seconds())}; final val loss {val_loss:.4f} (ppl {perplexity(val_loss):.4g}), "
+            f"unigram baseline {baseline:.4f}\ncheckpoint: {ckpt_path}")
+        if rank == 0 and tok is not None and cfg["num_samples"] > 0:
+            samples = write_samples(lm, tok, cfg, run_dir / "samples.txt")
+            log(f"sample (all in {run_dir / 'samples.txt'}):\n{samples[0]}")
+        if rank == 0 and cfg["plot"]:
+            figures.plot_run(run_dir / "metrics.jsonl", run_dir / "loss.png", f"{run_dir}: --data {cfg['data']}, "
+                             f"{end:,} steps of {cfg['batch_size']} x {cfg['context_length']} tokens, lr {cfg['lr']:g}")
+        return 0
+    return 130
 
 
 # ----------------------------------------------------------------------------
@@ -529,8 +530,7 @@ LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch
 
 
 def main(argv=None):
-    """Exit code: 0 done, 1 no data (download failed), a full disk or a diverged run, 2 a usage mistake,
-    130 stopped: cli.exit_code turns each mistake or fault into one sentence, without a traceback."""
+    """Exit code: 0 done, 1 a fault (no data, a full disk, a diverged run), 2 a usage mistake, 130 stopped."""
     def go():
         cfg = resolve_config(argv)
         said = next((f"--{mode} writes nothing" for mode in ("sample", "benchmark") if cfg[mode]), None)  # not --resume
