@@ -9369,8 +9369,8 @@ def test_train_cpu_run_has_no_mfu_and_benchmark_names_its_probe(tmp_path, capsys
     assert [r["mfu"] for r in _train_metrics(tmp_path / "out" / "toy") if "loss" in r] == [None, None]
     assert train.main(base + ["--benchmark", "--benchmark-steps", "1"]) == 0
     mfu = [line for line in capsys.readouterr().out.splitlines() if "MFU" in line]
-    assert len(mfu) == 1 and re.fullmatch(r"  MFU [\d.]+% vs a measured matmul peak of [\d.]+ TFLOP/s \(a probe, not a "
-                                          r"published peak\)", mfu[0]), mfu
+    assert len(mfu) == 1 and re.fullmatch(r"  MFU [\d.]+% vs a measured matmul peak of [\d.]+ TFLOP/s \(float32's; a "
+                                          r"probe, not a published peak\)", mfu[0]), mfu
 
 
 def test_train_tokens_per_s_leaves_a_checkpoints_write_out(tmp_path, monkeypatch):
