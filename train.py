@@ -426,9 +426,8 @@ def print_samples(cfg):
 
 
 def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, baseline, init_state=None):
-    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation, checkpoint, samples,
-    the plot. resume_state: the checkpoint --resume goes on from; init_state: the one whose weights --init-from
-    starts from. Returns 0 done, 130 stopped; a non-finite loss, gradient or weight: DataError."""
+    """Evaluate, step on a fresh random batch, report, checkpoint; at the end a last evaluation, samples, the plot.
+    resume_state, init_state: --resume's and --init-from's checkpoints. 0 done, 130 stopped; a NaN or inf: DataError."""
     rank, end, ckpt_path = cfg["rank"], cfg["max_iters"], run_dir / "ckpt.pt"
     lm, loss_model, optimizer = build(cfg)
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
@@ -437,8 +436,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         rundir.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
-        its_step = load_state(init_state, lm)
-        log(f"initialized from {cfg['init_from']} (its step {its_step})")
+        log(f"initialized from {cfg['init_from']} (its step {load_state(init_state, lm)})")
     n_params, n_emb = sum(p.numel() for p in lm.parameters()), lm.token_embeddings.weight.numel()
     log(f"model: {n_params / 1e6:.2f}M parameters ({(n_params - n_emb) / 1e6:.2f}M without the embedding), "
         f"device {cfg['device']}, dtype {cfg['dtype']}, {cli.counted(cfg['world_size'], 'process')}")
