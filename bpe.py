@@ -314,9 +314,8 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
-    # A small job runs this loop as plain Python, up to a bound on its time; past it, the engine runs it compiled,
-    # its data laid out for the processor's caches and prefetched, changing only the pairs next to a merge. Both
-    # learn the same merges: where pairs are left after Python's share, the compiled loop starts again.
+    # A small job runs this loop as Python up to a bound on its time; the engine's compiled loop (data laid out for the
+    # caches, only the pairs next to a merge changed) learns the same merges, from the start if pairs are left then.
     first = 0 if loop else bpe_fast.interpreted_merges(len(ids), num_merges, longest)  # merges tried as Python
     lefts, rights = _merge_loop(ids, word_start, word_count, first) if first else (np.empty(0, np.int64),) * 2
     if len(lefts) == first < num_merges:  # none tried, or pairs left after them
@@ -494,11 +493,8 @@ class Tokenizer:
         self.merges = bpe_fast.checked_merges(vocab, merges)  # their types, before vocab.items()
         self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}  # a copy
         self.special_tokens = _check_special_tokens(special_tokens)
-        tokens, new_id = set(self.vocab.values()), max(self.vocab, default=-1) + 1  # not a scan per special token
-        for s in self.special_tokens:       # handout: append specials missing from vocab
-            if s.encode("utf-8") not in tokens:
-                tokens.add(s.encode("utf-8"))
-                self.vocab[new_id], new_id = s.encode("utf-8"), new_id + 1
+        have, new = set(self.vocab.values()), [s.encode("utf-8") for s in self.special_tokens]  # (distinct)
+        self.vocab.update(enumerate([b for b in new if b not in have], max(self.vocab, default=-1) + 1))  # handout
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         if (missing := next((b for b in range(256) if bytes([b]) not in token_id), None)) is not None:
             raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
@@ -613,16 +609,14 @@ def _cmd_train(args):
     dt = time.perf_counter() - t0
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
-    specials = _check_special_tokens(args.special_tokens)
-    special_bytes = {s.encode("utf-8") for s in specials}
-    learned = (t for t in vocab.values() if t not in special_bytes)  # the bytes and the merges' tokens
-    text = (longest := max(learned, key=len)).decode("utf-8", errors="replace")
+    text = (longest := max((a + b for a, b in merges), key=len, default=vocab[0])).decode("utf-8", "replace")
     n, b, c = len(merges), len(longest), len(text)
     cli.say(f"trained {cli.counted(n, 'merge')} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token "
             f"{cli.counted(b, 'byte')} ({cli.counted(c, 'character')}): {_short(repr(text), count=False)}; "
             f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
+    specials = _check_special_tokens(args.special_tokens)
     if one := [s for s in specials if len(s.encode()) == 1]:
         cli.say(f"note: vocab.json cannot mark a one-byte special token ({', '.join(map(repr, one))}) as special: "
                 f"encode with --special-tokens {shlex.join(specials)} to split there")  # its default finds the others
@@ -646,8 +640,7 @@ def _cmd_encode(args):
                          f"would take its ids for; pass another --out, or --tokenizer {Path(args.out).parent}")
     if args.special_tokens is None:  # the vocab's own, as train's --special-tokens and GPT-2's <|endoftext|> made them
         args.special_tokens = special_tokens_of(vocab, merges, in_file)
-    specials = _check_special_tokens(args.special_tokens)
-    tokens = set(vocab.values())
+    specials, tokens = _check_special_tokens(args.special_tokens), set(vocab.values())
     if missing := [s for s in specials if s.encode() not in tokens]:  # appended: ids past the files' vocab
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
                          "the tokenizer's; train a tokenizer with it (bpe.py train --special-tokens)")
