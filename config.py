@@ -248,7 +248,7 @@ def refuse_empty_paths(cfg):
 
 
 def trains(c):  # a training run, not a mode that reads a run (--sample, --export) or times steps (--benchmark)
-    return c["reads_data"] and not c["benchmark"]
+    return not (c["sample"] or c["export"] is not None or c["benchmark"])
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
@@ -718,7 +718,7 @@ def resolve_config(argv=None):
     unread = {f"--optimizer {cfg['optimizer']}": UNREAD_BY.get(cfg["optimizer"], ()),
               "--nope": ["rope_theta"] * cfg["nope"]}
     cfg["unread"], given = [k for keys in unread.values() for k in keys], given_flags(argv)
-    for who, keys in unread.items() if not (cfg["sample"] or cfg["export"] is not None or cfg["benchmark"]) else ():
+    for who, keys in unread.items() if trains(cfg) else ():
         if flags := [FLAG_ROWS[k][0] for k in keys if k in given]:
             log(f"note: {who} does not read {', '.join(flags)}: this run ignores {'them' if flags[1:] else 'it'}.")
     if recorded is not None:
