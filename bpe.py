@@ -3,7 +3,7 @@ Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, sectio
 
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair into a new token;
 encoding replays the learned merges in order. In reading order: the GPT-2 pre-tokenizer, the naive trainer (the
-definition), the incremental trainer (numba compiles it too), train_bpe, GPT-2's file format, the Tokenizer with a
+definition), the incremental trainer, train_bpe, GPT-2's file format, the Tokenizer with a
 plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
 checks that it gives the same pre-tokens, merges and ids.
 
@@ -18,7 +18,7 @@ import re
 import shlex
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import cli  # the standard library only, so it loads first: a Ctrl-C while numba loads is one line
@@ -29,8 +29,6 @@ import machine  # noqa: E402
 machine.numba_cache_fallback(os.path.dirname(os.path.abspath(__file__)))     # before numba loads
 import numpy as np
 import regex
-from numba.extending import overload, register_jitable
-from numba.typed import List
 
 import bpe_fast
 from bpe_fast import encode_file
@@ -50,20 +48,6 @@ _ASCII_PRETOKEN_RE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?
 def pretokenize(text):
     """The GPT-2 pre-tokens of text (no special tokens in it), as a list of strings."""
     return (_ASCII_PRETOKEN_RE if text.isascii() else _PRETOKEN_RE).findall(text)
-
-
-def _check_special_tokens(special_tokens):
-    """The special-token strings, checked, duplicates dropped (order kept). One of one byte is that byte's token."""
-    if isinstance(special_tokens, str):
-        raise ValueError("special_tokens must be a list of strings, not a single string "
-                         f"(did you mean [{special_tokens!r}]?)")
-    special_tokens = list(special_tokens or ())
-    for s in special_tokens:  # a lone surrogate is how a shell's $'\xff' arrives
-        why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
-               "not valid UTF-8 (a lone surrogate)" if bpe_fast.lone_surrogate(s) else "")
-        if why:
-            raise ValueError(f"special token {s!r} is {why}; fix or remove it")
-    return list(dict.fromkeys(special_tokens))
 
 
 def _special_split_re(special_tokens):
@@ -94,7 +78,7 @@ def _merge(seq, pair, new):
 
 def train_bpe_naive(text, vocab_size, special_tokens=()):
     """BPE training on a string, by the definition. Returns (vocab, merges) as train_bpe."""
-    special_tokens = _check_special_tokens(special_tokens)
+    special_tokens = bpe_fast.checked_special_tokens(special_tokens)
     split_re = _special_split_re(special_tokens)
     words = Counter()                 # pre-token as a tuple of tokens (bytes) -> count
     for part in (split_re.split(text)[::2] if split_re else [text]):  # specials dropped
@@ -131,134 +115,63 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # - where: {pair: the words that contain it}; a word that has since lost the pair stays listed;
 # - heap: heapq's min-heap of (-count, pair), so the greatest count is on top. A count that changes
 #   is pushed again, not found and fixed (lazy deletion): a stale entry is dropped when on top.
-# A merge takes its words' pairs out of the counts, merges each word in place and puts its pairs
-# back. A token is an int (256 + merge number), a pair one int (left << 32 | right). Only ints,
-# arrays, dicts and lists: the same source runs as Python and compiled by numba (helpers:
-# register_jitable; tests run both); big jobs take the engine's own, tuned loop instead.
+# A merge takes its words' pairs out of the counts, merges each word and puts its pairs back.
+# Big jobs take the engine's compiled loop instead (bpe_fast.py), tested to learn the same merges.
 
-def _words_list(w):
-    """[w], a new list of words (numba: a typed list, which a dict can hold)."""
-    return [w]
-
-
-@overload(_words_list)
-def _words_list_compiled(w):
-    return lambda w: List([w])
-
-
-def _ints(a):
-    """a as Python ints, whose arithmetic Python does faster than numpy's (numba: an int64 array)."""
-    return a.astype(np.int64).tolist()
-
-
-@overload(_ints)
-def _ints_compiled(a):
-    return lambda a: a.astype(np.int64)
-
-
-_NO_PAIR = -1      # a key that no pair has (the dicts' first entry gives numba their types)
-
-
-@register_jitable
-def _list_word(where, pair, w):
-    """Put word w on pair's list, once."""
-    if pair not in where:
-        where[pair] = _words_list(w)
-    elif where[pair][-1] != w:
-        where[pair].append(w)
-
-
-@register_jitable
-def _pair_greater(tokens, p, q):
-    """Pair p > pair q as byte strings, left then right (tokens[x]: token x's bytes): the naive tie-break."""
-    x, y = (p >> 32, q >> 32) if p >> 32 != q >> 32 else (p & 0xFFFFFFFF, q & 0xFFFFFFFF)
-    bx, by, k = tokens[x], tokens[y], 0
-    while k < min(len(bx), len(by)) and bx[k] == by[k]:
-        k += 1
-    return bx[k] > by[k] if k < min(len(bx), len(by)) else len(bx) > len(by)
-
-
-@register_jitable
 def _pop_best(heap, counts, tokens):
-    """The pair to merge next, or _NO_PAIR when none is left. heap holds (-count, pair), so
-    Python's min-heap gives the greatest count; among the pairs of that count the greatest
-    bytes win and the others go back. Stale entries are dropped on the way."""
-    best, ties = (0, _NO_PAIR), heap[:0]
-    while len(heap) > 0 and (best[1] == _NO_PAIR or heap[0][0] == best[0]):
+    """The pair to merge next, or None when none is left. Among the pairs of the greatest count the greatest
+    bytes win (the naive trainer's tie-break) and the others go back; stale entries are dropped on the way."""
+    best, ties = None, []
+    while heap and (best is None or heap[0][0] == best[0]):
         entry = heapq.heappop(heap)
-        if -entry[0] != counts[entry[1]] or entry[1] == best[1]:
+        if -entry[0] != counts[entry[1]] or best and entry[1] == best[1]:
             continue                                   # stale: the count has changed
-        if best[1] == _NO_PAIR or _pair_greater(tokens, entry[1], best[1]):
+        if best is None or [tokens[t] for t in entry[1]] > [tokens[t] for t in best[1]]:
             best, entry = entry, best
-        if entry[1] != _NO_PAIR:
+        if entry is not None:
             ties.append(entry)
     for entry in ties:
         heapq.heappush(heap, entry)
-    return best[1]
+    return best and best[1]
 
 
-@register_jitable
-def _count_pairs(tok, start, n, weight, counts):
-    """Add weight to the count of each pair of tok[start:start + n]."""
-    for i in range(start, start + n - 1):
-        pair = tok[i] << 32 | tok[i + 1]
-        if pair in counts:
-            counts[pair] += weight
-        else:
-            counts[pair] = weight
-
-
-@register_jitable
-def _merge_word(tok, start, n, a, b, t):
-    """Replace each (a, b) in tok[start:start + n] by t, left to right, in place; the new length."""
-    out, i = start, start
-    while i < start + n:
-        if i < start + n - 1 and tok[i] == a and tok[i + 1] == b:
-            tok[out], i = t, i + 2
-        else:
-            tok[out], i = tok[i], i + 1
-        out += 1
-    return out - start
+def _count_pairs(word, weight, counts):
+    """Add weight to the count of each adjacent pair of word."""
+    for pair in zip(word, word[1:]):
+        counts[pair] += weight
 
 
 def _merge_loop(ids, word_start, word_count, num_merges):
     """Up to num_merges merges as (lefts, rights), (M,) int64 each; merge m makes token 256 + m.
     ids: (P,) the bytes of all words end to end; word_start: (W+1,) offsets; word_count: (W,)
     occurrences. [b"low" x5, b"lowest" x2] -> first merge (o, w): 7 times, as (l, o), but greater."""
-    tok, word_start, word_count = _ints(ids), _ints(word_start), _ints(word_count)
-    length = [word_start[w + 1] - word_start[w] for w in range(len(word_count))]
-    counts, where = {_NO_PAIR: 0}, {_NO_PAIR: _words_list(-1)}
-    for w in range(len(word_count)):
-        _count_pairs(tok, word_start[w], length[w], word_count[w], counts)
-        for i in range(word_start[w], word_start[w] + length[w] - 1):
-            _list_word(where, tok[i] << 32 | tok[i + 1], w)
-    tokens = [np.array([b], np.uint8) for b in range(256)]    # the bytes of each token
-    heap = [(-counts[p], p) for p in counts if counts[p] > 0]
+    words = [tuple(ids[s:e].tolist()) for s, e in zip(word_start[:-1], word_start[1:])]
+    word_count, counts, where = word_count.tolist(), defaultdict(int), defaultdict(set)
+    for w, word in enumerate(words):
+        _count_pairs(word, word_count[w], counts)
+        for pair in zip(word, word[1:]):
+            where[pair].add(w)
+    tokens = [bytes([b]) for b in range(256)]          # the bytes of each token
+    heap = [(-c, p) for p, c in counts.items() if c > 0]
     heapq.heapify(heap)
-    lefts, rights = np.empty(num_merges, np.int64), np.empty(num_merges, np.int64)
-    m = 0
-    while m < num_merges:
-        pair = _pop_best(heap, counts, tokens)
-        if pair == _NO_PAIR:
-            break
-        a, b, t = pair >> 32, pair & 0xFFFFFFFF, 256 + m
-        lefts[m], rights[m] = a, b
-        tokens.append(np.concatenate((tokens[a], tokens[b])))
-        changes = {pair: 0}        # this merge's changes of counts (its own falls to 0)
+    merges = []
+    while len(merges) < num_merges and (pair := _pop_best(heap, counts, tokens)):
+        t = len(tokens)
+        merges.append(pair)
+        tokens.append(tokens[pair[0]] + tokens[pair[1]])
+        changes = defaultdict(int, {pair: 0})           # this merge's changes of counts (its own falls to 0)
         for w in where.pop(pair):
-            s, c_w = word_start[w], word_count[w]
-            _count_pairs(tok, s, length[w], -c_w, changes)
-            length[w] = _merge_word(tok, s, length[w], a, b, t)
-            _count_pairs(tok, s, length[w], c_w, changes)
-            for i in range(s, s + length[w] - 1):      # the new pairs list this word
-                if tok[i] == t or tok[i + 1] == t:
-                    _list_word(where, tok[i] << 32 | tok[i + 1], w)
+            _count_pairs(words[w], -word_count[w], changes)
+            words[w] = _merge(words[w], pair, t)
+            _count_pairs(words[w], word_count[w], changes)
+            for p in zip(words[w], words[w][1:]):     # the new pairs list this word
+                if t in p:
+                    where[p].add(w)
         for p, d in changes.items():
-            counts[p] = counts[p] + d if p in counts else d
-            if d != 0 and counts[p] > 0:
+            counts[p] += d
+            if d and counts[p] > 0:
                 heapq.heappush(heap, (-counts[p], p))
-        m += 1
-    return lefts[:m], rights[:m]
+    return tuple(np.array([m[k] for m in merges], np.int64) for k in (0, 1))
 
 
 # -----------------------------------------------------------------------------
@@ -276,7 +189,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
     """Train byte-level BPE on a UTF-8 file, counting pre-tokens (from 1 MiB in num_workers
     processes, default one per core it may use). Returns vocab {id: bytes} (0-255 the bytes,
     then the special tokens of 2+ bytes, then one per merge) and merges [(left bytes, right bytes)] in order."""
-    special_tokens = _check_special_tokens(special_tokens)
+    special_tokens = bpe_fast.checked_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     bpe_fast.worker_count(num_workers)           # checked here too: a small file never uses them
     if bpe_fast.check_input_file(input_path) >= bpe_fast.COMPILED_COUNT_MIN and bpe_fast.JIT:
@@ -289,7 +202,7 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None):
 
 def count_pretokens(input_path, special_tokens=()):
     """{pre-token string: count} over the whole file (special tokens split it, uncounted)."""
-    split_re = _special_split_re(_check_special_tokens(special_tokens))
+    split_re = _special_split_re(bpe_fast.checked_special_tokens(special_tokens))
     text = _read_text(input_path, "input file")
     return Counter(w for part in (split_re.split(text)[::2] if split_re else [text]) for w in pretokenize(part))
 
@@ -297,7 +210,7 @@ def count_pretokens(input_path, special_tokens=()):
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
     (_merge_loop, as Python or compiled, or bpe_fast.merge_loop; same merges); None picks one."""
-    special_tokens = _check_special_tokens(special_tokens)
+    special_tokens = bpe_fast.checked_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     encoded = bpe_fast.encoded_counts(counts)
     words = [w for w, _ in encoded if len(w) > 1]          # one byte has no pair
@@ -356,14 +269,6 @@ def _str_to_token(s, where):
 _BOM = "\ufeff"    # a byte-order mark that a Windows editor puts first in vocab.json or merges.txt: not a token
 
 
-def _check_id(i, where):
-    """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
-    token files and of the engine's pair keys (a bool is no id). where() names the token."""
-    if (type(i) is int or isinstance(i, np.integer)) and 0 <= i < 1 << 32:
-        return int(i)
-    raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to 2^32 - 1")
-
-
 def _short(text, count=True):
     """text for a message, its middle cut out when long (a token can be a megabyte), then followed by its length."""
     return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}" + (f" ({len(text):,} chars)" if count else "")
@@ -381,7 +286,7 @@ def _load_vocab_file(path):
         raise ValueError(f"{path} must hold a JSON object mapping token strings to ids")
     vocab = {}
     for n, (s, i) in enumerate(raw.items()):
-        vocab[_check_id(i, lambda: f"{path}: token {_show(s)}")] = _str_to_token(s, path)
+        vocab[bpe_fast.check_id(i, lambda: f"{path}: token {_show(s)}")] = _str_to_token(s, path)
         if len(vocab) != n + 1:
             raise ValueError(f"{path}: id {i} is used by two tokens")
     return vocab
@@ -456,26 +361,6 @@ def _read_merges_file(path):
     return merges, lambda k: path if k is None else f"{path} line {linenos[k]}"
 
 
-def _checked_ids(ids, vocab):
-    """decode's ids as a list of ints in vocab: a list, numpy array, torch tensor or any iterable of integers. Arrays
-    and tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are refused: True would
-    decode as id 1."""
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    try:
-        ids = list(ids)          # an iterator must survive the error path's second look
-    except TypeError:
-        raise ValueError(f"cannot decode {_short(repr(ids))}: decode takes a sequence of token ids") from None
-    for i in ids if not set(map(type, ids)) <= {int} else ():
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
-            raise ValueError(f"cannot decode {_short(repr(value))} ({type(i).__name__}): token ids must be integers")
-    if not vocab.keys() >= set(ids):
-        unknown = next(i for i in ids if i not in vocab)
-        raise ValueError(f"cannot decode token id {unknown}: the vocab has ids 0..{max(vocab)} ({len(vocab)} tokens)")
-    return ids
-
-
 # -----------------------------------------------------------------------------
 # 6. Tokenizer
 
@@ -491,8 +376,9 @@ class Tokenizer:
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
         make every merged token, and an error names the file and line (see _check_merges)."""
         self.merges = bpe_fast.checked_merges(vocab, merges)  # their types, before vocab.items()
-        self.vocab = {_check_id(i, lambda: f"vocab token {_short(repr(b))}"): b for i, b in vocab.items()}  # a copy
-        self.special_tokens = _check_special_tokens(special_tokens)
+        self.vocab = {bpe_fast.check_id(i, lambda: f"vocab token {_short(repr(b))}"): b  # a copy
+                      for i, b in vocab.items()}
+        self.special_tokens = bpe_fast.checked_special_tokens(special_tokens)
         have, new = set(self.vocab.values()), [s.encode("utf-8") for s in self.special_tokens]  # (distinct)
         self.vocab.update(enumerate([b for b in new if b not in have], max(self.vocab, default=-1) + 1))  # handout
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
@@ -582,7 +468,7 @@ class Tokenizer:
 
     def decode(self, ids):
         """Text of ids (a list, array or tensor of ints); bytes that are not UTF-8 become U+FFFD."""
-        ids = _checked_ids(ids, self.vocab)
+        ids = bpe_fast.checked_ids(ids, self.vocab)
         return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
 
 
@@ -594,7 +480,8 @@ def tokenizer_files(directory):  # where bpe.py train, a token cache and a run k
 
 
 def _cmd_train(args):
-    bpe_fast.check_vocab_size(args.vocab_size, _check_special_tokens(args.special_tokens or ()), "--vocab-size")
+    specials = bpe_fast.checked_special_tokens(args.special_tokens)
+    bpe_fast.check_vocab_size(args.vocab_size, specials, "--vocab-size")
     if os.path.exists(args.out) and not os.path.isdir(args.out):  # refused before training, not after it
         raise ValueError(f"--out {args.out} is {files.not_a_file(args.out) or 'a file'}, not a directory; pass one")
     made = sorted(p.name for p in Path(args.out).glob("*") if p.suffix in (".npy", ".pt"))  # ids, a checkpoint
@@ -616,7 +503,6 @@ def _cmd_train(args):
             f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
-    specials = _check_special_tokens(args.special_tokens)
     if one := [s for s in specials if len(s.encode()) == 1]:
         cli.say(f"note: vocab.json cannot mark a one-byte special token ({', '.join(map(repr, one))}) as special: "
                 f"encode with --special-tokens {shlex.join(specials)} to split there")  # its default finds the others
@@ -640,7 +526,7 @@ def _cmd_encode(args):
                          f"would take its ids for; pass another --out, or --tokenizer {Path(args.out).parent}")
     if args.special_tokens is None:  # the vocab's own, as train's --special-tokens and GPT-2's <|endoftext|> made them
         args.special_tokens = special_tokens_of(vocab, merges, in_file)
-    specials, tokens = _check_special_tokens(args.special_tokens), set(vocab.values())
+    specials, tokens = bpe_fast.checked_special_tokens(args.special_tokens), set(vocab.values())
     if missing := [s for s in specials if s.encode() not in tokens]:  # appended: ids past the files' vocab
         raise ValueError(f"--special-tokens {missing[0]!r} is not a token of {vocab_file}, so its id would be past "
                          "the tokenizer's; train a tokenizer with it (bpe.py train --special-tokens)")

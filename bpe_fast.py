@@ -555,6 +555,48 @@ def checked_merges(vocab, merges):
     return merges
 
 
+def checked_special_tokens(special_tokens):
+    """The special-token strings, checked, duplicates dropped (order kept). One of one byte is that byte's token."""
+    if isinstance(special_tokens, str):
+        raise ValueError("special_tokens must be a list of strings, not a single string "
+                         f"(did you mean [{special_tokens!r}]?)")
+    special_tokens = list(special_tokens or ())
+    for s in special_tokens:  # a lone surrogate is how a shell's $'\xff' arrives
+        why = ("not a string" if not isinstance(s, str) else "the empty string" if not s else
+               "not valid UTF-8 (a lone surrogate)" if lone_surrogate(s) else "")
+        if why:
+            raise ValueError(f"special token {s!r} is {why}; fix or remove it")
+    return list(dict.fromkeys(special_tokens))
+
+
+def check_id(i, where):
+    """i as an int if it is a token id: an integer in [0, 2^32), the range of the uint32
+    token files and of the engine's pair keys (a bool is no id). where() names the token."""
+    if (type(i) is int or isinstance(i, np.integer)) and 0 <= i < 1 << 32:
+        return int(i)
+    raise ValueError(f"{where()} has id {i!r}; a token id is an integer from 0 to 2^32 - 1")
+
+
+def checked_ids(ids, vocab):
+    """decode's ids as a list of ints in vocab: a list, numpy array, torch tensor or any iterable of integers. Arrays
+    and tensors are duck-typed by .tolist() (bpe.py does not import torch); floats and bools are refused: True would
+    decode as id 1."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    try:
+        ids = list(ids)          # an iterator must survive the error path's second look
+    except TypeError:
+        raise ValueError(f"cannot decode {short_repr(ids)}: decode takes a sequence of token ids") from None
+    for i in ids if not set(map(type, ids)) <= {int} else ():
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
+            raise ValueError(f"cannot decode {short_repr(value)} ({type(i).__name__}): token ids must be integers")
+    if not vocab.keys() >= set(ids):
+        unknown = next(i for i in ids if i not in vocab)
+        raise ValueError(f"cannot decode token id {unknown}: the vocab has ids 0..{max(vocab)} ({len(vocab)} tokens)")
+    return ids
+
+
 def worker_count(num_workers):
     """num_workers checked (a whole number from 1), or one per usable core for None."""
     if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer))

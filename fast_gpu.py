@@ -1,16 +1,18 @@
-"""The fast path's engine on a GPU: SwiGLU's gate, silu(a) * b between the FFN's two matmuls, as one Triton kernel
-each way. model.py's SwiGLU calls it at one visible place (fast=True with train.py's --triton-gate, on a GPU where
-Triton is installed); test_all.py checks it against model.py's gate, forward and backward, through Triton's
-interpreter on a CPU, and bench.py gpu times it against inductor's kernels (--sections gate, and the step's lever).
+"""The fast path's engine on a GPU. Two parts: SwiGLU's gate, silu(a) * b between the FFN's two matmuls, as one
+Triton kernel each way; and generate's decode step with a static KV cache, compiled (on CUDA, a CUDA graph). model.py
+calls each at one visible place: SwiGLU (fast=True with train.py's --triton-gate, on a GPU where Triton is
+installed) and _generate_static (model.py section 8). test_all.py checks the gate against model.py's, forward and
+backward, through Triton's interpreter on a CPU, and the decode step's tokens against generate's plain path; bench.py
+gpu times both (--sections gate, the levers, generation).
 
 The lessons it embodies:
   1. Between two matmuls, elementwise work is paid in memory traffic. The gate's forward reads a and b and writes
      their product: 3 numbers per element. Its backward reads a, b and the product's gradient and writes the
      gradients of a and b: 5. At the GPT-2-small shape (32,768 rows, d_ff 2,048, bf16, 12 layers) that is 4.8 GB
      forward and 8.1 GB backward in each step.
-  2. On the H200 (2026-11-30, docs/results.md) inductor's forward moved its bytes at 4.3 TB/s, near the memory's
-     peak, and its backward at 2.3 TB/s: 3.53 ms of a 63 ms step. For the same graph on a CPU, inductor's code
-     computes exp(-a) twice and divides twice per element (silu's sigmoid, and its derivative's).
+  2. On the H200 (docs/results.md) inductor's forward moved its bytes near the memory's peak, its backward at
+     about half of it. For the same graph on a CPU, inductor's code computes exp(-a) twice and divides twice per
+     element (silu's sigmoid, and its derivative's).
   3. One kernel each way, and the backward computes s = sigmoid(a) once for both gradients:
      da = dh b s (1 + a (1 - s)),  db = dh silu(a) = dh a s,
      written into the one (rows, 2 d_ff) buffer that the fused W1/W3 matmul's backward reads. The arithmetic is
@@ -114,3 +116,51 @@ def _keep_ab(ctx, inputs, output):
 
 
 silu_gate.register_autograd(lambda ctx, dh: silu_gate_backward(ctx.saved_tensors[0], dh), setup_context=_keep_ab)
+
+
+# ----------------------------------------------------------------------------
+# generate's fast path (model.py, section 8): a static KV cache and a compiled decode step
+
+_COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
+
+
+class StaticKVCache:
+    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in `slots` (a
+    tensor shared by all layers): no Python number changes per token, so the compiled step never recompiles for one.
+    Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN is NaN)."""
+    n = 0  # forward's length check before the prefill; the decode steps bypass forward (model._run)
+
+    def __init__(self, context_length):
+        self.context_length, self.slots, self.k, self.v = context_length, None, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, d_k) written at columns slots (T,) -> the whole buffers
+        B, H, T, d = k.shape
+        if self.k is None or self.k.shape[:2] != (B, H) or self.k.dtype != k.dtype or self.k.device != k.device:
+            self.k, self.v = (t.new_zeros(B, H, self.context_length, d) for t in (k, v))
+            for t in (self.k, self.v) if k.is_cuda else ():  # a CUDA graph writes into them where they are
+                torch._dynamo.mark_static_address(t)
+        self.k.index_copy_(2, self.slots, k)
+        self.v.index_copy_(2, self.slots, v)
+        return self.k, self.v
+
+
+def decode_step(model, caches, tok, valid, pad):
+    """tok (B, 1), the token of each row at column caches[0].slots (1,) -> logits (B, V). Its RoPE position
+    counts real tokens: the column less the row's padding (pad (B, 1)); it sees the columns up to its own
+    that are not padding (valid (B, C)). Every input keeps its shape from token to token."""
+    slot = caches[0].slots
+    mask = valid & (torch.arange(valid.shape[1], device=valid.device) <= slot)  # (B, C)
+    return model._run(tok, slot - pad, mask[:, None, None, :], caches)[:, -1]
+
+
+def graph_limit_hit():  # fullgraph=True past dynamo's limit of graphs per function: an error, not an eager
+    # fallback (torch 2.5 names it so); looked up only when an error comes: torch._dynamo takes a second to import
+    return tuple(getattr(torch._dynamo.exc, n) for n in ("FailOnRecompileLimitHit", "CacheLimitExceeded")
+                 if hasattr(torch._dynamo.exc, n))
+
+
+def compiled_step(device_type):
+    if device_type not in _COMPILED_STEPS:  # CUDA: reduce-overhead replays the step as a CUDA graph
+        _COMPILED_STEPS[device_type] = torch.compile(  # fullgraph: no graph break; dynamic=False: a graph per B, dtype
+            decode_step, mode="reduce-overhead" if device_type == "cuda" else None, fullgraph=True, dynamic=False)
+    return _COMPILED_STEPS[device_type]

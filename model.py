@@ -584,61 +584,19 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
 # the host waiting for the GPU, not to arithmetic. So, as pytorch-labs/gpt-fast does: the cache is
 # preallocated and written at a position tensor, the decode step is compiled whole (on CUDA replayed as a
 # CUDA graph: one launch per token), and the next token is drawn on the device, the stop flags read back
-# once every STOP_CHECK_EVERY tokens. The tokens are the plain path's (the tests check it).
+# once every STOP_CHECK_EVERY tokens. The cache and the compiled step live in the engine, fast_gpu.py. The tokens
+# are the plain path's (the tests check it).
 
 STOP_CHECK_EVERY = 8  # tokens between the fast path's looks at the stop flags (each a host sync): bench.py gpu tries 1-32
 _STATIC_CACHES = weakref.WeakKeyDictionary()  # model -> its StaticKVCaches, reused: a CUDA graph keeps their addresses
-_COMPILED_STEPS = {}  # device type -> the compiled decode step, one per process
 _STATIC_LOCK = threading.Lock()  # one generate at a time in the caches and the graph: a server's threads share them
-
-
-class StaticKVCache:
-    """One layer's keys and values in (B, H, context_length, d_head) buffers, written at the columns in `slots` (a
-    tensor shared by all layers): no Python number changes per token, so the compiled step never recompiles for one.
-    Zeros at first: a column not yet written is masked out, and must be finite (0 * NaN is NaN)."""
-    n = 0  # forward's length check before the prefill; the decode steps bypass forward (model._run)
-
-    def __init__(self, context_length):
-        self.context_length, self.slots, self.k, self.v = context_length, None, None, None
-
-    def append(self, k, v):  # k, v: (B, H, T, d_k) written at columns slots (T,) -> the whole buffers
-        B, H, T, d = k.shape
-        if self.k is None or self.k.shape[:2] != (B, H) or self.k.dtype != k.dtype or self.k.device != k.device:
-            self.k, self.v = (t.new_zeros(B, H, self.context_length, d) for t in (k, v))
-            for t in (self.k, self.v) if k.is_cuda else ():  # a CUDA graph writes into them where they are
-                torch._dynamo.mark_static_address(t)
-        self.k.index_copy_(2, self.slots, k)
-        self.v.index_copy_(2, self.slots, v)
-        return self.k, self.v
-
-
-def _decode_step(model, caches, tok, valid, pad):
-    """tok (B, 1), the token of each row at column caches[0].slots (1,) -> logits (B, V). Its RoPE position
-    counts real tokens: the column less the row's padding (pad (B, 1)); it sees the columns up to its own
-    that are not padding (valid (B, C)). Every input keeps its shape from token to token."""
-    slot = caches[0].slots
-    mask = valid & (torch.arange(valid.shape[1], device=valid.device) <= slot)  # (B, C)
-    return model._run(tok, slot - pad, mask[:, None, None, :], caches)[:, -1]
-
-
-def _graph_limit_hit():  # fullgraph=True past dynamo's limit of graphs per function: an error, not an eager
-    # fallback (torch 2.5 names it so); looked up only when an error comes: torch._dynamo takes a second to import
-    return tuple(getattr(torch._dynamo.exc, n) for n in ("FailOnRecompileLimitHit", "CacheLimitExceeded")
-                 if hasattr(torch._dynamo.exc, n))
-
-
-def _compiled_step(device_type):
-    if device_type not in _COMPILED_STEPS:  # CUDA: reduce-overhead replays the step as a CUDA graph
-        _COMPILED_STEPS[device_type] = torch.compile(  # fullgraph: no graph break; dynamic=False: a graph per B, dtype
-            _decode_step, mode="reduce-overhead" if device_type == "cuda" else None, fullgraph=True, dynamic=False)
-    return _COMPILED_STEPS[device_type]
 
 
 def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generator, compile):
     """generate's first n <= C - L + 1 tokens, fast. ids, valid: (B, L) left-padded prompts, L < C
     -> ids and valid (B, L + n), and each row's new tokens (cut at its stop) and whether it stopped."""
     (B, L), C = ids.shape, model.context_length
-    caches = _STATIC_CACHES.setdefault(model, [StaticKVCache(C) for _ in model.layers])
+    caches = _STATIC_CACHES.setdefault(model, [fast_gpu.StaticKVCache(C) for _ in model.layers])
     for c in caches:
         c.slots = torch.arange(L, device=ids.device)
         if c.k is not None and c.k.is_inference() != torch.is_inference_mode_enabled():  # torch.inference_mode's
@@ -651,7 +609,7 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
     slot = torch.full((1,), L - 1, device=ids.device)  # moved on in place before each step
     for c in caches:
         c.slots = slot
-    step, graphs = (_compiled_step(ids.device.type), ids.is_cuda) if compile else (_decode_step, False)
+    step, graphs = (fast_gpu.compiled_step(ids.device.type), ids.is_cuda) if compile else (fast_gpu.decode_step, False)
     new, done = ids.new_zeros(B, n), torch.zeros(B, dtype=torch.bool, device=ids.device)
     for i in range(n):
         if i:
@@ -661,8 +619,8 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
             tok = new[:, i - 1:i].clone(memory_format=torch.contiguous_format)  # batch 1: not new's stride (a guard)
             try:  # fullgraph past dynamo's graph limit (batch sizes x dtypes x model shapes): this call runs eagerly
                 logits = step(model, caches, tok, full, pad)
-            except _graph_limit_hit():
-                step, graphs, logits = _decode_step, False, _decode_step(model, caches, tok, full, pad)
+            except fast_gpu.graph_limit_hit():
+                step, graphs, logits = fast_gpu.decode_step, False, fast_gpu.decode_step(model, caches, tok, full, pad)
         new[:, i] = _sample(logits, temperature, top_p, generator, on_device=True)
         if stop_id is not None:
             done |= new[:, i] == stop_id

@@ -1725,7 +1725,7 @@ def test_model_generate_fast_compiled_decodes_64_tokens_without_recompiles(monke
         options.append(dict(mode=mode, **kw))
         return real_compile(fn, backend=counter, **kw)
     monkeypatch.setattr(torch, "compile", counting_compile)
-    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
+    monkeypatch.setattr(fast_gpu, "_COMPILED_STEPS", {})
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64, context_length=72)
     prompts = [[1, 2, 3], [4]]
@@ -1747,7 +1747,7 @@ def test_model_generate_fast_compiled_batch_of_one_does_not_recompile_per_token_
     from torch._dynamo.testing import CompileCounter
     counter, real_compile = CompileCounter(), torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
-    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
+    monkeypatch.setattr(fast_gpu, "_COMPILED_STEPS", {})
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64, context_length=16)
     for prompt, n in (([1, 2, 3], 5), ([1, 2, 3], 9), ([4] * 12, 8)):  # the last: room for 5 tokens, then re-runs
@@ -1762,8 +1762,8 @@ def test_model_generate_fast_compiled_past_the_recompile_limit_runs_eagerly(monk
     from torch._dynamo.testing import CompileCounter
     counter, real_compile = CompileCounter(), torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend=counter, **kw))
-    monkeypatch.setattr(model, "_COMPILED_STEPS", {})
-    graphs = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(model._decode_step))  # earlier tests' count too
+    monkeypatch.setattr(fast_gpu, "_COMPILED_STEPS", {})
+    graphs = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(fast_gpu.decode_step))  # earlier tests' count too
     torch.manual_seed(0)
     m = _model_small(dtype=torch.float64, context_length=16)
     # torch's own patch, not monkeypatch: pytest 9.2's undo deletes the option, and torch then hides it for good
@@ -2994,8 +2994,7 @@ def test_model_generate_refuses_a_prompt_that_is_not_ids_in_one_sentence():
 # bpe.py and its engine bpe_fast.py (tested against bpe.py's definitions)
 # ============================================================================
 
-_BPE_COMPILED = numba.njit(cache=True)(bpe._merge_loop)  # bpe.py's own loop, compiled as it is (compiled at first use)
-_BPE_LOOPS = {"plain": lambda: bpe._merge_loop, "plain compiled": lambda: _BPE_COMPILED,
+_BPE_LOOPS = {"plain": lambda: bpe._merge_loop,
               "engine": lambda: bpe_fast.merge_loop}        # every merge loop, by name
 
 
