@@ -209,7 +209,7 @@ def count_pretokens(input_path, special_tokens=()):
 
 def train_from_counts(counts, vocab_size, special_tokens=(), loop=None):
     """The merge half of train_bpe, from {pre-token str: count}. loop: the merge loop to run
-    (_merge_loop, as Python or compiled, or bpe_fast.merge_loop; same merges); None picks one."""
+    (_merge_loop, or bpe_fast.merge_loop: the same merges); None picks one."""
     special_tokens = bpe_fast.checked_special_tokens(special_tokens)
     bpe_fast.check_vocab_size(vocab_size, special_tokens)
     encoded = bpe_fast.encoded_counts(counts)
@@ -227,7 +227,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
-    # A small job runs this loop as Python up to a bound on its time; the engine's compiled loop (data laid out for the
+    # A small job runs _merge_loop up to a bound on its time; the engine's compiled loop (data laid out for the
     # caches, only the pairs next to a merge changed) learns the same merges, from the start if pairs are left then.
     first = 0 if loop else bpe_fast.interpreted_merges(len(ids), num_merges, longest)  # merges tried as Python
     lefts, rights = _merge_loop(ids, word_start, word_count, first) if first else (np.empty(0, np.int64),) * 2
