@@ -16,7 +16,6 @@ a masked matmul (the masked half is computed and then thrown away). GB = 1e9 byt
 """
 
 import collections
-import functools
 import itertools
 import math
 import re
@@ -101,19 +100,6 @@ def gpu_peak_key(device_name):
     if re.search(r"H[12]00(?!\d)", name) and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"
     return "A100" if re.search(r"A100(?!\d)", name) else None
-
-
-@functools.cache  # measured once per process and dtype
-def measure_matmul_flops(dtype=torch.float32):
-    """Best FLOP/s of a (1024, 1024) @ (1024, 1024) matmul on the CPU, over about half a second of repeats."""
-    a, b = torch.randn(2, 1024, 1024, dtype=dtype)
-    a @ b  # warm-up: thread pool, caches
-    best, start = 0.0, time.perf_counter()
-    while time.perf_counter() - start < 0.5:
-        t0 = time.perf_counter()
-        a @ b
-        best = max(best, 2 * 1024**3 / (time.perf_counter() - t0))
-    return best
 
 
 def peak_flops(device, dtype):

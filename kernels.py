@@ -20,7 +20,6 @@ Sections: 1. the variants, 2. the bytes each moves, 3. correctness against float
     python kernels.py --device cpu --sizes 20 22 --json out/kernels.json
 """
 
-import contextlib
 import datetime
 import functools
 import inspect
@@ -41,7 +40,8 @@ import torch.nn.functional as F
 import accounting
 from cli import Parser, UsageError, end_quietly_on_closed_pipe, error_line, exit_code, quiet_stderr, user_path
 from files import new_folders, unwritable, write_json
-from machine import cache_bytes, cuda_unavailable_reason, device_error, memory_bytes, quiet_cuda_home, usable_cores
+from machine import (cache_bytes, cuda_unavailable_reason, device_error, memory_bytes, one_thread_on_a_cpu,
+                     quiet_cuda_home, usable_cores)
 
 quiet_cuda_home()  # the inline CUDA and torch.compile sections compile on every machine
 
@@ -396,20 +396,6 @@ def run_benchmark(variants, dtypes, log2_sizes, device, reps):
     return rows
 
 
-@contextlib.contextmanager
-def one_thread_on_a_cpu(device, threads):
-    """A CPU's timed runs take one thread unless --threads is given: a parallel op waits at its end for all its
-    threads, and on a busy machine one of them waits for its core on every call, a scheduler's slice (milliseconds)
-    that no size changes: small sizes would time that wait, not the memory. One thread's bandwidth is the limit."""
-    before = torch.get_num_threads()
-    if device == "cpu" and not threads:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def target_line(rows):
     """One summary line: the CUDA kernel at the largest fp32 size vs copy and F.gelu."""
     # by variant, its fp32 row of the largest size: a larger size comes later and overwrites a smaller
@@ -503,7 +489,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(min(args.threads, usable_cores()))  # thousands of threads: OpenMP fails or segfaults
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    threads = torch.get_num_threads()  # the timed runs take one unless --threads is given (one_thread_on_a_cpu)
+    threads = torch.get_num_threads()  # the timed runs take one unless --threads is given (machine.one_thread_on_a_cpu)
     device = f"CPU ({platform.machine()}, timed on {threads if args.threads else 1} of {threads} threads)"
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else device
     print(f"kernels.py on {device}, torch {torch.__version__}, {started}")

@@ -23,6 +23,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,21 @@ def torch_settings(cfg):
             torch.set_flush_denormal(False)
 
 
+@contextlib.contextmanager
+def one_thread_on_a_cpu(device, threads):
+    """A CPU's timed runs take one thread unless --threads is given: a parallel op waits at its end for all its
+    threads, and on a busy machine one of them waits for its core on every call, a scheduler's slice (milliseconds)
+    that no size changes: small sizes would time that wait, not the memory. One thread's bandwidth is the limit."""
+    torch = _torch()
+    before = torch.get_num_threads()
+    if device == "cpu" and not threads:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------
 # 3. Devices and the compiler
 
@@ -287,6 +303,19 @@ def cuda_unavailable_reason():
     if not cpp_extension.is_ninja_available():
         return "ninja not found, which load_inline needs (pip install ninja)"
     return None
+
+
+@functools.cache  # measured once per process and dtype
+def measure_matmul_flops(dtype):
+    """Best FLOP/s of a (1024, 1024) @ (1024, 1024) matmul on the CPU, over about half a second of repeats."""
+    a, b = _torch().randn(2, 1024, 1024, dtype=dtype)
+    a @ b  # warm-up: thread pool, caches
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < 0.5:
+        t0 = time.perf_counter()
+        a @ b
+        best = max(best, 2 * 1024**3 / (time.perf_counter() - t0))
+    return best
 
 
 # ----------------------------------------------------------------------------

@@ -11540,7 +11540,7 @@ def test_accounting_peak_flops_table_and_cpu_measurement(monkeypatch):
     assert words == f"vs a measured matmul peak of {cpu / 1e12:.2f} TFLOP/s (float32's; a probe, not a published peak)"
     # a fifth tester's (2026-12-02): --dtype bf16 probed bf16 alone, which a CPU without bf16 units runs 100x slower
     # than float32 (and than a step's small matmuls: MFU 546.6%); the faster of the two is the peak now
-    monkeypatch.setattr(accounting, "measure_matmul_flops", lambda d: {torch.float32: 5e11, torch.bfloat16: 1e9}[d])
+    monkeypatch.setattr(machine, "measure_matmul_flops", lambda d: {torch.float32: 5e11, torch.bfloat16: 1e9}[d])
     assert train.benchmark_peak({"device": "cpu", "dtype": "bf16"}) == (
         5e11, "vs a measured matmul peak of 0.50 TFLOP/s (float32's; a probe, not a published peak)")
     assert train.device_peak({"device": "meta", "dtype": "float32"}) is None
@@ -11896,9 +11896,9 @@ def test_kernels_cpu_timings_flush_the_caches_take_one_thread_and_flag_what_beat
     kernels.time_ms(lambda x: calls.append(len(flushed)), torch.ones(4), 5, lambda: flushed.append(1))
     assert calls[3:] == [1, 2, 3, 4, 5]  # the 3 warm-ups, then a flush before each timed run
     before = torch.get_num_threads()
-    with kernels.one_thread_on_a_cpu("cpu", None):
+    with machine.one_thread_on_a_cpu("cpu", None):
         assert torch.get_num_threads() == 1
-    with kernels.one_thread_on_a_cpu("cpu", 2):  # --threads given: main set it
+    with machine.one_thread_on_a_cpu("cpu", 2):  # --threads given: main set it
         assert torch.get_num_threads() == before
     assert torch.get_num_threads() == before
     assert kernels.above_copy_note(101.0) == "" and "faster than the copy" in kernels.above_copy_note(126.4)

@@ -242,7 +242,7 @@ def benchmark_peak(cfg):  # --benchmark's (peak, its words); a CPU has no publis
     if (kind := torch.device(cfg["device"]).type) != "cpu":
         return None, f"no published peak for this {kind} device in accounting.PEAK_FLOPS"
     dtypes = (torch.float32, torch.bfloat16) if cfg["dtype"] == "bf16" else (torch.float32,)  # float32's, if faster:
-    peak, best = max((accounting.measure_matmul_flops(d), str(d).removeprefix("torch.")) for d in dtypes)  # bf16 crawls
+    peak, best = max((machine.measure_matmul_flops(d), str(d).removeprefix("torch.")) for d in dtypes)  # bf16 crawls
     return peak, f"vs a measured matmul peak of {peak / 1e12:.2f} TFLOP/s ({best}'s; a probe, not a published peak)"
 
 
