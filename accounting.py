@@ -95,7 +95,7 @@ def mfu(flops, seconds, peak):
 def gpu_peak_key(device_name):
     """Which row of PEAK_FLOPS a torch.cuda.get_device_name() string means, or None. The H200 has the H100 SXM's
     compute (more, faster memory; its only PCIe card is the NVL); the H100 and H200 NVL are other cards (other
-    clocks): no row, no guess. A model number counts whole: an RTX A1000 is no A100 (read as one until 2026-12-01)."""
+    clocks): no row, no guess. A model number counts whole: an RTX A1000 is no A100."""
     name = device_name.upper()
     if re.search(r"H[12]00(?!\d)", name) and "NVL" not in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"

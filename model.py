@@ -39,13 +39,13 @@ def check_count(name, n, least=1, below=None):
 
 def check_positive(name, x):
     """The boundary check of a scale (RMSNorm's eps, RoPE's base): a finite number > 0. An eps of 0 or less makes a
-    zero row NaN (0/0, the root of a negative number), a base of 0 or less NaN tables; "1e4" (a config file's
-    string) was Python's "must be real number, not str"."""
+    zero row NaN (0/0, the root of a negative number), a base of 0 or less NaN tables; a string ("1e4") is no
+    number."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {x!r}.")
 
 
-def _check_dtype(dtype):  # a part's weights: an integer dtype's init was torch's "not implemented for 'Long'"
+def _check_dtype(dtype):  # a part's weights: an integer dtype has no init (torch: "not implemented for 'Long'")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be None or a floating-point torch.dtype, got {dtype!r}.")
 
@@ -494,8 +494,7 @@ def _prompt_rows(prompt):
         rows = [torch.tensor(list(p)) for p in prompt] if batched else [torch.tensor(list(prompt))]
         if any(row.dim() != 1 for row in rows):  # rows of rows
             raise TypeError
-        # uint8 rows (a byte-level model's np.frombuffer(b"...", np.uint8)) are ids here, where forward's uint8 would
-        # index as a mask: they were refused as not an integer tensor, while int8 and uint16 rows were taken
+        # uint8 rows (a byte-level model's np.frombuffer(b"...", np.uint8)) are ids, where forward's uint8 would be a mask
         rows = [row.long() if row.dtype == torch.uint8 else row for row in rows]
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"generate's prompt must be a list of ints, a list of such lists, or a 1-D or 2-D integer "

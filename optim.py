@@ -25,7 +25,7 @@ def cross_entropy(logits, targets, fused=False):
     """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
     logits: (..., V), targets: (...) int64 or int32 -> scalar. Subtracting the max keeps exp finite;
     bf16 logits are upcast because the sum over V would lose digits (float64 stays float64).
-    fused=True: the same loss with the hand-written backward below."""
+    fused=True: the same loss with a hand-written backward (fast_cpu.py's kernel for float32 on a CPU, else below)."""
     if not (torch.is_tensor(logits) and torch.is_tensor(targets)):  # a list has no .dtype, a numpy array no .float()
         raise TypeError(f"cross_entropy takes tensors, got logits of type {type(logits).__name__} and targets of type "
                         f"{type(targets).__name__}: make them with torch.tensor or torch.from_numpy.")
@@ -82,7 +82,7 @@ def _number(x):  # an int or a float (numpy's too), not a bool, a str, None or a
 def perplexity(mean_loss):
     """perplexity = exp(mean cross-entropy in nats), as a float: inf past a float's range (a loss above 709.78,
     which a diverging run can reach while the loss itself is still finite)."""
-    if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # "2" gave e^2
+    if not (_number(mean_loss) or torch.is_tensor(mean_loss) and mean_loss.numel() == 1):  # not "2"
         what = f"a tensor of shape {tuple(mean_loss.shape)}" if torch.is_tensor(mean_loss) else repr(mean_loss)
         raise TypeError(f"perplexity takes a mean loss, a number or a one-element tensor, got {what}.")
     try:  # detach: the loss straight from the forward holds a graph, and float() of it warns of one
@@ -219,13 +219,13 @@ class AdamW(_Optimizer):
     theta <- theta - lr * weight_decay * theta       (decoupled decay, after the update)
     compiled=True runs the same _adamw_math through torch.compile, which fuses each parameter's arithmetic
     into one pass over its tensors (eager, each _foreach op is a pass of its own). It needs what torch.compile
-    needs (a C++ compiler on a CPU): train.py checks for one before --compile. fused=True (without compiled) runs
+    needs (a C++ compiler on a CPU): config.py checks for one before --compile. fused=True (without compiled) runs
     float32 CPU tensors through fast_cpu.adamw instead, one pass compiled by numba: no C++ compiler, no wait."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, compiled=False,
                  fused=False, more_defaults=None):  # more_defaults: a subclass's own hyperparameters (Muon's)
         betas = tuple(betas) if isinstance(betas, list) else betas  # a scalar or a str: refused by its rule
-        if type(compiled) is not bool or type(fused) is not bool:  # compiled="no" is true: it compiled
+        if type(compiled) is not bool or type(fused) is not bool:  # compiled="no" is true
             raise ValueError(f"compiled and fused must be True or False, got compiled={compiled!r}, fused={fused!r}.")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **(more_defaults or {})))
         self.compiled, self.fused = compiled, fused
