@@ -100,7 +100,7 @@ def need_text(path, what, block=1 << 24):
         if (bad := data.bad_utf8_offset(text, block)) is not None:
             raise UsageError(f"{what} {path} is not valid UTF-8: bad byte 0x{text[bad]:02x} at byte offset {bad}; "
                              "re-save the file as UTF-8.")
-    return str(path)
+    return os.path.abspath(path)  # the children run in the clone's folder
 
 
 def seed_files():  # the course notes in Chinese: the scale corpus's CJK runs and a row of the encode table

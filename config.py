@@ -25,10 +25,10 @@ import fused_head
 from bpe import tokenizer_files
 from cli import RANK, Parser, UsageError, counted, env_int, log, short_repr, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
+from checkpoints import read_checkpoint
 from files import is_ids, same_file, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import (PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, read_checkpoint, run_dir, run_dir_problem,
-                    saved_config, tokenizer_origin)
+from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------

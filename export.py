@@ -32,12 +32,13 @@ if __name__ == "__main__":
 import torch
 
 from bpe import GPT2_PAT, Tokenizer, _token_to_str
+from checkpoints import check_state
 from cli import DataError, Parser, UsageError, catch_ctrl_c, disk_full, disk_is_full, exit_code, log
 from config import model_kwargs, undecodable_ids
 from data import read_tokenizer
 from files import atomic_file, atomic_files, dir_lock, new_folders, unwritable, writable, write_json
 from model import RMSNorm, TransformerLM
-from rundir import RUN_MARKERS, check_state, diverged_step, on_text, read_run
+from rundir import RUN_MARKERS, diverged_step, on_text, read_run
 
 # ----------------------------------------------------------------------------
 # 1. The model as a Llama: names, the RoPE layout, config.json

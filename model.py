@@ -363,6 +363,10 @@ class TransformerLM(nn.Module):
         for name, n in sizes.items():  # a 0 would build a model that fails far from here, or not at all
             check_count(name, n)
         check_positive("rope_theta", rope_theta)  # here too: nope builds no RoPE
+        switches = dict(no_norm=no_norm, post_norm=post_norm, nope=nope, silu_ffn=silu_ffn,
+                        tie_embeddings=tie_embeddings, fast=fast)
+        if bad := [f"{k}={v!r}" for k, v in switches.items() if type(v) is not bool]:  # nope="no" is true
+            raise ValueError(f"The ablations and fast are True or False, got {', '.join(bad)}.")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
         d_head = d_model // num_heads  # RoPE refuses an odd one
@@ -507,7 +511,8 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
-    numeric = all(isinstance(x, (numbers.Real, torch.Tensor)) for x in (temperature, top_p))  # not None, not "0.8"
+    numeric = all(isinstance(x, numbers.Real) or torch.is_tensor(x) and x.numel() == 1  # not None, "0.8", [0.5, 1]
+                  for x in (temperature, top_p))
     if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
                          f"top_p={top_p!r}.")

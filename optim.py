@@ -103,9 +103,7 @@ class _Optimizer(torch.optim.Optimizer):
     each group's parameters that have a gradient to the optimizer's own _update."""
     squares = True  # g * g: wrong for a complex g (|g|^2 is the square), and no torch op takes a sparse g there
 
-    def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
-        if not isinstance(group, dict):  # add_param_group([p]): "'list' object is not a mapping" below; torch's words
-            raise TypeError(f"param_group must be a dict, but got {type(group).__name__}: pass {{'params': [...]}}.")
+    def _check(self, group, saved=False):  # a group's hyperparameters (a saved one's: no default fills a gap)
         finite = ("a finite number >= 0", lambda x: _number(x) and 0 <= x < math.inf)  # inf: inf weights
         unit, flag = ("in [0, 1)", lambda x: _number(x) and 0 <= x < 1), ("True or False", lambda m: type(m) is bool)
         rules = {"lr": finite, "weight_decay": finite, "momentum": unit, "alpha": unit, "nesterov": flag, "muon": flag,
@@ -113,16 +111,28 @@ class _Optimizer(torch.optim.Optimizer):
                  "betas": ("two, in [0, 1)", lambda b: isinstance(b, (tuple, list)) and len(b) == 2
                            and all(_number(x) and 0 <= x < 1 for x in b)),
                  "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1)}
+        if saved and (missing := [k for k in self.defaults if k in rules and k not in group]):  # a KeyError at step
+            raise ValueError(f"The saved state is another optimizer's: its group lacks {', '.join(missing)}.")
         bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
                and not rules[k][1](v)]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
+
+    def add_param_group(self, group):  # torch.optim's __init__ calls it too, for each group (its own lr, ...)
+        if not isinstance(group, dict):  # add_param_group([p]): "'list' object is not a mapping" below; torch's words
+            raise TypeError(f"param_group must be a dict, but got {type(group).__name__}: pass {{'params': [...]}}.")
+        self._check(group)
         group = {**group, "params": _param_list(group["params"])}  # a set: torch's TypeError (its order changes)
         dtypes = sorted({str(p.dtype) for p in group["params"] if torch.is_tensor(p) and p.is_complex()})
         if dtypes and self.squares:
             raise ValueError(f"{type(self).__name__} squares each gradient where a complex one needs |g|^2: it "
                              f"takes real parameters, not {', '.join(dtypes)}.")
         super().add_param_group(group)
+
+    def load_state_dict(self, state_dict):  # the saved groups meet the same rules (a saved NaN lr trained NaNs)
+        for group in state_dict.get("param_groups", ()) if isinstance(state_dict, dict) else ():
+            self._check(group, saved=True)
+        super().load_state_dict(state_dict)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -69,6 +69,7 @@ import fused_head
 import kernels
 import model
 import optim
+import checkpoints
 import cli
 import config
 import files
@@ -1588,6 +1589,19 @@ def test_model_generate_refuses_a_stop_id_that_would_stop_no_row():
     assert model.generate(m, [3, 1, 4], 8, temperature=0, stop_id=np.int64(greedy[2])) == greedy[:greedy.index(greedy[2])]
 
 
+def test_model_generate_refuses_a_temperature_tensor_of_several_numbers_and_lm_switches_that_are_no_bool():
+    # temperature=torch.tensor([0.5, 1.0]) was torch's "only one element tensors can be converted to Python scalars";
+    # TransformerLM(nope="no") built a model without RoPE (a non-empty string is true)
+    m = _model_small(dtype=torch.float64)
+    for kw in (dict(temperature=torch.tensor([0.5, 1.0])), dict(top_p=torch.tensor([0.9, 0.8]))):
+        with pytest.raises(ValueError, match=r"^Need a finite temperature >= 0 and 0 < top_p <= 1, got "):
+            model.generate(m, [3, 1, 4], 2, **kw)
+    assert len(model.generate(m, [3, 1, 4], 2, temperature=torch.tensor(0.5), top_p=torch.tensor([0.9]))) == 2
+    for kw, said in ((dict(nope="no"), "nope='no'"), (dict(tie_embeddings=1, fast=None), "tie_embeddings=1, fast=None")):
+        with pytest.raises(ValueError, match=rf"^The ablations and fast are True or False, got {re.escape(said)}\.$"):
+            TransformerLM(16, 8, 16, 1, 2, 32, **kw)
+
+
 def test_model_generate_takes_a_stop_id_as_a_0d_integer_tensor():
     # stop_id=ids[-1] or logits.argmax() is a 0-d tensor: it was refused as no whole number; a float or bool one still is
     m = _model_small(dtype=torch.float64)
@@ -2523,6 +2537,23 @@ def test_model_clip_grad_norm_refuses_a_negative_or_nan_max_norm():
 
 
 # --- optim API review: another optimizer's checkpoint, complex and sparse, inf and wrong types, float64 clipping ---
+def test_model_optimizer_state_loaded_meets_the_constructors_rules():
+    # a saved state's hyperparameters were loaded unchecked (betas (1.5, 0.999), eps 0: the next step made NaNs), and
+    # AdamW's state loaded straight into SGD(momentum=0.9) was a KeyError 'momentum' at its step
+    lm = TransformerLM(16, 8, 16, 1, 2, 32)
+    sd = optim.AdamW(lm.parameters()).state_dict()
+    sd["param_groups"][0].update(betas=(1.5, 0.999), eps=0.0)
+    opt = optim.AdamW(lm.parameters(), lr=0.25)
+    with pytest.raises(ValueError, match=r"^Hyperparameter out of range: betas=\(1\.5, 0\.999\) \(need two, in "
+                                         r"\[0, 1\)\), eps=0\.0 \(need a finite number > 0\)\.$"):
+        opt.load_state_dict(sd)
+    assert opt.param_groups[0]["lr"] == 0.25 and opt.param_groups[0]["eps"] == 1e-8  # nothing loaded
+    with pytest.raises(ValueError, match=r"^The saved state is another optimizer's: its group lacks momentum\.$"):
+        optim.SGD(lm.parameters(), momentum=0.9).load_state_dict(optim.AdamW(lm.parameters()).state_dict())
+    opt.load_state_dict(optim.AdamW(lm.parameters(), lr=0.5).state_dict())  # a good one loads
+    assert opt.param_groups[0]["lr"] == 0.5
+
+
 def test_model_load_checkpoint_refuses_another_optimizers_state():
     # an AdamW checkpoint loaded into AdaGrad trained with AdamW's lr and betas without a word; into SGD(momentum=0.9)
     # it was a KeyError 'momentum' at the next step. Now one ValueError naming both sets, before anything is loaded
@@ -5477,12 +5508,12 @@ def test_bpe_encode_refuses_what_is_not_text_in_one_sentence_on_both_paths(monke
 
 
 # ============================================================================
-# the plumbing: cli.py, files.py, machine.py, rundir.py, config.py
+# the plumbing: cli.py, files.py, machine.py, checkpoints.py, rundir.py, config.py
 # ============================================================================
 
 def test_plumbing_imports_flow_one_way():
     """Every project import, those inside functions too: no cycle, and each plumbing file imports only the plumbing
-    below it (cli <- files <- machine <- rundir), so it never names a caller. safety.py's two cycles (through a
+    below it (cli <- files <- machine <- rundir, checkpoints.py beside machine.py), so it never names a caller. safety.py's two cycles (through a
     function-level import) are what this catches."""
     import ast
     root = Path(__file__).resolve().parent
@@ -5498,7 +5529,8 @@ def test_plumbing_imports_flow_one_way():
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names.add(node.module.split(".")[0])
         graph[p.stem] = names & project - {p.stem}
-    below = {"cli": set(), "files": {"cli"}, "machine": {"cli", "files"}, "rundir": {"cli", "files", "machine"}}
+    below = {"cli": set(), "files": {"cli"}, "machine": {"cli", "files"}, "checkpoints": {"files"},
+             "rundir": {"cli", "files", "machine", "checkpoints"}}
     for name, allowed in below.items():
         assert graph[name] <= allowed, (name, graph[name] - allowed)
     assert graph["model"] <= {"fast_cpu", "fast_gpu"} and graph["optim"] <= {"fast_cpu"} and not graph["fast_gpu"]
@@ -6182,7 +6214,7 @@ def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(request
         assert code == 1 and err.strip().splitlines()[-1] == (
             f"train.py: error: {ckpt}: File too large; fix that path or pick another, then rerun the same command "
             "(a training run that has a ckpt.pt: with --resume, without --overwrite).") and "Traceback" not in err, (k, err)
-        assert not ckpt.exists() or rundir.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
+        assert not ckpt.exists() or checkpoints.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
     code, err = runs[-1]  # an export's files, the same
     assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
                                       r"fix that path or pick another, then run the same command again.\n", err), err
@@ -6769,6 +6801,24 @@ def test_train_save_checkpoint_refuses_an_iteration_load_checkpoint_would_not_gi
         assert train.load_checkpoint(buf, m, opt) == it
 
 
+def test_train_save_checkpoint_refuses_extras_that_load_checkpoint_would_refuse(tmp_path):
+    # numpy's RNG state, a numpy float in a config, an argparse.Namespace were saved, then refused by load_checkpoint
+    # (it loads tensors and plain values, never code): found hours later, at --resume
+    import argparse
+    m, opt = _train_model_opt()
+    for extra, where, kind in ((dict(np_rng=np.random.get_state()), "['np_rng'][1]", "numpy.ndarray"),
+                               (dict(config={"lr": np.float64(1.0)}), "['config']['lr']", "numpy.float64"),
+                               (dict(args=argparse.Namespace(lr=1)), "['args']", "argparse.Namespace"),
+                               (dict(table={np.int64(1): 2}), "['table']", "numpy.int64")):
+        with pytest.raises(ValueError, match=r"^save_checkpoint: (a key of )?the checkpoint" + re.escape(where)
+                                             + rf" is of type {re.escape(kind)}, which load_checkpoint refuses "):
+            train.save_checkpoint(m, opt, 1, tmp_path / "c.pt", **extra)
+    assert not list(tmp_path.iterdir())  # nothing written
+    plain = dict(config={"lr": 1.0, "betas": (0.9, 0.95), "seen": {1, 2}, "shape": torch.Size([2])}, rng=torch.ones(2))
+    train.save_checkpoint(m, opt, 3, tmp_path / "c.pt", **plain)
+    assert train.load_checkpoint(tmp_path / "c.pt", m, opt) == 3
+
+
 def test_train_load_checkpoint_gives_back_a_tensor_iteration_of_other_code_as_its_int():
     # a CS336 loop's torch.save({..., "iteration": torch.tensor(it)}): save_checkpoint took a 0-d integer tensor, but
     # load_checkpoint refused the same in a file ("holds iteration tensor(7), not a step count")
@@ -6831,7 +6881,7 @@ def test_train_checkpoint_of_a_users_own_model_round_trips(child, tmp_path):
     assert torch.load(tmp_path / "w.pt", weights_only=True)["model"].keys() == lm.state_dict().keys()
     state = {"model": {**want, "norm.num_batches_tracked": torch.tensor(3.5)}, "iteration": 0}
     with pytest.raises(ValueError, match=r"norm.num_batches_tracked holds torch.float32, not torch.int64 as the mod"):
-        rundir.check_state(state, m2)
+        checkpoints.check_state(state, m2)
 
 
 def test_train_checkpoint_keeps_a_plain_models_keys_and_a_tied_model_refuses_two_matrices(tmp_path):
@@ -6871,13 +6921,13 @@ def test_rundir_check_state_checks_entries_iteration_weights_then_optimizer_each
                          ({**good, "model": no_weights, "optimizer": no_state}, "ln_final.weight has shape (3,)"),
                          ({**good, "optimizer": no_state}, "holds optimizer state that does not fit")):
         with pytest.raises(ValueError, match=regex.escape(words)):
-            rundir.check_state(state, lm, opt, name="c.pt")
+            checkpoints.check_state(state, lm, opt, name="c.pt")
     with pytest.raises(ValueError, match=r"^c.pt does not fit this model: ln_final.weight has shape \(3,\)"):
-        rundir.check_weights(no_weights, lm, "c.pt")
+        checkpoints.check_weights(no_weights, lm, "c.pt")
     with pytest.raises(ValueError, match="^c.pt holds optimizer state that does not fit this model's parameters$"):
-        rundir.check_optimizer_state(no_state, opt, "c.pt")
+        checkpoints.check_optimizer_state(no_state, opt, "c.pt")
     compiled = {**good, "model": {f"_orig_mod.{k}": v for k, v in good["model"].items()}}
-    rundir.check_state(compiled, lm, opt)  # the wrapper's prefix is dropped in place, as load_state loads it
+    checkpoints.check_state(compiled, lm, opt)  # the wrapper's prefix is dropped in place, as load_state loads it
     assert compiled["model"].keys() == lm.state_dict().keys()
     long = [f"{f.name}: {n.name} ({n.end_lineno - n.lineno + 1} lines)" for f in sorted(_ACC_ROOT.glob("*.py"))
             if f.name != "test_all.py" for n in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
@@ -7173,7 +7223,7 @@ def test_train_ctrl_c_saves_and_exits_cleanly(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "--resume" in out
     last = _train_losses(tmp_path / "out" / "toy")[-1][0]
-    assert rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == last
     # the advice is a command that works: after a run started with --overwrite, "the same command plus --resume"
     # was refused ("--resume continues a run and --overwrite replaces it; pass one of them")
     assert "Continue with the same command without --overwrite, plus --resume." in out, out
@@ -7208,7 +7258,7 @@ def test_train_a_closed_terminal_sighup_saves_and_resumes(tmp_path, capsys):
     os.close(master)  # the terminal is gone: the run's prints fail from here on
     os.killpg(p.pid, signal.SIGHUP)
     assert p.wait(timeout=120) == 130, seen.decode(errors="replace")
-    step = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
+    step = checkpoints.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"]
     assert 0 < step < 20
     assert train.main(args + ["--resume"]) == 0
     assert f"resumed from out/toy/ckpt.pt at step {step}" in capsys.readouterr().out
@@ -7236,7 +7286,7 @@ def test_train_nan_loss_stops_and_keeps_checkpoint(tmp_path, monkeypatch, capsys
         assert train.main(args) == 1
         assert "loss is nan at step 13" in capsys.readouterr().err
         assert len(calls) == 2 + read_at  # the steps taken
-        assert rundir.read_checkpoint(tmp_path / "out" / str(every) / "ckpt.pt")["iteration"] == kept
+        assert checkpoints.read_checkpoint(tmp_path / "out" / str(every) / "ckpt.pt")["iteration"] == kept
         assert [step for step, _ in _train_losses(tmp_path / "out" / str(every))] == [10]  # not the NaN's
 
 
@@ -7261,7 +7311,7 @@ def test_train_non_finite_weights_are_never_saved_nor_sampled(tmp_path, capsys):
         assert train.main(base + more + ["--run-name", name]) == 1, name
         _train_one_error(capsys, "the weights are not finite (", "after step 1: the run diverged, and its last good "
                          "checkpoint", "stays; run again with --overwrite and a lower --lr")
-        state = rundir.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
+        state = checkpoints.read_checkpoint(tmp_path / "out" / name / "ckpt.pt")
         assert state["iteration"] == 0 and all(v.isfinite().all() for v in state["model"].values()), name
         assert not (tmp_path / "out" / name / "samples.txt").exists()
         # the run's files say it diverged, and where (what experiments.py reads): the last line of metrics.jsonl
@@ -7736,7 +7786,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
             "--device", "cpu"]  # the resumed run is compared bitwise, which only CPU runs promise
     ref = tmp_path / "refs" / "out"  # a path as long as disk/out: the same config.json and ckpt.pt sizes
     assert train.main(base + ["--out-dir", str(ref), "--checkpoint-interval", "40"]) == 0
-    state = rundir.read_checkpoint(ref / "toy" / "ckpt.pt")
+    state = checkpoints.read_checkpoint(ref / "toy" / "ckpt.pt")
     state["optimizer"]["state"] = {}  # the step-0 checkpoint: AdamW's moments appear at the first step
     torch.save(state, buf := io.BytesIO())
     unit, run = os.statvfs(disk).f_frsize, disk / "out" / "toy"
@@ -7763,7 +7813,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
         if kept is None:
             assert not (run / "ckpt.pt").exists(), what
         else:
-            assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
+            assert checkpoints.read_checkpoint(run / "ckpt.pt")["iteration"] == kept, what
         if what == "metrics.jsonl":
             text = (run / "metrics.jsonl").read_text()
             assert 0 < len(_train_losses(ref / "toy")) - text.count('"loss"') < 40
@@ -7896,7 +7946,7 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_th
                       "to abort now)", said
     step = int(re.fullmatch(r"stopped at step (\d+); checkpoint saved to \S+ckpt\.pt\. Continue with the same "
                             r"command plus --resume\.", said[-1])[1])
-    assert step > 3 and rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == step, said
+    assert step > 3 and checkpoints.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == step, said
 
 
 def test_train_unreadable_data_file_is_one_sentence(tmp_path, capsys, monkeypatch):
@@ -8101,7 +8151,7 @@ def test_train_compile_failing_past_the_probe_is_one_sentence_and_resumable(tmp_
         torch._dynamo.reset()
     _train_one_error(capsys, "torch.compile failed (", "no-c++", "is whole: go on from it with the same command "
                      "without --compile, plus --resume.")
-    assert rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")["iteration"] == 0
     assert train.main(argv + ["--resume"]) == 0
 
 
@@ -8371,7 +8421,7 @@ def test_train_resume_with_different_config_lists_keys(tmp_path, capsys):
     # a run killed before its first checkpoint resumes from step 0
     assert train.main(base + ["--resume", "--run-name", "fresh"]) == 0
     assert "starting from step 0" in capsys.readouterr().out
-    assert rundir.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "fresh" / "ckpt.pt")["iteration"] == 3
 
 
 def test_train_resume_without_a_length_keeps_the_runs_own(tmp_path, capsys, monkeypatch):
@@ -8387,14 +8437,14 @@ def test_train_resume_without_a_length_keeps_the_runs_own(tmp_path, capsys, monk
     long = [*base, "--run-name", "long", "--warmup-iters", "750"]  # a reviewer's: refused, past the preset's 700
     assert _train_stopped_at(3, monkeypatch, [*long, "--max-iters", "900"]) == 130
     assert _train_stopped_at(5, monkeypatch, [*long, "--resume"]) == 130  # goes on toward its 900
-    state = rundir.read_checkpoint(tmp_path / "out" / "long" / "ckpt.pt")
+    state = checkpoints.read_checkpoint(tmp_path / "out" / "long" / "ckpt.pt")
     assert (state["iteration"], state["config"]["max_iters"]) == (5, 900)
     assert "extends" not in capsys.readouterr().out
     # a run from before --min-lr's default was --lr / 10 (--lr given alone kept the preset's 5e-4) resumes with its own
     old = [*base, "--run-name", "old", "--lr", "0.01"]
     assert _train_stopped_at(2, monkeypatch, [*old, "--min-lr", "0.0005", "--max-iters", "6"]) == 130
     assert train.main([*old, "--resume"]) == 0
-    assert rundir.read_checkpoint(tmp_path / "out" / "old" / "ckpt.pt")["config"]["min_lr"] == 0.0005
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "old" / "ckpt.pt")["config"]["min_lr"] == 0.0005
 
 
 def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, capsys):
@@ -8414,7 +8464,7 @@ def test_train_resume_with_a_larger_max_iters_extends_a_finished_run(tmp_path, c
     assert "extends the run from 8 to 20 steps" in out and "no longer bitwise" in out and "resumed from" in out
     losses = _train_losses(tmp_path / "out" / "toy")
     assert losses[:8] == first and [s for s, _ in losses] == list(range(1, 21))
-    state = rundir.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")
+    state = checkpoints.read_checkpoint(tmp_path / "out" / "toy" / "ckpt.pt")
     assert state["iteration"] == 20 and state["config"]["max_iters"] == 20 and state["config"]["warmup_iters"] == 0
     # the same command again (a restartable job): a sixth tester's "keys that differ: warmup_iters (0 -> 2)", the
     # warm-up derived anew from --max-iters 20; an extension stopped midway was refused so too
@@ -8530,7 +8580,7 @@ def test_train_init_from_a_run_with_a_padded_vocabulary_fine_tunes(tmp_path, cap
     assert not (tmp_path / "out" / "tuned").exists()
     assert train.main([*tune, "--num-samples", "0"]) == 0  # as advised
     assert train.main([*tune, "--num-samples", "0", "--vocab-size", "320", "--run-name", "sized"]) == 0  # its own
-    assert rundir.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "tuned" / "ckpt.pt")["config"]["vocab_size"] == 320
     assert train.main([*tune, "--num-samples", "0", "--max-iters", "3", "--resume"]) == 0
     capsys.readouterr()  # resumed with samples: the model is the fine-tune's own, and so is its tokenizer
     assert train.main([*tune, "--max-iters", "4", "--resume"]) == 2
@@ -8641,7 +8691,7 @@ def test_train_resume_of_a_fine_tuned_run_needs_only_its_own_files(tmp_path, cap
     assert train.main(["--data", str(story), *shape[:2], "--d-model", "48", *shape[4:], *flags, "--max-iters", "2"]) == 0
     assert train.main([*tune, "--max-iters", "5", "--resume"]) == 0  # the start retrained, wider: still its own
     assert _train_losses(tmp_path / "out" / "other")[:3] == whole
-    assert rundir.read_checkpoint(tmp_path / "out" / "other" / "ckpt.pt")["config"]["d_model"] == 32
+    assert checkpoints.read_checkpoint(tmp_path / "out" / "other" / "ckpt.pt")["config"]["d_model"] == 32
 
 
 def test_train_resume_with_another_tokenizer_names_the_tokenizer(tmp_path, capsys):
@@ -8748,7 +8798,7 @@ def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
     assert f"initialized from {base} (its step 6)" in capsys.readouterr().out
     tuned = tmp_path / "out" / "other"
     assert (tuned / "vocab.json").read_bytes() == (base / "vocab.json").read_bytes()
-    state = rundir.read_checkpoint(tuned / "ckpt.pt")
+    state = checkpoints.read_checkpoint(tuned / "ckpt.pt")
     assert state["iteration"] == 3 and state["config"]["d_model"] == 32 and state["config"]["init_from"] == str(base)
     # the first evaluation is the base model's on the new text: not a fresh model's (about log(300) = 5.7)
     first = _train_metrics(tuned)[0]["val_loss"]
@@ -8853,7 +8903,7 @@ def test_train_resume_refuses_other_data_and_keeps_the_tokenizer(tmp_path, capsy
     run = tmp_path / "out" / "x"
     fp = json.loads((run / "config.json").read_text())["data_fingerprint"]
     assert len(fp["tokens"]) == 2 and len(fp["tokenizer"]) == 2
-    assert rundir.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
+    assert checkpoints.read_checkpoint(run / "ckpt.pt")["config"]["data_fingerprint"] == fp
     cache = next((tmp_path / "data").glob("x-*/bpe300"))
     assert len(list(cache.glob("*.npy-*.sha256"))) == 2  # hashed once, kept beside the token files
     saved = {f: (run / f).read_bytes() for f in ("vocab.json", "merges.txt", "ckpt.pt", "metrics.jsonl")}
@@ -8943,7 +8993,7 @@ def test_train_resume_makes_the_runs_tokenizer_the_checkpoints(tmp_path, capsys,
     monkeypatch.setattr(rundir, "write_run_files", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     assert train.main(args + ["--vocab-size", "300", "--overwrite"]) == 130  # killed after the first checkpoint
     monkeypatch.undo()
-    assert rundir.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
+    assert checkpoints.read_checkpoint(run / "ckpt.pt")["config"]["vocab_size"] == 300
     assert {f: (run / f).read_bytes() for f in old} == old  # the 280 tokenizer beside the 300 checkpoint
     capsys.readouterr()
     assert train.main(args + ["--vocab-size", "300", "--resume"]) == 0
@@ -9003,7 +9053,7 @@ def test_train_damaged_or_misshapen_checkpoint_is_refused(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    state = rundir.read_checkpoint(ckpt)
+    state = checkpoints.read_checkpoint(ckpt)
     for bad, needle in [(None, "CRC-32"), ({**state, "iteration": 99}, "past the run's 3 steps"),
                         ({**state, "model": small.state_dict()}, "does not fit this model"),
                         ({**state, "rng": {}}, "no valid RNG state")]:
@@ -9026,7 +9076,7 @@ def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
     base = ["--data", str(ids), *_TRAIN_TINY, "--out-dir", str(tmp_path / "out"), "--max-iters", "3", "--device", "cpu"]
     assert train.main(base) == 0
     ckpt = tmp_path / "out" / "toy" / "ckpt.pt"
-    good = {**rundir.read_checkpoint(ckpt), "iteration": 1}  # before the end, so that a resumed run steps
+    good = {**checkpoints.read_checkpoint(ckpt), "iteration": 1}  # before the end, so that a resumed run steps
     config, (opt, rng, model) = good["config"], (good[k] for k in ("optimizer", "rng", "model"))
     group, moments = opt["param_groups"][0], opt["state"][0]
     first = next(iter(model))
@@ -9694,7 +9744,7 @@ def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, cap
     monkeypatch.setattr(sys, "stdin", ctrl_c())
     assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "-"]) == 130
     said = "train.py: interrupted; --sample writes nothing.\n"
-    step = rundir.read_checkpoint(run / "ckpt.pt")["iteration"]  # said first: a run still training samples its last
+    step = checkpoints.read_checkpoint(run / "ckpt.pt")["iteration"]  # said first: a run still training samples its last
     assert capsys.readouterr() == (alone[0], f"sampling the checkpoint of step {step:,} of {step:,}\n" + said)
     assert _sample_files(run) == before
 
@@ -9762,7 +9812,7 @@ def test_train_sample_and_export_refuse_a_ckpt_pt_of_another_shape_than_its_conf
     flags, run = sample_run
     story = tmp_path / "out" / "story"
     shutil.copytree(run, story)
-    state = rundir.read_checkpoint(run / "ckpt.pt")
+    state = checkpoints.read_checkpoint(run / "ckpt.pt")
     wide = TransformerLM(**train.model_kwargs({**state["config"], "d_model": 64}))
     torch.save({**state, "model": wide.state_dict(), "config": {**state["config"], "d_model": 64}}, story / "ckpt.pt")
     at = ["--data", flags[1], "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
@@ -9877,7 +9927,7 @@ def test_train_sample_and_export_take_the_tokenizer_a_run_recorded_after_it_move
 
 
 def _sample_as_an_ids_run(ckpt):  # the run as one trained on token ids that came without a tokenizer
-    state = rundir.read_checkpoint(ckpt)
+    state = checkpoints.read_checkpoint(ckpt)
     torch.save({**state, "config": {**state["config"], "data": "ids.npy"}}, ckpt)
     for f in bpe.tokenizer_files(ckpt.parent):
         f.unlink()
@@ -10006,7 +10056,7 @@ def test_train_load_run_is_the_three_line_python_path(sample_run, tmp_path):
     lm, tokenizer, config = train.load_run(str(run))
     ids = model.generate(lm, tokenizer.encode("the cat"), 8, temperature=0)
     assert isinstance(tokenizer.decode(ids), str) and 0 < len(ids) <= 8
-    state = rundir.read_checkpoint(run / "ckpt.pt")
+    state = checkpoints.read_checkpoint(run / "ckpt.pt")
     assert config == dict(state["config"], iteration=state["iteration"]) and config["vocab_size"] == 300
     assert not lm.training
     assert all(torch.equal(v, state["model"][k]) for k, v in lm.state_dict().items())
@@ -11348,7 +11398,7 @@ def test_train_stop_at_the_last_step_or_in_the_final_evaluation_resumes_to_the_e
         return real(*args)
     monkeypatch.setattr(train, "evaluate", evaluate)
     assert train.main(base + ["--overwrite"]) == 130
-    assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
+    assert checkpoints.read_checkpoint(run / "ckpt.pt")["iteration"] == 2
     monkeypatch.setattr(train, "evaluate", real)
     assert train.main(base + ["--resume"]) == 0
     assert [r["step"] for r in _train_metrics(run) if "val_loss" in r] == [0, 2]
@@ -11366,7 +11416,7 @@ def test_train_stop_while_sampling_at_the_end_resumes_to_write_the_samples(tmp_p
         m.setattr(train, "generate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         assert train.main(base) == 130
     run = tmp_path / "out" / "story"
-    assert rundir.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
+    assert checkpoints.read_checkpoint(run / "ckpt.pt")["iteration"] == 2 and not (run / "samples.txt").exists()
     # a fifth tester's (2026-12-02): the stop said the general "a training run that has a ckpt.pt: with --resume"
     assert capsys.readouterr().err.endswith("train.py: stopped after the last step (saved): the same command plus "
                                             "--resume finishes it.\n")
@@ -12942,7 +12992,7 @@ def test_bench_refuses_a_flag_its_table_does_not_read(argv, needle, capsys):
     assert out == "" and err == f"bench.py: error: {needle}" + ("" if needle.endswith(".") else " drop it.") + "\n"
 
 
-def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys):
+def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys, monkeypatch):
     # a traceback before: encode's read_text raised UnicodeDecodeError; train's and cold's child processes failed
     bad = tmp_path / "bad.txt"
     bad.write_bytes("héllo wörld ".encode() * 3 + b"\xff tail")
@@ -12959,6 +13009,8 @@ def test_bench_input_not_utf8_is_one_sentence_naming_its_offset(tmp_path, capsys
     good = tmp_path / "good.txt"  # 2- and 3-byte characters cut by every block's end
     good.write_text("é€x" * 7, encoding="utf-8")
     assert bench.need_text(good, "corpus", block=4) == str(good)
+    monkeypatch.chdir(tmp_path)  # a relative --input: the children run in the clone's folder (FileNotFoundError there)
+    assert bench.need_text("good.txt", "corpus") == str(good)
     for text, offset in [(b"ab\xe2\x82", 2), (b"abc\xe2\x82x", 3), (b"\xc3\xa9" * 5 + b"\x80", 10)]:
         bad.write_bytes(text)  # a character cut short at the end or in the middle, a lone continuation byte
         with pytest.raises(cli.UsageError, match=f"at byte offset {offset};"):
@@ -13112,7 +13164,7 @@ def test_export_bad_input_is_one_sentence_exit_2_and_nothing_half_written(export
     _export_error(capsys, [*at, str(tmp_path / "hf")], "ckpt.pt does not exist")
     for f in bpe.tokenizer_files(run_dir):  # a text run's, as its config says: without them the export is refused
         shutil.copy(f, tmp_path / "out" / "run")
-    state = rundir.read_checkpoint(run_dir / "ckpt.pt")
+    state = checkpoints.read_checkpoint(run_dir / "ckpt.pt")
     for flag in ("no_norm", "post_norm", "nope", "silu_ffn"):  # refused before the weights are looked at
         torch.save({**state, "config": {**state["config"], flag: True}}, tmp_path / "out" / "run" / "ckpt.pt")
         _export_error(capsys, [*at, str(tmp_path / "hf")], f"a Llama cannot express the {flag} ablation")
@@ -13173,7 +13225,7 @@ def test_export_names_an_unfinished_step_a_missing_transformers_and_half_a_token
     # last words named it with no way to install it; a run missing merges.txt exported as "no tokenizer in the run"
     run = tmp_path / "run"
     shutil.copytree(export_runs["plain"][0], run)
-    state = rundir.read_checkpoint(run / "ckpt.pt")
+    state = checkpoints.read_checkpoint(run / "ckpt.pt")
     torch.save(dict(state, iteration=4), run / "ckpt.pt")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
@@ -13245,7 +13297,7 @@ def test_export_into_a_hub_clone_replaces_only_the_exports_files(export_runs, tm
     (clone / "added_tokens.json").unlink()
     assert train.main(at) == 0
     assert files() == {**mine, **exported}
-    state = rundir.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
+    state = checkpoints.read_checkpoint(run_dir / "ckpt.pt")  # a model without a tokenizer: the old one's files go
     export.export_hf(clone, state["model"], train.model_kwargs(state["config"]), overwrite=True)
     assert set(files()) == {*mine, "config.json", "generation_config.json", "model.safetensors"}
     assert files()["model.safetensors"] == exported["model.safetensors"]

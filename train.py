@@ -27,6 +27,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 import accounting
+import checkpoints
 import config
 import figures
 import files
@@ -99,14 +100,15 @@ def _unwrap(model):  # the LM inside DDP, torch.compile, LMLoss: by type, so a u
 def save_checkpoint(model, optimizer, iteration, out, **extra):
     """Model, optimizer (or None), iteration and `extra` entries (config, RNG states) to a binary file or a path."""
     opt = {} if optimizer is None else {"optimizer": optimizer.state_dict()}  # None: weights alone, as load_run reads
-    state = {"model": _unwrap(model).state_dict(), **opt, "iteration": rundir.step_count(iteration), **extra}
+    state = {"model": _unwrap(model).state_dict(), **opt, "iteration": checkpoints.step_count(iteration), **extra}
+    checkpoints.check_loadable(state)  # refused before a byte is written, not by the load, hours later
     with files.atomic_file(out) as f:  # a path (replaced whole, atomically), or a file object
         torch.save(state, f)
 
 
 def load_state(state, model, optimizer=None):
     """Restore model (and optimizer) from a checkpoint's dict, or ValueError, loading nothing; returns its step."""
-    rundir.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
+    checkpoints.check_state(state, _unwrap(model), optimizer)  # every entry and shape before anything is loaded
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -115,7 +117,7 @@ def load_state(state, model, optimizer=None):
 
 def load_checkpoint(src, model, optimizer=None):
     """Restore model (and optimizer) from a path or file object, or ValueError, loading nothing; returns the step."""
-    return load_state(rundir.read_checkpoint(src), model, optimizer)  # CRC-32s checked; tensors only, no code
+    return load_state(checkpoints.read_checkpoint(src), model, optimizer)  # CRC-32s checked; tensors only, no code
 
 
 # ----------------------------------------------------------------------------
@@ -433,7 +435,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
     batch_gen = torch.Generator().manual_seed(cfg["seed"])  # the data order, on its own RNG
     start = 0 if resume_state is None else load_state(resume_state, lm, optimizer)
     if resume_state is not None:
-        rundir.restore_rng(resume_state["rng"], batch_gen)
+        checkpoints.restore_rng(resume_state["rng"], batch_gen)
         log(f"resumed from {ckpt_path} at step {start}")
     elif init_state is not None:  # --init-from: the weights only; the optimizer, schedule and data order start anew
         log(f"initialized from {cfg['init_from']} (its step {load_state(init_state, lm)})")
@@ -447,7 +449,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
         t = time.time()  # from here the checkpoint's seconds: no step's, so tokens/s and MFU leave them out
         rundir.stop_non_finite(step, ckpt_path, model=lm)  # a NaN model is never saved, nor sampled (exit 1)
         if rank == 0:
-            save_checkpoint(lm, optimizer, step, ckpt_path, config=cfg, rng=rundir.rng_state(batch_gen),
+            save_checkpoint(lm, optimizer, step, ckpt_path, config=cfg, rng=checkpoints.rng_state(batch_gen),
                             elapsed=progress.seconds())
         progress.t_last += time.time() - t
     with rundir.stop_requests(cfg) as stopped:  # from here a Ctrl-C waits for a step boundary
