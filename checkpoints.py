@@ -26,7 +26,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Si
 
 
 def check_loadable(state):
-    """save_checkpoint's dict, or ValueError naming the first value read_checkpoint's load would refuse: it loads
+    """ValueError naming the first value of save_checkpoint's dict that read_checkpoint's load would refuse: it loads
     tensors and plain values in dicts, lists, tuples and sets, never code. Exact types: a numpy float is no float."""
     def first(value, name):  # (where, type) or None
         if torch.is_tensor(value) or type(value) in _PLAIN:
@@ -34,9 +34,7 @@ def check_loadable(state):
         if type(value) not in (dict, list, tuple, set, collections.OrderedDict):  # numpy's RNG state, a Namespace
             return name, type(value)
         for k, v in value.items() if isinstance(value, dict) else enumerate(value):
-            if type(k) not in _PLAIN:
-                return f"a key of {name}", type(k)
-            if found := first(v, f"{name}[{k!r}]"):
+            if found := first(k, f"a key of {name}") or first(v, f"{name}[{k!r}]"):
                 return found
         return None
     if bad := first(state, "the checkpoint"):

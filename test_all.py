@@ -6814,7 +6814,7 @@ def test_train_save_checkpoint_refuses_extras_that_load_checkpoint_would_refuse(
                                              + rf" is of type {re.escape(kind)}, which load_checkpoint refuses "):
             train.save_checkpoint(m, opt, 1, tmp_path / "c.pt", **extra)
     assert not list(tmp_path.iterdir())  # nothing written
-    plain = dict(config={"lr": 1.0, "betas": (0.9, 0.95), "seen": {1, 2}, "shape": torch.Size([2])}, rng=torch.ones(2))
+    plain = dict(config={"lr": 1.0, "betas": (0.9, 0.95), "seen": {1, 2}, (1, "a"): torch.Size([2])}, rng=torch.ones(2))
     train.save_checkpoint(m, opt, 3, tmp_path / "c.pt", **plain)
     assert train.load_checkpoint(tmp_path / "c.pt", m, opt) == 3
 
