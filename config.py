@@ -23,9 +23,9 @@ import accounting
 import fast_gpu
 import fused_head
 from bpe import tokenizer_files
-from cli import RANK, Parser, UsageError, counted, env_int, log, short_repr, user_path, user_text
-from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from checkpoints import read_checkpoint
+from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short_repr, user_path, user_text
+from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import is_ids, same_file, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
@@ -42,9 +42,10 @@ PRESET = "preset"  # a flag's default that depends on --data: filled in from PRE
 PRESETS = {
     "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=384,
                   batch_size=32, max_iters=700, total_tokens=None, lr=5e-3, warmup_iters=50,
-                  eval_interval=100, eval_iters=10),
+                  eval_interval=100, eval_iters=10, checkpoint_interval=100),
     "tinystories": dict(accounting.TINYSTORIES, total_tokens=accounting.TINYSTORIES_TOKENS, batch_size=128,
-                        max_iters=None, lr=3e-3, warmup_iters=200, eval_interval=500, eval_iters=50),
+                        max_iters=None, lr=3e-3, warmup_iters=200, eval_interval=500, eval_iters=50,
+                        checkpoint_interval=500),
 }
 PRESETS["owt"] = dict(PRESETS["tinystories"], vocab_size=32_000)  # the same run, OpenWebText's larger vocabulary
 CORPORA = (*BUILTIN, *DATASETS)  # --data's names; anything else is a path
@@ -100,7 +101,8 @@ FLAGS = [  # (flag, type, default, help): the whole command line, by --help sect
     ("--eval-interval", int, PRESET, "steps between validation runs"),
     ("--eval-iters", int, PRESET, "batches per validation run"),
     ("--log-interval", int, 10, "steps between metrics.jsonl lines"),
-    ("--checkpoint-interval", int, 500, "steps between checkpoints (one also at the start and the end)"),
+    ("--checkpoint-interval", int, PRESET, "steps between checkpoints (one also at the start and the end; --sample "
+     "samples the last)"),
     ("--resume", bool, False, "continue OUT_DIR/RUN_NAME/ckpt.pt; pass the same flags as the first run (a larger "
      "--max-iters extends a run; where no checkpoint is saved yet, the run starts at step 0, with a note, so one "
      "command serves a job that may be restarted)"),
@@ -480,6 +482,20 @@ def check_samples(cfg, tok, tok_files, top, eot):
                              f"read it; {kept or 'pass a larger --vocab-size, or --num-samples 0'}.")
 
 
+LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
+
+
+def note_long_run(cfg, seconds_left, tty):
+    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
+    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
+    if seconds_left is not None and seconds_left > LONG_CPU_RUN and torch.device(cfg["device"]).type == "cpu":
+        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
+            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
+            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
+            "Ctrl-C stops this run with a checkpoint.")
+    return seconds_left is not None
+
+
 # ----------------------------------------------------------------------------
 # 3. resolve_config: flags -> one flat dict
 
@@ -613,6 +629,11 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
+    theirs = tokenizer_files(cfg["tokenizer"]) if cfg["tokenizer"] else ()  # another tokenizer of the same size
+    if has_tokenizer and theirs and not same_folder(cfg["tokenizer"], run) and all(f.is_file() for f in theirs) \
+            and any(a.read_bytes() != b.read_bytes() for a, b in zip(theirs, tokenizer_files(run))):
+        raise UsageError(f"--tokenizer {cfg['tokenizer']} is not {who}'s tokenizer, so the model would read its ids "
+                         f"as other tokens; drop --tokenizer to take the run's, or start from a run trained with it.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):
         text, lack = not is_ids(str(old.get("data", ""))), [f.name for f in tokenizer_files(run) if not f.exists()]
         if text or len(lack) == 1:  # a text run's pair deleted, or half of any: damage, not a run of ids

@@ -211,9 +211,10 @@ def torch_settings(cfg):
 
 @contextlib.contextmanager
 def one_thread_on_a_cpu(device, threads):
-    """A CPU's timed runs take one thread unless --threads is given: a parallel op waits at its end for all its
-    threads, and on a busy machine one of them waits for its core on every call, a scheduler's slice (milliseconds)
-    that no size changes: small sizes would time that wait, not the memory. One thread's bandwidth is the limit."""
+    """One thread on a CPU unless threads is true (a thread count asked for, or cores that no other work holds): a
+    parallel op waits at its end for all its threads, and on a busy machine one of them waits for its core
+    on every call, a scheduler's slice (milliseconds) that no size changes: small sizes would time that wait, not the
+    memory. One thread's bandwidth is the limit."""
     torch = _torch()
     before = torch.get_num_threads()
     if device == "cpu" and not threads:

@@ -6213,7 +6213,8 @@ def test_data_a_write_the_system_refuses_is_one_sentence_naming_the_path(request
         ckpt = tmp_path / f"out{k}" / "toy" / "ckpt.pt"
         assert code == 1 and err.strip().splitlines()[-1] == (
             f"train.py: error: {ckpt}: File too large; fix that path or pick another, then rerun the same command "
-            "(a training run that has a ckpt.pt: with --resume, without --overwrite).") and "Traceback" not in err, (k, err)
+            "(once the run has saved its first checkpoint: with --resume, without --overwrite).") \
+            and "Traceback" not in err, (k, err)
         assert not ckpt.exists() or checkpoints.read_checkpoint(ckpt)["iteration"] == 0, k  # the step-0 one, whole
     code, err = runs[-1]  # an export's files, the same
     assert code == 1 and re.fullmatch(rf"export.py: error: {re.escape(str(tmp_path / 'hf'))}/[\w.]+: File too large; "
@@ -7929,7 +7930,7 @@ def test_train_an_unforeseen_os_error_is_one_sentence_and_a_closed_pipe_stops_th
         m.setattr(train, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "Address already in use")))
         assert train.main(npy + ["--out-dir", str(tmp_path / "out")]) == 1
     _train_one_error(capsys, "the system said: [Errno 98] Address already in use; fix that, then rerun the same "
-                             "command (a training run that has a ckpt.pt: with --resume, without --overwrite).")
+                             "command (once the run has saved its first checkpoint: with --resume, without --overwrite).")
     # `| head`: the reader leaves once the loop has printed a step; a BrokenPipeError traceback before, then a quiet
     # exit 1 that lost the steps since the last checkpoint. Now a stop, as for a SIGHUP: the step's checkpoint is
     # saved, and stderr says so. The run is too long to end before that
@@ -8525,13 +8526,19 @@ def test_train_init_from_refuses_ids_made_by_another_tokenizer(tmp_path, capsys)
     bpe.main(["encode", str(other), "--tokenizer", str(run), "--out", str(tmp_path / "ids.npy")])  # its own ids
     assert train.main(["--data", str(tmp_path / "ids.npy"), "--init-from", str(run), *flags]) == 0
     # a seventh tester's: the run's size, not a flag given, disagreed with --tokenizer ("drop --vocab-size"); its
-    # ckpt.pt for the run "held no run"
+    # ckpt.pt for the run "held no run". A fifth tester's (2026-12-02): another tokenizer of the run's size was taken
+    # for text --data (validation loss 9.1 at step 0, above the uniform guess's ln 2048 = 7.6)
     small = tmp_path / "small"
     bpe.main(["train", str(other), "--vocab-size", "290", "--special-tokens", "<|endoftext|>", "--out", str(small)])
     capsys.readouterr()
-    assert train.main(["--data", str(other), "--init-from", str(run), "--tokenizer", str(small), *flags]) == 2
-    _train_one_error(capsys, f"--tokenizer {small} has 290 tokens, but --init-from {run}'s model reads 300: its "
-                             "weights fit its own tokenizer; drop --tokenizer.")
+    for tok in (small, own):  # 290 tokens, and 300 as the run's
+        assert train.main(["--data", str(other), "--init-from", str(run), "--tokenizer", str(tok), *flags]) == 2
+        _train_one_error(capsys, f"--tokenizer {tok} is not --init-from {run}'s tokenizer, so the model would read its "
+                                 "ids as other tokens; drop --tokenizer to take the run's, or start from a run trained "
+                                 "with it.")
+    shutil.copytree(run, tmp_path / "copy")  # a copy of the run's own pair is its tokenizer
+    assert train.main(["--data", str(other), "--init-from", str(run), "--tokenizer", str(tmp_path / "copy"), *flags,
+                       "--run-name", "copied"]) == 0
     assert train.main(["--data", str(other), "--init-from", str(run / "ckpt.pt"), *flags]) == 2
     _train_one_error(capsys, f"pass the folder of a trained run (the run is {run}).")
 
@@ -9705,6 +9712,27 @@ def test_train_load_run_samples_with_the_runs_own_residual_stream(sample_run, tm
 
 def _sample_files(run):  # every file of a run, with its bytes and modification time
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+
+
+def test_train_sample_of_a_run_another_process_trains_takes_one_thread(sample_run, capsys, monkeypatch):
+    # a fifth tester's (2026-12-02): --sample beside the default run's training, both on a 2-core CPU, took over two
+    # minutes for one sample (30 s with one thread) and slowed the training: their threads waited for each other
+    flags, run = sample_run
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print(flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE)
+    seen, real, before = [], train.write_samples, torch.get_num_threads()
+    monkeypatch.setattr(train, "write_samples", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    try:
+        holder.stdout.readline()  # it holds the run's lock, as a training does
+        capsys.readouterr()
+        assert train.main([*flags, "--sample", *_SAMPLING, "--prompt", "the cat"]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    out, err = capsys.readouterr()
+    assert seen == [1] and torch.get_num_threads() == before and "(one thread: the run is training)" in err, err
+    assert out == (run / "samples.txt").read_text()
 
 
 def test_train_sample_prints_the_runs_samples_and_writes_nothing(sample_run, capsys, monkeypatch):

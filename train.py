@@ -15,6 +15,7 @@ training step and its speed (--benchmark), 4. the training loop and samples, 5. 
 """
 import contextlib
 import json
+import os
 import sys
 import time
 from statistics import median
@@ -303,20 +304,6 @@ def evaluate(loss_model, data, cfg):
     return float(total) / (cfg["eval_iters"] * cfg["grad_accum"] * cfg["world_size"])
 
 
-LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
-
-
-def note_long_run(cfg, seconds_left, tty):
-    """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
-    in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
-    if seconds_left is not None and seconds_left > LONG_CPU_RUN and torch.device(cfg["device"]).type == "cpu":
-        log(("\n" if tty else "") + f"note: at this speed the run needs about {cli.fmt_time(seconds_left)} more on the "
-            f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
-            "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
-            "Ctrl-C stops this run with a checkpoint.")
-    return seconds_left is not None
-
-
 class Progress:
     """Console lines and metrics.jsonl (rank 0). tokens/s and MFU: the steps since the last metrics line, evaluations
     and checkpoints excluded; times from the first start, across resumes. Losses stay on the device until read."""
@@ -366,7 +353,7 @@ class Progress:
         line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
                 + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-        self.noted = self.noted or note_long_run(cfg, left, self.tty)  # at the first ETA, once
+        self.noted = self.noted or config.note_long_run(cfg, left, self.tty)  # at the first ETA, once
 
 
 def load_run(path, device="cpu"):
@@ -417,13 +404,17 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
                              f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
                              "vocab.json and merges.txt that made its ids there.")
-    log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}", file=sys.stderr)
-    for prompt in cli.stdin_lines("--prompt -") if cfg["prompt"] == "-" else [cfg["prompt"]]:
-        try:
-            write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
-        except ValueError as e:  # an id past the model's vocabulary (cli.user_text and stdin_lines read UTF-8 alone)
-            raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
-                                 "pass other text.") from None
+    training = files.lock_holder(path) not in (None, os.getpid())  # a run still training holds a CPU's cores: its
+    # threads and ours would wait for each other at every op (a sample took minutes), so sampling takes one
+    log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}"
+        + (" (one thread: the run is training)" if training and cfg["device"] == "cpu" else ""), file=sys.stderr)
+    with machine.one_thread_on_a_cpu(cfg["device"], threads=not training):
+        for prompt in cli.stdin_lines("--prompt -") if cfg["prompt"] == "-" else [cfg["prompt"]]:
+            try:
+                write_samples(model, tok, dict(cfg, prompt=prompt), sys.stdout)
+            except ValueError as e:  # an id past the model's vocabulary (user_text and stdin_lines read UTF-8 alone)
+                raise cli.UsageError(f"--prompt {cli.short_repr(prompt)} cannot be sampled ({str(e).rstrip('.')}); "
+                                     "pass other text.") from None
     return 0
 
 
@@ -524,7 +515,7 @@ def run(cfg):
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline, init_state)
 
 
-GO_ON = "rerun the same command (a training run that has a ckpt.pt: with --resume, without --overwrite)"  # a fault
+GO_ON = "rerun the same command (once the run has saved its first checkpoint: with --resume, without --overwrite)"  # a fault
 LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
                "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).")
 
