@@ -515,7 +515,8 @@ def run(cfg):
         return train(cfg, train_ids, valid_ids, tok, tok_files, ckpt_path.parent, resume_state, baseline, init_state)
 
 
-GO_ON = "rerun the same command (once the run has saved its first checkpoint: with --resume, without --overwrite)"  # a fault
+# what goes on after a fault, or a stop outside the loop (the loop's own stops say rundir.resume_command)
+GO_ON = "rerun the same command (once the run has saved its first checkpoint: with --resume, without --overwrite)"
 LESS_MEMORY = ("ask for less: a smaller --batch-size or model, or the same batch in more --grad-accum steps or with "
                "--activation-checkpointing (a run with a ckpt.pt goes on with those two and --resume).")
 
