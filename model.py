@@ -498,7 +498,7 @@ def _prompt_rows(prompt):
         rows = [torch.tensor(list(p)) for p in prompt] if batched else [torch.tensor(list(prompt))]
         if any(row.dim() != 1 for row in rows):  # rows of rows
             raise TypeError
-        # uint8 rows (a byte-level model's np.frombuffer(b"...", np.uint8)) are ids, where forward's uint8 would be a mask
+        # uint8 rows (a byte-level model's np.frombuffer(b"...", np.uint8)) are ids, where forward's uint8 is a mask
         rows = [row.long() if row.dtype == torch.uint8 else row for row in rows]
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"generate's prompt must be a list of ints, a list of such lists, or a 1-D or 2-D integer "
