@@ -342,10 +342,10 @@ class Progress:
         dt, self.t_last = now - self.t_last, now
         self.eta.stepped(dt)
         seconds, steps = self.window = [seconds + dt, steps + 1]
-        tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
-        mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         if not (logs or last):
             return
+        tps = cfg["batch_size"] * cfg["context_length"] * steps / seconds
+        mfu = self.peak and accounting.mfu(self.flops * steps, seconds, self.peak * cfg["world_size"])
         self.window = [0.0, 0]
         if logs:
             self.record(step, loss=loss, lr=lr, grad_norm=norm, tokens_per_s=round(tps, 1), mfu=mfu and round(mfu, 5))
