@@ -144,6 +144,15 @@ def log(*args, **kwargs):  # only rank 0 talks, so that torchrun's N processes p
         say(*args, **kwargs)
 
 
+TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ  # a worker torchrun started (a RANK set by hand has no rank 0 beside it)
+RANK0_GRACE = 10  # seconds another rank of torchrun's waits before it says a mistake itself: rank 0 meets the same one
+
+
+def log_alone(line, **kwargs):  # log, and a rank past 0 that torchrun did not start says it too (no rank 0 may speak)
+    if RANK == 0 or not TORCHRUN:
+        say(line if RANK == 0 else f"(rank {RANK}) {line}", **kwargs)
+
+
 def quiet_while_starting(name):
     """A Ctrl-C, a SIGTERM (kill, a scheduler's stop) or a SIGHUP (the terminal closed) while torch loads: one line,
     not an import's traceback. So is a NUMBA_NUM_THREADS numba cannot take (0 raised a ValueError in its import, a
@@ -157,7 +166,7 @@ def quiet_while_starting(name):
     def stop(signum, frame):
         if signum == SIGHUP:
             hang_up()
-        log(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)  # torchrun's: once
+        log_alone(f"{name}: interrupted while starting; nothing was written.", file=sys.stderr)  # torchrun's: once
         os._exit(130)
     on_stops(stop)
 
@@ -356,8 +365,14 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
             sys.stdout.flush()
         return code
     except (UsageError, DataError) as e:
-        log(f"{name}: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, UsageError) else 1
+        code = 2 if isinstance(e, UsageError) else 1
+        if RANK and TORCHRUN:  # the same flags and files: rank 0 says it, then torchrun stops this process (had it
+            on_stops(lambda signum, frame: os._exit(code))  # exited at once, torchrun could have stopped rank 0 first)
+            time.sleep(RANK0_GRACE)
+            say(f"(rank {RANK}) {name}: error: {e}", file=sys.stderr)  # a mistake of this process's own
+            return code
+        log_alone(f"{name}: error: {e}", file=sys.stderr)
+        return code
     except BrokenPipeError:
         return reader_left()
     except OSError as e:  # a full disk (stdout's too), or what no check foresaw (a directory under /proc): exit 1

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import (TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, os_error_sentence,
-                 quiet_stderr, short_repr)
+from cli import (TORCHRUN_VARS, DataError, UsageError, disk_full, env_int, error_line, log, log_alone,
+                 os_error_sentence, quiet_stderr, short_repr)
 from files import writable
 
 
@@ -386,8 +386,8 @@ def meet(cfg):
     waiting.join(JOIN_QUIET)
     where, n = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", cfg["world_size"]
     if waiting.is_alive():
-        log(f"waiting for {n - 1} more process{'es' if n > 2 else ''} of WORLD_SIZE={n} at {where} (torchrun starts "
-            f"them; Ctrl-C to stop; up to {JOIN_TIMEOUT / 60:g} minutes)")
+        log_alone(f"waiting for {n - 1} more process{'es' if n > 2 else ''} of WORLD_SIZE={n} at {where} (torchrun "
+                  f"starts them; Ctrl-C to stop; up to {JOIN_TIMEOUT / 60:g} minutes)")
     waiting.join()
     if isinstance(met[0], Exception):
         raise UsageError(f"the {n} processes of WORLD_SIZE={n} did not all meet at {where} ({error_line(met[0])}); "

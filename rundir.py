@@ -518,9 +518,11 @@ def run_complete(state, cfg, ckpt_path, tok):
         return False
     without = "".join(f" and without {flag}" for flag, on in (("--init-from", cfg["init_from"]),  # --sample refuses
                                                               ("--num-samples 0", not cfg["num_samples"])) if on)
+    python = " with python, not torchrun," if cfg["world_size"] > 1 else ""  # --sample reads a run in one process
     log(f"{run} is already complete (step {cfg['max_iters']} of {cfg['max_iters']}, final val loss {loss:.4f}): "
-        "nothing to train." + (f" For text from it, run the same command with --sample instead of --resume{without}."
-                               if tok is not None else "") + " To train longer, resume it with a larger --max-iters.")
+        "nothing to train." + (f" For text from it, run the same command{python} with --sample instead of --resume"
+                               f"{without}." if tok is not None else "") + " To train longer, resume it with a larger "
+        "--max-iters.")
     return True
 
 

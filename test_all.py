@@ -5050,12 +5050,33 @@ def test_cli_a_stop_during_the_clean_up_after_the_last_sentence_is_ignored():
 def test_cli_stopped_while_starting_under_torchrun_says_it_once():
     # an eighth tester's: torchrun passes a Ctrl-C (or its SIGTERM after one process failed) to every process, and
     # each said "interrupted while starting": rank 0 says it, the others end with the same code in silence
+    # (a RANK set by hand, with no torchrun and so no rank 0 beside it, says it too: a fifth tester's, 2026-12-02)
     code = ("import os, signal, time, cli; cli.quiet_while_starting('train.py'); os.kill(os.getpid(), signal.SIGTERM);"
             " time.sleep(30)")
-    for rank, said in (("0", "train.py: interrupted while starting; nothing was written.\n"), ("1", "")):
+    line = "train.py: interrupted while starting; nothing was written.\n"
+    for rank, torchrun, said in (("0", "id", line), ("1", "id", ""), ("1", None, "(rank 1) " + line)):
+        env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"} | dict(RANK=rank, WORLD_SIZE="2")
         p = subprocess.run([sys.executable, "-c", code], cwd=_BPE_REPO, capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, RANK=rank, WORLD_SIZE="2"))
-        assert (p.returncode, p.stderr) == (130, said), rank
+                           env=env | ({"TORCHELASTIC_RUN_ID": torchrun} if torchrun else {}))
+        assert (p.returncode, p.stderr) == (130, said), (rank, torchrun)
+
+
+def test_cli_a_mistake_under_torchrun_is_said_by_rank_0_and_a_hand_set_rank_says_its_own():
+    # a fifth tester's (2026-12-02): every rank meets the same mistake (--batch-size 7 of 2 processes), and only rank
+    # 0 spoke; a rank past 0 that got there first exited, torchrun stopped rank 0 before its sentence, and the one line
+    # was "interrupted while starting" in a third of the runs. Now a rank past 0 waits RANK0_GRACE seconds for torchrun
+    # to stop it, then says a mistake of its own. A RANK set by hand (no torchrun: nobody else speaks) says it at once
+    code = ("import os, signal, sys, threading, cli; cli.RANK0_GRACE = float(sys.argv[1]); cli.catch_ctrl_c()\n"
+            "if sys.argv[2] == 'stop': threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+            "def go(): raise cli.UsageError('--batch-size 7 does not divide')\n"
+            "sys.exit(cli.exit_code('train.py', go, 'x'))")
+    said = "(rank 1) train.py: error: --batch-size 7 does not divide\n"
+    base = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"} | dict(RANK="1", WORLD_SIZE="2")
+    for torchrun, grace, stop, want in ((True, 30, "stop", ""), (True, 0.2, "-", said), (False, 30, "-", said)):
+        t0 = time.time()
+        p = subprocess.run([sys.executable, "-c", code, str(grace), stop], cwd=_BPE_REPO, capture_output=True,
+                           text=True, timeout=60, env=base | ({"TORCHELASTIC_RUN_ID": "id"} if torchrun else {}))
+        assert (p.returncode, p.stderr) == (2, want) and time.time() - t0 < 20, (torchrun, grace, p.stderr)
 
 
 def test_cli_a_numba_thread_count_numba_refuses_is_one_sentence():
