@@ -630,7 +630,8 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
     theirs = tokenizer_files(cfg["tokenizer"]) if cfg["tokenizer"] else ()  # another tokenizer of the same size
-    if has_tokenizer and theirs and not same_folder(cfg["tokenizer"], run) and all(f.is_file() for f in theirs) \
+    if not cfg["resume"] and has_tokenizer and theirs and not same_folder(cfg["tokenizer"], run) \
+            and all(f.is_file() for f in theirs) \
             and any(a.read_bytes() != b.read_bytes() for a, b in zip(theirs, tokenizer_files(run))):
         raise UsageError(f"--tokenizer {cfg['tokenizer']} is not {who}'s tokenizer, so the model would read its ids "
                          f"as other tokens; drop --tokenizer to take the run's, or start from a run trained with it.")
