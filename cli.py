@@ -419,6 +419,9 @@ def usage_errors():
         raise DataError(str(e)) from None
 
 
+SHOWN = 3  # refusals every_refusal lists
+
+
 def every_refusal(call, items, noun):
     """call(item) for each item, then their UsageErrors as one that counts and numbers them (noun: what each item
     is): a user who meets several fixes them all at once, not one per attempt. One alone is raised as it was."""
@@ -428,8 +431,10 @@ def every_refusal(call, items, noun):
             call(item)
         except UsageError as e:
             said.append(str(e))
-    if len(said) > 1:
-        raise UsageError(f"{counted(len(said), noun)} refused: " + " ".join(f"({i}) {s}" for i, s in enumerate(said, 1)))
+    if len(said) > 1:  # the first few: 40 runs of other flags are one mistake, not 40 sentences to read
+        more = f" ({len(said) - SHOWN} more, each refused alike)" if len(said) > SHOWN else ""
+        raise UsageError(f"{counted(len(said), noun)} refused: " + " ".join(
+            f"({i}) {s}" for i, s in enumerate(said[:SHOWN], 1)) + more)
     if said:
         raise UsageError(said[0])
 

@@ -273,7 +273,8 @@ def finish(run, args, rest, code):
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
         said = log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").splitlines()
-        last = next((line.strip() for line in reversed(said) if line.strip()), "")
+        last = next((line.strip() for line in reversed(said) if line.strip()), "")  # its advice is of a train.py run's:
+        last = last.replace(train.GO_ON, "rerun this experiments.py command")  # no --resume, which this refuses
         if code < 0:  # a signal: train.py said nothing of it, and its last line only says where it stood
             last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same " \
                    f"command resumes it" + (f". Its last line: {last}" if last else "")
@@ -603,8 +604,7 @@ def section(name, found, cfg, baseline, where):
     drawn_rows = [dict(m, name=f"{n} (lr {number_text(lr)})") for n, (lr, m) in race_best(found)[0].items()] \
         if name == "optimizers" else rows
     drawn = figures.runs_figure(figure_title(name, cfg), drawn_rows or rows, baseline, where / f"{name}.png")
-    answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else
-               answer_batch(found) if name == "batch"
+    answers = (answer_lr(found, cfg["lr"], baseline) if name == "lr" else answer_batch(found) if name == "batch"
                else answer_optimizers(found) if name == "optimizers" else answer_ablations(dict(found), cfg))
     return [f"## {name}", *(f"> {q}  " for q in QUESTIONS[name]), "", f"![{name}]({name}.png)\n" if drawn else "",
             table(rows), "", *(f"- {a}" for a in answers), ""], drawn

@@ -5079,6 +5079,18 @@ def test_cli_a_mistake_under_torchrun_is_said_by_rank_0_and_a_hand_set_rank_says
         assert (p.returncode, p.stderr) == (2, want) and time.time() - t0 < 20, (torchrun, grace, p.stderr)
 
 
+def test_cli_every_refusal_lists_the_first_few():
+    # a fifth tester's (2026-12-02): a flag of another value against an --out-dir of 40 runs was 40 numbered sentences
+    def refuse(i):
+        raise cli.UsageError(f"run {i} is a run of other flags")
+    with pytest.raises(cli.UsageError) as e:
+        cli.every_refusal(refuse, range(40), "run")
+    assert str(e.value) == ("40 runs refused: (1) run 0 is a run of other flags (2) run 1 is a run of other flags "
+                            "(3) run 2 is a run of other flags (37 more, each refused alike)")
+    with pytest.raises(cli.UsageError, match=r"^run 7 is a run of other flags$"):  # one alone, as it was
+        cli.every_refusal(refuse, [7], "run")
+
+
 def test_cli_a_numba_thread_count_numba_refuses_is_one_sentence():
     # NUMBA_NUM_THREADS=0 ended every command in the traceback of numba's import ("Number of threads specified must be
     # > 0"); a word printed its parse's traceback as a warning. Refused before numba loads, in one sentence, exit 2
@@ -10558,6 +10570,12 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     log.write_text("train.py: error: --d-model 30 is not divisible by --num-heads 4.\n")  # a fault: train.py's exit
     with pytest.raises(cli.UsageError, match=r"failed: train.py: error: --d-model 30 is not divisible"):
         experiments.finish(run, args, [], 2)
+    # train.py's advice after a fault is a train.py run's: "--resume", which experiments.py refuses (a fifth tester's)
+    log.write_text(f"train.py: error: {run.dir(args.out_dir)}/metrics.jsonl: No such file or directory; fix that path "
+                   f"or pick another, then {train.GO_ON}.\n")
+    with pytest.raises(cli.DataError, match=r"No such file or directory; fix that path or pick another, then rerun "
+                                            r"this experiments.py command. \(all of its output: "):
+        experiments.finish(run, args, [], 1)
     # killed (the out-of-memory killer, kill -9): its last line is only where it stood; it was given as the fault
     log.write_text("step 40/400: loss 3.6157, lr 7.8e-04, 3.24k tok/s, ETA 1m58s\n")
     with pytest.raises(cli.DataError, match=r"failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped it; the "
