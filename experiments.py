@@ -330,10 +330,11 @@ class Progress:
 
 
 def run_all(runs, args, rest):
-    """Every run without a result, as many at once as there are slots, with one progress line (Progress). A fault in
-    one stops the others (each saves a checkpoint) and ends this command with the run's sentence; so does a Ctrl-C,
-    SIGTERM or SIGHUP."""
+    """Every run without a result (the others are reused), as many at once as there are slots, one progress line. A
+    fault in one, a Ctrl-C, SIGTERM or SIGHUP stops the others (each saves a checkpoint) and ends this command."""
     todo, running = [r for r in runs if outcome(r, args, rest) is None], {}
+    if len(todo) < len(runs):  # a rerun over finished runs said nothing of them
+        cli.say(f"{cli.counted(len(runs) - len(todo), 'finished run')} reused")
     if not todo:
         return
     free, progress = machine.job_slots(min(args.jobs, len(todo))), Progress(runs, todo, args, rest)  # (<= runs)
@@ -674,8 +675,7 @@ def help_text():
                           f"{cfg['context_length']} tokens, about {cli.fmt_time(CPU_RUN_SECONDS)} on one core "
                           f"({MEASURED_RUN}); the times below are one core's, and 2 cores take about half as long:", 100)
     for name in ("lr", "batch", "ablations", "optimizers"):
-        runs = [label + (" (baseline)" if run is base and name != "ablations" else "")
-                for *_, label, run in plans[name]]
+        runs = [label + (" (baseline)" if run is base and name != "ablations" else "") for *_, label, run in plans[name]]
         lines += textwrap.wrap(f"{name:<10} {about(len(runs))}: {', '.join(runs)}", 100, initial_indent="  ",
                                subsequent_indent=" " * 13)
     lines += ["  generate   the lr sweep's runs, then samples from its best model",

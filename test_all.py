@@ -11253,7 +11253,7 @@ def test_experiments_a_moved_out_dir_keeps_its_runs(tmp_path):
         experiments.outcome(run, args, ["--seed", "7"])
 
 
-def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, monkeypatch):
+def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, monkeypatch, capsys):
     # the saved command line was compared as a string: --data ./toy.npy against its absolute path, or the same flags in
     # another order, was "a run of other flags; delete it", which threw away finished work. What the run is counts: its
     # config.json against the resolved flags (as --resume compares them), and its data's fingerprint
@@ -11267,6 +11267,9 @@ def test_experiments_reuses_its_runs_however_their_flags_are_spelled(tmp_path, m
     run = experiments.Run("lr", "lr=1e-03", ["--lr", "0.001"])
     args = _exp_args(tmp_path, data=str(tmp_path / "toy.npy"))
     assert experiments.outcome(run, args, again)["status"] == "done"
+    capsys.readouterr()
+    experiments.run_all([run], args, again)  # a rerun says what it reuses (it said nothing: a fifth tester's)
+    assert capsys.readouterr().out == "1 finished run reused\n"
     saved = made.dir(args.out_dir) / "config.json"  # a run from before --optimizer: it trained with the default
     saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items() if k != "optimizer"}))
     assert experiments.outcome(run, args, again)["status"] == "done"
