@@ -366,8 +366,8 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
         return code
     except (UsageError, DataError) as e:
         code = 2 if isinstance(e, UsageError) else 1
-        if RANK and TORCHRUN:  # the same flags and files: rank 0 says it, then torchrun stops this process (had it
-            on_stops(lambda signum, frame: os._exit(code))  # exited at once, torchrun could have stopped rank 0 first)
+        if RANK and TORCHRUN:  # every rank meets the same mistake: rank 0 says it, and torchrun then stops this one
+            on_stops(lambda signum, frame: os._exit(code))  # (exiting first, it let torchrun stop rank 0 unheard)
             time.sleep(RANK0_GRACE)
             say(f"(rank {RANK}) {name}: error: {e}", file=sys.stderr)  # a mistake of this process's own
             return code
