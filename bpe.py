@@ -159,7 +159,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
         t = len(tokens)
         merges.append(pair)
         tokens.append(tokens[pair[0]] + tokens[pair[1]])
-        changes = defaultdict(int, {pair: 0})           # this merge's changes of counts (its own falls to 0)
+        changes = defaultdict(int)                      # this merge's changes of counts (its own pair's: to 0)
         for w in where.pop(pair):
             _count_pairs(words[w], -word_count[w], changes)
             words[w] = _merge(words[w], pair, t)

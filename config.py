@@ -603,6 +603,10 @@ def same_tokenizer(cfg, recorded, mode):
                      f"--tokenizer {given}; drop --tokenizer (it reads the run as it was trained).")
 
 
+def other_pair(folder, run):  # are folder's vocab.json and merges.txt not the run's, byte for byte? (both there)
+    return any(a.read_bytes() != b.read_bytes() for a, b in zip(tokenizer_files(folder), tokenizer_files(run)))
+
+
 def init_from_defaults(cfg, given, run, old, who):
     """The shape and tokenizer a run starts from, in folder run (--init-from's; a resumed fine-tune's own, which its
     start may since have left): old, its run config (rundir.saved_config: config.json's, else ckpt.pt's; None if
@@ -624,15 +628,14 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"the one that made its ids cannot be told from {who}'s; restore the pair, or pass "
                          f"--tokenizer {shlex.quote(str(run))} if these ids are its.")
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
-            and any(a.read_bytes() != b.read_bytes() for a, b in zip(beside, tokenizer_files(run))):
+            and other_pair(Path(cfg["data"]).parent, run):
         raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by {who}'s, so "
                          f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "
                          f"{shlex.quote(str(run))} if these ids are its.")
-    theirs = tokenizer_files(cfg["tokenizer"]) if cfg["tokenizer"] else ()  # another tokenizer of the same size
-    if not cfg["resume"] and has_tokenizer and theirs and not same_folder(cfg["tokenizer"], run) \
-            and all(f.is_file() for f in theirs) \
-            and any(a.read_bytes() != b.read_bytes() for a, b in zip(theirs, tokenizer_files(run))):
+    theirs = cfg["tokenizer"] and not same_folder(cfg["tokenizer"], run)  # another tokenizer, of the same size too
+    if theirs and not cfg["resume"] and has_tokenizer and all(f.is_file() for f in tokenizer_files(cfg["tokenizer"])) \
+            and other_pair(cfg["tokenizer"], run):
         raise UsageError(f"--tokenizer {cfg['tokenizer']} is not {who}'s tokenizer, so the model would read its ids "
                          f"as other tokens; drop --tokenizer to take the run's, or start from a run trained with it.")
     if not (cfg["tokenizer"] or has_tokenizer or is_ids(cfg["data"])):

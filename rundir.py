@@ -70,6 +70,10 @@ def in_use(where, pid):  # another process writes the run in where
     return Busy(where, pid, "or pick another --run-name")
 
 
+def writer(d):  # the PID of another process that writes the run in directory d now (its lock), or None
+    return None if (pid := lock_holder(d)) == os.getpid() else pid
+
+
 def holds_run(d):  # does directory d hold a run (one of RUN_MARKERS), finished or stopped
     return any((Path(d) / f).exists() for f in RUN_MARKERS)
 
@@ -88,7 +92,7 @@ def run_dir_problem(c):
     if in_the_way:
         return f"{in_the_way} where the run writes a file; move it away (or make it writable), or pick another " \
                "--run-name."
-    if has_run and (pid := lock_holder(d)) not in (None, os.getpid()):  # another process writes it now: say so
+    if has_run and (pid := writer(d)):  # another process writes it now: say so
         return str(in_use(d, pid))
     if has_run and not (c["resume"] or c["overwrite"]):
         old = (run_config(d) or {}).get("data")  # another file of the same name: x.txt and x.py both go to out/x

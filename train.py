@@ -15,7 +15,6 @@ training step and its speed (--benchmark), 4. the training loop and samples, 5. 
 """
 import contextlib
 import json
-import os
 import sys
 import time
 from statistics import median
@@ -404,7 +403,7 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
                              f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
                              "vocab.json and merges.txt that made its ids there.")
-    training = files.lock_holder(path) not in (None, os.getpid())  # a run still training holds a CPU's cores: its
+    training = rundir.writer(path) is not None  # a run still training holds a CPU's cores: its
     # threads and ours would wait for each other at every op (a sample took minutes), so sampling takes one
     log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}"
         + (" (one thread: the run is training)" if training and cfg["device"] == "cpu" else ""), file=sys.stderr)
