@@ -148,9 +148,13 @@ TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ  # a worker torchrun started (a R
 RANK0_GRACE = 10  # seconds another rank of torchrun's waits before it says a mistake itself: rank 0 meets the same one
 
 
+def ranked(line):  # a line as this process says it: a rank past 0 names itself
+    return line if RANK == 0 else f"(rank {RANK}) {line}"
+
+
 def log_alone(line, **kwargs):  # log, and a rank past 0 that torchrun did not start says it too (no rank 0 may speak)
     if RANK == 0 or not TORCHRUN:
-        say(line if RANK == 0 else f"(rank {RANK}) {line}", **kwargs)
+        say(ranked(line), **kwargs)
 
 
 def quiet_while_starting(name):
@@ -368,10 +372,8 @@ def exit_code(name, command, interrupted, less_memory=None, then="run the same c
         code = 2 if isinstance(e, UsageError) else 1
         if RANK and TORCHRUN:  # every rank meets the same mistake: rank 0 says it, and torchrun then stops this one
             on_stops(lambda signum, frame: os._exit(code))  # (exiting first, it let torchrun stop rank 0 unheard)
-            time.sleep(RANK0_GRACE)
-            say(f"(rank {RANK}) {name}: error: {e}", file=sys.stderr)  # a mistake of this process's own
-            return code
-        log_alone(f"{name}: error: {e}", file=sys.stderr)
+            time.sleep(RANK0_GRACE)  # still here: a mistake of this process's own
+        say(ranked(f"{name}: error: {e}"), file=sys.stderr)
         return code
     except BrokenPipeError:
         return reader_left()
