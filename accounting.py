@@ -12,7 +12,9 @@ every formula against model.TransformerLM. train.py imports sections 1 and 7, ke
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
 count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as FlopCounterMode counts
-a masked matmul (the masked half is computed and then thrown away). GB = 1e9 bytes, GiB = 2**30 bytes.
+a masked matmul: the plain path computes the masked half and throws it away; a fused kernel (flash attention) skips
+it, so an MFU of this count credits it with work it never did (a convention: PaLM's and nanoGPT's MFU count so too).
+GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
 import collections
@@ -54,8 +56,8 @@ def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a s
 # 1. FLOPs, hardware and MFU
 
 # Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and kernels.py's roofline
-# import them); the datasheets' tensor-core figures assume 2:4 sparsity (two of every four weights zero, skipped by the
-# hardware) and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12
+# import them); the H100 datasheet's headline tensor-core figures assume 2:4 sparsity (two of every four weights zero,
+# skipped by the hardware) and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock x 1.83 GHz = 989.4e12
 # (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on
 # tensor cores, as torch runs them at torch.get_float32_matmul_precision() "high" or "medium".
 PEAK_FLOPS = {
@@ -257,7 +259,8 @@ GRAD_ACCUMULATION = dict(batch=64, micro_batch=16, D=1024, L=16)  # the lecture'
 
 def checkpointing(L, every):
     """(peak activations held, recomputed block forwards) for L blocks g = xW, h = relu(g), in (B, D) tensors and
-    block forwards. every=0: no checkpointing, keep g and h of every block. every=k: keep h of every k-th block; the
+    block forwards, in the lecture's picture (autograd would keep h alone, relu's output and the next matmul's input).
+    every=0: no checkpointing, keep g and h of every block. every=k: keep h of every k-th block; the
     backward re-runs one k-block segment at a time (holding its 2k tensors), so every block is recomputed once.
     every=None: keep only the input; block i's backward re-runs blocks 1..i, L(L+1)/2 forwards for 2 tensors held."""
     if every is None:
@@ -562,7 +565,8 @@ def section_tokenizer():
     mb_per_sec, pile_hours, pile_days = bps / 1e6, PILE_BYTES / bps / 3600, PILE_BYTES / bps / DAY
     _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
        f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days at most: encode gives "
-       f"a text of {bpe.bpe_fast.COMPILED_MIN_CHARS:,}+ characters to its compiled engine (python bench.py encode)")
+       f"a text of {bpe.bpe_fast.COMPILED_MIN_CHARS:,}+ characters to its compiled engine (python bench.py encode); "
+       "the handout's 10K and 32K tokenizers: python experiments.py tokenizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,7 +591,8 @@ def notes_corrections():
          "a factor-1000 slip in the notes' text; their 144 days is right"),
         (q70b, "12 B/param, 53B params (notes 000, as the 2026 lecture: '2 + 2 + (4 + 4)')",
          f"{bpp} B/param, {billions:.0f}B params",
-         "bf16 weights need an fp32 master copy (+4) that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4))"),
+         "an update under 2^-9 of a bf16 weight rounds away, so mixed precision keeps an fp32 master copy (+4) "
+         "that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4)); without one, section 2's last row"),
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
@@ -598,8 +603,9 @@ def notes_corrections():
         (qxl, "~70.4 TFLOPs (about 20x), attention 27.58% (notes 003)",
          f"{tflops16:.1f} TFLOPs ({growth:.1f}x), attention {attn16:.1%}",
          "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
-        (qadamw, "(2 + 3 + 1 + 1 + 4 + 4 + 1)BTd = 16BTd a layer (notes 003)", f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd",
-         "the notes list SwiGLU's W3 and gate (4BTd each), then sum without them; 16BTd is the handout's list"),
+        (qadamw, "(2 + 3 + 1 + 1 + 4 + 4 + 1)BTd = 16BTd a layer (notes 003)",
+         f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd by the list itself", "the list adds SwiGLU's W3 and gate (4BTd each), which "
+         "the sum leaves out; the handout's list, 16BTd, is the answer (section 8), as the notes then say"),
         (qadamw, "14.45 x batch + 31.70 GB, batch 3 (notes 003)", f"{a / GB:.2f} x batch + {b / GB:.2f} GB, batch "
          f"{(80e9 - b) // a:.0f} ({(80 * GiB - b) // a:.0f} in 80 GiB)", "GiB labelled GB: batch 3 fits 80 GiB"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",

@@ -1090,6 +1090,8 @@ def bench_stop_checks(args, device, shape, compile):
 # (torch.compile, whose CPU build takes minutes; bf16 autocast; compiled AdamW; the CUDA kernels;
 # the GPU memory check; the CUDA tests' bodies).
 
+# GPT-2 small's widths with SwiGLU (d_ff 8/3 d_model: 2,048), its vocabulary padded to a multiple of 128 (50,304)
+# so that the head's matmul tiles evenly on a GPU
 GPT2_SMALL = dict(vocab_size=50_304, context_length=1_024, d_model=768, num_layers=12, num_heads=12, d_ff=2_048)
 GPU_SHAPES = {  # name: ((shape, batch size) on the GPU, the --cpu rehearsal's stand-in)
     "TinyStories": ((accounting.TINYSTORIES, 128),

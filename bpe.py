@@ -125,7 +125,7 @@ def _pop_best(heap, counts, tokens):
     while heap and (best is None or heap[0][0] == best[0]):
         entry = heapq.heappop(heap)
         if -entry[0] != counts[entry[1]] or best and entry[1] == best[1]:
-            continue                                   # stale: the count has changed
+            continue                                   # stale (its count has changed), or a copy of best
         if best is None or [tokens[t] for t in entry[1]] > [tokens[t] for t in best[1]]:
             best, entry = entry, best
         if entry is not None:
@@ -227,8 +227,9 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
-    # A small job runs _merge_loop up to a bound on its time; the engine's compiled loop (data laid out for the
-    # caches, only the pairs next to a merge changed) learns the same merges, from the start if pairs are left then.
+    # A small job's first merges (up to bpe_fast.INTERPRET_MAX_MERGES; none once the compiled loop is loaded) are
+    # _merge_loop's, as plain Python; if pairs are left then, the engine's compiled loop (data laid out for the
+    # caches, only the pairs next to a merge changed) learns the same merges, all of them from the first.
     first = 0 if loop else bpe_fast.interpreted_merges(len(ids), num_merges, longest)  # merges tried as Python
     lefts, rights = _merge_loop(ids, word_start, word_count, first) if first else (np.empty(0, np.int64),) * 2
     if len(lefts) == first < num_merges:  # none tried, or pairs left after them
@@ -340,13 +341,6 @@ def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
     return undeclared
 
 
-def special_tokens_of(vocab, merges=(), in_file=None):  # the special tokens bpe.py train (or GPT-2) put in the vocab:
-    # its tokens of 2+ bytes no merge makes, as text; of a Tokenizer (data.py's), those not given it, its check's answer
-    own = vocab._undeclared if isinstance(vocab, Tokenizer) else _check_merges(
-        merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
-    return [t.decode() for t in own if t.decode(errors="replace").encode() == t]
-
-
 def _read_merges_file(path):
     """A GPT-2 merges.txt as ([(left, right)], in_file): in_file(k) names merge k's line (None: the
     file) for the errors of _check_merges, which Tokenizer runs once."""
@@ -380,7 +374,8 @@ class Tokenizer:
                       for i, b in vocab.items()}
         self.special_tokens = bpe_fast.checked_special_tokens(special_tokens)
         have, new = set(self.vocab.values()), [s.encode("utf-8") for s in self.special_tokens]  # (distinct)
-        self.vocab.update(enumerate([b for b in new if b not in have], max(self.vocab, default=-1) + 1))  # handout
+        # as the handout asks: special tokens the vocab lacks are appended, after its highest id
+        self.vocab.update(enumerate([b for b in new if b not in have], max(self.vocab, default=-1) + 1))
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         if (missing := next((b for b in range(256) if bytes([b]) not in token_id), None)) is not None:
             raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
@@ -455,7 +450,9 @@ class Tokenizer:
         bpe_fast.check_text("Tokenizer.encode takes str", text)
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own scanner, the merges in a
-            # hash table and a cache of pre-tokens in arrays: the same ids, once loading it pays (see the call).
+            # hash table and a cache of pre-tokens in arrays: the same ids. It takes over once loading it pays (this
+            # Tokenizer has seen COMPILED_MIN_CHARS), and in a process that has loaded it, for every text after;
+            # _encode_plain is the definition.
             return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
         return self._encode_plain(text)
@@ -470,6 +467,14 @@ class Tokenizer:
         """Text of ids (a list, array or tensor of ints); bytes that are not UTF-8 become U+FFFD."""
         ids = bpe_fast.checked_ids(ids, self.vocab)
         return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def special_tokens_of(vocab, merges=(), in_file=None):
+    """The special tokens bpe.py train (or GPT-2) put in a vocab: its tokens of 2+ bytes that no merge makes, as text.
+    vocab may be a Tokenizer (data.py's): then those not given to it, which its own check of the merges found."""
+    own = vocab._undeclared if isinstance(vocab, Tokenizer) else _check_merges(
+        merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
+    return [t.decode() for t in own if t.decode(errors="replace").encode() == t]
 
 
 # -----------------------------------------------------------------------------
@@ -565,7 +570,7 @@ def main(argv=None):
         raise cli.UsageError(f"{e}; --special-tokens takes every word after it: put the input file before it.") from None
     if args.num_workers is not None and args.num_workers < 1:
         raise cli.UsageError("--num-workers (--workers) must be at least 1.")
-    args.num_workers = args.num_workers and min(args.num_workers, machine.usable_cores())  # more: no faster (train.py)
+    args.num_workers = args.num_workers and min(args.num_workers, machine.usable_cores())  # more would be no faster
     here = "a folder (. for this one)"
     for flag, path, what in (("the input", args.input, "a text file"), ("--tokenizer", vars(args).get("tokenizer"), here),
                              ("--out", args.out, here if args.cmd == "train" else "a .npy file")):

@@ -90,7 +90,8 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm(a)_i = a_i / RMS(a) * g_i,  RMS(a) = sqrt(mean_i(a_i^2) + eps).
-    Computed in float32 or wider (squares overflow in 16-bit floats), cast back to the input's dtype."""
+    Computed in float32 or wider (squares overflow float16 and lose digits in bfloat16), cast back to the input's
+    dtype."""
 
     def __init__(self, d_model, eps=1e-5, device=None, dtype=None, fast=False):
         super().__init__()
@@ -311,7 +312,7 @@ def _as_token_ids(ids):
 def _check_positions_and_mask(B, H, T, S, positions, mask):
     """forward's checks of a caller's RoPE positions ((T,) or (B, T) ints) and mask (bool, 2-D to 4-D, broadcastable to
     (B, H, T, S); S: T, or with a cache its own), by dtype and shape: no host sync. fast=True's SDPA would add a float
-    mask to the scores; a batch or head count of another size failed deep in attention, in torch's words."""
+    mask to the scores; a batch or head count of another size would fail deep in attention, in torch's words."""
     def what(t):
         return f"{t.dtype} of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
     p, m = positions, mask
@@ -604,7 +605,7 @@ def _generate_static(model, ids, valid, n, temperature, top_p, stop_id, generato
     for c in caches:
         c.slots = torch.arange(L, device=ids.device)
         if c.k is not None and c.k.is_inference() != torch.is_inference_mode_enabled():  # torch.inference_mode's
-            c.k = None  # tensors, which only that mode may write (the next generate outside it failed): made again
+            c.k = None  # tensors, which only that mode may write (a generate outside it would fail): made again
     prompt_mask = _attention_mask(valid, L)  # (B, 1, L, L): the prefill, at the prompt's length, eager
     mask = torch.cat([prompt_mask, prompt_mask.new_zeros(B, 1, L, C - L)], -1)
     logits = model(ids, _positions(valid), mask, caches)[:, -1]

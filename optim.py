@@ -8,7 +8,7 @@ Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
      State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
-Tests: python -m pytest -q test_all.py -k model
+Tests: python -m pytest -q test_all.py -k model  (the optimizers' tests sit in the model section)
 """
 import math
 import numbers
@@ -129,7 +129,7 @@ class _Optimizer(torch.optim.Optimizer):
                              f"takes real parameters, not {', '.join(dtypes)}.")
         super().add_param_group(group)
 
-    def load_state_dict(self, state_dict):  # the saved groups meet the same rules (a saved NaN lr trained NaNs)
+    def load_state_dict(self, state_dict):  # the saved groups meet the same rules (a saved NaN lr would train NaNs)
         for group in state_dict.get("param_groups", ()) if isinstance(state_dict, dict) else ():
             self._check(group, saved=True)
         super().load_state_dict(state_dict)
@@ -187,7 +187,8 @@ class AdaGrad(_Optimizer):
 class RMSProp(_Optimizer):
     """AdaGrad with an exponential average of g^2 instead of the sum (Tieleman & Hinton 2012), so that the step
     follows the gradients' recent scale instead of shrinking for ever:
-    G <- alpha G + (1 - alpha) g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as AdaGrad's)"""
+    G <- alpha G + (1 - alpha) g^2;  theta <- theta - lr * g / sqrt(G + eps)  (eps inside the root, as AdaGrad's;
+    torch.optim.RMSprop adds it outside, so the two differ where G is near 0)"""
 
     def __init__(self, params, lr=1e-3, alpha=0.99, eps=1e-8):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
@@ -208,7 +209,9 @@ def _on_device(like, *numbers):
 def _adamw_math(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
     """Algorithm 1's arithmetic for all of a group's tensors at once: step_sizes[i] = -a_t of params[i],
     decay = 1 - lr * weight_decay (numbers; 0-dim tensors when compiled). Each _foreach op does one line of the
-    per-parameter loop for every tensor."""
+    per-parameter loop for every tensor; for one tensor p, with gradient g and state m, v, the loop is
+        m.lerp_(g, 1 - b1);  v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.addcdiv_(m, v.sqrt() + eps, value=-a_t);  p.mul_(1 - lr * weight_decay)"""
     torch._foreach_lerp_(ms, grads, 1 - b1)  # m + (1-b1)(g - m) = b1 m + (1-b1) g
     torch._foreach_mul_(vs, b2)
     torch._foreach_addcmul_(vs, grads, grads, 1 - b2)
@@ -379,8 +382,8 @@ def cosine_lr(it, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
     Cosine    (Tw <= t <= Tc):  lr = min_lr + (1 + cos(pi (t - Tw) / (Tc - Tw))) / 2 * (max_lr - min_lr)
     After     (t > Tc):         lr = min_lr
     """
-    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr)) and min_lr <= max_lr  # < 0: ascent;
-    # min_lr > max_lr (the two swapped) would climb from max_lr to min_lr
+    # a rate < 0 would ascend; min_lr > max_lr (the two swapped) would climb from max_lr to min_lr
+    lrs_ok = all(_number(x) and 0 <= x < math.inf for x in (max_lr, min_lr)) and min_lr <= max_lr
     steps_ok = all(_number(x) for x in (it, warmup_iters, cosine_cycle_iters))  # "1" or None: no comparison
     if not (lrs_ok and steps_ok and it >= 0 and 0 <= warmup_iters <= cosine_cycle_iters):  # a NaN fails too
         raise ValueError(f"Need finite 0 <= min_lr <= max_lr, 0 <= it and 0 <= warmup_iters <= cosine_cycle_iters, "

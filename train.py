@@ -87,7 +87,8 @@ def micro_batches(data, cfg, generator):
 # ----------------------------------------------------------------------------
 # 2. Checkpoints
 
-WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}  # class -> its child
+# class -> its child: DDP's, torch.compile's and section 3's LMLoss (the LM and its loss as one module)
+WRAPPERS = {"DistributedDataParallel": "module", "OptimizedModule": "_orig_mod", "LMLoss": "lm"}
 
 
 def _unwrap(model):  # the LM inside DDP, torch.compile, LMLoss: by type, so a user's model with a child lm keeps its keys
@@ -141,15 +142,19 @@ def use_activation_checkpointing(model):
         block.forward = fwd
 
 
-def narrow_residual(lm, cfg):  # --bf16-residual, for training and for sampling a run alike: the embedding's output
-    if cfg.get("bf16_residual"):  # in autocast's dtype, so each block adds bf16 to bf16 (weights, gradients: float32)
+def narrow_residual(lm, cfg):
+    """--bf16-residual, for training and for sampling a run alike: the embedding's output in autocast's dtype, so each
+    block adds bf16 to bf16 (the weights and their gradients stay float32)."""
+    if cfg.get("bf16_residual"):
         lm.token_embeddings.register_forward_hook(lambda embedding, ids, x: x.to(fused_head.compute_dtype(x)))
 
 
 class LMLoss(torch.nn.Module):
     """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the loss as
-    one graph, and DDP wraps both; checkpoints and samples take the LM inside (.lm, _unwrap). --sdpa-backend pins the
-    attention kernel of forward and backward (auto: torch's choice)."""
+    one graph, and DDP wraps both; checkpoints and samples take the LM inside (.lm, _unwrap). The loss, each tested
+    equal to optim.cross_entropy: fused_head.py's with --fused-head (on by default: config.py decides); compiled
+    without it, torch's; else optim.cross_entropy itself (fused with --fast). --sdpa-backend pins the attention
+    kernel of forward and backward (auto: torch's choice)."""
 
     def __init__(self, lm, cfg):
         super().__init__()
@@ -158,10 +163,11 @@ class LMLoss(torch.nn.Module):
 
     def forward(self, x, y):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
-            if self.fused_head:  # fused_head.py (tested equal): head matmul and loss by row chunks, no (N, V) logits held
+            if self.fused_head:  # head matmul and loss by row chunks: no (N, V) logits held
                 return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
-            if self.in_graph:  # inductor fuses the upcast, log-sum-exp and gradient over the bf16 logits: no float32
-                # (N, V) is written. torch's loss (tested equal): cross_entropy's gather scatters its gradient into one
+            if self.in_graph:  # inductor (torch.compile's code generator) fuses torch's loss over the bf16 logits,
+                # its gradient pointwise: no float32 (N, V) is written (optim.cross_entropy's gather would scatter its
+                # gradient into one)
                 return torch.nn.functional.cross_entropy(self.lm(x).flatten(0, -2).float(), y.flatten())
             return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
 
@@ -226,7 +232,7 @@ def train_step(loss_model, optimizer, micro_batches, lr, cfg):
     return mean, norm
 
 
-def step_flops(cfg):  # 3 x forward FLOPs (backward is twice the forward) x sequences, per optimizer step
+def step_flops(cfg):  # a training step's FLOPs per sequence (forward and backward) x sequences, per optimizer step
     fwd = accounting.lm_forward_flops(cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"],
                                       cfg["d_ff"], silu_ffn=cfg["silu_ffn"])
     return accounting.training_step_flops(fwd) * cfg["batch_size"]
@@ -280,7 +286,8 @@ def benchmark(cfg):
         f"{cli.counted(cfg['benchmark_steps'], 'step')}")
     log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.3g} TFLOP/s achieved")
     log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
-    log("  FLOPs per step = 3 x accounting.lm_forward_flops (forward matmuls incl. attention) x batch size")
+    log(f"  FLOPs per step = {1 + accounting.BACKWARD_PER_FORWARD} x accounting.lm_forward_flops (forward matmuls "
+        "incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cli.counted(cfg['max_iters'], 'step')}) would take "
         f"{cli.fmt_time(cfg['total_tokens'] * dt / tokens)}")
 
@@ -334,8 +341,9 @@ class Progress:
         """last: the run stops after this step (Ctrl-C), which gets a console line too, not a metrics record."""
         self.unread.append((step, loss, norm))
         logs = step % self.cfg["log_interval"] == 0 or step == self.cfg["max_iters"]
-        # read back before the clock is read, and before an evaluation (it would wait for these steps): their seconds
-        reads = logs or last or step % self.cfg["eval_interval"] == 0  # are theirs; a NaN stops the run before it
+        # read back before the clock is read, and before an evaluation (it would wait for these steps), so that their
+        # seconds are theirs; a NaN stops the run before it
+        reads = logs or last or step % self.cfg["eval_interval"] == 0
         loss, norm = rundir.read_back(self.unread, self.ckpt_path) if reads else (loss, norm)
         cfg, now, (seconds, steps) = self.cfg, time.time(), self.window
         dt, self.t_last = now - self.t_last, now
@@ -363,7 +371,7 @@ def load_run(path, device="cpu"):
     state = rundir.read_run(path, model_kwargs())  # a saved config's values: the types the flags' defaults have
     model = TransformerLM(**model_kwargs(state["config"]), device=device)
     load_state(state, model)
-    narrow_residual(model, state["config"])  # as it was trained (a run saved before the switch: its float32 stream)
+    narrow_residual(model, state["config"])  # as it was trained (a config without the key: the float32 stream)
     tok = read_tokenizer(path, text=rundir.on_text(state["config"]))[0]  # a text run's gone: damage
     return model.eval(), tok, dict(state["config"], iteration=state["iteration"])
 
@@ -403,8 +411,9 @@ def print_samples(cfg):
         raise cli.UsageError(f"--sample: the tokenizer in {path} ({n} tokens, {EOT} at id {stop}) does not fit its "
                              f"model, whose samples need a token for each id below {V}, {EOT} among them; put the "
                              "vocab.json and merges.txt that made its ids there.")
-    training = rundir.writer(path) is not None  # a run still training holds a CPU's cores: its
-    # threads and ours would wait for each other at every op (a sample took minutes), so sampling takes one
+    # a run still training holds a CPU's cores: its threads and ours would wait for each other at every op, so
+    # sampling takes one
+    training = rundir.writer(path) is not None
     log(f"sampling the checkpoint of step {saved['iteration']:,} of {saved['max_iters']:,}"
         + (" (one thread: the run is training)" if training and cfg["device"] == "cpu" else ""), file=sys.stderr)
     with machine.one_thread_on_a_cpu(cfg["device"], threads=not training):
