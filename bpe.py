@@ -2,9 +2,9 @@
 Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, section 2).
 
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair into a new token;
-encoding replays the learned merges in order. In reading order: the GPT-2 pre-tokenizer, the naive trainer (the
-definition), the incremental trainer, train_bpe, GPT-2's file format, the Tokenizer with a
-plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
+encoding replays the learned merges in order. In reading order: why bytes (Unicode and UTF-8), the GPT-2
+pre-tokenizer, the naive trainer (the definition), the incremental trainer, train_bpe, GPT-2's file format, the
+Tokenizer with a plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
 checks that it gives the same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
@@ -34,7 +34,34 @@ import bpe_fast
 from bpe_fast import encode_file
 
 # -----------------------------------------------------------------------------
-# 1. Pre-tokenization and special tokens
+# 1. Why bytes: Unicode and UTF-8 (handout 2.1-2.2)
+
+def unicode_answers():
+    r"""The handout's problems unicode1 and unicode2, answered by running them (test_all.py runs these lines).
+    unicode1: chr(0) is U+0000, NULL, a control character with no glyph; its repr shows the escape, while printing
+    writes the one invisible character, so in text it is carried along unseen (and to BPE it is just byte 0).
+    >>> chr(0), "this is a test" + chr(0) + "string"
+    ('\x00', 'this is a test\x00string')
+
+    unicode2 (a): UTF-8 spends one byte on an ASCII character where UTF-16 and UTF-32 spend 2 and 4, most of them
+    zeros, so its sequences are the shortest (fewer tokens to merge and to train on), and most text is UTF-8 already.
+    >>> [len("hello! こんにちは!".encode(e)) for e in ("utf-8", "utf-16-le", "utf-32-le")]
+    [23, 26, 52]
+
+    (b) decoding byte by byte fails on any character of several bytes, since no byte of one is a character alone:
+    >>> "".join(bytes([b]).decode("utf-8") for b in "é".encode("utf-8"))
+    Traceback (most recent call last):
+    UnicodeDecodeError: 'utf-8' codec can't decode byte 0xc3 in position 0: unexpected end of data
+
+    (c) b"\xc3\x28": 0xc3 opens a character of two bytes, whose second must be a continuation byte (0x80-0xbf):
+    >>> b"\xc3\x28".decode("utf-8")
+    Traceback (most recent call last):
+    UnicodeDecodeError: 'utf-8' codec can't decode byte 0xc3 in position 0: invalid continuation byte
+    """
+
+
+# -----------------------------------------------------------------------------
+# 2. Pre-tokenization and special tokens
 
 # GPT-2's pre-tokenizer (handout 2.4): contractions, optional space + letters / digits /
 # punctuation, whitespace not followed by a non-space (" word" keeps its space), whitespace.
@@ -59,7 +86,7 @@ def _special_split_re(special_tokens):
 
 
 # -----------------------------------------------------------------------------
-# 2. The naive trainer: the definition of BPE training
+# 3. The naive trainer: the definition of BPE training
 #
 # Count every adjacent pair inside every pre-token (weighted by the pre-token's count),
 # fuse the most frequent pair everywhere, repeat; a tie goes to the lexicographically
@@ -106,7 +133,7 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 
 
 # -----------------------------------------------------------------------------
-# 3. The incremental trainer: the same merges without recounting everything
+# 4. The incremental trainer: the same merges without recounting everything
 #
 # Each distinct pre-token ("word") is stored once, with its count. A merge (a, b) -> t changes
 # only the words that contain (a, b), and in them only the pairs around it:
@@ -175,7 +202,7 @@ def _merge_loop(ids, word_start, word_count, num_merges):
 
 
 # -----------------------------------------------------------------------------
-# 4. train_bpe
+# 5. train_bpe
 
 def _read_text(path, what):
     """The file as str; a missing file or a decoding error (its byte offset) is named."""
@@ -243,7 +270,7 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
 
 
 # -----------------------------------------------------------------------------
-# 5. The GPT-2 file format, and the checks of a Tokenizer's inputs
+# 6. The GPT-2 file format, and the checks of a Tokenizer's inputs
 #
 # GPT-2 writes every byte as a printable character so that vocab.json and merges.txt are
 # plain text: the 188 printable Latin-1 bytes stand for themselves, the other 68 (control
@@ -356,7 +383,7 @@ def _read_merges_file(path):
 
 
 # -----------------------------------------------------------------------------
-# 6. Tokenizer
+# 7. Tokenizer
 
 _CACHE_LIMIT = 1 << 16   # pre-tokens remembered; bounded so that streaming stays O(1)
 _PLAIN_WORD_CHARS = 1_000   # a longer pre-token goes to the engine: the definition rescans it once per merge
@@ -478,7 +505,7 @@ def special_tokens_of(vocab, merges=(), in_file=None):
 
 
 # -----------------------------------------------------------------------------
-# 7. Command line
+# 8. Command line
 
 def tokenizer_files(directory):  # where bpe.py train, a token cache and a run keep a tokenizer
     return Path(directory) / "vocab.json", Path(directory) / "merges.txt"

@@ -3,8 +3,8 @@
 Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
   1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written
      in-place backward (softmax - onehot), and perplexity.
-  2. Optimizers, the lecture's chain: SGD (+ momentum) -> AdaGrad -> RMSProp -> Adam/AdamW (Algorithm 1;
-     compiled=True fuses it, fused=True makes it one pass over memory on a CPU), then Muon beyond the lecture.
+  2. Optimizers, the lecture's chain: SGD (+ momentum; sgd_toy, the handout's first loop) -> AdaGrad -> RMSProp
+     -> Adam/AdamW (Algorithm 1; compiled=True fuses it, fused=True makes it one pass over memory on a CPU), then Muon beyond the lecture.
      State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
@@ -169,6 +169,28 @@ class SGD(_Optimizer):
             if group["momentum"] > 0:
                 v = self._zeros(p, "momentum_buffer").mul_(group["momentum"]).add_(p.grad)
             p.add_(v, alpha=-group["lr"])
+
+
+def sgd_toy(lr, steps=10, seed=0):
+    """The handout's first training loop (section 4.2): mean(w^2) over a 10 x 10 w drawn as 5 * randn, SGD at
+    lr / sqrt(t + 1) -> the loss before each step. Its learning_rate_tuning problem, answered (the gradient is
+    w / 50, so a step multiplies w by 1 - lr / (50 sqrt(t + 1))): at lr 1e1 the loss falls steadily, 26.3 to 3.5 in
+    ten steps; at 1e2 the first step flips w's sign (loss unchanged), then it collapses to about 1e-23; at 1e3 every
+    step multiplies w by about -19 and the loss diverges, to about 2e18.
+    >>> [f"{loss:.3g}" for loss in sgd_toy(1e2)][:4]
+    ['26.3', '26.3', '4.51', '0.108']
+    """
+    torch.manual_seed(seed)
+    w = torch.nn.Parameter(5 * torch.randn(10, 10))
+    opt, losses = SGD([w], lr=lr), []
+    for t in range(steps):
+        opt.param_groups[0]["lr"] = lr / math.sqrt(t + 1)  # the handout's decay, as a schedule sets it
+        opt.zero_grad()
+        loss = (w ** 2).mean()
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    return losses
 
 
 class AdaGrad(_Optimizer):

@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import copy
 import ctypes
+import doctest
 import errno
 import functools
 import gzip
@@ -2058,6 +2059,31 @@ def test_model_sgd_and_adagrad_match_their_formulas():
     torch.testing.assert_close(p_ada.detach(), want)
 
 
+def _doctest_failures(obj):
+    """How many of obj's docstring examples fail, run among its module's names (a failure is printed: pytest
+    shows it). A docstring without examples fails."""
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in finder.find(obj, obj.__name__, module=inspect.getmodule(obj)):
+        runner.run(test)
+    failed, attempted = runner.summarize(verbose=False)
+    assert attempted, f"{obj.__name__}'s docstring has no examples"
+    return failed
+
+
+def test_model_sgd_toy_answers_the_handouts_learning_rate_tuning():
+    # the handout's loop at lr / sqrt(t + 1) is SGD stepped with that rate, and sgd_toy's docstring says what it does
+    assert _doctest_failures(optim.sgd_toy) == 0
+    torch.manual_seed(0)
+    w = 5 * torch.randn(10, 10)
+    for t in range(3):  # by hand: the gradient of mean(w^2) is w / 50
+        w = w - 1e2 / math.sqrt(t + 1) * w / 50
+    assert optim.sgd_toy(1e2, steps=4)[3] == pytest.approx(float((w ** 2).mean()), rel=1e-5)
+    slow, fast, diverged = (optim.sgd_toy(lr) for lr in (1e1, 1e2, 1e3))
+    assert all(a > b for a, b in zip(slow, slow[1:])) and 3 < slow[-1] < 4  # "26.3 to 3.5 in ten steps"
+    assert fast[1] == pytest.approx(fast[0]) and fast[-1] < 1e-20  # "flips w's sign, then collapses"
+    assert all(b > 19 * a for a, b in zip(diverged[1:], diverged[2:])) and diverged[-1] > 1e18  # "about 2e18"
+
+
 def test_model_invalid_hyperparameters_raise():
     p = [torch.nn.Parameter(torch.zeros(2))]
     for kw in (dict(lr=-1), dict(betas=(1.0, 0.9)), dict(betas=(0.9, -0.1)), dict(eps=0), dict(weight_decay=-0.1)):
@@ -3128,6 +3154,11 @@ class _BpeTrained(dict):
 @pytest.fixture(scope="module")
 def bpe_trained(tmp_path_factory):
     return _BpeTrained(tmp_path_factory.mktemp("bpe_corpora"))
+
+def test_bpe_unicode_answers_run_as_they_say():
+    # the handout's unicode1 and unicode2, answered in bpe.py section 1 as examples that run
+    assert _doctest_failures(bpe.unicode_answers) == 0
+    assert len(doctest.DocTestFinder().find(bpe.unicode_answers)[0].examples) == 4
 
 
 @pytest.mark.parametrize("loop", list(_BPE_LOOPS))
