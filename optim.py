@@ -4,8 +4,8 @@ Sections, in reading order (CS336 assignment 1, section 4; lecture 2):
   1. cross_entropy (max-subtracted log-sum-exp), the same loss with a hand-written
      in-place backward (softmax - onehot), and perplexity.
   2. Optimizers, the lecture's chain: SGD (+ momentum; sgd_toy, the handout's first loop) -> AdaGrad -> RMSProp
-     -> Adam/AdamW (Algorithm 1; compiled=True fuses it, fused=True makes it one pass over memory on a CPU), then Muon beyond the lecture.
-     State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
+     -> Adam/AdamW (Algorithm 1; compiled=True fuses it, fused=True makes it one pass over memory on a CPU), then
+     Muon beyond the lecture. State lives in self.state, so torch.optim.Optimizer's state_dict() round-trips.
   3. cosine_lr: linear warm-up, cosine decay, then a floor.
   4. clip_grad_norm: rescale all gradients together when their global L2 norm is too big.
 Tests: python -m pytest -q test_all.py -k model  (the optimizers' tests sit in the model section)
