@@ -4,8 +4,8 @@ Byte-level BPE, the tokenizer of GPT-2, from scratch (CS336 assignment 1, sectio
 Training starts from the 256 byte values and repeatedly fuses the most frequent adjacent pair into a new token;
 encoding replays the learned merges in order. In reading order: why bytes (Unicode and UTF-8), the GPT-2
 pre-tokenizer, the naive trainer (the definition), the incremental trainer, train_bpe, GPT-2's file format, the
-Tokenizer with a plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked calls; test_all.py
-checks that it gives the same pre-tokens, merges and ids.
+Tokenizer with a plain encode, the command line. The engine, bpe_fast.py, takes over big jobs at a few marked
+calls; test_all.py checks that it gives the same pre-tokens, merges and ids.
 
 Run:  python bpe.py train corpus.txt --vocab-size 10000 --special-tokens '<|endoftext|>' --out tok
       python bpe.py encode corpus.txt --tokenizer tok --out ids.npy
