@@ -58,8 +58,8 @@ def _terms(parts):  # {"params": 4, "grads": 4} -> "4 (params) + 4 (grads)": a s
 # Dense peak FLOP/s from NVIDIA's whitepapers, the one home of these numbers (train.py's MFU and kernels.py's roofline
 # import them); the H100 datasheet's headline tensor-core figures assume 2:4 sparsity (two of every four weights zero,
 # skipped by the hardware) and are twice these. H100 SXM bf16: 132 SMs x 4 tensor cores x 1024 FLOPs per clock x
-# 1.83 GHz = 989.4e12 (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is the CUDA cores; "tf32" is fp32 matmuls on
-# tensor cores, as torch runs them at torch.get_float32_matmul_precision() "high" or "medium".
+# 1.83 GHz = 989.4e12 (the lecture halves the datasheet's rounded 1979e12: 989.5e12). "fp32" is the CUDA cores;
+# "tf32" is fp32 matmuls on tensor cores, as torch runs them at torch.get_float32_matmul_precision() "high" or "medium".
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 PCIe": {"bf16": 756.0e12, "fp16": 756.0e12, "tf32": 378.0e12, "fp32": 51.2e12},
