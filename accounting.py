@@ -566,7 +566,7 @@ def section_tokenizer():
     _a(f"measured live: {mb_per_sec:.2f} MB/s ({note}, one process)",
        f"Pile: 825 x 2^30 B / {bps:,.0f} B/s = {pile_hours:,.1f} hours = {pile_days:.2f} days at most: encode gives "
        f"a text of {bpe.bpe_fast.COMPILED_MIN_CHARS:,}+ characters to its compiled engine (python bench.py encode); "
-       "the handout's 10K and 32K tokenizers: python experiments.py tokenizer")
+       "the handout's 10K and 32K tokenizers: python experiments.py tokenizer --data tinystories (or owt)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -591,8 +591,8 @@ def notes_corrections():
          "a factor-1000 slip in the notes' text; their 144 days is right"),
         (q70b, "12 B/param, 53B params (notes 000, as the 2026 lecture: '2 + 2 + (4 + 4)')",
          f"{bpp} B/param, {billions:.0f}B params",
-         "an update under 2^-9 of a bf16 weight rounds away, so mixed precision keeps an fp32 master copy (+4) "
-         "that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4)); without one, section 2's last row"),
+         "bf16 weights lose small updates (--section motivation), so mixed precision keeps an fp32 master copy (+4) "
+         "that the sum leaves out (2025's lecture: 4 + 4 + (4 + 4)); without one: that section's 'no master copy' row"),
         ("tensors: GPT-3's feed-forward matrix", "2.3 GB for 12288 x 12288 x 4 bytes (notes 001)",
          f"{_gb(ff)} (= {ff_mib:.0f} MiB)",
          f"12288 x 12288 x 4 B is only {_gb(square)}: the matrix is (4 x 12288) x 12288"),
@@ -605,7 +605,7 @@ def notes_corrections():
          "the same single-head QK^T and AV count; the 20x divides by 3.5T, not the notes' own 4.20T"),
         (qadamw, "(2 + 3 + 1 + 1 + 4 + 4 + 1)BTd = 16BTd a layer (notes 003)",
          f"{2 + 3 + 1 + 1 + 4 * 4 + 1}BTd by the list itself", "the list adds SwiGLU's W3 and gate (4BTd each), which "
-         "the sum leaves out; the handout's list, 16BTd, is the answer (section 8), as the notes then say"),
+         "the sum leaves out; the handout's list, 16BTd, is the answer (--section adamw), as the notes then say"),
         (qadamw, "14.45 x batch + 31.70 GB, batch 3 (notes 003)", f"{a / GB:.2f} x batch + {b / GB:.2f} GB, batch "
          f"{(80e9 - b) // a:.0f} ({(80 * GiB - b) // a:.0f} in 80 GiB)", "GiB labelled GB: batch 3 fits 80 GiB"),
         (qadamw, "10 P (notes 003)", f"{adamw_flops} P",

@@ -44,7 +44,8 @@ def unicode_answers():
     ('\x00', 'this is a test\x00string')
 
     unicode2 (a): UTF-8 spends one byte on an ASCII character where UTF-16 and UTF-32 spend 2 and 4, most of them
-    zeros, so its sequences are the shortest (fewer tokens to merge and to train on), and most text is UTF-8 already.
+    zeros, so on mostly-ASCII text (code, English, markup) its sequences are the shortest (a kana takes 3 bytes
+    against UTF-16's 2), it has no byte order to mark, and most text is UTF-8 already.
     >>> [len("hello! こんにちは!".encode(e)) for e in ("utf-8", "utf-16-le", "utf-32-le")]
     [23, 26, 52]
 
@@ -254,9 +255,9 @@ def _train_from_words(ids, word_start, word_count, vocab_size, special_tokens, l
     specials = bpe_fast.new_special_tokens(special_tokens)   # their ids come before merges (one byte: its byte's)
     # each merge joins at least one pair of positions, so there can be no more merges than pairs
     num_merges = max(0, min(vocab_size - 256 - len(specials), len(ids) - len(word_count)))
-    # A small job's first merges (up to bpe_fast.INTERPRET_MAX_MERGES; none once the compiled loop is loaded) are
-    # _merge_loop's, as plain Python; if pairs are left then, the engine's compiled loop (data laid out for the
-    # caches, only the pairs next to a merge changed) learns the same merges, all of them from the first.
+    # A small job's first merges are _merge_loop's, as plain Python (how many: bpe_fast.interpreted_merges); if
+    # pairs are left then, the engine's compiled loop (data laid out for the caches, only the pairs next to a merge
+    # changed) learns the same merges, all of them from the first.
     first = 0 if loop else bpe_fast.interpreted_merges(len(ids), num_merges, longest)  # merges tried as Python
     lefts, rights = _merge_loop(ids, word_start, word_count, first) if first else (np.empty(0, np.int64),) * 2
     if len(lefts) == first < num_merges:  # none tried, or pairs left after them

@@ -175,7 +175,8 @@ def sgd_toy(lr, steps=10, seed=0):
     """The handout's first training loop (section 4.2): mean(w^2) over a 10 x 10 w drawn as 5 * randn, SGD at
     lr / sqrt(t + 1) -> the loss before each step. Its learning_rate_tuning problem, answered (the gradient is
     w / 50, so a step multiplies w by 1 - lr / (50 sqrt(t + 1))): at lr 1e1 the loss falls steadily, 26.3 to 3.5 in
-    ten steps; at 1e2 the first step flips w's sign (loss unchanged), then it collapses to about 1e-23; at 1e3 the
+    ten steps; at 1e2 the first step flips w's sign (loss unchanged) and the fourth's factor is 0 (lr / sqrt(4) = 50),
+    so w is zeroed but for rounding (a loss near 1e-16, then 1e-23); at 1e3 the
     factor is -19 at first and still -5.3 at the tenth step, so the loss diverges, to about 2e18.
     >>> [f"{loss:.3g}" for loss in sgd_toy(1e2)][:4]
     ['26.3', '26.3', '4.51', '0.108']

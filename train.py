@@ -152,8 +152,8 @@ def narrow_residual(lm, cfg):
 class LMLoss(torch.nn.Module):
     """(x, y) -> the LM's mean cross-entropy, the module a step calls: torch.compile compiles the model and the loss as
     one graph, and DDP wraps both; checkpoints and samples take the LM inside (.lm, _unwrap). The loss, each tested
-    equal to optim.cross_entropy: fused_head.py's with --fused-head (on by default: config.py decides); compiled
-    without it, torch's; else optim.cross_entropy itself (fused with --fast). --sdpa-backend pins the attention
+    equal to optim.cross_entropy: with --fast, fused_head.py's where --fused-head is on (by default: config.py
+    decides), else torch's when compiled, else optim.cross_entropy fused; with --no-fast, optim.cross_entropy itself. --sdpa-backend pins the attention
     kernel of forward and backward (auto: torch's choice)."""
 
     def __init__(self, lm, cfg):
@@ -165,8 +165,8 @@ class LMLoss(torch.nn.Module):
         with contextlib.nullcontext() if self.attention is None else sdpa_kernel(self.attention):
             if self.fused_head:  # head matmul and loss by row chunks: no (N, V) logits held
                 return fused_head.linear_cross_entropy(self.lm(x, head=False), self.lm.lm_head.weight, y)
-            if self.in_graph:  # inductor (torch.compile's code generator) fuses torch's loss over the bf16 logits,
-                # its gradient pointwise: no float32 (N, V) is written (optim.cross_entropy's gather would scatter its
+            if self.in_graph:  # inductor (torch.compile's code generator) fuses torch's loss over the logits (bf16
+                # under autocast), its gradient pointwise: no float32 (N, V) is written (optim.cross_entropy's gather would scatter its
                 # gradient into one)
                 return torch.nn.functional.cross_entropy(self.lm(x).flatten(0, -2).float(), y.flatten())
             return cross_entropy(self.lm(x), y, fused=self.fast)  # in float32; --no-fast: the reference path
