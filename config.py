@@ -622,13 +622,14 @@ def init_from_defaults(cfg, given, run, old, who):
                          f"run{inside}.")
     shape = {k: old[k] for k in MODEL_KEYS if k not in given and k in old}
     has_tokenizer = all(f.exists() for f in tokenizer_files(run))
-    beside = tokenizer_files(Path(cfg["data"]).parent)  # the tokenizer that made --data's ids, if it is there
+    ids_folder = Path(cfg["data"]).parent
+    beside = tokenizer_files(ids_folder)  # the tokenizer that made --data's ids, if it is there
     if is_ids(cfg["data"]) and not cfg["tokenizer"] and 0 < sum(f.exists() for f in beside) < 2:
         raise UsageError(f"--data {cfg['data']} has half a tokenizer beside it (vocab.json or merges.txt alone), so "
                          f"the one that made its ids cannot be told from {who}'s; restore the pair, or pass "
                          f"--tokenizer {shlex.quote(str(run))} if these ids are its.")
     if is_ids(cfg["data"]) and has_tokenizer and not cfg["tokenizer"] and all(f.exists() for f in beside) \
-            and other_pair(Path(cfg["data"]).parent, run):
+            and other_pair(ids_folder, run):
         raise UsageError(f"--data {cfg['data']} was made by the tokenizer beside it, not by {who}'s, so "
                          f"the model would read its ids as other tokens; encode the text with {run}'s (bpe.py encode "
                          f"FILE --tokenizer {shlex.quote(str(run))} --out IDS.npy), or pass --tokenizer "

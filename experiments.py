@@ -273,8 +273,8 @@ def finish(run, args, rest, code):
     step = rundir.diverged_step(run.dir(args.out_dir) / "metrics.jsonl") if code == 1 else None
     if code not in (0, 130) and step is None:
         said = log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").splitlines()
-        last = next((line.strip() for line in reversed(said) if line.strip()), "")  # its advice is of a train.py run's:
-        last = last.replace(train.GO_ON, "rerun this experiments.py command")  # no --resume, which this refuses
+        last = next((line.strip() for line in reversed(said) if line.strip()), "")  # train.py's sentence and advice
+        last = last.replace(train.GO_ON, "rerun this experiments.py command")  # its advice adds --resume: refused here
         if code < 0:  # a signal: train.py said nothing of it, and its last line only says where it stood
             last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same " \
                    f"command resumes it" + (f". Its last line: {last}" if last else "")

@@ -3137,7 +3137,7 @@ _BPE_CASES = {
 }
 
 
-def _bpe_naive_job(folder):  # the definition on Shakespeare's first MB: 15-20 s of a core, beside the tests
+def _bpe_naive_job(folder):  # the definition on Shakespeare's first MB, the slowest case: beside the tests
     if not _BPE_SHAKESPEARE.exists():
         return []  # its tests skip
     make, vocab_size, specials = _BPE_CASES["shakespeare_1mb"]
