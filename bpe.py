@@ -529,11 +529,12 @@ def _cmd_train(args):
     dt = time.perf_counter() - t0
     with files.new_folders(args.out):  # a failure (a full disk) leaves no folder it made
         Tokenizer(vocab, merges, args.special_tokens).save(*tokenizer_files(args.out))
-    text = (longest := max((a + b for a, b in merges), key=len, default=vocab[0])).decode("utf-8", "replace")
-    n, b, c = len(merges), len(longest), len(text)
-    cli.say(f"trained {cli.counted(n, 'merge')} in {dt:.2f} s{bpe_fast.peak_memory()}; longest token "
-            f"{cli.counted(b, 'byte')} ({cli.counted(c, 'character')}): {_short(repr(text), count=False)}; "
-            f"wrote {args.out}/vocab.json and merges.txt")  # the token's middle cut: it can be a MB
+    longest = max((a + b for a, b in merges), key=len, default=b"")  # a special token is given, not learned
+    text = longest.decode("utf-8", "replace")
+    made = (f"; longest merged token {cli.counted(len(longest), 'byte')} ({cli.counted(len(text), 'character')}): "
+            f"{_short(repr(text), count=False)}" if merges else "")  # the token's middle cut: it can be a MB
+    cli.say(f"trained {cli.counted(len(merges), 'merge')} in {dt:.2f} s{bpe_fast.peak_memory()}{made}; "
+            f"wrote {args.out}/vocab.json and merges.txt")
     if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
     if one := [s for s in specials if len(s.encode()) == 1]:

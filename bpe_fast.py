@@ -53,7 +53,7 @@ from numba.extending import intrinsic, register_jitable
 
 from cli import (STOPS, DataError, counted, ctrl_c_stays_keyboard_interrupt, end_progress, raise_held_ctrl_c, say,
                  short_repr, show_progress)
-from files import atomic_file, dir_lock, read_exactly, read_into, same_file, unreadable
+from files import atomic_file, dir_lock, packed, read_exactly, read_into, same_file, unreadable
 from machine import memory_bytes, usable_cores
 
 # numba's debugging switch, NUMBA_DISABLE_JIT=1 (to step through its functions in pdb), leaves each @njit function
@@ -345,6 +345,8 @@ def check_utf8(data, path, start):
     try:
         return codecs.utf_8_decode(data, "strict", True)[0]
     except UnicodeDecodeError as e:
+        if start == 0 and (how := packed(path, data[:8])):
+            raise ValueError(f"{how} and pass the text file it holds") from None
         raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
                          f"offset {start + e.start}; re-save the file as UTF-8") from None
 
@@ -587,10 +589,11 @@ def checked_ids(ids, vocab):
         ids = list(ids)          # an iterator must survive the error path's second look
     except TypeError:
         raise ValueError(f"cannot decode {short_repr(ids)}: decode takes a sequence of token ids") from None
-    for i in ids if not set(map(type, ids)) <= {int} else ():
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            value = i.item() if isinstance(i, np.generic) else i     # 2.0, not np.float64(2.0)
-            raise ValueError(f"cannot decode {short_repr(value)} ({type(i).__name__}): token ids must be integers")
+    if not set(map(type, ids)) <= {int}:  # numpy's and torch's scalars (list(tensor) gives 0-d tensors) as Python's
+        ids = [i.tolist() if hasattr(i, "tolist") else i for i in ids]
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise ValueError(f"cannot decode {short_repr(i)} ({type(i).__name__}): token ids must be integers")
     if not vocab.keys() >= set(ids):
         unknown = next(i for i in ids if i not in vocab)
         raise ValueError(f"cannot decode token id {unknown}: the vocab has ids 0..{max(vocab)} ({len(vocab)} tokens)")

@@ -30,7 +30,7 @@ from bpe import Tokenizer, special_tokens_of, tokenizer_files, train_bpe
 from bpe_fast import encode_file
 from cli import DataError, UsageError, counted, disk_is_full, os_error_sentence, say, short_repr
 from download import NET_ERRORS, download
-from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders,
+from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders, packed,
                    read_exactly, read_into)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
@@ -257,14 +257,6 @@ def bad_utf8_offset(text, block=READ):
     return None
 
 
-PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it is, the command that unpacks it
-    b"\x1f\x8b": ("gzip-compressed", "gunzip -k"),  # owt's owt_train.txt.gz, as the course hands it out
-    b"BZh": ("bzip2-compressed", "bunzip2 -k"),
-    b"\xfd7zXZ\x00": ("xz-compressed", "unxz -k"),
-    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd"),
-}  # (not zip's: np.savez's .npz and torch.save's .pt are zips of ids, for which "pass a .npy" is the advice)
-
-
 def local_corpus(path, out_dir):
     """Split a text file: whole documents from the end go to validation, cut at the last separator by the last
     VALID_FRACTION of the bytes, where there are 10 documents or more and that gives validation between half and twice
@@ -276,9 +268,8 @@ def local_corpus(path, out_dir):
         key, text = file_key(path), FileText(f, path)
         size = len(text)
         if (bad := bad_utf8_offset(text)) is not None:
-            if packed := next((how for magic, how in PACKED.items() if text[:len(magic)] == magic), None):
-                raise UsageError(f"--data {path} is {packed[0]}, not text; unpack it ({packed[1]} "
-                                 f"{shlex.quote(str(path))}) and pass the text file it holds.")
+            if how := packed(path, text[:8]):
+                raise UsageError(f"--data {how} and pass the text file it holds.")
             raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {bad}); re-save it as UTF-8, or "
                              "pass token ids as a .npy file.")
         start, end = text_span(text)  # the shares below are of the text between them

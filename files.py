@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import stat
 import struct
 from pathlib import Path
@@ -39,6 +40,21 @@ def not_a_file(path):
         return f"a pseudo-file of /{top[0]}"
     kinds = [(stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
+
+
+PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it is, the command that unpacks it
+    b"\x1f\x8b": ("gzip-compressed", "gunzip -k"),  # owt's owt_train.txt.gz, as the course hands it out
+    b"BZh": ("bzip2-compressed", "bunzip2 -k"),
+    b"\xfd7zXZ\x00": ("xz-compressed", "unxz -k"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd"),
+}  # (not zip's: np.savez's .npz and torch.save's .pt are zips of ids, for which "pass a .npy" is the advice)
+
+
+def packed(path, head):
+    """A text file that is compressed, in words naming the command that unpacks it, or "": head is its first bytes.
+    Where a text file fails to decode, this is said instead of "re-save it as UTF-8", which a .gz cannot be."""
+    kind, unpack = next((how for magic, how in PACKED.items() if head[:len(magic)] == magic), ("", ""))
+    return kind and f"{path} is {kind}, not text; unpack it ({unpack} {shlex.quote(str(path))})"
 
 
 def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text
@@ -202,6 +218,8 @@ def unwritable(path, folders=True):
     or written where the file goes. A command asks it of each file it writes before its work."""
     if kind := not_a_file(path):
         return f" is {kind}"
+    if os.fspath(path).endswith(("/", os.sep)):  # a folder's path: "ids.npy/" would write the file ids.npy
+        return " ends in a slash (a folder's path)"
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.access(real, os.W_OK):
         return " is not writable by this user (read-only, or another user's)"

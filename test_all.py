@@ -4336,6 +4336,13 @@ def test_bpe_errors_training(tmp_path):
     bad.write_bytes(b"caf\xc3\xa9 ok \xff oops")
     with pytest.raises(ValueError, match="not valid UTF-8.*byte offset 9"):
         bpe.train_bpe(str(bad), 300)
+    # a sixth tester's (2026-12-02): a .gz was told "re-save the file as UTF-8", as train.py --data once was
+    packed = tmp_path / "owt.txt.gz"
+    packed.write_bytes(gzip.compress(b"hello world\n" * 50))
+    for train_it in (lambda: bpe.train_bpe(str(packed), 300), lambda: bpe.train_bpe(str(packed), 300, num_workers=2)):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(packed))} is gzip-compressed, not text; unpack it "
+                                             rf"\(gunzip -k {re.escape(str(packed))}\) and pass the text file it holds$"):
+            train_it()
     with pytest.raises(ValueError, match="empty string"):
         bpe.train_bpe(str(good), 300, ["<a>", ""])
 
@@ -4740,7 +4747,7 @@ def test_bpe_cli_train_then_encode(tmp_path):
                         "--vocab-size", "400", "--special-tokens", _BPE_EOT, "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "longest token" in r.stdout and "peak RSS" in r.stdout
+    assert "longest merged token" in r.stdout and "peak RSS" in r.stdout
     r = subprocess.run([sys.executable, str(_BPE_REPO / "bpe.py"), "encode", str(src),
                         "--tokenizer", str(out), "--out", str(tmp_path / "ids.npy"), "--workers", "2"],
                        capture_output=True, text=True, timeout=120)
@@ -4864,7 +4871,9 @@ def test_bpe_decode_takes_any_integer_sequence_and_names_a_bad_id(bpe_gpt2):
     for dtype in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64):
         assert special.decode(np.array(small, dtype)) == "Hi!", dtype
     for seq in (ids, tuple(ids), iter(ids), np.array(ids, np.uint16), np.array(ids, np.int64),
-                torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), [np.int64(i) for i in ids]):
+                torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), [np.int64(i) for i in ids],
+                list(torch.tensor(ids)), [torch.tensor(i, dtype=torch.int16) for i in ids]):  # 0-d tensors: refused
+        # as not integers, until a sixth tester's find (2026-12-02)
         assert special.decode(seq) == "Hello, world!", type(seq)
     assert special.decode(np.array([], np.int32)) == special.decode(torch.tensor([])[:0].long()) == ""
     for bad in (np.array([15496, 99999]), torch.tensor([15496, 99999]), [np.int64(99999)], [-1]):
@@ -4875,7 +4884,8 @@ def test_bpe_decode_takes_any_integer_sequence_and_names_a_bad_id(bpe_gpt2):
     for bad, shown in [([1.0], "1.0 (float)"), (np.array([1.5]), "1.5 (float)"),
                        ([True, 5], "True (bool)"), (np.array([True]), "True (bool)"),
                        (torch.tensor([2.0]), "2.0 (float)"), (torch.tensor([True]), "True (bool)"),
-                       ([np.float32(3.0)], "3.0 (float32)"), (np.array([[1, 2]]), "[1, 2] (list)")]:
+                       ([np.float32(3.0)], "3.0 (float)"), (np.array([[1, 2]]), "[1, 2] (list)"),
+                       ([torch.tensor(2.5)], "2.5 (float)"), ([torch.tensor([1, 2])], "[1, 2] (list)")]:
         with pytest.raises(ValueError) as e:
             special.decode(bad)
         assert str(e.value) == f"cannot decode {shown}: token ids must be integers", bad
@@ -4891,7 +4901,7 @@ def test_bpe_cli_train_prints_the_longest_token_shortened(tmp_path):
                         "--vocab-size", "271", "--out", str(tmp_path / "tok")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "longest token 32,768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
+    assert "longest merged token 32,768 bytes (32,768 characters): 'aaaa" in r.stdout and len(r.stdout) < 400, r.stdout[:500]
 
 
 # --- issue 36 item 8e: the longest token's line says what it counts ---
@@ -4914,22 +4924,30 @@ def test_bpe_cli_train_longest_token_counts_bytes_and_characters(tmp_path, capsy
     (tmp_path / "e.txt").write_text(e * 64, encoding="utf-8")  # one word: 7 merges double it up to 128 bytes
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "263", "--out", str(tmp_path / "tok")])
     out = capsys.readouterr().out
-    assert f"; longest token 128 bytes (64 characters): '{e * 39}...{e * 11}'; wrote " in out, out
+    assert f"; longest merged token 128 bytes (64 characters): '{e * 39}...{e * 11}'; wrote " in out, out
     assert "chars)" not in out and "note" not in out
     # a fifth tester's (2026-12-02): the longest token named was the special token, not one BPE learned
     (tmp_path / "s.txt").write_text("friends of a friend<|endoftext|>friend", encoding="utf-8")
     bpe.main(["train", str(tmp_path / "s.txt"), "--vocab-size", "300", "--special-tokens", "<|endoftext|>", "--out",
               str(tmp_path / "s")])
-    assert "; longest token 7 bytes (7 characters): 'friends'; wrote " in capsys.readouterr().out
+    assert "; longest merged token 7 bytes (7 characters): 'friends'; wrote " in capsys.readouterr().out
     # an eighth tester's: a vocabulary the text cannot fill stopped short without a word
     bpe.main(["train", str(tmp_path / "e.txt"), "--vocab-size", "300", "--out", str(tmp_path / "big")])
     assert capsys.readouterr().out.endswith("\nnote: 263 tokens, not --vocab-size 300: the text has no pair left to "
                                             "merge\n")
     # one of each in the singular ("trained 1 merges", "longest token 1 bytes (1 characters)", "1 special tokens")
     (tmp_path / "one.txt").write_text(e, encoding="utf-8")
-    for size, said in ((257, "trained 1 merge in "), (256, "; longest token 1 byte (1 character): ")):
+    for size, said in ((257, "trained 1 merge in "), (257, "; longest merged token 2 bytes (1 character): ")):
         bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", str(size), "--out", str(tmp_path / str(size))])
         assert said in capsys.readouterr().out
+    # a sixth tester's (2026-12-02): with no merge learned, byte 0 was named the longest token ('\x00', 1 byte) beside
+    # a 13-byte special token; now no token is named
+    (tmp_path / "sp.txt").write_text("<|endoftext|><|endoftext|>", encoding="utf-8")
+    for size, specials in ((300, ["<|endoftext|>"]), (256, [])):
+        bpe.main(["train", str(tmp_path / ("sp.txt" if specials else "one.txt")), "--vocab-size", str(size),
+                  "--special-tokens", *specials, "--out", str(tmp_path / f"none{size}")])
+        out = capsys.readouterr().out
+        assert out.startswith("trained 0 merges in ") and "longest merged" not in out and "; wrote " in out, out
     with pytest.raises(SystemExit):
         bpe.main(["train", str(tmp_path / "one.txt"), "--vocab-size", "256", "--special-tokens", "<|x|>", "--out",
                   str(tmp_path / "x")])
@@ -5474,6 +5492,18 @@ def test_bpe_cli_encode_refuses_an_out_that_train_would_read_as_text(tmp_path, c
         f"bpe.py encode: error: --out {tmp_path / 'ids'} must end in .npy: train.py --data reads any other file as "
         "text\n")
     assert not (tmp_path / "ids").exists() and data.is_ids(tmp_path / "IDS.NPY")
+    # a sixth tester's (2026-12-02): a folder's path, "ids.npy/", wrote the file ids.npy
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(text), "--tokenizer", str(tok_dir), "--out", f"{tmp_path / 'ids.npy'}/"])
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"bpe.py encode: error: --out {tmp_path / 'ids.npy'}/ ends in a slash (a folder's path); pass another --out\n")
+    assert not (tmp_path / "ids.npy").exists()
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.read_bytes()))  # "re-save the file as UTF-8", before
+    with pytest.raises(SystemExit) as stop:
+        bpe.main(["encode", str(tmp_path / "a.txt.gz"), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "i.npy")])
+    assert stop.value.code == 2 and capsys.readouterr().err.endswith(
+        f"a.txt.gz is gzip-compressed, not text; unpack it (gunzip -k {tmp_path / 'a.txt.gz'}) and pass the text file "
+        "it holds\n")
 
 
 def test_bpe_cli_encode_refuses_an_out_beside_another_tokenizer(tmp_path, capsys):
