@@ -392,7 +392,9 @@ _STREAM_CHARS = 1 << 14  # encode_iterable encodes the text in batches of about 
 
 
 class Tokenizer:
-    """Encode text to ids and back with a given vocab {id: bytes} and ordered merges."""
+    """Encode text to ids and back with a given vocab {id: bytes} and ordered merges. Bytes and special tokens may
+    have any ids; merged tokens take theirs in the order of the merges that make them (train_bpe's and GPT-2's do),
+    which is how a vocab and merges that do not belong together are told apart."""
 
     def __init__(self, vocab, merges, special_tokens=None, *, _in_file=None):
         """_in_file: set when vocab and merges come from files (from_files): then the merges must
