@@ -9,6 +9,7 @@ from them (resolve_config). `python train.py --help` prints FLAGS.
 """
 import argparse
 import contextlib
+import functools
 import importlib.util
 import math
 import os
@@ -278,15 +279,21 @@ def too_long(c):
 def training_bytes(c):
     """The least memory one process's training step takes (accounting.py's formulas): float32 weights and gradients
     (bf16 autocast keeps them float32 too), the optimizer's state, one micro-batch's logits (the fused head holds a
-    chunk of them) and what autograd keeps of its forward (the fused attention and activation checkpointing keep
-    less: for them only what every path keeps counts; bf16 halves it)."""
+    chunk of them) and what autograd keeps of its forward (bf16 halves it): the reference path's exact count; the
+    fast path's fused attention keeps no T x T scores, and what every fast graph keeps of a block counts (its input,
+    q, k, v, attention's output, W1 x and W3 x); activation checkpointing keeps each block's input, and one block's
+    insides while it is recomputed."""
     dims = c["vocab_size"], c["d_model"], c["num_layers"], c["d_ff"]
     counts = accounting.lm_param_counts(*dims, silu_ffn=c["silu_ffn"], no_norm=c["no_norm"],
                                         tie_embeddings=c["tie_embeddings"])
     state = 2 * accounting.FP32_BYTES * sum(counts.values()) + accounting.optimizer_state_bytes(c["optimizer"], counts)
     B, T, half = c["batch_size"] // (c["world_size"] * c["grad_accum"]), c["context_length"], c["dtype"] == "bf16"
-    layers = 0 if c["fast"] or c["activation_checkpointing"] else c["num_layers"]
-    saved = accounting.saved_activation_bytes(B, T, c["d_model"], c["num_heads"], c["d_ff"], layers)
+    N, L, ffn = B * T, c["num_layers"], (1 if c["silu_ffn"] else 2) * c["d_ff"]
+    reference = functools.partial(accounting.saved_activation_bytes, B, T, c["d_model"], c["num_heads"], c["d_ff"])
+    block = accounting.FP32_BYTES * N * (5 * c["d_model"] + ffn) if c["fast"] else reference(1) - reference(0)
+    blocks = (accounting.FP32_BYTES * N * c["d_model"] * (L - 1) + block) if c["activation_checkpointing"] else \
+        L * block
+    saved = reference(0) + blocks
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
     logits //= fused_head.CHUNKS if c["fused_head"] else 1  # the fused head: one chunk at least
     return state + logits + saved // (2 if half else 1)

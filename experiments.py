@@ -699,7 +699,7 @@ def parse(argv):
     p.add_argument("--out-dir", type=cli.user_path, default="out", help="OUT_DIR/experiments/<experiment>/<variant>/ "
                    "and one report.md, so its runs share --data and train.py's flags (default: out)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (default: 1; several GPUs: one each)")
-    p.add_argument("--variants", help="comma-separated variant names (as in the report): only these runs")
+    p.add_argument("--variants", action="append", help="names as in the report, comma-separated or repeated: only these")
     try:
         args, rest = p.parse_known_args(argv)
     except cli.UsageError as e:  # `--max-iters 20 lr`: argparse took 20 for the experiment's name
@@ -732,7 +732,7 @@ def chosen_runs(args, plans):
             labels.setdefault(run.dir(args.out_dir), set()).add(label)
     if args.variants is None:
         return list(runs.values())
-    wanted, known = set(args.variants.split(",")), set().union(*labels.values())
+    wanted, known = set(",".join(args.variants).split(",")), set().union(*labels.values())
     if wanted - known:  # "" (no name) and the tokenizer's (no runs) too
         raise cli.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; "
                                 + (f"pick from {', '.join(sorted(known))}." if known else "it has no runs to pick."))

@@ -42,19 +42,23 @@ def not_a_file(path):
     return next((name for is_kind, name in kinds if is_kind(mode)), "a device")
 
 
-PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it is, the command that unpacks it
-    b"\x1f\x8b": ("gzip-compressed", "gunzip -k"),  # owt's owt_train.txt.gz, as the course hands it out
-    b"BZh": ("bzip2-compressed", "bunzip2 -k"),
-    b"\xfd7zXZ\x00": ("xz-compressed", "unxz -k"),
-    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd"),
+PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it is, the tool that unpacks it, its suffix
+    b"\x1f\x8b": ("gzip-compressed", "gunzip", ".gz"),  # owt's owt_train.txt.gz, as the course hands it out
+    b"BZh": ("bzip2-compressed", "bunzip2", ".bz2"),
+    b"\xfd7zXZ\x00": ("xz-compressed", "unxz", ".xz"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unzstd", ".zst"),
 }  # (not zip's: np.savez's .npz and torch.save's .pt are zips of ids, for which "pass a .npy" is the advice)
 
 
 def packed(path, head):
     """A text file that is compressed, in words naming the command that unpacks it, or "": head is its first bytes.
-    Where a text file fails to decode, this is said instead of "re-save it as UTF-8", which a .gz cannot be."""
-    kind, unpack = next((how for magic, how in PACKED.items() if head[:len(magic)] == magic), ("", ""))
-    return kind and f"{path} is {kind}, not text; unpack it ({unpack} {shlex.quote(str(path))})"
+    Where a text file fails to decode, this is said instead of "re-save it as UTF-8", which a .gz cannot be. The tools
+    unpack x.gz into x in place (-k keeps x.gz); a name without the suffix they refuse, so it is unpacked by -c."""
+    kind, tool, suffix = next((how for magic, how in PACKED.items() if head[:len(magic)] == magic), ("", "", ""))
+    name = Path(path)
+    unpack = (f"{tool} -k {shlex.quote(str(path))}" if name.suffix.lower() == suffix else
+              f"{tool} -c {shlex.quote(str(path))} > {shlex.quote(str(name.with_name(name.stem + '.unpacked.txt')))}")
+    return kind and f"{path} is {kind}, not text; unpack it ({unpack})"
 
 
 def is_ids(source):  # --data PATH.npy, in any case (IDS.NPY too), holds token ids; anything else is text

@@ -5980,12 +5980,16 @@ def test_data_refuses_text_that_is_not_utf8_with_the_offset(tmp_path, capsys):
     (tmp_path / "rand.bin").write_bytes(b"ok text " + random.Random(0).randbytes(4000))
     # a compressed text (owt_train.txt.gz, as the course hands it out) was "not UTF-8 text; re-save it as UTF-8"
     (tmp_path / "owt.txt.gz").write_bytes(gzip.compress(b"hello world\n" * 50))
-    for name, offset in (("u16.txt", 0), ("rand.bin", None), ("owt.txt.gz", "gz")):
+    # a sixth tester's (2026-12-02): gunzip refuses a name without .gz ("unknown suffix -- ignored"): -c for those
+    (tmp_path / "owt.txt").write_bytes(gzip.compress(b"hello world\n" * 50))
+    for name, offset in (("u16.txt", 0), ("rand.bin", None), ("owt.txt.gz", "gz"), ("owt.txt", "gz")):
         args = ["--data", str(tmp_path / name), "--data-dir", str(tmp_path / "data"), "--out-dir",
                 str(tmp_path / "out"), "--device", "cpu"]
         assert train.main(args) == 2
         if offset == "gz":
-            _train_one_line(capsys, f"gz is gzip-compressed, not text; unpack it (gunzip -k {tmp_path / name}) and")
+            unpack = (f"gunzip -k {tmp_path / name}" if name.endswith(".gz") else
+                      f"gunzip -c {tmp_path / name} > {tmp_path / 'owt.unpacked.txt'}")
+            _train_one_line(capsys, f"{name} is gzip-compressed, not text; unpack it ({unpack}) and pass the text")
             continue
         line = _train_one_line(capsys, "is not UTF-8 text (bad byte at offset")
         assert offset is None or f"offset {offset})" in line
@@ -7901,6 +7905,22 @@ def test_train_disk_full_in_the_token_cache(tmp_path, tmpfs, capsys):
     assert [(cache / f).read_bytes() for f in order] == [(ref / f).read_bytes() for f in order]
 
 
+def test_train_disk_full_under_overwrite_does_not_send_the_new_run_to_the_old_checkpoint(tmp_path, capsys,
+                                                                                          monkeypatch):
+    # a sixth tester's (2026-12-02): --overwrite's new run met a full disk at its first checkpoint and was told "run the
+    # same command without --overwrite, plus --resume", which resumes the old run's checkpoint (refused when its
+    # config differs, silently continued when it does not); the advice now says which holds when
+    ids = _train_toy_ids(tmp_path / "toy.npy")
+    base = ["--data", str(ids), *_TRAIN_TINY, "--max-iters", "2", "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
+    assert train.main(base) == 0
+    capsys.readouterr()
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "x")
+    monkeypatch.setattr(train, "save_checkpoint", full)
+    assert train.main(base + ["--d-model", "16", "--overwrite"]) == 1
+    _train_one_error(capsys, f"the disk is full: could not write x; free some space, then {train.GO_ON}.")
+
+
 def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, capsys):
     # config.json, the first checkpoint, a later one beside the last, metrics.jsonl (mid-line): one sentence,
     # exit 1, the last checkpoint intact, no temporary file; --resume then gives the run that never failed
@@ -8366,6 +8386,27 @@ def test_train_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, cap
     _train_one_error(capsys, "more than this machine's memory (0.0 GiB)")
     monkeypatch.undo()
     assert train.main(base) == 0
+
+
+def test_train_memory_estimate_is_below_each_paths_measured_step_and_near_it(monkeypatch):
+    # a sixth tester's (2026-12-02): the fast path's estimate counted no block's activations, so --batch-size 100000
+    # of the default model passed the check at 22 GiB and was killed by the kernel at 24 (exit 137, no word); now each
+    # path's estimate of what a step adds to the weights, gradients and optimizer state stays at or below the peak
+    # its step is measured to hold (the profiler's allocations), and above 40% of it
+    monkeypatch.setattr(fast_cpu, "usable", lambda *tensors, in_place=False: False)  # numpy's buffers are not seen
+    flags = ["--vocab-size", "512", "--d-model", "128", "--num-heads", "4", "--num-layers", "4", "--d-ff", "344",
+             "--context-length", "256", "--batch-size", "16", "--device", "cpu", "--benchmark"]
+    for extra in ([], ["--activation-checkpointing"], ["--no-fast"], ["--no-fused-head"], ["--silu-ffn"]):
+        cfg = train.resolve_config(flags + extra)
+        with machine.torch_settings(cfg):
+            lm, loss_model, opt = train.build(cfg)
+            x, y = (torch.randint(512, (16, 256)) for _ in range(2))
+            train.train_step(loss_model, opt, [(x, y)], 1e-3, cfg)
+            opt.step()  # gradients and the optimizer's state exist from here on: the peak is the step's own
+            peak = bench.peak_bytes(lambda: train.train_step(loss_model, opt, [(x, y)], 1e-3, cfg), "cpu")
+        held = sum(4 * p.numel() * 2 + sum(t.nbytes for t in opt.state[p].values() if torch.is_tensor(t))
+                   for p in lm.parameters())
+        assert 0.4 * peak < config.training_bytes(cfg) - held <= peak, (extra, config.training_bytes(cfg) - held, peak)
 
 
 def test_train_gpu_device_and_memory_are_looked_up_without_a_gpu(monkeypatch):
@@ -11392,9 +11433,18 @@ def test_experiments_reuses_a_run_across_speed_flags_not_across_a_kind_of_device
 def test_experiments_variants_that_name_no_run_are_one_sentence(experiment, variants, said):
     # --variants "" ran every variant; the tokenizer's (it has no runs) said "pick from ."
     base = train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"], "--benchmark"])
-    args = types.SimpleNamespace(experiment=experiment, variants=variants, out_dir="out")
+    args = types.SimpleNamespace(experiment=experiment, variants=[variants], out_dir="out")
     with pytest.raises(cli.UsageError, match=re.escape(said)):
         experiments.chosen_runs(args, experiments.plan(base))
+
+
+def test_experiments_variants_repeated_are_all_run():
+    # a sixth tester's (2026-12-02): `--variants lr=1e-02 --variants lr=3e-03` ran lr=3e-03 alone, without a word
+    base = train.resolve_config(["--data", "pydoc", *experiments.SCALES["cpu"]["flags"], "--benchmark"])
+    for given in (["--variants", "lr=1e-02", "--variants", "lr=3e-03"], ["--variants", "lr=1e-02,lr=3e-03"]):
+        args, rest = experiments.parse(["lr", *given])
+        runs = experiments.chosen_runs(args, experiments.plan(base))
+        assert sorted(run.name for run in runs) == ["lr=1e-02", "lr=3e-03"] and rest == [], given
 
 
 def test_experiments_help_lists_each_experiments_variants_and_their_time(capsys):

@@ -534,8 +534,8 @@ def main(argv=None):
     def go():
         cfg = resolve_config(argv)
         said = next((f"--{mode} writes nothing" for mode in ("sample", "benchmark") if cfg[mode]), None)  # not --resume
-        then = ("run the same command again" if said or cfg["export"] is not None else
-                f"run {rundir.resume_command(cfg)} to continue from the last checkpoint")
+        then = ("run the same command again" if said or cfg["export"] is not None else GO_ON if cfg["overwrite"] else
+                f"run {rundir.resume_command(cfg)} to continue from the last checkpoint")  # overwrite: whose checkpoint?
         with cli.ctrl_c_says(f"train.py: interrupted; {said}.") if said else contextlib.nullcontext():
             with machine.process_group(cfg), cli.disk_full(rundir.run_dir(cfg), then), rundir.compile_failures(cfg):
                 return run(cfg)
