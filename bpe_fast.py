@@ -345,7 +345,7 @@ def check_utf8(data, path, start):
     try:
         return codecs.utf_8_decode(data, "strict", True)[0]
     except UnicodeDecodeError as e:
-        if start == 0 and (how := packed(path, data[:8])):
+        if start == 0 and (how := packed(path, data)):
             raise ValueError(f"{how} and pass the text file it holds") from None
         raise ValueError(f"{path} is not valid UTF-8: bad byte 0x{data[e.start]:02x} at byte "
                          f"offset {start + e.start}; re-save the file as UTF-8") from None

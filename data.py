@@ -268,7 +268,7 @@ def local_corpus(path, out_dir):
         key, text = file_key(path), FileText(f, path)
         size = len(text)
         if (bad := bad_utf8_offset(text)) is not None:
-            if how := packed(path, text[:8]):
+            if how := packed(path, text):
                 raise UsageError(f"--data {how} and pass the text file it holds.")
             raise UsageError(f"--data {path} is not UTF-8 text (bad byte at offset {bad}); re-save it as UTF-8, or "
                              "pass token ids as a .npy file.")

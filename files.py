@@ -51,10 +51,11 @@ PACKED = {  # the first bytes of a compressed file (not UTF-8 text) -> what it i
 
 
 def packed(path, head):
-    """A text file that is compressed, in words naming the command that unpacks it, or "": head is its first bytes.
+    """A text file that is compressed, in words naming the command that unpacks it, or "": head holds its first bytes.
     Where a text file fails to decode, this is said instead of "re-save it as UTF-8", which a .gz cannot be. The tools
     unpack x.gz into x in place (-k keeps x.gz); a name without the suffix they refuse, so it is unpacked by -c."""
-    kind, tool, suffix = next((how for magic, how in PACKED.items() if head[:len(magic)] == magic), ("", "", ""))
+    head = bytes(head[:8])  # a numpy array of bytes (the engine's reads) compares element by element
+    kind, tool, suffix = next((how for magic, how in PACKED.items() if head.startswith(magic)), ("", "", ""))
     name = Path(path)
     unpack = (f"{tool} -k {shlex.quote(str(path))}" if name.suffix.lower() == suffix else
               f"{tool} -c {shlex.quote(str(path))} > {shlex.quote(str(name.with_name(name.stem + '.unpacked.txt')))}")

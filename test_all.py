@@ -4343,6 +4343,7 @@ def test_bpe_errors_training(tmp_path):
         with pytest.raises(ValueError, match=f"^{re.escape(str(packed))} is gzip-compressed, not text; unpack it "
                                              rf"\(gunzip -k {re.escape(str(packed))}\) and pass the text file it holds$"):
             train_it()
+    assert files.packed(packed, np.frombuffer(packed.read_bytes(), np.uint8)).startswith(f"{packed} is gzip-compressed")
     with pytest.raises(ValueError, match="empty string"):
         bpe.train_bpe(str(good), 300, ["<a>", ""])
 
