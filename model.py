@@ -508,13 +508,15 @@ def _prompt_rows(prompt):
 
 
 def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device):
-    """generate's arguments, each refused in one sentence before any work -> stop_id (a 0-d tensor's as an int)."""
+    """generate's arguments, each refused in one sentence before any work -> temperature and top_p as floats (a
+    Fraction or a Decimal divides no tensor), stop_id (a 0-d tensor's as an int)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
-    numeric = all(isinstance(x, numbers.Real) or torch.is_tensor(x) and x.numel() == 1  # not None, "0.8", [0.5, 1]
-                  for x in (temperature, top_p))
-    if not (numeric and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):  # NaN fails every test
+    numeric = all(isinstance(x, numbers.Real) or isinstance(x, numbers.Number) and not isinstance(x, numbers.Complex)
+                  or torch.is_tensor(x) and x.numel() == 1 and not x.is_complex() for x in (temperature, top_p))  # not None, "0.8", [0.5, 1]
+    t, p = (float(temperature), float(top_p)) if numeric else (None, None)
+    if not (numeric and math.isfinite(t) and t >= 0 and 0 < p <= 1):  # NaN fails every test
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "
                          f"top_p={top_p!r}.")
     if torch.is_tensor(stop_id) and stop_id.dim() == 0 and stop_id.dtype != torch.bool \
@@ -528,7 +530,7 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if generator is not None and generator.device.type != device.type:  # torch's words, at the first draw
         raise ValueError(f"generator is on {generator.device}, the model on {device}: make it with "
                          f"torch.Generator({device.type!r}).")
-    return stop_id
+    return t, p, stop_id
 
 
 @torch.no_grad()  # no autograd graph: the KV cache would keep every step's activations alive
@@ -544,7 +546,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_p=1.0, stop_id=
     compile=False runs its decode step eagerly."""
     prompts, batched = _prompt_rows(prompt)
     device, C, B = next(model.parameters()).device, model.context_length, len(prompts)
-    stop_id = _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id, generator, device)
+    temperature, top_p, stop_id = _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
+                                                  generator, device)
     L = max(len(p) for p in prompts)  # ids (B, L) left-padded with token 0; valid (B, L) False at padding
     ids, valid = (torch.zeros(B, L, dtype=dtype, device=device) for dtype in (torch.long, torch.bool))
     for b, p in enumerate(prompts):

@@ -10,8 +10,10 @@ import concurrent.futures
 import contextlib
 import copy
 import ctypes
+import decimal
 import doctest
 import errno
+import fractions
 import functools
 import gzip
 import http.server
@@ -1598,6 +1600,15 @@ def test_model_generate_refuses_a_temperature_tensor_of_several_numbers_and_lm_s
         with pytest.raises(ValueError, match=r"^Need a finite temperature >= 0 and 0 < top_p <= 1, got "):
             model.generate(m, [3, 1, 4], 2, **kw)
     assert len(model.generate(m, [3, 1, 4], 2, temperature=torch.tensor(0.5), top_p=torch.tensor([0.9]))) == 2
+    # a seventh tester's (2026-12-02): a Fraction passed the check, then met torch's "unsupported operand type(s) for
+    # /: 'Tensor' and 'Fraction'"; a Decimal was refused as not "finite"; a complex tensor met torch's words
+    drawn = [model.generate(m, [3, 1, 4], 4, temperature=t, top_p=p, generator=torch.Generator().manual_seed(0))
+             for t, p in ((0.5, 0.9), (fractions.Fraction(1, 2), fractions.Fraction(9, 10)),
+                          (decimal.Decimal("0.5"), decimal.Decimal("0.9")), (np.float32(0.5), torch.tensor(0.9)))]
+    assert drawn[1:] == drawn[:1] * 3, drawn
+    for bad in (1j, torch.tensor(1j), "0.5"):
+        with pytest.raises(ValueError, match=r"^Need a finite temperature >= 0 and 0 < top_p <= 1, got "):
+            model.generate(m, [3, 1, 4], 2, temperature=bad)
     for kw, said in ((dict(nope="no"), "nope='no'"), (dict(tie_embeddings=1, fast=None), "tie_embeddings=1, fast=None")):
         with pytest.raises(ValueError, match=rf"^The ablations and fast are True or False, got {re.escape(said)}\.$"):
             TransformerLM(16, 8, 16, 1, 2, 32, **kw)
