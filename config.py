@@ -291,9 +291,8 @@ def training_bytes(c):
     N, L, ffn = B * T, c["num_layers"], (1 if c["silu_ffn"] else 2) * c["d_ff"]
     reference = functools.partial(accounting.saved_activation_bytes, B, T, c["d_model"], c["num_heads"], c["d_ff"])
     block = accounting.FP32_BYTES * N * (5 * c["d_model"] + ffn) if c["fast"] else reference(1) - reference(0)
-    blocks = (accounting.FP32_BYTES * N * c["d_model"] * (L - 1) + block) if c["activation_checkpointing"] else \
-        L * block
-    saved = reference(0) + blocks
+    inputs = accounting.FP32_BYTES * N * c["d_model"] * (L - 1)  # the other blocks' inputs, under checkpointing
+    saved = reference(0) + block + (inputs if c["activation_checkpointing"] else (L - 1) * block)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
     logits //= fused_head.CHUNKS if c["fused_head"] else 1  # the fused head: one chunk at least
     return state + logits + saved // (2 if half else 1)

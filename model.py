@@ -14,6 +14,7 @@ init and the no-norm ablation's Identity). fast=True swaps in fused versions whe
 attention and silu, one matmul for q, k, v and one for W1, W3, complex RoPE, fast_cpu.py's and fast_gpu.py's loops):
 same parameters and state-dict keys, tested equal to the plain path. Tests: python -m pytest -q test_all.py -k model
 """
+import decimal
 import math
 import numbers
 import threading
@@ -513,8 +514,8 @@ def _check_generate(model, prompts, max_new_tokens, temperature, top_p, stop_id,
     if any(len(p) == 0 for p in prompts):
         raise ValueError("Each prompt needs at least one token.")
     check_count("max_new_tokens", max_new_tokens, least=0)
-    numeric = all(isinstance(x, numbers.Real) or isinstance(x, numbers.Number) and not isinstance(x, numbers.Complex)
-                  or torch.is_tensor(x) and x.numel() == 1 and not x.is_complex() for x in (temperature, top_p))  # not None, "0.8", [0.5, 1]
+    numeric = all(isinstance(x, (numbers.Real, decimal.Decimal))  # not None, "0.8", 1j, [0.5, 1]
+                  or torch.is_tensor(x) and x.numel() == 1 and not x.is_complex() for x in (temperature, top_p))
     t, p = (float(temperature), float(top_p)) if numeric else (None, None)
     if not (numeric and math.isfinite(t) and t >= 0 and 0 < p <= 1):  # NaN fails every test
         raise ValueError(f"Need a finite temperature >= 0 and 0 < top_p <= 1, got temperature={temperature!r}, "

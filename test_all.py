@@ -1360,7 +1360,7 @@ def _fast_cpu_no_jit_job(folder):
     # One process (numba reads the switch as it is imported) takes the step, then runs train.py as
     # `python train.py ARGS` does (runpy, as _held does)
     args = ["--data", _train_toy_ids(folder / "toy.npy"), *_TRAIN_TINY, "--max-iters", "2", "--device", "cpu",
-            "--out", folder / "out"]
+            "--out", folder / "out", "--data-dir", folder / "data"]  # not the clone's data/ (a README reader's find)
     return [dict(argv=[sys.executable, "-c", _FAST_CPU_STEP + "import fast_cpu, runpy, sys\n"
                        "print(fast_cpu.usable(loss), loss.item(), flush=True)\n"
                        "sys.argv = sys.argv[1:]\n"
