@@ -428,7 +428,8 @@ class Tokenizer:
         return cls(vocab, merges, special_tokens, _in_file=in_file)
 
     def save(self, vocab_filepath, merges_filepath):
-        """GPT-2 format; both files are written whole before either replaces the old one, if from_files reads them."""
+        """GPT-2 format; both files are written whole before either replaces the old one, if from_files reads them
+        (given the same special_tokens: GPT-2's files cannot mark one that is two of the vocab's tokens joined)."""
         inv = {_token_to_str(self.vocab[i]): i for i in sorted(self.vocab)}
         if len(inv) < len(self.vocab):         # a token at two ids (in memory): inv keeps the higher, a file only one
             i, t = min((i, t) for i, t in self.vocab.items() if inv[_token_to_str(t)] != i)
