@@ -9,7 +9,6 @@ from them (resolve_config). `python train.py --help` prints FLAGS.
 """
 import argparse
 import contextlib
-import functools
 import importlib.util
 import math
 import os
@@ -288,11 +287,11 @@ def training_bytes(c):
                                         tie_embeddings=c["tie_embeddings"])
     state = 2 * accounting.FP32_BYTES * sum(counts.values()) + accounting.optimizer_state_bytes(c["optimizer"], counts)
     B, T, half = c["batch_size"] // (c["world_size"] * c["grad_accum"]), c["context_length"], c["dtype"] == "bf16"
-    N, L, ffn = B * T, c["num_layers"], (1 if c["silu_ffn"] else 2) * c["d_ff"]
-    reference = functools.partial(accounting.saved_activation_bytes, B, T, c["d_model"], c["num_heads"], c["d_ff"])
-    block = accounting.FP32_BYTES * N * (5 * c["d_model"] + ffn) if c["fast"] else reference(1) - reference(0)
-    inputs = accounting.FP32_BYTES * N * c["d_model"] * (L - 1)  # the other blocks' inputs, under checkpointing
-    saved = reference(0) + block + (inputs if c["activation_checkpointing"] else (L - 1) * block)
+    N, L, d, ffn = B * T, c["num_layers"], c["d_model"], (1 if c["silu_ffn"] else 2) * c["d_ff"]
+    outside, one = (accounting.saved_activation_bytes(B, T, d, c["num_heads"], c["d_ff"], n) for n in (0, 1))
+    block = accounting.FP32_BYTES * N * (5 * d + ffn) if c["fast"] else one - outside  # what one block keeps
+    inputs = accounting.FP32_BYTES * N * d * (L - 1)  # the other blocks' inputs, under checkpointing
+    saved = outside + block + (inputs if c["activation_checkpointing"] else (L - 1) * block)
     logits = B * T * c["vocab_size"] * (accounting.BF16_BYTES if half else accounting.FP32_BYTES)
     logits //= fused_head.CHUNKS if c["fused_head"] else 1  # the fused head: one chunk at least
     return state + logits + saved // (2 if half else 1)
