@@ -8,7 +8,7 @@ against the real model in model.py.
 
 Section 1 holds the FLOP, peak and MFU definitions; sections 2-12 state their formulas and print their answers
 (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13, run by --verify, proves
-every formula against model.TransformerLM. train.py imports sections 1 and 7, kernels.py 1 and 5, config.py 7-9.
+every formula against model.TransformerLM. Every other file that needs a formula or a constant imports it from here.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
 count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as FlopCounterMode counts
@@ -298,7 +298,8 @@ def section_memory():
 # ---------------------------------------------------------------------------------------------
 # 7. Assignment 1, transformer_accounting (model.TransformerLM: pre-norm blocks, RoPE, SwiGLU,
 #    untied head). context_length, num_heads and fast change no parameter count, and num_heads no FLOP
-#    count (h heads of d_k = d / h); the functions accept them so a model config passes as **cfg.
+#    count (h heads of d_k = d / h); the functions accept them (lm_param_counts all three) so a model
+#    config passes as **cfg.
 
 GPT2_VOCAB = 50_257
 GPT2_SHAPES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
@@ -328,7 +329,7 @@ MATMUL_SHAPES = {"attn q,k,v proj": "3 x (T, d) @ (d, d), x L", "attn QK^T": "h 
 
 
 def lm_forward_flops_by_component(vocab_size, context_length, d_model, num_layers, d_ff,
-                                  silu_ffn=False, num_heads=None, fast=False):
+                                  silu_ffn=False, num_heads=None):
     """Matmul FLOPs of one sequence of T = context_length tokens, per MATMUL_SHAPES entry."""
     T, d, L, V = context_length, d_model, num_layers, vocab_size
     return {"attn q,k,v proj": L * 3 * 2 * T * d * d, "attn QK^T": L * 2 * T * T * d, "attn AV": L * 2 * T * T * d,
@@ -426,7 +427,7 @@ def adamw_memory_line(cfg):
     """Peak bytes of an AdamW step in float32 as (a, b) of a * batch_size + b: b holds params 4P,
     grads 4P, m and v 8P (the naive row of ADAMW_BYTES_PER_PARAM); a is activations 4A at B=1."""
     V, T, d, h, L = (cfg[k] for k in ("vocab_size", "context_length", "d_model", "num_heads", "num_layers"))
-    P = sum(lm_param_counts(V, d, L, 4 * d).values())
+    P = sum(lm_param_counts(V, d, L, cfg["d_ff"]).values())
     A = handout_activation_elements(1, T, d, h, V, L)  # linear in B: every term has a factor B
     return FP32_BYTES * A, sum(ADAMW_BYTES_PER_PARAM["fp32 everywhere (naive)"].values()) * P
 
@@ -508,8 +509,10 @@ def muon_flops(d_model, num_layers, d_ff, silu_ffn=False, steps=optim.NS_STEPS, 
     """Matmul FLOPs of Muon's Newton-Schulz (optim.newton_schulz) per step, on TransformerLM's q, k, v, output (d, d)
     and w1, w2 (and w3) (d, d_ff). Each step on an (m, n) matrix, m <= n: X X^T 2 m^2 n, A A 2 m^3, (b A + c A A) X
     2 m^2 n (its O(m n) elementwise terms left out, as everywhere here); m = n = d gives 6 d^3."""
-    m, n = sorted((d_model, d_ff))
-    return steps * num_layers * (4 * 6 * d_model ** 3 + (2 if silu_ffn else 3) * (4 * m * m * n + 2 * m ** 3))
+    def one_step(m, n):  # on an (m, n) matrix, m <= n
+        return 4 * m * m * n + 2 * m ** 3
+    ffn = (2 if silu_ffn else 3) * one_step(*sorted((d_model, d_ff)))
+    return steps * num_layers * (4 * one_step(d_model, d_model) + ffn)
 
 
 def section_muon():
@@ -638,8 +641,8 @@ def measured_forward_flops(lm, T):
     with FlopCounterMode(display=False) as counter:
         lm(torch.zeros(1, T, dtype=torch.long, device="meta"))
     parts = dict.fromkeys(_COMPONENT_OF.values(), 0)
-    for path, ops in counter.get_flop_counts().items():  # the root, "Global", a block, an ffn:
-        name = path.split(".")[-1]                        # sums of their children, skipped
+    for path, ops in counter.get_flop_counts().items():  # the root, "Global", a block: sums of their
+        name = path.split(".")[-1]                        # children, skipped; attn and ffn: minus theirs below
         if name in _COMPONENT_OF:
             parts[_COMPONENT_OF[name]] += sum(ops.values())
     parts["attn QK^T + AV"] -= parts["attn q,k,v proj"] + parts["attn output proj"]

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fast=True)
-import fast_gpu  # and on a GPU, SwiGLU's gate as Triton kernels (fast=True, with train.py's --triton-gate)
+import fast_gpu  # on a GPU: SwiGLU's gate as Triton kernels (train.py's --triton-gate); generate's static cache
 
 
 # ----------------------------------------------------------------------------
@@ -44,6 +44,13 @@ def check_positive(name, x):
     number."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {x!r}.")
+
+
+def head_dim(d_model, num_heads):
+    """Each head's width d_model / num_heads, refused unless whole (the heads split the residual stream)."""
+    if d_model % num_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
+    return d_model // num_heads
 
 
 def _check_dtype(dtype):  # a part's weights: an integer dtype has no init (torch: "not implemented for 'Long'")
@@ -243,9 +250,7 @@ class MultiHeadSelfAttention(nn.Module):
         super().__init__()
         check_count("d_model", d_model)
         check_count("num_heads", num_heads)
-        if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.num_heads, self.d_head = num_heads, head_dim(d_model, num_heads)
         if rope is not None and rope.d_k != self.d_head:
             raise ValueError(f"RoPE was built for d_k={rope.d_k} but the head dimension is {self.d_head}.")
         self.q_proj = Linear(d_model, d_model, device, dtype)
@@ -280,8 +285,9 @@ class MultiHeadSelfAttention(nn.Module):
             # complex RoPE: float32/64 only (no bfloat16 complex type), eager only (torch.compile emits no complex code)
             complex_ok = self.fast and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
             q, k = self.rope(q, pos, complex_ok), self.rope(k, pos, complex_ok)
-        # Heads become a batch dim only now: rotated before, q and k keep x's (T, H) order in memory, which cuDNN's
-        # attention gives its output too, so concatenating the heads below is a view, not a copy
+        # Heads become a batch dim only now: rotated before, q and k keep x's (T, H) order in memory. On a GPU the
+        # fast path's attention (cuDNN's) gives its output in that order too, so concatenating the heads below is a
+        # view there; the plain path's softmax(...) @ V is in (H, T) order, and the concatenation copies it
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (..., H, T, dh)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # section 7's KVCache: all so far, (B, H, T_total, d_head)
@@ -369,9 +375,7 @@ class TransformerLM(nn.Module):
                         tie_embeddings=tie_embeddings, fast=fast)
         if bad := [f"{k}={v!r}" for k, v in switches.items() if type(v) is not bool]:  # nope="no" is true
             raise ValueError(f"The ablations and fast are True or False, got {', '.join(bad)}.")
-        if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}.")
-        d_head = d_model // num_heads  # RoPE refuses an odd one
+        d_head = head_dim(d_model, num_heads)  # RoPE refuses an odd one
         self.vocab_size, self.context_length = vocab_size, context_length
         self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
         self.rope = None if nope else RotaryPositionalEmbedding(rope_theta, d_head, context_length, device)

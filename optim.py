@@ -285,7 +285,7 @@ class AdamW(_Optimizer):
 
 
 def Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kwargs):  # AdamW without the decay, as defined above
-    if kwargs.pop("weight_decay", 0) != 0:  # torch.optim.Adam's: "AdamW() got multiple values for 'weight_decay'"
+    if kwargs.pop("weight_decay", 0) != 0:  # popped: passed on, it would meet AdamW's own (a TypeError)
         raise ValueError("Adam has no weight decay (it is AdamW with weight_decay=0): use AdamW(params, lr, "
                          "weight_decay=...), whose decay is decoupled from the gradient.")
     return AdamW(params, lr, betas, eps, weight_decay=0.0, **kwargs)

@@ -131,11 +131,11 @@ def autocast(cfg):
     return torch.autocast(torch.device(cfg["device"]).type, torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def use_activation_checkpointing(model):
+def use_activation_checkpointing(lm):
     """Lecture 2: keep only each block's input and recompute its insides in backward: activation
     memory drops to O(layers x d_model) per token, for the price of one more forward."""
     from torch.utils.checkpoint import checkpoint
-    for block in _unwrap(model).layers:
+    for block in lm.layers:
         def fwd(*args, _inner=block.forward, **kwargs):  # evaluation, generation: nothing to save anyway
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs) if torch.is_grad_enabled() else \
                 _inner(*args, **kwargs)
@@ -286,7 +286,7 @@ def benchmark(cfg):
         f"{cli.counted(cfg['benchmark_steps'], 'step')}")
     log(f"  {1000 * dt:.1f} ms/step, {tokens / dt:,.0f} tokens/s, {flops / dt / 1e12:.3g} TFLOP/s achieved")
     log(f"  MFU {accounting.mfu(flops, dt, peak * cfg['world_size']):.1%} {basis}" if peak else f"  MFU: {basis}")
-    log(f"  FLOPs per step = {1 + accounting.BACKWARD_PER_FORWARD} x accounting.lm_forward_flops (forward matmuls "
+    log(f"  FLOPs per step = {accounting.training_step_flops(1)} x accounting.lm_forward_flops (forward matmuls "
         "incl. attention) x batch size")
     log(f"  {cfg['total_tokens']:,} tokens ({cli.counted(cfg['max_iters'], 'step')}) would take "
         f"{cli.fmt_time(cfg['total_tokens'] * dt / tokens)}")
