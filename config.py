@@ -26,7 +26,7 @@ from bpe import tokenizer_files
 from checkpoints import read_checkpoint
 from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short_repr, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import is_ids, same_file, same_folder, unreadable, writable
+from files import is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
@@ -346,9 +346,6 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      "--val-data goes with --data PATH.npy only; text data is split automatically."),
     (lambda c: c["val_data"] and c["reads_data"] and unreadable(c["val_data"]),
      lambda c: f"--val-data {c['val_data']}{unreadable(c['val_data'])}."),
-    (lambda c: c["val_data"] and c["reads_data"] and same_file(c["data"], c["val_data"]),  # a slip: validation is train
-     "--val-data {val_data} is the --data file: validation would measure the ids the model trains on; pass held-out "
-     "ids, or drop --val-data (the last 10% of --data is held out)."),
     *[(lambda c, wrong=wrong: trains(c) and wrong(c), message) for wrong, message in
       DATA_CHECKS],
     (lambda c: c["d_model"] % c["num_heads"], "--d-model {d_model} is not divisible by --num-heads {num_heads}."),

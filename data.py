@@ -31,7 +31,7 @@ from bpe_fast import encode_file
 from cli import DataError, UsageError, counted, disk_is_full, os_error_sentence, say, short_repr
 from download import NET_ERRORS, download
 from files import (atomic_file, changed_while_read, copy_file, dir_lock, file_sha256, is_ids, new_folders, packed,
-                   read_exactly, read_into)
+                   read_exactly, read_into, same_file)
 
 EOT = "<|endoftext|>"  # the document separator of every CS336 corpus
 
@@ -563,6 +563,13 @@ def open_ids(path):
     return TokenIds(ids)
 
 
+def same_ids(a, b, chunk=1 << 22):
+    """Do two id arrays hold the same ids, in any dtype? Compared a chunk at a time: a copy is read once, and two
+    different files of one length differ in their first chunk, as a rule."""
+    return len(a) == len(b) and all(np.array_equal(np.asarray(a[i:i + chunk]), np.asarray(b[i:i + chunk]))
+                                    for i in range(0, len(a), chunk))
+
+
 def load_ids(source, val_data, tokenizer=None):
     """--data PATH.npy: ids as they are (validation: --val-data or the last VALID_FRACTION), plus
     their tokenizer (--tokenizer DIR, or the one saved beside them), if any, to decode the samples."""
@@ -575,6 +582,9 @@ def load_ids(source, val_data, tokenizer=None):
         except (ValueError, OSError) as e:
             raise UsageError(f"{flag} {path}: {e}; pass a non-empty 1-D array of token ids saved by np.save.") from None
     train, valid = loaded["--data"], loaded["--val-data"]
+    if valid is not None and (same_file(source, val_data) or same_ids(train, valid)):  # a link or a copy: a slip
+        raise UsageError(f"--val-data {val_data} holds the ids of --data {source}: validation would measure the ids the "
+                         "model trains on; pass held-out ids, or drop --val-data (the last 10% of --data is held out).")
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]

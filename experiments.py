@@ -34,6 +34,7 @@ import datetime
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -274,7 +275,9 @@ def finish(run, args, rest, code):
     if code not in (0, 130) and step is None:
         said = log_path(run, args).read_bytes()[run.log_from:].decode(errors="replace").splitlines()
         last = next((line.strip() for line in reversed(said) if line.strip()), "")  # train.py's sentence and advice
-        last = last.replace(train.GO_ON, "rerun this experiments.py command")  # its advice adds --resume: refused here
+        # train.py's advice names its own command and --resume, which this one refuses: said as this command's
+        last = re.sub(r"the same command( without --compile)?(,? plus --resume)?", r"this experiments.py command\1",
+                      last.replace(train.GO_ON, "rerun this experiments.py command").replace(" and --resume)", ")"))
         if code < 0:  # a signal: train.py said nothing of it, and its last line only says where it stood
             last = f"signal {-code} ({signal.strsignal(-code)}: out of memory? a kill?) stopped it; the same " \
                    f"command resumes it" + (f". Its last line: {last}" if last else "")
@@ -463,8 +466,7 @@ def silu_d_ff(cfg):  # a SiLU FFN's width: 2 matrices of 1.5 d_ff match SwiGLU's
 
 def answer_ablations(found, cfg):
     """found: {variant name: figures}; each ablation against the baseline (the first run), as far as both ran."""
-    base = found.get("baseline")
-    if base is None:
+    if (base := found.get("baseline")) is None:
         return []
     ffn = {flag: accounting.lm_param_counts(cfg["vocab_size"], cfg["d_model"], cfg["num_layers"], d_ff, silu_ffn=flag)
            ["ffn"] for flag, d_ff in ((False, cfg["d_ff"]), (True, silu_d_ff(cfg)))}
@@ -730,9 +732,8 @@ def chosen_runs(args, plans):
         for _, label, run in plans[n]:
             runs[run.dir(args.out_dir)] = run
             labels.setdefault(run.dir(args.out_dir), set()).add(label)
-    if args.variants is None:
-        return list(runs.values())
-    wanted, known = set(",".join(args.variants).split(",")), set().union(*labels.values())
+    known = set().union(*labels.values())
+    wanted = known if args.variants is None else set(",".join(args.variants).split(","))
     if wanted - known:  # "" (no name) and the tokenizer's (no runs) too
         raise cli.UsageError(f"--variants: no variant {sorted(wanted - known)[0]!r} in {args.experiment}; "
                                 + (f"pick from {', '.join(sorted(known))}." if known else "it has no runs to pick."))
@@ -761,8 +762,7 @@ def check(runs, args, rest, where):
 def main(argv=None):
     args, rest = parse(argv := sys.argv[1:] if argv is None else argv)
     cfg = config.resolve_config([*base_flags(args, rest), "--benchmark"])  # the user's budget sets the steps
-    # --benchmark above skips the run directory's checks, and those of the data, which prepare() tokenizes: asked here
-    config.check_flags(cfg, config.DATA_CHECKS)
+    config.check_flags(cfg, config.DATA_CHECKS)  # --benchmark skipped the data's checks (prepare() tokenizes it)
     plans = plan(cfg)  # the baseline's flags checked above, as train.py checks them: a mistake stops all here
     runs, where = chosen_runs(args, plans), Path(args.out_dir) / "experiments"
     check(runs, args, rest, where)

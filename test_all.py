@@ -7981,6 +7981,7 @@ def test_train_disk_full_in_the_run_keeps_the_last_checkpoint(tmp_path, tmpfs, c
 
 def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsys):
     ids = _train_toy_ids(tmp_path / "toy.npy")
+    np.save(copy := tmp_path / "copy.npy", np.load(ids).astype(np.int64))
     story = _train_story(tmp_path / "story.txt")
     (tmp_path / "adir").mkdir()
     (tmp_path / "adir.npy").mkdir()
@@ -7992,8 +7993,10 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
         (["--data", str(tmp_path / "adir"), "--out-dir", str(out), "--data-dir", str(cache)], "adir is a directory"),
         (npy[:1] + [str(tmp_path / "adir.npy")] + npy[2:], "adir.npy is a directory"),
         (npy + ["--val-data", str(tmp_path / "adir")], f"--val-data {tmp_path / 'adir'} is a directory"),
-        # the same file, spelled another way: it validated on the ids it trained on, before 2026-12-01
-        (npy + ["--val-data", os.path.relpath(ids)], "is the --data file: validation would measure the ids"),
+        # the same file, spelled another way: it validated on the ids it trained on, before 2026-12-01; a copy of
+        # it (in another dtype), before 2026-12-02
+        (npy + ["--val-data", os.path.relpath(ids)], "holds the ids of --data"),
+        (npy + ["--val-data", str(copy)], f"--val-data {copy} holds the ids of --data {ids}: validation would measure"),
         (text + ["--data-dir", str(tmp_path / "afile")], f"--data-dir {tmp_path / 'afile'} is not a writable directory"),
         (text + ["--data-dir", str(tmp_path / "afile" / "sub")], "sub is not a writable directory (a file, or read-only)"),
     ]
@@ -8020,6 +8023,16 @@ def test_train_unusable_paths_are_one_sentence_and_write_nothing(tmp_path, capsy
     for name, kind in (("fifo.txt", "a FIFO"), ("loop.txt", "a symlink loop")):  # not "no such file"
         assert train.main(["--data", str(tmp_path / name), "--out-dir", str(out)]) == 2
         _train_one_error(capsys, f"{tmp_path / name} is {kind}, not a file")
+
+
+def test_data_same_ids_compares_every_chunk_in_any_dtype(tmp_path):
+    a = np.arange(10, dtype=np.uint16)
+    np.save(tmp_path / "a.npy", a)
+    ids = data.open_ids(tmp_path / "a.npy")
+    for chunk in (1, 3, 4, 1 << 22):  # the last chunk short, or all one
+        assert data.same_ids(ids, a.astype(np.int64), chunk)
+        assert not data.same_ids(ids, np.r_[a[:-1], 0], chunk)  # differs in the last id only
+        assert not data.same_ids(ids, a[:-1], chunk)
 
 
 def test_train_a_config_json_nested_too_deep_or_with_a_key_twice_is_no_run_config(tmp_path):
@@ -10718,6 +10731,13 @@ def test_experiments_diverged_run_is_a_result_other_faults_end_as_train_py(tmp_p
     with pytest.raises(cli.DataError, match=r"No such file or directory; fix that path or pick another, then rerun "
                                             r"this experiments.py command. \(all of its output: "):
         experiments.finish(run, args, [], 1)
+    for resumed in (False, True):  # and each of its other advices: a full disk, torch.compile's fault, memory
+        go_on = rundir.resume_command({"overwrite": False, "resume": resumed}, without=["--compile"] * resumed)
+        log.write_text(f"train.py: error: x; then run {go_on} to go on. {train.LESS_MEMORY}\n")
+        with pytest.raises(cli.DataError) as said:
+            experiments.finish(run, args, [], 1)
+        assert "--resume" not in str(said.value) and "same command" not in str(said.value), said.value
+        assert f"run this experiments.py command{' without --compile' * resumed} to go on" in str(said.value)
     # killed (the out-of-memory killer, kill -9): its last line is only where it stood; it was given as the fault
     log.write_text("step 40/400: loss 3.6157, lr 7.8e-04, 3.24k tok/s, ETA 1m58s\n")
     with pytest.raises(cli.DataError, match=r"failed: signal 9 \(Killed: out of memory\? a kill\?\) stopped it; the "
