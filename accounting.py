@@ -4,11 +4,11 @@ against the real model in model.py.
 
     python accounting.py                    # every answer, section by section
     python accounting.py --section adamw    # one section
-    python accounting.py --verify           # every formula against model.TransformerLM; exit 1 on a mismatch
+    python accounting.py --verify           # the model's formulas against model.TransformerLM; exit 1 on a mismatch
 
 Section 1 holds the FLOP, peak and MFU definitions; sections 2-12 state their formulas and print their answers
 (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13, run by --verify, proves
-every formula against model.TransformerLM. Every other file that needs a formula or a constant imports it from here.
+the model's formulas against model.TransformerLM. Every other file that needs a formula or a constant imports it from here.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
 count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as FlopCounterMode counts
@@ -625,7 +625,7 @@ def section_corrections():
 
 
 # ---------------------------------------------------------------------------------------------
-# 13. Proof: every formula above against the real model.TransformerLM
+# 13. Proof: the model's formulas above against the real model.TransformerLM (test_all.py checks the optimizers')
 
 # FlopCounterMode counts per module path; the last name of a path says which component it is.
 # QK^T and AV run inside the attention module itself: its count minus its projections. fast=True
@@ -777,10 +777,11 @@ SECTIONS = {name.removeprefix("section_"): fn for name, fn in list(globals().ite
 def main(argv=None):
     p = cli.Parser(prog="accounting.py", description="CS336 lecture 2 and assignment 1 resource accounting.")
     p.add_argument("--section", choices=SECTIONS, action="append", help="a section to print; repeat for more (default: all)")
-    p.add_argument("--verify", action="store_true", help="check every formula against model.py; exit 1 on a mismatch")
+    p.add_argument("--verify", action="store_true", help="check the model's formulas (parameters, FLOPs, saved "
+                   "activations) against model.py; exit 1 on a mismatch")
     args = p.parse_args(argv)
-    if args.verify and args.section:  # the check runs every formula; a section would be silently ignored
-        p.error(f"--verify checks every section at once; drop --section {args.section[0]} or --verify")
+    if args.verify and args.section:  # the check runs its own checks; a section would be silently ignored
+        p.error(f"--verify runs its checks alone; drop --section {args.section[0]} or --verify")
     if args.verify:
         return 1 if run_verify() else 0
     for name in dict.fromkeys(args.section or SECTIONS):  # in the order named; a repeat prints once

@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import pickle
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -60,7 +61,7 @@ import train
 from cli import DataError, Parser, UsageError, counted, end_quietly_on_closed_pipe, error_line, exit_code, user_path
 from config import MIN_TEXT_VOCAB
 from files import atomic_file, unreadable
-from machine import allow_many_compiles, synchronizer, torch_settings, usable_cores
+from machine import allow_many_compiles, memory_bytes, synchronizer, torch_settings, usable_cores
 from model import TransformerLM, generate
 
 ROOT = Path(__file__).resolve().parent
@@ -1319,6 +1320,7 @@ class GpuReport:
 
     def __init__(self, args):
         self.cpu, self.steps, self.budget, self.tests = args.cpu, args.steps, args.budget, args.tests
+        self.command = getattr(args, "command", "python bench.py gpu" + " --cpu" * self.cpu)  # as typed, in the table
         self.profiled = min(PROFILED_STEPS, self.steps)  # a short --steps profiles as few (a profile's parse is slow)
         self.sections = getattr(args, "sections", SECTIONS)
         self.chosen = {lever: flags for lever, flags in LEVERS.items()  # --levers: the defaults and those it names
@@ -1393,7 +1395,7 @@ class GpuReport:
             need = (3 if "--max-autotune" in extra else 1) * defaults.get("first", 0)
             try:
                 cfg = self.benchmark_cfg(name, *extra)
-                rows[row] = (f"skipped: {max(self.left(), 0):.0f} s of the {self.budget:.0f} s budget left, less than "
+                rows[row] = (f"skipped: {max(self.left(), 0):.0f} s of the {self.budget:g} s budget left, less than "
                              f"its compile's {need:.0f} s" if self.left() <= need
                              else self.lever_line(cfg, row, defaults, sync, baseline=not extra))
             except UsageError as e:
@@ -1560,7 +1562,7 @@ class GpuReport:
                 p = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], cwd=tmp, capture_output=True,
                                    text=True, timeout=max(self.left(), 1))
             except subprocess.TimeoutExpired:  # it was killed
-                raise RuntimeError(f"train.py was stopped at the {self.budget:.0f} s budget") from None
+                raise RuntimeError(f"train.py was stopped at the {self.budget:g} s budget") from None
             if p.returncode != 0:
                 raise RuntimeError(f"train.py exited {p.returncode}: " + (p.stderr or p.stdout).strip()[-300:])
             metrics = Path(tmp) / "ids" / "metrics.jsonl"
@@ -1666,7 +1668,7 @@ class GpuReport:
         for (key, title), section in sorted(chosen, key=lambda c: list(self.sections).index(c[0][0])):  # its order
             print(f"\n## {title}", flush=True)
             if self.left() <= 0:
-                self.rows[title] = f"skipped: the {self.budget:.0f} s budget was spent"
+                self.rows[title] = f"skipped: the {self.budget:g} s budget was spent"
                 print(self.rows[title])
                 continue
             start, before = time.perf_counter(), len(self.rows)
@@ -1692,7 +1694,7 @@ class GpuReport:
         device = (torch.cuda.get_device_name(0) if self.device == "cuda"
                   else f"CPU ({usable_cores()} cores), a rehearsal at tiny sizes: no figure here is one to quote")
         print("\n## The table (docs/results.md's GPU section)\n")
-        print(f"`python bench.py gpu{' --cpu' if self.cpu else ''}`, {time.strftime('%Y-%m-%d')}, commit "
+        print(f"`{self.command}`, {time.strftime('%Y-%m-%d')}, commit "
               f"{git_commit()}, {device}, torch {torch.__version__}, {(time.perf_counter() - self.t0) / 60:.1f} min\n")
         print("| what | result |\n|---|---|")
         for what, result in self.rows.items():
@@ -1734,8 +1736,8 @@ def bench_gpu(argv):
         raise UsageError(f"--steps {args.steps} must be positive.")
     if not args.tests.strip():  # pytest -k '' selects every test, not none
         raise UsageError("--tests is blank, which pytest reads as every test; give a -k expression such as cuda.")
-    args.steps = args.steps or (3 if args.cpu else 30)
-    print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:.0f} s, {args.steps} timed steps"
+    args.steps, args.command = args.steps or (3 if args.cpu else 30), shlex.join(["python", "bench.py", "gpu", *argv])
+    print(f"# bench.py gpu, {time.strftime('%Y-%m-%d %H:%M')}, budget {args.budget:g} s, {args.steps} timed steps"
           + (" (--cpu: a rehearsal at tiny sizes; torch.compile, bf16 autocast, compiled AdamW, the CUDA kernels, the "
              "GPU memory check and the CUDA tests' bodies are skipped)" if args.cpu else ""), flush=True)
     return GpuReport(args).run()
@@ -1744,9 +1746,9 @@ def bench_gpu(argv):
 # ----------------------------------------------------------------------------
 # Command line
 
-def megabytes(text):  # a flag's megabytes: a positive number (argparse's float would take nan, inf and -3)
-    if not regex.fullmatch(r"\d*\.?\d+", text) or float(text) <= 0:
-        raise argparse.ArgumentTypeError(f"wants positive megabytes, like 50 or 0.5, not {text!r}")
+def megabytes(text):  # a flag's megabytes: 0.001 or more (argparse's float would take nan, inf and -3; a corpus
+    if not regex.fullmatch(r"\d*\.?\d+", text) or float(text) < 0.001:  # under a word long was cut to nothing)
+        raise argparse.ArgumentTypeError(f"wants megabytes of at least 0.001 (1 kB), like 50 or 0.5, not {text!r}")
     return float(text)
 
 
@@ -1804,6 +1806,8 @@ def main(argv=None):
         if args.what not in ("all", *readers) and getattr(args, flag) != getattr(defaults, flag):
             raise UsageError(f"--{flag.replace('_', '-')} is read by {'/'.join(readers)} only, not by bench.py "
                              f"{args.what}; drop it.")
+    if args.input and args.sizes != defaults.sizes and args.what in ("train", "all"):  # train reads one of the two
+        raise UsageError("--sizes: bench.py train times --input's text, not scale corpora; drop one of the two.")
     if args.input == "":  # read as no --input: the tables ran on the full-size corpora instead
         raise UsageError("--input is blank; name a UTF-8 text file, or drop --input for the scale corpora.")
     for flag, least in {"vocab_size": MIN_TEXT_VOCAB, "repeats": 1, "new_tokens": 1, "rows": 1}.items():
@@ -1814,6 +1818,11 @@ def main(argv=None):
         raise UsageError(f"--new-tokens {args.new_tokens} is past the {room} tokens the TinyStories shape's context "
                          "holds after the prompt, where the table times generation from the cache; ask for at most "
                          f"{room}.")
+    V, (have, what) = GPT2_SMALL["vocab_size"], memory_bytes("cpu", 1)
+    if args.what in ("head", "all") and (need := 3 * 4 * args.rows * V) > have:  # killed, not refused, before
+        raise UsageError(f"--rows {args.rows:,}: the eager head alone holds three {args.rows:,} x {V:,} float32 arrays "
+                         f"(logits, their softmax, their gradient), {need / 2**30:.1f} GiB, more than {what} "
+                         f"({have / 2**30:.1f} GiB); pass fewer --rows.")
     check_room(args)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}, "
           f"{usable_cores()} CPUs, Python {sys.version.split()[0]}", flush=True)

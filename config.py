@@ -26,7 +26,7 @@ from bpe import tokenizer_files
 from checkpoints import read_checkpoint
 from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short_repr, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import is_ids, same_folder, unreadable, writable
+from files import NAME_MAX, PATH_MAX, is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
@@ -251,9 +251,6 @@ def refuse_empty_paths(cfg):
 
 def trains(c):  # a training run, not a mode that reads a run (--sample, --export) or times steps (--benchmark)
     return not (c["sample"] or c["export"] is not None or c["benchmark"])
-
-
-NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
 
 
 NAME_ROOM = 33  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"

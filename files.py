@@ -174,6 +174,8 @@ def load_json(text, where, key="key"):
 
 TMP_MARK = ".cs336tmp"  # temporaries are ".NAME.cs336tmpPID" (temporary_path): a pattern no one else uses, so that
 # clearing what a killed writer left deletes only files this project named
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes: one name in a path, a whole path
+TMP_ROOM = len(f".{TMP_MARK}4194304")  # what a temporary adds to its file's name (Linux's largest pid has 7 digits)
 
 
 def temporary(name, of=None):  # is this file name one of the project's temporaries (of the file named `of`)?
@@ -225,6 +227,10 @@ def unwritable(path, folders=True):
         return f" is {kind}"
     if os.fspath(path).endswith(("/", os.sep)):  # a folder's path: "ids.npy/" would write the file ids.npy
         return " ends in a slash (a folder's path)"
+    if (n := len(os.fsencode(os.path.basename(path)))) > NAME_MAX - TMP_ROOM or \
+            len(os.fsencode(os.path.abspath(path))) > PATH_MAX - TMP_ROOM:  # ENAMETOOLONG, after the work
+        return (f" is too long for the file system (a name of {n:,} bytes, a path of "
+                f"{len(os.fsencode(os.path.abspath(path))):,}: at most {NAME_MAX - TMP_ROOM} and {PATH_MAX - TMP_ROOM})")
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.access(real, os.W_OK):
         return " is not writable by this user (read-only, or another user's)"

@@ -12231,7 +12231,7 @@ _FLAG_MISTAKES = [
     (["bpe.py"], "the following arguments are required: {train,encode} (see python bpe.py --help)"),
     (["bpe.py", "train", "a.txt", "--vocab-size", "300"], "required: --out (see python bpe.py train --help)"),
     (["accounting.py", "--section", "nope"], "invalid choice: 'nope'"),
-    (["accounting.py", "--section", "adamw", "--verify"], "--verify checks every section at once; drop --section"),
+    (["accounting.py", "--section", "adamw", "--verify"], "--verify runs its checks alone; drop --section"),
     (["kernels.py", "--reps", "0"], "--reps must be at least 1, got 0"),
     (["bench.py", "--bogus"], "unrecognized arguments: --bogus"),
     (["bench.py", "step", "--d-model", "7"], "--d-model 7 is not divisible by --num-heads"),
@@ -12321,13 +12321,20 @@ def test_kernels_cli_sizes_beyond_memory_are_refused_before_measuring(capsys, mo
                                          "machine's memory (1.0 GiB); pass smaller --sizes"), err
 
 
-def test_kernels_cli_json_in_a_read_only_directory_is_refused_first(tmp_path, tmpfs, capsys):
+def test_kernels_cli_json_in_a_read_only_directory_or_too_long_is_refused_first(tmp_path, tmpfs, capsys):
     ro = tmpfs("ro", "ro,size=1m") if os.geteuid() == 0 else tmp_path / "ro"  # chmod does not stop root
     if os.geteuid() != 0:
         ro.mkdir(mode=0o500)
     # an OSError traceback after all the measuring, before
     assert _cli("kernels", ["--device", "cpu", "--json", str(ro / "k.json")]) == 2
     assert "cannot be made or written (read-only" in capsys.readouterr().err
+    # a name the file system refuses (ENAMETOOLONG): after all the measuring too, until a sixth tester's (2026-12-02)
+    long = tmp_path / ("k" * 240 + ".json")
+    assert _cli("kernels", ["--device", "cpu", "--json", str(long)]) == 2
+    assert f"--json {long} is too long for the file system (a name of 245 bytes" in capsys.readouterr().err
+    assert files.unwritable(tmp_path / ("k" * (files.NAME_MAX - files.TMP_ROOM))) == ""  # the longest it writes
+    with files.atomic_file(tmp_path / ("k" * (files.NAME_MAX - files.TMP_ROOM)), "w") as f:
+        f.write("x")
 
 
 def test_kernels_cli_json_makes_a_missing_folder(tmp_path, monkeypatch):
@@ -12638,19 +12645,24 @@ def test_bench_encode_table_runs_without_peers(tmp_path, capsys, monkeypatch):
 
 def test_bench_megabyte_flags_are_checked(capsys):
     for flag, what, bad in [("--sizes", "train", "abc"), ("--sizes", "train", "50,-1"), ("--encode-mb", "encode", "0"),
-                            ("--encode-mb", "encode", "nan"), ("--encode-mb", "encode", "-3")]:
+                            ("--encode-mb", "encode", "nan"), ("--encode-mb", "encode", "-3"),
+                            ("--sizes", "train", "0.0000001"), ("--encode-mb", "encode", "0.0009")]:
         assert _cli("bench", [what, flag, bad]) == 2  # --encode-mb 0 ran the whole encode table, then a traceback
-        assert f"{flag}: wants positive megabytes" in capsys.readouterr().err
+        # (a corpus under a word long was cut to no bytes: "is empty", exit 1, after the warm-up, until 2026-12-02)
+        assert f"{flag}: wants megabytes of at least 0.001 (1 kB)" in capsys.readouterr().err
 
 
-def test_bench_refuses_corpora_past_the_free_disk_and_tokens_past_the_context(tmp_path, monkeypatch, capsys):
+def test_bench_refuses_corpora_past_the_free_disk_tokens_past_the_context_and_rows_past_memory(tmp_path, monkeypatch, capsys):
     # --sizes 10000000 began writing a 10 TB corpus (a full disk, for every program on it); --new-tokens past the
     # context timed the window's re-runs under a row that says the cache
     monkeypatch.setattr(bench, "CACHE", tmp_path / "cache")
     free = shutil.disk_usage(tmp_path).free / 1e6
     for argv, needle in [(["train", "--sizes", f"1,{free * 2:.0f}"], "--sizes: the scale corpora to build need"),
                          (["encode", "--encode-mb", f"{free * 2:.0f}"], "--encode-mb: the scale corpora to build"),
-                         (["generate", "--new-tokens", "257"], "--new-tokens 257 is past the 256 tokens")]:
+                         (["generate", "--new-tokens", "257"], "--new-tokens 257 is past the 256 tokens"),
+                         # overcommit granted a head's 20 GB of logits, then the kernel killed it: exit 137, no word
+                         (["head", "--rows", "100000000"], "--rows 100,000,000: the eager head alone holds three "
+                                                           "100,000,000 x 50,304 float32 arrays")]:
         assert _cli("bench", argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.startswith(f"bench.py: error: {needle}") and err.count("\n") == 1
@@ -12761,6 +12773,7 @@ def test_bench_gpu_report_rehearses_on_the_cpu(request, tmp_path):
     out = report.stdout
     table = out[out.index("## The table"):]
     assert f"commit {bench.git_commit()}, CPU (" in table
+    assert table.count("`python bench.py gpu --cpu --steps 1`, 2") == 1  # the command as run (its flags were dropped)
     assert "\n| lever, GPT-2 small shape: the defaults | " in out[:out.index("## The table")]  # as its section ended
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M))
     steps = [f"step, {s} shape: {who}" for s in bench.GPU_SHAPES
@@ -13225,6 +13238,8 @@ def test_bench_blank_input_is_refused_not_read_as_none(capsys):
     (["cold", "--sizes", "1,2"], "--sizes is read by train only, not by bench.py cold; drop it."),  # ran its 5 MB
     (["generate", "--input", "missing.txt"], "--input is read by train/cold/encode only, not by bench.py generate;"),
     (["head", "--vocab-size", "1000"], "--vocab-size is read by train only, not by bench.py head; drop it."),
+    (["train", "--input", "x.txt", "--sizes", "1"], "--sizes: bench.py train times --input's text, not scale "
+                                                    "corpora; drop one of the two."),  # trained on x.txt alone
 ])
 def test_bench_refuses_a_flag_its_table_does_not_read(argv, needle, capsys):
     # each was ignored: the table ran for minutes on what the flag meant to replace
