@@ -1,6 +1,7 @@
 """
 Checkpoint files: what save_checkpoint may write, and a checkpoint read back and verified before anything is loaded
-from it. Optional reading: train.py's save_checkpoint and load_checkpoint call it, rundir.py's --resume checks too.
+from it. Optional reading: every command that saves or reads a checkpoint (training, --resume, --init-from,
+--sample, export) goes through it.
 
 1. What a checkpoint may hold: tensors and plain values, so that loading it cannot run code
 2. Reading one: its zip's CRC-32s checked, from a path or a file object
@@ -50,11 +51,12 @@ def read_checkpoint(src):
     """A checkpoint's dict from a path or a binary file object, or ValueError: torch.load checks none of the
     CRC-32s torch.save's zip keeps per record, so zipfile checks them first (a flipped byte in a weight is
     refused, not loaded); weights_only: tensors and plain values, so loading a file cannot run code."""
-    name = src if isinstance(src, (str, os.PathLike)) else "the checkpoint"
+    is_path = isinstance(src, (str, os.PathLike))
+    name = src if is_path else "the checkpoint"
     if isinstance(src, io.TextIOBase):
         raise ValueError("the checkpoint's file object is open in text mode: open it with 'rb'")
     try:  # a file object's checkpoint starts where it stands, as torch.load reads it; zipfile seeks in it
-        start = None if name == src else src.tell()
+        start = None if is_path else src.tell()
     except OSError as e:  # a pipe
         raise ValueError(f"{name} is a stream that cannot seek ({e}); pass a file or a buffer") from None
     if start is not None:  # it ends where its zip does (zipfile would check the last of two saved in turn)
@@ -66,7 +68,7 @@ def read_checkpoint(src):
                 raise ValueError(f"{name} is read from where its file object stands, its end (byte {start}): "
                                  "seek(0) first")
             src = io.BytesIO(data)
-    if name == src and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
+    if is_path and (kind := not_a_file(src)):  # a FIFO would be read forever, a directory is an OSError
         raise ValueError(f"{src} is {kind}, not a checkpoint file")
     try:
         with zipfile.ZipFile(src) as z:
@@ -126,7 +128,8 @@ def step_count(iteration, name=None):
 
 def check_state(state, model, optimizer=None, name="the checkpoint"):
     """Raises ValueError unless a checkpoint's dict fits model (unwrapped) and optimizer: its entries,
-    every shape, the iteration. Checked before anything is loaded, so a bad one changes nothing."""
+    every shape, the iteration. Checked before anything is loaded, so a bad one changes nothing. A good one is made
+    ready in place: its model keys without torch.compile's and DDP's prefixes, its iteration a Python int."""
     for key in ("model", "iteration", *(("optimizer",) if optimizer is not None else ())):
         if key not in state:
             raise ValueError(f"{name} has no {key!r} entry")

@@ -243,8 +243,11 @@ def os_error_in(e):
     return next((c for c in error_chain(e) if isinstance(c, OSError)), None)
 
 
-def disk_full_words(e):  # a full disk's OSError for a sentence: a file's write names it (atomic_file), say() stdout
-    return f"the disk is full: could not write {e.filename or 'stdout'}; free some space and rerun"
+def disk_full_words(e, then, where=None):
+    """A full disk's OSError as a sentence: the file its write names (atomic_file does), or else the folder being
+    written (a library's writer may name none), or stdout (say()'s); then: what to do once there is room."""
+    return (f"the disk is full: could not write {e.filename or (f'into {where}/' if where else 'stdout')}; free some "
+            f"space, then {then}.")
 
 
 def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path and the system's reason
@@ -253,7 +256,7 @@ def os_error_words(e):  # an OSError no check foresaw, for a sentence: the path 
 
 
 def os_error_sentence(e, then="run the same command again"):  # the one sentence of an OSError (exit 1)
-    return f"{disk_full_words(e)}." if disk_is_full(e) else f"{os_error_words(e)}, then {then}."
+    return disk_full_words(e, then) if disk_is_full(e) else f"{os_error_words(e)}, then {then}."
 
 
 def error_line(e):  # an exception in one line: a compiler's error is pages long, its first line saying "error" counts
@@ -283,9 +286,9 @@ def interrupted_by_ctrl_c(e):  # a KeyboardInterrupt, or an exception raised whi
 
 
 def fault(name, words):
-    """A machine's fault, in each process it meets: under torchrun another process's own (one GPU out of memory) says
-    its rank; a usage mistake, which rank 0 finds for all of them, is rank 0's alone (log)."""
-    say(f"{name}{f' (rank {RANK})' if RANK else ''}: error: {words}", file=sys.stderr)
+    """A machine's fault, in each process it meets: under torchrun a rank past 0 names itself (one GPU out of memory
+    is that process's own); a usage mistake, which every rank meets, is exit_code's, rank 0's first."""
+    say(ranked(f"{name}: error: {words}"), file=sys.stderr)
 
 
 _ended = []  # exit_code's command has returned or raised
@@ -451,8 +454,7 @@ def disk_full(where, then):
     except Exception as e:
         if (cause := next((c for c in error_chain(e) if disk_is_full(c)), None)) is None:
             raise  # another OSError, wrapped or not: exit_code's sentence
-        raise DataError(f"the disk is full: could not write {cause.filename or f'into {where}/'}; free some space, "
-                        f"then {then}.") from None
+        raise DataError(disk_full_words(cause, then, where)) from None
 
 
 # ----------------------------------------------------------------------------

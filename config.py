@@ -26,7 +26,7 @@ from bpe import tokenizer_files
 from checkpoints import read_checkpoint
 from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short_repr, user_path, user_text
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
-from files import NAME_MAX, PATH_MAX, is_ids, same_folder, unreadable, writable
+from files import NAME_MAX, PATH_MAX, TMP_ROOM, is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
 from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
@@ -180,10 +180,8 @@ def model_kwargs(cfg=None):
 MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
 
 
-FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal number: AdamW's eps is added in float32, where less can be 0
-
-
-FLOAT32_MAX = (2 - 2.0 ** -23) * 2.0 ** 127  # float32's largest number: AdamW's numbers are float32, where more is inf
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # its smallest normal number: AdamW adds eps in float32, where less can be 0
+FLOAT32_MAX = torch.finfo(torch.float32).max  # its largest: AdamW's numbers are float32, where more is inf
 
 
 NUMBER_RULES = [  # (must ..., is_wrong(value), applies(flag key, value)); torch takes 64-bit integers, but its CPU
@@ -253,7 +251,8 @@ def trains(c):  # a training run, not a mode that reads a run (--sample, --expor
     return not (c["sample"] or c["export"] is not None or c["benchmark"])
 
 
-NAME_ROOM = 33  # what the project adds to a name it derives: data.py's "-<key>.sha256", atomic_file's ".cs336tmp<pid>"
+NAME_ROOM = len("-0123abcd.sha256") + TMP_ROOM  # what the project adds to a name it derives: data.py's digest memo
+# "NAME-<8 hex digits>.sha256", and a temporary's ".NAME.cs336tmp<pid>" around that
 
 
 def too_long(c):
@@ -412,7 +411,7 @@ CHECKS = [  # (is_wrong(c), message or message(c)), in order; the first wrong ro
      or any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in c["run_name"]),  # a log's lines
      "--run-name {run_name!r} must be one plain name inside --out-dir (no '/' or control character such as a line "
      "break, not '..', '.' or blank); pick another."),
-    (run_dir_problem, run_dir_problem),
+    (lambda c: trains(c) and run_dir_problem(c), run_dir_problem),
     (lambda c: c["compile"] and c["export"] is None  # last: it takes seconds (--sample's generate compiles too)
      and compile_error(c["device"]),
      lambda c: f"--compile needs a working C++ compiler (torch inductor failed on {c['device']}: "
@@ -484,11 +483,11 @@ def check_samples(cfg, tok, tok_files, top, eot):
 LONG_CPU_RUN = 3 * 3600  # seconds: a CPU run that needs longer is told so, once (tinystories' is days on a CPU)
 
 
-def note_long_run(cfg, seconds_left, tty):
+def note_long_run(cfg, seconds_left):
     """At the first ETA (seconds_left, None before it): a CPU run that would need more than LONG_CPU_RUN is told so
     in one line, with what trains in minutes on a CPU. Returns True once the ETA is known (asked no more)."""
     if seconds_left is not None and seconds_left > LONG_CPU_RUN and torch.device(cfg["device"]).type == "cpu":
-        log(("\n" if tty else "") + f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
+        log(f"note: at this speed the run needs about {fmt_time(seconds_left)} more on the "
             f"CPU ({cfg['max_iters']:,} steps of {cfg['batch_size'] * cfg['context_length']:,} tokens), a job for a "
             "GPU. On a CPU, `python train.py` (the built-in corpus) trains in minutes, or pass a smaller --max-iters; "
             "Ctrl-C stops this run with a checkpoint.")

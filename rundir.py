@@ -32,11 +32,9 @@ from machine import rank0_verdict
 # ----------------------------------------------------------------------------
 # 1. The run directory: one writer, an old run replaced only on --overwrite
 
-RUN_FILES = ("ckpt.pt", "metrics.jsonl", "config.json", "samples.txt", "vocab.json", "merges.txt", "loss.png")
-TOKENIZER = RUN_FILES[4:6]  # the run's copy of its tokenizer (bpe.tokenizer_files names the same pair in a folder)
-
-
-RUN_MARKERS = RUN_FILES[:3]  # a directory holding one of these holds a run
+RUN_MARKERS = ("ckpt.pt", "metrics.jsonl", "config.json")  # a directory holding one of these holds a run
+TOKENIZER = ("vocab.json", "merges.txt")  # the run's copy of its tokenizer (bpe.tokenizer_files names the same pair)
+RUN_FILES = (*RUN_MARKERS, "samples.txt", *TOKENIZER, "loss.png")  # every file a run writes
 
 
 def run_dir(c):
@@ -79,10 +77,9 @@ def holds_run(d):  # does directory d hold a run (one of RUN_MARKERS), finished 
 
 
 def run_dir_problem(c):
-    """Why the run directory cannot take this run, as a sentence, or "". --benchmark, --export and --sample
-    write none. A directory with files but no run (none of RUN_MARKERS) may hold the user's files."""
-    if c["benchmark"] or c["export"] is not None or c["sample"]:
-        return ""
+    """Why the run directory cannot take a training run, as a sentence, or "" (asked of a run that trains: --benchmark,
+    --export and --sample write none). A directory with files but no run (none of RUN_MARKERS) may hold the user's
+    files."""
     d = run_dir(c)
     has_run = holds_run(d)
     in_the_way = next((f"{d / name}{why}" for name in RUN_FILES if (why := unwritable(d / name))), "")  # (read-only)
@@ -199,7 +196,7 @@ def write_run_files(cfg, tok_files, start, new):
     write_json(cfg, where / "config.json")
     truncate_metrics(where / "metrics.jsonl", start)
     if new:  # what an old run here left that this one does not make (yet)
-        for name in {*TOKENIZER, "samples.txt", "loss.png"} - {f.name for f in tok_files or ()}:
+        for name in set(RUN_FILES) - set(RUN_MARKERS) - {f.name for f in tok_files or ()}:
             (where / name).unlink(missing_ok=True)
 
 

@@ -5258,8 +5258,8 @@ def test_bpe_cli_disk_full_one_sentence_previous_files_intact(tmp_path, tmpfs):
         filler = _fill_disk(disk, leave)
         r = cli(*args)
         assert r.returncode == 1 and r.stderr == (
-            f"bpe.py {args[0]}: error: the disk is full: could not write {path}; free some space "
-            "and rerun.\n"), r.stderr
+            f"bpe.py {args[0]}: error: the disk is full: could not write {path}; free some space, "
+            "then run the same command again.\n"), r.stderr
         assert {p: p.read_bytes() for p in old} == old
         assert sorted(os.listdir(disk)) == ["filler", "ids.npy", "tok"]   # no temp files left
         assert sorted(os.listdir(tok_dir)) == ["merges.txt", "vocab.json"]
@@ -5289,7 +5289,7 @@ def test_bpe_cli_stdout_on_a_full_disk_names_stdout(tmp_path, capsys, monkeypatc
         with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
             full.close()
     assert stop.value.code == 1 and capsys.readouterr().err.endswith(
-        "bpe.py encode: error: the disk is full: could not write stdout; free some space and rerun.\n")
+        "bpe.py encode: error: the disk is full: could not write stdout; free some space, then run the same command again.\n")
 
 
 def test_train_sample_on_a_full_stdout_names_stdout_not_the_run(tmp_path, capsys, monkeypatch):
@@ -5843,7 +5843,7 @@ def test_plumbing_under_torchrun_each_fault_is_one_sentence_where_it_happens(mon
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:1")
     monkeypatch.setattr(cli, "RANK", 1)
     assert cli.exit_code("train.py", oom, "rerun.") == 1
-    assert capsys.readouterr().err == "train.py (rank 1): error: out of memory (an allocation of 2.00 GiB); ask for " \
+    assert capsys.readouterr().err == "(rank 1) train.py: error: out of memory (an allocation of 2.00 GiB); ask for " \
                                       "less (a smaller input, batch or model); rerun.\n"
     assert cli.exit_code("train.py", peer_lost, "rerun.") == 1 and capsys.readouterr().err == ""  # rank 0 says it
     monkeypatch.setattr(cli, "RANK", 0)
@@ -12007,7 +12007,7 @@ def test_accounting_stdout_on_a_full_disk_names_stdout(buffering, capsys, monkey
         with contextlib.suppress(OSError):  # its flush fails again; the file is closed all the same
             full.close()
     assert code == 1 and capsys.readouterr().err == (
-        "accounting.py: error: the disk is full: could not write stdout; free some space and rerun.\n")
+        "accounting.py: error: the disk is full: could not write stdout; free some space, then run the same command again.\n")
 
 
 
@@ -12021,8 +12021,9 @@ def test_help_to_a_full_disk_says_so(command_runs, script):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     r = command_runs[(script, "--help"), "/dev/full"]
+    then = train.GO_ON if script == "train.py" else "run the same command again"  # train.py's, for any OSError
     assert r.returncode == 1 and r.stderr == (
-        f"{script}: error: the disk is full: could not write stdout; free some space and rerun.\n"), r.stderr
+        f"{script}: error: the disk is full: could not write stdout; free some space, then {then}.\n"), r.stderr
 
 # ============================================================================
 # kernels.py

@@ -360,7 +360,7 @@ class Progress:
         line = (f"step {step}/{cfg['max_iters']}: loss {loss:.4f}, lr {lr:.1e}, {cli.fmt_count(tps)} tok/s"
                 + (f", MFU {mfu:.0%}" if mfu else "") + f", ETA {cli.fmt_time(left)}")
         log("\r" + line.ljust(cli.COLUMNS) if self.tty else line, end="" if self.tty else "\n")
-        self.noted = self.noted or config.note_long_run(cfg, left, self.tty)  # at the first ETA, once
+        self.noted = self.noted or config.note_long_run(cfg, left)  # at the first ETA, once
 
 
 def load_run(path, device="cpu"):
@@ -468,7 +468,7 @@ def train(cfg, train_ids, valid_ids, tok, tok_files, run_dir, resume_state, base
             if stop or ((it + 1) % cfg["checkpoint_interval"] == 0 and it + 1 < end):  # the end saves below
                 save(it + 1)
             if stop:
-                log(("\n" if progress.tty else "") + f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
+                log(f"stopped at step {it + 1}; checkpoint saved to {ckpt_path}. "
                     f"Continue with {rundir.resume_command(cfg)}.")
                 return 130
     save(end)  # before the final evaluation: a stop in what follows loses no step, and --resume does the rest
