@@ -104,11 +104,29 @@ def rng_state(batch_gen):
     return {"batch_rng": batch_gen.get_state(), "torch_rng": torch.get_rng_state(), **cuda}
 
 
+def gpu_states_fit(cuda):  # the GPUs' states are restored only where as many GPUs are as saved them
+    return torch.cuda.is_available() and len(cuda) == torch.cuda.device_count()
+
+
 def restore_rng(state, batch_gen):
     batch_gen.set_state(state["batch_rng"])
     torch.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+    if gpu_states_fit(state.get("cuda_rng", ())):
         torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def check_rng(state, name):
+    """ValueError unless restore_rng can restore rng_state's dict `state`: spare generators try each state."""
+    try:  # batch_rng and torch_rng are CPU generators' states
+        for key in ("batch_rng", "torch_rng"):
+            torch.Generator().set_state(state[key])
+        cuda = state.get("cuda_rng", [])
+        if not isinstance(cuda, (list, tuple)):
+            raise TypeError(f"cuda_rng is a {type(cuda).__name__}")
+        for i, s in enumerate(cuda if gpu_states_fit(cuda) else ()):
+            torch.Generator(device=f"cuda:{i}").set_state(s)
+    except (KeyError, TypeError, RuntimeError, AttributeError) as e:
+        raise ValueError(f"{name} holds no valid RNG state ({type(e).__name__})") from None
 
 
 def step_count(iteration, name=None):

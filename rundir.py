@@ -22,7 +22,7 @@ import torch
 
 from cli import (SIGHUP, DataError, UsageError, counted, error_line, hang_up, log, on_stops, reader_gone,
                  reader_may_leave, short_repr)
-from checkpoints import check_state, read_checkpoint
+from checkpoints import check_rng, check_state, read_checkpoint
 from files import (Busy, append_line, atomic_file, clear_temporaries, copy_file, dir_lock, is_ids, load_json,
                    lock_holder, file_sha256, new_folders, not_a_file, same_file, same_folder, temporary, unwritable,
                    writable, write_json)
@@ -465,16 +465,7 @@ def check_run_entries(state, max_iters, name):
     far (elapsed: a real number, at least 0 and not more than the seconds since 1970) and the data's fingerprint."""
     if state["iteration"] > max_iters:
         raise ValueError(f"{name} holds iteration {state['iteration']}, past the run's {counted(max_iters, 'step')}")
-    try:  # both are CPU generator states; the GPUs' are used (restore_rng) only where as many GPUs are
-        for key in ("batch_rng", "torch_rng"):
-            torch.Generator().set_state(state["rng"][key])
-        cuda = state["rng"].get("cuda_rng", [])
-        if not isinstance(cuda, (list, tuple)):
-            raise TypeError(f"cuda_rng is a {type(cuda).__name__}")
-        for i, s in enumerate(cuda if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count() else ()):
-            torch.Generator(device=f"cuda:{i}").set_state(s)
-    except (KeyError, TypeError, RuntimeError, AttributeError) as e:
-        raise ValueError(f"{name} holds no valid RNG state ({type(e).__name__})") from None
+    check_rng(state.get("rng"), name)
     elapsed = state.get("elapsed", 0.0)  # checkpoints of other code have none: the clock starts at 0
     if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed <= time.time():
         raise ValueError(f"{name} holds elapsed {short_repr(elapsed)}, not the seconds a run has trained")
