@@ -125,8 +125,9 @@ def softmax(x, dim):
     """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite."""
     if x.numel() == 0:  # no numbers to normalize (and no max to take): empty out, as torch.softmax gives
         return x.clone()
-    z = torch.exp(x - x.amax(dim=dim, keepdim=True))
-    return z / z.sum(dim=dim, keepdim=True)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 in float32: 70,000 ones summed in fp16 are inf
+    z = torch.exp(wide - wide.amax(dim=dim, keepdim=True))
+    return (z / z.sum(dim=dim, keepdim=True)).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -200,11 +201,11 @@ class RotaryPositionalEmbedding(nn.Module):
         # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
-    def _apply(self, fn, recurse=True):  # model.to(torch.bfloat16) casts buffers too: the tables stay float32, or
-        super()._apply(fn, recurse)  # .to(torch.float32) after it would keep bf16's rounding (logits 0.01 off)
-        if self.cos.dtype not in (torch.float32, torch.float64) and not self.cos.is_meta:
-            device = self.cos.device
-            self.cos, self.sin = (table.to(device, torch.float32) for table in self.tables(len(self.cos)))
+    def _apply(self, fn, recurse=True):  # after any move or cast, the tables are tabulated again: model.to(bf16) then
+        super()._apply(fn, recurse)  # .float() kept bf16's rounding (logits 0.01 off), .double() float32's, and
+        if not self.cos.is_meta:  # to_empty() off "meta" uninitialized memory; float64 in a float64 model
+            dtype = torch.float64 if self.cos.dtype == torch.float64 else torch.float32
+            self.cos, self.sin = (table.to(self.cos.device, dtype) for table in self.tables(len(self.cos)))
         return self
 
     def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
@@ -228,13 +229,17 @@ class RotaryPositionalEmbedding(nn.Module):
 # ----------------------------------------------------------------------------
 # 5. Attention
 
+def _check_mask_dtype(mask):  # said here, not by masked_fill or ~ in their words (torch's SDPA adds a float mask)
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool (True: may attend), got {mask.dtype}.")
+
+
 def scaled_dot_product_attention(Q, K, V, mask=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
     Q: (..., Tq, d_k), K: (..., Tk, d_k), V: (..., Tk, d_v) -> (..., Tq, d_v).
     mask: bool, broadcastable to (..., Tq, Tk); True means "may attend". A query row that may attend to nothing gets
     NaN (0/0), so callers must leave every row at least one key."""
-    if mask is not None and mask.dtype != torch.bool:  # said here, not by masked_fill or ~ in their words
-        raise ValueError(f"mask must be bool (True: may attend), got {mask.dtype}.")
+    _check_mask_dtype(mask)
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -293,7 +298,8 @@ class MultiHeadSelfAttention(nn.Module):
             k, v = kv_cache.append(k, v)  # section 7's KVCache: all so far, (B, H, T_total, d_head)
         if attn_mask is None and k.shape[-2] != T:
             raise ValueError("attn_mask is required when the KV cache holds earlier tokens.")
-        if self.fast:
+        if self.fast:  # the same refusal as the definition's: torch's SDPA would add a float mask to the scores
+            _check_mask_dtype(attn_mask)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=attn_mask is None)
         else:  # causal unless told otherwise: True on and below the diagonal, so position i sees j <= i
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if attn_mask is None else attn_mask
@@ -444,6 +450,9 @@ class KVCache:
         B, H, T, d = k.shape
         if self.k is None:
             self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
+        if (B, H, d) != (held := (self.k.shape[0], self.k.shape[1], self.k.shape[3])):  # a smaller B broadcast
+            raise ValueError(f"The KV cache holds (batch, heads, d_k) = {held}, "
+                             f"got {(B, H, d)}: use a new cache for another batch.")
         self.k[:, :, self.n:self.n + T] = k
         self.v[:, :, self.n:self.n + T] = v
         self.n += T

@@ -113,8 +113,11 @@ class _Optimizer(torch.optim.Optimizer):
                  "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1)}
         if saved and (missing := [k for k in self.defaults if k in rules and k not in group]):  # a KeyError at step
             raise ValueError(f"The saved state is another optimizer's: its group lacks {', '.join(missing)}.")
-        bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
-               and not rules[k][1](v)]
+        merged = {**self.defaults, **group}
+        bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in merged.items() if k in rules and not rules[k][1](v)]
+        if not bad and merged.get("lr", 0) * merged.get("weight_decay", 0) > 1:  # the decay's factor 1 - lr wd < 0
+            bad = [f"lr * weight_decay = {merged['lr'] * merged['weight_decay']:.3g} (need <= 1: each step multiplies "
+                   "the weights by 1 - lr * weight_decay, and a negative factor flips their signs)"]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
 
@@ -427,7 +430,9 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
     Returns the norm before clipping, a 0-dim float32 tensor (float64 if a gradient is; zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
-    fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py)."""
+    fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py), which sum in float64. A float32
+    norm past float32's largest number (3.4e38) is inf here, and zeroes every gradient, as torch's clip_grad_norm_
+    does (train.py stops such a run as diverged); the engine's float64 sum clips it instead."""
     # M or eps < 0 can flip every gradient (ascent); a NaN M never clips, a NaN eps zeroes them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")

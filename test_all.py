@@ -2701,11 +2701,15 @@ def test_model_optimizers_refuse_infinite_hyperparameters():
                         (lambda: optim.AdamW([p], weight_decay=math.inf), "weight_decay=inf (need a finite number"),
                         (lambda: optim.Muon([p], muon=True, lr=-math.inf), "lr=-inf"),
                         (lambda: optim.AdamW([p]).add_param_group({"params": [torch.nn.Parameter(torch.ones(2))],
-                                                                    "lr": math.inf}), "lr=inf")):
+                                                                    "lr": math.inf}), "lr=inf"),
+                        # a decay factor 1 - lr wd < 0: each step flipped the weights' signs (a seventh tester's)
+                        (lambda: optim.AdamW([p], lr=0.5, weight_decay=3.0), "lr * weight_decay = 1.5 (need <= 1"),
+                        (lambda: optim.Muon([p], muon=True, lr=2.0, weight_decay=1.0), "lr * weight_decay = 2 (")):
         with pytest.raises(ValueError, match="^Hyperparameter out of range: " + regex.escape(words)):
             make()
     opt = optim.AdamW([p], lr=1e300, weight_decay=0.0)  # a finite one, however large, is the caller's to choose
     assert opt.param_groups[0]["lr"] == 1e300
+    assert optim.AdamW([p], lr=0.5, weight_decay=2.0).param_groups[0]["weight_decay"] == 2.0  # a factor of 0: taken
 
 
 def test_model_optimizers_refuse_hyperparameters_of_the_wrong_type():
@@ -2847,6 +2851,45 @@ def test_model_rope_tables_stay_float32_through_a_cast_to_bf16_and_back():
     m.to(torch.float32)
     assert torch.equal(m.rope.cos, cos) and torch.equal(m.rope.sin, sin)
     assert m.double().rope.cos.dtype == torch.float64 and torch.equal(m.rope.cos.float(), cos)  # float64 stays
+    # float64 tables are float64's own, not float32's widened (a float64 model's logits were 1e-6 off: a 7th tester's)
+    assert torch.equal(m.rope.cos, m.rope.tables(len(cos))[0]) and not torch.equal(m.rope.cos, cos.double())
+
+
+def test_model_built_on_meta_then_to_empty_tabulates_rope_and_equals_the_model():
+    # a seventh tester's (2026-12-02): to_empty() left RoPE's tables uninitialized (cos of 3e-27): weights copied in by
+    # hand, not by load_state_dict (whose hook tabulates), gave logits 0.92 off
+    src, ids = _model_small(), torch.randint(0, 61, (2, 8))
+    built = _model_small(device="meta")
+    built.to_empty(device="cpu")
+    with torch.no_grad():
+        for p, q in zip(built.parameters(), src.parameters()):
+            p.copy_(q)
+    assert torch.equal(built(ids), src(ids))
+
+
+def test_model_fast_attention_and_the_kv_cache_refuse_what_the_definition_refuses():
+    # a seventh tester's: fast=True added a float 0/1 "mask" to the scores (the plain path refuses it), and a KV cache
+    # filled at batch 2 broadcast a batch of 1 to 2 without a word
+    plain = model.MultiHeadSelfAttention(8, 2)
+    fast = model.MultiHeadSelfAttention(8, 2, fast=True)
+    fast.load_state_dict(plain.state_dict())
+    x, mask = torch.randn(1, 4, 8), torch.ones(4, 4).tril()
+    for attn in (plain, fast):
+        with pytest.raises(ValueError, match=r"^mask must be bool \(True: may attend\), got torch.float32\.$"):
+            attn(x, attn_mask=mask)
+    m, ids = _model_small(), torch.randint(0, 61, (2, 6))
+    cache = [model.KVCache(m.context_length) for _ in m.layers]
+    m(ids[:, :4], kv_cache=cache)
+    with pytest.raises(ValueError, match=r"holds \(batch, heads, d_k\) = \(2, 4, 8\), got \(1, 4, 8\): use a new"):
+        m(ids[:1, 4:5], None, torch.ones(1, 1, 1, 5, dtype=torch.bool), cache)
+
+
+def test_model_softmax_of_half_precision_sums_in_float32():
+    # a seventh tester's: 70,000 zeros in float16 summed to inf (every probability 0); bf16's error was 2.2%
+    x = torch.zeros(70_000, dtype=torch.float16)
+    assert torch.equal(model.softmax(x, 0), torch.softmax(x, 0)) and model.softmax(x, 0).dtype == torch.float16
+    y = torch.randn(64, 4096, dtype=torch.bfloat16) * 4
+    assert (model.softmax(y, -1).float() / torch.softmax(y.float(), -1) - 1).abs().max() <= 2 ** -8  # bf16's rounding
 
 
 def test_model_rope_makes_no_float64_tensor_on_the_models_device():
@@ -8219,7 +8262,10 @@ def test_train_float_flags_float32_cannot_hold_are_refused_without_a_numpy_warni
              ("--lr", "--min-lr", "--eps", "--weight-decay")]
     cases += [("--lr=3e38", "--lr 3e+38 is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
                "--beta1), to 3e+39, above float32's largest number 3.4e+38"),  # numpy's cast of a_t overflowed
-              ("--lr=1e30 --weight-decay=1e30", "--lr 1e+30 x --weight-decay 1e+30 = 1e+60, AdamW's decay, is above")]
+              ("--lr=1e30 --weight-decay=1e30", "--lr 1e+30 x --weight-decay 1e+30 = 1e+60, above 1: AdamW's"),
+              # a decay factor 1 - lr wd below 0 flipped every weight's sign each step, until 2026-12-02
+              ("--lr=0.5 --weight-decay=3", "--lr 0.5 x --weight-decay 3.0 = 1.5, above 1: AdamW's decoupled decay "
+                                            "multiplies the weights by 1 - that each step, flipping their signs")]
     for args, needle in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a RuntimeWarning (numpy's overflow) fails the test
@@ -8231,7 +8277,8 @@ def test_train_float_flags_float32_cannot_hold_are_refused_without_a_numpy_warni
     assert not config.bad_number({"eps": float32_max, "lr": float32_max, "rope_theta": 1e308, "temperature": 1e308,
                                   "grad_clip": 1e308})
     assert config.bad_number({"eps": float32_max * (1 + 2**-52)})
-    assert not config.adamw_overflow({"optimizer": "adamw", "lr": float32_max / 20, "beta1": 0.9, "weight_decay": 10.0})
+    assert not config.adamw_overflow({"optimizer": "adamw", "lr": float32_max / 20, "beta1": 0.9, "weight_decay": 0.0})
+    assert not config.adamw_overflow({"optimizer": "adamw", "lr": 0.5, "beta1": 0.9, "weight_decay": 2.0})  # 1: taken
 
 
 def test_train_cpu_n_device_is_a_cpu_run_with_its_settings(tmp_path):
@@ -10697,7 +10744,7 @@ def test_train_only_adams_overflow_checks_apply_to_adams():
     # a thirteenth tester's: --optimizer sgd --lr 10 --weight-decay 1e38 was refused for "AdamW's decay", which SGD has not
     for name in ("sgd", "momentum", "rmsprop"):
         train.resolve_config(["--optimizer", name, "--lr", "10", "--weight-decay", "1e38", "--benchmark"])
-    with pytest.raises(cli.UsageError, match="AdamW's decay"):
+    with pytest.raises(cli.UsageError, match="AdamW's decoupled decay"):
         train.resolve_config(["--optimizer", "adamw", "--lr", "10", "--weight-decay", "1e38", "--benchmark"])
 
 
