@@ -239,8 +239,11 @@ TRAJECTORY_KEYS = ("data", "val_data", "optimizer", "batch_size", "max_iters", "
 
 def check_config(config, like, name):
     """ValueError unless a saved run config (a dict) holds every key of like, each value of the type like's has (this
-    command's flags): what reads it then meets no missing key, and no str or tensor where a number or switch belongs."""
+    command's flags): what reads it then meets no missing key, and no str or tensor where a number or switch belongs.
+    An int where a float goes (another program's rope_theta=10000) is that float, as config.json's is."""
     for k, v in like.items():
+        if k in config and type(config[k]) is int and type(v) is float:
+            config[k] = float(config[k])
         if k not in config or type(config[k]) is not type(v):
             got = f"holds {k} = {short_repr(config[k])}, not a {type(v).__name__}" if k in config else f"lacks {k!r}"
             raise ValueError(f"{name} {got} in its run config")

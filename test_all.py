@@ -9359,12 +9359,16 @@ def test_train_every_checkpoint_entry_that_is_read_is_checked(tmp_path, capsys):
                     ({k: v for k, v in config.items() if k != "fast"}, f"{ckpt} lacks 'fast' in its run config"),
                     ({**config, "tie_embeddings": "no"}, f"{ckpt} holds tie_embeddings = 'no', not a bool"),
                     ({**config, "rope_theta": "x"}, f"{ckpt} holds rope_theta = 'x', not a float"),
+                    ({**config, "rope_theta": True}, f"{ckpt} holds rope_theta = True, not a float"),
                     ({**config, "vocab_size": -5}, f"config.json says vocab_size {config['vocab_size']}, but {ckpt} was "
                                                    "trained with -5: one is another run's")]  # (rundir.read_run)
     for change, needle in export_cases:
         torch.save({**good, "config": change}, ckpt)
         _export_error(capsys, at, needle)
         assert not (tmp_path / "hf").exists()
+    torch.save({**good, "config": {**config, "rope_theta": int(config["rope_theta"])}}, ckpt)  # another program's int:
+    assert train.main(at) == 0  # its float, as config.json's (refused as "not a float", until a reviewer's, 2026-12-02)
+    shutil.rmtree(tmp_path / "hf")
     torch.save(good, ckpt)  # the checkpoint as saved, but for its step: it resumes, then exports
     assert train.main(base + ["--resume"]) == 0 and train.main(at) == 0
     assert (tmp_path / "hf" / "model.safetensors").exists()
