@@ -70,7 +70,7 @@ SHAKESPEARE = SHARED / "data" / "shakespeare.txt"
 SEEDS = SHARED / "reference" / "seeds"  # the course notes in Chinese
 ENGLISH_SOURCES = [SHAKESPEARE, SHARED / "reference" / "tinystories_sample.txt",  # the scale corpus's words
                    SHARED / "reference" / "cs336_assignment1_handout.txt"]
-EOT = "<|endoftext|>"
+EOT = data.EOT
 
 
 # ----------------------------------------------------------------------------

@@ -215,9 +215,9 @@ def bad_number(c):  # the first numeric flag that breaks its NUMBER_RULES row, a
 
 
 def adamw_overflow(c):
-    """Why AdamW's update would break with these flags, or "": its step size a_t = lr sqrt(1 - beta2^t) / (1 - beta1^t)
-    is at most lr / (1 - beta1), which must be a float32 number (numpy warned, then the loss was NaN), and its decay
-    factor 1 - lr weight_decay must not be negative."""
+    """Why AdamW's float32 numbers could overflow with these flags (numpy warned, then the loss was NaN), or "": its
+    step size a_t = lr sqrt(1 - beta2^t) / (1 - beta1^t) is at most lr / (1 - beta1), its decay 1 - lr weight_decay.
+    A decay factor below 0 (lr x weight_decay > 1) is taken: it diverges, which the lr sweep is there to show."""
     if c["optimizer"] not in ("adamw", "adam", "muon"):  # the others have no bias correction and no decay
         return ""
     step, decay = c["lr"] / (1 - c["beta1"]), c["lr"] * c["weight_decay"] * (c["optimizer"] != "adam")
@@ -225,9 +225,9 @@ def adamw_overflow(c):
         return (f"--lr {c['lr']} is too large: AdamW's bias correction scales its step size by up to 1 / (1 - "
                 f"--beta1), to {step:.3g}, above float32's largest number {FLOAT32_MAX:.3g}, where the run computes; "
                 "lower --lr.")
-    if decay > 1:  # each step multiplies the weights by 1 - lr weight_decay: below 0, it flips their signs
-        return (f"--lr {c['lr']} x --weight-decay {c['weight_decay']} = {decay:.3g}, above 1: AdamW's decoupled decay "
-                f"multiplies the weights by 1 - that each step, flipping their signs; lower one of them.")
+    if decay > FLOAT32_MAX:
+        return (f"--lr {c['lr']} x --weight-decay {c['weight_decay']} = {decay:.3g}, AdamW's decay, is above float32's "
+                f"largest number {FLOAT32_MAX:.3g}, where the run computes; lower one of them.")
     return ""
 
 

@@ -182,8 +182,12 @@ def fetch_checked(url, dest, sha256):
 SEP = EOT.encode()
 
 
+def sep_read():  # READ's bytes rounded down to whole separators: if they are all there is, they fill each piece
+    return len(SEP) * max(1, READ // len(SEP))
+
+
 def has_text(text, start, end):  # do bytes [start, end) of text hold anything besides separators?
-    step = len(SEP) * max(1, READ // len(SEP))  # whole separators: if they are all there is, they fill each piece
+    step = sep_read()
     pieces = (text[at:min(at + step, end)] for at in range(start, end, step))
     return any(piece.count(SEP) * len(SEP) < len(piece) for piece in pieces)
 
@@ -195,7 +199,7 @@ def text_span(text):
     """(start, end): text's bytes less the runs of separators that open and close it, which hold no text (a corpus
     that ends with thousands of them left its last 10%, the validation part, nothing to learn from). Read in pieces
     of whole separators; the closing run is matched on the reversed bytes."""
-    step, start, end = len(SEP) * max(1, READ // len(SEP)), 0, len(text)
+    step, start, end = sep_read(), 0, len(text)
     while start < end and (run := SEP_RUNS[0].match(piece := text[start:min(start + step, end)]).end()):
         start += run
         if run < len(piece):
@@ -563,11 +567,10 @@ def open_ids(path):
     return TokenIds(ids)
 
 
-def same_ids(a, b, chunk=1 << 22):
-    """Do two id arrays hold the same ids, in any dtype? Compared a chunk at a time: a copy is read once, and two
-    different files of one length differ in their first chunk, as a rule."""
-    return len(a) == len(b) and all(np.array_equal(np.asarray(a[i:i + chunk]), np.asarray(b[i:i + chunk]))
-                                    for i in range(0, len(a), chunk))
+def same_ids(a, b):
+    """Do two id arrays hold the same ids, in any dtype? Compared READ ids at a time: a copy is read once, and two
+    different files of one length differ in their first piece, as a rule."""
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(pieces(a), pieces(b)))
 
 
 def load_ids(source, val_data, tokenizer=None):

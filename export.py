@@ -312,7 +312,7 @@ def main(argv=None):
         ap.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export in OUT_DIR")
         args = ap.parse_args(argv)
         with disk_full(args.out_dir, "run the same command again"):
-            return export_run(Path(args.run_dir), args.out_dir, args.overwrite, ("", "the directory"))
+            return export_run(args.run_dir, args.out_dir, args.overwrite, ("", "the directory"))
     return exit_code("export.py", go, "no file was left half-written (an earlier export stays as it was): run the "
                      "same command again.")
 

@@ -301,14 +301,6 @@ def clip_grad_norm(grads, max_l2_norm, eps):
 # ----------------------------------------------------------------------------
 # AdamW
 
-def adamw(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
-    """optim._adamw_math for float32 CPU tensors, one _adamw_one_pass per tensor, on as many threads as torch uses."""
-    _threads()
-    numbers = [F32(x) for x in (decay, b1, 1 - b1, b2, 1 - b2, eps)]
-    for p, g, m, v, a in zip(params, grads, ms, vs, step_sizes):
-        _adamw_one_pass(*(t.detach().view(-1).numpy() for t in (p, g, m, v)), F32(a), *numbers)
-
-
 @numba.njit(parallel=True, error_model="numpy", cache=True)
 def _adamw_one_pass(p, g, m, v, neg_a, decay, b1, c1, b2, c2, eps):
     """Algorithm 1 on one flat float32 tensor, reading and writing each element once: eager, the eight _foreach
@@ -318,3 +310,11 @@ def _adamw_one_pass(p, g, m, v, neg_a, decay, b1, c1, b2, c2, eps):
         mi, vi = b1 * m[i] + c1 * g[i], b2 * v[i] + c2 * g[i] * g[i]
         m[i], v[i] = mi, vi
         p[i] = (p[i] + neg_a * mi / (np.sqrt(vi) + eps)) * decay
+
+
+def adamw(params, grads, ms, vs, step_sizes, decay, b1, b2, eps):
+    """optim._adamw_math for float32 CPU tensors, one _adamw_one_pass per tensor, on as many threads as torch uses."""
+    _threads()
+    numbers = [F32(x) for x in (decay, b1, 1 - b1, b2, 1 - b2, eps)]
+    for p, g, m, v, a in zip(params, grads, ms, vs, step_sizes):
+        _adamw_one_pass(*(t.detach().view(-1).numpy() for t in (p, g, m, v)), F32(a), *numbers)

@@ -1,6 +1,6 @@
 """The fast path's engine for the model's last step: the head's matmul and the cross-entropy fused, over chunks of
 rows, so that neither the (N, V) logits nor their gradient is ever held. train.py's LMLoss calls it at one
-visible place (the fast path; --no-fused-head or --no-fast keeps model.py's logits and optim.cross_entropy).
+visible place (the fast path; --no-fused-head or --no-fast keeps model.py's logits and LMLoss's other losses).
 test_all.py checks it against optim.cross_entropy on model.py's logits (values and gradients).
 
 The lessons it embodies:
@@ -12,7 +12,7 @@ The lessons it embodies:
      So C rows at a time suffice: logits (C, V) -> the rows' losses and their gradient g (C, V) -> dh = g W for
      those rows, and dW += g^T h. Only C x V numbers are alive at once; the rest is N x d and V x d.
   3. The gradient is computed in the forward, chunk by chunk, while the chunk's logits are at hand: recomputing
-     them in the backward (the textbook way to save memory) would cost a third matmul of the head, 2 N V d more
+     them in the backward (the textbook way to save memory) would cost a fourth matmul of the head, 2 N V d more
      FLOPs, 9% of a GPT-2-small step's. Backward then only scales the two saved gradients by the loss's own
      gradient. Evaluation (no gradient wanted) computes the loss alone.
   4. The matmuls run in the compute dtype (bfloat16 under autocast, as the plain path's Linear does), each chunk's
@@ -31,8 +31,9 @@ The lessons it embodies:
   8. Measure where it runs. On a CPU it wins, eager and compiled: less memory, and faster. On the H200, compiled,
      this torch chunk held more than the plain compiled path, which never writes float32 logits, and the step was
      no faster: a GPU takes lesson 9's kernel instead.
-  9. On the H200 the loss around the head's matmul took 4.4 ms of a 63 ms GPT-2-small step: inductor's log-sum-exp
-     read the bf16 logits at a third of the memory's speed, then its gradient read them again and wrote them. On a
+  9. On the H200 the loss around the head's matmul was a large share of a GPT-2-small step (docs/results.md):
+     inductor's log-sum-exp read the bf16 logits at a third of the memory's speed, then its gradient read them
+     again and wrote them. On a
      GPU with Triton a chunk's loss and gradient are therefore one kernel: each program reads its row twice (the
      log-sum-exp, then the gradient) and writes the gradient over the logits: the same bytes as inductor's two
      kernels, all at the memory's speed. Compiled, a step holds one (C, V) chunk of the compute dtype at a time
@@ -40,12 +41,13 @@ The lessons it embodies:
      7's torch chunk held a float32 chunk and its gradient beside it. On the H200 (docs/results.md), the head
      and loss alone were faster than the logits path and held a third of its memory; in a step whose kernels are
      launched one at a time it was no faster (its chunks' launches cost the host), and under CUDA graphs the step
-     with it and the Triton gate was the fastest measured. So train.py turns it on by default for a step compiled
-     on a GPU only where CUDA graphs replay it (--cuda-graph, on by default there).
+     with it and the Triton gate was the fastest measured. So config.resolve_config turns it on by default for a
+     step compiled on a GPU only where CUDA graphs replay it (--cuda-graph, on by default there).
 """
 import torch
 
 from fast_gpu import on_its_gpu, tl, triton, usable  # the GPU engine's Triton (None without it: torch ops then)
+from optim import check_class_ids
 
 CHUNKS = 4  # by measurement (bench.py head; docs/results.md): on a CPU, compiled, 4 is the fastest count that holds
 # less than the logits (lesson 7); 8 and 16 hold less and take longer. On the H200 with lesson 9's kernel, fewer
@@ -99,6 +101,9 @@ if triton is not None:
             tl.store(row + cols, (g * scale).to(z_ptr.dtype.element_ty), mask=cols < V)
 
 
+LOSS_BLOCK = 2048  # a row's columns per step of its two passes (the log-sum-exp, then the gradient): a power of two
+
+
 @torch.library.custom_op("cs336_fused_head::loss_and_grad_", mutates_args=("z",))
 def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Tensor:
     """z (C, V) a chunk's logits, contiguous rows -> each row's loss (C,) float32; z becomes the rows' gradient of
@@ -106,7 +111,7 @@ def _loss_and_grad_(z: torch.Tensor, targets: torch.Tensor, n: int) -> torch.Ten
     losses = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
     with on_its_gpu(z):
         _loss_and_grad_kernel[(z.shape[0],)](z, targets.contiguous(), losses, z.stride(0), 1.0 / n, V=z.shape[1],
-                                             BLOCK=2048)
+                                             BLOCK=LOSS_BLOCK)
     return losses
 
 
@@ -116,9 +121,11 @@ def _(z, targets, n):
 
 
 def compute_dtype(h):
-    """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own."""
+    """The matmuls' dtype: autocast's where it is on (bfloat16 on a GPU), else h's own (float64's always: autocast
+    leaves float64 matmuls alone, as model.py's Linear then runs them)."""
     device = h.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+    on = torch.is_autocast_enabled(device) and h.dtype != torch.float64
+    return torch.get_autocast_dtype(device) if on else h.dtype
 
 
 def _chunk(hc, wc, targets, n, want_grad):
@@ -196,14 +203,15 @@ def linear_cross_entropy(h, weight, targets, chunks=CHUNKS):
     """optim.cross_entropy(h @ weight.T, targets), the mean over all rows, and its gradients for h and weight,
     without the (N, V) logits: h (..., d) the hidden state the head reads (model.py's forward(head=False)),
     weight (V, d) the head's (the shared matrix with tied embeddings: its gradient lands there), targets (...)
-    int -> a 0-dim tensor. Under autocast the matmuls run in its dtype and the loss in float32."""
+    int -> a 0-dim tensor. Under autocast the matmuls run in its dtype and the loss in float32. The ids must lie in
+    [0, V), and are not read back to check (a host sync, lesson 5; train.py checks its data's once): one past V is
+    a NaN loss in Triton's kernel, torch's error (a GPU's device assert) in a torch chunk."""
     if h.shape[:-1] != targets.shape or weight.dim() != 2 or weight.shape[1] != h.shape[-1] \
             or not (h.is_floating_point() and weight.is_floating_point()):  # an integer h cast the head to integers
         raise ValueError(f"hidden state {tuple(h.shape)}, head weight {tuple(weight.shape)} and targets "
                          f"{tuple(targets.shape)} do not fit: need (..., d) and (V, d) of floating point ({h.dtype} "
                          f"and {weight.dtype} here), and (...).")
-    if targets.dtype not in (torch.int64, torch.int32):  # .long() below would cut 1.7 to class 1 without a word
-        raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
+    check_class_ids(targets)
     h2, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1).long()  # gather wants int64 ids (torch before 2.8)
     grad = torch.is_grad_enabled()
     want_h, want_w = grad and h.requires_grad, grad and weight.requires_grad

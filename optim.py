@@ -21,6 +21,11 @@ import fast_cpu  # the engine: numba kernels for float32 CPU tensors (fused=True
 # ----------------------------------------------------------------------------
 # 1. Loss
 
+def check_class_ids(targets):  # said here, not by gather in torch's words; .long() would cut 1.7 to class 1
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
+
+
 def cross_entropy(logits, targets, fused=False):
     """Mean over all positions of  -log softmax(o)[x] = log sum_a exp(o_a) - o_x.
     logits: (..., V), targets: (...) int64 or int32 -> scalar. Subtracting the max keeps exp finite;
@@ -29,8 +34,7 @@ def cross_entropy(logits, targets, fused=False):
     if not (torch.is_tensor(logits) and torch.is_tensor(targets)):  # a list has no .dtype, a numpy array no .float()
         raise TypeError(f"cross_entropy takes tensors, got logits of type {type(logits).__name__} and targets of type "
                         f"{type(targets).__name__}: make them with torch.tensor or torch.from_numpy.")
-    if targets.dtype not in (torch.int64, torch.int32):  # said here, not by gather in torch's words
-        raise ValueError(f"targets must be integer class ids (int64 or int32), got {targets.dtype}.")
+    check_class_ids(targets)
     if logits.dim() == 0 or targets.shape != logits.shape[:-1]:  # (T, B) targets of (B, T, V) logits: each misplaced
         raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit logits of shape {tuple(logits.shape)}.")
     V = logits.shape[-1]
@@ -113,11 +117,8 @@ class _Optimizer(torch.optim.Optimizer):
                  "ns_steps": ("an int >= 1", lambda n: type(n) is int and n >= 1)}
         if saved and (missing := [k for k in self.defaults if k in rules and k not in group]):  # a KeyError at step
             raise ValueError(f"The saved state is another optimizer's: its group lacks {', '.join(missing)}.")
-        merged = {**self.defaults, **group}
-        bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in merged.items() if k in rules and not rules[k][1](v)]
-        if not bad and merged.get("lr", 0) * merged.get("weight_decay", 0) > 1:  # the decay's factor 1 - lr wd < 0
-            bad = [f"lr * weight_decay = {merged['lr'] * merged['weight_decay']:.3g} (need <= 1: each step multiplies "
-                   "the weights by 1 - lr * weight_decay, and a negative factor flips their signs)"]
+        bad = [f"{k}={v!r} (need {rules[k][0]})" for k, v in {**self.defaults, **group}.items() if k in rules
+               and not rules[k][1](v)]
         if bad:
             raise ValueError(f"Hyperparameter out of range: {', '.join(bad)}.")
 
