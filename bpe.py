@@ -147,20 +147,21 @@ def train_bpe_naive(text, vocab_size, special_tokens=()):
 # Big jobs take the engine's compiled loop instead (bpe_fast.py), tested to learn the same merges.
 
 def _pop_best(heap, counts, tokens):
-    """The pair to merge next, or None when none is left. Among the pairs of the greatest count the greatest
-    bytes win (the naive trainer's tie-break) and the others go back; stale entries are dropped on the way."""
-    best, ties = None, []
-    while heap and (best is None or heap[0][0] == best[0]):
-        entry = heapq.heappop(heap)
-        if -entry[0] != counts[entry[1]] or best and entry[1] == best[1]:
-            continue                                   # stale (its count has changed), or a copy of best
-        if best is None or [tokens[t] for t in entry[1]] > [tokens[t] for t in best[1]]:
-            best, entry = entry, best
-        if entry is not None:
-            ties.append(entry)
-    for entry in ties:
-        heapq.heappush(heap, entry)
-    return best and best[1]
+    """The pair to merge next, or None when none is left: every live pair of the greatest count is popped (a stale
+    entry, whose count has changed since it was pushed, is dropped on the way), the greatest bytes win (the naive
+    trainer's tie-break), and the others go back."""
+    top, count = set(), None                           # the live pairs of the greatest count (a copy counts once)
+    while heap and (count is None or heap[0][0] == count):
+        c, pair = heapq.heappop(heap)
+        if -c == counts[pair]:
+            top.add(pair)
+            count = c
+    if not top:
+        return None
+    best = max(top, key=lambda pair: (tokens[pair[0]], tokens[pair[1]]))
+    for pair in top - {best}:
+        heapq.heappush(heap, (count, pair))
+    return best
 
 
 def _count_pairs(word, weight, counts):
@@ -321,14 +322,15 @@ def _load_vocab_file(path):
     return vocab
 
 
-def _check_merges(merges, vocab, token_id, special_tokens, in_file=None):
-    """The one check that merges fit a vocab {id: bytes} (token_id: its inverse, lowest id first): (1) left, right
+def _check_merges(merges, vocab, special_tokens, in_file=None):
+    """The one check that merges fit a vocab {id: bytes} (a token at two ids: the lower one's): (1) left, right
     and left + right of every merge are in the vocab; (2) in id order, the vocab's merged tokens (2+ bytes, two
     tokens of lower id joined, not a declared special token) are what the merges make, in order. So train_bpe's files
     and GPT-2's (<|endoftext|> after the merges) pass; swapped, missing or cut merges fail. in_file(k) names merge
     k's line in a file (in_file(None): the file); in memory, merges may be the first few of the vocab's.
     Returns the special tokens not declared: the vocab's tokens of 2+ bytes that no merge makes."""
     where, vocab_name = in_file or (lambda k: f"merge #{k}"), "the vocab file" if in_file else "the vocab"
+    token_id = {t: i for i, t in sorted(vocab.items(), reverse=True)}  # the inverse, lowest id wins
     made, disagree = [left + right for left, right in merges], "; vocab and merges disagree"
     for k, (left, right) in enumerate(merges):
         for tok in (left, right, made[k]):
@@ -409,7 +411,7 @@ class Tokenizer:
         token_id = {b: i for i, b in sorted(self.vocab.items(), reverse=True)}  # lowest id wins
         if (missing := next((b for b in range(256) if bytes([b]) not in token_id), None)) is not None:
             raise ValueError(f"the vocab lacks the single byte 0x{missing:02x}; a byte-level vocab needs all 256")
-        self._undeclared = _check_merges(self.merges, self.vocab, token_id, self.special_tokens, _in_file)
+        self._undeclared = _check_merges(self.merges, self.vocab, self.special_tokens, _in_file)
         self._byte_ids = [token_id[bytes([b])] for b in range(256)]
         self._special_ids = {s: token_id[s.encode("utf-8")] for s in self.special_tokens}
         self._split_re = _special_split_re(self.special_tokens)
@@ -434,8 +436,8 @@ class Tokenizer:
         if len(inv) < len(self.vocab):         # a token at two ids (in memory): inv keeps the higher, a file only one
             i, t = min((i, t) for i, t in self.vocab.items() if inv[_token_to_str(t)] != i)
             raise ValueError(f"not saved: token {_show(t)} has ids {i} and {inv[_token_to_str(t)]}; vocab.json has one")
-        _check_merges(self.merges, self.vocab, {t: i for i, t in self.vocab.items()}, self.special_tokens,
-                      lambda k: f"not saved: {merges_filepath}")    # merges cut short in memory: from_files refuses
+        # merges cut short in memory: from_files would refuse them
+        _check_merges(self.merges, self.vocab, self.special_tokens, lambda k: f"not saved: {merges_filepath}")
         lines = ["#version: 0.2"] + [f"{_token_to_str(l)} {_token_to_str(r)}" for l, r in self.merges]
         with files.atomic_files([vocab_filepath, merges_filepath]) as (vocab_tmp, merges_tmp):
             with files.atomic_file(vocab_tmp, "w") as f:
@@ -482,7 +484,7 @@ class Tokenizer:
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own scanner, the merges in a
             # hash table and a cache of pre-tokens in arrays: the same ids. It takes over once loading it pays (this
-            # Tokenizer has seen COMPILED_MIN_CHARS), and in a process that has loaded it, for every text after;
+            # Tokenizer has seen bpe_fast.COMPILED_MIN_CHARS), and in a process that has loaded it, for every text after;
             # _encode_plain is the definition.
             return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
@@ -503,8 +505,7 @@ class Tokenizer:
 def special_tokens_of(vocab, merges=(), in_file=None):
     """The special tokens bpe.py train (or GPT-2) put in a vocab: its tokens of 2+ bytes that no merge makes, as text.
     vocab may be a Tokenizer (data.py's): then those not given to it, which its own check of the merges found."""
-    own = vocab._undeclared if isinstance(vocab, Tokenizer) else _check_merges(
-        merges, vocab, {b: i for i, b in sorted(vocab.items(), reverse=True)}, [], in_file)
+    own = vocab._undeclared if isinstance(vocab, Tokenizer) else _check_merges(merges, vocab, [], in_file)
     return [t.decode() for t in own if t.decode(errors="replace").encode() == t]
 
 
@@ -538,7 +539,7 @@ def _cmd_train(args):
             f"{_short(repr(text), count=False)}" if merges else "")  # the token's middle cut: it can be a MB
     cli.say(f"trained {cli.counted(len(merges), 'merge')} in {dt:.2f} s{bpe_fast.peak_memory()}{made}; "
             f"wrote {args.out}/vocab.json and merges.txt")
-    if len(vocab) < args.vocab_size:  # every pair of every pre-token is one token: no merge is left to learn
+    if len(vocab) < args.vocab_size:  # every pre-token is one token already: no pair is left to merge
         cli.say(f"note: {len(vocab):,} tokens, not --vocab-size {args.vocab_size:,}: the text has no pair left to merge")
     if one := [s for s in specials if len(s.encode()) == 1]:
         cli.say(f"note: vocab.json cannot mark a one-byte special token ({', '.join(map(repr, one))}) as special: "

@@ -62,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 # ----------------------------------------------------------------------------
 # 1. The questions of the handout's section 7, and the experiments' runs
 
-QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, and 2.7 for the tokenizer)
+QUESTIONS = {  # experiment -> its questions: the handout's (section 7; 2.7: tokenizer), optimizers' the lecture's
     "lr": ["learning_rate (a): sweep the learning rate; report the final losses (or divergence).",
            "learning_rate (b): how does the rate where training diverges relate to the best rate?"],
     "batch": ["batch_size_experiment: vary the batch size; what does it do to training?"],
@@ -72,8 +72,8 @@ QUESTIONS = {  # experiment -> the handout's questions it answers (section 7, an
                   "swiglu_ablation: SwiGLU against a SiLU FFN of about the same parameter count?"],
     "generate": ["generate: text from the trained model; how fluent, and what makes it better or worse?"],
     "tokenizer": tokenizer_experiments.QUESTIONS,
-    "optimizers": ["optimizers (a): the lecture's chain (SGD, momentum, RMSProp, Adam, AdamW) and Muon, each at the "
-                   "best rate of a small sweep, at one budget: which reaches the lowest validation loss?",
+    "optimizers": ["optimizers (a), the lecture's (not the handout's): its chain SGD, momentum, RMSProp, Adam, AdamW, "
+                   "and Muon, each at its best rate of a sweep, one budget: which reaches the lowest validation loss?",
                    "optimizers (b): in what share of the steps, and of the seconds, does Muon reach AdamW's final "
                    "validation loss?", "optimizers (c): what does each link of the chain buy?"],
 }
@@ -293,10 +293,10 @@ def finish(run, args, rest, code):
 # 3. Many runs at once: one per GPU, or --jobs on the CPU's cores
 
 class Progress:
-    """One line for the whole experiment on stderr, as cli.show_progress shows one (a terminal redraws it, a log file
-    gets one every PROGRESS_EVERY seconds): the runs done, each running run's step (its metrics.jsonl) and an ETA, the
-    tokens left at the speed of the tokens trained since this command started (runs of other batch sizes train the
-    same tokens in other steps; a resumed run counts from its checkpoint)."""
+    """One line for the whole experiment on stderr, as cli.show_progress shows one (a terminal redraws it, a log
+    file gets one every cli.PROGRESS_EVERY seconds): the runs done, each running run's step (its metrics.jsonl) and an
+    ETA, the tokens left at the speed of the tokens trained since this command started (runs of other batch sizes
+    train the same tokens in other steps; a resumed run counts from its checkpoint)."""
 
     def __init__(self, runs, todo, args, rest):
         self.args, self.done, self.total = args, len(runs) - len(todo), len(runs)

@@ -43,7 +43,7 @@ from files import new_folders, unwritable, write_json
 from machine import (cache_bytes, cuda_unavailable_reason, device_error, memory_bytes, one_thread_on_a_cpu,
                      quiet_cuda_home, usable_cores)
 
-quiet_cuda_home()  # the inline CUDA and torch.compile sections compile on every machine
+quiet_cuda_home()  # torch.compile's C++ build warns of CUDA_HOME on a machine with nvcc but no GPU: nothing to act on
 
 try:  # optional: a Triton kernel is shown when Triton is installed (it ships with CUDA torch)
     import triton
@@ -77,7 +77,7 @@ def _compiled(fn):  # made when first needed: torch.compile imports torch._dynam
 
 
 # Variant 4: a hand-written CUDA kernel. The tests compile exactly this string with nvcc (it
-# needs no torch header, so no GPU either), and load_inline builds exactly this string.
+# needs no torch header, so no GPU either), and load_inline builds it too (exactly as written on torch 2.7+).
 # Design, for an H100 (132 SMs):
 #  - 16-byte loads and stores (float4, or 8 x bfloat16): a warp moves 512 contiguous bytes
 #    per instruction, with 4x (8x) fewer memory instructions than one element per thread.
@@ -292,7 +292,7 @@ REL_FLOOR = 1e-3  # relative error is reported where |gelu(x)| >= this; near 0 i
 
 
 def random_input(n, dtype, device, generator):
-    # N(0, 3^2): covers the curved part of GELU and both tails; randn is never exactly 0.
+    # N(0, 3^2): covers the curved part of GELU and both tails
     return (3 * torch.randn(n, generator=generator, device="cpu")).to(device=device, dtype=dtype)
 
 

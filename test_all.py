@@ -5521,7 +5521,7 @@ def test_data_load_tokenizer_checks_the_merges_once(tmp_path, monkeypatch):
 def test_bpe_gpt2_files_hold_one_special_token():  # what bpe.py encode declares for OpenAI's files
     vocab_file, merges_file = _bpe_gpt2_files()
     vocab, (merges, in_file) = bpe._load_vocab_file(vocab_file), bpe._read_merges_file(merges_file)
-    assert bpe._check_merges(merges, vocab, {b: i for i, b in vocab.items()}, [], in_file) == [b"<|endoftext|>"]
+    assert bpe._check_merges(merges, vocab, [], in_file) == [b"<|endoftext|>"]
 
 
 # --- session 12 tok items 1-4: special tokens of one byte, merges of str, --out without .npy, lone surrogates ---
