@@ -8,7 +8,7 @@ against the real model in model.py.
 
 Section 1 holds the FLOP, peak and MFU definitions; sections 2-12 state their formulas and print their answers
 (lecture 2, assignment 1 and Muon beyond it, where the course notes are wrong); section 13, run by --verify, proves
-the model's formulas against model.TransformerLM. Every other file that needs a formula or a constant imports it from here.
+the model's formulas against model.TransformerLM. A file that needs one of these formulas imports it from here.
 
 Conventions. FLOPs count each multiply and each add (a matmul of (m, n) @ (n, p) costs 2*m*n*p). "Forward FLOPs"
 count matmuls only. Causal attention's QK^T and AV are counted over the full T x T square, as FlopCounterMode counts

@@ -1819,7 +1819,7 @@ def main(argv=None):
                          "holds after the prompt, where the table times generation from the cache; ask for at most "
                          f"{room}.")
     V, (have, what) = GPT2_SMALL["vocab_size"], memory_bytes("cpu", 1)
-    if args.what in ("head", "all") and (need := 3 * 4 * args.rows * V) > have:  # killed, not refused, before
+    if args.what in ("head", "all") and (need := 3 * accounting.FP32_BYTES * args.rows * V) > have:  # killed, not refused, before
         raise UsageError(f"--rows {args.rows:,}: the eager head alone holds three {args.rows:,} x {V:,} float32 arrays "
                          f"(logits, their softmax, their gradient), {need / 2**30:.1f} GiB, more than {what} "
                          f"({have / 2**30:.1f} GiB); pass fewer --rows.")

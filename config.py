@@ -28,7 +28,7 @@ from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import NAME_MAX, PATH_MAX, TMP_ROOM, is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import PATH_KEYS, TRAJECTORY_KEYS, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import PATH_KEYS, TRAJECTORY_KEYS, as_kind, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
 
 
 # ----------------------------------------------------------------------------
@@ -548,9 +548,9 @@ def checked_run_config(run):
     naming the key. An int for a float (JSON's 10000 for 10000.0) is that float."""
     config = saved_config(run)
     for k, kind in SAVED_TYPES.items() if config is not None else ():
-        if k in config and type(config[k]) is int and kind is float:
-            config[k] = float(config[k])
-        elif k in config and type(config[k]) is not kind:
+        if k in config:
+            config[k] = as_kind(config[k], kind)
+        if k in config and type(config[k]) is not kind:
             raise UsageError(f"{Path(run) / 'config.json'} holds {k} = {short_repr(config[k])}, where "
                              f"{FLAG_ROWS[k][0]} takes {'an' if kind is int else 'a'} {kind.__name__}; put back the "
                              "value the run was trained with, or delete config.json (its ckpt.pt holds the run's "

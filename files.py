@@ -218,6 +218,11 @@ def temporary_path(path):
     return os.path.join(directory, f".{name}{TMP_MARK}{os.getpid()}")
 
 
+def long_name(path):  # the bytes of path's name if its temporary's name would pass NAME_MAX (ENAMETOOLONG), else 0
+    n = len(os.fsencode(os.path.basename(path)))
+    return n if n > NAME_MAX - TMP_ROOM else 0
+
+
 def unwritable(path, folders=True):
     """Why no file can be written at path, as words that follow it (" is a FIFO"), or "": what is not a regular
     file (renaming over /dev/null would replace the device itself; a dangling link), a file this user may not write
@@ -227,10 +232,8 @@ def unwritable(path, folders=True):
         return f" is {kind}"
     if os.fspath(path).endswith(("/", os.sep)):  # a folder's path: "ids.npy/" would write the file ids.npy
         return " ends in a slash (a folder's path)"
-    if (n := len(os.fsencode(os.path.basename(path)))) > NAME_MAX - TMP_ROOM or \
-            len(os.fsencode(os.path.abspath(path))) > PATH_MAX - TMP_ROOM:  # ENAMETOOLONG, after the work
-        return (f" is too long for the file system (a name of {n:,} bytes, a path of "
-                f"{len(os.fsencode(os.path.abspath(path))):,}: at most {NAME_MAX - TMP_ROOM} and {PATH_MAX - TMP_ROOM})")
+    if n := long_name(path):  # ENAMETOOLONG, after the work
+        return f" has a name of {n:,} bytes, too long for the file system (at most {NAME_MAX - TMP_ROOM} here)"
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.access(real, os.W_OK):
         return " is not writable by this user (read-only, or another user's)"
@@ -248,6 +251,8 @@ def replace_target(path):
     place would meet for a read-only file; a folder's fault is left to the system's own error, which says why."""
     if not os.fspath(path):  # '' is the current folder to the system: its whole write failed at the rename
         raise ValueError("the path of the file to write is empty: give one")
+    if long_name(path):  # the system's own error, as the write itself would meet it
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), path)
     if why := unwritable(path, folders=False):
         raise (PermissionError(errno.EACCES, f"Permission denied (it{why})", path) if "not writable" in why else
                ValueError(f"{path}{why}, not a regular file: give the path of a file to write"))

@@ -122,12 +122,13 @@ def silu(x):
 
 
 def softmax(x, dim):
-    """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite."""
+    """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); subtracting the max keeps exp finite. Computed in x's
+    dtype, as the handout writes it: a bf16 or float16 x sums in 8 or 11 bits (the loss and sampling upcast first;
+    float32 here would keep float32 copies of attention's T x T scores for the backward)."""
     if x.numel() == 0:  # no numbers to normalize (and no max to take): empty out, as torch.softmax gives
         return x.clone()
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16/fp16 in float32: 70,000 ones summed in fp16 are inf
-    z = torch.exp(wide - wide.amax(dim=dim, keepdim=True))
-    return (z / z.sum(dim=dim, keepdim=True)).to(x.dtype)
+    z = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return z / z.sum(dim=dim, keepdim=True)
 
 
 # ----------------------------------------------------------------------------
@@ -171,13 +172,8 @@ class SwiGLU(nn.Module):
 # ----------------------------------------------------------------------------
 # 4. Rotary position embeddings
 
-@torch.no_grad()
 def _tabulate_after_load(rope, incompatible_keys):  # a function, not a lambda: a hook is pickled with its module
-    for name, table in zip(("cos", "sin"), rope.tables(len(rope.cos))):
-        if getattr(rope, name).is_meta:  # load_state_dict(assign=True) of a model made on meta: made here
-            setattr(rope, name, table.float())
-        else:  # in place: a captured CUDA graph keeps reading the same memory
-            getattr(rope, name).copy_(table.float())  # float32 where the table is (an MPS device has no float64)
+    rope.tabulate()
 
 
 class RotaryPositionalEmbedding(nn.Module):
@@ -201,12 +197,23 @@ class RotaryPositionalEmbedding(nn.Module):
         # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
-    def _apply(self, fn, recurse=True):  # after any move or cast, the tables are tabulated again: model.to(bf16) then
-        super()._apply(fn, recurse)  # .float() kept bf16's rounding (logits 0.01 off), .double() float32's, and
-        if not self.cos.is_meta:  # to_empty() off "meta" uninitialized memory; float64 in a float64 model
-            dtype = torch.float64 if self.cos.dtype == torch.float64 else torch.float32
-            self.cos, self.sin = (table.to(self.cos.device, dtype) for table in self.tables(len(self.cos)))
+    def _apply(self, fn, recurse=True):  # after any move or cast, tabulated again: model.to(bf16) then .float() kept
+        super()._apply(fn, recurse)  # bf16's rounding (logits 0.01 off), .double() float32's, and to_empty() off
+        if not self.cos.is_meta:  # "meta" uninitialized memory
+            self.tabulate()
         return self
+
+    @torch.no_grad()
+    def tabulate(self):
+        """Fill cos and sin (again), exact in their dtype: float64's in a float64 model, else float32's. In place where
+        they are float32 or float64 (a captured CUDA graph keeps reading the same memory); made anew after a cast to
+        half precision, and on the CPU where they are on meta (load_state_dict(assign=True) of a model made there)."""
+        for name, table in zip(("cos", "sin"), self.tables(len(self.cos))):
+            old = getattr(self, name)
+            if not old.is_meta and old.dtype in (torch.float32, torch.float64):
+                old.copy_(table.to(old.dtype))  # cast on the CPU, then copied: an MPS device has no float64
+            else:
+                setattr(self, name, table.float().to("cpu" if old.is_meta else old.device))
 
     def tables(self, n):  # cos and sin of positions [0, n), float64 (n, d_k/2)
         inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, dtype=torch.float64) / self.d_k)  # (d_k/2,)

@@ -431,9 +431,10 @@ def clip_grad_norm(parameters, max_l2_norm, eps=1e-6, fused=False):
     """If ||g||_2 over all gradients is at least M, scale every .grad in place by M / (||g||_2 + eps).
     Returns the norm before clipping, a 0-dim float32 tensor (float64 if a gradient is; zero without gradients).
     The choice to clip is made on the device (torch.where): reading the norm back makes the host wait for the GPU.
-    fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py), which sum in float64. A float32
-    norm past float32's largest number (3.4e38) is inf here, and zeroes every gradient, as torch's clip_grad_norm_
-    does (train.py stops such a run as diverged); the engine's float64 sum clips it instead."""
+    fused=True: float32 CPU gradients take the engine's two passes (fast_cpu.py), which sum in float64. Float32
+    gradients whose sum of squares passes float32's largest number (a norm past about 1.8e19) have an inf norm
+    here, which zeroes every gradient, as torch's clip_grad_norm_ does (train.py stops such a run as diverged);
+    the engine's float64 sum clips them instead."""
     # M or eps < 0 can flip every gradient (ascent); a NaN M never clips, a NaN eps zeroes them
     if not (_number(max_l2_norm) and max_l2_norm >= 0 and _number(eps) and 0 <= eps < math.inf):
         raise ValueError(f"max_l2_norm and eps must be numbers >= 0, got {max_l2_norm!r} and {eps!r}.")

@@ -237,13 +237,17 @@ TRAJECTORY_KEYS = ("data", "val_data", "optimizer", "batch_size", "max_iters", "
                    "beta2", "eps", "weight_decay", "grad_clip", "dtype", "seed")
 
 
+def as_kind(value, kind):  # a saved run config's int where a float goes (JSON's 10000) as that float, if one holds it
+    return float(value) if type(value) is int and kind is float and abs(value) <= sys.float_info.max else value
+
+
 def check_config(config, like, name):
     """ValueError unless a saved run config (a dict) holds every key of like, each value of the type like's has (this
     command's flags): what reads it then meets no missing key, and no str or tensor where a number or switch belongs.
     An int where a float goes (another program's rope_theta=10000) is that float, as config.json's is."""
     for k, v in like.items():
-        if k in config and type(config[k]) is int and type(v) is float:
-            config[k] = float(config[k])
+        if k in config:
+            config[k] = as_kind(config[k], type(v))
         if k not in config or type(config[k]) is not type(v):
             got = f"holds {k} = {short_repr(config[k])}, not a {type(v).__name__}" if k in config else f"lacks {k!r}"
             raise ValueError(f"{name} {got} in its run config")
