@@ -197,9 +197,9 @@ class RotaryPositionalEmbedding(nn.Module):
         # not in a state dict: every load tabulates them (a model made on "meta" would keep them uninitialized)
         self.register_load_state_dict_post_hook(_tabulate_after_load)
 
-    def _apply(self, fn, recurse=True):  # after any move or cast, tabulated again: model.to(bf16) then .float() kept
-        super()._apply(fn, recurse)  # bf16's rounding (logits 0.01 off), .double() float32's, and to_empty() off
-        if not self.cos.is_meta:  # "meta" uninitialized memory
+    def _apply(self, fn, recurse=True):  # after any move or cast, tabulated again (else model.to(bf16) then .float()
+        super()._apply(fn, recurse)  # keeps bf16's rounding, logits 0.01 off; .double() float32's; to_empty() off
+        if not self.cos.is_meta:  # "meta", uninitialized memory)
             self.tabulate()
         return self
 
@@ -457,7 +457,7 @@ class KVCache:
         B, H, T, d = k.shape
         if self.k is None:
             self.k, self.v = (t.new_empty(B, H, self.context_length, d) for t in (k, v))
-        if (B, H, d) != (held := (self.k.shape[0], self.k.shape[1], self.k.shape[3])):  # a smaller B broadcast
+        if (B, H, d) != (held := (self.k.shape[0], self.k.shape[1], self.k.shape[3])):  # (else broadcast)
             raise ValueError(f"The KV cache holds (batch, heads, d_k) = {held}, "
                              f"got {(B, H, d)}: use a new cache for another batch.")
         self.k[:, :, self.n:self.n + T] = k
