@@ -1327,7 +1327,8 @@ class GpuReport:
                        if not flags or any(word in lever for word in getattr(args, "levers", None) or [lever])}
         self.device = "cpu" if args.cpu else "cuda"
         self.t0, self.rows, self.failed = time.perf_counter(), {}, []
-        self.benchmark_tps = {}  # shape -> the step section's --benchmark tokens/s: the real loop's yardstick
+        self.benchmark_tps = {}  # shape -> --benchmark's tokens/s (the step section's, or the optimizers' AdamW step,
+        # the same defaults): the real loop's yardstick
         self.watch = None  # run()'s GpuWatch
 
     def left(self):  # seconds of the budget left
@@ -1464,6 +1465,7 @@ class GpuReport:
                 syncs = {o: cuda_host_syncs(step) for o, step in steps.items()} if self.device == "cuda" else None
                 alone = self.optimizer_alone({o: optimizer for o, (_, _, optimizer) in built.items()}, cfgs["muon"])
             adamw, muon = (statistics.median(times[o]) for o in ("adamw", "muon"))
+            self.benchmark_tps.setdefault(name, cfgs["adamw"]["batch_size"] * cfgs["adamw"]["context_length"] / adamw)
             line = f"{1000 * muon:.1f} vs {1000 * adamw:.1f} ms/step: Muon's step is {muon / adamw:.3f}x AdamW's"
             line += f"; host syncs in 3 steps: Muon {syncs['muon']}, AdamW {syncs['adamw']}" if syncs else ""
             line += gpu
@@ -1571,7 +1573,7 @@ class GpuReport:
         line += "evaluations' windows left out; "
         yardstick = self.benchmark_tps.get(name)
         line += (f"{tps / yardstick:.2f}x --benchmark's {yardstick:,.0f}" if yardstick
-                 else "--benchmark's figure is missing (its step section did not run)")
+                 else "--benchmark's figure is missing (neither the step nor the optimizers section ran before it)")
         print(line)
         return {f"real loop (train.py), steady, vs --benchmark, {name} shape": line}
 
