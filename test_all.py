@@ -444,6 +444,9 @@ def test_model_rmsnorm_matches_torch_and_keeps_dtype():
     if hasattr(F, "rms_norm"):
         ref = F.rms_norm(x, (16,), norm.weight, eps=1e-5)
     torch.testing.assert_close(norm(x), ref)
+    # eps inside the root, where it shows: mean(x^2) = 1e-4 beside eps 1e-5 gives 0.9535, eps outside it 0.9990
+    small = torch.full((16,), 0.01)
+    torch.testing.assert_close(model.RMSNorm(16)(small), small * torch.rsqrt(torch.tensor(1e-4 + 1e-5)), rtol=1e-6, atol=0)
     xb = (x * 1e3).bfloat16()  # squares overflow nothing in float32
     out = norm(xb)
     assert out.dtype == torch.bfloat16
@@ -2472,6 +2475,12 @@ def test_model_clip_grad_norm_matches_torch_without_a_host_sync(fused):
     diverged = torch.nn.Parameter(torch.ones(3))
     diverged.grad = torch.tensor([1.0, float("nan"), 2.0])
     assert optim.clip_grad_norm([diverged], 1.0, fused=fused).isnan() and diverged.grad[0] == 1  # left as it is
+    # eps where it shows: a norm of 5e-6 clipped to 1e-6 is scaled by 1e-6 / (5e-6 + 1e-6) = 1/6, not 1/5 (a clip
+    # without eps passed the cases above, whose eps / norm is below float32's tolerance: a mutation test's, 2026-12-02)
+    small = torch.nn.Parameter(torch.zeros(2))
+    small.grad = torch.tensor([3e-6, 4e-6])
+    optim.clip_grad_norm([small], 1e-6, fused=fused)
+    torch.testing.assert_close(small.grad, torch.tensor([3e-6, 4e-6]) / 6, rtol=1e-5, atol=0)
 
 
 # --- hostile optim review: optim.py called from a user's own code, at its edges ---
@@ -6978,6 +6987,13 @@ def test_train_checkpoint_roundtrip_path_and_file_object(tmp_path):
         for p, q in zip(m2.parameters(), ref_m.parameters()):
             assert torch.equal(p, q)
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary left behind
+    # against the run that was saved, carrying on: a load that skipped the optimizer's state passed the comparison
+    # above, whose reference was loaded the same way (a mutation test's, 2026-12-02)
+    m2, opt2 = _train_model_opt(seed=5)
+    train.load_checkpoint(io.BytesIO(buf.getvalue()), m2, opt2)
+    _train_one_step(m, opt, 2)
+    _train_one_step(m2, opt2, 2)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
     train.save_checkpoint(m, None, 3, buf := io.BytesIO())  # no optimizer: AttributeError on None.state_dict()
     m2, opt2 = _train_model_opt(seed=5)
     assert train.load_checkpoint(io.BytesIO(buf.getvalue()), m2) == 3 and torch.equal(m2.lm_head.weight, m.lm_head.weight)
