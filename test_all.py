@@ -9053,6 +9053,11 @@ def test_train_warmup_is_at_most_a_tenth_of_the_run_unless_given():
     assert warmup("--max-iters", "60", "--warmup-iters", "50") == 50  # given: kept
     assert warmup("--data", "tinystories") == 200
     assert "at most 10% of the run's steps" in " ".join(config.build_parser().format_help().split())
+    for n in (15, 25, 99, 105):  # a tenth rounded down (round(n / 10) passed the cases above: a mutation test's)
+        assert warmup("--max-iters", str(n)) == min(50, n // 10), n
+    # a token budget in whole steps, rounded down, and the tokens those steps train
+    c = config.resolve_config(["--benchmark", "--device", "cpu", "--total-tokens", str(10 * 32 * 128 + 100)])
+    assert (c["max_iters"], c["total_tokens"]) == (10, 10 * 32 * 128)  # the small preset: batch 32 x context 128
 
 
 def test_train_init_from_starts_a_new_run_from_a_runs_weights(tmp_path, capsys):
@@ -9729,6 +9734,91 @@ def _train_progress(tmp_path, monkeypatch, max_iters, log_interval=10):  # a Pro
     clock = [0.0]
     monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: clock[0]))
     return train.Progress(cfg, tmp_path / "metrics.jsonl", 0.0, tmp_path / "ckpt.pt"), clock
+
+
+# --- gaps a mutation test found (2026-12-02): each test below failed on a mutant the suite had passed ---
+
+def test_train_loop_logs_its_schedule_tokens_split_and_baseline(tmp_path, capsys):
+    # lr applied a step late (cosine_lr(it + 1)), tokens counted one step ahead, the .npy split's 10% taken from the
+    # start, the baseline's train and valid swapped: each passed every test before
+    path = _train_toy_ids(tmp_path / "toy.npy")
+    assert train.main(["--data", str(path), *_TRAIN_TINY, "--device", "cpu", "--out-dir", str(tmp_path / "out"),
+                       "--max-iters", "6", "--warmup-iters", "2", "--log-interval", "1", "--eval-interval", "3",
+                       "--lr", "1e-2"]) == 0
+    ids, rows, out = np.load(path), _train_metrics(tmp_path / "out" / "toy"), capsys.readouterr().out
+    steps = [r for r in rows if "loss" in r]
+    # step s (from 1) trained at cosine_lr(s - 1): the warm-up's first step at lr 0
+    assert [r["lr"] for r in steps] == [optim.cosine_lr(r["step"] - 1, 1e-2, 1e-3, 2, 6) for r in steps]
+    assert steps[0]["lr"] == 0.0 and len(steps) == 6
+    assert all(r["tokens"] == r["step"] * 8 * 16 for r in rows)  # steps x batch x context
+    cut = int(len(ids) * 0.9)  # the last 10% validates
+    assert f"data: {cut:,} train / {len(ids) - cut:,} validation tokens" in out
+    assert f"unigram baseline {data.unigram_loss(ids[:cut], ids[cut:], 64):.4f} nats/token" in out
+    tr, va = data.prepare_data(str(path), tmp_path / "d", 64)[:2]
+    assert np.array_equal(np.asarray(tr), ids[:cut]) and np.array_equal(np.asarray(va), ids[cut:])
+
+
+@pytest.mark.parametrize("eval_iters", [1, 3])
+def test_train_evaluate_is_the_mean_over_eval_iters_batches(tmp_path, eval_iters):
+    # a sum over the batches divided by the micro-steps instead of --eval-iters passed: the test of grad_accum's
+    # independence compares two runs of the same --eval-iters
+    ids = np.load(_train_toy_ids(tmp_path / "toy.npy"))
+    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark",
+                                "--eval-iters", str(eval_iters), "--grad-accum", "2"])
+    lm, loss_model, _ = train.build(cfg)
+    got = train.evaluate(loss_model, ids, cfg)
+    g, losses = torch.Generator().manual_seed(cfg["seed"] + 1), []  # the oracle: each batch's loss, plain
+    with torch.no_grad():
+        for _ in range(eval_iters):
+            starts = train.random_starts(ids, cfg["batch_size"], cfg["context_length"], g)
+            x, y = train.windows(ids, starts, cfg["context_length"], "cpu")
+            losses.append(float(optim.cross_entropy(lm(x), y)))
+    assert got == pytest.approx(sum(losses) / eval_iters, rel=1e-5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_train_mfu_is_the_steps_flops_over_every_processs_peak(tmp_path, monkeypatch, world_size):
+    # MFU is None on a CPU, so its arithmetic went untested: one step's FLOPs (a micro-batch's counted), the steps
+    # between log lines, and the peak of every process could each be dropped
+    progress, clock = _train_progress(tmp_path, monkeypatch, 100)
+    cfg = train.resolve_config(["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark",
+                                "--max-iters", "100", "--log-interval", "10", "--grad-accum", "2"])
+    V, T, d, L, dff, B = 64, 16, 32, 2, 64, 8  # _TRAIN_TINY; the forward's matmuls, written out (2 FLOPs a MAC)
+    fwd = L * (8 * T * d * d + 4 * T * T * d + 6 * T * d * dff) + 2 * T * d * V
+    assert train.step_flops(cfg) == 3 * fwd * B  # forward and backward, every sequence of the optimizer step
+    progress.cfg, progress.flops = dict(cfg, world_size=world_size), train.step_flops(cfg)
+    progress.peak = 2 * 3 * fwd * B / world_size  # a step a second on all the processes: 50%
+    for step in range(1, 11):
+        clock[0] += 1.0
+        progress.stepped(step, torch.tensor(2.0), 1e-3, None)
+    [row] = [r for r in _train_metrics(tmp_path) if "loss" in r]
+    assert row["mfu"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("flag, on", [
+    ("--post-norm", lambda lm: all(b.post_norm for b in lm.layers)),
+    ("--nope", lambda lm: lm.rope is None and all(b.attn.rope is None for b in lm.layers)),
+    ("--no-norm", lambda lm: isinstance(lm.ln_final, torch.nn.Identity)),
+    ("--silu-ffn", lambda lm: getattr(lm.layers[0].ffn, "w3", None) is None),
+    ("--tie-embeddings", lambda lm: lm.lm_head.weight is lm.token_embeddings.weight)])
+def test_train_each_ablation_flag_reaches_the_model(flag, on):
+    # config.model_kwargs leaving --post-norm out passed: no test built a model from the flag
+    base = ["--data", "tinystories", *_TRAIN_TINY, "--device", "cpu", "--benchmark"]
+    with_flag, without = (train.build(train.resolve_config(base + extra))[0] for extra in ([flag], []))
+    assert on(with_flag) and not on(without)
+
+
+def test_accounting_peak_flops_column_follows_the_float32_matmul_precision(monkeypatch):
+    # the fp32 and tf32 columns swapped passed: no test read a GPU's float32 peak
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision, want in (("highest", 66.9e12), ("high", 494.7e12), ("medium", 494.7e12)):
+            torch.set_float32_matmul_precision(precision)
+            assert accounting.peak_flops("cuda", torch.float32) == want, precision
+            assert accounting.peak_flops("cuda", torch.bfloat16) == 989.4e12
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def test_train_eta_follows_the_median_of_recent_intervals(tmp_path, monkeypatch, capsys):
