@@ -1820,8 +1820,8 @@ def main(argv=None):
         raise UsageError(f"--new-tokens {args.new_tokens} is past the {room} tokens the TinyStories shape's context "
                          "holds after the prompt, where the table times generation from the cache; ask for at most "
                          f"{room}.")
-    V, (have, what) = GPT2_SMALL["vocab_size"], memory_bytes("cpu", 1)
-    if args.what in ("head", "all") and (need := 3 * accounting.FP32_BYTES * args.rows * V) > have:  # killed, not refused, before
+    V, (have, what) = GPT2_SMALL["vocab_size"], memory_bytes("cpu", 1)  # past it: killed, not refused, before
+    if args.what in ("head", "all") and (need := 3 * accounting.FP32_BYTES * args.rows * V) > have:
         raise UsageError(f"--rows {args.rows:,}: the eager head alone holds three {args.rows:,} x {V:,} float32 arrays "
                          f"(logits, their softmax, their gradient), {need / 2**30:.1f} GiB, more than {what} "
                          f"({have / 2**30:.1f} GiB); pass fewer --rows.")

@@ -484,8 +484,8 @@ class Tokenizer:
         if bpe_fast.compiled_encoder_pays(self._plain_chars + len(text)):
             # The engine encodes in one compiled pass over the UTF-8 bytes, with its own scanner, the merges in a
             # hash table and a cache of pre-tokens in arrays: the same ids. It takes over once loading it pays (this
-            # Tokenizer has seen bpe_fast.COMPILED_MIN_CHARS), and in a process that has loaded it, for every text after;
-            # _encode_plain is the definition.
+            # Tokenizer has seen bpe_fast.COMPILED_MIN_CHARS), and in a process that has loaded it, for every text
+            # after; _encode_plain is the definition.
             return self._engine.encode(text.encode("utf-8")).tolist()
         self._plain_chars += len(text)
         return self._encode_plain(text)

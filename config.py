@@ -28,7 +28,8 @@ from cli import RANK, Parser, UsageError, counted, env_int, fmt_time, log, short
 from data import BUILTIN, DATASETS, ids_vocab_size, is_cached
 from files import NAME_MAX, PATH_MAX, TMP_ROOM, is_ids, same_folder, unreadable, writable
 from machine import bad_environment, compile_error, device_error, memory_bytes, run_device, usable_cores
-from rundir import PATH_KEYS, TRAJECTORY_KEYS, as_kind, holds_tokenizer, run_dir, run_dir_problem, saved_config, tokenizer_origin
+from rundir import (PATH_KEYS, TRAJECTORY_KEYS, as_kind, holds_tokenizer, run_dir, run_dir_problem, saved_config,
+                    tokenizer_origin)
 
 
 # ----------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def model_kwargs(cfg=None):
 MIN_TEXT_VOCAB = 256 + 1  # BPE on text: every byte, and the end-of-text token
 
 
-FLOAT32_TINY = torch.finfo(torch.float32).tiny  # its smallest normal number: AdamW adds eps in float32, where less can be 0
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # its smallest normal number: AdamW adds eps in float32, where less is 0
 FLOAT32_MAX = torch.finfo(torch.float32).max  # its largest: AdamW's numbers are float32, where more is inf
 
 

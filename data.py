@@ -586,8 +586,9 @@ def load_ids(source, val_data, tokenizer=None):
             raise UsageError(f"{flag} {path}: {e}; pass a non-empty 1-D array of token ids saved by np.save.") from None
     train, valid = loaded["--data"], loaded["--val-data"]
     if valid is not None and (same_file(source, val_data) or same_ids(train, valid)):  # a link or a copy: a slip
-        raise UsageError(f"--val-data {val_data} holds the ids of --data {source}: validation would measure the ids the "
-                         "model trains on; pass held-out ids, or drop --val-data (the last 10% of --data is held out).")
+        raise UsageError(f"--val-data {val_data} holds the ids of --data {source}: validation would measure the ids "
+                         "the model trains on; pass held-out ids, or drop --val-data (the last 10% of --data is held "
+                         "out).")
     if valid is None:  # still views of the file: nothing is loaded
         cut = int(len(train) * (1 - VALID_FRACTION))
         train, valid = train[:cut], train[cut:]
